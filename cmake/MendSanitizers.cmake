@@ -1,0 +1,10 @@
+# -DMEND_SANITIZE=address builds everything with ASan+UBSan; =thread with TSan.
+if(MEND_SANITIZE STREQUAL "address")
+  add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
+  add_link_options(-fsanitize=address,undefined)
+elseif(MEND_SANITIZE STREQUAL "thread")
+  add_compile_options(-fsanitize=thread -fno-omit-frame-pointer)
+  add_link_options(-fsanitize=thread)
+elseif(NOT MEND_SANITIZE STREQUAL "")
+  message(FATAL_ERROR "MEND_SANITIZE='${MEND_SANITIZE}': must be '', 'address' or 'thread'")
+endif()

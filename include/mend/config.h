@@ -1,0 +1,148 @@
+// mend::Config: every knob of a mend job, with its default, its allowed range
+// and where it came from.
+//
+// Values are layered, later sources winning:
+//   defaults < config file (TOML) < environment (MEND_<KEY>) < command-line flags.
+// Every value is checked when it is set; a bad one is an error that names the
+// key, the value, the allowed range and the source. An unknown key is an error
+// that suggests the closest known key.
+//
+// Thread-safety: Config is a plain value. The key table is immutable.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "mend/status.h"
+
+namespace mend {
+
+struct Config {
+  // Job and security.
+  std::string job_id = "mend";
+  std::string token_file;
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_ca_file;
+
+  // Lighthouse (coordinator).
+  std::string lighthouse = "127.0.0.1:29510";
+  std::string bind = "127.0.0.1:29510";
+  std::string http = "127.0.0.1:29511";
+  int64_t quorum_min_learners = 2;
+  int64_t grace_window_ms = 2000;
+  bool grace_window_adaptive = true;
+  int64_t grace_window_min_ms = 50;
+  int64_t heartbeat_ms = 100;
+  int64_t heartbeat_timeout_ms = 2000;
+  int64_t quorum_timeout_ms = 60000;
+  int64_t rpc_timeout_ms = 5000;
+  double failslow_zscore_threshold = 3.5;
+  int64_t failslow_window_steps = 16;
+  bool rack_aware = false;
+  std::string rack;
+
+  // Outer synchronizer.
+  int64_t sync_period_steps = 100;
+  bool token_weighted_merge = true;
+  double outer_lr = 0.7;
+  double outer_momentum = 0.9;
+  int64_t fragments = 1;
+  bool concurrent_outer_step = true;
+  int64_t overlap_steps = 1;
+  std::string outer_apply = "exact";
+  double mixing_alpha = 0.5;
+  bool desloc = false;
+  int64_t momentum_sync_period_steps = 0;
+  int64_t second_moment_sync_period_steps = 0;
+
+  // Codec and data plane.
+  std::string codec = "fp32";
+  int64_t codec_block_size = 64;
+  int64_t topk_chunk_size = 4096;
+  int64_t topk_k = 64;
+  double error_feedback_beta = 0.95;
+  int64_t collective_timeout_ms = 30000;
+
+  // Diagnostics.
+  std::string diagnostics_dir;
+  std::string log_level = "info";
+};
+
+enum class ConfigType { kInt, kDouble, kBool, kString, kEnum };
+
+// One row of the key table.
+struct ConfigKey {
+  std::string_view name;
+  ConfigType type;
+  std::string_view help;
+  // Inclusive bounds for kInt and kDouble.
+  double min = 0;
+  double max = 0;
+  // Allowed values for kEnum.
+  std::vector<std::string_view> choices;
+  std::variant<int64_t Config::*, double Config::*, bool Config::*, std::string Config::*> field;
+};
+
+// Every known key, in documentation order.
+const std::vector<ConfigKey>& ConfigKeys();
+
+// nullptr when `name` is not a key.
+const ConfigKey* FindConfigKey(std::string_view name);
+
+// The known key closest to `unknown` by edit distance, or "" when none is close.
+std::string SuggestConfigKey(std::string_view unknown);
+
+// Parses `text` for `key` and stores it in `config`. `source` names where the
+// text came from ("flag --min-learners", "env MEND_HEARTBEAT_MS", "a.toml:3")
+// and appears in the error.
+[[nodiscard]] Status SetConfigValue(Config& config, std::string_view key, std::string_view text,
+                                    std::string_view source);
+
+// The value of `key` in `config` as the text SetConfigValue would accept.
+std::string FormatConfigValue(const Config& config, const ConfigKey& key);
+
+// Checks every value's range and the rules that tie keys together
+// (e.g. heartbeat_timeout_ms >= 2 * heartbeat_ms).
+[[nodiscard]] Status CheckConfig(const Config& config);
+
+// Applies the top-level keys of a TOML document to `config`.
+[[nodiscard]] Status ApplyConfigToml(Config& config, std::string_view toml_text,
+                                     std::string_view source_name);
+
+// Applies every MEND_<KEY> variable of `environ` (a null-terminated array of
+// "NAME=value"); an unknown MEND_ variable is an error, except the reserved
+// MEND_JOB_TOKEN.
+[[nodiscard]] Status ApplyConfigEnvironment(Config& config, const char* const* environ);
+
+struct ConfigSources {
+  std::string file;  // TOML file; empty for none.
+  const char* const* environ = nullptr;  // nullptr skips the environment.
+  // From command-line flags, applied last: (key, text, source).
+  struct Override {
+    std::string key;
+    std::string text;
+    std::string source;
+  };
+  std::vector<Override> overrides;
+};
+
+// defaults < file < environment < overrides, then CheckConfig.
+[[nodiscard]] StatusOr<Config> LoadConfig(const ConfigSources& sources);
+
+// The effective configuration as a TOML document that ApplyConfigToml accepts.
+std::string ConfigToToml(const Config& config);
+
+// The key table as Markdown (key, type, default, range, meaning) for the README.
+std::string ConfigMarkdownTable();
+
+// The job token: MEND_JOB_TOKEN when set, else the contents of token_file
+// (trailing newline stripped). Never from argv. Errors when neither is set or
+// the token is shorter than 8 characters.
+[[nodiscard]] StatusOr<std::string> ReadJobToken(const Config& config, const char* const* environ);
+
+}  // namespace mend

@@ -1,0 +1,401 @@
+#include "coordinator/lighthouse_core.h"
+
+#include <algorithm>
+#include <climits>
+
+#include "fmt/format.h"
+#include "spdlog/spdlog.h"
+
+namespace mend::coordinator {
+
+LighthouseOptions LighthouseOptionsFromConfig(const Config& config) {
+  LighthouseOptions options;
+  options.job_id = config.job_id;
+  options.quorum.job_id = config.job_id;
+  options.quorum.min_learners = static_cast<size_t>(config.quorum_min_learners);
+  options.quorum.grace_window = config.grace_window_ms * kMicrosPerMilli;
+  options.quorum.grace_window_min = config.grace_window_min_ms * kMicrosPerMilli;
+  options.quorum.adaptive = config.grace_window_adaptive;
+  options.quorum.rack_aware = config.rack_aware;
+  options.failslow.zscore_threshold = config.failslow_zscore_threshold;
+  options.failslow.window_steps = static_cast<size_t>(config.failslow_window_steps);
+  options.failslow.min_samples =
+      std::max<size_t>(2, static_cast<size_t>(config.failslow_window_steps) / 2);
+  options.heartbeat_interval = config.heartbeat_ms * kMicrosPerMilli;
+  options.heartbeat_timeout = config.heartbeat_timeout_ms * kMicrosPerMilli;
+  options.ack_interval = std::max<Micros>(options.heartbeat_interval,
+                                          options.heartbeat_timeout / 4);
+  return options;
+}
+
+LighthouseCore::LighthouseCore(LighthouseOptions options, Clock* clock, uint64_t instance_id)
+    : options_(std::move(options)),
+      clock_(clock),
+      instance_id_(instance_id),
+      started_at_(clock->NowMicros()),
+      random_(instance_id ^ static_cast<uint64_t>(started_at_)),
+      membership_(options_.failslow),
+      quorum_(options_.quorum),
+      store_(options_.store),
+      events_(options_.event_capacity) {}
+
+void LighthouseCore::Finish(Completions& completions) {
+  for (auto& completion : completions) completion();
+  completions.clear();
+}
+
+StatusOr<RegisterResult> LighthouseCore::Register(const RegisterArgs& args) {
+  if (!args.job_id.empty() && args.job_id != options_.job_id) {
+    return InvalidArgumentError(fmt::format(
+        "job_id = \"{}\": this lighthouse serves job \"{}\"", args.job_id, options_.job_id));
+  }
+  Completions completions;
+  RegisterResult result;
+  {
+    std::lock_guard lock(mu_);
+    Micros now = clock_->NowMicros();
+    std::optional<PendingJoin> replaced;
+    bool known = membership_.FindAny(args.learner_id) != nullptr;
+    do {
+      result.session_id = random_();
+    } while (result.session_id == 0);
+    membership_.Register(args.learner_id, result.session_id, args.rack, args.address, args.step,
+                         args.last_round_id, now, &replaced);
+    if (replaced) {
+      completions.push_back([done = std::move(replaced->done), id = args.learner_id]() {
+        done(AbortedError(fmt::format(
+            "learner '{}' registered again; this Quorum call belongs to the old session", id)));
+      });
+    }
+    counters_.registrations++;
+    events_.Add(now, known ? "re-registered" : "registered", args.learner_id,
+                fmt::format("step {}, last round {}{}", args.step, args.last_round_id,
+                            args.rack.empty() ? "" : ", rack " + args.rack));
+    MaybeCloseLocked(now, &completions);
+  }
+  Finish(completions);
+  result.lighthouse_instance = instance_id_;
+  result.heartbeat_interval = options_.heartbeat_interval;
+  result.heartbeat_timeout = options_.heartbeat_timeout;
+  result.ack_interval = options_.ack_interval;
+  if (wakeup_) wakeup_();
+  return result;
+}
+
+StatusOr<HeartbeatResult> LighthouseCore::Heartbeat(const HeartbeatArgs& args) {
+  Completions completions;
+  HeartbeatResult result;
+  {
+    std::lock_guard lock(mu_);
+    MEND_ASSIGN_OR_RETURN(LearnerRecord * record,
+                          membership_.Find(args.learner_id, args.session_id));
+    Micros now = clock_->NowMicros();
+    bool was_dead = !record->alive;
+    membership_.RecordHeartbeat(*record, now, args.step, args.tokens_total,
+                                args.tokens_since_last_round, args.step_ms);
+    counters_.heartbeats++;
+    if (was_dead) {
+      events_.Add(now, "revived", record->id, "heartbeats again after being declared dead");
+      MaybeCloseLocked(now, &completions);
+    }
+    result.slow = record->slow;
+    result.slow_zscore = record->slow_zscore;
+    result.latest_round_id = quorum_.latest_round_id();
+  }
+  Finish(completions);
+  return result;
+}
+
+Status LighthouseCore::Leave(const std::string& learner_id, uint64_t session_id,
+                             const std::string& reason) {
+  Completions completions;
+  {
+    std::lock_guard lock(mu_);
+    MEND_ASSIGN_OR_RETURN(LearnerRecord * record, membership_.Find(learner_id, session_id));
+    Micros now = clock_->NowMicros();
+    AbortJoinLocked(*record,
+                    AbortedError(fmt::format("learner '{}' left the job", learner_id)),
+                    &completions);
+    membership_.MarkGone(*record, now, /*left=*/true);
+    events_.Add(now, "left", learner_id, reason.empty() ? "left the job" : reason);
+    MaybeCloseLocked(now, &completions);
+  }
+  Finish(completions);
+  return OkStatus();
+}
+
+uint64_t LighthouseCore::Quorum(const QuorumArgs& args, QuorumCallback done) {
+  Completions completions;
+  uint64_t waiter_id = 0;
+  {
+    std::lock_guard lock(mu_);
+    auto found = membership_.Find(args.learner_id, args.session_id);
+    if (!found.ok()) {
+      completions.push_back([done = std::move(done), s = found.status()]() { done(s); });
+    } else {
+      LearnerRecord& record = **found;
+      Micros now = clock_->NowMicros();
+      AbortJoinLocked(record,
+                      AbortedError(fmt::format("learner '{}': replaced by a newer Quorum call",
+                                               args.learner_id)),
+                      &completions);
+      if (!record.alive) {
+        membership_.RecordHeartbeat(record, now, args.step, record.tokens_total,
+                                    args.tokens_since_last_round, {});
+        events_.Add(now, "revived", record.id, "joined a round after being declared dead");
+      }
+      record.last_heartbeat = now;
+      waiter_id = next_waiter_id_++;
+      PendingJoin join;
+      join.waiter_id = waiter_id;
+      join.last_round_id = args.last_round_id;
+      join.step = args.step;
+      join.tokens_since_last_round = args.tokens_since_last_round;
+      join.joined_at = now;
+      join.deadline = now + args.timeout;
+      join.done = std::move(done);
+      quorum_.AddJoin(membership_, record, std::move(join));
+      counters_.joins++;
+      MaybeCloseLocked(now, &completions);
+    }
+  }
+  Finish(completions);
+  if (wakeup_) wakeup_();
+  return waiter_id;
+}
+
+void LighthouseCore::CancelQuorum(const std::string& learner_id, uint64_t waiter_id) {
+  Completions completions;
+  {
+    std::lock_guard lock(mu_);
+    LearnerRecord* record = membership_.FindAny(learner_id);
+    if (record && record->join && record->join->waiter_id == waiter_id) {
+      AbortJoinLocked(*record, absl::CancelledError("Quorum call cancelled by the learner"),
+                      &completions);
+      MaybeCloseLocked(clock_->NowMicros(), &completions);
+    }
+  }
+  Finish(completions);
+}
+
+Status LighthouseCore::StoreSet(const std::string& key, std::string value) {
+  Completions completions;
+  Status status;
+  {
+    std::lock_guard lock(mu_);
+    counters_.store_ops++;
+    status = store_.Set(key, std::move(value), &completions);
+  }
+  Finish(completions);
+  return status;
+}
+
+uint64_t LighthouseCore::StoreWait(std::vector<std::string> keys, Micros timeout,
+                                   KvStore::WaitCallback done) {
+  Completions completions;
+  uint64_t id = 0;
+  {
+    std::lock_guard lock(mu_);
+    counters_.store_ops++;
+    id = store_.Wait(std::move(keys), clock_->NowMicros() + timeout, std::move(done),
+                     &completions);
+  }
+  Finish(completions);
+  if (wakeup_) wakeup_();
+  return id;
+}
+
+void LighthouseCore::StoreCancel(uint64_t wait_id) {
+  Completions completions;
+  {
+    std::lock_guard lock(mu_);
+    store_.Cancel(wait_id, &completions);
+  }
+  Finish(completions);
+}
+
+StatusOr<int64_t> LighthouseCore::StoreAdd(const std::string& key, int64_t delta) {
+  Completions completions;
+  StatusOr<int64_t> result;
+  {
+    std::lock_guard lock(mu_);
+    counters_.store_ops++;
+    result = store_.Add(key, delta, &completions);
+  }
+  Finish(completions);
+  return result;
+}
+
+size_t LighthouseCore::StoreDelete(const std::string& key, bool prefix) {
+  std::lock_guard lock(mu_);
+  counters_.store_ops++;
+  return store_.Delete(key, prefix);
+}
+
+void LighthouseCore::Tick() {
+  Completions completions;
+  {
+    std::lock_guard lock(mu_);
+    Micros now = clock_->NowMicros();
+    for (const std::string& id : quorum_.ExpiredJoins(membership_, now)) {
+      LearnerRecord& record = *membership_.FindAny(id);
+      Micros waited = now - record.join->joined_at;
+      counters_.quorum_timeouts++;
+      AbortJoinLocked(record,
+                      DeadlineExceededError(fmt::format(
+                          "learner '{}': no round closed within {} ms; {}", id,
+                          waited / kMicrosPerMilli, QuorumShortfallLocked())),
+                      &completions);
+    }
+    store_.ExpireWaits(now, &completions);
+    if (now >= next_scan_) ScanLocked(now, &completions);
+    MaybeCloseLocked(now, &completions);
+  }
+  Finish(completions);
+}
+
+Micros LighthouseCore::NextDeadline() {
+  std::lock_guard lock(mu_);
+  return std::min({quorum_.NextDeadline(), store_.NextDeadline(), next_scan_});
+}
+
+void LighthouseCore::RecordRejection(std::string_view code, std::string_view peer,
+                                     std::string_view why) {
+  std::lock_guard lock(mu_);
+  counters_.rejections_by_code[std::string(code)]++;
+  events_.Add(clock_->NowMicros(), "rejected", std::string(peer),
+              fmt::format("{}: {}", code, why));
+}
+
+void LighthouseCore::ScanLocked(Micros now, Completions* completions) {
+  next_scan_ = now + std::max<Micros>(options_.heartbeat_interval / 2, kMicrosPerMilli);
+  for (LearnerRecord* record : membership_.FindSilent(now, options_.heartbeat_timeout)) {
+    Micros silent = now - record->last_heartbeat;
+    AbortJoinLocked(*record,
+                    AbortedError(fmt::format("learner '{}' declared dead: no heartbeat for {} ms",
+                                             record->id, silent / kMicrosPerMilli)),
+                    completions);
+    membership_.MarkGone(*record, now, /*left=*/false);
+    counters_.deaths++;
+    events_.Add(now, "dead", record->id,
+                fmt::format("no heartbeat for {} ms (timeout {} ms)", silent / kMicrosPerMilli,
+                            options_.heartbeat_timeout / kMicrosPerMilli));
+  }
+  for (const SlowFlagChange& change : membership_.EvaluateFailSlow()) {
+    if (change.slow) counters_.slow_flags++;
+    events_.Add(now, change.slow ? "slow" : "recovered", change.learner_id,
+                fmt::format("median step {:.1f} ms vs {:.1f} ms across learners, z = {:.1f}",
+                            change.median_step_ms, change.all_median_step_ms, change.zscore));
+  }
+  membership_.ForgetGone(now, options_.gone_retention);
+}
+
+void LighthouseCore::MaybeCloseLocked(Micros now, Completions* completions) {
+  while (auto closed = quorum_.MaybeClose(membership_, now)) {
+    const Round& round = *closed->round;
+    counters_.rounds_by_closed_by[round.closed_by]++;
+    counters_.round_wait.Observe(static_cast<double>(round.waited()) / kMicrosPerMilli);
+    for (auto& [join, rank] : closed->joins) {
+      counters_.member_wait.Observe(static_cast<double>(now - join.joined_at) / kMicrosPerMilli);
+      completions->push_back([done = std::move(join.done), round = closed->round, r = rank]() {
+        done(RoundAssignment{round, r});
+      });
+    }
+    spdlog::debug("round {} closed by {}: {} members, waited {} ms", round.id, round.closed_by,
+                  round.members.size(), round.waited() / kMicrosPerMilli);
+    if (round.id > options_.keep_round_prefixes) {
+      store_.Delete(RendezvousPrefix(options_.job_id, round.id - options_.keep_round_prefixes),
+                    /*prefix=*/true);
+    }
+  }
+}
+
+bool LighthouseCore::AbortJoinLocked(LearnerRecord& record, Status status,
+                                     Completions* completions) {
+  std::optional<PendingJoin> join = quorum_.RemoveJoin(membership_, record);
+  if (!join) return false;
+  if (status.code() != StatusCode::kDeadlineExceeded) counters_.quorum_aborts++;
+  completions->push_back(
+      [done = std::move(join->done), s = std::move(status)]() { done(s); });
+  return true;
+}
+
+std::string LighthouseCore::QuorumShortfallLocked() const {
+  const MembershipCounts& counts = membership_.counts();
+  return fmt::format("{} joined, quorum needs {} and at least half of the {} alive learners",
+                     counts.pending, options_.quorum.min_learners, counts.alive);
+}
+
+StatusSnapshot LighthouseCore::Snapshot(size_t max_learners, size_t max_rounds) {
+  std::lock_guard lock(mu_);
+  Micros now = clock_->NowMicros();
+  auto ms = [](Micros micros) { return static_cast<double>(micros) / kMicrosPerMilli; };
+  StatusSnapshot snap;
+  snap.job_id = options_.job_id;
+  snap.instance_id = instance_id_;
+  snap.uptime_s = static_cast<double>(now - started_at_) / kMicrosPerSecond;
+  snap.min_learners = options_.quorum.min_learners;
+  snap.grace_window_max_ms = ms(options_.quorum.grace_window);
+  snap.grace_window_ms = ms(quorum_.grace_window());
+  snap.heartbeat_timeout_ms = ms(options_.heartbeat_timeout);
+  snap.failslow_zscore_threshold = options_.failslow.zscore_threshold;
+  snap.failslow_window_steps = options_.failslow.window_steps;
+  const MembershipCounts& counts = membership_.counts();
+  snap.learners_known = membership_.records().size();
+  snap.learners_alive = counts.alive;
+  snap.learners_slow = counts.slow;
+  snap.learners_waiting = counts.pending;
+  snap.latest_round_id = quorum_.latest_round_id();
+  if (auto reached = quorum_.quorum_reached_at()) snap.quorum_reached_ms_ago = ms(now - *reached);
+  snap.store_keys = store_.key_count();
+  snap.store_bytes = store_.total_bytes();
+  snap.store_waiters = store_.waiter_count();
+  snap.events_total = events_.total();
+
+  std::vector<const LearnerRecord*> records;
+  records.reserve(membership_.records().size());
+  for (const auto& [id, record] : membership_.records()) records.push_back(record.get());
+  auto order = [](const LearnerRecord* a, const LearnerRecord* b) {
+    auto rank = [](const LearnerRecord* r) { return r->slow ? 0 : r->alive ? 1 : 2; };
+    return std::make_pair(rank(a), std::string_view(a->id)) <
+           std::make_pair(rank(b), std::string_view(b->id));
+  };
+  size_t shown = std::min(max_learners, records.size());
+  std::partial_sort(records.begin(), records.begin() + static_cast<long>(shown), records.end(),
+                    order);
+  for (size_t i = 0; i < shown; ++i) {
+    const LearnerRecord& r = *records[i];
+    snap.learners.push_back(LearnerView{r.id, std::string(r.state()), r.rack, r.address, r.step,
+                                        r.tokens_total, r.tokens_per_s,
+                                        ms(now - r.last_heartbeat), r.slow, r.slow_zscore,
+                                        r.median_step_ms, r.last_round_id, r.rounds_joined});
+  }
+  const auto& history = quorum_.history();
+  size_t first = history.size() > max_rounds ? history.size() - max_rounds : 0;
+  for (size_t i = first; i < history.size(); ++i) {
+    const Round& round = *history[i];
+    RoundView view;
+    view.id = round.id;
+    view.member_count = round.members.size();
+    for (size_t m = 0; m < round.members.size() && m < StatusSnapshot::kMaxListedMembers; ++m) {
+      view.members.push_back(round.members[m].id);
+    }
+    view.closed_by = round.closed_by;
+    view.waited_ms = ms(round.waited());
+    view.span_ms = ms(round.closed_at - round.first_join_at);
+    view.grace_window_ms = ms(round.grace_window);
+    view.age_ms = ms(now - round.closed_at);
+    view.total_tokens = round.total_tokens;
+    for (const auto& [source, healees] : round.heal_to) view.healing += healees.size();
+    view.heal_round_id = round.heal_round_id;
+    snap.rounds.push_back(std::move(view));
+  }
+  for (const Event& event : events_.events()) {
+    snap.events.push_back(
+        EventView{event.seq, ms(now - event.at), event.kind, event.learner_id, event.message});
+  }
+  snap.counters = counters_;
+  return snap;
+}
+
+}  // namespace mend::coordinator

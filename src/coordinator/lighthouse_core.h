@@ -1,0 +1,166 @@
+// LighthouseCore: the whole state of the coordinator (membership, quorum
+// rules, fail-slow detector, rendezvous store, events, counters) behind one
+// mutex, driven by calls and by Tick(). It knows nothing of gRPC or HTTP; the
+// service and the HTTP side are thin shells over it, and tests drive it with
+// a FakeClock.
+//
+// Waiting calls (Quorum, store waits) never block: they take a callback that
+// runs exactly once, on the calling thread or on the thread whose event (a
+// join, a Set, a Tick) completed them, always after the mutex is released.
+//
+// Time-based rules (grace windows, heartbeat timeouts, call deadlines) advance
+// in Tick(). The owner calls Tick() at NextDeadline(); SetWakeup() tells it
+// when that may have moved earlier.
+//
+// Thread-safety: every public method may be called from any thread.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "coordinator/event_log.h"
+#include "coordinator/kv_store.h"
+#include "coordinator/membership.h"
+#include "coordinator/quorum.h"
+#include "coordinator/status_snapshot.h"
+#include "mend/clock.h"
+#include "mend/config.h"
+#include "mend/status.h"
+
+namespace mend::coordinator {
+
+struct LighthouseOptions {
+  std::string job_id = "mend";
+  QuorumOptions quorum;
+  FailSlowOptions failslow;
+  Micros heartbeat_interval = 100 * kMicrosPerMilli;
+  Micros heartbeat_timeout = 2000 * kMicrosPerMilli;
+  // The heartbeat stream answers at least this often.
+  Micros ack_interval = 500 * kMicrosPerMilli;
+  // Dead and departed learners stay on the status page this long.
+  Micros gone_retention = 600 * kMicrosPerSecond;
+  KvStoreLimits store;
+  // Rendezvous keys of rounds older than this many rounds are deleted.
+  uint64_t keep_round_prefixes = 16;
+  size_t event_capacity = 512;
+};
+
+LighthouseOptions LighthouseOptionsFromConfig(const Config& config);
+
+struct RegisterArgs {
+  std::string learner_id;
+  std::string job_id;
+  std::string rack;
+  std::string address;
+  uint64_t step = 0;
+  uint64_t last_round_id = 0;
+};
+
+struct RegisterResult {
+  uint64_t session_id = 0;
+  uint64_t lighthouse_instance = 0;
+  Micros heartbeat_interval = 0;
+  Micros heartbeat_timeout = 0;
+  Micros ack_interval = 0;
+};
+
+struct HeartbeatArgs {
+  std::string learner_id;
+  uint64_t session_id = 0;
+  uint64_t step = 0;
+  uint64_t tokens_total = 0;
+  uint64_t tokens_since_last_round = 0;
+  std::vector<double> step_ms;
+};
+
+struct HeartbeatResult {
+  bool slow = false;
+  double slow_zscore = 0;
+  uint64_t latest_round_id = 0;
+};
+
+struct QuorumArgs {
+  std::string learner_id;
+  uint64_t session_id = 0;
+  uint64_t last_round_id = 0;
+  uint64_t step = 0;
+  uint64_t tokens_since_last_round = 0;
+  Micros timeout = 0;
+};
+
+class LighthouseCore {
+ public:
+  LighthouseCore(LighthouseOptions options, Clock* clock, uint64_t instance_id);
+
+  LighthouseCore(const LighthouseCore&) = delete;
+  LighthouseCore& operator=(const LighthouseCore&) = delete;
+
+  // INVALID_ARGUMENT when job_id names another job.
+  [[nodiscard]] StatusOr<RegisterResult> Register(const RegisterArgs& args);
+  // NOT_FOUND / FAILED_PRECONDITION for an unknown learner or stale session.
+  [[nodiscard]] StatusOr<HeartbeatResult> Heartbeat(const HeartbeatArgs& args);
+  [[nodiscard]] Status Leave(const std::string& learner_id, uint64_t session_id,
+                             const std::string& reason);
+
+  // Joins the next round. `done` gets the assignment, or DEADLINE_EXCEEDED
+  // after args.timeout, or ABORTED when the learner is replaced, leaves or is
+  // declared dead, or CANCELLED by CancelQuorum. Returns the waiter id.
+  uint64_t Quorum(const QuorumArgs& args, QuorumCallback done);
+  void CancelQuorum(const std::string& learner_id, uint64_t waiter_id);
+
+  [[nodiscard]] Status StoreSet(const std::string& key, std::string value);
+  // `done` gets the values once all keys exist, or DEADLINE_EXCEEDED.
+  uint64_t StoreWait(std::vector<std::string> keys, Micros timeout, KvStore::WaitCallback done);
+  void StoreCancel(uint64_t wait_id);
+  [[nodiscard]] StatusOr<int64_t> StoreAdd(const std::string& key, int64_t delta);
+  size_t StoreDelete(const std::string& key, bool prefix);
+
+  // Advances the time-based rules to the clock's now.
+  void Tick();
+  // When Tick() next has something to do (INT64_MAX: nothing scheduled).
+  Micros NextDeadline();
+  // `wakeup` is called, without the mutex, when NextDeadline may have moved
+  // earlier. Set once, before any other call.
+  void SetWakeup(std::function<void()> wakeup) { wakeup_ = std::move(wakeup); }
+  // Records a refused call (bad token, bad request) in the events and counters.
+  void RecordRejection(std::string_view code, std::string_view peer, std::string_view why);
+
+  StatusSnapshot Snapshot(size_t max_learners, size_t max_rounds);
+  uint64_t instance_id() const { return instance_id_; }
+  Clock* clock() const { return clock_; }
+
+ private:
+  void Finish(Completions& completions);
+  void MaybeCloseLocked(Micros now, Completions* completions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ScanLocked(Micros now, Completions* completions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Completes `record`'s pending join, if any, with `status`; true if there was one.
+  bool AbortJoinLocked(LearnerRecord& record, Status status, Completions* completions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string QuorumShortfallLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Constant after construction.
+  const LighthouseOptions options_;
+  Clock* const clock_;  // not owned; outlives this
+  const uint64_t instance_id_;
+  const Micros started_at_;
+  std::function<void()> wakeup_;
+
+  std::mutex mu_;
+  std::mt19937_64 random_ ABSL_GUARDED_BY(mu_);
+  Membership membership_ ABSL_GUARDED_BY(mu_);
+  QuorumMachine quorum_ ABSL_GUARDED_BY(mu_);
+  KvStore store_ ABSL_GUARDED_BY(mu_);
+  EventLog events_ ABSL_GUARDED_BY(mu_);
+  Micros next_scan_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_waiter_id_ ABSL_GUARDED_BY(mu_) = 1;
+  Counters counters_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace mend::coordinator

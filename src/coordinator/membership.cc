@@ -1,0 +1,214 @@
+#include "coordinator/membership.h"
+
+#include <algorithm>
+
+#include "fmt/format.h"
+
+namespace mend::coordinator {
+namespace {
+
+// Tokens/s is an exponential moving average over samples at least this far apart.
+constexpr Micros kRateSampleInterval = 500 * kMicrosPerMilli;
+constexpr double kRateSmoothing = 0.3;
+
+}  // namespace
+
+std::string_view LearnerRecord::state() const {
+  if (left) return "left";
+  if (!alive) return "dead";
+  if (join) return "waiting";
+  return "training";
+}
+
+LearnerRecord& Membership::Register(const std::string& id, uint64_t session_id, std::string rack,
+                                    std::string address, uint64_t step, uint64_t last_round_id,
+                                    Micros now, std::optional<PendingJoin>* replaced_join) {
+  auto it = records_.find(id);
+  if (it != records_.end()) {
+    LearnerRecord& old = *it->second;
+    Mutate(old, [&](LearnerRecord& r) {
+      if (r.join) *replaced_join = std::move(r.join);
+      r.join.reset();
+      r.alive = false;
+      r.slow = false;
+      r.in_previous_round = false;
+    });
+    // The record is replaced below; its contribution to the counts is now zero.
+    records_.erase(it);
+  }
+  auto record = std::make_unique<LearnerRecord>();
+  record->id = id;
+  record->session_id = session_id;
+  record->rack = std::move(rack);
+  record->address = std::move(address);
+  record->registered_at = now;
+  record->last_heartbeat = now;
+  record->step = step;
+  record->last_round_id = last_round_id;
+  record->window = StepTimeWindow(failslow_.window_steps);
+  record->rate_sample_at = now;
+  record->in_previous_round = previous_round_.contains(id);
+  LearnerRecord& ref = *record;
+  records_.emplace(id, std::move(record));
+  Count(ref);
+  return ref;
+}
+
+StatusOr<LearnerRecord*> Membership::Find(const std::string& id, uint64_t session_id) {
+  auto it = records_.find(id);
+  if (it == records_.end()) {
+    return NotFoundError(fmt::format(
+        "learner '{}' is not registered here (the lighthouse may have restarted); register again",
+        id));
+  }
+  LearnerRecord* record = it->second.get();
+  if (record->session_id != session_id) {
+    return FailedPreconditionError(fmt::format(
+        "learner '{}': session {:016x} was superseded by a newer registration", id, session_id));
+  }
+  if (record->left) {
+    return FailedPreconditionError(fmt::format("learner '{}' has left the job", id));
+  }
+  return record;
+}
+
+LearnerRecord* Membership::FindAny(const std::string& id) {
+  auto it = records_.find(id);
+  return it == records_.end() ? nullptr : it->second.get();
+}
+
+void Membership::RecordHeartbeat(LearnerRecord& record, Micros now, uint64_t step,
+                                 uint64_t tokens_total, uint64_t tokens_since_last_round,
+                                 const std::vector<double>& step_ms) {
+  if (!record.alive) {
+    Mutate(record, [&](LearnerRecord& r) {
+      r.alive = true;
+      r.gone_since = 0;
+    });
+  }
+  record.last_heartbeat = now;
+  record.step = std::max(record.step, step);
+  record.tokens_since_last_round = tokens_since_last_round;
+  if (tokens_total < record.tokens_total) {
+    // The learner restarted its counter; restart the rate too.
+    record.rate_sample_tokens = tokens_total;
+    record.rate_sample_at = now;
+  }
+  record.tokens_total = tokens_total;
+  Micros since = now - record.rate_sample_at;
+  if (since >= kRateSampleInterval) {
+    double rate = static_cast<double>(tokens_total - record.rate_sample_tokens) * kMicrosPerSecond /
+                  static_cast<double>(since);
+    record.tokens_per_s = record.tokens_per_s == 0
+                              ? rate
+                              : kRateSmoothing * rate + (1 - kRateSmoothing) * record.tokens_per_s;
+    record.rate_sample_at = now;
+    record.rate_sample_tokens = tokens_total;
+  }
+  for (double ms : step_ms) record.window.Add(ms);
+  if (!step_ms.empty()) record.window_changed = true;
+}
+
+std::vector<LearnerRecord*> Membership::FindSilent(Micros now, Micros timeout) {
+  std::vector<LearnerRecord*> silent;
+  for (auto& [id, record] : records_) {
+    if (record->alive && now - record->last_heartbeat > timeout) silent.push_back(record.get());
+  }
+  std::sort(silent.begin(), silent.end(),
+            [](const LearnerRecord* a, const LearnerRecord* b) { return a->id < b->id; });
+  return silent;
+}
+
+void Membership::MarkGone(LearnerRecord& record, Micros now, bool left) {
+  Mutate(record, [&](LearnerRecord& r) {
+    r.alive = false;
+    r.left = r.left || left;
+    r.slow = false;
+    r.slow_zscore = 0;
+    r.gone_since = now;
+  });
+}
+
+std::vector<SlowFlagChange> Membership::EvaluateFailSlow() {
+  std::vector<LearnerRecord*> judged;
+  std::vector<double> medians;
+  for (auto& [id, record] : records_) {
+    if (record->window_changed) {
+      record->median_step_ms = record->window.Median();
+      record->window_changed = false;
+    }
+    if (record->alive && record->window.size() >= failslow_.min_samples) {
+      judged.push_back(record.get());
+      medians.push_back(record->median_step_ms);
+    }
+  }
+  std::vector<SlowFlagChange> changes;
+  bool enough = judged.size() >= failslow_.min_learners;
+  std::vector<double> scores =
+      enough ? RobustZScores(medians, failslow_.mad_floor_fraction) : std::vector<double>();
+  double all_median = 0;
+  if (enough) {
+    std::vector<double> copy = medians;
+    std::nth_element(copy.begin(), copy.begin() + static_cast<long>(copy.size() / 2), copy.end());
+    all_median = copy[copy.size() / 2];
+  }
+  for (size_t i = 0; i < judged.size(); ++i) {
+    LearnerRecord& record = *judged[i];
+    double z = enough ? scores[i] : 0.0;
+    record.slow_zscore = z;
+    bool slow = NextSlowFlag(record.slow, z, failslow_);
+    if (slow != record.slow) {
+      Mutate(record, [&](LearnerRecord& r) { r.slow = slow; });
+      changes.push_back({record.id, slow, z, record.median_step_ms, all_median});
+    }
+  }
+  std::sort(changes.begin(), changes.end(),
+            [](const auto& a, const auto& b) { return a.learner_id < b.learner_id; });
+  return changes;
+}
+
+size_t Membership::ForgetGone(Micros now, Micros retention) {
+  size_t forgotten = 0;
+  for (auto it = records_.begin(); it != records_.end();) {
+    const LearnerRecord& record = *it->second;
+    if (!record.alive && !record.join && now - record.gone_since > retention) {
+      Uncount(record);
+      it = records_.erase(it);
+      ++forgotten;
+    } else {
+      ++it;
+    }
+  }
+  return forgotten;
+}
+
+void Membership::SetPreviousRound(const std::vector<std::string>& members) {
+  for (const std::string& id : previous_round_) {
+    if (LearnerRecord* record = FindAny(id)) {
+      Mutate(*record, [](LearnerRecord& r) { r.in_previous_round = false; });
+    }
+  }
+  previous_round_ = std::unordered_set<std::string>(members.begin(), members.end());
+  for (const std::string& id : previous_round_) {
+    if (LearnerRecord* record = FindAny(id)) {
+      Mutate(*record, [](LearnerRecord& r) { r.in_previous_round = true; });
+    }
+  }
+}
+
+void Membership::Tally(const LearnerRecord& r, int sign) {
+  auto add = [sign](size_t& counter, bool condition) {
+    if (condition) counter = static_cast<size_t>(static_cast<long>(counter) + sign);
+  };
+  add(counts_.alive, r.alive);
+  add(counts_.eligible, r.eligible());
+  add(counts_.slow, r.alive && r.slow);
+  add(counts_.pending, r.join.has_value());
+  add(counts_.eligible_missing, r.eligible() && !r.join);
+  add(counts_.previous_joined, r.in_previous_round && r.join.has_value());
+  add(counts_.previous_missing, r.in_previous_round && r.eligible() && !r.join);
+  if (sign > 0 && r.join) pending_ids_.insert(r.id);
+  if (sign < 0 && r.join) pending_ids_.erase(r.id);
+}
+
+}  // namespace mend::coordinator

@@ -1,0 +1,160 @@
+// The lighthouse's table of learners: registration, heartbeats, liveness,
+// step-time windows and slow flags, and each learner's pending quorum join.
+//
+// It keeps running counts of the learners in each class the quorum rules ask
+// about (alive, eligible = alive and not slow, pending, eligible but not yet
+// joined, previous-round members not yet joined), so that every rule is O(1)
+// per event even with 10,000 learners. Every change to a record's liveness,
+// slow flag, pending join or previous-round flag goes through Mutate(), which
+// keeps those counts exact.
+//
+// Thread-safety: none; LighthouseCore serializes access under its mutex.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "coordinator/failslow_detector.h"
+#include "coordinator/round.h"
+#include "mend/clock.h"
+#include "mend/status.h"
+
+namespace mend::coordinator {
+
+// A learner's outstanding Quorum call.
+struct PendingJoin {
+  uint64_t waiter_id = 0;
+  uint64_t last_round_id = 0;
+  uint64_t step = 0;
+  uint64_t tokens_since_last_round = 0;
+  Micros joined_at = 0;
+  Micros deadline = 0;
+  QuorumCallback done;
+};
+
+struct LearnerRecord {
+  std::string id;
+  uint64_t session_id = 0;
+  std::string rack;
+  std::string address;
+  Micros registered_at = 0;
+  Micros last_heartbeat = 0;
+  uint64_t step = 0;
+  uint64_t tokens_total = 0;
+  uint64_t tokens_since_last_round = 0;
+  uint64_t last_round_id = 0;
+  uint64_t rounds_joined = 0;
+
+  StepTimeWindow window{16};
+  bool window_changed = false;
+  double median_step_ms = 0;
+  double slow_zscore = 0;
+  bool slow = false;
+
+  double tokens_per_s = 0;
+  Micros rate_sample_at = 0;
+  uint64_t rate_sample_tokens = 0;
+
+  bool alive = true;
+  bool left = false;
+  Micros gone_since = 0;  // when it died or left
+  bool in_previous_round = false;
+  std::optional<PendingJoin> join;
+
+  bool eligible() const { return alive && !slow; }
+  std::string_view state() const;
+};
+
+struct MembershipCounts {
+  size_t alive = 0;
+  size_t eligible = 0;
+  size_t pending = 0;
+  size_t slow = 0;
+  // Eligible learners with no pending join: the grace window waits for them.
+  size_t eligible_missing = 0;
+  // Eligible members of the previous round with no pending join.
+  size_t previous_missing = 0;
+  // Members of the previous round with a pending join.
+  size_t previous_joined = 0;
+};
+
+struct SlowFlagChange {
+  std::string learner_id;
+  bool slow = false;
+  double zscore = 0;
+  double median_step_ms = 0;
+  double all_median_step_ms = 0;
+};
+
+class Membership {
+ public:
+  explicit Membership(FailSlowOptions failslow) : failslow_(failslow) {}
+
+  Membership(const Membership&) = delete;
+  Membership& operator=(const Membership&) = delete;
+
+  // Adds or replaces the record of `id` with a fresh session. A replaced
+  // record's pending join is returned to the caller to complete.
+  LearnerRecord& Register(const std::string& id, uint64_t session_id, std::string rack,
+                          std::string address, uint64_t step, uint64_t last_round_id, Micros now,
+                          std::optional<PendingJoin>* replaced_join);
+
+  // NOT_FOUND when the id is unknown, FAILED_PRECONDITION when `session_id`
+  // is not the current session, FAILED_PRECONDITION when the learner left.
+  [[nodiscard]] StatusOr<LearnerRecord*> Find(const std::string& id, uint64_t session_id);
+  LearnerRecord* FindAny(const std::string& id);
+
+  // Applies `change` to `record`, keeping the counts and the pending set exact.
+  template <typename Change>
+  void Mutate(LearnerRecord& record, Change&& change) {
+    Uncount(record);
+    change(record);
+    Count(record);
+  }
+
+  // A heartbeat: liveness (a dead learner comes back), progress, step times.
+  void RecordHeartbeat(LearnerRecord& record, Micros now, uint64_t step, uint64_t tokens_total,
+                       uint64_t tokens_since_last_round, const std::vector<double>& step_ms);
+
+  // Learners silent for longer than `timeout` are returned; the caller removes
+  // their pending joins and then calls MarkGone.
+  std::vector<LearnerRecord*> FindSilent(Micros now, Micros timeout);
+  void MarkGone(LearnerRecord& record, Micros now, bool left);
+
+  // Recomputes every judged learner's z-score and returns the flag changes.
+  std::vector<SlowFlagChange> EvaluateFailSlow();
+
+  // Drops records of learners gone for longer than `retention`.
+  size_t ForgetGone(Micros now, Micros retention);
+
+  // Marks exactly `members` as the previous round's members.
+  void SetPreviousRound(const std::vector<std::string>& members);
+
+  const MembershipCounts& counts() const { return counts_; }
+  const std::set<std::string>& pending_ids() const { return pending_ids_; }
+  const std::unordered_map<std::string, std::unique_ptr<LearnerRecord>>& records() const {
+    return records_;
+  }
+  const FailSlowOptions& failslow_options() const { return failslow_; }
+
+ private:
+  void Count(const LearnerRecord& record) { Tally(record, +1); }
+  void Uncount(const LearnerRecord& record) { Tally(record, -1); }
+  void Tally(const LearnerRecord& record, int sign);
+
+  FailSlowOptions failslow_;
+  std::unordered_map<std::string, std::unique_ptr<LearnerRecord>> records_;
+  std::set<std::string> pending_ids_;
+  std::unordered_set<std::string> previous_round_;
+  MembershipCounts counts_;
+};
+
+}  // namespace mend::coordinator

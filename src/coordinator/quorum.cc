@@ -1,0 +1,185 @@
+#include "coordinator/quorum.h"
+
+#include <algorithm>
+#include <climits>
+
+namespace mend::coordinator {
+namespace {
+
+constexpr Micros kGraceSafetyFactor = 2;
+constexpr size_t kRecentRounds = 8;
+
+}  // namespace
+
+QuorumMachine::QuorumMachine(QuorumOptions options)
+    : options_(std::move(options)), grace_window_(options_.grace_window) {}
+
+void QuorumMachine::AddJoin(Membership& membership, LearnerRecord& record, PendingJoin join) {
+  if (late_watch_ && late_watch_->missing.erase(record.id) > 0) {
+    Micros lateness = join.joined_at - late_watch_->quorum_reached_at;
+    if (lateness <= options_.grace_window) RecordNeed(lateness);
+  }
+  join_deadlines_.emplace(join.deadline, std::make_pair(record.id, join.waiter_id));
+  membership.Mutate(record, [&](LearnerRecord& r) {
+    r.join = std::move(join);
+    r.step = std::max(r.step, r.join->step);
+    r.tokens_since_last_round = r.join->tokens_since_last_round;
+    r.last_round_id = r.join->last_round_id;
+  });
+}
+
+std::optional<PendingJoin> QuorumMachine::RemoveJoin(Membership& membership,
+                                                     LearnerRecord& record) {
+  std::optional<PendingJoin> taken;
+  if (!record.join) return taken;
+  membership.Mutate(record, [&](LearnerRecord& r) {
+    taken = std::move(r.join);
+    r.join.reset();
+  });
+  return taken;
+}
+
+std::vector<std::string> QuorumMachine::ExpiredJoins(Membership& membership, Micros now) {
+  std::vector<std::string> expired;
+  while (!join_deadlines_.empty() && join_deadlines_.begin()->first <= now) {
+    auto [learner_id, waiter_id] = join_deadlines_.begin()->second;
+    join_deadlines_.erase(join_deadlines_.begin());
+    LearnerRecord* record = membership.FindAny(learner_id);
+    if (record && record->join && record->join->waiter_id == waiter_id) {
+      expired.push_back(learner_id);
+    }
+  }
+  return expired;
+}
+
+Micros QuorumMachine::NextDeadline() const {
+  Micros next = INT64_MAX;
+  if (!join_deadlines_.empty()) next = join_deadlines_.begin()->first;
+  if (quorum_reached_at_) next = std::min(next, *quorum_reached_at_ + grace_window_);
+  return next;
+}
+
+std::optional<QuorumMachine::Closed> QuorumMachine::MaybeClose(Membership& membership,
+                                                              Micros now) {
+  const MembershipCounts& counts = membership.counts();
+  bool quorum = counts.pending >= options_.min_learners && 2 * counts.pending >= counts.alive;
+  if (!quorum) {
+    quorum_reached_at_.reset();
+    return std::nullopt;
+  }
+  if (!quorum_reached_at_) quorum_reached_at_ = now;
+  std::string closed_by;
+  if (counts.previous_joined > 0 && counts.previous_missing == 0) {
+    closed_by = "fast_path";
+  } else if (counts.eligible_missing == 0) {
+    closed_by = "all_joined";
+  } else if (grace_window_ == 0) {
+    closed_by = "min_quorum";
+  } else if (now >= *quorum_reached_at_ + grace_window_) {
+    closed_by = "grace";
+  } else {
+    return std::nullopt;
+  }
+  Closed closed;
+  closed.round = Close(membership, now, std::move(closed_by), &closed.joins);
+  return closed;
+}
+
+std::shared_ptr<Round> QuorumMachine::Close(Membership& membership, Micros now,
+                                            std::string closed_by,
+                                            std::vector<std::pair<PendingJoin, uint32_t>>* joins) {
+  auto round = std::make_shared<Round>();
+  round->closed_by = std::move(closed_by);
+  round->closed_at = now;
+  round->quorum_reached_at = *quorum_reached_at_;
+  round->first_join_at = now;
+  round->grace_window = grace_window_;
+
+  std::optional<LateWatch> late_watch = WatchLateArrivals(membership, *round);
+  // Copy: RemoveJoin below edits the pending set while we walk it.
+  std::vector<std::string> ids(membership.pending_ids().begin(), membership.pending_ids().end());
+  uint64_t newest = 0;
+  joins->reserve(ids.size());
+  round->members.reserve(ids.size());
+  for (size_t rank = 0; rank < ids.size(); ++rank) {
+    LearnerRecord& record = *membership.FindAny(ids[rank]);
+    PendingJoin join = *RemoveJoin(membership, record);
+    record.rounds_joined++;
+    MemberInfo member;
+    member.id = record.id;
+    member.step = join.step;
+    member.tokens_since_last_round = join.tokens_since_last_round;
+    member.last_round_id = join.last_round_id;
+    member.rack = record.rack;
+    member.address = record.address;
+    round->members.push_back(std::move(member));
+    round->total_tokens += join.tokens_since_last_round;
+    round->first_join_at = std::min(round->first_join_at, join.joined_at);
+    newest = std::max(newest, join.last_round_id);
+    joins->emplace_back(std::move(join), static_cast<uint32_t>(rank));
+  }
+  Micros need = 0;
+  for (const auto& [join, rank] : *joins) {
+    need = std::max(need, join.joined_at - round->quorum_reached_at);
+  }
+  round->heal_round_id = newest;
+  round->id = std::max(next_round_id_, newest + 1);
+  round->rendezvous_prefix = RendezvousPrefix(options_.job_id, round->id);
+  next_round_id_ = round->id + 1;
+  AssignHealSources(*round);
+  recent_needs_.push_back(0);
+  RecordNeed(need);
+  late_watch_ = std::move(late_watch);
+  membership.SetPreviousRound(ids);
+  quorum_reached_at_.reset();
+
+  history_.push_back(round);
+  while (history_.size() > options_.history_size) history_.pop_front();
+  return round;
+}
+
+void QuorumMachine::AssignHealSources(Round& round) const {
+  std::vector<const MemberInfo*> sources;
+  for (const MemberInfo& member : round.members) {
+    if (member.last_round_id == round.heal_round_id) sources.push_back(&member);
+  }
+  size_t next = 0;
+  for (MemberInfo& member : round.members) {
+    if (member.last_round_id == round.heal_round_id) continue;
+    std::vector<const MemberInfo*> candidates;
+    if (options_.rack_aware) {
+      for (const MemberInfo* source : sources) {
+        if (source->rack == member.rack) candidates.push_back(source);
+      }
+    }
+    if (candidates.empty()) candidates = sources;
+    const MemberInfo* source = candidates[next++ % candidates.size()];
+    member.heal_from = source->id;
+    round.heal_to[source->id].push_back(member.id);
+  }
+}
+
+void QuorumMachine::RecordNeed(Micros need) {
+  if (!options_.adaptive || recent_needs_.empty()) return;
+  recent_needs_.back() = std::max(recent_needs_.back(), need);
+  while (recent_needs_.size() > kRecentRounds) recent_needs_.pop_front();
+  Micros needed = *std::max_element(recent_needs_.begin(), recent_needs_.end());
+  Micros floor = std::min(options_.grace_window_min, options_.grace_window);
+  grace_window_ = std::clamp(kGraceSafetyFactor * needed, floor, options_.grace_window);
+}
+
+std::optional<QuorumMachine::LateWatch> QuorumMachine::WatchLateArrivals(
+    const Membership& membership, const Round& round) const {
+  if (!options_.adaptive || round.closed_by != "grace" ||
+      membership.counts().eligible_missing == 0) {
+    return std::nullopt;
+  }
+  LateWatch watch;
+  watch.quorum_reached_at = round.quorum_reached_at;
+  for (const auto& [id, record] : membership.records()) {
+    if (record->eligible() && !record->join) watch.missing.insert(id);
+  }
+  return watch;
+}
+
+}  // namespace mend::coordinator

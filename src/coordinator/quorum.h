@@ -1,0 +1,116 @@
+// The quorum rules of one outer round (DESIGN.md, "Quorum"):
+//
+//  1. A learner ready for a round joins (Quorum call) and waits.
+//  2. Quorum is reached when at least K learners joined and they are at least
+//     half of the learners that heartbeat (split-brain guard). From then on the
+//     grace window runs: at most G more for the eligible (alive, not slow)
+//     learners that have not joined yet.
+//  3. The round closes at once, before the window ends, when
+//       - every eligible member of the previous round has joined ("fast_path"),
+//       - or every eligible learner has joined ("all_joined"),
+//       - or the window is zero ("min_quorum");
+//     otherwise when the window ends ("grace").
+//  4. Members are every learner with a pending join at the close, sorted by id;
+//     round ids only grow, also across lighthouse restarts (a round's id is
+//     above every member's reported last round).
+//  5. A member whose last round is older than the newest any member holds is
+//     behind, and is told which up-to-date member to heal from.
+//
+// The adaptive grace window is 2 x what the recent rounds needed, clamped to
+// [grace_window_min_ms, grace_window_ms]. A round needed the latest arrival
+// after its quorum was reached: of its members, and, for a round that closed
+// by "grace", of the eligible learners it left out that joined within
+// grace_window_ms after all (they would have been members with a wider
+// window). "Recent" is the maximum over the last 8 rounds, so one late
+// arrival widens the window at once and it shrinks back after 8 punctual rounds.
+//
+// Thread-safety: none; LighthouseCore serializes access under its mutex.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "coordinator/membership.h"
+#include "coordinator/round.h"
+#include "mend/clock.h"
+
+namespace mend::coordinator {
+
+struct QuorumOptions {
+  std::string job_id = "mend";
+  size_t min_learners = 2;
+  Micros grace_window = 2000 * kMicrosPerMilli;
+  Micros grace_window_min = 50 * kMicrosPerMilli;
+  bool adaptive = true;
+  bool rack_aware = false;
+  size_t history_size = 256;
+};
+
+class QuorumMachine {
+ public:
+  explicit QuorumMachine(QuorumOptions options);
+
+  QuorumMachine(const QuorumMachine&) = delete;
+  QuorumMachine& operator=(const QuorumMachine&) = delete;
+
+  // Records `join` as `record`'s pending join. The record must have none.
+  void AddJoin(Membership& membership, LearnerRecord& record, PendingJoin join);
+
+  // Takes `record`'s pending join away (timeout, cancel, death, leave).
+  std::optional<PendingJoin> RemoveJoin(Membership& membership, LearnerRecord& record);
+
+  struct Closed {
+    std::shared_ptr<const Round> round;
+    // Each member's join with its rank, to be completed by the caller.
+    std::vector<std::pair<PendingJoin, uint32_t>> joins;
+  };
+  // Closes a round when the rules above say so at `now`.
+  std::optional<Closed> MaybeClose(Membership& membership, Micros now);
+
+  // Learners whose pending join's deadline is at or before `now`.
+  std::vector<std::string> ExpiredJoins(Membership& membership, Micros now);
+
+  // The earliest time at which MaybeClose or ExpiredJoins may change their
+  // answer without any other event; INT64_MAX when none.
+  Micros NextDeadline() const;
+
+  Micros grace_window() const { return grace_window_; }
+  uint64_t latest_round_id() const { return next_round_id_ - 1; }
+  std::optional<Micros> quorum_reached_at() const { return quorum_reached_at_; }
+  const std::deque<std::shared_ptr<const Round>>& history() const { return history_; }
+  const QuorumOptions& options() const { return options_; }
+
+ private:
+  std::shared_ptr<Round> Close(Membership& membership, Micros now, std::string closed_by,
+                               std::vector<std::pair<PendingJoin, uint32_t>>* joins);
+  void AssignHealSources(Round& round) const;
+  struct LateWatch {
+    Micros quorum_reached_at = 0;
+    std::unordered_set<std::string> missing;
+  };
+  void RecordNeed(Micros need);
+  // Call before the members' joins are taken: the eligible learners not joined.
+  std::optional<LateWatch> WatchLateArrivals(const Membership& membership,
+                                             const Round& round) const;
+
+  QuorumOptions options_;
+  uint64_t next_round_id_ = 1;
+  std::optional<Micros> quorum_reached_at_;
+  Micros grace_window_;
+  // What each recent round needed (newest last).
+  std::deque<Micros> recent_needs_;
+  // After a "grace" close: the eligible learners it left out, watched for a late join.
+  std::optional<LateWatch> late_watch_;
+  // Join deadlines, lazily deleted: an entry whose waiter is gone is skipped.
+  std::multimap<Micros, std::pair<std::string, uint64_t>> join_deadlines_;
+  std::deque<std::shared_ptr<const Round>> history_;
+};
+
+}  // namespace mend::coordinator

@@ -1,0 +1,110 @@
+// The table of every configuration key: type, range, meaning.
+
+#include "mend/config.h"
+
+namespace mend {
+namespace {
+
+constexpr double kMaxMs = 3'600'000;  // one hour
+
+ConfigKey Int(std::string_view name, int64_t Config::*field, double min, double max,
+              std::string_view help) {
+  return ConfigKey{name, ConfigType::kInt, help, min, max, {}, field};
+}
+ConfigKey Real(std::string_view name, double Config::*field, double min, double max,
+               std::string_view help) {
+  return ConfigKey{name, ConfigType::kDouble, help, min, max, {}, field};
+}
+ConfigKey Bool(std::string_view name, bool Config::*field, std::string_view help) {
+  return ConfigKey{name, ConfigType::kBool, help, 0, 1, {}, field};
+}
+ConfigKey Text(std::string_view name, std::string Config::*field, std::string_view help) {
+  return ConfigKey{name, ConfigType::kString, help, 0, 0, {}, field};
+}
+ConfigKey Enum(std::string_view name, std::string Config::*field,
+               std::vector<std::string_view> choices, std::string_view help) {
+  return ConfigKey{name, ConfigType::kEnum, help, 0, 0, std::move(choices), field};
+}
+
+std::vector<ConfigKey> BuildKeys() {
+  using C = Config;
+  return {
+      Text("job_id", &C::job_id, "Name of the job; learners and lighthouse must agree."),
+      Text("token_file", &C::token_file,
+           "File holding the job token (MEND_JOB_TOKEN overrides it; never on argv)."),
+      Text("tls_cert_file", &C::tls_cert_file,
+           "Lighthouse: PEM certificate; enables TLS together with tls_key_file."),
+      Text("tls_key_file", &C::tls_key_file, "Lighthouse: PEM private key for tls_cert_file."),
+      Text("tls_ca_file", &C::tls_ca_file,
+           "Learner: PEM roots that sign the lighthouse's certificate; enables TLS."),
+      Text("lighthouse", &C::lighthouse, "Learner: lighthouse gRPC address, HOST:PORT."),
+      Text("bind", &C::bind, "Lighthouse: gRPC listen address, HOST:PORT (port 0 picks one)."),
+      Text("http", &C::http,
+           "Lighthouse: status page and /metrics address, HOST:PORT; empty turns it off."),
+      Int("quorum_min_learners", &C::quorum_min_learners, 1, 100000,
+          "K: a round never closes with fewer members."),
+      Int("grace_window_ms", &C::grace_window_ms, 0, 600000,
+          "G: once K learners joined, wait at most this long for the other healthy ones."),
+      Bool("grace_window_adaptive", &C::grace_window_adaptive,
+           "Shrink the grace window to 2x the recent arrival spread (EMA), capped by G."),
+      Int("grace_window_min_ms", &C::grace_window_min_ms, 0, 600000,
+          "Floor of the adaptive grace window."),
+      Int("heartbeat_ms", &C::heartbeat_ms, 10, 60000, "Learner heartbeat period."),
+      Int("heartbeat_timeout_ms", &C::heartbeat_timeout_ms, 20, kMaxMs,
+          "A learner silent this long is dead and left out of rounds."),
+      Int("quorum_timeout_ms", &C::quorum_timeout_ms, 1, kMaxMs,
+          "How long a learner waits for a round before it trains on."),
+      Int("rpc_timeout_ms", &C::rpc_timeout_ms, 1, kMaxMs,
+          "Deadline of every other call to the lighthouse."),
+      Real("failslow_zscore_threshold", &C::failslow_zscore_threshold, 0.5, 1000,
+           "Robust z-score of a learner's median step time above which it is flagged slow."),
+      Int("failslow_window_steps", &C::failslow_window_steps, 3, 10000,
+          "Inner-step times per learner in the fail-slow detector's sliding window."),
+      Bool("rack_aware", &C::rack_aware,
+           "Prefer a heal source in the learner's own rack."),
+      Text("rack", &C::rack, "Learner: its failure domain (rack, zone)."),
+      Int("sync_period_steps", &C::sync_period_steps, 1, 1000000,
+          "H: inner steps between outer rounds."),
+      Bool("token_weighted_merge", &C::token_weighted_merge,
+           "Weight pseudo-gradients by tokens processed (uniform when off)."),
+      Real("outer_lr", &C::outer_lr, 0, 100, "Outer Nesterov learning rate (eta)."),
+      Real("outer_momentum", &C::outer_momentum, 0, 0.9999, "Outer Nesterov momentum (mu)."),
+      Int("fragments", &C::fragments, 1, 1024, "P: streaming fragments (layer l -> l mod P)."),
+      Bool("concurrent_outer_step", &C::concurrent_outer_step,
+           "Exchange in the background while inner steps continue (false: synchronous)."),
+      Int("overlap_steps", &C::overlap_steps, 1, 1000,
+          "tau: inner steps between a round's start and the application of its result."),
+      Enum("outer_apply", &C::outer_apply, {"exact", "mix"},
+           "How a late update meets local progress: keep it exactly once, or mix by alpha."),
+      Real("mixing_alpha", &C::mixing_alpha, 0, 1,
+           "alpha for outer_apply = mix: theta_i <- alpha theta_i + (1 - alpha) theta_g."),
+      Bool("desloc", &C::desloc, "DES-LOC: also average the inner AdamW moments."),
+      Int("momentum_sync_period_steps", &C::momentum_sync_period_steps, 0, 100000000,
+          "K_u: first-moment averaging period; 0 means 3 x sync_period_steps."),
+      Int("second_moment_sync_period_steps", &C::second_moment_sync_period_steps, 0,
+          100000000, "K_v: second-moment averaging period; 0 means 6 x sync_period_steps."),
+      Enum("codec", &C::codec, {"fp32", "bf16", "int8", "int4", "topk"},
+           "Encoding of pseudo-gradients on the wire."),
+      Int("codec_block_size", &C::codec_block_size, 8, 65536,
+          "Values per absmax scale for int8 and int4."),
+      Int("topk_chunk_size", &C::topk_chunk_size, 64, 1 << 20, "Values per top-k chunk."),
+      Int("topk_k", &C::topk_k, 1, 1 << 20, "Values kept per top-k chunk."),
+      Real("error_feedback_beta", &C::error_feedback_beta, 0, 1,
+           "SparseLoCo error-feedback decay beta."),
+      Int("collective_timeout_ms", &C::collective_timeout_ms, 1, kMaxMs,
+          "Deadline of every data-plane collective."),
+      Text("diagnostics_dir", &C::diagnostics_dir,
+           "Directory for per-step and per-round JSONL; empty turns it off."),
+      Enum("log_level", &C::log_level, {"trace", "debug", "info", "warn", "error", "off"},
+           "Log verbosity."),
+  };
+}
+
+}  // namespace
+
+const std::vector<ConfigKey>& ConfigKeys() {
+  static const std::vector<ConfigKey>* keys = new std::vector<ConfigKey>(BuildKeys());
+  return *keys;
+}
+
+}  // namespace mend

@@ -1,0 +1,25 @@
+#include "mend/logging.h"
+
+#include <string>
+
+#include "fmt/format.h"
+#include "spdlog/sinks/stdout_sinks.h"
+#include "spdlog/spdlog.h"
+
+namespace mend {
+
+Status InitLogging(std::string_view level, std::string_view tag) {
+  spdlog::level::level_enum parsed = spdlog::level::from_str(std::string(level));
+  if (parsed == spdlog::level::off && level != "off") {
+    return InvalidArgumentError(fmt::format(
+        "log_level = \"{}\": must be one of trace | debug | info | warn | error | off", level));
+  }
+  auto logger = spdlog::stderr_logger_mt(fmt::format("mend-{}", tag));
+  logger->set_pattern(fmt::format("%Y-%m-%d %H:%M:%S.%e %L {}] %v", tag));
+  logger->set_level(parsed);
+  logger->flush_on(spdlog::level::info);
+  spdlog::set_default_logger(logger);
+  return OkStatus();
+}
+
+}  // namespace mend

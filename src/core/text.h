@@ -1,0 +1,32 @@
+// Small text helpers shared by the core: edit distance, number parsing,
+// HOST:PORT checks. Thread-safety: pure functions.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "mend/status.h"
+
+namespace mend {
+
+// Levenshtein distance between a and b (insert, delete, substitute cost 1).
+size_t EditDistance(std::string_view a, std::string_view b);
+
+// Whole-string parses; std::nullopt when `text` is not exactly one number.
+std::optional<int64_t> ParseInt64(std::string_view text);
+std::optional<double> ParseDouble(std::string_view text);  // finite values only
+std::optional<bool> ParseBool(std::string_view text);      // true/false/1/0/yes/no/on/off
+
+// Checks "HOST:PORT" ("[v6]:PORT" too) with PORT in [0, 65535]; `what` names
+// the value in the error.
+[[nodiscard]] Status CheckHostPort(std::string_view address, std::string_view what);
+
+// Splits "HOST:PORT"; requires CheckHostPort to pass.
+std::pair<std::string, int> SplitHostPort(std::string_view address);
+
+// Formats a double so that ParseDouble gives back the same value.
+std::string FormatDouble(double value);
+
+}  // namespace mend

@@ -1,0 +1,202 @@
+// Sessions, liveness, fail-slow flags, the store through the core, and what
+// the status renderers make of it.
+#include "coordinator/core_harness.h"
+#include "coordinator/status_snapshot.h"
+#include "gmock/gmock.h"
+#include "nlohmann/json.hpp"
+
+namespace mend::coordinator {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::CoreHarness;
+
+std::vector<std::string> EventKinds(LighthouseCore& core, const std::string& learner) {
+  std::vector<std::string> kinds;
+  for (const auto& e : core.Snapshot(100, 100).events) {
+    if (e.learner_id == learner) kinds.push_back(e.kind);
+  }
+  return kinds;
+}
+
+TEST(LighthouseCoreTest, UnknownLearnerMustRegisterAndStaleSessionIsRefused) {
+  CoreHarness h(CoreHarness::Options(2, 1000));
+  HeartbeatArgs args;
+  args.learner_id = "ghost";
+  EXPECT_EQ(h.core().Heartbeat(args).status().code(), StatusCode::kNotFound);
+  uint64_t first = h.Register("a");
+  uint64_t second = h.Register("a");
+  EXPECT_NE(first, second);
+  args.learner_id = "a";
+  args.session_id = first;
+  auto stale = h.core().Heartbeat(args);
+  EXPECT_EQ(stale.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(stale.status().message()), HasSubstr("superseded"));
+  args.session_id = second;
+  EXPECT_TRUE(h.core().Heartbeat(args).ok());
+}
+
+TEST(LighthouseCoreTest, ReRegistrationAbortsTheOldSessionsJoin) {
+  CoreHarness h(CoreHarness::Options(2, 1000));
+  h.Register("a");
+  auto old_join = h.Join("a");
+  h.Register("a");
+  ASSERT_TRUE(old_join->done());
+  EXPECT_EQ(old_join->code(), StatusCode::kAborted);
+}
+
+TEST(LighthouseCoreTest, RegisterForAnotherJobIsRefused) {
+  CoreHarness h(CoreHarness::Options(2, 1000));
+  RegisterArgs args;
+  args.learner_id = "a";
+  args.job_id = "other";
+  auto result = h.core().Register(args);
+  EXPECT_EQ(result.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(result.status().message()), HasSubstr("serves job \"job\""));
+}
+
+TEST(LighthouseCoreTest, SilentLearnerIsDeclaredDeadAndRevivedByAHeartbeat) {
+  CoreHarness h(CoreHarness::Options(2, 1000));
+  h.Register("a");
+  h.Register("b");
+  for (int i = 0; i < 11; ++i) {
+    h.HeartbeatAll({"a"});
+    h.AdvanceMs(100);
+  }
+  auto snapshot = h.core().Snapshot(10, 10);
+  EXPECT_EQ(snapshot.learners_alive, 1u);
+  EXPECT_EQ(snapshot.counters.deaths, 1u);
+  ASSERT_TRUE(h.Heartbeat("b").ok());
+  EXPECT_EQ(h.core().Snapshot(10, 10).learners_alive, 2u);
+  EXPECT_EQ(EventKinds(h.core(), "b"), (std::vector<std::string>{"registered", "dead", "revived"}));
+}
+
+TEST(LighthouseCoreTest, SlowFlagIsRaisedAndClearedWithEvents) {
+  CoreHarness h(CoreHarness::Options(2, 1000));
+  for (const char* id : {"a", "b", "c"}) h.Register(id);
+  auto feed = [&](double c_ms) {
+    for (int i = 0; i < 8; ++i) {
+      ASSERT_TRUE(h.Heartbeat("a", {100}).ok());
+      ASSERT_TRUE(h.Heartbeat("b", {102}).ok());
+      ASSERT_TRUE(h.Heartbeat("c", {c_ms}).ok());
+      h.AdvanceMs(60);
+    }
+  };
+  feed(100);
+  EXPECT_FALSE(h.Heartbeat("c")->slow);
+  feed(300);
+  EXPECT_TRUE(h.Heartbeat("c")->slow);
+  EXPECT_FALSE(h.Heartbeat("a")->slow);
+  EXPECT_EQ(h.core().Snapshot(10, 10).learners[0].id, "c");  // slow learners listed first
+  feed(100);
+  EXPECT_FALSE(h.Heartbeat("c")->slow);
+  EXPECT_EQ(EventKinds(h.core(), "c"),
+            (std::vector<std::string>{"registered", "slow", "recovered"}));
+  EXPECT_EQ(h.core().Snapshot(10, 10).counters.slow_flags, 1u);
+}
+
+TEST(LighthouseCoreTest, TwoLearnersAreNeverFlagged) {
+  CoreHarness h(CoreHarness::Options(1, 1000));
+  h.Register("a");
+  h.Register("b");
+  for (int i = 0; i < 10; ++i) {
+    ASSERT_TRUE(h.Heartbeat("a", {100}).ok());
+    ASSERT_TRUE(h.Heartbeat("b", {1000}).ok());
+    h.AdvanceMs(60);
+  }
+  EXPECT_FALSE(h.Heartbeat("b")->slow);
+}
+
+TEST(LighthouseCoreTest, StoreGetWaitsForSetAndTimesOut) {
+  CoreHarness h(CoreHarness::Options(2, 1000));
+  std::optional<Status> got;
+  std::vector<std::string> values;
+  h.core().StoreWait({"k"}, 500 * kMicrosPerMilli, [&](Status s, std::vector<std::string> v) {
+    got = s;
+    values = std::move(v);
+  });
+  EXPECT_FALSE(got);
+  ASSERT_TRUE(h.core().StoreSet("k", "v").ok());
+  ASSERT_TRUE(got && got->ok());
+  EXPECT_EQ(values[0], "v");
+  got.reset();
+  h.core().StoreWait({"never"}, 500 * kMicrosPerMilli,
+                     [&](Status s, std::vector<std::string>) { got = s; });
+  h.AdvanceMs(499);
+  EXPECT_FALSE(got);
+  h.AdvanceMs(1);
+  ASSERT_TRUE(got);
+  EXPECT_EQ(got->code(), StatusCode::kDeadlineExceeded);
+}
+
+TEST(LighthouseCoreTest, OldRoundsRendezvousKeysAreCollected) {
+  auto options = CoreHarness::Options(2, 1000);
+  options.keep_round_prefixes = 2;
+  CoreHarness h(options);
+  h.Register("a");
+  h.Register("b");
+  uint64_t round = 0;
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(h.core().StoreSet(RendezvousPrefix("job", round + 1) + "rank0", "x").ok());
+    h.Join("a", round);
+    auto b = h.Join("b", round);
+    ASSERT_TRUE(b->ok());
+    round = b->round().id;
+  }
+  // Rounds 1 and 2 were collected when rounds 3 and 4 closed.
+  EXPECT_EQ(h.core().Snapshot(0, 0).store_keys, 2u);
+}
+
+TEST(LighthouseCoreTest, NextDeadlineTracksGraceWindowAndJoinTimeouts) {
+  CoreHarness h(CoreHarness::Options(2, 1000));
+  for (const char* id : {"a", "b", "c"}) h.Register(id);
+  Micros now = h.clock().NowMicros();
+  h.Join("a", 0, 0, 300);
+  EXPECT_LE(h.core().NextDeadline(), now + 300 * kMicrosPerMilli);
+  h.Join("b", 0, 0, 60000);
+  h.AdvanceMs(300);  // a times out; quorum lost
+  h.Join("a", 0, 0, 60000);
+  Micros reached = h.clock().NowMicros();
+  EXPECT_LE(h.core().NextDeadline(), reached + 1000 * kMicrosPerMilli);
+}
+
+TEST(LighthouseCoreTest, StatusJsonHasTheDocumentedShape) {
+  CoreHarness h(CoreHarness::Options(2, 1000));
+  h.Register("a");
+  h.Register("b");
+  h.Join("a");
+  ASSERT_TRUE(h.Join("b")->ok());
+  auto doc = nlohmann::json::parse(StatusJson(h.core().Snapshot(100, 100)));
+  EXPECT_EQ(doc["job"], "job");
+  ASSERT_EQ(doc["learners"].size(), 2u);
+  for (const char* field : {"id", "state", "step", "tokens_per_s", "last_heartbeat_ms_ago",
+                            "slow", "slow_zscore"}) {
+    EXPECT_TRUE(doc["learners"][0].contains(field)) << field;
+  }
+  ASSERT_EQ(doc["rounds"].size(), 1u);
+  EXPECT_EQ(doc["rounds"][0]["members"], nlohmann::json({"a", "b"}));
+  EXPECT_EQ(doc["rounds"][0]["closed_by"], "all_joined");
+  EXPECT_TRUE(doc["rounds"][0].contains("waited_ms"));
+  EXPECT_TRUE(doc["events"].is_array());
+}
+
+TEST(LighthouseCoreTest, MetricsUseMendPrefixAndCountRounds) {
+  CoreHarness h(CoreHarness::Options(2, 1000));
+  h.Register("a");
+  h.Register("b");
+  h.Join("a");
+  ASSERT_TRUE(h.Join("b")->ok());
+  h.core().RecordRejection("UNAUTHENTICATED", "ipv4:1.2.3.4", "bad token");
+  std::string text = PrometheusText(h.core().Snapshot(0, 0));
+  EXPECT_THAT(text, HasSubstr("mend_rounds_total{closed_by=\"all_joined\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("mend_rejected_requests_total{code=\"UNAUTHENTICATED\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("mend_member_wait_seconds_count 2\n"));
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    EXPECT_EQ(line.rfind("mend_", 0), 0u) << line;
+  }
+}
+
+}  // namespace
+}  // namespace mend::coordinator

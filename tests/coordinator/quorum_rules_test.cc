@@ -1,0 +1,378 @@
+// The quorum rules of DESIGN.md ("Quorum"), each against a fake clock.
+#include "coordinator/core_harness.h"
+#include "gmock/gmock.h"
+
+namespace mend::coordinator {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using testing::CoreHarness;
+
+TEST(QuorumRulesTest, AllJoinedClosesAtOnceWithSortedMembersAndRanks) {
+  CoreHarness h(CoreHarness::Options(2, 5000));
+  for (const char* id : {"c", "a", "b"}) h.Register(id);
+  auto c = h.Join("c");
+  auto a = h.Join("a");
+  EXPECT_FALSE(a->done());
+  auto b = h.Join("b");
+  ASSERT_TRUE(a->ok() && b->ok() && c->ok());
+  EXPECT_EQ(a->round().closed_by, "all_joined");
+  EXPECT_THAT(CoreHarness::MemberIds(a->round()), ElementsAre("a", "b", "c"));
+  EXPECT_EQ(a->rank(), 0u);
+  EXPECT_EQ(b->rank(), 1u);
+  EXPECT_EQ(c->rank(), 2u);
+  EXPECT_EQ(a->round().id, 1u);
+  EXPECT_EQ(a->round().rendezvous_prefix, "job/round/1/");
+  EXPECT_EQ(&a->round(), &c->round());  // one shared decision
+}
+
+TEST(QuorumRulesTest, GraceWindowClosesWithoutTheMissingLearner) {
+  CoreHarness h(CoreHarness::Options(2, 1000));
+  for (const char* id : {"a", "b", "c"}) h.Register(id);
+  auto a = h.Join("a");
+  auto b = h.Join("b");
+  h.HeartbeatAll({"a", "b", "c"});
+  h.AdvanceMs(999);
+  EXPECT_FALSE(a->done());
+  h.AdvanceMs(1);
+  ASSERT_TRUE(a->ok());
+  EXPECT_EQ(a->round().closed_by, "grace");
+  EXPECT_THAT(CoreHarness::MemberIds(a->round()), ElementsAre("a", "b"));
+  EXPECT_EQ(a->round().waited(), 1000 * kMicrosPerMilli);
+}
+
+TEST(QuorumRulesTest, LateJoinerWithinGraceWindowIsIncluded) {
+  CoreHarness h(CoreHarness::Options(2, 1000));
+  for (const char* id : {"a", "b", "c"}) h.Register(id);
+  auto a = h.Join("a");
+  h.Join("b");
+  h.AdvanceMs(600);
+  auto c = h.Join("c");
+  ASSERT_TRUE(c->ok());
+  EXPECT_EQ(c->round().closed_by, "all_joined");
+  EXPECT_EQ(c->round().members.size(), 3u);
+  EXPECT_EQ(c->round().waited(), 600 * kMicrosPerMilli);
+}
+
+TEST(QuorumRulesTest, FastPathClosesWhenPreviousMembersRejoined) {
+  CoreHarness h(CoreHarness::Options(2, 5000));
+  h.Register("a");
+  h.Register("b");
+  h.Join("a");
+  auto first = h.Join("b");
+  ASSERT_TRUE(first->ok());
+  h.Register("c");  // new learner, not in the previous round
+  auto a = h.Join("a", 1);
+  EXPECT_FALSE(a->done());
+  auto b = h.Join("b", 1);
+  ASSERT_TRUE(b->ok());
+  EXPECT_EQ(b->round().closed_by, "fast_path");
+  EXPECT_THAT(CoreHarness::MemberIds(b->round()), ElementsAre("a", "b"));
+  EXPECT_EQ(b->round().id, 2u);
+}
+
+TEST(QuorumRulesTest, ZeroGraceWindowClosesAtMinimumQuorum) {
+  CoreHarness h(CoreHarness::Options(2, 0));
+  for (const char* id : {"a", "b", "c"}) h.Register(id);
+  auto a = h.Join("a");
+  EXPECT_FALSE(a->done());
+  h.Join("b");
+  ASSERT_TRUE(a->ok());
+  EXPECT_EQ(a->round().closed_by, "min_quorum");
+  EXPECT_EQ(a->round().members.size(), 2u);
+}
+
+TEST(QuorumRulesTest, NeverClosesBelowMinimumAndTimesOutNamingTheShortfall) {
+  CoreHarness h(CoreHarness::Options(3, 100));
+  for (const char* id : {"a", "b", "c"}) h.Register(id);
+  auto a = h.Join("a", 0, 0, /*timeout_ms=*/800);
+  auto b = h.Join("b", 0, 0, /*timeout_ms=*/5000);
+  for (int i = 0; i < 7; ++i) {
+    h.HeartbeatAll({"a", "b", "c"});
+    h.AdvanceMs(100);
+  }
+  EXPECT_FALSE(a->done());
+  h.AdvanceMs(100);
+  ASSERT_TRUE(a->done());
+  EXPECT_EQ(a->code(), StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(std::string(a->result->status().message()),
+              HasSubstr("2 joined, quorum needs 3"));
+  EXPECT_FALSE(b->done());
+}
+
+TEST(QuorumRulesTest, SplitBrainGuardNeedsHalfOfAliveLearners) {
+  CoreHarness h(CoreHarness::Options(1, 200));
+  for (const char* id : {"a", "b", "c", "d"}) h.Register(id);
+  auto a = h.Join("a");
+  h.AdvanceMs(500);
+  EXPECT_FALSE(a->done()) << "1 of 4 alive must not close a round";
+  auto b = h.Join("b");
+  EXPECT_FALSE(b->done());
+  h.HeartbeatAll({"a", "b", "c", "d"});
+  h.AdvanceMs(200);
+  ASSERT_TRUE(a->ok());
+  EXPECT_EQ(a->round().closed_by, "grace");
+  EXPECT_EQ(a->round().members.size(), 2u);
+}
+
+TEST(QuorumRulesTest, DeadLearnerIsNotWaitedForAfterHeartbeatTimeout) {
+  CoreHarness h(CoreHarness::Options(2, 60000));
+  for (const char* id : {"a", "b", "c"}) h.Register(id);
+  auto a = h.Join("a");
+  auto b = h.Join("b");
+  // c stops heartbeating; a and b keep on. Timeout is 1000 ms.
+  for (int i = 0; i < 10; ++i) {
+    h.HeartbeatAll({"a", "b"});
+    h.AdvanceMs(100);
+    EXPECT_FALSE(a->done()) << i;
+  }
+  h.HeartbeatAll({"a", "b"});
+  h.AdvanceMs(100);
+  ASSERT_TRUE(a->ok());
+  EXPECT_EQ(a->round().closed_by, "all_joined");
+  EXPECT_THAT(CoreHarness::MemberIds(a->round()), ElementsAre("a", "b"));
+}
+
+TEST(QuorumRulesTest, DeadLearnersPendingJoinIsAbortedAndNotAMember) {
+  CoreHarness h(CoreHarness::Options(2, 60000));
+  for (const char* id : {"a", "b", "c"}) h.Register(id);
+  auto c = h.Join("c");
+  for (int i = 0; i < 11; ++i) {
+    h.HeartbeatAll({"a", "b"});
+    h.AdvanceMs(100);
+  }
+  ASSERT_TRUE(c->done());
+  EXPECT_EQ(c->code(), StatusCode::kAborted);
+  EXPECT_THAT(std::string(c->result->status().message()), HasSubstr("declared dead"));
+  auto a = h.Join("a");
+  auto b = h.Join("b");
+  ASSERT_TRUE(a->ok());
+  EXPECT_THAT(CoreHarness::MemberIds(a->round()), ElementsAre("a", "b"));
+}
+
+TEST(QuorumRulesTest, SlowLearnerIsNotWaitedFor) {
+  CoreHarness h(CoreHarness::Options(2, 60000));
+  for (const char* id : {"a", "b", "c"}) h.Register(id);
+  ASSERT_TRUE(h.Heartbeat("a", {100, 100, 100, 100}).ok());
+  ASSERT_TRUE(h.Heartbeat("b", {101, 99, 100, 102}).ok());
+  ASSERT_TRUE(h.Heartbeat("c", {300, 310, 305, 300}).ok());
+  h.AdvanceMs(100);  // runs the detector
+  auto status = h.Heartbeat("c");
+  ASSERT_TRUE(status.ok());
+  EXPECT_TRUE(status->slow);
+  EXPECT_GT(status->slow_zscore, 3.5);
+  auto a = h.Join("a");
+  auto b = h.Join("b");
+  ASSERT_TRUE(a->ok());
+  EXPECT_EQ(a->round().closed_by, "all_joined");
+  EXPECT_THAT(CoreHarness::MemberIds(a->round()), ElementsAre("a", "b"));
+}
+
+TEST(QuorumRulesTest, SlowLearnerThatJoinedIsStillAMember) {
+  CoreHarness h(CoreHarness::Options(2, 60000));
+  for (const char* id : {"a", "b", "c"}) h.Register(id);
+  ASSERT_TRUE(h.Heartbeat("a", {100, 100, 100, 100}).ok());
+  ASSERT_TRUE(h.Heartbeat("b", {100, 100, 100, 100}).ok());
+  ASSERT_TRUE(h.Heartbeat("c", {300, 300, 300, 300}).ok());
+  h.AdvanceMs(100);
+  auto c = h.Join("c");
+  h.Join("a");
+  h.Join("b");
+  ASSERT_TRUE(c->ok());
+  EXPECT_EQ(c->round().members.size(), 3u);
+}
+
+TEST(QuorumRulesTest, RoundIdsGrowPastEveryMembersLastRound) {
+  CoreHarness h(CoreHarness::Options(2, 5000));
+  h.Register("a");
+  h.Register("b");
+  h.Join("a", 41);  // e.g. after a lighthouse restart
+  auto b = h.Join("b", 40);
+  ASSERT_TRUE(b->ok());
+  EXPECT_EQ(b->round().id, 42u);
+  EXPECT_EQ(b->round().heal_round_id, 41u);
+  h.Join("a", 42);
+  auto next = h.Join("b", 42);
+  ASSERT_TRUE(next->ok());
+  EXPECT_EQ(next->round().id, 43u);
+}
+
+TEST(QuorumRulesTest, BehindMemberIsToldWhomToHealFrom) {
+  CoreHarness h(CoreHarness::Options(2, 5000));
+  for (const char* id : {"a", "b", "c", "d"}) h.Register(id);
+  h.Join("a", 5);
+  h.Join("b", 5);
+  h.Join("c", 0);
+  auto d = h.Join("d", 3);
+  ASSERT_TRUE(d->ok());
+  const Round& round = d->round();
+  EXPECT_EQ(round.heal_round_id, 5u);
+  EXPECT_EQ(round.members[0].heal_from, "");
+  EXPECT_EQ(round.members[1].heal_from, "");
+  EXPECT_EQ(round.members[2].heal_from, "a");  // round-robin over a, b
+  EXPECT_EQ(round.members[3].heal_from, "b");
+  EXPECT_THAT(round.heal_to.at("a"), ElementsAre("c"));
+  EXPECT_THAT(round.heal_to.at("b"), ElementsAre("d"));
+}
+
+TEST(QuorumRulesTest, FreshStartHasNobodyBehind) {
+  CoreHarness h(CoreHarness::Options(2, 5000));
+  h.Register("a");
+  h.Register("b");
+  h.Join("a");
+  auto b = h.Join("b");
+  ASSERT_TRUE(b->ok());
+  EXPECT_TRUE(b->round().heal_to.empty());
+}
+
+TEST(QuorumRulesTest, RackAwareHealPrefersSameRack) {
+  auto options = CoreHarness::Options(2, 5000);
+  options.quorum.rack_aware = true;
+  CoreHarness h(options);
+  h.Register("a", "r1");
+  h.Register("b", "r2");
+  h.Register("c", "r2");
+  h.Join("a", 7);
+  h.Join("b", 7);
+  auto c = h.Join("c", 2);
+  ASSERT_TRUE(c->ok());
+  EXPECT_EQ(c->round().members[2].heal_from, "b");
+}
+
+TEST(QuorumRulesTest, TokensAreSummedForTheWeightedMerge) {
+  CoreHarness h(CoreHarness::Options(2, 5000));
+  h.Register("a");
+  h.Register("b");
+  h.Join("a", 0, 3000);
+  auto b = h.Join("b", 0, 1000);
+  ASSERT_TRUE(b->ok());
+  EXPECT_EQ(b->round().total_tokens, 4000u);
+  EXPECT_EQ(b->round().members[0].tokens_since_last_round, 3000u);
+}
+
+double GraceWindowMs(CoreHarness& h) { return h.core().Snapshot(0, 0).grace_window_ms; }
+
+TEST(QuorumRulesTest, AdaptiveGraceWindowFollowsWhatRecentRoundsNeeded) {
+  auto options = CoreHarness::Options(2, 4000, /*adaptive=*/true);
+  options.quorum.grace_window_min = 50 * kMicrosPerMilli;
+  CoreHarness h(options);
+  for (const char* id : {"a", "b", "c"}) h.Register(id);
+  EXPECT_EQ(GraceWindowMs(h), 4000);
+  auto tick = [&](int times) {
+    for (int i = 0; i < times; ++i) {
+      h.HeartbeatAll({"a", "b", "c"});
+      h.AdvanceMs(50);
+    }
+  };
+  // c arrives 100 ms after the quorum is reached: the window becomes 2 x 100 ms.
+  uint64_t round = 0;
+  for (int i = 0; i < 3; ++i) {
+    h.Join("a", round);
+    h.Join("b", round);
+    tick(2);
+    auto c = h.Join("c", round);
+    ASSERT_TRUE(c->ok()) << i;
+    EXPECT_EQ(c->round().members.size(), 3u);
+    round = c->round().id;
+  }
+  EXPECT_EQ(GraceWindowMs(h), 200);
+
+  // c is now 300 ms late: the round closes by grace at 200 ms without it, and
+  // its late arrival widens the window to 600 ms at once.
+  auto a = h.Join("a", round);
+  h.Join("b", round);
+  tick(4);
+  ASSERT_TRUE(a->ok());
+  EXPECT_EQ(a->round().closed_by, "grace");
+  EXPECT_EQ(a->round().members.size(), 2u);
+  uint64_t round_a = a->round().id;
+  tick(2);
+  auto late_c = h.Join("c", round);
+  EXPECT_EQ(GraceWindowMs(h), 600);
+  // Next round: c was already waiting; a and b complete the fast path.
+  h.Join("a", round_a);
+  auto b = h.Join("b", round_a);
+  ASSERT_TRUE(b->ok() && late_c->ok());
+  EXPECT_EQ(b->round().closed_by, "fast_path");
+  EXPECT_EQ(b->round().members.size(), 3u);
+  round = b->round().id;
+  // With the wider window a 300 ms late c is a member again.
+  a = h.Join("a", round);
+  h.Join("b", round);
+  tick(6);
+  auto c = h.Join("c", round);
+  ASSERT_TRUE(c->ok());
+  EXPECT_EQ(c->round().members.size(), 3u);
+  EXPECT_EQ(c->round().waited(), 300 * kMicrosPerMilli);
+  round = c->round().id;
+
+  // Eight punctual rounds and the window shrinks to its floor.
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_EQ(GraceWindowMs(h), 600) << i;
+    h.Join("a", round);
+    h.Join("b", round);
+    auto punctual = h.Join("c", round);
+    ASSERT_TRUE(punctual->ok());
+    round = punctual->round().id;
+  }
+  EXPECT_EQ(GraceWindowMs(h), 50);
+}
+
+TEST(QuorumRulesTest, AdaptiveGraceWindowNeverExceedsConfiguredCap) {
+  auto options = CoreHarness::Options(2, 300, /*adaptive=*/true);
+  CoreHarness h(options);
+  for (const char* id : {"a", "b", "c"}) h.Register(id);
+  uint64_t round = 0;
+  for (int i = 0; i < 5; ++i) {
+    auto a = h.Join("a", round);
+    h.Join("b", round);
+    while (!a->done()) {
+      h.HeartbeatAll({"a", "b", "c"});
+      h.AdvanceMs(50);
+    }
+    round = a->round().id;
+    EXPECT_LE(a->round().grace_window, 300 * kMicrosPerMilli);
+  }
+}
+
+TEST(QuorumRulesTest, LeavingLearnerIsNotWaitedFor) {
+  CoreHarness h(CoreHarness::Options(2, 60000));
+  for (const char* id : {"a", "b", "c"}) h.Register(id);
+  auto a = h.Join("a");
+  h.Join("b");
+  EXPECT_FALSE(a->done());
+  ASSERT_TRUE(h.core().Leave("c", h.session("c"), "done training").ok());
+  ASSERT_TRUE(a->ok());
+  EXPECT_EQ(a->round().closed_by, "all_joined");
+}
+
+TEST(QuorumRulesTest, CancelledJoinIsNotAMember) {
+  CoreHarness h(CoreHarness::Options(2, 60000));
+  for (const char* id : {"a", "b", "c"}) h.Register(id);
+  auto a = h.Join("a");
+  auto c = h.Join("c");
+  h.core().CancelQuorum("c", c->waiter_id);
+  EXPECT_EQ(c->code(), StatusCode::kCancelled);
+  auto b = h.Join("b");
+  EXPECT_FALSE(b->done());
+  auto c2 = h.Join("c");
+  ASSERT_TRUE(c2->ok());
+  EXPECT_EQ(c2->round().members.size(), 3u);
+}
+
+TEST(QuorumRulesTest, SecondJoinReplacesTheFirst) {
+  CoreHarness h(CoreHarness::Options(2, 60000));
+  h.Register("a");
+  h.Register("b");
+  auto first = h.Join("a");
+  auto second = h.Join("a");
+  ASSERT_TRUE(first->done());
+  EXPECT_EQ(first->code(), StatusCode::kAborted);
+  EXPECT_FALSE(second->done());
+  h.Join("b");
+  EXPECT_TRUE(second->ok());
+}
+
+}  // namespace
+}  // namespace mend::coordinator

@@ -1,0 +1,226 @@
+#include "mend/config.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace mend {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A null-terminated environ array built from strings.
+class Env {
+ public:
+  explicit Env(std::vector<std::string> entries) : entries_(std::move(entries)) {
+    for (auto& e : entries_) pointers_.push_back(e.c_str());
+    pointers_.push_back(nullptr);
+  }
+  const char* const* get() const { return pointers_.data(); }
+
+ private:
+  std::vector<std::string> entries_;
+  std::vector<const char*> pointers_;
+};
+
+std::string WriteTemp(const std::string& text) {
+  char path[] = "/tmp/mend_config_test_XXXXXX";
+  int fd = mkstemp(path);
+  EXPECT_GE(fd, 0);
+  EXPECT_EQ(write(fd, text.data(), text.size()), static_cast<ssize_t>(text.size()));
+  close(fd);
+  return path;
+}
+
+TEST(ConfigTest, DefaultsPassEveryCheck) { EXPECT_TRUE(CheckConfig(Config{}).ok()); }
+
+TEST(ConfigTest, EveryKeyRoundTripsThroughItsText) {
+  Config config;
+  for (const ConfigKey& key : ConfigKeys()) {
+    Config copy;
+    ASSERT_TRUE(SetConfigValue(copy, key.name, FormatConfigValue(config, key), "test").ok())
+        << key.name;
+    EXPECT_EQ(FormatConfigValue(copy, key), FormatConfigValue(config, key)) << key.name;
+  }
+}
+
+TEST(ConfigTest, OutOfRangeValueNamesKeyValueRangeAndSource) {
+  Config config;
+  Status status = SetConfigValue(config, "grace_window_ms", "-5", "flag --grace-window-ms");
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("grace_window_ms = \"-5\""));
+  EXPECT_THAT(std::string(status.message()), HasSubstr("[0, 600000]"));
+  EXPECT_THAT(std::string(status.message()), HasSubstr("flag --grace-window-ms"));
+  EXPECT_EQ(config.grace_window_ms, 2000);
+}
+
+TEST(ConfigTest, NonNumbersAreRefused) {
+  Config config;
+  EXPECT_FALSE(SetConfigValue(config, "heartbeat_ms", "100ms", "t").ok());
+  EXPECT_FALSE(SetConfigValue(config, "heartbeat_ms", "", "t").ok());
+  EXPECT_FALSE(SetConfigValue(config, "outer_lr", "nan", "t").ok());
+  EXPECT_FALSE(SetConfigValue(config, "outer_lr", "inf", "t").ok());
+  EXPECT_FALSE(SetConfigValue(config, "rack_aware", "maybe", "t").ok());
+  EXPECT_TRUE(SetConfigValue(config, "rack_aware", "yes", "t").ok());
+  EXPECT_TRUE(config.rack_aware);
+}
+
+TEST(ConfigTest, EnumListsItsChoices) {
+  Config config;
+  Status status = SetConfigValue(config, "codec", "fp16", "t");
+  EXPECT_THAT(std::string(status.message()), HasSubstr("fp32 | bf16 | int8 | int4 | topk"));
+  EXPECT_TRUE(SetConfigValue(config, "codec", "int4", "t").ok());
+  EXPECT_EQ(config.codec, "int4");
+}
+
+TEST(ConfigTest, UnknownKeySuggestsClosestKey) {
+  Config config;
+  Status status = SetConfigValue(config, "grace_window", "10", "a.toml:2");
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("did you mean 'grace_window_ms'?"));
+  EXPECT_EQ(SuggestConfigKey("quorum_min_learner"), "quorum_min_learners");
+  EXPECT_EQ(SuggestConfigKey("hearbeat_ms"), "heartbeat_ms");
+  EXPECT_EQ(SuggestConfigKey("completely_unrelated_thing"), "");
+}
+
+TEST(ConfigTest, CrossKeyRulesAreChecked) {
+  Config config;
+  config.heartbeat_ms = 1000;
+  config.heartbeat_timeout_ms = 1500;
+  EXPECT_THAT(std::string(CheckConfig(config).message()),
+              HasSubstr("heartbeat_timeout_ms = 1500: must be at least 2 x heartbeat_ms"));
+  config = Config{};
+  config.grace_window_ms = 10;
+  config.grace_window_min_ms = 20;
+  EXPECT_FALSE(CheckConfig(config).ok());
+  config = Config{};
+  config.tls_cert_file = "cert.pem";
+  EXPECT_THAT(std::string(CheckConfig(config).message()), HasSubstr("tls_key_file"));
+  config = Config{};
+  config.bind = "localhost";
+  EXPECT_THAT(std::string(CheckConfig(config).message()), HasSubstr("expected HOST:PORT"));
+  config.bind = "localhost:70000";
+  EXPECT_THAT(std::string(CheckConfig(config).message()), HasSubstr("[0, 65535]"));
+}
+
+TEST(ConfigTest, TomlFileIsApplied) {
+  Config config;
+  Status status = ApplyConfigToml(config,
+                                  "quorum_min_learners = 3\n"
+                                  "outer_lr = 1\n"
+                                  "codec = \"int8\"\n"
+                                  "rack_aware = true\n",
+                                  "job.toml");
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_EQ(config.quorum_min_learners, 3);
+  EXPECT_DOUBLE_EQ(config.outer_lr, 1.0);
+  EXPECT_EQ(config.codec, "int8");
+  EXPECT_TRUE(config.rack_aware);
+}
+
+TEST(ConfigTest, TomlTypeMismatchNamesFileAndLine) {
+  Config config;
+  Status status =
+      ApplyConfigToml(config, "job_id = \"x\"\nquorum_min_learners = \"3\"\n", "job.toml");
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("job.toml:2"));
+  EXPECT_THAT(std::string(status.message()), HasSubstr("expected an integer"));
+}
+
+TEST(ConfigTest, TomlSyntaxErrorNamesPosition) {
+  Config config;
+  Status status = ApplyConfigToml(config, "quorum_min_learners = = 3\n", "bad.toml");
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("bad.toml:1"));
+}
+
+TEST(ConfigTest, TomlUnknownKeySuggests) {
+  Config config;
+  Status status = ApplyConfigToml(config, "\n\nsync_period = 10\n", "job.toml");
+  EXPECT_THAT(std::string(status.message()), HasSubstr("job.toml:3"));
+  EXPECT_THAT(std::string(status.message()), HasSubstr("sync_period_steps"));
+}
+
+TEST(ConfigTest, LayersApplyInOrderFileEnvironmentFlags) {
+  std::string path = WriteTemp("grace_window_ms = 100\nheartbeat_ms = 50\njob_id = \"file\"\n");
+  Env env({"MEND_GRACE_WINDOW_MS=200", "MEND_JOB_ID=env", "PATH=/bin"});
+  ConfigSources sources;
+  sources.file = path;
+  sources.environ = env.get();
+  sources.overrides.push_back({"job_id", "flag", "flag --job-id"});
+  auto config = LoadConfig(sources);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->heartbeat_ms, 50);      // file
+  EXPECT_EQ(config->grace_window_ms, 200);  // env beats file
+  EXPECT_EQ(config->job_id, "flag");        // flag beats env
+  std::remove(path.c_str());
+}
+
+TEST(ConfigTest, UnknownEnvironmentVariableIsAnErrorWithSuggestion) {
+  Env env({"MEND_GRACE_WINDOW=200"});
+  ConfigSources sources;
+  sources.environ = env.get();
+  auto config = LoadConfig(sources);
+  ASSERT_FALSE(config.ok());
+  EXPECT_THAT(std::string(config.status().message()), HasSubstr("MEND_GRACE_WINDOW_MS"));
+}
+
+TEST(ConfigTest, MissingFileIsNamed) {
+  ConfigSources sources;
+  sources.file = "/nonexistent/mend.toml";
+  auto config = LoadConfig(sources);
+  EXPECT_EQ(config.status().code(), StatusCode::kNotFound);
+  EXPECT_THAT(std::string(config.status().message()), HasSubstr("/nonexistent/mend.toml"));
+}
+
+TEST(ConfigTest, ConfigToTomlRoundTrips) {
+  Config config;
+  config.job_id = "a \"quoted\" job";
+  config.outer_lr = 0.25;
+  config.fragments = 4;
+  Config parsed;
+  Status status = ApplyConfigToml(parsed, ConfigToToml(config), "dump");
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_EQ(ConfigToToml(parsed), ConfigToToml(config));
+}
+
+TEST(ConfigTest, MarkdownTableListsEveryKey) {
+  std::string table = ConfigMarkdownTable();
+  for (const ConfigKey& key : ConfigKeys()) {
+    EXPECT_THAT(table, HasSubstr("`" + std::string(key.name) + "`"));
+  }
+}
+
+TEST(ConfigTest, JobTokenComesFromEnvironmentBeforeFile) {
+  std::string path = WriteTemp("file-token-123\n");
+  Config config;
+  config.token_file = path;
+  auto from_file = ReadJobToken(config, Env({}).get());
+  ASSERT_TRUE(from_file.ok()) << from_file.status();
+  EXPECT_EQ(*from_file, "file-token-123");
+  auto from_env = ReadJobToken(config, Env({"MEND_JOB_TOKEN=env-token-456"}).get());
+  ASSERT_TRUE(from_env.ok());
+  EXPECT_EQ(*from_env, "env-token-456");
+  std::remove(path.c_str());
+}
+
+TEST(ConfigTest, JobTokenMustExistAndBeLongEnough) {
+  Config config;
+  EXPECT_EQ(ReadJobToken(config, Env({}).get()).status().code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ReadJobToken(config, Env({"MEND_JOB_TOKEN=short"}).get()).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(ReadJobToken(config, Env({"MEND_JOB_TOKEN=has space inside"}).get()).status().code(),
+            StatusCode::kInvalidArgument);
+  config.token_file = "/nonexistent/token";
+  EXPECT_EQ(ReadJobToken(config, Env({}).get()).status().code(), StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace mend
