@@ -190,6 +190,12 @@ Status LighthouseCore::StoreSet(const std::string& key, std::string value) {
   return status;
 }
 
+std::optional<std::string> LighthouseCore::StoreGet(const std::string& key) {
+  std::lock_guard lock(mu_);
+  counters_.store_ops++;
+  return store_.Get(key);
+}
+
 uint64_t LighthouseCore::StoreWait(std::vector<std::string> keys, Micros timeout,
                                    KvStore::WaitCallback done) {
   Completions completions;
@@ -263,8 +269,17 @@ void LighthouseCore::RecordRejection(std::string_view code, std::string_view pee
                                      std::string_view why) {
   std::lock_guard lock(mu_);
   counters_.rejections_by_code[std::string(code)]++;
-  events_.Add(clock_->NowMicros(), "rejected", std::string(peer),
-              fmt::format("{}: {}", code, why));
+  // At most one event a second, so a misbehaving client cannot flood the log.
+  Micros now = clock_->NowMicros();
+  if (last_rejection_event_ != 0 && now - last_rejection_event_ < kMicrosPerSecond) {
+    suppressed_rejections_++;
+    return;
+  }
+  std::string suppressed =
+      suppressed_rejections_ ? fmt::format(" (and {} more refusals)", suppressed_rejections_) : "";
+  events_.Add(now, "rejected", std::string(peer), fmt::format("{}: {}{}", code, why, suppressed));
+  last_rejection_event_ = now;
+  suppressed_rejections_ = 0;
 }
 
 void LighthouseCore::ScanLocked(Micros now, Completions* completions) {

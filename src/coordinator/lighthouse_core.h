@@ -116,6 +116,7 @@ class LighthouseCore {
   void CancelQuorum(const std::string& learner_id, uint64_t waiter_id);
 
   [[nodiscard]] Status StoreSet(const std::string& key, std::string value);
+  std::optional<std::string> StoreGet(const std::string& key);
   // `done` gets the values once all keys exist, or DEADLINE_EXCEEDED.
   uint64_t StoreWait(std::vector<std::string> keys, Micros timeout, KvStore::WaitCallback done);
   void StoreCancel(uint64_t wait_id);
@@ -134,6 +135,7 @@ class LighthouseCore {
 
   StatusSnapshot Snapshot(size_t max_learners, size_t max_rounds);
   uint64_t instance_id() const { return instance_id_; }
+  const LighthouseOptions& options() const { return options_; }
   Clock* clock() const { return clock_; }
 
  private:
@@ -161,6 +163,8 @@ class LighthouseCore {
   Micros next_scan_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_waiter_id_ ABSL_GUARDED_BY(mu_) = 1;
   Counters counters_ ABSL_GUARDED_BY(mu_);
+  Micros last_rejection_event_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t suppressed_rejections_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace mend::coordinator

@@ -11,7 +11,7 @@ namespace {
 
 double Round1(double value) { return std::round(value * 10) / 10; }
 
-nlohmann::json LearnerJson(const LearnerView& l) {
+nlohmann::ordered_json LearnerJson(const LearnerView& l) {
   return {{"id", l.id},
           {"state", l.state},
           {"rack", l.rack},
@@ -27,7 +27,7 @@ nlohmann::json LearnerJson(const LearnerView& l) {
           {"rounds_joined", l.rounds_joined}};
 }
 
-nlohmann::json RoundJson(const RoundView& r) {
+nlohmann::ordered_json RoundJson(const RoundView& r) {
   return {{"id", r.id},
           {"members", r.members},
           {"member_count", r.member_count},
@@ -82,7 +82,7 @@ void Histogram::Observe(double ms) {
 }
 
 std::string StatusJson(const StatusSnapshot& s) {
-  nlohmann::json doc;
+  nlohmann::ordered_json doc;
   doc["job"] = s.job_id;
   doc["lighthouse_instance"] = fmt::format("{:016x}", s.instance_id);
   doc["uptime_s"] = Round1(s.uptime_s);
@@ -101,12 +101,12 @@ std::string StatusJson(const StatusSnapshot& s) {
                     {"store_keys", s.store_keys},
                     {"store_bytes", s.store_bytes},
                     {"store_waiters", s.store_waiters}};
-  doc["learners"] = nlohmann::json::array();
+  doc["learners"] = nlohmann::ordered_json::array();
   for (const LearnerView& l : s.learners) doc["learners"].push_back(LearnerJson(l));
   doc["learners_listed"] = s.learners.size();
-  doc["rounds"] = nlohmann::json::array();
+  doc["rounds"] = nlohmann::ordered_json::array();
   for (const RoundView& r : s.rounds) doc["rounds"].push_back(RoundJson(r));
-  doc["events"] = nlohmann::json::array();
+  doc["events"] = nlohmann::ordered_json::array();
   for (const EventView& e : s.events) {
     doc["events"].push_back({{"seq", e.seq},
                              {"age_ms", Round1(e.age_ms)},
@@ -114,7 +114,7 @@ std::string StatusJson(const StatusSnapshot& s) {
                              {"learner", e.learner_id},
                              {"message", e.message}});
   }
-  return doc.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return doc.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }
 
 std::string PrometheusText(const StatusSnapshot& s) {

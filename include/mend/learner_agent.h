@@ -1,0 +1,63 @@
+// mend::LearnerAgent: a learner's side of the control plane, for the whole
+// life of a learner process.
+//
+// It registers with the lighthouse, keeps the heartbeat stream open on a
+// background thread (step, tokens, recent inner-step times), and recovers on
+// its own: when the lighthouse restarts or forgets it, it registers again;
+// when the stream stops being acknowledged for heartbeat_timeout, it reopens
+// it. Quorum() joins a round, riding over such recoveries until its timeout.
+//
+// A refusal that retrying cannot fix (wrong token, bad identity) is fatal:
+// fatal_status() reports it and every later call returns it.
+//
+// Thread-safety: every method may be called from any thread. The heartbeat
+// thread is joined by Stop() and on destruction.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "mend/config.h"
+#include "mend/lighthouse_client.h"
+#include "mend/status.h"
+
+namespace mend {
+
+class LearnerAgent {
+ public:
+  // Connects and makes the first registration attempt. Returns the error of
+  // a fatal refusal at once; an unreachable lighthouse is retried in the
+  // background (a learner may start before its lighthouse).
+  [[nodiscard]] static StatusOr<std::unique_ptr<LearnerAgent>> Start(
+      const Config& config, const std::string& token, const LearnerIdentity& identity);
+  virtual ~LearnerAgent() = default;
+
+  // Records one finished inner step; cheap, never blocks on the network.
+  virtual void RecordStep(uint64_t step, uint64_t tokens, Micros step_time) = 0;
+  // Joins the next round. `last_round_id` is the last round this learner
+  // completed; tokens are those since then. DEADLINE_EXCEEDED when no round
+  // closed in `timeout`.
+  [[nodiscard]] virtual StatusOr<QuorumResult> Quorum(uint64_t last_round_id,
+                                                      uint64_t tokens_since_last_round,
+                                                      Micros timeout) = 0;
+  // Makes a Quorum() in progress, and every later one, return ABORTED at
+  // once; for shutting a learner down while it waits for a round.
+  virtual void Interrupt() = 0;
+  // Leaves the job (the lighthouse stops waiting for this learner at once)
+  // and stops the heartbeat thread.
+  virtual Status Leave(const std::string& reason) = 0;
+  // Stops the heartbeat thread without leaving (as if the process died).
+  virtual void Stop() = 0;
+
+  virtual bool slow() const = 0;
+  virtual double slow_zscore() const = 0;
+  virtual uint64_t latest_round_id() const = 0;
+  // How many times this agent has registered (1 + re-registrations).
+  virtual uint64_t registrations() const = 0;
+  virtual Status fatal_status() const = 0;
+  // The lighthouse client, for the rendezvous store.
+  virtual LighthouseClient& client() = 0;
+};
+
+}  // namespace mend

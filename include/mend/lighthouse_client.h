@@ -1,0 +1,152 @@
+// The C++ client of the lighthouse protocol.
+//
+// LighthouseClient: one call per method, each with a deadline; errors come
+// back as Status with the server's code (UNAVAILABLE when the lighthouse
+// cannot be reached, DEADLINE_EXCEEDED when the deadline passed).
+// HeartbeatStream: a learner's long-lived heartbeat stream.
+// LearnerAgent (learner_agent.h) builds a learner's whole life on these.
+//
+// Thread-safety: LighthouseClient is thread-safe (gRPC channels and stubs
+// are). A HeartbeatStream may be used from any thread.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "mend/clock.h"
+#include "mend/status.h"
+
+namespace mend {
+
+struct LighthouseClientOptions {
+  std::string address;  // HOST:PORT
+  std::string token;    // the job token
+  // PEM roots that sign the lighthouse's certificate; empty for plaintext.
+  std::string tls_ca_file;
+  // Deadline of every call that does not carry its own timeout.
+  Micros rpc_timeout = 5 * kMicrosPerSecond;
+};
+
+struct LearnerIdentity {
+  std::string id;
+  std::string job_id;
+  std::string rack;
+  std::string address;  // data-plane address peers heal from, HOST:PORT (optional)
+};
+
+struct Registration {
+  uint64_t session_id = 0;
+  uint64_t lighthouse_instance = 0;
+  Micros heartbeat_interval = 0;
+  Micros heartbeat_timeout = 0;
+  Micros ack_interval = 0;
+};
+
+struct LearnerRef {
+  std::string learner_id;
+  uint64_t session_id = 0;
+};
+
+struct RoundMember {
+  std::string id;
+  uint64_t step = 0;
+  uint64_t tokens_since_last_round = 0;
+  uint64_t last_round_id = 0;
+  std::string heal_from;
+  std::string rack;
+  std::string address;
+};
+
+// One member's view of a closed round.
+struct QuorumResult {
+  uint64_t round_id = 0;
+  uint32_t rank = 0;
+  uint32_t world_size = 0;
+  uint64_t total_tokens = 0;
+  std::string rendezvous_prefix;
+  std::string closed_by;
+  uint32_t waited_ms = 0;
+  uint64_t heal_round_id = 0;
+  std::optional<RoundMember> heal_from;   // set when this learner is behind
+  std::vector<std::string> heal_to;       // behind members healing from this learner
+  std::vector<RoundMember> members;       // all, sorted; empty above 1024 members
+};
+
+struct QuorumRequestArgs {
+  LearnerRef learner;
+  uint64_t last_round_id = 0;
+  uint64_t step = 0;
+  uint64_t tokens_since_last_round = 0;
+  Micros timeout = 60 * kMicrosPerSecond;
+};
+
+struct HeartbeatUpdate {
+  uint64_t step = 0;
+  uint64_t tokens_total = 0;
+  uint64_t tokens_since_last_round = 0;
+  std::vector<uint32_t> step_time_us;
+};
+
+struct HeartbeatAck {
+  bool slow = false;
+  double slow_zscore = 0;
+  uint64_t latest_round_id = 0;
+  uint64_t lighthouse_instance = 0;
+};
+
+// A learner's heartbeat stream (gRPC bidirectional stream, callback API).
+class HeartbeatStream {
+ public:
+  virtual ~HeartbeatStream() = default;
+  // Sends `update` now, or, while a send is in flight, queues it in place of
+  // any older queued update. Never blocks.
+  virtual void Send(HeartbeatUpdate update) = 0;
+  // True once the stream has ended; then status() tells why.
+  virtual bool done() const = 0;
+  virtual Status status() const = 0;
+  // When the last acknowledgement arrived (or the stream opened).
+  virtual Micros last_ack_at() const = 0;
+  // Ends the stream (e.g. the lighthouse stopped acknowledging).
+  virtual void Cancel() = 0;
+};
+
+class LighthouseClient {
+ public:
+  [[nodiscard]] static StatusOr<std::unique_ptr<LighthouseClient>> Connect(
+      const LighthouseClientOptions& options);
+  virtual ~LighthouseClient() = default;
+
+  [[nodiscard]] virtual StatusOr<Registration> Register(const LearnerIdentity& identity,
+                                                        uint64_t step,
+                                                        uint64_t last_round_id) = 0;
+  [[nodiscard]] virtual Status Leave(const LearnerRef& learner, const std::string& reason) = 0;
+  // Blocks until this learner is a member of a closed round or args.timeout.
+  [[nodiscard]] virtual StatusOr<QuorumResult> Quorum(const QuorumRequestArgs& args) = 0;
+  // As Quorum, but `done` runs on a gRPC thread when the call completes.
+  virtual void QuorumAsync(const QuorumRequestArgs& args,
+                           std::function<void(StatusOr<QuorumResult>)> done) = 0;
+
+  [[nodiscard]] virtual Status StoreSet(const std::string& key, const std::string& value) = 0;
+  // Waits up to `timeout` for the key; NOT_FOUND at once when timeout is 0.
+  [[nodiscard]] virtual StatusOr<std::string> StoreGet(const std::string& key,
+                                                       Micros timeout) = 0;
+  [[nodiscard]] virtual StatusOr<int64_t> StoreAdd(const std::string& key, int64_t delta) = 0;
+  [[nodiscard]] virtual Status StoreWait(const std::vector<std::string>& keys,
+                                         Micros timeout) = 0;
+  [[nodiscard]] virtual StatusOr<uint64_t> StoreDelete(const std::string& key, bool prefix) = 0;
+
+  // The lighthouse's /status.json document.
+  [[nodiscard]] virtual StatusOr<std::string> StatusJson(uint32_t max_learners = 0,
+                                                         uint32_t max_rounds = 0) = 0;
+
+  // Opens the heartbeat stream of `learner`. `on_ack` runs on a gRPC thread
+  // for each acknowledgement.
+  virtual std::unique_ptr<HeartbeatStream> OpenHeartbeat(
+      const LearnerRef& learner, std::function<void(const HeartbeatAck&)> on_ack) = 0;
+};
+
+}  // namespace mend

@@ -1,0 +1,48 @@
+#include "cli/config_flags.h"
+
+#include "fmt/format.h"
+
+extern char** environ;
+
+namespace mend::cli {
+
+ConfigFlags::ConfigFlags(CLI::App* app) : app_(app) {
+  app_->add_option("--config", file_, "TOML configuration file (keys: 'mend config keys')")
+      ->check(CLI::ExistingFile);
+  app_->add_option_function<std::vector<std::string>>(
+      "--set",
+      [this](const std::vector<std::string>& items) {
+        for (const std::string& item : items) {
+          size_t equals = item.find('=');
+          std::string key = item.substr(0, equals);
+          std::string value = equals == std::string::npos ? "" : item.substr(equals + 1);
+          overrides_.push_back({key, value, fmt::format("flag --set {}", item)});
+        }
+      },
+      "Set any configuration key: --set KEY=VALUE (repeatable)");
+}
+
+void ConfigFlags::Map(const std::string& flag, std::string_view key) {
+  const ConfigKey* entry = FindConfigKey(key);
+  std::string default_text = entry ? FormatConfigValue(Config{}, *entry) : "";
+  std::string help = fmt::format("{} [{}; default: {}]", entry ? entry->help : "", key,
+                                 default_text.empty() ? "\"\"" : default_text);
+  app_->add_option_function<std::string>(
+      flag,
+      [this, flag, key = std::string(key)](const std::string& value) {
+        overrides_.push_back({key, value, fmt::format("flag {}", flag)});
+      },
+      help);
+}
+
+StatusOr<Config> ConfigFlags::Load() const {
+  ConfigSources sources;
+  sources.file = file_;
+  sources.environ = environ;
+  sources.overrides = overrides_;
+  return LoadConfig(sources);
+}
+
+StatusOr<std::string> JobToken(const Config& config) { return ReadJobToken(config, environ); }
+
+}  // namespace mend::cli

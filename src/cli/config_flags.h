@@ -1,0 +1,34 @@
+// Command-line flags that set configuration keys, on CLI11. Every command
+// takes --config FILE (TOML) and --set KEY=VALUE; Map() adds a named flag for
+// a key, whose help shows the key's meaning and default.
+// Thread-safety: used from main() only.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "mend/config.h"
+
+namespace mend::cli {
+
+class ConfigFlags {
+ public:
+  explicit ConfigFlags(CLI::App* app);
+
+  // Adds `flag` (e.g. "--min-learners") as a setter of config key `key`.
+  void Map(const std::string& flag, std::string_view key);
+  // defaults < --config file < MEND_* environment < flags (in command-line order).
+  [[nodiscard]] StatusOr<Config> Load() const;
+
+ private:
+  CLI::App* app_;
+  std::string file_;
+  std::vector<ConfigSources::Override> overrides_;
+};
+
+// Reads the job token (MEND_JOB_TOKEN, else token_file) from this process's environment.
+[[nodiscard]] StatusOr<std::string> JobToken(const Config& config);
+
+}  // namespace mend::cli

@@ -1,0 +1,367 @@
+#include <grpcpp/grpcpp.h>
+
+#include <condition_variable>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+
+#include "core/text.h"
+#include "fmt/format.h"
+#include "mend/lighthouse_client.h"
+#include "mend/v1/lighthouse.grpc.pb.h"
+
+namespace mend {
+namespace {
+
+constexpr int kMaxMessageBytes = 8 << 20;
+// Quorum and store waits get this much beyond their own timeout before the
+// client gives up on the call, so the server's answer (which says why) wins.
+constexpr Micros kDeadlineMargin = 2 * kMicrosPerSecond;
+
+Status FromGrpc(const grpc::Status& status, std::string_view call, const std::string& address) {
+  if (status.ok()) return OkStatus();
+  return Status(static_cast<StatusCode>(status.error_code()),
+                fmt::format("lighthouse {}: {}: {}", address, call, status.error_message()));
+}
+
+std::chrono::system_clock::time_point DeadlineAfter(Micros timeout) {
+  return std::chrono::system_clock::now() + std::chrono::microseconds(timeout);
+}
+
+RoundMember FromProto(const v1::Member& member) {
+  return RoundMember{member.learner_id(), member.step(), member.tokens_since_last_round(),
+                     member.last_round_id(), member.heal_from(), member.rack(),
+                     member.address()};
+}
+
+QuorumResult FromProto(const v1::QuorumResponse& response) {
+  QuorumResult result;
+  result.round_id = response.round_id();
+  result.rank = response.rank();
+  result.world_size = response.world_size();
+  result.total_tokens = response.total_tokens();
+  result.rendezvous_prefix = response.rendezvous_prefix();
+  result.closed_by = response.closed_by();
+  result.waited_ms = response.waited_ms();
+  result.heal_round_id = response.heal_round_id();
+  if (response.has_heal_from()) result.heal_from = FromProto(response.heal_from());
+  result.heal_to.assign(response.heal_to().begin(), response.heal_to().end());
+  for (const auto& member : response.members()) result.members.push_back(FromProto(member));
+  return result;
+}
+
+class HeartbeatStreamImpl final
+    : public HeartbeatStream,
+      public grpc::ClientBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse> {
+ public:
+  HeartbeatStreamImpl(v1::Lighthouse::Stub* stub, const std::string& token,
+                      const std::string& address, LearnerRef learner,
+                      std::function<void(const HeartbeatAck&)> on_ack)
+      : address_(address), learner_(std::move(learner)), on_ack_(std::move(on_ack)) {
+    last_ack_at_ = RealClock()->NowMicros();
+    context_.AddMetadata("authorization", "Bearer " + token);
+    stub->async()->Heartbeat(&context_, this);
+    StartRead(&ack_);
+    StartCall();
+  }
+
+  ~HeartbeatStreamImpl() override {
+    context_.TryCancel();
+    std::unique_lock lock(mu_);
+    done_cv_.wait(lock, [this]() { return done_; });
+  }
+
+  void Send(HeartbeatUpdate update) override {
+    {
+      std::lock_guard lock(mu_);
+      if (done_ || broken_) return;
+      if (writing_) {
+        queued_ = std::move(update);
+        return;
+      }
+      writing_ = true;
+      Fill(update);
+    }
+    StartWrite(&request_);
+  }
+
+  bool done() const override {
+    std::lock_guard lock(mu_);
+    return done_;
+  }
+  Status status() const override {
+    std::lock_guard lock(mu_);
+    return status_;
+  }
+  Micros last_ack_at() const override {
+    std::lock_guard lock(mu_);
+    return last_ack_at_;
+  }
+  void Cancel() override { context_.TryCancel(); }
+
+  void OnWriteDone(bool ok) override {
+    {
+      std::lock_guard lock(mu_);
+      if (!ok) {
+        broken_ = true;
+        writing_ = false;
+        return;
+      }
+      if (!queued_) {
+        writing_ = false;
+        return;
+      }
+      Fill(*queued_);
+      queued_.reset();
+    }
+    StartWrite(&request_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // the stream is ending; OnDone follows
+    HeartbeatAck ack{ack_.slow(), ack_.slow_zscore(), ack_.latest_round_id(),
+                     ack_.lighthouse_instance()};
+    {
+      std::lock_guard lock(mu_);
+      last_ack_at_ = RealClock()->NowMicros();
+    }
+    if (on_ack_) on_ack_(ack);
+    StartRead(&ack_);
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    std::lock_guard lock(mu_);
+    status_ = status.ok() ? UnavailableError(fmt::format("lighthouse {}: heartbeat stream ended",
+                                                         address_))
+                          : FromGrpc(status, "Heartbeat", address_);
+    done_ = true;
+    done_cv_.notify_all();
+  }
+
+ private:
+  // Requires mu_.
+  void Fill(const HeartbeatUpdate& update) {
+    request_.Clear();
+    request_.mutable_learner()->set_learner_id(learner_.learner_id);
+    request_.mutable_learner()->set_session_id(learner_.session_id);
+    request_.set_step(update.step);
+    request_.set_tokens_total(update.tokens_total);
+    request_.set_tokens_since_last_round(update.tokens_since_last_round);
+    for (uint32_t us : update.step_time_us) request_.add_step_time_us(us);
+  }
+
+  const std::string address_;
+  const LearnerRef learner_;
+  const std::function<void(const HeartbeatAck&)> on_ack_;
+  grpc::ClientContext context_;
+  v1::HeartbeatResponse ack_;  // owned by the read chain
+
+  mutable std::mutex mu_;
+  std::condition_variable done_cv_;
+  v1::HeartbeatRequest request_;  // owned by the write in flight
+  std::optional<HeartbeatUpdate> queued_;
+  bool writing_ = false;
+  bool broken_ = false;
+  bool done_ = false;
+  Status status_;
+  Micros last_ack_at_ = 0;
+};
+
+class LighthouseClientImpl final : public LighthouseClient {
+ public:
+  LighthouseClientImpl(const LighthouseClientOptions& options,
+                       std::shared_ptr<grpc::Channel> channel)
+      : options_(options), stub_(v1::Lighthouse::NewStub(channel)) {}
+
+  StatusOr<Registration> Register(const LearnerIdentity& identity, uint64_t step,
+                                  uint64_t last_round_id) override {
+    v1::RegisterRequest request;
+    request.set_learner_id(identity.id);
+    request.set_job_id(identity.job_id);
+    request.set_rack(identity.rack);
+    request.set_address(identity.address);
+    request.set_step(step);
+    request.set_last_round_id(last_round_id);
+    v1::RegisterResponse response;
+    auto context = NewContext(options_.rpc_timeout);
+    MEND_RETURN_IF_ERROR(
+        FromGrpc(stub_->Register(context.get(), request, &response), "Register", options_.address));
+    Registration registration;
+    registration.session_id = response.session_id();
+    registration.lighthouse_instance = response.lighthouse_instance();
+    registration.heartbeat_interval = Micros{response.heartbeat_ms()} * kMicrosPerMilli;
+    registration.heartbeat_timeout = Micros{response.heartbeat_timeout_ms()} * kMicrosPerMilli;
+    registration.ack_interval = Micros{response.ack_interval_ms()} * kMicrosPerMilli;
+    return registration;
+  }
+
+  Status Leave(const LearnerRef& learner, const std::string& reason) override {
+    v1::LeaveRequest request;
+    request.mutable_learner()->set_learner_id(learner.learner_id);
+    request.mutable_learner()->set_session_id(learner.session_id);
+    request.set_reason(reason);
+    v1::LeaveResponse response;
+    auto context = NewContext(options_.rpc_timeout);
+    return FromGrpc(stub_->Leave(context.get(), request, &response), "Leave", options_.address);
+  }
+
+  StatusOr<QuorumResult> Quorum(const QuorumRequestArgs& args) override {
+    v1::QuorumRequest request = QuorumRequestProto(args);
+    v1::QuorumResponse response;
+    auto context = NewContext(args.timeout + kDeadlineMargin);
+    MEND_RETURN_IF_ERROR(
+        FromGrpc(stub_->Quorum(context.get(), request, &response), "Quorum", options_.address));
+    return FromProto(response);
+  }
+
+  void QuorumAsync(const QuorumRequestArgs& args,
+                   std::function<void(StatusOr<QuorumResult>)> done) override {
+    struct Call {
+      std::unique_ptr<grpc::ClientContext> context;
+      v1::QuorumRequest request;
+      v1::QuorumResponse response;
+    };
+    auto* call = new Call{NewContext(args.timeout + kDeadlineMargin), QuorumRequestProto(args), {}};
+    stub_->async()->Quorum(call->context.get(), &call->request, &call->response,
+                           [call, done = std::move(done), address = options_.address](
+                               grpc::Status status) {
+                             std::unique_ptr<Call> owned(call);
+                             Status result = FromGrpc(status, "Quorum", address);
+                             if (!result.ok()) {
+                               done(result);
+                             } else {
+                               done(FromProto(owned->response));
+                             }
+                           });
+  }
+
+  Status StoreSet(const std::string& key, const std::string& value) override {
+    v1::StoreSetRequest request;
+    request.set_key(key);
+    request.set_value(value);
+    v1::StoreSetResponse response;
+    auto context = NewContext(options_.rpc_timeout);
+    return FromGrpc(stub_->StoreSet(context.get(), request, &response), "StoreSet",
+                    options_.address);
+  }
+
+  StatusOr<std::string> StoreGet(const std::string& key, Micros timeout) override {
+    v1::StoreGetRequest request;
+    request.set_key(key);
+    request.set_timeout_ms(static_cast<uint32_t>(timeout / kMicrosPerMilli));
+    v1::StoreGetResponse response;
+    auto context = NewContext(timeout + kDeadlineMargin);
+    MEND_RETURN_IF_ERROR(FromGrpc(stub_->StoreGet(context.get(), request, &response), "StoreGet",
+                                  options_.address));
+    return response.value();
+  }
+
+  StatusOr<int64_t> StoreAdd(const std::string& key, int64_t delta) override {
+    v1::StoreAddRequest request;
+    request.set_key(key);
+    request.set_delta(delta);
+    v1::StoreAddResponse response;
+    auto context = NewContext(options_.rpc_timeout);
+    MEND_RETURN_IF_ERROR(FromGrpc(stub_->StoreAdd(context.get(), request, &response), "StoreAdd",
+                                  options_.address));
+    return response.value();
+  }
+
+  Status StoreWait(const std::vector<std::string>& keys, Micros timeout) override {
+    v1::StoreWaitRequest request;
+    for (const auto& key : keys) request.add_keys(key);
+    request.set_timeout_ms(static_cast<uint32_t>(timeout / kMicrosPerMilli));
+    v1::StoreWaitResponse response;
+    auto context = NewContext(timeout + kDeadlineMargin);
+    return FromGrpc(stub_->StoreWait(context.get(), request, &response), "StoreWait",
+                    options_.address);
+  }
+
+  StatusOr<uint64_t> StoreDelete(const std::string& key, bool prefix) override {
+    v1::StoreDeleteRequest request;
+    request.set_key(key);
+    request.set_prefix(prefix);
+    v1::StoreDeleteResponse response;
+    auto context = NewContext(options_.rpc_timeout);
+    MEND_RETURN_IF_ERROR(FromGrpc(stub_->StoreDelete(context.get(), request, &response),
+                                  "StoreDelete", options_.address));
+    return response.deleted();
+  }
+
+  StatusOr<std::string> StatusJson(uint32_t max_learners, uint32_t max_rounds) override {
+    v1::GetStatusRequest request;
+    request.set_max_learners(max_learners);
+    request.set_max_rounds(max_rounds);
+    v1::GetStatusResponse response;
+    auto context = NewContext(options_.rpc_timeout);
+    MEND_RETURN_IF_ERROR(FromGrpc(stub_->GetStatus(context.get(), request, &response),
+                                  "GetStatus", options_.address));
+    return response.json();
+  }
+
+  std::unique_ptr<HeartbeatStream> OpenHeartbeat(
+      const LearnerRef& learner, std::function<void(const HeartbeatAck&)> on_ack) override {
+    return std::make_unique<HeartbeatStreamImpl>(stub_.get(), options_.token, options_.address,
+                                                 learner, std::move(on_ack));
+  }
+
+ private:
+  std::unique_ptr<grpc::ClientContext> NewContext(Micros timeout) {
+    auto context = std::make_unique<grpc::ClientContext>();
+    context->AddMetadata("authorization", "Bearer " + options_.token);
+    context->set_deadline(DeadlineAfter(timeout));
+    return context;
+  }
+
+  static v1::QuorumRequest QuorumRequestProto(const QuorumRequestArgs& args) {
+    v1::QuorumRequest request;
+    request.mutable_learner()->set_learner_id(args.learner.learner_id);
+    request.mutable_learner()->set_session_id(args.learner.session_id);
+    request.set_last_round_id(args.last_round_id);
+    request.set_step(args.step);
+    request.set_tokens_since_last_round(args.tokens_since_last_round);
+    request.set_timeout_ms(static_cast<uint32_t>(
+        std::clamp<Micros>(args.timeout / kMicrosPerMilli, 1, 3'600'000)));
+    return request;
+  }
+
+  const LighthouseClientOptions options_;
+  std::unique_ptr<v1::Lighthouse::Stub> stub_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<LighthouseClient>> LighthouseClient::Connect(
+    const LighthouseClientOptions& options) {
+  MEND_RETURN_IF_ERROR(CheckHostPort(options.address, "lighthouse"));
+  if (options.token.empty()) return InvalidArgumentError("no job token given to the client");
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (!options.tls_ca_file.empty()) {
+    std::ifstream in(options.tls_ca_file);
+    if (!in) {
+      return NotFoundError(
+          fmt::format("tls_ca_file = \"{}\": cannot be read", options.tls_ca_file));
+    }
+    std::ostringstream roots;
+    roots << in.rdbuf();
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = roots.str();
+    credentials = grpc::SslCredentials(ssl);
+  }
+  grpc::ChannelArguments arguments;
+  arguments.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  arguments.SetMaxSendMessageSize(kMaxMessageBytes);
+  // Each client gets its own connection (not the process-wide subchannel pool).
+  arguments.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  arguments.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+  arguments.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+  arguments.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // Reconnect quickly after a lighthouse restart.
+  arguments.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  arguments.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  arguments.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  auto channel = grpc::CreateCustomChannel(options.address, credentials, arguments);
+  return std::unique_ptr<LighthouseClient>(new LighthouseClientImpl(options, channel));
+}
+
+}  // namespace mend

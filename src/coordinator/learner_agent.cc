@@ -1,0 +1,399 @@
+#include "mend/learner_agent.h"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "fmt/format.h"
+#include "spdlog/spdlog.h"
+
+namespace mend {
+namespace {
+
+constexpr size_t kMaxBufferedStepTimes = 1024;
+constexpr Micros kMinRetry = 100 * kMicrosPerMilli;
+constexpr Micros kMaxRetry = 2 * kMicrosPerSecond;
+
+bool IsFatal(StatusCode code) {
+  return code == StatusCode::kUnauthenticated || code == StatusCode::kInvalidArgument ||
+         code == StatusCode::kPermissionDenied;
+}
+
+// The lighthouse no longer knows this session: register again.
+bool NeedsRegistration(StatusCode code) {
+  return code == StatusCode::kNotFound || code == StatusCode::kFailedPrecondition;
+}
+
+class LearnerAgentImpl final : public LearnerAgent {
+ public:
+  LearnerAgentImpl(const Config& config, const LearnerIdentity& identity,
+                   std::unique_ptr<LighthouseClient> client)
+      : identity_(identity),
+        address_(config.lighthouse),
+        client_(std::move(client)),
+        heartbeat_interval_(config.heartbeat_ms * kMicrosPerMilli),
+        heartbeat_timeout_(config.heartbeat_timeout_ms * kMicrosPerMilli) {}
+
+  ~LearnerAgentImpl() override { Stop(); }
+
+  Status FirstRegistration() {
+    TryRegister();
+    std::lock_guard lock(mu_);
+    if (!fatal_.ok()) return fatal_;
+    thread_ = std::thread([this]() { HeartbeatLoop(); });
+    return OkStatus();
+  }
+
+  void RecordStep(uint64_t step, uint64_t tokens, Micros step_time) override {
+    std::lock_guard lock(mu_);
+    step_ = std::max(step_, step);
+    tokens_total_ += tokens;
+    tokens_since_round_ += tokens;
+    if (step_times_.size() >= kMaxBufferedStepTimes) step_times_.erase(step_times_.begin());
+    step_times_.push_back(static_cast<uint32_t>(std::clamp<Micros>(step_time, 1, 3'600'000'000)));
+  }
+
+  StatusOr<QuorumResult> Quorum(uint64_t last_round_id, uint64_t tokens_since_last_round,
+                                Micros timeout) override {
+    Micros deadline = RealClock()->NowMicros() + timeout;
+    Micros retry = kMinRetry;
+    while (true) {
+      QuorumRequestArgs args;
+      {
+        std::unique_lock lock(mu_);
+        last_round_id_ = last_round_id;
+        WaitUntil(lock, deadline, [this]() {
+          return registered_ || !fatal_.ok() || stopping_ || interrupted_;
+        });
+        if (!fatal_.ok()) return fatal_;
+        if (stopping_ || interrupted_) return AbortedError("learner agent is stopping");
+        if (!registered_) {
+          return DeadlineExceededError(fmt::format(
+              "learner '{}': not registered with lighthouse {} within {} ms", identity_.id,
+              address_, timeout / kMicrosPerMilli));
+        }
+        args.learner = session_;
+        args.step = step_;
+      }
+      args.last_round_id = last_round_id;
+      args.tokens_since_last_round = tokens_since_last_round;
+      args.timeout = deadline - RealClock()->NowMicros();
+      if (args.timeout <= 0) {
+        return DeadlineExceededError(fmt::format("learner '{}': quorum timeout of {} ms passed",
+                                                 identity_.id, timeout / kMicrosPerMilli));
+      }
+      StatusOr<QuorumResult> result = CallQuorum(args);
+      if (result.ok()) {
+        std::lock_guard lock(mu_);
+        latest_round_id_ = std::max(latest_round_id_.load(), result->round_id);
+        tokens_since_round_ = 0;
+        return result;
+      }
+      StatusCode code = result.status().code();
+      if (code == StatusCode::kDeadlineExceeded) return result.status();
+      if (IsFatal(code)) {
+        SetFatal(result.status());
+        return result.status();
+      }
+      std::unique_lock lock(mu_);
+      if (NeedsRegistration(code)) {
+        if (registered_ && session_.session_id == args.learner.session_id) {
+          spdlog::warn("{}; registering again", result.status().message());
+          registered_ = false;
+          register_now_ = true;
+          wake_.notify_all();
+        }
+        continue;
+      }
+      // UNAVAILABLE (lighthouse down or restarting), ABORTED (declared dead
+      // while stopped, or membership changed), CANCELLED (server shutdown):
+      // try again until the deadline.
+      spdlog::debug("quorum call failed, retrying: {}", result.status().message());
+      WaitUntil(lock, std::min(deadline, RealClock()->NowMicros() + retry),
+                [this]() { return stopping_ || interrupted_; });
+      retry = std::min(retry * 2, kMaxRetry);
+    }
+  }
+
+  void Interrupt() override {
+    std::shared_ptr<PendingCall> call;
+    {
+      std::lock_guard lock(mu_);
+      interrupted_ = true;
+      call = current_call_;
+      wake_.notify_all();
+    }
+    if (call) {
+      std::lock_guard lock(call->mu);
+      call->interrupted = true;
+      call->done.notify_all();
+    }
+  }
+
+  Status Leave(const std::string& reason) override {
+    LearnerRef session;
+    {
+      std::lock_guard lock(mu_);
+      if (registered_) session = session_;
+    }
+    Status status = OkStatus();
+    if (session.session_id != 0) status = client_->Leave(session, reason);
+    Stop();
+    return status;
+  }
+
+  void Stop() override {
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+      wake_.notify_all();
+    }
+    if (thread_.joinable()) thread_.join();
+    stream_.reset();
+  }
+
+  bool slow() const override { return slow_.load(); }
+  double slow_zscore() const override { return zscore_.load(); }
+  uint64_t latest_round_id() const override { return latest_round_id_.load(); }
+  uint64_t registrations() const override { return registrations_.load(); }
+  Status fatal_status() const override {
+    std::lock_guard lock(mu_);
+    return fatal_;
+  }
+  LighthouseClient& client() override { return *client_; }
+
+ private:
+  // A Quorum call in flight; shared with its completion callback, which may
+  // run after the agent is gone.
+  struct PendingCall {
+    std::mutex mu;
+    std::condition_variable done;
+    std::optional<StatusOr<QuorumResult>> result;
+    bool interrupted = false;
+  };
+
+  // One Quorum RPC that Interrupt() can abandon.
+  StatusOr<QuorumResult> CallQuorum(const QuorumRequestArgs& args) {
+    auto call = std::make_shared<PendingCall>();
+    {
+      std::lock_guard lock(mu_);
+      if (interrupted_) return AbortedError("learner agent is stopping");
+      current_call_ = call;
+    }
+    client_->QuorumAsync(args, [call](StatusOr<QuorumResult> result) {
+      std::lock_guard lock(call->mu);
+      call->result = std::move(result);
+      call->done.notify_all();
+    });
+    StatusOr<QuorumResult> result = AbortedError("learner agent is stopping");
+    {
+      std::unique_lock lock(call->mu);
+      call->done.wait(lock, [&call]() { return call->result.has_value() || call->interrupted; });
+      if (call->result) result = std::move(*call->result);
+    }
+    std::lock_guard lock(mu_);
+    current_call_.reset();
+    return result;
+  }
+
+  template <typename Predicate>
+  void WaitUntil(std::unique_lock<std::mutex>& lock, Micros deadline, Predicate done) {
+    Micros remaining = deadline - RealClock()->NowMicros();
+    if (remaining > 0) wake_.wait_for(lock, std::chrono::microseconds(remaining), done);
+  }
+
+  void SetFatal(const Status& status) {
+    std::lock_guard lock(mu_);
+    if (fatal_.ok()) {
+      spdlog::error("learner '{}' refused by the lighthouse: {}", identity_.id, status.message());
+      fatal_ = status;
+    }
+    wake_.notify_all();
+  }
+
+  // Registers once; on success starts a new session.
+  void TryRegister() {
+    uint64_t step = 0;
+    uint64_t last_round = 0;
+    {
+      std::lock_guard lock(mu_);
+      step = step_;
+      last_round = last_round_id_;
+    }
+    StatusOr<Registration> registration = client_->Register(identity_, step, last_round);
+    if (!registration.ok()) {
+      if (IsFatal(registration.status().code())) {
+        SetFatal(registration.status());
+      } else {
+        spdlog::warn("cannot register with the lighthouse yet: {}", registration.status().message());
+      }
+      return;
+    }
+    std::lock_guard lock(mu_);
+    if (lighthouse_instance_ != 0 && lighthouse_instance_ != registration->lighthouse_instance) {
+      spdlog::info("lighthouse {} restarted; registered again", address_);
+    }
+    lighthouse_instance_ = registration->lighthouse_instance;
+    if (registration->heartbeat_interval > 0) heartbeat_interval_ = registration->heartbeat_interval;
+    if (registration->heartbeat_timeout > 0) heartbeat_timeout_ = registration->heartbeat_timeout;
+    session_ = LearnerRef{identity_.id, registration->session_id};
+    registered_ = true;
+    registrations_++;
+    stream_restart_ = true;
+    wake_.notify_all();
+  }
+
+  void HeartbeatLoop() {
+    Micros retry = kMinRetry;
+    Micros next_registration = 0;
+    std::unique_lock lock(mu_);
+    while (!stopping_) {
+      if (!fatal_.ok()) {
+        wake_.wait(lock, [this]() { return stopping_; });
+        break;
+      }
+      if (register_now_) {
+        register_now_ = false;
+        next_registration = 0;
+      }
+      Micros now = RealClock()->NowMicros();
+      if (!registered_ && now >= next_registration) {
+        lock.unlock();
+        stream_.reset();
+        TryRegister();
+        lock.lock();
+        if (!registered_) {
+          next_registration = RealClock()->NowMicros() + retry;
+          retry = std::min(retry * 2, kMaxRetry);
+        } else {
+          retry = kMinRetry;
+        }
+      }
+      if (registered_) {
+        lock.unlock();
+        PumpStream();
+        lock.lock();
+      }
+      WaitUntil(lock, RealClock()->NowMicros() + heartbeat_interval_,
+                [this]() { return stopping_ || register_now_; });
+    }
+  }
+
+  // Opens, checks and feeds the heartbeat stream. Called without mu_.
+  void PumpStream() {
+    if (stream_ && stream_->done()) {
+      Status ended = stream_->status();
+      stream_.reset();
+      if (IsFatal(ended.code())) {
+        SetFatal(ended);
+        return;
+      }
+      std::lock_guard lock(mu_);
+      if (NeedsRegistration(ended.code())) {
+        spdlog::warn("{}; registering again", ended.message());
+        registered_ = false;
+        register_now_ = true;
+        return;
+      }
+      spdlog::debug("heartbeat stream ended: {}", ended.message());
+    }
+    HeartbeatUpdate update;
+    LearnerRef session;
+    bool restart = false;
+    Micros ack_timeout = 0;
+    {
+      std::lock_guard lock(mu_);
+      if (!registered_) return;
+      ack_timeout = heartbeat_timeout_;
+      session = session_;
+      restart = stream_restart_;
+      stream_restart_ = false;
+      update.step = step_;
+      update.tokens_total = tokens_total_;
+      update.tokens_since_last_round = tokens_since_round_;
+      update.step_time_us.swap(step_times_);
+    }
+    Micros now = RealClock()->NowMicros();
+    if (stream_ && now - stream_->last_ack_at() > ack_timeout) {
+      spdlog::warn("lighthouse {} has not acknowledged heartbeats for {} ms; reconnecting",
+                   address_, (now - stream_->last_ack_at()) / kMicrosPerMilli);
+      stream_.reset();
+    }
+    if (restart) stream_.reset();
+    if (!stream_) {
+      stream_ = client_->OpenHeartbeat(session, [this](const HeartbeatAck& ack) {
+        if (ack.slow != slow_.load()) {
+          spdlog::info("lighthouse {} this learner as fail-slow (z = {:.1f})",
+                       ack.slow ? "flagged" : "cleared", ack.slow_zscore);
+        }
+        slow_ = ack.slow;
+        zscore_ = ack.slow_zscore;
+        uint64_t latest = latest_round_id_.load();
+        while (ack.latest_round_id > latest &&
+               !latest_round_id_.compare_exchange_weak(latest, ack.latest_round_id)) {
+        }
+      });
+    }
+    stream_->Send(std::move(update));
+  }
+
+  // Constant after construction.
+  const LearnerIdentity identity_;
+  const std::string address_;
+  const std::unique_ptr<LighthouseClient> client_;
+
+  // Owned by the heartbeat thread (and Stop after the join).
+  std::unique_ptr<HeartbeatStream> stream_;
+  std::thread thread_;
+
+  std::atomic<bool> slow_{false};
+  std::atomic<double> zscore_{0};
+  std::atomic<uint64_t> latest_round_id_{0};
+  std::atomic<uint64_t> registrations_{0};
+
+  mutable std::mutex mu_;
+  std::condition_variable wake_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool registered_ ABSL_GUARDED_BY(mu_) = false;
+  bool stream_restart_ ABSL_GUARDED_BY(mu_) = false;
+  bool register_now_ ABSL_GUARDED_BY(mu_) = false;
+  bool interrupted_ ABSL_GUARDED_BY(mu_) = false;
+  std::shared_ptr<PendingCall> current_call_ ABSL_GUARDED_BY(mu_);
+  Status fatal_ ABSL_GUARDED_BY(mu_);
+  LearnerRef session_ ABSL_GUARDED_BY(mu_);
+  uint64_t lighthouse_instance_ ABSL_GUARDED_BY(mu_) = 0;
+  // From config until the lighthouse says otherwise at registration.
+  Micros heartbeat_interval_ ABSL_GUARDED_BY(mu_);
+  Micros heartbeat_timeout_ ABSL_GUARDED_BY(mu_);
+  uint64_t step_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t tokens_total_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t tokens_since_round_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t last_round_id_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<uint32_t> step_times_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<LearnerAgent>> LearnerAgent::Start(const Config& config,
+                                                            const std::string& token,
+                                                            const LearnerIdentity& identity) {
+  LighthouseClientOptions options;
+  options.address = config.lighthouse;
+  options.token = token;
+  options.tls_ca_file = config.tls_ca_file;
+  options.rpc_timeout = config.rpc_timeout_ms * kMicrosPerMilli;
+  MEND_ASSIGN_OR_RETURN(auto client, LighthouseClient::Connect(options));
+  LearnerIdentity full = identity;
+  if (full.job_id.empty()) full.job_id = config.job_id;
+  if (full.rack.empty()) full.rack = config.rack;
+  auto agent = std::make_unique<LearnerAgentImpl>(config, full, std::move(client));
+  MEND_RETURN_IF_ERROR(agent->FirstRegistration());
+  return std::unique_ptr<LearnerAgent>(std::move(agent));
+}
+
+}  // namespace mend

@@ -1,0 +1,160 @@
+// Assembles the lighthouse: core + gRPC service + HTTP side + timer thread.
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <fstream>
+#include <mutex>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "coordinator/http_side.h"
+#include "coordinator/lighthouse_core.h"
+#include "coordinator/service.h"
+#include "core/text.h"
+#include "fmt/format.h"
+#include "mend/lighthouse.h"
+#include "spdlog/spdlog.h"
+
+namespace mend {
+namespace {
+
+using coordinator::LighthouseCore;
+
+constexpr int kMaxMessageBytes = 8 << 20;
+// The timer thread wakes at least this often even with nothing scheduled.
+constexpr Micros kMaxTimerSleep = 200 * kMicrosPerMilli;
+
+StatusOr<std::string> ReadPem(const std::string& path, std::string_view key) {
+  std::ifstream in(path);
+  if (!in) return NotFoundError(fmt::format("{} = \"{}\": cannot be read", key, path));
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const Config& config) {
+  if (config.tls_cert_file.empty()) return grpc::InsecureServerCredentials();
+  MEND_ASSIGN_OR_RETURN(std::string cert, ReadPem(config.tls_cert_file, "tls_cert_file"));
+  MEND_ASSIGN_OR_RETURN(std::string key, ReadPem(config.tls_key_file, "tls_key_file"));
+  grpc::SslServerCredentialsOptions options;
+  options.pem_key_cert_pairs.push_back({key, cert});
+  return grpc::SslServerCredentials(options);
+}
+
+class LighthouseServerImpl final : public LighthouseServer {
+ public:
+  explicit LighthouseServerImpl(const Config& config, const std::string& token)
+      : core_(coordinator::LighthouseOptionsFromConfig(config), RealClock(),
+              std::random_device{}() ^ (uint64_t{std::random_device{}()} << 32)),
+        service_(&core_, token, core_.options().store.max_value_bytes) {}
+
+  ~LighthouseServerImpl() override { Shutdown(0); }
+
+  Status Init(const Config& config) {
+    MEND_ASSIGN_OR_RETURN(auto credentials, ServerCredentials(config));
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort(config.bind, credentials, &port);
+    builder.RegisterService(&service_);
+    builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+    builder.SetMaxSendMessageSize(kMaxMessageBytes);
+    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+    builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
+    builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+    server_ = builder.BuildAndStart();
+    if (!server_ || port == 0) {
+      return UnavailableError(
+          fmt::format("bind = \"{}\": cannot listen for gRPC (address in use or not local?)",
+                      config.bind));
+    }
+    auto [host, requested] = SplitHostPort(config.bind);
+    grpc_address_ = fmt::format("{}:{}", host.find(':') != std::string::npos
+                                             ? fmt::format("[{}]", host) : host, port);
+    if (!config.http.empty()) {
+      MEND_ASSIGN_OR_RETURN(http_, coordinator::StatusHttpServer::Start(config.http, &core_));
+    }
+    core_.SetWakeup([this]() {
+      std::lock_guard lock(mu_);
+      woken_ = true;
+      wake_.notify_one();
+    });
+    timer_ = std::thread([this]() { RunTimer(); });
+    spdlog::info("lighthouse for job '{}' serving gRPC on {}{}{}", config.job_id, grpc_address_,
+                 config.tls_cert_file.empty() ? "" : " (TLS)",
+                 http_ ? fmt::format(", status page on http://{}/", http_->address()) : "");
+    return OkStatus();
+  }
+
+  std::string grpc_address() const override { return grpc_address_; }
+  std::string http_address() const override { return http_ ? http_->address() : ""; }
+
+  void Shutdown(int grace_ms) override {
+    {
+      std::lock_guard lock(mu_);
+      if (stopping_) return;
+      stopping_ = true;
+      wake_.notify_all();
+    }
+    if (timer_.joinable()) timer_.join();
+    if (http_) http_->Stop();
+    if (server_) {
+      server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(grace_ms));
+    }
+    std::lock_guard lock(mu_);
+    stopped_ = true;
+    stopped_cv_.notify_all();
+  }
+
+  void Wait() override {
+    std::unique_lock lock(mu_);
+    stopped_cv_.wait(lock, [this]() { return stopped_; });
+  }
+
+  std::string StatusJson() const override {
+    return coordinator::StatusJson(const_cast<LighthouseCore&>(core_).Snapshot(200, 50));
+  }
+
+ private:
+  void RunTimer() {
+    std::unique_lock lock(mu_);
+    while (!stopping_) {
+      lock.unlock();
+      core_.Tick();
+      Micros next = core_.NextDeadline();
+      lock.lock();
+      Micros now = RealClock()->NowMicros();
+      Micros sleep = std::clamp<Micros>(next - now, 0, kMaxTimerSleep);
+      wake_.wait_for(lock, std::chrono::microseconds(sleep),
+                     [this]() { return stopping_ || woken_; });
+      woken_ = false;
+    }
+  }
+
+  LighthouseCore core_;
+  coordinator::LighthouseService service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<coordinator::StatusHttpServer> http_;
+  std::string grpc_address_;
+  std::thread timer_;
+
+  std::mutex mu_;
+  std::condition_variable wake_;
+  std::condition_variable stopped_cv_;
+  bool woken_ = false;
+  bool stopping_ = false;
+  bool stopped_ = false;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<LighthouseServer>> LighthouseServer::Start(const Config& config,
+                                                                    const std::string& token) {
+  MEND_RETURN_IF_ERROR(CheckConfig(config));
+  auto server = std::make_unique<LighthouseServerImpl>(config, token);
+  MEND_RETURN_IF_ERROR(server->Init(config));
+  return std::unique_ptr<LighthouseServer>(std::move(server));
+}
+
+}  // namespace mend

@@ -1,0 +1,83 @@
+// The lighthouse's gRPC service: a thin shell over LighthouseCore. Each call
+// is authenticated (job token, constant-time comparison), validated, handed to
+// the core, and answered. Waiting calls (Quorum, StoreGet, StoreWait) keep
+// their reactor and finish later from the core's callback; they never block a
+// gRPC thread. A cancelled call withdraws its wait from the core.
+//
+// Thread-safety: gRPC calls the handlers from its own threads; all shared
+// state lives in LighthouseCore.
+#pragma once
+
+#include <array>
+#include <functional>
+#include <vector>
+#include <string>
+
+#include "coordinator/lighthouse_core.h"
+#include "mend/v1/lighthouse.grpc.pb.h"
+
+namespace mend::coordinator {
+
+class LighthouseService final : public v1::Lighthouse::CallbackService {
+ public:
+  // `core` is not owned and must outlive the service and its server.
+  LighthouseService(LighthouseCore* core, const std::string& token, size_t max_value_bytes);
+
+  grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
+                                     const v1::RegisterRequest* request,
+                                     v1::RegisterResponse* response) override;
+  grpc::ServerBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse>* Heartbeat(
+      grpc::CallbackServerContext* context) override;
+  grpc::ServerUnaryReactor* Quorum(grpc::CallbackServerContext* context,
+                                   const v1::QuorumRequest* request,
+                                   v1::QuorumResponse* response) override;
+  grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* context,
+                                  const v1::LeaveRequest* request,
+                                  v1::LeaveResponse* response) override;
+  grpc::ServerUnaryReactor* StoreSet(grpc::CallbackServerContext* context,
+                                     const v1::StoreSetRequest* request,
+                                     v1::StoreSetResponse* response) override;
+  grpc::ServerUnaryReactor* StoreGet(grpc::CallbackServerContext* context,
+                                     const v1::StoreGetRequest* request,
+                                     v1::StoreGetResponse* response) override;
+  grpc::ServerUnaryReactor* StoreAdd(grpc::CallbackServerContext* context,
+                                     const v1::StoreAddRequest* request,
+                                     v1::StoreAddResponse* response) override;
+  grpc::ServerUnaryReactor* StoreWait(grpc::CallbackServerContext* context,
+                                      const v1::StoreWaitRequest* request,
+                                      v1::StoreWaitResponse* response) override;
+  grpc::ServerUnaryReactor* StoreDelete(grpc::CallbackServerContext* context,
+                                        const v1::StoreDeleteRequest* request,
+                                        v1::StoreDeleteResponse* response) override;
+  grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* context,
+                                      const v1::GetStatusRequest* request,
+                                      v1::GetStatusResponse* response) override;
+
+  // OK when `context` carries "authorization: Bearer <token>" with the job's
+  // token; UNAUTHENTICATED otherwise (and the refusal is recorded).
+  Status Authenticate(const grpc::CallbackServerContext& context);
+  // Records a refused request and turns `status` into a gRPC status.
+  grpc::Status Refuse(const grpc::CallbackServerContext& context, const Status& status);
+  LighthouseCore* core() { return core_; }
+
+ private:
+  // Finishes `context`'s default reactor at once with what `body` returns.
+  grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* context,
+                                   const std::function<grpc::Status()>& body);
+  // Waits in the core for `keys` (after `check` passed) and finishes the call.
+  grpc::ServerUnaryReactor* WaitForKeys(grpc::CallbackServerContext* context, const Status& check,
+                                        std::vector<std::string> keys, uint32_t timeout_ms,
+                                        std::function<void(std::vector<std::string>&)> on_values);
+
+  LighthouseCore* const core_;
+  const size_t max_value_bytes_;
+  const std::array<unsigned char, 32> token_digest_;
+};
+
+// absl::Status -> grpc::Status; the codes are the same numbers.
+grpc::Status ToGrpcStatus(const Status& status);
+
+// Fills `response` with what member `assignment.rank` of the round learns.
+void FillQuorumResponse(const RoundAssignment& assignment, v1::QuorumResponse* response);
+
+}  // namespace mend::coordinator

@@ -1,0 +1,196 @@
+#include "coordinator/validation.h"
+
+#include <cctype>
+
+#include "core/text.h"
+#include "fmt/format.h"
+
+namespace mend::coordinator {
+namespace {
+
+constexpr size_t kMaxStoreKeyLength = 512;
+
+Status Invalid(std::string_view field, std::string_view why) {
+  return InvalidArgumentError(fmt::format("{}: {}", field, why));
+}
+
+// Shows at most 40 characters of a value, with non-printable bytes escaped.
+std::string Shown(std::string_view value) {
+  std::string out;
+  for (char c : value.substr(0, 40)) {
+    auto byte = static_cast<unsigned char>(c);
+    out += std::isprint(byte) ? std::string(1, c) : fmt::format("\\x{:02x}", byte);
+  }
+  if (value.size() > 40) out += "...";
+  return out;
+}
+
+Status CheckCounter(uint64_t value, std::string_view field) {
+  if (value > kMaxCounter) {
+    return Invalid(field, fmt::format("{} is above the bound 2^62", value));
+  }
+  return OkStatus();
+}
+
+Status CheckTimeout(uint32_t timeout_ms, std::string_view field, bool allow_zero) {
+  if ((timeout_ms == 0 && !allow_zero) || timeout_ms > kMaxTimeoutMs) {
+    return Invalid(field, fmt::format("{} ms is outside [{}, {}]", timeout_ms, allow_zero ? 0 : 1,
+                                      kMaxTimeoutMs));
+  }
+  return OkStatus();
+}
+
+StatusOr<std::pair<std::string, uint64_t>> ParseLearnerRef(const v1::LearnerRef& ref,
+                                                           std::string_view field) {
+  MEND_RETURN_IF_ERROR(CheckIdentifier(ref.learner_id(), fmt::format("{}.learner_id", field),
+                                       /*allow_empty=*/false));
+  if (ref.session_id() == 0) return Invalid(fmt::format("{}.session_id", field), "must be set");
+  return std::make_pair(ref.learner_id(), ref.session_id());
+}
+
+}  // namespace
+
+Status CheckIdentifier(std::string_view value, std::string_view field, bool allow_empty) {
+  if (value.empty()) return allow_empty ? OkStatus() : Invalid(field, "must not be empty");
+  if (value.size() > kMaxIdLength) {
+    return Invalid(field, fmt::format("\"{}\" is longer than {} characters", Shown(value),
+                                      kMaxIdLength));
+  }
+  for (char c : value) {
+    bool ok = std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-' ||
+              c == ':' || c == '@' || c == '+';
+    if (!ok) {
+      return Invalid(field, fmt::format("\"{}\" has a character outside [A-Za-z0-9._:@+-]",
+                                        Shown(value)));
+    }
+  }
+  return OkStatus();
+}
+
+Status CheckStoreKey(std::string_view key, std::string_view field) {
+  if (key.empty()) return Invalid(field, "must not be empty");
+  if (key.size() > kMaxStoreKeyLength) {
+    return Invalid(field, fmt::format("\"{}\" is longer than {} bytes", Shown(key),
+                                      kMaxStoreKeyLength));
+  }
+  for (char c : key) {
+    if (c < 0x21 || c > 0x7e) {
+      return Invalid(field, fmt::format("\"{}\" has a byte outside printable ASCII", Shown(key)));
+    }
+  }
+  return OkStatus();
+}
+
+StatusOr<RegisterArgs> ParseRegister(const v1::RegisterRequest& request) {
+  RegisterArgs args;
+  MEND_RETURN_IF_ERROR(CheckIdentifier(request.learner_id(), "learner_id", false));
+  MEND_RETURN_IF_ERROR(CheckIdentifier(request.job_id(), "job_id", true));
+  MEND_RETURN_IF_ERROR(CheckIdentifier(request.rack(), "rack", true));
+  if (!request.address().empty()) {
+    if (request.address().size() > kMaxAddressLength) {
+      return Invalid("address", fmt::format("longer than {} characters", kMaxAddressLength));
+    }
+    MEND_RETURN_IF_ERROR(CheckHostPort(request.address(), "address"));
+  }
+  MEND_RETURN_IF_ERROR(CheckCounter(request.step(), "step"));
+  MEND_RETURN_IF_ERROR(CheckCounter(request.last_round_id(), "last_round_id"));
+  args.learner_id = request.learner_id();
+  args.job_id = request.job_id();
+  args.rack = request.rack();
+  args.address = request.address();
+  args.step = request.step();
+  args.last_round_id = request.last_round_id();
+  return args;
+}
+
+StatusOr<HeartbeatArgs> ParseHeartbeat(const v1::HeartbeatRequest& request) {
+  HeartbeatArgs args;
+  MEND_ASSIGN_OR_RETURN(auto ref, ParseLearnerRef(request.learner(), "learner"));
+  MEND_RETURN_IF_ERROR(CheckCounter(request.step(), "step"));
+  MEND_RETURN_IF_ERROR(CheckCounter(request.tokens_total(), "tokens_total"));
+  MEND_RETURN_IF_ERROR(CheckCounter(request.tokens_since_last_round(), "tokens_since_last_round"));
+  if (request.step_time_us_size() > kMaxStepTimesPerHeartbeat) {
+    return Invalid("step_time_us", fmt::format("{} entries, at most {}",
+                                               request.step_time_us_size(),
+                                               kMaxStepTimesPerHeartbeat));
+  }
+  args.step_ms.reserve(static_cast<size_t>(request.step_time_us_size()));
+  for (uint32_t us : request.step_time_us()) {
+    if (us == 0 || us > kMaxStepTimeUs) {
+      return Invalid("step_time_us", fmt::format("{} is outside [1, {}]", us, kMaxStepTimeUs));
+    }
+    args.step_ms.push_back(us / 1000.0);
+  }
+  args.learner_id = std::move(ref.first);
+  args.session_id = ref.second;
+  args.step = request.step();
+  args.tokens_total = request.tokens_total();
+  args.tokens_since_last_round = request.tokens_since_last_round();
+  return args;
+}
+
+StatusOr<QuorumArgs> ParseQuorum(const v1::QuorumRequest& request) {
+  QuorumArgs args;
+  MEND_ASSIGN_OR_RETURN(auto ref, ParseLearnerRef(request.learner(), "learner"));
+  MEND_RETURN_IF_ERROR(CheckCounter(request.last_round_id(), "last_round_id"));
+  MEND_RETURN_IF_ERROR(CheckCounter(request.step(), "step"));
+  MEND_RETURN_IF_ERROR(CheckCounter(request.tokens_since_last_round(), "tokens_since_last_round"));
+  MEND_RETURN_IF_ERROR(CheckTimeout(request.timeout_ms(), "timeout_ms", false));
+  args.learner_id = std::move(ref.first);
+  args.session_id = ref.second;
+  args.last_round_id = request.last_round_id();
+  args.step = request.step();
+  args.tokens_since_last_round = request.tokens_since_last_round();
+  args.timeout = Micros{request.timeout_ms()} * kMicrosPerMilli;
+  return args;
+}
+
+Status CheckLeave(const v1::LeaveRequest& request) {
+  MEND_RETURN_IF_ERROR(ParseLearnerRef(request.learner(), "learner").status());
+  if (request.reason().size() > kMaxReasonLength) {
+    return Invalid("reason", fmt::format("longer than {} characters", kMaxReasonLength));
+  }
+  return OkStatus();
+}
+
+Status CheckStoreSet(const v1::StoreSetRequest& request, size_t max_value_bytes) {
+  MEND_RETURN_IF_ERROR(CheckStoreKey(request.key(), "key"));
+  if (request.value().size() > max_value_bytes) {
+    return Invalid("value", fmt::format("{} bytes, at most {}", request.value().size(),
+                                        max_value_bytes));
+  }
+  return OkStatus();
+}
+
+Status CheckStoreGet(const v1::StoreGetRequest& request) {
+  MEND_RETURN_IF_ERROR(CheckStoreKey(request.key(), "key"));
+  return CheckTimeout(request.timeout_ms(), "timeout_ms", true);
+}
+
+Status CheckStoreAdd(const v1::StoreAddRequest& request) {
+  return CheckStoreKey(request.key(), "key");
+}
+
+Status CheckStoreWait(const v1::StoreWaitRequest& request) {
+  if (request.keys_size() == 0 || request.keys_size() > kMaxStoreWaitKeys) {
+    return Invalid("keys", fmt::format("{} keys, need 1 to {}", request.keys_size(),
+                                       kMaxStoreWaitKeys));
+  }
+  for (int i = 0; i < request.keys_size(); ++i) {
+    MEND_RETURN_IF_ERROR(CheckStoreKey(request.keys(i), fmt::format("keys[{}]", i)));
+  }
+  return CheckTimeout(request.timeout_ms(), "timeout_ms", false);
+}
+
+Status CheckStoreDelete(const v1::StoreDeleteRequest& request) {
+  return CheckStoreKey(request.key(), "key");
+}
+
+Status CheckGetStatus(const v1::GetStatusRequest& request) {
+  if (request.max_learners() > kMaxStatusItems || request.max_rounds() > kMaxStatusItems) {
+    return Invalid("max_learners/max_rounds", fmt::format("at most {}", kMaxStatusItems));
+  }
+  return OkStatus();
+}
+
+}  // namespace mend::coordinator

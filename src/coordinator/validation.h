@@ -1,0 +1,43 @@
+// Checks every field of every lighthouse request against its bounds and turns
+// the request into the core's plain arguments. A request out of bounds gets
+// INVALID_ARGUMENT naming the field, the value and the bound; nothing in a
+// request can make the lighthouse allocate without limit or misbehave.
+// Thread-safety: pure functions.
+#pragma once
+
+#include <string_view>
+
+#include "coordinator/lighthouse_core.h"
+#include "mend/status.h"
+#include "mend/v1/lighthouse.pb.h"
+
+namespace mend::coordinator {
+
+inline constexpr size_t kMaxIdLength = 128;
+inline constexpr size_t kMaxAddressLength = 256;
+inline constexpr size_t kMaxReasonLength = 512;
+inline constexpr int kMaxStepTimesPerHeartbeat = 1024;
+inline constexpr uint32_t kMaxStepTimeUs = 3'600'000'000u;
+inline constexpr uint32_t kMaxTimeoutMs = 3'600'000;
+inline constexpr uint64_t kMaxCounter = uint64_t{1} << 62;
+inline constexpr int kMaxStoreWaitKeys = 1024;
+inline constexpr uint32_t kMaxStatusItems = 100'000;
+
+// Learner ids, job ids and racks: 1..128 of [A-Za-z0-9._:@+-].
+[[nodiscard]] Status CheckIdentifier(std::string_view value, std::string_view field,
+                                     bool allow_empty);
+// Store keys: 1..512 printable ASCII characters.
+[[nodiscard]] Status CheckStoreKey(std::string_view key, std::string_view field);
+
+[[nodiscard]] StatusOr<RegisterArgs> ParseRegister(const v1::RegisterRequest& request);
+[[nodiscard]] StatusOr<HeartbeatArgs> ParseHeartbeat(const v1::HeartbeatRequest& request);
+[[nodiscard]] StatusOr<QuorumArgs> ParseQuorum(const v1::QuorumRequest& request);
+[[nodiscard]] Status CheckLeave(const v1::LeaveRequest& request);
+[[nodiscard]] Status CheckStoreSet(const v1::StoreSetRequest& request, size_t max_value_bytes);
+[[nodiscard]] Status CheckStoreGet(const v1::StoreGetRequest& request);
+[[nodiscard]] Status CheckStoreAdd(const v1::StoreAddRequest& request);
+[[nodiscard]] Status CheckStoreWait(const v1::StoreWaitRequest& request);
+[[nodiscard]] Status CheckStoreDelete(const v1::StoreDeleteRequest& request);
+[[nodiscard]] Status CheckGetStatus(const v1::GetStatusRequest& request);
+
+}  // namespace mend::coordinator
