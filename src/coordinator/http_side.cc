@@ -30,6 +30,12 @@ StatusOr<std::unique_ptr<StatusHttpServer>> StatusHttpServer::Start(const std::s
   std::unique_ptr<StatusHttpServer> http(new StatusHttpServer());
   http->server_ = std::make_unique<httplib::Server>();
   httplib::Server& server = *http->server_;
+  // SO_REUSEADDR only: with httplib's default SO_REUSEPORT a second lighthouse
+  // could bind the same port and silently take half of the requests.
+  server.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
   server.set_read_timeout(5, 0);
   server.set_write_timeout(5, 0);
   server.set_keep_alive_max_count(100);

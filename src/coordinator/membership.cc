@@ -206,7 +206,7 @@ void Membership::Tally(const LearnerRecord& r, int sign) {
   add(counts_.pending, r.join.has_value());
   add(counts_.eligible_missing, r.eligible() && !r.join);
   add(counts_.previous_joined, r.in_previous_round && r.join.has_value());
-  add(counts_.previous_missing, r.in_previous_round && r.eligible() && !r.join);
+  add(counts_.previous_missing, r.in_previous_round && !r.join);
   if (sign > 0 && r.join) pending_ids_.insert(r.id);
   if (sign < 0 && r.join) pending_ids_.erase(r.id);
 }

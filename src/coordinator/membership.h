@@ -80,7 +80,8 @@ struct MembershipCounts {
   size_t slow = 0;
   // Eligible learners with no pending join: the grace window waits for them.
   size_t eligible_missing = 0;
-  // Eligible members of the previous round with no pending join.
+  // Members of the previous round with no pending join (dead or slow ones too:
+  // the fast path needs every one of them).
   size_t previous_missing = 0;
   // Members of the previous round with a pending join.
   size_t previous_joined = 0;

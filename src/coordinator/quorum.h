@@ -6,7 +6,7 @@
 //     grace window runs: at most G more for the eligible (alive, not slow)
 //     learners that have not joined yet.
 //  3. The round closes at once, before the window ends, when
-//       - every eligible member of the previous round has joined ("fast_path"),
+//       - every member of the previous round has joined ("fast_path"),
 //       - or every eligible learner has joined ("all_joined"),
 //       - or the window is zero ("min_quorum");
 //     otherwise when the window ends ("grace").

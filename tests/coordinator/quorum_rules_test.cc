@@ -134,6 +134,28 @@ TEST(QuorumRulesTest, DeadLearnerIsNotWaitedForAfterHeartbeatTimeout) {
   EXPECT_THAT(CoreHarness::MemberIds(a->round()), ElementsAre("a", "b"));
 }
 
+TEST(QuorumRulesTest, DeadPreviousMemberTurnsFastPathIntoAllJoined) {
+  CoreHarness h(CoreHarness::Options(2, 60000));
+  for (const char* id : {"a", "b", "c"}) h.Register(id);
+  h.Join("a");
+  h.Join("b");
+  ASSERT_TRUE(h.Join("c")->ok());
+  auto a = h.Join("a", 1);
+  h.Join("b", 1);
+  EXPECT_FALSE(a->done()) << "c, a previous member, is still alive";
+  for (int i = 0; i < 11; ++i) {
+    h.HeartbeatAll({"a", "b"});
+    h.AdvanceMs(100);
+  }
+  ASSERT_TRUE(a->ok());
+  EXPECT_EQ(a->round().closed_by, "all_joined");
+  // The next round has a and b as previous members: fast path again.
+  h.Join("a", 2);
+  auto b = h.Join("b", 2);
+  ASSERT_TRUE(b->ok());
+  EXPECT_EQ(b->round().closed_by, "fast_path");
+}
+
 TEST(QuorumRulesTest, DeadLearnersPendingJoinIsAbortedAndNotAMember) {
   CoreHarness h(CoreHarness::Options(2, 60000));
   for (const char* id : {"a", "b", "c"}) h.Register(id);

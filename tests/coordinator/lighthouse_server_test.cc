@@ -1,0 +1,278 @@
+// The lighthouse over real gRPC on loopback (port 0), in one process:
+// authentication, request validation, the store, rounds among learner
+// agents, TLS, and a restart that agents ride over.
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "mend/learner_agent.h"
+#include "mend/lighthouse.h"
+#include "mend/lighthouse_client.h"
+#include "mend/subprocess.h"
+#include "nlohmann/json.hpp"
+#include "test_util/wait.h"
+
+namespace mend {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr char kToken[] = "test-token-0123456789";
+
+Config TestConfig() {
+  Config config;
+  config.job_id = "job";
+  config.bind = "127.0.0.1:0";
+  config.http = "";
+  config.quorum_min_learners = 2;
+  config.grace_window_ms = 2000;
+  config.heartbeat_ms = 50;
+  config.heartbeat_timeout_ms = 1000;
+  config.rpc_timeout_ms = 5000;
+  return config;
+}
+
+std::unique_ptr<LighthouseServer> StartServer(const Config& config) {
+  auto server = LighthouseServer::Start(config, kToken);
+  EXPECT_TRUE(server.ok()) << server.status();
+  return server.ok() ? std::move(*server) : nullptr;
+}
+
+std::unique_ptr<LighthouseClient> Connect(const std::string& address,
+                                          const std::string& token = kToken,
+                                          const std::string& ca_file = "") {
+  LighthouseClientOptions options;
+  options.address = address;
+  options.token = token;
+  options.tls_ca_file = ca_file;
+  options.rpc_timeout = 5 * kMicrosPerSecond;
+  auto client = LighthouseClient::Connect(options);
+  EXPECT_TRUE(client.ok()) << client.status();
+  return std::move(*client);
+}
+
+TEST(LighthouseServerTest, WrongOrMissingTokenIsUnauthenticatedAndServerKeepsServing) {
+  auto server = StartServer(TestConfig());
+  auto wrong = Connect(server->grpc_address(), "not-the-token-at-all");
+  auto registered = wrong->Register({"a", "job", "", ""}, 0, 0);
+  EXPECT_EQ(registered.status().code(), StatusCode::kUnauthenticated);
+  EXPECT_THAT(std::string(registered.status().message()), HasSubstr("wrong job token"));
+  EXPECT_EQ(wrong->StoreSet("k", "v").code(), StatusCode::kUnauthenticated);
+  auto right = Connect(server->grpc_address());
+  EXPECT_TRUE(right->Register({"a", "job", "", ""}, 0, 0).ok());
+  auto status = nlohmann::json::parse(*right->StatusJson());
+  bool recorded = false;
+  for (const auto& event : status["events"]) recorded |= event["kind"] == "rejected";
+  EXPECT_TRUE(recorded);
+}
+
+TEST(LighthouseServerTest, BadRequestsAreInvalidArgumentNamingTheField) {
+  auto server = StartServer(TestConfig());
+  auto client = Connect(server->grpc_address());
+  auto bad_id = client->Register({"has space", "job", "", ""}, 0, 0);
+  EXPECT_EQ(bad_id.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad_id.status().message()), HasSubstr("learner_id"));
+  auto long_id = client->Register({std::string(200, 'x'), "job", "", ""}, 0, 0);
+  EXPECT_EQ(long_id.status().code(), StatusCode::kInvalidArgument);
+  auto other_job = client->Register({"a", "other", "", ""}, 0, 0);
+  EXPECT_EQ(other_job.status().code(), StatusCode::kInvalidArgument);
+  auto bad_address = client->Register({"a", "job", "", "nowhere"}, 0, 0);
+  EXPECT_EQ(bad_address.status().code(), StatusCode::kInvalidArgument);
+  QuorumRequestArgs no_session;
+  no_session.learner.learner_id = "a";
+  no_session.timeout = kMicrosPerSecond;
+  auto quorum = client->Quorum(no_session);
+  EXPECT_EQ(quorum.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(quorum.status().message()), HasSubstr("session_id"));
+  EXPECT_EQ(client->StoreSet(std::string(600, 'k'), "v").code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(client->StoreSet("", "v").code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(client->StoreWait({}, kMicrosPerSecond).code(), StatusCode::kInvalidArgument);
+  // Still serving.
+  EXPECT_TRUE(client->Register({"a", "job", "", ""}, 0, 0).ok());
+}
+
+TEST(LighthouseServerTest, UnknownSessionIsNotFound) {
+  auto server = StartServer(TestConfig());
+  auto client = Connect(server->grpc_address());
+  QuorumRequestArgs args;
+  args.learner = {"ghost", 42};
+  args.timeout = kMicrosPerSecond;
+  EXPECT_EQ(client->Quorum(args).status().code(), StatusCode::kNotFound);
+}
+
+TEST(LighthouseServerTest, StoreSetGetAddWaitDeleteOverGrpc) {
+  auto server = StartServer(TestConfig());
+  auto client = Connect(server->grpc_address());
+  EXPECT_EQ(client->StoreGet("missing", 0).status().code(), StatusCode::kNotFound);
+  std::thread setter([&]() { EXPECT_TRUE(Connect(server->grpc_address())->StoreSet("late", "v").ok()); });
+  auto late = client->StoreGet("late", 10 * kMicrosPerSecond);
+  setter.join();
+  ASSERT_TRUE(late.ok()) << late.status();
+  EXPECT_EQ(*late, "v");
+  EXPECT_EQ(*client->StoreAdd("n", 5), 5);
+  EXPECT_EQ(*client->StoreAdd("n", -2), 3);
+  auto timeout = client->StoreWait({"late", "never"}, 200 * kMicrosPerMilli);
+  EXPECT_EQ(timeout.code(), StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(std::string(timeout.message()), HasSubstr("'never'"));
+  EXPECT_EQ(*client->StoreDelete("la", true), 1u);
+  EXPECT_EQ(client->StoreGet("late", 0).status().code(), StatusCode::kNotFound);
+  std::string binary(100000, '\0');
+  binary[5] = '\xff';
+  ASSERT_TRUE(client->StoreSet("blob", binary).ok());
+  EXPECT_EQ(*client->StoreGet("blob", 0), binary);
+}
+
+// Runs `agents` through `rounds` rounds on threads; returns each agent's results.
+std::vector<std::vector<QuorumResult>> RunRounds(std::vector<std::unique_ptr<LearnerAgent>>& agents,
+                                                 int rounds) {
+  std::vector<std::vector<QuorumResult>> results(agents.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < agents.size(); ++i) {
+    threads.emplace_back([&, i]() {
+      uint64_t last = 0;
+      for (int r = 0; r < rounds; ++r) {
+        agents[i]->RecordStep(static_cast<uint64_t>(r + 1), 100 * (i + 1), 10'000);
+        auto result = agents[i]->Quorum(last, 100 * (i + 1), 20 * kMicrosPerSecond);
+        ASSERT_TRUE(result.ok()) << result.status();
+        last = result->round_id;
+        results[i].push_back(*result);
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  return results;
+}
+
+std::vector<std::unique_ptr<LearnerAgent>> StartAgents(const Config& config,
+                                                       const std::vector<std::string>& ids) {
+  std::vector<std::unique_ptr<LearnerAgent>> agents;
+  for (const auto& id : ids) {
+    auto agent = LearnerAgent::Start(config, kToken, {id, "", "", ""});
+    EXPECT_TRUE(agent.ok()) << agent.status();
+    agents.push_back(std::move(*agent));
+  }
+  return agents;
+}
+
+TEST(LighthouseServerTest, AgentsFormRoundsWithSortedMembersAndTokenTotals) {
+  Config config = TestConfig();
+  auto server = StartServer(config);
+  config.lighthouse = server->grpc_address();
+  auto agents = StartAgents(config, {"b", "c", "a"});
+  auto results = RunRounds(agents, 3);
+  for (int r = 0; r < 3; ++r) {
+    const QuorumResult& from_b = results[0][static_cast<size_t>(r)];
+    EXPECT_EQ(from_b.round_id, static_cast<uint64_t>(r + 1));
+    EXPECT_EQ(from_b.world_size, 3u);
+    EXPECT_EQ(from_b.rank, 1u);
+    EXPECT_EQ(from_b.total_tokens, 600u);
+    ASSERT_EQ(from_b.members.size(), 3u);
+    EXPECT_EQ(from_b.members[0].id, "a");
+    EXPECT_EQ(from_b.rendezvous_prefix, "job/round/" + std::to_string(r + 1) + "/");
+  }
+  for (auto& agent : agents) EXPECT_TRUE(agent->Leave("done").ok());
+}
+
+TEST(LighthouseServerTest, HeartbeatsReachTheLighthouse) {
+  Config config = TestConfig();
+  auto server = StartServer(config);
+  config.lighthouse = server->grpc_address();
+  auto agents = StartAgents(config, {"a"});
+  agents[0]->RecordStep(7, 1000, 20'000);
+  auto client = Connect(server->grpc_address());
+  bool seen = testing_util::WaitFor(10 * kMicrosPerSecond, [&]() {
+    auto doc = nlohmann::json::parse(*client->StatusJson());
+    return doc["learners"].size() == 1 && doc["learners"][0]["step"] == 7 &&
+           doc["learners"][0]["median_step_ms"] == 20.0;
+  });
+  EXPECT_TRUE(seen) << *client->StatusJson();
+}
+
+TEST(LighthouseServerTest, AgentsReRegisterAfterLighthouseRestartAndRoundIdsKeepGrowing) {
+  Config config = TestConfig();
+  auto server = StartServer(config);
+  config.bind = server->grpc_address();  // restart on the same port
+  config.lighthouse = server->grpc_address();
+  auto agents = StartAgents(config, {"a", "b"});
+  auto before = RunRounds(agents, 2);
+  EXPECT_EQ(before[0].back().round_id, 2u);
+  server->Shutdown(0);
+  server.reset();
+  server = StartServer(config);
+  ASSERT_NE(server, nullptr);
+  // Agents notice (heartbeat stream or Quorum gets NOT_FOUND) and register again.
+  std::vector<std::vector<QuorumResult>> after(2);
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < 2; ++i) {
+    threads.emplace_back([&, i]() {
+      auto result = agents[i]->Quorum(2, 10, 20 * kMicrosPerSecond);
+      ASSERT_TRUE(result.ok()) << result.status();
+      after[i].push_back(*result);
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  ASSERT_EQ(after[0].size(), 1u);
+  EXPECT_EQ(after[0][0].round_id, 3u);
+  EXPECT_EQ(after[0][0].world_size, 2u);
+  for (auto& agent : agents) EXPECT_GE(agent->registrations(), 2u);
+}
+
+TEST(LighthouseServerTest, TlsServesClientsThatTrustItsCertificate) {
+  std::string dir = testing_util::MakeTempDir();
+  std::string cert = dir + "/cert.pem";
+  std::string key = dir + "/key.pem";
+  auto openssl = Subprocess::Spawn(
+      {{"/usr/bin/openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+        "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
+        "-keyout", key, "-out", cert},
+       {}, "/dev/null", "/dev/null", false});
+  ASSERT_TRUE(openssl.ok()) << openssl.status();
+  auto exited = (*openssl)->Wait(60 * kMicrosPerSecond);
+  ASSERT_TRUE(exited.ok() && *exited == 0);
+  Config config = TestConfig();
+  config.tls_cert_file = cert;
+  config.tls_key_file = key;
+  auto server = StartServer(config);
+  auto trusted = Connect(server->grpc_address(), kToken, cert);
+  EXPECT_TRUE(trusted->StoreSet("k", "v").ok());
+  auto plaintext = Connect(server->grpc_address());
+  EXPECT_EQ(plaintext->StoreSet("k", "v").code(), StatusCode::kUnavailable);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(LighthouseServerTest, HttpPortInUseIsAnErrorNamingTheAddress) {
+  Config first_config = TestConfig();
+  first_config.http = "127.0.0.1:0";
+  auto first = StartServer(first_config);
+  Config config = TestConfig();
+  config.http = first->http_address();
+  auto second = LighthouseServer::Start(config, kToken);
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(second.status().message()), HasSubstr(first->http_address()));
+}
+
+TEST(LighthouseServerTest, GrpcPortInUseIsAnErrorNamingTheAddress) {
+  auto first = StartServer(TestConfig());
+  Config config = TestConfig();
+  config.bind = first->grpc_address();
+  auto second = LighthouseServer::Start(config, kToken);
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(second.status().message()), HasSubstr(first->grpc_address()));
+}
+
+TEST(LighthouseServerTest, BadConfigIsRefusedBeforeBinding) {
+  Config config = TestConfig();
+  config.grace_window_ms = -1;
+  auto server = LighthouseServer::Start(config, kToken);
+  ASSERT_FALSE(server.ok());
+  EXPECT_THAT(std::string(server.status().message()), HasSubstr("grace_window_ms"));
+}
+
+}  // namespace
+}  // namespace mend
