@@ -37,10 +37,10 @@ class LearnerAgent {
   virtual void RecordStep(uint64_t step, uint64_t tokens, Micros step_time) = 0;
   // Joins the next round. `last_round_id` is the last round this learner
   // completed; tokens are those since then. DEADLINE_EXCEEDED when no round
-  // closed in `timeout`.
+  // closed in `timeout`. `include_members` asks for the member list.
   [[nodiscard]] virtual StatusOr<QuorumResult> Quorum(uint64_t last_round_id,
                                                       uint64_t tokens_since_last_round,
-                                                      Micros timeout) = 0;
+                                                      Micros timeout, bool include_members) = 0;
   // Makes a Quorum() in progress, and every later one, return ABORTED at
   // once; for shutting a learner down while it waits for a round.
   virtual void Interrupt() = 0;

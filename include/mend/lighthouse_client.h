@@ -73,7 +73,7 @@ struct QuorumResult {
   uint64_t heal_round_id = 0;
   std::optional<RoundMember> heal_from;   // set when this learner is behind
   std::vector<std::string> heal_to;       // behind members healing from this learner
-  std::vector<RoundMember> members;       // all, sorted; empty above 1024 members
+  std::vector<RoundMember> members;       // all, sorted, when asked for (<= 1024 members)
 };
 
 struct QuorumRequestArgs {
@@ -82,6 +82,8 @@ struct QuorumRequestArgs {
   uint64_t step = 0;
   uint64_t tokens_since_last_round = 0;
   Micros timeout = 60 * kMicrosPerSecond;
+  // Ask for QuorumResult::members (rounds of at most 1024 members).
+  bool include_members = false;
 };
 
 struct HeartbeatUpdate {

@@ -99,7 +99,8 @@ int RunSimLearner(const SimOptions& options, const Config& config, const std::st
                       RealClock()->NowMicros() - started_at);
     tokens_since_round += static_cast<uint64_t>(options.tokens_per_step);
     if (step % options.sync_every != 0) continue;
-    auto result = agent->Quorum(last_round, tokens_since_round, quorum_timeout);
+    auto result = agent->Quorum(last_round, tokens_since_round, quorum_timeout,
+                                 /*include_members=*/true);
     if (!result.ok()) {
       {
         std::lock_guard lock(control.mu);

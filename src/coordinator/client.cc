@@ -320,6 +320,7 @@ class LighthouseClientImpl final : public LighthouseClient {
     request.set_last_round_id(args.last_round_id);
     request.set_step(args.step);
     request.set_tokens_since_last_round(args.tokens_since_last_round);
+    request.set_include_members(args.include_members);
     request.set_timeout_ms(static_cast<uint32_t>(
         std::clamp<Micros>(args.timeout / kMicrosPerMilli, 1, 3'600'000)));
     return request;

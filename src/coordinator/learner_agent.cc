@@ -59,7 +59,7 @@ class LearnerAgentImpl final : public LearnerAgent {
   }
 
   StatusOr<QuorumResult> Quorum(uint64_t last_round_id, uint64_t tokens_since_last_round,
-                                Micros timeout) override {
+                                Micros timeout, bool include_members) override {
     Micros deadline = RealClock()->NowMicros() + timeout;
     Micros retry = kMinRetry;
     while (true) {
@@ -82,6 +82,7 @@ class LearnerAgentImpl final : public LearnerAgent {
       }
       args.last_round_id = last_round_id;
       args.tokens_since_last_round = tokens_since_last_round;
+      args.include_members = include_members;
       args.timeout = deadline - RealClock()->NowMicros();
       if (args.timeout <= 0) {
         return DeadlineExceededError(fmt::format("learner '{}': quorum timeout of {} ms passed",

@@ -121,6 +121,8 @@ Status LighthouseCore::Leave(const std::string& learner_id, uint64_t session_id,
     MaybeCloseLocked(now, &completions);
   }
   Finish(completions);
+  // One learner fewer may complete a quorum and start its grace window.
+  if (wakeup_) wakeup_();
   return OkStatus();
 }
 

@@ -113,7 +113,11 @@ std::shared_ptr<Round> QuorumMachine::Close(Membership& membership, Micros now,
     member.rack = record.rack;
     member.address = record.address;
     round->members.push_back(std::move(member));
-    round->total_tokens += join.tokens_since_last_round;
+    // Each member's count is bounded by validation, their sum is not: saturate.
+    if (__builtin_add_overflow(round->total_tokens, join.tokens_since_last_round,
+                               &round->total_tokens)) {
+      round->total_tokens = UINT64_MAX;
+    }
     round->first_join_at = std::min(round->first_join_at, join.joined_at);
     newest = std::max(newest, join.last_round_id);
     joins->emplace_back(std::move(join), static_cast<uint32_t>(rank));

@@ -27,6 +27,7 @@ struct MemberInfo {
 struct Round {
   uint64_t id = 0;
   std::vector<MemberInfo> members;  // sorted by id; rank = index
+  // Sum of the members' tokens_since_last_round, saturated at UINT64_MAX.
   uint64_t total_tokens = 0;
   std::string rendezvous_prefix;
   std::string closed_by;  // fast_path | all_joined | grace | min_quorum

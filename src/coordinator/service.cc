@@ -161,7 +161,8 @@ grpc::Status ToGrpcStatus(const Status& status) {
                       std::string(status.message().data(), status.message().size()));
 }
 
-void FillQuorumResponse(const RoundAssignment& assignment, v1::QuorumResponse* response) {
+void FillQuorumResponse(const RoundAssignment& assignment, bool include_members,
+                        v1::QuorumResponse* response) {
   const Round& round = *assignment.round;
   const MemberInfo& me = round.members[assignment.rank];
   response->set_round_id(round.id);
@@ -180,7 +181,7 @@ void FillQuorumResponse(const RoundAssignment& assignment, v1::QuorumResponse* r
   if (auto it = round.heal_to.find(me.id); it != round.heal_to.end()) {
     for (const std::string& id : it->second) response->add_heal_to(id);
   }
-  if (round.members.size() <= kMaxMembersInReply) {
+  if (include_members && round.members.size() <= kMaxMembersInReply) {
     for (const MemberInfo& member : round.members) FillMember(member, response->add_members());
   }
 }
@@ -262,8 +263,10 @@ grpc::ServerUnaryReactor* LighthouseService::Quorum(grpc::CallbackServerContext*
   std::string learner_id = args->learner_id;
   reactor->Begin(
       [&]() {
-        return core->Quorum(*args, [reactor, response](StatusOr<RoundAssignment> result) {
-          if (result.ok()) FillQuorumResponse(*result, response);
+        bool include_members = request->include_members();
+        return core->Quorum(*args, [reactor, response,
+                                    include_members](StatusOr<RoundAssignment> result) {
+          if (result.ok()) FillQuorumResponse(*result, include_members, response);
           reactor->Finish(ToGrpcStatus(result.status()));
         });
       },

@@ -77,7 +77,9 @@ class LighthouseService final : public v1::Lighthouse::CallbackService {
 // absl::Status -> grpc::Status; the codes are the same numbers.
 grpc::Status ToGrpcStatus(const Status& status);
 
-// Fills `response` with what member `assignment.rank` of the round learns.
-void FillQuorumResponse(const RoundAssignment& assignment, v1::QuorumResponse* response);
+// Fills `response` with what member `assignment.rank` of the round learns;
+// the member list only when `include_members` and the round is small enough.
+void FillQuorumResponse(const RoundAssignment& assignment, bool include_members,
+                        v1::QuorumResponse* response);
 
 }  // namespace mend::coordinator

@@ -136,7 +136,8 @@ std::vector<std::vector<QuorumResult>> RunRounds(std::vector<std::unique_ptr<Lea
       uint64_t last = 0;
       for (int r = 0; r < rounds; ++r) {
         agents[i]->RecordStep(static_cast<uint64_t>(r + 1), 100 * (i + 1), 10'000);
-        auto result = agents[i]->Quorum(last, 100 * (i + 1), 20 * kMicrosPerSecond);
+        auto result = agents[i]->Quorum(last, 100 * (i + 1), 20 * kMicrosPerSecond,
+                                          /*include_members=*/true);
         ASSERT_TRUE(result.ok()) << result.status();
         last = result->round_id;
         results[i].push_back(*result);
@@ -209,7 +210,8 @@ TEST(LighthouseServerTest, AgentsReRegisterAfterLighthouseRestartAndRoundIdsKeep
   std::vector<std::thread> threads;
   for (size_t i = 0; i < 2; ++i) {
     threads.emplace_back([&, i]() {
-      auto result = agents[i]->Quorum(2, 10, 20 * kMicrosPerSecond);
+      auto result = agents[i]->Quorum(2, 10, 20 * kMicrosPerSecond, false);
+      EXPECT_TRUE(result.ok() && result->members.empty());
       ASSERT_TRUE(result.ok()) << result.status();
       after[i].push_back(*result);
     });
