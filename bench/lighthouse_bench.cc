@@ -3,12 +3,12 @@
 // decision latency (last join of a round -> each member's reply, on the
 // machine's shared monotonic clock), and the lighthouse's CPU and peak memory.
 //
-//   mend_lighthouse_bench [--learners 100,1000,10000] [--swarms 4] [--seconds 20]
-//                         [--round-interval-ms 1000] [--csv FILE]
+//   mend_lighthouse_bench [--transports grpc,udp] [--learners 100,1000,10000]
+//                         [--intervals-ms 1000,0] [--swarms 4] [--rounds 20] [--csv FILE]
 //
 // The driver starts `mend lighthouse` and the swarm processes (this binary
 // with --swarm), waits until every learner is registered and heartbeating,
-// then lets them join rounds for --seconds and collects what they measured.
+// then lets every learner join --rounds rounds and collects what they measured.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -27,6 +27,7 @@
 #include "CLI/CLI.hpp"
 #include "fmt/format.h"
 #include "mend/lighthouse_client.h"
+#include "lighthouse_swarm.h"
 #include "mend/subprocess.h"
 #include "nlohmann/json.hpp"
 
@@ -34,174 +35,6 @@ namespace mend::bench {
 namespace {
 
 using json = nlohmann::json;
-constexpr char kToken[] = "bench-token-0123456789abcdef";
-constexpr Micros kHeartbeatPeriod = 100 * kMicrosPerMilli;
-constexpr size_t kLearnersPerConnection = 250;
-
-// ---------------------------------------------------------------- swarm ---
-
-struct SimLearner {
-  std::string id;
-  LearnerRef ref;
-  LighthouseClient* client = nullptr;
-  std::unique_ptr<HeartbeatStream> stream;
-  uint64_t last_round = 0;
-  uint64_t step = 0;
-  Micros next_join = 0;
-  bool in_flight = false;
-};
-
-struct Sample {
-  uint64_t round_id;
-  Micros joined;
-  Micros replied;
-};
-
-int RunSwarm(const std::string& address, int first, int count, Micros interval,
-             Micros measure, const std::string& out_path, uint64_t seed) {
-  sigset_t go;
-  sigemptyset(&go);
-  sigaddset(&go, SIGUSR1);
-  pthread_sigmask(SIG_BLOCK, &go, nullptr);
-
-  std::vector<std::unique_ptr<LighthouseClient>> clients;
-  for (int i = 0; i < (count + static_cast<int>(kLearnersPerConnection) - 1) /
-                          static_cast<int>(kLearnersPerConnection);
-       ++i) {
-    auto client = LighthouseClient::Connect({address, kToken, "", 30 * kMicrosPerSecond});
-    if (!client.ok()) {
-      fmt::print(stderr, "swarm: {}\n", client.status());
-      return 1;
-    }
-    clients.push_back(std::move(*client));
-  }
-  std::vector<SimLearner> learners(static_cast<size_t>(count));
-  std::atomic<int> next{0};
-  std::atomic<bool> failed{false};
-  std::vector<std::thread> registrars;
-  for (int t = 0; t < 8; ++t) {
-    registrars.emplace_back([&]() {
-      for (int i = next++; i < count; i = next++) {
-        SimLearner& learner = learners[static_cast<size_t>(i)];
-        learner.id = fmt::format("learner-{:05d}", first + i);
-        learner.client = clients[static_cast<size_t>(i) / kLearnersPerConnection].get();
-        auto registration = learner.client->Register({learner.id, "", "", ""}, 0, 0);
-        if (!registration.ok()) {
-          fmt::print(stderr, "swarm: register {}: {}\n", learner.id, registration.status());
-          failed = true;
-          return;
-        }
-        learner.ref = {learner.id, registration->session_id};
-        learner.stream = learner.client->OpenHeartbeat(learner.ref, nullptr);
-      }
-    });
-  }
-  for (auto& thread : registrars) thread.join();
-  if (failed) return 1;
-
-  std::mutex mu;
-  std::vector<Sample> samples;
-  std::mt19937_64 random(seed);
-  std::uniform_real_distribution<double> jitter(0.95, 1.05);
-  uint64_t errors = 0;
-
-  // Each connection's learners heartbeat together once per period (one
-  // burst, which gRPC coalesces into few writes), the connections staggered
-  // evenly over the period: what a process multiplexing many learners does.
-  size_t connections = clients.size();
-  auto heartbeat_all = [&](Micros now, Micros& next_beat, size_t& cursor) {
-    while (now >= next_beat) {
-      size_t begin = cursor * kLearnersPerConnection;
-      size_t end = std::min(begin + kLearnersPerConnection, learners.size());
-      for (size_t i = begin; i < end; ++i) {
-        SimLearner& learner = learners[i];
-        HeartbeatUpdate update;
-        {
-          std::lock_guard lock(mu);
-          update.step = learner.step;
-        }
-        update.tokens_total = update.step * 1024;
-        update.step_time_us = {50'000};
-        learner.stream->Send(std::move(update));
-      }
-      cursor = (cursor + 1) % connections;
-      next_beat += kHeartbeatPeriod / static_cast<Micros>(connections);
-    }
-  };
-
-  // Heartbeat while waiting for the driver's go (SIGUSR1).
-  fmt::print("ready\n");
-  std::fflush(stdout);
-  Micros next_beat = RealClock()->NowMicros();
-  size_t cursor = 0;
-  while (true) {
-    timespec wait{0, 2'000'000};
-    if (sigtimedwait(&go, nullptr, &wait) == SIGUSR1) break;
-    heartbeat_all(RealClock()->NowMicros(), next_beat, cursor);
-  }
-  Micros start = RealClock()->NowMicros();
-  Micros end = start + measure;
-  for (auto& learner : learners) learner.next_join = start;
-  int in_flight = 0;
-  while (true) {
-    Micros now = RealClock()->NowMicros();
-    heartbeat_all(now, next_beat, cursor);
-    std::vector<SimLearner*> due;
-    {
-      std::lock_guard lock(mu);
-      if (now >= end && in_flight == 0) break;
-      if (now >= end + 30 * kMicrosPerSecond) break;
-      for (auto& learner : learners) {
-        if (!learner.in_flight && now < end && now >= learner.next_join) {
-          learner.in_flight = true;
-          learner.step += 10;
-          ++in_flight;
-          due.push_back(&learner);
-        }
-      }
-    }
-    for (SimLearner* learner : due) {
-      QuorumRequestArgs args;
-      args.learner = learner->ref;
-      args.last_round_id = learner->last_round;
-      args.step = learner->step;
-      args.tokens_since_last_round = 10 * 1024;
-      args.timeout = 30 * kMicrosPerSecond;
-      Micros joined = RealClock()->NowMicros();
-      learner->client->QuorumAsync(args, [&, learner, joined](StatusOr<QuorumResult> result) {
-        Micros replied = RealClock()->NowMicros();
-        std::lock_guard lock(mu);
-        --in_flight;
-        learner->in_flight = false;
-        if (!result.ok()) {
-          if (errors++ < 5) fmt::print(stderr, "swarm: {}: {}\n", learner->id, result.status());
-          learner->next_join = replied + kHeartbeatPeriod;
-          return;
-        }
-        learner->last_round = result->round_id;
-        samples.push_back({result->round_id, joined, replied});
-        learner->next_join = replied + static_cast<Micros>(static_cast<double>(interval) *
-                                                           jitter(random));
-      });
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  json out;
-  {
-    std::lock_guard lock(mu);
-    out["errors"] = errors;
-    out["start"] = start;
-    out["end"] = end;
-    json rows = json::array();
-    for (const Sample& s : samples) rows.push_back({s.round_id, s.joined, s.replied});
-    out["samples"] = std::move(rows);
-  }
-  std::ofstream(out_path) << out.dump();
-  for (auto& learner : learners) learner.stream.reset();
-  fmt::print("done\n");
-  std::fflush(stdout);
-  return 0;
-}
 
 // --------------------------------------------------------------- driver ---
 
@@ -235,6 +68,7 @@ double Percentile(std::vector<double>& values, double p) {
 }
 
 struct Result {
+  std::string transport;
   int learners = 0;
   double interval_ms = 0;
   double seconds = 0;
@@ -250,8 +84,9 @@ struct Result {
   uint64_t errors = 0;
 };
 
-StatusOr<Result> RunOne(const std::string& mend, const std::string& self, int learners,
-                        int swarms, Micros interval, Micros measure, const std::string& dir) {
+StatusOr<Result> RunOne(const std::string& mend, const std::string& self,
+                        const std::string& transport, int learners, int swarms, Micros interval,
+                        int rounds, const std::string& dir) {
   std::string token_file = dir + "/token";
   std::ofstream(token_file) << kToken << "\n";
   MEND_ASSIGN_OR_RETURN(
@@ -259,6 +94,7 @@ StatusOr<Result> RunOne(const std::string& mend, const std::string& self, int le
       Subprocess::Spawn({{mend, "lighthouse", "--bind", "127.0.0.1:0", "--http", "",
                           "--token-file", token_file, "--min-learners", "2", "--heartbeat-ms",
                           "100", "--heartbeat-timeout-ms", "10000", "--grace-window-ms", "5000",
+                          "--grace-window-adaptive", "false",
                           "--log-level", "warn"},
                          {},
                          "pipe",
@@ -273,10 +109,11 @@ StatusOr<Result> RunOne(const std::string& mend, const std::string& self, int le
     int count = std::min(per_swarm, learners - first);
     MEND_ASSIGN_OR_RETURN(
         auto child,
-        Subprocess::Spawn({{self, "--swarm", "--address", address, "--first",
+        Subprocess::Spawn({{self, "--swarm", "--transport", transport, "--address", address,
+                            "--first",
                             std::to_string(first), "--count", std::to_string(count),
                             "--round-interval-ms", std::to_string(interval / kMicrosPerMilli),
-                            "--seconds", std::to_string(measure / kMicrosPerSecond), "--out",
+                            "--rounds", std::to_string(rounds), "--out",
                             fmt::format("{}/swarm-{}.json", dir, s), "--seed",
                             std::to_string(s + 1)},
                            {},
@@ -298,7 +135,8 @@ StatusOr<Result> RunOne(const std::string& mend, const std::string& self, int le
   for (auto& child : children) MEND_RETURN_IF_ERROR(child->Signal(SIGUSR1));
   double swarm_cpu = 0;
   for (size_t i = 0; i < children.size(); ++i) {
-    MEND_ASSIGN_OR_RETURN(std::string done, children[i]->ReadLine(measure + 60 * kMicrosPerSecond));
+    MEND_ASSIGN_OR_RETURN(std::string done,
+                          children[i]->ReadLine(rounds * (interval + 30 * kMicrosPerSecond)));
     if (done != "done") return InternalError("swarm did not finish: " + done);
     swarm_cpu += ReadUsage(children[i]->pid()).cpu_s - swarm_cpu_before[i];
   }
@@ -310,7 +148,7 @@ StatusOr<Result> RunOne(const std::string& mend, const std::string& self, int le
 
   // Group the samples by round: a round's decision latency for each member
   // is its reply time minus the round's last join.
-  std::map<uint64_t, std::vector<std::pair<Micros, Micros>>> rounds;
+  std::map<uint64_t, std::vector<std::pair<Micros, Micros>>> by_round;
   Result result;
   Micros start = INT64_MAX;
   Micros end = 0;
@@ -318,13 +156,15 @@ StatusOr<Result> RunOne(const std::string& mend, const std::string& self, int le
     std::ifstream in(fmt::format("{}/swarm-{}.json", dir, s));
     json doc = json::parse(in);
     result.errors += doc["errors"].get<uint64_t>();
-    start = std::min(start, doc["start"].get<Micros>());
-    end = std::max(end, doc["end"].get<Micros>());
-    for (const auto& row : doc["samples"]) rounds[row[0]].push_back({row[1], row[2]});
+    for (const auto& row : doc["samples"]) {
+      by_round[row[0]].push_back({row[1], row[2]});
+      start = std::min(start, row[1].get<Micros>());
+      end = std::max(end, row[2].get<Micros>());
+    }
   }
   std::vector<double> latencies;
   size_t members = 0;
-  for (const auto& [id, replies] : rounds) {
+  for (const auto& [id, replies] : by_round) {
     Micros last_join = 0;
     for (const auto& [joined, replied] : replies) last_join = std::max(last_join, joined);
     for (const auto& [joined, replied] : replies) {
@@ -332,12 +172,13 @@ StatusOr<Result> RunOne(const std::string& mend, const std::string& self, int le
     }
     members += replies.size();
   }
+  result.transport = transport;
   result.learners = learners;
   result.interval_ms = static_cast<double>(interval) / kMicrosPerMilli;
   result.seconds = static_cast<double>(end - start) / kMicrosPerSecond;
-  result.rounds = rounds.size();
-  result.rounds_per_s = static_cast<double>(rounds.size()) / result.seconds;
-  result.mean_members = rounds.empty() ? 0 : static_cast<double>(members) / rounds.size();
+  result.rounds = by_round.size();
+  result.rounds_per_s = static_cast<double>(by_round.size()) / result.seconds;
+  result.mean_members = by_round.empty() ? 0 : static_cast<double>(members) / by_round.size();
   result.p50_ms = Percentile(latencies, 50);
   result.p99_ms = Percentile(latencies, 99);
   result.max_ms = latencies.empty() ? 0 : latencies.back();
@@ -348,31 +189,32 @@ StatusOr<Result> RunOne(const std::string& mend, const std::string& self, int le
   return result;
 }
 
-int RunDriver(const std::vector<int>& sizes, const std::vector<int>& intervals, int swarms,
-              int seconds, const std::string& csv_path) {
+int RunDriver(const std::vector<std::string>& transports, const std::vector<int>& sizes,
+              const std::vector<int>& intervals, int swarms, int rounds,
+              const std::string& csv_path) {
   std::string self = SelfExecutable();
   std::string mend = (std::filesystem::path(self).parent_path().parent_path() / "mend").string();
   if (!std::filesystem::exists(mend)) {
     fmt::print(stderr, "cannot find the mend binary at {}\n", mend);
     return 1;
   }
-  fmt::print("lighthouse bench: heartbeat every 100 ms, {} client processes, {} s per run, "
+  fmt::print("lighthouse bench: heartbeat every 100 ms, {} client processes, {} rounds per run, "
              "{} cores\n\n",
-             swarms, seconds, std::thread::hardware_concurrency());
-  fmt::print("{:>9} {:>11} {:>9} {:>10} {:>9} {:>9} {:>9} {:>9} {:>11} {:>10} {:>10}\n",
-             "learners", "interval", "rounds/s", "members", "p50 ms", "p99 ms", "max ms",
+             swarms, rounds, std::thread::hardware_concurrency());
+  fmt::print("{:>9} {:>9} {:>11} {:>9} {:>10} {:>9} {:>9} {:>9} {:>9} {:>11} {:>10} {:>10}\n",
+             "transport", "learners", "interval", "rounds/s", "members", "p50 ms", "p99 ms", "max ms",
              "errors", "lh cpu %", "lh MiB", "swarm cpu%");
   std::filesystem::create_directories(std::filesystem::path(csv_path).parent_path());
   std::ofstream csv(csv_path);
-  csv << "learners,round_interval_ms,seconds,rounds,rounds_per_s,mean_members,p50_ms,p99_ms,"
+  csv << "transport,learners,round_interval_ms,seconds,rounds,rounds_per_s,mean_members,p50_ms,p99_ms,"
          "max_ms,errors,lighthouse_cpu_pct,lighthouse_peak_mib,swarm_cpu_pct\n";
   int exit_code = 0;
-  for (int interval : intervals) {
+  for (const std::string& transport : transports) for (int interval : intervals) {
     for (int learners : sizes) {
       std::string pattern = "/tmp/mend-bench-XXXXXX";
       std::string dir = mkdtemp(pattern.data());
-      auto result = RunOne(mend, self, learners, std::min(swarms, learners), interval * kMicrosPerMilli,
-                           seconds * kMicrosPerSecond, dir);
+      auto result = RunOne(mend, self, transport, learners, std::min(swarms, learners),
+                           interval * kMicrosPerMilli, rounds, dir);
       if (!result.ok()) {
         fmt::print(stderr, "run with {} learners failed: {} (logs in {})\n", learners,
                    result.status(), dir);
@@ -380,14 +222,14 @@ int RunDriver(const std::vector<int>& sizes, const std::vector<int>& intervals, 
         continue;
       }
       const Result& r = *result;
-      fmt::print("{:>9} {:>8} ms {:>9.2f} {:>10.1f} {:>9.2f} {:>9.2f} {:>9.2f} {:>9} {:>11.1f} "
+      fmt::print("{:>9} {:>9} {:>8} ms {:>9.2f} {:>10.1f} {:>9.2f} {:>9.2f} {:>9.2f} {:>9} {:>11.1f} "
                  "{:>10.1f} {:>10.1f}\n",
-                 r.learners, r.interval_ms, r.rounds_per_s, r.mean_members, r.p50_ms, r.p99_ms,
+                 r.transport, r.learners, r.interval_ms, r.rounds_per_s, r.mean_members, r.p50_ms, r.p99_ms,
                  r.max_ms, r.errors, r.lighthouse_cpu_pct, r.lighthouse_peak_mib,
                  r.swarm_cpu_pct);
       std::fflush(stdout);
-      csv << fmt::format("{},{},{:.2f},{},{:.3f},{:.1f},{:.3f},{:.3f},{:.3f},{},{:.1f},{:.1f},{:.1f}\n",
-                         r.learners, r.interval_ms, r.seconds, r.rounds, r.rounds_per_s,
+      csv << fmt::format("{},{},{},{:.2f},{},{:.3f},{:.1f},{:.3f},{:.3f},{:.3f},{},{:.1f},{:.1f},{:.1f}\n",
+                         r.transport, r.learners, r.interval_ms, r.seconds, r.rounds, r.rounds_per_s,
                          r.mean_members, r.p50_ms, r.p99_ms, r.max_ms, r.errors,
                          r.lighthouse_cpu_pct, r.lighthouse_peak_mib, r.swarm_cpu_pct);
       if (r.errors == 0) std::filesystem::remove_all(dir);
@@ -409,20 +251,26 @@ int main(int argc, char** argv) {
   int first = 0;
   int count = 0;
   int interval_ms = 1000;
-  int seconds = 20;
+  int rounds = 20;
   uint64_t seed = 1;
   std::vector<int> sizes = {100, 1000, 10000};
   std::vector<int> intervals = {1000, 0};
   int swarms = 4;
   std::string csv = "bench-results/lighthouse_bench.csv";
+  std::vector<std::string> transports = {"grpc", "udp"};
+  std::string transport = "grpc";
   app.add_flag("--swarm", swarm, "Run as a client process (used by the driver)");
+  app.add_option("--transport", transport, "(swarm) grpc or udp");
+  app.add_option("--transports", transports, "Control transports to measure")
+      ->delimiter(',')
+      ->capture_default_str();
   app.add_option("--address", address);
   app.add_option("--first", first);
   app.add_option("--count", count);
   app.add_option("--out", out);
   app.add_option("--seed", seed);
   app.add_option("--round-interval-ms", interval_ms, "(swarm) pause between a reply and the next join");
-  app.add_option("--seconds", seconds, "Measured seconds per run")->capture_default_str();
+  app.add_option("--rounds", rounds, "Rounds every learner joins per run")->capture_default_str();
   app.add_option("--learners", sizes, "Learner counts to run")->delimiter(',')->capture_default_str();
   app.add_option("--intervals-ms", intervals,
                  "Pauses between a learner's round reply and its next join (0: at once)")
@@ -432,8 +280,8 @@ int main(int argc, char** argv) {
   app.add_option("--csv", csv, "CSV output")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   if (swarm) {
-    return mend::bench::RunSwarm(address, first, count, interval_ms * mend::kMicrosPerMilli,
-                                 seconds * mend::kMicrosPerSecond, out, seed);
+    return mend::bench::RunSwarm({address, transport, first, count,
+                                  interval_ms * mend::kMicrosPerMilli, rounds, out, seed});
   }
-  return mend::bench::RunDriver(sizes, intervals, swarms, seconds, csv);
+  return mend::bench::RunDriver(transports, sizes, intervals, swarms, rounds, csv);
 }

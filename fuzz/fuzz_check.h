@@ -5,10 +5,10 @@
 
 #include <cstdio>
 
-#define MEND_FUZZ_CHECK(condition)                                                     \
-  do {                                                                                 \
-    if (!(condition)) {                                                                \
+#define MEND_FUZZ_CHECK(condition)                                                           \
+  do {                                                                                       \
+    if (!(condition)) {                                                                      \
       std::fprintf(stderr, "%s:%d: invariant broken: %s\n", __FILE__, __LINE__, #condition); \
-      __builtin_trap();                                                                \
-    }                                                                                  \
+      __builtin_trap();                                                                      \
+    }                                                                                        \
   } while (false)

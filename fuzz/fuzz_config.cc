@@ -4,8 +4,9 @@
 //   3. line by line as "MEND_KEY=value" environment entries: ApplyConfigEnvironment.
 // Beyond "no crash, no sanitizer report", it checks the promises of
 // mend/config.h: a value SetConfigValue accepted formats back to text it
-// accepts again with the same result, and a Config that passes CheckConfig
-// survives ConfigToToml -> ApplyConfigToml unchanged.
+// accepts again with the same result, and a Config that passes CheckConfig,
+// whichever source set its values, survives ConfigToToml -> ApplyConfigToml
+// unchanged.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -54,14 +55,19 @@ void CheckValueRoundTrip(const mend::Config& config, std::string_view name) {
   MEND_FUZZ_CHECK(mend::FormatConfigValue(again, *key) == formatted);
 }
 
-void FuzzToml(std::string_view text) {
-  mend::Config config;
-  if (!mend::ApplyConfigToml(config, text, "fuzz.toml").ok()) return;
+// A Config that passes CheckConfig, from whatever source, must come back
+// unchanged from ConfigToToml -> ApplyConfigToml (`mend config show`).
+void CheckTomlRoundTrip(const mend::Config& config) {
   if (!mend::CheckConfig(config).ok()) return;
   mend::Config reloaded;
   MEND_FUZZ_CHECK(mend::ApplyConfigToml(reloaded, mend::ConfigToToml(config), "round trip").ok());
   MEND_FUZZ_CHECK(SameConfig(config, reloaded));
   MEND_FUZZ_CHECK(mend::CheckConfig(reloaded).ok());
+}
+
+void FuzzToml(std::string_view text) {
+  mend::Config config;
+  if (mend::ApplyConfigToml(config, text, "fuzz.toml").ok()) CheckTomlRoundTrip(config);
 }
 
 void FuzzOverrides(std::string_view text) {
@@ -75,7 +81,7 @@ void FuzzOverrides(std::string_view text) {
       CheckValueRoundTrip(config, name);
     }
   }
-  (void)mend::CheckConfig(config);
+  CheckTomlRoundTrip(config);
 }
 
 void FuzzEnvironment(std::string_view text) {
@@ -89,7 +95,7 @@ void FuzzEnvironment(std::string_view text) {
   for (const std::string& entry : entries) environ.push_back(entry.c_str());
   environ.push_back(nullptr);
   mend::Config config;
-  if (mend::ApplyConfigEnvironment(config, environ.data()).ok()) (void)mend::CheckConfig(config);
+  if (mend::ApplyConfigEnvironment(config, environ.data()).ok()) CheckTomlRoundTrip(config);
 }
 
 }  // namespace

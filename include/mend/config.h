@@ -45,6 +45,8 @@ struct Config {
   int64_t failslow_window_steps = 16;
   bool rack_aware = false;
   std::string rack;
+  bool udp_control = true;
+  std::string control_transport = "grpc";
 
   // Outer synchronizer.
   int64_t sync_period_steps = 100;

@@ -44,6 +44,7 @@ struct Registration {
   Micros heartbeat_interval = 0;
   Micros heartbeat_timeout = 0;
   Micros ack_interval = 0;
+  int udp_port = 0;  // datagram control channel; 0 when not served
 };
 
 struct LearnerRef {

@@ -192,6 +192,7 @@ class LighthouseClientImpl final : public LighthouseClient {
     registration.heartbeat_interval = Micros{response.heartbeat_ms()} * kMicrosPerMilli;
     registration.heartbeat_timeout = Micros{response.heartbeat_timeout_ms()} * kMicrosPerMilli;
     registration.ack_interval = Micros{response.ack_interval_ms()} * kMicrosPerMilli;
+    registration.udp_port = static_cast<int>(response.udp_port());
     return registration;
   }
 

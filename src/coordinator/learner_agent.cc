@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "coordinator/datagram_link.h"
+#include "core/text.h"
 #include "fmt/format.h"
 #include "spdlog/spdlog.h"
 
@@ -18,6 +20,9 @@ namespace {
 constexpr size_t kMaxBufferedStepTimes = 1024;
 constexpr Micros kMinRetry = 100 * kMicrosPerMilli;
 constexpr Micros kMaxRetry = 2 * kMicrosPerSecond;
+// A datagram join is sent again this often until its decision arrives.
+constexpr Micros kJoinResend = 200 * kMicrosPerMilli;
+constexpr int kMaxUdpSilences = 3;
 
 bool IsFatal(StatusCode code) {
   return code == StatusCode::kUnauthenticated || code == StatusCode::kInvalidArgument ||
@@ -31,10 +36,12 @@ bool NeedsRegistration(StatusCode code) {
 
 class LearnerAgentImpl final : public LearnerAgent {
  public:
-  LearnerAgentImpl(const Config& config, const LearnerIdentity& identity,
-                   std::unique_ptr<LighthouseClient> client)
+  LearnerAgentImpl(const Config& config, const std::string& token,
+                   const LearnerIdentity& identity, std::unique_ptr<LighthouseClient> client)
       : identity_(identity),
         address_(config.lighthouse),
+        token_(token),
+        use_udp_(config.control_transport == "udp"),
         client_(std::move(client)),
         heartbeat_interval_(config.heartbeat_ms * kMicrosPerMilli),
         heartbeat_timeout_(config.heartbeat_timeout_ms * kMicrosPerMilli) {}
@@ -134,6 +141,7 @@ class LearnerAgentImpl final : public LearnerAgent {
       call->interrupted = true;
       call->done.notify_all();
     }
+    if (coordinator::DatagramLink* link = Link()) link->Interrupt();
   }
 
   Status Leave(const std::string& reason) override {
@@ -149,6 +157,7 @@ class LearnerAgentImpl final : public LearnerAgent {
   }
 
   void Stop() override {
+    Interrupt();
     {
       std::lock_guard lock(mu_);
       stopping_ = true;
@@ -178,8 +187,95 @@ class LearnerAgentImpl final : public LearnerAgent {
     bool interrupted = false;
   };
 
-  // One Quorum RPC that Interrupt() can abandon.
+  // The datagram link when this agent speaks UDP to its lighthouse, else nullptr.
+  coordinator::DatagramLink* Link() {
+    std::lock_guard lock(mu_);
+    return link_disabled_ ? nullptr : link_.get();
+  }
+
+  // The lighthouse stopped acknowledging datagrams: register again over gRPC
+  // (it may have restarted, perhaps elsewhere); after kMaxUdpSilences in a row
+  // give up on the datagram channel (e.g. a firewall drops UDP) and use gRPC.
+  void OnUdpSilence(Micros silent) {
+    std::lock_guard lock(mu_);
+    if (++udp_silences_ >= kMaxUdpSilences) {
+      spdlog::warn("lighthouse {} acknowledged no datagram {} times in a row; using gRPC",
+                   address_, udp_silences_);
+      link_disabled_ = true;
+    } else {
+      spdlog::warn("lighthouse {} has not acknowledged heartbeats for {} ms; registering again",
+                   address_, silent / kMicrosPerMilli);
+    }
+    registered_ = false;
+    register_now_ = true;
+    wake_.notify_all();
+  }
+
+  void OnAck(const HeartbeatAck& ack) {
+    {
+      std::lock_guard lock(mu_);
+      udp_silences_ = 0;
+    }
+    if (ack.slow != slow_.load()) {
+      spdlog::info("lighthouse {} this learner as fail-slow (z = {:.1f})",
+                   ack.slow ? "flagged" : "cleared", ack.slow_zscore);
+    }
+    slow_ = ack.slow;
+    zscore_ = ack.slow_zscore;
+    uint64_t latest = latest_round_id_.load();
+    while (ack.latest_round_id > latest &&
+           !latest_round_id_.compare_exchange_weak(latest, ack.latest_round_id)) {
+    }
+  }
+
+  void OnUnknownSession(uint64_t session_id) {
+    std::lock_guard lock(mu_);
+    if (registered_ && session_.session_id == session_id) {
+      spdlog::warn("lighthouse {} does not know this learner's session; registering again",
+                   address_);
+      registered_ = false;
+      register_now_ = true;
+      wake_.notify_all();
+    }
+  }
+
+  // Opens the datagram link on the first registration that offers one.
+  void MaybeOpenLink(int udp_port) {
+    if (!use_udp_) return;
+    if (udp_port <= 0) {
+      spdlog::warn("control_transport = udp, but lighthouse {} serves no datagram channel; "
+                   "using gRPC",
+                   address_);
+      return;
+    }
+    std::lock_guard lock(mu_);
+    if (link_disabled_) return;
+    if (link_) {
+      if (link_->port() != udp_port) {
+        if (Status moved = link_->Retarget(udp_port); !moved.ok()) {
+          spdlog::warn("datagram channel: {}", moved.message());
+        }
+      }
+      return;
+    }
+    coordinator::DatagramLink::Hooks hooks;
+    hooks.on_ack = [this](const HeartbeatAck& ack) { OnAck(ack); };
+    hooks.on_unknown_session = [this](uint64_t session) { OnUnknownSession(session); };
+    auto link = coordinator::DatagramLink::Open(SplitHostPort(address_).first, udp_port, token_,
+                                                std::move(hooks));
+    if (!link.ok()) {
+      spdlog::warn("cannot open the datagram channel, using gRPC: {}", link.status().message());
+      return;
+    }
+    link_ = std::move(*link);
+  }
+
+  // One Quorum call that Interrupt() can abandon: a datagram join when the
+  // link is up (and no member list is wanted), else a gRPC call.
   StatusOr<QuorumResult> CallQuorum(const QuorumRequestArgs& args) {
+    if (coordinator::DatagramLink* link = Link(); link && !args.include_members) {
+      return link->Join(args, kJoinResend);
+    }
     auto call = std::make_shared<PendingCall>();
     {
       std::lock_guard lock(mu_);
@@ -219,12 +315,14 @@ class LearnerAgentImpl final : public LearnerAgent {
 
   // Registers once; on success starts a new session.
   void TryRegister() {
+    uint64_t session_before = 0;
     uint64_t step = 0;
     uint64_t last_round = 0;
     {
       std::lock_guard lock(mu_);
       step = step_;
       last_round = last_round_id_;
+      session_before = session_.session_id;
     }
     StatusOr<Registration> registration = client_->Register(identity_, step, last_round);
     if (!registration.ok()) {
@@ -235,7 +333,7 @@ class LearnerAgentImpl final : public LearnerAgent {
       }
       return;
     }
-    std::lock_guard lock(mu_);
+    std::unique_lock lock(mu_);
     if (lighthouse_instance_ != 0 && lighthouse_instance_ != registration->lighthouse_instance) {
       spdlog::info("lighthouse {} restarted; registered again", address_);
     }
@@ -247,6 +345,12 @@ class LearnerAgentImpl final : public LearnerAgent {
     registrations_++;
     stream_restart_ = true;
     wake_.notify_all();
+    lock.unlock();
+    MaybeOpenLink(registration->udp_port);
+    if (coordinator::DatagramLink* link = Link();
+        link && registration->session_id != session_before) {
+      link->Attach(registration->session_id);
+    }
   }
 
   void HeartbeatLoop() {
@@ -320,6 +424,14 @@ class LearnerAgentImpl final : public LearnerAgent {
       update.step_time_us.swap(step_times_);
     }
     Micros now = RealClock()->NowMicros();
+    if (coordinator::DatagramLink* link = Link()) {
+      if (now - link->last_ack_at() > ack_timeout) {
+        OnUdpSilence(now - link->last_ack_at());
+        return;
+      }
+      link->SendHeartbeat(update);
+      return;
+    }
     if (stream_ && now - stream_->last_ack_at() > ack_timeout) {
       spdlog::warn("lighthouse {} has not acknowledged heartbeats for {} ms; reconnecting",
                    address_, (now - stream_->last_ack_at()) / kMicrosPerMilli);
@@ -327,18 +439,7 @@ class LearnerAgentImpl final : public LearnerAgent {
     }
     if (restart) stream_.reset();
     if (!stream_) {
-      stream_ = client_->OpenHeartbeat(session, [this](const HeartbeatAck& ack) {
-        if (ack.slow != slow_.load()) {
-          spdlog::info("lighthouse {} this learner as fail-slow (z = {:.1f})",
-                       ack.slow ? "flagged" : "cleared", ack.slow_zscore);
-        }
-        slow_ = ack.slow;
-        zscore_ = ack.slow_zscore;
-        uint64_t latest = latest_round_id_.load();
-        while (ack.latest_round_id > latest &&
-               !latest_round_id_.compare_exchange_weak(latest, ack.latest_round_id)) {
-        }
-      });
+      stream_ = client_->OpenHeartbeat(session, [this](const HeartbeatAck& ack) { OnAck(ack); });
     }
     stream_->Send(std::move(update));
   }
@@ -346,6 +447,8 @@ class LearnerAgentImpl final : public LearnerAgent {
   // Constant after construction.
   const LearnerIdentity identity_;
   const std::string address_;
+  const std::string token_;
+  const bool use_udp_;
   const std::unique_ptr<LighthouseClient> client_;
 
   // Owned by the heartbeat thread (and Stop after the join).
@@ -365,6 +468,10 @@ class LearnerAgentImpl final : public LearnerAgent {
   bool register_now_ ABSL_GUARDED_BY(mu_) = false;
   bool interrupted_ ABSL_GUARDED_BY(mu_) = false;
   std::shared_ptr<PendingCall> current_call_ ABSL_GUARDED_BY(mu_);
+  // Created once, destroyed with the agent (after its threads).
+  std::unique_ptr<coordinator::DatagramLink> link_ ABSL_GUARDED_BY(mu_);
+  bool link_disabled_ ABSL_GUARDED_BY(mu_) = false;
+  int udp_silences_ ABSL_GUARDED_BY(mu_) = 0;
   Status fatal_ ABSL_GUARDED_BY(mu_);
   LearnerRef session_ ABSL_GUARDED_BY(mu_);
   uint64_t lighthouse_instance_ ABSL_GUARDED_BY(mu_) = 0;
@@ -392,7 +499,7 @@ StatusOr<std::unique_ptr<LearnerAgent>> LearnerAgent::Start(const Config& config
   LearnerIdentity full = identity;
   if (full.job_id.empty()) full.job_id = config.job_id;
   if (full.rack.empty()) full.rack = config.rack;
-  auto agent = std::make_unique<LearnerAgentImpl>(config, full, std::move(client));
+  auto agent = std::make_unique<LearnerAgentImpl>(config, token, full, std::move(client));
   MEND_RETURN_IF_ERROR(agent->FirstRegistration());
   return std::unique_ptr<LearnerAgent>(std::move(agent));
 }

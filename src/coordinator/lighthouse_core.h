@@ -20,7 +20,6 @@
 #include <functional>
 #include <map>
 #include <mutex>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -108,6 +107,9 @@ class LighthouseCore {
   [[nodiscard]] StatusOr<HeartbeatResult> Heartbeat(const HeartbeatArgs& args);
   [[nodiscard]] Status Leave(const std::string& learner_id, uint64_t session_id,
                              const std::string& reason);
+  // The learner whose current session is `session_id` (not left); nullopt
+  // for an unknown or superseded session.
+  std::optional<std::string> SessionLearner(uint64_t session_id);
 
   // Joins the next round. `done` gets the assignment, or DEADLINE_EXCEEDED
   // after args.timeout, or ABORTED when the learner is replaced, leaves or is
@@ -141,7 +143,10 @@ class LighthouseCore {
  private:
   void Finish(Completions& completions);
   void MaybeCloseLocked(Micros now, Completions* completions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ScanLocked(Micros now, Completions* completions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ScanLivenessLocked(Micros now, Completions* completions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ScanFailSlowLocked(Micros now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Micros NextDeadlineLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Completes `record`'s pending join, if any, with `status`; true if there was one.
   bool AbortJoinLocked(LearnerRecord& record, Status status, Completions* completions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -155,12 +160,12 @@ class LighthouseCore {
   std::function<void()> wakeup_;
 
   std::mutex mu_;
-  std::mt19937_64 random_ ABSL_GUARDED_BY(mu_);
   Membership membership_ ABSL_GUARDED_BY(mu_);
   QuorumMachine quorum_ ABSL_GUARDED_BY(mu_);
   KvStore store_ ABSL_GUARDED_BY(mu_);
   EventLog events_ ABSL_GUARDED_BY(mu_);
-  Micros next_scan_ ABSL_GUARDED_BY(mu_) = 0;
+  Micros next_liveness_scan_ ABSL_GUARDED_BY(mu_) = 0;
+  Micros next_failslow_scan_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_waiter_id_ ABSL_GUARDED_BY(mu_) = 1;
   Counters counters_ ABSL_GUARDED_BY(mu_);
   Micros last_rejection_event_ ABSL_GUARDED_BY(mu_) = 0;

@@ -9,6 +9,7 @@
 #include <sstream>
 #include <thread>
 
+#include "coordinator/datagram_server.h"
 #include "coordinator/http_side.h"
 #include "coordinator/lighthouse_core.h"
 #include "coordinator/service.h"
@@ -46,7 +47,8 @@ StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const Confi
 class LighthouseServerImpl final : public LighthouseServer {
  public:
   explicit LighthouseServerImpl(const Config& config, const std::string& token)
-      : core_(coordinator::LighthouseOptionsFromConfig(config), RealClock(),
+      : token_(token),
+        core_(coordinator::LighthouseOptionsFromConfig(config), RealClock(),
               std::random_device{}() ^ (uint64_t{std::random_device{}()} << 32)),
         service_(&core_, token, core_.options().store.max_value_bytes) {}
 
@@ -54,6 +56,7 @@ class LighthouseServerImpl final : public LighthouseServer {
 
   Status Init(const Config& config) {
     MEND_ASSIGN_OR_RETURN(auto credentials, ServerCredentials(config));
+    auto [host, requested] = SplitHostPort(config.bind);
     grpc::ServerBuilder builder;
     int port = 0;
     builder.AddListeningPort(config.bind, credentials, &port);
@@ -72,9 +75,20 @@ class LighthouseServerImpl final : public LighthouseServer {
           fmt::format("bind = \"{}\": cannot listen for gRPC (address in use or not local?)",
                       config.bind));
     }
-    auto [host, requested] = SplitHostPort(config.bind);
     grpc_address_ = fmt::format("{}:{}", host.find(':') != std::string::npos
                                              ? fmt::format("[{}]", host) : host, port);
+    if (config.udp_control) {
+      // The datagram channel takes the gRPC port's number (TCP and UDP ports
+      // are separate), so it is found again at the same place after a restart.
+      auto datagrams = coordinator::DatagramServer::Start(host, port, &core_, token_);
+      if (!datagrams.ok()) {
+        return Status(datagrams.status().code(),
+                      fmt::format("{} (udp_control = false runs without the datagram channel)",
+                                  datagrams.status().message()));
+      }
+      datagrams_ = std::move(*datagrams);
+      service_.set_udp_port(datagrams_->port());
+    }
     if (!config.http.empty()) {
       MEND_ASSIGN_OR_RETURN(http_, coordinator::StatusHttpServer::Start(config.http, &core_));
     }
@@ -84,14 +98,17 @@ class LighthouseServerImpl final : public LighthouseServer {
       wake_.notify_one();
     });
     timer_ = std::thread([this]() { RunTimer(); });
-    spdlog::info("lighthouse for job '{}' serving gRPC on {}{}{}", config.job_id, grpc_address_,
+    service_.set_ready();
+    spdlog::info("lighthouse for job '{}' serving gRPC on {}{}{}{}", config.job_id, grpc_address_,
                  config.tls_cert_file.empty() ? "" : " (TLS)",
+                 datagrams_ ? fmt::format(", datagrams on udp port {}", datagrams_->port()) : "",
                  http_ ? fmt::format(", status page on http://{}/", http_->address()) : "");
     return OkStatus();
   }
 
   std::string grpc_address() const override { return grpc_address_; }
   std::string http_address() const override { return http_ ? http_->address() : ""; }
+  int udp_port() const override { return datagrams_ ? datagrams_->port() : 0; }
 
   void Shutdown(int grace_ms) override {
     {
@@ -102,6 +119,7 @@ class LighthouseServerImpl final : public LighthouseServer {
     }
     if (timer_.joinable()) timer_.join();
     if (http_) http_->Stop();
+    if (datagrams_) datagrams_->Stop();
     if (server_) {
       server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(grace_ms));
     }
@@ -135,8 +153,10 @@ class LighthouseServerImpl final : public LighthouseServer {
     }
   }
 
+  const std::string token_;
   LighthouseCore core_;
   coordinator::LighthouseService service_;
+  std::unique_ptr<coordinator::DatagramServer> datagrams_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<coordinator::StatusHttpServer> http_;
   std::string grpc_address_;

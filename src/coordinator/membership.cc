@@ -24,16 +24,19 @@ LearnerRecord& Membership::Register(const std::string& id, uint64_t session_id, 
                                     std::string address, uint64_t step, uint64_t last_round_id,
                                     Micros now, std::optional<PendingJoin>* replaced_join) {
   auto it = records_.find(id);
+  uint64_t last_member_round = 0;
   if (it != records_.end()) {
     LearnerRecord& old = *it->second;
+    last_member_round = old.last_member_round;
     Mutate(old, [&](LearnerRecord& r) {
       if (r.join) *replaced_join = std::move(r.join);
       r.join.reset();
       r.alive = false;
       r.slow = false;
-      r.in_previous_round = false;
+      r.last_member_round = 0;
     });
     // The record is replaced below; its contribution to the counts is now zero.
+    by_session_.erase(old.session_id);
     records_.erase(it);
   }
   auto record = std::make_unique<LearnerRecord>();
@@ -47,8 +50,9 @@ LearnerRecord& Membership::Register(const std::string& id, uint64_t session_id, 
   record->last_round_id = last_round_id;
   record->window = StepTimeWindow(failslow_.window_steps);
   record->rate_sample_at = now;
-  record->in_previous_round = previous_round_.contains(id);
+  record->last_member_round = last_member_round;
   LearnerRecord& ref = *record;
+  by_session_[session_id] = &ref;
   records_.emplace(id, std::move(record));
   Count(ref);
   return ref;
@@ -70,6 +74,11 @@ StatusOr<LearnerRecord*> Membership::Find(const std::string& id, uint64_t sessio
     return FailedPreconditionError(fmt::format("learner '{}' has left the job", id));
   }
   return record;
+}
+
+LearnerRecord* Membership::FindSession(uint64_t session_id) {
+  auto it = by_session_.find(session_id);
+  return it == by_session_.end() ? nullptr : it->second;
 }
 
 LearnerRecord* Membership::FindAny(const std::string& id) {
@@ -170,9 +179,10 @@ std::vector<SlowFlagChange> Membership::EvaluateFailSlow() {
 size_t Membership::ForgetGone(Micros now, Micros retention) {
   size_t forgotten = 0;
   for (auto it = records_.begin(); it != records_.end();) {
-    const LearnerRecord& record = *it->second;
+    LearnerRecord& record = *it->second;
     if (!record.alive && !record.join && now - record.gone_since > retention) {
       Uncount(record);
+      by_session_.erase(record.session_id);
       it = records_.erase(it);
       ++forgotten;
     } else {
@@ -182,21 +192,30 @@ size_t Membership::ForgetGone(Micros now, Micros retention) {
   return forgotten;
 }
 
-void Membership::SetPreviousRound(const std::vector<std::string>& members) {
-  for (const std::string& id : previous_round_) {
-    if (LearnerRecord* record = FindAny(id)) {
-      Mutate(*record, [](LearnerRecord& r) { r.in_previous_round = false; });
-    }
+std::vector<std::pair<LearnerRecord*, PendingJoin>> Membership::TakePendingForRound(
+    uint64_t round_id) {
+  std::vector<std::pair<LearnerRecord*, PendingJoin>> taken;
+  taken.reserve(pending_.size());
+  for (LearnerRecord* record : pending_) {
+    Tally(*record, -1, /*update_pending=*/false);
+    taken.emplace_back(record, std::move(*record->join));
+    record->join.reset();
   }
-  previous_round_ = std::unordered_set<std::string>(members.begin(), members.end());
-  for (const std::string& id : previous_round_) {
-    if (LearnerRecord* record = FindAny(id)) {
-      Mutate(*record, [](LearnerRecord& r) { r.in_previous_round = true; });
-    }
+  pending_.clear();
+  // Round ids only grow, so no other learner's last_member_round equals
+  // round_id: after this the taken learners are the only previous members.
+  previous_round_id_ = round_id;
+  counts_.previous_missing = 0;
+  counts_.previous_joined = 0;
+  for (auto& [record, join] : taken) {
+    record->last_member_round = round_id;
+    record->rounds_joined++;
+    Tally(*record, +1, /*update_pending=*/false);
   }
+  return taken;
 }
 
-void Membership::Tally(const LearnerRecord& r, int sign) {
+void Membership::Tally(LearnerRecord& r, int sign, bool update_pending) {
   auto add = [sign](size_t& counter, bool condition) {
     if (condition) counter = static_cast<size_t>(static_cast<long>(counter) + sign);
   };
@@ -205,10 +224,12 @@ void Membership::Tally(const LearnerRecord& r, int sign) {
   add(counts_.slow, r.alive && r.slow);
   add(counts_.pending, r.join.has_value());
   add(counts_.eligible_missing, r.eligible() && !r.join);
-  add(counts_.previous_joined, r.in_previous_round && r.join.has_value());
-  add(counts_.previous_missing, r.in_previous_round && !r.join);
-  if (sign > 0 && r.join) pending_ids_.insert(r.id);
-  if (sign < 0 && r.join) pending_ids_.erase(r.id);
+  bool previous = InPreviousRound(r);
+  add(counts_.previous_joined, previous && r.join.has_value());
+  add(counts_.previous_missing, previous && !r.join);
+  if (!update_pending) return;
+  if (sign > 0 && r.join) pending_.insert(&r);
+  if (sign < 0 && r.join) pending_.erase(&r);
 }
 
 }  // namespace mend::coordinator

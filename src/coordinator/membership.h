@@ -19,7 +19,6 @@
 #include <set>
 #include <string>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "coordinator/failslow_detector.h"
@@ -66,11 +65,16 @@ struct LearnerRecord {
   bool alive = true;
   bool left = false;
   Micros gone_since = 0;  // when it died or left
-  bool in_previous_round = false;
+  uint64_t last_member_round = 0;  // the newest round it was a member of
   std::optional<PendingJoin> join;
 
   bool eligible() const { return alive && !slow; }
   std::string_view state() const;
+};
+
+// Orders records by learner id (ids are unique).
+struct ById {
+  bool operator()(const LearnerRecord* a, const LearnerRecord* b) const { return a->id < b->id; }
 };
 
 struct MembershipCounts {
@@ -112,6 +116,8 @@ class Membership {
   // is not the current session, FAILED_PRECONDITION when the learner left.
   [[nodiscard]] StatusOr<LearnerRecord*> Find(const std::string& id, uint64_t session_id);
   LearnerRecord* FindAny(const std::string& id);
+  // The record whose current session is `session_id`, or nullptr.
+  LearnerRecord* FindSession(uint64_t session_id);
 
   // Applies `change` to `record`, keeping the counts and the pending set exact.
   template <typename Change>
@@ -136,25 +142,35 @@ class Membership {
   // Drops records of learners gone for longer than `retention`.
   size_t ForgetGone(Micros now, Micros retention);
 
-  // Marks exactly `members` as the previous round's members.
-  void SetPreviousRound(const std::vector<std::string>& members);
+  // Takes every pending join, sorted by learner id, for round `round_id`
+  // (above every earlier round): the learners become that round's members,
+  // and the only previous-round members from now on. O(members), with no
+  // work for the learners that did not join.
+  std::vector<std::pair<LearnerRecord*, PendingJoin>> TakePendingForRound(uint64_t round_id);
+  bool InPreviousRound(const LearnerRecord& record) const {
+    return previous_round_id_ != 0 && record.last_member_round == previous_round_id_;
+  }
 
   const MembershipCounts& counts() const { return counts_; }
-  const std::set<std::string>& pending_ids() const { return pending_ids_; }
+  // Learners with a pending join, in learner-id order.
+  const std::set<LearnerRecord*, ById>& pending() const { return pending_; }
   const std::unordered_map<std::string, std::unique_ptr<LearnerRecord>>& records() const {
     return records_;
   }
   const FailSlowOptions& failslow_options() const { return failslow_; }
 
  private:
-  void Count(const LearnerRecord& record) { Tally(record, +1); }
-  void Uncount(const LearnerRecord& record) { Tally(record, -1); }
-  void Tally(const LearnerRecord& record, int sign);
+  void Count(LearnerRecord& record) { Tally(record, +1, true); }
+  void Uncount(LearnerRecord& record) { Tally(record, -1, true); }
+  // Adds (+1) or removes (-1) `record` from the counts and, when
+  // `update_pending`, from the pending set.
+  void Tally(LearnerRecord& record, int sign, bool update_pending);
 
   FailSlowOptions failslow_;
   std::unordered_map<std::string, std::unique_ptr<LearnerRecord>> records_;
-  std::set<std::string> pending_ids_;
-  std::unordered_set<std::string> previous_round_;
+  std::unordered_map<uint64_t, LearnerRecord*> by_session_;
+  std::set<LearnerRecord*, ById> pending_;
+  uint64_t previous_round_id_ = 0;
   MembershipCounts counts_;
 };
 

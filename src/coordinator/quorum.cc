@@ -96,15 +96,22 @@ std::shared_ptr<Round> QuorumMachine::Close(Membership& membership, Micros now,
   round->grace_window = grace_window_;
 
   std::optional<LateWatch> late_watch = WatchLateArrivals(membership, *round);
-  // Copy: RemoveJoin below edits the pending set while we walk it.
-  std::vector<std::string> ids(membership.pending_ids().begin(), membership.pending_ids().end());
+  // The round id must be above every member's last round, so look first.
   uint64_t newest = 0;
-  joins->reserve(ids.size());
-  round->members.reserve(ids.size());
-  for (size_t rank = 0; rank < ids.size(); ++rank) {
-    LearnerRecord& record = *membership.FindAny(ids[rank]);
-    PendingJoin join = *RemoveJoin(membership, record);
-    record.rounds_joined++;
+  for (const LearnerRecord* record : membership.pending()) {
+    newest = std::max(newest, record->join->last_round_id);
+  }
+  round->heal_round_id = newest;
+  round->id = std::max(next_round_id_, newest + 1);
+  round->rendezvous_prefix = RendezvousPrefix(options_.job_id, round->id);
+  next_round_id_ = round->id + 1;
+
+  auto taken = membership.TakePendingForRound(round->id);
+  joins->reserve(taken.size());
+  round->members.reserve(taken.size());
+  for (size_t rank = 0; rank < taken.size(); ++rank) {
+    const LearnerRecord& record = *taken[rank].first;
+    PendingJoin& join = taken[rank].second;
     MemberInfo member;
     member.id = record.id;
     member.step = join.step;
@@ -119,26 +126,25 @@ std::shared_ptr<Round> QuorumMachine::Close(Membership& membership, Micros now,
       round->total_tokens = UINT64_MAX;
     }
     round->first_join_at = std::min(round->first_join_at, join.joined_at);
-    newest = std::max(newest, join.last_round_id);
     joins->emplace_back(std::move(join), static_cast<uint32_t>(rank));
   }
   Micros need = 0;
   for (const auto& [join, rank] : *joins) {
     need = std::max(need, join.joined_at - round->quorum_reached_at);
   }
-  round->heal_round_id = newest;
-  round->id = std::max(next_round_id_, newest + 1);
-  round->rendezvous_prefix = RendezvousPrefix(options_.job_id, round->id);
-  next_round_id_ = round->id + 1;
   AssignHealSources(*round);
   recent_needs_.push_back(0);
   RecordNeed(need);
   late_watch_ = std::move(late_watch);
-  membership.SetPreviousRound(ids);
   quorum_reached_at_.reset();
 
   history_.push_back(round);
-  while (history_.size() > options_.history_size) history_.pop_front();
+  history_member_count_ += round->members.size();
+  while (history_.size() > 1 && (history_.size() > options_.history_size ||
+                                 history_member_count_ > options_.history_members)) {
+    history_member_count_ -= history_.front()->members.size();
+    history_.pop_front();
+  }
   return round;
 }
 

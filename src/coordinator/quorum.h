@@ -50,7 +50,10 @@ struct QuorumOptions {
   Micros grace_window_min = 50 * kMicrosPerMilli;
   bool adaptive = true;
   bool rack_aware = false;
-  size_t history_size = 256;
+  // Recent rounds kept for the status page: at most this many, and at most
+  // history_members member entries in all (10,000-member rounds are large).
+  size_t history_size = 64;
+  size_t history_members = 200'000;
 };
 
 class QuorumMachine {
@@ -111,6 +114,7 @@ class QuorumMachine {
   // Join deadlines, lazily deleted: an entry whose waiter is gone is skipped.
   std::multimap<Micros, std::pair<std::string, uint64_t>> join_deadlines_;
   std::deque<std::shared_ptr<const Round>> history_;
+  size_t history_member_count_ = 0;
 };
 
 }  // namespace mend::coordinator

@@ -2,7 +2,9 @@
 // the replies to all of its members and by the status history.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <string_view>
 #include <functional>
 #include <memory>
 #include <string>
@@ -41,6 +43,13 @@ struct Round {
 
   Micros waited() const { return closed_at - quorum_reached_at; }
 };
+
+// The member with `id`, or nullptr (members are sorted, so O(log n)).
+inline const MemberInfo* FindMember(const Round& round, std::string_view id) {
+  auto it = std::lower_bound(round.members.begin(), round.members.end(), id,
+                             [](const MemberInfo& m, std::string_view key) { return m.id < key; });
+  return it != round.members.end() && it->id == id ? &*it : nullptr;
+}
 
 // What one member is told.
 struct RoundAssignment {

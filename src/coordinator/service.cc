@@ -124,8 +124,8 @@ class HeartbeatReactor final
     Micros now = clock_->NowMicros();
     {
       std::lock_guard lock(mu_);
-      bool changed =
-          result.slow != response_.slow() || result.latest_round_id != response_.latest_round_id();
+      // Only a slow-flag change is answered at once (see DatagramServer).
+      bool changed = result.slow != response_.slow();
       bool due = now - last_write_at_ >= ack_interval_;
       if (writing_ || !(changed || due || first_)) return;
       first_ = false;
@@ -173,10 +173,8 @@ void FillQuorumResponse(const RoundAssignment& assignment, bool include_members,
   response->set_closed_by(round.closed_by);
   response->set_waited_ms(static_cast<uint32_t>(round.waited() / kMicrosPerMilli));
   response->set_heal_round_id(round.heal_round_id);
-  if (!me.heal_from.empty()) {
-    for (const MemberInfo& member : round.members) {
-      if (member.id == me.heal_from) FillMember(member, response->mutable_heal_from());
-    }
+  if (const MemberInfo* source = FindMember(round, me.heal_from)) {
+    FillMember(*source, response->mutable_heal_from());
   }
   if (auto it = round.heal_to.find(me.id); it != round.heal_to.end()) {
     for (const std::string& id : it->second) response->add_heal_to(id);
@@ -226,6 +224,9 @@ grpc::ServerUnaryReactor* LighthouseService::Register(grpc::CallbackServerContex
                                                       v1::RegisterResponse* response) {
   return Answer(context, [&]() {
     if (Status auth = Authenticate(*context); !auth.ok()) return ToGrpcStatus(auth);
+    if (!ready_.load()) {
+      return ToGrpcStatus(UnavailableError("the lighthouse is starting; register again"));
+    }
     auto args = ParseRegister(*request);
     if (!args.ok()) return Refuse(*context, args.status());
     auto result = core_->Register(*args);
@@ -236,6 +237,7 @@ grpc::ServerUnaryReactor* LighthouseService::Register(grpc::CallbackServerContex
         static_cast<uint32_t>(result->heartbeat_timeout / kMicrosPerMilli));
     response->set_ack_interval_ms(static_cast<uint32_t>(result->ack_interval / kMicrosPerMilli));
     response->set_lighthouse_instance(result->lighthouse_instance);
+    response->set_udp_port(static_cast<uint32_t>(udp_port_.load()));
     response->set_job_id(args->job_id.empty() ? std::string() : args->job_id);
     return grpc::Status::OK;
   });

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <functional>
 #include <vector>
 #include <string>
@@ -59,6 +60,10 @@ class LighthouseService final : public v1::Lighthouse::CallbackService {
   // Records a refused request and turns `status` into a gRPC status.
   grpc::Status Refuse(const grpc::CallbackServerContext& context, const Status& status);
   LighthouseCore* core() { return core_; }
+  // The datagram channel's UDP port that Register tells learners (0: none).
+  void set_udp_port(int port) { udp_port_ = port; }
+  // Until called, Register answers UNAVAILABLE (the server is still starting).
+  void set_ready() { ready_ = true; }
 
  private:
   // Finishes `context`'s default reactor at once with what `body` returns.
@@ -71,6 +76,8 @@ class LighthouseService final : public v1::Lighthouse::CallbackService {
 
   LighthouseCore* const core_;
   const size_t max_value_bytes_;
+  std::atomic<int> udp_port_{0};
+  std::atomic<bool> ready_{false};
   const std::array<unsigned char, 32> token_digest_;
 };
 

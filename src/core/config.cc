@@ -132,6 +132,7 @@ Status SetConfigValue(Config& config, std::string_view name, std::string_view te
       if (text.find('\0') != std::string_view::npos) {
         return ValueError(*key, "...", source, "contains a NUL character");
       }
+      if (!IsValidUtf8(text)) return ValueError(*key, "...", source, "is not valid UTF-8");
       config.*std::get<std::string Config::*>(key->field) = std::string(text);
       return OkStatus();
     }

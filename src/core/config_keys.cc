@@ -63,6 +63,12 @@ std::vector<ConfigKey> BuildKeys() {
       Bool("rack_aware", &C::rack_aware,
            "Prefer a heal source in the learner's own rack."),
       Text("rack", &C::rack, "Learner: its failure domain (rack, zone)."),
+      Bool("udp_control", &C::udp_control,
+           "Lighthouse: also serve heartbeats and quorum joins as UDP datagrams (on the "
+           "bind port number)."),
+      Enum("control_transport", &C::control_transport, {"grpc", "udp"},
+           "Learner: heartbeats and quorum joins over gRPC, or over the lighthouse's UDP "
+           "datagram channel (cheaper; for thousands of learners)."),
       Int("sync_period_steps", &C::sync_period_steps, 1, 1000000,
           "H: inner steps between outer rounds."),
       Bool("token_weighted_merge", &C::token_weighted_merge,

@@ -49,6 +49,35 @@ std::optional<bool> ParseBool(std::string_view text) {
   return std::nullopt;
 }
 
+bool IsValidUtf8(std::string_view text) {
+  // The smallest code point of each sequence length; below it, the form is overlong.
+  constexpr uint32_t kSmallest[] = {0, 0, 0x80, 0x800, 0x10000};
+  size_t i = 0;
+  while (i < text.size()) {
+    auto lead = static_cast<unsigned char>(text[i]);
+    if (lead < 0x80) {
+      ++i;
+      continue;
+    }
+    size_t length = (lead & 0xe0) == 0xc0   ? 2
+                    : (lead & 0xf0) == 0xe0 ? 3
+                    : (lead & 0xf8) == 0xf0 ? 4
+                                            : 0;
+    if (length == 0 || text.size() - i < length) return false;
+    uint32_t code = lead & (0x7f >> length);
+    for (size_t k = 1; k < length; ++k) {
+      auto next = static_cast<unsigned char>(text[i + k]);
+      if ((next & 0xc0) != 0x80) return false;
+      code = (code << 6) | (next & 0x3f);
+    }
+    if (code < kSmallest[length] || code > 0x10ffff || (code >= 0xd800 && code <= 0xdfff)) {
+      return false;
+    }
+    i += length;
+  }
+  return true;
+}
+
 Status CheckHostPort(std::string_view address, std::string_view what) {
   size_t colon = address.rfind(':');
   if (colon == std::string_view::npos || colon == 0) {

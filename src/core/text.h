@@ -19,6 +19,10 @@ std::optional<int64_t> ParseInt64(std::string_view text);
 std::optional<double> ParseDouble(std::string_view text);  // finite values only
 std::optional<bool> ParseBool(std::string_view text);      // true/false/1/0/yes/no/on/off
 
+// True when `text` is well-formed UTF-8 (no overlong forms, surrogates or
+// code points above U+10FFFF), as TOML and protobuf strings require.
+bool IsValidUtf8(std::string_view text);
+
 // Checks "HOST:PORT" ("[v6]:PORT" too) with PORT in [0, 65535]; `what` names
 // the value in the error.
 [[nodiscard]] Status CheckHostPort(std::string_view address, std::string_view what);

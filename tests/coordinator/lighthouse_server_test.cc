@@ -14,6 +14,7 @@
 #include "mend/lighthouse_client.h"
 #include "mend/subprocess.h"
 #include "nlohmann/json.hpp"
+#include "coordinator/datagram_client.h"
 #include "test_util/wait.h"
 
 namespace mend {
@@ -128,7 +129,7 @@ TEST(LighthouseServerTest, StoreSetGetAddWaitDeleteOverGrpc) {
 
 // Runs `agents` through `rounds` rounds on threads; returns each agent's results.
 std::vector<std::vector<QuorumResult>> RunRounds(std::vector<std::unique_ptr<LearnerAgent>>& agents,
-                                                 int rounds) {
+                                                 int rounds, bool include_members = true) {
   std::vector<std::vector<QuorumResult>> results(agents.size());
   std::vector<std::thread> threads;
   for (size_t i = 0; i < agents.size(); ++i) {
@@ -137,7 +138,7 @@ std::vector<std::vector<QuorumResult>> RunRounds(std::vector<std::unique_ptr<Lea
       for (int r = 0; r < rounds; ++r) {
         agents[i]->RecordStep(static_cast<uint64_t>(r + 1), 100 * (i + 1), 10'000);
         auto result = agents[i]->Quorum(last, 100 * (i + 1), 20 * kMicrosPerSecond,
-                                          /*include_members=*/true);
+                                          include_members);
         ASSERT_TRUE(result.ok()) << result.status();
         last = result->round_id;
         results[i].push_back(*result);
@@ -159,27 +160,50 @@ std::vector<std::unique_ptr<LearnerAgent>> StartAgents(const Config& config,
   return agents;
 }
 
-TEST(LighthouseServerTest, AgentsFormRoundsWithSortedMembersAndTokenTotals) {
-  Config config = TestConfig();
+// The learner-facing tests run over both control transports.
+class AgentTransportTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  Config AgentConfig() {
+    Config config = TestConfig();
+    config.control_transport = GetParam();
+    return config;
+  }
+};
+
+INSTANTIATE_TEST_SUITE_P(Transports, AgentTransportTest, ::testing::Values("grpc", "udp"));
+
+TEST_P(AgentTransportTest, AgentsFormRoundsWithRanksAndTokenTotals) {
+  Config config = AgentConfig();
   auto server = StartServer(config);
   config.lighthouse = server->grpc_address();
   auto agents = StartAgents(config, {"b", "c", "a"});
-  auto results = RunRounds(agents, 3);
+  auto results = RunRounds(agents, 3, /*include_members=*/false);
   for (int r = 0; r < 3; ++r) {
     const QuorumResult& from_b = results[0][static_cast<size_t>(r)];
     EXPECT_EQ(from_b.round_id, static_cast<uint64_t>(r + 1));
     EXPECT_EQ(from_b.world_size, 3u);
     EXPECT_EQ(from_b.rank, 1u);
     EXPECT_EQ(from_b.total_tokens, 600u);
-    ASSERT_EQ(from_b.members.size(), 3u);
-    EXPECT_EQ(from_b.members[0].id, "a");
     EXPECT_EQ(from_b.rendezvous_prefix, "job/round/" + std::to_string(r + 1) + "/");
+    EXPECT_EQ(results[2][static_cast<size_t>(r)].rank, 0u);  // "a"
+    EXPECT_EQ(results[1][static_cast<size_t>(r)].rank, 2u);  // "c"
   }
   for (auto& agent : agents) EXPECT_TRUE(agent->Leave("done").ok());
 }
 
-TEST(LighthouseServerTest, HeartbeatsReachTheLighthouse) {
+TEST(LighthouseServerTest, MemberListsComeOverGrpcOnRequest) {
   Config config = TestConfig();
+  auto server = StartServer(config);
+  config.lighthouse = server->grpc_address();
+  auto agents = StartAgents(config, {"b", "a"});
+  auto results = RunRounds(agents, 1);
+  ASSERT_EQ(results[0][0].members.size(), 2u);
+  EXPECT_EQ(results[0][0].members[0].id, "a");
+  EXPECT_EQ(results[0][0].members[1].id, "b");
+}
+
+TEST_P(AgentTransportTest, HeartbeatsReachTheLighthouse) {
+  Config config = AgentConfig();
   auto server = StartServer(config);
   config.lighthouse = server->grpc_address();
   auto agents = StartAgents(config, {"a"});
@@ -193,13 +217,13 @@ TEST(LighthouseServerTest, HeartbeatsReachTheLighthouse) {
   EXPECT_TRUE(seen) << *client->StatusJson();
 }
 
-TEST(LighthouseServerTest, AgentsReRegisterAfterLighthouseRestartAndRoundIdsKeepGrowing) {
-  Config config = TestConfig();
+TEST_P(AgentTransportTest, AgentsReRegisterAfterLighthouseRestartAndRoundIdsKeepGrowing) {
+  Config config = AgentConfig();
   auto server = StartServer(config);
   config.bind = server->grpc_address();  // restart on the same port
   config.lighthouse = server->grpc_address();
   auto agents = StartAgents(config, {"a", "b"});
-  auto before = RunRounds(agents, 2);
+  auto before = RunRounds(agents, 2, /*include_members=*/false);
   EXPECT_EQ(before[0].back().round_id, 2u);
   server->Shutdown(0);
   server.reset();
@@ -244,6 +268,27 @@ TEST(LighthouseServerTest, TlsServesClientsThatTrustItsCertificate) {
   auto plaintext = Connect(server->grpc_address());
   EXPECT_EQ(plaintext->StoreSet("k", "v").code(), StatusCode::kUnavailable);
   std::filesystem::remove_all(dir);
+}
+
+TEST(LighthouseServerTest, DatagramsWithAWrongTokenAreDroppedAndRecorded) {
+  auto server = StartServer(TestConfig());
+  ASSERT_GT(server->udp_port(), 0);
+  auto intruder = coordinator::DatagramClient::Open("127.0.0.1", server->udp_port(),
+                                                     "not-the-token-at-all");
+  ASSERT_TRUE(intruder.ok());
+  (*intruder)->SendJoins({{12345, coordinator::datagram::Join{1, 0, 0, 0, 1000}}});
+  auto client = Connect(server->grpc_address());
+  bool recorded = testing_util::WaitFor(10 * kMicrosPerSecond, [&]() {
+    auto doc = nlohmann::json::parse(*client->StatusJson());
+    for (const auto& event : doc["events"]) {
+      if (event["kind"] == "rejected" &&
+          event["message"].get<std::string>().find("datagram") != std::string::npos) {
+        return true;
+      }
+    }
+    return false;
+  });
+  EXPECT_TRUE(recorded);
 }
 
 TEST(LighthouseServerTest, HttpPortInUseIsAnErrorNamingTheAddress) {

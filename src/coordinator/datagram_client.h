@@ -1,0 +1,78 @@
+// A learner's end of the datagram control channel (see datagram.h): one UDP
+// socket towards the lighthouse and a thread that receives. One client can
+// speak for many sessions (a process that multiplexes learners); replies are
+// dispatched to each session's callbacks.
+//
+// Thread-safety: every method may be called from any thread. Callbacks run on
+// the receiving thread, without any lock of this class held.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "coordinator/datagram.h"
+#include "mend/status.h"
+
+namespace mend::coordinator {
+
+class DatagramClient {
+ public:
+  struct Callbacks {
+    std::function<void(const datagram::Ack&)> on_ack;
+    std::function<void(const datagram::Decision&)> on_decision;
+    // The lighthouse does not know the session: register again.
+    std::function<void()> on_unknown_session;
+  };
+
+  // Opens a socket towards host:port; `token` is the job token.
+  [[nodiscard]] static StatusOr<std::unique_ptr<DatagramClient>> Open(const std::string& host,
+                                                                      int port,
+                                                                      const std::string& token);
+  ~DatagramClient();
+
+  DatagramClient(const DatagramClient&) = delete;
+  DatagramClient& operator=(const DatagramClient&) = delete;
+
+  // Points the socket at another lighthouse address (e.g. after a restart on
+  // another port).
+  [[nodiscard]] Status Retarget(const std::string& host, int port);
+
+  void Attach(uint64_t session_id, Callbacks callbacks);
+  void Detach(uint64_t session_id);
+
+  // Each sends one datagram per entry (sendmmsg for several); best effort.
+  void SendHeartbeats(const std::vector<std::pair<uint64_t, datagram::Heartbeat>>& beats);
+  void SendJoins(const std::vector<std::pair<uint64_t, datagram::Join>>& joins);
+
+ private:
+  DatagramClient(const std::string& token, int socket);
+  void Receive();
+  void SendAll(std::vector<std::string>& datagrams);
+
+  const datagram::Key key_;
+  const int socket_;
+  int wake_fd_ = -1;
+  std::atomic<bool> stopping_{false};
+  std::thread thread_;
+
+  std::mutex send_mu_;
+  datagram::Signer send_signer_ ABSL_GUARDED_BY(send_mu_);
+  uint64_t next_seq_ ABSL_GUARDED_BY(send_mu_);
+
+  std::mutex mu_;
+  struct Session {
+    std::shared_ptr<Callbacks> callbacks;
+    uint64_t last_seq = 0;
+  };
+  std::unordered_map<uint64_t, Session> sessions_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace mend::coordinator

@@ -1,0 +1,69 @@
+// One learner's use of the datagram control channel: heartbeats, and quorum
+// joins that are resent until their decision arrives. LearnerAgent uses it
+// when control_transport = "udp" and the lighthouse serves the channel.
+//
+// Thread-safety: every method may be called from any thread; the hooks run
+// on the channel's receiving thread.
+#pragma once
+
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "coordinator/datagram_client.h"
+#include "mend/lighthouse_client.h"
+
+namespace mend::coordinator {
+
+class DatagramLink {
+ public:
+  struct Hooks {
+    std::function<void(const HeartbeatAck&)> on_ack;
+    // The lighthouse does not know `session_id`: register again.
+    std::function<void(uint64_t session_id)> on_unknown_session;
+  };
+
+  [[nodiscard]] static StatusOr<std::unique_ptr<DatagramLink>> Open(const std::string& host,
+                                                                    int port,
+                                                                    const std::string& token,
+                                                                    Hooks hooks);
+
+  // Speaks for `session_id` from now on (a new registration); restarts the
+  // acknowledgement clock.
+  void Attach(uint64_t session_id);
+  // Sends to another port of the same host from now on.
+  [[nodiscard]] Status Retarget(int port);
+  int port() const;
+  void SendHeartbeat(const HeartbeatUpdate& update);
+  // Joins a round: sends the join every `resend` until the decision comes,
+  // args.timeout passes (DEADLINE_EXCEEDED) or Interrupt() (ABORTED).
+  [[nodiscard]] StatusOr<QuorumResult> Join(const QuorumRequestArgs& args, Micros resend);
+  // Ends a Join in progress, and every later one, with ABORTED.
+  void Interrupt();
+  Micros last_ack_at() const;
+
+ private:
+  DatagramLink(std::string host, int port, Hooks hooks)
+      : host_(std::move(host)), hooks_(std::move(hooks)), port_(port) {}
+  std::string Where() const;
+
+  const std::string host_;
+  const Hooks hooks_;
+  std::unique_ptr<DatagramClient> client_;
+
+  mutable std::mutex mu_;
+  std::condition_variable decided_;
+  int port_ ABSL_GUARDED_BY(mu_);
+  uint64_t session_id_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_join_id_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t waiting_for_ ABSL_GUARDED_BY(mu_) = 0;
+  std::optional<datagram::Decision> decision_ ABSL_GUARDED_BY(mu_);
+  bool interrupted_ ABSL_GUARDED_BY(mu_) = false;
+  Micros last_ack_at_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace mend::coordinator

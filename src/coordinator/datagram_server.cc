@@ -1,0 +1,452 @@
+#include "coordinator/datagram_server.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "fmt/format.h"
+#include "spdlog/spdlog.h"
+
+namespace mend::coordinator {
+namespace {
+
+constexpr int kBatch = 64;
+constexpr int kSendBatch = 256;
+constexpr int kSenders = 2;
+constexpr int kMaxBatchesPerTurn = 32;
+constexpr int kSocketBufferBytes = 16 << 20;
+constexpr uint64_t kMaxCounter = uint64_t{1} << 62;
+constexpr uint32_t kMaxStepTimeUs = 3'600'000'000u;
+constexpr uint32_t kMaxTimeoutMs = 3'600'000;
+// How often state of sessions the core no longer knows is dropped.
+constexpr Micros kSweepInterval = 10 * kMicrosPerSecond;
+
+// Asks for a large socket buffer: SO_*BUFFORCE when privileged, else the
+// largest the system allows (net.core.rmem_max / wmem_max).
+void GrowBuffer(int fd, int option, int force_option) {
+  int bytes = kSocketBufferBytes;
+  if (setsockopt(fd, SOL_SOCKET, force_option, &bytes, sizeof bytes) != 0) {
+    setsockopt(fd, SOL_SOCKET, option, &bytes, sizeof bytes);
+  }
+}
+
+std::string AddressText(const sockaddr_storage& address) {
+  char host[INET6_ADDRSTRLEN] = "?";
+  int port = 0;
+  if (address.ss_family == AF_INET) {
+    const auto* v4 = reinterpret_cast<const sockaddr_in*>(&address);
+    inet_ntop(AF_INET, &v4->sin_addr, host, sizeof host);
+    port = ntohs(v4->sin_port);
+  } else if (address.ss_family == AF_INET6) {
+    const auto* v6 = reinterpret_cast<const sockaddr_in6*>(&address);
+    inet_ntop(AF_INET6, &v6->sin6_addr, host, sizeof host);
+    port = ntohs(v6->sin6_port);
+  }
+  return fmt::format("udp:{}:{}", host, port);
+}
+
+bool NeedsRegistration(StatusCode code) {
+  return code == StatusCode::kNotFound || code == StatusCode::kFailedPrecondition;
+}
+
+}  // namespace
+
+datagram::Decision MakeDecision(uint64_t join_id, const StatusOr<RoundAssignment>& result) {
+  datagram::Decision decision;
+  decision.join_id = join_id;
+  if (!result.ok()) {
+    decision.code = static_cast<uint8_t>(result.status().code());
+    decision.message = std::string(StatusMessage(result.status()));
+    return decision;
+  }
+  const Round& round = *result->round;
+  const MemberInfo& me = round.members[result->rank];
+  decision.round_id = round.id;
+  decision.rank = result->rank;
+  decision.world_size = static_cast<uint32_t>(round.members.size());
+  decision.total_tokens = round.total_tokens;
+  decision.heal_round_id = round.heal_round_id;
+  decision.waited_ms = static_cast<uint32_t>(round.waited() / kMicrosPerMilli);
+  decision.closed_by = round.closed_by;
+  decision.rendezvous_prefix = round.rendezvous_prefix;
+  if (const MemberInfo* source = FindMember(round, me.heal_from)) {
+    decision.heal_from_id = source->id;
+    decision.heal_from_address = source->address;
+  }
+  if (auto it = round.heal_to.find(me.id); it != round.heal_to.end()) {
+    size_t n = std::min(it->second.size(), datagram::kMaxHealTo);
+    decision.heal_to.assign(it->second.begin(), it->second.begin() + static_cast<long>(n));
+    decision.heal_to_truncated = n < it->second.size();
+  }
+  return decision;
+}
+
+DatagramServer::DatagramServer(LighthouseCore* core, const std::string& token)
+    : core_(core), key_(datagram::DeriveKey(token)), signer_(key_) {}
+
+StatusOr<std::unique_ptr<DatagramServer>> DatagramServer::Start(const std::string& host, int port,
+                                                                LighthouseCore* core,
+                                                                const std::string& token) {
+  std::unique_ptr<DatagramServer> server(new DatagramServer(core, token));
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  std::string service = std::to_string(port);
+  if (int error = getaddrinfo(host.c_str(), service.c_str(), &hints, &found); error != 0) {
+    return InvalidArgumentError(
+        fmt::format("udp {}:{}: cannot resolve: {}", host, port, gai_strerror(error)));
+  }
+  int fd = socket(found->ai_family, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  int bound = fd >= 0 ? bind(fd, found->ai_addr, found->ai_addrlen) : -1;
+  freeaddrinfo(found);
+  if (bound != 0) {
+    std::string why = std::strerror(errno);
+    if (fd >= 0) close(fd);
+    return UnavailableError(fmt::format("udp {}:{}: cannot bind: {}", host, port, why));
+  }
+  GrowBuffer(fd, SO_RCVBUF, SO_RCVBUFFORCE);
+  GrowBuffer(fd, SO_SNDBUF, SO_SNDBUFFORCE);
+  sockaddr_storage local{};
+  socklen_t length = sizeof local;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length);
+  server->port_ = local.ss_family == AF_INET6
+                      ? ntohs(reinterpret_cast<sockaddr_in6*>(&local)->sin6_port)
+                      : ntohs(reinterpret_cast<sockaddr_in*>(&local)->sin_port);
+  server->socket_ = fd;
+  server->wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  for (int i = 0; i < kSenders; ++i) {
+    auto sender = std::make_unique<Sender>();
+    Sender* raw_sender = sender.get();
+    sender->thread = std::thread([raw = server.get(), raw_sender]() { raw->RunSender(*raw_sender); });
+    server->senders_.push_back(std::move(sender));
+  }
+  server->thread_ = std::thread([raw = server.get()]() { raw->Run(); });
+  return server;
+}
+
+DatagramServer::~DatagramServer() { Stop(); }
+
+void DatagramServer::Stop() {
+  if (!stopping_.exchange(true)) {
+    uint64_t one = 1;
+    if (write(wake_fd_, &one, sizeof one) < 0) {
+      // The thread still sees stopping_ within its poll timeout.
+    }
+  }
+  if (thread_.joinable()) thread_.join();
+  for (auto& sender : senders_) {
+    {
+      std::lock_guard lock(sender->mu);
+      sender->stopping = true;
+      sender->ready.notify_all();
+    }
+    if (sender->thread.joinable()) sender->thread.join();
+  }
+  if (socket_ >= 0) close(socket_);
+  if (wake_fd_ >= 0) close(wake_fd_);
+  socket_ = wake_fd_ = -1;
+}
+
+void DatagramServer::Run() {
+  std::vector<char> buffers(kBatch * datagram::kMaxDatagramBytes);
+  std::vector<mmsghdr> messages(kBatch);
+  std::vector<iovec> vectors(kBatch);
+  std::vector<Address> from(kBatch);
+  Micros next_sweep = core_->clock()->NowMicros() + kSweepInterval;
+  while (!stopping_.load()) {
+    pollfd fds[2] = {{socket_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    poll(fds, 2, 100);
+    if (fds[1].revents & POLLIN) {
+      uint64_t drained = 0;
+      if (read(wake_fd_, &drained, sizeof drained) < 0) drained = 0;
+    }
+    for (int turn = 0; turn < kMaxBatchesPerTurn; ++turn) {
+      for (int i = 0; i < kBatch; ++i) {
+        vectors[i] = {buffers.data() + i * datagram::kMaxDatagramBytes, datagram::kMaxDatagramBytes};
+        messages[i] = {};
+        messages[i].msg_hdr.msg_iov = &vectors[i];
+        messages[i].msg_hdr.msg_iovlen = 1;
+        messages[i].msg_hdr.msg_name = &from[i].storage;
+        messages[i].msg_hdr.msg_namelen = sizeof from[i].storage;
+      }
+      int got = recvmmsg(socket_, messages.data(), kBatch, MSG_DONTWAIT, nullptr);
+      if (got <= 0) break;
+      for (int i = 0; i < got; ++i) {
+        from[i].length = messages[i].msg_hdr.msg_namelen;
+        counters_.received++;
+        if (messages[i].msg_hdr.msg_flags & MSG_TRUNC) {
+          counters_.dropped_malformed++;
+          continue;
+        }
+        Handle(std::string_view(buffers.data() + i * datagram::kMaxDatagramBytes,
+                                messages[i].msg_len),
+               from[i]);
+      }
+      if (got < kBatch) break;
+    }
+    Micros now = core_->clock()->NowMicros();
+    if (now >= next_sweep) {
+      ForgetEndedSessions();
+      next_sweep = now + kSweepInterval;
+    }
+  }
+}
+
+void DatagramServer::ForgetEndedSessions() {
+  std::vector<uint64_t> sessions;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [session, peer] : peers_) sessions.push_back(session);
+  }
+  std::vector<uint64_t> ended;
+  for (uint64_t session : sessions) {
+    if (!core_->SessionLearner(session)) ended.push_back(session);
+  }
+  std::lock_guard lock(mu_);
+  for (uint64_t session : ended) peers_.erase(session);
+}
+
+void DatagramServer::Handle(std::string_view bytes, const Address& from) {
+  auto header = datagram::ParseHeader(bytes);
+  if (!header.ok() || (header->kind != datagram::Kind::kHeartbeat &&
+                       header->kind != datagram::Kind::kJoin)) {
+    counters_.dropped_malformed++;
+    return;
+  }
+  if (!signer_.Verify(bytes)) {
+    counters_.dropped_bad_mac++;
+    core_->RecordRejection("UNAUTHENTICATED", AddressText(from.storage),
+                           "datagram with a wrong MAC (wrong job token?)");
+    return;
+  }
+  uint64_t session = header->session_id;
+  std::string learner_id;
+  {
+    std::lock_guard lock(mu_);
+    if (auto it = peers_.find(session); it != peers_.end()) {
+      if (header->seq <= it->second.last_seq) {
+        counters_.dropped_replayed++;
+        return;
+      }
+      it->second.last_seq = header->seq;
+      it->second.address = from;
+      learner_id = it->second.learner_id;
+    }
+  }
+  if (learner_id.empty()) {
+    std::optional<std::string> known = core_->SessionLearner(session);
+    std::lock_guard lock(mu_);
+    if (!known) {
+      Outgoing reply;
+      reply.session_id = session;
+      reply.address = from;
+      reply.kind = datagram::Kind::kUnknownSession;
+      Enqueue(std::move(reply));
+      return;
+    }
+    Peer& peer = peers_[session];
+    peer.learner_id = learner_id = *known;
+    peer.last_seq = header->seq;
+    peer.address = from;
+  }
+  if (header->kind == datagram::Kind::kHeartbeat) {
+    auto body = datagram::DecodeHeartbeat(bytes);
+    if (!body.ok()) {
+      counters_.dropped_malformed++;
+      return;
+    }
+    HandleHeartbeat(session, learner_id, *body, from);
+  } else {
+    auto body = datagram::DecodeJoin(bytes);
+    if (!body.ok()) {
+      counters_.dropped_malformed++;
+      return;
+    }
+    HandleJoin(session, learner_id, *body);
+  }
+}
+
+void DatagramServer::HandleHeartbeat(uint64_t session_id, const std::string& learner_id,
+                                     const datagram::Heartbeat& body, const Address& from) {
+  HeartbeatArgs args;
+  args.learner_id = learner_id;
+  args.session_id = session_id;
+  args.step = body.step;
+  args.tokens_total = body.tokens_total;
+  args.tokens_since_last_round = body.tokens_since_last_round;
+  if (body.step > kMaxCounter || body.tokens_total > kMaxCounter ||
+      body.tokens_since_last_round > kMaxCounter) {
+    counters_.dropped_malformed++;
+    return;
+  }
+  for (uint32_t us : body.step_time_us) {
+    if (us == 0 || us > kMaxStepTimeUs) {
+      counters_.dropped_malformed++;
+      return;
+    }
+    args.step_ms.push_back(us / 1000.0);
+  }
+  auto result = core_->Heartbeat(args);
+  Micros now = core_->clock()->NowMicros();
+  std::lock_guard lock(mu_);
+  auto it = peers_.find(session_id);
+  if (it == peers_.end()) return;
+  Peer& peer = it->second;
+  if (!result.ok()) {
+    if (NeedsRegistration(result.status().code())) {
+      Outgoing reply;
+      reply.session_id = session_id;
+      reply.address = from;
+      reply.kind = datagram::Kind::kUnknownSession;
+      Enqueue(std::move(reply));
+      peers_.erase(it);
+    }
+    return;
+  }
+  // Answer at once only when the slow flag changed: a new round id alone
+  // waits for the periodic acknowledgement, or every learner would be
+  // acknowledged in the same instant right after each round closes.
+  bool changed = !peer.acked || result->slow != peer.last_ack.slow;
+  if (!changed && now - peer.last_ack_at < core_->options().ack_interval) return;
+  peer.acked = true;
+  peer.last_ack_at = now;
+  peer.last_ack = {result->slow, result->slow_zscore, result->latest_round_id,
+                   core_->instance_id()};
+  Outgoing reply;
+  reply.session_id = session_id;
+  reply.address = peer.address;
+  reply.kind = datagram::Kind::kAck;
+  reply.ack = peer.last_ack;
+  Enqueue(std::move(reply));
+}
+
+void DatagramServer::HandleJoin(uint64_t session_id, const std::string& learner_id,
+                                const datagram::Join& body) {
+  if (body.timeout_ms == 0 || body.timeout_ms > kMaxTimeoutMs || body.step > kMaxCounter ||
+      body.last_round_id > kMaxCounter || body.tokens_since_last_round > kMaxCounter) {
+    counters_.dropped_malformed++;
+    return;
+  }
+  {
+    std::lock_guard lock(mu_);
+    Peer& peer = peers_[session_id];
+    if (body.join_id == peer.pending_join) return;  // a resend; still waiting
+    if (body.join_id == peer.decided_join) {        // a resend; the decision was lost
+      Outgoing reply;
+      reply.session_id = session_id;
+      reply.address = peer.address;
+      reply.kind = datagram::Kind::kDecision;
+      reply.join_id = body.join_id;
+      reply.decision = peer.decision;
+      Enqueue(std::move(reply));
+      return;
+    }
+    peer.pending_join = body.join_id;
+  }
+  QuorumArgs args;
+  args.learner_id = learner_id;
+  args.session_id = session_id;
+  args.last_round_id = body.last_round_id;
+  args.step = body.step;
+  args.tokens_since_last_round = body.tokens_since_last_round;
+  args.timeout = Micros{body.timeout_ms} * kMicrosPerMilli;
+  uint64_t join_id = body.join_id;
+  core_->Quorum(args, [this, session_id, join_id](StatusOr<RoundAssignment> result) {
+    OnDecision(session_id, join_id, result);
+  });
+}
+
+void DatagramServer::OnDecision(uint64_t session_id, uint64_t join_id,
+                                const StatusOr<RoundAssignment>& result) {
+  std::lock_guard lock(mu_);
+  auto it = peers_.find(session_id);
+  if (it == peers_.end()) return;
+  Peer& peer = it->second;
+  if (peer.pending_join == join_id) peer.pending_join = 0;
+  peer.decided_join = join_id;
+  peer.decision = result;
+  Outgoing reply;
+  reply.session_id = session_id;
+  reply.address = peer.address;
+  reply.kind = datagram::Kind::kDecision;
+  reply.join_id = join_id;
+  reply.decision = result;
+  Enqueue(std::move(reply));
+}
+
+void DatagramServer::Enqueue(Outgoing outgoing) {
+  Sender& sender = *senders_[outgoing.session_id % senders_.size()];
+  std::lock_guard lock(sender.mu);
+  sender.queue.push_back(std::move(outgoing));
+  if (sender.queue.size() == 1) sender.ready.notify_one();
+}
+
+void DatagramServer::RunSender(Sender& sender) {
+  datagram::Signer signer(key_);
+  std::vector<Outgoing> batch;
+  while (true) {
+    {
+      std::unique_lock lock(sender.mu);
+      sender.ready.wait(lock, [&sender]() { return !sender.queue.empty() || sender.stopping; });
+      if (sender.queue.empty()) return;  // stopping, nothing left
+      size_t n = std::min<size_t>(sender.queue.size(), kSendBatch);
+      batch.assign(std::make_move_iterator(sender.queue.begin()),
+                   std::make_move_iterator(sender.queue.begin() + static_cast<long>(n)));
+      sender.queue.erase(sender.queue.begin(), sender.queue.begin() + static_cast<long>(n));
+    }
+    Send(batch, signer);
+  }
+}
+
+void DatagramServer::Send(std::vector<Outgoing>& batch, datagram::Signer& signer) {
+  uint64_t first_seq = next_seq_.fetch_add(batch.size());
+  std::vector<std::string> encoded(batch.size());
+  std::vector<mmsghdr> messages(batch.size());
+  std::vector<iovec> vectors(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) {
+    datagram::Header header{batch[i].kind, batch[i].session_id, first_seq + i};
+    switch (batch[i].kind) {
+      case datagram::Kind::kAck:
+        encoded[i] = datagram::Encode(header, batch[i].ack, signer);
+        break;
+      case datagram::Kind::kDecision:
+        encoded[i] =
+            datagram::Encode(header, MakeDecision(batch[i].join_id, batch[i].decision), signer);
+        break;
+      default:
+        encoded[i] = datagram::EncodeUnknownSession(header, signer);
+        break;
+    }
+    vectors[i] = {encoded[i].data(), encoded[i].size()};
+    messages[i] = {};
+    messages[i].msg_hdr.msg_iov = &vectors[i];
+    messages[i].msg_hdr.msg_iovlen = 1;
+    messages[i].msg_hdr.msg_name = &batch[i].address.storage;
+    messages[i].msg_hdr.msg_namelen = batch[i].address.length;
+  }
+  for (size_t start = 0; start < batch.size();) {
+    int sent = sendmmsg(socket_, messages.data() + start,
+                        static_cast<unsigned>(batch.size() - start), 0);
+    if (sent < 0) {
+      if ((errno == EAGAIN || errno == EWOULDBLOCK) && !stopping_.load()) {
+        pollfd out{socket_, POLLOUT, 0};
+        poll(&out, 1, 100);  // the socket buffer drains as the kernel delivers
+        continue;
+      }
+      // Unreachable peer or the like: skip this datagram, keep the rest.
+      spdlog::debug("datagram send: {}", std::strerror(errno));
+      sent = 1;
+    }
+    counters_.sent += static_cast<uint64_t>(sent);
+    start += static_cast<size_t>(sent);
+  }
+}
+
+}  // namespace mend::coordinator

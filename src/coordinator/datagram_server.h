@@ -1,0 +1,127 @@
+// The lighthouse's end of the datagram control channel (see datagram.h): one
+// UDP socket, one thread. It reads datagrams in batches (recvmmsg), checks
+// their MAC and sequence number, hands heartbeats and joins to the core, and
+// sends acknowledgements and round decisions back in batches (sendmmsg).
+//
+// Replies (acknowledgements, and the decisions the core's callbacks produce
+// on whatever thread closed a round) are queued to sender threads, which
+// encode, sign and send them in batches while the receiving thread goes on.
+// A session always goes to the same sender, so its datagrams leave in
+// sequence order; two senders put both cores to work on a round of 10,000.
+//
+// Thread-safety: Start/Stop from the owner; per-learner state is guarded by
+// mu_, each sender's queue by its own mutex (taken after mu_, never before).
+#pragma once
+
+#include <sys/socket.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "coordinator/datagram.h"
+#include "coordinator/lighthouse_core.h"
+
+namespace mend::coordinator {
+
+struct DatagramCounters {
+  std::atomic<uint64_t> received{0};
+  std::atomic<uint64_t> sent{0};
+  std::atomic<uint64_t> dropped_malformed{0};
+  std::atomic<uint64_t> dropped_bad_mac{0};
+  std::atomic<uint64_t> dropped_replayed{0};
+};
+
+class DatagramServer {
+ public:
+  // Binds UDP on host:port and serves on a thread. `core` is not owned and
+  // must outlive this server; `token` is the job token.
+  [[nodiscard]] static StatusOr<std::unique_ptr<DatagramServer>> Start(const std::string& host,
+                                                                       int port,
+                                                                       LighthouseCore* core,
+                                                                       const std::string& token);
+  ~DatagramServer();
+
+  DatagramServer(const DatagramServer&) = delete;
+  DatagramServer& operator=(const DatagramServer&) = delete;
+
+  int port() const { return port_; }
+  const DatagramCounters& counters() const { return counters_; }
+  // Stops the thread and closes the socket; idempotent.
+  void Stop();
+
+ private:
+  struct Address {
+    sockaddr_storage storage{};
+    socklen_t length = 0;
+  };
+  // What the channel knows of one session.
+  struct Peer {
+    std::string learner_id;
+    Address address;
+    uint64_t last_seq = 0;
+    bool acked = false;
+    datagram::Ack last_ack;
+    Micros last_ack_at = 0;
+    uint64_t pending_join = 0;
+    uint64_t decided_join = 0;
+    StatusOr<RoundAssignment> decision = AbortedError("no decision");
+  };
+  // A datagram to send; decisions refer to the shared round, so queueing
+  // 10,000 of them copies no member lists or strings.
+  struct Outgoing {
+    uint64_t session_id = 0;
+    Address address;
+    datagram::Kind kind = datagram::Kind::kAck;
+    datagram::Ack ack;
+    uint64_t join_id = 0;
+    StatusOr<RoundAssignment> decision = AbortedError("no decision");
+  };
+
+  DatagramServer(LighthouseCore* core, const std::string& token);
+  void Run();
+  void Handle(std::string_view bytes, const Address& from);
+  void HandleHeartbeat(uint64_t session_id, const std::string& learner_id,
+                       const datagram::Heartbeat& body, const Address& from);
+  void HandleJoin(uint64_t session_id, const std::string& learner_id, const datagram::Join& body);
+  void OnDecision(uint64_t session_id, uint64_t join_id, const StatusOr<RoundAssignment>& result);
+  struct Sender {
+    std::mutex mu;
+    std::condition_variable ready;
+    std::deque<Outgoing> queue ABSL_GUARDED_BY(mu);
+    bool stopping ABSL_GUARDED_BY(mu) = false;
+    std::thread thread;
+  };
+
+  void Enqueue(Outgoing outgoing) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ForgetEndedSessions();
+  void RunSender(Sender& sender);
+  void Send(std::vector<Outgoing>& batch, datagram::Signer& signer);
+
+  LighthouseCore* const core_;
+  const datagram::Key key_;
+  datagram::Signer signer_;  // used by the receiving thread only
+  int socket_ = -1;
+  int wake_fd_ = -1;  // eventfd: Stop
+  int port_ = 0;
+  std::thread thread_;
+  std::vector<std::unique_ptr<Sender>> senders_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<uint64_t> next_seq_{1};
+  DatagramCounters counters_;
+
+  std::mutex mu_;
+  std::unordered_map<uint64_t, Peer> peers_ ABSL_GUARDED_BY(mu_);
+};
+
+// Fills the decision a member of `assignment`'s round is sent.
+datagram::Decision MakeDecision(uint64_t join_id, const StatusOr<RoundAssignment>& result);
+
+}  // namespace mend::coordinator
