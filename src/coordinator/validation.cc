@@ -14,17 +14,6 @@ Status Invalid(std::string_view field, std::string_view why) {
   return InvalidArgumentError(fmt::format("{}: {}", field, why));
 }
 
-// Shows at most 40 characters of a value, with non-printable bytes escaped.
-std::string Shown(std::string_view value) {
-  std::string out;
-  for (char c : value.substr(0, 40)) {
-    auto byte = static_cast<unsigned char>(c);
-    out += std::isprint(byte) ? std::string(1, c) : fmt::format("\\x{:02x}", byte);
-  }
-  if (value.size() > 40) out += "...";
-  return out;
-}
-
 Status CheckCounter(uint64_t value, std::string_view field) {
   if (value > kMaxCounter) {
     return Invalid(field, fmt::format("{} is above the bound 2^62", value));
@@ -50,32 +39,15 @@ StatusOr<std::pair<std::string, uint64_t>> ParseLearnerRef(const v1::LearnerRef&
 
 }  // namespace
 
-Status CheckIdentifier(std::string_view value, std::string_view field, bool allow_empty) {
-  if (value.empty()) return allow_empty ? OkStatus() : Invalid(field, "must not be empty");
-  if (value.size() > kMaxIdLength) {
-    return Invalid(field, fmt::format("\"{}\" is longer than {} characters", Shown(value),
-                                      kMaxIdLength));
-  }
-  for (char c : value) {
-    bool ok = std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-' ||
-              c == ':' || c == '@' || c == '+';
-    if (!ok) {
-      return Invalid(field, fmt::format("\"{}\" has a character outside [A-Za-z0-9._:@+-]",
-                                        Shown(value)));
-    }
-  }
-  return OkStatus();
-}
-
 Status CheckStoreKey(std::string_view key, std::string_view field) {
   if (key.empty()) return Invalid(field, "must not be empty");
   if (key.size() > kMaxStoreKeyLength) {
-    return Invalid(field, fmt::format("\"{}\" is longer than {} bytes", Shown(key),
+    return Invalid(field, fmt::format("\"{}\" is longer than {} bytes", ShowValue(key),
                                       kMaxStoreKeyLength));
   }
   for (char c : key) {
     if (c < 0x21 || c > 0x7e) {
-      return Invalid(field, fmt::format("\"{}\" has a byte outside printable ASCII", Shown(key)));
+      return Invalid(field, fmt::format("\"{}\" has a byte outside printable ASCII", ShowValue(key)));
     }
   }
   return OkStatus();

@@ -8,12 +8,12 @@
 #include <string_view>
 
 #include "coordinator/lighthouse_core.h"
+#include "core/text.h"
 #include "mend/status.h"
 #include "mend/v1/lighthouse.pb.h"
 
 namespace mend::coordinator {
 
-inline constexpr size_t kMaxIdLength = 128;
 inline constexpr size_t kMaxAddressLength = 256;
 inline constexpr size_t kMaxReasonLength = 512;
 inline constexpr int kMaxStepTimesPerHeartbeat = 1024;
@@ -23,9 +23,6 @@ inline constexpr uint64_t kMaxCounter = uint64_t{1} << 62;
 inline constexpr int kMaxStoreWaitKeys = 1024;
 inline constexpr uint32_t kMaxStatusItems = 100'000;
 
-// Learner ids, job ids and racks: 1..128 of [A-Za-z0-9._:@+-].
-[[nodiscard]] Status CheckIdentifier(std::string_view value, std::string_view field,
-                                     bool allow_empty);
 // Store keys: 1..512 printable ASCII characters.
 [[nodiscard]] Status CheckStoreKey(std::string_view key, std::string_view field);
 

@@ -158,10 +158,9 @@ Status CheckConfig(const Config& config) {
     MEND_RETURN_IF_ERROR(SetConfigValue(scratch, key.name, FormatConfigValue(config, key),
                                         "the configuration"));
   }
-  if (config.job_id.empty() || config.job_id.size() > 128) {
-    return InvalidArgumentError(
-        fmt::format("job_id = \"{}\": must be 1 to 128 characters", config.job_id));
-  }
+  // The lighthouse refuses other characters in these; say so at load time.
+  MEND_RETURN_IF_ERROR(CheckIdentifier(config.job_id, "job_id", /*allow_empty=*/false));
+  MEND_RETURN_IF_ERROR(CheckIdentifier(config.rack, "rack", /*allow_empty=*/true));
   MEND_RETURN_IF_ERROR(CheckHostPort(config.lighthouse, "lighthouse"));
   MEND_RETURN_IF_ERROR(CheckHostPort(config.bind, "bind"));
   if (!config.http.empty()) MEND_RETURN_IF_ERROR(CheckHostPort(config.http, "http"));

@@ -1,5 +1,6 @@
 #include "core/text.h"
 
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
@@ -109,6 +110,36 @@ std::pair<std::string, int> SplitHostPort(std::string_view address) {
   std::string host(address.substr(0, colon));
   if (host.size() >= 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
   return {host, static_cast<int>(*ParseInt64(address.substr(colon + 1)))};
+}
+
+std::string ShowValue(std::string_view value) {
+  std::string out;
+  for (char c : value.substr(0, 40)) {
+    auto byte = static_cast<unsigned char>(c);
+    out += std::isprint(byte) ? std::string(1, c) : fmt::format("\\x{:02x}", byte);
+  }
+  if (value.size() > 40) out += "...";
+  return out;
+}
+
+Status CheckIdentifier(std::string_view value, std::string_view field, bool allow_empty) {
+  if (value.empty()) {
+    return allow_empty ? OkStatus()
+                       : InvalidArgumentError(fmt::format("{}: must not be empty", field));
+  }
+  if (value.size() > kMaxIdLength) {
+    return InvalidArgumentError(fmt::format("{}: \"{}\" is longer than {} characters", field,
+                                            ShowValue(value), kMaxIdLength));
+  }
+  for (char c : value) {
+    bool ok = std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-' ||
+              c == ':' || c == '@' || c == '+';
+    if (!ok) {
+      return InvalidArgumentError(fmt::format(
+          "{}: \"{}\" has a character outside [A-Za-z0-9._:@+-]", field, ShowValue(value)));
+    }
+  }
+  return OkStatus();
 }
 
 std::string FormatDouble(double value) {

@@ -30,6 +30,16 @@ bool IsValidUtf8(std::string_view text);
 // Splits "HOST:PORT"; requires CheckHostPort to pass.
 std::pair<std::string, int> SplitHostPort(std::string_view address);
 
+inline constexpr size_t kMaxIdLength = 128;
+
+// Learner ids, job ids and racks: 1..128 of [A-Za-z0-9._:@+-] (empty too
+// when `allow_empty`). INVALID_ARGUMENT names `field` and the value.
+[[nodiscard]] Status CheckIdentifier(std::string_view value, std::string_view field,
+                                     bool allow_empty);
+
+// At most 40 characters of `value`, non-printable bytes escaped, for messages.
+std::string ShowValue(std::string_view value);
+
 // Formats a double so that ParseDouble gives back the same value.
 std::string FormatDouble(double value);
 

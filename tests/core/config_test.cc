@@ -109,6 +109,17 @@ TEST(ConfigTest, CrossKeyRulesAreChecked) {
   EXPECT_THAT(std::string(CheckConfig(config).message()), HasSubstr("[0, 65535]"));
 }
 
+TEST(ConfigTest, JobIdAndRackMustBeIdentifiersTheLighthouseAccepts) {
+  Config config;
+  config.job_id = "my job";
+  EXPECT_THAT(std::string(CheckConfig(config).message()), HasSubstr("job_id"));
+  config = Config{};
+  config.rack = "rack/1";
+  EXPECT_THAT(std::string(CheckConfig(config).message()), HasSubstr("rack"));
+  config.rack = "zone-a:rack-1";
+  EXPECT_TRUE(CheckConfig(config).ok());
+}
+
 TEST(ConfigTest, TomlFileIsApplied) {
   Config config;
   Status status = ApplyConfigToml(config,
