@@ -122,6 +122,26 @@ TEST_F(LighthouseProcessTest, WrongTokenIsRefusedWithAReason) {
   EXPECT_TRUE(status["learners"].empty());
 }
 
+// Learners on the UDP control channel: the same rounds, and a lighthouse
+// restart they ride over.
+TEST_F(LighthouseProcessTest, UdpLearnersFormRoundsAndSurviveALighthouseRestart) {
+  StartLighthouse(LighthouseFlags("2000", "2000"));
+  std::vector<std::string> flags = kFastLearner;
+  flags.insert(flags.end(), {"--control-transport", "udp"});
+  for (const char* id : {"a", "b", "c"}) StartLearner(id, flags);
+  uint64_t before = 0;
+  ASSERT_TRUE(AwaitStatus(kWait, [&](const json& s) {
+    before = s["summary"]["latest_round_id"];
+    return FindRound(s, {"a", "b", "c"}) != nullptr && before >= 3;
+  }, "three rounds with a, b, c over UDP"));
+  std::string address = grpc_address_;
+  ASSERT_TRUE(lighthouse_->Signal(SIGKILL).ok());
+  ASSERT_TRUE(lighthouse_->Wait(kWait).ok());
+  StartLighthouse(LighthouseFlags("2000", "2000"), address);
+  AwaitStatus(kWait, [&](const json& s) { return FindRound(s, {"a", "b", "c"}, before); },
+              "a full round over UDP after the restart");
+}
+
 TEST_F(LighthouseProcessTest, KilledLighthouseRestartsAndRoundsResume) {
   StartLighthouse(LighthouseFlags("2000", "2000"));
   for (const char* id : {"a", "b", "c"}) StartLearner(id, kFastLearner);
