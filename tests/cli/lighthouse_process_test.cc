@@ -27,7 +27,20 @@ std::vector<std::string> LighthouseFlags(const std::string& grace_ms,
           "--failslow-window-steps", "8"};
 }
 
-using LighthouseProcessTest = ProcessFixture;
+class LighthouseProcessTest : public ProcessFixture {
+ protected:
+  // Starts learners a, b and c with `flags` and waits for a round of all
+  // three; returns the newest round id then (0, and a test failure, if none).
+  uint64_t StartThreeAndAwaitFullRound(const std::vector<std::string>& flags = kFastLearner) {
+    for (const char* id : {"a", "b", "c"}) StartLearner(id, flags);
+    uint64_t latest = 0;
+    bool full = AwaitStatus(kWait, [&](const json& s) {
+      latest = s["summary"]["latest_round_id"];
+      return FindRound(s, {"a", "b", "c"}) != nullptr;
+    }, "a round with a, b, c");
+    return full ? latest : 0;
+  }
+};
 
 TEST_F(LighthouseProcessTest, ThreeLearnersFormRounds) {
   StartLighthouse(LighthouseFlags("2000", "2000"));
@@ -43,13 +56,8 @@ TEST_F(LighthouseProcessTest, KilledLearnerIsLeftOutOnceHeartbeatTimeoutPasses) 
   // A grace window far longer than the heartbeat timeout: only the timeout
   // can let the round close without the killed learner.
   StartLighthouse(LighthouseFlags("60000", "1000"));
-  for (const char* id : {"a", "b", "c"}) StartLearner(id, kFastLearner);
-  uint64_t last_full = 0;
-  ASSERT_TRUE(AwaitStatus(kWait, [&](const json& s) {
-    const json* round = FindRound(s, {"a", "b", "c"});
-    if (round) last_full = s["summary"]["latest_round_id"];
-    return round != nullptr;
-  }, "a round with a, b, c"));
+  uint64_t last_full = StartThreeAndAwaitFullRound();
+  ASSERT_GT(last_full, 0u);
   ASSERT_TRUE(learners_["c"]->Signal(SIGKILL).ok());
   ASSERT_TRUE(learners_["c"]->Wait(kWait).ok());
   AwaitStatus(kWait, [&](const json& s) {
@@ -64,13 +72,8 @@ TEST_F(LighthouseProcessTest, StoppedLearnerRoundsCloseAfterGraceWindow) {
   // A heartbeat timeout far longer than the grace window: the stopped learner
   // still counts as alive, and rounds close by the grace window.
   StartLighthouse(LighthouseFlags("500", "60000"));
-  for (const char* id : {"a", "b", "c"}) StartLearner(id, kFastLearner);
-  uint64_t last_full = 0;
-  ASSERT_TRUE(AwaitStatus(kWait, [&](const json& s) {
-    const json* round = FindRound(s, {"a", "b", "c"});
-    if (round) last_full = s["summary"]["latest_round_id"];
-    return round != nullptr;
-  }, "a round with a, b, c"));
+  uint64_t last_full = StartThreeAndAwaitFullRound();
+  ASSERT_GT(last_full, 0u);
   ASSERT_TRUE(learners_["c"]->Signal(SIGSTOP).ok());
   ASSERT_TRUE(AwaitStatus(kWait, [&](const json& s) {
     const json* round = FindRound(s, {"a", "b"}, last_full);
@@ -86,9 +89,7 @@ TEST_F(LighthouseProcessTest, StoppedLearnerRoundsCloseAfterGraceWindow) {
 
 TEST_F(LighthouseProcessTest, ThreeTimesSlowerLearnerIsFlaggedThenCleared) {
   StartLighthouse(LighthouseFlags("2000", "5000"));
-  for (const char* id : {"a", "b", "c"}) StartLearner(id, kFastLearner);
-  ASSERT_TRUE(AwaitStatus(kWait, [](const json& s) { return FindRound(s, {"a", "b", "c"}); },
-                          "a round with a, b, c"));
+  ASSERT_GT(StartThreeAndAwaitFullRound(), 0u);
   ASSERT_TRUE(learners_["c"]->Signal(SIGUSR1).ok());  // 3x slower
   ASSERT_TRUE(AwaitStatus(kWait, [](const json& s) {
     const json* c = FindLearner(s, "c");
@@ -128,12 +129,8 @@ TEST_F(LighthouseProcessTest, UdpLearnersFormRoundsAndSurviveALighthouseRestart)
   StartLighthouse(LighthouseFlags("2000", "2000"));
   std::vector<std::string> flags = kFastLearner;
   flags.insert(flags.end(), {"--control-transport", "udp"});
-  for (const char* id : {"a", "b", "c"}) StartLearner(id, flags);
-  uint64_t before = 0;
-  ASSERT_TRUE(AwaitStatus(kWait, [&](const json& s) {
-    before = s["summary"]["latest_round_id"];
-    return FindRound(s, {"a", "b", "c"}) != nullptr && before >= 3;
-  }, "three rounds with a, b, c over UDP"));
+  uint64_t before = StartThreeAndAwaitFullRound(flags);
+  ASSERT_GT(before, 0u);
   std::string address = grpc_address_;
   ASSERT_TRUE(lighthouse_->Signal(SIGKILL).ok());
   ASSERT_TRUE(lighthouse_->Wait(kWait).ok());
@@ -166,9 +163,7 @@ TEST_F(LighthouseProcessTest, KilledLighthouseRestartsAndRoundsResume) {
 
 TEST_F(LighthouseProcessTest, LearnerLeavesOnSigterm) {
   StartLighthouse(LighthouseFlags("60000", "60000"));
-  for (const char* id : {"a", "b", "c"}) StartLearner(id, kFastLearner);
-  ASSERT_TRUE(AwaitStatus(kWait, [](const json& s) { return FindRound(s, {"a", "b", "c"}); },
-                          "a round with a, b, c"));
+  ASSERT_GT(StartThreeAndAwaitFullRound(), 0u);
   ASSERT_TRUE(learners_["c"]->Signal(SIGTERM).ok());
   auto exited = learners_["c"]->Wait(kWait);
   ASSERT_TRUE(exited.ok());
