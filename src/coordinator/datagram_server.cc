@@ -269,7 +269,7 @@ void DatagramServer::Handle(std::string_view bytes, const Address& from) {
       counters_.dropped_malformed++;
       return;
     }
-    HandleJoin(session, learner_id, *body);
+    HandleJoin(session, learner_id, *body, from);
   }
 }
 
@@ -328,7 +328,7 @@ void DatagramServer::HandleHeartbeat(uint64_t session_id, const std::string& lea
 }
 
 void DatagramServer::HandleJoin(uint64_t session_id, const std::string& learner_id,
-                                const datagram::Join& body) {
+                                const datagram::Join& body, const Address& from) {
   if (body.timeout_ms == 0 || body.timeout_ms > kMaxTimeoutMs || body.step > kMaxCounter ||
       body.last_round_id > kMaxCounter || body.tokens_since_last_round > kMaxCounter) {
     counters_.dropped_malformed++;
@@ -358,27 +358,37 @@ void DatagramServer::HandleJoin(uint64_t session_id, const std::string& learner_
   args.tokens_since_last_round = body.tokens_since_last_round;
   args.timeout = Micros{body.timeout_ms} * kMicrosPerMilli;
   uint64_t join_id = body.join_id;
-  core_->Quorum(args, [this, session_id, join_id](StatusOr<RoundAssignment> result) {
-    OnDecision(session_id, join_id, result);
+  core_->Quorum(args, [this, session_id, join_id, from](StatusOr<RoundAssignment> result) {
+    OnDecision(session_id, join_id, from, std::move(result));
   });
 }
 
-void DatagramServer::OnDecision(uint64_t session_id, uint64_t join_id,
-                                const StatusOr<RoundAssignment>& result) {
-  std::lock_guard lock(mu_);
-  auto it = peers_.find(session_id);
-  if (it == peers_.end()) return;
-  Peer& peer = it->second;
-  if (peer.pending_join == join_id) peer.pending_join = 0;
-  peer.decided_join = join_id;
-  peer.decision = result;
+void DatagramServer::OnDecision(uint64_t session_id, uint64_t join_id, const Address& to,
+                                StatusOr<RoundAssignment> result) {
+  // Runs once per member, on the thread that closed the round: queue only.
+  // The sender records the decision for resends after sending it.
   Outgoing reply;
   reply.session_id = session_id;
-  reply.address = peer.address;
+  reply.address = to;
   reply.kind = datagram::Kind::kDecision;
   reply.join_id = join_id;
-  reply.decision = result;
+  reply.decision = std::move(result);
   Enqueue(std::move(reply));
+}
+
+void DatagramServer::RememberDecisions(const std::vector<Outgoing>& batch) {
+  std::lock_guard lock(mu_);
+  for (const Outgoing& sent : batch) {
+    if (sent.kind != datagram::Kind::kDecision) continue;
+    auto it = peers_.find(sent.session_id);
+    if (it == peers_.end()) continue;
+    Peer& peer = it->second;
+    if (peer.pending_join == sent.join_id) peer.pending_join = 0;
+    if (sent.join_id >= peer.decided_join) {
+      peer.decided_join = sent.join_id;
+      peer.decision = sent.decision;
+    }
+  }
 }
 
 void DatagramServer::Enqueue(Outgoing outgoing) {
@@ -390,18 +400,25 @@ void DatagramServer::Enqueue(Outgoing outgoing) {
 
 void DatagramServer::RunSender(Sender& sender) {
   datagram::Signer signer(key_);
+  std::vector<Outgoing> taken;
   std::vector<Outgoing> batch;
   while (true) {
     {
+      // Take everything queued: one lock per burst, not per datagram, keeps
+      // the sender from contending with the thread that is still queueing.
       std::unique_lock lock(sender.mu);
       sender.ready.wait(lock, [&sender]() { return !sender.queue.empty() || sender.stopping; });
       if (sender.queue.empty()) return;  // stopping, nothing left
-      size_t n = std::min<size_t>(sender.queue.size(), kSendBatch);
-      batch.assign(std::make_move_iterator(sender.queue.begin()),
-                   std::make_move_iterator(sender.queue.begin() + static_cast<long>(n)));
-      sender.queue.erase(sender.queue.begin(), sender.queue.begin() + static_cast<long>(n));
+      taken.swap(sender.queue);
     }
-    Send(batch, signer);
+    for (size_t start = 0; start < taken.size(); start += kSendBatch) {
+      size_t end = std::min(taken.size(), start + kSendBatch);
+      batch.assign(std::make_move_iterator(taken.begin() + static_cast<long>(start)),
+                   std::make_move_iterator(taken.begin() + static_cast<long>(end)));
+      Send(batch, signer);
+      RememberDecisions(batch);
+    }
+    taken.clear();
   }
 }
 

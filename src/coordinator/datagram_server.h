@@ -90,17 +90,21 @@ class DatagramServer {
   void Handle(std::string_view bytes, const Address& from);
   void HandleHeartbeat(uint64_t session_id, const std::string& learner_id,
                        const datagram::Heartbeat& body, const Address& from);
-  void HandleJoin(uint64_t session_id, const std::string& learner_id, const datagram::Join& body);
-  void OnDecision(uint64_t session_id, uint64_t join_id, const StatusOr<RoundAssignment>& result);
+  void HandleJoin(uint64_t session_id, const std::string& learner_id, const datagram::Join& body,
+                  const Address& from);
+  void OnDecision(uint64_t session_id, uint64_t join_id, const Address& to,
+                  StatusOr<RoundAssignment> result);
+  // Records sent decisions so that a resent join gets them again.
+  void RememberDecisions(const std::vector<Outgoing>& batch);
   struct Sender {
     std::mutex mu;
     std::condition_variable ready;
-    std::deque<Outgoing> queue ABSL_GUARDED_BY(mu);
+    std::vector<Outgoing> queue ABSL_GUARDED_BY(mu);
     bool stopping ABSL_GUARDED_BY(mu) = false;
     std::thread thread;
   };
 
-  void Enqueue(Outgoing outgoing) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Enqueue(Outgoing outgoing);
   void ForgetEndedSessions();
   void RunSender(Sender& sender);
   void Send(std::vector<Outgoing>& batch, datagram::Signer& signer);
