@@ -4,11 +4,15 @@
 // machine's shared monotonic clock), and the lighthouse's CPU and peak memory.
 //
 //   mend_lighthouse_bench [--transports grpc,udp] [--learners 100,1000,10000]
-//                         [--intervals-ms 1000,0] [--swarms 4] [--rounds 20] [--csv FILE]
+//                         [--intervals-ms 1000,0] [--swarms 4] [--rounds 20]
+//                         [--warmup-rounds 3] [--csv FILE]
 //
 // The driver starts `mend lighthouse` and the swarm processes (this binary
 // with --swarm), waits until every learner is registered and heartbeating,
-// then lets every learner join --rounds rounds and collects what they measured.
+// then lets every learner join --warmup-rounds + --rounds rounds and collects
+// what they measured in the last --rounds (the first rounds of a fresh
+// lighthouse also grow its round history and heap, which a long-running one
+// has done long before).
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -86,7 +90,7 @@ struct Result {
 
 StatusOr<Result> RunOne(const std::string& mend, const std::string& self,
                         const std::string& transport, int learners, int swarms, Micros interval,
-                        int rounds, const std::string& dir) {
+                        int rounds, int warmup, const std::string& dir) {
   std::string token_file = dir + "/token";
   std::ofstream(token_file) << kToken << "\n";
   MEND_ASSIGN_OR_RETURN(
@@ -113,7 +117,7 @@ StatusOr<Result> RunOne(const std::string& mend, const std::string& self,
                             "--first",
                             std::to_string(first), "--count", std::to_string(count),
                             "--round-interval-ms", std::to_string(interval / kMicrosPerMilli),
-                            "--rounds", std::to_string(rounds), "--out",
+                            "--rounds", std::to_string(rounds + warmup), "--out",
                             fmt::format("{}/swarm-{}.json", dir, s), "--seed",
                             std::to_string(s + 1)},
                            {},
@@ -136,7 +140,7 @@ StatusOr<Result> RunOne(const std::string& mend, const std::string& self,
   double swarm_cpu = 0;
   for (size_t i = 0; i < children.size(); ++i) {
     MEND_ASSIGN_OR_RETURN(std::string done,
-                          children[i]->ReadLine(rounds * (interval + 30 * kMicrosPerSecond)));
+                          children[i]->ReadLine((rounds + warmup) * (interval + 30 * kMicrosPerSecond)));
     if (done != "done") return InternalError("swarm did not finish: " + done);
     swarm_cpu += ReadUsage(children[i]->pid()).cpu_s - swarm_cpu_before[i];
   }
@@ -150,18 +154,15 @@ StatusOr<Result> RunOne(const std::string& mend, const std::string& self,
   // is its reply time minus the round's last join.
   std::map<uint64_t, std::vector<std::pair<Micros, Micros>>> by_round;
   Result result;
-  Micros start = INT64_MAX;
-  Micros end = 0;
   for (size_t s = 0; s < children.size(); ++s) {
     std::ifstream in(fmt::format("{}/swarm-{}.json", dir, s));
     json doc = json::parse(in);
     result.errors += doc["errors"].get<uint64_t>();
-    for (const auto& row : doc["samples"]) {
-      by_round[row[0]].push_back({row[1], row[2]});
-      start = std::min(start, row[1].get<Micros>());
-      end = std::max(end, row[2].get<Micros>());
-    }
+    for (const auto& row : doc["samples"]) by_round[row[0]].push_back({row[1], row[2]});
   }
+  for (int i = 0; i < warmup && !by_round.empty(); ++i) by_round.erase(by_round.begin());
+  Micros start = INT64_MAX;
+  Micros end = 0;
   std::vector<double> latencies;
   size_t members = 0;
   for (const auto& [id, replies] : by_round) {
@@ -169,6 +170,8 @@ StatusOr<Result> RunOne(const std::string& mend, const std::string& self,
     for (const auto& [joined, replied] : replies) last_join = std::max(last_join, joined);
     for (const auto& [joined, replied] : replies) {
       latencies.push_back(static_cast<double>(replied - last_join) / kMicrosPerMilli);
+      start = std::min(start, joined);
+      end = std::max(end, replied);
     }
     members += replies.size();
   }
@@ -190,7 +193,7 @@ StatusOr<Result> RunOne(const std::string& mend, const std::string& self,
 }
 
 int RunDriver(const std::vector<std::string>& transports, const std::vector<int>& sizes,
-              const std::vector<int>& intervals, int swarms, int rounds,
+              const std::vector<int>& intervals, int swarms, int rounds, int warmup,
               const std::string& csv_path) {
   std::string self = SelfExecutable();
   std::string mend = (std::filesystem::path(self).parent_path().parent_path() / "mend").string();
@@ -198,9 +201,10 @@ int RunDriver(const std::vector<std::string>& transports, const std::vector<int>
     fmt::print(stderr, "cannot find the mend binary at {}\n", mend);
     return 1;
   }
-  fmt::print("lighthouse bench: heartbeat every 100 ms, {} client processes, {} rounds per run, "
+  fmt::print("lighthouse bench: heartbeat every 100 ms, {} client processes, {} rounds per run "
+             "after {} warm-up rounds, "
              "{} cores\n\n",
-             swarms, rounds, std::thread::hardware_concurrency());
+             swarms, rounds, warmup, std::thread::hardware_concurrency());
   fmt::print("{:>9} {:>9} {:>11} {:>9} {:>10} {:>9} {:>9} {:>9} {:>9} {:>11} {:>10} {:>10}\n",
              "transport", "learners", "interval", "rounds/s", "members", "p50 ms", "p99 ms", "max ms",
              "errors", "lh cpu %", "lh MiB", "swarm cpu%");
@@ -214,7 +218,7 @@ int RunDriver(const std::vector<std::string>& transports, const std::vector<int>
       std::string pattern = "/tmp/mend-bench-XXXXXX";
       std::string dir = mkdtemp(pattern.data());
       auto result = RunOne(mend, self, transport, learners, std::min(swarms, learners),
-                           interval * kMicrosPerMilli, rounds, dir);
+                           interval * kMicrosPerMilli, rounds, warmup, dir);
       if (!result.ok()) {
         fmt::print(stderr, "run with {} learners failed: {} (logs in {})\n", learners,
                    result.status(), dir);
@@ -252,6 +256,7 @@ int main(int argc, char** argv) {
   int count = 0;
   int interval_ms = 1000;
   int rounds = 20;
+  int warmup = 3;
   uint64_t seed = 1;
   std::vector<int> sizes = {100, 1000, 10000};
   std::vector<int> intervals = {1000, 0};
@@ -270,7 +275,9 @@ int main(int argc, char** argv) {
   app.add_option("--out", out);
   app.add_option("--seed", seed);
   app.add_option("--round-interval-ms", interval_ms, "(swarm) pause between a reply and the next join");
-  app.add_option("--rounds", rounds, "Rounds every learner joins per run")->capture_default_str();
+  app.add_option("--rounds", rounds, "Measured rounds per run")->capture_default_str();
+  app.add_option("--warmup-rounds", warmup, "Rounds joined before the measured ones")
+      ->capture_default_str();
   app.add_option("--learners", sizes, "Learner counts to run")->delimiter(',')->capture_default_str();
   app.add_option("--intervals-ms", intervals,
                  "Pauses between a learner's round reply and its next join (0: at once)")
@@ -283,5 +290,5 @@ int main(int argc, char** argv) {
     return mend::bench::RunSwarm({address, transport, first, count,
                                   interval_ms * mend::kMicrosPerMilli, rounds, out, seed});
   }
-  return mend::bench::RunDriver(transports, sizes, intervals, swarms, rounds, csv);
+  return mend::bench::RunDriver(transports, sizes, intervals, swarms, rounds, warmup, csv);
 }

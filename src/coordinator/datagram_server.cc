@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 
 #include "fmt/format.h"
@@ -19,6 +20,10 @@ constexpr int kBatch = 64;
 constexpr int kSendBatch = 256;
 constexpr int kSenders = 2;
 constexpr int kMaxBatchesPerTurn = 32;
+// The receiving thread waits for the senders while more than this many
+// datagrams are queued (a round's decisions), at most kMaxYieldToSenders.
+constexpr size_t kYieldBacklog = 512;
+constexpr auto kMaxYieldToSenders = std::chrono::milliseconds(50);
 constexpr int kSocketBufferBytes = 16 << 20;
 constexpr uint64_t kMaxCounter = uint64_t{1} << 62;
 constexpr uint32_t kMaxStepTimeUs = 3'600'000'000u;
@@ -135,6 +140,10 @@ DatagramServer::~DatagramServer() { Stop(); }
 
 void DatagramServer::Stop() {
   if (!stopping_.exchange(true)) {
+    {
+      std::lock_guard lock(backlog_mu_);
+      backlog_drained_.notify_all();
+    }
     uint64_t one = 1;
     if (write(wake_fd_, &one, sizeof one) < 0) {
       // The thread still sees stopping_ within its poll timeout.
@@ -166,6 +175,11 @@ void DatagramServer::Run() {
     if (fds[1].revents & POLLIN) {
       uint64_t drained = 0;
       if (read(wake_fd_, &drained, sizeof drained) < 0) drained = 0;
+    }
+    {
+      std::unique_lock lock(backlog_mu_);
+      backlog_drained_.wait_for(lock, kMaxYieldToSenders,
+                                [this]() { return backlog_ <= kYieldBacklog || stopping_.load(); });
     }
     for (int turn = 0; turn < kMaxBatchesPerTurn; ++turn) {
       for (int i = 0; i < kBatch; ++i) {
@@ -205,12 +219,9 @@ void DatagramServer::ForgetEndedSessions() {
     std::lock_guard lock(mu_);
     for (const auto& [session, peer] : peers_) sessions.push_back(session);
   }
-  std::vector<uint64_t> ended;
-  for (uint64_t session : sessions) {
-    if (!core_->SessionLearner(session)) ended.push_back(session);
-  }
+  core_->KeepEndedSessions(sessions);
   std::lock_guard lock(mu_);
-  for (uint64_t session : ended) peers_.erase(session);
+  for (uint64_t session : sessions) peers_.erase(session);
 }
 
 void DatagramServer::Handle(std::string_view bytes, const Address& from) {
@@ -392,6 +403,10 @@ void DatagramServer::RememberDecisions(const std::vector<Outgoing>& batch) {
 }
 
 void DatagramServer::Enqueue(Outgoing outgoing) {
+  {
+    std::lock_guard lock(backlog_mu_);
+    backlog_++;
+  }
   Sender& sender = *senders_[outgoing.session_id % senders_.size()];
   std::lock_guard lock(sender.mu);
   sender.queue.push_back(std::move(outgoing));
@@ -417,6 +432,9 @@ void DatagramServer::RunSender(Sender& sender) {
                    std::make_move_iterator(taken.begin() + static_cast<long>(end)));
       Send(batch, signer);
       RememberDecisions(batch);
+      std::lock_guard lock(backlog_mu_);
+      backlog_ -= batch.size();
+      if (backlog_ <= kYieldBacklog) backlog_drained_.notify_all();
     }
     taken.clear();
   }

@@ -118,6 +118,13 @@ class DatagramServer {
   std::thread thread_;
   std::vector<std::unique_ptr<Sender>> senders_;
   std::atomic<bool> stopping_{false};
+  // Datagrams queued to the senders and not yet sent. While a round's
+  // decisions are going out the receiving thread leaves heartbeats in the
+  // socket buffer (bounded by kMaxYieldToSenders), so that on a small
+  // machine the decisions get the CPU first.
+  std::mutex backlog_mu_;
+  std::condition_variable backlog_drained_;
+  size_t backlog_ ABSL_GUARDED_BY(backlog_mu_) = 0;
   std::atomic<uint64_t> next_seq_{1};
   DatagramCounters counters_;
 

@@ -112,7 +112,7 @@ StatusOr<HeartbeatResult> LighthouseCore::Heartbeat(const HeartbeatArgs& args) {
       wake = NextDeadlineLocked() < before;
     }
     result.slow = record->slow;
-    result.slow_zscore = record->slow_zscore;
+    result.slow_zscore = membership_.vitals(*record).slow_zscore;
     result.latest_round_id = quorum_.latest_round_id();
   }
   Finish(completions);
@@ -150,6 +150,14 @@ std::optional<std::string> LighthouseCore::SessionLearner(uint64_t session_id) {
   return record->id;
 }
 
+void LighthouseCore::KeepEndedSessions(std::vector<uint64_t>& sessions) {
+  std::lock_guard lock(mu_);
+  std::erase_if(sessions, [this](uint64_t session_id) {
+    LearnerRecord* record = membership_.FindSession(session_id);
+    return record != nullptr && !record->left;
+  });
+}
+
 uint64_t LighthouseCore::Quorum(const QuorumArgs& args, QuorumCallback done) {
   Completions completions;
   uint64_t waiter_id = 0;
@@ -172,7 +180,7 @@ uint64_t LighthouseCore::Quorum(const QuorumArgs& args, QuorumCallback done) {
                                     args.tokens_since_last_round, {});
         events_.Add(now, "revived", record.id, "joined a round after being declared dead");
       }
-      record.last_heartbeat = now;
+      membership_.Touch(record, now);
       waiter_id = next_waiter_id_++;
       PendingJoin join;
       join.waiter_id = waiter_id;
@@ -331,7 +339,7 @@ void LighthouseCore::ScanLivenessLocked(Micros now, Completions* completions) {
       now + std::clamp<Micros>(options_.heartbeat_timeout / 20, kMicrosPerMilli,
                                500 * kMicrosPerMilli);
   for (LearnerRecord* record : membership_.FindSilent(now, options_.heartbeat_timeout)) {
-    Micros silent = now - record->last_heartbeat;
+    Micros silent = now - membership_.vitals(*record).last_heartbeat;
     AbortJoinLocked(*record,
                     AbortedError(fmt::format("learner '{}' declared dead: no heartbeat for {} ms",
                                              record->id, silent / kMicrosPerMilli)),
@@ -431,10 +439,11 @@ StatusSnapshot LighthouseCore::Snapshot(size_t max_learners, size_t max_rounds) 
                     order);
   for (size_t i = 0; i < shown; ++i) {
     const LearnerRecord& r = *records[i];
+    const LearnerVitals& v = membership_.vitals(r);
     snap.learners.push_back(LearnerView{r.id, std::string(r.state()), r.rack, r.address, r.step,
                                         r.tokens_total, r.tokens_per_s,
-                                        ms(now - r.last_heartbeat), r.slow, r.slow_zscore,
-                                        r.median_step_ms, r.last_round_id, r.rounds_joined});
+                                        ms(now - v.last_heartbeat), r.slow, v.slow_zscore,
+                                        v.median_step_ms, r.last_round_id, r.rounds_joined});
   }
   const auto& history = quorum_.history();
   size_t first = history.size() > max_rounds ? history.size() - max_rounds : 0;

@@ -110,6 +110,8 @@ class LighthouseCore {
   // The learner whose current session is `session_id` (not left); nullopt
   // for an unknown or superseded session.
   std::optional<std::string> SessionLearner(uint64_t session_id);
+  // Removes from `sessions` those SessionLearner would find (one lock for all).
+  void KeepEndedSessions(std::vector<uint64_t>& sessions);
 
   // Joins the next round. `done` gets the assignment, or DEADLINE_EXCEEDED
   // after args.timeout, or ABORTED when the learner is replaced, leaves or is

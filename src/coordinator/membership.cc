@@ -36,8 +36,7 @@ LearnerRecord& Membership::Register(const std::string& id, uint64_t session_id, 
       r.last_member_round = 0;
     });
     // The record is replaced below; its contribution to the counts is now zero.
-    by_session_.erase(old.session_id);
-    records_.erase(it);
+    Erase(old);
   }
   auto record = std::make_unique<LearnerRecord>();
   record->id = id;
@@ -45,13 +44,14 @@ LearnerRecord& Membership::Register(const std::string& id, uint64_t session_id, 
   record->rack = std::move(rack);
   record->address = std::move(address);
   record->registered_at = now;
-  record->last_heartbeat = now;
   record->step = step;
   record->last_round_id = last_round_id;
   record->window = StepTimeWindow(failslow_.window_steps);
   record->rate_sample_at = now;
   record->last_member_round = last_member_round;
   LearnerRecord& ref = *record;
+  ref.vitals_index = vitals_.size();
+  vitals_.push_back({&ref, now});
   by_session_[session_id] = &ref;
   records_.emplace(id, std::move(record));
   Count(ref);
@@ -59,6 +59,11 @@ LearnerRecord& Membership::Register(const std::string& id, uint64_t session_id, 
 }
 
 StatusOr<LearnerRecord*> Membership::Find(const std::string& id, uint64_t session_id) {
+  // The common case, a current session, costs one integer lookup; the
+  // learner-id lookup below only tells the errors apart.
+  if (LearnerRecord* current = FindSession(session_id); current && current->id == id) {
+    if (!current->left) return current;
+  }
   auto it = records_.find(id);
   if (it == records_.end()) {
     return NotFoundError(fmt::format(
@@ -95,7 +100,8 @@ void Membership::RecordHeartbeat(LearnerRecord& record, Micros now, uint64_t ste
       r.gone_since = 0;
     });
   }
-  record.last_heartbeat = now;
+  LearnerVitals& vitals = vitals_[record.vitals_index];
+  vitals.last_heartbeat = now;
   record.step = std::max(record.step, step);
   record.tokens_since_last_round = tokens_since_last_round;
   if (tokens_total < record.tokens_total) {
@@ -114,14 +120,16 @@ void Membership::RecordHeartbeat(LearnerRecord& record, Micros now, uint64_t ste
     record.rate_sample_at = now;
     record.rate_sample_tokens = tokens_total;
   }
+  if (step_ms.empty()) return;
   for (double ms : step_ms) record.window.Add(ms);
-  if (!step_ms.empty()) record.window_changed = true;
+  vitals.median_step_ms = record.window.Median();
+  vitals.samples = record.window.size();
 }
 
 std::vector<LearnerRecord*> Membership::FindSilent(Micros now, Micros timeout) {
   std::vector<LearnerRecord*> silent;
-  for (auto& [id, record] : records_) {
-    if (record->alive && now - record->last_heartbeat > timeout) silent.push_back(record.get());
+  for (const LearnerVitals& vitals : vitals_) {
+    if (vitals.alive && now - vitals.last_heartbeat > timeout) silent.push_back(vitals.record);
   }
   std::sort(silent.begin(), silent.end(),
             [](const LearnerRecord* a, const LearnerRecord* b) { return a->id < b->id; });
@@ -133,22 +141,19 @@ void Membership::MarkGone(LearnerRecord& record, Micros now, bool left) {
     r.alive = false;
     r.left = r.left || left;
     r.slow = false;
-    r.slow_zscore = 0;
     r.gone_since = now;
   });
+  vitals_[record.vitals_index].slow_zscore = 0;
 }
 
 std::vector<SlowFlagChange> Membership::EvaluateFailSlow() {
-  std::vector<LearnerRecord*> judged;
+  std::vector<size_t> judged;
   std::vector<double> medians;
-  for (auto& [id, record] : records_) {
-    if (record->window_changed) {
-      record->median_step_ms = record->window.Median();
-      record->window_changed = false;
-    }
-    if (record->alive && record->window.size() >= failslow_.min_samples) {
-      judged.push_back(record.get());
-      medians.push_back(record->median_step_ms);
+  for (size_t i = 0; i < vitals_.size(); ++i) {
+    const LearnerVitals& vitals = vitals_[i];
+    if (vitals.alive && vitals.samples >= failslow_.min_samples) {
+      judged.push_back(i);
+      medians.push_back(vitals.median_step_ms);
     }
   }
   std::vector<SlowFlagChange> changes;
@@ -162,13 +167,14 @@ std::vector<SlowFlagChange> Membership::EvaluateFailSlow() {
     all_median = copy[copy.size() / 2];
   }
   for (size_t i = 0; i < judged.size(); ++i) {
-    LearnerRecord& record = *judged[i];
+    LearnerVitals& vitals = vitals_[judged[i]];
     double z = enough ? scores[i] : 0.0;
-    record.slow_zscore = z;
-    bool slow = NextSlowFlag(record.slow, z, failslow_);
-    if (slow != record.slow) {
+    vitals.slow_zscore = z;
+    bool slow = NextSlowFlag(vitals.slow, z, failslow_);
+    if (slow != vitals.slow) {
+      LearnerRecord& record = *vitals.record;
       Mutate(record, [&](LearnerRecord& r) { r.slow = slow; });
-      changes.push_back({record.id, slow, z, record.median_step_ms, all_median});
+      changes.push_back({record.id, slow, z, vitals.median_step_ms, all_median});
     }
   }
   std::sort(changes.begin(), changes.end(),
@@ -178,18 +184,27 @@ std::vector<SlowFlagChange> Membership::EvaluateFailSlow() {
 
 size_t Membership::ForgetGone(Micros now, Micros retention) {
   size_t forgotten = 0;
-  for (auto it = records_.begin(); it != records_.end();) {
-    LearnerRecord& record = *it->second;
-    if (!record.alive && !record.join && now - record.gone_since > retention) {
+  // Backwards, so that the entry Erase moves into slot i was already seen.
+  for (size_t i = vitals_.size(); i-- > 0;) {
+    if (vitals_[i].alive) continue;
+    LearnerRecord& record = *vitals_[i].record;
+    if (!record.join && now - record.gone_since > retention) {
       Uncount(record);
-      by_session_.erase(record.session_id);
-      it = records_.erase(it);
+      Erase(record);
       ++forgotten;
-    } else {
-      ++it;
     }
   }
   return forgotten;
+}
+
+void Membership::Erase(LearnerRecord& record) {
+  size_t index = record.vitals_index;
+  vitals_[index] = vitals_.back();
+  vitals_[index].record->vitals_index = index;
+  vitals_.pop_back();
+  by_session_.erase(record.session_id);
+  std::string id = record.id;
+  records_.erase(id);  // destroys `record`
 }
 
 std::vector<std::pair<LearnerRecord*, PendingJoin>> Membership::TakePendingForRound(
@@ -227,6 +242,11 @@ void Membership::Tally(LearnerRecord& r, int sign, bool update_pending) {
   bool previous = InPreviousRound(r);
   add(counts_.previous_joined, previous && r.join.has_value());
   add(counts_.previous_missing, previous && !r.join);
+  if (sign > 0) {
+    LearnerVitals& vitals = vitals_[r.vitals_index];
+    vitals.alive = r.alive;
+    vitals.slow = r.slow;
+  }
   if (!update_pending) return;
   if (sign > 0 && r.join) pending_.insert(&r);
   if (sign < 0 && r.join) pending_.erase(&r);

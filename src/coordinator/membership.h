@@ -45,7 +45,6 @@ struct LearnerRecord {
   std::string rack;
   std::string address;
   Micros registered_at = 0;
-  Micros last_heartbeat = 0;
   uint64_t step = 0;
   uint64_t tokens_total = 0;
   uint64_t tokens_since_last_round = 0;
@@ -53,9 +52,6 @@ struct LearnerRecord {
   uint64_t rounds_joined = 0;
 
   StepTimeWindow window{16};
-  bool window_changed = false;
-  double median_step_ms = 0;
-  double slow_zscore = 0;
   bool slow = false;
 
   double tokens_per_s = 0;
@@ -67,6 +63,7 @@ struct LearnerRecord {
   Micros gone_since = 0;  // when it died or left
   uint64_t last_member_round = 0;  // the newest round it was a member of
   std::optional<PendingJoin> join;
+  size_t vitals_index = 0;  // this record's entry in Membership's vitals
 
   bool eligible() const { return alive && !slow; }
   std::string_view state() const;
@@ -75,6 +72,20 @@ struct LearnerRecord {
 // Orders records by learner id (ids are unique).
 struct ById {
   bool operator()(const LearnerRecord* a, const LearnerRecord* b) const { return a->id < b->id; }
+};
+
+// What the periodic scans (liveness, fail-slow) read of a learner, kept in
+// one dense array so that scanning 10,000 learners walks 10,000 small
+// entries instead of 10,000 hash nodes and records (a scan holds the
+// lighthouse mutex, so its length is every call's latency).
+struct LearnerVitals {
+  LearnerRecord* record = nullptr;
+  Micros last_heartbeat = 0;
+  double median_step_ms = 0;  // of the step-time window, updated on each heartbeat
+  double slow_zscore = 0;     // as of the last fail-slow scan
+  size_t samples = 0;         // step times in the window
+  bool alive = true;          // mirrors the record's, kept by Mutate
+  bool slow = false;          // mirrors the record's, kept by Mutate
 };
 
 struct MembershipCounts {
@@ -127,6 +138,14 @@ class Membership {
     Count(record);
   }
 
+  const LearnerVitals& vitals(const LearnerRecord& record) const {
+    return vitals_[record.vitals_index];
+  }
+  // Any sign of life (a heartbeat, a Quorum call) at `now`.
+  void Touch(const LearnerRecord& record, Micros now) {
+    vitals_[record.vitals_index].last_heartbeat = now;
+  }
+
   // A heartbeat: liveness (a dead learner comes back), progress, step times.
   void RecordHeartbeat(LearnerRecord& record, Micros now, uint64_t step, uint64_t tokens_total,
                        uint64_t tokens_since_last_round, const std::vector<double>& step_ms);
@@ -165,11 +184,14 @@ class Membership {
   // Adds (+1) or removes (-1) `record` from the counts and, when
   // `update_pending`, from the pending set.
   void Tally(LearnerRecord& record, int sign, bool update_pending);
+  // Removes `record` from the maps and the vitals; its counts must be zero.
+  void Erase(LearnerRecord& record);
 
   FailSlowOptions failslow_;
   std::unordered_map<std::string, std::unique_ptr<LearnerRecord>> records_;
   std::unordered_map<uint64_t, LearnerRecord*> by_session_;
   std::set<LearnerRecord*, ById> pending_;
+  std::vector<LearnerVitals> vitals_;  // one per record, in no particular order
   uint64_t previous_round_id_ = 0;
   MembershipCounts counts_;
 };

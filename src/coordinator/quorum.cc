@@ -2,12 +2,18 @@
 
 #include <algorithm>
 #include <climits>
+#include <functional>
 
 namespace mend::coordinator {
 namespace {
 
 constexpr Micros kGraceSafetyFactor = 2;
 constexpr size_t kRecentRounds = 8;
+// The deadline heap is swept of finished joins once it holds more than this
+// many entries per pending join (plus the slack), which keeps a sweep's cost
+// a small constant per join.
+constexpr size_t kStaleDeadlineFactor = 4;
+constexpr size_t kStaleDeadlineSlack = 1024;
 
 }  // namespace
 
@@ -19,7 +25,12 @@ void QuorumMachine::AddJoin(Membership& membership, LearnerRecord& record, Pendi
     Micros lateness = join.joined_at - late_watch_->quorum_reached_at;
     if (lateness <= options_.grace_window) RecordNeed(lateness);
   }
-  join_deadlines_.emplace(join.deadline, std::make_pair(record.id, join.waiter_id));
+  join_deadlines_.push_back({join.deadline, record.session_id, join.waiter_id});
+  std::push_heap(join_deadlines_.begin(), join_deadlines_.end(), std::greater<>());
+  if (join_deadlines_.size() > kStaleDeadlineFactor * (membership.counts().pending + 1) +
+                                   kStaleDeadlineSlack) {
+    DropStaleDeadlines(membership);
+  }
   membership.Mutate(record, [&](LearnerRecord& r) {
     r.join = std::move(join);
     r.step = std::max(r.step, r.join->step);
@@ -39,14 +50,25 @@ std::optional<PendingJoin> QuorumMachine::RemoveJoin(Membership& membership,
   return taken;
 }
 
+bool QuorumMachine::IsWaiting(Membership& membership, const JoinDeadline& entry) const {
+  const LearnerRecord* record = membership.FindSession(entry.session_id);
+  return record && record->join && record->join->waiter_id == entry.waiter_id;
+}
+
+void QuorumMachine::DropStaleDeadlines(Membership& membership) {
+  std::erase_if(join_deadlines_,
+                [&](const JoinDeadline& entry) { return !IsWaiting(membership, entry); });
+  std::make_heap(join_deadlines_.begin(), join_deadlines_.end(), std::greater<>());
+}
+
 std::vector<std::string> QuorumMachine::ExpiredJoins(Membership& membership, Micros now) {
   std::vector<std::string> expired;
-  while (!join_deadlines_.empty() && join_deadlines_.begin()->first <= now) {
-    auto [learner_id, waiter_id] = join_deadlines_.begin()->second;
-    join_deadlines_.erase(join_deadlines_.begin());
-    LearnerRecord* record = membership.FindAny(learner_id);
-    if (record && record->join && record->join->waiter_id == waiter_id) {
-      expired.push_back(learner_id);
+  while (!join_deadlines_.empty() && join_deadlines_.front().deadline <= now) {
+    std::pop_heap(join_deadlines_.begin(), join_deadlines_.end(), std::greater<>());
+    JoinDeadline entry = join_deadlines_.back();
+    join_deadlines_.pop_back();
+    if (IsWaiting(membership, entry)) {
+      expired.push_back(membership.FindSession(entry.session_id)->id);
     }
   }
   return expired;
@@ -54,7 +76,7 @@ std::vector<std::string> QuorumMachine::ExpiredJoins(Membership& membership, Mic
 
 Micros QuorumMachine::NextDeadline() const {
   Micros next = INT64_MAX;
-  if (!join_deadlines_.empty()) next = join_deadlines_.begin()->first;
+  if (!join_deadlines_.empty()) next = join_deadlines_.front().deadline;
   if (quorum_reached_at_) next = std::min(next, *quorum_reached_at_ + grace_window_);
   return next;
 }

@@ -53,7 +53,7 @@ struct QuorumOptions {
   // Recent rounds kept for the status page: at most this many, and at most
   // history_members member entries in all (10,000-member rounds are large).
   size_t history_size = 64;
-  size_t history_members = 200'000;
+  size_t history_members = 50'000;
 };
 
 class QuorumMachine {
@@ -111,8 +111,19 @@ class QuorumMachine {
   std::deque<Micros> recent_needs_;
   // After a "grace" close: the eligible learners it left out, watched for a late join.
   std::optional<LateWatch> late_watch_;
-  // Join deadlines, lazily deleted: an entry whose waiter is gone is skipped.
-  std::multimap<Micros, std::pair<std::string, uint64_t>> join_deadlines_;
+  // Join deadlines as a min-heap, lazily deleted: an entry whose waiter is
+  // gone (its round closed, or it was aborted) is skipped when it surfaces,
+  // and all such entries are dropped once they outnumber the pending joins,
+  // so the heap stays in proportion to the joins that are waiting.
+  struct JoinDeadline {
+    Micros deadline = 0;
+    uint64_t session_id = 0;
+    uint64_t waiter_id = 0;
+    bool operator>(const JoinDeadline& other) const { return deadline > other.deadline; }
+  };
+  bool IsWaiting(Membership& membership, const JoinDeadline& entry) const;
+  void DropStaleDeadlines(Membership& membership);
+  std::vector<JoinDeadline> join_deadlines_;
   std::deque<std::shared_ptr<const Round>> history_;
   size_t history_member_count_ = 0;
 };
