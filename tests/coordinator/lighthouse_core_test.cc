@@ -1,5 +1,7 @@
 // Sessions, liveness, fail-slow flags, the store through the core, and what
 // the status renderers make of it.
+#include <map>
+
 #include "coordinator/core_harness.h"
 #include "coordinator/status_snapshot.h"
 #include "gmock/gmock.h"
@@ -10,6 +12,7 @@ namespace {
 
 using ::testing::HasSubstr;
 using testing::CoreHarness;
+using testing::JoinOutcome;
 
 std::vector<std::string> EventKinds(LighthouseCore& core, const std::string& learner) {
   std::vector<std::string> kinds;
@@ -69,6 +72,59 @@ TEST(LighthouseCoreTest, SilentLearnerIsDeclaredDeadAndRevivedByAHeartbeat) {
   ASSERT_TRUE(h.Heartbeat("b").ok());
   EXPECT_EQ(h.core().Snapshot(10, 10).learners_alive, 2u);
   EXPECT_EQ(EventKinds(h.core(), "b"), (std::vector<std::string>{"registered", "dead", "revived"}));
+}
+
+TEST(LighthouseCoreTest, ForgottenLearnerLeavesTheOthersStateIntact) {
+  LighthouseOptions options = CoreHarness::Options(2, 1000);
+  options.gone_retention = 5 * kMicrosPerSecond;
+  CoreHarness h(options);
+  for (const char* id : {"a", "b", "c", "d"}) h.Register(id);
+  // "a" (registered first) goes silent, dies, and is forgotten after the
+  // retention; the others keep heartbeating with their own step times.
+  for (int i = 0; i < 80; ++i) {
+    ASSERT_TRUE(h.Heartbeat("b", {100}).ok());
+    ASSERT_TRUE(h.Heartbeat("c", {200}).ok());
+    ASSERT_TRUE(h.Heartbeat("d", {300}).ok());
+    h.AdvanceMs(100);
+  }
+  auto snapshot = h.core().Snapshot(10, 10);
+  ASSERT_EQ(snapshot.learners.size(), 3u);
+  std::map<std::string, double> median;
+  for (const auto& learner : snapshot.learners) {
+    EXPECT_EQ(learner.state, "training") << learner.id;
+    EXPECT_LE(learner.last_heartbeat_ms_ago, 100.0) << learner.id;
+    median[learner.id] = learner.median_step_ms;
+  }
+  EXPECT_EQ(median, (std::map<std::string, double>{{"b", 100}, {"c", 200}, {"d", 300}}));
+  EXPECT_EQ(h.Heartbeat("a").status().code(), StatusCode::kNotFound);
+  // The survivors still die on their own silence, each once.
+  h.AdvanceMs(1100);
+  EXPECT_EQ(h.core().Snapshot(10, 10).learners_alive, 0u);
+  EXPECT_EQ(h.core().Snapshot(10, 10).counters.deaths, 4u);
+}
+
+TEST(LighthouseCoreTest, JoinsOfClosedRoundsNeverExpireLater) {
+  CoreHarness h(CoreHarness::Options(2, 0));
+  for (const char* id : {"a", "b"}) h.Register(id);
+  uint64_t last = 0;
+  std::vector<std::shared_ptr<JoinOutcome>> closed;
+  // Many rounds of joins with a short timeout: their deadline entries are
+  // swept as stale; none may later complete a join that already has a round.
+  for (int round = 0; round < 2000; ++round) {
+    auto a = h.Join("a", last, 0, /*timeout_ms=*/50);
+    auto b = h.Join("b", last, 0, /*timeout_ms=*/50);
+    ASSERT_TRUE(a->ok() && b->ok()) << round;
+    last = a->round().id;
+    closed.push_back(a);
+  }
+  auto waiting = h.Join("a", last, 0, /*timeout_ms=*/30);
+  h.AdvanceMs(20);
+  EXPECT_FALSE(waiting->done());
+  h.HeartbeatAll({"a", "b"});
+  h.AdvanceMs(20);
+  ASSERT_TRUE(waiting->done());
+  EXPECT_EQ(waiting->code(), StatusCode::kDeadlineExceeded);
+  for (const auto& join : closed) EXPECT_TRUE(join->ok());
 }
 
 TEST(LighthouseCoreTest, SlowFlagIsRaisedAndClearedWithEvents) {
