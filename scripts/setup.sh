@@ -11,7 +11,7 @@ packages=(
   build-essential cmake ninja-build pkg-config ccache git openssl
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev libssl-dev
   libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libcpp-httplib-dev libtomlplusplus-dev
-  libgtest-dev libgmock-dev libbenchmark-dev
+  libgtest-dev libgmock-dev libbenchmark-dev libgloo-dev iproute2
 )
 
 missing=()

@@ -1,0 +1,120 @@
+// The data plane (DESIGN.md, "Parts" 2): collectives among the members of one
+// quorum round, on Gloo's TCP transport.
+//
+// A Communicator is built for one round: the members rendezvous through a
+// key-value store (the lighthouse's) under the round's prefix, rank = index
+// in the round's sorted member list, and every pair of members gets a TCP
+// connection. Every operation has a deadline. When a peer dies or hangs, the
+// operation returns DEADLINE_EXCEEDED (nothing arrived in time) or ABORTED
+// (a connection broke), naming the round and the peer; the communicator is
+// then broken (every later call returns FAILED_PRECONDITION) and is meant to
+// be discarded: the next round builds a fresh one with the survivors.
+// Destroying a communicator closes its sockets and joins its threads, also
+// after an error.
+//
+// The reductions are all-to-all reduce-scatter + all-gather: member r owns
+// the r-th slice of the buffer, receives every member's (encoded) piece of
+// it, accumulates them in fp32 in rank order, encodes the result once and
+// sends it to everyone; every member, the owner included, decodes those same
+// bytes. So all members end with bit-identical buffers, for every codec.
+//
+// Thread-safety: one thread at a time per communicator (operations are
+// collective: every member calls the same sequence).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "mend/clock.h"
+#include "mend/codec.h"
+#include "mend/status.h"
+
+namespace mend {
+
+// What the rendezvous needs of a key-value store; the lighthouse's store (see
+// LighthouseRendezvousStore) and an in-process one (tests) implement it.
+class RendezvousStore {
+ public:
+  virtual ~RendezvousStore() = default;
+  [[nodiscard]] virtual Status Set(const std::string& key, const std::string& value) = 0;
+  // Waits up to `timeout` for the key; DEADLINE_EXCEEDED when it never came.
+  [[nodiscard]] virtual StatusOr<std::string> Get(const std::string& key, Micros timeout) = 0;
+};
+
+// A slower, farther link, emulated inside the data plane: every operation
+// takes at least `latency` plus (bytes this member sent) / `bytes_per_s`.
+// Both zero (the default) turns it off. Benchmarks and demos say when it is on.
+struct LinkEmulation {
+  Micros latency = 0;
+  double bytes_per_s = 0;
+  bool enabled() const { return latency > 0 || bytes_per_s > 0; }
+};
+
+struct CommunicatorOptions {
+  std::string prefix;          // the round's rendezvous prefix, e.g. "job/round/7/"
+  uint64_t round_id = 0;       // for error messages
+  int rank = 0;
+  int world_size = 1;
+  std::vector<std::string> member_ids;  // by rank, for error messages (optional)
+  std::string bind_host = "127.0.0.1";  // address the other members reach this one at
+  Micros timeout = 30 * kMicrosPerSecond;  // connect, and every operation
+  LinkEmulation link;
+  size_t segment_bytes = 4 << 20;  // pipelining granularity of the reductions
+};
+
+// Bytes this member put on and took off the wire, for the benchmarks and the
+// bytes-per-token accounting.
+struct CommunicatorStats {
+  uint64_t bytes_sent = 0;
+  uint64_t bytes_received = 0;
+  uint64_t operations = 0;
+};
+
+class Communicator {
+ public:
+  // Rendezvous and full-mesh connect; DEADLINE_EXCEEDED naming the members
+  // that did not show up within options.timeout. `store` is used during the
+  // call only.
+  [[nodiscard]] static StatusOr<std::unique_ptr<Communicator>> Connect(
+      RendezvousStore& store, const CommunicatorOptions& options);
+  virtual ~Communicator() = default;
+
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  // data <- sum_r w_r * data_r / sum_r w_r over the members r, each member
+  // passing its own weight w (>= 0; the sum must be > 0): the token-weighted
+  // merge (w = tokens), or the mean (w = 1). `codec` must be dense; nullptr
+  // means fp32.
+  [[nodiscard]] virtual Status WeightedAllReduce(std::span<float> data, double weight,
+                                                 const Codec* codec = nullptr) = 0;
+
+  // The same for a sparse codec (top-k): every member's `payload` (of
+  // codec.EncodedBytes(out.size()) bytes, e.g. from ErrorFeedback) is
+  // all-gathered and out <- sum_r w_r * Decode(payload_r) / sum_r w_r.
+  [[nodiscard]] virtual Status WeightedAllGatherDecode(std::span<const std::byte> payload,
+                                                       double weight, const Codec& codec,
+                                                       std::span<float> out) = 0;
+
+  // out[r * mine.size() ...] <- member r's `mine` (all the same size).
+  [[nodiscard]] virtual Status AllGather(std::span<const std::byte> mine,
+                                         std::span<std::byte> out) = 0;
+
+  // data <- root's data on every member.
+  [[nodiscard]] virtual Status Broadcast(std::span<std::byte> data, int root) = 0;
+
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  // True after an operation failed; every later call fails at once.
+  virtual bool broken() const = 0;
+  virtual CommunicatorStats stats() const = 0;
+
+ protected:
+  Communicator() = default;
+};
+
+}  // namespace mend

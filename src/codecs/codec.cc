@@ -1,0 +1,86 @@
+#include <algorithm>
+#include <array>
+#include <utility>
+
+#include "codecs/dense_codecs.h"
+#include "fmt/format.h"
+#include "mend/codec.h"
+
+namespace mend {
+namespace {
+
+constexpr std::array<std::pair<CodecKind, std::string_view>, 5> kNames = {{
+    {CodecKind::kFp32, "fp32"},
+    {CodecKind::kBf16, "bf16"},
+    {CodecKind::kInt8, "int8"},
+    {CodecKind::kInt4, "int4"},
+    {CodecKind::kTopK, "topk"},
+}};
+
+constexpr size_t kMinBlock = 8;
+constexpr size_t kMaxBlock = 65536;
+constexpr size_t kMinChunk = 64;
+constexpr size_t kMaxChunk = 1 << 20;
+
+}  // namespace
+
+std::string_view CodecName(CodecKind kind) {
+  for (const auto& [k, name] : kNames) {
+    if (k == kind) return name;
+  }
+  return "?";
+}
+
+StatusOr<CodecKind> ParseCodecKind(std::string_view name) {
+  for (const auto& [kind, known] : kNames) {
+    if (known == name) return kind;
+  }
+  return InvalidArgumentError(
+      fmt::format("codec = \"{}\": must be one of fp32, bf16, int8, int4, topk", name));
+}
+
+StatusOr<std::unique_ptr<Codec>> MakeCodec(const CodecOptions& options) {
+  switch (options.kind) {
+    case CodecKind::kFp32:
+      return codecs::MakeFp32Codec();
+    case CodecKind::kBf16:
+      return codecs::MakeBf16Codec();
+    case CodecKind::kInt8:
+    case CodecKind::kInt4:
+      if (options.block_size < kMinBlock || options.block_size > kMaxBlock ||
+          options.block_size % 2 != 0) {
+        return InvalidArgumentError(fmt::format(
+            "codec_block_size = {}: must be an even number in [{}, {}]", options.block_size,
+            kMinBlock, kMaxBlock));
+      }
+      if (options.kind == CodecKind::kInt8) return codecs::MakeInt8Codec(options.block_size);
+      return codecs::MakeInt4Codec(options.block_size);
+    case CodecKind::kTopK:
+      if (options.topk_chunk < kMinChunk || options.topk_chunk > kMaxChunk) {
+        return InvalidArgumentError(fmt::format("topk_chunk_size = {}: must be in [{}, {}]",
+                                                options.topk_chunk, kMinChunk, kMaxChunk));
+      }
+      if (options.topk_k < 1 || options.topk_k > options.topk_chunk) {
+        return InvalidArgumentError(fmt::format("topk_k = {}: must be in [1, topk_chunk_size = {}]",
+                                                options.topk_k, options.topk_chunk));
+      }
+      return codecs::MakeTopKCodec(options.topk_chunk, options.topk_k);
+  }
+  return InvalidArgumentError("unknown codec kind");
+}
+
+ErrorFeedback::ErrorFeedback(const Codec* codec, size_t size, float beta)
+    : codec_(codec), beta_(beta), residual_(size, 0.0f), decoded_(size, 0.0f) {}
+
+void ErrorFeedback::EncodeWithFeedback(std::span<const float> delta,
+                                       std::span<std::byte> payload) {
+  const size_t n = residual_.size();
+  for (size_t i = 0; i < n; ++i) residual_[i] = beta_ * residual_[i] + delta[i];
+  codec_->Encode(residual_, payload);
+  codec_->Decode(payload, decoded_);
+  for (size_t i = 0; i < n; ++i) residual_[i] -= decoded_[i];
+}
+
+void ErrorFeedback::Reset() { std::fill(residual_.begin(), residual_.end(), 0.0f); }
+
+}  // namespace mend

@@ -1,0 +1,467 @@
+// Communicator on Gloo's TCP transport (see include/mend/communicator.h).
+//
+// Every message is one Gloo unbound-buffer send matched by (peer, slot); the
+// slot names the operation (a counter every member advances the same way),
+// the phase and the segment, so messages of different operations never meet.
+// Each pending receive and send has its own buffer object, so a failure is
+// always attributable to one peer.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <thread>
+
+#include "dataplane/gloo_store.h"
+#include "dataplane/slicing.h"
+#include "fmt/format.h"
+#include "fmt/ranges.h"
+#include "gloo/common/error.h"
+#include "gloo/rendezvous/context.h"
+#include "gloo/transport/tcp/device.h"
+#include "gloo/transport/unbound_buffer.h"
+#include "mend/communicator.h"
+#include "spdlog/spdlog.h"
+
+namespace mend {
+namespace {
+
+using dataplane::EncodedLayout;
+using dataplane::Slicing;
+using gloo::transport::UnboundBuffer;
+using Clock = std::chrono::steady_clock;
+
+enum Phase : uint64_t { kWeights = 0, kScatter = 1, kGather = 2, kBroadcast = 3, kAllGather = 4 };
+
+// Slot layout: op (40 bits) | phase (4 bits) | segment (20 bits).
+uint64_t MakeSlot(uint64_t op, Phase phase, size_t segment) {
+  return (op << 24) | (static_cast<uint64_t>(phase) << 20) | (segment & 0xFFFFF);
+}
+
+// One posted send or receive with its peer.
+struct Transfer {
+  int peer = 0;
+  std::unique_ptr<UnboundBuffer> buffer;
+  bool is_send = false;
+};
+
+class GlooCommunicator final : public Communicator {
+ public:
+  GlooCommunicator(CommunicatorOptions options, std::shared_ptr<gloo::transport::Device> device,
+                   std::shared_ptr<gloo::rendezvous::Context> context)
+      : options_(std::move(options)), device_(std::move(device)), context_(std::move(context)) {}
+
+  ~GlooCommunicator() override {
+    // Pending buffers first (they refer to the context), then the pairs.
+    context_.reset();
+    device_.reset();
+  }
+
+  Status WeightedAllReduce(std::span<float> data, double weight, const Codec* codec) override;
+  Status WeightedAllGatherDecode(std::span<const std::byte> payload, double weight,
+                                 const Codec& codec, std::span<float> out) override;
+  Status AllGather(std::span<const std::byte> mine, std::span<std::byte> out) override;
+  Status Broadcast(std::span<std::byte> data, int root) override;
+
+  int rank() const override { return options_.rank; }
+  int world_size() const override { return options_.world_size; }
+  bool broken() const override { return broken_; }
+  CommunicatorStats stats() const override { return stats_; }
+
+ private:
+  // The context of one operation: its deadline, its slot base, and what it sent.
+  struct Op {
+    const char* name;
+    uint64_t id;
+    Clock::time_point start;
+    Clock::time_point deadline;
+    uint64_t sent = 0;
+  };
+
+  Status Begin(const char* name, Op* op);
+  // Applies the link emulation, counts the operation.
+  Status End(Op& op, Status status);
+
+  Transfer PostSend(Op& op, int peer, Phase phase, size_t segment, const void* ptr, size_t bytes);
+  Transfer PostRecv(Op& op, int peer, Phase phase, size_t segment, void* ptr, size_t bytes);
+  // Waits for one transfer until the operation's deadline.
+  Status Wait(Op& op, Transfer& transfer);
+  Status WaitAll(Op& op, std::vector<Transfer>& transfers);
+
+  // Every member's weight, checked (finite, >= 0, positive sum); the same
+  // normalized weights on every member.
+  StatusOr<std::vector<float>> ExchangeWeights(Op& op, double weight);
+  Status GatherBytes(Op& op, Phase phase, std::span<const std::byte> mine,
+                     std::span<std::byte> out);
+
+  std::string PeerName(int peer) const {
+    if (static_cast<size_t>(peer) < options_.member_ids.size()) {
+      return fmt::format("member {} ('{}')", peer, options_.member_ids[peer]);
+    }
+    return fmt::format("member {}", peer);
+  }
+
+  const CommunicatorOptions options_;
+  std::shared_ptr<gloo::transport::Device> device_;
+  std::shared_ptr<gloo::rendezvous::Context> context_;
+  uint64_t next_op_ = 1;
+  bool broken_ = false;
+  CommunicatorStats stats_;
+  // Scratch reused across operations.
+  std::vector<std::byte> send_scratch_;
+  std::vector<std::byte> recv_scratch_;
+  std::vector<float> accumulator_;
+};
+
+Status GlooCommunicator::Begin(const char* name, Op* op) {
+  if (broken_) {
+    return FailedPreconditionError(fmt::format(
+        "round {}: {}: this communicator failed earlier; build a new one for the next round",
+        options_.round_id, name));
+  }
+  op->name = name;
+  op->id = next_op_++;
+  op->start = Clock::now();
+  op->deadline = op->start + std::chrono::microseconds(options_.timeout);
+  return OkStatus();
+}
+
+Status GlooCommunicator::End(Op& op, Status status) {
+  if (!status.ok()) {
+    broken_ = true;
+    return status;
+  }
+  stats_.operations++;
+  stats_.bytes_sent += op.sent;
+  const LinkEmulation& link = options_.link;
+  if (link.enabled()) {
+    double seconds = static_cast<double>(link.latency) / kMicrosPerSecond;
+    if (link.bytes_per_s > 0) seconds += static_cast<double>(op.sent) / link.bytes_per_s;
+    std::this_thread::sleep_until(op.start + std::chrono::duration_cast<Clock::duration>(
+                                                 std::chrono::duration<double>(seconds)));
+  }
+  return OkStatus();
+}
+
+Transfer GlooCommunicator::PostSend(Op& op, int peer, Phase phase, size_t segment,
+                                    const void* ptr, size_t bytes) {
+  Transfer transfer{peer, context_->createUnboundBuffer(const_cast<void*>(ptr), bytes), true};
+  transfer.buffer->send(peer, MakeSlot(op.id, phase, segment), 0, bytes);
+  op.sent += bytes;
+  return transfer;
+}
+
+Transfer GlooCommunicator::PostRecv(Op& op, int peer, Phase phase, size_t segment, void* ptr,
+                                    size_t bytes) {
+  Transfer transfer{peer, context_->createUnboundBuffer(ptr, bytes), false};
+  transfer.buffer->recv(peer, MakeSlot(op.id, phase, segment), 0, bytes);
+  stats_.bytes_received += bytes;
+  return transfer;
+}
+
+Status GlooCommunicator::Wait(Op& op, Transfer& transfer) {
+  if (!transfer.buffer) return OkStatus();
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(op.deadline - Clock::now());
+  left = std::max(left, std::chrono::milliseconds(1));
+  const char* what = transfer.is_send ? "sending to" : "receiving from";
+  try {
+    bool done = transfer.is_send ? transfer.buffer->waitSend(left) : transfer.buffer->waitRecv(left);
+    if (!done) {
+      return AbortedError(fmt::format("round {}: {}: {} {} was aborted", options_.round_id,
+                                      op.name, what, PeerName(transfer.peer)));
+    }
+  } catch (const gloo::IoException& error) {
+    std::string message = error.what();
+    bool timed_out = message.find("imed out") != std::string::npos;
+    if (timed_out) {
+      return DeadlineExceededError(fmt::format(
+          "round {}: {}: {} {}: nothing within the {} ms deadline", options_.round_id, op.name,
+          what, PeerName(transfer.peer), options_.timeout / kMicrosPerMilli));
+    }
+    return AbortedError(fmt::format("round {}: {}: {} {}: connection lost ({})",
+                                     options_.round_id, op.name, what, PeerName(transfer.peer),
+                                     message));
+  } catch (const std::exception& error) {
+    return AbortedError(fmt::format("round {}: {}: {} {}: {}", options_.round_id, op.name, what,
+                                    PeerName(transfer.peer), error.what()));
+  }
+  transfer.buffer.reset();
+  return OkStatus();
+}
+
+Status GlooCommunicator::WaitAll(Op& op, std::vector<Transfer>& transfers) {
+  for (Transfer& transfer : transfers) MEND_RETURN_IF_ERROR(Wait(op, transfer));
+  transfers.clear();
+  return OkStatus();
+}
+
+Status GlooCommunicator::GatherBytes(Op& op, Phase phase, std::span<const std::byte> mine,
+                                     std::span<std::byte> out) {
+  const int size = options_.world_size;
+  const size_t n = mine.size();
+  std::memcpy(out.data() + options_.rank * n, mine.data(), n);
+  std::vector<Transfer> transfers;
+  for (int peer = 0; peer < size; ++peer) {
+    if (peer == options_.rank) continue;
+    transfers.push_back(PostRecv(op, peer, phase, 0, out.data() + peer * n, n));
+    transfers.push_back(PostSend(op, peer, phase, 0, mine.data(), n));
+  }
+  return WaitAll(op, transfers);
+}
+
+StatusOr<std::vector<float>> GlooCommunicator::ExchangeWeights(Op& op, double weight) {
+  const int size = options_.world_size;
+  std::vector<double> weights(size);
+  MEND_RETURN_IF_ERROR(GatherBytes(op, kWeights, std::as_bytes(std::span(&weight, 1)),
+                                   std::as_writable_bytes(std::span(weights))));
+  double total = 0;
+  for (int r = 0; r < size; ++r) {
+    if (!std::isfinite(weights[r]) || weights[r] < 0) {
+      return InvalidArgumentError(fmt::format("round {}: {}: {} passed weight {}: must be >= 0",
+                                              options_.round_id, op.name, PeerName(r),
+                                              weights[r]));
+    }
+    total += weights[r];
+  }
+  if (!(total > 0)) {
+    return InvalidArgumentError(fmt::format(
+        "round {}: {}: the members' weights sum to 0; nothing to average", options_.round_id,
+        op.name));
+  }
+  std::vector<float> normalized(size);
+  for (int r = 0; r < size; ++r) normalized[r] = static_cast<float>(weights[r] / total);
+  return normalized;
+}
+
+Status GlooCommunicator::WeightedAllReduce(std::span<float> data, double weight,
+                                           const Codec* codec) {
+  Op op;
+  MEND_RETURN_IF_ERROR(Begin("all-reduce", &op));
+  std::unique_ptr<Codec> fp32;
+  if (codec == nullptr) {
+    fp32 = std::move(*MakeCodec({}));
+    codec = fp32.get();
+  }
+  if (!codec->dense()) {
+    return InvalidArgumentError(fmt::format(
+        "round {}: all-reduce: codec {} is sparse; use WeightedAllGatherDecode",
+        options_.round_id, CodecName(codec->kind())));
+  }
+  auto weights = ExchangeWeights(op, weight);
+  if (!weights.ok()) return End(op, weights.status());
+  const int size = options_.world_size;
+  const int me = options_.rank;
+  const bool raw = codec->kind() == CodecKind::kFp32;
+  const Slicing slicing(data.size(), size, codec->alignment(),
+                        std::max<size_t>(options_.segment_bytes / sizeof(float), 1));
+  auto piece = [&](int slice, size_t segment) { return slicing.Piece(slice, segment); };
+
+  // Encoded pieces: ours for every slice (fp32 sends straight from `data`),
+  // the others' contributions to our slice, and the reduced results.
+  EncodedLayout layout(slicing, *codec);
+  if (!raw) send_scratch_.resize(layout.total_bytes());
+  recv_scratch_.resize(layout.slice_bytes(me) * (size - 1) + (raw ? 0 : layout.total_bytes()));
+  std::byte* contributions = recv_scratch_.data();
+  std::byte* results = raw ? nullptr : recv_scratch_.data() + layout.slice_bytes(me) * (size - 1);
+  auto contribution = [&](int peer, size_t segment) {
+    int index = peer < me ? peer : peer - 1;
+    return contributions + index * layout.slice_bytes(me) + layout.offset_in_slice(me, segment);
+  };
+  auto mine = [&](int slice, size_t segment) -> const std::byte* {
+    auto [begin, end] = piece(slice, segment);
+    if (raw) return reinterpret_cast<const std::byte*>(data.data() + begin);
+    return send_scratch_.data() + layout.offset(slice, segment);
+  };
+
+  std::vector<Transfer> scatter;
+  std::vector<std::vector<Transfer>> contributions_in(slicing.segments());
+  for (size_t s = 0; s < slicing.segments(); ++s) {
+    for (int peer = 0; peer < size; ++peer) {
+      auto [begin, end] = piece(peer, s);
+      if (begin == end) continue;
+      if (!raw) {
+        codec->Encode(data.subspan(begin, end - begin),
+                      std::span(send_scratch_.data() + layout.offset(peer, s),
+                                layout.piece_bytes(peer, s)));
+      }
+      if (peer != me) {
+        scatter.push_back(PostSend(op, peer, kScatter, s, mine(peer, s), layout.piece_bytes(peer, s)));
+      }
+    }
+    auto [begin, end] = piece(me, s);
+    if (begin == end) continue;
+    for (int peer = 0; peer < size; ++peer) {
+      if (peer == me) continue;
+      contributions_in[s].push_back(
+          PostRecv(op, peer, kScatter, s, contribution(peer, s), layout.piece_bytes(me, s)));
+    }
+  }
+
+  // Reduce our slice segment by segment, in rank order, and send each result.
+  std::vector<Transfer> gather;
+  for (size_t s = 0; s < slicing.segments(); ++s) {
+    auto [begin, end] = piece(me, s);
+    if (begin == end) continue;
+    Status received = WaitAll(op, contributions_in[s]);
+    if (!received.ok()) return End(op, received);
+    const size_t len = end - begin;
+    accumulator_.assign(len, 0.0f);
+    for (int r = 0; r < size; ++r) {
+      const std::byte* bytes = r == me ? mine(me, s) : contribution(r, s);
+      codec->DecodeAccumulate(std::span(bytes, layout.piece_bytes(me, s)), (*weights)[r],
+                              accumulator_);
+    }
+    const std::byte* result;
+    if (raw) {
+      std::memcpy(data.data() + begin, accumulator_.data(), len * sizeof(float));
+      result = reinterpret_cast<const std::byte*>(data.data() + begin);
+    } else {
+      std::byte* out = results + layout.offset(me, s);
+      codec->Encode(accumulator_, std::span(out, layout.piece_bytes(me, s)));
+      codec->Decode(std::span(out, layout.piece_bytes(me, s)), data.subspan(begin, len));
+      result = out;
+    }
+    for (int peer = 0; peer < size; ++peer) {
+      if (peer != me) gather.push_back(PostSend(op, peer, kGather, s, result, layout.piece_bytes(me, s)));
+    }
+  }
+
+  // Receive the other slices' results; fp32 lands in place once our own
+  // piece of that slice has left.
+  Status sent = WaitAll(op, scatter);
+  if (!sent.ok()) return End(op, sent);
+  std::vector<Transfer> results_in;
+  for (int peer = 0; peer < size; ++peer) {
+    if (peer == me) continue;
+    for (size_t s = 0; s < slicing.segments(); ++s) {
+      auto [begin, end] = piece(peer, s);
+      if (begin == end) continue;
+      void* into = raw ? static_cast<void*>(data.data() + begin)
+                       : static_cast<void*>(results + layout.offset(peer, s));
+      results_in.push_back(PostRecv(op, peer, kGather, s, into, layout.piece_bytes(peer, s)));
+    }
+  }
+  for (Transfer& transfer : results_in) {
+    Status received = Wait(op, transfer);
+    if (!received.ok()) return End(op, received);
+  }
+  if (!raw) {
+    for (int peer = 0; peer < size; ++peer) {
+      if (peer == me) continue;
+      for (size_t s = 0; s < slicing.segments(); ++s) {
+        auto [begin, end] = piece(peer, s);
+        if (begin == end) continue;
+        codec->Decode(std::span(results + layout.offset(peer, s), layout.piece_bytes(peer, s)),
+                      data.subspan(begin, end - begin));
+      }
+    }
+  }
+  return End(op, WaitAll(op, gather));
+}
+
+Status GlooCommunicator::WeightedAllGatherDecode(std::span<const std::byte> payload,
+                                                 double weight, const Codec& codec,
+                                                 std::span<float> out) {
+  Op op;
+  MEND_RETURN_IF_ERROR(Begin("all-gather-decode", &op));
+  if (payload.size() != codec.EncodedBytes(out.size())) {
+    return InvalidArgumentError(fmt::format(
+        "round {}: all-gather-decode: payload of {} bytes; {} values of {} take {}",
+        options_.round_id, payload.size(), out.size(), CodecName(codec.kind()),
+        codec.EncodedBytes(out.size())));
+  }
+  auto weights = ExchangeWeights(op, weight);
+  if (!weights.ok()) return End(op, weights.status());
+  recv_scratch_.resize(payload.size() * options_.world_size);
+  Status gathered = GatherBytes(op, kAllGather, payload, recv_scratch_);
+  if (!gathered.ok()) return End(op, gathered);
+  std::fill(out.begin(), out.end(), 0.0f);
+  for (int r = 0; r < options_.world_size; ++r) {
+    codec.DecodeAccumulate(std::span(recv_scratch_.data() + r * payload.size(), payload.size()),
+                           (*weights)[r], out);
+  }
+  return End(op, OkStatus());
+}
+
+Status GlooCommunicator::AllGather(std::span<const std::byte> mine, std::span<std::byte> out) {
+  Op op;
+  MEND_RETURN_IF_ERROR(Begin("all-gather", &op));
+  if (out.size() != mine.size() * options_.world_size) {
+    return InvalidArgumentError(fmt::format("round {}: all-gather: output of {} bytes for {} x {}",
+                                            options_.round_id, out.size(), options_.world_size,
+                                            mine.size()));
+  }
+  return End(op, GatherBytes(op, kAllGather, mine, out));
+}
+
+Status GlooCommunicator::Broadcast(std::span<std::byte> data, int root) {
+  Op op;
+  MEND_RETURN_IF_ERROR(Begin("broadcast", &op));
+  if (root < 0 || root >= options_.world_size) {
+    return InvalidArgumentError(fmt::format("round {}: broadcast: root {} not in [0, {})",
+                                            options_.round_id, root, options_.world_size));
+  }
+  std::vector<Transfer> transfers;
+  const size_t segment = std::max<size_t>(options_.segment_bytes, 1);
+  for (size_t start = 0, s = 0; start < data.size(); start += segment, ++s) {
+    size_t bytes = std::min(segment, data.size() - start);
+    if (options_.rank == root) {
+      for (int peer = 0; peer < options_.world_size; ++peer) {
+        if (peer != root) transfers.push_back(PostSend(op, peer, kBroadcast, s, data.data() + start, bytes));
+      }
+    } else {
+      transfers.push_back(PostRecv(op, root, kBroadcast, s, data.data() + start, bytes));
+    }
+  }
+  return End(op, WaitAll(op, transfers));
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Communicator>> Communicator::Connect(RendezvousStore& store,
+                                                              const CommunicatorOptions& options) {
+  if (options.world_size < 1 || options.rank < 0 || options.rank >= options.world_size) {
+    return InvalidArgumentError(fmt::format("communicator: rank {} not in [0, world_size = {})",
+                                            options.rank, options.world_size));
+  }
+  if (options.timeout <= 0) {
+    return InvalidArgumentError(
+        fmt::format("communicator: timeout = {} us: must be positive", options.timeout));
+  }
+  auto timeout = std::chrono::milliseconds(std::max<Micros>(options.timeout / kMicrosPerMilli, 1));
+  dataplane::GlooStore gloo_store(store, options.prefix + "gloo/", timeout);
+  std::shared_ptr<gloo::transport::Device> device;
+  std::shared_ptr<gloo::rendezvous::Context> context;
+  try {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = options.bind_host;
+    device = gloo::transport::tcp::CreateDevice(attr);
+    context = std::make_shared<gloo::rendezvous::Context>(options.rank, options.world_size);
+    context->setTimeout(timeout);
+    context->connectFullMesh(gloo_store, device);
+  } catch (const dataplane::StoreTimeout& error) {
+    std::vector<std::string> missing;
+    for (const std::string& key : error.keys) {
+      int rank = std::atoi(key.substr(key.rfind('/') + 1).c_str());
+      missing.push_back(rank >= 0 && static_cast<size_t>(rank) < options.member_ids.size()
+                            ? fmt::format("{} ('{}')", rank, options.member_ids[rank])
+                            : std::to_string(rank));
+    }
+    return DeadlineExceededError(fmt::format(
+        "round {}: rendezvous: member(s) {} did not show up within {} ms", options.round_id,
+        fmt::join(missing, ", "), timeout.count()));
+  } catch (const dataplane::StoreFailure& error) {
+    return Annotate(error.status, fmt::format("round {}: rendezvous", options.round_id));
+  } catch (const std::exception& error) {
+    std::string message = error.what();
+    if (message.find("imed out") != std::string::npos) {
+      return DeadlineExceededError(fmt::format("round {}: connecting to the members: {}",
+                                               options.round_id, message));
+    }
+    return UnavailableError(
+        fmt::format("round {}: connecting to the members: {}", options.round_id, message));
+  }
+  return std::unique_ptr<Communicator>(
+      new GlooCommunicator(options, std::move(device), std::move(context)));
+}
+
+}  // namespace mend

@@ -1,0 +1,291 @@
+// The communicator among threads of one process: results against a reference,
+// bit-identical results on every member for every codec, deadlines when a
+// member hangs or vanishes, and nothing leaked after a failure.
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "dataplane/dataplane_fixture.h"
+#include "dataplane/slicing.h"
+#include "test_util/wait.h"
+
+namespace mend {
+namespace {
+
+using testing_util::CountEntries;
+using testing_util::InProcessStore;
+using testing_util::MemberOptions;
+using testing_util::RunMembers;
+
+std::vector<float> MemberData(int rank, size_t n) {
+  std::mt19937_64 random(1000 + rank);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> values(n);
+  for (float& v : values) v = normal(random);
+  return values;
+}
+
+double MemberWeight(int rank) { return 100.0 * (rank + 1); }  // tokens
+
+// sum_r w_r x_r / sum_r w_r in double.
+std::vector<double> Reference(int size, size_t n) {
+  double total = 0;
+  for (int r = 0; r < size; ++r) total += MemberWeight(r);
+  std::vector<double> want(n, 0.0);
+  for (int r = 0; r < size; ++r) {
+    auto x = MemberData(r, n);
+    for (size_t i = 0; i < n; ++i) want[i] += MemberWeight(r) / total * x[i];
+  }
+  return want;
+}
+
+double RelativeError(const std::vector<double>& want, const std::vector<float>& got) {
+  double error = 0, norm = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    error += (want[i] - got[i]) * (want[i] - got[i]);
+    norm += want[i] * want[i];
+  }
+  return norm == 0 ? std::sqrt(error) : std::sqrt(error / norm);
+}
+
+struct Case {
+  CodecKind codec;
+  double bound;  // relative error against the fp64 reference
+};
+
+class WeightedAllReduceTest : public ::testing::TestWithParam<std::tuple<Case, int, size_t>> {};
+
+TEST_P(WeightedAllReduceTest, MatchesReferenceAndIsBitIdenticalOnEveryMember) {
+  auto [c, size, n] = GetParam();
+  auto codec = MakeCodec({c.codec, 32, 4096, 64});
+  ASSERT_TRUE(codec.ok());
+  std::vector<std::vector<float>> results(size);
+  RunMembers(
+      size,
+      [&, n = n](int rank, Communicator& comm) {
+        auto data = MemberData(rank, n);
+        Status status = comm.WeightedAllReduce(data, MemberWeight(rank), codec->get());
+        ASSERT_TRUE(status.ok()) << status;
+        results[rank] = std::move(data);
+      },
+      "job/round/7/", [](CommunicatorOptions& options) { options.segment_bytes = 4096; });
+  for (int r = 1; r < size; ++r) {
+    ASSERT_EQ(std::memcmp(results[r].data(), results[0].data(), n * sizeof(float)), 0)
+        << "member " << r << " differs from member 0";
+  }
+  if (n > 0) {
+    EXPECT_LT(RelativeError(Reference(size, n), results[0]), c.bound);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Codecs, WeightedAllReduceTest,
+    ::testing::Combine(::testing::Values(Case{CodecKind::kFp32, 1e-6}, Case{CodecKind::kBf16, 5e-3},
+                                         Case{CodecKind::kInt8, 2e-2},
+                                         Case{CodecKind::kInt4, 0.25}),
+                       ::testing::Values(2, 3, 4),
+                       // Empty, fewer values than members, not a multiple of
+                       // the block, and several segments per slice.
+                       ::testing::Values(size_t{0}, size_t{3}, size_t{1001}, size_t{20'000})));
+
+TEST(CommunicatorTest, SparseAllGatherDecodeIsBitIdenticalAndWeighted) {
+  auto codec = MakeCodec({CodecKind::kTopK, 64, 512, 32});
+  ASSERT_TRUE(codec.ok());
+  const int size = 3;
+  const size_t n = 4096;
+  std::vector<std::vector<float>> results(size);
+  std::vector<std::vector<float>> decoded(size);
+  RunMembers(size, [&](int rank, Communicator& comm) {
+    auto data = MemberData(rank, n);
+    std::vector<std::byte> payload((*codec)->EncodedBytes(n));
+    (*codec)->Encode(data, payload);
+    decoded[rank].resize(n);
+    (*codec)->Decode(payload, decoded[rank]);
+    std::vector<float> out(n);
+    Status status = comm.WeightedAllGatherDecode(payload, MemberWeight(rank), **codec, out);
+    ASSERT_TRUE(status.ok()) << status;
+    results[rank] = std::move(out);
+  });
+  EXPECT_EQ(results[1], results[0]);
+  EXPECT_EQ(results[2], results[0]);
+  double total = MemberWeight(0) + MemberWeight(1) + MemberWeight(2);
+  for (size_t i = 0; i < n; ++i) {
+    double want = 0;
+    for (int r = 0; r < size; ++r) want += MemberWeight(r) / total * decoded[r][i];
+    ASSERT_NEAR(results[0][i], want, 1e-5) << i;
+  }
+}
+
+TEST(CommunicatorTest, AllGatherAndBroadcastMoveExactBytes) {
+  const int size = 4;
+  RunMembers(size, [&](int rank, Communicator& comm) {
+    std::vector<std::byte> mine(777, std::byte(rank + 1));
+    std::vector<std::byte> all(777 * size);
+    ASSERT_TRUE(comm.AllGather(mine, all).ok());
+    for (int r = 0; r < size; ++r) EXPECT_EQ(all[r * 777 + 776], std::byte(r + 1));
+    std::vector<std::byte> state(3 << 20, std::byte(rank == 2 ? 0x5A : 0));
+    ASSERT_TRUE(comm.Broadcast(state, /*root=*/2).ok());
+    EXPECT_EQ(state.front(), std::byte(0x5A));
+    EXPECT_EQ(state.back(), std::byte(0x5A));
+    EXPECT_EQ(comm.stats().operations, 2u);
+  });
+}
+
+TEST(CommunicatorTest, ZeroTotalWeightIsRefusedOnEveryMember) {
+  RunMembers(2, [&](int rank, Communicator& comm) {
+    std::vector<float> data(10, 1.0f);
+    Status status = comm.WeightedAllReduce(data, 0.0);
+    EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << status;
+    EXPECT_NE(std::string(StatusMessage(status)).find("sum to 0"), std::string::npos);
+  });
+}
+
+TEST(CommunicatorTest, HungMemberFailsTheOthersWithDeadlineNamingIt) {
+  // Member 2 connects and then never takes part: the others' all-reduce ends
+  // with DEADLINE_EXCEEDED naming round 7 and member 2, and the communicator
+  // refuses further work.
+  const Micros timeout = 1500 * kMicrosPerMilli;
+  std::atomic<int> failed{0};
+  InProcessStore store;
+  std::vector<std::thread> threads;
+  std::atomic<bool> others_done{false};
+  for (int rank = 0; rank < 3; ++rank) {
+    threads.emplace_back([&, rank]() {
+      auto comm = Communicator::Connect(store, MemberOptions(rank, 3, "job/round/7/", timeout));
+      ASSERT_TRUE(comm.ok()) << comm.status();
+      if (rank == 2) {
+        EXPECT_TRUE(testing_util::WaitFor(30 * kMicrosPerSecond, [&]() { return others_done.load(); }));
+        return;
+      }
+      std::vector<float> data(100'000, 1.0f);
+      Status status = (*comm)->WeightedAllReduce(data, 1.0);
+      EXPECT_EQ(status.code(), StatusCode::kDeadlineExceeded) << status;
+      std::string message(StatusMessage(status));
+      EXPECT_NE(message.find("round 7"), std::string::npos) << message;
+      EXPECT_NE(message.find("member 2 ('learner-2')"), std::string::npos) << message;
+      EXPECT_TRUE((*comm)->broken());
+      EXPECT_EQ((*comm)->WeightedAllReduce(data, 1.0).code(), StatusCode::kFailedPrecondition);
+      if (++failed == 2) others_done = true;
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(failed.load(), 2);
+}
+
+TEST(CommunicatorTest, VanishedMemberAbortsTheOthersAndNothingLeaks) {
+  // Member 1 closes its communicator (its sockets) while member 0 waits in an
+  // all-reduce: member 0 gets ABORTED (or DEADLINE_EXCEEDED) naming member 1
+  // long before the 60 s deadline. Afterwards the process has the threads
+  // and descriptors it had before.
+  size_t threads_before = CountEntries("/proc/self/task");
+  size_t fds_before = CountEntries("/proc/self/fd");
+  {
+    InProcessStore store;
+    std::atomic<bool> waiting{false};
+    Status status;
+    std::thread member1([&]() {
+      auto comm = Communicator::Connect(store, MemberOptions(1, 2, "job/round/7/", 60 * kMicrosPerSecond));
+      ASSERT_TRUE(comm.ok()) << comm.status();
+      EXPECT_TRUE(testing_util::WaitFor(30 * kMicrosPerSecond, [&]() { return waiting.load(); }));
+      // Gone: the communicator and its connections close.
+    });
+    auto comm = Communicator::Connect(store, MemberOptions(0, 2, "job/round/7/", 60 * kMicrosPerSecond));
+    ASSERT_TRUE(comm.ok()) << comm.status();
+    std::vector<float> data(1 << 20, 1.0f);
+    waiting = true;
+    status = (*comm)->WeightedAllReduce(data, 1.0);
+    member1.join();
+    EXPECT_TRUE(status.code() == StatusCode::kAborted ||
+                status.code() == StatusCode::kDeadlineExceeded)
+        << status;
+    EXPECT_NE(std::string(StatusMessage(status)).find("member 1"), std::string::npos) << status;
+  }
+  EXPECT_TRUE(testing_util::WaitFor(10 * kMicrosPerSecond, [&]() {
+    return CountEntries("/proc/self/task") == threads_before &&
+           CountEntries("/proc/self/fd") == fds_before;
+  })) << "threads " << CountEntries("/proc/self/task") << " (before " << threads_before
+      << "), fds " << CountEntries("/proc/self/fd") << " (before " << fds_before << ")";
+}
+
+TEST(CommunicatorTest, MissingMemberFailsRendezvousNamingIt) {
+  InProcessStore store;
+  auto comm = Communicator::Connect(store, MemberOptions(0, 2, "job/round/9/", 300 * kMicrosPerMilli));
+  ASSERT_FALSE(comm.ok());
+  EXPECT_EQ(comm.status().code(), StatusCode::kDeadlineExceeded) << comm.status();
+  EXPECT_NE(std::string(StatusMessage(comm.status())).find("1 ('learner-1')"), std::string::npos)
+      << comm.status();
+}
+
+TEST(CommunicatorTest, NextRoundBuildsAFreshCommunicatorWithTheSurvivors) {
+  // Round 7 fails (member 2 never joins the operation); the two survivors
+  // connect again under round 8's prefix and reduce.
+  InProcessStore store;
+  std::vector<std::thread> threads;
+  std::atomic<int> round8_ok{0};
+  std::atomic<int> round7_done{0};
+  for (int rank = 0; rank < 3; ++rank) {
+    threads.emplace_back([&, rank]() {
+      auto comm = Communicator::Connect(store, MemberOptions(rank, 3, "job/round/7/", 1000 * kMicrosPerMilli));
+      ASSERT_TRUE(comm.ok());
+      if (rank == 2) {
+        EXPECT_TRUE(testing_util::WaitFor(30 * kMicrosPerSecond, [&]() { return round7_done == 2; }));
+        return;
+      }
+      std::vector<float> data(1000, static_cast<float>(rank + 1));
+      EXPECT_FALSE((*comm)->WeightedAllReduce(data, 1.0).ok());
+      round7_done++;
+      comm->reset();
+      auto next = Communicator::Connect(store, MemberOptions(rank, 2, "job/round/8/"));
+      ASSERT_TRUE(next.ok()) << next.status();
+      std::vector<float> fresh(1000, static_cast<float>(rank + 1));
+      ASSERT_TRUE((*next)->WeightedAllReduce(fresh, 1.0).ok());
+      EXPECT_EQ(fresh[999], 1.5f);
+      round8_ok++;
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(round8_ok.load(), 2);
+}
+
+TEST(CommunicatorTest, LinkEmulationStretchesEveryOperation) {
+  RunMembers(
+      2,
+      [&](int rank, Communicator& comm) {
+        std::vector<float> data(1000, 1.0f);
+        auto start = std::chrono::steady_clock::now();
+        ASSERT_TRUE(comm.WeightedAllReduce(data, 1.0).ok());
+        // At least the latency plus the bytes this member sent at 1 MB/s.
+        double sent = static_cast<double>(comm.stats().bytes_sent);
+        auto least = std::chrono::microseconds(200'000 + static_cast<int64_t>(sent));
+        EXPECT_GE(std::chrono::steady_clock::now() - start, least);
+      },
+      "job/round/7/",
+      [](CommunicatorOptions& options) {
+        options.link.latency = 200 * kMicrosPerMilli;
+        options.link.bytes_per_s = 1e6;
+      });
+}
+
+TEST(SlicingTest, PiecesCoverTheBufferOnceOnAlignedBoundaries) {
+  for (size_t n : {0u, 1u, 63u, 64u, 1000u, 100'003u}) {
+    for (int members : {1, 2, 3, 7}) {
+      dataplane::Slicing slicing(n, members, 32, 100);
+      std::vector<int> covered(n, 0);
+      for (int slice = 0; slice < members; ++slice) {
+        for (size_t s = 0; s < slicing.segments(); ++s) {
+          auto [begin, end] = slicing.Piece(slice, s);
+          ASSERT_LE(begin, end);
+          if (begin != end) {
+            ASSERT_TRUE(begin % 32 == 0) << begin;
+          }
+          for (size_t i = begin; i < end; ++i) covered[i]++;
+        }
+      }
+      for (size_t i = 0; i < n; ++i) ASSERT_EQ(covered[i], 1) << n << " " << members << " " << i;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace mend
