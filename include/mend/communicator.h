@@ -10,7 +10,9 @@
 // then broken (every later call returns FAILED_PRECONDITION) and is meant to
 // be discarded: the next round builds a fresh one with the survivors.
 // Destroying a communicator closes its sockets and joins its threads, also
-// after an error.
+// after an error. Connect sets SIGPIPE to "ignore" if it still has its
+// default action (Gloo's socket writes would otherwise let a dying peer kill
+// this process).
 //
 // The reductions are all-to-all reduce-scatter + all-gather: member r owns
 // the r-th slice of the buffer, receives every member's (encoded) piece of

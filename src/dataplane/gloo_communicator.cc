@@ -5,6 +5,8 @@
 // the phase and the segment, so messages of different operations never meet.
 // Each pending receive and send has its own buffer object, so a failure is
 // always attributable to one peer.
+#include <signal.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -37,11 +39,14 @@ uint64_t MakeSlot(uint64_t op, Phase phase, size_t segment) {
   return (op << 24) | (static_cast<uint64_t>(phase) << 20) | (segment & 0xFFFFF);
 }
 
-// One posted send or receive with its peer.
+// One posted send or receive with its peer. Gloo throws from send() and
+// recv() when the pair already failed; that error is kept here and reported
+// by the wait, so it is attributed to the peer like any other.
 struct Transfer {
   int peer = 0;
   std::unique_ptr<UnboundBuffer> buffer;
   bool is_send = false;
+  std::string post_error;
 };
 
 class GlooCommunicator final : public Communicator {
@@ -56,11 +61,20 @@ class GlooCommunicator final : public Communicator {
     device_.reset();
   }
 
-  Status WeightedAllReduce(std::span<float> data, double weight, const Codec* codec) override;
+  Status WeightedAllReduce(std::span<float> data, double weight, const Codec* codec) override {
+    return Guarded("all-reduce", [&]() { return WeightedAllReduceImpl(data, weight, codec); });
+  }
   Status WeightedAllGatherDecode(std::span<const std::byte> payload, double weight,
-                                 const Codec& codec, std::span<float> out) override;
-  Status AllGather(std::span<const std::byte> mine, std::span<std::byte> out) override;
-  Status Broadcast(std::span<std::byte> data, int root) override;
+                                 const Codec& codec, std::span<float> out) override {
+    return Guarded("all-gather-decode",
+                   [&]() { return WeightedAllGatherDecodeImpl(payload, weight, codec, out); });
+  }
+  Status AllGather(std::span<const std::byte> mine, std::span<std::byte> out) override {
+    return Guarded("all-gather", [&]() { return AllGatherImpl(mine, out); });
+  }
+  Status Broadcast(std::span<std::byte> data, int root) override {
+    return Guarded("broadcast", [&]() { return BroadcastImpl(data, root); });
+  }
 
   int rank() const override { return options_.rank; }
   int world_size() const override { return options_.world_size; }
@@ -77,6 +91,24 @@ class GlooCommunicator final : public Communicator {
     uint64_t sent = 0;
   };
 
+  Status WeightedAllReduceImpl(std::span<float> data, double weight, const Codec* codec);
+  Status WeightedAllGatherDecodeImpl(std::span<const std::byte> payload, double weight,
+                                     const Codec& codec, std::span<float> out);
+  Status AllGatherImpl(std::span<const std::byte> mine, std::span<std::byte> out);
+  Status BroadcastImpl(std::span<std::byte> data, int root);
+
+  // Runs `body`; an exception from Gloo that no wait caught (it should not
+  // happen) still becomes an error and breaks the communicator, never a crash.
+  template <typename Body>
+  Status Guarded(const char* name, Body&& body) {
+    try {
+      return body();
+    } catch (const std::exception& error) {
+      broken_ = true;
+      return AbortedError(fmt::format("round {}: {}: {}", options_.round_id, name, error.what()));
+    }
+  }
+
   Status Begin(const char* name, Op* op);
   // Applies the link emulation, counts the operation.
   Status End(Op& op, Status status);
@@ -92,6 +124,14 @@ class GlooCommunicator final : public Communicator {
   StatusOr<std::vector<float>> ExchangeWeights(Op& op, double weight);
   Status GatherBytes(Op& op, Phase phase, std::span<const std::byte> mine,
                      std::span<std::byte> out);
+
+  // The steps of WeightedAllReduce (see the file comment of communicator.h).
+  struct Reduction;
+  const std::byte* Mine(Reduction& run, int slice, size_t segment) const;
+  std::byte* Contribution(Reduction& run, int peer, size_t segment) const;
+  void PostScatter(Op& op, Reduction& run);
+  Status ReduceSegment(Op& op, Reduction& run, const std::vector<float>& weights, size_t segment);
+  Status FinishGather(Op& op, Reduction& run);
 
   std::string PeerName(int peer) const {
     if (static_cast<size_t>(peer) < options_.member_ids.size()) {
@@ -144,16 +184,24 @@ Status GlooCommunicator::End(Op& op, Status status) {
 
 Transfer GlooCommunicator::PostSend(Op& op, int peer, Phase phase, size_t segment,
                                     const void* ptr, size_t bytes) {
-  Transfer transfer{peer, context_->createUnboundBuffer(const_cast<void*>(ptr), bytes), true};
-  transfer.buffer->send(peer, MakeSlot(op.id, phase, segment), 0, bytes);
+  Transfer transfer{peer, context_->createUnboundBuffer(const_cast<void*>(ptr), bytes), true, {}};
+  try {
+    transfer.buffer->send(peer, MakeSlot(op.id, phase, segment), 0, bytes);
+  } catch (const std::exception& error) {
+    transfer.post_error = error.what();
+  }
   op.sent += bytes;
   return transfer;
 }
 
 Transfer GlooCommunicator::PostRecv(Op& op, int peer, Phase phase, size_t segment, void* ptr,
                                     size_t bytes) {
-  Transfer transfer{peer, context_->createUnboundBuffer(ptr, bytes), false};
-  transfer.buffer->recv(peer, MakeSlot(op.id, phase, segment), 0, bytes);
+  Transfer transfer{peer, context_->createUnboundBuffer(ptr, bytes), false, {}};
+  try {
+    transfer.buffer->recv(peer, MakeSlot(op.id, phase, segment), 0, bytes);
+  } catch (const std::exception& error) {
+    transfer.post_error = error.what();
+  }
   stats_.bytes_received += bytes;
   return transfer;
 }
@@ -163,6 +211,11 @@ Status GlooCommunicator::Wait(Op& op, Transfer& transfer) {
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(op.deadline - Clock::now());
   left = std::max(left, std::chrono::milliseconds(1));
   const char* what = transfer.is_send ? "sending to" : "receiving from";
+  if (!transfer.post_error.empty()) {
+    return AbortedError(fmt::format("round {}: {}: {} {}: connection lost ({})",
+                                    options_.round_id, op.name, what, PeerName(transfer.peer),
+                                    transfer.post_error));
+  }
   try {
     bool done = transfer.is_send ? transfer.buffer->waitSend(left) : transfer.buffer->waitRecv(left);
     if (!done) {
@@ -232,7 +285,53 @@ StatusOr<std::vector<float>> GlooCommunicator::ExchangeWeights(Op& op, double we
   return normalized;
 }
 
-Status GlooCommunicator::WeightedAllReduce(std::span<float> data, double weight,
+// Adds the members' pieces in rank order, element by element, in blocks that
+// stay in L1: out = w_0 x_0 + w_1 x_1 + ... (x_r may be `out` itself). One
+// pass over each input and one over the output.
+void WeightedSum(float* out, const std::vector<const float*>& inputs,
+                 const std::vector<float>& weights, size_t n) {
+  constexpr size_t kBlock = 1024;
+  float block[kBlock];
+  for (size_t start = 0; start < n; start += kBlock) {
+    const size_t len = std::min(kBlock, n - start);
+    const float* x0 = inputs[0] + start;
+    for (size_t i = 0; i < len; ++i) block[i] = weights[0] * x0[i];
+    for (size_t r = 1; r < inputs.size(); ++r) {
+      const float* x = inputs[r] + start;
+      const float w = weights[r];
+      for (size_t i = 0; i < len; ++i) block[i] += w * x[i];
+    }
+    std::memcpy(out + start, block, len * sizeof(float));
+  }
+}
+
+// The state of one reduction: how the buffer is cut, where each encoded piece
+// lives, and the transfers in flight.
+struct GlooCommunicator::Reduction {
+  Reduction(std::span<float> values, const Codec& c, int members, size_t segment_values)
+      : data(values),
+        codec(c),
+        raw(c.kind() == CodecKind::kFp32),
+        slicing(values.size(), members, c.alignment(), segment_values),
+        layout(slicing, c),
+        scatter(slicing.segments()),
+        contributions_in(slicing.segments()) {}
+
+  std::span<float> data;
+  const Codec& codec;
+  const bool raw;  // fp32: pieces travel straight from and into `data`
+  Slicing slicing;
+  EncodedLayout layout;
+  std::vector<std::vector<Transfer>> scatter;           // by segment
+  std::vector<std::vector<Transfer>> contributions_in;  // by segment
+  std::vector<Transfer> gather;
+  std::vector<Transfer> results_in;
+  std::byte* encoded = nullptr;        // our pieces of every slice (codecs)
+  std::byte* contributions = nullptr;  // the others' pieces of our slice
+  std::byte* results = nullptr;        // every slice's reduced piece (codecs)
+};
+
+Status GlooCommunicator::WeightedAllReduceImpl(std::span<float> data, double weight,
                                            const Codec* codec) {
   Op op;
   MEND_RETURN_IF_ERROR(Begin("all-reduce", &op));
@@ -248,117 +347,132 @@ Status GlooCommunicator::WeightedAllReduce(std::span<float> data, double weight,
   }
   auto weights = ExchangeWeights(op, weight);
   if (!weights.ok()) return End(op, weights.status());
-  const int size = options_.world_size;
+  Reduction run(data, *codec, options_.world_size,
+                std::max<size_t>(options_.segment_bytes / sizeof(float), 1));
   const int me = options_.rank;
-  const bool raw = codec->kind() == CodecKind::kFp32;
-  const Slicing slicing(data.size(), size, codec->alignment(),
-                        std::max<size_t>(options_.segment_bytes / sizeof(float), 1));
-  auto piece = [&](int slice, size_t segment) { return slicing.Piece(slice, segment); };
+  const size_t slice_bytes = run.layout.slice_bytes(me);
+  send_scratch_.resize(run.raw ? 0 : run.layout.total_bytes());
+  recv_scratch_.resize(slice_bytes * (options_.world_size - 1) +
+                       (run.raw ? 0 : run.layout.total_bytes()));
+  run.encoded = send_scratch_.data();
+  run.contributions = recv_scratch_.data();
+  run.results = run.raw ? nullptr : recv_scratch_.data() + slice_bytes * (options_.world_size - 1);
+  PostScatter(op, run);
+  for (size_t s = 0; s < run.slicing.segments(); ++s) {
+    Status status = ReduceSegment(op, run, *weights, s);
+    if (!status.ok()) return End(op, status);
+  }
+  return End(op, FinishGather(op, run));
+}
 
-  // Encoded pieces: ours for every slice (fp32 sends straight from `data`),
-  // the others' contributions to our slice, and the reduced results.
-  EncodedLayout layout(slicing, *codec);
-  if (!raw) send_scratch_.resize(layout.total_bytes());
-  recv_scratch_.resize(layout.slice_bytes(me) * (size - 1) + (raw ? 0 : layout.total_bytes()));
-  std::byte* contributions = recv_scratch_.data();
-  std::byte* results = raw ? nullptr : recv_scratch_.data() + layout.slice_bytes(me) * (size - 1);
-  auto contribution = [&](int peer, size_t segment) {
-    int index = peer < me ? peer : peer - 1;
-    return contributions + index * layout.slice_bytes(me) + layout.offset_in_slice(me, segment);
-  };
-  auto mine = [&](int slice, size_t segment) -> const std::byte* {
-    auto [begin, end] = piece(slice, segment);
-    if (raw) return reinterpret_cast<const std::byte*>(data.data() + begin);
-    return send_scratch_.data() + layout.offset(slice, segment);
-  };
+const std::byte* GlooCommunicator::Mine(Reduction& run, int slice, size_t segment) const {
+  if (run.raw) {
+    return reinterpret_cast<const std::byte*>(run.data.data() + run.slicing.Piece(slice, segment).first);
+  }
+  return run.encoded + run.layout.offset(slice, segment);
+}
 
-  std::vector<Transfer> scatter;
-  std::vector<std::vector<Transfer>> contributions_in(slicing.segments());
-  for (size_t s = 0; s < slicing.segments(); ++s) {
-    for (int peer = 0; peer < size; ++peer) {
-      auto [begin, end] = piece(peer, s);
+std::byte* GlooCommunicator::Contribution(Reduction& run, int peer, size_t segment) const {
+  const int me = options_.rank;
+  const int index = peer < me ? peer : peer - 1;
+  return run.contributions + index * run.layout.slice_bytes(me) +
+         run.layout.offset_in_slice(me, segment);
+}
+
+void GlooCommunicator::PostScatter(Op& op, Reduction& run) {
+  const int me = options_.rank;
+  for (size_t s = 0; s < run.slicing.segments(); ++s) {
+    for (int peer = 0; peer < options_.world_size; ++peer) {
+      auto [begin, end] = run.slicing.Piece(peer, s);
       if (begin == end) continue;
-      if (!raw) {
-        codec->Encode(data.subspan(begin, end - begin),
-                      std::span(send_scratch_.data() + layout.offset(peer, s),
-                                layout.piece_bytes(peer, s)));
+      const size_t bytes = run.layout.piece_bytes(peer, s);
+      if (!run.raw) {
+        run.codec.Encode(run.data.subspan(begin, end - begin),
+                         std::span(run.encoded + run.layout.offset(peer, s), bytes));
+        // Codec results land in their own buffer: their receives can wait now.
+        if (peer != me) {
+          run.results_in.push_back(
+              PostRecv(op, peer, kGather, s, run.results + run.layout.offset(peer, s), bytes));
+        }
       }
-      if (peer != me) {
-        scatter.push_back(PostSend(op, peer, kScatter, s, mine(peer, s), layout.piece_bytes(peer, s)));
-      }
+      if (peer != me) run.scatter[s].push_back(PostSend(op, peer, kScatter, s, Mine(run, peer, s), bytes));
     }
-    auto [begin, end] = piece(me, s);
+    auto [begin, end] = run.slicing.Piece(me, s);
     if (begin == end) continue;
-    for (int peer = 0; peer < size; ++peer) {
+    for (int peer = 0; peer < options_.world_size; ++peer) {
       if (peer == me) continue;
-      contributions_in[s].push_back(
-          PostRecv(op, peer, kScatter, s, contribution(peer, s), layout.piece_bytes(me, s)));
+      run.contributions_in[s].push_back(PostRecv(op, peer, kScatter, s, Contribution(run, peer, s),
+                                                 run.layout.piece_bytes(me, s)));
     }
   }
+}
 
-  // Reduce our slice segment by segment, in rank order, and send each result.
-  std::vector<Transfer> gather;
-  for (size_t s = 0; s < slicing.segments(); ++s) {
-    auto [begin, end] = piece(me, s);
-    if (begin == end) continue;
-    Status received = WaitAll(op, contributions_in[s]);
-    if (!received.ok()) return End(op, received);
+Status GlooCommunicator::ReduceSegment(Op& op, Reduction& run, const std::vector<float>& weights,
+                                       size_t s) {
+  const int me = options_.rank;
+  const int size = options_.world_size;
+  auto [begin, end] = run.slicing.Piece(me, s);
+  if (begin != end) {
+    MEND_RETURN_IF_ERROR(WaitAll(op, run.contributions_in[s]));
     const size_t len = end - begin;
-    accumulator_.assign(len, 0.0f);
-    for (int r = 0; r < size; ++r) {
-      const std::byte* bytes = r == me ? mine(me, s) : contribution(r, s);
-      codec->DecodeAccumulate(std::span(bytes, layout.piece_bytes(me, s)), (*weights)[r],
-                              accumulator_);
-    }
+    const size_t bytes = run.layout.piece_bytes(me, s);
     const std::byte* result;
-    if (raw) {
-      std::memcpy(data.data() + begin, accumulator_.data(), len * sizeof(float));
-      result = reinterpret_cast<const std::byte*>(data.data() + begin);
+    if (run.raw) {
+      std::vector<const float*> inputs(size);
+      for (int r = 0; r < size; ++r) {
+        inputs[r] = reinterpret_cast<const float*>(r == me ? Mine(run, me, s) : Contribution(run, r, s));
+      }
+      WeightedSum(run.data.data() + begin, inputs, weights, len);
+      result = reinterpret_cast<const std::byte*>(run.data.data() + begin);
     } else {
-      std::byte* out = results + layout.offset(me, s);
-      codec->Encode(accumulator_, std::span(out, layout.piece_bytes(me, s)));
-      codec->Decode(std::span(out, layout.piece_bytes(me, s)), data.subspan(begin, len));
+      accumulator_.assign(len, 0.0f);
+      for (int r = 0; r < size; ++r) {
+        const std::byte* piece = r == me ? Mine(run, me, s) : Contribution(run, r, s);
+        run.codec.DecodeAccumulate(std::span(piece, bytes), weights[r], accumulator_);
+      }
+      std::byte* out = run.results + run.layout.offset(me, s);
+      run.codec.Encode(accumulator_, std::span(out, bytes));
+      // The owner keeps what everyone else decodes, not its fp32 sum.
+      run.codec.Decode(std::span(out, bytes), run.data.subspan(begin, len));
       result = out;
     }
     for (int peer = 0; peer < size; ++peer) {
-      if (peer != me) gather.push_back(PostSend(op, peer, kGather, s, result, layout.piece_bytes(me, s)));
+      if (peer != me) run.gather.push_back(PostSend(op, peer, kGather, s, result, bytes));
     }
   }
-
-  // Receive the other slices' results; fp32 lands in place once our own
-  // piece of that slice has left.
-  Status sent = WaitAll(op, scatter);
-  if (!sent.ok()) return End(op, sent);
-  std::vector<Transfer> results_in;
-  for (int peer = 0; peer < size; ++peer) {
-    if (peer == me) continue;
-    for (size_t s = 0; s < slicing.segments(); ++s) {
-      auto [begin, end] = piece(peer, s);
-      if (begin == end) continue;
-      void* into = raw ? static_cast<void*>(data.data() + begin)
-                       : static_cast<void*>(results + layout.offset(peer, s));
-      results_in.push_back(PostRecv(op, peer, kGather, s, into, layout.piece_bytes(peer, s)));
-    }
-  }
-  for (Transfer& transfer : results_in) {
-    Status received = Wait(op, transfer);
-    if (!received.ok()) return End(op, received);
-  }
-  if (!raw) {
+  if (run.raw) {
+    // fp32 results land in place, so segment s of the other slices may be
+    // received only once our own piece of it has left.
+    MEND_RETURN_IF_ERROR(WaitAll(op, run.scatter[s]));
     for (int peer = 0; peer < size; ++peer) {
-      if (peer == me) continue;
-      for (size_t s = 0; s < slicing.segments(); ++s) {
-        auto [begin, end] = piece(peer, s);
+      auto [peer_begin, peer_end] = run.slicing.Piece(peer, s);
+      if (peer == me || peer_begin == peer_end) continue;
+      run.results_in.push_back(PostRecv(op, peer, kGather, s, run.data.data() + peer_begin,
+                                        run.layout.piece_bytes(peer, s)));
+    }
+  }
+  return OkStatus();
+}
+
+Status GlooCommunicator::FinishGather(Op& op, Reduction& run) {
+  for (auto& sends : run.scatter) MEND_RETURN_IF_ERROR(WaitAll(op, sends));
+  MEND_RETURN_IF_ERROR(WaitAll(op, run.results_in));
+  if (!run.raw) {
+    for (int peer = 0; peer < options_.world_size; ++peer) {
+      if (peer == options_.rank) continue;
+      for (size_t s = 0; s < run.slicing.segments(); ++s) {
+        auto [begin, end] = run.slicing.Piece(peer, s);
         if (begin == end) continue;
-        codec->Decode(std::span(results + layout.offset(peer, s), layout.piece_bytes(peer, s)),
-                      data.subspan(begin, end - begin));
+        run.codec.Decode(std::span(run.results + run.layout.offset(peer, s),
+                                   run.layout.piece_bytes(peer, s)),
+                         run.data.subspan(begin, end - begin));
       }
     }
   }
-  return End(op, WaitAll(op, gather));
+  return WaitAll(op, run.gather);
 }
 
-Status GlooCommunicator::WeightedAllGatherDecode(std::span<const std::byte> payload,
+Status GlooCommunicator::WeightedAllGatherDecodeImpl(std::span<const std::byte> payload,
                                                  double weight, const Codec& codec,
                                                  std::span<float> out) {
   Op op;
@@ -382,7 +496,7 @@ Status GlooCommunicator::WeightedAllGatherDecode(std::span<const std::byte> payl
   return End(op, OkStatus());
 }
 
-Status GlooCommunicator::AllGather(std::span<const std::byte> mine, std::span<std::byte> out) {
+Status GlooCommunicator::AllGatherImpl(std::span<const std::byte> mine, std::span<std::byte> out) {
   Op op;
   MEND_RETURN_IF_ERROR(Begin("all-gather", &op));
   if (out.size() != mine.size() * options_.world_size) {
@@ -393,7 +507,7 @@ Status GlooCommunicator::AllGather(std::span<const std::byte> mine, std::span<st
   return End(op, GatherBytes(op, kAllGather, mine, out));
 }
 
-Status GlooCommunicator::Broadcast(std::span<std::byte> data, int root) {
+Status GlooCommunicator::BroadcastImpl(std::span<std::byte> data, int root) {
   Op op;
   MEND_RETURN_IF_ERROR(Begin("broadcast", &op));
   if (root < 0 || root >= options_.world_size) {
@@ -415,6 +529,17 @@ Status GlooCommunicator::Broadcast(std::span<std::byte> data, int root) {
   return End(op, WaitAll(op, transfers));
 }
 
+// Gloo writes to its sockets without MSG_NOSIGNAL: a write to a peer that
+// just died would raise SIGPIPE and kill this process silently. A peer's
+// death must be an error, so SIGPIPE is ignored (when it still has its
+// default action; a handler the application installed is left alone).
+void IgnoreBrokenPipes() {
+  struct sigaction current{};
+  if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+    signal(SIGPIPE, SIG_IGN);
+  }
+}
+
 }  // namespace
 
 StatusOr<std::unique_ptr<Communicator>> Communicator::Connect(RendezvousStore& store,
@@ -427,6 +552,7 @@ StatusOr<std::unique_ptr<Communicator>> Communicator::Connect(RendezvousStore& s
     return InvalidArgumentError(
         fmt::format("communicator: timeout = {} us: must be positive", options.timeout));
   }
+  IgnoreBrokenPipes();
   auto timeout = std::chrono::milliseconds(std::max<Micros>(options.timeout / kMicrosPerMilli, 1));
   dataplane::GlooStore gloo_store(store, options.prefix + "gloo/", timeout);
   std::shared_ptr<gloo::transport::Device> device;
