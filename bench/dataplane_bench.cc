@@ -201,7 +201,8 @@ struct DriverArgs {
 std::vector<std::string> InNamespace(const DriverArgs& args, size_t which,
                                      std::vector<std::string> argv) {
   if (args.netns.empty()) return argv;
-  argv.insert(argv.begin(), {"ip", "netns", "exec", args.netns[which % args.netns.size()]});
+  // env finds `ip` on PATH (Subprocess runs argv[0] as a path).
+  argv.insert(argv.begin(), {"/usr/bin/env", "ip", "netns", "exec", args.netns[which % args.netns.size()]});
   return argv;
 }
 

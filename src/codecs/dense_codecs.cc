@@ -1,9 +1,9 @@
 // fp32, bf16 and the block-absmax integer codecs (int8, int4).
 //
 // The loops are written for the compiler's vectorizer (this target is built
-// with -O3 and without errno from math functions): no branches in the inner
-// loops, lrint for round-to-nearest-even, and each block's scale computed
-// before its values are touched.
+// with -O3): no branches or library calls in the inner loops, rounding by
+// the add-and-subtract trick, and each block's scale computed before its
+// values are touched.
 #include "codecs/dense_codecs.h"
 
 #include <algorithm>
@@ -104,6 +104,48 @@ class Bf16Codec final : public Codec {
 //    value i in the low nibble of byte i/2 when i is even]
 // A value decodes as q * scale with scale = absmax / qmax, qmax = 127 or 7.
 
+// The largest |x| of a block, found on the bit patterns (for non-negative
+// floats they order like the values, and an integer max vectorizes where a
+// float max with NaN semantics does not); 0 when the block holds a NaN or Inf.
+float BlockAbsmax(const float* x, size_t len) {
+  uint32_t most = 0;
+  for (size_t i = 0; i < len; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, x + i, sizeof bits);
+    most = std::max(most, bits & 0x7FFFFFFFu);
+  }
+  if (most >= 0x7F800000u) return 0;  // non-finite: the block encodes as zeros
+  float absmax;
+  std::memcpy(&absmax, &most, sizeof absmax);
+  return absmax;
+}
+
+// Round to nearest even for |v| <= 2^22 by adding and removing 1.5 * 2^23
+// (exact in fp32 without -ffast-math, and it vectorizes).
+inline float RoundEven(float v) {
+  constexpr float kMagic = 12582912.0f;
+  return (v + kMagic) - kMagic;
+}
+
+// x * inverse rounded, then clamped to [-qmax, qmax] in integers (|x| <=
+// absmax keeps it within rounding of qmax already; the clamp is a guard).
+// `inverse` is finite, so the conversion is always defined.
+inline int32_t Quantize(float x, float inverse, int32_t qmax) {
+  const auto r = static_cast<int32_t>(RoundEven(x * inverse));
+  return std::min(std::max(r, -qmax), qmax);
+}
+
+// Sign-extends the low nibble of `byte`.
+inline int32_t LowNibble(uint8_t byte) { return static_cast<int8_t>(byte << 4) >> 4; }
+inline int32_t HighNibble(uint8_t byte) { return static_cast<int8_t>(byte) >> 4; }
+
+// ------------------------------------------------------- int8 and int4 --
+//
+// Layout of n values in blocks of B (the last block may be shorter):
+//   [one fp32 scale per block][the values: int8 each, or int4 two a byte,
+//    value i in the low nibble of byte i/2 when i is even]
+// A value decodes as q * scale with scale = absmax / qmax, qmax = 127 or 7.
+
 template <int kBits>
 class BlockQuantCodec final : public Codec {
  public:
@@ -122,70 +164,91 @@ class BlockQuantCodec final : public Codec {
     const size_t n = in.size();
     std::byte* scales = out.data();
     auto* values = reinterpret_cast<uint8_t*>(out.data() + Blocks(n) * sizeof(float));
+    constexpr int32_t qmax = kQMax;
     for (size_t b = 0, start = 0; start < n; ++b, start += block_) {
       const size_t len = std::min(block_, n - start);
       const float* x = in.data() + start;
-      float absmax = 0;
-      for (size_t i = 0; i < len; ++i) absmax = std::max(absmax, std::fabs(x[i]));
-      // Non-finite values have no useful scale; they encode as zeros.
-      if (!std::isfinite(absmax)) absmax = 0;
-      const float scale = absmax / kQMax;
-      const float inverse = absmax > 0 ? kQMax / absmax : 0.0f;
-      StoreFloat(scales + b * sizeof(float), scale);
+      const float absmax = BlockAbsmax(x, len);
+      StoreFloat(scales + b * sizeof(float), absmax / kQMax);
+      if (absmax == 0) {  // zeros, or a non-finite block: all codes 0
+        std::memset(values + (kBits == 8 ? start : start / 2), 0, kBits == 8 ? len : (len + 1) / 2);
+        continue;
+      }
+      const float inverse = kQMax / absmax;
       if constexpr (kBits == 8) {
-        uint8_t* q = values + start;
-        for (size_t i = 0; i < len; ++i) {
-          long v = std::lrint(x[i] * inverse);
-          q[i] = static_cast<uint8_t>(static_cast<int8_t>(std::clamp<long>(v, -kQMax, kQMax)));
-        }
+        auto* q = reinterpret_cast<int8_t*>(values + start);
+        for (size_t i = 0; i < len; ++i) q[i] = static_cast<int8_t>(Quantize(x[i], inverse, qmax));
       } else {
         // block_ is even, so every block but the last starts on a byte.
         uint8_t* q = values + start / 2;
-        for (size_t i = 0; i + 1 < len; i += 2) {
-          long lo = std::clamp<long>(std::lrint(x[i] * inverse), -kQMax, kQMax);
-          long hi = std::clamp<long>(std::lrint(x[i + 1] * inverse), -kQMax, kQMax);
-          q[i / 2] = static_cast<uint8_t>((lo & 0xF) | ((hi & 0xF) << 4));
+        const size_t pairs = len / 2;
+        for (size_t j = 0; j < pairs; ++j) {
+          const int32_t lo = Quantize(x[2 * j], inverse, qmax);
+          const int32_t hi = Quantize(x[2 * j + 1], inverse, qmax);
+          q[j] = static_cast<uint8_t>((lo & 0xF) | ((hi & 0xF) << 4));
         }
-        if (len % 2 == 1) {
-          long lo = std::clamp<long>(std::lrint(x[len - 1] * inverse), -kQMax, kQMax);
-          q[len / 2] = static_cast<uint8_t>(lo & 0xF);
-        }
+        if (len % 2 == 1) q[pairs] = static_cast<uint8_t>(Quantize(x[len - 1], inverse, qmax) & 0xF);
       }
     }
   }
 
   void Decode(std::span<const std::byte> in, std::span<float> out) const override {
-    std::fill(out.begin(), out.end(), 0.0f);
-    DecodeAccumulate(in, 1.0f, out);
+    Apply(in, 1.0f, out, /*accumulate=*/false);
   }
 
   void DecodeAccumulate(std::span<const std::byte> in, float weight,
                         std::span<float> out) const override {
+    Apply(in, weight, out, /*accumulate=*/true);
+  }
+
+ private:
+  size_t Blocks(size_t n) const { return (n + block_ - 1) / block_; }
+
+  // out = (accumulate ? out : 0) + weight * decoded.
+  void Apply(std::span<const std::byte> in, float weight, std::span<float> out,
+             bool accumulate) const {
     const size_t n = out.size();
     const std::byte* scales = in.data();
     const auto* values = reinterpret_cast<const uint8_t*>(in.data() + Blocks(n) * sizeof(float));
+    if (accumulate) {
+      Apply<true>(values, scales, weight, out);
+    } else {
+      Apply<false>(values, scales, weight, out);
+    }
+  }
+
+  template <bool kAccumulate>
+  void Apply(const uint8_t* values, const std::byte* scales, float weight,
+             std::span<float> out) const {
+    const size_t n = out.size();
+    // Written so that the overwrite never reads `out` (it may hold garbage).
+    auto put = [](float& y, float v) {
+      if constexpr (kAccumulate) {
+        y += v;
+      } else {
+        y = v;
+      }
+    };
     for (size_t b = 0, start = 0; start < n; ++b, start += block_) {
       const size_t len = std::min(block_, n - start);
       const float scale = weight * LoadFloat(scales + b * sizeof(float));
       float* y = out.data() + start;
       if constexpr (kBits == 8) {
         const auto* q = reinterpret_cast<const int8_t*>(values + start);
-        for (size_t i = 0; i < len; ++i) y[i] += scale * static_cast<float>(q[i]);
+        for (size_t i = 0; i < len; ++i) put(y[i], scale * static_cast<float>(q[i]));
       } else {
         const uint8_t* q = values + start / 2;
-        for (size_t i = 0; i < len; ++i) {
-          // Sign-extend the nibble: shift it to the top of an int8, then back.
-          const uint8_t byte = q[i / 2];
-          const uint8_t nibble = (i % 2 == 0) ? (byte & 0xF) : (byte >> 4);
-          const auto v = static_cast<int8_t>(static_cast<uint8_t>(nibble << 4)) >> 4;
-          y[i] += scale * static_cast<float>(v);
+        const size_t pairs = len / 2;
+        for (size_t j = 0; j < pairs; ++j) {
+          put(y[2 * j], scale * static_cast<float>(LowNibble(q[j])));
+          put(y[2 * j + 1], scale * static_cast<float>(HighNibble(q[j])));
+        }
+        if (len % 2 == 1) {
+          put(y[len - 1], scale * static_cast<float>(LowNibble(q[pairs])));
         }
       }
     }
   }
-
- private:
-  size_t Blocks(size_t n) const { return (n + block_ - 1) / block_; }
 
   const size_t block_;
 };

@@ -11,7 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <numeric>
+#include <utility>
 #include <vector>
 
 #include "codecs/dense_codecs.h"
@@ -37,28 +37,17 @@ class TopKCodec final : public Codec {
   }
 
   void Encode(std::span<const float> in, std::span<std::byte> out) const override {
-    std::vector<uint32_t> order;
+    std::vector<float> magnitudes;
+    std::vector<std::pair<float, uint32_t>> heap;
+    std::vector<uint32_t> kept_indices;
     std::byte* p = out.data();
     for (size_t start = 0; start < in.size(); start += chunk_) {
       const size_t len = std::min(chunk_, in.size() - start);
       const size_t kept = std::min(k_, len);
       const float* x = in.data() + start;
-      // The kept entries: the k' largest magnitudes (non-finite values count
-      // as zero), then in ascending index order.
-      order.resize(len);
-      std::iota(order.begin(), order.end(), 0u);
-      auto magnitude = [x](uint32_t i) {
-        float m = std::fabs(x[i]);
-        return std::isfinite(m) ? m : 0.0f;
-      };
-      std::nth_element(order.begin(), order.begin() + static_cast<long>(kept - 1), order.end(),
-                       [&](uint32_t a, uint32_t b) {
-                         float ma = magnitude(a), mb = magnitude(b);
-                         return ma > mb || (ma == mb && a < b);
-                       });
-      std::sort(order.begin(), order.begin() + static_cast<long>(kept));
+      SelectLargest(x, len, kept, magnitudes, heap, kept_indices);
       float absmax = 0;
-      for (size_t j = 0; j < kept; ++j) absmax = std::max(absmax, magnitude(order[j]));
+      for (uint32_t index : kept_indices) absmax = std::max(absmax, magnitudes[index]);
       const float scale = absmax / kHalfLevels;
       const float inverse = absmax > 0 ? kHalfLevels / absmax : 0.0f;
       std::memcpy(p, &scale, sizeof scale);
@@ -66,7 +55,7 @@ class TopKCodec final : public Codec {
       auto* codes = reinterpret_cast<uint8_t*>(indices + kept * index_bytes_);
       std::memset(codes, 0, (kept + 3) / 4);
       for (size_t j = 0; j < kept; ++j) {
-        uint32_t index = order[j];
+        const uint32_t index = kept_indices[j];
         if (index_bytes_ == 2) {
           auto narrow = static_cast<uint16_t>(index);
           std::memcpy(indices + j * 2, &narrow, 2);
@@ -117,6 +106,37 @@ class TopKCodec final : public Codec {
   }
 
  private:
+  // The indices of the `kept` largest magnitudes of x[0, len), ascending;
+  // among equal magnitudes the lower indices win. Non-finite values count as
+  // zero. One pass with a min-heap of the best so far: at 1-2% density nearly
+  // every value is turned away by one comparison with the heap's smallest.
+  static void SelectLargest(const float* x, size_t len, size_t kept, std::vector<float>& magnitudes,
+                            std::vector<std::pair<float, uint32_t>>& heap,
+                            std::vector<uint32_t>& indices) {
+    magnitudes.resize(len);
+    for (size_t i = 0; i < len; ++i) {
+      float m = std::fabs(x[i]);
+      magnitudes[i] = std::isfinite(m) ? m : 0.0f;
+    }
+    // "Worse" first: smaller magnitude, or the same magnitude at a higher index.
+    auto worse_on_top = [](const std::pair<float, uint32_t>& a, const std::pair<float, uint32_t>& b) {
+      return a.first > b.first || (a.first == b.first && a.second < b.second);
+    };
+    heap.clear();
+    for (size_t i = 0; i < kept; ++i) heap.emplace_back(magnitudes[i], static_cast<uint32_t>(i));
+    std::make_heap(heap.begin(), heap.end(), worse_on_top);
+    for (size_t i = kept; i < len; ++i) {
+      // A later index never wins a tie, so only a strictly larger value enters.
+      if (magnitudes[i] <= heap.front().first) continue;
+      std::pop_heap(heap.begin(), heap.end(), worse_on_top);
+      heap.back() = {magnitudes[i], static_cast<uint32_t>(i)};
+      std::push_heap(heap.begin(), heap.end(), worse_on_top);
+    }
+    indices.clear();
+    for (const auto& entry : heap) indices.push_back(entry.second);
+    std::sort(indices.begin(), indices.end());
+  }
+
   size_t ChunkBytes(size_t len) const {
     size_t kept = std::min(k_, len);
     return sizeof(float) + kept * index_bytes_ + (kept + 3) / 4;
