@@ -27,6 +27,7 @@
 #include <string_view>
 #include <vector>
 
+#include "mend/config.h"
 #include "mend/status.h"
 
 namespace mend {
@@ -66,6 +67,9 @@ class Codec {
 
 // INVALID_ARGUMENT naming the option when a size is out of range.
 [[nodiscard]] StatusOr<std::unique_ptr<Codec>> MakeCodec(const CodecOptions& options);
+
+// The codec the configuration names (codec, codec_block_size, topk_*).
+[[nodiscard]] StatusOr<std::unique_ptr<Codec>> MakeCodec(const Config& config);
 
 // SparseLoCo's error feedback around a (top-k) codec, for one learner:
 //   e <- beta * e + delta;  payload = Encode(e);  e <- e - Decode(payload)

@@ -33,6 +33,7 @@
 
 #include "mend/clock.h"
 #include "mend/codec.h"
+#include "mend/config.h"
 #include "mend/status.h"
 
 namespace mend {
@@ -75,6 +76,11 @@ struct CommunicatorStats {
   uint64_t bytes_received = 0;
   uint64_t operations = 0;
 };
+
+// Options with the configuration's part filled in (collective_timeout_ms,
+// dataplane_host, link_latency_ms, link_rate_mbit); the caller adds the
+// round's prefix, id, rank, size and member ids.
+CommunicatorOptions CommunicatorOptionsFrom(const Config& config);
 
 class Communicator {
  public:

@@ -69,6 +69,9 @@ struct Config {
   int64_t topk_k = 64;
   double error_feedback_beta = 0.95;
   int64_t collective_timeout_ms = 30000;
+  std::string dataplane_host = "127.0.0.1";
+  int64_t link_latency_ms = 0;
+  double link_rate_mbit = 0;
 
   // Diagnostics.
   std::string diagnostics_dir;

@@ -337,7 +337,7 @@ Status GlooCommunicator::WeightedAllReduceImpl(std::span<float> data, double wei
   MEND_RETURN_IF_ERROR(Begin("all-reduce", &op));
   std::unique_ptr<Codec> fp32;
   if (codec == nullptr) {
-    fp32 = std::move(*MakeCodec({}));
+    fp32 = std::move(*MakeCodec(CodecOptions{}));
     codec = fp32.get();
   }
   if (!codec->dense()) {
@@ -541,6 +541,15 @@ void IgnoreBrokenPipes() {
 }
 
 }  // namespace
+
+CommunicatorOptions CommunicatorOptionsFrom(const Config& config) {
+  CommunicatorOptions options;
+  options.timeout = config.collective_timeout_ms * kMicrosPerMilli;
+  options.bind_host = config.dataplane_host;
+  options.link.latency = config.link_latency_ms * kMicrosPerMilli;
+  options.link.bytes_per_s = config.link_rate_mbit * 1e6 / 8;
+  return options;
+}
 
 StatusOr<std::unique_ptr<Communicator>> Communicator::Connect(RendezvousStore& store,
                                                               const CommunicatorOptions& options) {
