@@ -6,14 +6,14 @@
 # goes to build-fuzz/corpus-<target>/, crashes to build-fuzz/artifacts/.
 # Replay a crash:  build-fuzz/fuzz/<target> build-fuzz/artifacts/<target>-crash-...
 # Environment: MEND_FUZZ_BUILD_DIR (default build-fuzz), MEND_FUZZ_TARGETS (default
-#              all four), MEND_FUZZ_ARGS (extra libFuzzer flags, e.g. -jobs=2 -workers=2).
+#              all five), MEND_FUZZ_ARGS (extra libFuzzer flags, e.g. -jobs=2 -workers=2).
 # Exits non-zero when any target crashed, hung or broke an invariant.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 seconds=${1:-60}
 build_dir=${MEND_FUZZ_BUILD_DIR:-build-fuzz}
-read -r -a targets <<<"${MEND_FUZZ_TARGETS:-fuzz_config fuzz_requests fuzz_lighthouse_core fuzz_datagram}"
+read -r -a targets <<<"${MEND_FUZZ_TARGETS:-fuzz_config fuzz_requests fuzz_lighthouse_core fuzz_datagram fuzz_codec}"
 
 if ! command -v clang++ >/dev/null; then
   echo "fuzz: clang++ not found; install it with: apt-get install clang libfuzzer-14-dev" >&2

@@ -66,7 +66,7 @@ struct CommunicatorOptions {
   std::string bind_host = "127.0.0.1";  // address the other members reach this one at
   Micros timeout = 30 * kMicrosPerSecond;  // connect, and every operation
   LinkEmulation link;
-  size_t segment_bytes = 4 << 20;  // pipelining granularity of the reductions
+  size_t segment_bytes = 1 << 20;  // pipelining granularity of the reductions
 };
 
 // Bytes this member put on and took off the wire, for the benchmarks and the

@@ -119,11 +119,14 @@ class GlooCommunicator final : public Communicator {
   Status Wait(Op& op, Transfer& transfer);
   Status WaitAll(Op& op, std::vector<Transfer>& transfers);
 
-  // Every member's weight, checked (finite, >= 0, positive sum); the same
-  // normalized weights on every member.
-  StatusOr<std::vector<float>> ExchangeWeights(Op& op, double weight);
+  // out[r * size ...] <- member r's `mine`: posting, and posting + waiting.
+  void PostGather(Op& op, Phase phase, std::span<const std::byte> mine, std::span<std::byte> out,
+                  std::vector<Transfer>& transfers);
   Status GatherBytes(Op& op, Phase phase, std::span<const std::byte> mine,
                      std::span<std::byte> out);
+  // The gathered weights checked (finite, >= 0, positive sum) and divided by
+  // their sum: the same floats on every member.
+  StatusOr<std::vector<float>> NormalizeWeights(Op& op, const std::vector<double>& weights) const;
 
   // The steps of WeightedAllReduce (see the file comment of communicator.h).
   struct Reduction;
@@ -247,27 +250,28 @@ Status GlooCommunicator::WaitAll(Op& op, std::vector<Transfer>& transfers) {
   return OkStatus();
 }
 
-Status GlooCommunicator::GatherBytes(Op& op, Phase phase, std::span<const std::byte> mine,
-                                     std::span<std::byte> out) {
-  const int size = options_.world_size;
+void GlooCommunicator::PostGather(Op& op, Phase phase, std::span<const std::byte> mine,
+                                  std::span<std::byte> out, std::vector<Transfer>& transfers) {
   const size_t n = mine.size();
   std::memcpy(out.data() + options_.rank * n, mine.data(), n);
-  std::vector<Transfer> transfers;
-  for (int peer = 0; peer < size; ++peer) {
+  for (int peer = 0; peer < options_.world_size; ++peer) {
     if (peer == options_.rank) continue;
     transfers.push_back(PostRecv(op, peer, phase, 0, out.data() + peer * n, n));
     transfers.push_back(PostSend(op, peer, phase, 0, mine.data(), n));
   }
+}
+
+Status GlooCommunicator::GatherBytes(Op& op, Phase phase, std::span<const std::byte> mine,
+                                     std::span<std::byte> out) {
+  std::vector<Transfer> transfers;
+  PostGather(op, phase, mine, out, transfers);
   return WaitAll(op, transfers);
 }
 
-StatusOr<std::vector<float>> GlooCommunicator::ExchangeWeights(Op& op, double weight) {
-  const int size = options_.world_size;
-  std::vector<double> weights(size);
-  MEND_RETURN_IF_ERROR(GatherBytes(op, kWeights, std::as_bytes(std::span(&weight, 1)),
-                                   std::as_writable_bytes(std::span(weights))));
+StatusOr<std::vector<float>> GlooCommunicator::NormalizeWeights(
+    Op& op, const std::vector<double>& weights) const {
   double total = 0;
-  for (int r = 0; r < size; ++r) {
+  for (int r = 0; r < options_.world_size; ++r) {
     if (!std::isfinite(weights[r]) || weights[r] < 0) {
       return InvalidArgumentError(fmt::format("round {}: {}: {} passed weight {}: must be >= 0",
                                               options_.round_id, op.name, PeerName(r),
@@ -280,8 +284,10 @@ StatusOr<std::vector<float>> GlooCommunicator::ExchangeWeights(Op& op, double we
         "round {}: {}: the members' weights sum to 0; nothing to average", options_.round_id,
         op.name));
   }
-  std::vector<float> normalized(size);
-  for (int r = 0; r < size; ++r) normalized[r] = static_cast<float>(weights[r] / total);
+  std::vector<float> normalized(options_.world_size);
+  for (int r = 0; r < options_.world_size; ++r) {
+    normalized[r] = static_cast<float>(weights[r] / total);
+  }
   return normalized;
 }
 
@@ -345,10 +351,18 @@ Status GlooCommunicator::WeightedAllReduceImpl(std::span<float> data, double wei
         "round {}: all-reduce: codec {} is sparse; use WeightedAllGatherDecode",
         options_.round_id, CodecName(codec->kind())));
   }
-  auto weights = ExchangeWeights(op, weight);
-  if (!weights.ok()) return End(op, weights.status());
-  Reduction run(data, *codec, options_.world_size,
-                std::max<size_t>(options_.segment_bytes / sizeof(float), 1));
+  // The weights travel beside the first pieces rather than a round trip
+  // ahead of them.
+  std::vector<double> all_weights(options_.world_size);
+  std::vector<Transfer> weight_transfers;
+  PostGather(op, kWeights, std::as_bytes(std::span(&weight, 1)),
+             std::as_writable_bytes(std::span(all_weights)), weight_transfers);
+  // Segments of at most segment_bytes, but at least four per slice (of at
+  // least 256 KiB) so that a small buffer still pipelines.
+  const size_t slice_values = data.size() / options_.world_size + 1;
+  const size_t segment_values = std::clamp<size_t>(slice_values / 4, size_t{64} << 10,
+                                                   std::max<size_t>(options_.segment_bytes / sizeof(float), 1));
+  Reduction run(data, *codec, options_.world_size, segment_values);
   const int me = options_.rank;
   const size_t slice_bytes = run.layout.slice_bytes(me);
   send_scratch_.resize(run.raw ? 0 : run.layout.total_bytes());
@@ -358,6 +372,10 @@ Status GlooCommunicator::WeightedAllReduceImpl(std::span<float> data, double wei
   run.contributions = recv_scratch_.data();
   run.results = run.raw ? nullptr : recv_scratch_.data() + slice_bytes * (options_.world_size - 1);
   PostScatter(op, run);
+  Status weighed = WaitAll(op, weight_transfers);
+  if (!weighed.ok()) return End(op, weighed);
+  auto weights = NormalizeWeights(op, all_weights);
+  if (!weights.ok()) return End(op, weights.status());
   for (size_t s = 0; s < run.slicing.segments(); ++s) {
     Status status = ReduceSegment(op, run, *weights, s);
     if (!status.ok()) return End(op, status);
@@ -483,11 +501,16 @@ Status GlooCommunicator::WeightedAllGatherDecodeImpl(std::span<const std::byte> 
         options_.round_id, payload.size(), out.size(), CodecName(codec.kind()),
         codec.EncodedBytes(out.size())));
   }
-  auto weights = ExchangeWeights(op, weight);
-  if (!weights.ok()) return End(op, weights.status());
+  std::vector<double> all_weights(options_.world_size);
+  std::vector<Transfer> transfers;
+  PostGather(op, kWeights, std::as_bytes(std::span(&weight, 1)),
+             std::as_writable_bytes(std::span(all_weights)), transfers);
   recv_scratch_.resize(payload.size() * options_.world_size);
-  Status gathered = GatherBytes(op, kAllGather, payload, recv_scratch_);
+  PostGather(op, kAllGather, payload, recv_scratch_, transfers);
+  Status gathered = WaitAll(op, transfers);
   if (!gathered.ok()) return End(op, gathered);
+  auto weights = NormalizeWeights(op, all_weights);
+  if (!weights.ok()) return End(op, weights.status());
   std::fill(out.begin(), out.end(), 0.0f);
   for (int r = 0; r < options_.world_size; ++r) {
     codec.DecodeAccumulate(std::span(recv_scratch_.data() + r * payload.size(), payload.size()),
