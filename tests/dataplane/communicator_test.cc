@@ -8,6 +8,7 @@
 
 #include "dataplane/dataplane_fixture.h"
 #include "dataplane/slicing.h"
+#include "mend/buckets.h"
 #include "test_util/wait.h"
 
 namespace mend {
@@ -285,6 +286,61 @@ TEST(SlicingTest, PiecesCoverTheBufferOnceOnAlignedBoundaries) {
       for (size_t i = 0; i < n; ++i) ASSERT_EQ(covered[i], 1) << n << " " << members << " " << i;
     }
   }
+}
+
+TEST(BucketPlanTest, PacksSmallTensorsTogetherAndCutsLargeOnes) {
+  std::vector<size_t> sizes = {3, 4, 10, 2, 1, 25};
+  BucketPlan plan(sizes, 8);
+  // Small tensors never straddle buckets; larger ones fill the rest and go on:
+  // [3 4 | 1 of 10] [8 of 10] [1 of 10, 2, 1 | 4 of 25] [8] [8] [5]
+  ASSERT_EQ(plan.buckets(), 6u);
+  for (size_t b = 0; b < 5; ++b) EXPECT_EQ(plan.bucket_size(b), 8u) << b;
+  EXPECT_EQ(plan.bucket_size(5), 5u);
+  EXPECT_EQ(plan.pieces(0).size(), 3u);
+  EXPECT_EQ(plan.total_values(), 45u);
+  std::vector<std::vector<float>> tensors;
+  for (size_t t = 0; t < sizes.size(); ++t) {
+    tensors.emplace_back(sizes[t]);
+    for (size_t i = 0; i < sizes[t]; ++i) tensors[t][i] = static_cast<float>(100 * t + i);
+  }
+  std::vector<std::span<const float>> in(tensors.begin(), tensors.end());
+  std::vector<std::vector<float>> copies;
+  for (size_t t = 0; t < sizes.size(); ++t) copies.emplace_back(sizes[t], -1.0f);
+  std::vector<std::span<float>> out(copies.begin(), copies.end());
+  for (size_t b = 0; b < plan.buckets(); ++b) {
+    std::vector<float> bucket(plan.bucket_size(b));
+    plan.Pack(b, in, bucket);
+    plan.Unpack(b, bucket, out);
+  }
+  EXPECT_EQ(copies, tensors);
+}
+
+TEST(BucketPlanTest, BucketedReduceEqualsTensorByTensor) {
+  const int size = 3;
+  std::vector<size_t> sizes = {1, 17, 300, 5, 4096, 3, 70'000};
+  std::vector<std::vector<std::vector<float>>> results(size);
+  RunMembers(size, [&](int rank, Communicator& comm) {
+    std::vector<std::vector<float>> tensors;
+    for (size_t t = 0; t < sizes.size(); ++t) {
+      tensors.push_back(MemberData(rank * 10 + static_cast<int>(t), sizes[t]));
+    }
+    std::vector<std::vector<float>> single = tensors;
+    for (auto& tensor : single) ASSERT_TRUE(comm.WeightedAllReduce(tensor, MemberWeight(rank)).ok());
+    BucketPlan plan(sizes, 10'000);
+    EXPECT_LE(plan.buckets(), 9u);  // not one collective per tensor
+    std::vector<std::span<float>> views(tensors.begin(), tensors.end());
+    std::vector<float> scratch;
+    Status status = WeightedAllReduceBuckets(comm, plan, views, MemberWeight(rank), nullptr, scratch);
+    ASSERT_TRUE(status.ok()) << status;
+    for (size_t t = 0; t < sizes.size(); ++t) {
+      for (size_t i = 0; i < sizes[t]; ++i) {
+        ASSERT_NEAR(tensors[t][i], single[t][i], 1e-5) << t << " " << i;
+      }
+    }
+    results[rank] = std::move(tensors);
+  });
+  EXPECT_EQ(results[1], results[0]);
+  EXPECT_EQ(results[2], results[0]);
 }
 
 }  // namespace
