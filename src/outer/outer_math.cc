@@ -1,0 +1,51 @@
+#include "fmt/format.h"
+#include "mend/outer.h"
+
+namespace mend {
+
+void PseudoGradient(std::span<const float> base, std::span<const float> local,
+                    std::span<float> out) {
+  const size_t n = out.size();
+  for (size_t i = 0; i < n; ++i) out[i] = base[i] - local[i];
+}
+
+void OuterNesterovStep(std::span<float> theta_g, std::span<float> momentum,
+                       std::span<const float> delta, const OuterOptions& options) {
+  const float lr = options.lr;
+  const float mu = options.momentum;
+  const size_t n = theta_g.size();
+  for (size_t i = 0; i < n; ++i) {
+    const float m = mu * momentum[i] + delta[i];
+    momentum[i] = m;
+    theta_g[i] -= lr * (delta[i] + mu * m);
+  }
+}
+
+void ApplyOuterResult(std::span<float> theta_i, std::span<const float> theta_g_new,
+                      std::span<const float> theta_base, std::span<const float> delta_i,
+                      OuterApply mode, float alpha) {
+  const size_t n = theta_i.size();
+  if (mode == OuterApply::kExact) {
+    for (size_t i = 0; i < n; ++i) {
+      theta_i[i] += (theta_g_new[i] - theta_base[i]) + delta_i[i];
+    }
+  } else {
+    const float keep = alpha;
+    const float take = 1.0f - alpha;
+    for (size_t i = 0; i < n; ++i) theta_i[i] = keep * theta_i[i] + take * theta_g_new[i];
+  }
+}
+
+StatusOr<FragmentSchedule> FragmentSchedule::Make(int64_t fragments, int64_t period) {
+  if (period < 1) {
+    return InvalidArgumentError(fmt::format("sync_period_steps = {}: must be >= 1", period));
+  }
+  if (fragments < 1 || fragments > period) {
+    return InvalidArgumentError(fmt::format(
+        "fragments = {}: must be in [1, sync_period_steps = {}] (each fragment needs its own step)",
+        fragments, period));
+  }
+  return FragmentSchedule(fragments, period);
+}
+
+}  // namespace mend
