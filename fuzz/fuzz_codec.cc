@@ -40,7 +40,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   // Round trip of the payload read as floats (non-finite values zeroed).
   std::vector<float> in(size / sizeof(float));
-  std::memcpy(in.data(), data, in.size() * sizeof(float));
+  if (!in.empty()) std::memcpy(in.data(), data, in.size() * sizeof(float));
   for (float& v : in) {
     if (!std::isfinite(v) || std::fabs(v) > 1e30f) v = 0;
   }

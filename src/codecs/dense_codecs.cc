@@ -32,10 +32,10 @@ class Fp32Codec final : public Codec {
   size_t EncodedBytes(size_t n) const override { return n * sizeof(float); }
 
   void Encode(std::span<const float> in, std::span<std::byte> out) const override {
-    std::memcpy(out.data(), in.data(), in.size_bytes());
+    if (!in.empty()) std::memcpy(out.data(), in.data(), in.size_bytes());
   }
   void Decode(std::span<const std::byte> in, std::span<float> out) const override {
-    std::memcpy(out.data(), in.data(), out.size_bytes());
+    if (!out.empty()) std::memcpy(out.data(), in.data(), out.size_bytes());
   }
   void DecodeAccumulate(std::span<const std::byte> in, float scale,
                         std::span<float> out) const override {

@@ -253,7 +253,7 @@ Status GlooCommunicator::WaitAll(Op& op, std::vector<Transfer>& transfers) {
 void GlooCommunicator::PostGather(Op& op, Phase phase, std::span<const std::byte> mine,
                                   std::span<std::byte> out, std::vector<Transfer>& transfers) {
   const size_t n = mine.size();
-  std::memcpy(out.data() + options_.rank * n, mine.data(), n);
+  if (n > 0) std::memcpy(out.data() + options_.rank * n, mine.data(), n);
   for (int peer = 0; peer < options_.world_size; ++peer) {
     if (peer == options_.rank) continue;
     transfers.push_back(PostRecv(op, peer, phase, 0, out.data() + peer * n, n));
