@@ -32,58 +32,42 @@ const std::vector<float>& Input() {
 
 std::unique_ptr<Codec> Make(CodecKind kind) { return std::move(*MakeCodec({kind})); }
 
-void SetBytes(benchmark::State& state) {
+// Runs `body(codec, encoded, decoded)` per iteration with the input encoded
+// once beforehand, and reports fp32 bytes per second.
+template <typename Body>
+void RunCodec(benchmark::State& state, Body body) {
+  auto codec = Make(static_cast<CodecKind>(state.range(0)));
+  std::vector<std::byte> encoded(codec->EncodedBytes(kValues));
+  codec->Encode(Input(), encoded);
+  std::vector<float> decoded(kValues, 0.0f);
+  for (auto _ : state) {
+    body(*codec, encoded, decoded);
+    benchmark::DoNotOptimize(encoded.data());
+    benchmark::DoNotOptimize(decoded.data());
+  }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * kValues * sizeof(float));
+  state.SetLabel(std::string(CodecName(codec->kind())));
 }
 
 void BM_Encode(benchmark::State& state) {
-  auto codec = Make(static_cast<CodecKind>(state.range(0)));
-  std::vector<std::byte> out(codec->EncodedBytes(kValues));
-  for (auto _ : state) {
-    codec->Encode(Input(), out);
-    benchmark::DoNotOptimize(out.data());
-  }
-  SetBytes(state);
-  state.SetLabel(std::string(CodecName(codec->kind())));
+  RunCodec(state, [](const Codec& c, auto& encoded, auto&) { c.Encode(Input(), encoded); });
 }
 
 void BM_Decode(benchmark::State& state) {
-  auto codec = Make(static_cast<CodecKind>(state.range(0)));
-  std::vector<std::byte> bytes(codec->EncodedBytes(kValues));
-  codec->Encode(Input(), bytes);
-  std::vector<float> out(kValues);
-  for (auto _ : state) {
-    codec->Decode(bytes, out);
-    benchmark::DoNotOptimize(out.data());
-  }
-  SetBytes(state);
-  state.SetLabel(std::string(CodecName(codec->kind())));
+  RunCodec(state, [](const Codec& c, auto& encoded, auto& decoded) { c.Decode(encoded, decoded); });
 }
 
 void BM_DecodeAccumulate(benchmark::State& state) {
-  auto codec = Make(static_cast<CodecKind>(state.range(0)));
-  std::vector<std::byte> bytes(codec->EncodedBytes(kValues));
-  codec->Encode(Input(), bytes);
-  std::vector<float> out(kValues, 0.0f);
-  for (auto _ : state) {
-    codec->DecodeAccumulate(bytes, 0.5f, out);
-    benchmark::DoNotOptimize(out.data());
-  }
-  SetBytes(state);
-  state.SetLabel(std::string(CodecName(codec->kind())));
+  RunCodec(state, [](const Codec& c, auto& encoded, auto& decoded) {
+    c.DecodeAccumulate(encoded, 0.5f, decoded);
+  });
 }
 
 void BM_EncodeDecode(benchmark::State& state) {
-  auto codec = Make(static_cast<CodecKind>(state.range(0)));
-  std::vector<std::byte> bytes(codec->EncodedBytes(kValues));
-  std::vector<float> out(kValues);
-  for (auto _ : state) {
-    codec->Encode(Input(), bytes);
-    codec->Decode(bytes, out);
-    benchmark::DoNotOptimize(out.data());
-  }
-  SetBytes(state);
-  state.SetLabel(std::string(CodecName(codec->kind())));
+  RunCodec(state, [](const Codec& c, auto& encoded, auto& decoded) {
+    c.Encode(Input(), encoded);
+    c.Decode(encoded, decoded);
+  });
 }
 
 void Codecs(benchmark::internal::Benchmark* b) {

@@ -113,8 +113,13 @@ class GlooCommunicator final : public Communicator {
   // Applies the link emulation, counts the operation.
   Status End(Op& op, Status status);
 
-  Transfer PostSend(Op& op, int peer, Phase phase, size_t segment, const void* ptr, size_t bytes);
-  Transfer PostRecv(Op& op, int peer, Phase phase, size_t segment, void* ptr, size_t bytes);
+  Transfer Post(Op& op, bool send, int peer, Phase phase, size_t segment, void* ptr, size_t bytes);
+  Transfer PostSend(Op& op, int peer, Phase phase, size_t segment, const void* ptr, size_t bytes) {
+    return Post(op, true, peer, phase, segment, const_cast<void*>(ptr), bytes);
+  }
+  Transfer PostRecv(Op& op, int peer, Phase phase, size_t segment, void* ptr, size_t bytes) {
+    return Post(op, false, peer, phase, segment, ptr, bytes);
+  }
   // Waits for one transfer until the operation's deadline.
   Status Wait(Op& op, Transfer& transfer);
   Status WaitAll(Op& op, std::vector<Transfer>& transfers);
@@ -185,27 +190,20 @@ Status GlooCommunicator::End(Op& op, Status status) {
   return OkStatus();
 }
 
-Transfer GlooCommunicator::PostSend(Op& op, int peer, Phase phase, size_t segment,
-                                    const void* ptr, size_t bytes) {
-  Transfer transfer{peer, context_->createUnboundBuffer(const_cast<void*>(ptr), bytes), true, {}};
+Transfer GlooCommunicator::Post(Op& op, bool send, int peer, Phase phase, size_t segment,
+                                void* ptr, size_t bytes) {
+  Transfer transfer{peer, context_->createUnboundBuffer(ptr, bytes), send, {}};
+  const uint64_t slot = MakeSlot(op.id, phase, segment);
   try {
-    transfer.buffer->send(peer, MakeSlot(op.id, phase, segment), 0, bytes);
+    if (send) {
+      transfer.buffer->send(peer, slot, 0, bytes);
+    } else {
+      transfer.buffer->recv(peer, slot, 0, bytes);
+    }
   } catch (const std::exception& error) {
     transfer.post_error = error.what();
   }
-  op.sent += bytes;
-  return transfer;
-}
-
-Transfer GlooCommunicator::PostRecv(Op& op, int peer, Phase phase, size_t segment, void* ptr,
-                                    size_t bytes) {
-  Transfer transfer{peer, context_->createUnboundBuffer(ptr, bytes), false, {}};
-  try {
-    transfer.buffer->recv(peer, MakeSlot(op.id, phase, segment), 0, bytes);
-  } catch (const std::exception& error) {
-    transfer.post_error = error.what();
-  }
-  stats_.bytes_received += bytes;
+  (send ? op.sent : stats_.bytes_received) += bytes;
   return transfer;
 }
 
