@@ -175,6 +175,10 @@ class BlockQuantCodec final : public Codec {
         continue;
       }
       const float inverse = kQMax / absmax;
+      if (!std::isfinite(inverse)) {  // a subnormal absmax: divide instead
+        EncodeTinyBlock(x, len, absmax, values, start);
+        continue;
+      }
       if constexpr (kBits == 8) {
         auto* q = reinterpret_cast<int8_t*>(values + start);
         for (size_t i = 0; i < len; ++i) q[i] = static_cast<int8_t>(Quantize(x[i], inverse, qmax));
@@ -194,6 +198,26 @@ class BlockQuantCodec final : public Codec {
 
   void Decode(std::span<const std::byte> in, std::span<float> out) const override {
     Apply(in, 1.0f, out, /*accumulate=*/false);
+  }
+
+  // A block whose absmax is so small that qmax / absmax overflows: the same
+  // codes, computed as x / absmax * qmax (finite, since |x| <= absmax).
+  static void EncodeTinyBlock(const float* x, size_t len, float absmax, uint8_t* values,
+                              size_t start) {
+    for (size_t i = 0; i < len; ++i) {
+      const auto code = static_cast<int32_t>(RoundEven(x[i] / absmax * kQMax));
+      const int32_t q = std::min(std::max(code, -kQMax), kQMax);
+      if constexpr (kBits == 8) {
+        values[start + i] = static_cast<uint8_t>(static_cast<int8_t>(q));
+      } else {
+        uint8_t& byte = values[(start + i) / 2];
+        if (i % 2 == 0) {
+          byte = static_cast<uint8_t>(q & 0xF);
+        } else {
+          byte = static_cast<uint8_t>(byte | ((q & 0xF) << 4));
+        }
+      }
+    }
   }
 
   void DecodeAccumulate(std::span<const std::byte> in, float weight,

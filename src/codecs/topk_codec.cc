@@ -49,7 +49,10 @@ class TopKCodec final : public Codec {
       float absmax = 0;
       for (uint32_t index : kept_indices) absmax = std::max(absmax, magnitudes[index]);
       const float scale = absmax / kHalfLevels;
-      const float inverse = absmax > 0 ? kHalfLevels / absmax : 0.0f;
+      // A subnormal absmax would make the inverse overflow: use 0 (all
+      // values then take the codes nearest zero; they are below 1e-38).
+      float inverse = absmax > 0 ? kHalfLevels / absmax : 0.0f;
+      if (!std::isfinite(inverse)) inverse = 0.0f;
       std::memcpy(p, &scale, sizeof scale);
       std::byte* indices = p + sizeof(float);
       auto* codes = reinterpret_cast<uint8_t*>(indices + kept * index_bytes_);

@@ -123,6 +123,21 @@ TEST(CodecTest, BlockQuantizersKeepZerosAndTheAbsmaxExactly) {
   }
 }
 
+TEST(CodecTest, SubnormalBlocksStayWithinTheBound) {
+  // Found by the codec fuzzer: qmax / absmax overflows for a subnormal absmax.
+  for (CodecKind kind : {CodecKind::kInt8, CodecKind::kInt4, CodecKind::kTopK}) {
+    std::vector<float> in(64, 0.0f);
+    in[0] = 1e-45f;  // the smallest subnormal
+    in[1] = -1e-45f;
+    in[2] = 3e-39f;
+    auto out = RoundTrip(*Make(kind, 64, 64, 4), in);
+    for (size_t i = 0; i < in.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(out[i])) << CodecName(kind) << " " << i;
+      ASSERT_LE(std::fabs(out[i] - in[i]), 3e-39f) << CodecName(kind) << " " << i;
+    }
+  }
+}
+
 TEST(CodecTest, NonFiniteBlockDecodesAsZerosNotNaN) {
   std::vector<float> in(64, 1.0f);
   in[5] = std::numeric_limits<float>::quiet_NaN();
