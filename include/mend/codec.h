@@ -71,6 +71,13 @@ class Codec {
 // The codec the configuration names (codec, codec_block_size, topk_*).
 [[nodiscard]] StatusOr<std::unique_ptr<Codec>> MakeCodec(const Config& config);
 
+// One step of error feedback on a caller-held residual: residual <- beta *
+// residual + delta; payload <- Encode(residual); residual -= Decode(payload).
+// `decoded` is scratch of residual.size() values.
+void EncodeWithErrorFeedback(const Codec& codec, float beta, std::span<float> residual,
+                             std::span<const float> delta, std::span<std::byte> payload,
+                             std::span<float> decoded);
+
 // SparseLoCo's error feedback around a (top-k) codec, for one learner:
 //   e <- beta * e + delta;  payload = Encode(e);  e <- e - Decode(payload)
 // so what a round does not send is carried into the next one.

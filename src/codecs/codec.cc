@@ -78,13 +78,19 @@ StatusOr<std::unique_ptr<Codec>> MakeCodec(const Config& config) {
 ErrorFeedback::ErrorFeedback(const Codec* codec, size_t size, float beta)
     : codec_(codec), beta_(beta), residual_(size, 0.0f), decoded_(size, 0.0f) {}
 
+void EncodeWithErrorFeedback(const Codec& codec, float beta, std::span<float> residual,
+                             std::span<const float> delta, std::span<std::byte> payload,
+                             std::span<float> decoded) {
+  const size_t n = residual.size();
+  for (size_t i = 0; i < n; ++i) residual[i] = beta * residual[i] + delta[i];
+  codec.Encode(residual, payload);
+  codec.Decode(payload, decoded);
+  for (size_t i = 0; i < n; ++i) residual[i] -= decoded[i];
+}
+
 void ErrorFeedback::EncodeWithFeedback(std::span<const float> delta,
                                        std::span<std::byte> payload) {
-  const size_t n = residual_.size();
-  for (size_t i = 0; i < n; ++i) residual_[i] = beta_ * residual_[i] + delta[i];
-  codec_->Encode(residual_, payload);
-  codec_->Decode(payload, decoded_);
-  for (size_t i = 0; i < n; ++i) residual_[i] -= decoded_[i];
+  EncodeWithErrorFeedback(*codec_, beta_, residual_, delta, payload, decoded_);
 }
 
 void ErrorFeedback::Reset() { std::fill(residual_.begin(), residual_.end(), 0.0f); }

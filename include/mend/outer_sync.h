@@ -1,0 +1,93 @@
+// One fragment's outer round over the data plane (DESIGN.md, "Round
+// semantics"): the pseudo-gradient exchange with token weights, the robust
+// merge, the codec (top-k through error feedback), and the outer Nesterov
+// step on the global state. Flat fp32 buffers; the LibTorch reducer maps a
+// model's parameters onto fragments of these.
+//
+// A round is two steps so that it can run in the background while training
+// goes on (the concurrent outer step):
+//   1. Exchange(): every member's delta_i = theta_base - theta_i(s) is merged
+//      and the outer step is computed into a RoundResult; the state is not
+//      touched, so a round that fails (a member died) changes nothing.
+//   2. Commit(): the global state becomes the result's; the caller then
+//      brings it into its local parameters (ApplyOuterResult, mend/outer.h).
+//
+// Thread-safety: a FragmentState is used by one thread at a time; Exchange
+// reads it and may run on another thread than Commit if the caller orders
+// the two.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "mend/codec.h"
+#include "mend/communicator.h"
+#include "mend/outer.h"
+#include "mend/status.h"
+
+namespace mend {
+
+struct OuterSyncOptions {
+  OuterOptions outer;
+  bool token_weighted = true;   // weights = tokens; false: every member 1
+  // A member whose pseudo-gradient norm has a robust z-score (median and MAD
+  // of the members' norms, the MAD at least a quarter of the median) above
+  // this is dropped from the round: about 3.2x the median norm at 6. 0 turns
+  // the norm check off. Non-finite pseudo-gradients are always dropped. Norms are
+  // compared only with at least 3 members.
+  double robust_zscore = 6.0;
+  const Codec* codec = nullptr;  // not owned; nullptr = fp32
+  float error_feedback_beta = 0.95f;  // for a sparse codec
+};
+
+// The global state of one fragment as this learner holds it.
+class FragmentState {
+ public:
+  // theta_g = theta_base = `initial`, momentum 0.
+  explicit FragmentState(std::span<const float> initial);
+
+  std::span<const float> global() const { return global_; }
+  std::span<const float> momentum() const { return momentum_; }
+  size_t size() const { return global_.size(); }
+  // Replaces the global state (healing from a peer).
+  void Assign(std::span<const float> global, std::span<const float> momentum);
+
+ private:
+  friend class OuterRound;
+  std::vector<float> global_;
+  std::vector<float> momentum_;
+  std::vector<float> residual_;  // error feedback (sparse codecs; empty until used)
+};
+
+struct RoundResult {
+  std::vector<float> global;    // theta_g' (bit-identical on every member)
+  std::vector<float> momentum;  // m'
+  std::vector<float> residual;  // error feedback after this round (sparse codecs)
+  std::vector<int> dropped;     // ranks left out by the robust merge
+  double merged_norm = 0;       // ||delta||
+  uint64_t bytes_sent = 0;
+};
+
+class OuterRound {
+ public:
+  // Merges `delta_i` (this member's pseudo-gradient, state.size() values)
+  // with the other members' and computes the outer step. `tokens` is this
+  // member's weight under token weighting. Errors: what the communicator
+  // returns, or ABORTED when every member was dropped.
+  [[nodiscard]] static StatusOr<RoundResult> Exchange(Communicator& comm,
+                                                      const FragmentState& state,
+                                                      std::span<const float> delta_i,
+                                                      double tokens,
+                                                      const OuterSyncOptions& options);
+  // The state becomes the result's.
+  static void Commit(FragmentState& state, RoundResult&& result);
+};
+
+// The robust-merge rule on the members' pseudo-gradient norms (NaN or Inf =
+// non-finite): the ranks to drop. Pure, the same on every member.
+std::vector<int> RobustDrops(std::span<const double> norms, double zscore_threshold);
+
+}  // namespace mend

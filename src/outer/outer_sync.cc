@@ -1,0 +1,137 @@
+#include "mend/outer_sync.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "fmt/format.h"
+#include "fmt/ranges.h"
+#include "spdlog/spdlog.h"
+
+namespace mend {
+namespace {
+
+// What each member tells the others before the merge.
+struct MemberReport {
+  double norm = 0;  // ||delta_i||, NaN when any value is not finite
+  double weight = 0;
+};
+
+double Norm(std::span<const float> values) {
+  double sum = 0;
+  for (float v : values) sum += static_cast<double>(v) * v;
+  return std::sqrt(sum);  // NaN or Inf propagates
+}
+
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+}  // namespace
+
+std::vector<int> RobustDrops(std::span<const double> norms, double zscore_threshold) {
+  std::vector<int> dropped;
+  std::vector<double> finite;
+  for (size_t r = 0; r < norms.size(); ++r) {
+    if (std::isfinite(norms[r])) {
+      finite.push_back(norms[r]);
+    } else {
+      dropped.push_back(static_cast<int>(r));
+    }
+  }
+  if (zscore_threshold <= 0 || finite.size() < 3) return dropped;
+  const double median = Median(finite);
+  std::vector<double> deviations;
+  for (double n : finite) deviations.push_back(std::fabs(n - median));
+  // The MAD, floored at a quarter of the median: learners on different data
+  // legitimately differ by a factor of two or so (and with three members the
+  // MAD alone can be tiny); the rule is for gross outliers (a pseudo-gradient
+  // many times the others', as from a diverging or corrupted learner).
+  const double mad = std::max(Median(deviations), 0.25 * median);
+  if (mad <= 0) return dropped;
+  for (size_t r = 0; r < norms.size(); ++r) {
+    if (std::isfinite(norms[r]) && 0.6745 * (norms[r] - median) / mad > zscore_threshold) {
+      dropped.push_back(static_cast<int>(r));
+    }
+  }
+  std::sort(dropped.begin(), dropped.end());
+  return dropped;
+}
+
+FragmentState::FragmentState(std::span<const float> initial)
+    : global_(initial.begin(), initial.end()), momentum_(initial.size(), 0.0f) {}
+
+void FragmentState::Assign(std::span<const float> global, std::span<const float> momentum) {
+  global_.assign(global.begin(), global.end());
+  momentum_.assign(momentum.begin(), momentum.end());
+  residual_.clear();
+}
+
+StatusOr<RoundResult> OuterRound::Exchange(Communicator& comm, const FragmentState& state,
+                                           std::span<const float> delta_i, double tokens,
+                                           const OuterSyncOptions& options) {
+  const size_t n = state.size();
+  if (delta_i.size() != n) {
+    return InvalidArgumentError(fmt::format("pseudo-gradient of {} values for a fragment of {}",
+                                            delta_i.size(), n));
+  }
+  // 1. Everyone's norm and weight, so that every member drops the same ones.
+  MemberReport mine{Norm(delta_i), options.token_weighted ? tokens : 1.0};
+  std::vector<MemberReport> reports(comm.world_size());
+  MEND_RETURN_IF_ERROR(comm.AllGather(std::as_bytes(std::span(&mine, 1)),
+                                      std::as_writable_bytes(std::span(reports))));
+  std::vector<double> norms;
+  for (const MemberReport& report : reports) norms.push_back(report.norm);
+  RoundResult result;
+  result.dropped = RobustDrops(norms, options.robust_zscore);
+  if (result.dropped.size() == reports.size()) {
+    return AbortedError("every member's pseudo-gradient was dropped by the robust merge");
+  }
+  const bool dropped_me =
+      std::find(result.dropped.begin(), result.dropped.end(), comm.rank()) != result.dropped.end();
+  if (!result.dropped.empty()) {
+    spdlog::warn("robust merge: member(s) {} left out of this round (norms {})",
+                 fmt::join(result.dropped, ", "), fmt::join(norms, ", "));
+  }
+  // A dropped member sends zeros with weight 0 (0 x NaN would still be NaN).
+  const double weight = dropped_me ? 0.0 : mine.weight;
+  std::vector<float> delta(n, 0.0f);
+  if (!dropped_me) std::copy(delta_i.begin(), delta_i.end(), delta.begin());
+
+  // 2. The merge, through the codec.
+  const uint64_t sent_before = comm.stats().bytes_sent;
+  const Codec* codec = options.codec;
+  if (codec != nullptr && !codec->dense()) {
+    result.residual = state.residual_;
+    result.residual.resize(n, 0.0f);
+    std::vector<std::byte> payload(codec->EncodedBytes(n));
+    std::vector<float> decoded(n);
+    if (!dropped_me) {
+      EncodeWithErrorFeedback(*codec, options.error_feedback_beta, result.residual, delta,
+                              payload, decoded);
+    } else {
+      codec->Encode(delta, payload);  // zeros
+    }
+    MEND_RETURN_IF_ERROR(comm.WeightedAllGatherDecode(payload, weight, *codec, delta));
+  } else {
+    MEND_RETURN_IF_ERROR(comm.WeightedAllReduce(delta, weight, codec));
+  }
+  result.bytes_sent = comm.stats().bytes_sent - sent_before;
+  result.merged_norm = Norm(delta);
+
+  // 3. The outer step on a copy of the global state.
+  result.global.assign(state.global_.begin(), state.global_.end());
+  result.momentum.assign(state.momentum_.begin(), state.momentum_.end());
+  OuterNesterovStep(result.global, result.momentum, delta, options.outer);
+  return result;
+}
+
+void OuterRound::Commit(FragmentState& state, RoundResult&& result) {
+  state.global_ = std::move(result.global);
+  state.momentum_ = std::move(result.momentum);
+  if (!result.residual.empty()) state.residual_ = std::move(result.residual);
+}
+
+}  // namespace mend

@@ -1,0 +1,172 @@
+// One fragment's outer rounds among in-process members: bit-identical global
+// state, convergence to the token-weighted optimum, the robust merge, codecs
+// with error feedback, and a failed round that changes nothing.
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "dataplane/dataplane_fixture.h"
+#include "mend/outer_sync.h"
+#include "test_util/wait.h"
+
+namespace mend {
+namespace {
+
+using testing_util::InProcessStore;
+using testing_util::MemberOptions;
+using testing_util::RunMembers;
+
+constexpr size_t kSize = 2000;
+
+std::vector<float> Target(int rank) {
+  std::mt19937 random(rank + 7);
+  std::normal_distribution<float> normal(static_cast<float>(rank), 1.0f);
+  std::vector<float> target(kSize);
+  for (float& v : target) v = normal(random);
+  return target;
+}
+
+double Tokens(int rank) { return 1000.0 * (rank + 1); }
+
+// H inner steps of gradient descent on ||theta - target||^2 / 2.
+void Train(std::vector<float>& theta, const std::vector<float>& target, int steps) {
+  for (int s = 0; s < steps; ++s) {
+    for (size_t i = 0; i < theta.size(); ++i) theta[i] -= 0.1f * (theta[i] - target[i]);
+  }
+}
+
+// Runs `rounds` synchronous DiLoCo rounds on every member; returns each
+// member's final global state and the dropped lists of the last round.
+struct MemberRun {
+  std::vector<float> global;
+  std::vector<std::vector<float>> globals_by_round;
+  std::vector<int> last_dropped;
+};
+
+std::vector<MemberRun> RunRounds(int members, int rounds, const OuterSyncOptions& options,
+                                 int poison_rank = -1) {
+  std::vector<MemberRun> runs(members);
+  RunMembers(members, [&](int rank, Communicator& comm) {
+    std::vector<float> initial(kSize, 0.0f);
+    FragmentState state(initial);
+    std::vector<float> theta = initial;
+    auto target = Target(rank);
+    for (int round = 0; round < rounds; ++round) {
+      Train(theta, target, 5);
+      std::vector<float> delta(kSize);
+      PseudoGradient(state.global(), theta, delta);
+      if (rank == poison_rank && round == rounds - 1) delta[17] = std::nanf("");
+      auto result = OuterRound::Exchange(comm, state, delta, Tokens(rank), options);
+      ASSERT_TRUE(result.ok()) << result.status();
+      runs[rank].last_dropped = result->dropped;
+      std::vector<float> base(state.global().begin(), state.global().end());
+      OuterRound::Commit(state, std::move(*result));
+      ApplyOuterResult(theta, state.global(), base, delta, OuterApply::kExact, 0.5f);
+      runs[rank].globals_by_round.emplace_back(state.global().begin(), state.global().end());
+    }
+    runs[rank].global.assign(state.global().begin(), state.global().end());
+  });
+  return runs;
+}
+
+void ExpectBitIdentical(const std::vector<MemberRun>& runs) {
+  for (size_t r = 1; r < runs.size(); ++r) {
+    ASSERT_EQ(runs[r].globals_by_round.size(), runs[0].globals_by_round.size());
+    for (size_t k = 0; k < runs[0].globals_by_round.size(); ++k) {
+      ASSERT_EQ(std::memcmp(runs[r].globals_by_round[k].data(), runs[0].globals_by_round[k].data(),
+                            kSize * sizeof(float)),
+                0)
+          << "member " << r << " differs from member 0 after round " << k + 1;
+    }
+  }
+}
+
+TEST(OuterSyncTest, DiLoCoRoundsAreBitIdenticalAndReachTheTokenWeightedOptimum) {
+  OuterSyncOptions options;  // eta 0.7, mu 0.9, token-weighted
+  auto runs = RunRounds(3, 40, options);
+  ExpectBitIdentical(runs);
+  // The fixed point of the rounds is the token-weighted mean of the targets.
+  double total = Tokens(0) + Tokens(1) + Tokens(2);
+  double error = 0;
+  for (size_t i = 0; i < kSize; ++i) {
+    double want = 0;
+    for (int r = 0; r < 3; ++r) want += Tokens(r) / total * Target(r)[i];
+    error = std::max(error, std::fabs(want - runs[0].global[i]));
+  }
+  EXPECT_LT(error, 1e-2);
+}
+
+TEST(OuterSyncTest, UniformWeightsReachThePlainMean) {
+  OuterSyncOptions options;
+  options.token_weighted = false;
+  auto runs = RunRounds(2, 40, options);
+  double error = 0;
+  for (size_t i = 0; i < kSize; ++i) {
+    error = std::max(error, std::fabs(0.5 * (Target(0)[i] + Target(1)[i]) - runs[1].global[i]));
+  }
+  EXPECT_LT(error, 1e-2);
+}
+
+TEST(OuterSyncTest, NaNPseudoGradientIsDroppedOnEveryMember) {
+  OuterSyncOptions options;
+  auto runs = RunRounds(3, 3, options, /*poison_rank=*/1);
+  for (const MemberRun& run : runs) {
+    EXPECT_EQ(run.last_dropped, std::vector<int>{1});
+    for (float v : run.global) ASSERT_TRUE(std::isfinite(v));
+  }
+  ExpectBitIdentical(runs);
+}
+
+TEST(OuterSyncTest, CompressedRoundsStayBitIdentical) {
+  for (CodecKind kind : {CodecKind::kInt4, CodecKind::kTopK}) {
+    auto codec = MakeCodec({kind, 64, 256, 16});
+    ASSERT_TRUE(codec.ok());
+    OuterSyncOptions options;
+    options.codec = codec->get();
+    if (kind == CodecKind::kTopK) options.outer = {1.0f, 0.0f};  // SparseLoCo
+    auto runs = RunRounds(3, 8, options);
+    ExpectBitIdentical(runs);
+    for (float v : runs[0].global) ASSERT_TRUE(std::isfinite(v)) << CodecName(kind);
+  }
+}
+
+TEST(OuterSyncTest, FailedRoundChangesNothing) {
+  // Member 1 never takes part: member 0's exchange fails and its state is
+  // exactly what it was.
+  InProcessStore store;
+  std::atomic<bool> done{false};
+  std::thread absent([&]() {
+    auto comm = Communicator::Connect(store, MemberOptions(1, 2, "job/round/3/", kMicrosPerSecond));
+    ASSERT_TRUE(comm.ok());
+    EXPECT_TRUE(testing_util::WaitFor(30 * kMicrosPerSecond, [&]() { return done.load(); }));
+  });
+  auto comm = Communicator::Connect(store, MemberOptions(0, 2, "job/round/3/", kMicrosPerSecond));
+  ASSERT_TRUE(comm.ok());
+  std::vector<float> initial(kSize, 1.0f);
+  FragmentState state(initial);
+  std::vector<float> delta(kSize, 0.5f);
+  auto result = OuterRound::Exchange(**comm, state, delta, 1.0, OuterSyncOptions{});
+  done = true;
+  absent.join();
+  EXPECT_FALSE(result.ok());
+  EXPECT_EQ(std::vector<float>(state.global().begin(), state.global().end()), initial);
+  for (float m : state.momentum()) EXPECT_EQ(m, 0.0f);
+}
+
+TEST(RobustDropsTest, OutlierNormsAndNonFiniteAreDropped) {
+  EXPECT_EQ(RobustDrops(std::vector<double>{1.0, 1.1, 0.9, 50.0}, 6.0), std::vector<int>{3});
+  EXPECT_EQ(RobustDrops(std::vector<double>{1.0, std::nan(""), 1.0}, 6.0), std::vector<int>{1});
+  EXPECT_EQ(RobustDrops(std::vector<double>{1.0, INFINITY}, 6.0), std::vector<int>{1});
+  // Two members: no norm comparison, only non-finite ones go.
+  EXPECT_TRUE(RobustDrops(std::vector<double>{1.0, 100.0}, 6.0).empty());
+  // Off.
+  EXPECT_TRUE(RobustDrops(std::vector<double>{1.0, 1.0, 1.0, 100.0}, 0.0).empty());
+  // Close norms are not outliers, nor is the spread that learners training on
+  // different data legitimately have (found by the convergence test above).
+  EXPECT_TRUE(RobustDrops(std::vector<double>{1.0, 1.02, 0.98, 1.05}, 6.0).empty());
+  EXPECT_TRUE(RobustDrops(std::vector<double>{31.2, 17.0, 16.2}, 6.0).empty());
+  EXPECT_EQ(RobustDrops(std::vector<double>{170.0, 17.0, 16.2}, 6.0), std::vector<int>{0});
+}
+
+}  // namespace
+}  // namespace mend
