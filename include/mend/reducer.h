@@ -1,0 +1,68 @@
+// mend::Reducer: what a LibTorch training loop attaches to (DESIGN.md,
+// "Parts" 5). The loop calls step(tokens) after each inner optimizer step;
+// every sync_period_steps (per fragment, staggered) the reducer joins a
+// quorum round through the learner agent, builds the round's communicator,
+// merges the pseudo-gradients (token-weighted, robust, through the codec),
+// applies the outer Nesterov step to the global parameters, and puts them in
+// the model.
+//
+// This first version runs each round synchronously inside step() (the
+// concurrent outer step, DES-LOC and checkpoints come next). A learner that
+// is behind (it missed a round, or is new) heals the global state from the
+// source the lighthouse names before the exchange, and its pseudo-gradient
+// stays relative to the base it trained from. On the first round every
+// member takes rank 0's global state, so learners that started from
+// different initial parameters agree from then on. A round that fails (no
+// quorum in time, a member died mid-exchange) changes nothing in the global
+// state: the learner keeps its local progress and brings it to the next one.
+//
+// Thread-safety: step() and shutdown() from the training thread only.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "mend/config.h"
+#include "mend/learner_agent.h"
+#include "mend/status.h"
+#include "torch/nn/module.h"
+
+namespace mend {
+
+struct ReducerStats {
+  uint64_t steps = 0;
+  uint64_t rounds = 0;         // rounds this learner completed
+  uint64_t failed_rounds = 0;  // rounds that failed or formed without it
+  uint64_t heals = 0;          // times it took the global state from a peer
+  uint64_t bytes_sent = 0;     // data-plane bytes, all rounds
+  uint64_t last_round_id = 0;
+};
+
+class Reducer {
+ public:
+  // `module` and `agent` are not owned and must outlive the reducer. The
+  // module's parameters must be dense fp32 CPU tensors; INVALID_ARGUMENT
+  // names the first that is not, or a bad configuration value.
+  [[nodiscard]] static StatusOr<std::unique_ptr<Reducer>> Create(const Config& config,
+                                                                 torch::nn::Module& module,
+                                                                 LearnerAgent& agent);
+  virtual ~Reducer() = default;
+
+  // After each inner optimizer step, with the tokens that step processed.
+  // Returns an error only for what the caller must act on (a fatal refusal
+  // from the lighthouse); failed rounds are counted, logged and survived.
+  [[nodiscard]] virtual Status step(uint64_t tokens) = 0;
+  // Leaves the job. Idempotent.
+  virtual Status shutdown() = 0;
+
+  virtual ReducerStats stats() const = 0;
+  // The global parameters of fragment `f` as of the last round (tests,
+  // diagnostics).
+  virtual std::span<const float> global(int fragment) const = 0;
+  virtual int fragments() const = 0;
+};
+
+}  // namespace mend

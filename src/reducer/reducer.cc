@@ -1,0 +1,227 @@
+#include "mend/reducer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "fmt/format.h"
+#include "mend/codec.h"
+#include "mend/communicator.h"
+#include "mend/lighthouse_rendezvous.h"
+#include "mend/outer.h"
+#include "mend/outer_sync.h"
+#include "spdlog/spdlog.h"
+
+namespace mend {
+namespace {
+
+// One fragment: the parameters it holds (layer l -> fragment l mod P), laid
+// out flat in parameter order, and its global state.
+struct Fragment {
+  std::vector<at::Tensor> parameters;
+  std::unique_ptr<FragmentState> state;
+  uint64_t tokens_since_round = 0;
+};
+
+size_t TotalValues(const std::vector<at::Tensor>& parameters) {
+  size_t n = 0;
+  for (const auto& p : parameters) n += static_cast<size_t>(p.numel());
+  return n;
+}
+
+void Gather(const std::vector<at::Tensor>& parameters, std::span<float> out) {
+  size_t offset = 0;
+  for (const auto& p : parameters) {
+    size_t n = static_cast<size_t>(p.numel());
+    std::memcpy(out.data() + offset, p.data_ptr<float>(), n * sizeof(float));
+    offset += n;
+  }
+}
+
+void Scatter(std::span<const float> in, std::vector<at::Tensor>& parameters) {
+  size_t offset = 0;
+  for (auto& p : parameters) {
+    size_t n = static_cast<size_t>(p.numel());
+    std::memcpy(p.data_ptr<float>(), in.data() + offset, n * sizeof(float));
+    offset += n;
+  }
+}
+
+class ReducerImpl final : public Reducer {
+ public:
+  ReducerImpl(const Config& config, LearnerAgent& agent, FragmentSchedule schedule,
+              std::unique_ptr<Codec> codec)
+      : config_(config), agent_(agent), schedule_(schedule), codec_(std::move(codec)) {
+    options_.outer = {static_cast<float>(config.outer_lr), static_cast<float>(config.outer_momentum)};
+    options_.token_weighted = config.token_weighted_merge;
+    options_.codec = codec_.get();
+    options_.error_feedback_beta = static_cast<float>(config.error_feedback_beta);
+  }
+
+  Status Init(torch::nn::Module& module) {
+    std::vector<at::Tensor> parameters = module.parameters(/*recurse=*/true);
+    if (parameters.empty()) return InvalidArgumentError("reducer: the module has no parameters");
+    fragments_.resize(static_cast<size_t>(schedule_.fragments()));
+    for (size_t l = 0; l < parameters.size(); ++l) {
+      const at::Tensor& p = parameters[l];
+      if (p.scalar_type() != at::kFloat || !p.device().is_cpu() || !p.is_contiguous()) {
+        return InvalidArgumentError(fmt::format(
+            "reducer: parameter {} is {} on {} ({}contiguous); mend needs contiguous fp32 CPU "
+            "parameters",
+            l, c10::toString(p.scalar_type()), p.device().str(), p.is_contiguous() ? "" : "not "));
+      }
+      fragments_[static_cast<size_t>(FragmentOfLayer(static_cast<int64_t>(l), schedule_.fragments()))]
+          .parameters.push_back(p);
+    }
+    for (Fragment& fragment : fragments_) {
+      std::vector<float> initial(TotalValues(fragment.parameters));
+      Gather(fragment.parameters, initial);
+      fragment.state = std::make_unique<FragmentState>(initial);
+    }
+    return OkStatus();
+  }
+
+  Status step(uint64_t tokens) override {
+    if (shut_down_) return FailedPreconditionError("reducer: step() after shutdown()");
+    MEND_RETURN_IF_ERROR(agent_.fatal_status());
+    auto now = std::chrono::steady_clock::now();
+    Micros step_time = stats_.steps == 0 ? 0
+                                         : std::chrono::duration_cast<std::chrono::microseconds>(
+                                               now - last_step_)
+                                               .count();
+    last_step_ = now;
+    stats_.steps++;
+    tokens_total_ += tokens;
+    for (Fragment& fragment : fragments_) fragment.tokens_since_round += tokens;
+    agent_.RecordStep(stats_.steps, tokens_total_, step_time);
+    for (int64_t f = 0; f < schedule_.fragments(); ++f) {
+      if (schedule_.StartsAt(f, static_cast<int64_t>(stats_.steps))) RunRound(static_cast<int>(f));
+    }
+    return OkStatus();
+  }
+
+  Status shutdown() override {
+    if (shut_down_) return OkStatus();
+    shut_down_ = true;
+    return agent_.Leave("training finished");
+  }
+
+  ReducerStats stats() const override { return stats_; }
+  std::span<const float> global(int fragment) const override {
+    return fragments_[static_cast<size_t>(fragment)].state->global();
+  }
+  int fragments() const override { return static_cast<int>(fragments_.size()); }
+
+ private:
+  void RunRound(int f) {
+    Fragment& fragment = fragments_[static_cast<size_t>(f)];
+    Status status = TryRound(fragment);
+    if (!status.ok()) {
+      stats_.failed_rounds++;
+      spdlog::warn("fragment {}: round failed, training on: {}", f, status);
+    }
+  }
+
+  Status TryRound(Fragment& fragment) {
+    MEND_ASSIGN_OR_RETURN(
+        QuorumResult round,
+        agent_.Quorum(stats_.last_round_id, fragment.tokens_since_round,
+                      config_.quorum_timeout_ms * kMicrosPerMilli, /*include_members=*/true));
+    CommunicatorOptions options = CommunicatorOptionsFrom(config_);
+    options.prefix = round.rendezvous_prefix;
+    options.round_id = round.round_id;
+    options.rank = static_cast<int>(round.rank);
+    options.world_size = static_cast<int>(round.world_size);
+    for (const RoundMember& member : round.members) options.member_ids.push_back(member.id);
+    LighthouseRendezvousStore store(agent_.client());
+    MEND_ASSIGN_OR_RETURN(auto comm, Communicator::Connect(store, options));
+
+    // The pseudo-gradient against the base this learner trained from, taken
+    // before any healing replaces that base.
+    const size_t n = fragment.state->size();
+    std::vector<float> local(n), delta(n);
+    Gather(fragment.parameters, local);
+    PseudoGradient(fragment.state->global(), local, delta);
+    MEND_RETURN_IF_ERROR(Heal(*comm, round));
+
+    MEND_ASSIGN_OR_RETURN(RoundResult result,
+                          OuterRound::Exchange(*comm, *fragment.state, delta,
+                                               static_cast<double>(fragment.tokens_since_round),
+                                               options_));
+    stats_.bytes_sent += result.bytes_sent;
+    OuterRound::Commit(*fragment.state, std::move(result));
+    Scatter(fragment.state->global(), fragment.parameters);  // synchronous: theta_i <- theta_g'
+    fragment.tokens_since_round = 0;
+    stats_.rounds++;
+    stats_.last_round_id = round.round_id;
+    return OkStatus();
+  }
+
+  // Every member takes part: for each healing source (and, on a fresh start,
+  // from rank 0) one broadcast of every fragment's global state and momentum;
+  // the members that heal from it keep it.
+  Status Heal(Communicator& comm, const QuorumResult& round) {
+    std::map<std::string, int> rank_of;
+    for (size_t r = 0; r < round.members.size(); ++r) rank_of[round.members[r].id] = static_cast<int>(r);
+    std::map<int, std::vector<int>> healees;  // source rank -> ranks healing from it
+    if (round.heal_round_id == 0) {
+      for (int r = 1; r < comm.world_size(); ++r) healees[0].push_back(r);  // a fresh start
+    } else {
+      for (size_t r = 0; r < round.members.size(); ++r) {
+        const std::string& source = round.members[r].heal_from;
+        if (!source.empty() && rank_of.count(source)) healees[rank_of[source]].push_back(static_cast<int>(r));
+      }
+    }
+    if (healees.empty()) return OkStatus();
+    size_t total = 0;
+    for (const Fragment& fragment : fragments_) total += 2 * fragment.state->size();
+    std::vector<float> buffer(total);
+    for (const auto& [source, ranks] : healees) {
+      if (comm.rank() == source) {
+        size_t offset = 0;
+        for (const Fragment& fragment : fragments_) {
+          std::copy(fragment.state->global().begin(), fragment.state->global().end(), buffer.begin() + static_cast<long>(offset));
+          offset += fragment.state->size();
+          std::copy(fragment.state->momentum().begin(), fragment.state->momentum().end(), buffer.begin() + static_cast<long>(offset));
+          offset += fragment.state->size();
+        }
+      }
+      MEND_RETURN_IF_ERROR(comm.Broadcast(std::as_writable_bytes(std::span(buffer)), source));
+      if (std::find(ranks.begin(), ranks.end(), comm.rank()) == ranks.end()) continue;
+      size_t offset = 0;
+      for (Fragment& fragment : fragments_) {
+        const size_t size = fragment.state->size();
+        fragment.state->Assign(std::span(buffer.data() + offset, size),
+                               std::span(buffer.data() + offset + size, size));
+        offset += 2 * size;
+      }
+      stats_.heals++;
+    }
+    return OkStatus();
+  }
+
+  const Config config_;
+  LearnerAgent& agent_;
+  const FragmentSchedule schedule_;
+  std::unique_ptr<Codec> codec_;
+  OuterSyncOptions options_;
+  std::vector<Fragment> fragments_;
+  ReducerStats stats_;
+  uint64_t tokens_total_ = 0;
+  std::chrono::steady_clock::time_point last_step_;
+  bool shut_down_ = false;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Reducer>> Reducer::Create(const Config& config, torch::nn::Module& module,
+                                                   LearnerAgent& agent) {
+  MEND_ASSIGN_OR_RETURN(FragmentSchedule schedule,
+                        FragmentSchedule::Make(config.fragments, config.sync_period_steps));
+  MEND_ASSIGN_OR_RETURN(std::unique_ptr<Codec> codec, MakeCodec(config));
+  auto reducer = std::make_unique<ReducerImpl>(config, agent, schedule, std::move(codec));
+  MEND_RETURN_IF_ERROR(reducer->Init(module));
+  return std::unique_ptr<Reducer>(std::move(reducer));
+}
+
+}  // namespace mend
