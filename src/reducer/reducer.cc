@@ -142,7 +142,7 @@ class ReducerImpl final : public Reducer {
     std::vector<float> local(n), delta(n);
     Gather(fragment.parameters, local);
     PseudoGradient(fragment.state->global(), local, delta);
-    MEND_RETURN_IF_ERROR(Heal(*comm, round));
+    MEND_RETURN_IF_ERROR(Heal(*comm, round, fragment));
 
     MEND_ASSIGN_OR_RETURN(RoundResult result,
                           OuterRound::Exchange(*comm, *fragment.state, delta,
@@ -160,7 +160,7 @@ class ReducerImpl final : public Reducer {
   // Every member takes part: for each healing source (and, on a fresh start,
   // from rank 0) one broadcast of every fragment's global state and momentum;
   // the members that heal from it keep it.
-  Status Heal(Communicator& comm, const QuorumResult& round) {
+  Status Heal(Communicator& comm, const QuorumResult& round, const Fragment& exchanging) {
     std::map<std::string, int> rank_of;
     for (size_t r = 0; r < round.members.size(); ++r) rank_of[round.members[r].id] = static_cast<int>(r);
     std::map<int, std::vector<int>> healees;  // source rank -> ranks healing from it
@@ -191,13 +191,28 @@ class ReducerImpl final : public Reducer {
       size_t offset = 0;
       for (Fragment& fragment : fragments_) {
         const size_t size = fragment.state->size();
-        fragment.state->Assign(std::span(buffer.data() + offset, size),
-                               std::span(buffer.data() + offset + size, size));
+        std::span<const float> healed(buffer.data() + offset, size);
+        if (&fragment != &exchanging) KeepLocalProgress(fragment, healed);
+        fragment.state->Assign(healed, std::span(buffer.data() + offset + size, size));
         offset += 2 * size;
       }
       stats_.heals++;
     }
     return OkStatus();
+  }
+
+  // A fragment whose base is replaced outside its own round: its local
+  // parameters move by the same amount, so that what this learner trained
+  // since its old base is still its pseudo-gradient, and the base change is
+  // not mistaken for training (theta_i <- theta_i + new base - old base).
+  // The fragment being exchanged needs none: its pseudo-gradient is taken
+  // before the heal and the round replaces its local parameters.
+  static void KeepLocalProgress(Fragment& fragment, std::span<const float> new_base) {
+    std::vector<float> local(fragment.state->size());
+    Gather(fragment.parameters, local);
+    std::span<const float> old_base = fragment.state->global();
+    for (size_t i = 0; i < local.size(); ++i) local[i] += new_base[i] - old_base[i];
+    Scatter(local, fragment.parameters);
   }
 
   const Config config_;

@@ -111,6 +111,46 @@ TEST(ReducerTest, LearnersHoldBitIdenticalGlobalParametersAfterEveryRound) {
   EXPECT_EQ(a.stats.heals + b.stats.heals, 1u);
 }
 
+TEST(ReducerTest, HealedFragmentsKeepOnlyTheLearnersOwnProgress) {
+  // Two fragments, two learners with different initial parameters that do
+  // not train at all. The first round (fragment 1's) gives learner-b
+  // learner-a's state for both fragments; fragment 0's local parameters move
+  // with its base, so its later pseudo-gradient is zero (up to rounding), and
+  // the global parameters stay learner-a's initial ones.
+  Config config = BaseConfig();
+  config.quorum_min_learners = 2;
+  config.fragments = 2;
+  auto server = StartLighthouse(config);
+  config.lighthouse = server->grpc_address();
+  std::vector<std::vector<float>> initial(2), final_global(2);
+  auto learner = [&](const std::string& id, int seed, int index) {
+    auto agent = LearnerAgent::Start(config, kToken, {id, "", "", ""});
+    ASSERT_TRUE(agent.ok()) << agent.status();
+    torch::manual_seed(seed);
+    torch::nn::Linear model(8, 1);  // parameter 0 (weight) -> fragment 0, 1 (bias) -> 1
+    initial[index].assign(model->weight.data_ptr<float>(), model->weight.data_ptr<float>() + 8);
+    auto reducer = Reducer::Create(config, *model, **agent);
+    ASSERT_TRUE(reducer.ok()) << reducer.status();
+    for (int s = 0; s < 2 * kPeriod; ++s) ASSERT_TRUE((*reducer)->step(1).ok());
+    EXPECT_EQ((*reducer)->stats().rounds, 4u);  // steps 2, 4, 6, 8
+    auto global = (*reducer)->global(0);
+    final_global[index].assign(global.begin(), global.end());
+    ASSERT_TRUE((*reducer)->shutdown().ok());
+  };
+  std::thread ta([&]() { learner("learner-a", 1, 0); });
+  std::thread tb([&]() { learner("learner-b", 2, 1); });
+  ta.join();
+  tb.join();
+  ASSERT_NE(initial[0], initial[1]);
+  EXPECT_EQ(final_global[0], final_global[1]);
+  // Rank 0 is the first learner in id order: learner-a. Equal up to the
+  // rounding of b + (a - b) in fp32; without the shift the difference would
+  // be the initial parameters' (about 0.1-0.5).
+  for (size_t i = 0; i < initial[0].size(); ++i) {
+    EXPECT_NEAR(final_global[0][i], initial[0][i], 1e-6) << i;
+  }
+}
+
 // The state of `id` on the lighthouse's status page ("" when unknown), and
 // how many learners are alive.
 std::string LearnerState(LighthouseServer& server, const std::string& id) {
