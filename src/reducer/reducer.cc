@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <thread>
+#include <utility>
 
 #include "fmt/format.h"
 #include "mend/codec.h"
@@ -58,6 +60,8 @@ class ReducerImpl final : public Reducer {
     options_.error_feedback_beta = static_cast<float>(config.error_feedback_beta);
   }
 
+  ~ReducerImpl() override { FinishInFlight(); }  // bounded by the round's own deadlines
+
   Status Init(torch::nn::Module& module) {
     std::vector<at::Tensor> parameters = module.parameters(/*recurse=*/true);
     if (parameters.empty()) return InvalidArgumentError("reducer: the module has no parameters");
@@ -94,14 +98,18 @@ class ReducerImpl final : public Reducer {
     tokens_total_ += tokens;
     for (Fragment& fragment : fragments_) fragment.tokens_since_round += tokens;
     agent_.RecordStep(stats_.steps, tokens_total_, step_time);
+    if (in_flight_ && stats_.steps >= in_flight_->apply_at_step) FinishInFlight();
     for (int64_t f = 0; f < schedule_.fragments(); ++f) {
-      if (schedule_.StartsAt(f, static_cast<int64_t>(stats_.steps))) RunRound(static_cast<int>(f));
+      if (!schedule_.StartsAt(f, static_cast<int64_t>(stats_.steps))) continue;
+      Launch(static_cast<int>(f));
+      if (!concurrent_) FinishInFlight();  // synchronous DiLoCo: wait here
     }
     return OkStatus();
   }
 
   Status shutdown() override {
     if (shut_down_) return OkStatus();
+    FinishInFlight();
     shut_down_ = true;
     return agent_.Leave("training finished");
   }
@@ -113,20 +121,91 @@ class ReducerImpl final : public Reducer {
   int fragments() const override { return static_cast<int>(fragments_.size()); }
 
  private:
-  void RunRound(int f) {
+  // A round in flight: what the boundary snapshot, and the background thread
+  // computing the merge (the training thread does not touch the fragments'
+  // global state until it is joined).
+  struct Outcome {
+    RoundResult result;
+    std::vector<float> healed;  // every fragment's global + momentum, when this learner healed
+    uint64_t round_id = 0;
+  };
+  struct InFlight {
+    int fragment = 0;
+    uint64_t boundary_step = 0;
+    uint64_t apply_at_step = 0;
+    uint64_t tokens = 0;
+    std::vector<float> base;   // the fragment's global state at the boundary
+    std::vector<float> delta;  // this learner's pseudo-gradient at the boundary
+    std::thread thread;
+    StatusOr<Outcome> outcome = AbortedError("not finished");
+  };
+
+  // At fragment f's boundary: snapshot, and start the exchange on a
+  // background thread (one round in flight at a time).
+  void Launch(int f) {
+    FinishInFlight();
     Fragment& fragment = fragments_[static_cast<size_t>(f)];
-    Status status = TryRound(fragment);
-    if (!status.ok()) {
-      stats_.failed_rounds++;
-      spdlog::warn("fragment {}: round failed, training on: {}", f, status);
-    }
+    auto flight = std::make_unique<InFlight>();
+    flight->fragment = f;
+    flight->boundary_step = stats_.steps;
+    flight->apply_at_step = stats_.steps + static_cast<uint64_t>(overlap_steps_);
+    flight->tokens = fragment.tokens_since_round;
+    fragment.tokens_since_round = 0;
+    const size_t n = fragment.state->size();
+    flight->base.assign(fragment.state->global().begin(), fragment.state->global().end());
+    std::vector<float> local(n);
+    Gather(fragment.parameters, local);
+    flight->delta.resize(n);
+    PseudoGradient(flight->base, local, flight->delta);
+    InFlight* raw = flight.get();
+    flight->thread = std::thread([this, raw]() { raw->outcome = Exchange(*raw); });
+    in_flight_ = std::move(flight);
   }
 
-  Status TryRound(Fragment& fragment) {
+  // Joins the round in flight (if any) and brings its result in:
+  //   healed: every other fragment's base (and local parameters, by the same
+  //           amount) becomes the source's; this fragment's base too;
+  //   then theta_g' and momentum are committed and the local parameters of
+  //   this fragment get the result (exact: + the progress since the boundary).
+  // A failed round changes nothing: the local progress goes into the next one.
+  void FinishInFlight() {
+    if (!in_flight_) return;
+    std::unique_ptr<InFlight> flight = std::move(in_flight_);
+    flight->thread.join();
+    Fragment& fragment = fragments_[static_cast<size_t>(flight->fragment)];
+    if (!flight->outcome.ok()) {
+      stats_.failed_rounds++;
+      fragment.tokens_since_round += flight->tokens;
+      spdlog::warn("fragment {}: round failed, training on: {}", flight->fragment,
+                   flight->outcome.status());
+      return;
+    }
+    Outcome& outcome = *flight->outcome;
+    if (!outcome.healed.empty()) ApplyHeal(outcome.healed, fragment);
+    stats_.bytes_sent += outcome.result.bytes_sent;
+    OuterRound::Commit(*fragment.state, std::move(outcome.result));
+    if (stats_.steps == flight->boundary_step) {
+      // Nothing trained since the boundary (synchronous): exactly theta_g'.
+      Scatter(fragment.state->global(), fragment.parameters);
+    } else {
+      std::vector<float> local(fragment.state->size());
+      Gather(fragment.parameters, local);
+      ApplyOuterResult(local, fragment.state->global(), flight->base, flight->delta, apply_mode_,
+                       static_cast<float>(config_.mixing_alpha));
+      Scatter(local, fragment.parameters);
+    }
+    stats_.rounds++;
+    stats_.last_round_id = outcome.round_id;
+  }
+
+  // The background part of a round: quorum, communicator, healing, merge.
+  // Reads the fragments' global state; writes nothing the training thread reads.
+  StatusOr<Outcome> Exchange(const InFlight& flight) {
+    const Fragment& fragment = fragments_[static_cast<size_t>(flight.fragment)];
     MEND_ASSIGN_OR_RETURN(
         QuorumResult round,
-        agent_.Quorum(stats_.last_round_id, fragment.tokens_since_round,
-                      config_.quorum_timeout_ms * kMicrosPerMilli, /*include_members=*/true));
+        agent_.Quorum(last_round_id_, flight.tokens, config_.quorum_timeout_ms * kMicrosPerMilli,
+                      /*include_members=*/true));
     CommunicatorOptions options = CommunicatorOptionsFrom(config_);
     options.prefix = round.rendezvous_prefix;
     options.round_id = round.round_id;
@@ -135,32 +214,48 @@ class ReducerImpl final : public Reducer {
     for (const RoundMember& member : round.members) options.member_ids.push_back(member.id);
     LighthouseRendezvousStore store(agent_.client());
     MEND_ASSIGN_OR_RETURN(auto comm, Communicator::Connect(store, options));
+    Outcome outcome;
+    outcome.round_id = round.round_id;
+    MEND_ASSIGN_OR_RETURN(outcome.healed, Heal(*comm, round));
+    // The merge runs on the healed base when this learner was behind.
+    const FragmentState* state = fragment.state.get();
+    std::unique_ptr<FragmentState> healed_state;
+    if (!outcome.healed.empty()) {
+      auto [global, momentum] = Slice(outcome.healed, flight.fragment);
+      healed_state = std::make_unique<FragmentState>(global);
+      healed_state->Assign(global, momentum);
+      state = healed_state.get();
+    }
+    MEND_ASSIGN_OR_RETURN(outcome.result,
+                          OuterRound::Exchange(*comm, *state, flight.delta,
+                                               static_cast<double>(flight.tokens), options_));
+    last_round_id_ = round.round_id;
+    return outcome;
+  }
 
-    // The pseudo-gradient against the base this learner trained from, taken
-    // before any healing replaces that base.
-    const size_t n = fragment.state->size();
-    std::vector<float> local(n), delta(n);
-    Gather(fragment.parameters, local);
-    PseudoGradient(fragment.state->global(), local, delta);
-    MEND_RETURN_IF_ERROR(Heal(*comm, round, fragment));
+  // Fragment f's global state and momentum inside a healing buffer.
+  std::pair<std::span<const float>, std::span<const float>> Slice(const std::vector<float>& buffer,
+                                                                  int f) const {
+    size_t offset = 0;
+    for (int g = 0; g < f; ++g) offset += 2 * fragments_[static_cast<size_t>(g)].state->size();
+    const size_t size = fragments_[static_cast<size_t>(f)].state->size();
+    return {std::span(buffer.data() + offset, size), std::span(buffer.data() + offset + size, size)};
+  }
 
-    MEND_ASSIGN_OR_RETURN(RoundResult result,
-                          OuterRound::Exchange(*comm, *fragment.state, delta,
-                                               static_cast<double>(fragment.tokens_since_round),
-                                               options_));
-    stats_.bytes_sent += result.bytes_sent;
-    OuterRound::Commit(*fragment.state, std::move(result));
-    Scatter(fragment.state->global(), fragment.parameters);  // synchronous: theta_i <- theta_g'
-    fragment.tokens_since_round = 0;
-    stats_.rounds++;
-    stats_.last_round_id = round.round_id;
-    return OkStatus();
+  void ApplyHeal(const std::vector<float>& healed, const Fragment& exchanging) {
+    for (size_t f = 0; f < fragments_.size(); ++f) {
+      Fragment& fragment = fragments_[f];
+      auto [global, momentum] = Slice(healed, static_cast<int>(f));
+      if (&fragment != &exchanging) KeepLocalProgress(fragment, global);
+      fragment.state->Assign(global, momentum);
+    }
+    stats_.heals++;
   }
 
   // Every member takes part: for each healing source (and, on a fresh start,
-  // from rank 0) one broadcast of every fragment's global state and momentum;
-  // the members that heal from it keep it.
-  Status Heal(Communicator& comm, const QuorumResult& round, const Fragment& exchanging) {
+  // from rank 0) one broadcast of every fragment's global state and momentum.
+  // Returns that buffer when this learner heals from it, else nothing.
+  StatusOr<std::vector<float>> Heal(Communicator& comm, const QuorumResult& round) const {
     std::map<std::string, int> rank_of;
     for (size_t r = 0; r < round.members.size(); ++r) rank_of[round.members[r].id] = static_cast<int>(r);
     std::map<int, std::vector<int>> healees;  // source rank -> ranks healing from it
@@ -172,7 +267,8 @@ class ReducerImpl final : public Reducer {
         if (!source.empty() && rank_of.count(source)) healees[rank_of[source]].push_back(static_cast<int>(r));
       }
     }
-    if (healees.empty()) return OkStatus();
+    std::vector<float> mine;
+    if (healees.empty()) return mine;
     size_t total = 0;
     for (const Fragment& fragment : fragments_) total += 2 * fragment.state->size();
     std::vector<float> buffer(total);
@@ -187,18 +283,9 @@ class ReducerImpl final : public Reducer {
         }
       }
       MEND_RETURN_IF_ERROR(comm.Broadcast(std::as_writable_bytes(std::span(buffer)), source));
-      if (std::find(ranks.begin(), ranks.end(), comm.rank()) == ranks.end()) continue;
-      size_t offset = 0;
-      for (Fragment& fragment : fragments_) {
-        const size_t size = fragment.state->size();
-        std::span<const float> healed(buffer.data() + offset, size);
-        if (&fragment != &exchanging) KeepLocalProgress(fragment, healed);
-        fragment.state->Assign(healed, std::span(buffer.data() + offset + size, size));
-        offset += 2 * size;
-      }
-      stats_.heals++;
+      if (std::find(ranks.begin(), ranks.end(), comm.rank()) != ranks.end()) mine = buffer;
     }
-    return OkStatus();
+    return mine;
   }
 
   // A fragment whose base is replaced outside its own round: its local
@@ -218,6 +305,13 @@ class ReducerImpl final : public Reducer {
   const Config config_;
   LearnerAgent& agent_;
   const FragmentSchedule schedule_;
+  const bool concurrent_ = config_.concurrent_outer_step;
+  const int64_t overlap_steps_ = config_.overlap_steps;
+  const OuterApply apply_mode_ = config_.outer_apply == "mix" ? OuterApply::kMix : OuterApply::kExact;
+  std::unique_ptr<InFlight> in_flight_;
+  // The last round this learner completed; written by the round's thread,
+  // which runs alone (the next round starts only after it was joined).
+  uint64_t last_round_id_ = 0;
   std::unique_ptr<Codec> codec_;
   OuterSyncOptions options_;
   std::vector<Fragment> fragments_;

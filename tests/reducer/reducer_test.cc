@@ -36,6 +36,7 @@ Config BaseConfig() {
   config.quorum_timeout_ms = 20000;
   config.collective_timeout_ms = 10000;
   config.sync_period_steps = kPeriod;
+  config.concurrent_outer_step = false;  // the concurrent test turns it on
   config.log_level = "warn";
   return config;
 }
@@ -76,8 +77,8 @@ void Learn(const Config& config, const std::string& id, int seed, int boundaries
       }
     }
   }
+  ASSERT_TRUE((*reducer)->shutdown().ok());  // finishes a round still in flight
   log->stats = (*reducer)->stats();
-  ASSERT_TRUE((*reducer)->shutdown().ok());
 }
 
 std::unique_ptr<LighthouseServer> StartLighthouse(const Config& config) {
@@ -111,7 +112,9 @@ TEST(ReducerTest, LearnersHoldBitIdenticalGlobalParametersAfterEveryRound) {
   EXPECT_EQ(a.stats.heals + b.stats.heals, 1u);
 }
 
-TEST(ReducerTest, HealedFragmentsKeepOnlyTheLearnersOwnProgress) {
+class HealedFragmentsTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(HealedFragmentsTest, KeepOnlyTheLearnersOwnProgress) {
   // Two fragments, two learners with different initial parameters that do
   // not train at all. The first round (fragment 1's) gives learner-b
   // learner-a's state for both fragments; fragment 0's local parameters move
@@ -120,6 +123,7 @@ TEST(ReducerTest, HealedFragmentsKeepOnlyTheLearnersOwnProgress) {
   Config config = BaseConfig();
   config.quorum_min_learners = 2;
   config.fragments = 2;
+  config.concurrent_outer_step = GetParam();  // synchronous, and applied a step late
   auto server = StartLighthouse(config);
   config.lighthouse = server->grpc_address();
   std::vector<std::vector<float>> initial(2), final_global(2);
@@ -132,10 +136,10 @@ TEST(ReducerTest, HealedFragmentsKeepOnlyTheLearnersOwnProgress) {
     auto reducer = Reducer::Create(config, *model, **agent);
     ASSERT_TRUE(reducer.ok()) << reducer.status();
     for (int s = 0; s < 2 * kPeriod; ++s) ASSERT_TRUE((*reducer)->step(1).ok());
+    ASSERT_TRUE((*reducer)->shutdown().ok());
     EXPECT_EQ((*reducer)->stats().rounds, 4u);  // steps 2, 4, 6, 8
     auto global = (*reducer)->global(0);
     final_global[index].assign(global.begin(), global.end());
-    ASSERT_TRUE((*reducer)->shutdown().ok());
   };
   std::thread ta([&]() { learner("learner-a", 1, 0); });
   std::thread tb([&]() { learner("learner-b", 2, 1); });
@@ -148,6 +152,37 @@ TEST(ReducerTest, HealedFragmentsKeepOnlyTheLearnersOwnProgress) {
   // be the initial parameters' (about 0.1-0.5).
   for (size_t i = 0; i < initial[0].size(); ++i) {
     EXPECT_NEAR(final_global[0][i], initial[0][i], 1e-6) << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, HealedFragmentsTest, ::testing::Values(false, true));
+
+TEST(ReducerTest, ConcurrentRoundsAreAppliedLateAndStayBitIdentical) {
+  // The exchange runs in the background while two more inner steps train;
+  // every round is still applied (and the global state stays the same on
+  // both learners).
+  Config config = BaseConfig();
+  config.quorum_min_learners = 2;
+  config.concurrent_outer_step = true;
+  config.overlap_steps = 2;
+  auto server = StartLighthouse(config);
+  config.lighthouse = server->grpc_address();
+  LearnerLog a, b;
+  std::thread ta([&]() { Learn(config, "learner-a", 1, 4, &a); });
+  std::thread tb([&]() { Learn(config, "learner-b", 2, 4, &b); });
+  ta.join();
+  tb.join();
+  // Rounds at steps 4, 8, 12 are applied two steps later inside the loop;
+  // the one at 16 when the reducer shuts down.
+  EXPECT_EQ(a.stats.rounds, 4u);
+  EXPECT_EQ(b.stats.rounds, 4u);
+  ASSERT_EQ(a.global_by_round.size(), 3u);
+  for (const auto& [round, global] : a.global_by_round) {
+    ASSERT_TRUE(b.global_by_round.count(round)) << "round " << round;
+    EXPECT_EQ(std::memcmp(global.data(), b.global_by_round[round].data(),
+                          global.size() * sizeof(float)),
+              0)
+        << "global parameters differ after round " << round;
   }
 }
 
