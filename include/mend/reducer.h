@@ -6,8 +6,11 @@
 // applies the outer Nesterov step to the global parameters, and puts them in
 // the model.
 //
-// This first version runs each round synchronously inside step() (the
-// concurrent outer step, DES-LOC and checkpoints come next). A learner that
+// With concurrent_outer_step the round's exchange runs on a background thread
+// while training goes on, and its result is applied overlap_steps later on
+// top of the local progress (outer_apply: exact, or mixed by mixing_alpha);
+// otherwise step() waits for it. With desloc the inner Adam moments are
+// averaged too. A learner that
 // is behind (it missed a round, or is new) heals the global state from the
 // source the lighthouse names before the exchange, and its pseudo-gradient
 // stays relative to the base it trained from. On the first round every
@@ -29,6 +32,7 @@
 #include "mend/learner_agent.h"
 #include "mend/status.h"
 #include "torch/nn/module.h"
+#include "torch/optim/optimizer.h"
 
 namespace mend {
 
@@ -37,17 +41,23 @@ struct ReducerStats {
   uint64_t rounds = 0;         // rounds this learner completed
   uint64_t failed_rounds = 0;  // rounds that failed or formed without it
   uint64_t heals = 0;          // times it took the global state from a peer
+  uint64_t moment_syncs = 0;   // DES-LOC moment averagings (first and second counted apart)
   uint64_t bytes_sent = 0;     // data-plane bytes, all rounds
   uint64_t last_round_id = 0;
 };
 
 class Reducer {
  public:
-  // `module` and `agent` are not owned and must outlive the reducer. The
-  // module's parameters must be dense fp32 CPU tensors; INVALID_ARGUMENT
-  // names the first that is not, or a bad configuration value.
+  // `module`, `optimizer` (the inner one) and `agent` are not owned and
+  // must outlive the reducer. The module's parameters must be dense fp32 CPU
+  // tensors; INVALID_ARGUMENT names the first that is not, or a bad
+  // configuration value. With desloc = true the optimizer must be Adam or
+  // AdamW, fragments 1, and the moment periods multiples of
+  // sync_period_steps (the moments travel with a round: K_u / H and K_v / H
+  // rounds apart, decided by the round id so that all members agree).
   [[nodiscard]] static StatusOr<std::unique_ptr<Reducer>> Create(const Config& config,
                                                                  torch::nn::Module& module,
+                                                                 torch::optim::Optimizer& optimizer,
                                                                  LearnerAgent& agent);
   virtual ~Reducer() = default;
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -12,6 +13,7 @@
 #include "mend/lighthouse_rendezvous.h"
 #include "mend/outer.h"
 #include "mend/outer_sync.h"
+#include "reducer/moments.h"
 #include "spdlog/spdlog.h"
 
 namespace mend {
@@ -62,8 +64,9 @@ class ReducerImpl final : public Reducer {
 
   ~ReducerImpl() override { FinishInFlight(); }  // bounded by the round's own deadlines
 
-  Status Init(torch::nn::Module& module) {
+  Status Init(torch::nn::Module& module, torch::optim::Optimizer& optimizer) {
     std::vector<at::Tensor> parameters = module.parameters(/*recurse=*/true);
+    if (config_.desloc) MEND_RETURN_IF_ERROR(InitDesloc(optimizer, parameters));
     if (parameters.empty()) return InvalidArgumentError("reducer: the module has no parameters");
     fragments_.resize(static_cast<size_t>(schedule_.fragments()));
     for (size_t l = 0; l < parameters.size(); ++l) {
@@ -82,6 +85,28 @@ class ReducerImpl final : public Reducer {
       Gather(fragment.parameters, initial);
       fragment.state = std::make_unique<FragmentState>(initial);
     }
+    return OkStatus();
+  }
+
+  Status InitDesloc(torch::optim::Optimizer& optimizer, const std::vector<at::Tensor>& parameters) {
+    const int64_t h = config_.sync_period_steps;
+    const int64_t periods[2] = {
+        config_.momentum_sync_period_steps > 0 ? config_.momentum_sync_period_steps : 3 * h,
+        config_.second_moment_sync_period_steps > 0 ? config_.second_moment_sync_period_steps : 6 * h};
+    const char* keys[2] = {"momentum_sync_period_steps", "second_moment_sync_period_steps"};
+    if (config_.fragments != 1) {
+      return InvalidArgumentError(fmt::format(
+          "desloc = true with fragments = {}: DES-LOC runs with one fragment", config_.fragments));
+    }
+    for (int k = 0; k < 2; ++k) {
+      if (periods[k] % h != 0) {
+        return InvalidArgumentError(fmt::format(
+            "{} = {}: must be a multiple of sync_period_steps = {} (moments travel with a round)",
+            keys[k], periods[k], h));
+      }
+      desloc_rounds_[k] = static_cast<uint64_t>(periods[k] / h);
+    }
+    MEND_ASSIGN_OR_RETURN(moments_, reducer::AdamMoments::Bind(optimizer, parameters));
     return OkStatus();
   }
 
@@ -128,6 +153,7 @@ class ReducerImpl final : public Reducer {
     RoundResult result;
     std::vector<float> healed;  // every fragment's global + momentum, when this learner healed
     uint64_t round_id = 0;
+    std::vector<float> averaged_moments[2];  // DES-LOC: the members' averages, when synced
   };
   struct InFlight {
     int fragment = 0;
@@ -136,6 +162,7 @@ class ReducerImpl final : public Reducer {
     uint64_t tokens = 0;
     std::vector<float> base;   // the fragment's global state at the boundary
     std::vector<float> delta;  // this learner's pseudo-gradient at the boundary
+    std::vector<float> moments[2];  // DES-LOC: the optimizer's moments at the boundary
     std::thread thread;
     StatusOr<Outcome> outcome = AbortedError("not finished");
   };
@@ -157,6 +184,12 @@ class ReducerImpl final : public Reducer {
     Gather(fragment.parameters, local);
     flight->delta.resize(n);
     PseudoGradient(flight->base, local, flight->delta);
+    if (moments_) {
+      for (auto which : {reducer::AdamMoments::kFirst, reducer::AdamMoments::kSecond}) {
+        flight->moments[which].resize(moments_->size());
+        if (!moments_->Read(which, flight->moments[which])) flight->moments[which].clear();
+      }
+    }
     InFlight* raw = flight.get();
     flight->thread = std::thread([this, raw]() { raw->outcome = Exchange(*raw); });
     in_flight_ = std::move(flight);
@@ -194,6 +227,15 @@ class ReducerImpl final : public Reducer {
                        static_cast<float>(config_.mixing_alpha));
       Scatter(local, fragment.parameters);
     }
+    for (auto which : {reducer::AdamMoments::kFirst, reducer::AdamMoments::kSecond}) {
+      if (outcome.averaged_moments[which].empty() || flight->moments[which].empty()) continue;
+      if (stats_.steps == flight->boundary_step) {
+        moments_->Replace(which, outcome.averaged_moments[which]);
+      } else {
+        moments_->Adjust(which, outcome.averaged_moments[which], flight->moments[which]);
+      }
+      stats_.moment_syncs++;
+    }
     stats_.rounds++;
     stats_.last_round_id = outcome.round_id;
   }
@@ -229,8 +271,28 @@ class ReducerImpl final : public Reducer {
     MEND_ASSIGN_OR_RETURN(outcome.result,
                           OuterRound::Exchange(*comm, *state, flight.delta,
                                                static_cast<double>(flight.tokens), options_));
+    MEND_RETURN_IF_ERROR(AverageMoments(*comm, round.round_id, flight, &outcome));
     last_round_id_ = round.round_id;
     return outcome;
+  }
+
+  // DES-LOC: every (K_u / H)-th round the first moments, every (K_v / H)-th
+  // the second, averaged with the round's weights. The round id decides, so
+  // every member of a round agrees. A learner without optimizer state yet
+  // takes part with weight 0.
+  Status AverageMoments(Communicator& comm, uint64_t round_id, const InFlight& flight,
+                        Outcome* outcome) {
+    if (!moments_) return OkStatus();
+    const uint64_t every[2] = {desloc_rounds_[0], desloc_rounds_[1]};
+    for (auto which : {reducer::AdamMoments::kFirst, reducer::AdamMoments::kSecond}) {
+      if (round_id % every[which] != 0) continue;
+      std::vector<float>& average = outcome->averaged_moments[which];
+      const bool have = !flight.moments[which].empty();
+      average = have ? flight.moments[which] : std::vector<float>(moments_->size(), 0.0f);
+      double weight = have ? (options_.token_weighted ? static_cast<double>(flight.tokens) : 1.0) : 0.0;
+      MEND_RETURN_IF_ERROR(comm.WeightedAllReduce(average, weight));
+    }
+    return OkStatus();
   }
 
   // Fragment f's global state and momentum inside a healing buffer.
@@ -309,6 +371,8 @@ class ReducerImpl final : public Reducer {
   const int64_t overlap_steps_ = config_.overlap_steps;
   const OuterApply apply_mode_ = config_.outer_apply == "mix" ? OuterApply::kMix : OuterApply::kExact;
   std::unique_ptr<InFlight> in_flight_;
+  std::optional<reducer::AdamMoments> moments_;  // DES-LOC only
+  uint64_t desloc_rounds_[2] = {3, 6};           // rounds between K_u and K_v syncs
   // The last round this learner completed; written by the round's thread,
   // which runs alone (the next round starts only after it was joined).
   uint64_t last_round_id_ = 0;
@@ -324,12 +388,13 @@ class ReducerImpl final : public Reducer {
 }  // namespace
 
 StatusOr<std::unique_ptr<Reducer>> Reducer::Create(const Config& config, torch::nn::Module& module,
+                                                   torch::optim::Optimizer& optimizer,
                                                    LearnerAgent& agent) {
   MEND_ASSIGN_OR_RETURN(FragmentSchedule schedule,
                         FragmentSchedule::Make(config.fragments, config.sync_period_steps));
   MEND_ASSIGN_OR_RETURN(std::unique_ptr<Codec> codec, MakeCodec(config));
   auto reducer = std::make_unique<ReducerImpl>(config, agent, schedule, std::move(codec));
-  MEND_RETURN_IF_ERROR(reducer->Init(module));
+  MEND_RETURN_IF_ERROR(reducer->Init(module, optimizer));
   return std::unique_ptr<Reducer>(std::move(reducer));
 }
 

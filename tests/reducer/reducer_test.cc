@@ -15,6 +15,7 @@
 #include "nlohmann/json.hpp"
 #include "test_util/wait.h"
 #include "torch/nn/modules/linear.h"
+#include "torch/optim/adamw.h"
 #include "torch/optim/sgd.h"
 
 namespace mend {
@@ -45,6 +46,7 @@ Config BaseConfig() {
 struct LearnerLog {
   std::map<uint64_t, std::vector<float>> global_by_round;
   ReducerStats stats;
+  std::vector<float> first_moment;  // AdamW's exp_avg of the weight at the end (AdamW runs)
 };
 
 // Trains a linear regression on the learner's own shard for `boundaries`
@@ -55,8 +57,14 @@ void Learn(const Config& config, const std::string& id, int seed, int boundaries
   ASSERT_TRUE(agent.ok()) << agent.status();
   torch::manual_seed(seed);  // different initial parameters on purpose
   torch::nn::Linear model(8, 1);
-  torch::optim::SGD inner(model->parameters(), torch::optim::SGDOptions(0.05));
-  auto reducer = Reducer::Create(config, *model, **agent);
+  std::unique_ptr<torch::optim::Optimizer> inner;
+  if (config.desloc) {
+    inner = std::make_unique<torch::optim::AdamW>(model->parameters(),
+                                                  torch::optim::AdamWOptions(0.01));
+  } else {
+    inner = std::make_unique<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(0.05));
+  }
+  auto reducer = Reducer::Create(config, *model, *inner, **agent);
   ASSERT_TRUE(reducer.ok()) << reducer.status();
   torch::Tensor true_w = torch::arange(8, torch::kFloat).reshape({1, 8}) / 8;
   for (int b = 0; b < boundaries; ++b) {
@@ -64,10 +72,10 @@ void Learn(const Config& config, const std::string& id, int seed, int boundaries
     for (int s = 0; s < kPeriod; ++s) {
       torch::Tensor x = torch::randn({16, 8});
       torch::Tensor y = torch::matmul(x, true_w.t()) + 0.1 * static_cast<float>(seed);
-      inner.zero_grad();
+      inner->zero_grad();
       torch::Tensor loss = torch::mse_loss(model->forward(x), y);
       loss.backward();
-      inner.step();
+      inner->step();
       uint64_t before = (*reducer)->stats().rounds;
       ASSERT_TRUE((*reducer)->step(16).ok());
       ReducerStats stats = (*reducer)->stats();
@@ -79,6 +87,11 @@ void Learn(const Config& config, const std::string& id, int seed, int boundaries
   }
   ASSERT_TRUE((*reducer)->shutdown().ok());  // finishes a round still in flight
   log->stats = (*reducer)->stats();
+  if (config.desloc) {
+    auto& state = inner->state().at(c10::guts::to_string(model->weight.unsafeGetTensorImpl()));
+    auto& adamw = static_cast<torch::optim::AdamWParamState&>(*state);
+    log->first_moment.assign(adamw.exp_avg().data_ptr<float>(), adamw.exp_avg().data_ptr<float>() + 8);
+  }
 }
 
 std::unique_ptr<LighthouseServer> StartLighthouse(const Config& config) {
@@ -132,8 +145,9 @@ TEST_P(HealedFragmentsTest, KeepOnlyTheLearnersOwnProgress) {
     ASSERT_TRUE(agent.ok()) << agent.status();
     torch::manual_seed(seed);
     torch::nn::Linear model(8, 1);  // parameter 0 (weight) -> fragment 0, 1 (bias) -> 1
+    torch::optim::SGD inner(model->parameters(), torch::optim::SGDOptions(0.05));
     initial[index].assign(model->weight.data_ptr<float>(), model->weight.data_ptr<float>() + 8);
-    auto reducer = Reducer::Create(config, *model, **agent);
+    auto reducer = Reducer::Create(config, *model, inner, **agent);
     ASSERT_TRUE(reducer.ok()) << reducer.status();
     for (int s = 0; s < 2 * kPeriod; ++s) ASSERT_TRUE((*reducer)->step(1).ok());
     ASSERT_TRUE((*reducer)->shutdown().ok());
@@ -184,6 +198,50 @@ TEST(ReducerTest, ConcurrentRoundsAreAppliedLateAndStayBitIdentical) {
               0)
         << "global parameters differ after round " << round;
   }
+}
+
+TEST(ReducerTest, DeslocAveragesTheInnerAdamMoments) {
+  // AdamW inner optimizers on different data; with DES-LOC both moments are
+  // averaged every round (K_u = K_v = H), so after the last (synchronous)
+  // round the learners' first moments are bit-identical; without it they
+  // are not.
+  for (bool desloc : {true, false}) {
+    Config config = BaseConfig();
+    config.quorum_min_learners = 2;
+    config.desloc = true;  // AdamW in Learn()
+    config.momentum_sync_period_steps = desloc ? kPeriod : 1000 * kPeriod;
+    config.second_moment_sync_period_steps = desloc ? kPeriod : 1000 * kPeriod;
+    auto server = StartLighthouse(config);
+    config.lighthouse = server->grpc_address();
+    LearnerLog a, b;
+    std::thread ta([&]() { Learn(config, "learner-a", 1, 3, &a); });
+    std::thread tb([&]() { Learn(config, "learner-b", 2, 3, &b); });
+    ta.join();
+    tb.join();
+    ASSERT_EQ(a.first_moment.size(), 8u);
+    if (desloc) {
+      EXPECT_EQ(a.stats.moment_syncs, 6u);  // 3 rounds x 2 moments
+      EXPECT_EQ(a.first_moment, b.first_moment);
+    } else {
+      EXPECT_EQ(a.stats.moment_syncs, 0u);
+      EXPECT_NE(a.first_moment, b.first_moment);
+    }
+  }
+}
+
+TEST(ReducerTest, DeslocNeedsAnAdamOptimizer) {
+  Config config = BaseConfig();
+  config.desloc = true;
+  auto server = StartLighthouse(config);
+  config.lighthouse = server->grpc_address();
+  auto agent = LearnerAgent::Start(config, kToken, {"learner-a", "", "", ""});
+  ASSERT_TRUE(agent.ok());
+  torch::nn::Linear model(2, 1);
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+  auto reducer = Reducer::Create(config, *model, sgd, **agent);
+  ASSERT_FALSE(reducer.ok());
+  EXPECT_NE(std::string(StatusMessage(reducer.status())).find("Adam"), std::string::npos);
+  (void)(*agent)->Leave("test over");
 }
 
 // The state of `id` on the lighthouse's status page ("" when unknown), and
