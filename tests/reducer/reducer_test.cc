@@ -100,26 +100,39 @@ std::unique_ptr<LighthouseServer> StartLighthouse(const Config& config) {
   return std::move(*server);
 }
 
+// Starts a lighthouse for `config` and runs learner-a (seed 1) and learner-b
+// (seed 2) for `boundaries` sync periods each, side by side.
+void RunPair(Config config, int boundaries, LearnerLog* a, LearnerLog* b) {
+  auto server = StartLighthouse(config);
+  config.lighthouse = server->grpc_address();
+  std::thread ta([&]() { Learn(config, "learner-a", 1, boundaries, a); });
+  std::thread tb([&]() { Learn(config, "learner-b", 2, boundaries, b); });
+  ta.join();
+  tb.join();
+}
+
+// Every round in `subset` is in `all` with the same global parameters, bit
+// for bit. Returns how many rounds were compared.
+size_t ExpectSameGlobals(const LearnerLog& subset, const LearnerLog& all) {
+  for (const auto& [round, global] : subset.global_by_round) {
+    auto it = all.global_by_round.find(round);
+    EXPECT_TRUE(it != all.global_by_round.end()) << "round " << round;
+    if (it == all.global_by_round.end()) continue;
+    EXPECT_EQ(global.size(), it->second.size());
+    EXPECT_EQ(std::memcmp(global.data(), it->second.data(), global.size() * sizeof(float)), 0)
+        << "global parameters differ after round " << round;
+  }
+  return subset.global_by_round.size();
+}
+
 TEST(ReducerTest, LearnersHoldBitIdenticalGlobalParametersAfterEveryRound) {
   Config config = BaseConfig();
   config.quorum_min_learners = 2;
-  auto server = StartLighthouse(config);
-  config.lighthouse = server->grpc_address();
   LearnerLog a, b;
-  std::thread ta([&]() { Learn(config, "learner-a", 1, 4, &a); });
-  std::thread tb([&]() { Learn(config, "learner-b", 2, 4, &b); });
-  ta.join();
-  tb.join();
+  RunPair(config, 4, &a, &b);
   EXPECT_EQ(a.stats.rounds, 4u);
   EXPECT_EQ(b.stats.rounds, 4u);
-  ASSERT_EQ(a.global_by_round.size(), 4u);
-  for (const auto& [round, global] : a.global_by_round) {
-    ASSERT_TRUE(b.global_by_round.count(round)) << "round " << round;
-    const auto& other = b.global_by_round[round];
-    ASSERT_EQ(global.size(), other.size());
-    EXPECT_EQ(std::memcmp(global.data(), other.data(), global.size() * sizeof(float)), 0)
-        << "global parameters differ after round " << round;
-  }
+  EXPECT_EQ(ExpectSameGlobals(a, b), 4u);
   // The learners started from different parameters: the first round gave
   // learner-b learner-a's (rank 0's) global state.
   EXPECT_EQ(a.stats.heals + b.stats.heals, 1u);
@@ -179,25 +192,13 @@ TEST(ReducerTest, ConcurrentRoundsAreAppliedLateAndStayBitIdentical) {
   config.quorum_min_learners = 2;
   config.concurrent_outer_step = true;
   config.overlap_steps = 2;
-  auto server = StartLighthouse(config);
-  config.lighthouse = server->grpc_address();
   LearnerLog a, b;
-  std::thread ta([&]() { Learn(config, "learner-a", 1, 4, &a); });
-  std::thread tb([&]() { Learn(config, "learner-b", 2, 4, &b); });
-  ta.join();
-  tb.join();
+  RunPair(config, 4, &a, &b);
   // Rounds at steps 4, 8, 12 are applied two steps later inside the loop;
   // the one at 16 when the reducer shuts down.
   EXPECT_EQ(a.stats.rounds, 4u);
   EXPECT_EQ(b.stats.rounds, 4u);
-  ASSERT_EQ(a.global_by_round.size(), 3u);
-  for (const auto& [round, global] : a.global_by_round) {
-    ASSERT_TRUE(b.global_by_round.count(round)) << "round " << round;
-    EXPECT_EQ(std::memcmp(global.data(), b.global_by_round[round].data(),
-                          global.size() * sizeof(float)),
-              0)
-        << "global parameters differ after round " << round;
-  }
+  EXPECT_EQ(ExpectSameGlobals(a, b), 3u);
 }
 
 TEST(ReducerTest, DeslocAveragesTheInnerAdamMoments) {
@@ -211,13 +212,8 @@ TEST(ReducerTest, DeslocAveragesTheInnerAdamMoments) {
     config.desloc = true;  // AdamW in Learn()
     config.momentum_sync_period_steps = desloc ? kPeriod : 1000 * kPeriod;
     config.second_moment_sync_period_steps = desloc ? kPeriod : 1000 * kPeriod;
-    auto server = StartLighthouse(config);
-    config.lighthouse = server->grpc_address();
     LearnerLog a, b;
-    std::thread ta([&]() { Learn(config, "learner-a", 1, 3, &a); });
-    std::thread tb([&]() { Learn(config, "learner-b", 2, 3, &b); });
-    ta.join();
-    tb.join();
+    RunPair(config, 3, &a, &b);
     ASSERT_EQ(a.first_moment.size(), 8u);
     if (desloc) {
       EXPECT_EQ(a.stats.moment_syncs, 6u);  // 3 rounds x 2 moments
@@ -296,16 +292,7 @@ TEST(ReducerTest, LearnerThatMissesARoundHealsAndRejoins) {
   EXPECT_EQ(a.stats.rounds, 3u);
   EXPECT_EQ(b.stats.rounds, 2u);
   EXPECT_GE(b.stats.heals, 1u);
-  size_t shared = 0;
-  for (const auto& [round, global] : b.global_by_round) {
-    ASSERT_TRUE(a.global_by_round.count(round)) << "round " << round;
-    EXPECT_EQ(std::memcmp(global.data(), a.global_by_round[round].data(),
-                          global.size() * sizeof(float)),
-              0)
-        << "global parameters differ after round " << round;
-    ++shared;
-  }
-  EXPECT_EQ(shared, 2u);
+  EXPECT_EQ(ExpectSameGlobals(b, a), 2u);  // rounds 1 and 3
 }
 
 }  // namespace
