@@ -50,6 +50,8 @@ class LearnerAgent {
   // Stops the heartbeat thread without leaving (as if the process died).
   virtual void Stop() = 0;
 
+  // The learner's id, as registered.
+  virtual const std::string& id() const = 0;
   virtual bool slow() const = 0;
   virtual double slow_zscore() const = 0;
   virtual uint64_t latest_round_id() const = 0;

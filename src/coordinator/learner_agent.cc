@@ -167,6 +167,7 @@ class LearnerAgentImpl final : public LearnerAgent {
     stream_.reset();
   }
 
+  const std::string& id() const override { return identity_.id; }
   bool slow() const override { return slow_.load(); }
   double slow_zscore() const override { return zscore_.load(); }
   uint64_t latest_round_id() const override { return latest_round_id_.load(); }

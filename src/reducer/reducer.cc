@@ -13,6 +13,7 @@
 #include "mend/lighthouse_rendezvous.h"
 #include "mend/outer.h"
 #include "mend/outer_sync.h"
+#include "reducer/diagnostics.h"
 #include "reducer/moments.h"
 #include "spdlog/spdlog.h"
 
@@ -65,6 +66,7 @@ class ReducerImpl final : public Reducer {
   ~ReducerImpl() override { FinishInFlight(); }  // bounded by the round's own deadlines
 
   Status Init(torch::nn::Module& module, torch::optim::Optimizer& optimizer) {
+    diagnostics_ = std::make_unique<reducer::Diagnostics>(config_.diagnostics_dir, agent_.id());
     std::vector<at::Tensor> parameters = module.parameters(/*recurse=*/true);
     if (config_.desloc) MEND_RETURN_IF_ERROR(InitDesloc(optimizer, parameters));
     if (parameters.empty()) return InvalidArgumentError("reducer: the module has no parameters");
@@ -123,6 +125,11 @@ class ReducerImpl final : public Reducer {
     tokens_total_ += tokens;
     for (Fragment& fragment : fragments_) fragment.tokens_since_round += tokens;
     agent_.RecordStep(stats_.steps, tokens_total_, step_time);
+    if (diagnostics_->enabled()) {
+      diagnostics_->Step({{"step", stats_.steps},
+                          {"tokens", tokens},
+                          {"step_ms", static_cast<double>(step_time) / kMicrosPerMilli}});
+    }
     if (in_flight_ && stats_.steps >= in_flight_->apply_at_step) FinishInFlight();
     for (int64_t f = 0; f < schedule_.fragments(); ++f) {
       if (!schedule_.StartsAt(f, static_cast<int64_t>(stats_.steps))) continue;
@@ -153,6 +160,8 @@ class ReducerImpl final : public Reducer {
     RoundResult result;
     std::vector<float> healed;  // every fragment's global + momentum, when this learner healed
     uint64_t round_id = 0;
+    uint32_t rank = 0;
+    uint32_t members = 0;
     std::vector<float> averaged_moments[2];  // DES-LOC: the members' averages, when synced
   };
   struct InFlight {
@@ -160,6 +169,7 @@ class ReducerImpl final : public Reducer {
     uint64_t boundary_step = 0;
     uint64_t apply_at_step = 0;
     uint64_t tokens = 0;
+    std::chrono::steady_clock::time_point launched;
     std::vector<float> base;   // the fragment's global state at the boundary
     std::vector<float> delta;  // this learner's pseudo-gradient at the boundary
     std::vector<float> moments[2];  // DES-LOC: the optimizer's moments at the boundary
@@ -175,6 +185,7 @@ class ReducerImpl final : public Reducer {
     auto flight = std::make_unique<InFlight>();
     flight->fragment = f;
     flight->boundary_step = stats_.steps;
+    flight->launched = std::chrono::steady_clock::now();
     flight->apply_at_step = stats_.steps + static_cast<uint64_t>(overlap_steps_);
     flight->tokens = fragment.tokens_since_round;
     fragment.tokens_since_round = 0;
@@ -206,6 +217,7 @@ class ReducerImpl final : public Reducer {
     std::unique_ptr<InFlight> flight = std::move(in_flight_);
     flight->thread.join();
     Fragment& fragment = fragments_[static_cast<size_t>(flight->fragment)];
+    RecordRound(*flight);
     if (!flight->outcome.ok()) {
       stats_.failed_rounds++;
       fragment.tokens_since_round += flight->tokens;
@@ -240,6 +252,31 @@ class ReducerImpl final : public Reducer {
     stats_.last_round_id = outcome.round_id;
   }
 
+  void RecordRound(const InFlight& flight) {
+    if (!diagnostics_->enabled()) return;
+    nlohmann::json record = {
+        {"fragment", flight.fragment},
+        {"boundary_step", flight.boundary_step},
+        {"applied_step", stats_.steps},
+        {"tokens", flight.tokens},
+        {"seconds", std::chrono::duration<double>(std::chrono::steady_clock::now() - flight.launched)
+                        .count()},
+        {"ok", flight.outcome.ok()}};
+    if (!flight.outcome.ok()) {
+      record["error"] = flight.outcome.status().ToString();
+    } else {
+      const Outcome& outcome = *flight.outcome;
+      record["round_id"] = outcome.round_id;
+      record["rank"] = outcome.rank;
+      record["members"] = outcome.members;
+      record["bytes_sent"] = outcome.result.bytes_sent;
+      record["dropped"] = outcome.result.dropped;
+      record["merged_norm"] = outcome.result.merged_norm;
+      record["healed"] = !outcome.healed.empty();
+    }
+    diagnostics_->Round(std::move(record));
+  }
+
   // The background part of a round: quorum, communicator, healing, merge.
   // Reads the fragments' global state; writes nothing the training thread reads.
   StatusOr<Outcome> Exchange(const InFlight& flight) {
@@ -258,6 +295,8 @@ class ReducerImpl final : public Reducer {
     MEND_ASSIGN_OR_RETURN(auto comm, Communicator::Connect(store, options));
     Outcome outcome;
     outcome.round_id = round.round_id;
+    outcome.rank = round.rank;
+    outcome.members = round.world_size;
     MEND_ASSIGN_OR_RETURN(outcome.healed, Heal(*comm, round));
     // The merge runs on the healed base when this learner was behind.
     const FragmentState* state = fragment.state.get();
@@ -371,6 +410,7 @@ class ReducerImpl final : public Reducer {
   const int64_t overlap_steps_ = config_.overlap_steps;
   const OuterApply apply_mode_ = config_.outer_apply == "mix" ? OuterApply::kMix : OuterApply::kExact;
   std::unique_ptr<InFlight> in_flight_;
+  std::unique_ptr<reducer::Diagnostics> diagnostics_;
   std::optional<reducer::AdamMoments> moments_;  // DES-LOC only
   uint64_t desloc_rounds_[2] = {3, 6};           // rounds between K_u and K_v syncs
   // The last round this learner completed; written by the round's thread,

@@ -5,6 +5,8 @@
 // healing and rejoining.
 #include <atomic>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -128,11 +130,29 @@ size_t ExpectSameGlobals(const LearnerLog& subset, const LearnerLog& all) {
 TEST(ReducerTest, LearnersHoldBitIdenticalGlobalParametersAfterEveryRound) {
   Config config = BaseConfig();
   config.quorum_min_learners = 2;
+  config.diagnostics_dir = testing_util::MakeTempDir();
   LearnerLog a, b;
   RunPair(config, 4, &a, &b);
   EXPECT_EQ(a.stats.rounds, 4u);
   EXPECT_EQ(b.stats.rounds, 4u);
   EXPECT_EQ(ExpectSameGlobals(a, b), 4u);
+  // Diagnostics: a line per inner step and per round.
+  auto lines = [&](const std::string& name) {
+    std::vector<nlohmann::json> records;
+    std::ifstream in(config.diagnostics_dir + "/" + name);
+    for (std::string line; std::getline(in, line);) records.push_back(nlohmann::json::parse(line));
+    return records;
+  };
+  EXPECT_EQ(lines("learner-a.steps.jsonl").size(), 4u * kPeriod);
+  auto rounds = lines("learner-b.rounds.jsonl");
+  ASSERT_EQ(rounds.size(), 4u);
+  for (const auto& round : rounds) {
+    EXPECT_TRUE(round["ok"].get<bool>()) << round.dump();
+    EXPECT_EQ(round["members"], 2) << round.dump();
+    EXPECT_GT(round["bytes_sent"].get<uint64_t>(), 0u) << round.dump();
+  }
+  EXPECT_TRUE(rounds[0]["healed"].get<bool>());  // learner-b took learner-a's start
+  std::filesystem::remove_all(config.diagnostics_dir);
   // The learners started from different parameters: the first round gave
   // learner-b learner-a's (rank 0's) global state.
   EXPECT_EQ(a.stats.heals + b.stats.heals, 1u);

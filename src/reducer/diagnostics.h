@@ -1,0 +1,43 @@
+// Per-step and per-round diagnostics of one learner, as JSON lines in
+// diagnostics_dir (one object a line, appended):
+//   <learner>.steps.jsonl   {"t_ms", "step", "tokens", "step_ms"}
+//   <learner>.rounds.jsonl  {"t_ms", "fragment", "round_id", "ok", "error",
+//                            "rank", "members", "bytes_sent", "dropped",
+//                            "merged_norm", "healed", "boundary_step",
+//                            "applied_step", "seconds"}
+// t_ms is milliseconds since the Unix epoch. With an empty directory nothing
+// is written. Write errors are logged once and then ignored: diagnostics
+// never stop training.
+//
+// Thread-safety: the training thread only.
+#pragma once
+
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "nlohmann/json.hpp"
+
+namespace mend::reducer {
+
+class Diagnostics {
+ public:
+  // Opens (creating the directory) when `dir` is not empty.
+  Diagnostics(const std::string& dir, const std::string& learner);
+
+  bool enabled() const { return steps_ != nullptr; }
+  void Step(nlohmann::json record);
+  void Round(nlohmann::json record);
+
+ private:
+  struct Closer {
+    void operator()(std::FILE* file) const { std::fclose(file); }
+  };
+  void Write(std::FILE* file, nlohmann::json& record);
+
+  std::unique_ptr<std::FILE, Closer> steps_;
+  std::unique_ptr<std::FILE, Closer> rounds_;
+  bool warned_ = false;
+};
+
+}  // namespace mend::reducer
