@@ -334,11 +334,18 @@ class ReducerImpl final : public Reducer {
     return OkStatus();
   }
 
+  // The healing buffer's layout: per fragment, its global state then its
+  // momentum. Where fragment f starts (f = fragments(): the total size).
+  size_t StateOffset(size_t f) const {
+    size_t offset = 0;
+    for (size_t g = 0; g < f; ++g) offset += 2 * fragments_[g].state->size();
+    return offset;
+  }
+
   // Fragment f's global state and momentum inside a healing buffer.
   std::pair<std::span<const float>, std::span<const float>> Slice(const std::vector<float>& buffer,
                                                                   int f) const {
-    size_t offset = 0;
-    for (int g = 0; g < f; ++g) offset += 2 * fragments_[static_cast<size_t>(g)].state->size();
+    const size_t offset = StateOffset(static_cast<size_t>(f));
     const size_t size = fragments_[static_cast<size_t>(f)].state->size();
     return {std::span(buffer.data() + offset, size), std::span(buffer.data() + offset + size, size)};
   }
@@ -370,17 +377,14 @@ class ReducerImpl final : public Reducer {
     }
     std::vector<float> mine;
     if (healees.empty()) return mine;
-    size_t total = 0;
-    for (const Fragment& fragment : fragments_) total += 2 * fragment.state->size();
-    std::vector<float> buffer(total);
+    std::vector<float> buffer(StateOffset(fragments_.size()));
     for (const auto& [source, ranks] : healees) {
       if (comm.rank() == source) {
-        size_t offset = 0;
-        for (const Fragment& fragment : fragments_) {
-          std::copy(fragment.state->global().begin(), fragment.state->global().end(), buffer.begin() + static_cast<long>(offset));
-          offset += fragment.state->size();
-          std::copy(fragment.state->momentum().begin(), fragment.state->momentum().end(), buffer.begin() + static_cast<long>(offset));
-          offset += fragment.state->size();
+        for (size_t f = 0; f < fragments_.size(); ++f) {
+          const FragmentState& state = *fragments_[f].state;
+          auto out = buffer.begin() + static_cast<long>(StateOffset(f));
+          out = std::copy(state.global().begin(), state.global().end(), out);
+          std::copy(state.momentum().begin(), state.momentum().end(), out);
         }
       }
       MEND_RETURN_IF_ERROR(comm.Broadcast(std::as_writable_bytes(std::span(buffer)), source));
