@@ -7,9 +7,10 @@
 // the model.
 //
 // With concurrent_outer_step the round's exchange runs on a background thread
-// while training goes on, and its result is applied overlap_steps later on
-// top of the local progress (outer_apply: exact, or mixed by mixing_alpha);
-// otherwise step() waits for it. With desloc the inner Adam moments are
+// while training goes on, and its result is applied on top of the local
+// progress (outer_apply: exact, or mixed by mixing_alpha) at the first step
+// after it has arrived, and at the latest overlap_steps (tau) after the
+// boundary, where step() waits for it; otherwise step() waits at once. With desloc the inner Adam moments are
 // averaged too. A learner that
 // is behind (it missed a round, or is new) heals the global state from the
 // source the lighthouse names before the exchange, and its pseudo-gradient
@@ -38,6 +39,7 @@ namespace mend {
 
 struct ReducerStats {
   uint64_t steps = 0;
+  uint64_t rounds_started = 0; // rounds launched at a fragment boundary
   uint64_t rounds = 0;         // rounds this learner completed
   uint64_t failed_rounds = 0;  // rounds that failed or formed without it
   uint64_t heals = 0;          // times it took the global state from a peer

@@ -1,256 +1,177 @@
-// mend demo: a lighthouse in this process and simulated learners in child
-// processes, put through a scripted sequence of faults (a learner slows down,
-// recovers, crashes and comes back), with a live status line and a summary.
+// mend demo: the README's main job. Trains the example byte-level GPT on the
+// fortunes corpus with N learner processes and an embedded lighthouse on this
+// machine, behind an emulated cross-rack link (link_latency_ms per
+// collective), once per mode: DDP, synchronous DiLoCo, streaming DiLoCo with
+// 4-bit values and an overlapped outer step, and local training (no
+// exchange, the compute-only ceiling). Shows progress bars and ends with a
+// table: tokens/s, eval loss, bytes sent per learner.
 #include <signal.h>
-#include <sys/stat.h>
 
-#include <chrono>
+#include <atomic>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <map>
-#include <random>
-#include <thread>
+#include <sstream>
 
 #include "cli/commands.h"
-#include "cli/config_flags.h"
 #include "cli/signals.h"
+#include "cli/training_job.h"
 #include "fmt/format.h"
-#include "mend/lighthouse.h"
 #include "mend/logging.h"
 #include "mend/subprocess.h"
-#include "nlohmann/json.hpp"
 
 namespace mend::cli {
 namespace {
 
-using json = nlohmann::json;
-
 struct DemoOptions {
-  int learners = 3;
-  int duration_s = 40;
-  double step_ms = 100;
-  int sync_every = 10;
-  std::string http = "127.0.0.1:0";
+  int learners = 2;
+  int64_t steps = 300;
+  int64_t batch = 16;
+  int64_t dim = 128;
+  int64_t layers = 2;
+  int64_t sync_every = 50;
+  int64_t delay_ms = 100;
+  std::string modes = "ddp,diloco,streaming,local";
+  std::string corpus;
+  std::string http;
   std::string work_dir;
 };
 
-// One scripted fault: at `at_s` seconds, `action` on learner `target`.
-struct Fault {
-  double at_s;
-  std::string action;  // slow | recover | kill | restart
-  int target;          // index into the learners
-  std::string what;
-};
-
-std::string RandomToken() {
-  std::random_device device;
-  std::string token;
-  for (int i = 0; i < 4; ++i) token += fmt::format("{:08x}", device());
-  return token;
+std::vector<std::string> Concat(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
 }
 
-std::string LearnerId(int index) { return fmt::format("learner-{}", index + 1); }
+StatusOr<std::vector<TrainingJobSpec>> DemoJobs(const DemoOptions& o) {
+  std::vector<std::string> train_args = {
+      "--steps", std::to_string(o.steps), "--batch", std::to_string(o.batch), "--dim",
+      std::to_string(o.dim), "--layers", std::to_string(o.layers), "--progress-every", "5"};
+  if (!o.corpus.empty()) train_args = Concat(train_args, {"--corpus", o.corpus});
+  const std::string link = fmt::format("link_latency_ms={}", o.delay_ms);
+  const std::string period = fmt::format("sync_period_steps={}", o.sync_every);
+  std::vector<TrainingJobSpec> jobs;
+  std::stringstream list(o.modes);
+  std::string mode;
+  while (std::getline(list, mode, ',')) {
+    TrainingJobSpec job;
+    job.learners = o.learners;
+    job.train_args = train_args;
+    job.http = o.http;
+    if (mode == "ddp") {
+      job.name = "DDP (gradients every step)";
+      job.mode = "ddp";
+      job.settings = {link};
+    } else if (mode == "diloco") {
+      job.name = fmt::format("DiLoCo, H={}, synchronous", o.sync_every);
+      job.settings = {link, period, "concurrent_outer_step=false", "codec=fp32"};
+    } else if (mode == "streaming") {
+      job.name = fmt::format("Streaming DiLoCo, 4-bit, overlapped");
+      job.settings = {link, period, "fragments=2", "concurrent_outer_step=true",
+                      fmt::format("overlap_steps={}", std::max<int64_t>(1, o.sync_every / 4)),
+                      "codec=int4"};
+    } else if (mode == "local") {
+      job.name = "Local only (no exchange)";
+      job.mode = "local";
+    } else {
+      return InvalidArgumentError(
+          fmt::format("--modes: unknown mode '{}' (choose from ddp, diloco, streaming, local)", mode));
+    }
+    jobs.push_back(std::move(job));
+  }
+  if (jobs.empty()) return InvalidArgumentError("--modes: no mode given");
+  return jobs;
+}
 
-class Demo {
- public:
-  Demo(DemoOptions options, std::string work_dir)
-      : options_(std::move(options)), dir_(std::move(work_dir)) {}
+void PrintTable(const std::vector<TrainingJobResult>& results) {
+  const TrainingJobResult* ddp = nullptr;
+  const TrainingJobResult* local = nullptr;
+  for (const auto& r : results) {
+    if (r.mode == "ddp") ddp = &r;
+    if (r.mode == "local") local = &r;
+  }
+  fmt::print("\n{:<38} {:>10} {:>9} {:>9} {:>14} {:>11} {:>7}\n", "mode", "tokens/s", "vs local",
+             "eval loss", "MB sent/learner", "vs DDP", "rounds");
+  for (const auto& r : results) {
+    std::string vs_local = local ? fmt::format("{:.2f}", r.tokens_per_s / local->tokens_per_s) : "-";
+    std::string vs_ddp = "-";
+    if (ddp && r.mode != "local" && r.bytes_per_learner > 0) {
+      vs_ddp = &r == ddp ? "1x" : fmt::format("{:.0f}x less", ddp->bytes_per_learner / r.bytes_per_learner);
+    }
+    fmt::print("{:<38} {:>10.0f} {:>9} {:>9.4f} {:>14.3f} {:>11} {:>7}\n", r.name, r.tokens_per_s,
+               vs_local, r.eval_loss, r.bytes_per_learner / 1e6, vs_ddp,
+               r.mode == "diloco" ? std::to_string(r.rounds) : "-");
+  }
+}
 
-  int Run(std::atomic<bool>& interrupted) {
-    if (Status started = StartLighthouse(); !started.ok()) {
-      fmt::print(stderr, "mend demo: {}\n", started.message());
+int RunDemo(const DemoOptions& options, const std::string& dir, const std::atomic<bool>& interrupted) {
+  auto jobs = DemoJobs(options);
+  if (!jobs.ok()) {
+    fmt::print(stderr, "mend demo: {}\n", jobs.status().message());
+    return kExitBadConfig;
+  }
+  fmt::print("mend demo: {} learners train a byte-level GPT (dim {}, {} layers) on Debian's fortunes,\n"
+             "           {} steps of {} x 64 bytes each, over an emulated cross-rack link with {} ms\n"
+             "           latency per collective. Logs, results and diagnostics in {}\n",
+             options.learners, options.dim, options.layers, options.steps, options.batch,
+             options.delay_ms, dir);
+  std::vector<TrainingJobResult> results;
+  for (size_t j = 0; j < jobs->size(); ++j) {
+    TrainingJobSpec& job = (*jobs)[j];
+    const std::string job_dir = fmt::format("{}/{}-{}", dir, j + 1, job.mode);
+    job.settings.push_back(fmt::format("diagnostics_dir={}/diagnostics", job_dir));
+    fmt::print("\n[{}/{}] {}\n", j + 1, jobs->size(), job.name);
+    ProgressBars bars;
+    auto result = RunTrainingJob(job, SelfExecutable(), job_dir,
+                                 [&bars](const std::vector<LearnerProgressView>& v) { bars.Draw(v); },
+                                 interrupted);
+    if (!result.ok()) {
+      fmt::print(stderr, "mend demo: {}\n", result.status().message());
       return kExitFailure;
     }
-    fmt::print("mend demo: lighthouse on {} (status page: http://{}/)\n",
-               server_->grpc_address(), server_->http_address());
-    fmt::print("           {} simulated learners, {:.0f} ms inner steps, a round every {} steps; "
-               "logs in {}\n\n",
-               options_.learners, options_.step_ms, options_.sync_every, dir_);
-    for (int i = 0; i < options_.learners; ++i) {
-      if (Status spawned = SpawnLearner(i); !spawned.ok()) {
-        fmt::print(stderr, "mend demo: {}\n", spawned.message());
-        return kExitFailure;
-      }
-    }
-    std::vector<Fault> faults = Script();
-    size_t next_fault = 0;
-    auto start = std::chrono::steady_clock::now();
-    while (!interrupted.load()) {
-      double elapsed =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (elapsed >= options_.duration_s) break;
-      while (next_fault < faults.size() && faults[next_fault].at_s <= elapsed) {
-        Apply(faults[next_fault++], elapsed);
-      }
-      Report(elapsed);
-      std::this_thread::sleep_for(std::chrono::milliseconds(250));
-    }
-    for (auto& [index, learner] : learners_) (void)learner->Signal(SIGTERM);
-    for (auto& [index, learner] : learners_) {
-      if (!learner->Wait(10 * kMicrosPerSecond).ok()) learner->Kill();
-    }
-    Summary();
-    server_->Shutdown();
-    return kExitOk;
+    if (!result->http_address.empty()) fmt::print("  status page was http://{}/\n", result->http_address);
+    results.push_back(std::move(*result));
   }
-
- private:
-  Status StartLighthouse() {
-    token_file_ = dir_ + "/token";
-    {
-      std::ofstream out(token_file_);
-      out << RandomToken() << "\n";
-    }
-    chmod(token_file_.c_str(), 0600);
-    Config config;
-    config.job_id = "demo";
-    config.bind = "127.0.0.1:0";
-    config.http = options_.http;
-    config.quorum_min_learners = 2;
-    config.grace_window_ms = 1000;
-    config.heartbeat_ms = 100;
-    config.heartbeat_timeout_ms = 1500;
-    config.failslow_window_steps = 12;
-    config.token_file = token_file_;
-    MEND_ASSIGN_OR_RETURN(std::string token, ReadJobToken(config, nullptr));
-    MEND_ASSIGN_OR_RETURN(server_, LighthouseServer::Start(config, token));
-    return OkStatus();
-  }
-
-  Status SpawnLearner(int index) {
-    std::string id = LearnerId(index);
-    SubprocessOptions child;
-    child.argv = {SelfExecutable(), "sim-learner", "--id", id, "--lighthouse",
-                  server_->grpc_address(), "--token-file", token_file_, "--job-id", "demo",
-                  "--step-ms", fmt::format("{}", options_.step_ms), "--sync-every",
-                  std::to_string(options_.sync_every), "--seed", std::to_string(index + 1),
-                  "--rack", fmt::format("rack-{}", index % 2 + 1)};
-    child.stdout_to = fmt::format("{}/{}.rounds", dir_, id);
-    child.stderr_to = fmt::format("{}/{}.log", dir_, id);
-    child.new_process_group = true;  // Ctrl-C reaches the demo, which stops them in order
-    MEND_ASSIGN_OR_RETURN(learners_[index], Subprocess::Spawn(child));
-    return OkStatus();
-  }
-
-  std::vector<Fault> Script() const {
-    int last = options_.learners - 1;
-    double d = options_.duration_s;
-    return {{0.20 * d, "slow", last, "runs 3x slower (fail-slow)"},
-            {0.45 * d, "recover", last, "is back to normal speed"},
-            {0.60 * d, "kill", 0, "is killed (SIGKILL)"},
-            {0.75 * d, "restart", 0, "restarts and rejoins"}};
-  }
-
-  void Apply(const Fault& fault, double elapsed) {
-    std::string id = LearnerId(fault.target);
-    fmt::print("{:>5.1f}s  >>> {} {}\n", elapsed, id, fault.what);
-    auto it = learners_.find(fault.target);
-    if (fault.action == "slow" && it != learners_.end()) (void)it->second->Signal(SIGUSR1);
-    if (fault.action == "recover" && it != learners_.end()) (void)it->second->Signal(SIGUSR2);
-    if (fault.action == "kill" && it != learners_.end()) {
-      it->second->Kill();
-      learners_.erase(it);
-    }
-    if (fault.action == "restart") {
-      if (Status spawned = SpawnLearner(fault.target); !spawned.ok()) {
-        fmt::print(stderr, "mend demo: {}\n", spawned.message());
-      }
-    }
-  }
-
-  void Report(double elapsed) {
-    json status = json::parse(server_->StatusJson());
-    for (const auto& event : status["events"]) {
-      uint64_t seq = event["seq"];
-      if (seq <= last_event_) continue;
-      last_event_ = seq;
-      std::string kind = event["kind"];
-      fmt::print("{:>5.1f}s  {:<13} {:<10} {}\n", elapsed, kind,
-                 event["learner"].get<std::string>(), event["message"].get<std::string>());
-    }
-    for (const auto& round : status["rounds"]) {
-      uint64_t id = round["id"];
-      if (id <= last_round_) continue;
-      last_round_ = id;
-      rounds_.push_back(round);
-      std::string members;
-      for (const auto& m : round["members"]) members += (members.empty() ? "" : ",") + m.get<std::string>();
-      std::string closed_by = round["closed_by"];
-      bool notable = closed_by != "fast_path" || round["healing"].get<int>() > 0 ||
-                     members != last_members_;
-      if (notable) {
-        fmt::print("{:>5.1f}s  round {:<6} {:<11} waited {:>6.1f} ms  members {}{}\n", elapsed,
-                   id, closed_by, round["waited_ms"].get<double>(), members,
-                   round["healing"].get<int>() > 0
-                       ? fmt::format("  ({} healing to round {})", round["healing"].get<int>(),
-                                     round["heal_round_id"].get<uint64_t>())
-                       : "");
-      }
-      last_members_ = members;
-    }
-  }
-
-  void Summary() {
-    json status = json::parse(server_->StatusJson());
-    std::map<std::string, int> by_rule;
-    double waited = 0;
-    for (const auto& round : rounds_) {
-      by_rule[round["closed_by"]]++;
-      waited += round["waited_ms"].get<double>();
-    }
-    fmt::print("\nSummary: {} rounds", rounds_.size());
-    for (const auto& [rule, count] : by_rule) fmt::print(", {} {}", count, rule);
-    if (!rounds_.empty()) fmt::print("; mean wait after quorum {:.1f} ms", waited / rounds_.size());
-    fmt::print("\n\n{:<12} {:>9} {:>8} {:>11} {:>12} {:>7}\n", "learner", "state", "step",
-               "tokens/s", "rounds", "slow");
-    for (const auto& learner : status["learners"]) {
-      fmt::print("{:<12} {:>9} {:>8} {:>11.0f} {:>12} {:>7}\n", learner["id"].get<std::string>(),
-                 learner["state"].get<std::string>(), learner["step"].get<uint64_t>(),
-                 learner["tokens_per_s"].get<double>(), learner["rounds_joined"].get<uint64_t>(),
-                 learner["slow"].get<bool>() ? "yes" : "no");
-    }
-    fmt::print("\nThe same data is at /status.json and /metrics while a lighthouse runs "
-               "(mend lighthouse --http HOST:PORT).\n");
-  }
-
-  const DemoOptions options_;
-  const std::string dir_;
-  std::string token_file_;
-  std::unique_ptr<LighthouseServer> server_;
-  std::map<int, std::unique_ptr<Subprocess>> learners_;
-  std::vector<json> rounds_;
-  uint64_t last_event_ = 0;
-  uint64_t last_round_ = 0;
-  std::string last_members_;
-};
+  PrintTable(results);
+  fmt::print("\ntokens/s is the job's (all learners); eval loss is the mean over learners on the same\n"
+             "held-out windows; 'vs DDP' compares bytes sent per learner. Per-step and per-round\n"
+             "JSON lines are under {}/*/diagnostics.\n",
+             dir);
+  return kExitOk;
+}
 
 }  // namespace
 
 void AddDemoCommand(CLI::App& app, int* exit_code) {
   CLI::App* command = app.add_subcommand(
       "demo",
-      "Run a lighthouse and simulated learners on this machine through scripted faults "
-      "(slow-down, recovery, crash, restart) and show what mend does.");
+      "Train the example GPT with several learners on this machine over an emulated slow link: "
+      "DDP vs DiLoCo vs streaming 4-bit DiLoCo vs local, with progress bars and a summary table.");
   auto options = std::make_shared<DemoOptions>();
-  command->add_option("--learners", options->learners, "Simulated learners")
+  command->add_option("--learners", options->learners, "Learner processes")
       ->capture_default_str()
-      ->check(CLI::Range(3, 64));
-  command->add_option("--duration-s", options->duration_s, "Length of the demo in seconds")
+      ->check(CLI::Range(2, 64));
+  command->add_option("--steps", options->steps, "Inner steps per learner and mode")
       ->capture_default_str()
-      ->check(CLI::Range(10, 3600));
-  command->add_option("--step-ms", options->step_ms, "Inner-step time of each learner")
+      ->check(CLI::Range(int64_t{10}, int64_t{1'000'000}));
+  command->add_option("--batch", options->batch, "Sequences per inner step")
       ->capture_default_str()
-      ->check(CLI::Range(5.0, 10000.0));
-  command->add_option("--sync-every", options->sync_every, "Inner steps between rounds")
+      ->check(CLI::Range(int64_t{1}, int64_t{4096}));
+  command->add_option("--dim", options->dim, "Model width")->capture_default_str();
+  command->add_option("--layers", options->layers, "Transformer blocks")->capture_default_str();
+  command->add_option("--sync-every", options->sync_every, "H: inner steps between rounds")
       ->capture_default_str()
-      ->check(CLI::Range(1, 100000));
-  command->add_option("--http", options->http, "Status page address (port 0 picks one)")
+      ->check(CLI::Range(int64_t{2}, int64_t{100'000}));
+  command->add_option("--delay-ms", options->delay_ms, "Emulated cross-rack latency per collective")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{60'000}));
+  command->add_option("--modes", options->modes, "Comma-separated: ddp, diloco, streaming, local")
       ->capture_default_str();
-  command->add_option("--work-dir", options->work_dir,
-                      "Where logs go (default: a new directory under /tmp)");
+  command->add_option("--corpus", options->corpus,
+                      "Directory of fortune files (default: /usr/share/games/fortunes)");
+  command->add_option("--http", options->http,
+                      "Lighthouse status page address while a mode runs (e.g. 127.0.0.1:0)");
+  command->add_option("--work-dir", options->work_dir, "Where logs go (default: a new directory under /tmp)");
   command->callback([options, exit_code]() {
-    (void)InitLogging("error", "demo");  // the demo prints the lighthouse's events itself
+    (void)InitLogging("warn", "demo");
     std::atomic<bool> interrupted{false};
     SignalThread signals({SIGINT, SIGTERM}, [&interrupted](int) { interrupted = true; });
     std::string dir = options->work_dir;
@@ -265,7 +186,7 @@ void AddDemoCommand(CLI::App& app, int* exit_code) {
       *exit_code = kExitFailure;
       return;
     }
-    *exit_code = Demo(*options, dir).Run(interrupted);
+    *exit_code = RunDemo(*options, dir, interrupted);
   });
 }
 

@@ -10,6 +10,8 @@ int main(int argc, char** argv) {
   mend::cli::AddLighthouseCommand(app, &exit_code);
   mend::cli::AddSimLearnerCommand(app, &exit_code);
   mend::cli::AddDemoCommand(app, &exit_code);
+  mend::cli::AddFaultDemoCommand(app, &exit_code);
+  mend::cli::AddTrainCommand(app, &exit_code);
   mend::cli::AddConfigCommand(app, &exit_code);
   mend::cli::AddStatusCommand(app, &exit_code);
   try {

@@ -79,7 +79,7 @@ std::vector<ConfigKey> BuildKeys() {
       Bool("concurrent_outer_step", &C::concurrent_outer_step,
            "Exchange in the background while inner steps continue (false: synchronous)."),
       Int("overlap_steps", &C::overlap_steps, 1, 1000,
-          "tau: inner steps between a round's start and the application of its result."),
+          "tau: the most inner steps a round's result may arrive late; applied when it arrives, waited for at tau."),
       Enum("outer_apply", &C::outer_apply, {"exact", "mix"},
            "How a late update meets local progress: keep it exactly once, or mix by alpha."),
       Real("mixing_alpha", &C::mixing_alpha, 0, 1,

@@ -1,6 +1,7 @@
 #include "mend/reducer.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <optional>
@@ -130,7 +131,12 @@ class ReducerImpl final : public Reducer {
                           {"tokens", tokens},
                           {"step_ms", static_cast<double>(step_time) / kMicrosPerMilli}});
     }
-    if (in_flight_ && stats_.steps >= in_flight_->apply_at_step) FinishInFlight();
+    // A round's result is applied as soon as it has arrived; at step
+    // boundary + tau at the latest (waiting for it there).
+    if (in_flight_ && (stats_.steps >= in_flight_->apply_at_step ||
+                       in_flight_->done.load(std::memory_order_acquire))) {
+      FinishInFlight();
+    }
     for (int64_t f = 0; f < schedule_.fragments(); ++f) {
       if (!schedule_.StartsAt(f, static_cast<int64_t>(stats_.steps))) continue;
       Launch(static_cast<int>(f));
@@ -174,6 +180,7 @@ class ReducerImpl final : public Reducer {
     std::vector<float> delta;  // this learner's pseudo-gradient at the boundary
     std::vector<float> moments[2];  // DES-LOC: the optimizer's moments at the boundary
     std::thread thread;
+    std::atomic<bool> done{false};  // set by the thread when `outcome` is final
     StatusOr<Outcome> outcome = AbortedError("not finished");
   };
 
@@ -202,7 +209,11 @@ class ReducerImpl final : public Reducer {
       }
     }
     InFlight* raw = flight.get();
-    flight->thread = std::thread([this, raw]() { raw->outcome = Exchange(*raw); });
+    flight->thread = std::thread([this, raw]() {
+      raw->outcome = Exchange(*raw);
+      raw->done.store(true, std::memory_order_release);
+    });
+    stats_.rounds_started++;
     in_flight_ = std::move(flight);
   }
 

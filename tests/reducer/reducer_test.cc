@@ -9,6 +9,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -49,6 +50,7 @@ struct LearnerLog {
   std::map<uint64_t, std::vector<float>> global_by_round;
   ReducerStats stats;
   std::vector<float> first_moment;  // AdamW's exp_avg of the weight at the end (AdamW runs)
+  std::optional<std::vector<float>> final_global;  // after shutdown
 };
 
 // Trains a linear regression on the learner's own shard for `boundaries`
@@ -89,6 +91,8 @@ void Learn(const Config& config, const std::string& id, int seed, int boundaries
   }
   ASSERT_TRUE((*reducer)->shutdown().ok());  // finishes a round still in flight
   log->stats = (*reducer)->stats();
+  auto global = (*reducer)->global(0);
+  log->final_global.emplace(global.begin(), global.end());
   if (config.desloc) {
     auto& state = inner->state().at(c10::guts::to_string(model->weight.unsafeGetTensorImpl()));
     auto& adamw = static_cast<torch::optim::AdamWParamState&>(*state);
@@ -258,6 +262,90 @@ TEST(ReducerTest, DeslocNeedsAnAdamOptimizer) {
   ASSERT_FALSE(reducer.ok());
   EXPECT_NE(std::string(StatusMessage(reducer.status())).find("Adam"), std::string::npos);
   (void)(*agent)->Leave("test over");
+}
+
+// Every codec, synchronous and concurrent: after every round both learners
+// hold the same global parameters, bit for bit.
+class CodecModeTest : public ::testing::TestWithParam<std::tuple<std::string, bool>> {};
+
+TEST_P(CodecModeTest, GlobalParametersStayBitIdentical) {
+  Config config = BaseConfig();
+  config.quorum_min_learners = 2;
+  config.codec = std::get<0>(GetParam());
+  config.concurrent_outer_step = std::get<1>(GetParam());
+  config.codec_block_size = 8;
+  config.topk_chunk_size = 64;
+  config.topk_k = 2;
+  LearnerLog a, b;
+  RunPair(config, 3, &a, &b);
+  EXPECT_EQ(a.stats.rounds, 3u);
+  EXPECT_EQ(b.stats.rounds, 3u);
+  // Synchronous: every round inside the loop; concurrent: the last one is
+  // applied at shutdown.
+  EXPECT_EQ(ExpectSameGlobals(a, b), config.concurrent_outer_step ? 2u : 3u);
+  EXPECT_EQ(std::memcmp((*a.final_global).data(), (*b.final_global).data(), 9 * sizeof(float)), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Codecs, CodecModeTest,
+                         ::testing::Combine(::testing::Values("fp32", "bf16", "int8", "int4", "topk"),
+                                            ::testing::Bool()),
+                         [](const auto& test) {
+                           return std::get<0>(test.param) + (std::get<1>(test.param) ? "_concurrent" : "_sync");
+                         });
+
+// A parameter whose loss is c . p: with SGD at lr 1 every inner step moves
+// it by exactly -c, so what the rounds do can be computed by hand.
+class ConstantSlope : public torch::nn::Module {
+ public:
+  ConstantSlope() : p(register_parameter("p", torch::zeros({4}))) {}
+  torch::Tensor p;
+};
+
+// Concurrent rounds with exact application keep the progress made while a
+// round was in flight exactly once: with outer lr 1 and momentum 0 each
+// round moves the global parameters by the mean of H c_i, and nothing else
+// (progress counted twice, or lost, would change the numbers).
+TEST(ReducerTest, ConcurrentModeAppliesEachUpdateExactlyOnce) {
+  Config config = BaseConfig();
+  config.quorum_min_learners = 2;
+  config.concurrent_outer_step = true;
+  config.overlap_steps = 3;
+  config.outer_lr = 1.0;
+  config.outer_momentum = 0.0;
+  auto server = StartLighthouse(config);
+  config.lighthouse = server->grpc_address();
+  constexpr int kRounds = 5;
+  std::vector<float> final_local[2], final_global[2];
+  std::vector<std::vector<float>> locals_after_round[2];
+  auto learner = [&](int i) {
+    auto agent = LearnerAgent::Start(config, kToken, {i == 0 ? "learner-a" : "learner-b", "", "", ""});
+    ASSERT_TRUE(agent.ok()) << agent.status();
+    auto model = std::make_shared<ConstantSlope>();
+    torch::optim::SGD inner(model->parameters(), torch::optim::SGDOptions(1.0));
+    auto reducer = Reducer::Create(config, *model, inner, **agent);
+    ASSERT_TRUE(reducer.ok()) << reducer.status();
+    const float slope = i == 0 ? 1.0f : 3.0f;
+    for (int step = 0; step < kRounds * kPeriod; ++step) {
+      inner.zero_grad();
+      (model->p * slope).sum().backward();
+      inner.step();
+      ASSERT_TRUE((*reducer)->step(16).ok());
+    }
+    ASSERT_TRUE((*reducer)->shutdown().ok());
+    EXPECT_EQ((*reducer)->stats().rounds, static_cast<uint64_t>(kRounds));
+    final_local[i].assign(model->p.data_ptr<float>(), model->p.data_ptr<float>() + 4);
+    final_global[i].assign((*reducer)->global(0).begin(), (*reducer)->global(0).end());
+  };
+  std::thread a(learner, 0), b(learner, 1);
+  a.join();
+  b.join();
+  // Each round: the mean of H * 1 and H * 3 is 2H.
+  const float expected = -2.0f * kPeriod * kRounds;
+  for (int i = 0; i < 2; ++i) {
+    for (float v : final_global[i]) EXPECT_EQ(v, expected) << "learner " << i;
+    // The last round ends on the last step: the local model is the global one.
+    for (float v : final_local[i]) EXPECT_EQ(v, expected) << "learner " << i;
+  }
 }
 
 // The state of `id` on the lighthouse's status page ("" when unknown), and

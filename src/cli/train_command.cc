@@ -1,0 +1,153 @@
+// mend train: one learner process training the example model (a byte-level
+// GPT on the fortunes corpus) in diloco, ddp or local mode; what a user
+// launches on each host, with the lighthouse address. Prints progress (human
+// lines, or JSON lines with --progress-json for `mend demo` and the
+// benchmarks) and writes its result as JSON with --result-file.
+// SIGTERM/SIGINT stop training cleanly (the learner leaves the job).
+#include <signal.h>
+
+#include <atomic>
+#include <cstdio>
+#include <fstream>
+
+#include "cli/commands.h"
+#include "cli/config_flags.h"
+#include "cli/signals.h"
+#include "fmt/format.h"
+#include "mend/logging.h"
+#include "nlohmann/json.hpp"
+#include "torch/utils.h"
+#include "train/trainer.h"
+
+namespace mend::cli {
+namespace {
+
+struct TrainFlags {
+  train::TrainOptions options;
+  std::string result_file;
+  bool progress_json = false;
+  int threads = 1;
+};
+
+void PrintProgress(const train::TrainProgress& p, bool json) {
+  if (json) {
+    nlohmann::json line = {{"step", p.step},           {"steps", p.steps},
+                           {"loss", p.loss},           {"tokens_per_s", p.tokens_per_s},
+                           {"bytes_sent", p.bytes_sent}, {"rounds", p.rounds}};
+    if (p.eval_loss) line["eval_loss"] = *p.eval_loss;
+    fmt::print("{}\n", line.dump());
+  } else {
+    fmt::print("step {:>6}/{}  loss {:.4f}  {:>8.0f} tokens/s  rounds {}  sent {:.2f} MB{}\n", p.step,
+               p.steps, p.loss, p.tokens_per_s, p.rounds, static_cast<double>(p.bytes_sent) / 1e6,
+               p.eval_loss ? fmt::format("  eval loss {:.4f}", *p.eval_loss) : "");
+  }
+  std::fflush(stdout);
+}
+
+int RunTrain(const TrainFlags& flags, const Config& config, const std::string& token) {
+  std::atomic<bool> stop{false};
+  SignalThread signals({SIGINT, SIGTERM}, [&stop](int) { stop.store(true); });
+  at::set_num_threads(flags.threads);
+  auto result = train::Train(
+      flags.options, config, token,
+      [&flags](const train::TrainProgress& p) { PrintProgress(p, flags.progress_json); }, &stop);
+  if (!result.ok()) {
+    fmt::print(stderr, "mend train {}: {}\n", flags.options.id, result.status().message());
+    return result.status().code() == absl::StatusCode::kInvalidArgument ||
+                   result.status().code() == absl::StatusCode::kNotFound
+               ? kExitBadConfig
+               : kExitFailure;
+  }
+  if (!flags.progress_json) {
+    fmt::print("{}: {} steps, {} tokens in {:.1f} s ({:.0f} tokens/s), eval loss {:.4f}, {:.2f} MB sent\n",
+               flags.options.id, result->steps, result->tokens, result->seconds, result->tokens_per_s,
+               result->eval_loss, static_cast<double>(result->bytes_sent) / 1e6);
+  }
+  if (!flags.result_file.empty()) {
+    std::ofstream out(flags.result_file);
+    out << result->ToJson().dump(2) << "\n";
+    if (!out) {
+      fmt::print(stderr, "mend train {}: cannot write {}\n", flags.options.id, flags.result_file);
+      return kExitFailure;
+    }
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+void AddTrainCommand(CLI::App& app, int* exit_code) {
+  CLI::App* command = app.add_subcommand(
+      "train", "One learner training the example byte-level GPT on the fortunes corpus");
+  auto flags = std::make_shared<TrainFlags>();
+  train::TrainOptions& o = flags->options;
+  command->add_option("--id", o.id, "Learner id, unique in the job")->capture_default_str();
+  command->add_option("--mode", o.mode, "diloco (the reducer), ddp (gradients every step) or local")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"diloco", "ddp", "local"}));
+  command->add_option("--corpus", o.corpus.dir, "Directory of fortune files")->capture_default_str();
+  command->add_option("--shard", o.corpus.shard, "This learner's shard of the training text")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  command->add_option("--shards", o.corpus.shards, "Number of shards (learners)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  command->add_option("--steps", o.steps, "Inner steps")->capture_default_str()->check(CLI::PositiveNumber);
+  command->add_option("--batch", o.batch, "Sequences per inner step")->capture_default_str()->check(CLI::PositiveNumber);
+  command->add_option("--context", o.model.context, "Sequence length in bytes")->capture_default_str();
+  command->add_option("--dim", o.model.dim, "Model width")->capture_default_str();
+  command->add_option("--layers", o.model.layers, "Transformer blocks")->capture_default_str();
+  command->add_option("--heads", o.model.heads, "Attention heads")->capture_default_str();
+  command->add_option("--lr", o.lr, "Peak inner AdamW learning rate")->capture_default_str();
+  command->add_option("--warmup-steps", o.warmup_steps, "Linear warmup steps")->capture_default_str();
+  command->add_option("--weight-decay", o.weight_decay, "Inner AdamW weight decay")->capture_default_str();
+  command->add_option("--eval-windows", o.eval_windows, "Held-out windows evaluated")->capture_default_str();
+  command->add_option("--eval-every", o.eval_every, "Steps between evaluations (0: at the end)")
+      ->capture_default_str();
+  command->add_option("--init-seed", o.init_seed, "Seed of the initial parameters (same on all learners)")
+      ->capture_default_str();
+  command->add_option("--data-seed", o.data_seed, "Seed of the batch sampler (0: from the shard)")
+      ->capture_default_str();
+  command->add_option("--progress-every", o.progress_every, "Steps between progress lines")
+      ->capture_default_str();
+  command->add_option("--threads", flags->threads, "LibTorch intra-op threads")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 256));
+  command->add_option("--result-file", flags->result_file, "Write the result as JSON here");
+  command->add_flag("--progress-json", flags->progress_json, "Progress as JSON lines on stdout");
+  auto config_flags = std::make_shared<ConfigFlags>(command);
+  config_flags->Map("--lighthouse", "lighthouse");
+  config_flags->Map("--token-file", "token_file");
+  config_flags->Map("--job-id", "job_id");
+  config_flags->Map("--rack", "rack");
+  config_flags->Map("--sync-every", "sync_period_steps");
+  config_flags->Map("--fragments", "fragments");
+  config_flags->Map("--codec", "codec");
+  config_flags->Map("--min-learners", "quorum_min_learners");
+  config_flags->Map("--dataplane-host", "dataplane_host");
+  config_flags->Map("--link-latency-ms", "link_latency_ms");
+  config_flags->Map("--diagnostics-dir", "diagnostics_dir");
+  config_flags->Map("--log-level", "log_level");
+  command->callback([flags, config_flags, exit_code]() {
+    auto config = config_flags->Load();
+    if (!config.ok()) {
+      fmt::print(stderr, "mend train: {}\n", config.status().message());
+      *exit_code = kExitBadConfig;
+      return;
+    }
+    std::string token;
+    if (flags->options.mode != "local") {
+      auto job_token = JobToken(*config);
+      if (!job_token.ok()) {
+        fmt::print(stderr, "mend train: {}\n", job_token.status().message());
+        *exit_code = kExitBadConfig;
+        return;
+      }
+      token = *job_token;
+    }
+    (void)InitLogging(config->log_level, flags->options.id);
+    *exit_code = RunTrain(*flags, *config, token);
+  });
+}
+
+}  // namespace mend::cli

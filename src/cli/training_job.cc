@@ -1,0 +1,243 @@
+#include "cli/training_job.h"
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "fmt/format.h"
+#include "mend/lighthouse.h"
+#include "mend/subprocess.h"
+
+namespace mend::cli {
+namespace {
+
+using json = nlohmann::json;
+
+std::string RandomToken() {
+  std::random_device device;
+  std::string token;
+  for (int i = 0; i < 4; ++i) token += fmt::format("{:08x}", device());
+  return token;
+}
+
+std::string Tail(const std::string& path, size_t bytes) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  std::string all = text.str();
+  return all.size() > bytes ? "..." + all.substr(all.size() - bytes) : all;
+}
+
+// Reads one learner's progress lines until its stdout closes.
+void ReadProgress(Subprocess& child, std::mutex& mu, std::condition_variable& changed,
+                  LearnerProgressView& view) {
+  while (true) {
+    StatusOr<std::string> line = child.ReadLine(kMicrosPerSecond);
+    if (!line.ok()) {
+      if (line.status().code() == absl::StatusCode::kDeadlineExceeded) continue;
+      break;  // end of file: the learner exited
+    }
+    json parsed = json::parse(*line, nullptr, /*allow_exceptions=*/false);
+    if (!parsed.is_object() || !parsed.contains("step")) continue;
+    std::lock_guard lock(mu);
+    view.step = parsed.value("step", int64_t{0});
+    view.steps = parsed.value("steps", int64_t{0});
+    view.loss = parsed.value("loss", 0.0);
+    view.tokens_per_s = parsed.value("tokens_per_s", 0.0);
+    view.bytes_sent = parsed.value("bytes_sent", uint64_t{0});
+    view.rounds = parsed.value("rounds", uint64_t{0});
+    if (parsed.contains("eval_loss")) view.eval_loss = parsed["eval_loss"].get<double>();
+    changed.notify_all();
+  }
+  std::lock_guard lock(mu);
+  view.finished = true;
+  changed.notify_all();
+}
+
+}  // namespace
+
+StatusOr<TrainingJobResult> RunTrainingJob(
+    const TrainingJobSpec& spec, const std::string& mend, const std::string& work_dir,
+    const std::function<void(const std::vector<LearnerProgressView>&)>& on_progress,
+    const std::atomic<bool>& interrupted) {
+  std::error_code error;
+  std::filesystem::create_directories(work_dir, error);
+  if (error) return InternalError(fmt::format("cannot create {}: {}", work_dir, error.message()));
+  TrainingJobResult result;
+  result.name = spec.name;
+  result.mode = spec.mode;
+  result.learners = spec.learners;
+
+  // The lighthouse (not needed by local training).
+  const std::string token_file = work_dir + "/token";
+  std::unique_ptr<LighthouseServer> server;
+  if (spec.mode != "local") {
+    {
+      std::ofstream out(token_file);
+      out << RandomToken() << "\n";
+    }
+    chmod(token_file.c_str(), 0600);
+    Config config;
+    config.job_id = "train";
+    config.bind = "127.0.0.1:0";
+    config.http = spec.http;
+    config.quorum_min_learners = spec.learners;
+    config.grace_window_ms = 2000;
+    config.heartbeat_ms = 100;
+    config.heartbeat_timeout_ms = 3000;
+    config.token_file = token_file;
+    MEND_ASSIGN_OR_RETURN(std::string token, ReadJobToken(config, nullptr));
+    MEND_ASSIGN_OR_RETURN(server, LighthouseServer::Start(config, token));
+    result.http_address = server->http_address();
+  }
+
+  std::vector<std::unique_ptr<Subprocess>> children;
+  std::vector<std::string> logs, result_files;
+  for (int i = 0; i < spec.learners; ++i) {
+    const std::string id = fmt::format("learner-{}", i + 1);
+    logs.push_back(fmt::format("{}/{}.log", work_dir, id));
+    result_files.push_back(fmt::format("{}/{}.result.json", work_dir, id));
+    std::filesystem::remove(result_files.back(), error);
+    SubprocessOptions child;
+    child.argv = {mend, "train", "--id", id, "--mode", spec.mode, "--shard", std::to_string(i),
+                  "--shards", std::to_string(spec.learners), "--progress-json", "--result-file",
+                  result_files.back()};
+    if (server) {
+      const std::vector<std::string> flags = {"--lighthouse", server->grpc_address(),
+                                              "--token-file", token_file,
+                                              "--job-id",     "train",
+                                              "--min-learners", std::to_string(spec.learners)};
+      child.argv.insert(child.argv.end(), flags.begin(), flags.end());
+    }
+    child.argv.insert(child.argv.end(), spec.train_args.begin(), spec.train_args.end());
+    for (const std::string& setting : spec.settings) {
+      child.argv.push_back("--set");
+      child.argv.push_back(setting);
+    }
+    child.stdout_to = "pipe";
+    child.stderr_to = logs.back();
+    child.new_process_group = true;  // Ctrl-C reaches the caller, which stops them in order
+    MEND_ASSIGN_OR_RETURN(auto spawned, Subprocess::Spawn(child));
+    children.push_back(std::move(spawned));
+  }
+
+  std::mutex mu;
+  std::condition_variable changed;
+  std::vector<LearnerProgressView> views(static_cast<size_t>(spec.learners));
+  std::vector<std::thread> readers;
+  for (size_t i = 0; i < children.size(); ++i) {
+    readers.emplace_back([&, i]() { ReadProgress(*children[i], mu, changed, views[i]); });
+  }
+  const auto started = std::chrono::steady_clock::now();
+  const auto deadline = started + std::chrono::microseconds(spec.timeout);
+  bool timed_out = false;
+  {
+    std::unique_lock lock(mu);
+    auto all_finished = [&]() {
+      for (const auto& view : views) {
+        if (!view.finished) return false;
+      }
+      return true;
+    };
+    while (!all_finished()) {
+      // A redraw at least 4 times a second while the learners run.
+      changed.wait_for(lock, std::chrono::milliseconds(250));
+      if (on_progress) on_progress(views);
+      if (interrupted.load()) {
+        for (auto& child : children) (void)child->Signal(SIGTERM);
+      }
+      if (std::chrono::steady_clock::now() > deadline) {
+        timed_out = true;
+        for (auto& child : children) child->Kill();
+      }
+    }
+    if (on_progress) on_progress(views);
+  }
+  for (auto& reader : readers) reader.join();
+  result.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  std::string failures;
+  for (size_t i = 0; i < children.size(); ++i) {
+    StatusOr<int> status = children[i]->Wait(30 * kMicrosPerSecond);
+    if (!status.ok()) {
+      children[i]->Kill();
+      status = W_EXITCODE(0, SIGKILL);
+    }
+    if (!WIFEXITED(*status) || WEXITSTATUS(*status) != 0) {
+      failures += fmt::format("\nlearner-{} {} (log {}):\n{}", i + 1,
+                              WIFEXITED(*status) ? fmt::format("exited with {}", WEXITSTATUS(*status))
+                                                 : fmt::format("killed by signal {}", WTERMSIG(*status)),
+                              logs[i], Tail(logs[i], 1500));
+    }
+  }
+  if (server) server->Shutdown();
+  if (timed_out) {
+    return DeadlineExceededError(fmt::format("{}: the job ran past its {} s limit{}", spec.name,
+                                             spec.timeout / kMicrosPerSecond, failures));
+  }
+  if (interrupted.load()) return AbortedError(fmt::format("{}: interrupted", spec.name));
+  if (!failures.empty()) return InternalError(fmt::format("{}: a learner failed{}", spec.name, failures));
+
+  result.rounds = UINT64_MAX;
+  for (const std::string& path : result_files) {
+    std::ifstream in(path);
+    json parsed = json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (!parsed.is_object()) return InternalError(fmt::format("{}: no result in {}", spec.name, path));
+    result.tokens_per_s += parsed.value("tokens_per_s", 0.0);
+    result.eval_loss += parsed.value("eval_loss", 0.0) / spec.learners;
+    result.bytes_per_learner += parsed.value("bytes_sent", 0.0) / spec.learners;
+    result.tokens += parsed.value("tokens", uint64_t{0});
+    result.inner_step_ms += parsed.value("inner_step_ms", 0.0) / spec.learners;
+    result.reducer_step_us += parsed.value("reducer_step_us_median", 0.0) / spec.learners;
+    result.rounds = std::min(result.rounds, parsed.value("rounds", uint64_t{0}));
+    result.failed_rounds += parsed.value("failed_rounds", uint64_t{0});
+    result.results.push_back(std::move(parsed));
+  }
+  return result;
+}
+
+ProgressBars::ProgressBars() : tty_(isatty(STDOUT_FILENO) != 0) {}
+
+void ProgressBars::Draw(const std::vector<LearnerProgressView>& learners) {
+  constexpr int kWidth = 24;
+  std::vector<std::string> lines;
+  for (size_t i = 0; i < learners.size(); ++i) {
+    const LearnerProgressView& v = learners[i];
+    const double fraction = v.steps > 0 ? static_cast<double>(v.step) / static_cast<double>(v.steps) : 0.0;
+    const int filled = static_cast<int>(fraction * kWidth);
+    lines.push_back(fmt::format(
+        "  learner-{:<2} [{}{}] {:>3.0f}%  step {:>5}/{:<5} loss {:>6.3f}  {:>7.0f} tokens/s  rounds {:>3}  "
+        "sent {:>8.3f} MB{}",
+        i + 1, std::string(static_cast<size_t>(filled), '#'), std::string(static_cast<size_t>(kWidth - filled), '.'),
+        100 * fraction, v.step, v.steps, v.loss, v.tokens_per_s, v.rounds,
+        static_cast<double>(v.bytes_sent) / 1e6, v.eval_loss ? fmt::format("  eval {:.3f}", *v.eval_loss) : ""));
+  }
+  if (tty_) {
+    if (drawn_lines_ > 0) fmt::print("\x1b[{}F", drawn_lines_);
+    for (const std::string& line : lines) fmt::print("{}\x1b[K\n", line);
+    drawn_lines_ = static_cast<int>(lines.size());
+  } else {
+    printed_quarter_.resize(learners.size(), -1);
+    for (size_t i = 0; i < learners.size(); ++i) {
+      const LearnerProgressView& v = learners[i];
+      const int quarter = v.steps > 0 ? static_cast<int>(4 * v.step / v.steps) : -1;
+      if (quarter > printed_quarter_[i] && v.step > 0) {
+        printed_quarter_[i] = quarter;
+        fmt::print("{}\n", lines[i]);
+      }
+    }
+  }
+  std::fflush(stdout);
+}
+
+}  // namespace mend::cli

@@ -1,0 +1,83 @@
+// A training job on this machine: an embedded lighthouse and N `mend train`
+// learner processes (one shard each), their progress read live from their
+// JSON progress lines, their results collected from their result files.
+// `mend demo` and the training benchmarks (bench/) run jobs with it.
+//
+// Thread-safety: RunTrainingJob may be called from one thread at a time; the
+// progress callback is called on that thread.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "mend/clock.h"
+#include "mend/status.h"
+#include "nlohmann/json.hpp"
+
+namespace mend::cli {
+
+struct TrainingJobSpec {
+  std::string name;                     // shown in tables, e.g. "DiLoCo (sync)"
+  std::string mode = "diloco";          // diloco | ddp | local
+  int learners = 2;
+  std::vector<std::string> train_args;  // more `mend train` flags (model, steps, ...)
+  std::vector<std::string> settings;    // KEY=VALUE configuration for the learners
+  std::string http = "";                // lighthouse status page ("" off, port 0 picks)
+  Micros timeout = 30 * 60 * kMicrosPerSecond;
+};
+
+struct LearnerProgressView {
+  int64_t step = 0;
+  int64_t steps = 0;
+  double loss = 0;
+  double tokens_per_s = 0;
+  uint64_t bytes_sent = 0;
+  uint64_t rounds = 0;
+  std::optional<double> eval_loss;
+  bool finished = false;
+};
+
+struct TrainingJobResult {
+  std::string name;
+  std::string mode;
+  int learners = 0;
+  double wall_s = 0;
+  std::vector<nlohmann::json> results;  // each learner's result file
+  // Over the learners:
+  double tokens_per_s = 0;       // sum (the job's throughput)
+  double eval_loss = 0;          // mean
+  double bytes_per_learner = 0;  // mean
+  uint64_t tokens = 0;           // sum
+  double inner_step_ms = 0;      // mean
+  double reducer_step_us = 0;    // mean of the learners' medians (steps without exchange)
+  uint64_t rounds = 0;           // min over learners
+  uint64_t failed_rounds = 0;    // sum
+  std::string http_address;      // the status page, when on
+};
+
+// Runs the job to the end. `mend` is the path of the mend executable;
+// `work_dir` receives each learner's log, result and diagnostics. A learner
+// that fails makes the job fail with its exit status and the end of its log.
+[[nodiscard]] StatusOr<TrainingJobResult> RunTrainingJob(
+    const TrainingJobSpec& spec, const std::string& mend, const std::string& work_dir,
+    const std::function<void(const std::vector<LearnerProgressView>&)>& on_progress,
+    const std::atomic<bool>& interrupted);
+
+// Progress bars for a job, redrawn in place on a terminal, else printed every
+// 25%.
+class ProgressBars {
+ public:
+  ProgressBars();
+  void Draw(const std::vector<LearnerProgressView>& learners);
+
+ private:
+  bool tty_;
+  int drawn_lines_ = 0;
+  std::vector<int> printed_quarter_;
+};
+
+}  // namespace mend::cli

@@ -1,0 +1,117 @@
+#include "mend/data_parallel.h"
+
+#include <cstring>
+
+#include "fmt/format.h"
+#include "mend/communicator.h"
+#include "mend/lighthouse_rendezvous.h"
+
+namespace mend {
+namespace {
+
+class DataParallelImpl final : public DataParallel {
+ public:
+  DataParallelImpl(const Config& config, LearnerAgent& agent) : config_(config), agent_(agent) {}
+
+  Status Init(torch::nn::Module& module) {
+    parameters_ = module.parameters(/*recurse=*/true);
+    size_t total = 0;
+    for (size_t l = 0; l < parameters_.size(); ++l) {
+      const at::Tensor& p = parameters_[l];
+      if (p.scalar_type() != at::kFloat || !p.device().is_cpu() || !p.is_contiguous()) {
+        return InvalidArgumentError(fmt::format(
+            "data parallel: parameter {} is {} on {}; it needs contiguous fp32 CPU parameters", l,
+            c10::toString(p.scalar_type()), p.device().str()));
+      }
+      total += static_cast<size_t>(p.numel());
+    }
+    buffer_.resize(total);
+    MEND_ASSIGN_OR_RETURN(
+        QuorumResult round,
+        agent_.Quorum(0, 0, config_.quorum_timeout_ms * kMicrosPerMilli, /*include_members=*/true));
+    CommunicatorOptions options = CommunicatorOptionsFrom(config_);
+    options.prefix = round.rendezvous_prefix;
+    options.round_id = round.round_id;
+    options.rank = static_cast<int>(round.rank);
+    options.world_size = static_cast<int>(round.world_size);
+    for (const RoundMember& member : round.members) options.member_ids.push_back(member.id);
+    LighthouseRendezvousStore store(agent_.client());
+    MEND_ASSIGN_OR_RETURN(comm_, Communicator::Connect(store, options));
+    stats_.rank = round.rank;
+    stats_.world_size = round.world_size;
+    // Everyone starts from rank 0's parameters.
+    Flatten(/*gradients=*/false);
+    MEND_RETURN_IF_ERROR(comm_->Broadcast(std::as_writable_bytes(std::span(buffer_)), 0));
+    Unflatten(/*gradients=*/false);
+    return OkStatus();
+  }
+
+  Status AverageGradients(uint64_t tokens) override {
+    if (!comm_) return FailedPreconditionError("data parallel: AverageGradients() after shutdown()");
+    Flatten(/*gradients=*/true);
+    const uint64_t sent_before = comm_->stats().bytes_sent;
+    const double weight = config_.token_weighted_merge ? static_cast<double>(tokens) : 1.0;
+    MEND_RETURN_IF_ERROR(comm_->WeightedAllReduce(buffer_, weight));
+    stats_.bytes_sent += comm_->stats().bytes_sent - sent_before;
+    Unflatten(/*gradients=*/true);
+    stats_.steps++;
+    return OkStatus();
+  }
+
+  Status shutdown() override {
+    if (!comm_) return OkStatus();
+    comm_.reset();
+    return agent_.Leave("training finished");
+  }
+
+  DataParallelStats stats() const override { return stats_; }
+
+ private:
+  void Flatten(bool gradients) {
+    size_t offset = 0;
+    for (const at::Tensor& p : parameters_) {
+      const size_t n = static_cast<size_t>(p.numel());
+      const at::Tensor source = gradients ? p.grad() : p;
+      if (source.defined()) {
+        at::Tensor contiguous = source.contiguous();
+        std::memcpy(buffer_.data() + offset, contiguous.data_ptr<float>(), n * sizeof(float));
+      } else {
+        std::fill_n(buffer_.data() + offset, n, 0.0f);
+      }
+      offset += n;
+    }
+  }
+
+  void Unflatten(bool gradients) {
+    size_t offset = 0;
+    for (at::Tensor& p : parameters_) {
+      const size_t n = static_cast<size_t>(p.numel());
+      at::Tensor target = p;
+      if (gradients) {
+        if (!p.grad().defined() || !p.grad().is_contiguous()) p.mutable_grad() = at::zeros_like(p);
+        target = p.grad();
+      }
+      std::memcpy(target.data_ptr<float>(), buffer_.data() + offset, n * sizeof(float));
+      offset += n;
+    }
+  }
+
+  const Config config_;
+  LearnerAgent& agent_;
+  std::vector<at::Tensor> parameters_;
+  std::vector<float> buffer_;
+  std::unique_ptr<Communicator> comm_;
+  DataParallelStats stats_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<DataParallel>> DataParallel::Create(const Config& config,
+                                                             torch::nn::Module& module,
+                                                             LearnerAgent& agent) {
+  auto data_parallel = std::make_unique<DataParallelImpl>(config, agent);
+  MEND_RETURN_IF_ERROR(data_parallel->Init(module));
+  return std::unique_ptr<DataParallel>(std::move(data_parallel));
+}
+
+}  // namespace mend

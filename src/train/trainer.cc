@@ -1,0 +1,248 @@
+#include "train/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "ATen/ATen.h"
+#include "fmt/format.h"
+#include "mend/data_parallel.h"
+#include "mend/learner_agent.h"
+#include "mend/reducer.h"
+#include "spdlog/spdlog.h"
+#include "torch/nn/utils/clip_grad.h"
+#include "torch/optim/adamw.h"
+
+namespace mend::train {
+namespace {
+
+using Seconds = std::chrono::duration<double>;
+using SteadyClock = std::chrono::steady_clock;
+
+// Inputs and targets for windows starting at `starts`.
+std::pair<at::Tensor, at::Tensor> MakeBatch(const std::string& text, const std::vector<size_t>& starts,
+                                            int64_t context) {
+  at::Tensor window = at::empty({static_cast<int64_t>(starts.size()), context + 1}, at::kLong);
+  int64_t* out = window.data_ptr<int64_t>();
+  for (size_t b = 0; b < starts.size(); ++b) {
+    for (int64_t t = 0; t <= context; ++t) {
+      *out++ = static_cast<unsigned char>(text[starts[b] + static_cast<size_t>(t)]);
+    }
+  }
+  return {window.slice(1, 0, context).contiguous(), window.slice(1, 1, context + 1).contiguous()};
+}
+
+double Evaluate(Gpt& model, const std::string& text, const std::vector<size_t>& starts,
+                int64_t context, int64_t batch) {
+  at::NoGradGuard no_grad;
+  model->eval();
+  double sum = 0;
+  for (size_t first = 0; first < starts.size(); first += static_cast<size_t>(batch)) {
+    const size_t last = std::min(starts.size(), first + static_cast<size_t>(batch));
+    std::vector<size_t> chunk(starts.begin() + static_cast<long>(first), starts.begin() + static_cast<long>(last));
+    auto [x, y] = MakeBatch(text, chunk, context);
+    sum += model->Loss(x, y).item<double>() * static_cast<double>(chunk.size());
+  }
+  model->train();
+  return sum / static_cast<double>(starts.size());
+}
+
+double LearningRate(const TrainOptions& options, int64_t step) {
+  if (step <= options.warmup_steps) {
+    return options.lr * static_cast<double>(step) / static_cast<double>(std::max<int64_t>(1, options.warmup_steps));
+  }
+  const double progress = static_cast<double>(step - options.warmup_steps) /
+                          static_cast<double>(std::max<int64_t>(1, options.steps - options.warmup_steps));
+  const double cosine = 0.5 * (1 + std::cos(M_PI * std::min(1.0, progress)));
+  return options.lr * (options.min_lr_fraction + (1 - options.min_lr_fraction) * cosine);
+}
+
+double Median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::nth_element(values.begin(), values.begin() + static_cast<long>(values.size() / 2), values.end());
+  return values[values.size() / 2];
+}
+
+}  // namespace
+
+Status CheckTrainOptions(const TrainOptions& options) {
+  MEND_RETURN_IF_ERROR(CheckGptOptions(options.model));
+  if (options.mode != "diloco" && options.mode != "ddp" && options.mode != "local") {
+    return InvalidArgumentError(fmt::format("train: mode '{}': must be diloco, ddp or local", options.mode));
+  }
+  auto positive = [](const char* name, int64_t value) -> Status {
+    if (value >= 1) return OkStatus();
+    return InvalidArgumentError(fmt::format("train: {} = {}: must be at least 1", name, value));
+  };
+  MEND_RETURN_IF_ERROR(positive("batch", options.batch));
+  MEND_RETURN_IF_ERROR(positive("steps", options.steps));
+  MEND_RETURN_IF_ERROR(positive("eval_windows", options.eval_windows));
+  MEND_RETURN_IF_ERROR(positive("progress_every", options.progress_every));
+  if (!(options.lr > 0 && options.lr < 1)) {
+    return InvalidArgumentError(fmt::format("train: lr = {}: must be in (0, 1)", options.lr));
+  }
+  if (options.warmup_steps < 0 || options.eval_every < 0) {
+    return InvalidArgumentError("train: warmup_steps and eval_every must not be negative");
+  }
+  return OkStatus();
+}
+
+nlohmann::json TrainResult::ToJson() const {
+  nlohmann::json curve = nlohmann::json::array();
+  for (const auto& [step, loss] : eval_curve) curve.push_back({step, loss});
+  return {{"id", id},
+          {"mode", mode},
+          {"parameters", parameters},
+          {"steps", steps},
+          {"tokens", tokens},
+          {"seconds", seconds},
+          {"tokens_per_s", tokens_per_s},
+          {"train_loss", train_loss},
+          {"eval_loss", eval_loss},
+          {"bytes_sent", bytes_sent},
+          {"rounds", rounds},
+          {"failed_rounds", failed_rounds},
+          {"heals", heals},
+          {"inner_step_ms", inner_step_ms},
+          {"reducer_step_us_median", reducer_step_us_median},
+          {"reducer_step_us_mean", reducer_step_us_mean},
+          {"reducer_quiet_steps", reducer_quiet_steps},
+          {"eval_curve", curve}};
+}
+
+StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config, const std::string& token,
+                            const std::function<void(const TrainProgress&)>& progress,
+                            const std::atomic<bool>* stop) {
+  MEND_RETURN_IF_ERROR(CheckTrainOptions(options));
+  MEND_ASSIGN_OR_RETURN(Corpus corpus, Corpus::Load(options.corpus));
+  const int64_t context = options.model.context;
+  if (corpus.train().size() <= static_cast<size_t>(context) + 1) {
+    return InvalidArgumentError(fmt::format("train: shard text ({} bytes) is shorter than the context {}",
+                                            corpus.train().size(), context));
+  }
+  const uint64_t data_seed = options.data_seed != 0 ? options.data_seed
+                                                    : 0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(options.corpus.shard + 1);
+  WindowSampler sampler(corpus.train(), context, data_seed);
+  const std::vector<size_t> eval_starts = EvalWindowStarts(corpus.eval(), context, options.eval_windows);
+
+  Gpt model(options.model);
+  InitGpt(model, options.init_seed);
+  torch::optim::AdamW optimizer(
+      model->parameters(),
+      torch::optim::AdamWOptions(options.lr).betas({0.9, 0.95}).weight_decay(options.weight_decay));
+
+  std::unique_ptr<LearnerAgent> agent;
+  std::unique_ptr<Reducer> reducer;
+  std::unique_ptr<DataParallel> data_parallel;
+  if (options.mode != "local") {
+    LearnerIdentity identity{options.id, config.job_id, config.rack, ""};
+    MEND_ASSIGN_OR_RETURN(agent, LearnerAgent::Start(config, token, identity));
+    if (options.mode == "diloco") {
+      MEND_ASSIGN_OR_RETURN(reducer, Reducer::Create(config, *model, optimizer, *agent));
+    } else {
+      MEND_ASSIGN_OR_RETURN(data_parallel, DataParallel::Create(config, *model, *agent));
+    }
+  }
+
+  TrainResult result;
+  result.id = options.id;
+  result.mode = options.mode;
+  result.parameters = model->parameter_count();
+  const uint64_t tokens_per_step = static_cast<uint64_t>(options.batch * context);
+  double smoothed = 0;
+  double inner_seconds = 0;
+  double eval_seconds = 0;
+  std::vector<double> quiet_us;
+  double quiet_sum = 0;
+  const auto started = SteadyClock::now();
+  auto elapsed = [&]() { return Seconds(SteadyClock::now() - started).count() - eval_seconds; };
+  auto evaluate = [&](int64_t step) {
+    const auto begin = SteadyClock::now();
+    double loss = Evaluate(model, corpus.eval(), eval_starts, context, options.batch);
+    eval_seconds += Seconds(SteadyClock::now() - begin).count();
+    result.eval_curve.emplace_back(step, loss);
+    return loss;
+  };
+  auto bytes_sent = [&]() -> uint64_t {
+    if (reducer) return reducer->stats().bytes_sent;
+    if (data_parallel) return data_parallel->stats().bytes_sent;
+    return 0;
+  };
+  Status failure = OkStatus();
+  int64_t step = 0;
+  while (step < options.steps && !(stop && stop->load())) {
+    ++step;
+    const auto begin = SteadyClock::now();
+    auto [x, y] = MakeBatch(corpus.train(), sampler.Next(options.batch), context);
+    optimizer.zero_grad();
+    at::Tensor loss = model->Loss(x, y);
+    loss.backward();
+    if (data_parallel) {
+      failure = data_parallel->AverageGradients(tokens_per_step);
+      if (!failure.ok()) break;
+    }
+    torch::nn::utils::clip_grad_norm_(model->parameters(), options.clip);
+    for (auto& group : optimizer.param_groups()) {
+      static_cast<torch::optim::AdamWOptions&>(group.options()).lr(LearningRate(options, step));
+    }
+    optimizer.step();
+    const auto inner_done = SteadyClock::now();
+    inner_seconds += Seconds(inner_done - begin).count();
+    const double value = loss.item<double>();
+    smoothed = step == 1 ? value : 0.95 * smoothed + 0.05 * value;
+    if (reducer) {
+      const ReducerStats before = reducer->stats();
+      failure = reducer->step(tokens_per_step);
+      const double us = std::chrono::duration<double, std::micro>(SteadyClock::now() - inner_done).count();
+      if (!failure.ok()) break;
+      const ReducerStats after = reducer->stats();
+      const bool quiet = after.rounds_started == before.rounds_started && after.rounds == before.rounds &&
+                         after.failed_rounds == before.failed_rounds;
+      if (quiet) {
+        quiet_us.push_back(us);
+        quiet_sum += us;
+      }
+    }
+    std::optional<double> eval_loss;
+    if (options.eval_every > 0 && step % options.eval_every == 0 && step < options.steps) {
+      eval_loss = evaluate(step);
+    }
+    if (progress && (step % options.progress_every == 0 || eval_loss)) {
+      progress({step, options.steps, smoothed,
+                static_cast<double>(tokens_per_step) * static_cast<double>(step) / std::max(1e-9, elapsed()),
+                bytes_sent(), reducer ? reducer->stats().rounds : 0, eval_loss});
+    }
+  }
+  // Leaving finishes a round in flight, so the final model holds its result.
+  if (reducer) {
+    if (Status left = reducer->shutdown(); failure.ok() && !left.ok()) failure = left;
+  }
+  if (data_parallel) {
+    if (Status left = data_parallel->shutdown(); failure.ok() && !left.ok()) failure = left;
+  }
+  result.seconds = elapsed();
+  if (!failure.ok()) return failure;
+  result.steps = step;
+  result.tokens = tokens_per_step * static_cast<uint64_t>(step);
+  result.tokens_per_s = static_cast<double>(result.tokens) / std::max(1e-9, result.seconds);
+  result.train_loss = smoothed;
+  result.inner_step_ms = step > 0 ? 1e3 * inner_seconds / static_cast<double>(step) : 0;
+  if (reducer) {
+    const ReducerStats stats = reducer->stats();
+    result.rounds = stats.rounds;
+    result.failed_rounds = stats.failed_rounds;
+    result.heals = stats.heals;
+  }
+  result.bytes_sent = bytes_sent();
+  result.reducer_quiet_steps = quiet_us.size();
+  result.reducer_step_us_median = Median(quiet_us);
+  result.reducer_step_us_mean = quiet_us.empty() ? 0 : quiet_sum / static_cast<double>(quiet_us.size());
+  result.eval_loss = evaluate(step);
+  if (progress) {
+    progress({step, options.steps, smoothed, result.tokens_per_s, result.bytes_sent, result.rounds,
+              result.eval_loss});
+  }
+  return result;
+}
+
+}  // namespace mend::train

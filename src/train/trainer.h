@@ -1,0 +1,93 @@
+// The training example end to end: one learner training the byte-level GPT
+// on its shard of the fortunes corpus, in one of three modes:
+//   diloco  the mend::Reducer (DiLoCo, streaming fragments, concurrent outer
+//           step, codecs, DES-LOC: whatever the Config says);
+//   ddp     the mend::DataParallel baseline (gradients averaged every step);
+//   local   no exchange at all (the compute-only ceiling).
+// Inner optimizer: AdamW (betas 0.9, 0.95), gradient clipping, linear warmup
+// and cosine decay. `mend train` runs it; tests run it in threads.
+//
+// Thread-safety: Train() may run on several threads at once (one learner
+// each), each with its own options.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "mend/config.h"
+#include "mend/status.h"
+#include "nlohmann/json.hpp"
+#include "train/corpus.h"
+#include "train/model.h"
+
+namespace mend::train {
+
+struct TrainOptions {
+  std::string id = "learner";
+  std::string mode = "diloco";  // diloco | ddp | local
+  CorpusOptions corpus;
+  GptOptions model;
+  int64_t batch = 16;
+  int64_t steps = 300;
+  double lr = 1e-3;             // peak inner learning rate
+  double min_lr_fraction = 0.1; // the cosine decays to lr * this at the last step
+  int64_t warmup_steps = 20;
+  double weight_decay = 0.1;
+  double clip = 1.0;
+  int64_t eval_windows = 64;    // held-out windows of `context` bytes
+  int64_t eval_every = 0;       // steps between evaluations; 0: at the end only
+  uint64_t init_seed = 1;       // the same on every learner
+  uint64_t data_seed = 0;       // 0: derived from the shard
+  int64_t progress_every = 10;
+};
+
+[[nodiscard]] Status CheckTrainOptions(const TrainOptions& options);
+
+struct TrainProgress {
+  int64_t step = 0;
+  int64_t steps = 0;
+  double loss = 0;          // training loss, smoothed
+  double tokens_per_s = 0;  // so far
+  uint64_t bytes_sent = 0;
+  uint64_t rounds = 0;
+  std::optional<double> eval_loss;  // when this step evaluated
+};
+
+struct TrainResult {
+  std::string id;
+  std::string mode;
+  int64_t parameters = 0;
+  int64_t steps = 0;
+  uint64_t tokens = 0;
+  double seconds = 0;        // training only (evaluations excluded)
+  double tokens_per_s = 0;
+  double train_loss = 0;     // smoothed, at the end
+  double eval_loss = 0;      // the final model on the held-out windows
+  uint64_t bytes_sent = 0;   // data plane, this learner
+  uint64_t rounds = 0;
+  uint64_t failed_rounds = 0;
+  uint64_t heals = 0;
+  double inner_step_ms = 0;  // mean forward + backward + optimizer step
+  // reducer.step() on steps that neither started nor applied a round.
+  double reducer_step_us_median = 0;
+  double reducer_step_us_mean = 0;
+  uint64_t reducer_quiet_steps = 0;
+  std::vector<std::pair<int64_t, double>> eval_curve;  // (step, eval loss)
+
+  nlohmann::json ToJson() const;
+};
+
+// Trains; `progress` (optional) is called every progress_every steps and
+// after the last one. `stop` (optional) ends training early and cleanly.
+// `token` is the job token (unused in local mode).
+[[nodiscard]] StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config,
+                                          const std::string& token,
+                                          const std::function<void(const TrainProgress&)>& progress,
+                                          const std::atomic<bool>* stop);
+
+}  // namespace mend::train

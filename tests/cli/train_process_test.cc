@@ -1,0 +1,100 @@
+// `mend train` and `mend demo` as a user runs them: real processes, an
+// embedded lighthouse, a small synthetic corpus so that the test does not
+// depend on the fortunes package.
+#include <sys/wait.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "mend/subprocess.h"
+#include "nlohmann/json.hpp"
+#include "test_util/synthetic_corpus.h"
+#include "test_util/wait.h"
+
+namespace mend {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr Micros kWait = 240 * kMicrosPerSecond;
+
+class TrainProcessTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing_util::MakeTempDir();
+    corpus_ = dir_ + "/corpus";
+    testing_util::WriteSyntheticFortunes(corpus_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  // Runs `mend ARGS...` to completion; returns (exit code, stdout + stderr).
+  std::pair<int, std::string> RunMend(std::vector<std::string> args) {
+    args.insert(args.begin(), MEND_BINARY);
+    const std::string out = dir_ + "/run.txt";
+    std::filesystem::remove(out);
+    auto child = Subprocess::Spawn({args, {}, out, out, false});
+    EXPECT_TRUE(child.ok());
+    auto status = (*child)->Wait(kWait);
+    EXPECT_TRUE(status.ok()) << "mend did not finish";
+    std::ifstream in(out);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    return {status.ok() && WIFEXITED(*status) ? WEXITSTATUS(*status) : -1, text};
+  }
+
+  std::string dir_, corpus_;
+};
+
+TEST_F(TrainProcessTest, DemoTrainsEveryModeAndPrintsTheTable) {
+  auto [code, text] = RunMend({"demo", "--steps", "10", "--dim", "16", "--layers", "1", "--batch", "4",
+                               "--sync-every", "5", "--delay-ms", "0", "--corpus", corpus_, "--work-dir",
+                               dir_ + "/demo"});
+  ASSERT_EQ(code, 0) << text;
+  for (const char* row : {"DDP (gradients every step)", "DiLoCo, H=5, synchronous",
+                          "Streaming DiLoCo, 4-bit, overlapped", "Local only (no exchange)"}) {
+    EXPECT_THAT(text, HasSubstr(row));
+  }
+  EXPECT_THAT(text, HasSubstr("eval loss"));
+  // Every learner of every mode left a result and diagnostics.
+  for (const char* job : {"1-ddp", "2-diloco", "3-diloco", "4-local"}) {
+    for (const char* learner : {"learner-1", "learner-2"}) {
+      std::ifstream in(fmt::format("{}/demo/{}/{}.result.json", dir_, job, learner));
+      ASSERT_TRUE(in.good()) << job << " " << learner;
+      auto result = nlohmann::json::parse(in);
+      EXPECT_EQ(result["steps"], 10) << job;
+      EXPECT_TRUE(std::isfinite(result["eval_loss"].get<double>())) << job;
+    }
+  }
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/demo/2-diloco/diagnostics/learner-1.rounds.jsonl"));
+}
+
+TEST_F(TrainProcessTest, LocalTrainWritesItsResult) {
+  auto [code, text] = RunMend({"train", "--mode", "local", "--steps", "6", "--dim", "16", "--layers", "1",
+                               "--batch", "2", "--corpus", corpus_, "--result-file", dir_ + "/r.json"});
+  ASSERT_EQ(code, 0) << text;
+  EXPECT_THAT(text, HasSubstr("eval loss"));
+  std::ifstream in(dir_ + "/r.json");
+  auto result = nlohmann::json::parse(in);
+  EXPECT_EQ(result["mode"], "local");
+  EXPECT_EQ(result["tokens"], 6 * 2 * 64);
+}
+
+TEST_F(TrainProcessTest, BadInputIsRefusedWithWhatWasWrong) {
+  auto [missing, missing_text] = RunMend({"train", "--mode", "local", "--corpus", dir_ + "/nowhere"});
+  EXPECT_EQ(missing, 2);
+  EXPECT_THAT(missing_text, HasSubstr("apt-get install fortunes"));
+  auto [heads, heads_text] = RunMend({"train", "--mode", "local", "--dim", "30", "--heads", "4",
+                                      "--corpus", corpus_});
+  EXPECT_EQ(heads, 2);
+  EXPECT_THAT(heads_text, HasSubstr("heads"));
+  auto [token, token_text] = RunMend({"train", "--mode", "diloco", "--corpus", corpus_});
+  EXPECT_EQ(token, 2);
+  EXPECT_THAT(token_text, HasSubstr("token"));
+  auto [modes, modes_text] = RunMend({"demo", "--modes", "ddp,bogus", "--work-dir", dir_ + "/d"});
+  EXPECT_EQ(modes, 2);
+  EXPECT_THAT(modes_text, HasSubstr("bogus"));
+}
+
+}  // namespace
+}  // namespace mend

@@ -1,0 +1,196 @@
+// The training example and the DDP baseline: the model is causal, training
+// lowers the held-out loss, DataParallel averages gradients across learners
+// exactly, and learners that train with the reducer (or DDP) end with the
+// same model, so they report the same held-out loss bit for bit.
+#include <cmath>
+#include <filesystem>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "mend/data_parallel.h"
+#include "mend/lighthouse.h"
+#include "test_util/synthetic_corpus.h"
+#include "test_util/wait.h"
+#include "torch/nn/modules/linear.h"
+#include "train/model.h"
+#include "train/trainer.h"
+
+namespace mend::train {
+namespace {
+
+constexpr char kToken[] = "trainer-test-token-0123456789";
+
+Config LighthouseConfig(int learners) {
+  Config config;
+  config.job_id = "job";
+  config.bind = "127.0.0.1:0";
+  config.http = "";
+  config.heartbeat_ms = 50;
+  config.heartbeat_timeout_ms = 2000;
+  config.quorum_min_learners = learners;
+  config.grace_window_ms = 1000;
+  config.quorum_timeout_ms = 20000;
+  config.collective_timeout_ms = 10000;
+  config.log_level = "warn";
+  return config;
+}
+
+TEST(GptTest, OutputAtAPositionDependsOnlyOnEarlierBytes) {
+  GptOptions options{.vocab = 256, .context = 12, .dim = 16, .layers = 2, .heads = 2};
+  Gpt model(options);
+  InitGpt(model, 1);
+  at::Tensor bytes = at::randint(0, 256, {1, 12}, at::kLong);
+  at::Tensor changed = bytes.clone();
+  changed[0][8] = (bytes[0][8].item<int64_t>() + 1) % 256;
+  at::NoGradGuard no_grad;
+  at::Tensor a = model->forward(bytes), b = model->forward(changed);
+  ASSERT_EQ(a.sizes(), (std::vector<int64_t>{1, 12, 256}));
+  EXPECT_TRUE(at::equal(a.slice(1, 0, 8), b.slice(1, 0, 8)));
+  EXPECT_FALSE(at::allclose(a.slice(1, 8, 12), b.slice(1, 8, 12)));
+}
+
+TEST(GptTest, BadSizesNameTheOption) {
+  EXPECT_EQ(CheckGptOptions({.dim = 30, .heads = 4}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(CheckGptOptions({.dim = 30, .heads = 4}).message().find("heads"), std::string_view::npos);
+  EXPECT_EQ(CheckGptOptions({.layers = 0}).code(), absl::StatusCode::kInvalidArgument);
+}
+
+class TrainerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing_util::MakeTempDir();
+    testing_util::WriteSyntheticFortunes(dir_ + "/corpus");
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  TrainOptions Options(const std::string& mode, int shard, int shards) const {
+    TrainOptions o;
+    o.id = "learner-" + std::to_string(shard);
+    o.mode = mode;
+    o.corpus = {dir_ + "/corpus", shard, shards, 20};
+    o.model = {.vocab = 256, .context = 16, .dim = 16, .layers = 1, .heads = 2};
+    o.batch = 4;
+    o.steps = 8;
+    o.warmup_steps = 2;
+    o.eval_windows = 8;
+    return o;
+  }
+
+  // Two learners side by side with an embedded lighthouse.
+  std::vector<TrainResult> RunTwo(const std::string& mode, Config config) {
+    auto server = LighthouseServer::Start(config, kToken);
+    EXPECT_TRUE(server.ok()) << server.status();
+    config.lighthouse = (*server)->grpc_address();
+    std::vector<TrainResult> results(2);
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 2; ++i) {
+      threads.emplace_back([&, i]() {
+        auto result = Train(Options(mode, i, 2), config, kToken, nullptr, nullptr);
+        ASSERT_TRUE(result.ok()) << result.status();
+        results[static_cast<size_t>(i)] = *result;
+      });
+    }
+    for (auto& t : threads) t.join();
+    return results;
+  }
+
+  std::string dir_;
+};
+
+TEST_F(TrainerTest, LocalTrainingLowersTheHeldOutLoss) {
+  TrainOptions o = Options("local", 0, 1);
+  o.steps = 60;
+  o.lr = 3e-3;
+  o.eval_every = 30;
+  auto result = Train(o, Config(), "", nullptr, nullptr);
+  ASSERT_TRUE(result.ok()) << result.status();
+  ASSERT_EQ(result->eval_curve.size(), 2u);  // step 30 and the end
+  EXPECT_EQ(result->tokens, 60u * 4 * 16);
+  // An untrained byte model is near uniform: log(256) = 5.55 nats per byte.
+  EXPECT_LT(result->eval_curve[0].second, std::log(256.0) - 1.0);
+  EXPECT_LT(result->eval_loss, result->eval_curve[0].second);
+  EXPECT_EQ(result->bytes_sent, 0u);
+}
+
+TEST_F(TrainerTest, DiLoCoLearnersEndWithTheSameModel) {
+  Config config = LighthouseConfig(2);
+  config.sync_period_steps = 4;
+  config.concurrent_outer_step = false;
+  auto results = RunTwo("diloco", config);
+  for (const auto& r : results) {
+    EXPECT_EQ(r.rounds, 2u);
+    EXPECT_EQ(r.failed_rounds, 0u);
+    EXPECT_GT(r.bytes_sent, 0u);
+    EXPECT_TRUE(std::isfinite(r.eval_loss));
+  }
+  // The last round ends on the last step: both models are the global one.
+  EXPECT_EQ(results[0].eval_loss, results[1].eval_loss);
+}
+
+TEST_F(TrainerTest, DdpLearnersStayIdenticalAndSendEveryStep) {
+  auto results = RunTwo("ddp", LighthouseConfig(2));
+  EXPECT_EQ(results[0].eval_loss, results[1].eval_loss);
+  EXPECT_GT(results[0].bytes_sent, 0u);
+  // DDP sends the gradients on every step: more than a DiLoCo round's worth.
+  EXPECT_EQ(results[0].steps, 8);
+}
+
+TEST_F(TrainerTest, LocalLearnersDiverge) {
+  auto a = Train(Options("local", 0, 2), Config(), "", nullptr, nullptr);
+  auto b = Train(Options("local", 1, 2), Config(), "", nullptr, nullptr);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_NE(a->eval_loss, b->eval_loss);
+}
+
+TEST_F(TrainerTest, BadOptionsAreRefusedBeforeTraining) {
+  TrainOptions o = Options("nonsense", 0, 1);
+  auto result = Train(o, Config(), "", nullptr, nullptr);
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(result.status().message().find("nonsense"), std::string_view::npos);
+  o = Options("local", 0, 1);
+  o.corpus.dir = dir_ + "/missing";
+  EXPECT_EQ(Train(o, Config(), "", nullptr, nullptr).status().code(), absl::StatusCode::kNotFound);
+}
+
+// DataParallel on its own: a 2-member job whose learners start from
+// different parameters and have different gradients.
+TEST(DataParallelTest, StartsFromRankZerosParametersAndAveragesGradientsByTokens) {
+  Config config = LighthouseConfig(2);
+  auto server = LighthouseServer::Start(config, kToken);
+  ASSERT_TRUE(server.ok()) << server.status();
+  config.lighthouse = (*server)->grpc_address();
+  std::vector<std::vector<float>> weights(2), grads(2);
+  std::vector<uint64_t> bytes(2);
+  auto learner = [&](int i) {
+    auto agent = LearnerAgent::Start(config, kToken, {"learner-" + std::to_string(i), "", "", ""});
+    ASSERT_TRUE(agent.ok()) << agent.status();
+    torch::manual_seed(static_cast<uint64_t>(i) + 10);
+    torch::nn::Linear model(4, 2);
+    auto dp = DataParallel::Create(config, *model, **agent);
+    ASSERT_TRUE(dp.ok()) << dp.status();
+    const float* w = model->weight.data_ptr<float>();
+    weights[static_cast<size_t>(i)].assign(w, w + 8);
+    // Gradient 1 everywhere on learner 0 (1 token), 3 on learner 1 (3 tokens);
+    // the bias gets none on learner 0 (counts as 0).
+    model->weight.mutable_grad() = at::full({2, 4}, i == 0 ? 1.0f : 3.0f);
+    if (i == 1) model->bias.mutable_grad() = at::full({2}, 4.0f);
+    ASSERT_TRUE((*dp)->AverageGradients(i == 0 ? 1 : 3).ok());
+    const float* g = model->weight.grad().data_ptr<float>();
+    grads[static_cast<size_t>(i)].assign(g, g + 8);
+    grads[static_cast<size_t>(i)].push_back(model->bias.grad()[0].item<float>());
+    bytes[static_cast<size_t>(i)] = (*dp)->stats().bytes_sent;
+    ASSERT_TRUE((*dp)->shutdown().ok());
+  };
+  std::thread a(learner, 0), b(learner, 1);
+  a.join();
+  b.join();
+  EXPECT_EQ(weights[0], weights[1]) << "both start from rank 0's parameters";
+  for (int i = 0; i < 2; ++i) {
+    for (int k = 0; k < 8; ++k) EXPECT_EQ(grads[static_cast<size_t>(i)][static_cast<size_t>(k)], 2.5f);
+    EXPECT_EQ(grads[static_cast<size_t>(i)][8], 3.0f);  // (0 * 1 + 4 * 3) / 4
+    EXPECT_GT(bytes[static_cast<size_t>(i)], 0u);
+  }
+}
+
+}  // namespace
+}  // namespace mend::train
