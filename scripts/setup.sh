@@ -12,7 +12,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev libssl-dev
   libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libcpp-httplib-dev libtomlplusplus-dev
   libgtest-dev libgmock-dev libbenchmark-dev libgloo-dev iproute2
-  libtorch-dev libopenblas0-pthread
+  libtorch-dev libopenblas0-pthread fortunes gnuplot-nox
 )
 
 missing=()

@@ -4,6 +4,7 @@
 // lines, or JSON lines with --progress-json for `mend demo` and the
 // benchmarks) and writes its result as JSON with --result-file.
 // SIGTERM/SIGINT stop training cleanly (the learner leaves the job).
+#include <dlfcn.h>
 #include <signal.h>
 
 #include <atomic>
@@ -44,10 +45,23 @@ void PrintProgress(const train::TrainProgress& p, bool json) {
   std::fflush(stdout);
 }
 
+// LibTorch's intra-op threads, and those of the BLAS it calls: Debian's
+// OpenBLAS (pthread build) starts a worker per core that spins between
+// calls, which halves the speed of two learners sharing a machine. The
+// call is looked up at run time because the BLAS is chosen by the system's
+// alternatives, not at link time.
+void SetComputeThreads(int threads) {
+  at::set_num_threads(threads);
+  using SetThreads = void (*)(int);
+  if (auto set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) {
+    set(threads);
+  }
+}
+
 int RunTrain(const TrainFlags& flags, const Config& config, const std::string& token) {
   std::atomic<bool> stop{false};
   SignalThread signals({SIGINT, SIGTERM}, [&stop](int) { stop.store(true); });
-  at::set_num_threads(flags.threads);
+  SetComputeThreads(flags.threads);
   auto result = train::Train(
       flags.options, config, token,
       [&flags](const train::TrainProgress& p) { PrintProgress(p, flags.progress_json); }, &stop);

@@ -125,6 +125,8 @@ StatusOr<TrainingJobResult> RunTrainingJob(
       child.argv.push_back("--set");
       child.argv.push_back(setting);
     }
+    // One BLAS thread per learner from the start (no spinning pool).
+    child.extra_env = {"OPENBLAS_NUM_THREADS=1", "OMP_NUM_THREADS=1"};
     child.stdout_to = "pipe";
     child.stderr_to = logs.back();
     child.new_process_group = true;  // Ctrl-C reaches the caller, which stops them in order
