@@ -19,6 +19,7 @@
 // installed, <out>_<suite>.png.
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -51,12 +52,12 @@ struct BenchOptions {
   double lr = 1e-3;
   // Delay sweep.
   std::string delays_ms = "0,500,1000,2000";
-  int64_t delay_steps = 400;
   int64_t delay_period = 100;
+  int delay_repeats = 3;
   // Convergence.
   int64_t convergence_steps = 1000;
   int64_t convergence_period = 100;
-  int64_t sparse_period = 50;
+  int64_t sparse_period = 10;
   int64_t eval_every = 100;
 };
 
@@ -103,54 +104,84 @@ class Bench {
     return result;
   }
 
+  // Runs are repeated `delay_repeats` times, interleaved (ceiling, then
+  // sync and concurrent at each delay, then again), and each configuration's
+  // median is used: a shared 2-core machine drifts by 10% between minutes.
+  // Each job runs 4 periods plus 60 steps, so that its last round is applied
+  // (or waited for) inside the timed training, as in a long run, rather than
+  // drained at shutdown.
   Status Delay() {
-    fmt::print("\n== Delay sweep: {} learners, H = {}, {} steps each; latency per collective ==\n",
-               o_.learners, o_.delay_period, o_.delay_steps);
+    const int64_t steps = 4 * o_.delay_period + 60;
+    fmt::print("\n== Delay sweep: {} learners, H = {}, {} steps each, {} repeats; latency per collective ==\n",
+               o_.learners, o_.delay_period, steps, o_.delay_repeats);
     const std::string period = fmt::format("sync_period_steps={}", o_.delay_period);
-    MEND_ASSIGN_OR_RETURN(TrainingJobResult ceiling,
-                          Run(Spec("local (compute-only ceiling)", "local", {}), o_.delay_steps));
+    const std::vector<int64_t> delays = ParseList(o_.delays_ms);
+    std::map<std::string, std::vector<double>> samples;  // "ceiling", "sync/D", "concurrent/D"
+    std::map<std::string, uint64_t> failed;
+    double step_ms = 0;
+    std::ofstream raw(o_.out + "_delay_runs.csv");
+    raw << "repeat,config,delay_ms,tokens_per_s,rounds,failed_rounds\n";
+    auto record = [&](int repeat, const std::string& key, int64_t delay, const TrainingJobResult& r) {
+      samples[key].push_back(r.tokens_per_s);
+      failed[key] += r.failed_rounds;
+      raw << fmt::format("{},{},{},{:.1f},{},{}\n", repeat, key, delay, r.tokens_per_s, r.rounds, r.failed_rounds);
+      raw.flush();
+    };
+    for (int repeat = 1; repeat <= o_.delay_repeats; ++repeat) {
+      MEND_ASSIGN_OR_RETURN(TrainingJobResult ceiling, Run(Spec("local (compute-only ceiling)", "local", {}), steps));
+      record(repeat, "ceiling", 0, ceiling);
+      step_ms = ceiling.inner_step_ms;
+      for (int64_t delay : delays) {
+        const std::string link = fmt::format("link_latency_ms={}", delay);
+        MEND_ASSIGN_OR_RETURN(TrainingJobResult sync,
+                              Run(Spec(fmt::format("sync DiLoCo, {} ms", delay), "diloco",
+                                       {link, period, "concurrent_outer_step=false"}),
+                                  steps));
+        record(repeat, fmt::format("sync/{}", delay), delay, sync);
+        MEND_ASSIGN_OR_RETURN(TrainingJobResult concurrent,
+                              Run(Spec(fmt::format("concurrent outer step, {} ms", delay), "diloco",
+                                       {link, period, "concurrent_outer_step=true",
+                                        fmt::format("overlap_steps={}", o_.delay_period - 1)}),
+                                  steps));
+        record(repeat, fmt::format("concurrent/{}", delay), delay, concurrent);
+      }
+    }
+    auto median = [&](const std::string& key) {
+      std::vector<double> v = samples[key];
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    };
+    auto spread = [&](const std::string& key) {
+      auto [lo, hi] = std::minmax_element(samples[key].begin(), samples[key].end());
+      return fmt::format("{:.0f}-{:.0f}", *lo, *hi);
+    };
+    const double ceiling = median("ceiling");
     std::ofstream csv(o_.out + "_delay.csv");
     csv << "delay_ms,sync_tokens_per_s,concurrent_tokens_per_s,ceiling_tokens_per_s,sync_retained,"
-           "concurrent_retained,uplift,sync_rounds,concurrent_rounds,sync_failed_rounds,"
-           "concurrent_failed_rounds\n";
-    fmt::print("{:>9} {:>12} {:>12} {:>12} {:>10} {:>10} {:>8}\n", "delay ms", "sync tok/s", "conc tok/s",
-               "ceiling", "sync ret", "conc ret", "uplift");
-    std::vector<std::string> rows;
-    for (int64_t delay : ParseList(o_.delays_ms)) {
-      const std::string link = fmt::format("link_latency_ms={}", delay);
-      MEND_ASSIGN_OR_RETURN(
-          TrainingJobResult sync,
-          Run(Spec(fmt::format("sync DiLoCo, {} ms", delay), "diloco",
-                   {link, period, "concurrent_outer_step=false"}),
-              o_.delay_steps));
-      MEND_ASSIGN_OR_RETURN(
-          TrainingJobResult concurrent,
-          Run(Spec(fmt::format("concurrent outer step, {} ms", delay), "diloco",
-                   {link, period, "concurrent_outer_step=true",
-                    fmt::format("overlap_steps={}", o_.delay_period - 1)}),
-              o_.delay_steps));
-      const double sync_retained = sync.tokens_per_s / ceiling.tokens_per_s;
-      const double concurrent_retained = concurrent.tokens_per_s / ceiling.tokens_per_s;
-      const double uplift = concurrent.tokens_per_s / sync.tokens_per_s;
-      rows.push_back(fmt::format("{:>9} {:>12.0f} {:>12.0f} {:>12.0f} {:>10.3f} {:>10.3f} {:>8.3f}", delay,
-                                 sync.tokens_per_s, concurrent.tokens_per_s, ceiling.tokens_per_s,
-                                 sync_retained, concurrent_retained, uplift));
-      fmt::print("{}\n", rows.back());
-      csv << fmt::format("{},{:.1f},{:.1f},{:.1f},{:.4f},{:.4f},{:.4f},{},{},{},{}\n", delay, sync.tokens_per_s,
-                         concurrent.tokens_per_s, ceiling.tokens_per_s, sync_retained, concurrent_retained,
-                         uplift, sync.rounds, concurrent.rounds, sync.failed_rounds, concurrent.failed_rounds);
-      csv.flush();
+           "concurrent_retained,uplift,sync_failed_rounds,concurrent_failed_rounds\n";
+    fmt::print("medians of {} runs; ceiling {:.0f} tokens/s (runs {})\n", o_.delay_repeats, ceiling,
+               spread("ceiling"));
+    fmt::print("{:>9} {:>11} {:>13} {:>11} {:>13} {:>9} {:>9} {:>8}\n", "delay ms", "sync tok/s", "(runs)",
+               "conc tok/s", "(runs)", "sync ret", "conc ret", "uplift");
+    for (int64_t delay : delays) {
+      const std::string s_key = fmt::format("sync/{}", delay), c_key = fmt::format("concurrent/{}", delay);
+      const double sync = median(s_key), concurrent = median(c_key);
+      fmt::print("{:>9} {:>11.0f} {:>13} {:>11.0f} {:>13} {:>9.3f} {:>9.3f} {:>8.3f}\n", delay, sync, spread(s_key),
+                 concurrent, spread(c_key), sync / ceiling, concurrent / ceiling, concurrent / sync);
+      csv << fmt::format("{},{:.1f},{:.1f},{:.1f},{:.4f},{:.4f},{:.4f},{},{}\n", delay, sync, concurrent, ceiling,
+                         sync / ceiling, concurrent / ceiling, concurrent / sync, failed[s_key], failed[c_key]);
     }
-    fmt::print("step time {:.1f} ms (ceiling run), H x step time = {:.2f} s\n", ceiling.inner_step_ms,
-               ceiling.inner_step_ms * static_cast<double>(o_.delay_period) / 1e3);
+    csv.flush();
+    fmt::print("inner step {:.1f} ms (ceiling run), H x step time = {:.2f} s\n", step_ms,
+               step_ms * static_cast<double>(o_.delay_period) / 1e3);
     Plot("delay",
-         fmt::format("set title 'Throughput vs cross-rack latency ({} learners, H = {})'\n"
+         fmt::format("set title 'Throughput vs cross-rack latency ({} learners, H = {}, medians of {})'\n"
                      "set xlabel 'emulated latency per collective (ms)'\nset ylabel 'tokens/s (job)'\n"
                      "set yrange [0:*]\nset key bottom left\n"
                      "plot '{}' using 1:2 with linespoints title 'synchronous DiLoCo', "
                      "'' using 1:3 with linespoints title 'concurrent outer step', "
                      "'' using 1:4 with lines dashtype 2 title 'compute-only ceiling'\n",
-                     o_.learners, o_.delay_period, o_.out + "_delay.csv"));
+                     o_.learners, o_.delay_period, o_.delay_repeats, o_.out + "_delay.csv"));
     return OkStatus();
   }
 
@@ -199,6 +230,7 @@ class Bench {
     for (size_t m = 0; m < results.size(); ++m) {
       const std::string file = fmt::format("{}_curve_{}.csv", o_.out, m);
       std::ofstream one(file);
+      one << "tokens,eval_loss\n";
       std::map<int64_t, double> mean;
       for (const auto& learner : results[m].results) {
         for (const auto& point : learner["eval_curve"]) {
@@ -279,7 +311,9 @@ int main(int argc, char** argv) {
   app.add_option("--layers", o.layers, "Transformer blocks")->capture_default_str();
   app.add_option("--lr", o.lr, "Peak inner learning rate")->capture_default_str();
   app.add_option("--delays-ms", o.delays_ms, "Delay sweep latencies")->capture_default_str();
-  app.add_option("--delay-steps", o.delay_steps, "Steps per delay-sweep job")->capture_default_str();
+  app.add_option("--delay-repeats", o.delay_repeats, "Interleaved repeats of each delay-sweep job")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100));
   app.add_option("--delay-period", o.delay_period, "H in the delay sweep")->capture_default_str();
   app.add_option("--convergence-steps", o.convergence_steps, "Steps per convergence job")->capture_default_str();
   app.add_option("--convergence-period", o.convergence_period, "H of DiLoCo and streaming")->capture_default_str();

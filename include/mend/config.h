@@ -73,6 +73,12 @@ struct Config {
   int64_t link_latency_ms = 0;
   double link_rate_mbit = 0;
 
+  // Checkpoints.
+  std::string checkpoint_dir;
+  int64_t checkpoint_every_rounds = 0;
+  int64_t checkpoint_keep = 3;
+  bool resume = true;
+
   // Diagnostics.
   std::string diagnostics_dir;
   std::string log_level = "info";

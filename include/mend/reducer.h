@@ -20,13 +20,22 @@
 // quorum in time, a member died mid-exchange) changes nothing in the global
 // state: the learner keeps its local progress and brings it to the next one.
 //
-// Thread-safety: step() and shutdown() from the training thread only.
+// Checkpoints (checkpoint_dir): with resume = true, Create() loads the newest
+// checkpoint there that verifies (skipping damaged ones) into the global
+// state and the module, and the learner joins its first round as having
+// completed the checkpoint's round; a learner without it heals from one
+// that has it. The checkpoint names tensors by parameter name, so a job
+// resumes with any number of learners and any fragment count.
+//
+// Thread-safety: step(), SaveCheckpoint() and shutdown() from the training
+// thread only.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "mend/config.h"
@@ -46,6 +55,9 @@ struct ReducerStats {
   uint64_t moment_syncs = 0;   // DES-LOC moment averagings (first and second counted apart)
   uint64_t bytes_sent = 0;     // data-plane bytes, all rounds
   uint64_t last_round_id = 0;
+  uint64_t checkpoints = 0;          // written by this learner
+  uint64_t checkpoint_failures = 0;  // writes that failed (logged; training goes on)
+  uint64_t resumed_from_round = 0;   // the checkpoint's round when it resumed, else 0
 };
 
 class Reducer {
@@ -69,6 +81,12 @@ class Reducer {
   [[nodiscard]] virtual Status step(uint64_t tokens) = 0;
   // Leaves the job. Idempotent.
   virtual Status shutdown() = 0;
+
+  // Writes the global state of every fragment (parameters and outer
+  // momentum, by parameter name) to `path` now, atomically. On demand; the
+  // periodic ones (checkpoint_every_rounds) are written by rank 0 of a round
+  // in the background.
+  [[nodiscard]] virtual Status SaveCheckpoint(const std::string& path) = 0;
 
   virtual ReducerStats stats() const = 0;
   // The global parameters of fragment `f` as of the last round (tests,

@@ -26,6 +26,7 @@ using StatusCode = absl::StatusCode;
 
 using absl::AbortedError;
 using absl::AlreadyExistsError;
+using absl::DataLossError;
 using absl::DeadlineExceededError;
 using absl::FailedPreconditionError;
 using absl::InternalError;

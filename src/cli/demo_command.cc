@@ -32,6 +32,7 @@ struct DemoOptions {
   int64_t delay_ms = 100;
   std::string modes = "ddp,diloco,streaming,local";
   std::string corpus;
+  std::vector<std::string> settings;  // KEY=VALUE for every learner, after the mode's own
   std::string http;
   std::string work_dir;
 };
@@ -75,6 +76,7 @@ StatusOr<std::vector<TrainingJobSpec>> DemoJobs(const DemoOptions& o) {
       return InvalidArgumentError(
           fmt::format("--modes: unknown mode '{}' (choose from ddp, diloco, streaming, local)", mode));
     }
+    if (job.mode != "local") job.settings.insert(job.settings.end(), o.settings.begin(), o.settings.end());
     jobs.push_back(std::move(job));
   }
   if (jobs.empty()) return InvalidArgumentError("--modes: no mode given");
@@ -165,6 +167,8 @@ void AddDemoCommand(CLI::App& app, int* exit_code) {
       ->check(CLI::Range(int64_t{0}, int64_t{60'000}));
   command->add_option("--modes", options->modes, "Comma-separated: ddp, diloco, streaming, local")
       ->capture_default_str();
+  command->add_option("--set", options->settings,
+                      "KEY=VALUE configuration for every learner (after the mode's own; repeatable)");
   command->add_option("--corpus", options->corpus,
                       "Directory of fortune files (default: /usr/share/games/fortunes)");
   command->add_option("--http", options->http,

@@ -3,7 +3,8 @@
 // launches on each host, with the lighthouse address. Prints progress (human
 // lines, or JSON lines with --progress-json for `mend demo` and the
 // benchmarks) and writes its result as JSON with --result-file.
-// SIGTERM/SIGINT stop training cleanly (the learner leaves the job).
+// SIGTERM/SIGINT stop training cleanly (the learner leaves the job); SIGUSR1
+// writes a checkpoint of the global state into checkpoint_dir.
 #include <dlfcn.h>
 #include <signal.h>
 
@@ -59,12 +60,14 @@ void SetComputeThreads(int threads) {
 }
 
 int RunTrain(const TrainFlags& flags, const Config& config, const std::string& token) {
-  std::atomic<bool> stop{false};
-  SignalThread signals({SIGINT, SIGTERM}, [&stop](int) { stop.store(true); });
+  train::TrainSignals control;
+  SignalThread signals({SIGINT, SIGTERM, SIGUSR1}, [&control](int signal) {
+    (signal == SIGUSR1 ? control.checkpoint : control.stop).store(true);
+  });
   SetComputeThreads(flags.threads);
   auto result = train::Train(
       flags.options, config, token,
-      [&flags](const train::TrainProgress& p) { PrintProgress(p, flags.progress_json); }, &stop);
+      [&flags](const train::TrainProgress& p) { PrintProgress(p, flags.progress_json); }, &control);
   if (!result.ok()) {
     fmt::print(stderr, "mend train {}: {}\n", flags.options.id, result.status().message());
     return result.status().code() == absl::StatusCode::kInvalidArgument ||
@@ -141,6 +144,8 @@ void AddTrainCommand(CLI::App& app, int* exit_code) {
   config_flags->Map("--dataplane-host", "dataplane_host");
   config_flags->Map("--link-latency-ms", "link_latency_ms");
   config_flags->Map("--diagnostics-dir", "diagnostics_dir");
+  config_flags->Map("--checkpoint-dir", "checkpoint_dir");
+  config_flags->Map("--checkpoint-every-rounds", "checkpoint_every_rounds");
   config_flags->Map("--log-level", "log_level");
   command->callback([flags, config_flags, exit_code]() {
     auto config = config_flags->Load();

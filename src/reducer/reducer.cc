@@ -9,6 +9,8 @@
 #include <utility>
 
 #include "fmt/format.h"
+#include "fmt/ranges.h"
+#include "mend/checkpoint.h"
 #include "mend/codec.h"
 #include "mend/communicator.h"
 #include "mend/lighthouse_rendezvous.h"
@@ -25,6 +27,7 @@ namespace {
 // out flat in parameter order, and its global state.
 struct Fragment {
   std::vector<at::Tensor> parameters;
+  std::vector<std::string> names;  // the parameters' names in the module
   std::unique_ptr<FragmentState> state;
   uint64_t tokens_since_round = 0;
 };
@@ -64,11 +67,15 @@ class ReducerImpl final : public Reducer {
     options_.error_feedback_beta = static_cast<float>(config.error_feedback_beta);
   }
 
-  ~ReducerImpl() override { FinishInFlight(); }  // bounded by the round's own deadlines
+  ~ReducerImpl() override {
+    FinishInFlight();  // bounded by the round's own deadlines
+    JoinCheckpointWriter();
+  }
 
   Status Init(torch::nn::Module& module, torch::optim::Optimizer& optimizer) {
     diagnostics_ = std::make_unique<reducer::Diagnostics>(config_.diagnostics_dir, agent_.id());
     std::vector<at::Tensor> parameters = module.parameters(/*recurse=*/true);
+    std::vector<std::string> names = module.named_parameters(/*recurse=*/true).keys();
     if (config_.desloc) MEND_RETURN_IF_ERROR(InitDesloc(optimizer, parameters));
     if (parameters.empty()) return InvalidArgumentError("reducer: the module has no parameters");
     fragments_.resize(static_cast<size_t>(schedule_.fragments()));
@@ -80,15 +87,124 @@ class ReducerImpl final : public Reducer {
             "parameters",
             l, c10::toString(p.scalar_type()), p.device().str(), p.is_contiguous() ? "" : "not "));
       }
-      fragments_[static_cast<size_t>(FragmentOfLayer(static_cast<int64_t>(l), schedule_.fragments()))]
-          .parameters.push_back(p);
+      Fragment& fragment =
+          fragments_[static_cast<size_t>(FragmentOfLayer(static_cast<int64_t>(l), schedule_.fragments()))];
+      fragment.parameters.push_back(p);
+      fragment.names.push_back(names[l]);
     }
     for (Fragment& fragment : fragments_) {
       std::vector<float> initial(TotalValues(fragment.parameters));
       Gather(fragment.parameters, initial);
       fragment.state = std::make_unique<FragmentState>(initial);
     }
+    if (!config_.checkpoint_dir.empty() && config_.resume) MEND_RETURN_IF_ERROR(Resume());
     return OkStatus();
+  }
+
+  // The newest checkpoint that verifies becomes the global state and the
+  // local parameters; none is a fresh start.
+  Status Resume() {
+    CheckpointDirectory directory(config_.checkpoint_dir, static_cast<int>(config_.checkpoint_keep));
+    std::vector<std::string> skipped;
+    StatusOr<Checkpoint> checkpoint = directory.LoadLatest(&skipped);
+    for (const std::string& why : skipped) spdlog::error("skipping a damaged checkpoint: {}", why);
+    if (!checkpoint.ok()) {
+      if (checkpoint.status().code() != absl::StatusCode::kNotFound) return checkpoint.status();
+      spdlog::info("no checkpoint in {}: starting fresh", config_.checkpoint_dir);
+      return OkStatus();
+    }
+    for (Fragment& fragment : fragments_) {
+      std::vector<float> global, momentum;
+      for (size_t i = 0; i < fragment.parameters.size(); ++i) {
+        const std::string& name = fragment.names[i];
+        const at::Tensor& p = fragment.parameters[i];
+        for (auto [prefix, out] : {std::pair{"global/", &global}, std::pair{"outer_momentum/", &momentum}}) {
+          const CheckpointTensor* t = checkpoint->Find(prefix + name);
+          if (!t) {
+            return InvalidArgumentError(fmt::format(
+                "checkpoint of round {} in {}: no tensor '{}{}' (is it from another model?)",
+                checkpoint->meta.round_id, config_.checkpoint_dir, prefix, name));
+          }
+          if (t->shape != p.sizes().vec()) {
+            return InvalidArgumentError(fmt::format(
+                "checkpoint of round {} in {}: tensor '{}{}' has shape [{}], the module's is [{}]",
+                checkpoint->meta.round_id, config_.checkpoint_dir, prefix, name, fmt::join(t->shape, ", "),
+                fmt::join(p.sizes().vec(), ", ")));
+          }
+          out->insert(out->end(), t->values.begin(), t->values.end());
+        }
+      }
+      fragment.state->Assign(global, momentum);
+      Scatter(fragment.state->global(), fragment.parameters);
+    }
+    last_round_id_ = checkpoint->meta.round_id;
+    stats_.last_round_id = checkpoint->meta.round_id;
+    stats_.resumed_from_round = checkpoint->meta.round_id;
+    spdlog::info("resumed from the checkpoint of round {} (step {}, written by {})", checkpoint->meta.round_id,
+                 checkpoint->meta.step, checkpoint->meta.written_by);
+    return OkStatus();
+  }
+
+  // Every fragment's global state and momentum, by parameter name.
+  Checkpoint Snapshot(uint64_t round_id, uint32_t members) const {
+    Checkpoint checkpoint;
+    checkpoint.meta.job_id = config_.job_id;
+    checkpoint.meta.round_id = round_id;
+    checkpoint.meta.step = stats_.steps;
+    checkpoint.meta.tokens = tokens_total_;
+    checkpoint.meta.fragments = schedule_.fragments();
+    checkpoint.meta.learners = members;
+    checkpoint.meta.written_by = agent_.id();
+    checkpoint.meta.created_unix_ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+            .count();
+    checkpoint.meta.config_toml = ConfigToToml(config_);
+    for (const Fragment& fragment : fragments_) {
+      size_t offset = 0;
+      for (size_t i = 0; i < fragment.parameters.size(); ++i) {
+        const size_t n = static_cast<size_t>(fragment.parameters[i].numel());
+        std::vector<int64_t> shape = fragment.parameters[i].sizes().vec();
+        auto slice = [&](std::span<const float> all) {
+          return std::vector<float>(all.begin() + static_cast<long>(offset),
+                                    all.begin() + static_cast<long>(offset + n));
+        };
+        checkpoint.tensors.push_back({"global/" + fragment.names[i], shape, slice(fragment.state->global())});
+        checkpoint.tensors.push_back(
+            {"outer_momentum/" + fragment.names[i], shape, slice(fragment.state->momentum())});
+        offset += n;
+      }
+    }
+    return checkpoint;
+  }
+
+  Status SaveCheckpoint(const std::string& path) override {
+    return WriteCheckpoint(path, Snapshot(stats_.last_round_id, 0));
+  }
+
+  // Rank 0 of a round whose id is a multiple of checkpoint_every_rounds
+  // writes one, on a background thread (one write at a time).
+  void MaybeCheckpoint(uint64_t round_id, uint32_t rank, uint32_t members) {
+    if (config_.checkpoint_dir.empty() || config_.checkpoint_every_rounds <= 0 || rank != 0 ||
+        round_id % static_cast<uint64_t>(config_.checkpoint_every_rounds) != 0) {
+      return;
+    }
+    JoinCheckpointWriter();
+    auto checkpoint = std::make_shared<Checkpoint>(Snapshot(round_id, members));
+    checkpoint_writer_ = std::thread([this, checkpoint]() {
+      CheckpointDirectory directory(config_.checkpoint_dir, static_cast<int>(config_.checkpoint_keep));
+      StatusOr<std::string> written = directory.Save(*checkpoint);
+      if (written.ok()) {
+        checkpoint_writes_ok_.fetch_add(1);
+        spdlog::info("checkpoint of round {} written to {}", checkpoint->meta.round_id, *written);
+      } else {
+        checkpoint_writes_failed_.fetch_add(1);
+        spdlog::error("checkpoint of round {} not written: {}", checkpoint->meta.round_id, written.status());
+      }
+    });
+  }
+
+  void JoinCheckpointWriter() {
+    if (checkpoint_writer_.joinable()) checkpoint_writer_.join();
   }
 
   Status InitDesloc(torch::optim::Optimizer& optimizer, const std::vector<at::Tensor>& parameters) {
@@ -148,11 +264,17 @@ class ReducerImpl final : public Reducer {
   Status shutdown() override {
     if (shut_down_) return OkStatus();
     FinishInFlight();
+    JoinCheckpointWriter();
     shut_down_ = true;
     return agent_.Leave("training finished");
   }
 
-  ReducerStats stats() const override { return stats_; }
+  ReducerStats stats() const override {
+    ReducerStats stats = stats_;
+    stats.checkpoints = checkpoint_writes_ok_.load();
+    stats.checkpoint_failures = checkpoint_writes_failed_.load();
+    return stats;
+  }
   std::span<const float> global(int fragment) const override {
     return fragments_[static_cast<size_t>(fragment)].state->global();
   }
@@ -261,6 +383,7 @@ class ReducerImpl final : public Reducer {
     }
     stats_.rounds++;
     stats_.last_round_id = outcome.round_id;
+    MaybeCheckpoint(outcome.round_id, outcome.rank, outcome.members);
   }
 
   void RecordRound(const InFlight& flight) {
@@ -438,6 +561,9 @@ class ReducerImpl final : public Reducer {
   uint64_t tokens_total_ = 0;
   std::chrono::steady_clock::time_point last_step_;
   bool shut_down_ = false;
+  std::thread checkpoint_writer_;
+  std::atomic<uint64_t> checkpoint_writes_ok_{0};
+  std::atomic<uint64_t> checkpoint_writes_failed_{0};
 };
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 
 #include "ATen/ATen.h"
 #include "fmt/format.h"
@@ -112,7 +113,7 @@ nlohmann::json TrainResult::ToJson() const {
 
 StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config, const std::string& token,
                             const std::function<void(const TrainProgress&)>& progress,
-                            const std::atomic<bool>* stop) {
+                            TrainSignals* signals) {
   MEND_RETURN_IF_ERROR(CheckTrainOptions(options));
   MEND_ASSIGN_OR_RETURN(Corpus corpus, Corpus::Load(options.corpus));
   const int64_t context = options.model.context;
@@ -170,7 +171,7 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config, c
   };
   Status failure = OkStatus();
   int64_t step = 0;
-  while (step < options.steps && !(stop && stop->load())) {
+  while (step < options.steps && !(signals && signals->stop.load())) {
     ++step;
     const auto begin = SteadyClock::now();
     auto [x, y] = MakeBatch(corpus.train(), sampler.Next(options.batch), context);
@@ -201,6 +202,21 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config, c
       if (quiet) {
         quiet_us.push_back(us);
         quiet_sum += us;
+      }
+    }
+    if (reducer && signals && signals->checkpoint.exchange(false)) {
+      if (config.checkpoint_dir.empty()) {
+        spdlog::warn("checkpoint asked for, but checkpoint_dir is not set");
+      } else {
+        const std::string path =
+            fmt::format("{}/ckpt-{:012d}.mend", config.checkpoint_dir, reducer->stats().last_round_id);
+        std::error_code error;
+        std::filesystem::create_directories(config.checkpoint_dir, error);
+        if (Status saved = reducer->SaveCheckpoint(path); saved.ok()) {
+          spdlog::info("checkpoint written to {} (on demand)", path);
+        } else {
+          spdlog::error("checkpoint on demand failed: {}", saved);
+        }
       }
     }
     std::optional<double> eval_loss;

@@ -82,12 +82,18 @@ struct TrainResult {
   nlohmann::json ToJson() const;
 };
 
+// Set from another thread (a signal handler's thread) to steer training.
+struct TrainSignals {
+  std::atomic<bool> stop{false};        // end early and cleanly
+  std::atomic<bool> checkpoint{false};  // write a checkpoint at the next step (diloco mode)
+};
+
 // Trains; `progress` (optional) is called every progress_every steps and
-// after the last one. `stop` (optional) ends training early and cleanly.
-// `token` is the job token (unused in local mode).
+// after the last one. `signals` is optional. `token` is the job token
+// (unused in local mode).
 [[nodiscard]] StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config,
                                           const std::string& token,
                                           const std::function<void(const TrainProgress&)>& progress,
-                                          const std::atomic<bool>* stop);
+                                          TrainSignals* signals);
 
 }  // namespace mend::train

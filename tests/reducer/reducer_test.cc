@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "gtest/gtest.h"
+#include "mend/checkpoint.h"
 #include "mend/lighthouse.h"
 #include "mend/reducer.h"
 #include "nlohmann/json.hpp"
@@ -51,6 +52,7 @@ struct LearnerLog {
   ReducerStats stats;
   std::vector<float> first_moment;  // AdamW's exp_avg of the weight at the end (AdamW runs)
   std::optional<std::vector<float>> final_global;  // after shutdown
+  std::vector<float> initial_global;               // right after Create (a resume shows here)
 };
 
 // Trains a linear regression on the learner's own shard for `boundaries`
@@ -70,6 +72,7 @@ void Learn(const Config& config, const std::string& id, int seed, int boundaries
   }
   auto reducer = Reducer::Create(config, *model, *inner, **agent);
   ASSERT_TRUE(reducer.ok()) << reducer.status();
+  log->initial_global.assign((*reducer)->global(0).begin(), (*reducer)->global(0).end());
   torch::Tensor true_w = torch::arange(8, torch::kFloat).reshape({1, 8}) / 8;
   for (int b = 0; b < boundaries; ++b) {
     if (gate) gate(b);
@@ -346,6 +349,74 @@ TEST(ReducerTest, ConcurrentModeAppliesEachUpdateExactlyOnce) {
     // The last round ends on the last step: the local model is the global one.
     for (float v : final_local[i]) EXPECT_EQ(v, expected) << "learner " << i;
   }
+}
+
+// Two learners write checkpoints every second round; three learners (one of
+// them new) resume from the newest with a fresh lighthouse, start from its
+// global state and stay bit-identical.
+TEST(ReducerTest, CheckpointsResumeWithADifferentNumberOfLearners) {
+  const std::string dir = testing_util::MakeTempDir();
+  Config config = BaseConfig();
+  config.quorum_min_learners = 2;
+  config.checkpoint_dir = dir;
+  config.checkpoint_every_rounds = 2;
+  LearnerLog a, b;
+  RunPair(config, 4, &a, &b);
+  ASSERT_EQ(a.stats.rounds, 4u);
+  EXPECT_EQ(a.stats.checkpoints + b.stats.checkpoints, 2u);  // rounds 2 and 4, by rank 0
+  EXPECT_EQ(a.stats.checkpoint_failures + b.stats.checkpoint_failures, 0u);
+  CheckpointDirectory directory(dir, 3);
+  auto saved = directory.LoadLatest();
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  EXPECT_EQ(saved->meta.round_id, a.stats.last_round_id);
+  // The checkpoint holds the global state by parameter name.
+  std::vector<float> from_file = saved->Find("global/weight")->values;
+  from_file.push_back(saved->Find("global/bias")->values[0]);
+  EXPECT_EQ(from_file, *a.final_global);
+
+  config.quorum_min_learners = 3;
+  config.checkpoint_every_rounds = 0;
+  auto server = StartLighthouse(config);  // a new lighthouse: round ids start over
+  config.lighthouse = server->grpc_address();
+  LearnerLog logs[3];
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 3; ++i) {
+    threads.emplace_back([&, i]() { Learn(config, "learner-" + std::to_string(i), i + 1, 1, &logs[i]); });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(logs[i].initial_global, *a.final_global) << "learner " << i << " resumed the global state";
+    EXPECT_EQ(logs[i].stats.resumed_from_round, saved->meta.round_id);
+    EXPECT_EQ(logs[i].stats.heals, 0u) << "everyone had the checkpoint: nobody heals";
+    EXPECT_EQ(logs[i].stats.rounds, 1u);
+    EXPECT_GT(logs[i].stats.last_round_id, saved->meta.round_id) << "round ids go on above the checkpoint's";
+  }
+  EXPECT_EQ(ExpectSameGlobals(logs[0], logs[1]), 1u);
+  EXPECT_EQ(ExpectSameGlobals(logs[0], logs[2]), 1u);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(ReducerTest, ACheckpointOfAnotherModelIsRefused) {
+  const std::string dir = testing_util::MakeTempDir();
+  Checkpoint other;
+  other.meta.round_id = 3;
+  other.tensors.push_back({"global/weight", {1, 4}, {1, 2, 3, 4}});
+  other.tensors.push_back({"outer_momentum/weight", {1, 4}, {0, 0, 0, 0}});
+  ASSERT_TRUE(CheckpointDirectory(dir, 3).Save(other).ok());
+  Config config = BaseConfig();
+  config.checkpoint_dir = dir;
+  auto server = StartLighthouse(config);
+  config.lighthouse = server->grpc_address();
+  auto agent = LearnerAgent::Start(config, kToken, {"learner-a", "", "", ""});
+  ASSERT_TRUE(agent.ok());
+  torch::nn::Linear model(8, 1);
+  torch::optim::SGD inner(model->parameters(), torch::optim::SGDOptions(0.1));
+  auto reducer = Reducer::Create(config, *model, inner, **agent);
+  ASSERT_EQ(reducer.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(reducer.status().message().find("'global/weight' has shape [1, 4], the module's is [1, 8]"),
+            std::string_view::npos)
+      << reducer.status();
+  std::filesystem::remove_all(dir);
 }
 
 // The state of `id` on the lighthouse's status page ("" when unknown), and

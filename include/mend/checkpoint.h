@@ -1,0 +1,105 @@
+// mend checkpoints: the global state of a job (the global parameters and the
+// outer optimizer's momentum per tensor, optionally more named tensors such
+// as the inner optimizer's moments), the round, step and tokens it was taken
+// at, and the configuration, in one self-describing, checksummed file.
+//
+// The file does not depend on the number of learners: it holds the global
+// state, which every learner shares, so a job resumes from it with any
+// number of learners.
+//
+// Layout (little-endian):
+//   "MENDCKPT" | u32 format version | u64 header length | header (JSON)
+//   | tensor data, each starting at a multiple of 64 bytes
+//   | "MENDEND!" | SHA-256 of every byte before the trailer.
+// The header names each tensor: name, dtype ("f32"), shape, offset, bytes and
+// its own SHA-256, so that a damaged file is refused naming what is damaged.
+//
+// Writes are atomic: a temporary file in the same directory, fsync, rename,
+// fsync of the directory. A reader never sees a half-written checkpoint under
+// the final name.
+//
+// Thread-safety: free functions; CheckpointDirectory is not thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "mend/status.h"
+
+namespace mend {
+
+inline constexpr uint32_t kCheckpointFormatVersion = 1;
+
+struct CheckpointTensor {
+  std::string name;             // e.g. "global/blocks.0.qkv.weight"
+  std::vector<int64_t> shape;
+  std::vector<float> values;    // fp32, shape's product many
+};
+
+struct CheckpointMeta {
+  std::string job_id;
+  uint64_t round_id = 0;        // the last round the state includes
+  uint64_t step = 0;            // inner steps of the learner that wrote it
+  uint64_t tokens = 0;          // tokens the job had processed (as far as that learner knows)
+  int64_t fragments = 1;
+  int64_t learners = 0;         // members of the last round (informational)
+  std::string written_by;       // learner id
+  int64_t created_unix_ms = 0;
+  std::string config_toml;      // the writer's effective configuration
+};
+
+struct Checkpoint {
+  CheckpointMeta meta;
+  std::vector<CheckpointTensor> tensors;
+
+  // nullptr when there is no tensor of that name.
+  const CheckpointTensor* Find(const std::string& name) const;
+};
+
+// Writes atomically (see above). Errors name the path and the failed call.
+[[nodiscard]] Status WriteCheckpoint(const std::string& path, const Checkpoint& checkpoint);
+
+// Reads and verifies every checksum. DATA_LOSS names what is wrong: not a
+// mend checkpoint, an unknown format version, truncated (expected vs actual
+// size), a damaged header, or the tensor whose checksum does not match.
+[[nodiscard]] StatusOr<Checkpoint> ReadCheckpoint(const std::string& path);
+
+// The header only (and the file's size), without reading tensor data; for
+// `mend checkpoint inspect`.
+struct CheckpointSummary {
+  CheckpointMeta meta;
+  struct Entry {
+    std::string name;
+    std::vector<int64_t> shape;
+    uint64_t bytes = 0;
+  };
+  std::vector<Entry> tensors;
+  uint64_t file_bytes = 0;
+  uint32_t format_version = 0;
+};
+[[nodiscard]] StatusOr<CheckpointSummary> InspectCheckpoint(const std::string& path);
+
+// A directory of checkpoints named ckpt-<round, 12 digits>.mend: writes keep
+// the newest `keep` files; LoadLatest returns the newest one that verifies,
+// skipping (and reporting in *skipped) damaged ones, which are left in
+// place for inspection.
+class CheckpointDirectory {
+ public:
+  CheckpointDirectory(std::string dir, int keep) : dir_(std::move(dir)), keep_(keep) {}
+
+  // Writes ckpt-<round>.mend, then removes the oldest beyond `keep` (never
+  // the one just written). Returns its path.
+  [[nodiscard]] StatusOr<std::string> Save(const Checkpoint& checkpoint);
+  // NOT_FOUND when the directory has no checkpoint that verifies.
+  [[nodiscard]] StatusOr<Checkpoint> LoadLatest(std::vector<std::string>* skipped = nullptr) const;
+  // Checkpoint files, oldest first.
+  std::vector<std::string> List() const;
+
+ private:
+  std::string dir_;
+  int keep_;
+};
+
+}  // namespace mend

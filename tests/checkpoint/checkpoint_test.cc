@@ -1,0 +1,152 @@
+// Checkpoints: round trip, refusal of damaged files naming the damage, atomic
+// replacement, and a directory that falls back to the previous good one.
+#include "mend/checkpoint.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "test_util/wait.h"
+
+namespace mend {
+namespace {
+
+using ::testing::HasSubstr;
+namespace fs = std::filesystem;
+
+Checkpoint Sample(uint64_t round) {
+  Checkpoint c;
+  c.meta.job_id = "job";
+  c.meta.round_id = round;
+  c.meta.step = round * 10;
+  c.meta.tokens = round * 1000;
+  c.meta.fragments = 2;
+  c.meta.learners = 3;
+  c.meta.written_by = "learner-1";
+  c.meta.created_unix_ms = 1234;
+  c.meta.config_toml = "sync_period_steps = 10\n";
+  c.tensors.push_back({"global/w", {2, 3}, {1, 2, 3, 4, 5, static_cast<float>(round)}});
+  c.tensors.push_back({"momentum/w", {2, 3}, {0.5f, 0, 0, 0, 0, -1}});
+  c.tensors.push_back({"global/b", {5}, {9, 8, 7, 6, 5}});
+  return c;
+}
+
+class CheckpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = testing_util::MakeTempDir(); }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string Bytes(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  }
+  void Put(const std::string& path, const std::string& bytes) {
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  }
+  std::string dir_;
+};
+
+TEST_F(CheckpointTest, RoundTripsEverything) {
+  const std::string path = dir_ + "/a.mend";
+  ASSERT_TRUE(WriteCheckpoint(path, Sample(7)).ok());
+  auto read = ReadCheckpoint(path);
+  ASSERT_TRUE(read.ok()) << read.status();
+  const Checkpoint expected = Sample(7);
+  EXPECT_EQ(read->meta.round_id, 7u);
+  EXPECT_EQ(read->meta.step, 70u);
+  EXPECT_EQ(read->meta.fragments, 2);
+  EXPECT_EQ(read->meta.config_toml, expected.meta.config_toml);
+  ASSERT_EQ(read->tensors.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(read->tensors[i].name, expected.tensors[i].name);
+    EXPECT_EQ(read->tensors[i].shape, expected.tensors[i].shape);
+    EXPECT_EQ(read->tensors[i].values, expected.tensors[i].values);
+  }
+  ASSERT_NE(read->Find("global/b"), nullptr);
+  auto summary = InspectCheckpoint(path);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  EXPECT_EQ(summary->tensors.size(), 3u);
+  EXPECT_EQ(summary->file_bytes, fs::file_size(path));
+  // Nothing but the checkpoint is left in the directory.
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir_), fs::directory_iterator()), 1);
+}
+
+TEST_F(CheckpointTest, TruncatedFilesAreRefusedAtEveryLength) {
+  const std::string path = dir_ + "/a.mend";
+  ASSERT_TRUE(WriteCheckpoint(path, Sample(1)).ok());
+  const std::string whole = Bytes(path);
+  for (size_t length : {size_t{0}, size_t{5}, size_t{19}, size_t{40}, whole.size() / 2, whole.size() - 41,
+                        whole.size() - 1}) {
+    Put(dir_ + "/cut.mend", whole.substr(0, length));
+    auto read = ReadCheckpoint(dir_ + "/cut.mend");
+    EXPECT_EQ(read.status().code(), absl::StatusCode::kDataLoss) << length;
+  }
+  Put(dir_ + "/cut.mend", whole.substr(0, whole.size() / 2));
+  EXPECT_THAT(ReadCheckpoint(dir_ + "/cut.mend").status().message(), HasSubstr("truncated"));
+}
+
+TEST_F(CheckpointTest, DamageIsNamed) {
+  const std::string path = dir_ + "/a.mend";
+  ASSERT_TRUE(WriteCheckpoint(path, Sample(1)).ok());
+  const std::string whole = Bytes(path);
+  // A flipped byte inside the data of the second tensor (each tensor's data
+  // starts on a 64-byte boundary; the trailer is 40 bytes).
+  std::string damaged = whole;
+  const size_t second = whole.size() - 40 - 64 - 64 + 4;  // inside momentum/w's 64-byte slot
+  damaged[second] ^= 0x40;
+  Put(dir_ + "/bad.mend", damaged);
+  auto read = ReadCheckpoint(dir_ + "/bad.mend");
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(read.status().message(), HasSubstr("momentum/w': checksum mismatch"));
+  // Not a checkpoint at all.
+  Put(dir_ + "/text.mend", std::string(200, 'x'));
+  EXPECT_THAT(ReadCheckpoint(dir_ + "/text.mend").status().message(), HasSubstr("not a mend checkpoint"));
+  // A format from the future.
+  damaged = whole;
+  damaged[8] = 9;
+  Put(dir_ + "/future.mend", damaged);
+  EXPECT_THAT(ReadCheckpoint(dir_ + "/future.mend").status().message(), HasSubstr("format version 9"));
+  // A changed header byte (the round id) is caught by the file checksum.
+  damaged = whole;
+  const size_t round = whole.find("\"round_id\":1");
+  ASSERT_NE(round, std::string::npos);
+  damaged[round + 11] = '2';
+  Put(dir_ + "/header.mend", damaged);
+  EXPECT_THAT(ReadCheckpoint(dir_ + "/header.mend").status().message(), HasSubstr("file checksum mismatch"));
+  // A missing file.
+  EXPECT_EQ(ReadCheckpoint(dir_ + "/none.mend").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(CheckpointTest, ShapeAndValuesMustAgree) {
+  Checkpoint c = Sample(1);
+  c.tensors[0].shape = {4, 4};
+  auto status = WriteCheckpoint(dir_ + "/a.mend", c);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("global/w"));
+  EXPECT_FALSE(fs::exists(dir_ + "/a.mend"));
+}
+
+TEST_F(CheckpointTest, DirectoryKeepsTheNewestAndFallsBackPastADamagedOne) {
+  CheckpointDirectory directory(dir_ + "/ckpt", 2);
+  for (uint64_t round : {3, 5, 9}) ASSERT_TRUE(directory.Save(Sample(round)).ok());
+  auto files = directory.List();
+  ASSERT_EQ(files.size(), 2u);  // round 3 was removed
+  EXPECT_THAT(files[0], HasSubstr("ckpt-000000000005.mend"));
+  // The newest is damaged (truncated): the previous good one is used, and the
+  // damaged file is left for inspection.
+  const std::string newest = Bytes(files[1]);
+  Put(files[1], newest.substr(0, newest.size() - 10));
+  std::vector<std::string> skipped;
+  auto latest = directory.LoadLatest(&skipped);
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(latest->meta.round_id, 5u);
+  ASSERT_EQ(skipped.size(), 1u);
+  EXPECT_THAT(skipped[0], HasSubstr("ckpt-000000000009.mend"));
+  EXPECT_TRUE(fs::exists(files[1]));
+  CheckpointDirectory empty(dir_ + "/none", 2);
+  EXPECT_EQ(empty.LoadLatest().status().code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace mend
