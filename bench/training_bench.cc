@@ -117,14 +117,17 @@ class Bench {
     const std::string period = fmt::format("sync_period_steps={}", o_.delay_period);
     const std::vector<int64_t> delays = ParseList(o_.delays_ms);
     std::map<std::string, std::vector<double>> samples;  // "ceiling", "sync/D", "concurrent/D"
+    std::map<std::string, std::vector<double>> compute;  // the same keys: compute fraction
     std::map<std::string, uint64_t> failed;
     double step_ms = 0;
     std::ofstream raw(o_.out + "_delay_runs.csv");
-    raw << "repeat,config,delay_ms,tokens_per_s,rounds,failed_rounds\n";
+    raw << "repeat,config,delay_ms,tokens_per_s,compute_fraction,rounds,failed_rounds\n";
     auto record = [&](int repeat, const std::string& key, int64_t delay, const TrainingJobResult& r) {
       samples[key].push_back(r.tokens_per_s);
+      compute[key].push_back(r.compute_fraction);
       failed[key] += r.failed_rounds;
-      raw << fmt::format("{},{},{},{:.1f},{},{}\n", repeat, key, delay, r.tokens_per_s, r.rounds, r.failed_rounds);
+      raw << fmt::format("{},{},{},{:.1f},{:.4f},{},{}\n", repeat, key, delay, r.tokens_per_s, r.compute_fraction,
+                         r.rounds, r.failed_rounds);
       raw.flush();
     };
     for (int repeat = 1; repeat <= o_.delay_repeats; ++repeat) {
@@ -146,8 +149,8 @@ class Bench {
         record(repeat, fmt::format("concurrent/{}", delay), delay, concurrent);
       }
     }
-    auto median = [&](const std::string& key) {
-      std::vector<double> v = samples[key];
+    auto median = [&](const std::string& key, bool of_compute = false) {
+      std::vector<double> v = (of_compute ? compute : samples)[key];
       std::sort(v.begin(), v.end());
       return v[v.size() / 2];
     };
@@ -158,22 +161,27 @@ class Bench {
     const double ceiling = median("ceiling");
     std::ofstream csv(o_.out + "_delay.csv");
     csv << "delay_ms,sync_tokens_per_s,concurrent_tokens_per_s,ceiling_tokens_per_s,sync_retained,"
-           "concurrent_retained,uplift,sync_failed_rounds,concurrent_failed_rounds\n";
+           "concurrent_retained,uplift,sync_compute_fraction,concurrent_compute_fraction,sync_failed_rounds,"
+           "concurrent_failed_rounds\n";
     fmt::print("medians of {} runs; ceiling {:.0f} tokens/s (runs {})\n", o_.delay_repeats, ceiling,
                spread("ceiling"));
-    fmt::print("{:>9} {:>11} {:>13} {:>11} {:>13} {:>9} {:>9} {:>8}\n", "delay ms", "sync tok/s", "(runs)",
-               "conc tok/s", "(runs)", "sync ret", "conc ret", "uplift");
+    fmt::print("{:>9} {:>11} {:>13} {:>11} {:>13} {:>9} {:>9} {:>8} {:>9} {:>9}\n", "delay ms", "sync tok/s",
+               "(runs)", "conc tok/s", "(runs)", "sync ret", "conc ret", "uplift", "sync cf", "conc cf");
     for (int64_t delay : delays) {
       const std::string s_key = fmt::format("sync/{}", delay), c_key = fmt::format("concurrent/{}", delay);
       const double sync = median(s_key), concurrent = median(c_key);
-      fmt::print("{:>9} {:>11.0f} {:>13} {:>11.0f} {:>13} {:>9.3f} {:>9.3f} {:>8.3f}\n", delay, sync, spread(s_key),
-                 concurrent, spread(c_key), sync / ceiling, concurrent / ceiling, concurrent / sync);
-      csv << fmt::format("{},{:.1f},{:.1f},{:.1f},{:.4f},{:.4f},{:.4f},{},{}\n", delay, sync, concurrent, ceiling,
-                         sync / ceiling, concurrent / ceiling, concurrent / sync, failed[s_key], failed[c_key]);
+      const double sync_cf = median(s_key, true), concurrent_cf = median(c_key, true);
+      fmt::print("{:>9} {:>11.0f} {:>13} {:>11.0f} {:>13} {:>9.3f} {:>9.3f} {:>8.3f} {:>9.3f} {:>9.3f}\n", delay, sync,
+                 spread(s_key), concurrent, spread(c_key), sync / ceiling, concurrent / ceiling, concurrent / sync,
+                 sync_cf, concurrent_cf);
+      csv << fmt::format("{},{:.1f},{:.1f},{:.1f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{},{}\n", delay, sync,
+                         concurrent, ceiling, sync / ceiling, concurrent / ceiling, concurrent / sync, sync_cf,
+                         concurrent_cf, failed[s_key], failed[c_key]);
     }
     csv.flush();
-    fmt::print("inner step {:.1f} ms (ceiling run), H x step time = {:.2f} s\n", step_ms,
-               step_ms * static_cast<double>(o_.delay_period) / 1e3);
+    fmt::print("inner step {:.1f} ms (ceiling run), H x step time = {:.2f} s; cf = the inner steps' share of\n"
+               "the training time within each run (1 - time waiting for or applying rounds)\n",
+               step_ms, step_ms * static_cast<double>(o_.delay_period) / 1e3);
     Plot("delay",
          fmt::format("set title 'Throughput vs cross-rack latency ({} learners, H = {}, medians of {})'\n"
                      "set xlabel 'emulated latency per collective (ms)'\nset ylabel 'tokens/s (job)'\n"
@@ -195,6 +203,10 @@ class Bench {
         Spec("DDP", "ddp", {}, eval),
         Spec(fmt::format("DiLoCo H={} fp32", o_.convergence_period), "diloco",
              {period, "concurrent_outer_step=false", "codec=fp32"}, eval),
+        Spec(fmt::format("DiLoCo H={} bf16", o_.convergence_period / 2), "diloco",
+             {fmt::format("sync_period_steps={}", o_.convergence_period / 2), "concurrent_outer_step=false",
+              "codec=bf16"},
+             eval),
         Spec(fmt::format("Streaming DiLoCo H={} P=2 int4 overlap", o_.convergence_period), "diloco",
              {period, "fragments=2", "concurrent_outer_step=true", "overlap_steps=5", "codec=int4"}, eval),
         Spec(fmt::format("SparseLoCo H={} top-64/4096 2-bit", o_.sparse_period), "diloco",

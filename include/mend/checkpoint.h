@@ -21,6 +21,7 @@
 // Thread-safety: free functions; CheckpointDirectory is not thread-safe.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -31,6 +32,10 @@
 namespace mend {
 
 inline constexpr uint32_t kCheckpointFormatVersion = 1;
+
+// SHA-256 of `size` bytes (OpenSSL), for checkpoints and the chunks of a
+// live heal.
+std::array<unsigned char, 32> Sha256Digest(const void* data, size_t size);
 
 struct CheckpointTensor {
   std::string name;             // e.g. "global/blocks.0.qkv.weight"

@@ -149,6 +149,12 @@ StatusOr<std::string> ReadFile(const std::string& path, uint64_t limit) {
 
 }  // namespace
 
+std::array<unsigned char, 32> Sha256Digest(const void* data, size_t size) {
+  std::array<unsigned char, 32> digest{};
+  Sha256(data, size, digest.data());
+  return digest;
+}
+
 const CheckpointTensor* Checkpoint::Find(const std::string& name) const {
   for (const auto& t : tensors) {
     if (t.name == name) return &t;

@@ -200,6 +200,7 @@ StatusOr<TrainingJobResult> RunTrainingJob(
     result.bytes_per_learner += parsed.value("bytes_sent", 0.0) / spec.learners;
     result.tokens += parsed.value("tokens", uint64_t{0});
     result.inner_step_ms += parsed.value("inner_step_ms", 0.0) / spec.learners;
+    result.compute_fraction += parsed.value("compute_fraction", 0.0) / spec.learners;
     result.reducer_step_us += parsed.value("reducer_step_us_median", 0.0) / spec.learners;
     result.rounds = std::min(result.rounds, parsed.value("rounds", uint64_t{0}));
     result.failed_rounds += parsed.value("failed_rounds", uint64_t{0});

@@ -53,6 +53,7 @@ struct TrainingJobResult {
   double bytes_per_learner = 0;  // mean
   uint64_t tokens = 0;           // sum
   double inner_step_ms = 0;      // mean
+  double compute_fraction = 0;   // mean: inner steps' share of each learner's training time
   double reducer_step_us = 0;    // mean of the learners' medians (steps without exchange)
   uint64_t rounds = 0;           // min over learners
   uint64_t failed_rounds = 0;    // sum

@@ -1,6 +1,7 @@
 #include "mend/reducer.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -11,12 +12,14 @@
 #include "fmt/format.h"
 #include "fmt/ranges.h"
 #include "mend/checkpoint.h"
+#include "openssl/evp.h"
 #include "mend/codec.h"
 #include "mend/communicator.h"
 #include "mend/lighthouse_rendezvous.h"
 #include "mend/outer.h"
 #include "mend/outer_sync.h"
 #include "reducer/diagnostics.h"
+#include "reducer/heal_stream.h"
 #include "reducer/moments.h"
 #include "spdlog/spdlog.h"
 
@@ -291,6 +294,9 @@ class ReducerImpl final : public Reducer {
     uint32_t rank = 0;
     uint32_t members = 0;
     std::vector<float> averaged_moments[2];  // DES-LOC: the members' averages, when synced
+    double heal_seconds = 0;   // time in healing (every member takes part)
+    uint64_t heal_bytes = 0;   // bytes this learner received when it healed
+    std::string heal_source;   // whom it healed from
   };
   struct InFlight {
     int fragment = 0;
@@ -350,8 +356,8 @@ class ReducerImpl final : public Reducer {
     std::unique_ptr<InFlight> flight = std::move(in_flight_);
     flight->thread.join();
     Fragment& fragment = fragments_[static_cast<size_t>(flight->fragment)];
-    RecordRound(*flight);
     if (!flight->outcome.ok()) {
+      RecordRound(*flight);
       stats_.failed_rounds++;
       fragment.tokens_since_round += flight->tokens;
       spdlog::warn("fragment {}: round failed, training on: {}", flight->fragment,
@@ -383,7 +389,26 @@ class ReducerImpl final : public Reducer {
     }
     stats_.rounds++;
     stats_.last_round_id = outcome.round_id;
+    RecordRound(*flight);  // after the commit: its digest is of the new global state
     MaybeCheckpoint(outcome.round_id, outcome.rank, outcome.members);
+  }
+
+  // SHA-256 (hex) of every fragment's global parameters and momentum: equal
+  // on every member after a shared round (the chaos harness compares them).
+  std::string GlobalDigest() const {
+    EVP_MD_CTX* context = EVP_MD_CTX_new();
+    EVP_DigestInit_ex(context, EVP_sha256(), nullptr);
+    for (const Fragment& fragment : fragments_) {
+      EVP_DigestUpdate(context, fragment.state->global().data(), fragment.state->size() * sizeof(float));
+      EVP_DigestUpdate(context, fragment.state->momentum().data(), fragment.state->size() * sizeof(float));
+    }
+    unsigned char digest[EVP_MAX_MD_SIZE];
+    unsigned int length = 0;
+    EVP_DigestFinal_ex(context, digest, &length);
+    EVP_MD_CTX_free(context);
+    std::string hex;
+    for (unsigned int i = 0; i < length; ++i) hex += fmt::format("{:02x}", digest[i]);
+    return hex;
   }
 
   void RecordRound(const InFlight& flight) {
@@ -407,6 +432,12 @@ class ReducerImpl final : public Reducer {
       record["dropped"] = outcome.result.dropped;
       record["merged_norm"] = outcome.result.merged_norm;
       record["healed"] = !outcome.healed.empty();
+      if (!outcome.healed.empty()) {
+        record["heal_seconds"] = outcome.heal_seconds;
+        record["heal_bytes"] = outcome.heal_bytes;
+        record["heal_source"] = outcome.heal_source;
+      }
+      record["global_sha256"] = GlobalDigest();
     }
     diagnostics_->Round(std::move(record));
   }
@@ -431,7 +462,7 @@ class ReducerImpl final : public Reducer {
     outcome.round_id = round.round_id;
     outcome.rank = round.rank;
     outcome.members = round.world_size;
-    MEND_ASSIGN_OR_RETURN(outcome.healed, Heal(*comm, round));
+    MEND_ASSIGN_OR_RETURN(outcome.healed, Heal(*comm, round, &outcome));
     // The merge runs on the healed base when this learner was behind.
     const FragmentState* state = fragment.state.get();
     std::unique_ptr<FragmentState> healed_state;
@@ -495,9 +526,10 @@ class ReducerImpl final : public Reducer {
   }
 
   // Every member takes part: for each healing source (and, on a fresh start,
-  // from rank 0) one broadcast of every fragment's global state and momentum.
-  // Returns that buffer when this learner heals from it, else nothing.
-  StatusOr<std::vector<float>> Heal(Communicator& comm, const QuorumResult& round) const {
+  // from rank 0) the source streams every fragment's global state and
+  // momentum (StreamState). Returns that buffer when this learner heals from
+  // it, else nothing.
+  StatusOr<std::vector<float>> Heal(Communicator& comm, const QuorumResult& round, Outcome* outcome) const {
     std::map<std::string, int> rank_of;
     for (size_t r = 0; r < round.members.size(); ++r) rank_of[round.members[r].id] = static_cast<int>(r);
     std::map<int, std::vector<int>> healees;  // source rank -> ranks healing from it
@@ -511,6 +543,7 @@ class ReducerImpl final : public Reducer {
     }
     std::vector<float> mine;
     if (healees.empty()) return mine;
+    const auto started = std::chrono::steady_clock::now();
     std::vector<float> buffer(StateOffset(fragments_.size()));
     for (const auto& [source, ranks] : healees) {
       if (comm.rank() == source) {
@@ -521,9 +554,14 @@ class ReducerImpl final : public Reducer {
           std::copy(state.momentum().begin(), state.momentum().end(), out);
         }
       }
-      MEND_RETURN_IF_ERROR(comm.Broadcast(std::as_writable_bytes(std::span(buffer)), source));
-      if (std::find(ranks.begin(), ranks.end(), comm.rank()) != ranks.end()) mine = buffer;
+      MEND_RETURN_IF_ERROR(reducer::StreamState(comm, std::as_writable_bytes(std::span(buffer)), source, round.members[static_cast<size_t>(source)].id));
+      if (std::find(ranks.begin(), ranks.end(), comm.rank()) != ranks.end()) {
+        mine = buffer;
+        outcome->heal_bytes = buffer.size() * sizeof(float);
+        outcome->heal_source = round.members[static_cast<size_t>(source)].id;
+      }
     }
+    outcome->heal_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     return mine;
   }
 

@@ -105,6 +105,7 @@ nlohmann::json TrainResult::ToJson() const {
           {"failed_rounds", failed_rounds},
           {"heals", heals},
           {"inner_step_ms", inner_step_ms},
+          {"compute_fraction", compute_fraction},
           {"reducer_step_us_median", reducer_step_us_median},
           {"reducer_step_us_mean", reducer_step_us_mean},
           {"reducer_quiet_steps", reducer_quiet_steps},
@@ -243,6 +244,7 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config, c
   result.tokens_per_s = static_cast<double>(result.tokens) / std::max(1e-9, result.seconds);
   result.train_loss = smoothed;
   result.inner_step_ms = step > 0 ? 1e3 * inner_seconds / static_cast<double>(step) : 0;
+  result.compute_fraction = inner_seconds / std::max(1e-9, result.seconds);
   if (reducer) {
     const ReducerStats stats = reducer->stats();
     result.rounds = stats.rounds;

@@ -73,6 +73,7 @@ struct TrainResult {
   uint64_t failed_rounds = 0;
   uint64_t heals = 0;
   double inner_step_ms = 0;  // mean forward + backward + optimizer step
+  double compute_fraction = 0;  // inner steps' share of the training time
   // reducer.step() on steps that neither started nor applied a round.
   double reducer_step_us_median = 0;
   double reducer_step_us_mean = 0;
