@@ -4,6 +4,11 @@
 // Thread-safety: as the LighthouseClient it wraps (safe from any thread).
 #pragma once
 
+#include <algorithm>
+#include <functional>
+#include <utility>
+
+#include "mend/clock.h"
 #include "mend/communicator.h"
 #include "mend/lighthouse_client.h"
 
@@ -11,18 +16,37 @@ namespace mend {
 
 class LighthouseRendezvousStore final : public RendezvousStore {
  public:
-  // `client` is not owned and must outlive this object.
-  explicit LighthouseRendezvousStore(LighthouseClient& client) : client_(client) {}
+  // `client` is not owned and must outlive this object. `still_valid`
+  // (optional) is asked at least every kCheckEvery while a Get waits; when it
+  // turns false (the lighthouse that formed the round restarted, so its keys
+  // are gone) the Get ends with ABORTED instead of waiting out its timeout.
+  explicit LighthouseRendezvousStore(LighthouseClient& client, std::function<bool()> still_valid = nullptr)
+      : client_(client), still_valid_(std::move(still_valid)) {}
+  static constexpr Micros kCheckEvery = 250 * kMicrosPerMilli;
 
   Status Set(const std::string& key, const std::string& value) override {
     return client_.StoreSet(key, value);
   }
   StatusOr<std::string> Get(const std::string& key, Micros timeout) override {
-    return client_.StoreGet(key, timeout);
+    if (!still_valid_) return client_.StoreGet(key, timeout);
+    const Micros deadline = RealClock()->NowMicros() + timeout;
+    while (true) {
+      const Micros left = deadline - RealClock()->NowMicros();
+      StatusOr<std::string> value = client_.StoreGet(key, std::max<Micros>(1, std::min(left, kCheckEvery)));
+      if (value.ok() || left <= kCheckEvery) return value;
+      if (!still_valid_()) {
+        return AbortedError("rendezvous: the lighthouse restarted after the round was formed; its keys are gone");
+      }
+      if (value.status().code() != absl::StatusCode::kDeadlineExceeded &&
+          value.status().code() != absl::StatusCode::kUnavailable) {
+        return value;
+      }
+    }
   }
 
  private:
   LighthouseClient& client_;
+  std::function<bool()> still_valid_;
 };
 
 }  // namespace mend

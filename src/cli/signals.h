@@ -1,13 +1,19 @@
-// Signal handling without async-signal-safety hazards: the signals are
-// blocked in every thread and a dedicated thread receives them with
-// sigtimedwait and calls an ordinary function.
-// Thread-safety: construct in main() before any other thread starts, so
-// every thread inherits the blocked mask.
+// Signal handling without async-signal-safety hazards: a handler for each
+// signal writes its number to a self-pipe, and a dedicated thread reads the
+// pipe and calls an ordinary function. Handlers (not blocked masks) are used
+// because libraries start threads before main() (Debian's OpenBLAS does,
+// when LibTorch is loaded), and a signal delivered to one of those threads
+// with its default action would kill the process.
+// Thread-safety: one SignalThread per process at a time; the destructor
+// restores the previous handlers.
 #pragma once
+
+#include <signal.h>
 
 #include <atomic>
 #include <functional>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace mend::cli {
@@ -21,7 +27,9 @@ class SignalThread {
   SignalThread& operator=(const SignalThread&) = delete;
 
  private:
-  std::atomic<bool> stop_{false};
+  int read_fd_ = -1;
+  int write_fd_ = -1;
+  std::vector<std::pair<int, struct sigaction>> previous_;
   std::thread thread_;
 };
 

@@ -450,13 +450,17 @@ class ReducerImpl final : public Reducer {
         QuorumResult round,
         agent_.Quorum(last_round_id_, flight.tokens, config_.quorum_timeout_ms * kMicrosPerMilli,
                       /*include_members=*/true));
+    // A round formed by a lighthouse that has since restarted (this agent
+    // registered again) cannot rendezvous: its keys died with it.
+    const uint64_t registrations = agent_.registrations();
     CommunicatorOptions options = CommunicatorOptionsFrom(config_);
     options.prefix = round.rendezvous_prefix;
     options.round_id = round.round_id;
     options.rank = static_cast<int>(round.rank);
     options.world_size = static_cast<int>(round.world_size);
     for (const RoundMember& member : round.members) options.member_ids.push_back(member.id);
-    LighthouseRendezvousStore store(agent_.client());
+    LighthouseRendezvousStore store(agent_.client(),
+                                    [this, registrations]() { return agent_.registrations() == registrations; });
     MEND_ASSIGN_OR_RETURN(auto comm, Communicator::Connect(store, options));
     Outcome outcome;
     outcome.round_id = round.round_id;

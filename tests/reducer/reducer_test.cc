@@ -53,6 +53,7 @@ struct LearnerLog {
   std::vector<float> first_moment;  // AdamW's exp_avg of the weight at the end (AdamW runs)
   std::optional<std::vector<float>> final_global;  // after shutdown
   std::vector<float> initial_global;               // right after Create (a resume shows here)
+  uint64_t registrations = 0;                      // with the lighthouse (1 + re-registrations)
 };
 
 // Trains a linear regression on the learner's own shard for `boundaries`
@@ -94,6 +95,7 @@ void Learn(const Config& config, const std::string& id, int seed, int boundaries
   }
   ASSERT_TRUE((*reducer)->shutdown().ok());  // finishes a round still in flight
   log->stats = (*reducer)->stats();
+  log->registrations = (*agent)->registrations();
   auto global = (*reducer)->global(0);
   log->final_global.emplace(global.begin(), global.end());
   if (config.desloc) {
@@ -417,6 +419,51 @@ TEST(ReducerTest, ACheckpointOfAnotherModelIsRefused) {
             std::string_view::npos)
       << reducer.status();
   std::filesystem::remove_all(dir);
+}
+
+// The lighthouse is killed and restarted (same address, no state) between
+// two rounds while the learners train: they register again, rounds resume
+// above the old round ids, and every round is shared with identical global
+// parameters: nothing is lost.
+TEST(ReducerTest, LearnersRideOverALighthouseRestart) {
+  Config config = BaseConfig();
+  config.quorum_min_learners = 2;
+  config.concurrent_outer_step = true;
+  config.overlap_steps = 3;
+  auto server = StartLighthouse(config);
+  const std::string address = server->grpc_address();
+  config.lighthouse = address;
+  std::mutex mu;
+  std::atomic<bool> restarted{false};
+  uint64_t rounds_before_restart = 0;
+  auto gate = [&](int boundary) {
+    if (boundary != 2) return;
+    std::lock_guard lock(mu);
+    if (restarted) return;
+    auto status = nlohmann::json::parse(server->StatusJson());
+    rounds_before_restart = status["rounds"].size();
+    server->Shutdown(0);
+    server.reset();
+    Config again = config;
+    again.bind = address;
+    server = StartLighthouse(again);
+    restarted = true;
+  };
+  LearnerLog a, b;
+  std::thread ta([&]() { Learn(config, "learner-a", 1, 5, &a, gate); });
+  std::thread tb([&]() { Learn(config, "learner-b", 2, 5, &b, gate); });
+  ta.join();
+  tb.join();
+  ASSERT_TRUE(restarted);
+  EXPECT_GE(rounds_before_restart, 1u);
+  EXPECT_GE(a.registrations, 2u);
+  EXPECT_GE(b.registrations, 2u);
+  // Rounds that were in flight across the restart may fail; every round
+  // either learner completed was completed by both, with the same state.
+  EXPECT_EQ(a.stats.rounds, b.stats.rounds);
+  EXPECT_GE(a.stats.rounds, 4u);
+  ExpectSameGlobals(a, b);
+  EXPECT_EQ(std::memcmp(a.final_global->data(), b.final_global->data(), 9 * sizeof(float)), 0);
 }
 
 // The state of `id` on the lighthouse's status page ("" when unknown), and
