@@ -90,6 +90,12 @@ std::optional<QuorumMachine::Closed> QuorumMachine::MaybeClose(Membership& membe
     return std::nullopt;
   }
   if (!quorum_reached_at_) quorum_reached_at_ = now;
+  if (!IncludesNewestState(membership)) {
+    // Wait for a learner that has it (it joins at its next boundary, or is
+    // declared dead after the heartbeat timeout); no grace timer meanwhile.
+    quorum_reached_at_.reset();
+    return std::nullopt;
+  }
   std::string closed_by;
   if (counts.previous_joined > 0 && counts.previous_missing == 0) {
     closed_by = "fast_path";
@@ -105,6 +111,17 @@ std::optional<QuorumMachine::Closed> QuorumMachine::MaybeClose(Membership& membe
   Closed closed;
   closed.round = Close(membership, now, std::move(closed_by), &closed.joins);
   return closed;
+}
+
+bool QuorumMachine::IncludesNewestState(const Membership& membership) const {
+  uint64_t newest_pending = 0;
+  for (const LearnerRecord* record : membership.pending()) {
+    newest_pending = std::max(newest_pending, record->join->last_round_id);
+  }
+  for (const auto& [id, record] : membership.records()) {
+    if (record->alive && record->last_round_id > newest_pending) return false;
+  }
+  return true;
 }
 
 std::shared_ptr<Round> QuorumMachine::Close(Membership& membership, Micros now,
@@ -149,6 +166,10 @@ std::shared_ptr<Round> QuorumMachine::Close(Membership& membership, Micros now,
     }
     round->first_join_at = std::min(round->first_join_at, join.joined_at);
     joins->emplace_back(std::move(join), static_cast<uint32_t>(rank));
+    // Until it reports otherwise (its next join), a member is taken to hold
+    // this round's state: learners that are all behind it cannot form a
+    // round of their own (IncludesNewestState).
+    membership.Mutate(*taken[rank].first, [&](LearnerRecord& r) { r.last_round_id = round->id; });
   }
   Micros need = 0;
   for (const auto& [join, rank] : *joins) {

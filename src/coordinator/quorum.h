@@ -94,6 +94,14 @@ class QuorumMachine {
   std::shared_ptr<Round> Close(Membership& membership, Micros now, std::string closed_by,
                                std::vector<std::pair<PendingJoin, uint32_t>>* joins);
   void AssignHealSources(Round& round) const;
+  // A round may close only if a pending learner holds the newest global
+  // state among the live learners (the highest last round id known here:
+  // reported at registration and join, or the last round a learner was made
+  // a member of). Otherwise learners that are all behind (e.g. one that
+  // restarted from scratch) would form a round of their own, and its new id
+  // would later make their state look newer than everyone else's. O(pending
+  // + learners) per round closed.
+  bool IncludesNewestState(const Membership& membership) const;
   struct LateWatch {
     Micros quorum_reached_at = 0;
     std::unordered_set<std::string> missing;

@@ -238,6 +238,48 @@ TEST(QuorumRulesTest, BehindMemberIsToldWhomToHealFrom) {
   EXPECT_THAT(round.heal_to.at("b"), ElementsAre("d"));
 }
 
+TEST(QuorumRulesTest, LearnersThatAreAllBehindWaitForOneWithTheNewestState) {
+  // Minimum quorum 1. Round 1 has a and b; then b restarts from scratch and
+  // joins alone. It must not form a round of its own (its new round id would
+  // make its fresh state look newer than a's): it waits for a, and heals.
+  CoreHarness h(CoreHarness::Options(1, 1000));
+  h.Register("a");
+  h.Register("b");
+  h.Join("a");
+  auto first = h.Join("b");
+  ASSERT_TRUE(first->ok());
+  const uint64_t round1 = first->round().id;
+  h.Register("b");  // restarted: last round 0
+  auto b = h.Join("b", 0);
+  for (int i = 0; i < 50; ++i) {  // 5 s, both alive, far past the 1 s grace window
+    h.HeartbeatAll({"a", "b"});
+    h.AdvanceMs(100);
+  }
+  EXPECT_FALSE(b->done()) << "b formed a round without the newest state";
+  auto a = h.Join("a", round1);
+  ASSERT_TRUE(b->ok());
+  EXPECT_THAT(CoreHarness::MemberIds(b->round()), ElementsAre("a", "b"));
+  EXPECT_EQ(b->round().heal_round_id, round1);
+  EXPECT_EQ(b->round().members[1].heal_from, "a");
+}
+
+TEST(QuorumRulesTest, BehindLearnersGoOnOnceTheNewestStateIsDead) {
+  CoreHarness h(CoreHarness::Options(1, 1000));
+  h.Register("a");
+  h.Register("b");
+  h.Join("a");
+  ASSERT_TRUE(h.Join("b")->ok());
+  h.Register("b");
+  auto b = h.Join("b", 0);
+  // a stops heartbeating: once it is dead, b is the newest that is alive.
+  for (int i = 0; i < 40 && !b->done(); ++i) {
+    h.HeartbeatAll({"b"});
+    h.AdvanceMs(100);
+  }
+  ASSERT_TRUE(b->ok());
+  EXPECT_THAT(CoreHarness::MemberIds(b->round()), ElementsAre("b"));
+}
+
 TEST(QuorumRulesTest, FreshStartHasNobodyBehind) {
   CoreHarness h(CoreHarness::Options(2, 5000));
   h.Register("a");
