@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <string>
 #include <utility>
 
 #include "mend/clock.h"
@@ -20,22 +21,30 @@ class LighthouseRendezvousStore final : public RendezvousStore {
   // (optional) is asked at least every kCheckEvery while a Get waits; when it
   // turns false (the lighthouse that formed the round restarted, so its keys
   // are gone) the Get ends with ABORTED instead of waiting out its timeout.
-  explicit LighthouseRendezvousStore(LighthouseClient& client, std::function<bool()> still_valid = nullptr)
-      : client_(client), still_valid_(std::move(still_valid)) {}
+  // `abort_key` (optional) is looked up at the same times: the lighthouse
+  // sets it (to the reason) when a member of the round died or restarted
+  // after the round closed, and the Get ends with ABORTED and that reason.
+  explicit LighthouseRendezvousStore(LighthouseClient& client, std::function<bool()> still_valid = nullptr,
+                                     std::string abort_key = "")
+      : client_(client), still_valid_(std::move(still_valid)), abort_key_(std::move(abort_key)) {}
   static constexpr Micros kCheckEvery = 250 * kMicrosPerMilli;
 
   Status Set(const std::string& key, const std::string& value) override {
     return client_.StoreSet(key, value);
   }
   StatusOr<std::string> Get(const std::string& key, Micros timeout) override {
-    if (!still_valid_) return client_.StoreGet(key, timeout);
+    if (!still_valid_ && abort_key_.empty()) return client_.StoreGet(key, timeout);
     const Micros deadline = RealClock()->NowMicros() + timeout;
     while (true) {
       const Micros left = deadline - RealClock()->NowMicros();
       StatusOr<std::string> value = client_.StoreGet(key, std::max<Micros>(1, std::min(left, kCheckEvery)));
       if (value.ok() || left <= kCheckEvery) return value;
-      if (!still_valid_()) {
+      if (still_valid_ && !still_valid_()) {
         return AbortedError("rendezvous: the lighthouse restarted after the round was formed; its keys are gone");
+      }
+      if (!abort_key_.empty()) {
+        StatusOr<std::string> why = client_.StoreGet(abort_key_, 1);
+        if (why.ok()) return AbortedError("rendezvous: the round was called off: " + *why);
       }
       if (value.status().code() != absl::StatusCode::kDeadlineExceeded &&
           value.status().code() != absl::StatusCode::kUnavailable) {
@@ -47,6 +56,7 @@ class LighthouseRendezvousStore final : public RendezvousStore {
  private:
   LighthouseClient& client_;
   std::function<bool()> still_valid_;
+  std::string abort_key_;
 };
 
 }  // namespace mend

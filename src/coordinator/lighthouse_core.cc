@@ -6,6 +6,7 @@
 #include <climits>
 
 #include "fmt/format.h"
+#include "mend/round_keys.h"
 #include "spdlog/spdlog.h"
 
 namespace mend::coordinator {
@@ -64,7 +65,11 @@ StatusOr<RegisterResult> LighthouseCore::Register(const RegisterArgs& args) {
     Micros before = NextDeadlineLocked();
     Micros now = clock_->NowMicros();
     std::optional<PendingJoin> replaced;
-    bool known = membership_.FindAny(args.learner_id) != nullptr;
+    const LearnerRecord* previous = membership_.FindAny(args.learner_id);
+    bool known = previous != nullptr;
+    // A known learner registering again is a new process: the round its old
+    // session was a member of will not see it.
+    const uint64_t old_round = previous ? previous->last_member_round : 0;
     do {
       RAND_bytes(reinterpret_cast<unsigned char*>(&result.session_id), sizeof result.session_id);
     } while (result.session_id == 0);
@@ -76,6 +81,8 @@ StatusOr<RegisterResult> LighthouseCore::Register(const RegisterArgs& args) {
             "learner '{}' registered again; this Quorum call belongs to the old session", id)));
       });
     }
+    AbortRoundLocked(old_round, fmt::format("learner '{}' restarted (registered again)", args.learner_id),
+                     &completions);
     counters_.registrations++;
     events_.Add(now, known ? "re-registered" : "registered", args.learner_id,
                 fmt::format("step {}, last round {}{}", args.step, args.last_round_id,
@@ -344,6 +351,10 @@ void LighthouseCore::ScanLivenessLocked(Micros now, Completions* completions) {
                     AbortedError(fmt::format("learner '{}' declared dead: no heartbeat for {} ms",
                                              record->id, silent / kMicrosPerMilli)),
                     completions);
+    AbortRoundLocked(record->last_member_round,
+                     fmt::format("learner '{}' declared dead: no heartbeat for {} ms", record->id,
+                                 silent / kMicrosPerMilli),
+                     completions);
     membership_.MarkGone(*record, now, /*left=*/false);
     counters_.deaths++;
     events_.Add(now, "dead", record->id,
@@ -382,6 +393,11 @@ void LighthouseCore::MaybeCloseLocked(Micros now, Completions* completions) {
                     /*prefix=*/true);
     }
   }
+}
+
+void LighthouseCore::AbortRoundLocked(uint64_t round_id, const std::string& why, Completions* completions) {
+  if (round_id == 0) return;
+  (void)store_.Set(RendezvousPrefix(options_.job_id, round_id) + kRoundAbortKey, why, completions);
 }
 
 bool LighthouseCore::AbortJoinLocked(LearnerRecord& record, Status status,

@@ -150,6 +150,10 @@ class LighthouseCore {
   void ScanFailSlowLocked(Micros now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Micros NextDeadlineLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Completes `record`'s pending join, if any, with `status`; true if there was one.
+  // Tells the members of round `round_id` (0: none) that it cannot
+  // complete, through the key <round prefix>abort in the store, which their
+  // rendezvous watches: a member died or restarted after the round closed.
+  void AbortRoundLocked(uint64_t round_id, const std::string& why, Completions* completions);
   bool AbortJoinLocked(LearnerRecord& record, Status status, Completions* completions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string QuorumShortfallLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

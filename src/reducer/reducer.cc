@@ -17,6 +17,7 @@
 #include "mend/communicator.h"
 #include "mend/lighthouse_rendezvous.h"
 #include "mend/outer.h"
+#include "mend/round_keys.h"
 #include "mend/outer_sync.h"
 #include "reducer/diagnostics.h"
 #include "reducer/heal_stream.h"
@@ -459,8 +460,9 @@ class ReducerImpl final : public Reducer {
     options.rank = static_cast<int>(round.rank);
     options.world_size = static_cast<int>(round.world_size);
     for (const RoundMember& member : round.members) options.member_ids.push_back(member.id);
-    LighthouseRendezvousStore store(agent_.client(),
-                                    [this, registrations]() { return agent_.registrations() == registrations; });
+    LighthouseRendezvousStore store(
+        agent_.client(), [this, registrations]() { return agent_.registrations() == registrations; },
+        round.rendezvous_prefix + kRoundAbortKey);
     MEND_ASSIGN_OR_RETURN(auto comm, Communicator::Connect(store, options));
     Outcome outcome;
     outcome.round_id = round.round_id;

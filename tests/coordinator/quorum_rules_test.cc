@@ -1,6 +1,7 @@
 // The quorum rules of DESIGN.md ("Quorum"), each against a fake clock.
 #include "coordinator/core_harness.h"
 #include "gmock/gmock.h"
+#include "mend/round_keys.h"
 
 namespace mend::coordinator {
 namespace {
@@ -278,6 +279,34 @@ TEST(QuorumRulesTest, BehindLearnersGoOnOnceTheNewestStateIsDead) {
   }
   ASSERT_TRUE(b->ok());
   EXPECT_THAT(CoreHarness::MemberIds(b->round()), ElementsAre("b"));
+}
+
+TEST(QuorumRulesTest, RoundIsCalledOffWhenAMemberDiesOrRestartsAfterItClosed) {
+  CoreHarness h(CoreHarness::Options(2, 1000));
+  for (const char* id : {"a", "b", "c"}) h.Register(id);
+  h.Join("a");
+  h.Join("b");
+  auto c = h.Join("c");
+  ASSERT_TRUE(c->ok());
+  const std::string abort_key = c->round().rendezvous_prefix + kRoundAbortKey;
+  EXPECT_FALSE(h.core().StoreGet(abort_key).has_value());
+  // c dies before the members have met: its round is called off, naming it.
+  for (int i = 0; i < 12; ++i) {
+    h.HeartbeatAll({"a", "b"});
+    h.AdvanceMs(100);
+  }
+  auto why = h.core().StoreGet(abort_key);
+  ASSERT_TRUE(why.has_value());
+  EXPECT_THAT(*why, HasSubstr("learner 'c' declared dead"));
+  // A member that registers again (a new process) calls its round off too.
+  h.Join("a", c->round().id);
+  auto next = h.Join("b", c->round().id);
+  ASSERT_TRUE(next->ok());
+  const std::string next_key = next->round().rendezvous_prefix + kRoundAbortKey;
+  h.Register("b");
+  why = h.core().StoreGet(next_key);
+  ASSERT_TRUE(why.has_value());
+  EXPECT_THAT(*why, HasSubstr("learner 'b' restarted"));
 }
 
 TEST(QuorumRulesTest, FreshStartHasNobodyBehind) {
