@@ -11,6 +11,7 @@
 
 #include "mend/clock.h"
 #include "mend/communicator.h"
+#include "mend/config.h"
 #include "mend/lighthouse_client.h"
 
 namespace mend {
@@ -58,5 +59,17 @@ class LighthouseRendezvousStore final : public RendezvousStore {
   std::function<bool()> still_valid_;
   std::string abort_key_;
 };
+
+// The options of a round's communicator: the configuration's part
+// (CommunicatorOptionsFrom) and the round's prefix, id, rank, size and members.
+inline CommunicatorOptions CommunicatorOptionsForRound(const Config& config, const QuorumResult& round) {
+  CommunicatorOptions options = CommunicatorOptionsFrom(config);
+  options.prefix = round.rendezvous_prefix;
+  options.round_id = round.round_id;
+  options.rank = static_cast<int>(round.rank);
+  options.world_size = static_cast<int>(round.world_size);
+  for (const RoundMember& member : round.members) options.member_ids.push_back(member.id);
+  return options;
+}
 
 }  // namespace mend

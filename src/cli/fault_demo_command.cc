@@ -9,12 +9,12 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <random>
 #include <thread>
 
 #include "cli/commands.h"
 #include "cli/config_flags.h"
 #include "cli/signals.h"
+#include "cli/training_job.h"
 #include "fmt/format.h"
 #include "mend/lighthouse.h"
 #include "mend/logging.h"
@@ -43,12 +43,6 @@ struct Fault {
   std::string what;
 };
 
-std::string RandomToken() {
-  std::random_device device;
-  std::string token;
-  for (int i = 0; i < 4; ++i) token += fmt::format("{:08x}", device());
-  return token;
-}
 
 std::string LearnerId(int index) { return fmt::format("learner-{}", index + 1); }
 
@@ -98,11 +92,7 @@ class Demo {
  private:
   Status StartLighthouse() {
     token_file_ = dir_ + "/token";
-    {
-      std::ofstream out(token_file_);
-      out << RandomToken() << "\n";
-    }
-    chmod(token_file_.c_str(), 0600);
+    MEND_RETURN_IF_ERROR(WriteRandomTokenFile(token_file_));
     Config config;
     config.job_id = "demo";
     config.bind = "127.0.0.1:0";

@@ -31,6 +31,20 @@ std::string RandomToken() {
   return token;
 }
 
+}  // namespace
+
+Status WriteRandomTokenFile(const std::string& path) {
+  {
+    std::ofstream out(path);
+    out << RandomToken() << "\n";
+    if (!out) return InternalError(fmt::format("cannot write the job token to {}", path));
+  }
+  chmod(path.c_str(), 0600);
+  return OkStatus();
+}
+
+namespace {
+
 std::string Tail(const std::string& path, size_t bytes) {
   std::ifstream in(path);
   std::stringstream text;
@@ -83,11 +97,7 @@ StatusOr<TrainingJobResult> RunTrainingJob(
   const std::string token_file = work_dir + "/token";
   std::unique_ptr<LighthouseServer> server;
   if (spec.mode != "local") {
-    {
-      std::ofstream out(token_file);
-      out << RandomToken() << "\n";
-    }
-    chmod(token_file.c_str(), 0600);
+    MEND_RETURN_IF_ERROR(WriteRandomTokenFile(token_file));
     Config config;
     config.job_id = "train";
     config.bind = "127.0.0.1:0";

@@ -60,6 +60,10 @@ struct TrainingJobResult {
   std::string http_address;      // the status page, when on
 };
 
+// Writes a new random job token to `path` (mode 0600) for a lighthouse and
+// learners started on this machine.
+[[nodiscard]] Status WriteRandomTokenFile(const std::string& path);
+
 // Runs the job to the end. `mend` is the path of the mend executable;
 // `work_dir` receives each learner's log, result and diagnostics. A learner
 // that fails makes the job fail with its exit status and the end of its log.

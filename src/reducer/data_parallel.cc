@@ -29,12 +29,7 @@ class DataParallelImpl final : public DataParallel {
     MEND_ASSIGN_OR_RETURN(
         QuorumResult round,
         agent_.Quorum(0, 0, config_.quorum_timeout_ms * kMicrosPerMilli, /*include_members=*/true));
-    CommunicatorOptions options = CommunicatorOptionsFrom(config_);
-    options.prefix = round.rendezvous_prefix;
-    options.round_id = round.round_id;
-    options.rank = static_cast<int>(round.rank);
-    options.world_size = static_cast<int>(round.world_size);
-    for (const RoundMember& member : round.members) options.member_ids.push_back(member.id);
+    CommunicatorOptions options = CommunicatorOptionsForRound(config_, round);
     LighthouseRendezvousStore store(agent_.client());
     MEND_ASSIGN_OR_RETURN(comm_, Communicator::Connect(store, options));
     stats_.rank = round.rank;

@@ -454,12 +454,7 @@ class ReducerImpl final : public Reducer {
     // A round formed by a lighthouse that has since restarted (this agent
     // registered again) cannot rendezvous: its keys died with it.
     const uint64_t registrations = agent_.registrations();
-    CommunicatorOptions options = CommunicatorOptionsFrom(config_);
-    options.prefix = round.rendezvous_prefix;
-    options.round_id = round.round_id;
-    options.rank = static_cast<int>(round.rank);
-    options.world_size = static_cast<int>(round.world_size);
-    for (const RoundMember& member : round.members) options.member_ids.push_back(member.id);
+    CommunicatorOptions options = CommunicatorOptionsForRound(config_, round);
     LighthouseRendezvousStore store(
         agent_.client(), [this, registrations]() { return agent_.registrations() == registrations; },
         round.rendezvous_prefix + kRoundAbortKey);
