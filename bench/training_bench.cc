@@ -15,6 +15,9 @@
 //              learner, as ratios to DDP.
 // overhead     reducer.step() on steps that neither start nor apply a round,
 //              against the inner step (from every DiLoCo job of this run).
+// heal         (run it by name) a learner SIGKILLed and restarted heals from
+//              its peer: heal time per model size and emulated link rate,
+//              against bytes / link rate.
 // Each suite prints a table, writes <out>_<suite>.csv and, when gnuplot is
 // installed, <out>_<suite>.png.
 #include <signal.h>
@@ -32,13 +35,16 @@
 #include "cli/training_job.h"
 #include "fmt/format.h"
 #include "mend/logging.h"
+#include "mend/lighthouse.h"
 #include "mend/subprocess.h"
+#include "nlohmann/json.hpp"
 
 namespace mend::bench {
 namespace {
 
 using cli::TrainingJobResult;
 using cli::TrainingJobSpec;
+using json = nlohmann::json;
 
 struct BenchOptions {
   std::string suites = "delay,convergence,overhead";
@@ -260,6 +266,93 @@ class Bench {
     return OkStatus();
   }
 
+  // Healing time: learner b is SIGKILLed mid-run and started again; its
+  // first round heals the global state (parameters + outer momentum, 8 bytes
+  // a parameter) from a. Per model size and emulated link rate, the heal's
+  // time (from b's round diagnostics) against bytes / link rate.
+  Status Heal() {
+    fmt::print("\n== Healing a restarted learner: time vs model size and link rate ==\n");
+    std::ofstream csv(o_.out + "_heal.csv");
+    csv << "dim,parameters,link_mbit,heal_bytes,heal_seconds,bytes_over_link_s,ratio\n";
+    fmt::print("{:>5} {:>11} {:>10} {:>12} {:>11} {:>14} {:>8}\n", "dim", "parameters", "link Mbit", "heal bytes",
+               "heal s", "bytes/link s", "ratio");
+    for (int64_t dim : {128, 256, 512}) {
+      for (double mbit : {0.0, 1000.0, 200.0}) {
+        MEND_ASSIGN_OR_RETURN(json round, HealOnce(dim, mbit));
+        const double bytes = round["heal_bytes"].get<double>();
+        const double seconds = round["heal_seconds"].get<double>();
+        const double ideal = mbit > 0 ? bytes * 8 / (mbit * 1e6) : 0;
+        const int64_t parameters = static_cast<int64_t>(bytes / 8);
+        fmt::print("{:>5} {:>11} {:>10} {:>12.0f} {:>11.3f} {:>14.3f} {:>8}\n", dim, parameters,
+                   mbit > 0 ? fmt::format("{:.0f}", mbit) : "loopback", bytes, seconds, ideal,
+                   ideal > 0 ? fmt::format("{:.2f}", seconds / ideal) : "-");
+        csv << fmt::format("{},{},{},{:.0f},{:.4f},{:.4f},{:.3f}\n", dim, parameters, mbit, bytes, seconds, ideal,
+                           ideal > 0 ? seconds / ideal : 0.0);
+        csv.flush();
+      }
+    }
+    return OkStatus();
+  }
+
+  // One run: lighthouse, learners a and b; b killed after 15 steps and
+  // restarted; returns the restarted b's healing round record.
+  StatusOr<json> HealOnce(int64_t dim, double mbit) {
+    const std::string dir = fmt::format("{}_jobs/heal-{}-{:.0f}", o_.out, dim, mbit);
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    MEND_RETURN_IF_ERROR(cli::WriteRandomTokenFile(dir + "/token"));
+    Config config;
+    config.job_id = "heal";
+    config.bind = "127.0.0.1:0";
+    config.http = "";
+    config.quorum_min_learners = 1;
+    config.grace_window_ms = 1000;
+    config.heartbeat_timeout_ms = 1000;
+    config.token_file = dir + "/token";
+    MEND_ASSIGN_OR_RETURN(std::string token, ReadJobToken(config, nullptr));
+    MEND_ASSIGN_OR_RETURN(auto server, LighthouseServer::Start(config, token));
+    auto learner = [&](const std::string& id, int shard, int64_t steps) {
+      SubprocessOptions child;
+      child.argv = {o_.mend, "train", "--id", id, "--mode", "diloco", "--shard", std::to_string(shard), "--shards",
+                    "2", "--steps", std::to_string(steps), "--dim", std::to_string(dim), "--layers",
+                    std::to_string(o_.layers), "--batch", "4", "--lighthouse", server->grpc_address(),
+                    "--token-file", dir + "/token", "--job-id", "heal", "--sync-every", "10", "--diagnostics-dir",
+                    dir + "/diagnostics", "--progress-json", "--progress-every", "1", "--set",
+                    "heartbeat_timeout_ms=1000", "--set", fmt::format("link_rate_mbit={}", mbit)};
+      child.extra_env = {"OPENBLAS_NUM_THREADS=1"};
+      child.stdout_to = "pipe";
+      child.stderr_to = dir + "/" + id + ".log";
+      return Subprocess::Spawn(child);
+    };
+    MEND_ASSIGN_OR_RETURN(auto a, learner("a", 0, 1'000'000));
+    MEND_ASSIGN_OR_RETURN(auto b, learner("b", 1, 1'000'000));
+    for (bool reached = false; !reached;) {  // b's progress to step 15
+      MEND_ASSIGN_OR_RETURN(std::string line, b->ReadLine(120 * kMicrosPerSecond));
+      json progress = json::parse(line, nullptr, false);
+      reached = progress.is_object() && progress.value("step", int64_t{0}) >= 15;
+    }
+    b->Kill();
+    const std::string rounds_file = dir + "/diagnostics/b.rounds.jsonl";
+    size_t before = 0;
+    {
+      std::ifstream in(rounds_file);
+      for (std::string line; std::getline(in, line);) ++before;
+    }
+    MEND_ASSIGN_OR_RETURN(auto b2, learner("b", 1, 40));
+    (void)b2->Wait(300 * kMicrosPerSecond);
+    (void)a->Signal(SIGTERM);
+    (void)a->Wait(120 * kMicrosPerSecond);
+    server->Shutdown();
+    std::ifstream in(rounds_file);
+    size_t index = 0;
+    for (std::string line; std::getline(in, line); ++index) {
+      if (index < before) continue;
+      json round = json::parse(line, nullptr, false);
+      if (round.is_object() && round.value("healed", false)) return round;
+    }
+    return NotFoundError(fmt::format("dim {}, {} Mbit: the restarted learner did not heal (see {})", dim, mbit, dir));
+  }
+
   Status Overhead() {
     if (diloco_runs_.empty()) {
       MEND_RETURN_IF_ERROR(Run(Spec("DiLoCo H=100 (overhead)", "diloco", {"sync_period_steps=100"}), 300)
@@ -314,7 +407,7 @@ int main(int argc, char** argv) {
   using mend::bench::BenchOptions;
   BenchOptions o;
   CLI::App app{"mend training benchmarks: delay sweep, convergence at equal tokens, reducer overhead"};
-  app.add_option("--suite", o.suites, "Comma-separated: delay, convergence, overhead")->capture_default_str();
+  app.add_option("--suite", o.suites, "Comma-separated: delay, convergence, overhead, heal")->capture_default_str();
   app.add_option("--out", o.out, "Prefix of the CSV and PNG files")->capture_default_str();
   app.add_option("--mend", o.mend, "The mend executable (default: ../mend next to this program)");
   app.add_option("--learners", o.learners, "Learner processes per job")->capture_default_str()->check(CLI::Range(2, 64));
@@ -352,6 +445,7 @@ int main(int argc, char** argv) {
     mend::Status status = suite == "delay"         ? bench.Delay()
                           : suite == "convergence" ? bench.Convergence()
                           : suite == "overhead"    ? bench.Overhead()
+                          : suite == "heal"        ? bench.Heal()
                                                    : mend::InvalidArgumentError("unknown suite '" + suite + "'");
     if (!status.ok()) {
       fmt::print(stderr, "mend_training_bench: {}: {}\n", suite, status.message());
