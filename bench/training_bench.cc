@@ -300,7 +300,6 @@ class Bench {
     const std::string dir = fmt::format("{}_jobs/heal-{}-{:.0f}", o_.out, dim, mbit);
     std::filesystem::remove_all(dir);
     std::filesystem::create_directories(dir);
-    MEND_RETURN_IF_ERROR(cli::WriteRandomTokenFile(dir + "/token"));
     Config config;
     config.job_id = "heal";
     config.bind = "127.0.0.1:0";
@@ -309,8 +308,7 @@ class Bench {
     config.grace_window_ms = 1000;
     config.heartbeat_timeout_ms = 1000;
     config.token_file = dir + "/token";
-    MEND_ASSIGN_OR_RETURN(std::string token, ReadJobToken(config, nullptr));
-    MEND_ASSIGN_OR_RETURN(auto server, LighthouseServer::Start(config, token));
+    MEND_ASSIGN_OR_RETURN(auto server, cli::StartLocalLighthouse(config));
     auto learner = [&](const std::string& id, int shard, int64_t steps) {
       SubprocessOptions child;
       child.argv = {o_.mend, "train", "--id", id, "--mode", "diloco", "--shard", std::to_string(shard), "--shards",

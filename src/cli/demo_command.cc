@@ -178,19 +178,13 @@ void AddDemoCommand(CLI::App& app, int* exit_code) {
     (void)InitLogging("warn", "demo");
     std::atomic<bool> interrupted{false};
     SignalThread signals({SIGINT, SIGTERM}, [&interrupted](int) { interrupted = true; });
-    std::string dir = options->work_dir;
-    if (dir.empty()) {
-      std::string pattern = "/tmp/mend-demo-XXXXXX";
-      dir = mkdtemp(pattern.data()) ? pattern : "";
-    }
-    std::error_code error;
-    std::filesystem::create_directories(dir, error);
-    if (dir.empty() || error) {
-      fmt::print(stderr, "mend demo: cannot create a work directory\n");
+    auto dir = MakeWorkDir(options->work_dir, "/tmp/mend-demo-XXXXXX");
+    if (!dir.ok()) {
+      fmt::print(stderr, "mend demo: {}\n", dir.status().message());
       *exit_code = kExitFailure;
       return;
     }
-    *exit_code = RunDemo(*options, dir, interrupted);
+    *exit_code = RunDemo(*options, *dir, interrupted);
   });
 }
 

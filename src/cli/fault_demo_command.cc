@@ -92,7 +92,6 @@ class Demo {
  private:
   Status StartLighthouse() {
     token_file_ = dir_ + "/token";
-    MEND_RETURN_IF_ERROR(WriteRandomTokenFile(token_file_));
     Config config;
     config.job_id = "demo";
     config.bind = "127.0.0.1:0";
@@ -103,8 +102,7 @@ class Demo {
     config.heartbeat_timeout_ms = 1500;
     config.failslow_window_steps = 12;
     config.token_file = token_file_;
-    MEND_ASSIGN_OR_RETURN(std::string token, ReadJobToken(config, nullptr));
-    MEND_ASSIGN_OR_RETURN(server_, LighthouseServer::Start(config, token));
+    MEND_ASSIGN_OR_RETURN(server_, StartLocalLighthouse(config));
     return OkStatus();
   }
 
@@ -243,19 +241,13 @@ void AddFaultDemoCommand(CLI::App& app, int* exit_code) {
     (void)InitLogging("error", "demo");  // the demo prints the lighthouse's events itself
     std::atomic<bool> interrupted{false};
     SignalThread signals({SIGINT, SIGTERM}, [&interrupted](int) { interrupted = true; });
-    std::string dir = options->work_dir;
-    if (dir.empty()) {
-      std::string pattern = "/tmp/mend-fault-demo-XXXXXX";
-      dir = mkdtemp(pattern.data()) ? pattern : "";
-    }
-    std::error_code error;
-    std::filesystem::create_directories(dir, error);
-    if (dir.empty() || error) {
-      fmt::print(stderr, "mend fault-demo: cannot create a work directory\n");
+    auto dir = MakeWorkDir(options->work_dir, "/tmp/mend-fault-demo-XXXXXX");
+    if (!dir.ok()) {
+      fmt::print(stderr, "mend fault-demo: {}\n", dir.status().message());
       *exit_code = kExitFailure;
       return;
     }
-    *exit_code = Demo(*options, dir).Run(interrupted);
+    *exit_code = Demo(*options, *dir).Run(interrupted);
   });
 }
 

@@ -5,7 +5,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <condition_variable>
 #include <cstdio>
 #include <filesystem>
@@ -30,20 +32,6 @@ std::string RandomToken() {
   for (int i = 0; i < 4; ++i) token += fmt::format("{:08x}", device());
   return token;
 }
-
-}  // namespace
-
-Status WriteRandomTokenFile(const std::string& path) {
-  {
-    std::ofstream out(path);
-    out << RandomToken() << "\n";
-    if (!out) return InternalError(fmt::format("cannot write the job token to {}", path));
-  }
-  chmod(path.c_str(), 0600);
-  return OkStatus();
-}
-
-namespace {
 
 std::string Tail(const std::string& path, size_t bytes) {
   std::ifstream in(path);
@@ -81,6 +69,32 @@ void ReadProgress(Subprocess& child, std::mutex& mu, std::condition_variable& ch
 
 }  // namespace
 
+StatusOr<std::unique_ptr<LighthouseServer>> StartLocalLighthouse(const Config& config) {
+  {
+    std::ofstream out(config.token_file);
+    out << RandomToken() << "\n";
+    if (!out) return InternalError(fmt::format("cannot write the job token to {}", config.token_file));
+  }
+  chmod(config.token_file.c_str(), 0600);
+  MEND_ASSIGN_OR_RETURN(std::string token, ReadJobToken(config, nullptr));
+  return LighthouseServer::Start(config, token);
+}
+
+StatusOr<std::string> MakeWorkDir(const std::string& given, std::string mkdtemp_pattern) {
+  std::string dir = given;
+  if (dir.empty()) {
+    if (!mkdtemp(mkdtemp_pattern.data())) {
+      return InternalError(fmt::format("cannot create a work directory {}: {}", mkdtemp_pattern,
+                                       std::strerror(errno)));
+    }
+    dir = mkdtemp_pattern;
+  }
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error) return InternalError(fmt::format("cannot create the work directory {}: {}", dir, error.message()));
+  return dir;
+}
+
 StatusOr<TrainingJobResult> RunTrainingJob(
     const TrainingJobSpec& spec, const std::string& mend, const std::string& work_dir,
     const std::function<void(const std::vector<LearnerProgressView>&)>& on_progress,
@@ -97,7 +111,6 @@ StatusOr<TrainingJobResult> RunTrainingJob(
   const std::string token_file = work_dir + "/token";
   std::unique_ptr<LighthouseServer> server;
   if (spec.mode != "local") {
-    MEND_RETURN_IF_ERROR(WriteRandomTokenFile(token_file));
     Config config;
     config.job_id = "train";
     config.bind = "127.0.0.1:0";
@@ -107,8 +120,7 @@ StatusOr<TrainingJobResult> RunTrainingJob(
     config.heartbeat_ms = 100;
     config.heartbeat_timeout_ms = 3000;
     config.token_file = token_file;
-    MEND_ASSIGN_OR_RETURN(std::string token, ReadJobToken(config, nullptr));
-    MEND_ASSIGN_OR_RETURN(server, LighthouseServer::Start(config, token));
+    MEND_ASSIGN_OR_RETURN(server, StartLocalLighthouse(config));
     result.http_address = server->http_address();
   }
 

@@ -10,11 +10,13 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "mend/clock.h"
+#include "mend/lighthouse.h"
 #include "mend/status.h"
 #include "nlohmann/json.hpp"
 
@@ -60,9 +62,14 @@ struct TrainingJobResult {
   std::string http_address;      // the status page, when on
 };
 
-// Writes a new random job token to `path` (mode 0600) for a lighthouse and
-// learners started on this machine.
-[[nodiscard]] Status WriteRandomTokenFile(const std::string& path);
+// Starts a lighthouse in this process for learners started on this
+// machine: writes a new random job token to config.token_file (mode 0600),
+// where the learners read it, and serves `config` with it.
+[[nodiscard]] StatusOr<std::unique_ptr<LighthouseServer>> StartLocalLighthouse(const Config& config);
+
+// `given` when not empty, else a new directory made from `mkdtemp_pattern`
+// (e.g. "/tmp/mend-demo-XXXXXX"); created with its parents.
+[[nodiscard]] StatusOr<std::string> MakeWorkDir(const std::string& given, std::string mkdtemp_pattern);
 
 // Runs the job to the end. `mend` is the path of the mend executable;
 // `work_dir` receives each learner's log, result and diagnostics. A learner
