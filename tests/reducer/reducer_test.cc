@@ -17,6 +17,7 @@
 #include "mend/lighthouse.h"
 #include "mend/reducer.h"
 #include "nlohmann/json.hpp"
+#include "test_util/job_config.h"
 #include "test_util/wait.h"
 #include "torch/nn/modules/linear.h"
 #include "torch/optim/adamw.h"
@@ -29,20 +30,10 @@ constexpr char kToken[] = "reducer-test-token-0123456789";
 constexpr int kPeriod = 4;
 
 Config BaseConfig() {
-  Config config;
-  config.job_id = "job";
-  config.bind = "127.0.0.1:0";
-  config.http = "";
-  config.heartbeat_ms = 50;
-  config.heartbeat_timeout_ms = 2000;
-  config.quorum_min_learners = 1;
-  config.grace_window_ms = 1000;
+  Config config = testing_util::LoopbackJobConfig(1);
   config.grace_window_adaptive = false;
-  config.quorum_timeout_ms = 20000;
-  config.collective_timeout_ms = 10000;
   config.sync_period_steps = kPeriod;
   config.concurrent_outer_step = false;  // the concurrent test turns it on
-  config.log_level = "warn";
   return config;
 }
 

@@ -9,6 +9,7 @@
 #include "gtest/gtest.h"
 #include "mend/data_parallel.h"
 #include "mend/lighthouse.h"
+#include "test_util/job_config.h"
 #include "test_util/synthetic_corpus.h"
 #include "test_util/wait.h"
 #include "torch/nn/modules/linear.h"
@@ -19,21 +20,6 @@ namespace mend::train {
 namespace {
 
 constexpr char kToken[] = "trainer-test-token-0123456789";
-
-Config LighthouseConfig(int learners) {
-  Config config;
-  config.job_id = "job";
-  config.bind = "127.0.0.1:0";
-  config.http = "";
-  config.heartbeat_ms = 50;
-  config.heartbeat_timeout_ms = 2000;
-  config.quorum_min_learners = learners;
-  config.grace_window_ms = 1000;
-  config.quorum_timeout_ms = 20000;
-  config.collective_timeout_ms = 10000;
-  config.log_level = "warn";
-  return config;
-}
 
 TEST(GptTest, OutputAtAPositionDependsOnlyOnEarlierBytes) {
   GptOptions options{.vocab = 256, .context = 12, .dim = 16, .layers = 2, .heads = 2};
@@ -113,7 +99,7 @@ TEST_F(TrainerTest, LocalTrainingLowersTheHeldOutLoss) {
 }
 
 TEST_F(TrainerTest, DiLoCoLearnersEndWithTheSameModel) {
-  Config config = LighthouseConfig(2);
+  Config config = testing_util::LoopbackJobConfig(2);
   config.sync_period_steps = 4;
   config.concurrent_outer_step = false;
   auto results = RunTwo("diloco", config);
@@ -128,7 +114,7 @@ TEST_F(TrainerTest, DiLoCoLearnersEndWithTheSameModel) {
 }
 
 TEST_F(TrainerTest, DdpLearnersStayIdenticalAndSendEveryStep) {
-  auto results = RunTwo("ddp", LighthouseConfig(2));
+  auto results = RunTwo("ddp", testing_util::LoopbackJobConfig(2));
   EXPECT_EQ(results[0].eval_loss, results[1].eval_loss);
   EXPECT_GT(results[0].bytes_sent, 0u);
   // DDP sends the gradients on every step: more than a DiLoCo round's worth.
@@ -155,7 +141,7 @@ TEST_F(TrainerTest, BadOptionsAreRefusedBeforeTraining) {
 // DataParallel on its own: a 2-member job whose learners start from
 // different parameters and have different gradients.
 TEST(DataParallelTest, StartsFromRankZerosParametersAndAveragesGradientsByTokens) {
-  Config config = LighthouseConfig(2);
+  Config config = testing_util::LoopbackJobConfig(2);
   auto server = LighthouseServer::Start(config, kToken);
   ASSERT_TRUE(server.ok()) << server.status();
   config.lighthouse = (*server)->grpc_address();

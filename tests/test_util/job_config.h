@@ -1,0 +1,24 @@
+// The configuration of an in-process job on loopback for tests: an embedded
+// lighthouse on port 0 without HTTP, fast heartbeats, bounded waits.
+#pragma once
+
+#include "mend/config.h"
+
+namespace mend::testing_util {
+
+inline Config LoopbackJobConfig(int min_learners) {
+  Config config;
+  config.job_id = "job";
+  config.bind = "127.0.0.1:0";
+  config.http = "";
+  config.heartbeat_ms = 50;
+  config.heartbeat_timeout_ms = 2000;
+  config.quorum_min_learners = min_learners;
+  config.grace_window_ms = 1000;
+  config.quorum_timeout_ms = 20000;
+  config.collective_timeout_ms = 10000;
+  config.log_level = "warn";
+  return config;
+}
+
+}  // namespace mend::testing_util
