@@ -21,7 +21,7 @@
 // bytes. So all members end with bit-identical buffers, for every codec.
 //
 // Thread-safety: one thread at a time per communicator (operations are
-// collective: every member calls the same sequence).
+// collective: every member calls the same sequence); Abort() from any thread.
 #pragma once
 
 #include <cstddef>
@@ -114,6 +114,12 @@ class Communicator {
 
   // data <- root's data on every member.
   [[nodiscard]] virtual Status Broadcast(std::span<std::byte> data, int root) = 0;
+
+  // Calls the round off from any thread: the operation waiting now, and
+  // every later one, fails with ABORTED naming `reason` (e.g. the
+  // lighthouse declared a member dead while it held a collective). Safe to
+  // call more than once and concurrently with an operation.
+  virtual void Abort(const std::string& reason) = 0;
 
   virtual int rank() const = 0;
   virtual int world_size() const = 0;

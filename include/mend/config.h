@@ -59,6 +59,7 @@ struct Config {
   std::string outer_apply = "exact";
   double mixing_alpha = 0.5;
   bool desloc = false;
+  bool heal_inner_optimizer = false;
   int64_t momentum_sync_period_steps = 0;
   int64_t second_moment_sync_period_steps = 0;
 

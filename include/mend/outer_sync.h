@@ -41,6 +41,10 @@ struct OuterSyncOptions {
   double robust_zscore = 6.0;
   const Codec* codec = nullptr;  // not owned; nullptr = fp32
   float error_feedback_beta = 0.95f;  // for a sparse codec
+  // false: this member takes part with weight 0 and its delta is not read
+  // (a learner that joined with nothing trained from the job's state: its
+  // first round heals it). At least one member must contribute.
+  bool contributes = true;
 };
 
 // The global state of one fragment as this learner holds it.

@@ -14,7 +14,10 @@
 // averaged too. A learner that
 // is behind (it missed a round, or is new) heals the global state from the
 // source the lighthouse names before the exchange, and its pseudo-gradient
-// stays relative to the base it trained from. On the first round every
+// stays relative to the base it trained from; a learner with nothing of the
+// job's state (new, or restarted without a checkpoint) takes part in its
+// first round with weight 0 and drops what it trained. By option
+// (heal_inner_optimizer) the source's inner Adam moments come with the heal. On the first round every
 // member takes rank 0's global state, so learners that started from
 // different initial parameters agree from then on. A round that fails (no
 // quorum in time, a member died mid-exchange) changes nothing in the global
@@ -47,7 +50,7 @@
 namespace mend {
 
 struct ReducerStats {
-  uint64_t steps = 0;
+  uint64_t steps = 0;          // the job's step as this learner knows it (see Create)
   uint64_t rounds_started = 0; // rounds launched at a fragment boundary
   uint64_t rounds = 0;         // rounds this learner completed
   uint64_t failed_rounds = 0;  // rounds that failed or formed without it
@@ -69,10 +72,18 @@ class Reducer {
   // AdamW, fragments 1, and the moment periods multiples of
   // sync_period_steps (the moments travel with a round: K_u / H and K_v / H
   // rounds apart, decided by the round id so that all members agree).
+  //
+  // `start_step` is the inner steps already done when this learner (re)joins
+  // a job in progress (0: a fresh start); a checkpoint it resumes from sets
+  // the step instead. Either way stats().steps starts there, and when a
+  // heal finds it behind (its first round, or a fragment period or more
+  // behind) it becomes the source's step (plus the steps since the boundary):
+  // a training loop follows stats().steps to stay on the job's schedule.
   [[nodiscard]] static StatusOr<std::unique_ptr<Reducer>> Create(const Config& config,
                                                                  torch::nn::Module& module,
                                                                  torch::optim::Optimizer& optimizer,
-                                                                 LearnerAgent& agent);
+                                                                 LearnerAgent& agent,
+                                                                 uint64_t start_step = 0);
   virtual ~Reducer() = default;
 
   // After each inner optimizer step, with the tokens that step processed.

@@ -12,6 +12,7 @@ void AddSimLearnerCommand(CLI::App& app, int* exit_code);
 void AddDemoCommand(CLI::App& app, int* exit_code);
 void AddFaultDemoCommand(CLI::App& app, int* exit_code);
 void AddTrainCommand(CLI::App& app, int* exit_code);
+void AddChaosCommand(CLI::App& app, int* exit_code);
 void AddCheckpointCommand(CLI::App& app, int* exit_code);
 void AddConfigCommand(CLI::App& app, int* exit_code);
 void AddStatusCommand(CLI::App& app, int* exit_code);

@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   mend::cli::AddDemoCommand(app, &exit_code);
   mend::cli::AddFaultDemoCommand(app, &exit_code);
   mend::cli::AddTrainCommand(app, &exit_code);
+  mend::cli::AddChaosCommand(app, &exit_code);
   mend::cli::AddCheckpointCommand(app, &exit_code);
   mend::cli::AddConfigCommand(app, &exit_code);
   mend::cli::AddStatusCommand(app, &exit_code);

@@ -110,6 +110,10 @@ void AddTrainCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   command->add_option("--steps", o.steps, "Inner steps")->capture_default_str()->check(CLI::PositiveNumber);
+  command->add_option("--start-step", o.start_step,
+                      "Steps the job already did (a learner restarted into a running job)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   command->add_option("--batch", o.batch, "Sequences per inner step")->capture_default_str()->check(CLI::PositiveNumber);
   command->add_option("--context", o.model.context, "Sequence length in bytes")->capture_default_str();
   command->add_option("--dim", o.model.dim, "Model width")->capture_default_str();
@@ -146,6 +150,7 @@ void AddTrainCommand(CLI::App& app, int* exit_code) {
   config_flags->Map("--diagnostics-dir", "diagnostics_dir");
   config_flags->Map("--checkpoint-dir", "checkpoint_dir");
   config_flags->Map("--checkpoint-every-rounds", "checkpoint_every_rounds");
+  config_flags->Map("--heal-inner-optimizer", "heal_inner_optimizer");
   config_flags->Map("--log-level", "log_level");
   command->callback([flags, config_flags, exit_code]() {
     auto config = config_flags->Load();

@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <condition_variable>
 #include <cstdio>
@@ -33,7 +34,9 @@ std::string RandomToken() {
   return token;
 }
 
-std::string Tail(const std::string& path, size_t bytes) {
+}  // namespace
+
+std::string FileTail(const std::string& path, size_t bytes) {
   std::ifstream in(path);
   std::stringstream text;
   text << in.rdbuf();
@@ -41,9 +44,8 @@ std::string Tail(const std::string& path, size_t bytes) {
   return all.size() > bytes ? "..." + all.substr(all.size() - bytes) : all;
 }
 
-// Reads one learner's progress lines until its stdout closes.
-void ReadProgress(Subprocess& child, std::mutex& mu, std::condition_variable& changed,
-                  LearnerProgressView& view) {
+void ReadLearnerProgress(Subprocess& child, std::mutex& mu, std::condition_variable& changed,
+                         LearnerProgressView& view) {
   while (true) {
     StatusOr<std::string> line = child.ReadLine(kMicrosPerSecond);
     if (!line.ok()) {
@@ -56,6 +58,10 @@ void ReadProgress(Subprocess& child, std::mutex& mu, std::condition_variable& ch
     view.step = parsed.value("step", int64_t{0});
     view.steps = parsed.value("steps", int64_t{0});
     view.loss = parsed.value("loss", 0.0);
+    // JSON has no NaN or Inf: a non-finite loss arrives as null.
+    if (!parsed.contains("loss") || !parsed["loss"].is_number() || !std::isfinite(view.loss)) {
+      view.nonfinite_loss = true;
+    }
     view.tokens_per_s = parsed.value("tokens_per_s", 0.0);
     view.bytes_sent = parsed.value("bytes_sent", uint64_t{0});
     view.rounds = parsed.value("rounds", uint64_t{0});
@@ -67,7 +73,50 @@ void ReadProgress(Subprocess& child, std::mutex& mu, std::condition_variable& ch
   changed.notify_all();
 }
 
-}  // namespace
+Config JobLighthouseConfig(const TrainingJobSpec& spec, const std::string& token_file) {
+  Config config;
+  config.job_id = "train";
+  config.bind = "127.0.0.1:0";
+  config.http = spec.http;
+  config.quorum_min_learners = spec.min_learners > 0 ? spec.min_learners : spec.learners;
+  config.grace_window_ms = spec.grace_window_ms;
+  config.heartbeat_ms = spec.heartbeat_ms;
+  config.heartbeat_timeout_ms = spec.heartbeat_timeout_ms;
+  config.token_file = token_file;
+  return config;
+}
+
+std::vector<std::string> LearnerArgv(const TrainingJobSpec& spec, const std::string& mend, int index,
+                                     const std::string& lighthouse, const std::string& token_file,
+                                     const std::string& result_file) {
+  std::vector<std::string> argv = {mend, "train", "--id", fmt::format("learner-{}", index + 1), "--mode",
+                                   spec.mode, "--shard", std::to_string(index), "--shards",
+                                   std::to_string(spec.learners), "--progress-json", "--result-file",
+                                   result_file};
+  if (!lighthouse.empty()) {
+    const int min_learners = spec.min_learners > 0 ? spec.min_learners : spec.learners;
+    const std::vector<std::string> flags = {"--lighthouse", lighthouse, "--token-file", token_file,
+                                            "--job-id", "train", "--min-learners", std::to_string(min_learners)};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+  }
+  argv.insert(argv.end(), spec.train_args.begin(), spec.train_args.end());
+  for (const std::string& setting : spec.settings) {
+    argv.push_back("--set");
+    argv.push_back(setting);
+  }
+  return argv;
+}
+
+StatusOr<std::unique_ptr<Subprocess>> SpawnLearner(std::vector<std::string> argv, const std::string& log) {
+  SubprocessOptions child;
+  child.argv = std::move(argv);
+  // One BLAS thread per learner from the start (no spinning pool).
+  child.extra_env = {"OPENBLAS_NUM_THREADS=1", "OMP_NUM_THREADS=1"};
+  child.stdout_to = "pipe";
+  child.stderr_to = log;
+  child.new_process_group = true;  // Ctrl-C reaches the caller, which stops them in order
+  return Subprocess::Spawn(child);
+}
 
 StatusOr<std::unique_ptr<LighthouseServer>> StartLocalLighthouse(const Config& config) {
   {
@@ -111,16 +160,7 @@ StatusOr<TrainingJobResult> RunTrainingJob(
   const std::string token_file = work_dir + "/token";
   std::unique_ptr<LighthouseServer> server;
   if (spec.mode != "local") {
-    Config config;
-    config.job_id = "train";
-    config.bind = "127.0.0.1:0";
-    config.http = spec.http;
-    config.quorum_min_learners = spec.learners;
-    config.grace_window_ms = 2000;
-    config.heartbeat_ms = 100;
-    config.heartbeat_timeout_ms = 3000;
-    config.token_file = token_file;
-    MEND_ASSIGN_OR_RETURN(server, StartLocalLighthouse(config));
+    MEND_ASSIGN_OR_RETURN(server, StartLocalLighthouse(JobLighthouseConfig(spec, token_file)));
     result.http_address = server->http_address();
   }
 
@@ -131,28 +171,10 @@ StatusOr<TrainingJobResult> RunTrainingJob(
     logs.push_back(fmt::format("{}/{}.log", work_dir, id));
     result_files.push_back(fmt::format("{}/{}.result.json", work_dir, id));
     std::filesystem::remove(result_files.back(), error);
-    SubprocessOptions child;
-    child.argv = {mend, "train", "--id", id, "--mode", spec.mode, "--shard", std::to_string(i),
-                  "--shards", std::to_string(spec.learners), "--progress-json", "--result-file",
-                  result_files.back()};
-    if (server) {
-      const std::vector<std::string> flags = {"--lighthouse", server->grpc_address(),
-                                              "--token-file", token_file,
-                                              "--job-id",     "train",
-                                              "--min-learners", std::to_string(spec.learners)};
-      child.argv.insert(child.argv.end(), flags.begin(), flags.end());
-    }
-    child.argv.insert(child.argv.end(), spec.train_args.begin(), spec.train_args.end());
-    for (const std::string& setting : spec.settings) {
-      child.argv.push_back("--set");
-      child.argv.push_back(setting);
-    }
-    // One BLAS thread per learner from the start (no spinning pool).
-    child.extra_env = {"OPENBLAS_NUM_THREADS=1", "OMP_NUM_THREADS=1"};
-    child.stdout_to = "pipe";
-    child.stderr_to = logs.back();
-    child.new_process_group = true;  // Ctrl-C reaches the caller, which stops them in order
-    MEND_ASSIGN_OR_RETURN(auto spawned, Subprocess::Spawn(child));
+    MEND_ASSIGN_OR_RETURN(auto spawned,
+                          SpawnLearner(LearnerArgv(spec, mend, i, server ? server->grpc_address() : "",
+                                                   token_file, result_files.back()),
+                                       logs.back()));
     children.push_back(std::move(spawned));
   }
 
@@ -161,7 +183,7 @@ StatusOr<TrainingJobResult> RunTrainingJob(
   std::vector<LearnerProgressView> views(static_cast<size_t>(spec.learners));
   std::vector<std::thread> readers;
   for (size_t i = 0; i < children.size(); ++i) {
-    readers.emplace_back([&, i]() { ReadProgress(*children[i], mu, changed, views[i]); });
+    readers.emplace_back([&, i]() { ReadLearnerProgress(*children[i], mu, changed, views[i]); });
   }
   const auto started = std::chrono::steady_clock::now();
   const auto deadline = started + std::chrono::microseconds(spec.timeout);
@@ -201,7 +223,7 @@ StatusOr<TrainingJobResult> RunTrainingJob(
       failures += fmt::format("\nlearner-{} {} (log {}):\n{}", i + 1,
                               WIFEXITED(*status) ? fmt::format("exited with {}", WEXITSTATUS(*status))
                                                  : fmt::format("killed by signal {}", WTERMSIG(*status)),
-                              logs[i], Tail(logs[i], 1500));
+                              logs[i], FileTail(logs[i], 1500));
     }
   }
   if (server) server->Shutdown();

@@ -8,9 +8,11 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -18,6 +20,7 @@
 #include "mend/clock.h"
 #include "mend/lighthouse.h"
 #include "mend/status.h"
+#include "mend/subprocess.h"
 #include "nlohmann/json.hpp"
 
 namespace mend::cli {
@@ -29,6 +32,11 @@ struct TrainingJobSpec {
   std::vector<std::string> train_args;  // more `mend train` flags (model, steps, ...)
   std::vector<std::string> settings;    // KEY=VALUE configuration for the learners
   std::string http = "";                // lighthouse status page ("" off, port 0 picks)
+  int min_learners = 0;                 // quorum_min_learners (0: all of them)
+  // The lighthouse's timing (the learners take theirs from the lighthouse).
+  int64_t grace_window_ms = 2000;
+  int64_t heartbeat_ms = 100;
+  int64_t heartbeat_timeout_ms = 3000;
   Micros timeout = 30 * 60 * kMicrosPerSecond;
 };
 
@@ -41,6 +49,7 @@ struct LearnerProgressView {
   uint64_t rounds = 0;
   std::optional<double> eval_loss;
   bool finished = false;
+  bool nonfinite_loss = false;  // some progress line had a loss that is not finite
 };
 
 struct TrainingJobResult {
@@ -70,6 +79,27 @@ struct TrainingJobResult {
 // `given` when not empty, else a new directory made from `mkdtemp_pattern`
 // (e.g. "/tmp/mend-demo-XXXXXX"); created with its parents.
 [[nodiscard]] StatusOr<std::string> MakeWorkDir(const std::string& given, std::string mkdtemp_pattern);
+
+// The lighthouse configuration of a job (local address, port 0 picks).
+Config JobLighthouseConfig(const TrainingJobSpec& spec, const std::string& token_file);
+
+// The `mend train` command line of learner `index` (0-based; id
+// "learner-<index+1>", shard `index`). `lighthouse` is empty for local mode.
+std::vector<std::string> LearnerArgv(const TrainingJobSpec& spec, const std::string& mend, int index,
+                                     const std::string& lighthouse, const std::string& token_file,
+                                     const std::string& result_file);
+
+// Spawns it with one BLAS thread, stdout piped (progress), stderr to `log`.
+[[nodiscard]] StatusOr<std::unique_ptr<Subprocess>> SpawnLearner(std::vector<std::string> argv,
+                                                                 const std::string& log);
+
+// Reads one learner's JSON progress lines into `view` (under `mu`,
+// notifying `changed`) until its stdout closes; then sets view.finished.
+void ReadLearnerProgress(Subprocess& child, std::mutex& mu, std::condition_variable& changed,
+                         LearnerProgressView& view);
+
+// The last `bytes` of a file (a learner's log, for error messages).
+std::string FileTail(const std::string& path, size_t bytes);
 
 // Runs the job to the end. `mend` is the path of the mend executable;
 // `work_dir` receives each learner's log, result and diagnostics. A learner

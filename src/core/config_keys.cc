@@ -85,6 +85,8 @@ std::vector<ConfigKey> BuildKeys() {
       Real("mixing_alpha", &C::mixing_alpha, 0, 1,
            "alpha for outer_apply = mix: theta_i <- alpha theta_i + (1 - alpha) theta_g."),
       Bool("desloc", &C::desloc, "DES-LOC: also average the inner AdamW moments."),
+      Bool("heal_inner_optimizer", &C::heal_inner_optimizer,
+           "A healing learner also takes its source's inner Adam/AdamW moments."),
       Int("momentum_sync_period_steps", &C::momentum_sync_period_steps, 0, 100000000,
           "K_u: first-moment averaging period; 0 means 3 x sync_period_steps."),
       Int("second_moment_sync_period_steps", &C::second_moment_sync_period_steps, 0,

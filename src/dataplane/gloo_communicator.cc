@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 #include "dataplane/gloo_store.h"
@@ -74,6 +75,18 @@ class GlooCommunicator final : public Communicator {
   }
   Status Broadcast(std::span<std::byte> data, int root) override {
     return Guarded("broadcast", [&]() { return BroadcastImpl(data, root); });
+  }
+
+  void Abort(const std::string& reason) override {
+    std::lock_guard lock(abort_mu_);
+    if (abort_reason_.empty()) abort_reason_ = reason.empty() ? "aborted" : reason;
+    if (waiting_ != nullptr && waiting_->buffer) {
+      if (waiting_->is_send) {
+        waiting_->buffer->abortWaitSend();
+      } else {
+        waiting_->buffer->abortWaitRecv();
+      }
+    }
   }
 
   int rank() const override { return options_.rank; }
@@ -158,6 +171,10 @@ class GlooCommunicator final : public Communicator {
   std::vector<std::byte> send_scratch_;
   std::vector<std::byte> recv_scratch_;
   std::vector<float> accumulator_;
+  // Abort() from another thread: the reason, and the transfer being waited for.
+  std::mutex abort_mu_;
+  std::string abort_reason_;
+  Transfer* waiting_ = nullptr;
 };
 
 Status GlooCommunicator::Begin(const char* name, Op* op) {
@@ -217,11 +234,28 @@ Status GlooCommunicator::Wait(Op& op, Transfer& transfer) {
                                     options_.round_id, op.name, what, PeerName(transfer.peer),
                                     transfer.post_error));
   }
+  {
+    std::lock_guard lock(abort_mu_);
+    if (!abort_reason_.empty()) {
+      return AbortedError(fmt::format("round {}: {}: called off: {}", options_.round_id, op.name,
+                                      abort_reason_));
+    }
+    waiting_ = &transfer;
+  }
+  struct NotWaiting {
+    GlooCommunicator* self;
+    ~NotWaiting() {
+      std::lock_guard lock(self->abort_mu_);
+      self->waiting_ = nullptr;
+    }
+  } not_waiting{this};
   try {
     bool done = transfer.is_send ? transfer.buffer->waitSend(left) : transfer.buffer->waitRecv(left);
     if (!done) {
-      return AbortedError(fmt::format("round {}: {}: {} {} was aborted", options_.round_id,
-                                      op.name, what, PeerName(transfer.peer)));
+      std::lock_guard lock(abort_mu_);
+      return AbortedError(fmt::format("round {}: {}: {} {}: called off: {}", options_.round_id,
+                                      op.name, what, PeerName(transfer.peer),
+                                      abort_reason_.empty() ? "aborted" : abort_reason_));
     }
   } catch (const gloo::IoException& error) {
     std::string message = error.what();

@@ -15,6 +15,7 @@ namespace {
 struct MemberReport {
   double norm = 0;  // ||delta_i||, NaN when any value is not finite
   double weight = 0;
+  double abstains = 0;  // 1: takes part with weight 0 (OuterSyncOptions::contributes)
 };
 
 double Norm(std::span<const float> values) {
@@ -78,15 +79,23 @@ StatusOr<RoundResult> OuterRound::Exchange(Communicator& comm, const FragmentSta
                                             delta_i.size(), n));
   }
   // 1. Everyone's norm and weight, so that every member drops the same ones.
-  MemberReport mine{Norm(delta_i), options.token_weighted ? tokens : 1.0};
+  MemberReport mine{options.contributes ? Norm(delta_i) : 0.0,
+                    options.token_weighted ? tokens : 1.0, options.contributes ? 0.0 : 1.0};
   std::vector<MemberReport> reports(comm.world_size());
   MEND_RETURN_IF_ERROR(comm.AllGather(std::as_bytes(std::span(&mine, 1)),
                                       std::as_writable_bytes(std::span(reports))));
+  // The robust rule looks at the contributing members only.
   std::vector<double> norms;
-  for (const MemberReport& report : reports) norms.push_back(report.norm);
+  std::vector<int> contributing;
+  for (size_t r = 0; r < reports.size(); ++r) {
+    if (reports[r].abstains != 0) continue;
+    norms.push_back(reports[r].norm);
+    contributing.push_back(static_cast<int>(r));
+  }
   RoundResult result;
-  result.dropped = RobustDrops(norms, options.robust_zscore);
-  if (result.dropped.size() == reports.size()) {
+  for (int i : RobustDrops(norms, options.robust_zscore)) result.dropped.push_back(contributing[static_cast<size_t>(i)]);
+  if (contributing.empty()) return AbortedError("no member of the round had a pseudo-gradient to merge");
+  if (result.dropped.size() == contributing.size()) {
     return AbortedError("every member's pseudo-gradient was dropped by the robust merge");
   }
   const bool dropped_me =
@@ -95,10 +104,12 @@ StatusOr<RoundResult> OuterRound::Exchange(Communicator& comm, const FragmentSta
     spdlog::warn("robust merge: member(s) {} left out of this round (norms {})",
                  fmt::join(result.dropped, ", "), fmt::join(norms, ", "));
   }
-  // A dropped member sends zeros with weight 0 (0 x NaN would still be NaN).
-  const double weight = dropped_me ? 0.0 : mine.weight;
+  // A dropped or abstaining member sends zeros with weight 0 (0 x NaN would
+  // still be NaN).
+  const bool silent = dropped_me || !options.contributes;
+  const double weight = silent ? 0.0 : mine.weight;
   std::vector<float> delta(n, 0.0f);
-  if (!dropped_me) std::copy(delta_i.begin(), delta_i.end(), delta.begin());
+  if (!silent) std::copy(delta_i.begin(), delta_i.end(), delta.begin());
 
   // 2. The merge, through the codec.
   const uint64_t sent_before = comm.stats().bytes_sent;
@@ -108,7 +119,7 @@ StatusOr<RoundResult> OuterRound::Exchange(Communicator& comm, const FragmentSta
     result.residual.resize(n, 0.0f);
     std::vector<std::byte> payload(codec->EncodedBytes(n));
     std::vector<float> decoded(n);
-    if (!dropped_me) {
+    if (!silent) {
       EncodeWithErrorFeedback(*codec, options.error_feedback_beta, result.residual, delta,
                               payload, decoded);
     } else {

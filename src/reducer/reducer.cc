@@ -4,6 +4,8 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <cstring>
 #include <optional>
 #include <thread>
@@ -60,6 +62,75 @@ void Scatter(std::span<const float> in, std::vector<at::Tensor>& parameters) {
   }
 }
 
+// Calls a round's collective off when the lighthouse sets the round's abort
+// key (a member was declared dead, or restarted, after the round formed):
+// the survivors stop waiting for it at once instead of at the collective's
+// deadline. One thread for the reducer's life, long-polling the key of the
+// round whose communicator is watched.
+class AbortWatch {
+ public:
+  explicit AbortWatch(LighthouseClient& client) : client_(client), thread_([this]() { Run(); }) {}
+  ~AbortWatch() {
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+    }
+    changed_.notify_all();
+    thread_.join();
+  }
+
+  // Watches `key` for `comm` until Unwatch(); `comm` must stay alive until then.
+  void Watch(const std::string& key, Communicator* comm) {
+    {
+      std::lock_guard lock(mu_);
+      key_ = key;
+      comm_ = comm;
+      ++generation_;
+    }
+    changed_.notify_all();
+  }
+  void Unwatch() {
+    std::lock_guard lock(mu_);
+    comm_ = nullptr;
+    ++generation_;
+  }
+
+ private:
+  static constexpr auto kPoll = std::chrono::milliseconds(200);
+
+  void Run() {
+    std::unique_lock lock(mu_);
+    while (!stopping_) {
+      if (comm_ == nullptr) {
+        changed_.wait(lock, [this]() { return stopping_ || comm_ != nullptr; });
+        continue;
+      }
+      const std::string key = key_;
+      const uint64_t generation = generation_;
+      lock.unlock();
+      StatusOr<std::string> why = client_.StoreGet(key, std::chrono::duration_cast<std::chrono::microseconds>(kPoll).count());
+      lock.lock();
+      if (generation != generation_) continue;  // that round is over
+      if (why.ok()) {
+        comm_->Abort(*why);
+        comm_ = nullptr;
+      } else if (why.status().code() != absl::StatusCode::kDeadlineExceeded) {
+        // The lighthouse is unreachable (restarting): ask again a little later.
+        changed_.wait_for(lock, kPoll, [&]() { return stopping_ || generation != generation_; });
+      }
+    }
+  }
+
+  LighthouseClient& client_;
+  std::mutex mu_;
+  std::condition_variable changed_;
+  std::string key_;
+  Communicator* comm_ = nullptr;
+  uint64_t generation_ = 0;
+  bool stopping_ = false;
+  std::thread thread_;  // last: starts after the members above exist
+};
+
 class ReducerImpl final : public Reducer {
  public:
   ReducerImpl(const Config& config, LearnerAgent& agent, FragmentSchedule schedule,
@@ -76,11 +147,20 @@ class ReducerImpl final : public Reducer {
     JoinCheckpointWriter();
   }
 
-  Status Init(torch::nn::Module& module, torch::optim::Optimizer& optimizer) {
+  Status Init(torch::nn::Module& module, torch::optim::Optimizer& optimizer, uint64_t start_step) {
+    stats_.steps = start_step;
+    abort_watch_ = std::make_unique<AbortWatch>(agent_.client());
     diagnostics_ = std::make_unique<reducer::Diagnostics>(config_.diagnostics_dir, agent_.id());
     std::vector<at::Tensor> parameters = module.parameters(/*recurse=*/true);
     std::vector<std::string> names = module.named_parameters(/*recurse=*/true).keys();
     if (config_.desloc) MEND_RETURN_IF_ERROR(InitDesloc(optimizer, parameters));
+    if (config_.heal_inner_optimizer && !moments_) {
+      StatusOr<reducer::AdamMoments> moments = reducer::AdamMoments::Bind(optimizer, parameters);
+      if (!moments.ok()) {
+        return InvalidArgumentError(fmt::format("heal_inner_optimizer = true: {}", moments.status().message()));
+      }
+      moments_.emplace(std::move(*moments));
+    }
     if (parameters.empty()) return InvalidArgumentError("reducer: the module has no parameters");
     fragments_.resize(static_cast<size_t>(schedule_.fragments()));
     for (size_t l = 0; l < parameters.size(); ++l) {
@@ -143,6 +223,7 @@ class ReducerImpl final : public Reducer {
     }
     last_round_id_ = checkpoint->meta.round_id;
     stats_.last_round_id = checkpoint->meta.round_id;
+    stats_.steps = checkpoint->meta.step;
     stats_.resumed_from_round = checkpoint->meta.round_id;
     spdlog::info("resumed from the checkpoint of round {} (step {}, written by {})", checkpoint->meta.round_id,
                  checkpoint->meta.step, checkpoint->meta.written_by);
@@ -237,11 +318,12 @@ class ReducerImpl final : public Reducer {
     if (shut_down_) return FailedPreconditionError("reducer: step() after shutdown()");
     MEND_RETURN_IF_ERROR(agent_.fatal_status());
     auto now = std::chrono::steady_clock::now();
-    Micros step_time = stats_.steps == 0 ? 0
+    Micros step_time = !stepped_ ? 0
                                          : std::chrono::duration_cast<std::chrono::microseconds>(
                                                now - last_step_)
                                                .count();
     last_step_ = now;
+    stepped_ = true;
     stats_.steps++;
     tokens_total_ += tokens;
     for (Fragment& fragment : fragments_) fragment.tokens_since_round += tokens;
@@ -298,6 +380,9 @@ class ReducerImpl final : public Reducer {
     double heal_seconds = 0;   // time in healing (every member takes part)
     uint64_t heal_bytes = 0;   // bytes this learner received when it healed
     std::string heal_source;   // whom it healed from
+    uint64_t heal_step = 0;    // the source's step at its boundary (the job's step)
+    bool fresh_join = false;   // healed with nothing of the job's state: its progress is dropped
+    std::vector<float> healed_moments[2];  // heal_inner_optimizer: the source's moments
   };
   struct InFlight {
     int fragment = 0;
@@ -367,6 +452,15 @@ class ReducerImpl final : public Reducer {
     }
     Outcome& outcome = *flight->outcome;
     if (!outcome.healed.empty()) ApplyHeal(outcome.healed, fragment);
+    if (outcome.fresh_join) {
+      // Nothing it trained is the job's: every other fragment starts from
+      // the healed state too (this one gets the round's result below).
+      for (Fragment& other : fragments_) {
+        if (&other == &fragment) continue;
+        Scatter(other.state->global(), other.parameters);
+        other.tokens_since_round = 0;
+      }
+    }
     stats_.bytes_sent += outcome.result.bytes_sent;
     OuterRound::Commit(*fragment.state, std::move(outcome.result));
     if (stats_.steps == flight->boundary_step) {
@@ -387,6 +481,28 @@ class ReducerImpl final : public Reducer {
         moments_->Adjust(which, outcome.averaged_moments[which], flight->moments[which]);
       }
       stats_.moment_syncs++;
+    }
+    for (auto which : {reducer::AdamMoments::kFirst, reducer::AdamMoments::kSecond}) {
+      if (outcome.healed_moments[which].empty()) continue;
+      if (stats_.steps == flight->boundary_step || flight->moments[which].empty()) {
+        moments_->Replace(which, outcome.healed_moments[which]);
+      } else {
+        moments_->Adjust(which, outcome.healed_moments[which], flight->moments[which]);
+      }
+    }
+    // A heal puts the learner on the job's step (the steps since this
+    // boundary still count): always in a process's first round (a new or
+    // restarted learner), and later when it fell a fragment period or more
+    // behind (it was stopped or cut off); a lag of a few steps from timing
+    // alone is left as it is.
+    const uint64_t period = static_cast<uint64_t>(std::max<int64_t>(1, config_.sync_period_steps / schedule_.fragments()));
+    const bool far_behind = outcome.heal_step >= flight->boundary_step + period;
+    if (!outcome.healed.empty() && (stats_.rounds == 0 || far_behind) &&
+        outcome.heal_step != flight->boundary_step) {
+      const uint64_t since = stats_.steps - flight->boundary_step;
+      spdlog::info("healed from {}: step {} becomes the job's step {}", outcome.heal_source, stats_.steps,
+                   outcome.heal_step + since);
+      stats_.steps = outcome.heal_step + since;
     }
     stats_.rounds++;
     stats_.last_round_id = outcome.round_id;
@@ -434,6 +550,8 @@ class ReducerImpl final : public Reducer {
       record["merged_norm"] = outcome.result.merged_norm;
       record["healed"] = !outcome.healed.empty();
       if (!outcome.healed.empty()) {
+        record["heal_step"] = outcome.heal_step;
+        record["fresh_join"] = outcome.fresh_join;
         record["heal_seconds"] = outcome.heal_seconds;
         record["heal_bytes"] = outcome.heal_bytes;
         record["heal_source"] = outcome.heal_source;
@@ -459,11 +577,22 @@ class ReducerImpl final : public Reducer {
         agent_.client(), [this, registrations]() { return agent_.registrations() == registrations; },
         round.rendezvous_prefix + kRoundAbortKey);
     MEND_ASSIGN_OR_RETURN(auto comm, Communicator::Connect(store, options));
+    abort_watch_->Watch(round.rendezvous_prefix + kRoundAbortKey, comm.get());
+    struct Unwatch {
+      AbortWatch& watch;
+      ~Unwatch() { watch.Unwatch(); }
+    } unwatch{*abort_watch_};
     Outcome outcome;
     outcome.round_id = round.round_id;
     outcome.rank = round.rank;
     outcome.members = round.world_size;
-    MEND_ASSIGN_OR_RETURN(outcome.healed, Heal(*comm, round, &outcome));
+    MEND_ASSIGN_OR_RETURN(outcome.healed, Heal(*comm, round, flight, &outcome));
+    // A learner that joined with nothing of the job's state (a new or
+    // restarted process, no checkpoint) trained from its own initial
+    // parameters: its pseudo-gradient is not one the job can use.
+    outcome.fresh_join = !outcome.healed.empty() && last_round_id_ == 0 && round.heal_round_id > 0;
+    OuterSyncOptions sync_options = options_;
+    sync_options.contributes = !outcome.fresh_join;
     // The merge runs on the healed base when this learner was behind.
     const FragmentState* state = fragment.state.get();
     std::unique_ptr<FragmentState> healed_state;
@@ -475,7 +604,7 @@ class ReducerImpl final : public Reducer {
     }
     MEND_ASSIGN_OR_RETURN(outcome.result,
                           OuterRound::Exchange(*comm, *state, flight.delta,
-                                               static_cast<double>(flight.tokens), options_));
+                                               static_cast<double>(flight.tokens), sync_options));
     MEND_RETURN_IF_ERROR(AverageMoments(*comm, round.round_id, flight, &outcome));
     last_round_id_ = round.round_id;
     return outcome;
@@ -487,7 +616,7 @@ class ReducerImpl final : public Reducer {
   // takes part with weight 0.
   Status AverageMoments(Communicator& comm, uint64_t round_id, const InFlight& flight,
                         Outcome* outcome) {
-    if (!moments_) return OkStatus();
+    if (!config_.desloc) return OkStatus();
     const uint64_t every[2] = {desloc_rounds_[0], desloc_rounds_[1]};
     for (auto which : {reducer::AdamMoments::kFirst, reducer::AdamMoments::kSecond}) {
       if (round_id % every[which] != 0) continue;
@@ -530,7 +659,8 @@ class ReducerImpl final : public Reducer {
   // from rank 0) the source streams every fragment's global state and
   // momentum (StreamState). Returns that buffer when this learner heals from
   // it, else nothing.
-  StatusOr<std::vector<float>> Heal(Communicator& comm, const QuorumResult& round, Outcome* outcome) const {
+  StatusOr<std::vector<float>> Heal(Communicator& comm, const QuorumResult& round, const InFlight& flight,
+                                    Outcome* outcome) const {
     std::map<std::string, int> rank_of;
     for (size_t r = 0; r < round.members.size(); ++r) rank_of[round.members[r].id] = static_cast<int>(r);
     std::map<int, std::vector<int>> healees;  // source rank -> ranks healing from it
@@ -555,11 +685,35 @@ class ReducerImpl final : public Reducer {
           std::copy(state.momentum().begin(), state.momentum().end(), out);
         }
       }
-      MEND_RETURN_IF_ERROR(reducer::StreamState(comm, std::as_writable_bytes(std::span(buffer)), source, round.members[static_cast<size_t>(source)].id));
+      const std::string& source_id = round.members[static_cast<size_t>(source)].id;
+      MEND_RETURN_IF_ERROR(reducer::StreamState(comm, std::as_writable_bytes(std::span(buffer)), source, source_id));
+      // The source's step at its boundary: the healed learner continues
+      // the job's schedule (learning rate, fragment boundaries) from there.
+      uint64_t step = flight.boundary_step;
+      MEND_RETURN_IF_ERROR(comm.Broadcast(std::as_writable_bytes(std::span(&step, 1)), source));
+      // By option the source's inner optimizer moments (as of its boundary)
+      // follow, with a flag that says whether it had any yet.
+      std::vector<float> moments;
+      if (config_.heal_inner_optimizer) {
+        const size_t m = moments_->size();
+        moments.assign(2 * m + 1, 0.0f);
+        if (comm.rank() == source && !flight.moments[0].empty() && !flight.moments[1].empty()) {
+          std::copy(flight.moments[0].begin(), flight.moments[0].end(), moments.begin());
+          std::copy(flight.moments[1].begin(), flight.moments[1].end(), moments.begin() + static_cast<long>(m));
+          moments[2 * m] = 1.0f;
+        }
+        MEND_RETURN_IF_ERROR(reducer::StreamState(comm, std::as_writable_bytes(std::span(moments)), source, source_id));
+      }
       if (std::find(ranks.begin(), ranks.end(), comm.rank()) != ranks.end()) {
         mine = buffer;
-        outcome->heal_bytes = buffer.size() * sizeof(float);
-        outcome->heal_source = round.members[static_cast<size_t>(source)].id;
+        outcome->heal_bytes = (buffer.size() + moments.size()) * sizeof(float) + sizeof(step);
+        outcome->heal_source = source_id;
+        outcome->heal_step = step;
+        if (!moments.empty() && moments.back() == 1.0f) {
+          const long m = static_cast<long>(moments_->size());
+          outcome->healed_moments[0].assign(moments.begin(), moments.begin() + m);
+          outcome->healed_moments[1].assign(moments.begin() + m, moments.begin() + 2 * m);
+        }
       }
     }
     outcome->heal_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
@@ -586,6 +740,7 @@ class ReducerImpl final : public Reducer {
   const bool concurrent_ = config_.concurrent_outer_step;
   const int64_t overlap_steps_ = config_.overlap_steps;
   const OuterApply apply_mode_ = config_.outer_apply == "mix" ? OuterApply::kMix : OuterApply::kExact;
+  std::unique_ptr<AbortWatch> abort_watch_;  // before in_flight_: outlives its round
   std::unique_ptr<InFlight> in_flight_;
   std::unique_ptr<reducer::Diagnostics> diagnostics_;
   std::optional<reducer::AdamMoments> moments_;  // DES-LOC only
@@ -599,6 +754,7 @@ class ReducerImpl final : public Reducer {
   ReducerStats stats_;
   uint64_t tokens_total_ = 0;
   std::chrono::steady_clock::time_point last_step_;
+  bool stepped_ = false;
   bool shut_down_ = false;
   std::thread checkpoint_writer_;
   std::atomic<uint64_t> checkpoint_writes_ok_{0};
@@ -609,12 +765,12 @@ class ReducerImpl final : public Reducer {
 
 StatusOr<std::unique_ptr<Reducer>> Reducer::Create(const Config& config, torch::nn::Module& module,
                                                    torch::optim::Optimizer& optimizer,
-                                                   LearnerAgent& agent) {
+                                                   LearnerAgent& agent, uint64_t start_step) {
   MEND_ASSIGN_OR_RETURN(FragmentSchedule schedule,
                         FragmentSchedule::Make(config.fragments, config.sync_period_steps));
   MEND_ASSIGN_OR_RETURN(std::unique_ptr<Codec> codec, MakeCodec(config));
   auto reducer = std::make_unique<ReducerImpl>(config, agent, schedule, std::move(codec));
-  MEND_RETURN_IF_ERROR(reducer->Init(module, optimizer));
+  MEND_RETURN_IF_ERROR(reducer->Init(module, optimizer, start_step));
   return std::unique_ptr<Reducer>(std::move(reducer));
 }
 

@@ -82,6 +82,10 @@ Status CheckTrainOptions(const TrainOptions& options) {
   if (!(options.lr > 0 && options.lr < 1)) {
     return InvalidArgumentError(fmt::format("train: lr = {}: must be in (0, 1)", options.lr));
   }
+  if (options.start_step < 0 || options.start_step >= options.steps) {
+    return InvalidArgumentError(fmt::format("train: start_step = {}: must be in [0, steps = {})",
+                                            options.start_step, options.steps));
+  }
   if (options.warmup_steps < 0 || options.eval_every < 0) {
     return InvalidArgumentError("train: warmup_steps and eval_every must not be negative");
   }
@@ -95,6 +99,7 @@ nlohmann::json TrainResult::ToJson() const {
           {"mode", mode},
           {"parameters", parameters},
           {"steps", steps},
+          {"steps_run", steps_run},
           {"tokens", tokens},
           {"seconds", seconds},
           {"tokens_per_s", tokens_per_s},
@@ -122,8 +127,10 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config, c
     return InvalidArgumentError(fmt::format("train: shard text ({} bytes) is shorter than the context {}",
                                             corpus.train().size(), context));
   }
-  const uint64_t data_seed = options.data_seed != 0 ? options.data_seed
-                                                    : 0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(options.corpus.shard + 1);
+  // A learner joining late draws other batches than its first run did.
+  const uint64_t data_seed = (options.data_seed != 0 ? options.data_seed
+                                                     : 0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(options.corpus.shard + 1)) ^
+                             (0xbf58476d1ce4e5b9ULL * static_cast<uint64_t>(options.start_step));
   WindowSampler sampler(corpus.train(), context, data_seed);
   const std::vector<size_t> eval_starts = EvalWindowStarts(corpus.eval(), context, options.eval_windows);
 
@@ -140,7 +147,8 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config, c
     LearnerIdentity identity{options.id, config.job_id, config.rack, ""};
     MEND_ASSIGN_OR_RETURN(agent, LearnerAgent::Start(config, token, identity));
     if (options.mode == "diloco") {
-      MEND_ASSIGN_OR_RETURN(reducer, Reducer::Create(config, *model, optimizer, *agent));
+      MEND_ASSIGN_OR_RETURN(reducer, Reducer::Create(config, *model, optimizer, *agent,
+                                                     static_cast<uint64_t>(options.start_step)));
     } else {
       MEND_ASSIGN_OR_RETURN(data_parallel, DataParallel::Create(config, *model, *agent));
     }
@@ -171,9 +179,13 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config, c
     return 0;
   };
   Status failure = OkStatus();
-  int64_t step = 0;
+  // The job's step: from the options, a resumed checkpoint, or (after a
+  // heal) the source's.
+  int64_t step = reducer ? static_cast<int64_t>(reducer->stats().steps) : options.start_step;
+  int64_t steps_run = 0;
   while (step < options.steps && !(signals && signals->stop.load())) {
     ++step;
+    ++steps_run;
     const auto begin = SteadyClock::now();
     auto [x, y] = MakeBatch(corpus.train(), sampler.Next(options.batch), context);
     optimizer.zero_grad();
@@ -191,13 +203,14 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config, c
     const auto inner_done = SteadyClock::now();
     inner_seconds += Seconds(inner_done - begin).count();
     const double value = loss.item<double>();
-    smoothed = step == 1 ? value : 0.95 * smoothed + 0.05 * value;
+    smoothed = steps_run == 1 ? value : 0.95 * smoothed + 0.05 * value;
     if (reducer) {
       const ReducerStats before = reducer->stats();
       failure = reducer->step(tokens_per_step);
       const double us = std::chrono::duration<double, std::micro>(SteadyClock::now() - inner_done).count();
       if (!failure.ok()) break;
       const ReducerStats after = reducer->stats();
+      step = static_cast<int64_t>(after.steps);  // moves when a heal put it on the job's step
       const bool quiet = after.rounds_started == before.rounds_started && after.rounds == before.rounds &&
                          after.failed_rounds == before.failed_rounds;
       if (quiet) {
@@ -226,7 +239,7 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config, c
     }
     if (progress && (step % options.progress_every == 0 || eval_loss)) {
       progress({step, options.steps, smoothed,
-                static_cast<double>(tokens_per_step) * static_cast<double>(step) / std::max(1e-9, elapsed()),
+                static_cast<double>(tokens_per_step) * static_cast<double>(steps_run) / std::max(1e-9, elapsed()),
                 bytes_sent(), reducer ? reducer->stats().rounds : 0, eval_loss});
     }
   }
@@ -240,10 +253,11 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config, c
   result.seconds = elapsed();
   if (!failure.ok()) return failure;
   result.steps = step;
-  result.tokens = tokens_per_step * static_cast<uint64_t>(step);
+  result.steps_run = steps_run;
+  result.tokens = tokens_per_step * static_cast<uint64_t>(steps_run);
   result.tokens_per_s = static_cast<double>(result.tokens) / std::max(1e-9, result.seconds);
   result.train_loss = smoothed;
-  result.inner_step_ms = step > 0 ? 1e3 * inner_seconds / static_cast<double>(step) : 0;
+  result.inner_step_ms = steps_run > 0 ? 1e3 * inner_seconds / static_cast<double>(steps_run) : 0;
   result.compute_fraction = inner_seconds / std::max(1e-9, result.seconds);
   if (reducer) {
     const ReducerStats stats = reducer->stats();

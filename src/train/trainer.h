@@ -33,7 +33,10 @@ struct TrainOptions {
   CorpusOptions corpus;
   GptOptions model;
   int64_t batch = 16;
-  int64_t steps = 300;
+  int64_t steps = 300;          // the job's last step
+  // Steps already done when this learner (re)joins a job in progress; the
+  // schedule continues from there, and after a heal from the job's step.
+  int64_t start_step = 0;
   double lr = 1e-3;             // peak inner learning rate
   double min_lr_fraction = 0.1; // the cosine decays to lr * this at the last step
   int64_t warmup_steps = 20;
@@ -62,7 +65,8 @@ struct TrainResult {
   std::string id;
   std::string mode;
   int64_t parameters = 0;
-  int64_t steps = 0;
+  int64_t steps = 0;         // the step it ended at
+  int64_t steps_run = 0;     // inner steps this process ran (fewer after a late start or a heal)
   uint64_t tokens = 0;
   double seconds = 0;        // training only (evaluations excluded)
   double tokens_per_s = 0;

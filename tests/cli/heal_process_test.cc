@@ -45,6 +45,16 @@ class HealProcessTest : public testing_util::ProcessFixture {
     }
   }
 
+  // Reads progress lines until one reports `rounds` completed rounds.
+  static bool AwaitRounds(Subprocess& learner, uint64_t rounds) {
+    while (true) {
+      auto line = learner.ReadLine(kWait);
+      if (!line.ok()) return false;
+      json progress = json::parse(*line, nullptr, false);
+      if (progress.is_object() && progress.value("rounds", uint64_t{0}) >= rounds) return true;
+    }
+  }
+
   std::vector<json> Rounds(const std::string& id) {
     std::vector<json> rounds;
     std::ifstream in(dir_ + "/diagnostics/" + id + ".rounds.jsonl");
@@ -61,7 +71,11 @@ TEST_F(HealProcessTest, RestartedLearnerHealsAndMatchesBitForBit) {
   ASSERT_TRUE(AwaitStep(*b, 20));
   b->Kill();
   const size_t b_rounds_before = Rounds("b").size();
-  auto b2 = Train("b", 1, 40);
+  // The new b continues the job's schedule: after its heal it is on a's
+  // step. Three rounds after that both are stopped.
+  auto b2 = Train("b", 1, 1'000'000);
+  ASSERT_TRUE(AwaitRounds(*b2, 3));
+  ASSERT_TRUE(b2->Signal(SIGTERM).ok());
   auto exited = b2->Wait(kWait);
   ASSERT_TRUE(exited.ok());
   EXPECT_TRUE(WIFEXITED(*exited) && WEXITSTATUS(*exited) == 0);
@@ -86,6 +100,10 @@ TEST_F(HealProcessTest, RestartedLearnerHealsAndMatchesBitForBit) {
       ASSERT_TRUE(round["healed"].get<bool>()) << round.dump();
       EXPECT_EQ(round["heal_source"], "a");
       EXPECT_GT(round["heal_bytes"].get<uint64_t>(), 0u);
+      // It started with nothing of the job's state: it took part with
+      // weight 0 and went on from a's step.
+      EXPECT_TRUE(round["fresh_join"].get<bool>());
+      EXPECT_GE(round["heal_step"].get<uint64_t>(), 20u);
       healed = true;
     }
     // With a minimum quorum of 1 a round may go on without a (a heals in its

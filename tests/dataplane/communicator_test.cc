@@ -212,9 +212,40 @@ TEST(CommunicatorTest, VanishedMemberAbortsTheOthersAndNothingLeaks) {
       << "), fds " << CountEntries("/proc/self/fd") << " (before " << fds_before << ")";
 }
 
+TEST(CommunicatorTest, AbortCallsOffACollectiveWaitingForAHungMember) {
+  // Member 1 connects and then never takes part (a stopped process); the
+  // deadline is 60 s. Abort() from another thread (what the reducer does
+  // when the lighthouse calls the round off) ends member 0's all-reduce with
+  // ABORTED and the reason, and the communicator refuses further work.
+  InProcessStore store;
+  std::atomic<bool> done{false};
+  std::thread member1([&]() {
+    auto comm = Communicator::Connect(store, MemberOptions(1, 2, "job/round/7/", 60 * kMicrosPerSecond));
+    ASSERT_TRUE(comm.ok()) << comm.status();
+    EXPECT_TRUE(testing_util::WaitFor(120 * kMicrosPerSecond, [&]() { return done.load(); }));
+  });
+  auto comm = Communicator::Connect(store, MemberOptions(0, 2, "job/round/7/", 60 * kMicrosPerSecond));
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  Status status;
+  std::thread member0([&]() {
+    std::vector<float> data(1 << 16, 1.0f);
+    status = (*comm)->WeightedAllReduce(data, 1.0);
+  });
+  (*comm)->Abort("learner 'learner-2' declared dead: no heartbeat for 2000 ms");
+  member0.join();
+  EXPECT_EQ(status.code(), StatusCode::kAborted) << status;
+  EXPECT_NE(std::string(StatusMessage(status)).find("declared dead"), std::string::npos) << status;
+  EXPECT_NE(std::string(StatusMessage(status)).find("round 7"), std::string::npos) << status;
+  EXPECT_TRUE((*comm)->broken());
+  std::vector<float> more(8, 1.0f);
+  EXPECT_EQ((*comm)->WeightedAllReduce(more, 1.0).code(), StatusCode::kFailedPrecondition);
+  done = true;
+  member1.join();
+}
+
 TEST(CommunicatorTest, MissingMemberFailsRendezvousNamingIt) {
   InProcessStore store;
-  auto comm = Communicator::Connect(store, MemberOptions(0, 2, "job/round/9/", 300 * kMicrosPerMilli));
+  auto comm = Communicator::Connect(store, MemberOptions(0, 2, "job/round/7/", 300 * kMicrosPerMilli));
   ASSERT_FALSE(comm.ok());
   EXPECT_EQ(comm.status().code(), StatusCode::kDeadlineExceeded) << comm.status();
   EXPECT_NE(std::string(StatusMessage(comm.status())).find("1 ('learner-1')"), std::string::npos)

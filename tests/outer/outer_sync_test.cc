@@ -130,6 +130,34 @@ TEST(OuterSyncTest, CompressedRoundsStayBitIdentical) {
   }
 }
 
+TEST(OuterSyncTest, AnAbstainingMemberChangesNothingInTheMerge) {
+  // Three members; member 2 has nothing of the job's state (contributes =
+  // false) and a wild delta: the round's result is the token-weighted merge
+  // of members 0 and 1 alone, the same on every member, and nobody is
+  // reported as dropped.
+  auto delta_of = [](int rank) { return std::vector<float>(kSize, rank == 2 ? 1e6f : static_cast<float>(rank + 1)); };
+  std::vector<std::vector<float>> globals(3);
+  RunMembers(3, [&](int rank, Communicator& comm) {
+    FragmentState state(std::vector<float>(kSize, 0.0f));
+    OuterSyncOptions options;
+    options.contributes = rank != 2;
+    auto result = OuterRound::Exchange(comm, state, delta_of(rank), Tokens(rank), options);
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_TRUE(result->dropped.empty());
+    globals[rank] = result->global;
+  });
+  std::vector<float> two;
+  RunMembers(2, [&](int rank, Communicator& comm) {
+    FragmentState state(std::vector<float>(kSize, 0.0f));
+    auto result = OuterRound::Exchange(comm, state, delta_of(rank), Tokens(rank), OuterSyncOptions{});
+    ASSERT_TRUE(result.ok()) << result.status();
+    if (rank == 0) two = result->global;
+  });
+  for (int rank = 1; rank < 3; ++rank) EXPECT_EQ(globals[rank], globals[0]) << "member " << rank;
+  ASSERT_EQ(two.size(), kSize);
+  for (size_t i = 0; i < kSize; i += 97) EXPECT_NEAR(globals[0][i], two[i], 1e-5) << i;
+}
+
 TEST(OuterSyncTest, FailedRoundChangesNothing) {
   // Member 1 never takes part: member 0's exchange fails and its state is
   // exactly what it was.

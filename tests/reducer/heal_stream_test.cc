@@ -38,6 +38,7 @@ class ReplayCommunicator final : public Communicator {
     ++next_;
     return OkStatus();
   }
+  void Abort(const std::string&) override {}
   int rank() const override { return rank_; }
   int world_size() const override { return 2; }
   bool broken() const override { return false; }

@@ -56,7 +56,7 @@ void Learn(const Config& config, const std::string& id, int seed, int boundaries
   torch::manual_seed(seed);  // different initial parameters on purpose
   torch::nn::Linear model(8, 1);
   std::unique_ptr<torch::optim::Optimizer> inner;
-  if (config.desloc) {
+  if (config.desloc || config.heal_inner_optimizer) {
     inner = std::make_unique<torch::optim::AdamW>(model->parameters(),
                                                   torch::optim::AdamWOptions(0.01));
   } else {
@@ -89,7 +89,7 @@ void Learn(const Config& config, const std::string& id, int seed, int boundaries
   log->registrations = (*agent)->registrations();
   auto global = (*reducer)->global(0);
   log->final_global.emplace(global.begin(), global.end());
-  if (config.desloc) {
+  if (config.desloc || config.heal_inner_optimizer) {
     auto& state = inner->state().at(c10::guts::to_string(model->weight.unsafeGetTensorImpl()));
     auto& adamw = static_cast<torch::optim::AdamWParamState&>(*state);
     log->first_moment.assign(adamw.exp_avg().data_ptr<float>(), adamw.exp_avg().data_ptr<float>() + 8);
@@ -467,13 +467,11 @@ std::string LearnerState(LighthouseServer& server, const std::string& id) {
   return "";
 }
 
-TEST(ReducerTest, LearnerThatMissesARoundHealsAndRejoins) {
-  // Minimum quorum 1. learner-b holds back its second boundary until
-  // learner-a's second round has closed without it (after the grace window);
-  // learner-a then waits for learner-b to be waiting before its third join,
-  // so the third round has both: learner-b is behind, heals from learner-a,
-  // and both hold the same global parameters after that shared round.
-  Config config = BaseConfig();
+// Minimum quorum 1. learner-b holds back its second boundary until
+// learner-a's second round has closed without it (after the grace window);
+// learner-a then waits for learner-b to be waiting before its third join, so
+// the third round has both: learner-b is behind and heals from learner-a.
+void MissedRound(Config config, LearnerLog& a, LearnerLog& b) {
   config.grace_window_ms = 5000;
   auto server = StartLighthouse(config);
   config.lighthouse = server->grpc_address();
@@ -482,7 +480,6 @@ TEST(ReducerTest, LearnerThatMissesARoundHealsAndRejoins) {
       return LearnerState(*server, "learner-a") != "" && LearnerState(*server, "learner-b") != "";
     }));
   };
-  LearnerLog a, b;
   std::atomic<size_t> a_rounds{0};
   std::thread ta([&]() {
     Learn(config, "learner-a", 1, 3, &a, [&](int boundary) {
@@ -505,11 +502,31 @@ TEST(ReducerTest, LearnerThatMissesARoundHealsAndRejoins) {
   });
   ta.join();
   tb.join();
+}
+
+TEST(ReducerTest, LearnerThatMissesARoundHealsAndRejoins) {
+  LearnerLog a, b;
+  MissedRound(BaseConfig(), a, b);
   // learner-a: rounds 1 (both), 2 (alone), 3 (both); learner-b: 1 and 3.
   EXPECT_EQ(a.stats.rounds, 3u);
   EXPECT_EQ(b.stats.rounds, 2u);
   EXPECT_GE(b.stats.heals, 1u);
   EXPECT_EQ(ExpectSameGlobals(b, a), 2u);  // rounds 1 and 3
+}
+
+TEST(ReducerTest, HealBringsTheInnerOptimizerStateByOption) {
+  // The same missed round with AdamW and heal_inner_optimizer. Both
+  // learners' last step is their last boundary (the heal round for
+  // learner-b), so afterwards learner-b's Adam moments are learner-a's, bit
+  // for bit, though learner-b trained on other data (other moments) until
+  // then.
+  Config config = BaseConfig();
+  config.heal_inner_optimizer = true;
+  LearnerLog a, b;
+  MissedRound(config, a, b);
+  EXPECT_GE(b.stats.heals, 1u);
+  ASSERT_EQ(a.first_moment.size(), 8u);
+  EXPECT_EQ(a.first_moment, b.first_moment);
 }
 
 }  // namespace

@@ -1,0 +1,87 @@
+// The chaos harness (`mend chaos`): a DiLoCo training job on this machine
+// (an embedded lighthouse and N `mend train` learner processes) while, at
+// seeded random times, one fault at a time is injected:
+//   kill        SIGKILL a learner, restart it after a short delay (it resumes
+//               from the newest checkpoint or starts fresh, and heals);
+//   stop        SIGSTOP a learner for a few seconds (past the heartbeat
+//               timeout, so the lighthouse declares it dead), then SIGCONT;
+//   slow        throttle a learner (SIGSTOP/SIGCONT duty cycle) for a while;
+//   lighthouse  shut the lighthouse down and start it again on the same port.
+// Afterwards every round is checked from the learners' diagnostics: the
+// members' global state digests agree, no healthy learner's step waited
+// longer than the bound, every loss is finite. The report gives rounds,
+// faults, stalls, healing times, and the final eval loss against a fault-free
+// run of the same job (same steps, same settings).
+//
+// Thread-safety: RunChaos from one thread at a time.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "cli/training_job.h"
+#include "mend/status.h"
+#include "nlohmann/json.hpp"
+
+namespace mend::cli {
+
+struct ChaosOptions {
+  TrainingJobSpec job;           // mode diloco; the harness adds diagnostics and checkpoints
+  int64_t steps = 0;             // the job's steps (also in job.train_args)
+  int64_t sync_period_steps = 0; // H (also in job.settings)
+  uint64_t seed = 1;
+  std::vector<std::string> faults = {"kill", "stop", "slow", "lighthouse"};
+  double mean_gap_s = 20;        // mean time between the end of one fault and the next
+  double min_gap_s = 3;
+  double restart_delay_s = 1;    // a killed learner is restarted after this
+  double stop_min_s = 4, stop_max_s = 8;
+  double slow_s = 12;            // how long a learner is throttled
+  double slow_duty = 0.5;        // the share of time it is stopped while throttled
+  double lighthouse_down_s = 2;
+  double quiet_end = 0.15;       // no new fault in the last share of the steps
+  double stall_slack_s = 2;      // bound = grace window + heartbeat timeout + this
+  bool reference = true;         // also run the job without faults
+};
+
+struct FaultRecord {
+  std::string kind;
+  int learner = -1;              // 0-based; -1 for the lighthouse
+  int64_t start_ms = 0;          // Unix ms
+  int64_t end_ms = 0;            // when the fault was over (restart, SIGCONT, lighthouse up)
+  int64_t step = 0;              // the target's step when it began
+  // kill only: restart -> first round completed with a heal, from its diagnostics.
+  double restart_to_healed_s = -1;
+  double heal_transfer_s = -1;
+  uint64_t heal_bytes = 0;
+};
+
+struct ChaosReport {
+  nlohmann::json json;           // everything below and more, for the report file
+  std::vector<FaultRecord> faults;
+  uint64_t rounds = 0;           // distinct rounds completed by any learner
+  uint64_t rounds_checked = 0;   // with at least two members' digests compared
+  uint64_t digest_mismatches = 0;
+  uint64_t stalls = 0;           // healthy learners' step waits above the bound (learner faults)
+  double stall_bound_s = 0;
+  double max_wait_learner_fault_s = 0;  // longest healthy step wait during a learner fault
+  double max_wait_lighthouse_s = 0;     // ... during a lighthouse restart
+  bool losses_finite = true;
+  double eval_loss = 0;          // mean over learners
+  double reference_eval_loss = 0;  // 0 when not run
+  double wall_s = 0;
+  double reference_wall_s = 0;
+  bool passed = false;           // every invariant held
+  std::vector<std::string> violations;
+};
+
+// Runs it; `say` gets one line per event (faults, restarts). A learner that
+// fails on its own (not by an injected fault) fails the run.
+[[nodiscard]] StatusOr<ChaosReport> RunChaos(const ChaosOptions& options, const std::string& mend,
+                                             const std::string& work_dir,
+                                             const std::function<void(const std::string&)>& say,
+                                             const std::atomic<bool>& interrupted);
+
+}  // namespace mend::cli

@@ -1,0 +1,72 @@
+// The chaos harness end to end, short: `mend chaos` with 3 learners kills,
+// stops, throttles and restarts them and the lighthouse at seeded times
+// while they train, then checks every round. The test reads its report:
+// every kind of fault was injected, every killed learner came back and
+// completed a round, the members' global state digests agreed in every round
+// they shared, no healthy learner's step waited past the bound during a
+// learner fault, all losses were finite, and the fault-free run of the same
+// job was made for comparison. The bound has generous slack: a machine
+// running other tests may be slow, but a collective held by a dead or
+// stopped member until its 30 s deadline would still exceed it.
+#include <sys/wait.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "gtest/gtest.h"
+#include "mend/subprocess.h"
+#include "nlohmann/json.hpp"
+#include "test_util/synthetic_corpus.h"
+#include "test_util/wait.h"
+
+namespace mend {
+namespace {
+
+using json = nlohmann::json;
+
+TEST(ChaosProcessTest, TrainingSurvivesEveryKindOfFaultAndEveryRoundChecksOut) {
+  const std::string dir = testing_util::MakeTempDir();
+  ASSERT_FALSE(dir.empty());
+  testing_util::WriteSyntheticFortunes(dir + "/corpus");
+  const std::vector<std::string> argv = {
+      MEND_BINARY, "chaos", "--learners", "3", "--steps", "800", "--sync-every", "20", "--dim", "32",
+      "--layers", "2", "--batch", "16", "--corpus", dir + "/corpus", "--seed", "11", "--mean-gap-s", "1.5",
+      "--min-gap-s", "1", "--restart-delay-s", "0.5", "--stop-min-s", "2.5", "--stop-max-s", "3",
+      "--slow-s", "3", "--lighthouse-down-s", "1", "--heartbeat-timeout-ms", "1500", "--stall-slack-s", "10",
+      "--work-dir", dir + "/chaos", "--timeout-s", "600"};
+  auto chaos = Subprocess::Spawn({argv, {}, dir + "/chaos.out", dir + "/chaos.err", false});
+  ASSERT_TRUE(chaos.ok()) << chaos.status();
+  auto exited = (*chaos)->Wait(900 * kMicrosPerSecond);
+  ASSERT_TRUE(exited.ok()) << exited.status();
+  std::ifstream out_file(dir + "/chaos.out");
+  std::string out((std::istreambuf_iterator<char>(out_file)), std::istreambuf_iterator<char>());
+  EXPECT_TRUE(WIFEXITED(*exited) && WEXITSTATUS(*exited) == 0) << out;
+
+  std::ifstream in(dir + "/chaos/chaos-report.json");
+  json report = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  ASSERT_TRUE(report.is_object()) << out;
+  std::map<std::string, int> kinds;
+  for (const json& fault : report["faults"]) {
+    kinds[fault["kind"].get<std::string>()]++;
+    if (fault["kind"] == "kill") {
+      EXPECT_GE(fault["restart_to_healed_s"].get<double>(), 0) << "a killed learner never completed a round again: "
+                                                                << fault.dump();
+    }
+  }
+  for (const char* kind : {"kill", "stop", "slow", "lighthouse"}) {
+    EXPECT_GE(kinds[kind], 1) << "no '" << kind << "' fault was injected\n" << out;
+  }
+  EXPECT_GE(report["rounds_checked"].get<uint64_t>(), 10u) << out;
+  EXPECT_EQ(report["digest_mismatches"].get<uint64_t>(), 0u) << report["digest_mismatch_rounds"].dump();
+  EXPECT_EQ(report["stall_count"].get<uint64_t>(), 0u) << report["stalls"].dump();
+  EXPECT_TRUE(report["losses_finite"].get<bool>());
+  EXPECT_TRUE(report["passed"].get<bool>()) << report["violations"].dump();
+  EXPECT_EQ(report["results"].size(), 3u);
+  EXPECT_GT(report["reference_eval_loss"].get<double>(), 0) << out;
+  EXPECT_GT(report["eval_loss"].get<double>(), 0) << out;
+  if (!HasFailure()) std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace mend
