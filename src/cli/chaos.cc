@@ -446,6 +446,20 @@ class Harness {
     if (!r.losses_finite) r.violations.push_back("a loss was not finite");
     if (r.rounds_checked == 0) r.violations.push_back("no round had two members to compare");
     r.passed = r.violations.empty();
+    // Issue 5's healing target, where the link rate is known: a heal under
+    // 1.5 x (bytes / link) + 2 s; checked for the transfer and, stricter,
+    // for restart -> first round (process start and the wait for the next
+    // boundary included).
+    const double rate_mbit = SettingValue(spec_.settings, "link_rate_mbit", 0);
+    int transfer_met = 0, restart_met = 0, heals = 0;
+    for (const FaultRecord& f : r.faults) {
+      if (f.kind != "kill" || f.heal_bytes == 0 || rate_mbit <= 0) continue;
+      const double target = 1.5 * static_cast<double>(f.heal_bytes) * 8 / (rate_mbit * 1e6) + 2;
+      heals++;
+      transfer_met += f.heal_transfer_s < target ? 1 : 0;
+      restart_met += f.restart_to_healed_s >= 0 && f.restart_to_healed_s < target ? 1 : 0;
+    }
+    r.json["heal_target"] = {{"heals", heals}, {"transfer_met", transfer_met}, {"restart_to_round_met", restart_met}};
     json faults = json::array();
     for (const FaultRecord& f : r.faults) {
       faults.push_back({{"kind", f.kind},

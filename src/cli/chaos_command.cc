@@ -75,6 +75,12 @@ void PrintSummary(const ChaosReport& r, const ChaosOptions& o) {
     }
     fmt::print("\n");
   }
+  if (r.json.contains("heal_target") && r.json["heal_target"]["heals"].get<int>() > 0) {
+    const nlohmann::json& t = r.json["heal_target"];
+    fmt::print("  heal target       under 1.5 x bytes / link + 2 s: transfer {} of {}, restart -> first round {} of {}\n",
+               t["transfer_met"].get<int>(), t["heals"].get<int>(), t["restart_to_round_met"].get<int>(),
+               t["heals"].get<int>());
+  }
   fmt::print("  losses            {}\n", r.losses_finite ? "all finite" : "NOT ALL FINITE");
   if (r.reference_eval_loss > 0) {
     fmt::print("  final eval loss   {:.4f} vs {:.4f} fault-free ({:+.2f}%); wall {:.0f} s vs {:.0f} s\n", r.eval_loss,
@@ -172,7 +178,8 @@ void AddChaosCommand(CLI::App& app, int* exit_code) {
   auto flags = std::make_shared<ChaosFlags>();
   ChaosOptions& o = flags->options;
   o.job.learners = 3;
-  o.steps = 600;
+  o.steps = 1500;
+  o.mean_gap_s = 8;
   o.sync_period_steps = 20;
   o.job.grace_window_ms = 1000;
   o.job.heartbeat_timeout_ms = 2000;

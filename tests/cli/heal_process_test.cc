@@ -35,23 +35,14 @@ class HealProcessTest : public testing_util::ProcessFixture {
     return std::move(*child);
   }
 
-  // Reads progress lines until one reports `step` or more.
-  static bool AwaitStep(Subprocess& learner, int64_t step) {
+  // Reads progress lines until one reports `field` (step, rounds) at
+  // `value` or more.
+  static bool AwaitProgress(Subprocess& learner, const char* field, int64_t value) {
     while (true) {
       auto line = learner.ReadLine(kWait);
       if (!line.ok()) return false;
       json progress = json::parse(*line, nullptr, false);
-      if (progress.is_object() && progress.value("step", int64_t{0}) >= step) return true;
-    }
-  }
-
-  // Reads progress lines until one reports `rounds` completed rounds.
-  static bool AwaitRounds(Subprocess& learner, uint64_t rounds) {
-    while (true) {
-      auto line = learner.ReadLine(kWait);
-      if (!line.ok()) return false;
-      json progress = json::parse(*line, nullptr, false);
-      if (progress.is_object() && progress.value("rounds", uint64_t{0}) >= rounds) return true;
+      if (progress.is_object() && progress.value(field, int64_t{0}) >= value) return true;
     }
   }
 
@@ -68,13 +59,13 @@ TEST_F(HealProcessTest, RestartedLearnerHealsAndMatchesBitForBit) {
   StartLighthouse({"--min-learners", "1", "--grace-window-ms", "1000", "--heartbeat-timeout-ms", "1000"});
   auto a = Train("a", 0, 1'000'000);  // trains until told to stop
   auto b = Train("b", 1, 1'000'000);
-  ASSERT_TRUE(AwaitStep(*b, 20));
+  ASSERT_TRUE(AwaitProgress(*b, "step", 20));
   b->Kill();
   const size_t b_rounds_before = Rounds("b").size();
   // The new b continues the job's schedule: after its heal it is on a's
   // step. Three rounds after that both are stopped.
   auto b2 = Train("b", 1, 1'000'000);
-  ASSERT_TRUE(AwaitRounds(*b2, 3));
+  ASSERT_TRUE(AwaitProgress(*b2, "rounds", 3));
   ASSERT_TRUE(b2->Signal(SIGTERM).ok());
   auto exited = b2->Wait(kWait);
   ASSERT_TRUE(exited.ok());

@@ -94,6 +94,14 @@ TEST_F(TrainProcessTest, BadInputIsRefusedWithWhatWasWrong) {
   auto [modes, modes_text] = RunMend({"demo", "--modes", "ddp,bogus", "--work-dir", dir_ + "/d"});
   EXPECT_EQ(modes, 2);
   EXPECT_THAT(modes_text, HasSubstr("bogus"));
+  auto [start, start_text] = RunMend({"train", "--mode", "local", "--steps", "50", "--start-step", "50",
+                                      "--corpus", corpus_});
+  EXPECT_EQ(start, 2);
+  EXPECT_THAT(start_text, HasSubstr("start_step = 50"));
+  auto [faults, faults_text] = RunMend({"chaos", "--faults", "kill,meteor", "--corpus", corpus_, "--work-dir",
+                                        dir_ + "/c"});
+  EXPECT_EQ(faults, 2);
+  EXPECT_THAT(faults_text, HasSubstr("meteor"));
 }
 
 }  // namespace
