@@ -377,6 +377,7 @@ class Harness {
     }
     // Step waits of healthy learners, by the fault active at the time.
     json waits = json::array();
+    std::map<std::string, double> max_wait_by_kind;  // healthy learners' longest step per fault kind
     for (int i = 0; i < spec_.learners; ++i) {
       const std::vector<json> steps =
           ReadJsonLines(fmt::format("{}/learner-{}.steps.jsonl", diagnostics, i + 1));
@@ -393,6 +394,8 @@ class Harness {
           during = &f;
         }
         if (own || during == nullptr) continue;
+        double& by_kind = max_wait_by_kind[during->kind];
+        by_kind = std::max(by_kind, wait_s);
         if (during->kind == "lighthouse") {
           report_.max_wait_lighthouse_s = std::max(report_.max_wait_lighthouse_s, wait_s);
           continue;
@@ -419,6 +422,7 @@ class Harness {
     report_.eval_loss = eval_sum / spec_.learners;
     report_.json["digest_mismatch_rounds"] = mismatches;
     report_.json["stalls"] = waits;
+    report_.json["max_wait_by_kind_s"] = max_wait_by_kind;
     return OkStatus();
   }
 

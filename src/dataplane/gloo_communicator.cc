@@ -626,7 +626,12 @@ StatusOr<std::unique_ptr<Communicator>> Communicator::Connect(RendezvousStore& s
     attr.hostname = options.bind_host;
     device = gloo::transport::tcp::CreateDevice(attr);
     context = std::make_shared<gloo::rendezvous::Context>(options.rank, options.world_size);
-    context->setTimeout(timeout);
+    // Gloo waits five times the context's timeout for a pair's initial
+    // connection (and uses the context's timeout nowhere else here: every
+    // wait of ours passes its own). A member that was stopped while it
+    // connected and resumes after the others gave up would otherwise hang
+    // for 5 x collective_timeout_ms.
+    context->setTimeout(std::max(std::chrono::milliseconds(1), timeout / 5));
     context->connectFullMesh(gloo_store, device);
   } catch (const dataplane::StoreTimeout& error) {
     std::vector<std::string> missing;
