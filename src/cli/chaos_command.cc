@@ -44,20 +44,31 @@ double Median(std::vector<double> values) {
   return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
 }
 
-void PrintSummary(const ChaosReport& r, const ChaosOptions& o) {
-  std::map<std::string, int> by_kind;
-  std::vector<double> healed, transfer;
-  double heal_bytes = 0;
-  for (const FaultRecord& f : r.faults) {
-    by_kind[f.kind]++;
-    if (f.kind == "kill" && f.restart_to_healed_s >= 0) healed.push_back(f.restart_to_healed_s);
-    if (f.kind == "kill" && f.heal_transfer_s >= 0) {
-      transfer.push_back(f.heal_transfer_s);
-      heal_bytes = std::max(heal_bytes, static_cast<double>(f.heal_bytes));
+// The faults of a report, counted by kind, and the kills' healing times.
+struct FaultTally {
+  explicit FaultTally(const std::vector<FaultRecord>& faults) {
+    for (const FaultRecord& f : faults) {
+      by_kind[f.kind]++;
+      if (f.kind != "kill") continue;
+      if (f.restart_to_healed_s >= 0) healed.push_back(f.restart_to_healed_s);
+      if (f.heal_transfer_s >= 0) {
+        transfer.push_back(f.heal_transfer_s);
+        heal_bytes = std::max(heal_bytes, static_cast<double>(f.heal_bytes));
+      }
     }
   }
+  double max_healed() const { return healed.empty() ? 0.0 : *std::max_element(healed.begin(), healed.end()); }
+
+  std::map<std::string, int> by_kind;
+  std::vector<double> healed;    // restart -> first completed round, s
+  std::vector<double> transfer;  // heal transfer, s
+  double heal_bytes = 0;         // the largest heal
+};
+
+void PrintSummary(const ChaosReport& r, const ChaosOptions& o) {
+  const FaultTally tally(r.faults);
   std::string kinds;
-  for (const auto& [kind, n] : by_kind) kinds += fmt::format("{}{} {}", kinds.empty() ? "" : ", ", kind, n);
+  for (const auto& [kind, n] : tally.by_kind) kinds += fmt::format("{}{} {}", kinds.empty() ? "" : ", ", kind, n);
   fmt::print("\nchaos: {} learners, {} steps, seed {}: {}\n", o.job.learners, o.steps, o.seed,
              r.passed ? "every invariant held" : "INVARIANT VIOLATED");
   fmt::print("  faults injected   {} ({})\n", r.faults.size(), kinds);
@@ -67,11 +78,11 @@ void PrintSummary(const ChaosReport& r, const ChaosOptions& o) {
   fmt::print("  stalls            {} (healthy learners' longest step during a learner fault {:.2f} s; bound {:.2f} s)\n",
              r.stalls, r.max_wait_learner_fault_s, r.stall_bound_s);
   fmt::print("  lighthouse down   longest step of a learner during a restart {:.2f} s\n", r.max_wait_lighthouse_s);
-  if (!healed.empty()) {
-    fmt::print("  restarts          restart -> first round done: median {:.1f} s, max {:.1f} s", Median(healed),
-               *std::max_element(healed.begin(), healed.end()));
-    if (!transfer.empty()) {
-      fmt::print("; heal transfer median {:.3f} s for {:.2f} MB", Median(transfer), heal_bytes / 1e6);
+  if (!tally.healed.empty()) {
+    fmt::print("  restarts          restart -> first round done: median {:.1f} s, max {:.1f} s", Median(tally.healed),
+               tally.max_healed());
+    if (!tally.transfer.empty()) {
+      fmt::print("; heal transfer median {:.3f} s for {:.2f} MB", Median(tally.transfer), tally.heal_bytes / 1e6);
     }
     fmt::print("\n");
   }
@@ -100,19 +111,13 @@ void AppendCsv(const std::string& path, const ChaosReport& r, const ChaosOptions
            "restart_to_healed_max_s,heal_transfer_median_s,eval_loss,reference_eval_loss,wall_s,reference_wall_s,"
            "passed\n";
   }
-  std::map<std::string, int> by_kind;
-  std::vector<double> healed, transfer;
-  for (const FaultRecord& f : r.faults) {
-    by_kind[f.kind]++;
-    if (f.kind == "kill" && f.restart_to_healed_s >= 0) healed.push_back(f.restart_to_healed_s);
-    if (f.kind == "kill" && f.heal_transfer_s >= 0) transfer.push_back(f.heal_transfer_s);
-  }
+  FaultTally tally(r.faults);
+  std::map<std::string, int>& by_kind = tally.by_kind;
   out << fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{:.3f},{:.3f},{:.3f},{:.3f},{:.3f},{:.4f},{:.5f},{:.5f},{:.1f},{:.1f},{}\n",
                      o.seed, o.job.learners, o.steps, r.faults.size(), by_kind["kill"], by_kind["stop"],
                      by_kind["slow"], by_kind["lighthouse"], r.rounds, r.rounds_checked, r.digest_mismatches,
                      r.stalls, r.stall_bound_s, r.max_wait_learner_fault_s, r.max_wait_lighthouse_s,
-                     Median(healed), healed.empty() ? 0.0 : *std::max_element(healed.begin(), healed.end()),
-                     Median(transfer), r.eval_loss, r.reference_eval_loss, r.wall_s, r.reference_wall_s,
+                     Median(tally.healed), tally.max_healed(), Median(tally.transfer), r.eval_loss, r.reference_eval_loss, r.wall_s, r.reference_wall_s,
                      r.passed ? 1 : 0);
 }
 
