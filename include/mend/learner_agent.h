@@ -55,6 +55,10 @@ class LearnerAgent {
   virtual bool slow() const = 0;
   virtual double slow_zscore() const = 0;
   virtual uint64_t latest_round_id() const = 0;
+  // The boundary step of the latest round the lighthouse closed (from its
+  // heartbeat acknowledgements; the largest seen): a join of this learner's
+  // for that step or an earlier one that is still pending was passed over.
+  virtual uint64_t latest_round_step() const = 0;
   // How many times this agent has registered (1 + re-registrations).
   virtual uint64_t registrations() const = 0;
   virtual Status fatal_status() const = 0;

@@ -99,6 +99,7 @@ struct HeartbeatAck {
   double slow_zscore = 0;
   uint64_t latest_round_id = 0;
   uint64_t lighthouse_instance = 0;
+  uint64_t latest_round_step = 0;  // that round's boundary step
 };
 
 // A learner's heartbeat stream (gRPC bidirectional stream, callback API).

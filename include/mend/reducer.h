@@ -54,6 +54,7 @@ struct ReducerStats {
   uint64_t rounds_started = 0; // rounds launched at a fragment boundary
   uint64_t rounds = 0;         // rounds this learner completed
   uint64_t failed_rounds = 0;  // rounds that failed or formed without it
+  uint64_t passed_over = 0;    // rounds for its boundary that closed without it (it trained on)
   uint64_t heals = 0;          // times it took the global state from a peer
   uint64_t moment_syncs = 0;   // DES-LOC moment averagings (first and second counted apart)
   uint64_t bytes_sent = 0;     // data-plane bytes, all rounds

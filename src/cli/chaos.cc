@@ -393,7 +393,11 @@ class Harness {
           if (f.learner == i) own = true;
           during = &f;
         }
-        if (own || during == nullptr) continue;
+        if (during == nullptr) {
+          report_.max_wait_no_fault_s = std::max(report_.max_wait_no_fault_s, wait_s);
+          continue;
+        }
+        if (own) continue;
         double& by_kind = max_wait_by_kind[during->kind];
         by_kind = std::max(by_kind, wait_s);
         if (during->kind == "lighthouse") {
@@ -417,6 +421,7 @@ class Harness {
       const double eval = result.value("eval_loss", std::nan(""));
       if (!std::isfinite(eval) || learners_[static_cast<size_t>(i)].nonfinite) report_.losses_finite = false;
       eval_sum += eval;
+      report_.passed_over += result.value("passed_over", uint64_t{0});
       report_.json["results"].push_back(result);
     }
     report_.eval_loss = eval_sum / spec_.learners;
@@ -483,6 +488,8 @@ class Harness {
     r.json["stall_count"] = r.stalls;
     r.json["max_wait_learner_fault_s"] = r.max_wait_learner_fault_s;
     r.json["max_wait_lighthouse_s"] = r.max_wait_lighthouse_s;
+    r.json["max_wait_no_fault_s"] = r.max_wait_no_fault_s;
+    r.json["passed_over"] = r.passed_over;
     r.json["losses_finite"] = r.losses_finite;
     r.json["eval_loss"] = r.eval_loss;
     r.json["reference_eval_loss"] = r.reference_eval_loss;

@@ -68,6 +68,8 @@ struct ChaosReport {
   double stall_bound_s = 0;
   double max_wait_learner_fault_s = 0;  // longest healthy step wait during a learner fault
   double max_wait_lighthouse_s = 0;     // ... during a lighthouse restart
+  double max_wait_no_fault_s = 0;       // ... of any learner while no fault was on (the baseline)
+  uint64_t passed_over = 0;             // joins that missed their round (the learner trained on)
   bool losses_finite = true;
   double eval_loss = 0;          // mean over learners
   double reference_eval_loss = 0;  // 0 when not run

@@ -77,6 +77,8 @@ void PrintSummary(const ChaosReport& r, const ChaosOptions& o) {
                                       : fmt::format("DIFFER in {}", r.digest_mismatches));
   fmt::print("  stalls            {} (healthy learners' longest step during a learner fault {:.2f} s; bound {:.2f} s)\n",
              r.stalls, r.max_wait_learner_fault_s, r.stall_bound_s);
+  fmt::print("  no fault on       longest step of a learner {:.2f} s; {} join(s) passed over (trained on)\n",
+             r.max_wait_no_fault_s, r.passed_over);
   fmt::print("  lighthouse down   longest step of a learner during a restart {:.2f} s\n", r.max_wait_lighthouse_s);
   if (!tally.healed.empty()) {
     fmt::print("  restarts          restart -> first round done: median {:.1f} s, max {:.1f} s", Median(tally.healed),
@@ -109,16 +111,16 @@ void AppendCsv(const std::string& path, const ChaosReport& r, const ChaosOptions
     out << "seed,learners,steps,faults,kill,stop,slow,lighthouse,rounds,rounds_checked,digest_mismatches,stalls,"
            "stall_bound_s,max_wait_learner_fault_s,max_wait_lighthouse_s,restart_to_healed_median_s,"
            "restart_to_healed_max_s,heal_transfer_median_s,eval_loss,reference_eval_loss,wall_s,reference_wall_s,"
-           "passed\n";
+           "passed,max_wait_no_fault_s,passed_over\n";
   }
   FaultTally tally(r.faults);
   std::map<std::string, int>& by_kind = tally.by_kind;
-  out << fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{:.3f},{:.3f},{:.3f},{:.3f},{:.3f},{:.4f},{:.5f},{:.5f},{:.1f},{:.1f},{}\n",
+  out << fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{:.3f},{:.3f},{:.3f},{:.3f},{:.3f},{:.4f},{:.5f},{:.5f},{:.1f},{:.1f},{},{:.3f},{}\n",
                      o.seed, o.job.learners, o.steps, r.faults.size(), by_kind["kill"], by_kind["stop"],
                      by_kind["slow"], by_kind["lighthouse"], r.rounds, r.rounds_checked, r.digest_mismatches,
                      r.stalls, r.stall_bound_s, r.max_wait_learner_fault_s, r.max_wait_lighthouse_s,
                      Median(tally.healed), tally.max_healed(), Median(tally.transfer), r.eval_loss, r.reference_eval_loss, r.wall_s, r.reference_wall_s,
-                     r.passed ? 1 : 0);
+                     r.passed ? 1 : 0, r.max_wait_no_fault_s, r.passed_over);
 }
 
 int RunChaosCommand(ChaosFlags& flags) {

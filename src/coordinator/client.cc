@@ -120,7 +120,7 @@ class HeartbeatStreamImpl final
   void OnReadDone(bool ok) override {
     if (!ok) return;  // the stream is ending; OnDone follows
     HeartbeatAck ack{ack_.slow(), ack_.slow_zscore(), ack_.latest_round_id(),
-                     ack_.lighthouse_instance()};
+                     ack_.lighthouse_instance(), ack_.latest_round_step()};
     {
       std::lock_guard lock(mu_);
       last_ack_at_ = RealClock()->NowMicros();

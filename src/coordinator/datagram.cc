@@ -161,6 +161,7 @@ std::string Encode(const Header& header, const Ack& body, Signer& signer) {
   w.F64(body.slow_zscore);
   w.U64(body.latest_round_id);
   w.U64(body.lighthouse_instance);
+  w.U64(body.latest_round_step);
   return w.Seal(signer);
 }
 
@@ -242,7 +243,7 @@ StatusOr<Ack> DecodeAck(std::string_view datagram) {
   Ack body;
   uint8_t slow = 0;
   if (!r.U8(slow) || !r.F64(body.slow_zscore) || !r.U64(body.latest_round_id) ||
-      !r.U64(body.lighthouse_instance) || !r.Done()) {
+      !r.U64(body.lighthouse_instance) || !r.U64(body.latest_round_step) || !r.Done()) {
     return Malformed<Ack>("ack");
   }
   body.slow = slow != 0;

@@ -33,7 +33,7 @@ typedef struct evp_mac_ctx_st EVP_MAC_CTX;
 namespace mend::coordinator::datagram {
 
 inline constexpr uint32_t kMagic = 0x31444E4D;  // "MND1" in little-endian order
-inline constexpr uint8_t kVersion = 1;
+inline constexpr uint8_t kVersion = 2;  // 2: acks carry the latest round's step
 inline constexpr size_t kHeaderBytes = 24;
 inline constexpr size_t kMacBytes = 16;
 inline constexpr size_t kMaxDatagramBytes = 8192;
@@ -98,6 +98,7 @@ struct Ack {
   double slow_zscore = 0;
   uint64_t latest_round_id = 0;
   uint64_t lighthouse_instance = 0;
+  uint64_t latest_round_step = 0;
 };
 
 struct Decision {

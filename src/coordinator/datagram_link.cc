@@ -47,7 +47,8 @@ void DatagramLink::Attach(uint64_t session_id) {
       last_ack_at_ = RealClock()->NowMicros();
     }
     if (hooks_.on_ack) {
-      hooks_.on_ack({ack.slow, ack.slow_zscore, ack.latest_round_id, ack.lighthouse_instance});
+      hooks_.on_ack({ack.slow, ack.slow_zscore, ack.latest_round_id, ack.lighthouse_instance,
+                     ack.latest_round_step});
     }
   };
   callbacks.on_decision = [this](const datagram::Decision& decision) {

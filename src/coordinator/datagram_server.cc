@@ -321,15 +321,17 @@ void DatagramServer::HandleHeartbeat(uint64_t session_id, const std::string& lea
     }
     return;
   }
-  // Answer at once only when the slow flag changed: a new round id alone
-  // waits for the periodic acknowledgement, or every learner would be
-  // acknowledged in the same instant right after each round closes.
-  bool changed = !peer.acked || result->slow != peer.last_ack.slow;
+  // Answer at once only when the slow flag changed, or a round closed while
+  // this learner's join waits (it was passed over, and trains on once it
+  // knows): a new round id alone waits for the periodic acknowledgement, or
+  // every learner would be acknowledged right after each round closes.
+  bool changed = !peer.acked || result->slow != peer.last_ack.slow ||
+                 (result->waiting && result->latest_round_id != peer.last_ack.latest_round_id);
   if (!changed && now - peer.last_ack_at < core_->options().ack_interval) return;
   peer.acked = true;
   peer.last_ack_at = now;
   peer.last_ack = {result->slow, result->slow_zscore, result->latest_round_id,
-                   core_->instance_id()};
+                   core_->instance_id(), result->latest_round_step};
   Outgoing reply;
   reply.session_id = session_id;
   reply.address = peer.address;

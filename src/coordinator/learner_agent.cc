@@ -171,6 +171,7 @@ class LearnerAgentImpl final : public LearnerAgent {
   bool slow() const override { return slow_.load(); }
   double slow_zscore() const override { return zscore_.load(); }
   uint64_t latest_round_id() const override { return latest_round_id_.load(); }
+  uint64_t latest_round_step() const override { return latest_round_step_.load(); }
   uint64_t registrations() const override { return registrations_.load(); }
   Status fatal_status() const override {
     std::lock_guard lock(mu_);
@@ -226,6 +227,10 @@ class LearnerAgentImpl final : public LearnerAgent {
     uint64_t latest = latest_round_id_.load();
     while (ack.latest_round_id > latest &&
            !latest_round_id_.compare_exchange_weak(latest, ack.latest_round_id)) {
+    }
+    uint64_t step = latest_round_step_.load();
+    while (ack.latest_round_step > step &&
+           !latest_round_step_.compare_exchange_weak(step, ack.latest_round_step)) {
     }
   }
 
@@ -459,6 +464,7 @@ class LearnerAgentImpl final : public LearnerAgent {
   std::atomic<bool> slow_{false};
   std::atomic<double> zscore_{0};
   std::atomic<uint64_t> latest_round_id_{0};
+  std::atomic<uint64_t> latest_round_step_{0};
   std::atomic<uint64_t> registrations_{0};
 
   mutable std::mutex mu_;

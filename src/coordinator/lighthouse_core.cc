@@ -121,6 +121,8 @@ StatusOr<HeartbeatResult> LighthouseCore::Heartbeat(const HeartbeatArgs& args) {
     result.slow = record->slow;
     result.slow_zscore = membership_.vitals(*record).slow_zscore;
     result.latest_round_id = quorum_.latest_round_id();
+    result.latest_round_step = quorum_.latest_round_step();
+    result.waiting = record->join.has_value();
   }
   Finish(completions);
   if (wake && wakeup_) wakeup_();

@@ -83,6 +83,8 @@ struct HeartbeatResult {
   bool slow = false;
   double slow_zscore = 0;
   uint64_t latest_round_id = 0;
+  uint64_t latest_round_step = 0;  // its members' largest step
+  bool waiting = false;            // the learner has a join pending
 };
 
 struct QuorumArgs {

@@ -171,6 +171,8 @@ std::shared_ptr<Round> QuorumMachine::Close(Membership& membership, Micros now,
     // round of their own (IncludesNewestState).
     membership.Mutate(*taken[rank].first, [&](LearnerRecord& r) { r.last_round_id = round->id; });
   }
+  latest_round_step_ = 0;
+  for (const MemberInfo& member : round->members) latest_round_step_ = std::max(latest_round_step_, member.step);
   Micros need = 0;
   for (const auto& [join, rank] : *joins) {
     need = std::max(need, join.joined_at - round->quorum_reached_at);

@@ -124,8 +124,10 @@ class HeartbeatReactor final
     Micros now = clock_->NowMicros();
     {
       std::lock_guard lock(mu_);
-      // Only a slow-flag change is answered at once (see DatagramServer).
-      bool changed = result.slow != response_.slow();
+      // Answered at once: a slow-flag change, and a round that closed while
+      // this learner waits (see DatagramServer).
+      bool changed = result.slow != response_.slow() ||
+                     (result.waiting && result.latest_round_id != response_.latest_round_id());
       bool due = now - last_write_at_ >= ack_interval_;
       if (writing_ || !(changed || due || first_)) return;
       first_ = false;
@@ -135,6 +137,7 @@ class HeartbeatReactor final
       response_.set_slow(result.slow);
       response_.set_slow_zscore(result.slow_zscore);
       response_.set_latest_round_id(result.latest_round_id);
+      response_.set_latest_round_step(result.latest_round_step);
       response_.set_lighthouse_instance(service_->core()->instance_id());
     }
     StartWrite(&response_);

@@ -36,6 +36,9 @@ struct Fragment {
   std::vector<std::string> names;  // the parameters' names in the module
   std::unique_ptr<FragmentState> state;
   uint64_t tokens_since_round = 0;
+  // The job's boundary step of the last round this fragment completed: no
+  // second round is launched for it (after a heal moved the step).
+  uint64_t last_round_boundary = 0;
 };
 
 size_t TotalValues(const std::vector<at::Tensor>& parameters) {
@@ -131,6 +134,10 @@ class AbortWatch {
   std::thread thread_;  // last: starts after the members above exist
 };
 
+// How often a learner waiting at boundary + tau looks whether the lighthouse
+// reported its round closed without it.
+constexpr auto kPassedOverPoll = std::chrono::milliseconds(20);
+
 class ReducerImpl final : public Reducer {
  public:
   ReducerImpl(const Config& config, LearnerAgent& agent, FragmentSchedule schedule,
@@ -149,6 +156,7 @@ class ReducerImpl final : public Reducer {
 
   Status Init(torch::nn::Module& module, torch::optim::Optimizer& optimizer, uint64_t start_step) {
     stats_.steps = start_step;
+    step_now_.store(start_step);
     abort_watch_ = std::make_unique<AbortWatch>(agent_.client());
     diagnostics_ = std::make_unique<reducer::Diagnostics>(config_.diagnostics_dir, agent_.id());
     std::vector<at::Tensor> parameters = module.parameters(/*recurse=*/true);
@@ -224,6 +232,7 @@ class ReducerImpl final : public Reducer {
     last_round_id_ = checkpoint->meta.round_id;
     stats_.last_round_id = checkpoint->meta.round_id;
     stats_.steps = checkpoint->meta.step;
+    step_now_.store(stats_.steps);
     stats_.resumed_from_round = checkpoint->meta.round_id;
     spdlog::info("resumed from the checkpoint of round {} (step {}, written by {})", checkpoint->meta.round_id,
                  checkpoint->meta.step, checkpoint->meta.written_by);
@@ -325,6 +334,7 @@ class ReducerImpl final : public Reducer {
     last_step_ = now;
     stepped_ = true;
     stats_.steps++;
+    step_now_.store(stats_.steps, std::memory_order_relaxed);
     tokens_total_ += tokens;
     for (Fragment& fragment : fragments_) fragment.tokens_since_round += tokens;
     agent_.RecordStep(stats_.steps, tokens_total_, step_time);
@@ -334,13 +344,30 @@ class ReducerImpl final : public Reducer {
                           {"step_ms", static_cast<double>(step_time) / kMicrosPerMilli}});
     }
     // A round's result is applied as soon as it has arrived; at step
-    // boundary + tau at the latest (waiting for it there).
-    if (in_flight_ && (stats_.steps >= in_flight_->apply_at_step ||
-                       in_flight_->done.load(std::memory_order_acquire))) {
-      FinishInFlight();
+    // boundary + tau at the latest (waiting for it there), unless the round
+    // for that boundary closed without this learner: then its join waits for
+    // the next round while it trains on.
+    if (in_flight_ && (in_flight_->done.load(std::memory_order_acquire) ||
+                       (stats_.steps >= in_flight_->apply_at_step && !in_flight_->passed_over))) {
+      if (AwaitRound(*in_flight_, in_flight_->boundary_step)) {
+        FinishInFlight();
+      } else if (!in_flight_->passed_over) {
+        in_flight_->passed_over = true;
+        stats_.passed_over++;
+        spdlog::info("fragment {}: the round for step {} closed without this learner; training on, its "
+                     "join waits for the next round",
+                     in_flight_->fragment, in_flight_->boundary_step);
+      }
     }
     for (int64_t f = 0; f < schedule_.fragments(); ++f) {
       if (!schedule_.StartsAt(f, static_cast<int64_t>(stats_.steps))) continue;
+      FinishInFlight();
+      // A heal may have moved this learner's step off the boundary, or onto
+      // one whose round it just took part in.
+      if (!schedule_.StartsAt(f, static_cast<int64_t>(stats_.steps)) ||
+          stats_.steps <= fragments_[static_cast<size_t>(f)].last_round_boundary) {
+        continue;
+      }
       Launch(static_cast<int>(f));
       if (!concurrent_) FinishInFlight();  // synchronous DiLoCo: wait here
     }
@@ -349,6 +376,20 @@ class ReducerImpl final : public Reducer {
 
   Status shutdown() override {
     if (shut_down_) return OkStatus();
+    // A join still waiting once the round of the job's last boundary (the
+    // last within a fragment period of this final step) closed without it
+    // would wait for a round that never comes: it is called off, and the
+    // steps since its boundary are not merged.
+    if (in_flight_) {
+      const uint64_t last_boundary = stats_.steps + 1 - std::min(stats_.steps + 1, FragmentPeriod());
+      if (!AwaitRound(*in_flight_, std::max(in_flight_->boundary_step, last_boundary))) {
+        spdlog::warn("fragment {}: the job's last round closed without this learner; its join for step {} "
+                     "is called off ({} step(s) not merged)",
+                     in_flight_->fragment, in_flight_->boundary_step, stats_.steps - in_flight_->boundary_step);
+        if (!in_flight_->passed_over) stats_.passed_over++;
+        agent_.Interrupt();
+      }
+    }
     FinishInFlight();
     JoinCheckpointWriter();
     shut_down_ = true;
@@ -396,7 +437,36 @@ class ReducerImpl final : public Reducer {
     std::thread thread;
     std::atomic<bool> done{false};  // set by the thread when `outcome` is final
     StatusOr<Outcome> outcome = AbortedError("not finished");
+    // Set by the thread when the lighthouse answered (under `mu`; `done`
+    // is signalled on `changed`): the round formed at this learner's step
+    // `formed_step`.
+    std::mutex mu;
+    std::condition_variable changed;
+    bool formed = false;
+    uint64_t formed_step = 0;
+    bool passed_over = false;  // training thread only: not waited for at tau
   };
+
+  // Waits for the round in flight; returns false, without waiting longer,
+  // once the lighthouse reports that a round for step `give_up_step` or a
+  // later one closed while this learner's join had not formed a round. At
+  // boundary + tau (give_up_step = the boundary) that means it was passed
+  // over: its join waits for the next round while it trains on, and the
+  // result is applied when it arrives.
+  bool AwaitRound(InFlight& flight, uint64_t give_up_step) {
+    std::unique_lock lock(flight.mu);
+    while (!flight.done.load(std::memory_order_acquire)) {
+      if (concurrent_ && !flight.formed && agent_.latest_round_step() >= give_up_step) return false;
+      // The lighthouse's news comes with heartbeat acknowledgements.
+      flight.changed.wait_for(lock, kPassedOverPoll);
+    }
+    return true;
+  }
+
+  // Steps between two rounds (of consecutive fragments).
+  uint64_t FragmentPeriod() const {
+    return static_cast<uint64_t>(std::max<int64_t>(1, config_.sync_period_steps / schedule_.fragments()));
+  }
 
   // At fragment f's boundary: snapshot, and start the exchange on a
   // background thread (one round in flight at a time).
@@ -425,7 +495,11 @@ class ReducerImpl final : public Reducer {
     InFlight* raw = flight.get();
     flight->thread = std::thread([this, raw]() {
       raw->outcome = Exchange(*raw);
-      raw->done.store(true, std::memory_order_release);
+      {
+        std::lock_guard lock(raw->mu);
+        raw->done.store(true, std::memory_order_release);
+      }
+      raw->changed.notify_all();
     });
     stats_.rounds_started++;
     in_flight_ = std::move(flight);
@@ -495,14 +569,18 @@ class ReducerImpl final : public Reducer {
     // restarted learner), and later when it fell a fragment period or more
     // behind (it was stopped or cut off); a lag of a few steps from timing
     // alone is left as it is.
-    const uint64_t period = static_cast<uint64_t>(std::max<int64_t>(1, config_.sync_period_steps / schedule_.fragments()));
-    const bool far_behind = outcome.heal_step >= flight->boundary_step + period;
+    // The steps that count are those since the round formed (the source
+    // was at its boundary then): a learner passed over trained on meanwhile.
+    const bool far_behind = outcome.heal_step >= flight->boundary_step + FragmentPeriod();
+    fragment.last_round_boundary = flight->boundary_step;
     if (!outcome.healed.empty() && (stats_.rounds == 0 || far_behind) &&
         outcome.heal_step != flight->boundary_step) {
-      const uint64_t since = stats_.steps - flight->boundary_step;
+      const uint64_t since = stats_.steps - std::min(stats_.steps, flight->formed_step);
       spdlog::info("healed from {}: step {} becomes the job's step {}", outcome.heal_source, stats_.steps,
                    outcome.heal_step + since);
       stats_.steps = outcome.heal_step + since;
+      step_now_.store(stats_.steps, std::memory_order_relaxed);
+      fragment.last_round_boundary = outcome.heal_step;
     }
     stats_.rounds++;
     stats_.last_round_id = outcome.round_id;
@@ -537,7 +615,8 @@ class ReducerImpl final : public Reducer {
         {"tokens", flight.tokens},
         {"seconds", std::chrono::duration<double>(std::chrono::steady_clock::now() - flight.launched)
                         .count()},
-        {"ok", flight.outcome.ok()}};
+        {"ok", flight.outcome.ok()},
+        {"passed_over", flight.passed_over}};
     if (!flight.outcome.ok()) {
       record["error"] = flight.outcome.status().ToString();
     } else {
@@ -563,12 +642,17 @@ class ReducerImpl final : public Reducer {
 
   // The background part of a round: quorum, communicator, healing, merge.
   // Reads the fragments' global state; writes nothing the training thread reads.
-  StatusOr<Outcome> Exchange(const InFlight& flight) {
+  StatusOr<Outcome> Exchange(InFlight& flight) {
     const Fragment& fragment = fragments_[static_cast<size_t>(flight.fragment)];
     MEND_ASSIGN_OR_RETURN(
         QuorumResult round,
         agent_.Quorum(last_round_id_, flight.tokens, config_.quorum_timeout_ms * kMicrosPerMilli,
                       /*include_members=*/true));
+    {
+      std::lock_guard lock(flight.mu);
+      flight.formed = true;
+      flight.formed_step = step_now_.load(std::memory_order_relaxed);
+    }
     // A round formed by a lighthouse that has since restarted (this agent
     // registered again) cannot rendezvous: its keys died with it.
     const uint64_t registrations = agent_.registrations();
@@ -753,6 +837,7 @@ class ReducerImpl final : public Reducer {
   std::vector<Fragment> fragments_;
   ReducerStats stats_;
   uint64_t tokens_total_ = 0;
+  std::atomic<uint64_t> step_now_{0};  // stats_.steps, for the round's thread
   std::chrono::steady_clock::time_point last_step_;
   bool stepped_ = false;
   bool shut_down_ = false;

@@ -108,6 +108,7 @@ nlohmann::json TrainResult::ToJson() const {
           {"bytes_sent", bytes_sent},
           {"rounds", rounds},
           {"failed_rounds", failed_rounds},
+          {"passed_over", passed_over},
           {"heals", heals},
           {"inner_step_ms", inner_step_ms},
           {"compute_fraction", compute_fraction},
@@ -263,6 +264,7 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config, c
     const ReducerStats stats = reducer->stats();
     result.rounds = stats.rounds;
     result.failed_rounds = stats.failed_rounds;
+    result.passed_over = stats.passed_over;
     result.heals = stats.heals;
   }
   result.bytes_sent = bytes_sent();

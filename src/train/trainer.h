@@ -75,6 +75,7 @@ struct TrainResult {
   uint64_t bytes_sent = 0;   // data plane, this learner
   uint64_t rounds = 0;
   uint64_t failed_rounds = 0;
+  uint64_t passed_over = 0;  // rounds for its boundary that closed without it
   uint64_t heals = 0;
   double inner_step_ms = 0;  // mean forward + backward + optimizer step
   double compute_fraction = 0;  // inner steps' share of the training time

@@ -71,13 +71,15 @@ class CoreHarness {
   }
 
   std::shared_ptr<JoinOutcome> Join(const std::string& id, uint64_t last_round = 0,
-                                    uint64_t tokens = 0, int64_t timeout_ms = 60000) {
+                                    uint64_t tokens = 0, int64_t timeout_ms = 60000,
+                                    uint64_t step = 0) {
     auto outcome = std::make_shared<JoinOutcome>();
     QuorumArgs args;
     args.learner_id = id;
     args.session_id = sessions_[id];
     args.last_round_id = last_round;
     args.tokens_since_last_round = tokens;
+    args.step = step;
     args.timeout = timeout_ms * kMicrosPerMilli;
     outcome->waiter_id =
         core_->Quorum(args, [outcome](StatusOr<RoundAssignment> r) { outcome->result = r; });

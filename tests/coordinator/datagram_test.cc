@@ -56,6 +56,17 @@ TEST(DatagramTest, TamperedOrForeignDatagramsFailVerification) {
   EXPECT_FALSE(signer.Verify(bytes.substr(0, 10)));
 }
 
+TEST(DatagramTest, AckRoundTrips) {
+  Signer signer(DeriveKey("job-token-123456"));
+  auto ack = DecodeAck(Encode({Kind::kAck, 5, 1}, Ack{true, 4.5, 3, 9, 1200}, signer));
+  ASSERT_TRUE(ack.ok()) << ack.status();
+  EXPECT_TRUE(ack->slow);
+  EXPECT_EQ(ack->slow_zscore, 4.5);
+  EXPECT_EQ(ack->latest_round_id, 3u);
+  EXPECT_EQ(ack->lighthouse_instance, 9u);
+  EXPECT_EQ(ack->latest_round_step, 1200u);
+}
+
 TEST(DatagramTest, MalformedInputIsRefused) {
   Signer signer(DeriveKey("job-token-123456"));
   EXPECT_FALSE(ParseHeader("short").ok());

@@ -127,6 +127,30 @@ TEST(LighthouseCoreTest, JoinsOfClosedRoundsNeverExpireLater) {
   for (const auto& join : closed) EXPECT_TRUE(join->ok());
 }
 
+TEST(LighthouseCoreTest, HeartbeatsTellAWaitingLearnerItWasPassedOver) {
+  // a and b close the round for step 50 without c; c's join for that step
+  // comes after: its heartbeats say it waits, and which step the latest
+  // round was for (it then trains on instead of waiting).
+  CoreHarness h(CoreHarness::Options(2, 0));
+  for (const char* id : {"a", "b", "c"}) h.Register(id);
+  auto before = h.Heartbeat("c");
+  ASSERT_TRUE(before.ok());
+  EXPECT_EQ(before->latest_round_step, 0u);
+  auto a = h.Join("a", 0, 0, 60000, /*step=*/50);
+  auto b = h.Join("b", 0, 0, 60000, /*step=*/50);
+  ASSERT_TRUE(a->ok() && b->ok());
+  auto c = h.Join("c", 0, 0, 60000, /*step=*/50);
+  EXPECT_FALSE(c->done());
+  auto news = h.Heartbeat("c");
+  ASSERT_TRUE(news.ok());
+  EXPECT_EQ(news->latest_round_id, a->round().id);
+  EXPECT_EQ(news->latest_round_step, 50u);
+  EXPECT_TRUE(news->waiting);
+  auto member = h.Heartbeat("a");
+  ASSERT_TRUE(member.ok());
+  EXPECT_FALSE(member->waiting);
+}
+
 TEST(LighthouseCoreTest, SlowFlagIsRaisedAndClearedWithEvents) {
   CoreHarness h(CoreHarness::Options(2, 1000));
   for (const char* id : {"a", "b", "c"}) h.Register(id);

@@ -45,6 +45,7 @@ struct LearnerLog {
   std::optional<std::vector<float>> final_global;  // after shutdown
   std::vector<float> initial_global;               // right after Create (a resume shows here)
   uint64_t registrations = 0;                      // with the lighthouse (1 + re-registrations)
+  std::atomic<uint64_t> steps{0};                  // the reducer's step, live
 };
 
 // Trains a linear regression on the learner's own shard for `boundaries`
@@ -78,6 +79,7 @@ void Learn(const Config& config, const std::string& id, int seed, int boundaries
       uint64_t before = (*reducer)->stats().rounds;
       ASSERT_TRUE((*reducer)->step(16).ok());
       ReducerStats stats = (*reducer)->stats();
+      log->steps = stats.steps;
       if (stats.rounds > before) {
         auto global = (*reducer)->global(0);
         log->global_by_round[stats.last_round_id].assign(global.begin(), global.end());
@@ -527,6 +529,113 @@ TEST(ReducerTest, HealBringsTheInnerOptimizerStateByOption) {
   EXPECT_GE(b.stats.heals, 1u);
   ASSERT_EQ(a.first_moment.size(), 8u);
   EXPECT_EQ(a.first_moment, b.first_moment);
+}
+
+TEST(ReducerTest, ALearnerPassedOverTrainsOnAndJoinsTheNextRound) {
+  // Concurrent rounds (tau = 1). learner-b reaches its second boundary
+  // (step 8) after learner-a's round for it closed alone. It must not wait
+  // at step 9 for the next round: learner-a holds back its third boundary
+  // until learner-b is past step 10 with its join waiting, so a learner-b
+  // that waited would leave both stuck until the quorum timeout (a failed
+  // round). Then the third round has both; learner-b heals and takes the
+  // job's step, and launches no second round for step 12.
+  Config config = BaseConfig();
+  config.concurrent_outer_step = true;
+  config.overlap_steps = 1;
+  config.grace_window_ms = 5000;
+  config.quorum_timeout_ms = 30000;
+  auto server = StartLighthouse(config);
+  config.lighthouse = server->grpc_address();
+  LearnerLog a, b;
+  auto both_alive = [&]() {
+    EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond, [&]() {
+      return LearnerState(*server, "learner-a") != "" && LearnerState(*server, "learner-b") != "";
+    }));
+  };
+  auto latest_round = [&]() {
+    return nlohmann::json::parse(server->StatusJson())["summary"]["latest_round_id"].get<uint64_t>();
+  };
+  std::thread ta([&]() {
+    Learn(config, "learner-a", 1, 3, &a, [&](int boundary) {
+      if (boundary == 0) both_alive();
+      if (boundary == 2) {
+        EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond, [&]() {
+          return b.steps >= 10 && LearnerState(*server, "learner-b") == "waiting";
+        }));
+      }
+    });
+  });
+  std::thread tb([&]() {
+    Learn(config, "learner-b", 2, 3, &b, [&](int boundary) {
+      if (boundary == 0) both_alive();
+      if (boundary == 1) {
+        EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond, [&]() { return latest_round() >= 2; }));
+      }
+    });
+  });
+  ta.join();
+  tb.join();
+  EXPECT_EQ(b.stats.passed_over, 1u);
+  EXPECT_EQ(b.stats.failed_rounds, 0u);
+  EXPECT_EQ(a.stats.failed_rounds, 0u);
+  EXPECT_EQ(a.stats.rounds, 3u);
+  EXPECT_EQ(b.stats.rounds, 2u);  // rounds 1 and 3
+  EXPECT_EQ(b.stats.rounds_started, 2u);  // steps 4 and 8; step 12 was round 3's
+  EXPECT_GE(b.stats.heals, 1u);
+  // Round 1 as both logged it; round 3 was learner-a's last step, finished
+  // by its shutdown().
+  ASSERT_EQ(b.global_by_round.count(3), 1u);
+  ASSERT_TRUE(a.final_global.has_value());
+  EXPECT_EQ(b.global_by_round[3], *a.final_global);
+  b.global_by_round.erase(3);
+  EXPECT_EQ(ExpectSameGlobals(b, a), 1u);
+}
+
+TEST(ReducerTest, AJoinPassedOverAtTheJobsLastBoundaryIsCalledOffAtShutdown) {
+  // Three learners, quorum of two, two periods each; learner-b reaches
+  // step 8 after the round for it closed (learner-a and learner-c) and both
+  // left. No round can come:
+  // learner-b's shutdown() calls its join off instead of waiting the quorum
+  // timeout (ten minutes here: a learner that waited would hang the test).
+  Config config = BaseConfig();
+  config.concurrent_outer_step = true;
+  config.overlap_steps = 1;
+  config.grace_window_ms = 1000;
+  config.quorum_timeout_ms = 600000;
+  config.quorum_min_learners = 2;
+  auto server = StartLighthouse(config);
+  config.lighthouse = server->grpc_address();
+  LearnerLog a, b, c;
+  auto all_alive = [&]() {
+    EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond, [&]() {
+      return LearnerState(*server, "learner-a") != "" && LearnerState(*server, "learner-b") != "" &&
+             LearnerState(*server, "learner-c") != "";
+    }));
+  };
+  std::atomic<int> done{0};
+  auto other = [&](const char* id, int seed, LearnerLog* log) {
+    return std::thread([&, id, seed, log]() {
+      Learn(config, id, seed, 2, log, [&](int boundary) {
+        if (boundary == 0) all_alive();
+      });
+      done++;
+    });
+  };
+  std::thread ta = other("learner-a", 1, &a);
+  std::thread tc = other("learner-c", 3, &c);
+  std::thread tb([&]() {
+    Learn(config, "learner-b", 2, 2, &b, [&](int boundary) {
+      if (boundary == 0) all_alive();
+      if (boundary == 1) EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond, [&]() { return done == 2; }));
+    });
+  });
+  ta.join();
+  tc.join();
+  tb.join();
+  EXPECT_EQ(a.stats.rounds, 2u);
+  EXPECT_EQ(b.stats.rounds, 1u);
+  EXPECT_EQ(b.stats.passed_over, 1u);
+  EXPECT_EQ(b.stats.failed_rounds, 1u);
 }
 
 }  // namespace
