@@ -3,6 +3,7 @@
 // quorum rounds and Gloo communicators. Checks bit-identical global
 // parameters after every shared round, and a learner that misses a round
 // healing and rejoining.
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <filesystem>
@@ -469,6 +470,13 @@ std::string LearnerState(LighthouseServer& server, const std::string& id) {
   return "";
 }
 
+// Waits until every one of `ids` has registered with the lighthouse.
+void AwaitRegistered(LighthouseServer& server, std::initializer_list<const char*> ids) {
+  EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond, [&]() {
+    return std::all_of(ids.begin(), ids.end(), [&](const char* id) { return LearnerState(server, id) != ""; });
+  }));
+}
+
 // Minimum quorum 1. learner-b holds back its second boundary until
 // learner-a's second round has closed without it (after the grace window);
 // learner-a then waits for learner-b to be waiting before its third join, so
@@ -477,11 +485,7 @@ void MissedRound(Config config, LearnerLog& a, LearnerLog& b) {
   config.grace_window_ms = 5000;
   auto server = StartLighthouse(config);
   config.lighthouse = server->grpc_address();
-  auto both_alive = [&]() {
-    EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond, [&]() {
-      return LearnerState(*server, "learner-a") != "" && LearnerState(*server, "learner-b") != "";
-    }));
-  };
+  auto both_alive = [&]() { AwaitRegistered(*server, {"learner-a", "learner-b"}); };
   std::atomic<size_t> a_rounds{0};
   std::thread ta([&]() {
     Learn(config, "learner-a", 1, 3, &a, [&](int boundary) {
@@ -531,6 +535,16 @@ TEST(ReducerTest, HealBringsTheInnerOptimizerStateByOption) {
   EXPECT_EQ(a.first_moment, b.first_moment);
 }
 
+// Concurrent rounds with tau = 1, for the passed-over tests.
+Config ConcurrentConfig(int64_t grace_window_ms, int64_t quorum_timeout_ms) {
+  Config config = BaseConfig();
+  config.concurrent_outer_step = true;
+  config.overlap_steps = 1;
+  config.grace_window_ms = grace_window_ms;
+  config.quorum_timeout_ms = quorum_timeout_ms;
+  return config;
+}
+
 TEST(ReducerTest, ALearnerPassedOverTrainsOnAndJoinsTheNextRound) {
   // Concurrent rounds (tau = 1). learner-b reaches its second boundary
   // (step 8) after learner-a's round for it closed alone. It must not wait
@@ -539,19 +553,11 @@ TEST(ReducerTest, ALearnerPassedOverTrainsOnAndJoinsTheNextRound) {
   // that waited would leave both stuck until the quorum timeout (a failed
   // round). Then the third round has both; learner-b heals and takes the
   // job's step, and launches no second round for step 12.
-  Config config = BaseConfig();
-  config.concurrent_outer_step = true;
-  config.overlap_steps = 1;
-  config.grace_window_ms = 5000;
-  config.quorum_timeout_ms = 30000;
+  Config config = ConcurrentConfig(/*grace_window_ms=*/5000, /*quorum_timeout_ms=*/30000);
   auto server = StartLighthouse(config);
   config.lighthouse = server->grpc_address();
   LearnerLog a, b;
-  auto both_alive = [&]() {
-    EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond, [&]() {
-      return LearnerState(*server, "learner-a") != "" && LearnerState(*server, "learner-b") != "";
-    }));
-  };
+  auto both_alive = [&]() { AwaitRegistered(*server, {"learner-a", "learner-b"}); };
   auto latest_round = [&]() {
     return nlohmann::json::parse(server->StatusJson())["summary"]["latest_round_id"].get<uint64_t>();
   };
@@ -597,21 +603,12 @@ TEST(ReducerTest, AJoinPassedOverAtTheJobsLastBoundaryIsCalledOffAtShutdown) {
   // left. No round can come:
   // learner-b's shutdown() calls its join off instead of waiting the quorum
   // timeout (ten minutes here: a learner that waited would hang the test).
-  Config config = BaseConfig();
-  config.concurrent_outer_step = true;
-  config.overlap_steps = 1;
-  config.grace_window_ms = 1000;
-  config.quorum_timeout_ms = 600000;
+  Config config = ConcurrentConfig(/*grace_window_ms=*/1000, /*quorum_timeout_ms=*/600000);
   config.quorum_min_learners = 2;
   auto server = StartLighthouse(config);
   config.lighthouse = server->grpc_address();
   LearnerLog a, b, c;
-  auto all_alive = [&]() {
-    EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond, [&]() {
-      return LearnerState(*server, "learner-a") != "" && LearnerState(*server, "learner-b") != "" &&
-             LearnerState(*server, "learner-c") != "";
-    }));
-  };
+  auto all_alive = [&]() { AwaitRegistered(*server, {"learner-a", "learner-b", "learner-c"}); };
   std::atomic<int> done{0};
   auto other = [&](const char* id, int seed, LearnerLog* log) {
     return std::thread([&, id, seed, log]() {
