@@ -98,7 +98,7 @@ class LearnerAgentImpl final : public LearnerAgent {
       StatusOr<QuorumResult> result = CallQuorum(args);
       if (result.ok()) {
         std::lock_guard lock(mu_);
-        latest_round_id_ = std::max(latest_round_id_.load(), result->round_id);
+        RaiseTo(latest_round_id_, result->round_id);
         tokens_since_round_ = 0;
         return result;
       }
@@ -224,13 +224,14 @@ class LearnerAgentImpl final : public LearnerAgent {
     }
     slow_ = ack.slow;
     zscore_ = ack.slow_zscore;
-    uint64_t latest = latest_round_id_.load();
-    while (ack.latest_round_id > latest &&
-           !latest_round_id_.compare_exchange_weak(latest, ack.latest_round_id)) {
-    }
-    uint64_t step = latest_round_step_.load();
-    while (ack.latest_round_step > step &&
-           !latest_round_step_.compare_exchange_weak(step, ack.latest_round_step)) {
+    RaiseTo(latest_round_id_, ack.latest_round_id);
+    RaiseTo(latest_round_step_, ack.latest_round_step);
+  }
+
+  // value = max(value, candidate), atomically (acks and Quorum answers race).
+  static void RaiseTo(std::atomic<uint64_t>& value, uint64_t candidate) {
+    uint64_t seen = value.load();
+    while (candidate > seen && !value.compare_exchange_weak(seen, candidate)) {
     }
   }
 

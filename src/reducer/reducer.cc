@@ -351,9 +351,7 @@ class ReducerImpl final : public Reducer {
                        (stats_.steps >= in_flight_->apply_at_step && !in_flight_->passed_over))) {
       if (AwaitRound(*in_flight_, in_flight_->boundary_step)) {
         FinishInFlight();
-      } else if (!in_flight_->passed_over) {
-        in_flight_->passed_over = true;
-        stats_.passed_over++;
+      } else if (MarkPassedOver(*in_flight_)) {
         spdlog::info("fragment {}: the round for step {} closed without this learner; training on, its "
                      "join waits for the next round",
                      in_flight_->fragment, in_flight_->boundary_step);
@@ -386,7 +384,7 @@ class ReducerImpl final : public Reducer {
         spdlog::warn("fragment {}: the job's last round closed without this learner; its join for step {} "
                      "is called off ({} step(s) not merged)",
                      in_flight_->fragment, in_flight_->boundary_step, stats_.steps - in_flight_->boundary_step);
-        if (!in_flight_->passed_over) stats_.passed_over++;
+        MarkPassedOver(*in_flight_);
         agent_.Interrupt();
       }
     }
@@ -460,6 +458,14 @@ class ReducerImpl final : public Reducer {
       // The lighthouse's news comes with heartbeat acknowledgements.
       flight.changed.wait_for(lock, kPassedOverPoll);
     }
+    return true;
+  }
+
+  // Counts `flight` as passed over; false when it already was.
+  bool MarkPassedOver(InFlight& flight) {
+    if (flight.passed_over) return false;
+    flight.passed_over = true;
+    stats_.passed_over++;
     return true;
   }
 
