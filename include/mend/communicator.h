@@ -64,7 +64,11 @@ struct CommunicatorOptions {
   int world_size = 1;
   std::vector<std::string> member_ids;  // by rank, for error messages (optional)
   std::string bind_host = "127.0.0.1";  // address the other members reach this one at
-  Micros timeout = 30 * kMicrosPerSecond;  // connect, and every operation
+  Micros timeout = 30 * kMicrosPerSecond;  // the rendezvous, and every operation
+  // The members' connections once all have shown up at the rendezvous: a
+  // member that resumes after the others gave up on the round (it was
+  // stopped, or the lighthouse called the round off) fails this fast.
+  Micros connect_timeout = 5 * kMicrosPerSecond;
   LinkEmulation link;
   size_t segment_bytes = 1 << 20;  // pipelining granularity of the reductions
 };
@@ -77,7 +81,7 @@ struct CommunicatorStats {
   uint64_t operations = 0;
 };
 
-// Options with the configuration's part filled in (collective_timeout_ms,
+// Options with the configuration's part filled in (collective_timeout_ms, connect_timeout_ms,
 // dataplane_host, link_latency_ms, link_rate_mbit); the caller adds the
 // round's prefix, id, rank, size and member ids.
 CommunicatorOptions CommunicatorOptionsFrom(const Config& config);

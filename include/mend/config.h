@@ -70,6 +70,7 @@ struct Config {
   int64_t topk_k = 64;
   double error_feedback_beta = 0.95;
   int64_t collective_timeout_ms = 30000;
+  int64_t connect_timeout_ms = 5000;
   std::string dataplane_host = "127.0.0.1";
   int64_t link_latency_ms = 0;
   double link_rate_mbit = 0;

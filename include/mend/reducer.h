@@ -85,6 +85,8 @@ class Reducer {
                                                                  torch::optim::Optimizer& optimizer,
                                                                  LearnerAgent& agent,
                                                                  uint64_t start_step = 0);
+  // Call shutdown() first: destroying a reducer without it calls off the
+  // round in flight (interrupting `agent`) and drops its result.
   virtual ~Reducer() = default;
 
   // After each inner optimizer step, with the tokens that step processed.

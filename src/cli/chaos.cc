@@ -90,8 +90,8 @@ class Harness {
         break;
       }
       if (RealClock()->NowMicros() > deadline) {
-        failure = DeadlineExceededError(fmt::format("chaos: the job ran past its {} s limit",
-                                                    o_.job.timeout / kMicrosPerSecond));
+        failure = DeadlineExceededError(fmt::format("chaos: the job ran past its {} s limit{}",
+                                                    o_.job.timeout / kMicrosPerSecond, Unfinished()));
         break;
       }
       failure = ReapExited();
@@ -153,6 +153,22 @@ class Harness {
     learners_ = std::vector<Learner>(static_cast<size_t>(spec_.learners));
     for (int i = 0; i < spec_.learners; ++i) MEND_RETURN_IF_ERROR(Spawn(i, 0));
     return OkStatus();
+  }
+
+  // The learners still training, with their step and the end of their log.
+  std::string Unfinished() {
+    std::string out;
+    for (size_t i = 0; i < learners_.size(); ++i) {
+      if (learners_[i].done) continue;
+      int64_t step = 0;
+      {
+        std::lock_guard lock(mu_);
+        step = learners_[i].view.step;
+      }
+      out += fmt::format("\nlearner-{} still at step {} of {}; log {}:\n{}", i + 1, step, o_.steps,
+                         Log(static_cast<int>(i)), FileTail(Log(static_cast<int>(i)), 1500));
+    }
+    return out;
   }
 
   std::string Log(int i) const { return fmt::format("{}/learner-{}.log", dir_, i + 1); }

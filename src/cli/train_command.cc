@@ -9,8 +9,10 @@
 #include <signal.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <fstream>
+#include <system_error>
 
 #include "cli/commands.h"
 #include "cli/config_flags.h"
@@ -18,6 +20,7 @@
 #include "fmt/format.h"
 #include "mend/logging.h"
 #include "nlohmann/json.hpp"
+#include "spdlog/spdlog.h"
 #include "torch/utils.h"
 #include "train/trainer.h"
 
@@ -31,19 +34,29 @@ struct TrainFlags {
   int threads = 1;
 };
 
+// A progress line on stdout. When stdout is gone (the harness or the pipe's
+// reader exited) training goes on without progress lines: a learner must not
+// die, or unwind past its round in flight, because nobody reads them.
 void PrintProgress(const train::TrainProgress& p, bool json) {
-  if (json) {
-    nlohmann::json line = {{"step", p.step},           {"steps", p.steps},
-                           {"loss", p.loss},           {"tokens_per_s", p.tokens_per_s},
-                           {"bytes_sent", p.bytes_sent}, {"rounds", p.rounds}};
-    if (p.eval_loss) line["eval_loss"] = *p.eval_loss;
-    fmt::print("{}\n", line.dump());
-  } else {
-    fmt::print("step {:>6}/{}  loss {:.4f}  {:>8.0f} tokens/s  rounds {}  sent {:.2f} MB{}\n", p.step,
-               p.steps, p.loss, p.tokens_per_s, p.rounds, static_cast<double>(p.bytes_sent) / 1e6,
-               p.eval_loss ? fmt::format("  eval loss {:.4f}", *p.eval_loss) : "");
+  static bool stdout_gone = false;
+  if (stdout_gone) return;
+  try {
+    if (json) {
+      nlohmann::json line = {{"step", p.step},           {"steps", p.steps},
+                             {"loss", p.loss},           {"tokens_per_s", p.tokens_per_s},
+                             {"bytes_sent", p.bytes_sent}, {"rounds", p.rounds}};
+      if (p.eval_loss) line["eval_loss"] = *p.eval_loss;
+      fmt::print("{}\n", line.dump());
+    } else {
+      fmt::print("step {:>6}/{}  loss {:.4f}  {:>8.0f} tokens/s  rounds {}  sent {:.2f} MB{}\n", p.step,
+                 p.steps, p.loss, p.tokens_per_s, p.rounds, static_cast<double>(p.bytes_sent) / 1e6,
+                 p.eval_loss ? fmt::format("  eval loss {:.4f}", *p.eval_loss) : "");
+    }
+    if (std::fflush(stdout) != 0) throw std::system_error(errno, std::generic_category(), "flushing stdout");
+  } catch (const std::exception& error) {
+    stdout_gone = true;
+    spdlog::warn("cannot write progress to stdout ({}); training goes on without it", error.what());
   }
-  std::fflush(stdout);
 }
 
 // LibTorch's intra-op threads, and those of the BLAS it calls: Debian's

@@ -357,6 +357,7 @@ void LighthouseCore::ScanLivenessLocked(Micros now, Completions* completions) {
                      fmt::format("learner '{}' declared dead: no heartbeat for {} ms", record->id,
                                  silent / kMicrosPerMilli),
                      completions);
+    quorum_.DoubtLatestRound(membership_, *record);
     membership_.MarkGone(*record, now, /*left=*/false);
     counters_.deaths++;
     events_.Add(now, "dead", record->id,

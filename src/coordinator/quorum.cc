@@ -113,6 +113,18 @@ std::optional<QuorumMachine::Closed> QuorumMachine::MaybeClose(Membership& membe
   return closed;
 }
 
+void QuorumMachine::DoubtLatestRound(Membership& membership, LearnerRecord& record) const {
+  const uint64_t round_id = record.last_member_round;
+  if (round_id == 0 || record.last_round_id != round_id) return;
+  auto round = std::find_if(history_.rbegin(), history_.rend(),
+                            [round_id](const auto& r) { return r->id == round_id; });
+  if (round == history_.rend()) return;
+  for (const MemberInfo& member : (*round)->members) {
+    if (member.id != record.id) continue;
+    membership.Mutate(record, [&](LearnerRecord& r) { r.last_round_id = member.last_round_id; });
+  }
+}
+
 bool QuorumMachine::IncludesNewestState(const Membership& membership) const {
   uint64_t newest_pending = 0;
   for (const LearnerRecord* record : membership.pending()) {

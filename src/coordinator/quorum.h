@@ -77,6 +77,15 @@ class QuorumMachine {
   // Closes a round when the rules above say so at `now`.
   std::optional<Closed> MaybeClose(Membership& membership, Micros now);
 
+  // `record` was declared dead in or after its latest round, which may not
+  // have completed for it: it is no longer taken to hold that round's state,
+  // but what it reported when it joined. Otherwise, should it come back (a
+  // learner stopped and continued), learners a round behind it, the round it
+  // died in having failed for them, could form no round without it
+  // (IncludesNewestState) until it joined again. The other members keep
+  // theirs: the round may have completed for them.
+  void DoubtLatestRound(Membership& membership, LearnerRecord& record) const;
+
   // Learners whose pending join's deadline is at or before `now`.
   std::vector<std::string> ExpiredJoins(Membership& membership, Micros now);
 

@@ -101,6 +101,8 @@ std::vector<ConfigKey> BuildKeys() {
            "SparseLoCo error-feedback decay beta."),
       Int("collective_timeout_ms", &C::collective_timeout_ms, 1, kMaxMs,
           "Deadline of every data-plane collective."),
+      Int("connect_timeout_ms", &C::connect_timeout_ms, 1, kMaxMs,
+          "How long a round's members wait for their connections once all have shown up."),
       Text("dataplane_host", &C::dataplane_host,
            "Learner: the address the other learners reach its data plane at."),
       Int("link_latency_ms", &C::link_latency_ms, 0, 600000,

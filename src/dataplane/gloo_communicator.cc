@@ -600,6 +600,7 @@ void IgnoreBrokenPipes() {
 CommunicatorOptions CommunicatorOptionsFrom(const Config& config) {
   CommunicatorOptions options;
   options.timeout = config.collective_timeout_ms * kMicrosPerMilli;
+  options.connect_timeout = config.connect_timeout_ms * kMicrosPerMilli;
   options.bind_host = config.dataplane_host;
   options.link.latency = config.link_latency_ms * kMicrosPerMilli;
   options.link.bytes_per_s = config.link_rate_mbit * 1e6 / 8;
@@ -612,9 +613,9 @@ StatusOr<std::unique_ptr<Communicator>> Communicator::Connect(RendezvousStore& s
     return InvalidArgumentError(fmt::format("communicator: rank {} not in [0, world_size = {})",
                                             options.rank, options.world_size));
   }
-  if (options.timeout <= 0) {
-    return InvalidArgumentError(
-        fmt::format("communicator: timeout = {} us: must be positive", options.timeout));
+  if (options.timeout <= 0 || options.connect_timeout <= 0) {
+    return InvalidArgumentError(fmt::format("communicator: timeout = {} us, connect timeout = {} us: must be positive",
+                                            options.timeout, options.connect_timeout));
   }
   IgnoreBrokenPipes();
   auto timeout = std::chrono::milliseconds(std::max<Micros>(options.timeout / kMicrosPerMilli, 1));
@@ -628,10 +629,11 @@ StatusOr<std::unique_ptr<Communicator>> Communicator::Connect(RendezvousStore& s
     context = std::make_shared<gloo::rendezvous::Context>(options.rank, options.world_size);
     // Gloo waits five times the context's timeout for a pair's initial
     // connection (and uses the context's timeout nowhere else here: every
-    // wait of ours passes its own). A member that was stopped while it
-    // connected and resumes after the others gave up would otherwise hang
-    // for 5 x collective_timeout_ms.
-    context->setTimeout(std::max(std::chrono::milliseconds(1), timeout / 5));
+    // wait of ours passes its own), so connect_timeout bounds that wait. A
+    // member that was stopped while it connected and resumes after the
+    // others gave up would otherwise hang there for 5 x the timeout.
+    const auto connect = std::chrono::milliseconds(std::max<Micros>(options.connect_timeout / kMicrosPerMilli, 5));
+    context->setTimeout(connect / 5);
     context->connectFullMesh(gloo_store, device);
   } catch (const dataplane::StoreTimeout& error) {
     std::vector<std::string> missing;

@@ -149,8 +149,15 @@ class ReducerImpl final : public Reducer {
     options_.error_feedback_beta = static_cast<float>(config.error_feedback_beta);
   }
 
+  // Without shutdown() (the caller is unwinding): a round in flight is called
+  // off and its result dropped. The module and optimizer it would be applied
+  // to may already be gone.
   ~ReducerImpl() override {
-    FinishInFlight();  // bounded by the round's own deadlines
+    if (in_flight_) {
+      if (!in_flight_->done.load(std::memory_order_acquire)) agent_.Interrupt();
+      in_flight_->thread.join();
+      in_flight_.reset();
+    }
     JoinCheckpointWriter();
   }
 
@@ -359,6 +366,14 @@ class ReducerImpl final : public Reducer {
     }
     for (int64_t f = 0; f < schedule_.fragments(); ++f) {
       if (!schedule_.StartsAt(f, static_cast<int64_t>(stats_.steps))) continue;
+      if (in_flight_ && in_flight_->passed_over && StillUnformed(*in_flight_)) {
+        // The join passed over at an earlier boundary still waits for a
+        // round: it trains on rather than wait here too (the others may be
+        // far ahead, or done). The steps since go into the next join.
+        spdlog::info("fragment {}: boundary at step {} skipped; the join for step {} still waits for a round",
+                     f, stats_.steps, in_flight_->boundary_step);
+        continue;
+      }
       FinishInFlight();
       // A heal may have moved this learner's step off the boundary, or onto
       // one whose round it just took part in.
@@ -459,6 +474,12 @@ class ReducerImpl final : public Reducer {
       flight.changed.wait_for(lock, kPassedOverPoll);
     }
     return true;
+  }
+
+  // True while `flight`'s join has not formed a round (nor failed).
+  static bool StillUnformed(InFlight& flight) {
+    std::lock_guard lock(flight.mu);
+    return !flight.done.load(std::memory_order_acquire) && !flight.formed;
   }
 
   // Counts `flight` as passed over; false when it already was.

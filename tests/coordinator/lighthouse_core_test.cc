@@ -151,6 +151,37 @@ TEST(LighthouseCoreTest, HeartbeatsTellAWaitingLearnerItWasPassedOver) {
   EXPECT_FALSE(member->waiting);
 }
 
+TEST(LighthouseCoreTest, ALearnerThatDiedInARoundAndCameBackDoesNotHoldTheOthersBack) {
+  // a, b and c form round 1; c stops (SIGSTOP) inside it and is declared
+  // dead, so round 1 fails for a and b, who join again still at round 0. c
+  // comes back (heartbeats again) while its own round 1 is still failing.
+  // a and b must get a round within the grace window: c may not hold round
+  // 1's state, so it is not the newest state they must wait for.
+  CoreHarness h(CoreHarness::Options(2, 300));
+  for (const char* id : {"a", "b", "c"}) h.Register(id);
+  auto a1 = h.Join("a", 0, 0, 60000, /*step=*/20);
+  auto b1 = h.Join("b", 0, 0, 60000, /*step=*/20);
+  auto c1 = h.Join("c", 0, 0, 60000, /*step=*/20);
+  ASSERT_TRUE(a1->ok() && b1->ok() && c1->ok());
+  const uint64_t failed = a1->round().id;
+  for (int i = 0; i < 11; ++i) {
+    h.HeartbeatAll({"a", "b"});
+    h.AdvanceMs(100);
+  }
+  ASSERT_EQ(h.core().Snapshot(10, 10).counters.deaths, 1u);
+  ASSERT_TRUE(h.Heartbeat("c").ok());
+  ASSERT_EQ(h.core().Snapshot(10, 10).learners_alive, 3u);
+  auto a2 = h.Join("a", 0, 0, 60000, /*step=*/40);
+  auto b2 = h.Join("b", 0, 0, 60000, /*step=*/40);
+  h.HeartbeatAll({"a", "b", "c"});
+  h.AdvanceMs(301);
+  ASSERT_TRUE(a2->done() && b2->done());
+  ASSERT_TRUE(a2->ok()) << a2->result->status();
+  EXPECT_GT(a2->round().id, failed);
+  EXPECT_EQ(CoreHarness::MemberIds(a2->round()), (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(a2->round().heal_round_id, 0u);
+}
+
 TEST(LighthouseCoreTest, SlowFlagIsRaisedAndClearedWithEvents) {
   CoreHarness h(CoreHarness::Options(2, 1000));
   for (const char* id : {"a", "b", "c"}) h.Register(id);
