@@ -59,6 +59,12 @@ class LearnerAgent {
   // heartbeat acknowledgements; the largest seen): a join of this learner's
   // for that step or an earlier one that is still pending was passed over.
   virtual uint64_t latest_round_step() const = 0;
+  // True while the lighthouse, which answered before, has answered nothing
+  // (no heartbeat acknowledgement, registration or quorum answer) for longer
+  // than the heartbeat timeout and a call to it has failed since: it is
+  // down, restarting or cut off. A join pending then cannot form a round
+  // until it is back.
+  virtual bool lighthouse_lost() const = 0;
   // How many times this agent has registered (1 + re-registrations).
   virtual uint64_t registrations() const = 0;
   virtual Status fatal_status() const = 0;

@@ -97,6 +97,7 @@ class LearnerAgentImpl final : public LearnerAgent {
       }
       StatusOr<QuorumResult> result = CallQuorum(args);
       if (result.ok()) {
+        Heard();
         std::lock_guard lock(mu_);
         RaiseTo(latest_round_id_, result->round_id);
         tokens_since_round_ = 0;
@@ -121,6 +122,7 @@ class LearnerAgentImpl final : public LearnerAgent {
       // UNAVAILABLE (lighthouse down or restarting), ABORTED (declared dead
       // while stopped, or membership changed), CANCELLED (server shutdown):
       // try again until the deadline.
+      if (code != StatusCode::kAborted) CallFailed();
       spdlog::debug("quorum call failed, retrying: {}", result.status().message());
       WaitUntil(lock, std::min(deadline, RealClock()->NowMicros() + retry),
                 [this]() { return stopping_ || interrupted_; });
@@ -172,6 +174,17 @@ class LearnerAgentImpl final : public LearnerAgent {
   double slow_zscore() const override { return zscore_.load(); }
   uint64_t latest_round_id() const override { return latest_round_id_.load(); }
   uint64_t latest_round_step() const override { return latest_round_step_.load(); }
+  bool lighthouse_lost() const override {
+    Micros timeout = 0;
+    {
+      std::lock_guard lock(mu_);
+      timeout = heartbeat_timeout_;
+    }
+    // A silence alone is not enough: a learner resumed after SIGSTOP has
+    // heard nothing for as long, though its lighthouse is fine.
+    const Micros heard = last_heard_.load();
+    return heard != 0 && last_failure_.load() > heard && RealClock()->NowMicros() - heard > timeout;
+  }
   uint64_t registrations() const override { return registrations_.load(); }
   Status fatal_status() const override {
     std::lock_guard lock(mu_);
@@ -214,6 +227,7 @@ class LearnerAgentImpl final : public LearnerAgent {
   }
 
   void OnAck(const HeartbeatAck& ack) {
+    Heard();
     {
       std::lock_guard lock(mu_);
       udp_silences_ = 0;
@@ -227,6 +241,11 @@ class LearnerAgentImpl final : public LearnerAgent {
     RaiseTo(latest_round_id_, ack.latest_round_id);
     RaiseTo(latest_round_step_, ack.latest_round_step);
   }
+
+  // The lighthouse answered, or a call to it failed as if it were down or
+  // cut off (see lighthouse_lost()).
+  void Heard() { last_heard_.store(RealClock()->NowMicros()); }
+  void CallFailed() { last_failure_.store(RealClock()->NowMicros()); }
 
   // value = max(value, candidate), atomically (acks and Quorum answers race).
   static void RaiseTo(std::atomic<uint64_t>& value, uint64_t candidate) {
@@ -336,10 +355,12 @@ class LearnerAgentImpl final : public LearnerAgent {
       if (IsFatal(registration.status().code())) {
         SetFatal(registration.status());
       } else {
+        CallFailed();
         spdlog::warn("cannot register with the lighthouse yet: {}", registration.status().message());
       }
       return;
     }
+    Heard();
     std::unique_lock lock(mu_);
     if (lighthouse_instance_ != 0 && lighthouse_instance_ != registration->lighthouse_instance) {
       spdlog::info("lighthouse {} restarted; registered again", address_);
@@ -412,6 +433,7 @@ class LearnerAgentImpl final : public LearnerAgent {
         register_now_ = true;
         return;
       }
+      CallFailed();
       spdlog::debug("heartbeat stream ended: {}", ended.message());
     }
     HeartbeatUpdate update;
@@ -467,6 +489,8 @@ class LearnerAgentImpl final : public LearnerAgent {
   std::atomic<uint64_t> latest_round_id_{0};
   std::atomic<uint64_t> latest_round_step_{0};
   std::atomic<uint64_t> registrations_{0};
+  std::atomic<Micros> last_heard_{0};    // when the lighthouse last answered (0: never)
+  std::atomic<Micros> last_failure_{0};  // when a call to it last failed (down, unreachable)
 
   mutable std::mutex mu_;
   std::condition_variable wake_;

@@ -352,16 +352,24 @@ class ReducerImpl final : public Reducer {
     }
     // A round's result is applied as soon as it has arrived; at step
     // boundary + tau at the latest (waiting for it there), unless the round
-    // for that boundary closed without this learner: then its join waits for
-    // the next round while it trains on.
+    // for that boundary closed without this learner, or the lighthouse is
+    // unreachable: then its join waits for the next round (or for the
+    // lighthouse) while it trains on.
     if (in_flight_ && (in_flight_->done.load(std::memory_order_acquire) ||
                        (stats_.steps >= in_flight_->apply_at_step && !in_flight_->passed_over))) {
-      if (AwaitRound(*in_flight_, in_flight_->boundary_step)) {
+      const Awaited awaited = AwaitRound(*in_flight_, in_flight_->boundary_step, /*train_on_if_lost=*/true);
+      if (awaited == Awaited::kDone) {
         FinishInFlight();
       } else if (MarkPassedOver(*in_flight_)) {
-        spdlog::info("fragment {}: the round for step {} closed without this learner; training on, its "
-                     "join waits for the next round",
-                     in_flight_->fragment, in_flight_->boundary_step);
+        if (awaited == Awaited::kPassedOver) {
+          spdlog::info("fragment {}: the round for step {} closed without this learner; training on, its "
+                       "join waits for the next round",
+                       in_flight_->fragment, in_flight_->boundary_step);
+        } else {
+          spdlog::info("fragment {}: the lighthouse is unreachable; training on, the join for step {} "
+                       "waits for it",
+                       in_flight_->fragment, in_flight_->boundary_step);
+        }
       }
     }
     for (int64_t f = 0; f < schedule_.fragments(); ++f) {
@@ -395,7 +403,8 @@ class ReducerImpl final : public Reducer {
     // steps since its boundary are not merged.
     if (in_flight_) {
       const uint64_t last_boundary = stats_.steps + 1 - std::min(stats_.steps + 1, FragmentPeriod());
-      if (!AwaitRound(*in_flight_, std::max(in_flight_->boundary_step, last_boundary))) {
+      if (AwaitRound(*in_flight_, std::max(in_flight_->boundary_step, last_boundary),
+                     /*train_on_if_lost=*/false) != Awaited::kDone) {
         spdlog::warn("fragment {}: the job's last round closed without this learner; its join for step {} "
                      "is called off ({} step(s) not merged)",
                      in_flight_->fragment, in_flight_->boundary_step, stats_.steps - in_flight_->boundary_step);
@@ -435,6 +444,10 @@ class ReducerImpl final : public Reducer {
     uint64_t heal_bytes = 0;   // bytes this learner received when it healed
     std::string heal_source;   // whom it healed from
     uint64_t heal_step = 0;    // the source's step at its boundary (the job's step)
+    // The fragment the round exchanged: this learner's own (the flight's),
+    // or, for a join passed over in streaming mode that healed into another
+    // fragment's round, the source's (this learner then abstained).
+    int fragment = 0;
     bool fresh_join = false;   // healed with nothing of the job's state: its progress is dropped
     std::vector<float> healed_moments[2];  // heal_inner_optimizer: the source's moments
   };
@@ -460,20 +473,28 @@ class ReducerImpl final : public Reducer {
     bool passed_over = false;  // training thread only: not waited for at tau
   };
 
-  // Waits for the round in flight; returns false, without waiting longer,
-  // once the lighthouse reports that a round for step `give_up_step` or a
+  // Waits for the round in flight (kDone); returns kPassedOver, without
+  // waiting longer, once the lighthouse reports that a round for step `give_up_step` or a
   // later one closed while this learner's join had not formed a round. At
   // boundary + tau (give_up_step = the boundary) that means it was passed
   // over: its join waits for the next round while it trains on, and the
-  // result is applied when it arrives.
-  bool AwaitRound(InFlight& flight, uint64_t give_up_step) {
+  // result is applied when it arrives. With `train_on_if_lost`, returns
+  // kLighthouseLost when the join has not formed and the lighthouse is
+  // unreachable (restarting): no round can form before it is back, so the
+  // learner trains on likewise, and its join forms one then, with the
+  // others' (they trained on as well).
+  enum class Awaited { kDone, kPassedOver, kLighthouseLost };
+  Awaited AwaitRound(InFlight& flight, uint64_t give_up_step, bool train_on_if_lost) {
     std::unique_lock lock(flight.mu);
     while (!flight.done.load(std::memory_order_acquire)) {
-      if (concurrent_ && !flight.formed && agent_.latest_round_step() >= give_up_step) return false;
+      if (concurrent_ && !flight.formed) {
+        if (agent_.latest_round_step() >= give_up_step) return Awaited::kPassedOver;
+        if (train_on_if_lost && agent_.lighthouse_lost()) return Awaited::kLighthouseLost;
+      }
       // The lighthouse's news comes with heartbeat acknowledgements.
       flight.changed.wait_for(lock, kPassedOverPoll);
     }
-    return true;
+    return Awaited::kDone;
   }
 
   // True while `flight`'s join has not formed a round (nor failed).
@@ -552,27 +573,39 @@ class ReducerImpl final : public Reducer {
       return;
     }
     Outcome& outcome = *flight->outcome;
-    if (!outcome.healed.empty()) ApplyHeal(outcome.healed, fragment);
+    // A round of another fragment than its join's (see Exchange): the
+    // learner's progress stays in every fragment, and its own fragment's
+    // pseudo-gradient goes into that fragment's next round.
+    const bool adopted = outcome.fragment != flight->fragment;
+    Fragment& exchanged = fragments_[static_cast<size_t>(outcome.fragment)];
+    if (!outcome.healed.empty()) ApplyHeal(outcome.healed, adopted ? nullptr : &fragment);
     if (outcome.fresh_join) {
       // Nothing it trained is the job's: every other fragment starts from
       // the healed state too (this one gets the round's result below).
       for (Fragment& other : fragments_) {
-        if (&other == &fragment) continue;
+        if (&other == &fragment && !adopted) continue;
         Scatter(other.state->global(), other.parameters);
         other.tokens_since_round = 0;
       }
     }
     stats_.bytes_sent += outcome.result.bytes_sent;
-    OuterRound::Commit(*fragment.state, std::move(outcome.result));
-    if (stats_.steps == flight->boundary_step) {
-      // Nothing trained since the boundary (synchronous): exactly theta_g'.
-      Scatter(fragment.state->global(), fragment.parameters);
+    if (adopted) {
+      KeepLocalProgress(exchanged, outcome.result.global);
+      outcome.result.residual.clear();  // it sent nothing: its error feedback stays
+      OuterRound::Commit(*exchanged.state, std::move(outcome.result));
+      if (!outcome.fresh_join) fragment.tokens_since_round += flight->tokens;
     } else {
-      std::vector<float> local(fragment.state->size());
-      Gather(fragment.parameters, local);
-      ApplyOuterResult(local, fragment.state->global(), flight->base, flight->delta, apply_mode_,
-                       static_cast<float>(config_.mixing_alpha));
-      Scatter(local, fragment.parameters);
+      OuterRound::Commit(*fragment.state, std::move(outcome.result));
+      if (stats_.steps == flight->boundary_step) {
+        // Nothing trained since the boundary (synchronous): exactly theta_g'.
+        Scatter(fragment.state->global(), fragment.parameters);
+      } else {
+        std::vector<float> local(fragment.state->size());
+        Gather(fragment.parameters, local);
+        ApplyOuterResult(local, fragment.state->global(), flight->base, flight->delta, apply_mode_,
+                         static_cast<float>(config_.mixing_alpha));
+        Scatter(local, fragment.parameters);
+      }
     }
     for (auto which : {reducer::AdamMoments::kFirst, reducer::AdamMoments::kSecond}) {
       if (outcome.averaged_moments[which].empty() || flight->moments[which].empty()) continue;
@@ -600,6 +633,7 @@ class ReducerImpl final : public Reducer {
     // was at its boundary then): a learner passed over trained on meanwhile.
     const bool far_behind = outcome.heal_step >= flight->boundary_step + FragmentPeriod();
     fragment.last_round_boundary = flight->boundary_step;
+    if (adopted) exchanged.last_round_boundary = outcome.heal_step;
     if (!outcome.healed.empty() && (stats_.rounds == 0 || far_behind) &&
         outcome.heal_step != flight->boundary_step) {
       const uint64_t since = stats_.steps - std::min(stats_.steps, flight->formed_step);
@@ -607,7 +641,7 @@ class ReducerImpl final : public Reducer {
                    outcome.heal_step + since);
       stats_.steps = outcome.heal_step + since;
       step_now_.store(stats_.steps, std::memory_order_relaxed);
-      fragment.last_round_boundary = outcome.heal_step;
+      exchanged.last_round_boundary = outcome.heal_step;
     }
     stats_.rounds++;
     stats_.last_round_id = outcome.round_id;
@@ -670,7 +704,6 @@ class ReducerImpl final : public Reducer {
   // The background part of a round: quorum, communicator, healing, merge.
   // Reads the fragments' global state; writes nothing the training thread reads.
   StatusOr<Outcome> Exchange(InFlight& flight) {
-    const Fragment& fragment = fragments_[static_cast<size_t>(flight.fragment)];
     MEND_ASSIGN_OR_RETURN(
         QuorumResult round,
         agent_.Quorum(last_round_id_, flight.tokens, config_.quorum_timeout_ms * kMicrosPerMilli,
@@ -694,6 +727,7 @@ class ReducerImpl final : public Reducer {
       ~Unwatch() { watch.Unwatch(); }
     } unwatch{*abort_watch_};
     Outcome outcome;
+    outcome.fragment = flight.fragment;
     outcome.round_id = round.round_id;
     outcome.rank = round.rank;
     outcome.members = round.world_size;
@@ -702,19 +736,34 @@ class ReducerImpl final : public Reducer {
     // restarted process, no checkpoint) trained from its own initial
     // parameters: its pseudo-gradient is not one the job can use.
     outcome.fresh_join = !outcome.healed.empty() && last_round_id_ == 0 && round.heal_round_id > 0;
+    // A join passed over in streaming mode may form a round of the others'
+    // next fragment (the lighthouse does not know fragments): it healed
+    // (it was behind), takes part in that fragment's round without a
+    // pseudo-gradient, and keeps its own fragment's progress for that
+    // fragment's next round.
+    const bool adopted = outcome.fragment != flight.fragment;
     OuterSyncOptions sync_options = options_;
-    sync_options.contributes = !outcome.fresh_join;
+    sync_options.contributes = !outcome.fresh_join && !adopted;
+    std::span<const float> delta = flight.delta;
+    std::vector<float> no_delta;
     // The merge runs on the healed base when this learner was behind.
-    const FragmentState* state = fragment.state.get();
+    const FragmentState* state = fragments_[static_cast<size_t>(outcome.fragment)].state.get();
     std::unique_ptr<FragmentState> healed_state;
     if (!outcome.healed.empty()) {
-      auto [global, momentum] = Slice(outcome.healed, flight.fragment);
+      auto [global, momentum] = Slice(outcome.healed, outcome.fragment);
       healed_state = std::make_unique<FragmentState>(global);
       healed_state->Assign(global, momentum);
       state = healed_state.get();
     }
+    if (adopted) {
+      no_delta.assign(state->size(), 0.0f);
+      delta = no_delta;
+      spdlog::info("round {}: exchanges fragment {}, not this learner's fragment {} (its join was passed over); "
+                   "taking part without a pseudo-gradient",
+                   round.round_id, outcome.fragment, flight.fragment);
+    }
     MEND_ASSIGN_OR_RETURN(outcome.result,
-                          OuterRound::Exchange(*comm, *state, flight.delta,
+                          OuterRound::Exchange(*comm, *state, delta,
                                                static_cast<double>(flight.tokens), sync_options));
     MEND_RETURN_IF_ERROR(AverageMoments(*comm, round.round_id, flight, &outcome));
     last_round_id_ = round.round_id;
@@ -756,11 +805,14 @@ class ReducerImpl final : public Reducer {
     return {std::span(buffer.data() + offset, size), std::span(buffer.data() + offset + size, size)};
   }
 
-  void ApplyHeal(const std::vector<float>& healed, const Fragment& exchanging) {
+  // `exchanging` (the fragment whose round result follows; nullptr: none
+  // of this learner's) is left to that result; every other fragment keeps
+  // the learner's progress on top of the healed state.
+  void ApplyHeal(const std::vector<float>& healed, const Fragment* exchanging) {
     for (size_t f = 0; f < fragments_.size(); ++f) {
       Fragment& fragment = fragments_[f];
       auto [global, momentum] = Slice(healed, static_cast<int>(f));
-      if (&fragment != &exchanging) KeepLocalProgress(fragment, global);
+      if (&fragment != exchanging) KeepLocalProgress(fragment, global);
       fragment.state->Assign(global, momentum);
     }
     stats_.heals++;
@@ -799,9 +851,11 @@ class ReducerImpl final : public Reducer {
       const std::string& source_id = round.members[static_cast<size_t>(source)].id;
       MEND_RETURN_IF_ERROR(reducer::StreamState(comm, std::as_writable_bytes(std::span(buffer)), source, source_id));
       // The source's step at its boundary: the healed learner continues
-      // the job's schedule (learning rate, fragment boundaries) from there.
-      uint64_t step = flight.boundary_step;
-      MEND_RETURN_IF_ERROR(comm.Broadcast(std::as_writable_bytes(std::span(&step, 1)), source));
+      // the job's schedule (learning rate, fragment boundaries) from there;
+      // and the fragment the source exchanges in this round.
+      uint64_t boundary[2] = {flight.boundary_step, static_cast<uint64_t>(flight.fragment)};
+      MEND_RETURN_IF_ERROR(comm.Broadcast(std::as_writable_bytes(std::span(boundary)), source));
+      const uint64_t step = boundary[0];
       // By option the source's inner optimizer moments (as of its boundary)
       // follow, with a flag that says whether it had any yet.
       std::vector<float> moments;
@@ -817,9 +871,14 @@ class ReducerImpl final : public Reducer {
       }
       if (std::find(ranks.begin(), ranks.end(), comm.rank()) != ranks.end()) {
         mine = buffer;
-        outcome->heal_bytes = (buffer.size() + moments.size()) * sizeof(float) + sizeof(step);
+        outcome->heal_bytes = (buffer.size() + moments.size()) * sizeof(float) + sizeof(boundary);
         outcome->heal_source = source_id;
         outcome->heal_step = step;
+        if (boundary[1] >= fragments_.size()) {
+          return InvalidArgumentError(fmt::format("round {}: heal source {} exchanges fragment {}; this job has {}",
+                                                  round.round_id, source_id, boundary[1], fragments_.size()));
+        }
+        outcome->fragment = static_cast<int>(boundary[1]);
         if (!moments.empty() && moments.back() == 1.0f) {
           const long m = static_cast<long>(moments_->size());
           outcome->healed_moments[0].assign(moments.begin(), moments.begin() + m);

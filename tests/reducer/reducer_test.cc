@@ -50,9 +50,11 @@ struct LearnerLog {
 };
 
 // Trains a linear regression on the learner's own shard for `boundaries`
-// sync periods; before boundary b, waits for `gate(b)`.
+// sync periods; before boundary b, waits for `gate(b)`, and before its
+// inner step s (1-based, counted here), for `step_gate(s)`.
 void Learn(const Config& config, const std::string& id, int seed, int boundaries,
-           LearnerLog* log, const std::function<void(int)>& gate = nullptr) {
+           LearnerLog* log, const std::function<void(int)>& gate = nullptr,
+           const std::function<void(int)>& step_gate = nullptr) {
   auto agent = LearnerAgent::Start(config, kToken, {id, "", "", ""});
   ASSERT_TRUE(agent.ok()) << agent.status();
   torch::manual_seed(seed);  // different initial parameters on purpose
@@ -71,6 +73,7 @@ void Learn(const Config& config, const std::string& id, int seed, int boundaries
   for (int b = 0; b < boundaries; ++b) {
     if (gate) gate(b);
     for (int s = 0; s < kPeriod; ++s) {
+      if (step_gate) step_gate(b * kPeriod + s + 1);
       torch::Tensor x = torch::randn({16, 8});
       torch::Tensor y = torch::matmul(x, true_w.t()) + 0.1 * static_cast<float>(seed);
       inner->zero_grad();
@@ -596,6 +599,67 @@ TEST(ReducerTest, ALearnerPassedOverTrainsOnAndJoinsTheNextRound) {
   EXPECT_EQ(ExpectSameGlobals(b, a), 1u);
 }
 
+TEST(ReducerTest, AJoinPassedOverInStreamingModeTakesPartInTheOthersFragmentsRound) {
+  // Streaming DiLoCo with tau = 1: fragment 0 (the weight) has its
+  // boundaries at steps 4, 8, 12, fragment 1 (the bias) at 2, 6, 10.
+  // learner-b holds back after step 4 until learner-a's round for step 6
+  // (fragment 1) closed without it: round 3, after the 5 s grace window.
+  // learner-b's join for step 6 is then passed over; learner-a waits for
+  // it to be waiting before its step 8, so that it forms round 4 with
+  // learner-a's join for step 8: fragment 0's. learner-b was behind, heals,
+  // takes part without a pseudo-gradient, and holds learner-a's global
+  // state after the round. (Before, the two exchanged different fragments,
+  // 1 and 8 values long.)
+  Config config = ConcurrentConfig(/*grace_window_ms=*/5000, /*quorum_timeout_ms=*/30000);
+  config.fragments = 2;
+  auto server = StartLighthouse(config);
+  config.lighthouse = server->grpc_address();
+  LearnerLog a, b;
+  auto both_alive = [&]() { AwaitRegistered(*server, {"learner-a", "learner-b"}); };
+  auto latest_round = [&]() {
+    return nlohmann::json::parse(server->StatusJson())["summary"]["latest_round_id"].get<uint64_t>();
+  };
+  std::thread ta([&]() {
+    Learn(
+        config, "learner-a", 1, 3, &a,
+        [&](int boundary) {
+          if (boundary == 0) both_alive();
+        },
+        [&](int step) {
+          if (step != 8) return;
+          EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond,
+                                            [&]() { return LearnerState(*server, "learner-b") == "waiting"; }));
+        });
+  });
+  std::thread tb([&]() {
+    Learn(config, "learner-b", 2, 3, &b, [&](int boundary) {
+      if (boundary == 0) both_alive();
+      if (boundary == 1) {
+        EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond, [&]() { return latest_round() >= 3; }));
+      }
+    });
+  });
+  ta.join();
+  tb.join();
+  EXPECT_EQ(a.stats.failed_rounds, 0u);
+  EXPECT_EQ(b.stats.failed_rounds, 0u);
+  EXPECT_EQ(a.global_by_round.count(3), 1u);
+  EXPECT_EQ(b.global_by_round.count(3), 0u);
+  ASSERT_EQ(b.global_by_round.count(4), 1u) << "learner-b's join for step 6 did not take part in round 4";
+  EXPECT_GE(b.stats.heals, 2u);  // the first round's, and round 4's
+  // Every round both logged (1, 2, 4 and later ones; a learner's last round
+  // may finish in its shutdown(), unlogged) has the same global weight on
+  // both, bit for bit.
+  size_t common = 0;
+  for (const auto& [round, global] : b.global_by_round) {
+    auto it = a.global_by_round.find(round);
+    if (it == a.global_by_round.end()) continue;
+    common++;
+    EXPECT_EQ(global, it->second) << "round " << round;
+  }
+  EXPECT_GE(common, 3u);
+}
+
 TEST(ReducerTest, AJoinPassedOverNearTheJobsEndIsCalledOffAtShutdown) {
   // Three learners, quorum of two, three periods each; learner-b reaches
   // step 8 after learner-a and learner-c finished (rounds for steps 8 and 12
@@ -636,6 +700,65 @@ TEST(ReducerTest, AJoinPassedOverNearTheJobsEndIsCalledOffAtShutdown) {
   EXPECT_EQ(b.stats.rounds_started, 2u);  // steps 4 and 8; step 12 was skipped
   EXPECT_EQ(b.stats.passed_over, 1u);
   EXPECT_EQ(b.stats.failed_rounds, 1u);
+}
+
+// The lighthouse goes down after both learners launched their join for step
+// 8, and comes back once both have trained past step 16 (or after 60 s: a
+// learner that waited for it at boundary + tau would hold both below step 16,
+// and the test fails then instead of waiting out the quorum timeout). Once
+// it is back, the joins still pending form a round: both learners end with
+// the same global parameters and a round id above the old lighthouse's.
+TEST(ReducerTest, LearnersTrainOnWhileTheLighthouseIsDown) {
+  Config config = ConcurrentConfig(/*grace_window_ms=*/1000, /*quorum_timeout_ms=*/600000);
+  config.quorum_min_learners = 2;
+  config.heartbeat_timeout_ms = 1000;
+  auto server = StartLighthouse(config);
+  const std::string address = server->grpc_address();
+  config.lighthouse = address;
+  LearnerLog a, b;
+  std::mutex mu;
+  bool down = false;
+  std::atomic<bool> trained_on{false};
+  uint64_t last_round_before = 0;
+  std::thread restarter;
+  auto gate = [&](int boundary) {
+    if (boundary == 0) AwaitRegistered(*server, {"learner-a", "learner-b"});
+    if (boundary != 2) return;
+    EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond, [&]() { return a.steps >= 8 && b.steps >= 8; }));
+    std::lock_guard lock(mu);
+    if (down) return;
+    last_round_before = nlohmann::json::parse(server->StatusJson())["summary"]["latest_round_id"].get<uint64_t>();
+    server->Shutdown(0);
+    server.reset();
+    down = true;
+    restarter = std::thread([&]() {
+      trained_on = testing_util::WaitFor(60 * kMicrosPerSecond, [&]() { return a.steps >= 16 && b.steps >= 16; });
+      Config again = config;
+      again.bind = address;
+      std::lock_guard relock(mu);
+      server = StartLighthouse(again);
+    });
+  };
+  std::thread ta([&]() { Learn(config, "learner-a", 1, 6, &a, gate); });
+  std::thread tb([&]() { Learn(config, "learner-b", 2, 6, &b, gate); });
+  ta.join();
+  tb.join();
+  ASSERT_TRUE(restarter.joinable());
+  restarter.join();
+  EXPECT_TRUE(trained_on) << "a learner waited for the lighthouse at boundary + tau";
+  EXPECT_GE(a.stats.passed_over, 1u);
+  EXPECT_GE(b.stats.passed_over, 1u);
+  EXPECT_GE(a.registrations, 2u);
+  EXPECT_GE(b.registrations, 2u);
+  // Rounds resumed on the new lighthouse (above the old round ids; the last
+  // may have finished in shutdown()), and every round either learner
+  // logged, the other completed with the same state.
+  EXPECT_GT(a.stats.last_round_id, last_round_before);
+  EXPECT_EQ(a.stats.last_round_id, b.stats.last_round_id);
+  ExpectSameGlobals(a, b);
+  ExpectSameGlobals(b, a);
+  ASSERT_TRUE(a.final_global.has_value() && b.final_global.has_value());
+  EXPECT_EQ(*a.final_global, *b.final_global);
 }
 
 }  // namespace
