@@ -56,6 +56,7 @@ struct Config {
   int64_t fragments = 1;
   bool concurrent_outer_step = true;
   int64_t overlap_steps = 1;
+  bool train_through_lighthouse_outage = false;
   std::string outer_apply = "exact";
   double mixing_alpha = 0.5;
   bool desloc = false;

@@ -80,6 +80,9 @@ std::vector<ConfigKey> BuildKeys() {
            "Exchange in the background while inner steps continue (false: synchronous)."),
       Int("overlap_steps", &C::overlap_steps, 1, 1000,
           "tau: the most inner steps a round's result may arrive late; applied when it arrives, waited for at tau."),
+      Bool("train_through_lighthouse_outage", &C::train_through_lighthouse_outage,
+           "Concurrent mode: do not wait at tau for a round while the lighthouse is unreachable; train on and "
+           "join when it is back (learners drift apart meanwhile)."),
       Enum("outer_apply", &C::outer_apply, {"exact", "mix"},
            "How a late update meets local progress: keep it exactly once, or mix by alpha."),
       Real("mixing_alpha", &C::mixing_alpha, 0, 1,

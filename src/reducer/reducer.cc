@@ -357,7 +357,8 @@ class ReducerImpl final : public Reducer {
     // lighthouse) while it trains on.
     if (in_flight_ && (in_flight_->done.load(std::memory_order_acquire) ||
                        (stats_.steps >= in_flight_->apply_at_step && !in_flight_->passed_over))) {
-      const Awaited awaited = AwaitRound(*in_flight_, in_flight_->boundary_step, /*train_on_if_lost=*/true);
+      const Awaited awaited = AwaitRound(*in_flight_, in_flight_->boundary_step,
+                                         /*train_on_if_lost=*/config_.train_through_lighthouse_outage);
       if (awaited == Awaited::kDone) {
         FinishInFlight();
       } else if (MarkPassedOver(*in_flight_)) {

@@ -548,6 +548,20 @@ Config ConcurrentConfig(int64_t grace_window_ms, int64_t quorum_timeout_ms) {
   return config;
 }
 
+// learner-b (seed 2) for three sync periods, in a thread: after its first
+// boundary it holds back until the lighthouse has closed round `round`.
+std::thread LateLearnerB(const Config& config, LighthouseServer& server, uint64_t round, LearnerLog* b) {
+  return std::thread([&config, &server, round, b]() {
+    Learn(config, "learner-b", 2, 3, b, [&](int boundary) {
+      if (boundary == 0) AwaitRegistered(server, {"learner-a", "learner-b"});
+      if (boundary != 1) return;
+      EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond, [&]() {
+        return nlohmann::json::parse(server.StatusJson())["summary"]["latest_round_id"].get<uint64_t>() >= round;
+      }));
+    });
+  });
+}
+
 TEST(ReducerTest, ALearnerPassedOverTrainsOnAndJoinsTheNextRound) {
   // Concurrent rounds (tau = 1). learner-b reaches its second boundary
   // (step 8) after learner-a's round for it closed alone. It must not wait
@@ -561,9 +575,6 @@ TEST(ReducerTest, ALearnerPassedOverTrainsOnAndJoinsTheNextRound) {
   config.lighthouse = server->grpc_address();
   LearnerLog a, b;
   auto both_alive = [&]() { AwaitRegistered(*server, {"learner-a", "learner-b"}); };
-  auto latest_round = [&]() {
-    return nlohmann::json::parse(server->StatusJson())["summary"]["latest_round_id"].get<uint64_t>();
-  };
   std::thread ta([&]() {
     Learn(config, "learner-a", 1, 3, &a, [&](int boundary) {
       if (boundary == 0) both_alive();
@@ -574,14 +585,7 @@ TEST(ReducerTest, ALearnerPassedOverTrainsOnAndJoinsTheNextRound) {
       }
     });
   });
-  std::thread tb([&]() {
-    Learn(config, "learner-b", 2, 3, &b, [&](int boundary) {
-      if (boundary == 0) both_alive();
-      if (boundary == 1) {
-        EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond, [&]() { return latest_round() >= 2; }));
-      }
-    });
-  });
+  std::thread tb = LateLearnerB(config, *server, /*round=*/2, &b);
   ta.join();
   tb.join();
   EXPECT_EQ(b.stats.passed_over, 1u);
@@ -616,9 +620,6 @@ TEST(ReducerTest, AJoinPassedOverInStreamingModeTakesPartInTheOthersFragmentsRou
   config.lighthouse = server->grpc_address();
   LearnerLog a, b;
   auto both_alive = [&]() { AwaitRegistered(*server, {"learner-a", "learner-b"}); };
-  auto latest_round = [&]() {
-    return nlohmann::json::parse(server->StatusJson())["summary"]["latest_round_id"].get<uint64_t>();
-  };
   std::thread ta([&]() {
     Learn(
         config, "learner-a", 1, 3, &a,
@@ -631,25 +632,28 @@ TEST(ReducerTest, AJoinPassedOverInStreamingModeTakesPartInTheOthersFragmentsRou
                                             [&]() { return LearnerState(*server, "learner-b") == "waiting"; }));
         });
   });
-  std::thread tb([&]() {
-    Learn(config, "learner-b", 2, 3, &b, [&](int boundary) {
-      if (boundary == 0) both_alive();
-      if (boundary == 1) {
-        EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond, [&]() { return latest_round() >= 3; }));
-      }
-    });
-  });
+  std::thread tb = LateLearnerB(config, *server, /*round=*/3, &b);
   ta.join();
   tb.join();
   EXPECT_EQ(a.stats.failed_rounds, 0u);
   EXPECT_EQ(b.stats.failed_rounds, 0u);
   EXPECT_EQ(a.global_by_round.count(3), 1u);
   EXPECT_EQ(b.global_by_round.count(3), 0u);
-  ASSERT_EQ(b.global_by_round.count(4), 1u) << "learner-b's join for step 6 did not take part in round 4";
   EXPECT_GE(b.stats.heals, 2u);  // the first round's, and round 4's
-  // Every round both logged (1, 2, 4 and later ones; a learner's last round
-  // may finish in its shutdown(), unlogged) has the same global weight on
-  // both, bit for bit.
+  // learner-b applied round 4 while it trained, or (it trained through its
+  // last step before the round formed) in shutdown(): either way with
+  // learner-a's global weight after it, bit for bit.
+  auto a4 = a.global_by_round.find(4);
+  ASSERT_NE(a4, a.global_by_round.end());
+  const std::vector<float>* b4 = nullptr;
+  if (b.global_by_round.count(4) != 0) {
+    b4 = &b.global_by_round.at(4);
+  } else if (b.stats.last_round_id == 4 && b.final_global.has_value()) {
+    b4 = &*b.final_global;
+  }
+  ASSERT_NE(b4, nullptr) << "learner-b's join for step 6 did not take part in round 4";
+  EXPECT_EQ(*b4, a4->second);
+  // So did every other round both logged (1 and 2, and any after 4).
   size_t common = 0;
   for (const auto& [round, global] : b.global_by_round) {
     auto it = a.global_by_round.find(round);
@@ -657,7 +661,7 @@ TEST(ReducerTest, AJoinPassedOverInStreamingModeTakesPartInTheOthersFragmentsRou
     common++;
     EXPECT_EQ(global, it->second) << "round " << round;
   }
-  EXPECT_GE(common, 3u);
+  EXPECT_GE(common, 2u);
 }
 
 TEST(ReducerTest, AJoinPassedOverNearTheJobsEndIsCalledOffAtShutdown) {
@@ -712,6 +716,7 @@ TEST(ReducerTest, LearnersTrainOnWhileTheLighthouseIsDown) {
   Config config = ConcurrentConfig(/*grace_window_ms=*/1000, /*quorum_timeout_ms=*/600000);
   config.quorum_min_learners = 2;
   config.heartbeat_timeout_ms = 1000;
+  config.train_through_lighthouse_outage = true;
   auto server = StartLighthouse(config);
   const std::string address = server->grpc_address();
   config.lighthouse = address;
