@@ -235,7 +235,7 @@ StatusOr<json> RunMembers(const DriverArgs& args, int members, const std::string
   MEND_ASSIGN_OR_RETURN(
       auto lighthouse,
       Subprocess::Spawn({InNamespace(args, 0,
-                                     {mend, "lighthouse", "--bind", host0 + ":0", "--http", "",
+                                     {mend, "--bind", host0 + ":0", "--http", "",
                                       "--token-file", token_file, "--log-level", "warn"}),
                          {}, "pipe", dir + "/lighthouse.log", false}));
   MEND_ASSIGN_OR_RETURN(std::string line, lighthouse->ReadLine(30 * kMicrosPerSecond));
@@ -272,7 +272,8 @@ StatusOr<json> RunMembers(const DriverArgs& args, int members, const std::string
 
 int RunDriver(const DriverArgs& args) {
   std::string self = SelfExecutable();
-  std::string mend = (std::filesystem::path(self).parent_path().parent_path() / "mend").string();
+  std::string mend =
+      (std::filesystem::path(self).parent_path().parent_path() / "mend-lighthouse").string();
   std::filesystem::create_directories(std::filesystem::path(args.csv_prefix).parent_path());
   std::string where = args.netns.empty()
                           ? "loopback"

@@ -7,8 +7,9 @@
 //                         [--intervals-ms 1000,0] [--swarms 4] [--rounds 20]
 //                         [--warmup-rounds 3] [--csv FILE]
 //
-// The driver starts `mend lighthouse` and the swarm processes (this binary
-// with --swarm), waits until every learner is registered and heartbeating,
+// The driver starts `mend-lighthouse` (what `mend lighthouse` runs) and the
+// swarm processes (this binary with --swarm), waits until every learner is
+// registered and heartbeating,
 // then lets every learner join --warmup-rounds + --rounds rounds and collects
 // what they measured in the last --rounds (the first rounds of a fresh
 // lighthouse also grow its round history and heap, which a long-running one
@@ -86,7 +87,24 @@ struct Result {
   double lighthouse_peak_mib = 0;
   double swarm_cpu_pct = 0;
   uint64_t errors = 0;
+  // How the lighthouse closed its rounds (warm-up ones included), e.g. "fast_path 22 all_joined 1".
+  std::string closed_by;
 };
+
+// The lighthouse's round counts by close rule, from its status document.
+std::string ClosedBy(const std::string& address) {
+  auto client = LighthouseClient::Connect({address, kToken, "", 10 * kMicrosPerSecond});
+  if (!client.ok()) return "?";
+  auto status = (*client)->StatusJson(0, 0);
+  if (!status.ok()) return "?";
+  const json doc = json::parse(*status, nullptr, /*allow_exceptions=*/false);
+  if (!doc.contains("summary") || !doc["summary"].contains("rounds_by_closed_by")) return "?";
+  std::string out;
+  for (const auto& [rule, count] : doc["summary"]["rounds_by_closed_by"].items()) {
+    out += fmt::format("{}{} {}", out.empty() ? "" : " ", rule, count.get<uint64_t>());
+  }
+  return out;
+}
 
 StatusOr<Result> RunOne(const std::string& mend, const std::string& self,
                         const std::string& transport, int learners, int swarms, Micros interval,
@@ -95,7 +113,7 @@ StatusOr<Result> RunOne(const std::string& mend, const std::string& self,
   std::ofstream(token_file) << kToken << "\n";
   MEND_ASSIGN_OR_RETURN(
       auto lighthouse,
-      Subprocess::Spawn({{mend, "lighthouse", "--bind", "127.0.0.1:0", "--http", "",
+      Subprocess::Spawn({{mend, "--bind", "127.0.0.1:0", "--http", "",
                           "--token-file", token_file, "--min-learners", "2", "--heartbeat-ms",
                           "100", "--heartbeat-timeout-ms", "10000", "--grace-window-ms", "5000",
                           "--grace-window-adaptive", "false",
@@ -147,6 +165,7 @@ StatusOr<Result> RunOne(const std::string& mend, const std::string& self,
   Micros t1 = RealClock()->NowMicros();
   ProcessUsage after = ReadUsage(lighthouse->pid());
   for (auto& child : children) (void)child->Wait(30 * kMicrosPerSecond);
+  std::string closed_by = ClosedBy(address);
   (void)lighthouse->Signal(SIGTERM);
   (void)lighthouse->Wait(30 * kMicrosPerSecond);
 
@@ -189,6 +208,7 @@ StatusOr<Result> RunOne(const std::string& mend, const std::string& self,
   result.lighthouse_cpu_pct = 100 * (after.cpu_s - before.cpu_s) / wall;
   result.lighthouse_peak_mib = after.peak_rss_mib;
   result.swarm_cpu_pct = 100 * swarm_cpu / wall;
+  result.closed_by = closed_by;
   return result;
 }
 
@@ -196,22 +216,23 @@ int RunDriver(const std::vector<std::string>& transports, const std::vector<int>
               const std::vector<int>& intervals, int swarms, int rounds, int warmup,
               const std::string& csv_path) {
   std::string self = SelfExecutable();
-  std::string mend = (std::filesystem::path(self).parent_path().parent_path() / "mend").string();
+  std::string mend =
+      (std::filesystem::path(self).parent_path().parent_path() / "mend-lighthouse").string();
   if (!std::filesystem::exists(mend)) {
-    fmt::print(stderr, "cannot find the mend binary at {}\n", mend);
+    fmt::print(stderr, "cannot find the mend-lighthouse binary at {}\n", mend);
     return 1;
   }
   fmt::print("lighthouse bench: heartbeat every 100 ms, {} client processes, {} rounds per run "
              "after {} warm-up rounds, "
              "{} cores\n\n",
              swarms, rounds, warmup, std::thread::hardware_concurrency());
-  fmt::print("{:>9} {:>9} {:>11} {:>9} {:>10} {:>9} {:>9} {:>9} {:>9} {:>11} {:>10} {:>10}\n",
+  fmt::print("{:>9} {:>9} {:>11} {:>9} {:>10} {:>9} {:>9} {:>9} {:>9} {:>11} {:>10} {:>10}  {}\n",
              "transport", "learners", "interval", "rounds/s", "members", "p50 ms", "p99 ms", "max ms",
-             "errors", "lh cpu %", "lh MiB", "swarm cpu%");
+             "errors", "lh cpu %", "lh MiB", "swarm cpu%", "rounds closed by");
   std::filesystem::create_directories(std::filesystem::path(csv_path).parent_path());
   std::ofstream csv(csv_path);
   csv << "transport,learners,round_interval_ms,seconds,rounds,rounds_per_s,mean_members,p50_ms,p99_ms,"
-         "max_ms,errors,lighthouse_cpu_pct,lighthouse_peak_mib,swarm_cpu_pct\n";
+         "max_ms,errors,lighthouse_cpu_pct,lighthouse_peak_mib,swarm_cpu_pct,closed_by\n";
   int exit_code = 0;
   for (const std::string& transport : transports) for (int interval : intervals) {
     for (int learners : sizes) {
@@ -227,15 +248,15 @@ int RunDriver(const std::vector<std::string>& transports, const std::vector<int>
       }
       const Result& r = *result;
       fmt::print("{:>9} {:>9} {:>8} ms {:>9.2f} {:>10.1f} {:>9.2f} {:>9.2f} {:>9.2f} {:>9} {:>11.1f} "
-                 "{:>10.1f} {:>10.1f}\n",
+                 "{:>10.1f} {:>10.1f}  {}\n",
                  r.transport, r.learners, r.interval_ms, r.rounds_per_s, r.mean_members, r.p50_ms, r.p99_ms,
                  r.max_ms, r.errors, r.lighthouse_cpu_pct, r.lighthouse_peak_mib,
-                 r.swarm_cpu_pct);
+                 r.swarm_cpu_pct, r.closed_by);
       std::fflush(stdout);
-      csv << fmt::format("{},{},{},{:.2f},{},{:.3f},{:.1f},{:.3f},{:.3f},{:.3f},{},{:.1f},{:.1f},{:.1f}\n",
+      csv << fmt::format("{},{},{},{:.2f},{},{:.3f},{:.1f},{:.3f},{:.3f},{:.3f},{},{:.1f},{:.1f},{:.1f},{}\n",
                          r.transport, r.learners, r.interval_ms, r.seconds, r.rounds, r.rounds_per_s,
                          r.mean_members, r.p50_ms, r.p99_ms, r.max_ms, r.errors,
-                         r.lighthouse_cpu_pct, r.lighthouse_peak_mib, r.swarm_cpu_pct);
+                         r.lighthouse_cpu_pct, r.lighthouse_peak_mib, r.swarm_cpu_pct, r.closed_by);
       if (r.errors == 0) std::filesystem::remove_all(dir);
       else fmt::print("  (errors: see the swarm logs in {})\n", dir);
     }

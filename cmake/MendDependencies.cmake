@@ -14,4 +14,6 @@ pkg_check_modules(TOMLPP REQUIRED IMPORTED_TARGET tomlplusplus)
 find_program(GRPC_CPP_PLUGIN grpc_cpp_plugin REQUIRED)
 # LibTorch (Debian's CPU build 1.13) for the reducer; found here, at the top,
 # so that its imported targets are visible to every directory.
-find_package(Torch REQUIRED)
+if(MEND_WITH_TORCH)
+  find_package(Torch REQUIRED)
+endif()

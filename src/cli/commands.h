@@ -7,7 +7,13 @@
 
 namespace mend::cli {
 
+// In the executable mend-lighthouse, which `mend lighthouse` runs.
 void AddLighthouseCommand(CLI::App& app, int* exit_code);
+inline constexpr char kLighthouseDescription[] =
+    "Run the coordinator: membership, heartbeats, quorum rounds, fail-slow detection, "
+    "rendezvous store, status page and /metrics. Prints 'mend lighthouse grpc=HOST:PORT "
+    "http=HOST:PORT' on stdout once serving. (The executable mend-lighthouse, which does not "
+    "load LibTorch.)";
 void AddSimLearnerCommand(CLI::App& app, int* exit_code);
 void AddDemoCommand(CLI::App& app, int* exit_code);
 void AddFaultDemoCommand(CLI::App& app, int* exit_code);

@@ -28,11 +28,7 @@ void KeepLargeAllocationsInHeap() {
 }  // namespace
 
 void AddLighthouseCommand(CLI::App& app, int* exit_code) {
-  CLI::App* command = app.add_subcommand(
-      "lighthouse",
-      "Run the coordinator: membership, heartbeats, quorum rounds, fail-slow detection, "
-      "rendezvous store, status page and /metrics. Prints 'mend lighthouse grpc=HOST:PORT "
-      "http=HOST:PORT' on stdout once serving.");
+  CLI::App* command = app.add_subcommand("lighthouse", kLighthouseDescription);
   auto flags = std::make_shared<ConfigFlags>(command);
   flags->Map("--bind", "bind");
   flags->Map("--http", "http");

@@ -1,13 +1,43 @@
 // mend: fault-tolerant, communication-efficient data-parallel training.
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <string>
+
 #include "CLI/CLI.hpp"
 #include "cli/commands.h"
+#include "fmt/format.h"
+
+namespace {
+
+// `mend lighthouse` is the executable mend-lighthouse beside this one, which
+// does not load LibTorch. Returns only when it cannot be run.
+int ExecLighthouse(char** argv) {
+  std::error_code error;
+  std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", error);
+  std::string path =
+      (error ? std::filesystem::path(argv[0]) : self).parent_path() / "mend-lighthouse";
+  argv[0] = path.data();
+  execv(path.c_str(), argv);
+  fmt::print(stderr,
+             "mend lighthouse: cannot run {}: {}; the lighthouse is the executable "
+             "mend-lighthouse, built and installed beside mend\n",
+             path, std::strerror(errno));
+  return mend::cli::kExitFailure;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
+  if (argc >= 2 && std::strcmp(argv[1], "lighthouse") == 0) return ExecLighthouse(argv);
   CLI::App app{"mend: fault-tolerant, communication-efficient data-parallel training", "mend"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "mend 0.1.0");
   int exit_code = mend::cli::kExitOk;
-  mend::cli::AddLighthouseCommand(app, &exit_code);
+  // Listed for --help; main() has run mend-lighthouse before parsing.
+  app.add_subcommand("lighthouse", mend::cli::kLighthouseDescription)->allow_extras();
   mend::cli::AddSimLearnerCommand(app, &exit_code);
   mend::cli::AddDemoCommand(app, &exit_code);
   mend::cli::AddFaultDemoCommand(app, &exit_code);

@@ -419,6 +419,11 @@ std::string LighthouseCore::QuorumShortfallLocked() const {
                      counts.pending, options_.quorum.min_learners, counts.alive);
 }
 
+uint64_t LighthouseCore::RecordsVisited() {
+  std::lock_guard lock(mu_);
+  return membership_.records_visited();
+}
+
 StatusSnapshot LighthouseCore::Snapshot(size_t max_learners, size_t max_rounds) {
   std::lock_guard lock(mu_);
   Micros now = clock_->NowMicros();
@@ -434,7 +439,7 @@ StatusSnapshot LighthouseCore::Snapshot(size_t max_learners, size_t max_rounds) 
   snap.failslow_zscore_threshold = options_.failslow.zscore_threshold;
   snap.failslow_window_steps = options_.failslow.window_steps;
   const MembershipCounts& counts = membership_.counts();
-  snap.learners_known = membership_.records().size();
+  snap.learners_known = membership_.size();
   snap.learners_alive = counts.alive;
   snap.learners_slow = counts.slow;
   snap.learners_waiting = counts.pending;
@@ -446,7 +451,7 @@ StatusSnapshot LighthouseCore::Snapshot(size_t max_learners, size_t max_rounds) 
   snap.events_total = events_.total();
 
   std::vector<const LearnerRecord*> records;
-  records.reserve(membership_.records().size());
+  records.reserve(membership_.size());
   for (const auto& [id, record] : membership_.records()) records.push_back(record.get());
   auto order = [](const LearnerRecord* a, const LearnerRecord* b) {
     auto rank = [](const LearnerRecord* r) { return r->slow ? 0 : r->alive ? 1 : 2; };

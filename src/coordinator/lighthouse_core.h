@@ -140,6 +140,9 @@ class LighthouseCore {
   void RecordRejection(std::string_view code, std::string_view peer, std::string_view why);
 
   StatusSnapshot Snapshot(size_t max_learners, size_t max_rounds);
+  // Learner records visited by scans and round closes so far (see
+  // Membership::records_visited): what tests use to keep joins and heartbeats O(1).
+  uint64_t RecordsVisited();
   uint64_t instance_id() const { return instance_id_; }
   const LighthouseOptions& options() const { return options_; }
   Clock* clock() const { return clock_; }

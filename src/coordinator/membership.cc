@@ -127,6 +127,7 @@ void Membership::RecordHeartbeat(LearnerRecord& record, Micros now, uint64_t ste
 }
 
 std::vector<LearnerRecord*> Membership::FindSilent(Micros now, Micros timeout) {
+  CountVisits(vitals_.size());
   std::vector<LearnerRecord*> silent;
   for (const LearnerVitals& vitals : vitals_) {
     if (vitals.alive && now - vitals.last_heartbeat > timeout) silent.push_back(vitals.record);
@@ -147,6 +148,7 @@ void Membership::MarkGone(LearnerRecord& record, Micros now, bool left) {
 }
 
 std::vector<SlowFlagChange> Membership::EvaluateFailSlow() {
+  CountVisits(vitals_.size());
   std::vector<size_t> judged;
   std::vector<double> medians;
   for (size_t i = 0; i < vitals_.size(); ++i) {
@@ -183,6 +185,7 @@ std::vector<SlowFlagChange> Membership::EvaluateFailSlow() {
 }
 
 size_t Membership::ForgetGone(Micros now, Micros retention) {
+  CountVisits(vitals_.size());
   size_t forgotten = 0;
   // Backwards, so that the entry Erase moves into slot i was already seen.
   for (size_t i = vitals_.size(); i-- > 0;) {
@@ -210,6 +213,7 @@ void Membership::Erase(LearnerRecord& record) {
 std::vector<std::pair<LearnerRecord*, PendingJoin>> Membership::TakePendingForRound(
     uint64_t round_id) {
   std::vector<std::pair<LearnerRecord*, PendingJoin>> taken;
+  CountVisits(pending_.size());
   taken.reserve(pending_.size());
   for (LearnerRecord* record : pending_) {
     Tally(*record, -1, /*update_pending=*/false);
@@ -242,6 +246,8 @@ void Membership::Tally(LearnerRecord& r, int sign, bool update_pending) {
   bool previous = InPreviousRound(r);
   add(counts_.previous_joined, previous && r.join.has_value());
   add(counts_.previous_missing, previous && !r.join);
+  if (r.alive) Histogram(alive_by_round_, r.last_round_id, sign);
+  if (r.join) Histogram(pending_by_round_, r.join->last_round_id, sign);
   if (sign > 0) {
     LearnerVitals& vitals = vitals_[r.vitals_index];
     vitals.alive = r.alive;
@@ -250,6 +256,15 @@ void Membership::Tally(LearnerRecord& r, int sign, bool update_pending) {
   if (!update_pending) return;
   if (sign > 0 && r.join) pending_.insert(&r);
   if (sign < 0 && r.join) pending_.erase(&r);
+}
+
+void Membership::Histogram(RoundHistogram& histogram, uint64_t round_id, int sign) {
+  if (sign > 0) {
+    histogram[round_id]++;
+    return;
+  }
+  auto it = histogram.find(round_id);
+  if (--it->second == 0) histogram.erase(it);
 }
 
 }  // namespace mend::coordinator

@@ -119,6 +119,7 @@ void QuorumMachine::DoubtLatestRound(Membership& membership, LearnerRecord& reco
   auto round = std::find_if(history_.rbegin(), history_.rend(),
                             [round_id](const auto& r) { return r->id == round_id; });
   if (round == history_.rend()) return;
+  membership.CountVisits((*round)->members.size());
   for (const MemberInfo& member : (*round)->members) {
     if (member.id != record.id) continue;
     membership.Mutate(record, [&](LearnerRecord& r) { r.last_round_id = member.last_round_id; });
@@ -126,14 +127,7 @@ void QuorumMachine::DoubtLatestRound(Membership& membership, LearnerRecord& reco
 }
 
 bool QuorumMachine::IncludesNewestState(const Membership& membership) const {
-  uint64_t newest_pending = 0;
-  for (const LearnerRecord* record : membership.pending()) {
-    newest_pending = std::max(newest_pending, record->join->last_round_id);
-  }
-  for (const auto& [id, record] : membership.records()) {
-    if (record->alive && record->last_round_id > newest_pending) return false;
-  }
-  return true;
+  return membership.newest_alive_round() <= membership.newest_pending_round();
 }
 
 std::shared_ptr<Round> QuorumMachine::Close(Membership& membership, Micros now,
@@ -148,10 +142,7 @@ std::shared_ptr<Round> QuorumMachine::Close(Membership& membership, Micros now,
 
   std::optional<LateWatch> late_watch = WatchLateArrivals(membership, *round);
   // The round id must be above every member's last round, so look first.
-  uint64_t newest = 0;
-  for (const LearnerRecord* record : membership.pending()) {
-    newest = std::max(newest, record->join->last_round_id);
-  }
+  const uint64_t newest = membership.newest_pending_round();
   round->heal_round_id = newest;
   round->id = std::max(next_round_id_, newest + 1);
   round->rendezvous_prefix = RendezvousPrefix(options_.job_id, round->id);

@@ -110,8 +110,9 @@ class QuorumMachine {
   // reported at registration and join, or the last round a learner was made
   // a member of). Otherwise learners that are all behind (e.g. one that
   // restarted from scratch) would form a round of their own, and its new id
-  // would later make their state look newer than everyone else's. O(pending
-  // + learners) per round closed.
+  // would later make their state look newer than everyone else's. O(1):
+  // Membership keeps the newest round id of the alive learners and of the
+  // pending joins as it counts them.
   bool IncludesNewestState(const Membership& membership) const;
   struct LateWatch {
     Micros quorum_reached_at = 0;

@@ -100,7 +100,8 @@ std::string StatusJson(const StatusSnapshot& s) {
                     {"quorum_reached_ms_ago", Round1(s.quorum_reached_ms_ago)},
                     {"store_keys", s.store_keys},
                     {"store_bytes", s.store_bytes},
-                    {"store_waiters", s.store_waiters}};
+                    {"store_waiters", s.store_waiters},
+                    {"rounds_by_closed_by", s.counters.rounds_by_closed_by}};
   doc["learners"] = nlohmann::ordered_json::array();
   for (const LearnerView& l : s.learners) doc["learners"].push_back(LearnerJson(l));
   doc["learners_listed"] = s.learners.size();

@@ -12,6 +12,7 @@ namespace mend::testing_util {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using json = nlohmann::json;
 
 constexpr Micros kWait = 30 * kMicrosPerSecond;
@@ -50,6 +51,17 @@ TEST_F(LighthouseProcessTest, ThreeLearnersFormRounds) {
     for (const auto& round : s["rounds"]) full += Members(round) == std::vector<std::string>{"a", "b", "c"};
     return full >= 3;
   }, "three rounds with members a, b, c");
+}
+
+// `mend lighthouse` runs mend-lighthouse in the same process, which maps no
+// LibTorch library: a coordinator of 10,000 learners needs none of its memory.
+TEST_F(LighthouseProcessTest, TheLighthouseDoesNotLoadLibTorch) {
+  StartLighthouse(LighthouseFlags("2000", "2000"));
+  std::ifstream maps("/proc/" + std::to_string(lighthouse_->pid()) + "/maps");
+  std::string text((std::istreambuf_iterator<char>(maps)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(text, HasSubstr("mend-lighthouse"));  // the exec took place
+  EXPECT_THAT(text, Not(HasSubstr("libtorch")));
+  EXPECT_THAT(text, Not(HasSubstr("libc10")));
 }
 
 TEST_F(LighthouseProcessTest, KilledLearnerIsLeftOutOnceHeartbeatTimeoutPasses) {
