@@ -214,7 +214,7 @@ StatusOr<Result> RunOne(const std::string& mend, const std::string& self,
 
 int RunDriver(const std::vector<std::string>& transports, const std::vector<int>& sizes,
               const std::vector<int>& intervals, int swarms, int rounds, int warmup,
-              const std::string& csv_path) {
+              const std::string& csv_path, bool keep_logs) {
   std::string self = SelfExecutable();
   std::string mend =
       (std::filesystem::path(self).parent_path().parent_path() / "mend-lighthouse").string();
@@ -257,8 +257,8 @@ int RunDriver(const std::vector<std::string>& transports, const std::vector<int>
                          r.transport, r.learners, r.interval_ms, r.seconds, r.rounds, r.rounds_per_s,
                          r.mean_members, r.p50_ms, r.p99_ms, r.max_ms, r.errors,
                          r.lighthouse_cpu_pct, r.lighthouse_peak_mib, r.swarm_cpu_pct, r.closed_by);
-      if (r.errors == 0) std::filesystem::remove_all(dir);
-      else fmt::print("  (errors: see the swarm logs in {})\n", dir);
+      if (r.errors == 0 && !keep_logs) std::filesystem::remove_all(dir);
+      else fmt::print("  (logs and every member's join and reply times: {})\n", dir);
     }
   }
   fmt::print("\nCSV: {}\n", csv_path);
@@ -283,6 +283,7 @@ int main(int argc, char** argv) {
   std::vector<int> intervals = {1000, 0};
   int swarms = 4;
   std::string csv = "bench-results/lighthouse_bench.csv";
+  bool keep_logs = false;
   std::vector<std::string> transports = {"grpc", "udp"};
   std::string transport = "grpc";
   app.add_flag("--swarm", swarm, "Run as a client process (used by the driver)");
@@ -306,10 +307,13 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--swarms", swarms, "Client processes")->capture_default_str();
   app.add_option("--csv", csv, "CSV output")->capture_default_str();
+  app.add_flag("--keep-logs", keep_logs,
+               "Keep each run's directory (logs, swarm-N.json with every join and reply time)");
   CLI11_PARSE(app, argc, argv);
   if (swarm) {
     return mend::bench::RunSwarm({address, transport, first, count,
                                   interval_ms * mend::kMicrosPerMilli, rounds, out, seed});
   }
-  return mend::bench::RunDriver(transports, sizes, intervals, swarms, rounds, warmup, csv);
+  return mend::bench::RunDriver(transports, sizes, intervals, swarms, rounds, warmup, csv,
+                                keep_logs);
 }
