@@ -1,5 +1,8 @@
 // mend::Reducer: what a LibTorch training loop attaches to (DESIGN.md,
-// "Parts" 5). The loop calls step(tokens) after each inner optimizer step;
+// "Parts" 5). It works on named parameter tensors it does not own, written
+// in place, and reads the inner optimizer's moments through InnerMoments;
+// the torch::nn::Module overload of Create adapts a C++ module and its
+// Adam/AdamW. The loop calls step(tokens) after each inner optimizer step;
 // every sync_period_steps (per fragment, staggered) the reducer joins a
 // quorum round through the learner agent, builds the round's communicator,
 // merges the pseudo-gradients (token-weighted, robust, through the codec),
@@ -41,13 +44,23 @@
 #include <string>
 #include <vector>
 
+#include <utility>
+
+#include "ATen/core/Tensor.h"
 #include "mend/config.h"
+#include "mend/inner_moments.h"
 #include "mend/learner_agent.h"
 #include "mend/status.h"
-#include "torch/nn/module.h"
-#include "torch/optim/optimizer.h"
+
+namespace torch::nn {
+class Module;
+}  // namespace torch::nn
 
 namespace mend {
+
+// Parameters by name, in a fixed order (the order every learner of the job
+// uses: it decides the fragments and the checkpoint's tensor names).
+using NamedParameters = std::vector<std::pair<std::string, at::Tensor>>;
 
 struct ReducerStats {
   uint64_t steps = 0;          // the job's step as this learner knows it (see Create)
@@ -66,11 +79,14 @@ struct ReducerStats {
 
 class Reducer {
  public:
-  // `module`, `optimizer` (the inner one) and `agent` are not owned and
-  // must outlive the reducer. The module's parameters must be dense fp32 CPU
-  // tensors; INVALID_ARGUMENT names the first that is not, or a bad
-  // configuration value. With desloc = true the optimizer must be Adam or
-  // AdamW, fragments 1, and the moment periods multiples of
+  // The parameters' tensors are shared with the caller (the reducer writes
+  // them in place at round boundaries and never copies them on other
+  // steps); `moments` may be null unless desloc or heal_inner_optimizer is
+  // on. `agent` is not owned and must outlive the reducer. The parameters
+  // must be dense, contiguous fp32 CPU tensors with distinct names, at
+  // least one; INVALID_ARGUMENT names the first that is not, or a bad
+  // configuration value. With desloc = true, fragments must be 1 and the
+  // moment periods multiples of
   // sync_period_steps (the moments travel with a round: K_u / H and K_v / H
   // rounds apart, decided by the round id so that all members agree).
   //
@@ -80,6 +96,13 @@ class Reducer {
   // heal finds it behind (its first round, or a fragment period or more
   // behind) it becomes the source's step (plus the steps since the boundary):
   // a training loop follows stats().steps to stay on the job's schedule.
+  [[nodiscard]] static StatusOr<std::unique_ptr<Reducer>> Create(
+      const Config& config, NamedParameters parameters, std::unique_ptr<InnerMoments> moments,
+      LearnerAgent& agent, uint64_t start_step = 0);
+  // The adapter for a C++ module: its named_parameters(), and the moments of
+  // `optimizer` (the inner one) when it is torch::optim::Adam or AdamW (it
+  // must be, for desloc or heal_inner_optimizer). `module` and `optimizer`
+  // are not owned and must outlive the reducer.
   [[nodiscard]] static StatusOr<std::unique_ptr<Reducer>> Create(const Config& config,
                                                                  torch::nn::Module& module,
                                                                  torch::optim::Optimizer& optimizer,

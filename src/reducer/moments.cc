@@ -2,45 +2,96 @@
 
 #include <cstring>
 
+#include "fmt/format.h"
 #include "torch/optim/adam.h"
 #include "torch/optim/adamw.h"
 
-namespace mend::reducer {
+namespace mend {
+namespace {
 
-StatusOr<AdamMoments> AdamMoments::Bind(torch::optim::Optimizer& optimizer,
-                                        std::vector<at::Tensor> parameters) {
+class TorchAdam final : public InnerMoments {
+ public:
+  TorchAdam(torch::optim::Optimizer* optimizer, std::vector<at::Tensor> parameters)
+      : optimizer_(optimizer), parameters_(std::move(parameters)) {}
+
+  at::Tensor Moment(size_t index, Which which) override {
+    if (index >= parameters_.size()) return {};
+    auto& state = optimizer_->state();
+    auto it = state.find(c10::guts::to_string(parameters_[index].unsafeGetTensorImpl()));
+    if (it == state.end()) return {};
+    if (auto* adamw = dynamic_cast<torch::optim::AdamWParamState*>(it->second.get())) {
+      return which == kFirst ? adamw->exp_avg() : adamw->exp_avg_sq();
+    }
+    if (auto* adam = dynamic_cast<torch::optim::AdamParamState*>(it->second.get())) {
+      return which == kFirst ? adam->exp_avg() : adam->exp_avg_sq();
+    }
+    return {};
+  }
+
+ private:
+  torch::optim::Optimizer* optimizer_;
+  std::vector<at::Tensor> parameters_;
+};
+
+bool Fits(const at::Tensor& t, int64_t numel) {
+  return t.defined() && t.scalar_type() == at::kFloat && t.device().is_cpu() && !t.is_sparse() &&
+         t.is_contiguous() && t.numel() == numel;
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<InnerMoments>> TorchAdamMoments(torch::optim::Optimizer& optimizer,
+                                                         std::vector<at::Tensor> parameters) {
   if (dynamic_cast<torch::optim::Adam*>(&optimizer) == nullptr &&
       dynamic_cast<torch::optim::AdamW*>(&optimizer) == nullptr) {
     return InvalidArgumentError(
-        "desloc = true: the inner optimizer must be torch::optim::Adam or AdamW (DES-LOC averages "
-        "their moments)");
+        "the inner optimizer must be torch::optim::Adam or AdamW (mend reads their moments)");
   }
-  size_t size = 0;
-  for (const auto& p : parameters) size += static_cast<size_t>(p.numel());
-  return AdamMoments(&optimizer, std::move(parameters), size);
+  return std::unique_ptr<InnerMoments>(new TorchAdam(&optimizer, std::move(parameters)));
 }
 
-at::Tensor AdamMoments::Moment(const at::Tensor& p, Which which) const {
-  auto& state = optimizer_->state();
-  auto it = state.find(c10::guts::to_string(p.unsafeGetTensorImpl()));
-  if (it == state.end()) return {};
-  if (auto* adamw = dynamic_cast<torch::optim::AdamWParamState*>(it->second.get())) {
-    return which == kFirst ? adamw->exp_avg() : adamw->exp_avg_sq();
+Status TensorMoments::Set(size_t index, at::Tensor first, at::Tensor second, int64_t numel) {
+  if (index >= moments_.size()) {
+    return InvalidArgumentError(
+        fmt::format("moments of parameter {}: there are {} parameters", index, moments_.size()));
   }
-  if (auto* adam = dynamic_cast<torch::optim::AdamParamState*>(it->second.get())) {
-    return which == kFirst ? adam->exp_avg() : adam->exp_avg_sq();
+  for (const at::Tensor* t : {&first, &second}) {
+    if (!Fits(*t, numel)) {
+      return InvalidArgumentError(fmt::format(
+          "moments of parameter {}: need contiguous fp32 CPU tensors of {} values (got {})", index,
+          numel,
+          t->defined() ? fmt::format("{} with {} values", t->toString(), t->numel())
+                       : std::string("an undefined tensor")));
+    }
   }
-  return {};
+  moments_[index] = {std::move(first), std::move(second)};
+  return OkStatus();
+}
+
+at::Tensor TensorMoments::Moment(size_t index, Which which) {
+  if (index >= moments_.size()) return {};
+  return moments_[index][which];
+}
+
+namespace reducer {
+
+AdamMoments::AdamMoments(InnerMoments* source, std::vector<int64_t> numels)
+    : source_(source), numels_(std::move(numels)) {
+  for (int64_t n : numels_) size_ += static_cast<size_t>(n);
+}
+
+at::Tensor AdamMoments::Moment(size_t i, Which which) const {
+  at::Tensor m = source_->Moment(i, static_cast<InnerMoments::Which>(which));
+  return Fits(m, numels_[i]) ? m : at::Tensor();
 }
 
 bool AdamMoments::Read(Which which, std::span<float> out) const {
   size_t offset = 0;
-  for (const auto& p : parameters_) {
-    at::Tensor m = Moment(p, which);
+  for (size_t i = 0; i < numels_.size(); ++i) {
+    at::Tensor m = Moment(i, which);
     if (!m.defined()) return false;
-    at::Tensor dense = m.contiguous();
-    std::memcpy(out.data() + offset, dense.data_ptr<float>(), dense.numel() * sizeof(float));
-    offset += static_cast<size_t>(dense.numel());
+    std::memcpy(out.data() + offset, m.data_ptr<float>(), m.numel() * sizeof(float));
+    offset += static_cast<size_t>(numels_[i]);
   }
   return true;
 }
@@ -48,12 +99,12 @@ bool AdamMoments::Read(Which which, std::span<float> out) const {
 void AdamMoments::Adjust(Which which, std::span<const float> average,
                          std::span<const float> snapshot) {
   size_t offset = 0;
-  for (const auto& p : parameters_) {
-    at::Tensor m = Moment(p, which);
-    const size_t n = static_cast<size_t>(p.numel());
-    if (m.defined() && m.is_contiguous()) {
+  for (size_t i = 0; i < numels_.size(); ++i) {
+    at::Tensor m = Moment(i, which);
+    const size_t n = static_cast<size_t>(numels_[i]);
+    if (m.defined()) {
       float* values = m.data_ptr<float>();
-      for (size_t i = 0; i < n; ++i) values[i] += average[offset + i] - snapshot[offset + i];
+      for (size_t k = 0; k < n; ++k) values[k] += average[offset + k] - snapshot[offset + k];
     }
     offset += n;
   }
@@ -61,14 +112,13 @@ void AdamMoments::Adjust(Which which, std::span<const float> average,
 
 void AdamMoments::Replace(Which which, std::span<const float> average) {
   size_t offset = 0;
-  for (const auto& p : parameters_) {
-    at::Tensor m = Moment(p, which);
-    const size_t n = static_cast<size_t>(p.numel());
-    if (m.defined() && m.is_contiguous()) {
-      std::memcpy(m.data_ptr<float>(), average.data() + offset, n * sizeof(float));
-    }
+  for (size_t i = 0; i < numels_.size(); ++i) {
+    at::Tensor m = Moment(i, which);
+    const size_t n = static_cast<size_t>(numels_[i]);
+    if (m.defined()) std::memcpy(m.data_ptr<float>(), average.data() + offset, n * sizeof(float));
     offset += n;
   }
 }
 
-}  // namespace mend::reducer
+}  // namespace reducer
+}  // namespace mend

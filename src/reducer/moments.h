@@ -1,5 +1,6 @@
-// The inner Adam/AdamW optimizer's moments of a list of parameters, read and
-// adjusted as flat fp32 buffers (for DES-LOC's moment averaging).
+// The inner optimizer's Adam moments of the reducer's parameters, read and
+// adjusted as one flat fp32 buffer (DES-LOC's moment averaging, and the
+// moments a heal carries), over an InnerMoments the caller provides.
 //
 // Thread-safety: the training thread only (the optimizer's state is its).
 #pragma once
@@ -7,19 +8,17 @@
 #include <span>
 #include <vector>
 
-#include "mend/status.h"
-#include "torch/optim/optimizer.h"
+#include "mend/inner_moments.h"
 
 namespace mend::reducer {
 
 class AdamMoments {
  public:
-  enum Which { kFirst = 0, kSecond = 1 };
+  enum Which { kFirst = InnerMoments::kFirst, kSecond = InnerMoments::kSecond };
 
-  // INVALID_ARGUMENT unless `optimizer` is torch::optim::Adam or AdamW.
-  // `optimizer` is not owned and must outlive this object.
-  [[nodiscard]] static StatusOr<AdamMoments> Bind(torch::optim::Optimizer& optimizer,
-                                                  std::vector<at::Tensor> parameters);
+  // `source` is not owned and must outlive this object; `numels` holds each
+  // parameter's number of values, in the reducer's order.
+  AdamMoments(InnerMoments* source, std::vector<int64_t> numels);
 
   size_t size() const { return size_; }
   // Copies the moment into `out`; false when some parameter has no state yet
@@ -32,14 +31,13 @@ class AdamMoments {
   void Replace(Which which, std::span<const float> average);
 
  private:
-  AdamMoments(torch::optim::Optimizer* optimizer, std::vector<at::Tensor> parameters, size_t size)
-      : optimizer_(optimizer), parameters_(std::move(parameters)), size_(size) {}
-  // The moment tensor of parameter p, or an undefined tensor.
-  at::Tensor Moment(const at::Tensor& p, Which which) const;
+  // Parameter i's moment if it is a contiguous fp32 tensor of the right size,
+  // else an undefined tensor.
+  at::Tensor Moment(size_t i, Which which) const;
 
-  torch::optim::Optimizer* optimizer_;
-  std::vector<at::Tensor> parameters_;
-  size_t size_;
+  InnerMoments* source_;
+  std::vector<int64_t> numels_;
+  size_t size_ = 0;
 };
 
 }  // namespace mend::reducer

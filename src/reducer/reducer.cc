@@ -8,6 +8,7 @@
 #include <mutex>
 #include <cstring>
 #include <optional>
+#include <set>
 #include <thread>
 #include <utility>
 
@@ -25,6 +26,7 @@
 #include "reducer/heal_stream.h"
 #include "reducer/moments.h"
 #include "spdlog/spdlog.h"
+#include "torch/nn/module.h"
 
 namespace mend {
 namespace {
@@ -33,7 +35,7 @@ namespace {
 // out flat in parameter order, and its global state.
 struct Fragment {
   std::vector<at::Tensor> parameters;
-  std::vector<std::string> names;  // the parameters' names in the module
+  std::vector<std::string> names;  // the parameters' names
   std::unique_ptr<FragmentState> state;
   uint64_t tokens_since_round = 0;
   // The job's boundary step of the last round this fragment completed: no
@@ -161,22 +163,42 @@ class ReducerImpl final : public Reducer {
     JoinCheckpointWriter();
   }
 
-  Status Init(torch::nn::Module& module, torch::optim::Optimizer& optimizer, uint64_t start_step) {
+  Status Init(NamedParameters named, std::unique_ptr<InnerMoments> moments, uint64_t start_step) {
     stats_.steps = start_step;
     step_now_.store(start_step);
     abort_watch_ = std::make_unique<AbortWatch>(agent_.client());
     diagnostics_ = std::make_unique<reducer::Diagnostics>(config_.diagnostics_dir, agent_.id());
-    std::vector<at::Tensor> parameters = module.parameters(/*recurse=*/true);
-    std::vector<std::string> names = module.named_parameters(/*recurse=*/true).keys();
-    if (config_.desloc) MEND_RETURN_IF_ERROR(InitDesloc(optimizer, parameters));
-    if (config_.heal_inner_optimizer && !moments_) {
-      StatusOr<reducer::AdamMoments> moments = reducer::AdamMoments::Bind(optimizer, parameters);
-      if (!moments.ok()) {
-        return InvalidArgumentError(fmt::format("heal_inner_optimizer = true: {}", moments.status().message()));
+    if (named.empty()) return InvalidArgumentError("reducer: the model has no parameters");
+    std::vector<at::Tensor> parameters;
+    std::vector<std::string> names;
+    std::vector<int64_t> numels;
+    std::set<std::string> seen;
+    for (auto& [name, p] : named) {
+      if (!p.defined()) {
+        return InvalidArgumentError(fmt::format("reducer: parameter '{}' is an undefined tensor", name));
       }
-      moments_.emplace(std::move(*moments));
+      if (p.is_sparse() || p.scalar_type() != at::kFloat || !p.device().is_cpu() || !p.is_contiguous()) {
+        return InvalidArgumentError(fmt::format(
+            "reducer: parameter '{}' is {} {} on {} ({}contiguous); mend needs dense, contiguous fp32 "
+            "CPU parameters",
+            name, p.is_sparse() ? "sparse" : "dense", c10::toString(p.scalar_type()), p.device().str(),
+            p.is_contiguous() ? "" : "not "));
+      }
+      if (!seen.insert(name).second) {
+        return InvalidArgumentError(fmt::format("reducer: two parameters are named '{}'", name));
+      }
+      numels.push_back(p.numel());
+      parameters.push_back(std::move(p));
+      names.push_back(name);
     }
-    if (parameters.empty()) return InvalidArgumentError("reducer: the module has no parameters");
+    moments_source_ = std::move(moments);
+    if (config_.desloc) MEND_RETURN_IF_ERROR(InitDesloc());
+    if (config_.heal_inner_optimizer && !moments_source_) {
+      return InvalidArgumentError(
+          "heal_inner_optimizer = true: the reducer was given no inner optimizer moments (use Adam "
+          "or AdamW)");
+    }
+    if (moments_source_) moments_.emplace(moments_source_.get(), std::move(numels));
     fragments_.resize(static_cast<size_t>(schedule_.fragments()));
     for (size_t l = 0; l < parameters.size(); ++l) {
       const at::Tensor& p = parameters[l];
@@ -226,7 +248,7 @@ class ReducerImpl final : public Reducer {
           }
           if (t->shape != p.sizes().vec()) {
             return InvalidArgumentError(fmt::format(
-                "checkpoint of round {} in {}: tensor '{}{}' has shape [{}], the module's is [{}]",
+                "checkpoint of round {} in {}: tensor '{}{}' has shape [{}], the model's is [{}]",
                 checkpoint->meta.round_id, config_.checkpoint_dir, prefix, name, fmt::join(t->shape, ", "),
                 fmt::join(p.sizes().vec(), ", ")));
           }
@@ -308,7 +330,7 @@ class ReducerImpl final : public Reducer {
     if (checkpoint_writer_.joinable()) checkpoint_writer_.join();
   }
 
-  Status InitDesloc(torch::optim::Optimizer& optimizer, const std::vector<at::Tensor>& parameters) {
+  Status InitDesloc() {
     const int64_t h = config_.sync_period_steps;
     const int64_t periods[2] = {
         config_.momentum_sync_period_steps > 0 ? config_.momentum_sync_period_steps : 3 * h,
@@ -326,7 +348,11 @@ class ReducerImpl final : public Reducer {
       }
       desloc_rounds_[k] = static_cast<uint64_t>(periods[k] / h);
     }
-    MEND_ASSIGN_OR_RETURN(moments_, reducer::AdamMoments::Bind(optimizer, parameters));
+    if (!moments_source_) {
+      return InvalidArgumentError(
+          "desloc = true: the reducer was given no inner optimizer moments (DES-LOC averages the "
+          "moments of Adam or AdamW)");
+    }
     return OkStatus();
   }
 
@@ -914,7 +940,8 @@ class ReducerImpl final : public Reducer {
   std::unique_ptr<AbortWatch> abort_watch_;  // before in_flight_: outlives its round
   std::unique_ptr<InFlight> in_flight_;
   std::unique_ptr<reducer::Diagnostics> diagnostics_;
-  std::optional<reducer::AdamMoments> moments_;  // DES-LOC only
+  std::unique_ptr<InnerMoments> moments_source_;  // the inner optimizer's, or null
+  std::optional<reducer::AdamMoments> moments_;   // over moments_source_, when there is one
   uint64_t desloc_rounds_[2] = {3, 6};           // rounds between K_u and K_v syncs
   // The last round this learner completed; written by the round's thread,
   // which runs alone (the next round starts only after it was joined).
@@ -935,15 +962,36 @@ class ReducerImpl final : public Reducer {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<Reducer>> Reducer::Create(const Config& config, torch::nn::Module& module,
-                                                   torch::optim::Optimizer& optimizer,
+StatusOr<std::unique_ptr<Reducer>> Reducer::Create(const Config& config, NamedParameters parameters,
+                                                   std::unique_ptr<InnerMoments> moments,
                                                    LearnerAgent& agent, uint64_t start_step) {
   MEND_ASSIGN_OR_RETURN(FragmentSchedule schedule,
                         FragmentSchedule::Make(config.fragments, config.sync_period_steps));
   MEND_ASSIGN_OR_RETURN(std::unique_ptr<Codec> codec, MakeCodec(config));
   auto reducer = std::make_unique<ReducerImpl>(config, agent, schedule, std::move(codec));
-  MEND_RETURN_IF_ERROR(reducer->Init(module, optimizer, start_step));
+  MEND_RETURN_IF_ERROR(reducer->Init(std::move(parameters), std::move(moments), start_step));
   return std::unique_ptr<Reducer>(std::move(reducer));
+}
+
+StatusOr<std::unique_ptr<Reducer>> Reducer::Create(const Config& config, torch::nn::Module& module,
+                                                   torch::optim::Optimizer& optimizer,
+                                                   LearnerAgent& agent, uint64_t start_step) {
+  NamedParameters named;
+  std::vector<at::Tensor> parameters;
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    named.emplace_back(item.key(), item.value());
+    parameters.push_back(item.value());
+  }
+  StatusOr<std::unique_ptr<InnerMoments>> moments = TorchAdamMoments(optimizer, std::move(parameters));
+  if (!moments.ok()) {  // not Adam: fine unless its moments are needed
+    if (config.desloc || config.heal_inner_optimizer) {
+      return InvalidArgumentError(fmt::format("{} = true: {}",
+                                              config.desloc ? "desloc" : "heal_inner_optimizer",
+                                              moments.status().message()));
+    }
+    moments = std::unique_ptr<InnerMoments>();
+  }
+  return Create(config, std::move(named), std::move(*moments), agent, start_step);
 }
 
 }  // namespace mend

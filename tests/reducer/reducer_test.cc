@@ -412,7 +412,7 @@ TEST(ReducerTest, ACheckpointOfAnotherModelIsRefused) {
   torch::optim::SGD inner(model->parameters(), torch::optim::SGDOptions(0.1));
   auto reducer = Reducer::Create(config, *model, inner, **agent);
   ASSERT_EQ(reducer.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(reducer.status().message().find("'global/weight' has shape [1, 4], the module's is [1, 8]"),
+  EXPECT_NE(reducer.status().message().find("'global/weight' has shape [1, 4], the model's is [1, 8]"),
             std::string_view::npos)
       << reducer.status();
   std::filesystem::remove_all(dir);

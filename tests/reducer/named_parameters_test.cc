@@ -1,0 +1,146 @@
+// The reducer over named tensors it does not own (the way the Python module
+// and any non-module training loop use it): the caller's tensors are written
+// in place, never replaced; moments handed over as tensors (TensorMoments)
+// are averaged in place by DES-LOC; bad parameters are refused by name.
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "mend/lighthouse.h"
+#include "mend/reducer.h"
+#include "test_util/job_config.h"
+#include "torch/types.h"
+
+namespace mend {
+namespace {
+
+constexpr char kToken[] = "named-parameters-test-token-0123";
+constexpr int kPeriod = 3;
+
+Config JobConfig() {
+  Config config = testing_util::LoopbackJobConfig(2);
+  config.grace_window_adaptive = false;
+  config.sync_period_steps = kPeriod;
+  config.concurrent_outer_step = false;
+  config.desloc = true;
+  config.momentum_sync_period_steps = kPeriod;
+  config.second_moment_sync_period_steps = kPeriod;
+  return config;
+}
+
+struct Seen {
+  const void* weight_data_before = nullptr;
+  const void* weight_data_after = nullptr;
+  std::vector<float> weight_after_round;  // the caller's tensor right after the last round
+  std::vector<float> global_after_round;  // the reducer's global state then
+  std::vector<float> first_moment;        // the caller's moment tensor at the end
+  uint64_t rounds = 0;
+  uint64_t moment_syncs = 0;
+};
+
+// A hand-written loop with no torch::nn::Module: "weight" and "bias" tensors,
+// plain SGD, and first/second moments kept by the loop (as an optimizer
+// would) and handed to the reducer as tensors.
+void Learn(const Config& config, const std::string& id, int seed, Seen* seen) {
+  auto agent = LearnerAgent::Start(config, kToken, {id, "", "", ""});
+  ASSERT_TRUE(agent.ok()) << agent.status();
+  torch::manual_seed(seed);
+  at::Tensor weight = torch::randn({1, 4});
+  at::Tensor bias = torch::zeros({1});
+  at::Tensor exp_avg[2] = {torch::zeros({1, 4}), torch::zeros({1})};
+  at::Tensor exp_avg_sq[2] = {torch::zeros({1, 4}), torch::zeros({1})};
+  auto moments = std::make_unique<TensorMoments>(2);
+  ASSERT_TRUE(moments->Set(0, exp_avg[0], exp_avg_sq[0], 4).ok());
+  ASSERT_TRUE(moments->Set(1, exp_avg[1], exp_avg_sq[1], 1).ok());
+  auto reducer =
+      Reducer::Create(config, {{"weight", weight}, {"bias", bias}}, std::move(moments), **agent);
+  ASSERT_TRUE(reducer.ok()) << reducer.status();
+  seen->weight_data_before = weight.data_ptr();
+  at::Tensor true_w = torch::arange(4, torch::kFloat).reshape({1, 4});
+  for (int step = 1; step <= 3 * kPeriod; ++step) {
+    at::Tensor x = torch::randn({8, 4});
+    at::Tensor y = torch::matmul(x, true_w.t()) + static_cast<float>(seed);
+    at::Tensor err = torch::matmul(x, weight.t()) + bias - y;
+    at::Tensor grad_w = 2 * torch::matmul(err.t(), x) / 8;
+    at::Tensor grad_b = 2 * err.mean(0);
+    weight.sub_(0.05 * grad_w);
+    bias.sub_(0.05 * grad_b);
+    exp_avg[0].mul_(0.9).add_(0.1 * grad_w);
+    exp_avg[1].mul_(0.9).add_(0.1 * grad_b);
+    exp_avg_sq[0].mul_(0.99).add_(0.01 * grad_w * grad_w);
+    exp_avg_sq[1].mul_(0.99).add_(0.01 * grad_b * grad_b);
+    ASSERT_TRUE((*reducer)->step(8).ok());
+    if (step % kPeriod == 0) {
+      seen->weight_after_round.assign(weight.data_ptr<float>(), weight.data_ptr<float>() + 4);
+      auto global = (*reducer)->global(0);
+      seen->global_after_round.assign(global.begin(), global.end());
+    }
+  }
+  ASSERT_TRUE((*reducer)->shutdown().ok());
+  seen->weight_data_after = weight.data_ptr();
+  seen->first_moment.assign(exp_avg[0].data_ptr<float>(), exp_avg[0].data_ptr<float>() + 4);
+  seen->rounds = (*reducer)->stats().rounds;
+  seen->moment_syncs = (*reducer)->stats().moment_syncs;
+}
+
+TEST(NamedParametersTest, TheCallersTensorsAreWrittenInPlaceAndTheirMomentsAveraged) {
+  Config config = JobConfig();
+  auto server = LighthouseServer::Start(config, kToken);
+  ASSERT_TRUE(server.ok()) << server.status();
+  config.lighthouse = (*server)->grpc_address();
+  Seen a, b;
+  std::thread ta([&]() { Learn(config, "learner-a", 1, &a); });
+  std::thread tb([&]() { Learn(config, "learner-b", 2, &b); });
+  ta.join();
+  tb.join();
+  for (const Seen* seen : {&a, &b}) {
+    EXPECT_EQ(seen->rounds, 3u);
+    EXPECT_EQ(seen->moment_syncs, 6u);  // both moments, every round
+    // The same memory: never replaced, and holding the round's result.
+    EXPECT_EQ(seen->weight_data_before, seen->weight_data_after);
+    ASSERT_EQ(seen->global_after_round.size(), 5u);  // weight (4) then bias (1)
+    EXPECT_EQ(seen->weight_after_round, std::vector<float>(seen->global_after_round.begin(),
+                                                           seen->global_after_round.begin() + 4));
+  }
+  EXPECT_EQ(a.global_after_round, b.global_after_round);
+  // DES-LOC wrote the average into the loop's own moment tensors.
+  EXPECT_EQ(a.first_moment, b.first_moment);
+}
+
+TEST(NamedParametersTest, BadParametersAreRefusedByName) {
+  Config config = JobConfig();
+  config.desloc = false;
+  config.quorum_min_learners = 1;
+  auto server = LighthouseServer::Start(config, kToken);
+  ASSERT_TRUE(server.ok()) << server.status();
+  config.lighthouse = (*server)->grpc_address();
+  auto agent = LearnerAgent::Start(config, kToken, {"learner-a", "", "", ""});
+  ASSERT_TRUE(agent.ok()) << agent.status();
+  auto refused = [&](NamedParameters parameters, const Config& with) {
+    auto reducer = Reducer::Create(with, std::move(parameters), nullptr, **agent);
+    EXPECT_FALSE(reducer.ok());
+    return reducer.ok() ? std::string() : std::string(StatusMessage(reducer.status()));
+  };
+  EXPECT_NE(refused({{"w", torch::zeros({2}, torch::kDouble)}}, config)
+                .find("parameter 'w' is dense Double"),
+            std::string::npos);
+  EXPECT_NE(refused({{"emb", torch::zeros({4, 4}).to_sparse()}}, config).find("'emb' is sparse"),
+            std::string::npos);
+  EXPECT_NE(refused({{"t", torch::zeros({3, 2}).t()}}, config)
+                .find("'t' is dense Float on cpu (not contiguous)"),
+            std::string::npos);
+  EXPECT_NE(refused({}, config).find("has no parameters"), std::string::npos);
+  EXPECT_NE(refused({{"w", torch::zeros({2})}, {"w", torch::zeros({2})}}, config)
+                .find("two parameters are named 'w'"),
+            std::string::npos);
+  Config desloc = config;
+  desloc.desloc = true;
+  EXPECT_NE(refused({{"w", torch::zeros({2})}}, desloc).find("desloc = true"), std::string::npos);
+  TensorMoments moments(1);
+  EXPECT_FALSE(moments.Set(0, torch::zeros({3}), torch::zeros({2}), 2).ok());
+  EXPECT_FALSE(moments.Set(1, torch::zeros({2}), torch::zeros({2}), 2).ok());
+  EXPECT_TRUE(moments.Set(0, torch::zeros({2}), torch::zeros({2}), 2).ok());
+  (void)(*agent)->Leave("test over");
+}
+
+}  // namespace
+}  // namespace mend
