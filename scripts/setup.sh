@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Installs every Debian 12 package mend needs and builds it in ./build.
+# Installs every Debian 12 package mend needs, builds it in ./build and
+# installs it (executables under /usr/local/bin, the Python package into
+# /usr/local/lib/python3.X/dist-packages).
 # Idempotent and non-interactive; run as root on a fresh machine.
 #   scripts/setup.sh            install + configure + build (Release with debug info)
 # Environment: MEND_BUILD_DIR (default build), MEND_BUILD_TYPE (default RelWithDebInfo),
@@ -13,6 +15,7 @@ packages=(
   libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libcpp-httplib-dev libtomlplusplus-dev
   libgtest-dev libgmock-dev libbenchmark-dev libgloo-dev iproute2
   libtorch-dev libopenblas0-pthread fortunes gnuplot-nox
+  python3-dev python3-torch pybind11-dev python3-pytest
 )
 
 missing=()
@@ -33,4 +36,8 @@ build_dir=${MEND_BUILD_DIR:-build}
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE="${MEND_BUILD_TYPE:-RelWithDebInfo}" \
   ${MEND_CMAKE_ARGS:-}
 cmake --build "$build_dir"
-echo "setup: built $build_dir/mend"
+# The mend and mend-lighthouse executables and the Python package `mend`
+# (into the system's local site directory, so that /usr/bin/python3 -c
+# "import mend" works from any directory).
+cmake --install "$build_dir" > /dev/null
+echo "setup: built $build_dir/mend; installed mend, mend-lighthouse and the Python package mend"

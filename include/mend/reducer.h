@@ -116,6 +116,10 @@ class Reducer {
   // Returns an error only for what the caller must act on (a fatal refusal
   // from the lighthouse); failed rounds are counted, logged and survived.
   [[nodiscard]] virtual Status step(uint64_t tokens) = 0;
+  // Whether the next step() may wait for a round (it starts or applies one);
+  // when false it returns after bookkeeping, with no network wait. Front ends
+  // that must stay interruptible (Python's Ctrl-C) wait differently for those.
+  virtual bool NextStepMayWait() const = 0;
   // Leaves the job. Idempotent.
   virtual Status shutdown() = 0;
 

@@ -445,6 +445,18 @@ class ReducerImpl final : public Reducer {
     return agent_.Leave("training finished");
   }
 
+  bool NextStepMayWait() const override {
+    const uint64_t next = stats_.steps + 1;
+    if (in_flight_ && (in_flight_->done.load(std::memory_order_acquire) ||
+                       (next >= in_flight_->apply_at_step && !in_flight_->passed_over))) {
+      return true;
+    }
+    for (int64_t f = 0; f < schedule_.fragments(); ++f) {
+      if (schedule_.StartsAt(f, static_cast<int64_t>(next))) return true;
+    }
+    return false;
+  }
+
   ReducerStats stats() const override {
     ReducerStats stats = stats_;
     stats.checkpoints = checkpoint_writes_ok_.load();

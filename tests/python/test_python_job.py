@@ -1,0 +1,245 @@
+"""The Python module end to end: MendConfig's keys and errors, an embedded
+lighthouse, and a two-learner job of separate Python processes."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import mend
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TOKEN = "python-test-token-0123456789"
+
+
+def test_quickstart_keywords_are_accepted():
+    config = mend.MendConfig(
+        quorum_min_learners=4, grace_window_ms=2000, token_weighted_merge=True,
+        sync_period_steps=128, momentum_sync_period_steps=512, concurrent_outer_step=True,
+        failslow_zscore_threshold=3.0, failslow_window_steps=50, rack_aware=True,
+        diagnostics_dir="./results/mend_diag")
+    assert config.quorum_min_learners == 4
+    assert config.token_weighted_merge is True
+    assert config.failslow_zscore_threshold == 3.0
+    assert config.desloc is True  # momentum_sync_period_steps turns DES-LOC on
+    assert mend.MendConfig(sideband_heartbeat_ms=250).heartbeat_ms == 250
+
+
+def test_config_errors_name_the_key():
+    with pytest.raises(TypeError, match="did you mean 'grace_window_ms'"):
+        mend.MendConfig(grace_window=5)
+    with pytest.raises(ValueError, match=r'grace_window_ms = "-5".*\[0, 600000\]'):
+        mend.MendConfig(grace_window_ms=-5)
+    with pytest.raises(ValueError, match="CUDA"):
+        mend.MendConfig(async_tp_enabled=True)
+    with pytest.raises(ValueError, match="lighthouse"):
+        mend.MendConfig(sideband_addr="10.0.0.1:1234")
+    assert "grace_window_ms" in mend.MendConfig.__doc__
+
+
+def test_config_from_file_and_environment(tmp_path, monkeypatch):
+    path = tmp_path / "job.toml"
+    path.write_text("sync_period_steps = 77\nheartbeat_ms = 300\n")
+    monkeypatch.setenv("MEND_HEARTBEAT_MS", "400")
+    config = mend.MendConfig.from_file(str(path), grace_window_ms=1234)
+    assert config.sync_period_steps == 77   # file
+    assert config.heartbeat_ms == 400       # environment beats the file
+    assert config.grace_window_ms == 1234   # keywords beat both
+
+
+def embedded_lighthouse():
+    os.environ["MEND_JOB_TOKEN"] = TOKEN
+    return mend.Lighthouse(mend.MendConfig(bind="127.0.0.1:0", http="", quorum_min_learners=2,
+                                           grace_window_ms=2000, heartbeat_ms=50,
+                                           heartbeat_timeout_ms=2000, log_level="warn"))
+
+
+def run_learners(tmp_path, address, extra=()):
+    env = dict(os.environ, MEND_JOB_TOKEN=TOKEN)
+    procs, outs = [], []
+    for i, name in enumerate(["learner-a", "learner-b"]):
+        out = tmp_path / f"{name}.json"
+        outs.append(out)
+        procs.append(subprocess.Popen(
+            [sys.executable, os.path.join(HERE, "learner.py"), "--lighthouse", address,
+             "--id", name, "--seed", str(i + 1), "--out", str(out), *extra[i]],
+            env=env))
+    for proc in procs:
+        assert proc.wait(timeout=120) == 0
+    return [json.loads(out.read_text()) for out in outs]
+
+
+@pytest.mark.parametrize("pass_optimizer", [True, False])
+def test_two_python_learners_agree_after_every_round(tmp_path, pass_optimizer):
+    flag = ["--pass-optimizer"] if pass_optimizer else []
+    with embedded_lighthouse() as lighthouse:
+        a, b = run_learners(tmp_path, lighthouse.address, (flag, flag))
+        status = lighthouse.status()
+    # 40 steps, H = 5: a round after steps 5, 10, ..., 40, exactly there.
+    for seen in (a, b):
+        assert seen["stats"]["rounds"] == 8
+        assert sorted(int(s) for s in seen["rounds_at_step"]) == list(range(5, 41, 5))
+        assert seen["loss_after"] < seen["loss_before"]
+        assert seen["data_ptr"] == seen["data_ptr_after"]  # written in place
+    assert a["globals"] == b["globals"]  # bit-identical after every round
+    assert len(a["globals"]) == 8
+    assert status["summary"]["latest_round_id"] >= 8
+
+
+def wait_for_file(path, proc, timeout=60):
+    import time
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        assert proc.poll() is None, f"learner exited with {proc.returncode}"
+        assert time.monotonic() < deadline, f"no {path} within {timeout} s"
+        time.sleep(0.05)
+
+
+def test_killed_learner_restarts_heals_and_matches(tmp_path):
+    env = dict(os.environ, MEND_JOB_TOKEN=TOKEN)
+
+    def start(name, seed, out, ready=""):
+        return subprocess.Popen(
+            [sys.executable, os.path.join(HERE, "learner.py"), "--lighthouse", lighthouse.address,
+             "--id", name, "--seed", str(seed), "--out", str(out), "--steps", "60",
+             "--min-learners", "1", "--step-sleep", "0.04", "--ready-file", ready], env=env)
+
+    with embedded_lighthouse() as lighthouse:
+        a = start("learner-a", 1, tmp_path / "a.json")
+        ready = str(tmp_path / "b.ready")
+        b = start("learner-b", 2, tmp_path / "b-first.json", ready)
+        wait_for_file(ready, b)  # b has completed a round
+        b.kill()                 # SIGKILL mid-run
+        b.wait()
+        restarted = start("learner-b", 3, tmp_path / "b.json")
+        assert a.wait(timeout=120) == 0
+        assert restarted.wait(timeout=120) == 0
+    seen_a = json.loads((tmp_path / "a.json").read_text())
+    seen_b = json.loads((tmp_path / "b.json").read_text())
+    assert seen_b["stats"]["heals"] >= 1
+    shared = set(seen_a["globals"]) & set(seen_b["globals"])
+    assert shared, "the restarted learner shared no round with the other"
+    for round_id in shared:
+        assert seen_a["globals"][round_id] == seen_b["globals"][round_id], round_id
+
+
+def test_ctrl_c_while_waiting_for_a_round_raises_keyboard_interrupt(tmp_path):
+    import signal
+    import time
+    with embedded_lighthouse() as lighthouse:
+        env = dict(os.environ, MEND_JOB_TOKEN=TOKEN)
+        # Alone in a job of at least 2: its first boundary waits for a round.
+        proc = subprocess.Popen(
+            [sys.executable, os.path.join(HERE, "learner.py"), "--lighthouse", lighthouse.address,
+             "--id", "lonely", "--out", str(tmp_path / "x.json"), "--period", "2"],
+            env=env, stdout=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        while not any(l["id"] == "lonely" and l["state"] == "waiting"
+                      for l in lighthouse.status()["learners"]):
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=10)
+        assert proc.returncode == 3 and "interrupted" in out
+        deadline = time.monotonic() + 10
+        while not any(l["id"] == "lonely" and l["state"] == "left"
+                      for l in lighthouse.status()["learners"]):
+            assert time.monotonic() < deadline, "the learner did not leave the job"
+            time.sleep(0.05)
+
+
+def test_other_python_threads_run_while_a_step_waits():
+    import threading
+    with embedded_lighthouse() as lighthouse:
+        config = mend.MendConfig(lighthouse=lighthouse.address, quorum_min_learners=2,
+                                 sync_period_steps=1, concurrent_outer_step=False,
+                                 heartbeat_ms=50, heartbeat_timeout_ms=2000, log_level="warn")
+        models = [torch.nn.Linear(4, 1) for _ in range(2)]
+        runtimes = [mend.mend_init(m, config, f"thread-{i}", optimizer=torch.optim.SGD(m.parameters(), lr=0.1))
+                    for i, m in enumerate(models)]
+        ticks = [0]
+        stop = threading.Event()
+
+        def ticker():
+            while not stop.is_set():
+                ticks[0] += 1
+
+        ticking = threading.Thread(target=ticker)
+        ticking.start()
+        # Two learners in one process, each on its own thread: a round needs
+        # both, so a step that held the GIL while it waits would deadlock.
+        errors = []
+
+        def learn(runtime):
+            try:
+                for _ in range(3):
+                    runtime.step(4)
+            except Exception as e:  # noqa: BLE001
+                errors.append(e)
+
+        threads = [threading.Thread(target=learn, args=(r,)) for r in runtimes]
+        before = ticks[0]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        stop.set()
+        ticking.join()
+        assert not errors and all(not t.is_alive() for t in threads)
+        assert all(r.stats()["rounds"] == 3 for r in runtimes)
+        assert ticks[0] > before
+        assert torch.equal(runtimes[0].global_state(), runtimes[1].global_state())
+        for m in models:
+            mend.mend_shutdown(m)
+
+
+def test_bad_input_gets_a_clear_error():
+    with embedded_lighthouse() as lighthouse:
+        config = mend.MendConfig(lighthouse=lighthouse.address, quorum_min_learners=1,
+                                 log_level="warn")
+        with pytest.raises(ValueError, match="'weight' is torch.float64"):
+            mend.mend_init(torch.nn.Linear(2, 2).double(), config, "x1")
+        with pytest.raises(ValueError, match="no parameters"):
+            mend.mend_init(torch.nn.ReLU(), config, "x2")
+        model = torch.nn.Module()
+        model.t = torch.nn.Parameter(torch.zeros(3, 2).t())
+        with pytest.raises(ValueError, match="'t' is .*not contiguous"):
+            mend.mend_init(model, config, "x3")
+        sparse = torch.nn.Module()
+        sparse.s = torch.nn.Parameter(torch.zeros(4).to_sparse())
+        with pytest.raises(ValueError, match="'s' is sparse"):
+            mend.mend_init(sparse, config, "x4")
+        ok = torch.nn.Linear(2, 1)
+        mend.mend_init(ok, config, "x5")
+        with pytest.raises(mend.FailedPreconditionError, match="already has a mend runtime"):
+            mend.mend_init(ok, config, "x5")
+        mend.mend_shutdown(ok)
+        os.environ["MEND_JOB_TOKEN"] = "a-wrong-token-123456"
+        try:
+            with pytest.raises(mend.MendError, match="token"):
+                mend.mend_init(torch.nn.Linear(2, 1), config, "x6")
+        finally:
+            os.environ["MEND_JOB_TOKEN"] = TOKEN
+
+
+def test_forked_child_gets_a_clear_error():
+    with embedded_lighthouse() as lighthouse:
+        config = mend.MendConfig(lighthouse=lighthouse.address, quorum_min_learners=1,
+                                 log_level="warn")
+        model = torch.nn.Linear(2, 1)
+        runtime = mend.mend_init(model, config, "forking")
+        pid = os.fork()
+        if pid == 0:  # the child: a DataLoader worker that calls mend by mistake
+            try:
+                runtime.step(1)
+                os._exit(1)
+            except mend.FailedPreconditionError as e:
+                os._exit(0 if "forked process" in str(e) else 2)
+            except BaseException:  # noqa: BLE001
+                os._exit(3)
+        _, code = os.waitpid(pid, 0)
+        assert os.WEXITSTATUS(code) == 0
+        runtime.step(1)  # the parent is unaffected
+        mend.mend_shutdown(model)
