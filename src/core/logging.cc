@@ -14,7 +14,10 @@ Status InitLogging(std::string_view level, std::string_view tag) {
     return InvalidArgumentError(fmt::format(
         "log_level = \"{}\": must be one of trace | debug | info | warn | error | off", level));
   }
-  auto logger = spdlog::stderr_logger_mt(fmt::format("mend-{}", tag));
+  // Called again (a second runtime in one Python process): replace the logger.
+  const std::string name = fmt::format("mend-{}", tag);
+  spdlog::drop(name);
+  auto logger = spdlog::stderr_logger_mt(name);
   logger->set_pattern(fmt::format("%Y-%m-%d %H:%M:%S.%e %L {}] %v", tag));
   logger->set_level(parsed);
   logger->flush_on(spdlog::level::info);

@@ -28,6 +28,7 @@
 #include "mend/learner_agent.h"
 #include "mend/lighthouse.h"
 #include "mend/lighthouse_client.h"
+#include "mend/logging.h"
 #include "mend/reducer.h"
 #include "mend/status.h"
 
@@ -151,6 +152,7 @@ StatusOr<std::string> FetchStatus(const std::string& address, const std::string&
 class PyLighthouse {
  public:
   PyLighthouse(const Config& config, const std::string& token) : token_(token) {
+    Check(InitLogging(config.log_level, "lighthouse"));
     server_ = Take(Unlocked([&]() { return LighthouseServer::Start(config, token); }));
   }
   std::string address() const { return server_ ? server_->grpc_address() : ""; }
@@ -181,6 +183,7 @@ class PyRuntime {
             std::vector<std::pair<std::string, at::Tensor>> parameters, uint64_t start_step)
       : owner_(getpid()) {
     for (size_t i = 0; i < parameters.size(); ++i) numels_.push_back(parameters[i].second.numel());
+    Check(InitLogging(config.log_level, learner_id));
     auto moments = std::make_unique<TensorMoments>(parameters.size());
     moments_ = moments.get();
     Status started = Unlocked([&]() -> Status {

@@ -1,0 +1,221 @@
+"""Train a small byte-level GPT on Debian's fortunes with plain PyTorch, and
+replace the cross-learner exchange with mend, or compare it with DDP, local
+training, and a few-line DiLoCo in plain torch.distributed.
+
+    MEND_JOB_TOKEN=$(head -c 24 /dev/urandom | base64) \
+      torchrun --nproc_per_node 2 examples/train_gpt.py --mode mend --steps 300
+
+Every process of the torchrun is one learner. --mode:
+  mend          mend_init(model, config) on an ordinary AdamW loop; rank 0 embeds a
+                lighthouse unless --lighthouse HOST:PORT names one
+  ddp           torch.nn.parallel.DistributedDataParallel over gloo (gradients
+                averaged every step): what a user would run instead
+  local         no exchange at all
+  diloco-torch  DiLoCo (arXiv 2311.08105, Algorithm 1) in plain torch.distributed:
+                every H steps average the pseudo-gradients, outer Nesterov; an
+                independent reference for mend's synchronous fp32 rounds
+Rank 0 prints tokens/s, held-out loss and bytes sent, and writes --json.
+"""
+import argparse
+import datetime
+import glob
+import json
+import math
+import os
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+FORTUNES = "/usr/share/games/fortunes"
+
+
+def corpus() -> bytes:
+    """The English fortunes as one byte string (Debian package fortunes)."""
+    files = sorted(f for f in glob.glob(os.path.join(FORTUNES, "*"))
+                   if os.path.isfile(f) and not f.endswith((".dat", ".u8")))
+    if not files:
+        raise SystemExit(f"no fortunes in {FORTUNES}: apt-get install fortunes")
+    return b"".join(open(f, "rb").read() for f in files)
+
+
+class Block(torch.nn.Module):
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.ln1 = torch.nn.LayerNorm(dim)
+        self.attn = torch.nn.MultiheadAttention(dim, heads, batch_first=True)
+        self.ln2 = torch.nn.LayerNorm(dim)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(dim, 4 * dim), torch.nn.GELU(),
+                                       torch.nn.Linear(4 * dim, dim))
+
+    def forward(self, x, mask):
+        h = self.ln1(x)
+        x = x + self.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(torch.nn.Module):
+    """Pre-norm decoder: byte embedding, learned positions, blocks, head."""
+
+    def __init__(self, dim=128, layers=2, heads=4, context=64):
+        super().__init__()
+        self.embed = torch.nn.Embedding(256, dim)
+        self.position = torch.nn.Parameter(torch.zeros(context, dim))
+        self.blocks = torch.nn.ModuleList(Block(dim, heads) for _ in range(layers))
+        self.ln = torch.nn.LayerNorm(dim)
+        self.head = torch.nn.Linear(dim, 256)
+        self.register_buffer("mask", torch.triu(torch.full((context, context), float("-inf")), 1))
+        torch.nn.init.normal_(self.position, std=0.02)
+
+    def forward(self, tokens):
+        t = tokens.shape[1]
+        x = self.embed(tokens) + self.position[:t]
+        for block in self.blocks:
+            x = block(x, self.mask[:t, :t])
+        return self.head(self.ln(x))
+
+
+def lr_at(step, args):
+    if step < args.warmup:
+        return args.lr * (step + 1) / args.warmup
+    progress = (step - args.warmup) / max(1, args.steps - args.warmup)
+    return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--mode", choices=["mend", "ddp", "local", "diloco-torch"], default="mend")
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--sync-every", type=int, default=50, help="H: inner steps per round")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--context", type=int, default=64)
+    p.add_argument("--dim", type=int, default=128)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--outer-lr", type=float, default=0.7)
+    p.add_argument("--outer-momentum", type=float, default=0.9)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--lighthouse", default="", help="HOST:PORT of a running lighthouse (mend mode)")
+    p.add_argument("--eval-batches", type=int, default=32)
+    p.add_argument("--json", default="", help="write the result here (rank 0)")
+    args = p.parse_args()
+
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    torch.set_num_threads(1)
+    text = torch.frombuffer(bytearray(corpus()), dtype=torch.uint8).long()
+    held_out, train = text[: len(text) // 20], text[len(text) // 20:]
+    shard = train[rank * len(train) // world:(rank + 1) * len(train) // world]
+
+    torch.manual_seed(args.seed)  # the same initial model on every rank
+    model = GPT(args.dim, args.layers, args.heads, args.context)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95),
+                                  weight_decay=0.1)
+    data = torch.Generator().manual_seed(args.seed * 1000 + rank)
+    n_params = sum(p.numel() for p in model.parameters())
+
+    store = None
+    if world > 1 and args.mode in ("ddp", "diloco-torch"):
+        dist.init_process_group("gloo")
+    elif world > 1:  # mend: torchrun's store only tells the learners the lighthouse address
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                              False, timeout=datetime.timedelta(seconds=120))
+    trained = model
+    runtime = lighthouse = None
+    if args.mode == "ddp" and world > 1:
+        trained = torch.nn.parallel.DistributedDataParallel(model)
+    if args.mode == "mend":
+        import mend
+        address = args.lighthouse
+        if not address and rank == 0:
+            lighthouse = mend.Lighthouse(mend.MendConfig(
+                bind="127.0.0.1:0", http="127.0.0.1:0", quorum_min_learners=world,
+                log_level="warn"))
+            address = lighthouse.address
+            print(f"lighthouse {address}, status page http://{lighthouse.http_address}/", flush=True)
+            if store:
+                store.set("mend/lighthouse", address)
+        elif not address:
+            address = store.get("mend/lighthouse").decode()
+        config = mend.MendConfig(
+            lighthouse=address, quorum_min_learners=world, sync_period_steps=args.sync_every,
+            outer_lr=args.outer_lr, outer_momentum=args.outer_momentum,
+            concurrent_outer_step=False, token_weighted_merge=True, codec="fp32",
+            log_level="warn")
+        runtime = mend.mend_init(model, config, f"learner-{rank}", optimizer=optimizer)
+    global_params = momentum = None
+    if args.mode == "diloco-torch":
+        for p_ in model.parameters():  # every learner starts from rank 0's parameters
+            dist.broadcast(p_.data, 0)
+        global_params = [p_.detach().clone() for p_ in model.parameters()]
+        momentum = [torch.zeros_like(p_) for p_ in model.parameters()]
+
+    bytes_sent = 0
+    started = time.monotonic()
+    for step in range(args.steps):
+        starts = torch.randint(0, len(shard) - args.context - 1, (args.batch,), generator=data)
+        x = torch.stack([shard[s:s + args.context] for s in starts])
+        y = torch.stack([shard[s + 1:s + args.context + 1] for s in starts])
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, args)
+        loss = F.cross_entropy(trained(x).reshape(-1, 256), y.reshape(-1))
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if args.mode == "ddp" and world > 1:
+            bytes_sent += 2 * (world - 1) * n_params * 4 // world  # ring all-reduce
+        optimizer.step()  # in mend mode mend's reducer runs right after it
+        if args.mode == "diloco-torch" and (step + 1) % args.sync_every == 0:
+            with torch.no_grad():
+                for p_, g, m in zip(model.parameters(), global_params, momentum):
+                    delta = g - p_.data
+                    dist.all_reduce(delta)
+                    delta /= world
+                    m.mul_(args.outer_momentum).add_(delta)
+                    g.sub_(args.outer_lr * (delta + args.outer_momentum * m))
+                    p_.data.copy_(g)
+                bytes_sent += 2 * (world - 1) * n_params * 4 // max(world, 1)
+        if rank == 0 and (step + 1) % max(1, args.steps // 10) == 0:
+            print(f"{args.mode} step {step + 1}/{args.steps} loss {loss.item():.4f}", flush=True)
+    elapsed = time.monotonic() - started
+    if runtime is not None:
+        bytes_sent = runtime.stats()["bytes_sent"]
+        mend.mend_shutdown(model)
+
+    model.eval()
+    evaluation = torch.Generator().manual_seed(12345)
+    with torch.no_grad():
+        losses = []
+        for _ in range(args.eval_batches):
+            starts = torch.randint(0, len(held_out) - args.context - 1, (args.batch,),
+                                   generator=evaluation)
+            x = torch.stack([held_out[s:s + args.context] for s in starts])
+            y = torch.stack([held_out[s + 1:s + args.context + 1] for s in starts])
+            losses.append(F.cross_entropy(model(x).reshape(-1, 256), y.reshape(-1)).item())
+    result = {"mode": args.mode, "learners": world, "rank": rank, "steps": args.steps,
+              "sync_every": args.sync_every, "seed": args.seed, "parameters": n_params,
+              "tokens_per_s": args.steps * args.batch * args.context / elapsed,
+              "held_out_loss": sum(losses) / len(losses), "bytes_sent": bytes_sent,
+              "seconds": elapsed}
+    if rank == 0:
+        print(f"{args.mode}: {result['tokens_per_s']:.0f} tokens/s per learner, held-out loss "
+              f"{result['held_out_loss']:.4f}, {bytes_sent / 1e6:.1f} MB sent per learner", flush=True)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=1)
+    if store is not None:  # the lighthouse in rank 0 outlives every learner's leave
+        store.set(f"mend/done/{rank}", "1")
+        if lighthouse is not None:
+            store.wait([f"mend/done/{r}" for r in range(world)])
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+    if lighthouse is not None:
+        lighthouse.shutdown()
+
+
+if __name__ == "__main__":
+    main()
