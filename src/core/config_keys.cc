@@ -46,7 +46,8 @@ std::vector<ConfigKey> BuildKeys() {
       Int("grace_window_ms", &C::grace_window_ms, 0, 600000,
           "G: once K learners joined, wait at most this long for the other healthy ones."),
       Bool("grace_window_adaptive", &C::grace_window_adaptive,
-           "Shrink the grace window to 2x the recent arrival spread (EMA), capped by G."),
+           "Shrink the grace window to 2x the latest arrival after quorum in the last 8 rounds, "
+           "within [grace_window_min_ms, grace_window_ms]."),
       Int("grace_window_min_ms", &C::grace_window_min_ms, 0, 600000,
           "Floor of the adaptive grace window."),
       Int("heartbeat_ms", &C::heartbeat_ms, 10, 60000, "Learner heartbeat period."),
