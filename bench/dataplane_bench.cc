@@ -41,9 +41,10 @@
 #include "gloo/transport/tcp/device.h"
 #include "mend/communicator.h"
 #include "mend/lighthouse_client.h"
-#include "mend/lighthouse_rendezvous.h"
-#include "mend/subprocess.h"
+#include "dataplane/lighthouse_rendezvous.h"
+#include "core/subprocess.h"
 #include "nlohmann/json.hpp"
+#include "core/status_format.h"
 
 namespace mend::bench {
 namespace {

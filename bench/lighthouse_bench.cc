@@ -33,8 +33,9 @@
 #include "fmt/format.h"
 #include "mend/lighthouse_client.h"
 #include "lighthouse_swarm.h"
-#include "mend/subprocess.h"
+#include "core/subprocess.h"
 #include "nlohmann/json.hpp"
+#include "core/status_format.h"
 
 namespace mend::bench {
 namespace {

@@ -16,6 +16,7 @@
 #include "fmt/format.h"
 #include "mend/lighthouse_client.h"
 #include "nlohmann/json.hpp"
+#include "core/status_format.h"
 
 namespace mend::bench {
 namespace {

@@ -36,8 +36,9 @@
 #include "fmt/format.h"
 #include "mend/logging.h"
 #include "mend/lighthouse.h"
-#include "mend/subprocess.h"
+#include "core/subprocess.h"
 #include "nlohmann/json.hpp"
+#include "core/status_format.h"
 
 namespace mend::bench {
 namespace {

@@ -37,6 +37,7 @@
 #include "mend/config.h"
 #include "mend/v1/lighthouse.pb.h"
 #include "spdlog/spdlog.h"
+#include "core/status_format.h"
 
 namespace mend::coordinator {
 namespace {

@@ -15,7 +15,6 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "fmt/format.h"
 
 namespace mend {
 
@@ -49,23 +48,6 @@ inline std::string_view StatusMessage(const Status& status) {
 Status Annotate(const Status& status, std::string_view context);
 
 }  // namespace mend
-
-// fmt support: "{}" prints a Status as "CODE: message" and abseil's string_view as text.
-template <>
-struct fmt::formatter<absl::string_view> : fmt::formatter<std::string_view> {
-  template <typename Context>
-  auto format(absl::string_view value, Context& context) const {
-    return fmt::formatter<std::string_view>::format(std::string_view(value.data(), value.size()),
-                                                    context);
-  }
-};
-template <>
-struct fmt::formatter<absl::Status> : fmt::formatter<std::string_view> {
-  template <typename Context>
-  auto format(const absl::Status& status, Context& context) const {
-    return fmt::formatter<std::string_view>::format(status.ToString(), context);
-  }
-};
 
 #define MEND_STATUS_CONCAT_INNER_(a, b) a##b
 #define MEND_STATUS_CONCAT_(a, b) MEND_STATUS_CONCAT_INNER_(a, b)

@@ -15,6 +15,7 @@
 #include "fmt/format.h"
 #include "nlohmann/json.hpp"
 #include "openssl/evp.h"
+#include "core/status_format.h"
 
 namespace mend {
 namespace {

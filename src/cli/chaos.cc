@@ -15,6 +15,7 @@
 
 #include "fmt/format.h"
 #include "mend/lighthouse.h"
+#include "core/status_format.h"
 
 namespace mend::cli {
 namespace {

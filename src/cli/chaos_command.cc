@@ -17,7 +17,8 @@
 #include "cli/signals.h"
 #include "fmt/format.h"
 #include "mend/logging.h"
-#include "mend/subprocess.h"
+#include "core/subprocess.h"
+#include "core/status_format.h"
 
 namespace mend::cli {
 namespace {

@@ -7,6 +7,7 @@
 #include "fmt/format.h"
 #include "fmt/ranges.h"
 #include "mend/checkpoint.h"
+#include "core/status_format.h"
 
 namespace mend::cli {
 namespace {

@@ -5,6 +5,7 @@
 #include "cli/config_flags.h"
 #include "fmt/format.h"
 #include "mend/lighthouse_client.h"
+#include "core/status_format.h"
 
 namespace mend::cli {
 

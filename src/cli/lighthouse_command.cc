@@ -12,6 +12,7 @@
 #include "fmt/format.h"
 #include "mend/lighthouse.h"
 #include "mend/logging.h"
+#include "core/status_format.h"
 
 namespace mend::cli {
 namespace {

@@ -9,6 +9,7 @@
 #include "CLI/CLI.hpp"
 #include "cli/commands.h"
 #include "fmt/format.h"
+#include "core/status_format.h"
 
 namespace {
 

@@ -17,6 +17,7 @@
 #include "mend/learner_agent.h"
 #include "mend/logging.h"
 #include "spdlog/spdlog.h"
+#include "core/status_format.h"
 
 namespace mend::cli {
 namespace {

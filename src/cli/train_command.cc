@@ -23,6 +23,7 @@
 #include "spdlog/spdlog.h"
 #include "torch/utils.h"
 #include "train/trainer.h"
+#include "core/status_format.h"
 
 namespace mend::cli {
 namespace {

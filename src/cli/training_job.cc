@@ -20,7 +20,8 @@
 
 #include "fmt/format.h"
 #include "mend/lighthouse.h"
-#include "mend/subprocess.h"
+#include "core/subprocess.h"
+#include "core/status_format.h"
 
 namespace mend::cli {
 namespace {

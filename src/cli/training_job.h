@@ -20,7 +20,7 @@
 #include "mend/clock.h"
 #include "mend/lighthouse.h"
 #include "mend/status.h"
-#include "mend/subprocess.h"
+#include "core/subprocess.h"
 #include "nlohmann/json.hpp"
 
 namespace mend::cli {

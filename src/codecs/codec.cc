@@ -5,6 +5,7 @@
 #include "codecs/dense_codecs.h"
 #include "fmt/format.h"
 #include "mend/codec.h"
+#include "core/status_format.h"
 
 namespace mend {
 namespace {

@@ -9,6 +9,7 @@
 #include "fmt/format.h"
 #include "mend/lighthouse_client.h"
 #include "mend/v1/lighthouse.grpc.pb.h"
+#include "core/status_format.h"
 
 namespace mend {
 namespace {

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "fmt/format.h"
+#include "core/status_format.h"
 
 namespace mend::coordinator::datagram {
 namespace {

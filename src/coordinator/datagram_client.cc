@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "fmt/format.h"
+#include "core/status_format.h"
 
 namespace mend::coordinator {
 namespace {

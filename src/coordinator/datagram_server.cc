@@ -12,6 +12,7 @@
 
 #include "fmt/format.h"
 #include "spdlog/spdlog.h"
+#include "core/status_format.h"
 
 namespace mend::coordinator {
 namespace {

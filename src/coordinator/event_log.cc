@@ -1,6 +1,7 @@
 #include "coordinator/event_log.h"
 
 #include "spdlog/spdlog.h"
+#include "core/status_format.h"
 
 namespace mend::coordinator {
 

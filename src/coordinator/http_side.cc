@@ -4,6 +4,7 @@
 #include "coordinator/status_snapshot.h"
 #include "fmt/format.h"
 #include "httplib.h"
+#include "core/status_format.h"
 
 #include <chrono>
 

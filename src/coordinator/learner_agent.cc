@@ -13,6 +13,7 @@
 #include "core/text.h"
 #include "fmt/format.h"
 #include "spdlog/spdlog.h"
+#include "core/status_format.h"
 
 namespace mend {
 namespace {

@@ -6,8 +6,9 @@
 #include <climits>
 
 #include "fmt/format.h"
-#include "mend/round_keys.h"
+#include "core/round_keys.h"
 #include "spdlog/spdlog.h"
+#include "core/status_format.h"
 
 namespace mend::coordinator {
 namespace {

@@ -17,6 +17,7 @@
 #include "fmt/format.h"
 #include "mend/lighthouse.h"
 #include "spdlog/spdlog.h"
+#include "core/status_format.h"
 
 namespace mend {
 namespace {

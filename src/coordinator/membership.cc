@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "fmt/format.h"
+#include "core/status_format.h"
 
 namespace mend::coordinator {
 namespace {

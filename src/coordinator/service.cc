@@ -9,6 +9,7 @@
 #include "coordinator/validation.h"
 #include "fmt/format.h"
 #include "spdlog/spdlog.h"
+#include "core/status_format.h"
 
 namespace mend::coordinator {
 namespace {

@@ -5,6 +5,7 @@
 
 #include "fmt/format.h"
 #include "nlohmann/json.hpp"
+#include "core/status_format.h"
 
 namespace mend::coordinator {
 namespace {

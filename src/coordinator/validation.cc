@@ -4,6 +4,7 @@
 
 #include "core/text.h"
 #include "fmt/format.h"
+#include "core/status_format.h"
 
 namespace mend::coordinator {
 namespace {

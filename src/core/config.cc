@@ -7,6 +7,7 @@
 #include "fmt/format.h"
 #include "core/text.h"
 #include "toml++/toml.h"
+#include "core/status_format.h"
 
 namespace mend {
 namespace {

@@ -5,6 +5,7 @@
 #include "fmt/format.h"
 #include "spdlog/sinks/stdout_sinks.h"
 #include "spdlog/spdlog.h"
+#include "core/status_format.h"
 
 namespace mend {
 

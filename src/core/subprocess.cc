@@ -1,4 +1,4 @@
-#include "mend/subprocess.h"
+#include "core/subprocess.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -14,6 +14,7 @@
 #include <map>
 
 #include "fmt/format.h"
+#include "core/status_format.h"
 
 extern char** environ;
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "fmt/format.h"
+#include "core/status_format.h"
 
 namespace mend {
 

@@ -24,6 +24,7 @@
 #include "gloo/transport/unbound_buffer.h"
 #include "mend/communicator.h"
 #include "spdlog/spdlog.h"
+#include "core/status_format.h"
 
 namespace mend {
 namespace {

@@ -1,5 +1,6 @@
 #include "fmt/format.h"
 #include "mend/outer.h"
+#include "core/status_format.h"
 
 namespace mend {
 

@@ -31,6 +31,7 @@
 #include "mend/logging.h"
 #include "mend/reducer.h"
 #include "mend/status.h"
+#include "core/status_format.h"
 
 extern char** environ;
 

@@ -4,7 +4,8 @@
 
 #include "fmt/format.h"
 #include "mend/communicator.h"
-#include "mend/lighthouse_rendezvous.h"
+#include "dataplane/lighthouse_rendezvous.h"
+#include "core/status_format.h"
 
 namespace mend {
 namespace {

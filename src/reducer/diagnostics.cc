@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "spdlog/spdlog.h"
+#include "core/status_format.h"
 
 namespace mend::reducer {
 

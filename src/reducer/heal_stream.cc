@@ -6,6 +6,7 @@
 
 #include "fmt/format.h"
 #include "mend/checkpoint.h"
+#include "core/status_format.h"
 
 namespace mend::reducer {
 

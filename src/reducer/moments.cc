@@ -5,6 +5,7 @@
 #include "fmt/format.h"
 #include "torch/optim/adam.h"
 #include "torch/optim/adamw.h"
+#include "core/status_format.h"
 
 namespace mend {
 namespace {

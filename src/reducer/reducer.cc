@@ -18,15 +18,16 @@
 #include "openssl/evp.h"
 #include "mend/codec.h"
 #include "mend/communicator.h"
-#include "mend/lighthouse_rendezvous.h"
+#include "dataplane/lighthouse_rendezvous.h"
 #include "mend/outer.h"
-#include "mend/round_keys.h"
+#include "core/round_keys.h"
 #include "mend/outer_sync.h"
 #include "reducer/diagnostics.h"
 #include "reducer/heal_stream.h"
 #include "reducer/moments.h"
 #include "spdlog/spdlog.h"
 #include "torch/nn/module.h"
+#include "core/status_format.h"
 
 namespace mend {
 namespace {

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "fmt/format.h"
+#include "core/status_format.h"
 
 namespace mend::train {
 namespace {

@@ -9,6 +9,7 @@
 #include "torch/nn/functional/loss.h"
 #include "torch/nn/init.h"
 #include "torch/utils.h"
+#include "core/status_format.h"
 
 namespace mend::train {
 

@@ -13,6 +13,7 @@
 #include "spdlog/spdlog.h"
 #include "torch/nn/utils/clip_grad.h"
 #include "torch/optim/adamw.h"
+#include "core/status_format.h"
 
 namespace mend::train {
 namespace {

@@ -15,7 +15,7 @@
 #include <map>
 
 #include "gtest/gtest.h"
-#include "mend/subprocess.h"
+#include "core/subprocess.h"
 #include "nlohmann/json.hpp"
 #include "test_util/synthetic_corpus.h"
 #include "test_util/wait.h"

@@ -14,7 +14,7 @@
 
 #include "gtest/gtest.h"
 #include "mend/lighthouse_client.h"
-#include "mend/subprocess.h"
+#include "core/subprocess.h"
 #include "nlohmann/json.hpp"
 #include "test_util/wait.h"
 

@@ -8,10 +8,11 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "mend/subprocess.h"
+#include "core/subprocess.h"
 #include "nlohmann/json.hpp"
 #include "test_util/synthetic_corpus.h"
 #include "test_util/wait.h"
+#include "core/status_format.h"
 
 namespace mend {
 namespace {

@@ -12,7 +12,7 @@
 #include "mend/learner_agent.h"
 #include "mend/lighthouse.h"
 #include "mend/lighthouse_client.h"
-#include "mend/subprocess.h"
+#include "core/subprocess.h"
 #include "nlohmann/json.hpp"
 #include "coordinator/datagram_client.h"
 #include "test_util/wait.h"

@@ -1,7 +1,7 @@
 // The quorum rules of DESIGN.md ("Quorum"), each against a fake clock.
 #include "coordinator/core_harness.h"
 #include "gmock/gmock.h"
-#include "mend/round_keys.h"
+#include "core/round_keys.h"
 
 namespace mend::coordinator {
 namespace {

@@ -9,6 +9,7 @@
 #include "coordinator/core_harness.h"
 #include "fmt/format.h"
 #include "gtest/gtest.h"
+#include "core/status_format.h"
 
 namespace mend::coordinator {
 namespace {
