@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs every Debian 12 package mend needs, builds it in ./build and
-# installs it (executables under /usr/local/bin, the Python package into
-# /usr/local/lib/python3.X/dist-packages).
+# installs it under /usr/local: the executables, libmend.so with
+# include/mend/ and its CMake package (find_package(mend)), and the Python
+# package into /usr/local/lib/python3.X/dist-packages.
 # Idempotent and non-interactive; run as root on a fresh machine.
 #   scripts/setup.sh            install + configure + build (Release with debug info)
 # Environment: MEND_BUILD_DIR (default build), MEND_BUILD_TYPE (default RelWithDebInfo),
@@ -40,4 +41,5 @@ cmake --build "$build_dir"
 # (into the system's local site directory, so that /usr/bin/python3 -c
 # "import mend" works from any directory).
 cmake --install "$build_dir" > /dev/null
-echo "setup: built $build_dir/mend; installed mend, mend-lighthouse and the Python package mend"
+ldconfig
+echo "setup: built $build_dir/mend; installed mend, mend-lighthouse, libmend with its headers and CMake package, and the Python package mend"
