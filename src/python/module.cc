@@ -255,21 +255,23 @@ class PyRuntime {
   }
 
   py::dict stats() const {
+    static constexpr std::pair<const char*, uint64_t ReducerStats::*> kFields[] = {
+        {"steps", &ReducerStats::steps},
+        {"rounds_started", &ReducerStats::rounds_started},
+        {"rounds", &ReducerStats::rounds},
+        {"failed_rounds", &ReducerStats::failed_rounds},
+        {"passed_over", &ReducerStats::passed_over},
+        {"heals", &ReducerStats::heals},
+        {"moment_syncs", &ReducerStats::moment_syncs},
+        {"bytes_sent", &ReducerStats::bytes_sent},
+        {"last_round_id", &ReducerStats::last_round_id},
+        {"checkpoints", &ReducerStats::checkpoints},
+        {"checkpoint_failures", &ReducerStats::checkpoint_failures},
+        {"resumed_from_round", &ReducerStats::resumed_from_round}};
     py::dict out;
     if (!reducer_) return out;
-    ReducerStats s = reducer_->stats();
-    out["steps"] = s.steps;
-    out["rounds_started"] = s.rounds_started;
-    out["rounds"] = s.rounds;
-    out["failed_rounds"] = s.failed_rounds;
-    out["passed_over"] = s.passed_over;
-    out["heals"] = s.heals;
-    out["moment_syncs"] = s.moment_syncs;
-    out["bytes_sent"] = s.bytes_sent;
-    out["last_round_id"] = s.last_round_id;
-    out["checkpoints"] = s.checkpoints;
-    out["checkpoint_failures"] = s.checkpoint_failures;
-    out["resumed_from_round"] = s.resumed_from_round;
+    const ReducerStats stats = reducer_->stats();
+    for (const auto& [name, field] : kFields) out[name] = stats.*field;
     return out;
   }
 

@@ -59,6 +59,10 @@ TEST_F(HealProcessTest, RestartedLearnerHealsAndMatchesBitForBit) {
   StartLighthouse({"--min-learners", "1", "--grace-window-ms", "1000", "--heartbeat-timeout-ms", "1000"});
   auto a = Train("a", 0, 1'000'000);  // trains until told to stop
   auto b = Train("b", 1, 1'000'000);
+  // Both hold the job's state before b dies: on a loaded machine b can run
+  // rounds alone before a has even started (min-learners 1), and killing it
+  // then would take the job's only copy of its state with it.
+  ASSERT_TRUE(AwaitProgress(*a, "rounds", 1));
   ASSERT_TRUE(AwaitProgress(*b, "step", 20));
   b->Kill();
   const size_t b_rounds_before = Rounds("b").size();

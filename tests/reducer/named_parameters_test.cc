@@ -17,10 +17,7 @@ constexpr char kToken[] = "named-parameters-test-token-0123";
 constexpr int kPeriod = 3;
 
 Config JobConfig() {
-  Config config = testing_util::LoopbackJobConfig(2);
-  config.grace_window_adaptive = false;
-  config.sync_period_steps = kPeriod;
-  config.concurrent_outer_step = false;
+  Config config = testing_util::SynchronousJobConfig(2, kPeriod);
   config.desloc = true;
   config.momentum_sync_period_steps = kPeriod;
   config.second_moment_sync_period_steps = kPeriod;

@@ -31,11 +31,8 @@ constexpr char kToken[] = "reducer-test-token-0123456789";
 constexpr int kPeriod = 4;
 
 Config BaseConfig() {
-  Config config = testing_util::LoopbackJobConfig(1);
-  config.grace_window_adaptive = false;
-  config.sync_period_steps = kPeriod;
-  config.concurrent_outer_step = false;  // the concurrent test turns it on
-  return config;
+  // Synchronous; the concurrent tests turn concurrent_outer_step on.
+  return testing_util::SynchronousJobConfig(1, kPeriod);
 }
 
 // What one learner saw: its global parameters after each round it completed.

@@ -21,4 +21,14 @@ inline Config LoopbackJobConfig(int min_learners) {
   return config;
 }
 
+// LoopbackJobConfig with synchronous rounds every `period` steps and a fixed
+// grace window (the reducer tests' base).
+inline Config SynchronousJobConfig(int min_learners, int period) {
+  Config config = LoopbackJobConfig(min_learners);
+  config.grace_window_adaptive = false;
+  config.sync_period_steps = period;
+  config.concurrent_outer_step = false;
+  return config;
+}
+
 }  // namespace mend::testing_util
