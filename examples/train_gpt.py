@@ -101,6 +101,7 @@ def main():
     p.add_argument("--lighthouse", default="", help="HOST:PORT of a running lighthouse (mend mode)")
     p.add_argument("--eval-batches", type=int, default=32)
     p.add_argument("--json", default="", help="write the result here (rank 0)")
+    p.add_argument("--save-params", default="", help="torch.save the final parameters here (rank 0)")
     args = p.parse_args()
 
     rank = int(os.environ.get("RANK", "0"))
@@ -200,6 +201,8 @@ def main():
               "tokens_per_s": args.steps * args.batch * args.context / elapsed,
               "held_out_loss": sum(losses) / len(losses), "bytes_sent": bytes_sent,
               "seconds": elapsed}
+    if rank == 0 and args.save_params:
+        torch.save({n: p_.detach().clone() for n, p_ in model.named_parameters()}, args.save_params)
     if rank == 0:
         print(f"{args.mode}: {result['tokens_per_s']:.0f} tokens/s per learner, held-out loss "
               f"{result['held_out_loss']:.4f}, {bytes_sent / 1e6:.1f} MB sent per learner", flush=True)
