@@ -50,7 +50,6 @@ class TensorMoments final : public InnerMoments {
   // INVALID_ARGUMENT when `index` is out of range or either tensor is not a
   // contiguous fp32 CPU tensor with `numel` values.
   [[nodiscard]] Status Set(size_t index, at::Tensor first, at::Tensor second, int64_t numel);
-  bool has(size_t index) const { return index < moments_.size() && moments_[index][0].defined(); }
   at::Tensor Moment(size_t index, Which which) override;
 
  private:

@@ -229,6 +229,7 @@ class Runtime:
         self.config = config
         self.learner_id = learner_id
         self._parameters = [p for _, p in named]
+        self._moments_missing = set(range(len(self._parameters)))
         self._pid = os.getpid()
         self._tokens: Optional[int] = None
         self._counted_tokens = 0
@@ -287,15 +288,16 @@ class Runtime:
                 return
 
     def _hand_over_moments(self) -> None:
-        if self._optimizer is None:
+        """Gives the reducer each parameter's Adam moments once the optimizer has made them
+        (at its first step); nothing is left to do on later steps."""
+        if self._optimizer is None or not self._moments_missing:
             return
         state = self._optimizer.state
-        for index, p in enumerate(self._parameters):
-            if self._runtime.has_moments(index):
-                continue
-            s = state.get(p)
+        for index in list(self._moments_missing):
+            s = state.get(self._parameters[index])
             if s and "exp_avg" in s and "exp_avg_sq" in s:
                 self._runtime.set_moments(index, s["exp_avg"], s["exp_avg_sq"])
+                self._moments_missing.discard(index)
 
     # -- the user's calls -----------------------------------------------
     def report_tokens(self, tokens: int) -> None:

@@ -69,7 +69,6 @@ class LighthouseService final : public v1::Lighthouse::CallbackService {
   // the UDP control channel.
   void HeartbeatStreamOpened();
   void HeartbeatStreamClosed();
-  size_t heartbeat_streams() const { return heartbeat_streams_; }
 
  private:
   // Finishes `context`'s default reactor at once with what `body` returns.

@@ -218,7 +218,6 @@ class PyRuntime {
     if (index >= numels_.size()) Raise(InvalidArgumentError(fmt::format("no parameter {}", index)));
     Check(moments_->Set(index, std::move(first), std::move(second), numels_[index]));
   }
-  bool has_moments(size_t index) const { return moments_->has(index); }
 
   // Reducer::step with the GIL released; KeyboardInterrupt (or another
   // signal handler's exception) while it waits calls the round off and
@@ -373,7 +372,6 @@ PYBIND11_MODULE(_mend, m) {
            py::arg("config"), py::arg("token"), py::arg("learner_id"), py::arg("parameters"),
            py::arg("start_step") = 0)
       .def("set_moments", &PyRuntime::set_moments)
-      .def("has_moments", &PyRuntime::has_moments)
       .def("step", &PyRuntime::step, py::arg("tokens"))
       .def("stats", &PyRuntime::stats)
       .def("global_state", &PyRuntime::global_state, py::arg("fragment") = 0)

@@ -382,8 +382,7 @@ class ReducerImpl final : public Reducer {
     // for that boundary closed without this learner, or the lighthouse is
     // unreachable: then its join waits for the next round (or for the
     // lighthouse) while it trains on.
-    if (in_flight_ && (in_flight_->done.load(std::memory_order_acquire) ||
-                       (stats_.steps >= in_flight_->apply_at_step && !in_flight_->passed_over))) {
+    if (InFlightDueAt(stats_.steps)) {
       const Awaited awaited = AwaitRound(*in_flight_, in_flight_->boundary_step,
                                          /*train_on_if_lost=*/config_.train_through_lighthouse_outage);
       if (awaited == Awaited::kDone) {
@@ -448,10 +447,7 @@ class ReducerImpl final : public Reducer {
 
   bool NextStepMayWait() const override {
     const uint64_t next = stats_.steps + 1;
-    if (in_flight_ && (in_flight_->done.load(std::memory_order_acquire) ||
-                       (next >= in_flight_->apply_at_step && !in_flight_->passed_over))) {
-      return true;
-    }
+    if (InFlightDueAt(next)) return true;
     for (int64_t f = 0; f < schedule_.fragments(); ++f) {
       if (schedule_.StartsAt(f, static_cast<int64_t>(next))) return true;
     }
@@ -470,6 +466,14 @@ class ReducerImpl final : public Reducer {
   int fragments() const override { return static_cast<int>(fragments_.size()); }
 
  private:
+  // Whether step() at `step` takes up the round in flight: it has arrived,
+  // or `step` is boundary + tau and its join was not passed over (then
+  // step() waits for it).
+  bool InFlightDueAt(uint64_t step) const {
+    return in_flight_ && (in_flight_->done.load(std::memory_order_acquire) ||
+                          (step >= in_flight_->apply_at_step && !in_flight_->passed_over));
+  }
+
   // A round in flight: what the boundary snapshot, and the background thread
   // computing the merge (the training thread does not touch the fragments'
   // global state until it is joined).

@@ -243,3 +243,50 @@ def test_forked_child_gets_a_clear_error():
         assert os.WEXITSTATUS(code) == 0
         runtime.step(1)  # the parent is unaffected
         mend.mend_shutdown(model)
+
+
+def test_desloc_averages_the_python_optimizers_own_moments():
+    import threading
+    with embedded_lighthouse() as lighthouse:
+        config = mend.MendConfig(lighthouse=lighthouse.address, quorum_min_learners=2,
+                                 sync_period_steps=2, momentum_sync_period_steps=2,
+                                 second_moment_sync_period_steps=2, concurrent_outer_step=False,
+                                 heartbeat_ms=50, heartbeat_timeout_ms=2000, log_level="warn")
+        assert config.desloc
+        models, optimizers = [], []
+        for seed in (1, 2):
+            torch.manual_seed(seed)
+            models.append(torch.nn.Linear(4, 1))
+            optimizers.append(torch.optim.AdamW(models[-1].parameters(), lr=0.01))
+        runtimes = [mend.mend_init(m, config, f"desloc-{i}", optimizer=o)
+                    for i, (m, o) in enumerate(zip(models, optimizers))]
+        errors = []
+
+        def learn(model, optimizer, seed):
+            try:
+                generator = torch.Generator().manual_seed(seed)
+                runtime = mend.get_runtime(model)
+                for _ in range(4):  # two rounds
+                    runtime.report_tokens(8)  # float inputs: no tokens to count
+                    x = torch.randn(8, 4, generator=generator)
+                    loss = (model(x) - x.sum(1, keepdim=True) * seed).pow(2).mean()
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
+            except Exception as e:  # noqa: BLE001
+                errors.append(e)
+
+        threads = [threading.Thread(target=learn, args=(m, o, i + 1))
+                   for i, (m, o) in enumerate(zip(models, optimizers))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert not errors
+        assert all(r.stats()["moment_syncs"] == 4 for r in runtimes)  # 2 rounds x 2 moments
+        for p0, p1 in zip(models[0].parameters(), models[1].parameters()):
+            s0, s1 = optimizers[0].state[p0], optimizers[1].state[p1]
+            assert torch.equal(s0["exp_avg"], s1["exp_avg"])
+            assert torch.equal(s0["exp_avg_sq"], s1["exp_avg_sq"])
+        for m in models:
+            mend.mend_shutdown(m)
