@@ -30,6 +30,8 @@ def main():
     p.add_argument("--seeds", default="1,2")
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--csv", default="bench-results/example_modes.csv")
+    p.add_argument("--example-args", default="",
+                   help="more train_gpt.py options for every run, e.g. '--split contiguous'")
     args = p.parse_args()
     env = dict(os.environ)
     env.setdefault("MEND_JOB_TOKEN", "example-bench-token-0123456789")
@@ -40,7 +42,7 @@ def main():
                 out = os.path.join(tmp, f"{mode}-{seed}.json")
                 cmd = ["torchrun", "--redirects", "1", "--tee", "1", "--nproc_per_node", "2",
                        EXAMPLE, "--mode", mode, "--steps", str(args.steps), "--sync-every",
-                       str(args.sync_every), "--seed", str(seed), "--json", out]
+                       str(args.sync_every), "--seed", str(seed), "--json", out] + args.example_args.split()
                 run = subprocess.run(cmd, env=env, capture_output=True, text=True)
                 if run.returncode != 0:
                     print(run.stdout[-2000:], run.stderr[-2000:], file=sys.stderr)

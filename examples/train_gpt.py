@@ -31,13 +31,38 @@ import torch.nn.functional as F
 FORTUNES = "/usr/share/games/fortunes"
 
 
-def corpus() -> bytes:
-    """The English fortunes as one byte string (Debian package fortunes)."""
+def corpus(rank: int, world: int, split: str):
+    """This learner's training text and the held-out text, as `mend train` cuts
+    them (src/train/corpus.cc): the English fortunes (Debian package fortunes)
+    in file-name order, split at their "%" lines; every 20th fortune is
+    held out; the rest are dealt round-robin to the learners (split "iid") or
+    cut into contiguous parts, one per learner ("contiguous": each learner
+    sees its own topics)."""
     files = sorted(f for f in glob.glob(os.path.join(FORTUNES, "*"))
-                   if os.path.isfile(f) and not f.endswith((".dat", ".u8")))
+                   if os.path.isfile(f) and not os.path.islink(f) and not f.endswith((".dat", ".u8")))
     if not files:
         raise SystemExit(f"no fortunes in {FORTUNES}: apt-get install fortunes")
-    return b"".join(open(f, "rb").read() for f in files)
+    fortunes = []
+    for name in files:
+        lines = open(name, "rb").read().split(b"\n")
+        current = b""
+        for line in lines[:-1] if lines[-1] == b"" else lines:
+            if line == b"%":
+                if current:
+                    fortunes.append(current + b"%\n")
+                current = b""
+            else:
+                current += line + b"\n"
+        if current:
+            fortunes.append(current + b"%\n")
+    held_out = [f for i, f in enumerate(fortunes) if i % 20 == 19]
+    training = [f for i, f in enumerate(fortunes) if i % 20 != 19]
+    if split == "iid":
+        mine = training[rank::world]
+    else:
+        mine = training[rank * len(training) // world:(rank + 1) * len(training) // world]
+    as_tensor = lambda parts: torch.frombuffer(bytearray(b"".join(parts)), dtype=torch.uint8).long()
+    return as_tensor(mine), as_tensor(held_out)
 
 
 class Block(torch.nn.Module):
@@ -56,7 +81,9 @@ class Block(torch.nn.Module):
 
 
 class GPT(torch.nn.Module):
-    """Pre-norm decoder: byte embedding, learned positions, blocks, head."""
+    """Pre-norm decoder: byte embedding, learned positions, blocks, head (no
+    bias). The same layers, in the same order, as `mend train`'s model
+    (src/train/model.cc)."""
 
     def __init__(self, dim=128, layers=2, heads=4, context=64):
         super().__init__()
@@ -64,9 +91,29 @@ class GPT(torch.nn.Module):
         self.position = torch.nn.Parameter(torch.zeros(context, dim))
         self.blocks = torch.nn.ModuleList(Block(dim, heads) for _ in range(layers))
         self.ln = torch.nn.LayerNorm(dim)
-        self.head = torch.nn.Linear(dim, 256)
+        self.head = torch.nn.Linear(dim, 256, bias=False)
         self.register_buffer("mask", torch.triu(torch.full((context, context), float("-inf")), 1))
-        torch.nn.init.normal_(self.position, std=0.02)
+
+    def init_(self, seed: int, style: str):
+        """"mend": N(0, 0.02) weights, zero biases, unit norms, drawn in
+        parameter order from one generator, as `mend train` draws them;
+        "torch": PyTorch's layer defaults (positions N(0, 0.02))."""
+        with torch.no_grad():
+            if style == "torch":
+                torch.manual_seed(seed)
+                for module in self.modules():
+                    if module is not self and hasattr(module, "reset_parameters"):
+                        module.reset_parameters()
+                torch.nn.init.normal_(self.position, std=0.02)
+                return
+            generator = torch.Generator().manual_seed(seed)
+            for name, p_ in self.named_parameters():
+                if name.startswith("ln") or ".ln" in name:
+                    p_.fill_(0.0 if name.endswith("bias") else 1.0)
+                elif name.endswith("bias"):
+                    p_.zero_()
+                else:
+                    p_.normal_(0.0, 0.02, generator=generator)
 
     def forward(self, tokens):
         t = tokens.shape[1]
@@ -98,6 +145,10 @@ def main():
     p.add_argument("--outer-lr", type=float, default=0.7)
     p.add_argument("--outer-momentum", type=float, default=0.9)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--split", choices=["iid", "contiguous"], default="iid",
+                   help="how the learners share the training fortunes (iid: round-robin)")
+    p.add_argument("--init", choices=["mend", "torch"], default="mend",
+                   help="initial parameters: as mend train draws them, or PyTorch's defaults")
     p.add_argument("--lighthouse", default="", help="HOST:PORT of a running lighthouse (mend mode)")
     p.add_argument("--eval-batches", type=int, default=32)
     p.add_argument("--json", default="", help="write the result here (rank 0)")
@@ -107,12 +158,10 @@ def main():
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     torch.set_num_threads(1)
-    text = torch.frombuffer(bytearray(corpus()), dtype=torch.uint8).long()
-    held_out, train = text[: len(text) // 20], text[len(text) // 20:]
-    shard = train[rank * len(train) // world:(rank + 1) * len(train) // world]
+    shard, held_out = corpus(rank, world, args.split)
 
-    torch.manual_seed(args.seed)  # the same initial model on every rank
     model = GPT(args.dim, args.layers, args.heads, args.context)
+    model.init_(args.seed, args.init)  # the same initial model on every rank
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95),
                                   weight_decay=0.1)
     data = torch.Generator().manual_seed(args.seed * 1000 + rank)

@@ -55,7 +55,7 @@ struct Config {
   double outer_momentum = 0.9;
   int64_t fragments = 1;
   bool concurrent_outer_step = true;
-  int64_t overlap_steps = 1;
+  int64_t overlap_steps = 0;  // 0: tuned from the measured round and step times
   bool train_through_lighthouse_outage = false;
   std::string outer_apply = "exact";
   double mixing_alpha = 0.5;

@@ -75,6 +75,8 @@ struct ReducerStats {
   uint64_t checkpoints = 0;          // written by this learner
   uint64_t checkpoint_failures = 0;  // writes that failed (logged; training goes on)
   uint64_t resumed_from_round = 0;   // the checkpoint's round when it resumed, else 0
+  uint64_t overlap_steps = 0;        // tau of the latest round launched (tuned when overlap_steps = 0)
+  uint64_t parameter_copies = 0;     // fragment-sized copies to or from the parameters (rounds only)
 };
 
 class Reducer {

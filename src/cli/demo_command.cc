@@ -1,15 +1,22 @@
 // mend demo: the README's main job. Trains the example byte-level GPT on the
 // fortunes corpus with N learner processes and an embedded lighthouse on this
 // machine, behind an emulated cross-rack link (link_latency_ms per
-// collective), once per mode: DDP, synchronous DiLoCo, streaming DiLoCo with
-// 4-bit values and an overlapped outer step, and local training (no
-// exchange, the compute-only ceiling). Shows progress bars and ends with a
-// table: tokens/s, eval loss, bytes sent per learner.
+// collective and a link_rate_mbit limit), once per mode: DDP, synchronous
+// DiLoCo, streaming DiLoCo with 4-bit values and an overlapped outer step,
+// and local training (no exchange, the compute-only ceiling). Shows progress
+// bars and ends with a table (tokens/s, held-out loss, bytes sent per
+// learner, the time to reach DDP's final loss) and a PNG of held-out loss
+// against training time (gnuplot).
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
 #include <sstream>
 
 #include "cli/commands.h"
@@ -31,11 +38,14 @@ struct DemoOptions {
   int64_t layers = 2;
   int64_t sync_every = 50;
   int64_t delay_ms = 100;
+  double rate_mbit = 200;
+  int64_t eval_points = 10;
   std::string modes = "ddp,diloco,streaming,local";
   std::string corpus;
   std::vector<std::string> settings;  // KEY=VALUE for every learner, after the mode's own
   std::string http;
   std::string work_dir;
+  std::string plot;  // the PNG (default: in the work directory)
 };
 
 std::vector<std::string> Concat(std::vector<std::string> a, const std::vector<std::string>& b) {
@@ -46,9 +56,11 @@ std::vector<std::string> Concat(std::vector<std::string> a, const std::vector<st
 StatusOr<std::vector<TrainingJobSpec>> DemoJobs(const DemoOptions& o) {
   std::vector<std::string> train_args = {
       "--steps", std::to_string(o.steps), "--batch", std::to_string(o.batch), "--dim",
-      std::to_string(o.dim), "--layers", std::to_string(o.layers), "--progress-every", "5"};
+      std::to_string(o.dim), "--layers", std::to_string(o.layers), "--progress-every", "5",
+      "--eval-every", std::to_string(std::max<int64_t>(1, o.steps / std::max<int64_t>(1, o.eval_points)))};
   if (!o.corpus.empty()) train_args = Concat(train_args, {"--corpus", o.corpus});
-  const std::string link = fmt::format("link_latency_ms={}", o.delay_ms);
+  const std::vector<std::string> link = {fmt::format("link_latency_ms={}", o.delay_ms),
+                                         fmt::format("link_rate_mbit={}", o.rate_mbit)};
   const std::string period = fmt::format("sync_period_steps={}", o.sync_every);
   std::vector<TrainingJobSpec> jobs;
   std::stringstream list(o.modes);
@@ -61,15 +73,15 @@ StatusOr<std::vector<TrainingJobSpec>> DemoJobs(const DemoOptions& o) {
     if (mode == "ddp") {
       job.name = "DDP (gradients every step)";
       job.mode = "ddp";
-      job.settings = {link};
+      job.settings = link;
     } else if (mode == "diloco") {
-      job.name = fmt::format("DiLoCo, H={}, synchronous", o.sync_every);
-      job.settings = {link, period, "concurrent_outer_step=false", "codec=fp32"};
+      job.name = fmt::format("mend DiLoCo, H={}, synchronous", o.sync_every);
+      job.settings = Concat(link, {period, "concurrent_outer_step=false", "codec=fp32"});
     } else if (mode == "streaming") {
-      job.name = fmt::format("Streaming DiLoCo, 4-bit, overlapped");
-      job.settings = {link, period, "fragments=2", "concurrent_outer_step=true",
-                      fmt::format("overlap_steps={}", std::max<int64_t>(1, o.sync_every / 4)),
-                      "codec=int4"};
+      // tau is tuned from the measured round and step times (overlap_steps = 0).
+      job.name = fmt::format("mend streaming, H={}, 4-bit, overlapped", o.sync_every);
+      job.mode = "diloco";
+      job.settings = Concat(link, {period, "fragments=2", "concurrent_outer_step=true", "codec=int4"});
     } else if (mode == "local") {
       job.name = "Local only (no exchange)";
       job.mode = "local";
@@ -84,24 +96,122 @@ StatusOr<std::vector<TrainingJobSpec>> DemoJobs(const DemoOptions& o) {
   return jobs;
 }
 
-void PrintTable(const std::vector<TrainingJobResult>& results) {
+// Held-out loss against training time, over the learners: at each evaluated
+// step the mean loss and the slowest learner's training seconds so far (the
+// job's time), ending with the final evaluation.
+struct CurvePoint {
+  int64_t step = 0;
+  double seconds = 0;
+  double loss = 0;
+};
+
+std::vector<CurvePoint> JobCurve(const TrainingJobResult& job) {
+  std::map<int64_t, CurvePoint> by_step;
+  std::map<int64_t, int> count;
+  for (const auto& learner : job.results) {
+    if (!learner.contains("eval_curve")) continue;
+    for (const auto& point : learner["eval_curve"]) {
+      const int64_t step = point[0].get<int64_t>();
+      CurvePoint& p = by_step[step];
+      p.step = step;
+      p.loss += point[1].get<double>();
+      if (point.size() > 2) p.seconds = std::max(p.seconds, point[2].get<double>());
+      count[step]++;
+    }
+  }
+  std::vector<CurvePoint> curve;
+  for (auto& [step, p] : by_step) {
+    p.loss /= count[step];
+    curve.push_back(p);
+  }
+  // The final evaluation is of the job's end (after the last round).
+  double seconds = 0;
+  for (const auto& learner : job.results) seconds = std::max(seconds, learner.value("seconds", 0.0));
+  if (!curve.empty() && curve.back().step == job.results.front().value("steps", int64_t{0})) curve.pop_back();
+  curve.push_back({job.results.empty() ? 0 : job.results.front().value("steps", int64_t{0}), seconds, job.eval_loss});
+  return curve;
+}
+
+// The first time `curve` reaches `loss` (linear between evaluations).
+std::optional<double> TimeToLoss(const std::vector<CurvePoint>& curve, double loss) {
+  for (size_t i = 0; i < curve.size(); ++i) {
+    if (curve[i].loss > loss) continue;
+    if (i == 0) return curve[i].seconds;
+    const CurvePoint& a = curve[i - 1];
+    const CurvePoint& b = curve[i];
+    const double f = (a.loss - loss) / std::max(1e-12, a.loss - b.loss);
+    return a.seconds + f * (b.seconds - a.seconds);
+  }
+  return std::nullopt;
+}
+
+void PrintTable(const std::vector<TrainingJobResult>& results, const std::vector<std::vector<CurvePoint>>& curves) {
   const TrainingJobResult* ddp = nullptr;
   const TrainingJobResult* local = nullptr;
   for (const auto& r : results) {
     if (r.mode == "ddp") ddp = &r;
     if (r.mode == "local") local = &r;
   }
-  fmt::print("\n{:<38} {:>10} {:>9} {:>9} {:>14} {:>11} {:>7}\n", "mode", "tokens/s", "vs local",
-             "eval loss", "MB sent/learner", "vs DDP", "rounds");
-  for (const auto& r : results) {
-    std::string vs_local = local ? fmt::format("{:.2f}", r.tokens_per_s / local->tokens_per_s) : "-";
-    std::string vs_ddp = "-";
+  fmt::print("\n{:<40} {:>9} {:>8} {:>13} {:>8} {:>10} {:>10} {:>9} {:>13} {:>6}\n", "mode", "tokens/s",
+             "vs local", "held-out loss", "vs DDP", "train s", "MB/learner", "bytes", "s to DDP loss", "rounds");
+  for (size_t i = 0; i < results.size(); ++i) {
+    const TrainingJobResult& r = results[i];
+    const std::string vs_local = local ? fmt::format("{:.2f}", r.tokens_per_s / local->tokens_per_s) : "-";
+    std::string bytes = "-";
     if (ddp && r.mode != "local" && r.bytes_per_learner > 0) {
-      vs_ddp = &r == ddp ? "1x" : fmt::format("{:.0f}x less", ddp->bytes_per_learner / r.bytes_per_learner);
+      bytes = &r == ddp ? "1x" : fmt::format("{:.0f}x less", ddp->bytes_per_learner / r.bytes_per_learner);
     }
-    fmt::print("{:<38} {:>10.0f} {:>9} {:>9.4f} {:>14.3f} {:>11} {:>7}\n", r.name, r.tokens_per_s,
-               vs_local, r.eval_loss, r.bytes_per_learner / 1e6, vs_ddp,
+    const std::string vs_ddp = ddp ? fmt::format("{:.4f}", r.eval_loss / ddp->eval_loss) : "-";
+    std::string to_ddp = "-";
+    if (ddp) {
+      auto t = TimeToLoss(curves[i], ddp->eval_loss);
+      to_ddp = t ? fmt::format("{:.1f}", *t) : "not reached";
+    }
+    double seconds = 0;
+    for (const auto& learner : r.results) seconds = std::max(seconds, learner.value("seconds", 0.0));
+    fmt::print("{:<40} {:>9.0f} {:>8} {:>13.4f} {:>8} {:>10.1f} {:>10.3f} {:>9} {:>13} {:>6}\n", r.name,
+               r.tokens_per_s, vs_local, r.eval_loss, vs_ddp, seconds, r.bytes_per_learner / 1e6, bytes, to_ddp,
                r.mode == "diloco" ? std::to_string(r.rounds) : "-");
+  }
+  if (ddp && local && local->eval_loss > ddp->eval_loss) {
+    for (const auto& r : results) {
+      if (&r == ddp || &r == local) continue;
+      fmt::print("  {}: closes {:.0f}% of the gap between local training and DDP\n", r.name,
+                 100 * (local->eval_loss - r.eval_loss) / (local->eval_loss - ddp->eval_loss));
+    }
+  }
+}
+
+// Writes the curves as CSV next to the PNG and plots them with gnuplot.
+void WritePlot(const std::vector<TrainingJobResult>& results, const std::vector<std::vector<CurvePoint>>& curves,
+               const DemoOptions& options, const std::string& png) {
+  const std::string base = png.size() > 4 && png.ends_with(".png") ? png.substr(0, png.size() - 4) : png;
+  const std::string csv = base + ".csv";
+  std::ofstream out(csv);
+  out << "mode,step,seconds,held_out_loss\n";
+  std::string plot;
+  for (size_t m = 0; m < results.size(); ++m) {
+    const std::string one = fmt::format("{}.{}.csv", base, m);
+    std::ofstream series(one);
+    series << "seconds,held_out_loss\n";
+    for (const CurvePoint& p : curves[m]) {
+      out << fmt::format("\"{}\",{},{:.3f},{:.5f}\n", results[m].name, p.step, p.seconds, p.loss);
+      series << fmt::format("{:.3f},{:.5f}\n", p.seconds, p.loss);
+    }
+    plot += fmt::format("{}'{}' using 1:2 with linespoints lw 2 title '{}'", m ? ", " : "", one, results[m].name);
+  }
+  const std::string script = base + ".gp";
+  std::ofstream(script) << fmt::format(
+      "set terminal pngcairo size 1000,600 font 'sans,11'\nset output '{}'\nset grid\n"
+      "set datafile separator ','\nset key top right\n"
+      "set title \"Held-out loss against training time: {} learners, {} ms + {} Mbit/s cross-rack link\"\n"
+      "set xlabel 'training time (s)'\nset ylabel 'held-out loss (nats/byte)'\nplot {}\n",
+      png, options.learners, options.delay_ms, options.rate_mbit, plot);
+  if (std::system(fmt::format("gnuplot '{}' 2>/dev/null", script).c_str()) == 0) {
+    fmt::print("\nplot: {} (data: {})\n", png, csv);
+  } else {
+    fmt::print("\nplot: gnuplot is not installed or failed (apt-get install gnuplot-nox); data: {}, script: {}\n",
+               csv, script);
   }
 }
 
@@ -112,10 +222,10 @@ int RunDemo(const DemoOptions& options, const std::string& dir, const std::atomi
     return kExitBadConfig;
   }
   fmt::print("mend demo: {} learners train a byte-level GPT (dim {}, {} layers) on Debian's fortunes,\n"
-             "           {} steps of {} x 64 bytes each, over an emulated cross-rack link with {} ms\n"
-             "           latency per collective. Logs, results and diagnostics in {}\n",
-             options.learners, options.dim, options.layers, options.steps, options.batch,
-             options.delay_ms, dir);
+             "           {} steps of {} x 64 bytes each, over an emulated cross-rack link: {} ms latency\n"
+             "           per collective and {} Mbit/s. Logs, results and diagnostics in {}\n",
+             options.learners, options.dim, options.layers, options.steps, options.batch, options.delay_ms,
+             options.rate_mbit, dir);
   std::vector<TrainingJobResult> results;
   for (size_t j = 0; j < jobs->size(); ++j) {
     TrainingJobSpec& job = (*jobs)[j];
@@ -133,11 +243,16 @@ int RunDemo(const DemoOptions& options, const std::string& dir, const std::atomi
     if (!result->http_address.empty()) fmt::print("  status page was http://{}/\n", result->http_address);
     results.push_back(std::move(*result));
   }
-  PrintTable(results);
-  fmt::print("\ntokens/s is the job's (all learners); eval loss is the mean over learners on the same\n"
-             "held-out windows; 'vs DDP' compares bytes sent per learner. Per-step and per-round\n"
-             "JSON lines are under {}/*/diagnostics.\n",
+  std::vector<std::vector<CurvePoint>> curves;
+  for (const auto& r : results) curves.push_back(JobCurve(r));
+  PrintTable(results, curves);
+  fmt::print("\ntokens/s is the job's (all learners); held-out loss is the mean over learners on the same\n"
+             "held-out windows, 'vs DDP' its ratio to DDP's; 'train s' is the training time (evaluations\n"
+             "excluded); 'bytes' compares bytes sent per learner; 's to DDP loss' is when the mode's held-out\n"
+             "loss first reached DDP's final one. Per-step and per-round JSON lines are under\n"
+             "{}/*/diagnostics.\n",
              dir);
+  WritePlot(results, curves, options, options.plot.empty() ? dir + "/loss_vs_time.png" : options.plot);
   return kExitOk;
 }
 
@@ -147,7 +262,8 @@ void AddDemoCommand(CLI::App& app, int* exit_code) {
   CLI::App* command = app.add_subcommand(
       "demo",
       "Train the example GPT with several learners on this machine over an emulated slow link: "
-      "DDP vs DiLoCo vs streaming 4-bit DiLoCo vs local, with progress bars and a summary table.");
+      "DDP vs synchronous DiLoCo vs streaming 4-bit DiLoCo vs local, with progress bars, a summary table "
+      "and a plot of held-out loss against time.");
   auto options = std::make_shared<DemoOptions>();
   command->add_option("--learners", options->learners, "Learner processes")
       ->capture_default_str()
@@ -166,6 +282,13 @@ void AddDemoCommand(CLI::App& app, int* exit_code) {
   command->add_option("--delay-ms", options->delay_ms, "Emulated cross-rack latency per collective")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{0}, int64_t{60'000}));
+  command->add_option("--rate-mbit", options->rate_mbit,
+                      "Emulated cross-rack link rate in Mbit/s per learner (0: unlimited)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1e6));
+  command->add_option("--eval-points", options->eval_points, "Held-out evaluations per mode (the plot's points)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1000}));
   command->add_option("--modes", options->modes, "Comma-separated: ddp, diloco, streaming, local")
       ->capture_default_str();
   command->add_option("--set", options->settings,
@@ -175,6 +298,7 @@ void AddDemoCommand(CLI::App& app, int* exit_code) {
   command->add_option("--http", options->http,
                       "Lighthouse status page address while a mode runs (e.g. 127.0.0.1:0)");
   command->add_option("--work-dir", options->work_dir, "Where logs go (default: a new directory under /tmp)");
+  command->add_option("--plot", options->plot, "The PNG of held-out loss against time (default: in the work dir)");
   command->callback([options, exit_code]() {
     (void)InitLogging("warn", "demo");
     std::atomic<bool> interrupted{false};

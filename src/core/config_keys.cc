@@ -81,8 +81,9 @@ std::vector<ConfigKey> BuildKeys() {
       Int("fragments", &C::fragments, 1, 1024, "P: streaming fragments (layer l -> l mod P)."),
       Bool("concurrent_outer_step", &C::concurrent_outer_step,
            "Exchange in the background while inner steps continue (false: synchronous)."),
-      Int("overlap_steps", &C::overlap_steps, 1, 1000,
-          "tau: the most inner steps a round's result may arrive late; applied when it arrives, waited for at tau."),
+      Int("overlap_steps", &C::overlap_steps, 0, 1000,
+          "tau: the most inner steps a round's result may arrive late; applied when it arrives, waited for at tau. "
+          "0: tuned, ceil(1.25 x round time / inner-step time) + 1, capped at H / fragments - 1."),
       Bool("train_through_lighthouse_outage", &C::train_through_lighthouse_outage,
            "Concurrent mode: do not wait at tau for a round while the lighthouse is unreachable; train on and "
            "join when it is back (learners drift apart meanwhile)."),

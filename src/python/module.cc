@@ -266,7 +266,9 @@ class PyRuntime {
         {"last_round_id", &ReducerStats::last_round_id},
         {"checkpoints", &ReducerStats::checkpoints},
         {"checkpoint_failures", &ReducerStats::checkpoint_failures},
-        {"resumed_from_round", &ReducerStats::resumed_from_round}};
+        {"resumed_from_round", &ReducerStats::resumed_from_round},
+        {"overlap_steps", &ReducerStats::overlap_steps},
+        {"parameter_copies", &ReducerStats::parameter_copies}};
     py::dict out;
     if (!reducer_) return out;
     const ReducerStats stats = reducer_->stats();

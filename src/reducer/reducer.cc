@@ -24,6 +24,7 @@
 #include "mend/outer_sync.h"
 #include "reducer/diagnostics.h"
 #include "reducer/heal_stream.h"
+#include "outer/overlap_tuner.h"
 #include "reducer/moments.h"
 #include "spdlog/spdlog.h"
 #include "torch/nn/module.h"
@@ -50,7 +51,7 @@ size_t TotalValues(const std::vector<at::Tensor>& parameters) {
   return n;
 }
 
-void Gather(const std::vector<at::Tensor>& parameters, std::span<float> out) {
+void GatherParameters(const std::vector<at::Tensor>& parameters, std::span<float> out) {
   size_t offset = 0;
   for (const auto& p : parameters) {
     size_t n = static_cast<size_t>(p.numel());
@@ -59,7 +60,7 @@ void Gather(const std::vector<at::Tensor>& parameters, std::span<float> out) {
   }
 }
 
-void Scatter(std::span<const float> in, std::vector<at::Tensor>& parameters) {
+void ScatterParameters(std::span<const float> in, std::vector<at::Tensor>& parameters) {
   size_t offset = 0;
   for (auto& p : parameters) {
     size_t n = static_cast<size_t>(p.numel());
@@ -365,8 +366,14 @@ class ReducerImpl final : public Reducer {
                                          : std::chrono::duration_cast<std::chrono::microseconds>(
                                                now - last_step_)
                                                .count();
+    if (stepped_) overlap_.RecordStep(std::chrono::duration<double>(now - last_return_).count());
     last_step_ = now;
     stepped_ = true;
+    // The inner step's own time (from the last return) is what tau counts in.
+    struct Returned {
+      std::chrono::steady_clock::time_point& at;
+      ~Returned() { at = std::chrono::steady_clock::now(); }
+    } returned{last_return_};
     stats_.steps++;
     step_now_.store(stats_.steps, std::memory_order_relaxed);
     tokens_total_ += tokens;
@@ -499,8 +506,10 @@ class ReducerImpl final : public Reducer {
     int fragment = 0;
     uint64_t boundary_step = 0;
     uint64_t apply_at_step = 0;
+    uint64_t tau = 0;  // apply_at_step - boundary_step
     uint64_t tokens = 0;
     std::chrono::steady_clock::time_point launched;
+    std::chrono::steady_clock::time_point finished;  // set by the thread before `done`
     std::vector<float> base;   // the fragment's global state at the boundary
     std::vector<float> delta;  // this learner's pseudo-gradient at the boundary
     std::vector<float> moments[2];  // DES-LOC: the optimizer's moments at the boundary
@@ -569,7 +578,9 @@ class ReducerImpl final : public Reducer {
     flight->fragment = f;
     flight->boundary_step = stats_.steps;
     flight->launched = std::chrono::steady_clock::now();
-    flight->apply_at_step = stats_.steps + static_cast<uint64_t>(overlap_steps_);
+    flight->tau = overlap_.Tau();
+    flight->apply_at_step = stats_.steps + flight->tau;
+    stats_.overlap_steps = flight->tau;
     flight->tokens = fragment.tokens_since_round;
     fragment.tokens_since_round = 0;
     const size_t n = fragment.state->size();
@@ -587,6 +598,7 @@ class ReducerImpl final : public Reducer {
     InFlight* raw = flight.get();
     flight->thread = std::thread([this, raw]() {
       raw->outcome = Exchange(*raw);
+      raw->finished = std::chrono::steady_clock::now();
       {
         std::lock_guard lock(raw->mu);
         raw->done.store(true, std::memory_order_release);
@@ -617,6 +629,9 @@ class ReducerImpl final : public Reducer {
       return;
     }
     Outcome& outcome = *flight->outcome;
+    if (outcome.healed.empty()) {  // a heal's transfer says nothing about the next rounds
+      overlap_.RecordRound(std::chrono::duration<double>(flight->finished - flight->launched).count());
+    }
     // A round of another fragment than its join's (see Exchange): the
     // learner's progress stays in every fragment, and its own fragment's
     // pseudo-gradient goes into that fragment's next round.
@@ -717,6 +732,7 @@ class ReducerImpl final : public Reducer {
         {"fragment", flight.fragment},
         {"boundary_step", flight.boundary_step},
         {"applied_step", stats_.steps},
+        {"tau", flight.tau},
         {"tokens", flight.tokens},
         {"seconds", std::chrono::duration<double>(std::chrono::steady_clock::now() - flight.launched)
                         .count()},
@@ -940,7 +956,7 @@ class ReducerImpl final : public Reducer {
   // not mistaken for training (theta_i <- theta_i + new base - old base).
   // The fragment being exchanged needs none: its pseudo-gradient is taken
   // before the heal and the round replaces its local parameters.
-  static void KeepLocalProgress(Fragment& fragment, std::span<const float> new_base) {
+  void KeepLocalProgress(Fragment& fragment, std::span<const float> new_base) {
     std::vector<float> local(fragment.state->size());
     Gather(fragment.parameters, local);
     std::span<const float> old_base = fragment.state->global();
@@ -948,11 +964,26 @@ class ReducerImpl final : public Reducer {
     Scatter(local, fragment.parameters);
   }
 
+  // Every copy between the parameters' tensors and the flat fragment state
+  // goes through these two; stats().parameter_copies counts them (a step
+  // that neither starts nor applies a round makes none).
+  void Gather(const std::vector<at::Tensor>& parameters, std::span<float> out) {
+    GatherParameters(parameters, out);
+    stats_.parameter_copies++;
+  }
+  void Scatter(std::span<const float> in, std::vector<at::Tensor>& parameters) {
+    ScatterParameters(in, parameters);
+    stats_.parameter_copies++;
+  }
+
   const Config config_;
   LearnerAgent& agent_;
   const FragmentSchedule schedule_;
   const bool concurrent_ = config_.concurrent_outer_step;
-  const int64_t overlap_steps_ = config_.overlap_steps;
+  // tau: overlap_steps, or tuned from this learner's round and step times.
+  outer::OverlapTuner overlap_{config_.overlap_steps,
+                               static_cast<uint64_t>(std::max<int64_t>(
+                                   int64_t{1}, config_.sync_period_steps / std::max<int64_t>(1, schedule_.fragments()) - 1))};
   const OuterApply apply_mode_ = config_.outer_apply == "mix" ? OuterApply::kMix : OuterApply::kExact;
   std::unique_ptr<AbortWatch> abort_watch_;  // before in_flight_: outlives its round
   std::unique_ptr<InFlight> in_flight_;
@@ -970,6 +1001,7 @@ class ReducerImpl final : public Reducer {
   uint64_t tokens_total_ = 0;
   std::atomic<uint64_t> step_now_{0};  // stats_.steps, for the round's thread
   std::chrono::steady_clock::time_point last_step_;
+  std::chrono::steady_clock::time_point last_return_;  // when step() last returned
   bool stepped_ = false;
   bool shut_down_ = false;
   std::thread checkpoint_writer_;

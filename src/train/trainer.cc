@@ -95,7 +95,7 @@ Status CheckTrainOptions(const TrainOptions& options) {
 
 nlohmann::json TrainResult::ToJson() const {
   nlohmann::json curve = nlohmann::json::array();
-  for (const auto& [step, loss] : eval_curve) curve.push_back({step, loss});
+  for (const auto& point : eval_curve) curve.push_back({point.step, point.loss, point.seconds});
   return {{"id", id},
           {"mode", mode},
           {"parameters", parameters},
@@ -169,10 +169,11 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config, c
   const auto started = SteadyClock::now();
   auto elapsed = [&]() { return Seconds(SteadyClock::now() - started).count() - eval_seconds; };
   auto evaluate = [&](int64_t step) {
+    const double at = elapsed();
     const auto begin = SteadyClock::now();
     double loss = Evaluate(model, corpus.eval(), eval_starts, context, options.batch);
     eval_seconds += Seconds(SteadyClock::now() - begin).count();
-    result.eval_curve.emplace_back(step, loss);
+    result.eval_curve.push_back({step, loss, at});
     return loss;
   };
   auto bytes_sent = [&]() -> uint64_t {

@@ -83,7 +83,12 @@ struct TrainResult {
   double reducer_step_us_median = 0;
   double reducer_step_us_mean = 0;
   uint64_t reducer_quiet_steps = 0;
-  std::vector<std::pair<int64_t, double>> eval_curve;  // (step, eval loss)
+  struct EvalPoint {
+    int64_t step = 0;
+    double loss = 0;
+    double seconds = 0;  // training time so far (evaluations excluded)
+  };
+  std::vector<EvalPoint> eval_curve;  // JSON: [step, eval loss, seconds]
 
   nlohmann::json ToJson() const;
 };

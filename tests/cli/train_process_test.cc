@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -49,14 +50,27 @@ class TrainProcessTest : public ::testing::Test {
 
 TEST_F(TrainProcessTest, DemoTrainsEveryModeAndPrintsTheTable) {
   auto [code, text] = RunMend({"demo", "--steps", "10", "--dim", "16", "--layers", "1", "--batch", "4",
-                               "--sync-every", "5", "--delay-ms", "0", "--corpus", corpus_, "--work-dir",
-                               dir_ + "/demo"});
+                               "--sync-every", "5", "--delay-ms", "0", "--eval-points", "5", "--corpus", corpus_,
+                               "--work-dir", dir_ + "/demo"});
   ASSERT_EQ(code, 0) << text;
-  for (const char* row : {"DDP (gradients every step)", "DiLoCo, H=5, synchronous",
-                          "Streaming DiLoCo, 4-bit, overlapped", "Local only (no exchange)"}) {
+  for (const char* row : {"DDP (gradients every step)", "mend DiLoCo, H=5, synchronous",
+                          "mend streaming, H=5, 4-bit, overlapped", "Local only (no exchange)"}) {
     EXPECT_THAT(text, HasSubstr(row));
   }
-  EXPECT_THAT(text, HasSubstr("eval loss"));
+  EXPECT_THAT(text, HasSubstr("held-out loss"));
+  EXPECT_THAT(text, HasSubstr("s to DDP loss"));
+  // Held-out loss against time: every mode's evaluations and its final one,
+  // as CSV and plotted (setup.sh installs gnuplot).
+  std::ifstream curve(dir_ + "/demo/loss_vs_time.csv");
+  ASSERT_TRUE(curve.good());
+  std::map<std::string, int> points;
+  std::string line;
+  std::getline(curve, line);
+  EXPECT_EQ(line, "mode,step,seconds,held_out_loss");
+  while (std::getline(curve, line)) points[line.substr(0, line.find("\","))]++;
+  EXPECT_EQ(points.size(), 4u);
+  for (const auto& [mode, n] : points) EXPECT_EQ(n, 5) << mode;  // steps 2, 4, 6, 8 and the end
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/demo/loss_vs_time.png"));
   // Every learner of every mode left a result and diagnostics.
   for (const char* job : {"1-ddp", "2-diloco", "3-diloco", "4-local"}) {
     for (const char* learner : {"learner-1", "learner-2"}) {

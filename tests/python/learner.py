@@ -95,8 +95,14 @@ def train(args, model, optimizer, runtime, data, seen):
         loss = torch.nn.functional.cross_entropy(model(x), y)
         optimizer.zero_grad()
         loss.backward()
+        before = runtime.stats()
         optimizer.step()  # mend's reducer runs right after it
         stats = runtime.stats()
+        if all(stats[k] == before[k] for k in ("rounds_started", "rounds", "failed_rounds")):
+            # a step that neither starts nor applies a round copies no parameters
+            seen["quiet_steps"] = seen.get("quiet_steps", 0) + 1
+            seen["quiet_copies"] = (seen.get("quiet_copies", 0) + stats["parameter_copies"]
+                                    - before["parameter_copies"])
         if stats["rounds"] > rounds:
             rounds = stats["rounds"]
             seen["rounds_at_step"][str(step)] = rounds

@@ -83,6 +83,8 @@ def test_two_python_learners_agree_after_every_round(tmp_path, pass_optimizer):
         assert sorted(int(s) for s in seen["rounds_at_step"]) == list(range(5, 41, 5))
         assert seen["loss_after"] < seen["loss_before"]
         assert seen["data_ptr"] == seen["data_ptr_after"]  # written in place
+        assert seen["quiet_steps"] >= 8 * 3 and seen["quiet_copies"] == 0  # no copy per step
+        assert seen["stats"]["parameter_copies"] > 0  # but rounds do copy
     assert a["globals"] == b["globals"]  # bit-identical after every round
     assert len(a["globals"]) == 8
     assert status["summary"]["latest_round_id"] >= 8

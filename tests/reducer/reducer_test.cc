@@ -44,6 +44,7 @@ struct LearnerLog {
   std::vector<float> initial_global;               // right after Create (a resume shows here)
   uint64_t registrations = 0;                      // with the lighthouse (1 + re-registrations)
   std::atomic<uint64_t> steps{0};                  // the reducer's step, live
+  uint64_t quiet_steps = 0;                        // steps that neither started nor applied a round
 };
 
 // Trains a linear regression on the learner's own shard for `boundaries`
@@ -77,10 +78,17 @@ void Learn(const Config& config, const std::string& id, int seed, int boundaries
       torch::Tensor loss = torch::mse_loss(model->forward(x), y);
       loss.backward();
       inner->step();
-      uint64_t before = (*reducer)->stats().rounds;
+      const ReducerStats previous = (*reducer)->stats();
+      const uint64_t before = previous.rounds;
       ASSERT_TRUE((*reducer)->step(16).ok());
       ReducerStats stats = (*reducer)->stats();
       log->steps = stats.steps;
+      if (stats.rounds_started == previous.rounds_started && stats.rounds == previous.rounds &&
+          stats.failed_rounds == previous.failed_rounds) {
+        // A step that neither starts nor applies a round copies no parameters.
+        EXPECT_EQ(stats.parameter_copies, previous.parameter_copies) << "step " << stats.steps;
+        log->quiet_steps++;
+      }
       if (stats.rounds > before) {
         auto global = (*reducer)->global(0);
         log->global_by_round[stats.last_round_id].assign(global.begin(), global.end());
@@ -139,6 +147,8 @@ TEST(ReducerTest, LearnersHoldBitIdenticalGlobalParametersAfterEveryRound) {
   EXPECT_EQ(a.stats.rounds, 4u);
   EXPECT_EQ(b.stats.rounds, 4u);
   EXPECT_EQ(ExpectSameGlobals(a, b), 4u);
+  EXPECT_GE(a.quiet_steps, 4u * (kPeriod - 1));  // checked in Learn: no parameter copies on them
+  EXPECT_GT(a.stats.parameter_copies, 0u);
   // Diagnostics: a line per inner step and per round.
   auto lines = [&](const std::string& name) {
     std::vector<nlohmann::json> records;

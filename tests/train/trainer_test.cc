@@ -93,8 +93,8 @@ TEST_F(TrainerTest, LocalTrainingLowersTheHeldOutLoss) {
   ASSERT_EQ(result->eval_curve.size(), 2u);  // step 30 and the end
   EXPECT_EQ(result->tokens, 60u * 4 * 16);
   // An untrained byte model is near uniform: log(256) = 5.55 nats per byte.
-  EXPECT_LT(result->eval_curve[0].second, std::log(256.0) - 1.0);
-  EXPECT_LT(result->eval_loss, result->eval_curve[0].second);
+  EXPECT_LT(result->eval_curve[0].loss, std::log(256.0) - 1.0);
+  EXPECT_LT(result->eval_loss, result->eval_curve[0].loss);
   EXPECT_EQ(result->bytes_sent, 0u);
 }
 
