@@ -9,7 +9,7 @@ include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
 set(MEND_PACKAGED_LIBRARIES
-    mend_reducer mend_checkpoint mend_outer mend_dataplane mend_codecs mend_lighthouse
+    mend_reducer mend_rounds mend_checkpoint mend_outer mend_dataplane mend_codecs mend_lighthouse
     mend_lighthouse_client mend_coordinator_state mend_datagram mend_proto mend_core)
 set_target_properties(${MEND_PACKAGED_LIBRARIES} PROPERTIES POSITION_INDEPENDENT_CODE ON)
 

@@ -70,7 +70,9 @@ struct RoundResult {
   std::vector<float> global;    // theta_g' (bit-identical on every member)
   std::vector<float> momentum;  // m'
   std::vector<float> residual;  // error feedback after this round (sparse codecs)
-  std::vector<int> dropped;     // ranks left out by the robust merge
+  // Ranks left out by the robust merge: the same on every member with three
+  // or more; with fewer (no reports exchanged) a member lists only itself.
+  std::vector<int> dropped;
   double merged_norm = 0;       // ||delta||
   uint64_t bytes_sent = 0;
 };
@@ -79,8 +81,11 @@ class OuterRound {
  public:
   // Merges `delta_i` (this member's pseudo-gradient, state.size() values)
   // with the other members' and computes the outer step. `tokens` is this
-  // member's weight under token weighting. Errors: what the communicator
-  // returns, or ABORTED when every member was dropped.
+  // member's weight under token weighting. One collective (the merge, the
+  // weights beside it) with fewer than three members, two with more (the
+  // members' norms first, for the robust rule). Errors: what the
+  // communicator returns (with fewer than three members, INVALID_ARGUMENT
+  // when the weights sum to 0), or ABORTED when every member was dropped.
   [[nodiscard]] static StatusOr<RoundResult> Exchange(Communicator& comm,
                                                       const FragmentState& state,
                                                       std::span<const float> delta_i,

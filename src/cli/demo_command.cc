@@ -40,6 +40,7 @@ struct DemoOptions {
   int64_t delay_ms = 100;
   double rate_mbit = 200;
   int64_t eval_points = 10;
+  uint64_t seed = 1;  // the initial parameters and (mixed with each shard) the batches
   std::string modes = "ddp,diloco,streaming,local";
   std::string corpus;
   std::vector<std::string> settings;  // KEY=VALUE for every learner, after the mode's own
@@ -57,7 +58,8 @@ StatusOr<std::vector<TrainingJobSpec>> DemoJobs(const DemoOptions& o) {
   std::vector<std::string> train_args = {
       "--steps", std::to_string(o.steps), "--batch", std::to_string(o.batch), "--dim",
       std::to_string(o.dim), "--layers", std::to_string(o.layers), "--progress-every", "5",
-      "--eval-every", std::to_string(std::max<int64_t>(1, o.steps / std::max<int64_t>(1, o.eval_points)))};
+      "--eval-every", std::to_string(std::max<int64_t>(1, o.steps / std::max<int64_t>(1, o.eval_points))),
+      "--init-seed", std::to_string(o.seed), "--data-seed", std::to_string(o.seed)};
   if (!o.corpus.empty()) train_args = Concat(train_args, {"--corpus", o.corpus});
   const std::vector<std::string> link = {fmt::format("link_latency_ms={}", o.delay_ms),
                                          fmt::format("link_rate_mbit={}", o.rate_mbit)};
@@ -222,10 +224,10 @@ int RunDemo(const DemoOptions& options, const std::string& dir, const std::atomi
     return kExitBadConfig;
   }
   fmt::print("mend demo: {} learners train a byte-level GPT (dim {}, {} layers) on Debian's fortunes,\n"
-             "           {} steps of {} x 64 bytes each, over an emulated cross-rack link: {} ms latency\n"
-             "           per collective and {} Mbit/s. Logs, results and diagnostics in {}\n",
-             options.learners, options.dim, options.layers, options.steps, options.batch, options.delay_ms,
-             options.rate_mbit, dir);
+             "           {} steps of {} x 64 bytes each (seed {}), over an emulated cross-rack link: {} ms\n"
+             "           latency per collective and {} Mbit/s. Logs, results and diagnostics in {}\n",
+             options.learners, options.dim, options.layers, options.steps, options.batch, options.seed,
+             options.delay_ms, options.rate_mbit, dir);
   std::vector<TrainingJobResult> results;
   for (size_t j = 0; j < jobs->size(); ++j) {
     TrainingJobSpec& job = (*jobs)[j];
@@ -289,6 +291,9 @@ void AddDemoCommand(CLI::App& app, int* exit_code) {
   command->add_option("--eval-points", options->eval_points, "Held-out evaluations per mode (the plot's points)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1000}));
+  command->add_option("--seed", options->seed, "Seed of the initial parameters and of the batches (every mode)")
+      ->capture_default_str()
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1'000'000'000}));
   command->add_option("--modes", options->modes, "Comma-separated: ddp, diloco, streaming, local")
       ->capture_default_str();
   command->add_option("--set", options->settings,

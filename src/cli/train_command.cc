@@ -141,7 +141,7 @@ void AddTrainCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   command->add_option("--init-seed", o.init_seed, "Seed of the initial parameters (same on all learners)")
       ->capture_default_str();
-  command->add_option("--data-seed", o.data_seed, "Seed of the batch sampler (0: from the shard)")
+  command->add_option("--data-seed", o.data_seed, "Seed of the batch sampler (mixed with the shard: every learner draws its own)")
       ->capture_default_str();
   command->add_option("--progress-every", o.progress_every, "Steps between progress lines")
       ->capture_default_str();

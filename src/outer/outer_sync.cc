@@ -80,30 +80,42 @@ StatusOr<RoundResult> OuterRound::Exchange(Communicator& comm, const FragmentSta
                                             delta_i.size(), n));
   }
   // 1. Everyone's norm and weight, so that every member drops the same ones.
+  // The robust rule needs three contributing members; with fewer it drops
+  // only a pseudo-gradient that is not finite, which its own member can tell,
+  // so the reports (one collective, a link latency) are skipped: the member
+  // goes silent, and the weights that travel with the merge leave it out.
   MemberReport mine{options.contributes ? Norm(delta_i) : 0.0,
                     options.token_weighted ? tokens : 1.0, options.contributes ? 0.0 : 1.0};
-  std::vector<MemberReport> reports(comm.world_size());
-  MEND_RETURN_IF_ERROR(comm.AllGather(std::as_bytes(std::span(&mine, 1)),
-                                      std::as_writable_bytes(std::span(reports))));
-  // The robust rule looks at the contributing members only.
-  std::vector<double> norms;
-  std::vector<int> contributing;
-  for (size_t r = 0; r < reports.size(); ++r) {
-    if (reports[r].abstains != 0) continue;
-    norms.push_back(reports[r].norm);
-    contributing.push_back(static_cast<int>(r));
-  }
   RoundResult result;
-  for (int i : RobustDrops(norms, options.robust_zscore)) result.dropped.push_back(contributing[static_cast<size_t>(i)]);
-  if (contributing.empty()) return AbortedError("no member of the round had a pseudo-gradient to merge");
-  if (result.dropped.size() == contributing.size()) {
-    return AbortedError("every member's pseudo-gradient was dropped by the robust merge");
-  }
-  const bool dropped_me =
-      std::find(result.dropped.begin(), result.dropped.end(), comm.rank()) != result.dropped.end();
-  if (!result.dropped.empty()) {
-    spdlog::warn("robust merge: member(s) {} left out of this round (norms {})",
-                 fmt::join(result.dropped, ", "), fmt::join(norms, ", "));
+  bool dropped_me = false;
+  if (comm.world_size() < 3) {
+    dropped_me = options.contributes && !std::isfinite(mine.norm);
+    if (dropped_me) {
+      result.dropped.push_back(comm.rank());
+      spdlog::warn("robust merge: this member's pseudo-gradient is not finite; it is left out of this round");
+    }
+  } else {
+    std::vector<MemberReport> reports(comm.world_size());
+    MEND_RETURN_IF_ERROR(comm.AllGather(std::as_bytes(std::span(&mine, 1)),
+                                        std::as_writable_bytes(std::span(reports))));
+    // The robust rule looks at the contributing members only.
+    std::vector<double> norms;
+    std::vector<int> contributing;
+    for (size_t r = 0; r < reports.size(); ++r) {
+      if (reports[r].abstains != 0) continue;
+      norms.push_back(reports[r].norm);
+      contributing.push_back(static_cast<int>(r));
+    }
+    for (int i : RobustDrops(norms, options.robust_zscore)) result.dropped.push_back(contributing[static_cast<size_t>(i)]);
+    if (contributing.empty()) return AbortedError("no member of the round had a pseudo-gradient to merge");
+    if (result.dropped.size() == contributing.size()) {
+      return AbortedError("every member's pseudo-gradient was dropped by the robust merge");
+    }
+    dropped_me = std::find(result.dropped.begin(), result.dropped.end(), comm.rank()) != result.dropped.end();
+    if (!result.dropped.empty()) {
+      spdlog::warn("robust merge: member(s) {} left out of this round (norms {})",
+                   fmt::join(result.dropped, ", "), fmt::join(norms, ", "));
+    }
   }
   // A dropped or abstaining member sends zeros with weight 0 (0 x NaN would
   // still be NaN).

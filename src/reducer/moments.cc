@@ -76,8 +76,8 @@ at::Tensor TensorMoments::Moment(size_t index, Which which) {
 
 namespace reducer {
 
-AdamMoments::AdamMoments(InnerMoments* source, std::vector<int64_t> numels)
-    : source_(source), numels_(std::move(numels)) {
+AdamMoments::AdamMoments(std::unique_ptr<InnerMoments> source, std::vector<int64_t> numels)
+    : source_(std::move(source)), numels_(std::move(numels)) {
   for (int64_t n : numels_) size_ += static_cast<size_t>(n);
 }
 

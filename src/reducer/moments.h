@@ -5,37 +5,31 @@
 // Thread-safety: the training thread only (the optimizer's state is its).
 #pragma once
 
+#include <memory>
 #include <span>
 #include <vector>
 
 #include "mend/inner_moments.h"
+#include "reducer/flat_state.h"
 
 namespace mend::reducer {
 
-class AdamMoments {
+class AdamMoments final : public FlatMoments {
  public:
-  enum Which { kFirst = InnerMoments::kFirst, kSecond = InnerMoments::kSecond };
+  // `numels` holds each parameter's number of values, in the reducer's order.
+  AdamMoments(std::unique_ptr<InnerMoments> source, std::vector<int64_t> numels);
 
-  // `source` is not owned and must outlive this object; `numels` holds each
-  // parameter's number of values, in the reducer's order.
-  AdamMoments(InnerMoments* source, std::vector<int64_t> numels);
-
-  size_t size() const { return size_; }
-  // Copies the moment into `out`; false when some parameter has no state yet
-  // (before the optimizer's first step).
-  bool Read(Which which, std::span<float> out) const;
-  // moment += average - snapshot: the average the members agreed on, plus
-  // what this learner's optimizer added since the snapshot.
-  void Adjust(Which which, std::span<const float> average, std::span<const float> snapshot);
-  // moment <- average (nothing was added since the snapshot).
-  void Replace(Which which, std::span<const float> average);
+  size_t size() const override { return size_; }
+  bool Read(Which which, std::span<float> out) const override;
+  void Adjust(Which which, std::span<const float> average, std::span<const float> snapshot) override;
+  void Replace(Which which, std::span<const float> average) override;
 
  private:
   // Parameter i's moment if it is a contiguous fp32 tensor of the right size,
   // else an undefined tensor.
   at::Tensor Moment(size_t i, Which which) const;
 
-  InnerMoments* source_;
+  std::unique_ptr<InnerMoments> source_;
   std::vector<int64_t> numels_;
   size_t size_ = 0;
 };

@@ -130,9 +130,10 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config, c
                                             corpus.train().size(), context));
   }
   // A learner joining late draws other batches than its first run did.
-  const uint64_t data_seed = (options.data_seed != 0 ? options.data_seed
-                                                     : 0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(options.corpus.shard + 1)) ^
-                             (0xbf58476d1ce4e5b9ULL * static_cast<uint64_t>(options.start_step));
+  const uint64_t data_seed =
+      (0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(options.corpus.shard + 1) *
+       (options.data_seed != 0 ? 0x2545f4914f6cdd1dULL * options.data_seed : 1)) ^
+      (0xbf58476d1ce4e5b9ULL * static_cast<uint64_t>(options.start_step));
   WindowSampler sampler(corpus.train(), context, data_seed);
   const std::vector<size_t> eval_starts = EvalWindowStarts(corpus.eval(), context, options.eval_windows);
 

@@ -42,10 +42,10 @@ struct TrainOptions {
   int64_t warmup_steps = 20;
   double weight_decay = 0.1;
   double clip = 1.0;
-  int64_t eval_windows = 64;    // held-out windows of `context` bytes
+  int64_t eval_windows = 512;   // held-out windows of `context` bytes
   int64_t eval_every = 0;       // steps between evaluations; 0: at the end only
   uint64_t init_seed = 1;       // the same on every learner
-  uint64_t data_seed = 0;       // 0: derived from the shard
+  uint64_t data_seed = 0;       // mixed with the shard (and start step): each learner draws its own batches
   int64_t progress_every = 10;
 };
 

@@ -117,6 +117,38 @@ TEST(OuterSyncTest, NaNPseudoGradientIsDroppedOnEveryMember) {
   ExpectBitIdentical(runs);
 }
 
+TEST(OuterSyncTest, WithTwoMembersANaNPseudoGradientIsLeftOutWithoutReports) {
+  // No reports travel with two members: the poisoned member goes silent on
+  // its own, and the survivor's merge is its own pseudo-gradient.
+  OuterSyncOptions options;
+  auto runs = RunRounds(2, 3, options, /*poison_rank=*/1);
+  EXPECT_EQ(runs[1].last_dropped, std::vector<int>{1});
+  EXPECT_TRUE(runs[0].last_dropped.empty());
+  for (const MemberRun& run : runs) {
+    for (float v : run.global) ASSERT_TRUE(std::isfinite(v));
+  }
+  ExpectBitIdentical(runs);
+}
+
+TEST(OuterSyncTest, ARoundOfTwoMakesOneCollective) {
+  // Counted on the communicator: the merge only (the reports are skipped).
+  std::vector<uint64_t> collectives(2), three(3);
+  RunMembers(2, [&](int rank, Communicator& comm) {
+    FragmentState state(std::vector<float>(kSize, 0.0f));
+    auto result = OuterRound::Exchange(comm, state, std::vector<float>(kSize, 1.0f), 1, OuterSyncOptions{});
+    ASSERT_TRUE(result.ok()) << result.status();
+    collectives[rank] = comm.stats().operations;
+  });
+  RunMembers(3, [&](int rank, Communicator& comm) {
+    FragmentState state(std::vector<float>(kSize, 0.0f));
+    auto result = OuterRound::Exchange(comm, state, std::vector<float>(kSize, 1.0f), 1, OuterSyncOptions{});
+    ASSERT_TRUE(result.ok()) << result.status();
+    three[rank] = comm.stats().operations;
+  });
+  EXPECT_EQ(collectives, (std::vector<uint64_t>{1, 1}));
+  EXPECT_EQ(three, (std::vector<uint64_t>{2, 2, 2}));
+}
+
 TEST(OuterSyncTest, CompressedRoundsStayBitIdentical) {
   for (CodecKind kind : {CodecKind::kInt4, CodecKind::kTopK}) {
     auto codec = MakeCodec({kind, 64, 256, 16});

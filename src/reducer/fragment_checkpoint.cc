@@ -1,0 +1,74 @@
+#include "reducer/fragment_checkpoint.h"
+
+#include "core/status_format.h"
+#include "fmt/format.h"
+#include "fmt/ranges.h"
+#include "spdlog/spdlog.h"
+
+namespace mend::reducer {
+
+void AddFragmentTensors(const FlatParameters& parameters, const std::vector<Fragment>& fragments,
+                        Checkpoint* checkpoint) {
+  for (const Fragment& fragment : fragments) {
+    size_t offset = 0;
+    for (size_t l : fragment.parameters) {
+      const size_t n = parameters.numel(l);
+      const std::vector<int64_t> shape = parameters.shape(l);
+      auto slice = [&](std::span<const float> all) {
+        return std::vector<float>(all.begin() + static_cast<long>(offset), all.begin() + static_cast<long>(offset + n));
+      };
+      checkpoint->tensors.push_back({"global/" + parameters.name(l), shape, slice(fragment.state->global())});
+      checkpoint->tensors.push_back({"outer_momentum/" + parameters.name(l), shape, slice(fragment.state->momentum())});
+      offset += n;
+    }
+  }
+}
+
+StatusOr<std::vector<std::pair<std::vector<float>, std::vector<float>>>> FragmentStates(
+    const Checkpoint& checkpoint, const FlatParameters& parameters, const std::vector<Fragment>& fragments,
+    const std::string& where) {
+  std::vector<std::pair<std::vector<float>, std::vector<float>>> states;
+  for (const Fragment& fragment : fragments) {
+    std::vector<float> global, momentum;
+    for (size_t l : fragment.parameters) {
+      const std::string& name = parameters.name(l);
+      const std::vector<int64_t> shape = parameters.shape(l);
+      for (auto [prefix, out] : {std::pair{"global/", &global}, std::pair{"outer_momentum/", &momentum}}) {
+        const CheckpointTensor* t = checkpoint.Find(prefix + name);
+        if (!t) {
+          return InvalidArgumentError(fmt::format("checkpoint of round {} in {}: no tensor '{}{}' (is it from another model?)",
+                                                  checkpoint.meta.round_id, where, prefix, name));
+        }
+        if (t->shape != shape) {
+          return InvalidArgumentError(fmt::format(
+              "checkpoint of round {} in {}: tensor '{}{}' has shape [{}], the model's is [{}]", checkpoint.meta.round_id,
+              where, prefix, name, fmt::join(t->shape, ", "), fmt::join(shape, ", ")));
+        }
+        out->insert(out->end(), t->values.begin(), t->values.end());
+      }
+    }
+    states.emplace_back(std::move(global), std::move(momentum));
+  }
+  return states;
+}
+
+void CheckpointWriter::Write(std::shared_ptr<const Checkpoint> checkpoint) {
+  Join();
+  thread_ = std::thread([this, checkpoint]() {
+    CheckpointDirectory directory(dir_, keep_);
+    StatusOr<std::string> written = directory.Save(*checkpoint);
+    if (written.ok()) {
+      written_.fetch_add(1);
+      spdlog::info("checkpoint of round {} written to {}", checkpoint->meta.round_id, *written);
+    } else {
+      failed_.fetch_add(1);
+      spdlog::error("checkpoint of round {} not written: {}", checkpoint->meta.round_id, written.status());
+    }
+  });
+}
+
+void CheckpointWriter::Join() {
+  if (thread_.joinable()) thread_.join();
+}
+
+}  // namespace mend::reducer

@@ -1,0 +1,57 @@
+// Healing inside a round: every member computes the same plan from the
+// member list (each member that is behind heals from the source the
+// lighthouse named; on a fresh start everyone from rank 0), and each source
+// streams every fragment's global state and outer momentum in checked
+// chunks (heal_stream.h), then its boundary step and the fragment it
+// exchanges, then by option its inner optimizer's moments.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "mend/clock.h"
+#include "mend/communicator.h"
+#include "mend/lighthouse_client.h"
+#include "mend/status.h"
+#include "reducer/fragments.h"
+
+namespace mend::reducer {
+
+// The healing buffer's layout: per fragment, its global state then its
+// momentum. Where fragment f starts (f = fragments.size(): the total size).
+size_t HealStateOffset(const std::vector<Fragment>& fragments, size_t f);
+// Fragment f's (global state, momentum) inside a healing buffer.
+std::pair<std::span<const float>, std::span<const float>> HealSlice(const std::vector<Fragment>& fragments,
+                                                                   const std::vector<float>& buffer, size_t f);
+
+// What this member brings to the round's heals as a possible source.
+struct HealOffer {
+  uint64_t boundary_step = 0;  // its step at the boundary (the job's step)
+  int fragment = 0;            // the fragment it exchanges in this round
+  // heal_inner_optimizer: its moments at the boundary (empty: none yet),
+  // each of `moment_values` values.
+  bool send_moments = false;
+  size_t moment_values = 0;
+  const std::vector<float>* moments[2] = {nullptr, nullptr};
+};
+
+// What this member received, when it healed.
+struct Healed {
+  std::vector<float> state;  // empty: it did not heal
+  std::string source;
+  uint64_t step = 0;   // the source's boundary step
+  int fragment = 0;    // the fragment the source exchanges
+  uint64_t bytes = 0;  // received
+  double seconds = 0;  // in healing (every member takes part)
+  std::vector<float> moments[2];  // the source's, when it sent them
+};
+
+// Runs the round's heals on `comm` (every member must call it).
+[[nodiscard]] StatusOr<Healed> HealRound(Communicator& comm, const QuorumResult& round,
+                                         const std::vector<Fragment>& fragments, const HealOffer& offer,
+                                         const Clock& clock);
+
+}  // namespace mend::reducer

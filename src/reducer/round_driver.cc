@@ -1,0 +1,788 @@
+#include "reducer/round_driver.h"
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "core/round_keys.h"
+#include "core/status_format.h"
+#include "dataplane/lighthouse_rendezvous.h"
+#include "fmt/format.h"
+#include "fmt/ranges.h"
+#include "mend/checkpoint.h"
+#include "mend/codec.h"
+#include "mend/communicator.h"
+#include "mend/outer.h"
+#include "mend/outer_sync.h"
+#include "nlohmann/json.hpp"
+#include "openssl/evp.h"
+#include "outer/overlap_tuner.h"
+#include "reducer/abort_watch.h"
+#include "reducer/diagnostics.h"
+#include "reducer/fragment_checkpoint.h"
+#include "reducer/fragments.h"
+#include "reducer/healing.h"
+#include "spdlog/spdlog.h"
+
+namespace mend::reducer {
+namespace {
+
+
+// How often a learner waiting at boundary + tau looks whether the lighthouse
+// reported its round closed without it.
+constexpr auto kPassedOverPoll = std::chrono::milliseconds(20);
+
+class RoundDriverImpl final : public RoundDriver {
+ public:
+  RoundDriverImpl(const Config& config, LearnerAgent& agent, const Clock& clock, FragmentSchedule schedule,
+                  std::unique_ptr<Codec> codec, std::unique_ptr<FlatParameters> parameters,
+                  std::unique_ptr<FlatMoments> moments)
+      : config_(config),
+        agent_(agent),
+        clock_(clock),
+        schedule_(schedule),
+        parameters_(std::move(parameters)),
+        moments_(std::move(moments)),
+        codec_(std::move(codec)) {
+    options_.outer = {static_cast<float>(config.outer_lr), static_cast<float>(config.outer_momentum)};
+    options_.token_weighted = config.token_weighted_merge;
+    options_.codec = codec_.get();
+    options_.error_feedback_beta = static_cast<float>(config.error_feedback_beta);
+  }
+
+  // Without shutdown() (the caller is unwinding): a round in flight is called
+  // off and its result dropped. The module and optimizer it would be applied
+  // to may already be gone.
+  ~RoundDriverImpl() override {
+    if (in_flight_) {
+      if (!in_flight_->done.load(std::memory_order_acquire)) agent_.Interrupt();
+      in_flight_->thread.join();
+      in_flight_.reset();
+    }
+    checkpoint_writer_.Join();
+  }
+
+  Status Init(uint64_t start_step) {
+    stats_.steps = start_step;
+    step_now_.store(start_step);
+    abort_watch_ = std::make_unique<AbortWatch>(agent_.client());
+    diagnostics_ = std::make_unique<Diagnostics>(config_.diagnostics_dir, agent_.id());
+    if (parameters_->count() == 0) return InvalidArgumentError("reducer: the model has no parameters");
+    if (config_.desloc) MEND_RETURN_IF_ERROR(InitDesloc());
+    if (config_.heal_inner_optimizer && !moments_) {
+      return InvalidArgumentError(
+          "heal_inner_optimizer = true: the reducer was given no inner optimizer moments (use Adam "
+          "or AdamW)");
+    }
+    fragments_.resize(static_cast<size_t>(schedule_.fragments()));
+    for (size_t l = 0; l < parameters_->count(); ++l) {
+      Fragment& fragment =
+          fragments_[static_cast<size_t>(FragmentOfLayer(static_cast<int64_t>(l), schedule_.fragments()))];
+      fragment.parameters.push_back(l);
+      fragment.values += parameters_->numel(l);
+    }
+    for (Fragment& fragment : fragments_) {
+      std::vector<float> initial(fragment.values);
+      Gather(fragment, initial);
+      fragment.state = std::make_unique<FragmentState>(initial);
+    }
+    if (!config_.checkpoint_dir.empty() && config_.resume) MEND_RETURN_IF_ERROR(Resume());
+    return OkStatus();
+  }
+
+  // The newest checkpoint that verifies becomes the global state and the
+  // local parameters; none is a fresh start.
+  Status Resume() {
+    CheckpointDirectory directory(config_.checkpoint_dir, static_cast<int>(config_.checkpoint_keep));
+    std::vector<std::string> skipped;
+    StatusOr<Checkpoint> checkpoint = directory.LoadLatest(&skipped);
+    for (const std::string& why : skipped) spdlog::error("skipping a damaged checkpoint: {}", why);
+    if (!checkpoint.ok()) {
+      if (checkpoint.status().code() != absl::StatusCode::kNotFound) return checkpoint.status();
+      spdlog::info("no checkpoint in {}: starting fresh", config_.checkpoint_dir);
+      return OkStatus();
+    }
+    MEND_ASSIGN_OR_RETURN(auto states, FragmentStates(*checkpoint, *parameters_, fragments_, config_.checkpoint_dir));
+    for (size_t f = 0; f < fragments_.size(); ++f) {
+      fragments_[f].state->Assign(states[f].first, states[f].second);
+      Scatter(fragments_[f].state->global(), fragments_[f]);
+    }
+    last_round_id_ = checkpoint->meta.round_id;
+    stats_.last_round_id = checkpoint->meta.round_id;
+    stats_.steps = checkpoint->meta.step;
+    step_now_.store(stats_.steps);
+    stats_.resumed_from_round = checkpoint->meta.round_id;
+    spdlog::info("resumed from the checkpoint of round {} (step {}, written by {})", checkpoint->meta.round_id,
+                 checkpoint->meta.step, checkpoint->meta.written_by);
+    return OkStatus();
+  }
+
+  // Every fragment's global state and momentum, by parameter name.
+  Checkpoint Snapshot(uint64_t round_id, uint32_t members) const {
+    Checkpoint checkpoint;
+    checkpoint.meta.job_id = config_.job_id;
+    checkpoint.meta.round_id = round_id;
+    checkpoint.meta.step = stats_.steps;
+    checkpoint.meta.tokens = tokens_total_;
+    checkpoint.meta.fragments = schedule_.fragments();
+    checkpoint.meta.learners = members;
+    checkpoint.meta.written_by = agent_.id();
+    checkpoint.meta.created_unix_ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+            .count();
+    checkpoint.meta.config_toml = ConfigToToml(config_);
+    AddFragmentTensors(*parameters_, fragments_, &checkpoint);
+    return checkpoint;
+  }
+
+  Status SaveCheckpoint(const std::string& path) override {
+    return WriteCheckpoint(path, Snapshot(stats_.last_round_id, 0));
+  }
+
+  // Rank 0 of a round whose id is a multiple of checkpoint_every_rounds
+  // writes one, on a background thread (one write at a time).
+  void MaybeCheckpoint(uint64_t round_id, uint32_t rank, uint32_t members) {
+    if (config_.checkpoint_dir.empty() || config_.checkpoint_every_rounds <= 0 || rank != 0 ||
+        round_id % static_cast<uint64_t>(config_.checkpoint_every_rounds) != 0) {
+      return;
+    }
+    checkpoint_writer_.Write(std::make_shared<const Checkpoint>(Snapshot(round_id, members)));
+  }
+
+  Status InitDesloc() {
+    const int64_t h = config_.sync_period_steps;
+    const int64_t periods[2] = {
+        config_.momentum_sync_period_steps > 0 ? config_.momentum_sync_period_steps : 3 * h,
+        config_.second_moment_sync_period_steps > 0 ? config_.second_moment_sync_period_steps : 6 * h};
+    const char* keys[2] = {"momentum_sync_period_steps", "second_moment_sync_period_steps"};
+    if (config_.fragments != 1) {
+      return InvalidArgumentError(fmt::format(
+          "desloc = true with fragments = {}: DES-LOC runs with one fragment", config_.fragments));
+    }
+    for (int k = 0; k < 2; ++k) {
+      if (periods[k] % h != 0) {
+        return InvalidArgumentError(fmt::format(
+            "{} = {}: must be a multiple of sync_period_steps = {} (moments travel with a round)",
+            keys[k], periods[k], h));
+      }
+      desloc_rounds_[k] = static_cast<uint64_t>(periods[k] / h);
+    }
+    if (!moments_) {
+      return InvalidArgumentError(
+          "desloc = true: the reducer was given no inner optimizer moments (DES-LOC averages the "
+          "moments of Adam or AdamW)");
+    }
+    return OkStatus();
+  }
+
+  Status step(uint64_t tokens) override {
+    if (shut_down_) return FailedPreconditionError("reducer: step() after shutdown()");
+    MEND_RETURN_IF_ERROR(agent_.fatal_status());
+    const Micros now = clock_.NowMicros();
+    const Micros step_time = !stepped_ ? 0 : now - last_step_;
+    if (stepped_) overlap_.RecordStep(static_cast<double>(now - last_return_) / kMicrosPerSecond);
+    last_step_ = now;
+    stepped_ = true;
+    // The inner step's own time (from the last return) is what tau counts in.
+    struct Returned {
+      const Clock& clock;
+      Micros& at;
+      ~Returned() { at = clock.NowMicros(); }
+    } returned{clock_, last_return_};
+    stats_.steps++;
+    step_now_.store(stats_.steps, std::memory_order_relaxed);
+    tokens_total_ += tokens;
+    for (Fragment& fragment : fragments_) fragment.tokens_since_round += tokens;
+    agent_.RecordStep(stats_.steps, tokens_total_, step_time);
+    if (diagnostics_->enabled()) {
+      diagnostics_->Step({{"step", stats_.steps},
+                          {"tokens", tokens},
+                          {"step_ms", static_cast<double>(step_time) / kMicrosPerMilli}});
+    }
+    // A round's result is applied as soon as it has arrived; at step
+    // boundary + tau at the latest (waiting for it there), unless the round
+    // for that boundary closed without this learner, or the lighthouse is
+    // unreachable: then its join waits for the next round (or for the
+    // lighthouse) while it trains on.
+    if (InFlightDueAt(stats_.steps)) {
+      const Awaited awaited = AwaitRound(*in_flight_, in_flight_->boundary_step,
+                                         /*train_on_if_lost=*/config_.train_through_lighthouse_outage);
+      if (awaited == Awaited::kDone) {
+        FinishInFlight();
+      } else if (MarkPassedOver(*in_flight_)) {
+        if (awaited == Awaited::kPassedOver) {
+          spdlog::info("fragment {}: the round for step {} closed without this learner; training on, its "
+                       "join waits for the next round",
+                       in_flight_->fragment, in_flight_->boundary_step);
+        } else {
+          spdlog::info("fragment {}: the lighthouse is unreachable; training on, the join for step {} "
+                       "waits for it",
+                       in_flight_->fragment, in_flight_->boundary_step);
+        }
+      }
+    }
+    for (int64_t f = 0; f < schedule_.fragments(); ++f) {
+      if (!schedule_.StartsAt(f, static_cast<int64_t>(stats_.steps))) continue;
+      if (in_flight_ && in_flight_->passed_over && StillUnformed(*in_flight_)) {
+        // The join passed over at an earlier boundary still waits for a
+        // round: it trains on rather than wait here too (the others may be
+        // far ahead, or done). The steps since go into the next join.
+        spdlog::info("fragment {}: boundary at step {} skipped; the join for step {} still waits for a round",
+                     f, stats_.steps, in_flight_->boundary_step);
+        continue;
+      }
+      FinishInFlight();
+      // A heal may have moved this learner's step off the boundary, or onto
+      // one whose round it just took part in.
+      if (!schedule_.StartsAt(f, static_cast<int64_t>(stats_.steps)) ||
+          stats_.steps <= fragments_[static_cast<size_t>(f)].last_round_boundary) {
+        continue;
+      }
+      Launch(static_cast<int>(f));
+      if (!concurrent_) FinishInFlight();  // synchronous DiLoCo: wait here
+    }
+    return OkStatus();
+  }
+
+  Status shutdown() override {
+    if (shut_down_) return OkStatus();
+    // A join still waiting once the round of the job's last boundary (the
+    // last within a fragment period of this final step) closed without it
+    // would wait for a round that never comes: it is called off, and the
+    // steps since its boundary are not merged.
+    if (in_flight_) {
+      const uint64_t last_boundary = stats_.steps + 1 - std::min(stats_.steps + 1, FragmentPeriod());
+      if (AwaitRound(*in_flight_, std::max(in_flight_->boundary_step, last_boundary),
+                     /*train_on_if_lost=*/false) != Awaited::kDone) {
+        spdlog::warn("fragment {}: the job's last round closed without this learner; its join for step {} "
+                     "is called off ({} step(s) not merged)",
+                     in_flight_->fragment, in_flight_->boundary_step, stats_.steps - in_flight_->boundary_step);
+        MarkPassedOver(*in_flight_);
+        agent_.Interrupt();
+      }
+    }
+    FinishInFlight();
+    checkpoint_writer_.Join();
+    shut_down_ = true;
+    return agent_.Leave("training finished");
+  }
+
+  bool NextStepMayWait() const override {
+    const uint64_t next = stats_.steps + 1;
+    if (InFlightDueAt(next)) return true;
+    for (int64_t f = 0; f < schedule_.fragments(); ++f) {
+      if (schedule_.StartsAt(f, static_cast<int64_t>(next))) return true;
+    }
+    return false;
+  }
+
+  ReducerStats stats() const override {
+    ReducerStats stats = stats_;
+    stats.checkpoints = checkpoint_writer_.written();
+    stats.checkpoint_failures = checkpoint_writer_.failed();
+    return stats;
+  }
+  std::span<const float> global(int fragment) const override {
+    return fragments_[static_cast<size_t>(fragment)].state->global();
+  }
+  int fragments() const override { return static_cast<int>(fragments_.size()); }
+
+ private:
+  // Whether step() at `step` takes up the round in flight: it has arrived,
+  // or `step` is boundary + tau and its join was not passed over (then
+  // step() waits for it).
+  bool InFlightDueAt(uint64_t step) const {
+    return in_flight_ && (in_flight_->done.load(std::memory_order_acquire) ||
+                          (step >= in_flight_->apply_at_step && !in_flight_->passed_over));
+  }
+
+  // A round in flight: what the boundary snapshot, and the background thread
+  // computing the merge (the training thread does not touch the fragments'
+  // global state until it is joined).
+  struct Outcome {
+    RoundResult result;
+    std::vector<float> healed;  // every fragment's global + momentum, when this learner healed
+    uint64_t round_id = 0;
+    uint32_t rank = 0;
+    uint32_t members = 0;
+    std::vector<float> averaged_moments[2];  // DES-LOC: the members' averages, when synced
+    double heal_seconds = 0;   // time in healing (every member takes part)
+    uint64_t heal_bytes = 0;   // bytes this learner received when it healed
+    std::string heal_source;   // whom it healed from
+    uint64_t heal_step = 0;    // the source's step at its boundary (the job's step)
+    // The fragment the round exchanged: this learner's own (the flight's),
+    // or, for a join passed over in streaming mode that healed into another
+    // fragment's round, the source's (this learner then abstained).
+    int fragment = 0;
+    bool fresh_join = false;   // healed with nothing of the job's state: its progress is dropped
+    std::vector<float> healed_moments[2];  // heal_inner_optimizer: the source's moments
+  };
+  struct InFlight {
+    int fragment = 0;
+    uint64_t boundary_step = 0;
+    uint64_t apply_at_step = 0;
+    uint64_t tau = 0;  // apply_at_step - boundary_step
+    uint64_t tokens = 0;
+    Micros launched = 0;
+    Micros finished = 0;  // set by the thread before `done`
+    std::vector<float> base;   // the fragment's global state at the boundary
+    std::vector<float> delta;  // this learner's pseudo-gradient at the boundary
+    std::vector<float> moments[2];  // DES-LOC: the optimizer's moments at the boundary
+    std::thread thread;
+    std::atomic<bool> done{false};  // set by the thread when `outcome` is final
+    StatusOr<Outcome> outcome = AbortedError("not finished");
+    // Set by the thread when the lighthouse answered (under `mu`; `done`
+    // is signalled on `changed`): the round formed at this learner's step
+    // `formed_step`.
+    std::mutex mu;
+    std::condition_variable changed;
+    bool formed = false;
+    uint64_t formed_step = 0;
+    bool passed_over = false;  // training thread only: not waited for at tau
+  };
+
+  // Waits for the round in flight (kDone); returns kPassedOver, without
+  // waiting longer, once the lighthouse reports that a round for step `give_up_step` or a
+  // later one closed while this learner's join had not formed a round. At
+  // boundary + tau (give_up_step = the boundary) that means it was passed
+  // over: its join waits for the next round while it trains on, and the
+  // result is applied when it arrives. With `train_on_if_lost`, returns
+  // kLighthouseLost when the join has not formed and the lighthouse is
+  // unreachable (restarting): no round can form before it is back, so the
+  // learner trains on likewise, and its join forms one then, with the
+  // others' (they trained on as well).
+  enum class Awaited { kDone, kPassedOver, kLighthouseLost };
+  Awaited AwaitRound(InFlight& flight, uint64_t give_up_step, bool train_on_if_lost) {
+    std::unique_lock lock(flight.mu);
+    while (!flight.done.load(std::memory_order_acquire)) {
+      if (concurrent_ && !flight.formed) {
+        if (agent_.latest_round_step() >= give_up_step) return Awaited::kPassedOver;
+        if (train_on_if_lost && agent_.lighthouse_lost()) return Awaited::kLighthouseLost;
+      }
+      // The lighthouse's news comes with heartbeat acknowledgements.
+      flight.changed.wait_for(lock, kPassedOverPoll);
+    }
+    return Awaited::kDone;
+  }
+
+  // True while `flight`'s join has not formed a round (nor failed).
+  static bool StillUnformed(InFlight& flight) {
+    std::lock_guard lock(flight.mu);
+    return !flight.done.load(std::memory_order_acquire) && !flight.formed;
+  }
+
+  // Counts `flight` as passed over; false when it already was.
+  bool MarkPassedOver(InFlight& flight) {
+    if (flight.passed_over) return false;
+    flight.passed_over = true;
+    stats_.passed_over++;
+    return true;
+  }
+
+  // Steps between two rounds (of consecutive fragments).
+  uint64_t FragmentPeriod() const {
+    return static_cast<uint64_t>(std::max<int64_t>(1, config_.sync_period_steps / schedule_.fragments()));
+  }
+
+  // At fragment f's boundary: snapshot, and start the exchange on a
+  // background thread (one round in flight at a time).
+  void Launch(int f) {
+    FinishInFlight();
+    Fragment& fragment = fragments_[static_cast<size_t>(f)];
+    auto flight = std::make_unique<InFlight>();
+    flight->fragment = f;
+    flight->boundary_step = stats_.steps;
+    flight->launched = clock_.NowMicros();
+    flight->tau = overlap_.Tau();
+    flight->apply_at_step = stats_.steps + flight->tau;
+    stats_.overlap_steps = flight->tau;
+    flight->tokens = fragment.tokens_since_round;
+    fragment.tokens_since_round = 0;
+    const size_t n = fragment.state->size();
+    flight->base.assign(fragment.state->global().begin(), fragment.state->global().end());
+    std::vector<float> local(n);
+    Gather(fragment, local);
+    flight->delta.resize(n);
+    PseudoGradient(flight->base, local, flight->delta);
+    if (moments_) {
+      for (auto which : {FlatMoments::kFirst, FlatMoments::kSecond}) {
+        flight->moments[which].resize(moments_->size());
+        if (!moments_->Read(which, flight->moments[which])) flight->moments[which].clear();
+      }
+    }
+    InFlight* raw = flight.get();
+    flight->thread = std::thread([this, raw]() {
+      raw->outcome = Exchange(*raw);
+      raw->finished = clock_.NowMicros();
+      {
+        std::lock_guard lock(raw->mu);
+        raw->done.store(true, std::memory_order_release);
+      }
+      raw->changed.notify_all();
+    });
+    stats_.rounds_started++;
+    in_flight_ = std::move(flight);
+  }
+
+  // Joins the round in flight (if any) and brings its result in:
+  //   healed: every other fragment's base (and local parameters, by the same
+  //           amount) becomes the source's; this fragment's base too;
+  //   then theta_g' and momentum are committed and the local parameters of
+  //   this fragment get the result (exact: + the progress since the boundary).
+  // A failed round changes nothing: the local progress goes into the next one.
+  void FinishInFlight() {
+    if (!in_flight_) return;
+    std::unique_ptr<InFlight> flight = std::move(in_flight_);
+    flight->thread.join();
+    Fragment& fragment = fragments_[static_cast<size_t>(flight->fragment)];
+    if (!flight->outcome.ok()) {
+      RecordRound(*flight);
+      stats_.failed_rounds++;
+      fragment.tokens_since_round += flight->tokens;
+      spdlog::warn("fragment {}: round failed, training on: {}", flight->fragment,
+                   flight->outcome.status());
+      return;
+    }
+    Outcome& outcome = *flight->outcome;
+    if (outcome.healed.empty()) {  // a heal's transfer says nothing about the next rounds
+      overlap_.RecordRound(static_cast<double>(flight->finished - flight->launched) / kMicrosPerSecond);
+    }
+    // A round of another fragment than its join's (see Exchange): the
+    // learner's progress stays in every fragment, and its own fragment's
+    // pseudo-gradient goes into that fragment's next round.
+    const bool adopted = outcome.fragment != flight->fragment;
+    Fragment& exchanged = fragments_[static_cast<size_t>(outcome.fragment)];
+    if (!outcome.healed.empty()) ApplyHeal(outcome.healed, adopted ? nullptr : &fragment);
+    if (outcome.fresh_join) {
+      // Nothing it trained is the job's: every other fragment starts from
+      // the healed state too (this one gets the round's result below).
+      for (Fragment& other : fragments_) {
+        if (&other == &fragment && !adopted) continue;
+        Scatter(other.state->global(), other);
+        other.tokens_since_round = 0;
+      }
+    }
+    stats_.bytes_sent += outcome.result.bytes_sent;
+    if (adopted) {
+      KeepLocalProgress(exchanged, outcome.result.global);
+      outcome.result.residual.clear();  // it sent nothing: its error feedback stays
+      OuterRound::Commit(*exchanged.state, std::move(outcome.result));
+      if (!outcome.fresh_join) fragment.tokens_since_round += flight->tokens;
+    } else {
+      OuterRound::Commit(*fragment.state, std::move(outcome.result));
+      if (stats_.steps == flight->boundary_step) {
+        // Nothing trained since the boundary (synchronous): exactly theta_g'.
+        Scatter(fragment.state->global(), fragment);
+      } else {
+        std::vector<float> local(fragment.state->size());
+        Gather(fragment, local);
+        ApplyOuterResult(local, fragment.state->global(), flight->base, flight->delta, apply_mode_,
+                         static_cast<float>(config_.mixing_alpha));
+        Scatter(local, fragment);
+      }
+    }
+    for (auto which : {FlatMoments::kFirst, FlatMoments::kSecond}) {
+      if (outcome.averaged_moments[which].empty() || flight->moments[which].empty()) continue;
+      if (stats_.steps == flight->boundary_step) {
+        moments_->Replace(which, outcome.averaged_moments[which]);
+      } else {
+        moments_->Adjust(which, outcome.averaged_moments[which], flight->moments[which]);
+      }
+      stats_.moment_syncs++;
+    }
+    for (auto which : {FlatMoments::kFirst, FlatMoments::kSecond}) {
+      if (outcome.healed_moments[which].empty()) continue;
+      if (stats_.steps == flight->boundary_step || flight->moments[which].empty()) {
+        moments_->Replace(which, outcome.healed_moments[which]);
+      } else {
+        moments_->Adjust(which, outcome.healed_moments[which], flight->moments[which]);
+      }
+    }
+    // A heal puts the learner on the job's step (the steps since this
+    // boundary still count): always in a process's first round (a new or
+    // restarted learner), and later when it fell a fragment period or more
+    // behind (it was stopped or cut off); a lag of a few steps from timing
+    // alone is left as it is.
+    // The steps that count are those since the round formed (the source
+    // was at its boundary then): a learner passed over trained on meanwhile.
+    const bool far_behind = outcome.heal_step >= flight->boundary_step + FragmentPeriod();
+    fragment.last_round_boundary = flight->boundary_step;
+    if (adopted) exchanged.last_round_boundary = outcome.heal_step;
+    if (!outcome.healed.empty() && (stats_.rounds == 0 || far_behind) &&
+        outcome.heal_step != flight->boundary_step) {
+      const uint64_t since = stats_.steps - std::min(stats_.steps, flight->formed_step);
+      spdlog::info("healed from {}: step {} becomes the job's step {}", outcome.heal_source, stats_.steps,
+                   outcome.heal_step + since);
+      stats_.steps = outcome.heal_step + since;
+      step_now_.store(stats_.steps, std::memory_order_relaxed);
+      exchanged.last_round_boundary = outcome.heal_step;
+    }
+    stats_.rounds++;
+    stats_.last_round_id = outcome.round_id;
+    RecordRound(*flight);  // after the commit: its digest is of the new global state
+    MaybeCheckpoint(outcome.round_id, outcome.rank, outcome.members);
+  }
+
+  // SHA-256 (hex) of every fragment's global parameters and momentum: equal
+  // on every member after a shared round (the chaos harness compares them).
+  std::string GlobalDigest() const {
+    EVP_MD_CTX* context = EVP_MD_CTX_new();
+    EVP_DigestInit_ex(context, EVP_sha256(), nullptr);
+    for (const Fragment& fragment : fragments_) {
+      EVP_DigestUpdate(context, fragment.state->global().data(), fragment.state->size() * sizeof(float));
+      EVP_DigestUpdate(context, fragment.state->momentum().data(), fragment.state->size() * sizeof(float));
+    }
+    unsigned char digest[EVP_MAX_MD_SIZE];
+    unsigned int length = 0;
+    EVP_DigestFinal_ex(context, digest, &length);
+    EVP_MD_CTX_free(context);
+    std::string hex;
+    for (unsigned int i = 0; i < length; ++i) hex += fmt::format("{:02x}", digest[i]);
+    return hex;
+  }
+
+  void RecordRound(const InFlight& flight) {
+    if (!diagnostics_->enabled()) return;
+    nlohmann::json record = {
+        {"fragment", flight.fragment},
+        {"boundary_step", flight.boundary_step},
+        {"applied_step", stats_.steps},
+        {"tau", flight.tau},
+        {"tokens", flight.tokens},
+        {"seconds", static_cast<double>(clock_.NowMicros() - flight.launched) / kMicrosPerSecond},
+        {"ok", flight.outcome.ok()},
+        {"passed_over", flight.passed_over}};
+    if (!flight.outcome.ok()) {
+      record["error"] = flight.outcome.status().ToString();
+    } else {
+      const Outcome& outcome = *flight.outcome;
+      record["round_id"] = outcome.round_id;
+      record["rank"] = outcome.rank;
+      record["members"] = outcome.members;
+      record["bytes_sent"] = outcome.result.bytes_sent;
+      record["dropped"] = outcome.result.dropped;
+      record["merged_norm"] = outcome.result.merged_norm;
+      record["healed"] = !outcome.healed.empty();
+      if (!outcome.healed.empty()) {
+        record["heal_step"] = outcome.heal_step;
+        record["fresh_join"] = outcome.fresh_join;
+        record["heal_seconds"] = outcome.heal_seconds;
+        record["heal_bytes"] = outcome.heal_bytes;
+        record["heal_source"] = outcome.heal_source;
+      }
+      record["global_sha256"] = GlobalDigest();
+    }
+    diagnostics_->Round(std::move(record));
+  }
+
+  // The background part of a round: quorum, communicator, healing, merge.
+  // Reads the fragments' global state; writes nothing the training thread reads.
+  StatusOr<Outcome> Exchange(InFlight& flight) {
+    MEND_ASSIGN_OR_RETURN(
+        QuorumResult round,
+        agent_.Quorum(last_round_id_, flight.tokens, config_.quorum_timeout_ms * kMicrosPerMilli,
+                      /*include_members=*/true));
+    {
+      std::lock_guard lock(flight.mu);
+      flight.formed = true;
+      flight.formed_step = step_now_.load(std::memory_order_relaxed);
+    }
+    // A round formed by a lighthouse that has since restarted (this agent
+    // registered again) cannot rendezvous: its keys died with it.
+    const uint64_t registrations = agent_.registrations();
+    CommunicatorOptions options = CommunicatorOptionsForRound(config_, round);
+    LighthouseRendezvousStore store(
+        agent_.client(), [this, registrations]() { return agent_.registrations() == registrations; },
+        round.rendezvous_prefix + kRoundAbortKey);
+    MEND_ASSIGN_OR_RETURN(auto comm, Communicator::Connect(store, options));
+    abort_watch_->Watch(round.rendezvous_prefix + kRoundAbortKey, comm.get());
+    struct Unwatch {
+      AbortWatch& watch;
+      ~Unwatch() { watch.Unwatch(); }
+    } unwatch{*abort_watch_};
+    Outcome outcome;
+    outcome.fragment = flight.fragment;
+    outcome.round_id = round.round_id;
+    outcome.rank = round.rank;
+    outcome.members = round.world_size;
+    HealOffer offer;
+    offer.boundary_step = flight.boundary_step;
+    offer.fragment = flight.fragment;
+    offer.send_moments = config_.heal_inner_optimizer;
+    offer.moment_values = moments_ ? moments_->size() : 0;
+    offer.moments[0] = &flight.moments[0];
+    offer.moments[1] = &flight.moments[1];
+    MEND_ASSIGN_OR_RETURN(Healed healed, HealRound(*comm, round, fragments_, offer, clock_));
+    outcome.heal_seconds = healed.seconds;
+    if (!healed.state.empty()) {
+      outcome.healed = std::move(healed.state);
+      outcome.heal_bytes = healed.bytes;
+      outcome.heal_source = healed.source;
+      outcome.heal_step = healed.step;
+      outcome.fragment = healed.fragment;
+      outcome.healed_moments[0] = std::move(healed.moments[0]);
+      outcome.healed_moments[1] = std::move(healed.moments[1]);
+    }
+    // A learner that joined with nothing of the job's state (a new or
+    // restarted process, no checkpoint) trained from its own initial
+    // parameters: its pseudo-gradient is not one the job can use.
+    outcome.fresh_join = !outcome.healed.empty() && last_round_id_ == 0 && round.heal_round_id > 0;
+    // A join passed over in streaming mode may form a round of the others'
+    // next fragment (the lighthouse does not know fragments): it healed
+    // (it was behind), takes part in that fragment's round without a
+    // pseudo-gradient, and keeps its own fragment's progress for that
+    // fragment's next round.
+    const bool adopted = outcome.fragment != flight.fragment;
+    OuterSyncOptions sync_options = options_;
+    sync_options.contributes = !outcome.fresh_join && !adopted;
+    std::span<const float> delta = flight.delta;
+    std::vector<float> no_delta;
+    // The merge runs on the healed base when this learner was behind.
+    const FragmentState* state = fragments_[static_cast<size_t>(outcome.fragment)].state.get();
+    std::unique_ptr<FragmentState> healed_state;
+    if (!outcome.healed.empty()) {
+      auto [global, momentum] = HealSlice(fragments_, outcome.healed, static_cast<size_t>(outcome.fragment));
+      healed_state = std::make_unique<FragmentState>(global);
+      healed_state->Assign(global, momentum);
+      state = healed_state.get();
+    }
+    if (adopted) {
+      no_delta.assign(state->size(), 0.0f);
+      delta = no_delta;
+      spdlog::info("round {}: exchanges fragment {}, not this learner's fragment {} (its join was passed over); "
+                   "taking part without a pseudo-gradient",
+                   round.round_id, outcome.fragment, flight.fragment);
+    }
+    MEND_ASSIGN_OR_RETURN(outcome.result,
+                          OuterRound::Exchange(*comm, *state, delta,
+                                               static_cast<double>(flight.tokens), sync_options));
+    MEND_RETURN_IF_ERROR(AverageMoments(*comm, round.round_id, flight, &outcome));
+    last_round_id_ = round.round_id;
+    return outcome;
+  }
+
+  // DES-LOC: every (K_u / H)-th round the first moments, every (K_v / H)-th
+  // the second, averaged with the round's weights. The round id decides, so
+  // every member of a round agrees. A learner without optimizer state yet
+  // takes part with weight 0.
+  Status AverageMoments(Communicator& comm, uint64_t round_id, const InFlight& flight,
+                        Outcome* outcome) {
+    if (!config_.desloc) return OkStatus();
+    const uint64_t every[2] = {desloc_rounds_[0], desloc_rounds_[1]};
+    for (auto which : {FlatMoments::kFirst, FlatMoments::kSecond}) {
+      if (round_id % every[which] != 0) continue;
+      std::vector<float>& average = outcome->averaged_moments[which];
+      const bool have = !flight.moments[which].empty();
+      average = have ? flight.moments[which] : std::vector<float>(moments_->size(), 0.0f);
+      double weight = have ? (options_.token_weighted ? static_cast<double>(flight.tokens) : 1.0) : 0.0;
+      MEND_RETURN_IF_ERROR(comm.WeightedAllReduce(average, weight));
+    }
+    return OkStatus();
+  }
+
+  // `exchanging` (the fragment whose round result follows; nullptr: none
+  // of this learner's) is left to that result; every other fragment keeps
+  // the learner's progress on top of the healed state.
+  void ApplyHeal(const std::vector<float>& healed, const Fragment* exchanging) {
+    for (size_t f = 0; f < fragments_.size(); ++f) {
+      Fragment& fragment = fragments_[f];
+      auto [global, momentum] = HealSlice(fragments_, healed, f);
+      if (&fragment != exchanging) KeepLocalProgress(fragment, global);
+      fragment.state->Assign(global, momentum);
+    }
+    stats_.heals++;
+  }
+
+  // A fragment whose base is replaced outside its own round: its local
+  // parameters move by the same amount, so that what this learner trained
+  // since its old base is still its pseudo-gradient, and the base change is
+  // not mistaken for training (theta_i <- theta_i + new base - old base).
+  // The fragment being exchanged needs none: its pseudo-gradient is taken
+  // before the heal and the round replaces its local parameters.
+  void KeepLocalProgress(Fragment& fragment, std::span<const float> new_base) {
+    std::vector<float> local(fragment.state->size());
+    Gather(fragment, local);
+    std::span<const float> old_base = fragment.state->global();
+    for (size_t i = 0; i < local.size(); ++i) local[i] += new_base[i] - old_base[i];
+    Scatter(local, fragment);
+  }
+
+  // Every copy between the parameters and the flat fragment state goes
+  // through these two; stats().parameter_copies counts them (a step that
+  // neither starts nor applies a round makes none).
+  void Gather(const Fragment& fragment, std::span<float> out) {
+    size_t offset = 0;
+    for (size_t l : fragment.parameters) {
+      const size_t n = parameters_->numel(l);
+      parameters_->CopyOut(l, out.subspan(offset, n));
+      offset += n;
+    }
+    stats_.parameter_copies++;
+  }
+  void Scatter(std::span<const float> in, const Fragment& fragment) {
+    size_t offset = 0;
+    for (size_t l : fragment.parameters) {
+      const size_t n = parameters_->numel(l);
+      parameters_->CopyIn(l, in.subspan(offset, n));
+      offset += n;
+    }
+    stats_.parameter_copies++;
+  }
+
+  const Config config_;
+  LearnerAgent& agent_;
+  const Clock& clock_;
+  const FragmentSchedule schedule_;
+  const std::unique_ptr<FlatParameters> parameters_;
+  const std::unique_ptr<FlatMoments> moments_;  // null without an Adam inner optimizer
+  const bool concurrent_ = config_.concurrent_outer_step;
+  // tau: overlap_steps, or tuned from this learner's round and step times.
+  outer::OverlapTuner overlap_{config_.overlap_steps,
+                               static_cast<uint64_t>(std::max<int64_t>(
+                                   int64_t{1}, config_.sync_period_steps / std::max<int64_t>(1, schedule_.fragments()) - 1))};
+  const OuterApply apply_mode_ = config_.outer_apply == "mix" ? OuterApply::kMix : OuterApply::kExact;
+  std::unique_ptr<AbortWatch> abort_watch_;  // before in_flight_: outlives its round
+  std::unique_ptr<InFlight> in_flight_;
+  std::unique_ptr<Diagnostics> diagnostics_;
+  uint64_t desloc_rounds_[2] = {3, 6};           // rounds between K_u and K_v syncs
+  // The last round this learner completed; written by the round's thread,
+  // which runs alone (the next round starts only after it was joined).
+  uint64_t last_round_id_ = 0;
+  std::unique_ptr<Codec> codec_;
+  OuterSyncOptions options_;
+  std::vector<Fragment> fragments_;
+  ReducerStats stats_;
+  uint64_t tokens_total_ = 0;
+  std::atomic<uint64_t> step_now_{0};  // stats_.steps, for the round's thread
+  Micros last_step_ = 0;
+  Micros last_return_ = 0;  // when step() last returned
+  bool stepped_ = false;
+  bool shut_down_ = false;
+  CheckpointWriter checkpoint_writer_{config_.checkpoint_dir, static_cast<int>(config_.checkpoint_keep)};
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<RoundDriver>> RoundDriver::Create(const Config& config, LearnerAgent& agent,
+                                                           const Clock& clock,
+                                                           std::unique_ptr<FlatParameters> parameters,
+                                                           std::unique_ptr<FlatMoments> moments,
+                                                           uint64_t start_step) {
+  MEND_ASSIGN_OR_RETURN(FragmentSchedule schedule,
+                        FragmentSchedule::Make(config.fragments, config.sync_period_steps));
+  MEND_ASSIGN_OR_RETURN(std::unique_ptr<Codec> codec, MakeCodec(config));
+  auto driver = std::make_unique<RoundDriverImpl>(config, agent, clock, schedule, std::move(codec),
+                                                  std::move(parameters), std::move(moments));
+  MEND_RETURN_IF_ERROR(driver->Init(start_step));
+  return std::unique_ptr<RoundDriver>(std::move(driver));
+}
+
+}  // namespace mend::reducer

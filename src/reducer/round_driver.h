@@ -1,0 +1,51 @@
+// The round driver: everything a reducer does with a model's parameters,
+// on flat fp32 values and without LibTorch (the LibTorch adapter,
+// reducer.cc, validates the tensors and forwards to it). It holds the
+// fragment layout and each fragment's global state, runs the round state
+// machine (a round per fragment boundary, in the background in concurrent
+// mode, applied on arrival and waited for at boundary + tau), heals from the
+// source the lighthouse names, averages DES-LOC moments, resumes from and
+// writes checkpoints, and writes diagnostics; see mend/reducer.h for the
+// semantics. Time comes from an injected Clock (step and round times, and
+// tau, which is derived from them).
+//
+// Thread-safety: step(), SaveCheckpoint() and shutdown() from the training
+// thread only.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "mend/clock.h"
+#include "mend/config.h"
+#include "mend/learner_agent.h"
+#include "mend/reducer_stats.h"
+#include "mend/status.h"
+#include "reducer/flat_state.h"
+
+namespace mend::reducer {
+
+class RoundDriver {
+ public:
+  // `moments` may be null unless desloc or heal_inner_optimizer is on.
+  // `agent` and `clock` are not owned and must outlive the driver.
+  // INVALID_ARGUMENT for a bad configuration, no parameters, or a checkpoint
+  // that does not fit the model.
+  [[nodiscard]] static StatusOr<std::unique_ptr<RoundDriver>> Create(
+      const Config& config, LearnerAgent& agent, const Clock& clock, std::unique_ptr<FlatParameters> parameters,
+      std::unique_ptr<FlatMoments> moments, uint64_t start_step);
+  // Without shutdown(): a round in flight is called off and dropped.
+  virtual ~RoundDriver() = default;
+
+  [[nodiscard]] virtual Status step(uint64_t tokens) = 0;
+  [[nodiscard]] virtual Status shutdown() = 0;
+  virtual bool NextStepMayWait() const = 0;
+  virtual ReducerStats stats() const = 0;
+  virtual std::span<const float> global(int fragment) const = 0;
+  virtual int fragments() const = 0;
+  [[nodiscard]] virtual Status SaveCheckpoint(const std::string& path) = 0;
+};
+
+}  // namespace mend::reducer

@@ -1,0 +1,125 @@
+// The round driver without LibTorch: flat parameters in plain vectors, a
+// fake clock for the step and round times, two learners on loopback.
+#include "reducer/round_driver.h"
+
+#include <cstring>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "mend/lighthouse.h"
+#include "test_util/job_config.h"
+
+namespace mend::reducer {
+namespace {
+
+constexpr char kToken[] = "round-driver-test-token-0123456789";
+
+// Two parameters ("w" of 6 values, "b" of 2) in vectors; CopyIn counts.
+class VectorParameters final : public FlatParameters {
+ public:
+  explicit VectorParameters(float start) : values_{std::vector<float>(6, start), std::vector<float>(2, start)} {}
+  size_t count() const override { return 2; }
+  const std::string& name(size_t i) const override { return names_[i]; }
+  std::vector<int64_t> shape(size_t i) const override { return i == 0 ? std::vector<int64_t>{2, 3} : std::vector<int64_t>{2}; }
+  size_t numel(size_t i) const override { return values_[i].size(); }
+  void CopyOut(size_t i, std::span<float> out) const override {
+    std::memcpy(out.data(), values_[i].data(), out.size() * sizeof(float));
+  }
+  void CopyIn(size_t i, std::span<const float> in) override {
+    std::memcpy(values_[i].data(), in.data(), in.size() * sizeof(float));
+  }
+  std::vector<float>& values(size_t i) { return values_[i]; }
+
+ private:
+  std::vector<std::vector<float>> values_;
+  std::vector<std::string> names_{"w", "b"};
+};
+
+struct LearnerRun {
+  ReducerStats stats;
+  std::vector<float> global;
+  std::vector<float> local;
+  uint64_t quiet_steps = 0;
+  uint64_t quiet_copies = 0;
+};
+
+// A learner whose "training" adds `slope` to every value and advances its
+// clock by 50 ms per step.
+void Learn(const Config& config, const std::string& id, float slope, int steps, LearnerRun* run) {
+  auto agent = LearnerAgent::Start(config, kToken, {id, "", "", ""});
+  ASSERT_TRUE(agent.ok()) << agent.status();
+  FakeClock clock;
+  auto parameters = std::make_unique<VectorParameters>(1.0f);
+  VectorParameters* view = parameters.get();
+  auto driver = RoundDriver::Create(config, **agent, clock, std::move(parameters), nullptr, 0);
+  ASSERT_TRUE(driver.ok()) << driver.status();
+  for (int s = 0; s < steps; ++s) {
+    clock.AdvanceMillis(50);
+    for (size_t i = 0; i < 2; ++i) {
+      for (float& v : view->values(i)) v += slope;
+    }
+    const ReducerStats before = (*driver)->stats();
+    ASSERT_TRUE((*driver)->step(16).ok());
+    const ReducerStats after = (*driver)->stats();
+    if (after.rounds_started == before.rounds_started && after.rounds == before.rounds &&
+        after.failed_rounds == before.failed_rounds) {
+      run->quiet_steps++;
+      run->quiet_copies += after.parameter_copies - before.parameter_copies;
+    }
+  }
+  ASSERT_TRUE((*driver)->shutdown().ok());
+  run->stats = (*driver)->stats();
+  auto global = (*driver)->global(0);
+  run->global.assign(global.begin(), global.end());
+  run->local = view->values(0);
+  run->local.insert(run->local.end(), view->values(1).begin(), view->values(1).end());
+}
+
+void RunPair(Config config, int steps, LearnerRun* a, LearnerRun* b) {
+  auto server = LighthouseServer::Start(config, kToken);
+  ASSERT_TRUE(server.ok()) << server.status();
+  config.lighthouse = (*server)->grpc_address();
+  std::thread ta([&]() { Learn(config, "learner-a", 1.0f, steps, a); });
+  std::thread tb([&]() { Learn(config, "learner-b", 3.0f, steps, b); });
+  ta.join();
+  tb.join();
+}
+
+TEST(RoundDriverTest, SynchronousRoundsAverageFlatParametersWithoutLibTorch) {
+  Config config = testing_util::SynchronousJobConfig(2, 5);
+  config.outer_lr = 1.0;  // parameter averaging: each round moves by the mean progress
+  config.outer_momentum = 0.0;
+  LearnerRun a, b;
+  RunPair(config, 20, &a, &b);
+  EXPECT_EQ(a.stats.rounds, 4u);
+  EXPECT_EQ(b.stats.rounds, 4u);
+  EXPECT_EQ(a.global, b.global);
+  // 20 steps of mean slope 2 from 1: every value is 41, local and global.
+  for (float v : a.global) EXPECT_FLOAT_EQ(v, 41.0f);
+  for (float v : b.local) EXPECT_FLOAT_EQ(v, 41.0f);
+  // Steps between boundaries copy nothing.
+  EXPECT_EQ(a.quiet_steps, 16u);
+  EXPECT_EQ(a.quiet_copies, 0u);
+  EXPECT_GT(a.stats.parameter_copies, 0u);
+}
+
+TEST(RoundDriverTest, ConcurrentRoundsReportTheirTau) {
+  for (int64_t overlap : {0, 3}) {  // tuned (within [1, H - 1]), and fixed
+    Config config = testing_util::SynchronousJobConfig(2, 8);
+    config.concurrent_outer_step = true;
+    config.overlap_steps = overlap;
+    LearnerRun a, b;
+    RunPair(config, 32, &a, &b);
+    EXPECT_EQ(a.stats.rounds, 4u) << overlap;
+    EXPECT_EQ(a.global, b.global) << overlap;
+    if (overlap > 0) {
+      EXPECT_EQ(a.stats.overlap_steps, 3u);
+    } else {
+      EXPECT_GE(a.stats.overlap_steps, 1u);
+      EXPECT_LE(a.stats.overlap_steps, 7u);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace mend::reducer
