@@ -49,12 +49,12 @@ StatusOr<Healed> HealRound(Communicator& comm, const QuorumResult& round, const 
       }
     }
     const std::string& source_id = round.members[static_cast<size_t>(source)].id;
-    MEND_RETURN_IF_ERROR(StreamState(comm, std::as_writable_bytes(std::span(buffer)), source, source_id));
-    // The source's step at its boundary: the healed learner continues the
-    // job's schedule (learning rate, fragment boundaries) from there; and
-    // the fragment the source exchanges in this round.
+    // With the state: the source's step at its boundary (the healed learner
+    // continues the job's schedule, learning rate and fragment boundaries,
+    // from there) and the fragment the source exchanges in this round.
     uint64_t boundary[2] = {offer.boundary_step, static_cast<uint64_t>(offer.fragment)};
-    MEND_RETURN_IF_ERROR(comm.Broadcast(std::as_writable_bytes(std::span(boundary)), source));
+    MEND_RETURN_IF_ERROR(StreamState(comm, std::as_writable_bytes(std::span(buffer)), source, source_id,
+                                     kHealChunkBytes, std::as_writable_bytes(std::span(boundary))));
     // By option the source's inner optimizer moments (as of its boundary)
     // follow, with a flag that says whether it had any yet.
     std::vector<float> moments;

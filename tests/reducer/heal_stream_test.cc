@@ -61,9 +61,25 @@ TEST(HealStreamTest, ChunksArriveIntactAndAreChecked) {
   std::vector<std::vector<std::byte>> log;
   std::vector<std::byte> source = Pattern(10'000);
   ReplayCommunicator sender(0, &log);
-  ASSERT_TRUE(StreamState(sender, source, 0, "learner-a", 4096).ok());
-  ASSERT_EQ(log.size(), 4u);  // 3 chunks (4096, 4096, 1808) + the digests
+  uint64_t header[2] = {1234, 5};
+  ASSERT_TRUE(StreamState(sender, source, 0, "learner-a", 4096, std::as_writable_bytes(std::span(header))).ok());
+  ASSERT_EQ(log.size(), 3u);  // 3 chunks (4096, 4096, 1808); the digests and header ride with the first
   std::vector<std::byte> received(10'000);
+  ReplayCommunicator receiver(1, &log);
+  uint64_t got[2] = {0, 0};
+  ASSERT_TRUE(StreamState(receiver, received, 0, "learner-a", 4096, std::as_writable_bytes(std::span(got))).ok());
+  EXPECT_EQ(received, source);
+  EXPECT_EQ(got[0], 1234u);
+  EXPECT_EQ(got[1], 5u);
+}
+
+TEST(HealStreamTest, AStateOfOneChunkIsOneCollective) {
+  std::vector<std::vector<std::byte>> log;
+  std::vector<std::byte> source = Pattern(3000);
+  ReplayCommunicator sender(0, &log);
+  ASSERT_TRUE(StreamState(sender, source, 0, "learner-a", 4096).ok());
+  EXPECT_EQ(log.size(), 1u);
+  std::vector<std::byte> received(3000);
   ReplayCommunicator receiver(1, &log);
   ASSERT_TRUE(StreamState(receiver, received, 0, "learner-a", 4096).ok());
   EXPECT_EQ(received, source);
@@ -75,9 +91,13 @@ TEST(HealStreamTest, ADamagedChunkIsRefusedNamingItAndTheSource) {
   ReplayCommunicator sender(0, &log);
   ASSERT_TRUE(StreamState(sender, source, 0, "learner-a", 4096).ok());
   std::vector<std::byte> received(10'000);
+  for (int damaged : {0, 1}) {  // the first message (digests and chunk 1), and chunk 2
+    ReplayCommunicator receiver(1, &log, damaged);
+    Status status = StreamState(receiver, received, 0, "learner-a", 4096);
+    EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << damaged;
+  }
   ReplayCommunicator receiver(1, &log, /*damage=*/1);
   Status status = StreamState(receiver, received, 0, "learner-a", 4096);
-  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(status.message(), HasSubstr("healing from learner-a: chunk 2 of 3"));
 }
 
