@@ -233,6 +233,7 @@ class Runtime:
         self._pid = os.getpid()
         self._tokens: Optional[int] = None
         self._counted_tokens = 0
+        self._warned_no_tokens = False
         self._optimizer: Optional[torch.optim.Optimizer] = None
         self._original_step = None
         self._hooks = []
@@ -309,6 +310,18 @@ class Runtime:
         self._check_process()
         if tokens is None:
             tokens = self._tokens if self._tokens is not None else self._counted_tokens
+            if tokens == 0:
+                # Nothing to count (the forward got no integer tensor, e.g. a
+                # float-input model) and nothing reported: a step counts as 1,
+                # so the merge weighs learners by steps rather than failing on
+                # weights that sum to 0.
+                if not self._warned_no_tokens:
+                    self._warned_no_tokens = True
+                    warnings.warn("mend: no token count for this inner step (the model's forward got no "
+                                  "integer tensor and report_tokens() was not called); counting 1 per step, "
+                                  "so learners are weighted by steps. Call runtime.report_tokens(n) or "
+                                  "runtime.step(n) to weight them by tokens.", RuntimeWarning, stacklevel=2)
+                tokens = 1
         self._tokens = None
         self._counted_tokens = 0
         if self.config.desloc or self.config.heal_inner_optimizer:
@@ -376,7 +389,8 @@ def mend_init(model: torch.nn.Module, config: Optional[MendConfig] = None,
     optimizer that holds the model's parameters is found (now, or at the
     first training-mode forward if it is created later) and wrapped.
     Tokens per step: ``runtime.report_tokens(n)`` or ``runtime.step(n)``, else
-    the element count of the first integer tensor the model's forward gets.
+    the element count of the first integer tensor the model's forward gets,
+    else (a float-input model) 1 per step, with a warning.
     The learner id is ``rank_id``, else MEND_LEARNER_ID, else HOST-PID.
     """
     if not isinstance(model, torch.nn.Module):

@@ -32,16 +32,16 @@ namespace {
 
 struct DemoOptions {
   int learners = 2;
-  int64_t steps = 300;
+  int64_t steps = 500;
   int64_t batch = 16;
   int64_t dim = 128;
   int64_t layers = 2;
-  int64_t sync_every = 50;
+  int64_t sync_every = 20;
   int64_t delay_ms = 100;
   double rate_mbit = 200;
   int64_t eval_points = 10;
   uint64_t seed = 1;  // the initial parameters and (mixed with each shard) the batches
-  std::string modes = "ddp,diloco,streaming,local";
+  std::string modes = "ddp,diloco,streaming,local,diloco-2x";
   std::string corpus;
   std::vector<std::string> settings;  // KEY=VALUE for every learner, after the mode's own
   std::string http;
@@ -55,12 +55,16 @@ std::vector<std::string> Concat(std::vector<std::string> a, const std::vector<st
 }
 
 StatusOr<std::vector<TrainingJobSpec>> DemoJobs(const DemoOptions& o) {
-  std::vector<std::string> train_args = {
-      "--steps", std::to_string(o.steps), "--batch", std::to_string(o.batch), "--dim",
-      std::to_string(o.dim), "--layers", std::to_string(o.layers), "--progress-every", "5",
-      "--eval-every", std::to_string(std::max<int64_t>(1, o.steps / std::max<int64_t>(1, o.eval_points))),
-      "--init-seed", std::to_string(o.seed), "--data-seed", std::to_string(o.seed)};
-  if (!o.corpus.empty()) train_args = Concat(train_args, {"--corpus", o.corpus});
+  auto train_args_for = [&o](int64_t steps) {
+    std::vector<std::string> args = {
+        "--steps", std::to_string(steps), "--batch", std::to_string(o.batch), "--dim",
+        std::to_string(o.dim), "--layers", std::to_string(o.layers), "--progress-every", "5",
+        "--eval-every", std::to_string(std::max<int64_t>(1, steps / std::max<int64_t>(1, o.eval_points))),
+        "--init-seed", std::to_string(o.seed), "--data-seed", std::to_string(o.seed)};
+    if (!o.corpus.empty()) args = Concat(args, {"--corpus", o.corpus});
+    return args;
+  };
+  const std::vector<std::string> train_args = train_args_for(o.steps);
   const std::vector<std::string> link = {fmt::format("link_latency_ms={}", o.delay_ms),
                                          fmt::format("link_rate_mbit={}", o.rate_mbit)};
   const std::string period = fmt::format("sync_period_steps={}", o.sync_every);
@@ -84,12 +88,18 @@ StatusOr<std::vector<TrainingJobSpec>> DemoJobs(const DemoOptions& o) {
       job.name = fmt::format("mend streaming, H={}, 4-bit, overlapped", o.sync_every);
       job.mode = "diloco";
       job.settings = Concat(link, {period, "fragments=2", "concurrent_outer_step=true", "codec=int4"});
+    } else if (mode == "diloco-2x") {
+      // The same synchronous DiLoCo for twice the steps: what the time DDP
+      // spends on the slow link buys instead.
+      job.name = fmt::format("mend DiLoCo, H={}, synchronous, 2x steps", o.sync_every);
+      job.train_args = train_args_for(2 * o.steps);
+      job.settings = Concat(link, {period, "concurrent_outer_step=false", "codec=fp32"});
     } else if (mode == "local") {
       job.name = "Local only (no exchange)";
       job.mode = "local";
     } else {
       return InvalidArgumentError(
-          fmt::format("--modes: unknown mode '{}' (choose from ddp, diloco, streaming, local)", mode));
+          fmt::format("--modes: unknown mode '{}' (choose from ddp, diloco, streaming, local, diloco-2x)", mode));
     }
     if (job.mode != "local") job.settings.insert(job.settings.end(), o.settings.begin(), o.settings.end());
     jobs.push_back(std::move(job));
@@ -176,8 +186,11 @@ void PrintTable(const std::vector<TrainingJobResult>& results, const std::vector
                r.mode == "diloco" ? std::to_string(r.rounds) : "-");
   }
   if (ddp && local && local->eval_loss > ddp->eval_loss) {
+    auto steps = [](const TrainingJobResult& r) {
+      return r.results.empty() ? int64_t{0} : r.results.front().value("steps", int64_t{0});
+    };
     for (const auto& r : results) {
-      if (&r == ddp || &r == local) continue;
+      if (&r == ddp || &r == local || steps(r) != steps(*ddp)) continue;  // at equal steps only
       fmt::print("  {}: closes {:.0f}% of the gap between local training and DDP\n", r.name,
                  100 * (local->eval_loss - r.eval_loss) / (local->eval_loss - ddp->eval_loss));
     }
@@ -264,8 +277,8 @@ void AddDemoCommand(CLI::App& app, int* exit_code) {
   CLI::App* command = app.add_subcommand(
       "demo",
       "Train the example GPT with several learners on this machine over an emulated slow link: "
-      "DDP vs synchronous DiLoCo vs streaming 4-bit DiLoCo vs local, with progress bars, a summary table "
-      "and a plot of held-out loss against time.");
+      "DDP vs synchronous DiLoCo vs streaming 4-bit DiLoCo vs local (and DiLoCo for twice the steps), with "
+      "progress bars, a summary table and a plot of held-out loss against time.");
   auto options = std::make_shared<DemoOptions>();
   command->add_option("--learners", options->learners, "Learner processes")
       ->capture_default_str()
@@ -294,7 +307,9 @@ void AddDemoCommand(CLI::App& app, int* exit_code) {
   command->add_option("--seed", options->seed, "Seed of the initial parameters and of the batches (every mode)")
       ->capture_default_str()
       ->check(CLI::Range(uint64_t{1}, uint64_t{1'000'000'000}));
-  command->add_option("--modes", options->modes, "Comma-separated: ddp, diloco, streaming, local")
+  command->add_option("--modes", options->modes,
+                      "Comma-separated: ddp, diloco (synchronous fp32), streaming (P = 2, int4, overlapped), local, "
+                      "diloco-2x (synchronous, twice the steps)")
       ->capture_default_str();
   command->add_option("--set", options->settings,
                       "KEY=VALUE configuration for every learner (after the mode's own; repeatable)");

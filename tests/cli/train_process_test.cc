@@ -54,7 +54,8 @@ TEST_F(TrainProcessTest, DemoTrainsEveryModeAndPrintsTheTable) {
                                "--work-dir", dir_ + "/demo"});
   ASSERT_EQ(code, 0) << text;
   for (const char* row : {"DDP (gradients every step)", "mend DiLoCo, H=5, synchronous",
-                          "mend streaming, H=5, 4-bit, overlapped", "Local only (no exchange)"}) {
+                          "mend streaming, H=5, 4-bit, overlapped", "Local only (no exchange)",
+                          "mend DiLoCo, H=5, synchronous, 2x steps"}) {
     EXPECT_THAT(text, HasSubstr(row));
   }
   EXPECT_THAT(text, HasSubstr("held-out loss"));
@@ -68,16 +69,16 @@ TEST_F(TrainProcessTest, DemoTrainsEveryModeAndPrintsTheTable) {
   std::getline(curve, line);
   EXPECT_EQ(line, "mode,step,seconds,held_out_loss");
   while (std::getline(curve, line)) points[line.substr(0, line.find("\","))]++;
-  EXPECT_EQ(points.size(), 4u);
+  EXPECT_EQ(points.size(), 5u);
   for (const auto& [mode, n] : points) EXPECT_EQ(n, 5) << mode;  // steps 2, 4, 6, 8 and the end
   EXPECT_TRUE(std::filesystem::exists(dir_ + "/demo/loss_vs_time.png"));
   // Every learner of every mode left a result and diagnostics.
-  for (const char* job : {"1-ddp", "2-diloco", "3-diloco", "4-local"}) {
+  for (const char* job : {"1-ddp", "2-diloco", "3-diloco", "4-local", "5-diloco"}) {
     for (const char* learner : {"learner-1", "learner-2"}) {
       std::ifstream in(fmt::format("{}/demo/{}/{}.result.json", dir_, job, learner));
       ASSERT_TRUE(in.good()) << job << " " << learner;
       auto result = nlohmann::json::parse(in);
-      EXPECT_EQ(result["steps"], 10) << job;
+      EXPECT_EQ(result["steps"], std::string(job) == "5-diloco" ? 20 : 10) << job;
       EXPECT_TRUE(std::isfinite(result["eval_loss"].get<double>())) << job;
     }
   }

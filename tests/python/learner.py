@@ -24,6 +24,17 @@ class TinyLM(torch.nn.Module):
         return self.out(torch.tanh(self.hidden(self.embed(tokens))))
 
 
+class OneHot(torch.nn.Module):
+    """TinyLM behind a float (one-hot) input: nothing for mend to count tokens from."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = TinyLM()
+
+    def forward(self, one_hot):
+        return self.inner(one_hot.argmax(-1))
+
+
 def batch(generator, n=32):
     # A learnable rule: the next token is (3 * token + 1) mod 64, with noise.
     x = torch.randint(0, 64, (n,), generator=generator)
@@ -45,10 +56,13 @@ def main():
     parser.add_argument("--ready-file", default="")
     parser.add_argument("--min-learners", type=int, default=2)
     parser.add_argument("--step-sleep", type=float, default=0.0)
+    parser.add_argument("--one-hot", action="store_true", help="a float-input model (no token count)")
     args = parser.parse_args()
 
     torch.manual_seed(args.seed)
-    model = TinyLM()
+    model = OneHot() if args.one_hot else TinyLM()
+    feed = (lambda x: torch.nn.functional.one_hot(x, 64).float()) if args.one_hot else (lambda x: x)
+    args.feed = feed
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-2, betas=(0.9, 0.95), weight_decay=0.1)
     config = MendConfig(lighthouse=args.lighthouse, quorum_min_learners=args.min_learners,
                         sync_period_steps=args.period, concurrent_outer_step=False,
@@ -64,7 +78,7 @@ def main():
     def held_out_loss():
         with torch.no_grad():
             model.eval()
-            loss = torch.nn.functional.cross_entropy(model(eval_x), eval_y).item()
+            loss = torch.nn.functional.cross_entropy(model(feed(eval_x)), eval_y).item()
             model.train()
             return loss
 
@@ -92,7 +106,7 @@ def train(args, model, optimizer, runtime, data, seen):
         if args.step_sleep:
             time.sleep(args.step_sleep)
         x, y = batch(data)
-        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss = torch.nn.functional.cross_entropy(model(args.feed(x)), y)
         optimizer.zero_grad()
         loss.backward()
         before = runtime.stats()

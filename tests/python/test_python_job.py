@@ -71,6 +71,19 @@ def run_learners(tmp_path, address, extra=()):
     return [json.loads(out.read_text()) for out in outs]
 
 
+def test_a_float_input_model_counts_a_step_as_one_token(tmp_path):
+    # The forward gets no integer tensor and nobody reports tokens: the
+    # rounds still merge (weighted by steps) instead of failing on weights
+    # that sum to 0.
+    with embedded_lighthouse() as lighthouse:
+        a, b = run_learners(tmp_path, lighthouse.address, (["--one-hot"], ["--one-hot"]))
+    for seen in (a, b):
+        assert seen["stats"]["rounds"] == 8
+        assert seen["stats"]["failed_rounds"] == 0
+        assert seen["loss_after"] < seen["loss_before"]
+    assert a["globals"] == b["globals"]
+
+
 @pytest.mark.parametrize("pass_optimizer", [True, False])
 def test_two_python_learners_agree_after_every_round(tmp_path, pass_optimizer):
     flag = ["--pass-optimizer"] if pass_optimizer else []
