@@ -716,25 +716,24 @@ class RoundDriverImpl final : public RoundDriver {
   }
 
   // Every copy between the parameters and the flat fragment state goes
-  // through these two; stats().parameter_copies counts them (a step that
-  // neither starts nor applies a round makes none).
-  void Gather(const Fragment& fragment, std::span<float> out) {
+  // through Gather and Scatter; stats().parameter_copies counts them (a
+  // step that neither starts nor applies a round makes none). `copy(l,
+  // offset, n)` for each of the fragment's parameters in its flat layout.
+  template <typename Copy>
+  void ForEachParameter(const Fragment& fragment, Copy&& copy) {
     size_t offset = 0;
     for (size_t l : fragment.parameters) {
       const size_t n = parameters_->numel(l);
-      parameters_->CopyOut(l, out.subspan(offset, n));
+      copy(l, offset, n);
       offset += n;
     }
     stats_.parameter_copies++;
   }
+  void Gather(const Fragment& fragment, std::span<float> out) {
+    ForEachParameter(fragment, [&](size_t l, size_t offset, size_t n) { parameters_->CopyOut(l, out.subspan(offset, n)); });
+  }
   void Scatter(std::span<const float> in, const Fragment& fragment) {
-    size_t offset = 0;
-    for (size_t l : fragment.parameters) {
-      const size_t n = parameters_->numel(l);
-      parameters_->CopyIn(l, in.subspan(offset, n));
-      offset += n;
-    }
-    stats_.parameter_copies++;
+    ForEachParameter(fragment, [&](size_t l, size_t offset, size_t n) { parameters_->CopyIn(l, in.subspan(offset, n)); });
   }
 
   const Config config_;
