@@ -12,8 +12,9 @@
 // With concurrent_outer_step the round's exchange runs on a background thread
 // while training goes on, and its result is applied on top of the local
 // progress (outer_apply: exact, or mixed by mixing_alpha) at the first step
-// after it has arrived, and at the latest overlap_steps (tau) after the
-// boundary, where step() waits for it; otherwise step() waits at once. With desloc the inner Adam moments are
+// after it has arrived, and at the latest tau steps after the boundary
+// (overlap_steps, or tuned from the measured round and step times when it
+// is 0), where step() waits for it; otherwise step() waits at once. With desloc the inner Adam moments are
 // averaged too. A learner that
 // is behind (it missed a round, or is new) heals the global state from the
 // source the lighthouse names before the exchange, and its pseudo-gradient
