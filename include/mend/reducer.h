@@ -23,7 +23,9 @@
 // first round with weight 0 and drops what it trained. By option
 // (heal_inner_optimizer) the source's inner Adam moments come with the heal. On the first round every
 // member takes rank 0's global state, so learners that started from
-// different initial parameters agree from then on. A round that fails (no
+// different initial parameters agree from then on; when they all hold the
+// same state already (same seed or checkpoint: their digests, compared
+// through the round's store, agree) nothing is sent. A round that fails (no
 // quorum in time, a member died mid-exchange) changes nothing in the global
 // state: the learner keeps its local progress and brings it to the next one.
 //

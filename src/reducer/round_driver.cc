@@ -620,7 +620,18 @@ class RoundDriverImpl final : public RoundDriver {
     offer.moment_values = moments_ ? moments_->size() : 0;
     offer.moments[0] = &flight.moments[0];
     offer.moments[1] = &flight.moments[1];
-    MEND_ASSIGN_OR_RETURN(Healed healed, HealRound(*comm, round, fragments_, offer, clock_));
+    // On a fresh start (no round of the job completed yet) every member
+    // takes rank 0's state, unless all of them hold it already (the usual
+    // case: the same seed or checkpoint), which they learn through the
+    // round's store: then no model crosses the link.
+    Healed healed;
+    bool agree = false;
+    if (round.heal_round_id == 0 && !config_.heal_inner_optimizer) {
+      MEND_ASSIGN_OR_RETURN(agree, StatesAgree(store, round, flight, options.timeout));
+    }
+    if (!agree) {
+      MEND_ASSIGN_OR_RETURN(healed, HealRound(*comm, round, fragments_, offer, clock_));
+    }
     outcome.heal_seconds = healed.seconds;
     if (!healed.state.empty()) {
       outcome.healed = std::move(healed.state);
@@ -667,6 +678,23 @@ class RoundDriverImpl final : public RoundDriver {
     MEND_RETURN_IF_ERROR(AverageMoments(*comm, round.round_id, flight, &outcome));
     last_round_id_ = round.round_id;
     return outcome;
+  }
+
+  // Whether every member of `round` holds the same global state at the same
+  // boundary step and fragment: each publishes its digest under the round's
+  // prefix and reads all the others' (so all decide alike).
+  StatusOr<bool> StatesAgree(RendezvousStore& store, const QuorumResult& round, const InFlight& flight,
+                             Micros timeout) const {
+    auto key = [&](uint32_t rank) { return fmt::format("{}state/{}", round.rendezvous_prefix, rank); };
+    const std::string mine = fmt::format("{} {} {}", GlobalDigest(), flight.boundary_step, flight.fragment);
+    MEND_RETURN_IF_ERROR(store.Set(key(round.rank), mine));
+    bool agree = true;
+    for (uint32_t r = 0; r < round.world_size; ++r) {
+      if (r == round.rank) continue;
+      MEND_ASSIGN_OR_RETURN(std::string theirs, store.Get(key(r), timeout));
+      agree = agree && theirs == mine;
+    }
+    return agree;
   }
 
   // DES-LOC: every (K_u / H)-th round the first moments, every (K_v / H)-th

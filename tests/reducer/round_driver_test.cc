@@ -45,11 +45,12 @@ struct LearnerRun {
 
 // A learner whose "training" adds `slope` to every value and advances its
 // clock by 50 ms per step.
-void Learn(const Config& config, const std::string& id, float slope, int steps, LearnerRun* run) {
+void Learn(const Config& config, const std::string& id, float slope, int steps, LearnerRun* run,
+           float start = 1.0f) {
   auto agent = LearnerAgent::Start(config, kToken, {id, "", "", ""});
   ASSERT_TRUE(agent.ok()) << agent.status();
   FakeClock clock;
-  auto parameters = std::make_unique<VectorParameters>(1.0f);
+  auto parameters = std::make_unique<VectorParameters>(start);
   VectorParameters* view = parameters.get();
   auto driver = RoundDriver::Create(config, **agent, clock, std::move(parameters), nullptr, 0);
   ASSERT_TRUE(driver.ok()) << driver.status();
@@ -75,12 +76,12 @@ void Learn(const Config& config, const std::string& id, float slope, int steps, 
   run->local.insert(run->local.end(), view->values(1).begin(), view->values(1).end());
 }
 
-void RunPair(Config config, int steps, LearnerRun* a, LearnerRun* b) {
+void RunPair(Config config, int steps, LearnerRun* a, LearnerRun* b, float b_start = 1.0f) {
   auto server = LighthouseServer::Start(config, kToken);
   ASSERT_TRUE(server.ok()) << server.status();
   config.lighthouse = (*server)->grpc_address();
   std::thread ta([&]() { Learn(config, "learner-a", 1.0f, steps, a); });
-  std::thread tb([&]() { Learn(config, "learner-b", 3.0f, steps, b); });
+  std::thread tb([&]() { Learn(config, "learner-b", 3.0f, steps, b, b_start); });
   ta.join();
   tb.join();
 }
@@ -101,6 +102,21 @@ TEST(RoundDriverTest, SynchronousRoundsAverageFlatParametersWithoutLibTorch) {
   EXPECT_EQ(a.quiet_steps, 16u);
   EXPECT_EQ(a.quiet_copies, 0u);
   EXPECT_GT(a.stats.parameter_copies, 0u);
+  // They started equal: the first round found that out through the store
+  // and sent no state.
+  EXPECT_EQ(a.stats.heals + b.stats.heals, 0u);
+}
+
+TEST(RoundDriverTest, LearnersThatStartApartTakeRankZerosStateInTheFirstRound) {
+  Config config = testing_util::SynchronousJobConfig(2, 5);
+  config.outer_lr = 1.0;
+  config.outer_momentum = 0.0;
+  LearnerRun a, b;
+  RunPair(config, 20, &a, &b, /*b_start=*/7.0f);
+  EXPECT_EQ(a.stats.heals + b.stats.heals, 1u);  // learner-b healed from learner-a (rank 0)
+  EXPECT_EQ(a.global, b.global);
+  // From learner-a's start (1) by the mean progress: 41, as if both had started there.
+  for (float v : a.global) EXPECT_FLOAT_EQ(v, 41.0f);
 }
 
 TEST(RoundDriverTest, ConcurrentRoundsReportTheirTau) {
