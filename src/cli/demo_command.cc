@@ -110,7 +110,8 @@ StatusOr<std::vector<TrainingJobSpec>> DemoJobs(const DemoOptions& o) {
 
 // Held-out loss against training time, over the learners: at each evaluated
 // step the mean loss and the slowest learner's training seconds so far (the
-// job's time), ending with the final evaluation.
+// job's time). Each learner's curve ends with its final evaluation (after
+// the last round), so the last point is the job's end.
 struct CurvePoint {
   int64_t step = 0;
   double seconds = 0;
@@ -136,11 +137,6 @@ std::vector<CurvePoint> JobCurve(const TrainingJobResult& job) {
     p.loss /= count[step];
     curve.push_back(p);
   }
-  // The final evaluation is of the job's end (after the last round).
-  double seconds = 0;
-  for (const auto& learner : job.results) seconds = std::max(seconds, learner.value("seconds", 0.0));
-  if (!curve.empty() && curve.back().step == job.results.front().value("steps", int64_t{0})) curve.pop_back();
-  curve.push_back({job.results.empty() ? 0 : job.results.front().value("steps", int64_t{0}), seconds, job.eval_loss});
   return curve;
 }
 

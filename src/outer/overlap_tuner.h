@@ -35,7 +35,6 @@ class OverlapTuner {
   uint64_t Tau() const;
 
   bool automatic() const { return configured_ == 0; }
-  uint64_t cap() const { return cap_; }
   double step_seconds() const { return step_seconds_; }
   double round_seconds() const;  // the estimate: the slowest of the kept rounds (0: none yet)
 

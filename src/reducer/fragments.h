@@ -15,7 +15,6 @@ namespace mend::reducer {
 
 struct Fragment {
   std::vector<size_t> parameters;
-  size_t values = 0;  // their values in all
   std::unique_ptr<FragmentState> state;
   uint64_t tokens_since_round = 0;
   // The job's boundary step of the last round this fragment completed: no

@@ -87,10 +87,11 @@ class RoundDriverImpl final : public RoundDriver {
       Fragment& fragment =
           fragments_[static_cast<size_t>(FragmentOfLayer(static_cast<int64_t>(l), schedule_.fragments()))];
       fragment.parameters.push_back(l);
-      fragment.values += parameters_->numel(l);
     }
     for (Fragment& fragment : fragments_) {
-      std::vector<float> initial(fragment.values);
+      size_t values = 0;
+      for (size_t l : fragment.parameters) values += parameters_->numel(l);
+      std::vector<float> initial(values);
       Gather(fragment, initial);
       fragment.state = std::make_unique<FragmentState>(initial);
     }
@@ -191,12 +192,6 @@ class RoundDriverImpl final : public RoundDriver {
     if (stepped_) overlap_.RecordStep(static_cast<double>(now - last_return_) / kMicrosPerSecond);
     last_step_ = now;
     stepped_ = true;
-    // The inner step's own time (from the last return) is what tau counts in.
-    struct Returned {
-      const Clock& clock;
-      Micros& at;
-      ~Returned() { at = clock.NowMicros(); }
-    } returned{clock_, last_return_};
     stats_.steps++;
     step_now_.store(stats_.steps, std::memory_order_relaxed);
     tokens_total_ += tokens;
@@ -249,6 +244,8 @@ class RoundDriverImpl final : public RoundDriver {
       Launch(static_cast<int>(f));
       if (!concurrent_) FinishInFlight();  // synchronous DiLoCo: wait here
     }
+    // The inner step's own time (from here to the next call) is what tau counts in.
+    last_return_ = clock_.NowMicros();
     return OkStatus();
   }
 
@@ -329,7 +326,6 @@ class RoundDriverImpl final : public RoundDriver {
     int fragment = 0;
     uint64_t boundary_step = 0;
     uint64_t apply_at_step = 0;
-    uint64_t tau = 0;  // apply_at_step - boundary_step
     uint64_t tokens = 0;
     Micros launched = 0;
     Micros finished = 0;  // set by the thread before `done`
@@ -401,9 +397,8 @@ class RoundDriverImpl final : public RoundDriver {
     flight->fragment = f;
     flight->boundary_step = stats_.steps;
     flight->launched = clock_.NowMicros();
-    flight->tau = overlap_.Tau();
-    flight->apply_at_step = stats_.steps + flight->tau;
-    stats_.overlap_steps = flight->tau;
+    stats_.overlap_steps = overlap_.Tau();
+    flight->apply_at_step = stats_.steps + stats_.overlap_steps;
     flight->tokens = fragment.tokens_since_round;
     fragment.tokens_since_round = 0;
     const size_t n = fragment.state->size();
@@ -555,7 +550,7 @@ class RoundDriverImpl final : public RoundDriver {
         {"fragment", flight.fragment},
         {"boundary_step", flight.boundary_step},
         {"applied_step", stats_.steps},
-        {"tau", flight.tau},
+        {"tau", flight.apply_at_step - flight.boundary_step},
         {"tokens", flight.tokens},
         {"seconds", static_cast<double>(clock_.NowMicros() - flight.launched) / kMicrosPerSecond},
         {"ok", flight.outcome.ok()},
