@@ -45,6 +45,10 @@ struct Config {
   int64_t failslow_window_steps = 16;
   bool rack_aware = false;
   std::string rack;
+  // A learner as a group of ranks (one per host of a rack): how many, and
+  // which one this process is; group rank 0 speaks for the group.
+  int64_t group_size = 1;
+  int64_t group_rank = 0;
   bool udp_control = true;
   std::string control_transport = "grpc";
 

@@ -36,6 +36,7 @@ struct LearnerIdentity {
   std::string job_id;
   std::string rack;
   std::string address;  // data-plane address peers heal from, HOST:PORT (optional)
+  uint32_t group_size = 1;  // ranks in this learner; the same for every learner of a job
 };
 
 struct Registration {

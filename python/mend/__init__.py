@@ -27,7 +27,7 @@ import os
 import threading
 import warnings
 import weakref
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 
@@ -114,6 +114,7 @@ class MendConfig:
         self._config = _mend.Config(list(given.items()), _file, True)
         self._values = dict(self._config.values())
         self._given = given
+        self._file = _file
 
     @classmethod
     def from_file(cls, path: str, **keys: Any) -> "MendConfig":
@@ -379,6 +380,44 @@ def _find_optimizer(parameters) -> Optional[torch.optim.Optimizer]:
     return None
 
 
+def _torch_group() -> Optional[Tuple[int, int]]:
+    """(world size, rank) of torch.distributed's default group, when there is one."""
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return dist.get_world_size(), dist.get_rank()
+    return None
+
+
+def _with_group(config: MendConfig) -> MendConfig:
+    """The learner's group: the config's group_size, else (under torchrun with a
+    process group) every rank of torch.distributed's default group."""
+    given = config._given
+    group = _torch_group()
+    if config.group_size == 1 and "group_size" not in given and group is not None:
+        keys = dict(given)
+        keys["group_size"], keys["group_rank"] = str(group[0]), str(group[1])
+        return MendConfig(config._file, **keys)
+    if config.group_size > 1 and "group_rank" not in given and group is not None:
+        return MendConfig(config._file, **dict(given, group_rank=str(group[1])))
+    return config
+
+
+def _group_learner_id(config: MendConfig) -> str:
+    """One id for every rank of a group: group rank 0's HOST-PID, through
+    torch.distributed's store (the group's store under torchrun)."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ValueError(
+            f"mend_init: a learner of group_size = {config.group_size} needs one id for all its ranks: "
+            "pass rank_id= or set MEND_LEARNER_ID (or initialize torch.distributed, whose store carries it)")
+    store = distributed_c10d._get_default_store()
+    key = "mend/learner_id"
+    if config.group_rank == 0:
+        store.set(key, _default_learner_id())
+    return store.get(key).decode()
+
+
 def mend_init(model: torch.nn.Module, config: Optional[MendConfig] = None,
               rank_id: Optional[str] = None, *,
               optimizer: Optional[torch.optim.Optimizer] = None) -> Runtime:
@@ -392,15 +431,25 @@ def mend_init(model: torch.nn.Module, config: Optional[MendConfig] = None,
     the element count of the first integer tensor the model's forward gets,
     else (a float-input model) 1 per step, with a warning.
     The learner id is ``rank_id``, else MEND_LEARNER_ID, else HOST-PID.
+
+    A learner may be a group of ranks (a rack's hosts, training with their
+    own DDP): under torchrun with torch.distributed initialized, every rank
+    of the default process group is one rank of this learner (group_size =
+    world size, group_rank = rank) unless the config sets group_size. Group
+    rank 0 speaks for the group; rank r takes slice r of the cross-rack
+    exchange on mend's own Gloo connections (never the user's process
+    group). Without rank_id or MEND_LEARNER_ID the ranks share group rank
+    0's HOST-PID, passed through torch.distributed's store.
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError("mend_init: model must be a torch.nn.Module")
-    config = config or MendConfig()
+    config = _with_group(config or MendConfig())
     with _lock:
         if model in _runtimes and not _runtimes[model].closed:
             raise FailedPreconditionError(
                 "mend_init: this model already has a mend runtime; call mend_shutdown(model) first")
-        learner_id = rank_id or os.environ.get("MEND_LEARNER_ID") or _default_learner_id()
+        learner_id = rank_id or os.environ.get("MEND_LEARNER_ID") or (
+            _group_learner_id(config) if config.group_size > 1 else _default_learner_id())
         runtime = Runtime(model, config, str(learner_id), optimizer)
         _runtimes[model] = runtime
     return runtime

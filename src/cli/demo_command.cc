@@ -32,6 +32,7 @@ namespace {
 
 struct DemoOptions {
   int learners = 2;
+  int ranks_per_learner = 1;
   int64_t steps = 500;
   int64_t batch = 16;
   int64_t dim = 128;
@@ -74,6 +75,7 @@ StatusOr<std::vector<TrainingJobSpec>> DemoJobs(const DemoOptions& o) {
   while (std::getline(list, mode, ',')) {
     TrainingJobSpec job;
     job.learners = o.learners;
+    job.ranks_per_learner = o.ranks_per_learner;
     job.train_args = train_args;
     job.http = o.http;
     if (mode == "ddp") {
@@ -153,7 +155,11 @@ std::optional<double> TimeToLoss(const std::vector<CurvePoint>& curve, double lo
   return std::nullopt;
 }
 
-void PrintTable(const std::vector<TrainingJobResult>& results, const std::vector<std::vector<CurvePoint>>& curves) {
+void PrintTable(const std::vector<TrainingJobResult>& results, const std::vector<std::vector<CurvePoint>>& curves,
+                int ranks_per_learner) {
+  // With groups, bytes per host: what each host's cross-rack link carries.
+  const bool per_host = ranks_per_learner > 1;
+  auto sent = [per_host](const TrainingJobResult& r) { return per_host ? r.bytes_per_process : r.bytes_per_learner; };
   const TrainingJobResult* ddp = nullptr;
   const TrainingJobResult* local = nullptr;
   for (const auto& r : results) {
@@ -161,13 +167,13 @@ void PrintTable(const std::vector<TrainingJobResult>& results, const std::vector
     if (r.mode == "local") local = &r;
   }
   fmt::print("\n{:<40} {:>9} {:>8} {:>13} {:>8} {:>10} {:>10} {:>9} {:>13} {:>6}\n", "mode", "tokens/s",
-             "vs local", "held-out loss", "vs DDP", "train s", "MB/learner", "bytes", "s to DDP loss", "rounds");
+             "vs local", "held-out loss", "vs DDP", "train s", per_host ? "MB/host" : "MB/learner", "bytes", "s to DDP loss", "rounds");
   for (size_t i = 0; i < results.size(); ++i) {
     const TrainingJobResult& r = results[i];
     const std::string vs_local = local ? fmt::format("{:.2f}", r.tokens_per_s / local->tokens_per_s) : "-";
     std::string bytes = "-";
-    if (ddp && r.mode != "local" && r.bytes_per_learner > 0) {
-      bytes = &r == ddp ? "1x" : fmt::format("{:.0f}x less", ddp->bytes_per_learner / r.bytes_per_learner);
+    if (ddp && r.mode != "local" && sent(r) > 0) {
+      bytes = &r == ddp ? "1x" : fmt::format("{:.0f}x less", sent(*ddp) / sent(r));
     }
     const std::string vs_ddp = ddp ? fmt::format("{:.4f}", r.eval_loss / ddp->eval_loss) : "-";
     std::string to_ddp = "-";
@@ -178,7 +184,7 @@ void PrintTable(const std::vector<TrainingJobResult>& results, const std::vector
     double seconds = 0;
     for (const auto& learner : r.results) seconds = std::max(seconds, learner.value("seconds", 0.0));
     fmt::print("{:<40} {:>9.0f} {:>8} {:>13.4f} {:>8} {:>10.1f} {:>10.3f} {:>9} {:>13} {:>6}\n", r.name,
-               r.tokens_per_s, vs_local, r.eval_loss, vs_ddp, seconds, r.bytes_per_learner / 1e6, bytes, to_ddp,
+               r.tokens_per_s, vs_local, r.eval_loss, vs_ddp, seconds, sent(r) / 1e6, bytes, to_ddp,
                r.mode == "diloco" ? std::to_string(r.rounds) : "-");
   }
   if (ddp && local && local->eval_loss > ddp->eval_loss) {
@@ -232,10 +238,15 @@ int RunDemo(const DemoOptions& options, const std::string& dir, const std::atomi
     fmt::print(stderr, "mend demo: {}\n", jobs.status().message());
     return kExitBadConfig;
   }
-  fmt::print("mend demo: {} learners train a byte-level GPT (dim {}, {} layers) on Debian's fortunes,\n"
+  fmt::print("mend demo: {} learners{} train a byte-level GPT (dim {}, {} layers) on Debian's fortunes,\n"
              "           {} steps of {} x 64 bytes each (seed {}), over an emulated cross-rack link: {} ms\n"
              "           latency per collective and {} Mbit/s. Logs, results and diagnostics in {}\n",
-             options.learners, options.dim, options.layers, options.steps, options.batch, options.seed,
+             options.learners,
+             options.ranks_per_learner > 1
+                 ? fmt::format(" of {} ranks each (DDP inside; ddp runs all {} processes as learners)",
+                               options.ranks_per_learner, options.learners * options.ranks_per_learner)
+                 : "",
+             options.dim, options.layers, options.steps, options.batch, options.seed,
              options.delay_ms, options.rate_mbit, dir);
   std::vector<TrainingJobResult> results;
   for (size_t j = 0; j < jobs->size(); ++j) {
@@ -256,7 +267,7 @@ int RunDemo(const DemoOptions& options, const std::string& dir, const std::atomi
   }
   std::vector<std::vector<CurvePoint>> curves;
   for (const auto& r : results) curves.push_back(JobCurve(r));
-  PrintTable(results, curves);
+  PrintTable(results, curves, options.ranks_per_learner);
   fmt::print("\ntokens/s is the job's (all learners); held-out loss is the mean over learners on the same\n"
              "held-out windows, 'vs DDP' its ratio to DDP's; 'train s' is the training time (evaluations\n"
              "excluded); 'bytes' compares bytes sent per learner; 's to DDP loss' is when the mode's held-out\n"
@@ -279,6 +290,10 @@ void AddDemoCommand(CLI::App& app, int* exit_code) {
   command->add_option("--learners", options->learners, "Learner processes")
       ->capture_default_str()
       ->check(CLI::Range(2, 64));
+  command->add_option("--ranks-per-learner", options->ranks_per_learner,
+                      "Processes per learner (a rack's hosts: DDP inside, the cross-rack round sharded among them)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 16));
   command->add_option("--steps", options->steps, "Inner steps per learner and mode")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{10}, int64_t{1'000'000}));

@@ -155,6 +155,8 @@ void AddTrainCommand(CLI::App& app, int* exit_code) {
   config_flags->Map("--token-file", "token_file");
   config_flags->Map("--job-id", "job_id");
   config_flags->Map("--rack", "rack");
+  config_flags->Map("--group-size", "group_size");
+  config_flags->Map("--group-rank", "group_rank");
   config_flags->Map("--sync-every", "sync_period_steps");
   config_flags->Map("--fragments", "fragments");
   config_flags->Map("--codec", "codec");
@@ -174,7 +176,7 @@ void AddTrainCommand(CLI::App& app, int* exit_code) {
       return;
     }
     std::string token;
-    if (flags->options.mode != "local") {
+    if (flags->options.mode != "local" || config->group_size > 1) {
       auto job_token = JobToken(*config);
       if (!job_token.ok()) {
         fmt::print(stderr, "mend train: {}\n", job_token.status().message());
@@ -183,7 +185,9 @@ void AddTrainCommand(CLI::App& app, int* exit_code) {
       }
       token = *job_token;
     }
-    (void)InitLogging(config->log_level, flags->options.id);
+    (void)InitLogging(config->log_level, config->group_size > 1
+                                             ? fmt::format("{}.{}", flags->options.id, config->group_rank)
+                                             : flags->options.id);
     *exit_code = RunTrain(*flags, *config, token);
   });
 }

@@ -74,12 +74,19 @@ void ReadLearnerProgress(Subprocess& child, std::mutex& mu, std::condition_varia
   changed.notify_all();
 }
 
+bool GroupedJob(const TrainingJobSpec& spec) { return spec.ranks_per_learner > 1 && spec.mode != "ddp"; }
+
+int JobProcesses(const TrainingJobSpec& spec) { return spec.learners * spec.ranks_per_learner; }
+
+// Learners the lighthouse sees: the groups, or every process.
+static int JobLearners(const TrainingJobSpec& spec) { return GroupedJob(spec) ? spec.learners : JobProcesses(spec); }
+
 Config JobLighthouseConfig(const TrainingJobSpec& spec, const std::string& token_file) {
   Config config;
   config.job_id = "train";
   config.bind = "127.0.0.1:0";
   config.http = spec.http;
-  config.quorum_min_learners = spec.min_learners > 0 ? spec.min_learners : spec.learners;
+  config.quorum_min_learners = spec.min_learners > 0 ? spec.min_learners : JobLearners(spec);
   config.grace_window_ms = spec.grace_window_ms;
   config.heartbeat_ms = spec.heartbeat_ms;
   config.heartbeat_timeout_ms = spec.heartbeat_timeout_ms;
@@ -90,12 +97,19 @@ Config JobLighthouseConfig(const TrainingJobSpec& spec, const std::string& token
 std::vector<std::string> LearnerArgv(const TrainingJobSpec& spec, const std::string& mend, int index,
                                      const std::string& lighthouse, const std::string& token_file,
                                      const std::string& result_file) {
-  std::vector<std::string> argv = {mend, "train", "--id", fmt::format("learner-{}", index + 1), "--mode",
-                                   spec.mode, "--shard", std::to_string(index), "--shards",
-                                   std::to_string(spec.learners), "--progress-json", "--result-file",
+  const bool grouped = GroupedJob(spec);
+  const int learner = grouped ? index / spec.ranks_per_learner : index;
+  std::vector<std::string> argv = {mend, "train", "--id", fmt::format("learner-{}", learner + 1), "--mode",
+                                   spec.mode, "--shard", std::to_string(learner), "--shards",
+                                   std::to_string(JobLearners(spec)), "--progress-json", "--result-file",
                                    result_file};
+  if (grouped) {
+    const std::vector<std::string> group = {"--group-size", std::to_string(spec.ranks_per_learner), "--group-rank",
+                                            std::to_string(index % spec.ranks_per_learner)};
+    argv.insert(argv.end(), group.begin(), group.end());
+  }
   if (!lighthouse.empty()) {
-    const int min_learners = spec.min_learners > 0 ? spec.min_learners : spec.learners;
+    const int min_learners = spec.min_learners > 0 ? spec.min_learners : JobLearners(spec);
     const std::vector<std::string> flags = {"--lighthouse", lighthouse, "--token-file", token_file,
                                             "--job-id", "train", "--min-learners", std::to_string(min_learners)};
     argv.insert(argv.end(), flags.begin(), flags.end());
@@ -156,19 +170,26 @@ StatusOr<TrainingJobResult> RunTrainingJob(
   result.name = spec.name;
   result.mode = spec.mode;
   result.learners = spec.learners;
+  const int processes = JobProcesses(spec);
+  result.processes = processes;
 
-  // The lighthouse (not needed by local training).
+  // The lighthouse (not needed by local training of single ranks; a
+  // group's ranks meet in its store).
   const std::string token_file = work_dir + "/token";
   std::unique_ptr<LighthouseServer> server;
-  if (spec.mode != "local") {
+  if (spec.mode != "local" || GroupedJob(spec)) {
     MEND_ASSIGN_OR_RETURN(server, StartLocalLighthouse(JobLighthouseConfig(spec, token_file)));
     result.http_address = server->http_address();
   }
 
   std::vector<std::unique_ptr<Subprocess>> children;
   std::vector<std::string> logs, result_files;
-  for (int i = 0; i < spec.learners; ++i) {
-    const std::string id = fmt::format("learner-{}", i + 1);
+  std::vector<std::string> labels;
+  for (int i = 0; i < processes; ++i) {
+    const std::string id = GroupedJob(spec) ? fmt::format("learner-{}.{}", i / spec.ranks_per_learner + 1,
+                                                          i % spec.ranks_per_learner)
+                                            : fmt::format("learner-{}", i + 1);
+    labels.push_back(id);
     logs.push_back(fmt::format("{}/{}.log", work_dir, id));
     result_files.push_back(fmt::format("{}/{}.result.json", work_dir, id));
     std::filesystem::remove(result_files.back(), error);
@@ -181,7 +202,8 @@ StatusOr<TrainingJobResult> RunTrainingJob(
 
   std::mutex mu;
   std::condition_variable changed;
-  std::vector<LearnerProgressView> views(static_cast<size_t>(spec.learners));
+  std::vector<LearnerProgressView> views(static_cast<size_t>(processes));
+  for (size_t i = 0; i < views.size(); ++i) views[i].label = labels[i];
   std::vector<std::thread> readers;
   for (size_t i = 0; i < children.size(); ++i) {
     readers.emplace_back([&, i]() { ReadLearnerProgress(*children[i], mu, changed, views[i]); });
@@ -221,7 +243,7 @@ StatusOr<TrainingJobResult> RunTrainingJob(
       status = W_EXITCODE(0, SIGKILL);
     }
     if (!WIFEXITED(*status) || WEXITSTATUS(*status) != 0) {
-      failures += fmt::format("\nlearner-{} {} (log {}):\n{}", i + 1,
+      failures += fmt::format("\n{} {} (log {}):\n{}", labels[i],
                               WIFEXITED(*status) ? fmt::format("exited with {}", WEXITSTATUS(*status))
                                                  : fmt::format("killed by signal {}", WTERMSIG(*status)),
                               logs[i], FileTail(logs[i], 1500));
@@ -241,12 +263,13 @@ StatusOr<TrainingJobResult> RunTrainingJob(
     json parsed = json::parse(in, nullptr, /*allow_exceptions=*/false);
     if (!parsed.is_object()) return InternalError(fmt::format("{}: no result in {}", spec.name, path));
     result.tokens_per_s += parsed.value("tokens_per_s", 0.0);
-    result.eval_loss += parsed.value("eval_loss", 0.0) / spec.learners;
-    result.bytes_per_learner += parsed.value("bytes_sent", 0.0) / spec.learners;
+    result.eval_loss += parsed.value("eval_loss", 0.0) / processes;
+    result.bytes_per_learner += parsed.value("bytes_sent", 0.0) / JobLearners(spec);
+    result.bytes_per_process += parsed.value("bytes_sent", 0.0) / processes;
     result.tokens += parsed.value("tokens", uint64_t{0});
-    result.inner_step_ms += parsed.value("inner_step_ms", 0.0) / spec.learners;
-    result.compute_fraction += parsed.value("compute_fraction", 0.0) / spec.learners;
-    result.reducer_step_us += parsed.value("reducer_step_us_median", 0.0) / spec.learners;
+    result.inner_step_ms += parsed.value("inner_step_ms", 0.0) / processes;
+    result.compute_fraction += parsed.value("compute_fraction", 0.0) / processes;
+    result.reducer_step_us += parsed.value("reducer_step_us_median", 0.0) / processes;
     result.rounds = std::min(result.rounds, parsed.value("rounds", uint64_t{0}));
     result.failed_rounds += parsed.value("failed_rounds", uint64_t{0});
     result.results.push_back(std::move(parsed));
@@ -264,9 +287,9 @@ void ProgressBars::Draw(const std::vector<LearnerProgressView>& learners) {
     const double fraction = v.steps > 0 ? static_cast<double>(v.step) / static_cast<double>(v.steps) : 0.0;
     const int filled = static_cast<int>(fraction * kWidth);
     lines.push_back(fmt::format(
-        "  learner-{:<2} [{}{}] {:>3.0f}%  step {:>5}/{:<5} loss {:>6.3f}  {:>7.0f} tokens/s  rounds {:>3}  "
+        "  {:<12} [{}{}] {:>3.0f}%  step {:>5}/{:<5} loss {:>6.3f}  {:>7.0f} tokens/s  rounds {:>3}  "
         "sent {:>8.3f} MB{}",
-        i + 1, std::string(static_cast<size_t>(filled), '#'), std::string(static_cast<size_t>(kWidth - filled), '.'),
+        v.label.empty() ? fmt::format("learner-{}", i + 1) : v.label, std::string(static_cast<size_t>(filled), '#'), std::string(static_cast<size_t>(kWidth - filled), '.'),
         100 * fraction, v.step, v.steps, v.loss, v.tokens_per_s, v.rounds,
         static_cast<double>(v.bytes_sent) / 1e6, v.eval_loss ? fmt::format("  eval {:.3f}", *v.eval_loss) : ""));
   }

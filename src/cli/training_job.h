@@ -29,6 +29,10 @@ struct TrainingJobSpec {
   std::string name;                     // shown in tables, e.g. "DiLoCo (sync)"
   std::string mode = "diloco";          // diloco | ddp | local
   int learners = 2;
+  // Ranks per learner (a rack's hosts): diloco and local learners are groups
+  // of this many processes on one shard (DDP inside, the cross-rack round
+  // sharded); ddp runs every process as a learner on a shard of its own.
+  int ranks_per_learner = 1;
   std::vector<std::string> train_args;  // more `mend train` flags (model, steps, ...)
   std::vector<std::string> settings;    // KEY=VALUE configuration for the learners
   std::string http = "";                // lighthouse status page ("" off, port 0 picks)
@@ -41,6 +45,7 @@ struct TrainingJobSpec {
 };
 
 struct LearnerProgressView {
+  std::string label;  // "learner-2", or "learner-2.1" for rank 1 of a group
   int64_t step = 0;
   int64_t steps = 0;
   double loss = 0;
@@ -57,11 +62,13 @@ struct TrainingJobResult {
   std::string mode;
   int learners = 0;
   double wall_s = 0;
-  std::vector<nlohmann::json> results;  // each learner's result file
-  // Over the learners:
+  int processes = 0;
+  std::vector<nlohmann::json> results;  // each process's result file
+  // Over the processes:
   double tokens_per_s = 0;       // sum (the job's throughput)
   double eval_loss = 0;          // mean
-  double bytes_per_learner = 0;  // mean
+  double bytes_per_learner = 0;  // data-plane bytes sent, per learner (a group's ranks together)
+  double bytes_per_process = 0;  // the same per process (per host)
   uint64_t tokens = 0;           // sum
   double inner_step_ms = 0;      // mean
   double compute_fraction = 0;   // mean: inner steps' share of each learner's training time
@@ -83,8 +90,14 @@ struct TrainingJobResult {
 // The lighthouse configuration of a job (local address, port 0 picks).
 Config JobLighthouseConfig(const TrainingJobSpec& spec, const std::string& token_file);
 
-// The `mend train` command line of learner `index` (0-based; id
-// "learner-<index+1>", shard `index`). `lighthouse` is empty for local mode.
+// Whether the job's learners are groups of ranks (ranks_per_learner > 1,
+// not ddp), and how many processes it runs.
+bool GroupedJob(const TrainingJobSpec& spec);
+int JobProcesses(const TrainingJobSpec& spec);
+
+// The `mend train` command line of process `index` (0-based). Ungrouped:
+// id "learner-<index+1>", shard `index`; grouped: learner index / R, group
+// rank index % R. `lighthouse` is empty for local mode of single ranks.
 std::vector<std::string> LearnerArgv(const TrainingJobSpec& spec, const std::string& mend, int index,
                                      const std::string& lighthouse, const std::string& token_file,
                                      const std::string& result_file);

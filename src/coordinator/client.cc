@@ -180,6 +180,7 @@ class LighthouseClientImpl final : public LighthouseClient {
     request.set_learner_id(identity.id);
     request.set_job_id(identity.job_id);
     request.set_rack(identity.rack);
+    request.set_group_size(identity.group_size);
     request.set_address(identity.address);
     request.set_step(step);
     request.set_last_round_id(last_round_id);

@@ -518,6 +518,39 @@ class LearnerAgentImpl final : public LearnerAgent {
   std::vector<uint32_t> step_times_ ABSL_GUARDED_BY(mu_);
 };
 
+// A rank other than 0 of a multi-rank learner: it neither registers nor
+// heartbeats (group rank 0 speaks for the group) and learns the rounds from
+// its group (reducer/learner_group.h); it keeps a lighthouse client for the
+// store, where the rounds' communicators rendezvous.
+class GroupRankAgent final : public LearnerAgent {
+ public:
+  GroupRankAgent(std::string id, int64_t rank, std::unique_ptr<LighthouseClient> client)
+      : id_(std::move(id)), rank_(rank), client_(std::move(client)) {}
+
+  void RecordStep(uint64_t, uint64_t, Micros) override {}
+  StatusOr<QuorumResult> Quorum(uint64_t, uint64_t, Micros, bool) override {
+    return FailedPreconditionError(fmt::format(
+        "learner '{}' group rank {}: only group rank 0 joins rounds; the others learn them from it", id_, rank_));
+  }
+  void Interrupt() override {}
+  Status Leave(const std::string&) override { return OkStatus(); }
+  void Stop() override {}
+  const std::string& id() const override { return id_; }
+  bool slow() const override { return false; }
+  double slow_zscore() const override { return 0; }
+  uint64_t latest_round_id() const override { return 0; }
+  uint64_t latest_round_step() const override { return 0; }
+  bool lighthouse_lost() const override { return false; }
+  uint64_t registrations() const override { return 1; }
+  Status fatal_status() const override { return OkStatus(); }
+  LighthouseClient& client() override { return *client_; }
+
+ private:
+  const std::string id_;
+  const int64_t rank_;
+  std::unique_ptr<LighthouseClient> client_;
+};
+
 }  // namespace
 
 StatusOr<std::unique_ptr<LearnerAgent>> LearnerAgent::Start(const Config& config,
@@ -532,6 +565,11 @@ StatusOr<std::unique_ptr<LearnerAgent>> LearnerAgent::Start(const Config& config
   LearnerIdentity full = identity;
   if (full.job_id.empty()) full.job_id = config.job_id;
   if (full.rack.empty()) full.rack = config.rack;
+  full.group_size = static_cast<uint32_t>(config.group_size);
+  if (config.group_rank > 0) {
+    return std::unique_ptr<LearnerAgent>(
+        std::make_unique<GroupRankAgent>(full.id, config.group_rank, std::move(client)));
+  }
   auto agent = std::make_unique<LearnerAgentImpl>(config, token, full, std::move(client));
   MEND_RETURN_IF_ERROR(agent->FirstRegistration());
   return std::unique_ptr<LearnerAgent>(std::move(agent));

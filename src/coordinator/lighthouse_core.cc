@@ -63,6 +63,17 @@ StatusOr<RegisterResult> LighthouseCore::Register(const RegisterArgs& args) {
   bool wake = false;
   {
     std::lock_guard lock(mu_);
+    // The first learner sets the job's group size; a learner of another
+    // size could not take part in its rounds (slice r goes to rank r).
+    if (!group_size_set_by_.empty() && args.group_size != group_size_) {
+      return InvalidArgumentError(fmt::format(
+          "group_size = {}: this job's learners are groups of {} rank(s) (set by the first learner, '{}')",
+          args.group_size, group_size_, group_size_set_by_));
+    }
+    if (group_size_set_by_.empty()) {
+      group_size_ = args.group_size;
+      group_size_set_by_ = args.learner_id;
+    }
     Micros before = NextDeadlineLocked();
     Micros now = clock_->NowMicros();
     std::optional<PendingJoin> replaced;

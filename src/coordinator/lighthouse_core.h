@@ -60,6 +60,7 @@ struct RegisterArgs {
   std::string address;
   uint64_t step = 0;
   uint64_t last_round_id = 0;
+  uint32_t group_size = 1;
 };
 
 struct RegisterResult {
@@ -181,6 +182,9 @@ class LighthouseCore {
   Counters counters_ ABSL_GUARDED_BY(mu_);
   Micros last_rejection_event_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t suppressed_rejections_ ABSL_GUARDED_BY(mu_) = 0;
+  // The job's ranks per learner, and who registered first with it.
+  uint32_t group_size_ ABSL_GUARDED_BY(mu_) = 1;
+  std::string group_size_set_by_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace mend::coordinator

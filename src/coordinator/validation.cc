@@ -73,6 +73,10 @@ StatusOr<RegisterArgs> ParseRegister(const v1::RegisterRequest& request) {
   args.address = request.address();
   args.step = request.step();
   args.last_round_id = request.last_round_id();
+  if (request.group_size() > kMaxGroupSize) {
+    return Invalid("group_size", fmt::format("{} is above {}", request.group_size(), kMaxGroupSize));
+  }
+  args.group_size = std::max<uint32_t>(1, request.group_size());
   return args;
 }
 

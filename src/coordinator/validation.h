@@ -15,6 +15,7 @@
 namespace mend::coordinator {
 
 inline constexpr size_t kMaxAddressLength = 256;
+inline constexpr uint32_t kMaxGroupSize = 1024;
 inline constexpr size_t kMaxReasonLength = 512;
 inline constexpr int kMaxStepTimesPerHeartbeat = 1024;
 inline constexpr uint32_t kMaxStepTimeUs = 3'600'000'000u;

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <utility>
 
 #include "fmt/format.h"
 #include "core/text.h"
@@ -182,6 +183,25 @@ Status CheckConfig(const Config& config) {
   if (config.topk_k > config.topk_chunk_size) {
     return InvalidArgumentError(fmt::format("topk_k = {}: must not exceed topk_chunk_size = {}",
                                             config.topk_k, config.topk_chunk_size));
+  }
+  if (config.group_rank >= config.group_size) {
+    return InvalidArgumentError(fmt::format("group_rank = {}: must be below group_size = {}",
+                                            config.group_rank, config.group_size));
+  }
+  if (config.group_size > 1) {
+    // What a group does not do yet; refused rather than done wrong.
+    const std::pair<bool, const char*> unsupported[] = {
+        {config.desloc, "desloc = true"},
+        {config.heal_inner_optimizer, "heal_inner_optimizer = true"},
+        {!config.checkpoint_dir.empty(), "checkpoint_dir"},
+        {config.train_through_lighthouse_outage, "train_through_lighthouse_outage = true"},
+    };
+    for (const auto& [set, what] : unsupported) {
+      if (set) {
+        return InvalidArgumentError(fmt::format(
+            "{} with group_size = {}: not supported for multi-rank learners yet", what, config.group_size));
+      }
+    }
   }
   if (config.overlap_steps >= config.sync_period_steps && config.concurrent_outer_step) {
     return InvalidArgumentError(fmt::format(

@@ -64,6 +64,11 @@ std::vector<ConfigKey> BuildKeys() {
       Bool("rack_aware", &C::rack_aware,
            "Prefer a heal source in the learner's own rack."),
       Text("rack", &C::rack, "Learner: its failure domain (rack, zone)."),
+      Int("group_size", &C::group_size, 1, 1024,
+          "Learner: ranks per learner (the hosts of a rack, each training with DDP inside). Rank r owns "
+          "slice r of the cross-rack exchange; every learner of a job has the same size."),
+      Int("group_rank", &C::group_rank, 0, 1023,
+          "Learner: this process's rank in its group (0 speaks for the group to the lighthouse)."),
       Bool("udp_control", &C::udp_control,
            "Lighthouse: also serve heartbeats and quorum joins as UDP datagrams (on the "
            "bind port number)."),

@@ -6,13 +6,15 @@
 #include "mend/communicator.h"
 #include "dataplane/lighthouse_rendezvous.h"
 #include "core/status_format.h"
+#include "reducer/learner_group.h"
 
 namespace mend {
 namespace {
 
 class DataParallelImpl final : public DataParallel {
  public:
-  DataParallelImpl(const Config& config, LearnerAgent& agent) : config_(config), agent_(agent) {}
+  DataParallelImpl(const Config& config, LearnerAgent& agent, bool in_group)
+      : config_(config), agent_(agent), in_group_(in_group) {}
 
   Status Init(torch::nn::Module& module) {
     parameters_ = module.parameters(/*recurse=*/true);
@@ -27,14 +29,26 @@ class DataParallelImpl final : public DataParallel {
       total += static_cast<size_t>(p.numel());
     }
     buffer_.resize(total);
-    MEND_ASSIGN_OR_RETURN(
-        QuorumResult round,
-        agent_.Quorum(0, 0, config_.quorum_timeout_ms * kMicrosPerMilli, /*include_members=*/true));
-    CommunicatorOptions options = CommunicatorOptionsForRound(config_, round);
     LighthouseRendezvousStore store(agent_.client());
-    MEND_ASSIGN_OR_RETURN(comm_, Communicator::Connect(store, options));
-    stats_.rank = round.rank;
-    stats_.world_size = round.world_size;
+    if (in_group_) {
+      // The group's own: its ranks, inside the rack (no emulated link).
+      CommunicatorOptions options = CommunicatorOptionsFrom(config_);
+      options.link = {};
+      options.prefix = reducer::GroupStorePrefix(config_, agent_.id()) + "ddp/";
+      options.rank = static_cast<int>(config_.group_rank);
+      options.world_size = static_cast<int>(config_.group_size);
+      MEND_ASSIGN_OR_RETURN(comm_, Communicator::Connect(store, options));
+      stats_.rank = static_cast<uint32_t>(options.rank);
+      stats_.world_size = static_cast<uint32_t>(options.world_size);
+    } else {
+      MEND_ASSIGN_OR_RETURN(
+          QuorumResult round,
+          agent_.Quorum(0, 0, config_.quorum_timeout_ms * kMicrosPerMilli, /*include_members=*/true));
+      CommunicatorOptions options = CommunicatorOptionsForRound(config_, round);
+      MEND_ASSIGN_OR_RETURN(comm_, Communicator::Connect(store, options));
+      stats_.rank = round.rank;
+      stats_.world_size = round.world_size;
+    }
     // Everyone starts from rank 0's parameters.
     Flatten(/*gradients=*/false);
     MEND_RETURN_IF_ERROR(comm_->Broadcast(std::as_writable_bytes(std::span(buffer_)), 0));
@@ -57,7 +71,7 @@ class DataParallelImpl final : public DataParallel {
   Status shutdown() override {
     if (!comm_) return OkStatus();
     comm_.reset();
-    return agent_.Leave("training finished");
+    return in_group_ ? OkStatus() : agent_.Leave("training finished");
   }
 
   DataParallelStats stats() const override { return stats_; }
@@ -94,6 +108,7 @@ class DataParallelImpl final : public DataParallel {
 
   const Config config_;
   LearnerAgent& agent_;
+  const bool in_group_;
   std::vector<at::Tensor> parameters_;
   std::vector<float> buffer_;
   std::unique_ptr<Communicator> comm_;
@@ -105,7 +120,18 @@ class DataParallelImpl final : public DataParallel {
 StatusOr<std::unique_ptr<DataParallel>> DataParallel::Create(const Config& config,
                                                              torch::nn::Module& module,
                                                              LearnerAgent& agent) {
-  auto data_parallel = std::make_unique<DataParallelImpl>(config, agent);
+  auto data_parallel = std::make_unique<DataParallelImpl>(config, agent, /*in_group=*/false);
+  MEND_RETURN_IF_ERROR(data_parallel->Init(module));
+  return std::unique_ptr<DataParallel>(std::move(data_parallel));
+}
+
+StatusOr<std::unique_ptr<DataParallel>> DataParallel::CreateInGroup(const Config& config,
+                                                                    torch::nn::Module& module,
+                                                                    LearnerAgent& agent) {
+  if (config.group_size < 2) {
+    return InvalidArgumentError(fmt::format("data parallel in a group: group_size = {}", config.group_size));
+  }
+  auto data_parallel = std::make_unique<DataParallelImpl>(config, agent, /*in_group=*/true);
   MEND_RETURN_IF_ERROR(data_parallel->Init(module));
   return std::unique_ptr<DataParallel>(std::move(data_parallel));
 }

@@ -30,6 +30,7 @@
 #include "reducer/fragment_checkpoint.h"
 #include "reducer/fragments.h"
 #include "reducer/healing.h"
+#include "reducer/learner_group.h"
 #include "spdlog/spdlog.h"
 
 namespace mend::reducer {
@@ -40,12 +41,38 @@ namespace {
 // reported its round closed without it.
 constexpr auto kPassedOverPoll = std::chrono::milliseconds(20);
 
+// SHA-256 of float runs, as hex (the diagnostics' state digests).
+class Sha256 {
+ public:
+  Sha256() : context_(EVP_MD_CTX_new()) { EVP_DigestInit_ex(context_, EVP_sha256(), nullptr); }
+  ~Sha256() { EVP_MD_CTX_free(context_); }
+  Sha256(const Sha256&) = delete;
+  Sha256& operator=(const Sha256&) = delete;
+  void Update(std::span<const float> values) { EVP_DigestUpdate(context_, values.data(), values.size_bytes()); }
+  std::string Hex() {
+    unsigned char digest[EVP_MAX_MD_SIZE];
+    unsigned int length = 0;
+    EVP_DigestFinal_ex(context_, digest, &length);
+    std::string hex;
+    for (unsigned int i = 0; i < length; ++i) hex += fmt::format("{:02x}", digest[i]);
+    return hex;
+  }
+
+ private:
+  EVP_MD_CTX* context_;
+};
+
 class RoundDriverImpl final : public RoundDriver {
  public:
+  // With a group, `parameters` is this rank's slice of `whole` (see
+  // learner_group.h), and `agent` the group's view of the control plane.
   RoundDriverImpl(const Config& config, LearnerAgent& agent, const Clock& clock, FragmentSchedule schedule,
                   std::unique_ptr<Codec> codec, std::unique_ptr<FlatParameters> parameters,
-                  std::unique_ptr<FlatMoments> moments)
+                  std::unique_ptr<FlatMoments> moments, std::unique_ptr<FlatParameters> whole = nullptr,
+                  std::unique_ptr<LearnerGroup> group = nullptr)
       : config_(config),
+        whole_(std::move(whole)),
+        group_(std::move(group)),
         agent_(agent),
         clock_(clock),
         schedule_(schedule),
@@ -74,7 +101,8 @@ class RoundDriverImpl final : public RoundDriver {
     stats_.steps = start_step;
     step_now_.store(start_step);
     abort_watch_ = std::make_unique<AbortWatch>(agent_.client());
-    diagnostics_ = std::make_unique<Diagnostics>(config_.diagnostics_dir, agent_.id());
+    diagnostics_ = std::make_unique<Diagnostics>(
+        config_.diagnostics_dir, group_ ? fmt::format("{}.rank{}", agent_.id(), group_->rank()) : agent_.id());
     if (parameters_->count() == 0) return InvalidArgumentError("reducer: the model has no parameters");
     if (config_.desloc) MEND_RETURN_IF_ERROR(InitDesloc());
     if (config_.heal_inner_optimizer && !moments_) {
@@ -187,6 +215,9 @@ class RoundDriverImpl final : public RoundDriver {
   Status step(uint64_t tokens) override {
     if (shut_down_) return FailedPreconditionError("reducer: step() after shutdown()");
     MEND_RETURN_IF_ERROR(agent_.fatal_status());
+    // A group's ranks each pass their own tokens; the group trained R times
+    // as many (DDP: the same batch size on every rank).
+    if (group_) tokens *= static_cast<uint64_t>(group_->size());
     const Micros now = clock_.NowMicros();
     const Micros step_time = !stepped_ ? 0 : now - last_step_;
     if (stepped_) overlap_.RecordStep(static_cast<double>(now - last_return_) / kMicrosPerSecond);
@@ -211,7 +242,7 @@ class RoundDriverImpl final : public RoundDriver {
       const Awaited awaited = AwaitRound(*in_flight_, in_flight_->boundary_step,
                                          /*train_on_if_lost=*/config_.train_through_lighthouse_outage);
       if (awaited == Awaited::kDone) {
-        FinishInFlight();
+        MEND_RETURN_IF_ERROR(FinishInFlight());
       } else if (MarkPassedOver(*in_flight_)) {
         if (awaited == Awaited::kPassedOver) {
           spdlog::info("fragment {}: the round for step {} closed without this learner; training on, its "
@@ -234,15 +265,15 @@ class RoundDriverImpl final : public RoundDriver {
                      f, stats_.steps, in_flight_->boundary_step);
         continue;
       }
-      FinishInFlight();
+      MEND_RETURN_IF_ERROR(FinishInFlight());
       // A heal may have moved this learner's step off the boundary, or onto
       // one whose round it just took part in.
       if (!schedule_.StartsAt(f, static_cast<int64_t>(stats_.steps)) ||
           stats_.steps <= fragments_[static_cast<size_t>(f)].last_round_boundary) {
         continue;
       }
-      Launch(static_cast<int>(f));
-      if (!concurrent_) FinishInFlight();  // synchronous DiLoCo: wait here
+      MEND_RETURN_IF_ERROR(Launch(static_cast<int>(f)));
+      if (!concurrent_) MEND_RETURN_IF_ERROR(FinishInFlight());  // synchronous DiLoCo: wait here
     }
     // The inner step's own time (from here to the next call) is what tau counts in.
     last_return_ = clock_.NowMicros();
@@ -266,10 +297,13 @@ class RoundDriverImpl final : public RoundDriver {
         agent_.Interrupt();
       }
     }
-    FinishInFlight();
+    Status finished = FinishInFlight();
     checkpoint_writer_.Join();
     shut_down_ = true;
-    return agent_.Leave("training finished");
+    Status left = agent_.Leave("training finished");
+    if (group_) group_->Forget();
+    MEND_RETURN_IF_ERROR(finished);
+    return left;
   }
 
   bool NextStepMayWait() const override {
@@ -296,7 +330,9 @@ class RoundDriverImpl final : public RoundDriver {
   // Whether step() at `step` takes up the round in flight: it has arrived,
   // or `step` is boundary + tau and its join was not passed over (then
   // step() waits for it).
+  // In a group only the second: every rank applies at the same step.
   bool InFlightDueAt(uint64_t step) const {
+    if (group_) return in_flight_ && step >= in_flight_->apply_at_step;
     return in_flight_ && (in_flight_->done.load(std::memory_order_acquire) ||
                           (step >= in_flight_->apply_at_step && !in_flight_->passed_over));
   }
@@ -327,6 +363,7 @@ class RoundDriverImpl final : public RoundDriver {
     uint64_t boundary_step = 0;
     uint64_t apply_at_step = 0;
     uint64_t tokens = 0;
+    uint64_t previous_round_id = 0;  // last_round_id_ at launch
     Micros launched = 0;
     Micros finished = 0;  // set by the thread before `done`
     std::vector<float> base;   // the fragment's global state at the boundary
@@ -359,7 +396,8 @@ class RoundDriverImpl final : public RoundDriver {
   Awaited AwaitRound(InFlight& flight, uint64_t give_up_step, bool train_on_if_lost) {
     std::unique_lock lock(flight.mu);
     while (!flight.done.load(std::memory_order_acquire)) {
-      if (concurrent_ && !flight.formed) {
+      // A group's ranks cannot each decide this on their own timing.
+      if (concurrent_ && !flight.formed && !group_) {
         if (agent_.latest_round_step() >= give_up_step) return Awaited::kPassedOver;
         if (train_on_if_lost && agent_.lighthouse_lost()) return Awaited::kLighthouseLost;
       }
@@ -390,14 +428,18 @@ class RoundDriverImpl final : public RoundDriver {
 
   // At fragment f's boundary: snapshot, and start the exchange on a
   // background thread (one round in flight at a time).
-  void Launch(int f) {
-    FinishInFlight();
+  Status Launch(int f) {
+    MEND_RETURN_IF_ERROR(FinishInFlight());
     Fragment& fragment = fragments_[static_cast<size_t>(f)];
     auto flight = std::make_unique<InFlight>();
     flight->fragment = f;
     flight->boundary_step = stats_.steps;
+    flight->previous_round_id = last_round_id_;
     flight->launched = clock_.NowMicros();
     stats_.overlap_steps = overlap_.Tau();
+    if (group_ && concurrent_) {
+      MEND_ASSIGN_OR_RETURN(stats_.overlap_steps, group_->AgreeTau(stats_.overlap_steps));
+    }
     flight->apply_at_step = stats_.steps + stats_.overlap_steps;
     flight->tokens = fragment.tokens_since_round;
     fragment.tokens_since_round = 0;
@@ -425,6 +467,7 @@ class RoundDriverImpl final : public RoundDriver {
     });
     stats_.rounds_started++;
     in_flight_ = std::move(flight);
+    return OkStatus();
   }
 
   // Joins the round in flight (if any) and brings its result in:
@@ -433,10 +476,22 @@ class RoundDriverImpl final : public RoundDriver {
   //   then theta_g' and momentum are committed and the local parameters of
   //   this fragment get the result (exact: + the progress since the boundary).
   // A failed round changes nothing: the local progress goes into the next one.
-  void FinishInFlight() {
-    if (!in_flight_) return;
+  //
+  // In a group the round commits only when every rank's slice succeeded;
+  // then the committed slices go into every replica. An error is the
+  // group's own (a rank is gone): the group is the unit of failure.
+  Status FinishInFlight() {
+    if (!in_flight_) return OkStatus();
     std::unique_ptr<InFlight> flight = std::move(in_flight_);
     flight->thread.join();
+    if (group_) {
+      MEND_ASSIGN_OR_RETURN(const bool all_ok, group_->AllOk(flight->outcome.ok()));
+      if (!all_ok && flight->outcome.ok()) {
+        flight->outcome = AbortedError(fmt::format(
+            "round {}: another rank of this group failed its slice", flight->outcome->round_id));
+        last_round_id_ = flight->previous_round_id;
+      }
+    }
     Fragment& fragment = fragments_[static_cast<size_t>(flight->fragment)];
     if (!flight->outcome.ok()) {
       RecordRound(*flight);
@@ -444,7 +499,7 @@ class RoundDriverImpl final : public RoundDriver {
       fragment.tokens_since_round += flight->tokens;
       spdlog::warn("fragment {}: round failed, training on: {}", flight->fragment,
                    flight->outcome.status());
-      return;
+      return OkStatus();
     }
     Outcome& outcome = *flight->outcome;
     if (outcome.healed.empty()) {  // a heal's transfer says nothing about the next rounds
@@ -522,26 +577,33 @@ class RoundDriverImpl final : public RoundDriver {
     }
     stats_.rounds++;
     stats_.last_round_id = outcome.round_id;
+    if (group_) MEND_RETURN_IF_ERROR(group_->ShareParameters());
     RecordRound(*flight);  // after the commit: its digest is of the new global state
     MaybeCheckpoint(outcome.round_id, outcome.rank, outcome.members);
+    return OkStatus();
   }
 
   // SHA-256 (hex) of every fragment's global parameters and momentum: equal
   // on every member after a shared round (the chaos harness compares them).
   std::string GlobalDigest() const {
-    EVP_MD_CTX* context = EVP_MD_CTX_new();
-    EVP_DigestInit_ex(context, EVP_sha256(), nullptr);
+    Sha256 hash;
     for (const Fragment& fragment : fragments_) {
-      EVP_DigestUpdate(context, fragment.state->global().data(), fragment.state->size() * sizeof(float));
-      EVP_DigestUpdate(context, fragment.state->momentum().data(), fragment.state->size() * sizeof(float));
+      hash.Update(fragment.state->global());
+      hash.Update(fragment.state->momentum());
     }
-    unsigned char digest[EVP_MAX_MD_SIZE];
-    unsigned int length = 0;
-    EVP_DigestFinal_ex(context, digest, &length);
-    EVP_MD_CTX_free(context);
-    std::string hex;
-    for (unsigned int i = 0; i < length; ++i) hex += fmt::format("{:02x}", digest[i]);
-    return hex;
+    return hash.Hex();
+  }
+
+  // SHA-256 (hex) of a group rank's whole model, parameter by parameter.
+  std::string ParametersDigest() const {
+    Sha256 hash;
+    std::vector<float> values;
+    for (size_t i = 0; i < whole_->count(); ++i) {
+      values.resize(whole_->numel(i));
+      whole_->CopyOut(i, values);
+      hash.Update(values);
+    }
+    return hash.Hex();
   }
 
   void RecordRound(const InFlight& flight) {
@@ -573,7 +635,12 @@ class RoundDriverImpl final : public RoundDriver {
         record["heal_bytes"] = outcome.heal_bytes;
         record["heal_source"] = outcome.heal_source;
       }
-      record["global_sha256"] = GlobalDigest();
+      record["global_sha256"] = GlobalDigest();  // in a group: of this rank's slice
+      if (group_) {
+        // The whole replica: the same on every rank of the group.
+        record["group_rank"] = group_->rank();
+        record["parameters_sha256"] = ParametersDigest();
+      }
     }
     diagnostics_->Round(std::move(record));
   }
@@ -594,6 +661,9 @@ class RoundDriverImpl final : public RoundDriver {
     // registered again) cannot rendezvous: its keys died with it.
     const uint64_t registrations = agent_.registrations();
     CommunicatorOptions options = CommunicatorOptionsForRound(config_, round);
+    // The round's prefix stays the lighthouse's (its abort key is there); a
+    // group's slices rendezvous apart.
+    if (group_) options.prefix = group_->SlicePrefix(round.rendezvous_prefix);
     LighthouseRendezvousStore store(
         agent_.client(), [this, registrations]() { return agent_.registrations() == registrations; },
         round.rendezvous_prefix + kRoundAbortKey);
@@ -680,7 +750,8 @@ class RoundDriverImpl final : public RoundDriver {
   // prefix and reads all the others' (so all decide alike).
   StatusOr<bool> StatesAgree(RendezvousStore& store, const QuorumResult& round, const InFlight& flight,
                              Micros timeout) const {
-    auto key = [&](uint32_t rank) { return fmt::format("{}state/{}", round.rendezvous_prefix, rank); };
+    const std::string prefix = group_ ? group_->SlicePrefix(round.rendezvous_prefix) : round.rendezvous_prefix;
+    auto key = [&](uint32_t rank) { return fmt::format("{}state/{}", prefix, rank); };
     const std::string mine = fmt::format("{} {} {}", GlobalDigest(), flight.boundary_step, flight.fragment);
     MEND_RETURN_IF_ERROR(store.Set(key(round.rank), mine));
     bool agree = true;
@@ -760,6 +831,10 @@ class RoundDriverImpl final : public RoundDriver {
   }
 
   const Config config_;
+  // A multi-rank learner's whole model and group (null otherwise); before
+  // everything that uses them, so that they go last.
+  const std::unique_ptr<FlatParameters> whole_;
+  const std::unique_ptr<LearnerGroup> group_;
   LearnerAgent& agent_;
   const Clock& clock_;
   const FragmentSchedule schedule_;
@@ -801,6 +876,19 @@ StatusOr<std::unique_ptr<RoundDriver>> RoundDriver::Create(const Config& config,
   MEND_ASSIGN_OR_RETURN(FragmentSchedule schedule,
                         FragmentSchedule::Make(config.fragments, config.sync_period_steps));
   MEND_ASSIGN_OR_RETURN(std::unique_ptr<Codec> codec, MakeCodec(config));
+  if (config.group_size > 1) {
+    MEND_RETURN_IF_ERROR(CheckConfig(config));
+    if (parameters->count() == 0) return InvalidArgumentError("reducer: the model has no parameters");
+    MEND_ASSIGN_OR_RETURN(std::unique_ptr<LearnerGroup> group, LearnerGroup::Join(config, agent, *parameters));
+    std::unique_ptr<FlatParameters> slice = group->Slice();
+    LearnerAgent& group_agent = group->agent();
+    // desloc and heal_inner_optimizer, which read the moments, are refused with groups (CheckConfig).
+    auto driver = std::make_unique<RoundDriverImpl>(config, group_agent, clock, schedule, std::move(codec),
+                                                    std::move(slice), nullptr, std::move(parameters),
+                                                    std::move(group));
+    MEND_RETURN_IF_ERROR(driver->Init(start_step));
+    return std::unique_ptr<RoundDriver>(std::move(driver));
+  }
   auto driver = std::make_unique<RoundDriverImpl>(config, agent, clock, schedule, std::move(codec),
                                                   std::move(parameters), std::move(moments));
   MEND_RETURN_IF_ERROR(driver->Init(start_step));

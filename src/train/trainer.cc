@@ -133,7 +133,9 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config, c
   const uint64_t data_seed =
       (0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(options.corpus.shard + 1) *
        (options.data_seed != 0 ? 0x2545f4914f6cdd1dULL * options.data_seed : 1)) ^
-      (0xbf58476d1ce4e5b9ULL * static_cast<uint64_t>(options.start_step));
+      (0xbf58476d1ce4e5b9ULL * static_cast<uint64_t>(options.start_step)) ^
+      // The ranks of a multi-rank learner draw apart (one rank: as before).
+      (config.group_size > 1 ? 0x94d049bb133111ebULL * static_cast<uint64_t>(config.group_rank + 1) : 0);
   WindowSampler sampler(corpus.train(), context, data_seed);
   const std::vector<size_t> eval_starts = EvalWindowStarts(corpus.eval(), context, options.eval_windows);
 
@@ -146,10 +148,27 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config, c
   std::unique_ptr<LearnerAgent> agent;
   std::unique_ptr<Reducer> reducer;
   std::unique_ptr<DataParallel> data_parallel;
-  if (options.mode != "local") {
+  // A multi-rank learner: its ranks average gradients every step among
+  // themselves (the DDP inside the rack), and each takes its slice of the
+  // cross-rack rounds.
+  std::unique_ptr<DataParallel> group_data_parallel;
+  const bool grouped = config.group_size > 1;
+  if (grouped && options.mode == "ddp") {
+    return InvalidArgumentError(fmt::format(
+        "train: mode ddp with group_size = {}: the DDP baseline runs every rank as a learner of its own "
+        "(group_size = 1)",
+        config.group_size));
+  }
+  if (options.mode != "local" || grouped) {
     LearnerIdentity identity{options.id, config.job_id, config.rack, ""};
     MEND_ASSIGN_OR_RETURN(agent, LearnerAgent::Start(config, token, identity));
-    if (options.mode == "diloco") {
+    // Before the reducer: every rank starts from group rank 0's parameters.
+    if (grouped) {
+      MEND_ASSIGN_OR_RETURN(group_data_parallel, DataParallel::CreateInGroup(config, *model, *agent));
+    }
+    if (options.mode == "local") {
+      // No cross-rack exchange.
+    } else if (options.mode == "diloco") {
       MEND_ASSIGN_OR_RETURN(reducer, Reducer::Create(config, *model, optimizer, *agent,
                                                      static_cast<uint64_t>(options.start_step)));
     } else {
@@ -197,6 +216,10 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config, c
     loss.backward();
     if (data_parallel) {
       failure = data_parallel->AverageGradients(tokens_per_step);
+      if (!failure.ok()) break;
+    }
+    if (group_data_parallel) {
+      failure = group_data_parallel->AverageGradients(tokens_per_step);
       if (!failure.ok()) break;
     }
     torch::nn::utils::clip_grad_norm_(model->parameters(), options.clip);
@@ -254,6 +277,10 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config, c
   if (data_parallel) {
     if (Status left = data_parallel->shutdown(); failure.ok() && !left.ok()) failure = left;
   }
+  if (group_data_parallel) {
+    if (Status left = group_data_parallel->shutdown(); failure.ok() && !left.ok()) failure = left;
+  }
+  if (agent && !reducer && !data_parallel) (void)agent->Leave("training finished");
   result.seconds = elapsed();
   if (!failure.ok()) return failure;
   result.steps = step;

@@ -85,6 +85,60 @@ TEST_F(TrainProcessTest, DemoTrainsEveryModeAndPrintsTheTable) {
   EXPECT_TRUE(std::filesystem::exists(dir_ + "/demo/2-diloco/diagnostics/learner-1.rounds.jsonl"));
 }
 
+// Reads every JSON line of a diagnostics file.
+std::vector<nlohmann::json> JsonLines(const std::string& path) {
+  std::vector<nlohmann::json> lines;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) lines.push_back(nlohmann::json::parse(line));
+  return lines;
+}
+
+// Two learners of two ranks each (4 `mend train` processes, DDP inside each
+// group, the cross-rack rounds sharded): after every round the four
+// replicas hold the same parameters (synchronous: each is the global state)
+// or, overlapped, each group's two do; and the loss goes down.
+TEST_F(TrainProcessTest, LearnersOfTwoRanksKeepTheirReplicasBitIdentical) {
+  auto [code, text] = RunMend({"demo", "--ranks-per-learner", "2", "--modes", "diloco,streaming,local", "--steps",
+                               "30", "--dim", "16", "--layers", "1", "--batch", "4", "--sync-every", "10",
+                               "--delay-ms", "0", "--eval-points", "3", "--corpus", corpus_, "--work-dir",
+                               dir_ + "/demo"});
+  ASSERT_EQ(code, 0) << text;
+  EXPECT_THAT(text, HasSubstr("2 learners of 2 ranks each"));
+  EXPECT_THAT(text, HasSubstr("MB/host"));
+  for (const char* job : {"1-diloco", "2-diloco"}) {
+    const bool synchronous = std::string(job) == "1-diloco";
+    // parameters_sha256 by round id, per process.
+    std::map<uint64_t, std::map<std::string, std::string>> digests;
+    for (const char* process : {"learner-1.rank0", "learner-1.rank1", "learner-2.rank0", "learner-2.rank1"}) {
+      auto rounds = JsonLines(fmt::format("{}/demo/{}/diagnostics/{}.rounds.jsonl", dir_, job, process));
+      EXPECT_GE(rounds.size(), 2u) << job << " " << process;
+      for (const auto& round : rounds) {
+        ASSERT_TRUE(round["ok"].get<bool>()) << job << " " << process << ": " << round.dump();
+        digests[round["round_id"].get<uint64_t>()][process] = round["parameters_sha256"].get<std::string>();
+      }
+    }
+    for (const auto& [round, by_process] : digests) {
+      ASSERT_EQ(by_process.size(), 4u) << job << " round " << round;
+      EXPECT_EQ(by_process.at("learner-1.rank0"), by_process.at("learner-1.rank1")) << job << " round " << round;
+      EXPECT_EQ(by_process.at("learner-2.rank0"), by_process.at("learner-2.rank1")) << job << " round " << round;
+      if (synchronous) {
+        EXPECT_EQ(by_process.at("learner-1.rank0"), by_process.at("learner-2.rank0")) << job << " round " << round;
+      }
+    }
+    // Every process's held-out loss fell from its first evaluation to its last.
+    for (const char* process : {"learner-1.0", "learner-1.1", "learner-2.0", "learner-2.1"}) {
+      std::ifstream in(fmt::format("{}/demo/{}/{}.result.json", dir_, job, process));
+      ASSERT_TRUE(in.good()) << job << " " << process;
+      auto result = nlohmann::json::parse(in);
+      const auto& curve = result["eval_curve"];
+      ASSERT_GE(curve.size(), 2u);
+      EXPECT_LT(curve.back()[1].get<double>(), curve.front()[1].get<double>()) << job << " " << process;
+      EXPECT_GT(result["bytes_sent"].get<uint64_t>(), 0u);
+    }
+  }
+}
+
 TEST_F(TrainProcessTest, LocalTrainWritesItsResult) {
   auto [code, text] = RunMend({"train", "--mode", "local", "--steps", "6", "--dim", "16", "--layers", "1",
                                "--batch", "2", "--corpus", corpus_, "--result-file", dir_ + "/r.json"});

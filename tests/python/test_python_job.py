@@ -305,3 +305,44 @@ def test_desloc_averages_the_python_optimizers_own_moments():
             assert torch.equal(s0["exp_avg_sq"], s1["exp_avg_sq"])
         for m in models:
             mend.mend_shutdown(m)
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:  # torchrun 1.13 does not take port 0
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_torchrun_learners_of_two_ranks_keep_every_replica_identical(tmp_path):
+    # A learner is a torchrun (a rack): 2 learners x 2 ranks, DDP inside each
+    # over the user's gloo process group, mend's rounds sharded between the
+    # ranks. After every round the 4 replicas hold the same model (synchronous
+    # rounds: each is the global state), and training got somewhere.
+    with embedded_lighthouse() as lighthouse:
+        # The workers run in this directory: the mend under test must not
+        # depend on a relative PYTHONPATH (an installed one would be found).
+        path = os.pathsep.join(os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)
+        env = dict(os.environ, MEND_JOB_TOKEN=TOKEN, OMP_NUM_THREADS="1", PYTHONPATH=path)
+        procs = []
+        for learner in (1, 2):
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "torch.distributed.run", "--redirects", "1", "--tee", "1",
+                 "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
+                 os.path.join(HERE, "group_learner.py"), "--lighthouse", lighthouse.address,
+                 "--learner", str(learner), "--out", str(tmp_path / f"l{learner}-%r.json")],
+                env=env, cwd=HERE))
+        for proc in procs:
+            assert proc.wait(timeout=180) == 0
+    seen = {}
+    for learner in (1, 2):
+        for rank in (0, 1):
+            seen[learner, rank] = json.loads((tmp_path / f"l{learner}-{rank}.json").read_text())
+    for (learner, rank), s in seen.items():
+        assert (s["group_size"], s["group_rank"]) == (2, rank)
+        assert len(s["rounds"]) == 6  # 30 steps, H = 5
+        assert s["rounds"] == seen[1, 0]["rounds"], (learner, rank)  # same round ids, same digests
+        assert s["last_loss"] < s["first_loss"]
+        assert s["bytes_sent"] > 0  # every rank carries its slice
+    assert seen[1, 0]["learner_id"] == seen[1, 1]["learner_id"] == "learner-1"
+    assert seen[2, 0]["learner_id"] == seen[2, 1]["learner_id"] != "learner-1"  # group rank 0's HOST-PID

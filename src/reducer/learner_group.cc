@@ -1,0 +1,341 @@
+#include "reducer/learner_group.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+#include "core/status_format.h"
+#include "dataplane/lighthouse_rendezvous.h"
+#include "fmt/format.h"
+#include "nlohmann/json.hpp"
+#include "spdlog/spdlog.h"
+
+namespace mend::reducer {
+namespace {
+
+// How often a rank waiting for rank 0's decision looks whether it was
+// interrupted.
+constexpr Micros kDecisionPoll = 250 * kMicrosPerMilli;
+
+
+nlohmann::json MemberJson(const RoundMember& m) {
+  return {{"id", m.id},           {"step", m.step},     {"tokens", m.tokens_since_last_round},
+          {"last_round", m.last_round_id}, {"heal_from", m.heal_from}, {"rack", m.rack},
+          {"address", m.address}};
+}
+
+RoundMember MemberFrom(const nlohmann::json& j) {
+  RoundMember m;
+  m.id = j.at("id").get<std::string>();
+  m.step = j.at("step").get<uint64_t>();
+  m.tokens_since_last_round = j.at("tokens").get<uint64_t>();
+  m.last_round_id = j.at("last_round").get<uint64_t>();
+  m.heal_from = j.at("heal_from").get<std::string>();
+  m.rack = j.at("rack").get<std::string>();
+  m.address = j.at("address").get<std::string>();
+  return m;
+}
+
+// A round decision (or the error rank 0's join ended with) as the group's
+// store carries it.
+std::string EncodeDecision(const StatusOr<QuorumResult>& result) {
+  if (!result.ok()) {
+    return nlohmann::json{{"code", static_cast<int>(result.status().code())},
+                          {"message", std::string(result.status().message())}}
+        .dump();
+  }
+  const QuorumResult& r = *result;
+  nlohmann::json j = {{"code", 0},
+                      {"round_id", r.round_id},
+                      {"rank", r.rank},
+                      {"world_size", r.world_size},
+                      {"total_tokens", r.total_tokens},
+                      {"prefix", r.rendezvous_prefix},
+                      {"closed_by", r.closed_by},
+                      {"waited_ms", r.waited_ms},
+                      {"heal_round_id", r.heal_round_id},
+                      {"heal_to", r.heal_to},
+                      {"members", nlohmann::json::array()}};
+  if (r.heal_from) j["heal_from"] = MemberJson(*r.heal_from);
+  for (const RoundMember& m : r.members) j["members"].push_back(MemberJson(m));
+  return j.dump();
+}
+
+StatusOr<QuorumResult> DecodeDecision(const std::string& text) {
+  try {
+    const nlohmann::json j = nlohmann::json::parse(text);
+    const int code = j.at("code").get<int>();
+    if (code != 0) {
+      return Status(static_cast<StatusCode>(code), j.at("message").get<std::string>());
+    }
+    QuorumResult r;
+    r.round_id = j.at("round_id").get<uint64_t>();
+    r.rank = j.at("rank").get<uint32_t>();
+    r.world_size = j.at("world_size").get<uint32_t>();
+    r.total_tokens = j.at("total_tokens").get<uint64_t>();
+    r.rendezvous_prefix = j.at("prefix").get<std::string>();
+    r.closed_by = j.at("closed_by").get<std::string>();
+    r.waited_ms = j.at("waited_ms").get<uint32_t>();
+    r.heal_round_id = j.at("heal_round_id").get<uint64_t>();
+    r.heal_to = j.at("heal_to").get<std::vector<std::string>>();
+    if (j.contains("heal_from")) r.heal_from = MemberFrom(j.at("heal_from"));
+    for (const nlohmann::json& m : j.at("members")) r.members.push_back(MemberFrom(m));
+    return r;
+  } catch (const nlohmann::json::exception& error) {
+    return InternalError(fmt::format("group: a round decision in the store does not parse: {}", error.what()));
+  }
+}
+
+// The control plane as a rank of the group sees it (see learner_group.h).
+class GroupAgent final : public LearnerAgent {
+ public:
+  GroupAgent(LearnerAgent& inner, std::string base, int rank, Micros margin)
+      : inner_(inner), store_(inner.client()), base_(std::move(base)), rank_(rank), margin_(margin) {}
+
+  void RecordStep(uint64_t step, uint64_t tokens, Micros step_time) override {
+    inner_.RecordStep(step, tokens, step_time);
+  }
+
+  // The n-th call on every rank is the same round: rank 0 joins it and
+  // publishes what came of it; the others wait for that.
+  StatusOr<QuorumResult> Quorum(uint64_t last_round_id, uint64_t tokens_since_last_round, Micros timeout,
+                                bool include_members) override {
+    const uint64_t seq = ++seq_;
+    const std::string key = fmt::format("{}decision/{}", base_, seq);
+    if (rank_ == 0) {
+      StatusOr<QuorumResult> result = inner_.Quorum(last_round_id, tokens_since_last_round, timeout, include_members);
+      MEND_RETURN_IF_ERROR(store_.Set(key, EncodeDecision(result)));
+      if (seq > 2) (void)inner_.client().StoreDelete(fmt::format("{}decision/{}", base_, seq - 2), false);
+      return result;
+    }
+    const Micros deadline = RealClock()->NowMicros() + timeout + margin_;
+    while (true) {
+      if (interrupted_.load()) return AbortedError("group: interrupted while waiting for rank 0's round decision");
+      const Micros left = deadline - RealClock()->NowMicros();
+      if (left <= 0) {
+        return DeadlineExceededError(fmt::format(
+            "group rank {}: rank 0 of learner '{}' published no round decision ({}) in time", rank_, inner_.id(),
+            key));
+      }
+      StatusOr<std::string> value = store_.Get(key, std::min(left, kDecisionPoll));
+      if (value.ok()) return DecodeDecision(*value);
+      if (value.status().code() != StatusCode::kDeadlineExceeded &&
+          value.status().code() != StatusCode::kUnavailable) {
+        return value.status();
+      }
+    }
+  }
+  void Interrupt() override {
+    interrupted_ = true;
+    inner_.Interrupt();
+  }
+  Status Leave(const std::string& reason) override { return inner_.Leave(reason); }
+  void Stop() override { inner_.Stop(); }
+  const std::string& id() const override { return inner_.id(); }
+  bool slow() const override { return inner_.slow(); }
+  double slow_zscore() const override { return inner_.slow_zscore(); }
+  uint64_t latest_round_id() const override { return inner_.latest_round_id(); }
+  uint64_t latest_round_step() const override { return inner_.latest_round_step(); }
+  bool lighthouse_lost() const override { return inner_.lighthouse_lost(); }
+  uint64_t registrations() const override { return inner_.registrations(); }
+  Status fatal_status() const override { return inner_.fatal_status(); }
+  LighthouseClient& client() override { return inner_.client(); }
+
+ private:
+  LearnerAgent& inner_;
+  LighthouseRendezvousStore store_;
+  const std::string base_;
+  const int rank_;
+  const Micros margin_;  // what a rank waits beyond rank 0's own timeout
+  std::atomic<uint64_t> seq_{0};
+  std::atomic<bool> interrupted_{false};
+};
+
+// Slice `range` of a whole model: one piece per parameter it overlaps, each
+// a flat run of values.
+class SlicedParameters final : public FlatParameters {
+ public:
+  SlicedParameters(FlatParameters& full, SliceRange range) : full_(full) {
+    size_t offset = 0;
+    for (size_t i = 0; i < full.count(); ++i) {
+      const size_t n = full.numel(i);
+      const size_t lo = std::max(offset, range.begin);
+      const size_t hi = std::min(offset + n, range.end);
+      if (lo < hi) {
+        pieces_.push_back({i, lo - offset, hi - lo,
+                           fmt::format("{}[{}:{}]", full.name(i), lo - offset, hi - offset)});
+      }
+      offset += n;
+    }
+  }
+  size_t count() const override { return pieces_.size(); }
+  const std::string& name(size_t i) const override { return pieces_[i].name; }
+  std::vector<int64_t> shape(size_t i) const override { return {static_cast<int64_t>(pieces_[i].values)}; }
+  size_t numel(size_t i) const override { return pieces_[i].values; }
+  void CopyOut(size_t i, std::span<float> out) const override {
+    const Piece& piece = pieces_[i];
+    if (Whole(piece)) return full_.CopyOut(piece.parameter, out);
+    scratch_.resize(full_.numel(piece.parameter));
+    full_.CopyOut(piece.parameter, scratch_);
+    std::memcpy(out.data(), scratch_.data() + piece.offset, piece.values * sizeof(float));
+  }
+  void CopyIn(size_t i, std::span<const float> in) override {
+    const Piece& piece = pieces_[i];
+    if (Whole(piece)) return full_.CopyIn(piece.parameter, in);
+    scratch_.resize(full_.numel(piece.parameter));
+    full_.CopyOut(piece.parameter, scratch_);
+    std::memcpy(scratch_.data() + piece.offset, in.data(), piece.values * sizeof(float));
+    full_.CopyIn(piece.parameter, scratch_);
+  }
+
+ private:
+  struct Piece {
+    size_t parameter;
+    size_t offset;  // into the parameter
+    size_t values;
+    std::string name;
+  };
+  bool Whole(const Piece& piece) const { return piece.offset == 0 && piece.values == full_.numel(piece.parameter); }
+
+  FlatParameters& full_;
+  std::vector<Piece> pieces_;
+  mutable std::vector<float> scratch_;
+};
+
+}  // namespace
+
+std::string GroupStorePrefix(const Config& config, const std::string& learner_id) {
+  std::string generation = "0";
+  for (const char* name : {"MEND_GROUP_GENERATION", "TORCHELASTIC_RESTART_COUNT"}) {
+    if (const char* value = std::getenv(name); value != nullptr && *value != '\0') {
+      generation = value;
+      break;
+    }
+  }
+  return fmt::format("{}/group/{}/{}/", config.job_id, learner_id, generation);
+}
+
+SliceRange SliceOf(size_t total, int size, int rank) {
+  const auto cut = [&](int r) { return static_cast<size_t>((static_cast<unsigned __int128>(total) * r) / size); };
+  return {cut(rank), cut(rank + 1)};
+}
+
+LearnerGroup::LearnerGroup(const Config& config, LearnerAgent& agent, FlatParameters& full, std::string base)
+    : size_(static_cast<int>(config.group_size)),
+      rank_(static_cast<int>(config.group_rank)),
+      base_(std::move(base)),
+      inner_(agent),
+      full_(full) {
+  size_t total = 0;
+  for (size_t i = 0; i < full.count(); ++i) total += full.numel(i);
+  for (int r = 0; r < size_; ++r) slices_.push_back(SliceOf(total, size_, r));
+  agent_ = std::make_unique<GroupAgent>(agent, base_, rank_, config.collective_timeout_ms * kMicrosPerMilli);
+}
+
+LearnerGroup::~LearnerGroup() = default;
+
+StatusOr<std::unique_ptr<LearnerGroup>> LearnerGroup::Join(const Config& config, LearnerAgent& agent,
+                                                           FlatParameters& full) {
+  std::string base = GroupStorePrefix(config, agent.id());
+  std::unique_ptr<LearnerGroup> group(new LearnerGroup(config, agent, full, base));
+  CommunicatorOptions options = CommunicatorOptionsFrom(config);
+  options.link = {};  // inside the rack: the emulated cross-rack link is not on this path
+  options.prefix = base + "ctx/";
+  options.rank = group->rank_;
+  options.world_size = group->size_;
+  for (int r = 0; r < group->size_; ++r) options.member_ids.push_back(fmt::format("{} rank {}", agent.id(), r));
+  LighthouseRendezvousStore store(agent.client());
+  auto comm = Communicator::Connect(store, options);
+  if (!comm.ok()) {
+    return Status(comm.status().code(),
+                  fmt::format("learner '{}' group rank {} of {}: the group's own communicator: {}", agent.id(),
+                              group->rank_, group->size_, comm.status().message()));
+  }
+  group->comm_ = std::move(*comm);
+  spdlog::info("learner '{}': group rank {} of {}, slice [{}, {}) of the model's values", agent.id(), group->rank_,
+               group->size_, group->slices_[static_cast<size_t>(group->rank_)].begin,
+               group->slices_[static_cast<size_t>(group->rank_)].end);
+  return group;
+}
+
+std::unique_ptr<FlatParameters> LearnerGroup::Slice() {
+  return std::make_unique<SlicedParameters>(full_, slices_[static_cast<size_t>(rank_)]);
+}
+
+std::string LearnerGroup::SlicePrefix(const std::string& round_prefix) const {
+  return fmt::format("{}slice{}/", round_prefix, rank_);
+}
+
+StatusOr<std::vector<std::byte>> LearnerGroup::Gather(std::span<const std::byte> mine) {
+  std::vector<std::byte> all(mine.size() * static_cast<size_t>(size_));
+  Status status = comm_->AllGather(mine, all);
+  if (!status.ok()) {
+    return Status(status.code(), fmt::format("learner '{}' group rank {}: a rank of this group is gone: {}",
+                                             inner_.id(), rank_, status.message()));
+  }
+  return all;
+}
+
+StatusOr<uint64_t> LearnerGroup::AgreeTau(uint64_t tau) {
+  MEND_ASSIGN_OR_RETURN(auto all, Gather(std::as_bytes(std::span<const uint64_t>(&tau, 1))));
+  uint64_t first = 0;
+  std::memcpy(&first, all.data(), sizeof first);
+  return first;
+}
+
+StatusOr<bool> LearnerGroup::AllOk(bool ok) {
+  const std::byte mine{static_cast<unsigned char>(ok ? 1 : 0)};
+  MEND_ASSIGN_OR_RETURN(auto all, Gather(std::span<const std::byte>(&mine, 1)));
+  return std::all_of(all.begin(), all.end(), [](std::byte b) { return b == std::byte{1}; });
+}
+
+Status LearnerGroup::ShareParameters() {
+  size_t widest = 0;
+  for (const SliceRange& slice : slices_) widest = std::max(widest, slice.size());
+  const SliceRange own = slices_[static_cast<size_t>(rank_)];
+  std::vector<float> mine(widest, 0.0f);
+  std::vector<float> scratch;
+  size_t offset = 0;
+  for (size_t i = 0; i < full_.count(); ++i) {
+    const size_t n = full_.numel(i);
+    const size_t lo = std::max(offset, own.begin);
+    const size_t hi = std::min(offset + n, own.end);
+    if (lo < hi) {
+      scratch.resize(n);
+      full_.CopyOut(i, scratch);
+      std::memcpy(mine.data() + (lo - own.begin), scratch.data() + (lo - offset), (hi - lo) * sizeof(float));
+    }
+    offset += n;
+  }
+  MEND_ASSIGN_OR_RETURN(auto all, Gather(std::as_bytes(std::span<const float>(mine))));
+  const float* gathered = reinterpret_cast<const float*>(all.data());
+  offset = 0;
+  for (size_t i = 0; i < full_.count(); ++i) {
+    const size_t n = full_.numel(i);
+    bool touched = false;
+    for (int q = 0; q < size_; ++q) {
+      if (q == rank_) continue;
+      const SliceRange slice = slices_[static_cast<size_t>(q)];
+      const size_t lo = std::max(offset, slice.begin);
+      const size_t hi = std::min(offset + n, slice.end);
+      if (lo >= hi) continue;
+      if (!touched) {
+        scratch.resize(n);
+        full_.CopyOut(i, scratch);
+        touched = true;
+      }
+      std::memcpy(scratch.data() + (lo - offset), gathered + static_cast<size_t>(q) * widest + (lo - slice.begin),
+                  (hi - lo) * sizeof(float));
+    }
+    if (touched) full_.CopyIn(i, scratch);
+    offset += n;
+  }
+  return OkStatus();
+}
+
+void LearnerGroup::Forget() {
+  if (rank_ == 0) (void)inner_.client().StoreDelete(base_, /*prefix=*/true);
+}
+
+}  // namespace mend::reducer

@@ -1,0 +1,106 @@
+// A learner as a group of ranks: the hosts of one rack, each a process that
+// trains a replica of the model (DDP inside the group keeps the replicas
+// equal; mend never touches that process group).
+//
+// Group rank 0 speaks for the group to the lighthouse: it registers (with
+// the group size, which the lighthouse checks against the job's), heartbeats
+// and joins rounds. The other ranks learn each round's decision from it
+// through the group's store (keys under <job>/group/<learner>/<generation>/),
+// so every rank of the group sees the same rounds in the same order.
+//
+// The cross-rack exchange is sharded: the flat model (every parameter in
+// order, concatenated) is cut into group_size contiguous slices by a rule
+// every learner computes alike (SliceOf), and rank r runs the round driver
+// on slice r only: its pseudo-gradient, codec and error-feedback state and
+// outer momentum are 1/R of the model's, and it merges them with rank r of
+// the other member groups on a communicator of its own (the round's prefix
+// + "slice<r>/"). So all R hosts of a rack carry the cross-rack traffic,
+// each 1/R of it.
+//
+// Inside the group, on a Gloo context mend owns (never the user's process
+// group): rank 0's tau is everyone's (AgreeTau), a round commits only when
+// every slice succeeded (AllOk), and the committed slices are all-gathered
+// into every replica's parameters (ShareParameters). These run on the
+// training thread at the same step on every rank: in a group a round's
+// result is applied at boundary + tau exactly, never "when it arrives",
+// which depends on each process's timing and would let replicas diverge.
+//
+// Thread-safety: Quorum() of agent() from the round's thread; the rest from
+// the training thread.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "mend/communicator.h"
+#include "mend/config.h"
+#include "mend/learner_agent.h"
+#include "mend/status.h"
+#include "reducer/flat_state.h"
+
+namespace mend::reducer {
+
+// [begin, end) of the flat values.
+struct SliceRange {
+  size_t begin = 0;
+  size_t end = 0;
+  size_t size() const { return end - begin; }
+};
+
+// Slice `rank` of `total` values cut into `size` contiguous, balanced parts.
+SliceRange SliceOf(size_t total, int size, int rank);
+
+// Where learner `learner_id`'s group keeps its keys in the lighthouse's
+// store: <job>/group/<learner>/<generation>/, the generation from
+// MEND_GROUP_GENERATION or TORCHELASTIC_RESTART_COUNT (0 without), so that a
+// group restarted by its launcher does not meet its old keys.
+std::string GroupStorePrefix(const Config& config, const std::string& learner_id);
+
+class LearnerGroup {
+ public:
+  // Connects the group's communicator (every rank of learner agent.id(),
+  // generation from TORCHELASTIC_RESTART_COUNT or MEND_GROUP_GENERATION, 0
+  // without), waiting up to collective_timeout_ms for the others. `agent`
+  // (rank 0's registered one, or a group rank's, see LearnerAgent::Start)
+  // and `full` (this replica's whole model) are not owned and must outlive
+  // the group.
+  [[nodiscard]] static StatusOr<std::unique_ptr<LearnerGroup>> Join(const Config& config, LearnerAgent& agent,
+                                                                    FlatParameters& full);
+  ~LearnerGroup();
+
+  int size() const { return size_; }
+  int rank() const { return rank_; }
+  // The control plane as every rank sees it: Quorum() is rank 0's join,
+  // whose decision (or error) the others read from the group's store.
+  LearnerAgent& agent() { return *agent_; }
+  // This rank's slice of the model, as the round driver's parameters.
+  std::unique_ptr<FlatParameters> Slice();
+  // Where this rank's slice of a round rendezvouses.
+  std::string SlicePrefix(const std::string& round_prefix) const;
+
+  // Rank 0's value, on every rank.
+  [[nodiscard]] StatusOr<uint64_t> AgreeTau(uint64_t tau);
+  // True when every rank's slice of the round succeeded.
+  [[nodiscard]] StatusOr<bool> AllOk(bool ok);
+  // Every rank's slice of the parameters into every replica.
+  [[nodiscard]] Status ShareParameters();
+  // Removes the group's keys from the store (rank 0, when the group is done).
+  void Forget();
+
+ private:
+  LearnerGroup(const Config& config, LearnerAgent& agent, FlatParameters& full, std::string base);
+  // One group collective: every rank's `mine` (the same size), by rank.
+  StatusOr<std::vector<std::byte>> Gather(std::span<const std::byte> mine);
+
+  const int size_;
+  const int rank_;
+  const std::string base_;  // the group's store prefix
+  LearnerAgent& inner_;
+  FlatParameters& full_;
+  std::vector<SliceRange> slices_;
+  std::unique_ptr<LearnerAgent> agent_;
+  std::unique_ptr<Communicator> comm_;
+};
+
+}  // namespace mend::reducer

@@ -1,0 +1,75 @@
+"""One rank of a multi-rank learner, as a user would write it under torchrun:
+a process group over gloo, the model in DistributedDataParallel, AdamW,
+mend_init / train / mend_shutdown. mend makes every rank of the torchrun one
+rank of the learner. Writes, per round, a digest of the whole model this
+rank holds, and the loss before and after."""
+import argparse
+import hashlib
+import json
+import os
+
+import torch
+import torch.distributed as dist
+
+from learner import TinyLM, batch
+from mend import MendConfig, mend_init, mend_shutdown
+
+
+def digest(model):
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().numpy().tobytes())
+    return h.hexdigest()
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--lighthouse", required=True)
+    parser.add_argument("--learner", type=int, required=True)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--period", type=int, default=5)
+    parser.add_argument("--out", required=True, help="the result file; %%r becomes the rank")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(1)  # the same initial model everywhere
+    model = TinyLM()
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    optimizer = torch.optim.AdamW(ddp.parameters(), lr=0.02)
+    config = MendConfig(lighthouse=args.lighthouse, sync_period_steps=args.period,
+                        concurrent_outer_step=False, quorum_min_learners=2,
+                        quorum_timeout_ms=20000, log_level="warn")
+    # Learner 1 names itself; learner 2 takes group rank 0's HOST-PID (through torchrun's store).
+    runtime = mend_init(ddp, config, f"learner-{args.learner}" if args.learner == 1 else None)
+    data = torch.Generator().manual_seed(100 * args.learner + rank)  # every rank its own batches
+    eval_data = torch.Generator().manual_seed(999)
+    ex, ey = batch(eval_data, 512)
+
+    def held_out():
+        with torch.no_grad():
+            return torch.nn.functional.cross_entropy(model(ex), ey).item()
+
+    first_loss = held_out()
+    rounds = []
+    for _ in range(args.steps):
+        x, y = batch(data)
+        loss = torch.nn.functional.cross_entropy(ddp(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()  # mend's reducer runs here
+        stats = runtime.stats()
+        if len(rounds) < stats["rounds"]:
+            rounds.append({"round": stats["last_round_id"], "digest": digest(model)})
+    stats = runtime.stats()
+    mend_shutdown(ddp)
+    with open(args.out.replace("%r", str(rank)), "w") as f:
+        json.dump({"rank": rank, "world": dist.get_world_size(), "learner_id": runtime.learner_id,
+                   "group_size": runtime.config.group_size, "group_rank": runtime.config.group_rank,
+                   "rounds": rounds, "first_loss": first_loss, "last_loss": held_out(),
+                   "bytes_sent": stats["bytes_sent"]}, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

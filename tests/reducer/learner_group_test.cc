@@ -1,0 +1,211 @@
+// Multi-rank learners without LibTorch: groups of ranks in threads, each
+// rank a replica of the model in plain vectors that "trains" exactly as its
+// group's other ranks do (what DDP inside a group guarantees), against an
+// in-process lighthouse on loopback.
+#include "reducer/learner_group.h"
+
+#include <cstring>
+#include <numeric>
+#include <thread>
+
+#include "fmt/format.h"
+#include "gtest/gtest.h"
+#include "mend/lighthouse.h"
+#include "reducer/round_driver.h"
+#include "test_util/job_config.h"
+
+namespace mend::reducer {
+namespace {
+
+constexpr char kToken[] = "learner-group-test-token-0123456789";
+
+// "w" (2 x 5) and "b" (3): 13 values, so that slices cut through "w" and
+// are uneven for 2 and 3 ranks.
+class VectorParameters final : public FlatParameters {
+ public:
+  explicit VectorParameters(float start) : values_{std::vector<float>(10, start), std::vector<float>(3, start)} {}
+  size_t count() const override { return 2; }
+  const std::string& name(size_t i) const override { return names_[i]; }
+  std::vector<int64_t> shape(size_t i) const override {
+    return i == 0 ? std::vector<int64_t>{2, 5} : std::vector<int64_t>{3};
+  }
+  size_t numel(size_t i) const override { return values_[i].size(); }
+  void CopyOut(size_t i, std::span<float> out) const override {
+    std::memcpy(out.data(), values_[i].data(), out.size() * sizeof(float));
+  }
+  void CopyIn(size_t i, std::span<const float> in) override {
+    std::memcpy(values_[i].data(), in.data(), in.size() * sizeof(float));
+  }
+  std::vector<float> All() const {
+    std::vector<float> all = values_[0];
+    all.insert(all.end(), values_[1].begin(), values_[1].end());
+    return all;
+  }
+  // One inner step of learner `learner` at step `s`: different per value and
+  // step, so that momentum and slicing mistakes show.
+  void Train(int learner, int s) {
+    int k = 0;
+    for (auto& values : values_) {
+      for (float& v : values) v += 0.01f * static_cast<float>((learner + 1) * ((k++ * 7 + s * 3) % 11) - 4);
+    }
+  }
+
+ private:
+  std::vector<std::vector<float>> values_;
+  std::vector<std::string> names_{"w", "b"};
+};
+
+struct RankRun {
+  ReducerStats stats;
+  std::vector<float> local;   // the replica's parameters at the end
+  std::vector<float> global;  // this rank's slice of the global state
+  std::vector<std::vector<float>> replicas_after_round;  // the parameters after each applied round
+  Status error = OkStatus();
+};
+
+void TrainRank(Config config, int learner, int rank, int steps, RankRun* run) {
+  config.group_rank = rank;
+  auto agent = LearnerAgent::Start(config, kToken, {fmt::format("learner-{}", learner), "", "", ""});
+  if (!agent.ok()) {
+    run->error = agent.status();
+    return;
+  }
+  FakeClock clock;
+  auto parameters = std::make_unique<VectorParameters>(1.0f);
+  VectorParameters* view = parameters.get();
+  auto driver = RoundDriver::Create(config, **agent, clock, std::move(parameters), nullptr, 0);
+  if (!driver.ok()) {
+    run->error = driver.status();
+    return;
+  }
+  for (int s = 0; s < steps; ++s) {
+    clock.AdvanceMillis(50);
+    view->Train(learner, s);
+    const uint64_t rounds = (*driver)->stats().rounds;
+    if (Status status = (*driver)->step(16); !status.ok()) {
+      run->error = status;
+      return;
+    }
+    if ((*driver)->stats().rounds != rounds) run->replicas_after_round.push_back(view->All());
+  }
+  run->error = (*driver)->shutdown();
+  run->stats = (*driver)->stats();
+  run->local = view->All();
+  auto global = (*driver)->global(0);
+  run->global.assign(global.begin(), global.end());
+}
+
+// `learners` learners of `ranks` ranks each; runs[learner][rank].
+std::vector<std::vector<RankRun>> RunJob(Config config, int learners, int ranks, int steps) {
+  auto server = LighthouseServer::Start(config, kToken);
+  EXPECT_TRUE(server.ok()) << server.status();
+  config.lighthouse = (*server)->grpc_address();
+  config.group_size = ranks;
+  std::vector<std::vector<RankRun>> runs(static_cast<size_t>(learners), std::vector<RankRun>(static_cast<size_t>(ranks)));
+  std::vector<std::thread> threads;
+  for (int l = 0; l < learners; ++l) {
+    for (int r = 0; r < ranks; ++r) {
+      threads.emplace_back([&, l, r]() { TrainRank(config, l, r, steps, &runs[static_cast<size_t>(l)][static_cast<size_t>(r)]); });
+    }
+  }
+  for (auto& thread : threads) thread.join();
+  return runs;
+}
+
+TEST(LearnerGroupTest, SlicesCoverTheModelOnceAndAreBalanced) {
+  for (size_t total : {1ul, 13ul, 1000003ul}) {
+    for (int size : {1, 2, 3, 8}) {
+      size_t covered = 0;
+      for (int r = 0; r < size; ++r) {
+        SliceRange slice = SliceOf(total, size, r);
+        EXPECT_EQ(slice.begin, covered);
+        EXPECT_LE(slice.size(), total / static_cast<size_t>(size) + 1);
+        covered = slice.end;
+      }
+      EXPECT_EQ(covered, total);
+    }
+  }
+}
+
+// The sharded exchange is the flat one, bit for bit (fp32: each value is
+// merged by the same arithmetic, whoever owns its slice), and every replica
+// of every group holds the same parameters after every round.
+TEST(LearnerGroupTest, ShardedRoundsEqualTheFlatOnesBitForBit) {
+  Config config = testing_util::SynchronousJobConfig(2, 5);  // outer Nesterov 0.7 / 0.9
+  auto flat = RunJob(config, 2, 1, 20);
+  for (int ranks : {2, 3}) {
+    auto grouped = RunJob(config, 2, ranks, 20);
+    for (int l = 0; l < 2; ++l) {
+      std::vector<float> global;
+      for (int r = 0; r < ranks; ++r) {
+        const RankRun& run = grouped[static_cast<size_t>(l)][static_cast<size_t>(r)];
+        ASSERT_TRUE(run.error.ok()) << "ranks " << ranks << ", learner " << l << " rank " << r << ": " << run.error;
+        EXPECT_EQ(run.stats.rounds, 4u);
+        EXPECT_EQ(run.local, flat[static_cast<size_t>(l)][0].local) << ranks << " ranks, learner " << l << " rank " << r;
+        EXPECT_EQ(run.replicas_after_round, grouped[0][0].replicas_after_round) << ranks << " ranks";
+        global.insert(global.end(), run.global.begin(), run.global.end());
+      }
+      // Each rank holds its slice of the global state: together, the flat one.
+      EXPECT_EQ(global, flat[static_cast<size_t>(l)][0].global) << ranks << " ranks";
+    }
+    // A slice's bytes on the wire: each rank sent about 1/R of the flat exchange.
+    const uint64_t flat_bytes = flat[0][0].stats.bytes_sent;
+    uint64_t group_bytes = 0;
+    for (const RankRun& run : grouped[0]) {
+      EXPECT_LT(run.stats.bytes_sent, flat_bytes);
+      group_bytes += run.stats.bytes_sent;
+    }
+    EXPECT_GE(group_bytes, flat_bytes);  // each slice's own headers and weights on top
+  }
+}
+
+TEST(LearnerGroupTest, ConcurrentRoundsApplyAtTheSameStepOnEveryRank) {
+  Config config = testing_util::SynchronousJobConfig(2, 8);
+  config.concurrent_outer_step = true;
+  config.overlap_steps = 0;  // tuned: rank 0's tau is the group's
+  auto runs = RunJob(config, 2, 2, 32);
+  for (const auto& group : runs) {
+    for (const RankRun& run : group) {
+      ASSERT_TRUE(run.error.ok()) << run.error;
+      EXPECT_EQ(run.stats.rounds, 4u);
+      EXPECT_EQ(run.stats.overlap_steps, group[0].stats.overlap_steps);
+      EXPECT_EQ(run.local, group[0].local);
+      EXPECT_EQ(run.replicas_after_round, group[0].replicas_after_round);
+    }
+  }
+  // Both groups hold the same global state.
+  for (size_t r = 0; r < 2; ++r) EXPECT_EQ(runs[0][r].global, runs[1][r].global);
+}
+
+TEST(LearnerGroupTest, TheLighthouseRefusesALearnerOfAnotherGroupSize) {
+  Config config = testing_util::SynchronousJobConfig(2, 5);
+  auto server = LighthouseServer::Start(config, kToken);
+  ASSERT_TRUE(server.ok()) << server.status();
+  config.lighthouse = (*server)->grpc_address();
+  config.group_size = 2;
+  auto first = LearnerAgent::Start(config, kToken, {"learner-0", "", "", ""});
+  ASSERT_TRUE(first.ok()) << first.status();
+  config.group_size = 1;
+  auto other = LearnerAgent::Start(config, kToken, {"learner-1", "", "", ""});
+  ASSERT_FALSE(other.ok());
+  EXPECT_EQ(other.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(other.status().message().find("group_size = 1: this job's learners are groups of 2"), std::string::npos)
+      << other.status();
+  EXPECT_NE(other.status().message().find("learner-0"), std::string::npos) << other.status();
+}
+
+TEST(LearnerGroupTest, WhatGroupsDoNotDoYetIsRefusedByName) {
+  Config config = testing_util::SynchronousJobConfig(2, 5);
+  config.group_size = 2;
+  config.desloc = true;
+  Status status = CheckConfig(config);
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("desloc = true with group_size = 2"), std::string::npos) << status;
+  config.desloc = false;
+  config.group_rank = 2;
+  status = CheckConfig(config);
+  EXPECT_NE(status.message().find("group_rank = 2: must be below group_size = 2"), std::string::npos) << status;
+}
+
+}  // namespace
+}  // namespace mend::reducer
