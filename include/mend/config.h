@@ -49,6 +49,7 @@ struct Config {
   // which one this process is; group rank 0 speaks for the group.
   int64_t group_size = 1;
   int64_t group_rank = 0;
+  int64_t group_generation = 0;
   bool udp_control = true;
   std::string control_transport = "grpc";
 

@@ -51,6 +51,11 @@ class DataParallel {
   [[nodiscard]] virtual Status AverageGradients(uint64_t tokens) = 0;
   virtual Status shutdown() = 0;
   virtual DataParallelStats stats() const = 0;
+  // In a group: asks every rank to stop after the next AverageGradients(),
+  // whose StopAgreed() then is true on all of them (the ranks of a group
+  // must stop at the same step, or one waits on the others' collective).
+  virtual void RequestStop() = 0;
+  virtual bool StopAgreed() const = 0;
 };
 
 }  // namespace mend

@@ -69,6 +69,9 @@ std::vector<ConfigKey> BuildKeys() {
           "slice r of the cross-rack exchange; every learner of a job has the same size."),
       Int("group_rank", &C::group_rank, 0, 1023,
           "Learner: this process's rank in its group (0 speaks for the group to the lighthouse)."),
+      Int("group_generation", &C::group_generation, 0, 1000000000,
+          "Learner: which start of its group this is; a launcher that restarts a group gives it a new one (torchrun's "
+          "restart count is taken as well), so that the restarted ranks do not meet the old ones' keys."),
       Bool("udp_control", &C::udp_control,
            "Lighthouse: also serve heartbeats and quorum joins as UDP datagrams (on the "
            "bind port number)."),

@@ -8,6 +8,8 @@
 #include "core/status_format.h"
 #include "dataplane/lighthouse_rendezvous.h"
 #include "fmt/format.h"
+#include "fmt/ranges.h"
+#include "mend/checkpoint.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
 
@@ -206,14 +208,9 @@ class SlicedParameters final : public FlatParameters {
 }  // namespace
 
 std::string GroupStorePrefix(const Config& config, const std::string& learner_id) {
-  std::string generation = "0";
-  for (const char* name : {"MEND_GROUP_GENERATION", "TORCHELASTIC_RESTART_COUNT"}) {
-    if (const char* value = std::getenv(name); value != nullptr && *value != '\0') {
-      generation = value;
-      break;
-    }
-  }
-  return fmt::format("{}/group/{}/{}/", config.job_id, learner_id, generation);
+  const char* restarts = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  return fmt::format("{}/group/{}/{}.{}/", config.job_id, learner_id, config.group_generation,
+                     restarts != nullptr && *restarts != '\0' ? restarts : "0");
 }
 
 SliceRange SliceOf(size_t total, int size, int rank) {
@@ -253,10 +250,31 @@ StatusOr<std::unique_ptr<LearnerGroup>> LearnerGroup::Join(const Config& config,
                               group->rank_, group->size_, comm.status().message()));
   }
   group->comm_ = std::move(*comm);
+  MEND_RETURN_IF_ERROR(group->CheckSameModel());
   spdlog::info("learner '{}': group rank {} of {}, slice [{}, {}) of the model's values", agent.id(), group->rank_,
                group->size_, group->slices_[static_cast<size_t>(group->rank_)].begin,
                group->slices_[static_cast<size_t>(group->rank_)].end);
   return group;
+}
+
+Status LearnerGroup::CheckSameModel() {
+  std::string layout;
+  size_t total = 0;
+  for (size_t i = 0; i < full_.count(); ++i) {
+    layout += fmt::format("{}{}\n", full_.name(i), fmt::join(full_.shape(i), "x"));
+    total += full_.numel(i);
+  }
+  const std::array<unsigned char, 32> mine = Sha256Digest(layout.data(), layout.size());
+  MEND_ASSIGN_OR_RETURN(auto all, Gather(std::as_bytes(std::span(mine))));
+  for (int q = 0; q < size_; ++q) {
+    if (std::memcmp(all.data() + static_cast<size_t>(q) * mine.size(), mine.data(), mine.size()) != 0) {
+      return InvalidArgumentError(fmt::format(
+          "learner '{}': group rank {}'s parameters (names and shapes) differ from group rank {}'s ({} parameters, "
+          "{} values); every rank of a learner must hold the same model",
+          inner_.id(), q, rank_, full_.count(), total));
+    }
+  }
+  return OkStatus();
 }
 
 std::unique_ptr<FlatParameters> LearnerGroup::Slice() {

@@ -52,16 +52,16 @@ struct SliceRange {
 SliceRange SliceOf(size_t total, int size, int rank);
 
 // Where learner `learner_id`'s group keeps its keys in the lighthouse's
-// store: <job>/group/<learner>/<generation>/, the generation from
-// MEND_GROUP_GENERATION or TORCHELASTIC_RESTART_COUNT (0 without), so that a
-// group restarted by its launcher does not meet its old keys.
+// store: <job>/group/<learner>/<group_generation>.<torchrun's restart
+// count>/, so that a group restarted by its launcher does not meet its old
+// keys.
 std::string GroupStorePrefix(const Config& config, const std::string& learner_id);
 
 class LearnerGroup {
  public:
   // Connects the group's communicator (every rank of learner agent.id(),
-  // generation from TORCHELASTIC_RESTART_COUNT or MEND_GROUP_GENERATION, 0
-  // without), waiting up to collective_timeout_ms for the others. `agent`
+  // under GroupStorePrefix), waiting up to collective_timeout_ms for the
+  // others, and checks that they hold the same model. `agent`
   // (rank 0's registered one, or a group rank's, see LearnerAgent::Start)
   // and `full` (this replica's whole model) are not owned and must outlive
   // the group.
@@ -90,6 +90,8 @@ class LearnerGroup {
 
  private:
   LearnerGroup(const Config& config, LearnerAgent& agent, FlatParameters& full, std::string base);
+  // INVALID_ARGUMENT when another rank's parameter names or shapes differ.
+  Status CheckSameModel();
   // One group collective: every rank's `mine` (the same size), by rank.
   StatusOr<std::vector<std::byte>> Gather(std::span<const std::byte> mine);
 

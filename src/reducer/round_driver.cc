@@ -214,6 +214,7 @@ class RoundDriverImpl final : public RoundDriver {
 
   Status step(uint64_t tokens) override {
     if (shut_down_) return FailedPreconditionError("reducer: step() after shutdown()");
+    MEND_RETURN_IF_ERROR(group_broken_);
     MEND_RETURN_IF_ERROR(agent_.fatal_status());
     // A group's ranks each pass their own tokens; the group trained R times
     // as many (DDP: the same batch size on every rank).
@@ -282,6 +283,18 @@ class RoundDriverImpl final : public RoundDriver {
 
   Status shutdown() override {
     if (shut_down_) return OkStatus();
+    if (!group_broken_.ok()) {
+      // A rank of this group is gone: no collective of the group can
+      // complete, so the round in flight is called off, not waited for.
+      if (in_flight_) {
+        agent_.Interrupt();
+        in_flight_->thread.join();
+        in_flight_.reset();
+      }
+      shut_down_ = true;
+      (void)agent_.Leave(std::string(group_broken_.message()));
+      return group_broken_;
+    }
     // A join still waiting once the round of the job's last boundary (the
     // last within a fragment period of this final step) closed without it
     // would wait for a round that never comes: it is called off, and the
@@ -438,7 +451,9 @@ class RoundDriverImpl final : public RoundDriver {
     flight->launched = clock_.NowMicros();
     stats_.overlap_steps = overlap_.Tau();
     if (group_ && concurrent_) {
-      MEND_ASSIGN_OR_RETURN(stats_.overlap_steps, group_->AgreeTau(stats_.overlap_steps));
+      StatusOr<uint64_t> tau = group_->AgreeTau(stats_.overlap_steps);
+      if (!tau.ok()) return BreakGroup(tau.status());
+      stats_.overlap_steps = *tau;
     }
     flight->apply_at_step = stats_.steps + stats_.overlap_steps;
     flight->tokens = fragment.tokens_since_round;
@@ -485,8 +500,9 @@ class RoundDriverImpl final : public RoundDriver {
     std::unique_ptr<InFlight> flight = std::move(in_flight_);
     flight->thread.join();
     if (group_) {
-      MEND_ASSIGN_OR_RETURN(const bool all_ok, group_->AllOk(flight->outcome.ok()));
-      if (!all_ok && flight->outcome.ok()) {
+      StatusOr<bool> all_ok = group_->AllOk(flight->outcome.ok());
+      if (!all_ok.ok()) return BreakGroup(all_ok.status());
+      if (!*all_ok && flight->outcome.ok()) {
         flight->outcome = AbortedError(fmt::format(
             "round {}: another rank of this group failed its slice", flight->outcome->round_id));
         last_round_id_ = flight->previous_round_id;
@@ -577,7 +593,9 @@ class RoundDriverImpl final : public RoundDriver {
     }
     stats_.rounds++;
     stats_.last_round_id = outcome.round_id;
-    if (group_) MEND_RETURN_IF_ERROR(group_->ShareParameters());
+    if (group_) {
+      if (Status shared = group_->ShareParameters(); !shared.ok()) return BreakGroup(shared);
+    }
     RecordRound(*flight);  // after the commit: its digest is of the new global state
     MaybeCheckpoint(outcome.round_id, outcome.rank, outcome.members);
     return OkStatus();
@@ -592,6 +610,14 @@ class RoundDriverImpl final : public RoundDriver {
       hash.Update(fragment.state->momentum());
     }
     return hash.Hex();
+  }
+
+  // The group lost a rank (a collective among its ranks failed): every
+  // later step() and shutdown() report it; the group is the unit of failure.
+  Status BreakGroup(Status status) {
+    spdlog::error("{}; this rank stops (the group is restarted as a whole)", status);
+    group_broken_ = status;
+    return status;
   }
 
   // SHA-256 (hex) of a group rank's whole model, parameter by parameter.
@@ -863,6 +889,7 @@ class RoundDriverImpl final : public RoundDriver {
   Micros last_return_ = 0;  // when step() last returned
   bool stepped_ = false;
   bool shut_down_ = false;
+  Status group_broken_ = OkStatus();
   CheckpointWriter checkpoint_writer_{config_.checkpoint_dir, static_cast<int>(config_.checkpoint_keep)};
 };
 

@@ -206,7 +206,11 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config, c
   // heal) the source's.
   int64_t step = reducer ? static_cast<int64_t>(reducer->stats().steps) : options.start_step;
   int64_t steps_run = 0;
-  while (step < options.steps && !(signals && signals->stop.load())) {
+  // A group's ranks stop together: a rank asked to stop tells the others
+  // with its next gradient average, and all end after that step.
+  auto stop_asked = [&]() { return signals && signals->stop.load(); };
+  while (step < options.steps && (group_data_parallel ? !group_data_parallel->StopAgreed() : !stop_asked())) {
+    if (group_data_parallel && stop_asked()) group_data_parallel->RequestStop();
     ++step;
     ++steps_run;
     const auto begin = SteadyClock::now();
@@ -220,7 +224,14 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config, c
     }
     if (group_data_parallel) {
       failure = group_data_parallel->AverageGradients(tokens_per_step);
-      if (!failure.ok()) break;
+      if (!failure.ok()) {
+        // A rank of this learner is gone: the whole group stops (its launcher
+        // restarts it), the round in flight called off rather than waited for.
+        spdlog::error("the group's gradient average failed: {}; this rank stops", failure);
+        reducer.reset();
+        if (agent) (void)agent->Leave("a rank of this learner's group is gone");
+        break;
+      }
     }
     torch::nn::utils::clip_grad_norm_(model->parameters(), options.clip);
     for (auto& group : optimizer.param_groups()) {

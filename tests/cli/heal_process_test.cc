@@ -11,6 +11,7 @@
 #include <map>
 
 #include "cli/process_fixture.h"
+#include "fmt/format.h"
 #include "gmock/gmock.h"
 #include "test_util/synthetic_corpus.h"
 
@@ -23,14 +24,26 @@ constexpr Micros kWait = 120 * kMicrosPerSecond;
 
 class HealProcessTest : public testing_util::ProcessFixture {
  protected:
-  std::unique_ptr<Subprocess> Train(const std::string& id, int shard, int64_t steps) {
+  // `group` = {size, rank, generation} for a rank of a multi-rank learner.
+  std::unique_ptr<Subprocess> Train(const std::string& id, int shard, int64_t steps,
+                                    std::array<int, 3> group = {1, 0, 0}) {
     std::vector<std::string> argv = {
         MEND_BINARY, "train", "--mode", "diloco", "--id", id, "--shard", std::to_string(shard), "--shards", "2",
         "--steps", std::to_string(steps), "--dim", "16", "--layers", "1", "--batch", "4", "--corpus",
         dir_ + "/corpus", "--lighthouse", grpc_address_, "--token-file", token_file_, "--sync-every", "5",
         "--diagnostics-dir", dir_ + "/diagnostics", "--progress-json", "--progress-every", "1", "--set",
         "overlap_steps=2", "--set", "heartbeat_timeout_ms=1000", "--set", "collective_timeout_ms=5000"};
-    auto child = Subprocess::Spawn({argv, {}, "pipe", dir_ + "/" + id + ".log", false});
+    std::vector<std::string> env;
+    std::string name = id;
+    if (group[0] > 1) {
+      argv.insert(argv.end(), {"--group-size", std::to_string(group[0]), "--group-rank", std::to_string(group[1])});
+      argv.insert(argv.end(), {"--set", fmt::format("group_generation={}", group[2])});
+      name = fmt::format("{}.{}.{}", id, group[1], group[2]);
+    }
+    // Only a group's rank 0 is read (AwaitProgress): the others' progress
+    // goes to a file, or a full pipe would stall them (and their group).
+    const std::string out = group[1] == 0 ? "pipe" : dir_ + "/" + name + ".out";
+    auto child = Subprocess::Spawn({argv, env, out, dir_ + "/" + name + ".log", false});
     EXPECT_TRUE(child.ok()) << child.status();
     return std::move(*child);
   }
@@ -110,6 +123,119 @@ TEST_F(HealProcessTest, RestartedLearnerHealsAndMatchesBitForBit) {
   }
   EXPECT_TRUE(healed);
   EXPECT_GE(shared, 2u);
+}
+
+// A learner of two ranks loses one (SIGKILL): its other rank stops too (the
+// group is the unit of failure) and leaves, learner a goes on alone; the
+// group's launcher starts both ranks again, which heal slice by slice from
+// a's ranks and from then on hold bit-identical global slices, and each
+// group's two replicas the same parameters.
+TEST_F(HealProcessTest, AGroupThatLostARankRestartsHealsSliceBySliceAndMatches) {
+  testing_util::WriteSyntheticFortunes(dir_ + "/corpus");
+  StartLighthouse({"--min-learners", "1", "--grace-window-ms", "1000", "--heartbeat-timeout-ms", "1000"});
+  auto a0 = Train("a", 0, 1'000'000, {2, 0, 0});
+  auto a1 = Train("a", 0, 1'000'000, {2, 1, 0});
+  auto b0 = Train("b", 1, 1'000'000, {2, 0, 0});
+  auto b1 = Train("b", 1, 1'000'000, {2, 1, 0});
+  ASSERT_TRUE(AwaitProgress(*a0, "rounds", 1));
+  ASSERT_TRUE(AwaitProgress(*b0, "step", 20));
+  b1->Kill();
+  // b's rank 0 notices (its gradient average or the group's round breaks)
+  // and exits with an error instead of waiting.
+  auto b0_exit = b0->Wait(kWait);
+  ASSERT_TRUE(b0_exit.ok()) << "b's rank 0 kept running after b's rank 1 died";
+  EXPECT_TRUE(WIFEXITED(*b0_exit) && WEXITSTATUS(*b0_exit) != 0);
+  const size_t b_rounds_before[2] = {Rounds("b.rank0").size(), Rounds("b.rank1").size()};
+  // a completes rounds without b meanwhile.
+  int64_t a_rounds = 0;
+  for (const json& round : Rounds("a.rank0")) a_rounds += round["ok"].get<bool>() ? 1 : 0;
+  ASSERT_TRUE(AwaitProgress(*a0, "rounds", a_rounds + 2));
+  // The launcher restarts the group (a new generation of its keys).
+  auto b0_2 = Train("b", 1, 1'000'000, {2, 0, 1});
+  auto b1_2 = Train("b", 1, 1'000'000, {2, 1, 1});
+  ASSERT_TRUE(AwaitProgress(*b0_2, "rounds", 3));
+  // Stopping one rank of a group stops the group after the same step.
+  ASSERT_TRUE(b0_2->Signal(SIGTERM).ok());
+  ASSERT_TRUE(a0->Signal(SIGTERM).ok());
+  for (auto* learner : {&b0_2, &b1_2, &a0, &a1}) {
+    auto exited = (*learner)->Wait(kWait);
+    ASSERT_TRUE(exited.ok());
+    EXPECT_TRUE(WIFEXITED(*exited) && WEXITSTATUS(*exited) == 0)
+        << (learner == &b0_2 ? "b.0" : learner == &b1_2 ? "b.1" : learner == &a0 ? "a.0" : "a.1") << " " << *exited;
+  }
+  // By round id: a's ranks' slices and parameters.
+  std::map<uint64_t, json> a_rounds_by_id[2];
+  for (int r = 0; r < 2; ++r) {
+    for (const json& round : Rounds(fmt::format("a.rank{}", r))) {
+      if (round["ok"].get<bool>()) a_rounds_by_id[r][round["round_id"].get<uint64_t>()] = round;
+    }
+  }
+  size_t shared = 0;
+  for (int r = 0; r < 2; ++r) {
+    std::vector<json> b_rounds = Rounds(fmt::format("b.rank{}", r));
+    bool healed = false;
+    for (size_t i = b_rounds_before[r]; i < b_rounds.size(); ++i) {
+      const json& round = b_rounds[i];
+      if (!round["ok"].get<bool>()) continue;
+      if (!healed && round.value("healed", false)) {
+        EXPECT_EQ(round["heal_source"], "a");
+        EXPECT_GT(round["heal_bytes"].get<uint64_t>(), 0u);
+        healed = true;
+      }
+      auto it = a_rounds_by_id[r].find(round["round_id"].get<uint64_t>());
+      if (!healed || it == a_rounds_by_id[r].end()) continue;
+      // Slice r of the global state: the same in a's rank r and b's rank r.
+      EXPECT_EQ(round["global_sha256"], it->second["global_sha256"]) << "rank " << r << " round " << round["round_id"];
+      ++shared;
+    }
+    EXPECT_TRUE(healed) << "rank " << r;
+  }
+  EXPECT_GE(shared, 4u);
+  // Each group's replicas: equal after every round.
+  for (const char* id : {"a", "b"}) {
+    std::map<uint64_t, std::string> rank0;
+    for (const json& round : Rounds(fmt::format("{}.rank0", id))) {
+      if (round["ok"].get<bool>()) rank0[round["round_id"].get<uint64_t>()] = round["parameters_sha256"];
+    }
+    for (const json& round : Rounds(fmt::format("{}.rank1", id))) {
+      if (!round["ok"].get<bool>()) continue;
+      auto it = rank0.find(round["round_id"].get<uint64_t>());
+      if (it != rank0.end()) EXPECT_EQ(round["parameters_sha256"], it->second) << id << " round " << round["round_id"];
+    }
+  }
+}
+
+// A stopped rank (SIGSTOP: a hung host) takes its group out, not the job:
+// the other learner's rounds go on without the group, and the group's other
+// rank gives up on it at the collective timeout and leaves.
+TEST_F(HealProcessTest, AStoppedRankLeavesItsGroupOutNotTheJobStalled) {
+  testing_util::WriteSyntheticFortunes(dir_ + "/corpus");
+  StartLighthouse({"--min-learners", "1", "--grace-window-ms", "1000", "--heartbeat-timeout-ms", "1000"});
+  auto a0 = Train("a", 0, 1'000'000, {2, 0, 0});
+  auto a1 = Train("a", 0, 1'000'000, {2, 1, 0});
+  auto b0 = Train("b", 1, 1'000'000, {2, 0, 0});
+  auto b1 = Train("b", 1, 1'000'000, {2, 1, 0});
+  ASSERT_TRUE(AwaitProgress(*a0, "rounds", 1));
+  ASSERT_TRUE(AwaitProgress(*b0, "rounds", 1));
+  ASSERT_TRUE(b1->Signal(SIGSTOP).ok());
+  auto b0_exit = b0->Wait(kWait);
+  ASSERT_TRUE(b0_exit.ok()) << "b's rank 0 waited on for its stopped rank 1";
+  EXPECT_TRUE(WIFEXITED(*b0_exit) && WEXITSTATUS(*b0_exit) != 0);
+  int64_t a_rounds = 0;
+  for (const json& round : Rounds("a.rank0")) a_rounds += round["ok"].get<bool>() ? 1 : 0;
+  ASSERT_TRUE(AwaitProgress(*a0, "rounds", a_rounds + 2));  // a goes on
+  // The lighthouse no longer counts b (it left when its rank 0 gave up).
+  AwaitStatus(10 * kMicrosPerSecond, [](const json& status) {
+    const json* b = FindLearner(status, "b");
+    return b == nullptr || (*b)["state"] != "alive";
+  }, "learner b is no longer alive");
+  b1->Kill();
+  ASSERT_TRUE(a0->Signal(SIGTERM).ok());
+  for (auto* learner : {&a0, &a1}) {
+    auto exited = (*learner)->Wait(kWait);
+    ASSERT_TRUE(exited.ok());
+    EXPECT_TRUE(WIFEXITED(*exited) && WEXITSTATUS(*exited) == 0);
+  }
 }
 
 }  // namespace

@@ -23,11 +23,12 @@ constexpr char kToken[] = "learner-group-test-token-0123456789";
 // are uneven for 2 and 3 ranks.
 class VectorParameters final : public FlatParameters {
  public:
-  explicit VectorParameters(float start) : values_{std::vector<float>(10, start), std::vector<float>(3, start)} {}
+  explicit VectorParameters(float start, size_t w = 10)
+      : values_{std::vector<float>(w, start), std::vector<float>(3, start)} {}
   size_t count() const override { return 2; }
   const std::string& name(size_t i) const override { return names_[i]; }
   std::vector<int64_t> shape(size_t i) const override {
-    return i == 0 ? std::vector<int64_t>{2, 5} : std::vector<int64_t>{3};
+    return i == 0 ? std::vector<int64_t>{2, static_cast<int64_t>(values_[0].size() / 2)} : std::vector<int64_t>{3};
   }
   size_t numel(size_t i) const override { return values_[i].size(); }
   void CopyOut(size_t i, std::span<float> out) const override {
@@ -192,6 +193,34 @@ TEST(LearnerGroupTest, TheLighthouseRefusesALearnerOfAnotherGroupSize) {
   EXPECT_NE(other.status().message().find("group_size = 1: this job's learners are groups of 2"), std::string::npos)
       << other.status();
   EXPECT_NE(other.status().message().find("learner-0"), std::string::npos) << other.status();
+}
+
+TEST(LearnerGroupTest, RanksWithDifferentModelsAreRefusedByName) {
+  Config config = testing_util::SynchronousJobConfig(1, 5);
+  auto server = LighthouseServer::Start(config, kToken);
+  ASSERT_TRUE(server.ok()) << server.status();
+  config.lighthouse = (*server)->grpc_address();
+  config.group_size = 2;
+  Status errors[2];
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r]() {
+      Config mine = config;
+      mine.group_rank = r;
+      auto agent = LearnerAgent::Start(mine, kToken, {"learner-0", "", "", ""});
+      ASSERT_TRUE(agent.ok()) << agent.status();
+      FakeClock clock;
+      auto driver = RoundDriver::Create(mine, **agent, clock, std::make_unique<VectorParameters>(1.0f, r == 0 ? 10 : 12),
+                                        nullptr, 0);
+      errors[r] = driver.status();
+    });
+  }
+  for (auto& rank : ranks) rank.join();
+  EXPECT_EQ(errors[0].code(), StatusCode::kInvalidArgument) << errors[0];
+  EXPECT_NE(errors[0].message().find("group rank 1's parameters (names and shapes) differ from group rank 0's"),
+            std::string::npos)
+      << errors[0];
+  EXPECT_EQ(errors[1].code(), StatusCode::kInvalidArgument) << errors[1];
 }
 
 TEST(LearnerGroupTest, WhatGroupsDoNotDoYetIsRefusedByName) {
