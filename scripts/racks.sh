@@ -13,6 +13,16 @@
 #   scripts/racks.sh [options] --a "COMMAND A" --b "COMMAND B"
 #       the same, but runs COMMAND A in rack A and COMMAND B in rack B at once.
 #
+#   scripts/racks.sh --racks N --hosts H [--rate 1gbit] -- COMMAND...
+#       hosts instead: N racks of H hosts, one namespace per host, all on one
+#       bridge in this namespace (198.19.0.1, where a lighthouse can listen);
+#       host h of rack k is 198.19.k.h. What a host sends to another rack
+#       is shaped to --rate (its cross-rack link: an htb class chosen by
+#       destination); inside its rack it is not. COMMAND runs here with
+#         HOST_NS_<k>_<h> / HOST_ADDR_<k>_<h>   each host (k, h from 1)
+#         RACKS_BRIDGE_ADDR                     this namespace's address
+#         RACK_RATE                             the shaped rate as given
+#
 # Where namespaces cannot be made (no root, no CAP_NET_ADMIN, a container
 # without them) it says so and exits 77, the conventional "skipped" status.
 # Shaping is tbf only: netem (delay, loss) is not available everywhere; the
@@ -24,15 +34,19 @@ burst=512kb
 latency_ms=50
 command_a=""
 command_b=""
+racks=0
+hosts=0
 while (($#)); do
   case "$1" in
+    --racks) racks=$2; shift 2 ;;
+    --hosts) hosts=$2; shift 2 ;;
     --rate) rate=$2; shift 2 ;;
     --burst) burst=$2; shift 2 ;;
     --latency-ms) latency_ms=$2; shift 2 ;;
     --a) command_a=$2; shift 2 ;;
     --b) command_b=$2; shift 2 ;;
     --) shift; break ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
     *) echo "racks.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -43,6 +57,61 @@ fi
 
 # Unique per run, so parallel runs (and leftovers of a killed one) never clash.
 tag=$$
+
+if ((hosts > 0)); then
+  if ((racks < 1 || racks > 9 || hosts > 9 || $# == 0)); then
+    echo "racks.sh: --racks 1..9 and --hosts 1..9, then -- COMMAND (see --help)" >&2
+    exit 2
+  fi
+  if ! command -v ip >/dev/null || ! command -v tc >/dev/null; then
+    echo "racks.sh: skipped: 'ip' and 'tc' (Debian package iproute2) are not installed" >&2
+    exit 77
+  fi
+  bridge="mbr$tag"
+  if ! ip link add "$bridge" type bridge 2>/dev/null; then
+    echo "racks.sh: skipped: cannot create a bridge here (needs root / CAP_NET_ADMIN)" >&2
+    exit 77
+  fi
+  namespaces=()
+  cleanup_hosts() {
+    for ns in "${namespaces[@]}"; do ip netns del "$ns" 2>/dev/null || true; done
+    ip link del "$bridge" 2>/dev/null || true
+  }
+  trap cleanup_hosts EXIT INT TERM
+  ip addr add 198.19.0.1/16 dev "$bridge"
+  ip link set "$bridge" up
+  export RACKS_BRIDGE_ADDR=198.19.0.1 RACK_RATE="$rate"
+  for ((k = 1; k <= racks; k++)); do
+    for ((h = 1; h <= hosts; h++)); do
+      ns="mend-host-$tag-$k-$h"
+      outer="mh$tag$k$h"
+      inner="mhi$tag$k$h"
+      ip netns add "$ns"
+      namespaces+=("$ns")
+      ip link add "$outer" type veth peer name "$inner"
+      ip link set "$inner" netns "$ns"
+      ip link set "$outer" master "$bridge" up
+      ip -n "$ns" link set lo up
+      ip -n "$ns" addr add "198.19.$k.$h/16" dev "$inner"
+      ip -n "$ns" link set "$inner" up
+      ip netns exec "$ns" ethtool -K "$inner" gso off tso off gro off >/dev/null 2>&1 || true
+      # Class 1:20 is the host's cross-rack link ($rate), 1:10 everything else.
+      tc -n "$ns" qdisc add dev "$inner" root handle 1: htb default 10
+      tc -n "$ns" class add dev "$inner" parent 1: classid 1:10 htb rate 100gbit quantum 60000
+      tc -n "$ns" class add dev "$inner" parent 1: classid 1:20 htb rate "$rate" burst "$burst" quantum 60000
+      for ((other = 1; other <= racks; other++)); do
+        ((other == k)) && continue
+        tc -n "$ns" filter add dev "$inner" parent 1: protocol ip prio 1 u32 \
+          match ip dst "198.19.$other.0/24" flowid 1:20
+      done
+      export "HOST_NS_${k}_${h}=$ns" "HOST_ADDR_${k}_${h}=198.19.$k.$h"
+    done
+  done
+  echo "racks.sh: $racks racks x $hosts hosts on bridge $bridge (198.19.0.1), cross-rack $rate per host" >&2
+  status=0
+  "$@" || status=$?
+  exit "$status"
+fi
 ns_a="mend-rack-a-$tag"
 ns_b="mend-rack-b-$tag"
 veth_a="mra$tag"

@@ -45,4 +45,43 @@ if ip netns list | grep -q -e "^$a" -e "^$b"; then
   echo "namespaces left behind: $a $b"
   exit 1
 fi
-echo "racks test passed: $a <-> $b, lighthouse reached across the shaped link, cleaned up"
+
+# Host mode: 2 racks x 2 hosts on a bridge, each host's cross-rack traffic
+# in a shaped htb class; a lighthouse on the bridge answers a host.
+hosts_inside() {
+  set -e
+  for host in 1_1 1_2 2_1 2_2; do
+    ns_var="HOST_NS_$host"
+    ns=${!ns_var}
+    ip netns list | grep -q "^$ns" || { echo "no namespace $ns"; return 1; }
+    tc -n "$ns" class show dev "$(ip -n "$ns" -o link show | sed -n 's/^[0-9]*: \(mhi[^@:]*\).*/\1/p')" \
+      | grep -q "1:20.*rate 100Mbit" || { echo "no shaped cross-rack class on $ns"; return 1; }
+  done
+  "$mend" lighthouse --bind "$RACKS_BRIDGE_ADDR:0" --http "" --token-file "$work/token" --log-level warn \
+    > "$work/lighthouse2.out" 2>&1 &
+  local lighthouse=$!
+  local address=""
+  for _ in $(seq 100); do
+    address=$(sed -n 's/.*grpc=\([^ ]*\).*/\1/p' "$work/lighthouse2.out")
+    [[ -n "$address" ]] && break
+    sleep 0.1
+  done
+  [[ -n "$address" ]] || { echo "lighthouse did not start"; cat "$work/lighthouse2.out"; return 1; }
+  ip netns exec "$HOST_NS_2_2" "$mend" status --lighthouse "$address" --token-file "$work/token" \
+    > "$work/status2.json" || { echo "host 2.2 could not reach the lighthouse on the bridge"; return 1; }
+  kill "$lighthouse"
+  wait "$lighthouse" 2>/dev/null || true
+  grep -q '"learners"' "$work/status2.json" || { echo "no status document"; return 1; }
+  echo "$HOST_NS_1_1 $HOST_NS_2_2" > "$work/host_names"
+}
+export -f hosts_inside
+"$here/scripts/racks.sh" --racks 2 --hosts 2 --rate 100mbit -- bash -c hosts_inside 2> "$work/hosts.err"
+status=$?
+[[ $status -eq 0 ]] || { echo "racks.sh --hosts or its checks failed ($status)"; cat "$work/hosts.err"; exit 1; }
+read -r a2 b2 < "$work/host_names"
+if ip netns list | grep -q -e "^$a2" -e "^$b2"; then
+  echo "host namespaces left behind: $a2 $b2"
+  exit 1
+fi
+echo "racks test passed: $a <-> $b, lighthouse reached across the shaped link; 2 x 2 hosts with shaped" \
+  "cross-rack classes; cleaned up"

@@ -1,0 +1,300 @@
+// Multi-rank learners: a round's exchange time and cross-rack bytes per host
+// with 1 rank per learner against R ranks per learner (the sharded
+// exchange), side by side in one run on the same model.
+//
+//   mend_group_bench [--learners 2] [--ranks 1,2] [--mib 64] [--rounds 5]
+//                    [--codec fp32] [--link-rate-mbit 200] [--netns]
+//                    [--csv bench-results/group.csv]
+//
+// Each run starts a lighthouse (mend-lighthouse) and learners x R worker
+// processes (this binary with --worker). A worker is one rank: it holds a
+// model of --mib MiB in plain vectors (8 parameters), "trains" it by a fixed
+// amount per step, and runs the round driver with a synchronous round every
+// step (H = 1); a round's time is its step()'s (quorum, the slice's merge
+// across racks, the group's agreement and all-gather). The first round is a
+// warm-up. The driver prints, per R, the median over rounds of the slowest
+// rank's round time and the cross-rack bytes each host sent per round.
+//
+// With --netns it runs under `scripts/racks.sh --racks L --hosts R --rate X
+// -- ...`: learner l's rank r in host namespace (l+1, r+1), whose cross-rack
+// traffic the kernel shapes to X (htb); the lighthouse on the bridge. Without
+// it, on loopback with the data plane's link emulation at --link-rate-mbit
+// per rank (each host's own link; the group's own connections unshaped).
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "CLI/CLI.hpp"
+#include "core/status_format.h"
+#include "core/subprocess.h"
+#include "fmt/format.h"
+#include "mend/learner_agent.h"
+#include "mend/logging.h"
+#include "nlohmann/json.hpp"
+#include "reducer/round_driver.h"
+
+namespace mend::bench {
+namespace {
+
+using json = nlohmann::json;
+using SteadyClock = std::chrono::steady_clock;
+constexpr char kToken[] = "group-bench-token-0123456789abcdef";
+constexpr int kParameters = 8;
+
+// kParameters parameters of `values` / kParameters floats.
+class Model final : public reducer::FlatParameters {
+ public:
+  explicit Model(size_t values) : values_(kParameters, std::vector<float>(values / kParameters, 0.01f)) {
+    for (int i = 0; i < kParameters; ++i) names_.push_back(fmt::format("layer{}.weight", i));
+  }
+  size_t count() const override { return values_.size(); }
+  const std::string& name(size_t i) const override { return names_[i]; }
+  std::vector<int64_t> shape(size_t i) const override { return {static_cast<int64_t>(values_[i].size())}; }
+  size_t numel(size_t i) const override { return values_[i].size(); }
+  void CopyOut(size_t i, std::span<float> out) const override {
+    std::memcpy(out.data(), values_[i].data(), out.size_bytes());
+  }
+  void CopyIn(size_t i, std::span<const float> in) override { std::memcpy(values_[i].data(), in.data(), in.size_bytes()); }
+  void Train(float by) {
+    for (auto& values : values_) {
+      for (float& v : values) v += by;
+    }
+  }
+
+ private:
+  std::vector<std::vector<float>> values_;
+  std::vector<std::string> names_;
+};
+
+struct WorkerArgs {
+  std::string lighthouse;
+  std::string host = "127.0.0.1";
+  int learner = 0;
+  int learners = 2;
+  int rank = 0;
+  int ranks = 1;
+  int mib = 64;
+  int rounds = 5;
+  std::string codec = "fp32";
+  double link_rate_mbit = 0;
+};
+
+int RunWorker(const WorkerArgs& args) {
+  Config config;
+  config.job_id = "bench";
+  config.lighthouse = args.lighthouse;
+  config.log_level = "warn";
+  config.group_size = args.ranks;
+  config.group_rank = args.rank;
+  config.sync_period_steps = 1;
+  config.concurrent_outer_step = false;
+  config.quorum_min_learners = args.learners;
+  config.quorum_timeout_ms = 300000;
+  config.collective_timeout_ms = 300000;
+  config.codec = args.codec;
+  config.dataplane_host = args.host;
+  config.link_rate_mbit = args.link_rate_mbit;
+  (void)InitLogging(config.log_level, fmt::format("learner-{}.{}", args.learner, args.rank));  // to stderr
+  auto agent = LearnerAgent::Start(config, kToken, {fmt::format("learner-{}", args.learner), "", "", ""});
+  if (!agent.ok()) {
+    fmt::print(stderr, "worker: {}\n", agent.status());
+    return 1;
+  }
+  auto model = std::make_unique<Model>(static_cast<size_t>(args.mib) << 18);
+  Model* view = model.get();
+  auto driver = reducer::RoundDriver::Create(config, **agent, *RealClock(), std::move(model), nullptr, 0);
+  if (!driver.ok()) {
+    fmt::print(stderr, "worker: {}\n", driver.status());
+    return 1;
+  }
+  json seconds = json::array();
+  uint64_t bytes_before = 0;
+  for (int round = 0; round <= args.rounds; ++round) {  // round 0: warm-up
+    view->Train(0.001f * static_cast<float>(args.learner + 1));
+    if (round == 1) bytes_before = (*driver)->stats().bytes_sent;
+    const auto begin = SteadyClock::now();
+    if (Status status = (*driver)->step(1000); !status.ok()) {
+      fmt::print(stderr, "worker: {}\n", status);
+      return 1;
+    }
+    if (round > 0) seconds.push_back(std::chrono::duration<double>(SteadyClock::now() - begin).count());
+  }
+  const ReducerStats stats = (*driver)->stats();
+  (void)(*driver)->shutdown();
+  json out = {{"learner", args.learner}, {"rank", args.rank}, {"seconds", seconds},
+              {"bytes_per_round", static_cast<double>(stats.bytes_sent - bytes_before) / args.rounds},
+              {"rounds_ok", stats.rounds}, {"rounds_failed", stats.failed_rounds}};
+  fmt::print("{}\n", out.dump());
+  return 0;
+}
+
+struct DriverArgs {
+  int learners = 2;
+  std::vector<int> ranks = {1, 2};
+  int mib = 64;
+  int rounds = 5;
+  std::string codec = "fp32";
+  double link_rate_mbit = 200;
+  bool netns = false;
+  std::string csv = "bench-results/group.csv";
+};
+
+std::string Env(const std::string& name) {
+  const char* value = std::getenv(name.c_str());
+  return value ? value : "";
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+struct RunResult {
+  double round_s = 0;          // median over rounds of the slowest rank
+  double bytes_per_host = 0;   // cross-rack bytes a host sent per round (mean over hosts)
+  uint64_t failed = 0;
+};
+
+StatusOr<RunResult> Run(const DriverArgs& args, int ranks, const std::string& self, const std::string& lighthouse_bin) {
+  const std::string dir = std::filesystem::temp_directory_path() / "mend-group-bench";
+  std::filesystem::create_directories(dir);
+  const std::string token_file = dir + "/token";
+  std::ofstream(token_file) << kToken << "\n";
+  const std::string bind = args.netns ? Env("RACKS_BRIDGE_ADDR") : "127.0.0.1";
+  MEND_ASSIGN_OR_RETURN(
+      auto lighthouse,
+      Subprocess::Spawn({{lighthouse_bin, "--bind", bind + ":0", "--http", "", "--token-file", token_file, "--job-id",
+                          "bench", "--min-learners", std::to_string(args.learners), "--log-level", "warn"},
+                         {}, "pipe", dir + "/lighthouse.log", false}));
+  MEND_ASSIGN_OR_RETURN(std::string line, lighthouse->ReadLine(30 * kMicrosPerSecond));
+  std::string address = line.substr(line.find("grpc=") + 5);
+  address = address.substr(0, address.find(' '));
+  std::vector<std::unique_ptr<Subprocess>> workers;
+  for (int l = 0; l < args.learners; ++l) {
+    for (int r = 0; r < ranks; ++r) {
+      std::vector<std::string> argv = {self, "--worker", "--lighthouse", address, "--learner", std::to_string(l),
+                                       "--learners", std::to_string(args.learners), "--rank", std::to_string(r),
+                                       "--ranks", std::to_string(ranks), "--mib", std::to_string(args.mib),
+                                       "--rounds", std::to_string(args.rounds), "--codec", args.codec};
+      if (args.netns) {
+        const std::string host = fmt::format("{}_{}", l + 1, r + 1);
+        const std::string ns = Env("HOST_NS_" + host);
+        if (ns.empty()) {
+          return FailedPreconditionError(fmt::format(
+              "--netns: no HOST_NS_{} (run under scripts/racks.sh --racks {} --hosts {} ...)", host, args.learners,
+              ranks));
+        }
+        argv.insert(argv.end(), {"--host", Env("HOST_ADDR_" + host)});
+        argv.insert(argv.begin(), {"/usr/bin/env", "ip", "netns", "exec", ns});
+      } else {
+        argv.insert(argv.end(), {"--link-rate-mbit", fmt::format("{}", args.link_rate_mbit)});
+      }
+      MEND_ASSIGN_OR_RETURN(auto worker, Subprocess::Spawn({argv, {}, "pipe", dir + "/worker.log", false}));
+      workers.push_back(std::move(worker));
+    }
+  }
+  std::vector<json> outputs;
+  Status failure = OkStatus();
+  for (auto& worker : workers) {
+    auto out = worker->ReadLine(3600 * kMicrosPerSecond);
+    if (!out.ok()) {
+      failure = InternalError(fmt::format("a worker printed no result ({}); see {}/worker.log", out.status(), dir));
+      continue;
+    }
+    outputs.push_back(json::parse(*out));
+  }
+  for (auto& worker : workers) (void)worker->Wait(60 * kMicrosPerSecond);
+  (void)lighthouse->Signal(SIGTERM);
+  (void)lighthouse->Wait(10 * kMicrosPerSecond);
+  MEND_RETURN_IF_ERROR(failure);
+  RunResult result;
+  std::vector<double> slowest(static_cast<size_t>(args.rounds), 0.0);
+  for (const json& out : outputs) {
+    for (size_t i = 0; i < slowest.size(); ++i) slowest[i] = std::max(slowest[i], out["seconds"][i].get<double>());
+    result.bytes_per_host += out["bytes_per_round"].get<double>() / static_cast<double>(outputs.size());
+    result.failed += out["rounds_failed"].get<uint64_t>();
+  }
+  result.round_s = Median(slowest);
+  return result;
+}
+
+int RunDriver(const DriverArgs& args) {
+  const std::string self = SelfExecutable();
+  const std::string lighthouse_bin =
+      (std::filesystem::path(self).parent_path().parent_path() / "mend-lighthouse").string();
+  if (!std::filesystem::path(args.csv).parent_path().empty()) {
+    std::filesystem::create_directories(std::filesystem::path(args.csv).parent_path());
+  }
+  const std::string where =
+      args.netns ? fmt::format("a namespace per host, cross-rack traffic shaped to {} per host (htb)", Env("RACK_RATE"))
+                 : fmt::format("loopback, each rank's cross-rack link emulated at {} Mbit/s", args.link_rate_mbit);
+  fmt::print("group bench: {} learners (one per rack), {} MiB model, codec {}, {} rounds after a warm-up;\n{}; "
+             "{} cores\n\n",
+             args.learners, args.mib, args.codec, args.rounds, where, std::thread::hardware_concurrency());
+  std::ofstream csv(args.csv);
+  csv << "where,learners,ranks_per_learner,model_mib,codec,round_s,cross_rack_mb_per_host_per_round,"
+         "round_ratio_vs_1_rank,bytes_ratio_vs_1_rank,failed_rounds\n";
+  fmt::print("{:>6} {:>12} {:>22} {:>14} {:>14} {:>7}\n", "ranks", "round s", "cross-rack MB/host/round",
+             "time vs 1 rank", "bytes vs 1", "failed");
+  std::optional<RunResult> one;
+  int exit_code = 0;
+  for (int ranks : args.ranks) {
+    auto result = Run(args, ranks, self, lighthouse_bin);
+    if (!result.ok()) {
+      fmt::print(stderr, "{} ranks: {}\n", ranks, result.status());
+      exit_code = 1;
+      continue;
+    }
+    if (ranks == 1) one = *result;
+    const std::string time_ratio = one ? fmt::format("{:.3f}", result->round_s / one->round_s) : "-";
+    const std::string bytes_ratio = one ? fmt::format("{:.3f}", result->bytes_per_host / one->bytes_per_host) : "-";
+    fmt::print("{:>6} {:>12.3f} {:>22.2f} {:>14} {:>14} {:>7}\n", ranks, result->round_s,
+               result->bytes_per_host / 1e6, time_ratio, bytes_ratio, result->failed);
+    csv << fmt::format("\"{}\",{},{},{},{},{:.4f},{:.3f},{},{},{}\n", args.netns ? "netns" : "emulated",
+                       args.learners, ranks, args.mib, args.codec, result->round_s, result->bytes_per_host / 1e6,
+                       one ? time_ratio : "", one ? bytes_ratio : "", result->failed);
+  }
+  fmt::print("\nCSV: {}\n", args.csv);
+  return exit_code;
+}
+
+}  // namespace
+}  // namespace mend::bench
+
+int main(int argc, char** argv) {
+  CLI::App app{"Multi-rank learners: sharded cross-rack exchange against one rank per learner"};
+  mend::bench::WorkerArgs w;
+  mend::bench::DriverArgs d;
+  bool worker = false;
+  app.add_flag("--worker", worker, "(internal) run one rank");
+  app.add_option("--lighthouse", w.lighthouse);
+  app.add_option("--host", w.host);
+  app.add_option("--learner", w.learner);
+  app.add_option("--rank", w.rank);
+  app.add_option("--learners", d.learners, "Learners, one per rack")->check(CLI::Range(2, 9));
+  app.add_option("--ranks", d.ranks, "Ranks per learner, one run each (1 first: the baseline)")->delimiter(',');
+  app.add_option("--mib", d.mib, "Model size in MiB")->check(CLI::Range(1, 4096));
+  app.add_option("--rounds", d.rounds, "Measured rounds")->check(CLI::Range(1, 1000));
+  app.add_option("--codec", d.codec, "The cross-rack codec");
+  app.add_option("--link-rate-mbit", d.link_rate_mbit, "Without --netns: each rank's emulated link");
+  app.add_flag("--netns", d.netns, "Place ranks in scripts/racks.sh's host namespaces");
+  app.add_option("--csv", d.csv, "Where the CSV goes");
+  // A worker gets the run's sizes through the same flags.
+  CLI11_PARSE(app, argc, argv);
+  if (worker) {
+    w.learners = d.learners;
+    w.ranks = d.ranks.empty() ? 1 : d.ranks.front();
+    w.mib = d.mib;
+    w.rounds = d.rounds;
+    w.codec = d.codec;
+    w.link_rate_mbit = d.link_rate_mbit;
+    return mend::bench::RunWorker(w);
+  }
+  return mend::bench::RunDriver(d);
+}
