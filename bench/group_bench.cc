@@ -1,10 +1,12 @@
 // Multi-rank learners: a round's exchange time and cross-rack bytes per host
 // with 1 rank per learner against R ranks per learner (the sharded
-// exchange), side by side in one run on the same model.
+// exchange), side by side in one run on the same model; with --hierarchy,
+// the flat merge against the rack-aware one (--per-rack learners in each
+// of --learners / --per-rack racks, one rank each).
 //
 //   mend_group_bench [--learners 2] [--ranks 1,2] [--mib 64] [--rounds 5]
 //                    [--codec fp32] [--link-rate-mbit 200] [--netns]
-//                    [--csv bench-results/group.csv]
+//                    [--hierarchy --per-rack 2] [--csv bench-results/group.csv]
 //
 // Each run starts a lighthouse (mend-lighthouse) and learners x R worker
 // processes (this binary with --worker). A worker is one rank: it holds a
@@ -16,7 +18,8 @@
 // rank's round time and the cross-rack bytes each host sent per round.
 //
 // With --netns it runs under `scripts/racks.sh --racks L --hosts R --rate X
-// -- ...`: learner l's rank r in host namespace (l+1, r+1), whose cross-rack
+// -- ...`: learner l's rank r in host namespace (rack of l, its index in
+// the rack x R + r + 1), whose cross-rack
 // traffic the kernel shapes to X (htb); the lighthouse on the bridge. Without
 // it, on loopback with the data plane's link emulation at --link-rate-mbit
 // per rank (each host's own link; the group's own connections unshaped).
@@ -82,6 +85,8 @@ struct WorkerArgs {
   int rounds = 5;
   std::string codec = "fp32";
   double link_rate_mbit = 0;
+  std::string rack;
+  bool rack_aware = false;
 };
 
 int RunWorker(const WorkerArgs& args) {
@@ -99,6 +104,8 @@ int RunWorker(const WorkerArgs& args) {
   config.codec = args.codec;
   config.dataplane_host = args.host;
   config.link_rate_mbit = args.link_rate_mbit;
+  config.rack = args.rack;
+  config.rack_aware = args.rack_aware;
   (void)InitLogging(config.log_level, fmt::format("learner-{}.{}", args.learner, args.rank));  // to stderr
   auto agent = LearnerAgent::Start(config, kToken, {fmt::format("learner-{}", args.learner), "", "", ""});
   if (!agent.ok()) {
@@ -114,9 +121,13 @@ int RunWorker(const WorkerArgs& args) {
   }
   json seconds = json::array();
   uint64_t bytes_before = 0;
+  uint64_t cross_before = 0;
   for (int round = 0; round <= args.rounds; ++round) {  // round 0: warm-up
     view->Train(0.001f * static_cast<float>(args.learner + 1));
-    if (round == 1) bytes_before = (*driver)->stats().bytes_sent;
+    if (round == 1) {
+      bytes_before = (*driver)->stats().bytes_sent;
+      cross_before = (*driver)->stats().cross_rack_bytes_sent;
+    }
     const auto begin = SteadyClock::now();
     if (Status status = (*driver)->step(1000); !status.ok()) {
       fmt::print(stderr, "worker: {}\n", status);
@@ -128,6 +139,8 @@ int RunWorker(const WorkerArgs& args) {
   (void)(*driver)->shutdown();
   json out = {{"learner", args.learner}, {"rank", args.rank}, {"seconds", seconds},
               {"bytes_per_round", static_cast<double>(stats.bytes_sent - bytes_before) / args.rounds},
+              {"cross_rack_bytes_per_round",
+               static_cast<double>(stats.cross_rack_bytes_sent - cross_before) / args.rounds},
               {"rounds_ok", stats.rounds}, {"rounds_failed", stats.failed_rounds}};
   fmt::print("{}\n", out.dump());
   return 0;
@@ -141,6 +154,8 @@ struct DriverArgs {
   std::string codec = "fp32";
   double link_rate_mbit = 200;
   bool netns = false;
+  bool hierarchy = false;
+  int per_rack = 1;
   std::string csv = "bench-results/group.csv";
 };
 
@@ -161,7 +176,8 @@ struct RunResult {
   uint64_t failed = 0;
 };
 
-StatusOr<RunResult> Run(const DriverArgs& args, int ranks, const std::string& self, const std::string& lighthouse_bin) {
+StatusOr<RunResult> Run(const DriverArgs& args, int ranks, bool rack_aware, const std::string& self,
+                        const std::string& lighthouse_bin) {
   const std::string dir = std::filesystem::temp_directory_path() / "mend-group-bench";
   std::filesystem::create_directories(dir);
   const std::string token_file = dir + "/token";
@@ -177,18 +193,22 @@ StatusOr<RunResult> Run(const DriverArgs& args, int ranks, const std::string& se
   address = address.substr(0, address.find(' '));
   std::vector<std::unique_ptr<Subprocess>> workers;
   for (int l = 0; l < args.learners; ++l) {
+    const int rack = l / args.per_rack;
+    const int in_rack = l % args.per_rack;
     for (int r = 0; r < ranks; ++r) {
       std::vector<std::string> argv = {self, "--worker", "--lighthouse", address, "--learner", std::to_string(l),
                                        "--learners", std::to_string(args.learners), "--rank", std::to_string(r),
                                        "--ranks", std::to_string(ranks), "--mib", std::to_string(args.mib),
-                                       "--rounds", std::to_string(args.rounds), "--codec", args.codec};
+                                       "--rounds", std::to_string(args.rounds), "--codec", args.codec,
+                                       "--rack", fmt::format("rack-{}", rack + 1)};
+      if (rack_aware) argv.push_back("--rack-aware");
       if (args.netns) {
-        const std::string host = fmt::format("{}_{}", l + 1, r + 1);
+        const std::string host = fmt::format("{}_{}", rack + 1, in_rack * ranks + r + 1);
         const std::string ns = Env("HOST_NS_" + host);
         if (ns.empty()) {
           return FailedPreconditionError(fmt::format(
-              "--netns: no HOST_NS_{} (run under scripts/racks.sh --racks {} --hosts {} ...)", host, args.learners,
-              ranks));
+              "--netns: no HOST_NS_{} (run under scripts/racks.sh --racks {} --hosts {} ...)", host,
+              args.learners / args.per_rack, args.per_rack * ranks));
         }
         argv.insert(argv.end(), {"--host", Env("HOST_ADDR_" + host)});
         argv.insert(argv.begin(), {"/usr/bin/env", "ip", "netns", "exec", ns});
@@ -217,11 +237,41 @@ StatusOr<RunResult> Run(const DriverArgs& args, int ranks, const std::string& se
   std::vector<double> slowest(static_cast<size_t>(args.rounds), 0.0);
   for (const json& out : outputs) {
     for (size_t i = 0; i < slowest.size(); ++i) slowest[i] = std::max(slowest[i], out["seconds"][i].get<double>());
-    result.bytes_per_host += out["bytes_per_round"].get<double>() / static_cast<double>(outputs.size());
+    result.bytes_per_host += out["cross_rack_bytes_per_round"].get<double>() / static_cast<double>(outputs.size());
     result.failed += out["rounds_failed"].get<uint64_t>();
   }
   result.round_s = Median(slowest);
   return result;
+}
+
+// Flat against rack-aware, one rank per learner.
+int RunHierarchy(const DriverArgs& args, const std::string& self, const std::string& lighthouse_bin) {
+  std::ofstream csv(args.csv);
+  csv << "where,learners,per_rack,model_mib,codec,merge,round_s,cross_rack_mb_per_learner_per_round,"
+         "round_ratio_vs_flat,bytes_ratio_vs_flat,failed_rounds\n";
+  fmt::print("{:>11} {:>12} {:>25} {:>12} {:>12} {:>7}\n", "merge", "round s", "cross-rack MB/learner/round",
+             "time vs flat", "bytes vs flat", "failed");
+  std::optional<RunResult> flat;
+  int exit_code = 0;
+  for (bool rack_aware : {false, true}) {
+    auto result = Run(args, 1, rack_aware, self, lighthouse_bin);
+    if (!result.ok()) {
+      fmt::print(stderr, "{}: {}\n", rack_aware ? "rack-aware" : "flat", result.status());
+      exit_code = 1;
+      continue;
+    }
+    if (!rack_aware) flat = *result;
+    const std::string time_ratio = flat ? fmt::format("{:.3f}", result->round_s / flat->round_s) : "-";
+    const std::string bytes_ratio = flat ? fmt::format("{:.3f}", result->bytes_per_host / flat->bytes_per_host) : "-";
+    const char* merge = rack_aware ? "rack-aware" : "flat";
+    fmt::print("{:>11} {:>12.3f} {:>25.2f} {:>12} {:>12} {:>7}\n", merge, result->round_s,
+               result->bytes_per_host / 1e6, time_ratio, bytes_ratio, result->failed);
+    csv << fmt::format("\"{}\",{},{},{},{},{},{:.4f},{:.3f},{},{},{}\n", args.netns ? "netns" : "emulated",
+                       args.learners, args.per_rack, args.mib, args.codec, merge, result->round_s,
+                       result->bytes_per_host / 1e6, time_ratio, bytes_ratio, result->failed);
+  }
+  fmt::print("\nCSV: {}\n", args.csv);
+  return exit_code;
 }
 
 int RunDriver(const DriverArgs& args) {
@@ -234,18 +284,19 @@ int RunDriver(const DriverArgs& args) {
   const std::string where =
       args.netns ? fmt::format("a namespace per host, cross-rack traffic shaped to {} per host (htb)", Env("RACK_RATE"))
                  : fmt::format("loopback, each rank's cross-rack link emulated at {} Mbit/s", args.link_rate_mbit);
-  fmt::print("group bench: {} learners (one per rack), {} MiB model, codec {}, {} rounds after a warm-up;\n{}; "
+  fmt::print("group bench: {} learners ({} per rack), {} MiB model, codec {}, {} rounds after a warm-up;\n{}; "
              "{} cores\n\n",
-             args.learners, args.mib, args.codec, args.rounds, where, std::thread::hardware_concurrency());
+             args.learners, args.per_rack, args.mib, args.codec, args.rounds, where, std::thread::hardware_concurrency());
   std::ofstream csv(args.csv);
   csv << "where,learners,ranks_per_learner,model_mib,codec,round_s,cross_rack_mb_per_host_per_round,"
          "round_ratio_vs_1_rank,bytes_ratio_vs_1_rank,failed_rounds\n";
+  if (args.hierarchy) return RunHierarchy(args, self, lighthouse_bin);
   fmt::print("{:>6} {:>12} {:>22} {:>14} {:>14} {:>7}\n", "ranks", "round s", "cross-rack MB/host/round",
              "time vs 1 rank", "bytes vs 1", "failed");
   std::optional<RunResult> one;
   int exit_code = 0;
   for (int ranks : args.ranks) {
-    auto result = Run(args, ranks, self, lighthouse_bin);
+    auto result = Run(args, ranks, /*rack_aware=*/false, self, lighthouse_bin);
     if (!result.ok()) {
       fmt::print(stderr, "{} ranks: {}\n", ranks, result.status());
       exit_code = 1;
@@ -277,16 +328,24 @@ int main(int argc, char** argv) {
   app.add_option("--host", w.host);
   app.add_option("--learner", w.learner);
   app.add_option("--rank", w.rank);
-  app.add_option("--learners", d.learners, "Learners, one per rack")->check(CLI::Range(2, 9));
+  app.add_option("--learners", d.learners, "Learners (--per-rack in each rack)")->check(CLI::Range(2, 18));
   app.add_option("--ranks", d.ranks, "Ranks per learner, one run each (1 first: the baseline)")->delimiter(',');
   app.add_option("--mib", d.mib, "Model size in MiB")->check(CLI::Range(1, 4096));
   app.add_option("--rounds", d.rounds, "Measured rounds")->check(CLI::Range(1, 1000));
   app.add_option("--codec", d.codec, "The cross-rack codec");
   app.add_option("--link-rate-mbit", d.link_rate_mbit, "Without --netns: each rank's emulated link");
   app.add_flag("--netns", d.netns, "Place ranks in scripts/racks.sh's host namespaces");
+  app.add_flag("--hierarchy", d.hierarchy, "Compare the flat merge with the rack-aware one (1 rank per learner)");
+  app.add_option("--per-rack", d.per_rack, "Learners per rack")->check(CLI::Range(1, 9));
+  app.add_option("--rack", w.rack);
+  app.add_flag("--rack-aware", w.rack_aware);
   app.add_option("--csv", d.csv, "Where the CSV goes");
   // A worker gets the run's sizes through the same flags.
   CLI11_PARSE(app, argc, argv);
+  if (!worker && d.learners % d.per_rack != 0) {
+    fmt::print(stderr, "--learners {} is not a multiple of --per-rack {}\n", d.learners, d.per_rack);
+    return 2;
+  }
   if (worker) {
     w.learners = d.learners;
     w.ranks = d.ranks.empty() ? 1 : d.ranks.front();

@@ -79,6 +79,9 @@ struct CommunicatorStats {
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
   uint64_t operations = 0;
+  // Bytes sent to each member, by rank (what crossed which link: with the
+  // members' racks, the cross-rack share).
+  std::vector<uint64_t> bytes_sent_to;
 };
 
 // Options with the configuration's part filled in (collective_timeout_ms, connect_timeout_ms,

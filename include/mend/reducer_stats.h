@@ -13,7 +13,10 @@ struct ReducerStats {
   uint64_t passed_over = 0;    // rounds for its boundary that closed without it (it trained on)
   uint64_t heals = 0;          // times it took the global state from a peer
   uint64_t moment_syncs = 0;   // DES-LOC moment averagings (first and second counted apart)
-  uint64_t bytes_sent = 0;     // data-plane bytes, all rounds
+  uint64_t bytes_sent = 0;     // data-plane bytes of the merges, all rounds
+  // Data-plane bytes this learner sent to members in other racks (or of no
+  // rack), all rounds, healing included: what the slow links carried.
+  uint64_t cross_rack_bytes_sent = 0;
   uint64_t last_round_id = 0;
   uint64_t checkpoints = 0;          // written by this learner
   uint64_t checkpoint_failures = 0;  // writes that failed (logged; training goes on)

@@ -62,7 +62,9 @@ std::vector<ConfigKey> BuildKeys() {
       Int("failslow_window_steps", &C::failslow_window_steps, 3, 10000,
           "Inner-step times per learner in the fail-slow detector's sliding window."),
       Bool("rack_aware", &C::rack_aware,
-           "Prefer a heal source in the learner's own rack."),
+           "Prefer a heal source in the learner's own rack, and merge a round where learners share a rack in three "
+           "steps: inside each rack, across racks between one learner per rack, back inside the rack (cross-rack "
+           "bytes fall by the learners per rack)."),
       Text("rack", &C::rack, "Learner: its failure domain (rack, zone)."),
       Int("group_size", &C::group_size, 1, 1024,
           "Learner: ranks per learner (the hosts of a rack, each training with DDP inside). Rank r owns "

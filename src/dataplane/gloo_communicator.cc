@@ -222,6 +222,10 @@ Transfer GlooCommunicator::Post(Op& op, bool send, int peer, Phase phase, size_t
     transfer.post_error = error.what();
   }
   (send ? op.sent : stats_.bytes_received) += bytes;
+  if (send) {
+    if (stats_.bytes_sent_to.size() <= static_cast<size_t>(peer)) stats_.bytes_sent_to.resize(static_cast<size_t>(peer) + 1);
+    stats_.bytes_sent_to[static_cast<size_t>(peer)] += bytes;
+  }
   return transfer;
 }
 

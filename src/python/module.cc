@@ -263,6 +263,7 @@ class PyRuntime {
         {"heals", &ReducerStats::heals},
         {"moment_syncs", &ReducerStats::moment_syncs},
         {"bytes_sent", &ReducerStats::bytes_sent},
+        {"cross_rack_bytes_sent", &ReducerStats::cross_rack_bytes_sent},
         {"last_round_id", &ReducerStats::last_round_id},
         {"checkpoints", &ReducerStats::checkpoints},
         {"checkpoint_failures", &ReducerStats::checkpoint_failures},

@@ -302,10 +302,15 @@ StatusOr<uint64_t> LearnerGroup::AgreeTau(uint64_t tau) {
   return first;
 }
 
-StatusOr<bool> LearnerGroup::AllOk(bool ok) {
-  const std::byte mine{static_cast<unsigned char>(ok ? 1 : 0)};
-  MEND_ASSIGN_OR_RETURN(auto all, Gather(std::span<const std::byte>(&mine, 1)));
-  return std::all_of(all.begin(), all.end(), [](std::byte b) { return b == std::byte{1}; });
+StatusOr<bool> LearnerGroup::AllOk(bool ok, uint64_t* formed_step) {
+  const uint64_t mine[2] = {ok ? 1u : 0u, *formed_step};
+  MEND_ASSIGN_OR_RETURN(auto all, Gather(std::as_bytes(std::span(mine))));
+  const uint64_t* values = reinterpret_cast<const uint64_t*>(all.data());
+  *formed_step = values[1];
+  for (int q = 0; q < size_; ++q) {
+    if (values[2 * q] != 1) return false;
+  }
+  return true;
 }
 
 Status LearnerGroup::ShareParameters() {

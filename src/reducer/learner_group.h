@@ -81,8 +81,10 @@ class LearnerGroup {
 
   // Rank 0's value, on every rank.
   [[nodiscard]] StatusOr<uint64_t> AgreeTau(uint64_t tau);
-  // True when every rank's slice of the round succeeded.
-  [[nodiscard]] StatusOr<bool> AllOk(bool ok);
+  // True when every rank's slice of the round succeeded; `*formed_step`
+  // becomes rank 0's (the step at which the round formed, which a heal's
+  // new step counts from: each rank saw the decision at its own step).
+  [[nodiscard]] StatusOr<bool> AllOk(bool ok, uint64_t* formed_step);
   // Every rank's slice of the parameters into every replica.
   [[nodiscard]] Status ShareParameters();
   // Removes the group's keys from the store (rank 0, when the group is done).

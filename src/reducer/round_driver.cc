@@ -14,6 +14,7 @@
 
 #include "core/round_keys.h"
 #include "core/status_format.h"
+#include "dataplane/hierarchy.h"
 #include "dataplane/lighthouse_rendezvous.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
@@ -370,6 +371,7 @@ class RoundDriverImpl final : public RoundDriver {
     int fragment = 0;
     bool fresh_join = false;   // healed with nothing of the job's state: its progress is dropped
     std::vector<float> healed_moments[2];  // heal_inner_optimizer: the source's moments
+    uint64_t cross_rack_bytes = 0;  // sent to other racks in this round (healing included)
   };
   struct InFlight {
     int fragment = 0;
@@ -500,7 +502,7 @@ class RoundDriverImpl final : public RoundDriver {
     std::unique_ptr<InFlight> flight = std::move(in_flight_);
     flight->thread.join();
     if (group_) {
-      StatusOr<bool> all_ok = group_->AllOk(flight->outcome.ok());
+      StatusOr<bool> all_ok = group_->AllOk(flight->outcome.ok(), &flight->formed_step);
       if (!all_ok.ok()) return BreakGroup(all_ok.status());
       if (!*all_ok && flight->outcome.ok()) {
         flight->outcome = AbortedError(fmt::format(
@@ -537,6 +539,7 @@ class RoundDriverImpl final : public RoundDriver {
       }
     }
     stats_.bytes_sent += outcome.result.bytes_sent;
+    stats_.cross_rack_bytes_sent += outcome.cross_rack_bytes;
     if (adopted) {
       KeepLocalProgress(exchanged, outcome.result.global);
       outcome.result.residual.clear();  // it sent nothing: its error feedback stays
@@ -651,6 +654,7 @@ class RoundDriverImpl final : public RoundDriver {
       record["rank"] = outcome.rank;
       record["members"] = outcome.members;
       record["bytes_sent"] = outcome.result.bytes_sent;
+      record["cross_rack_bytes"] = outcome.cross_rack_bytes;
       record["dropped"] = outcome.result.dropped;
       record["merged_norm"] = outcome.result.merged_norm;
       record["healed"] = !outcome.healed.empty();
@@ -694,6 +698,13 @@ class RoundDriverImpl final : public RoundDriver {
         agent_.client(), [this, registrations]() { return agent_.registrations() == registrations; },
         round.rendezvous_prefix + kRoundAbortKey);
     MEND_ASSIGN_OR_RETURN(auto comm, Communicator::Connect(store, options));
+    std::vector<std::string> racks;
+    for (const RoundMember& member : round.members) racks.push_back(member.rack);
+    if (config_.rack_aware) {
+      // Learners sharing a rack merge there first (see dataplane/hierarchy.h).
+      MEND_ASSIGN_OR_RETURN(comm, ConnectRackAware(store, options, std::move(comm), racks));
+    }
+    const CommunicatorStats connected = comm->stats();
     abort_watch_->Watch(round.rendezvous_prefix + kRoundAbortKey, comm.get());
     struct Unwatch {
       AbortWatch& watch;
@@ -767,8 +778,22 @@ class RoundDriverImpl final : public RoundDriver {
                           OuterRound::Exchange(*comm, *state, delta,
                                                static_cast<double>(flight.tokens), sync_options));
     MEND_RETURN_IF_ERROR(AverageMoments(*comm, round.round_id, flight, &outcome));
+    outcome.cross_rack_bytes = CrossRackBytes(connected, comm->stats(), racks, round.rank);
     last_round_id_ = round.round_id;
     return outcome;
+  }
+
+  // What this member sent to members of other racks (or of no rack, or when
+  // the member list is unknown: everything) between two stats.
+  static uint64_t CrossRackBytes(const CommunicatorStats& before, const CommunicatorStats& after,
+                                 const std::vector<std::string>& racks, uint32_t me) {
+    if (racks.size() <= me || racks[me].empty()) return after.bytes_sent - before.bytes_sent;
+    uint64_t bytes = 0;
+    for (size_t p = 0; p < after.bytes_sent_to.size(); ++p) {
+      if (p < racks.size() && racks[p] == racks[me]) continue;
+      bytes += after.bytes_sent_to[p] - (p < before.bytes_sent_to.size() ? before.bytes_sent_to[p] : 0);
+    }
+    return bytes;
   }
 
   // Whether every member of `round` holds the same global state at the same

@@ -64,7 +64,7 @@ struct RankRun {
   Status error = OkStatus();
 };
 
-void TrainRank(Config config, int learner, int rank, int steps, RankRun* run) {
+void TrainRank(Config config, int learner, int rank, int steps, RankRun* run, size_t w = 10) {
   config.group_rank = rank;
   auto agent = LearnerAgent::Start(config, kToken, {fmt::format("learner-{}", learner), "", "", ""});
   if (!agent.ok()) {
@@ -72,7 +72,7 @@ void TrainRank(Config config, int learner, int rank, int steps, RankRun* run) {
     return;
   }
   FakeClock clock;
-  auto parameters = std::make_unique<VectorParameters>(1.0f);
+  auto parameters = std::make_unique<VectorParameters>(1.0f, w);
   VectorParameters* view = parameters.get();
   auto driver = RoundDriver::Create(config, **agent, clock, std::move(parameters), nullptr, 0);
   if (!driver.ok()) {
@@ -96,8 +96,10 @@ void TrainRank(Config config, int learner, int rank, int steps, RankRun* run) {
   run->global.assign(global.begin(), global.end());
 }
 
-// `learners` learners of `ranks` ranks each; runs[learner][rank].
-std::vector<std::vector<RankRun>> RunJob(Config config, int learners, int ranks, int steps) {
+// `learners` learners of `ranks` ranks each (learner l in racks[l], when
+// given); runs[learner][rank].
+std::vector<std::vector<RankRun>> RunJob(Config config, int learners, int ranks, int steps,
+                                         const std::vector<std::string>& racks = {}, size_t w = 10) {
   auto server = LighthouseServer::Start(config, kToken);
   EXPECT_TRUE(server.ok()) << server.status();
   config.lighthouse = (*server)->grpc_address();
@@ -106,7 +108,11 @@ std::vector<std::vector<RankRun>> RunJob(Config config, int learners, int ranks,
   std::vector<std::thread> threads;
   for (int l = 0; l < learners; ++l) {
     for (int r = 0; r < ranks; ++r) {
-      threads.emplace_back([&, l, r]() { TrainRank(config, l, r, steps, &runs[static_cast<size_t>(l)][static_cast<size_t>(r)]); });
+      Config mine = config;
+      if (!racks.empty()) mine.rack = racks[static_cast<size_t>(l)];
+      threads.emplace_back([&runs, mine, l, r, steps, w]() {
+        TrainRank(mine, l, r, steps, &runs[static_cast<size_t>(l)][static_cast<size_t>(r)], w);
+      });
     }
   }
   for (auto& thread : threads) thread.join();
@@ -176,6 +182,55 @@ TEST(LearnerGroupTest, ConcurrentRoundsApplyAtTheSameStepOnEveryRank) {
   }
   // Both groups hold the same global state.
   for (size_t r = 0; r < 2; ++r) EXPECT_EQ(runs[0][r].global, runs[1][r].global);
+}
+
+// 4 learners in 2 racks: merged inside each rack first, then across racks
+// between one learner per rack, then back inside the rack. Every member
+// ends with the same bits (for fp32 and a lossy codec), the result is the
+// flat merge's up to fp32 rounding (the sums associate by rack), and the
+// cross-rack bytes (counted per peer) halve.
+TEST(LearnerGroupTest, RackAwareMergeSendsHalfTheCrossRackBytesAndAgreesEverywhere) {
+  const std::vector<std::string> racks = {"rack-a", "rack-a", "rack-b", "rack-b"};
+  Config config = testing_util::SynchronousJobConfig(4, 5);
+  constexpr size_t kValues = 20000;  // so that the model, not the weights beside it, is what travels
+  auto flat = RunJob(config, 4, 1, 20, racks, kValues);
+  config.rack_aware = true;
+  auto hierarchical = RunJob(config, 4, 1, 20, racks, kValues);
+  uint64_t flat_cross = 0, hierarchical_cross = 0;
+  for (int l = 0; l < 4; ++l) {
+    const RankRun& f = flat[static_cast<size_t>(l)][0];
+    const RankRun& h = hierarchical[static_cast<size_t>(l)][0];
+    ASSERT_TRUE(f.error.ok()) << f.error;
+    ASSERT_TRUE(h.error.ok()) << h.error;
+    EXPECT_EQ(h.stats.rounds, 4u);
+    EXPECT_EQ(h.global, hierarchical[0][0].global) << "learner " << l;  // bit for bit
+    EXPECT_EQ(h.replicas_after_round, hierarchical[0][0].replicas_after_round) << "learner " << l;
+    ASSERT_EQ(h.global.size(), f.global.size());
+    for (size_t i = 0; i < h.global.size(); ++i) {
+      EXPECT_NEAR(h.global[i], f.global[i], 1e-5f * std::max(1.0f, std::abs(f.global[i]))) << "learner " << l << " value " << i;
+    }
+    flat_cross += f.stats.cross_rack_bytes_sent;
+    hierarchical_cross += h.stats.cross_rack_bytes_sent;
+  }
+  EXPECT_GT(hierarchical_cross, 0u);
+  EXPECT_LE(2 * hierarchical_cross, flat_cross) << hierarchical_cross << " vs " << flat_cross;
+  // Through a lossy codec too, every member ends with the same bits.
+  config.codec = "int8";
+  auto coded = RunJob(config, 4, 1, 20, racks);
+  for (const auto& learner : coded) {
+    ASSERT_TRUE(learner[0].error.ok()) << learner[0].error;
+    EXPECT_EQ(learner[0].global, coded[0][0].global);
+  }
+  // And with learners of 2 ranks: each slice merges by rack.
+  config.codec = "fp32";
+  auto grouped = RunJob(config, 4, 2, 20, racks);
+  for (const auto& learner : grouped) {
+    for (size_t r = 0; r < 2; ++r) {
+      ASSERT_TRUE(learner[r].error.ok()) << learner[r].error;
+      EXPECT_EQ(learner[r].global, grouped[0][r].global);
+      EXPECT_EQ(learner[r].local, learner[0].local);
+    }
+  }
 }
 
 TEST(LearnerGroupTest, TheLighthouseRefusesALearnerOfAnotherGroupSize) {

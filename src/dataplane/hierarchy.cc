@@ -1,0 +1,173 @@
+#include "dataplane/hierarchy.h"
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+
+#include "core/status_format.h"
+#include "fmt/format.h"
+
+namespace mend {
+namespace {
+
+class RackAwareCommunicator final : public Communicator {
+ public:
+  // `rack` is null for a member alone in its rack, `reps` null for a member
+  // that is not its rack's representative; `rack_ranks` / `rep_ranks` map
+  // their ranks to the flat ranks.
+  // `layout` lists every rack's members (flat ranks, rank order), racks in
+  // the representatives' order.
+  RackAwareCommunicator(std::unique_ptr<Communicator> flat, std::unique_ptr<Communicator> rack,
+                        std::unique_ptr<Communicator> reps, std::vector<int> rack_ranks, std::vector<int> rep_ranks,
+                        std::vector<std::vector<int>> layout)
+      : flat_(std::move(flat)),
+        rack_(std::move(rack)),
+        reps_(std::move(reps)),
+        rack_ranks_(std::move(rack_ranks)),
+        rep_ranks_(std::move(rep_ranks)),
+        layout_(std::move(layout)) {
+    for (const auto& members : layout_) widest_rack_ = std::max(widest_rack_, members.size());
+  }
+
+  Status WeightedAllReduce(std::span<float> data, double weight, const Codec* codec) override {
+    double rack_weight = weight;
+    if (rack_) {
+      // 1. The rack's weighted mean (fp32) and its total weight.
+      std::vector<double> weights(static_cast<size_t>(rack_->world_size()));
+      MEND_RETURN_IF_ERROR(rack_->AllGather(std::as_bytes(std::span(&weight, 1)),
+                                            std::as_writable_bytes(std::span(weights))));
+      rack_weight = std::accumulate(weights.begin(), weights.end(), 0.0);
+      if (rack_weight > 0) {
+        MEND_RETURN_IF_ERROR(rack_->WeightedAllReduce(data, weight, nullptr));
+      } else {
+        std::fill(data.begin(), data.end(), 0.0f);
+      }
+    }
+    // 2. Across racks, the representatives: the racks' means by their weights.
+    if (reps_) MEND_RETURN_IF_ERROR(reps_->WeightedAllReduce(data, rack_weight, codec));
+    // 3. The representative's bits to the rest of its rack.
+    if (rack_) MEND_RETURN_IF_ERROR(rack_->Broadcast(std::as_writable_bytes(data), 0));
+    return OkStatus();
+  }
+
+  Status WeightedAllGatherDecode(std::span<const std::byte> payload, double weight, const Codec& codec,
+                                 std::span<float> out) override {
+    return flat_->WeightedAllGatherDecode(payload, weight, codec, out);
+  }
+  // The same three steps: the rack's pieces, the racks' blocks (padded to
+  // the widest rack) between the representatives, all of it in the rack;
+  // then into flat rank order.
+  Status AllGather(std::span<const std::byte> mine, std::span<std::byte> out) override {
+    const size_t m = mine.size();
+    std::vector<std::byte> block(widest_rack_ * m);
+    if (rack_) {
+      MEND_RETURN_IF_ERROR(
+          rack_->AllGather(mine, std::span(block).first(static_cast<size_t>(rack_->world_size()) * m)));
+    } else {
+      std::copy(mine.begin(), mine.end(), block.begin());
+    }
+    std::vector<std::byte> all(layout_.size() * block.size());
+    if (reps_) MEND_RETURN_IF_ERROR(reps_->AllGather(block, all));
+    if (rack_) MEND_RETURN_IF_ERROR(rack_->Broadcast(all, 0));
+    for (size_t k = 0; k < layout_.size(); ++k) {
+      for (size_t j = 0; j < layout_[k].size(); ++j) {
+        const std::byte* from = all.data() + (k * widest_rack_ + j) * m;
+        std::copy(from, from + m, out.data() + static_cast<size_t>(layout_[k][j]) * m);
+      }
+    }
+    return OkStatus();
+  }
+  Status Broadcast(std::span<std::byte> data, int root) override { return flat_->Broadcast(data, root); }
+  void Abort(const std::string& reason) override {
+    flat_->Abort(reason);
+    if (rack_) rack_->Abort(reason);
+    if (reps_) reps_->Abort(reason);
+  }
+  int rank() const override { return flat_->rank(); }
+  int world_size() const override { return flat_->world_size(); }
+  bool broken() const override {
+    return flat_->broken() || (rack_ && rack_->broken()) || (reps_ && reps_->broken());
+  }
+  // All three together; bytes_sent_to by the flat ranks.
+  CommunicatorStats stats() const override {
+    CommunicatorStats total = flat_->stats();
+    total.bytes_sent_to.resize(static_cast<size_t>(flat_->world_size()), 0);
+    auto add = [&total](const Communicator* comm, const std::vector<int>& ranks) {
+      if (!comm) return;
+      const CommunicatorStats part = comm->stats();
+      total.bytes_sent += part.bytes_sent;
+      total.bytes_received += part.bytes_received;
+      total.operations += part.operations;
+      for (size_t p = 0; p < part.bytes_sent_to.size() && p < ranks.size(); ++p) {
+        total.bytes_sent_to[static_cast<size_t>(ranks[p])] += part.bytes_sent_to[p];
+      }
+    };
+    add(rack_.get(), rack_ranks_);
+    add(reps_.get(), rep_ranks_);
+    return total;
+  }
+
+ private:
+  std::unique_ptr<Communicator> flat_;
+  std::unique_ptr<Communicator> rack_;
+  std::unique_ptr<Communicator> reps_;
+  std::vector<int> rack_ranks_;
+  std::vector<int> rep_ranks_;
+  std::vector<std::vector<int>> layout_;
+  size_t widest_rack_ = 1;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Communicator>> ConnectRackAware(RendezvousStore& store, const CommunicatorOptions& options,
+                                                        std::unique_ptr<Communicator> flat,
+                                                        const std::vector<std::string>& racks) {
+  if (racks.size() != static_cast<size_t>(flat->world_size())) return flat;
+  // Racks in name order, each with its members in rank order.
+  std::map<std::string, std::vector<int>> by_rack;
+  for (size_t r = 0; r < racks.size(); ++r) by_rack[racks[r]].push_back(static_cast<int>(r));
+  const bool shared = std::any_of(by_rack.begin(), by_rack.end(), [](const auto& rack) { return rack.second.size() > 1; });
+  if (by_rack.size() < 2 || !shared) return flat;
+  const int me = flat->rank();
+  const std::string& my_rack = racks[static_cast<size_t>(me)];
+  std::vector<int> reps;
+  std::vector<std::vector<int>> layout;
+  size_t my_index = 0;
+  for (const auto& [name, members] : by_rack) {
+    if (name == my_rack) my_index = reps.size();
+    reps.push_back(members.front());
+    layout.push_back(members);
+  }
+  auto member_ids = [&options](const std::vector<int>& ranks) {
+    std::vector<std::string> ids;
+    for (int r : ranks) {
+      ids.push_back(static_cast<size_t>(r) < options.member_ids.size() ? options.member_ids[static_cast<size_t>(r)]
+                                                                       : fmt::format("member {}", r));
+    }
+    return ids;
+  };
+  std::unique_ptr<Communicator> rack;
+  const std::vector<int>& mates = by_rack[my_rack];
+  if (mates.size() > 1) {
+    CommunicatorOptions o = options;
+    o.prefix = fmt::format("{}rack/{}/", options.prefix, my_index);
+    o.rank = static_cast<int>(std::find(mates.begin(), mates.end(), me) - mates.begin());
+    o.world_size = static_cast<int>(mates.size());
+    o.member_ids = member_ids(mates);
+    o.link = {};  // inside the rack
+    MEND_ASSIGN_OR_RETURN(rack, Communicator::Connect(store, o));
+  }
+  std::unique_ptr<Communicator> representatives;
+  if (mates.front() == me) {
+    CommunicatorOptions o = options;
+    o.prefix = options.prefix + "reps/";
+    o.rank = static_cast<int>(my_index);
+    o.world_size = static_cast<int>(reps.size());
+    o.member_ids = member_ids(reps);
+    MEND_ASSIGN_OR_RETURN(representatives, Communicator::Connect(store, o));
+  }
+  return std::unique_ptr<Communicator>(std::make_unique<RackAwareCommunicator>(
+      std::move(flat), std::move(rack), std::move(representatives), mates, reps, std::move(layout)));
+}
+
+}  // namespace mend

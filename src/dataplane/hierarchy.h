@@ -1,0 +1,36 @@
+// The rack-aware merge (rack_aware = true, several learners in a rack): a
+// round's weighted all-reduce in three steps instead of one across every
+// member:
+//   1. inside each rack, the members' weighted mean (fp32; the rack's links
+//      are fast), and the rack's total weight;
+//   2. across racks, between one representative per rack (the rack's first
+//      member in rank order), the racks' means weighted by those totals,
+//      through the round's codec;
+//   3. inside each rack, the representative's result to the others (its
+//      bytes: every member ends with the same bits, for every codec).
+// Cross-rack bytes fall by the number of learners per rack. AllGather (the
+// robust rule's reports) goes the same way; Broadcast (healing) and the
+// sparse codecs' all-gather run on the flat communicator unchanged.
+//
+// Thread-safety: as Communicator.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "mend/communicator.h"
+
+namespace mend {
+
+// `flat` is the round's communicator (options.prefix, rank, world size);
+// `racks[r]` is member r's rack. Returns `flat` itself when no rack holds two
+// members or every member is in one rack (nothing to save); else connects a
+// communicator per rack (<prefix>rack/<index>/) and one of the
+// representatives (<prefix>reps/), and returns the three as one.
+[[nodiscard]] StatusOr<std::unique_ptr<Communicator>> ConnectRackAware(RendezvousStore& store,
+                                                                       const CommunicatorOptions& options,
+                                                                       std::unique_ptr<Communicator> flat,
+                                                                       const std::vector<std::string>& racks);
+
+}  // namespace mend
