@@ -316,43 +316,26 @@ StatusOr<bool> LearnerGroup::AllOk(bool ok, uint64_t* formed_step) {
 Status LearnerGroup::ShareParameters() {
   size_t widest = 0;
   for (const SliceRange& slice : slices_) widest = std::max(widest, slice.size());
-  const SliceRange own = slices_[static_cast<size_t>(rank_)];
+  // Each slice travels as its pieces' values back to back, padded to the widest.
+  auto for_each_piece = [&](int q, auto&& copy) {
+    SlicedParameters slice(full_, slices_[static_cast<size_t>(q)]);
+    size_t at = 0;
+    for (size_t p = 0; p < slice.count(); ++p) {
+      copy(slice, p, at);
+      at += slice.numel(p);
+    }
+  };
   std::vector<float> mine(widest, 0.0f);
-  std::vector<float> scratch;
-  size_t offset = 0;
-  for (size_t i = 0; i < full_.count(); ++i) {
-    const size_t n = full_.numel(i);
-    const size_t lo = std::max(offset, own.begin);
-    const size_t hi = std::min(offset + n, own.end);
-    if (lo < hi) {
-      scratch.resize(n);
-      full_.CopyOut(i, scratch);
-      std::memcpy(mine.data() + (lo - own.begin), scratch.data() + (lo - offset), (hi - lo) * sizeof(float));
-    }
-    offset += n;
-  }
+  for_each_piece(rank_, [&](SlicedParameters& slice, size_t p, size_t at) {
+    slice.CopyOut(p, std::span(mine).subspan(at, slice.numel(p)));
+  });
   MEND_ASSIGN_OR_RETURN(auto all, Gather(std::as_bytes(std::span<const float>(mine))));
-  const float* gathered = reinterpret_cast<const float*>(all.data());
-  offset = 0;
-  for (size_t i = 0; i < full_.count(); ++i) {
-    const size_t n = full_.numel(i);
-    bool touched = false;
-    for (int q = 0; q < size_; ++q) {
-      if (q == rank_) continue;
-      const SliceRange slice = slices_[static_cast<size_t>(q)];
-      const size_t lo = std::max(offset, slice.begin);
-      const size_t hi = std::min(offset + n, slice.end);
-      if (lo >= hi) continue;
-      if (!touched) {
-        scratch.resize(n);
-        full_.CopyOut(i, scratch);
-        touched = true;
-      }
-      std::memcpy(scratch.data() + (lo - offset), gathered + static_cast<size_t>(q) * widest + (lo - slice.begin),
-                  (hi - lo) * sizeof(float));
-    }
-    if (touched) full_.CopyIn(i, scratch);
-    offset += n;
+  const std::span<const float> gathered(reinterpret_cast<const float*>(all.data()), all.size() / sizeof(float));
+  for (int q = 0; q < size_; ++q) {
+    if (q == rank_) continue;
+    for_each_piece(q, [&](SlicedParameters& slice, size_t p, size_t at) {
+      slice.CopyIn(p, gathered.subspan(static_cast<size_t>(q) * widest + at, slice.numel(p)));
+    });
   }
   return OkStatus();
 }

@@ -7,6 +7,7 @@
 // is declared dead (heartbeat timeout 1 s), so a does not wait for it.
 #include <sys/wait.h>
 
+#include <array>
 #include <fstream>
 #include <map>
 
@@ -57,6 +58,22 @@ class HealProcessTest : public testing_util::ProcessFixture {
       json progress = json::parse(*line, nullptr, false);
       if (progress.is_object() && progress.value(field, int64_t{0}) >= value) return true;
     }
+  }
+
+  // A lighthouse that forms rounds of one learner, and learners a and b of
+  // two ranks each (a.0, a.1, b.0, b.1).
+  std::array<std::unique_ptr<Subprocess>, 4> StartTwoGroupsOfTwo() {
+    testing_util::WriteSyntheticFortunes(dir_ + "/corpus");
+    StartLighthouse({"--min-learners", "1", "--grace-window-ms", "1000", "--heartbeat-timeout-ms", "1000"});
+    return {Train("a", 0, 1'000'000, {2, 0, 0}), Train("a", 0, 1'000'000, {2, 1, 0}),
+            Train("b", 1, 1'000'000, {2, 0, 0}), Train("b", 1, 1'000'000, {2, 1, 0})};
+  }
+
+  // Whether learner a (its rank 0's progress) completes two more rounds.
+  bool GoesOnAlone(Subprocess& a0) {
+    int64_t done = 0;
+    for (const json& round : Rounds("a.rank0")) done += round["ok"].get<bool>() ? 1 : 0;
+    return AwaitProgress(a0, "rounds", done + 2);
   }
 
   std::vector<json> Rounds(const std::string& id) {
@@ -131,12 +148,7 @@ TEST_F(HealProcessTest, RestartedLearnerHealsAndMatchesBitForBit) {
 // a's ranks and from then on hold bit-identical global slices, and each
 // group's two replicas the same parameters.
 TEST_F(HealProcessTest, AGroupThatLostARankRestartsHealsSliceBySliceAndMatches) {
-  testing_util::WriteSyntheticFortunes(dir_ + "/corpus");
-  StartLighthouse({"--min-learners", "1", "--grace-window-ms", "1000", "--heartbeat-timeout-ms", "1000"});
-  auto a0 = Train("a", 0, 1'000'000, {2, 0, 0});
-  auto a1 = Train("a", 0, 1'000'000, {2, 1, 0});
-  auto b0 = Train("b", 1, 1'000'000, {2, 0, 0});
-  auto b1 = Train("b", 1, 1'000'000, {2, 1, 0});
+  auto [a0, a1, b0, b1] = StartTwoGroupsOfTwo();
   ASSERT_TRUE(AwaitProgress(*a0, "rounds", 1));
   ASSERT_TRUE(AwaitProgress(*b0, "step", 20));
   b1->Kill();
@@ -146,10 +158,7 @@ TEST_F(HealProcessTest, AGroupThatLostARankRestartsHealsSliceBySliceAndMatches) 
   ASSERT_TRUE(b0_exit.ok()) << "b's rank 0 kept running after b's rank 1 died";
   EXPECT_TRUE(WIFEXITED(*b0_exit) && WEXITSTATUS(*b0_exit) != 0);
   const size_t b_rounds_before[2] = {Rounds("b.rank0").size(), Rounds("b.rank1").size()};
-  // a completes rounds without b meanwhile.
-  int64_t a_rounds = 0;
-  for (const json& round : Rounds("a.rank0")) a_rounds += round["ok"].get<bool>() ? 1 : 0;
-  ASSERT_TRUE(AwaitProgress(*a0, "rounds", a_rounds + 2));
+  ASSERT_TRUE(GoesOnAlone(*a0));
   // The launcher restarts the group (a new generation of its keys).
   auto b0_2 = Train("b", 1, 1'000'000, {2, 0, 1});
   auto b1_2 = Train("b", 1, 1'000'000, {2, 1, 1});
@@ -209,21 +218,14 @@ TEST_F(HealProcessTest, AGroupThatLostARankRestartsHealsSliceBySliceAndMatches) 
 // the other learner's rounds go on without the group, and the group's other
 // rank gives up on it at the collective timeout and leaves.
 TEST_F(HealProcessTest, AStoppedRankLeavesItsGroupOutNotTheJobStalled) {
-  testing_util::WriteSyntheticFortunes(dir_ + "/corpus");
-  StartLighthouse({"--min-learners", "1", "--grace-window-ms", "1000", "--heartbeat-timeout-ms", "1000"});
-  auto a0 = Train("a", 0, 1'000'000, {2, 0, 0});
-  auto a1 = Train("a", 0, 1'000'000, {2, 1, 0});
-  auto b0 = Train("b", 1, 1'000'000, {2, 0, 0});
-  auto b1 = Train("b", 1, 1'000'000, {2, 1, 0});
+  auto [a0, a1, b0, b1] = StartTwoGroupsOfTwo();
   ASSERT_TRUE(AwaitProgress(*a0, "rounds", 1));
   ASSERT_TRUE(AwaitProgress(*b0, "rounds", 1));
   ASSERT_TRUE(b1->Signal(SIGSTOP).ok());
   auto b0_exit = b0->Wait(kWait);
   ASSERT_TRUE(b0_exit.ok()) << "b's rank 0 waited on for its stopped rank 1";
   EXPECT_TRUE(WIFEXITED(*b0_exit) && WEXITSTATUS(*b0_exit) != 0);
-  int64_t a_rounds = 0;
-  for (const json& round : Rounds("a.rank0")) a_rounds += round["ok"].get<bool>() ? 1 : 0;
-  ASSERT_TRUE(AwaitProgress(*a0, "rounds", a_rounds + 2));  // a goes on
+  ASSERT_TRUE(GoesOnAlone(*a0));
   // The lighthouse no longer counts b (it left when its rank 0 gave up).
   AwaitStatus(10 * kMicrosPerSecond, [](const json& status) {
     const json* b = FindLearner(status, "b");

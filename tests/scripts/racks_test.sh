@@ -10,30 +10,39 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 echo "racks-test-token-0123456789" > "$work/token"
 
+# Starts a lighthouse bound to $2 (in namespace $1, or here when empty) and
+# asks it for its status from namespace $3; $4 names the files.
+lighthouse_answers() {
+  local where=$1 bind=$2 client=$3 tag=$4
+  local run=()
+  [[ -n "$where" ]] && run=(ip netns exec "$where")
+  "${run[@]}" "$mend" lighthouse --bind "$bind:0" --http "" --token-file "$work/token" --log-level warn \
+    > "$work/$tag.out" 2>&1 &
+  local lighthouse=$!
+  local address=""
+  for _ in $(seq 100); do
+    address=$(sed -n 's/.*grpc=\([^ ]*\).*/\1/p' "$work/$tag.out")
+    [[ -n "$address" ]] && break
+    sleep 0.1
+  done
+  [[ -n "$address" ]] || { echo "lighthouse did not start"; cat "$work/$tag.out"; return 1; }
+  ip netns exec "$client" "$mend" status --lighthouse "$address" --token-file "$work/token" \
+    > "$work/$tag.json" || { echo "$client could not reach the lighthouse at $bind"; return 1; }
+  kill "$lighthouse"
+  wait "$lighthouse" 2>/dev/null || true
+  grep -q '"learners"' "$work/$tag.json" || { echo "no status document"; return 1; }
+}
+
 inside() {
   set -e
   ip netns list | grep -q "^$RACK_A_NS" || { echo "no namespace $RACK_A_NS"; return 1; }
   ip netns list | grep -q "^$RACK_B_NS" || { echo "no namespace $RACK_B_NS"; return 1; }
   ip netns exec "$RACK_A_NS" tc qdisc show | grep -q "tbf" || { echo "no tbf in rack A"; return 1; }
   ip netns exec "$RACK_B_NS" tc qdisc show | grep -q "tbf" || { echo "no tbf in rack B"; return 1; }
-  ip netns exec "$RACK_B_NS" "$mend" lighthouse --bind "$RACK_B_ADDR:0" --http "" \
-    --token-file "$work/token" --log-level warn > "$work/lighthouse.out" 2>&1 &
-  local lighthouse=$!
-  local address=""
-  for _ in $(seq 100); do
-    address=$(sed -n 's/.*grpc=\([^ ]*\).*/\1/p' "$work/lighthouse.out")
-    [[ -n "$address" ]] && break
-    sleep 0.1
-  done
-  [[ -n "$address" ]] || { echo "lighthouse did not start"; cat "$work/lighthouse.out"; return 1; }
-  ip netns exec "$RACK_A_NS" "$mend" status --lighthouse "$address" --token-file "$work/token" \
-    > "$work/status.json" || { echo "rack A could not reach the lighthouse in rack B"; return 1; }
-  kill "$lighthouse"
-  wait "$lighthouse" 2>/dev/null || true
-  grep -q '"learners"' "$work/status.json" || { echo "no status document"; return 1; }
+  lighthouse_answers "$RACK_B_NS" "$RACK_B_ADDR" "$RACK_A_NS" rack-b
   echo "$RACK_A_NS $RACK_B_NS" > "$work/names"
 }
-export -f inside
+export -f inside lighthouse_answers
 export mend work
 
 "$here/scripts/racks.sh" --rate 100mbit -- bash -c inside
@@ -57,24 +66,10 @@ hosts_inside() {
     tc -n "$ns" class show dev "$(ip -n "$ns" -o link show | sed -n 's/^[0-9]*: \(mhi[^@:]*\).*/\1/p')" \
       | grep -q "1:20.*rate 100Mbit" || { echo "no shaped cross-rack class on $ns"; return 1; }
   done
-  "$mend" lighthouse --bind "$RACKS_BRIDGE_ADDR:0" --http "" --token-file "$work/token" --log-level warn \
-    > "$work/lighthouse2.out" 2>&1 &
-  local lighthouse=$!
-  local address=""
-  for _ in $(seq 100); do
-    address=$(sed -n 's/.*grpc=\([^ ]*\).*/\1/p' "$work/lighthouse2.out")
-    [[ -n "$address" ]] && break
-    sleep 0.1
-  done
-  [[ -n "$address" ]] || { echo "lighthouse did not start"; cat "$work/lighthouse2.out"; return 1; }
-  ip netns exec "$HOST_NS_2_2" "$mend" status --lighthouse "$address" --token-file "$work/token" \
-    > "$work/status2.json" || { echo "host 2.2 could not reach the lighthouse on the bridge"; return 1; }
-  kill "$lighthouse"
-  wait "$lighthouse" 2>/dev/null || true
-  grep -q '"learners"' "$work/status2.json" || { echo "no status document"; return 1; }
+  lighthouse_answers "" "$RACKS_BRIDGE_ADDR" "$HOST_NS_2_2" bridge
   echo "$HOST_NS_1_1 $HOST_NS_2_2" > "$work/host_names"
 }
-export -f hosts_inside
+export -f hosts_inside lighthouse_answers
 "$here/scripts/racks.sh" --racks 2 --hosts 2 --rate 100mbit -- bash -c hosts_inside 2> "$work/hosts.err"
 status=$?
 [[ $status -eq 0 ]] || { echo "racks.sh --hosts or its checks failed ($status)"; cat "$work/hosts.err"; exit 1; }
