@@ -193,7 +193,7 @@ Status CheckConfig(const Config& config) {
     const std::pair<bool, const char*> unsupported[] = {
         {config.desloc, "desloc = true"},
         {config.heal_inner_optimizer, "heal_inner_optimizer = true"},
-        {!config.checkpoint_dir.empty(), "checkpoint_dir"},
+        {!config.checkpoint_dir.empty() && config.fragments > 1, "checkpoint_dir with fragments > 1"},
         {config.train_through_lighthouse_outage, "train_through_lighthouse_outage = true"},
     };
     for (const auto& [set, what] : unsupported) {

@@ -1,11 +1,39 @@
 #include "reducer/fragment_checkpoint.h"
 
+#include <optional>
+
 #include "core/status_format.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
 #include "spdlog/spdlog.h"
 
 namespace mend::reducer {
+namespace {
+
+struct Piece {
+  std::string name;
+  size_t begin = 0;
+  size_t end = 0;
+};
+
+// "NAME[a:b]" (learner_group.cc's name for a piece of a parameter).
+std::optional<Piece> ParsePiece(const std::string& text) {
+  const size_t open = text.rfind('[');
+  const size_t colon = text.rfind(':');
+  if (open == std::string::npos || colon == std::string::npos || colon < open || text.back() != ']') {
+    return std::nullopt;
+  }
+  try {
+    Piece piece{text.substr(0, open), std::stoul(text.substr(open + 1, colon - open - 1)),
+                std::stoul(text.substr(colon + 1, text.size() - colon - 2))};
+    if (piece.begin >= piece.end) return std::nullopt;
+    return piece;
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+}  // namespace
 
 void AddFragmentTensors(const FlatParameters& parameters, const std::vector<Fragment>& fragments,
                         Checkpoint* checkpoint) {
@@ -36,6 +64,17 @@ StatusOr<std::vector<std::pair<std::vector<float>, std::vector<float>>>> Fragmen
       for (auto [prefix, out] : {std::pair{"global/", &global}, std::pair{"outer_momentum/", &momentum}}) {
         const CheckpointTensor* t = checkpoint.Find(prefix + name);
         if (!t) {
+          // A multi-rank learner's slice holds pieces "NAME[a:b]" of the
+          // parameters: values a..b of the whole tensor (any group size
+          // reads a checkpoint of any other).
+          if (auto piece = ParsePiece(name)) {
+            const CheckpointTensor* whole = checkpoint.Find(prefix + piece->name);
+            if (whole && piece->end <= whole->values.size()) {
+              out->insert(out->end(), whole->values.begin() + static_cast<long>(piece->begin),
+                          whole->values.begin() + static_cast<long>(piece->end));
+              continue;
+            }
+          }
           return InvalidArgumentError(fmt::format("checkpoint of round {} in {}: no tensor '{}{}' (is it from another model?)",
                                                   checkpoint.meta.round_id, where, prefix, name));
         }

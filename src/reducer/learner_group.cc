@@ -296,10 +296,8 @@ StatusOr<std::vector<std::byte>> LearnerGroup::Gather(std::span<const std::byte>
 }
 
 StatusOr<uint64_t> LearnerGroup::AgreeTau(uint64_t tau) {
-  MEND_ASSIGN_OR_RETURN(auto all, Gather(std::as_bytes(std::span<const uint64_t>(&tau, 1))));
-  uint64_t first = 0;
-  std::memcpy(&first, all.data(), sizeof first);
-  return first;
+  MEND_ASSIGN_OR_RETURN(auto rank0, Compare(tau));
+  return rank0.first;
 }
 
 StatusOr<bool> LearnerGroup::AllOk(bool ok, uint64_t* formed_step) {
@@ -338,6 +336,27 @@ Status LearnerGroup::ShareParameters() {
     });
   }
   return OkStatus();
+}
+
+StatusOr<std::vector<float>> LearnerGroup::GatherWhole(std::span<const float> slice) {
+  size_t widest = 0;
+  for (const SliceRange& range : slices_) widest = std::max(widest, range.size());
+  std::vector<float> mine(widest, 0.0f);
+  std::copy(slice.begin(), slice.end(), mine.begin());
+  MEND_ASSIGN_OR_RETURN(auto all, Gather(std::as_bytes(std::span<const float>(mine))));
+  const float* gathered = reinterpret_cast<const float*>(all.data());
+  std::vector<float> whole;
+  for (int q = 0; q < size_; ++q) {
+    const float* from = gathered + static_cast<size_t>(q) * widest;
+    whole.insert(whole.end(), from, from + slices_[static_cast<size_t>(q)].size());
+  }
+  return whole;
+}
+
+StatusOr<std::pair<uint64_t, bool>> LearnerGroup::Compare(uint64_t value) {
+  MEND_ASSIGN_OR_RETURN(auto all, Gather(std::as_bytes(std::span(&value, 1))));
+  const uint64_t* values = reinterpret_cast<const uint64_t*>(all.data());
+  return std::pair{values[0], std::all_of(values, values + size_, [&](uint64_t v) { return v == values[0]; })};
 }
 
 void LearnerGroup::Forget() {

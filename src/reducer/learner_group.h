@@ -87,6 +87,11 @@ class LearnerGroup {
   [[nodiscard]] StatusOr<bool> AllOk(bool ok, uint64_t* formed_step);
   // Every rank's slice of the parameters into every replica.
   [[nodiscard]] Status ShareParameters();
+  // The whole model's values from every rank's `slice` (its slice's values
+  // in order), on every rank.
+  [[nodiscard]] StatusOr<std::vector<float>> GatherWhole(std::span<const float> slice);
+  // Rank 0's `value`, and whether every rank passed the same.
+  [[nodiscard]] StatusOr<std::pair<uint64_t, bool>> Compare(uint64_t value);
   // Removes the group's keys from the store (rank 0, when the group is done).
   void Forget();
 

@@ -125,6 +125,18 @@ class RoundDriverImpl final : public RoundDriver {
       fragment.state = std::make_unique<FragmentState>(initial);
     }
     if (!config_.checkpoint_dir.empty() && config_.resume) MEND_RETURN_IF_ERROR(Resume());
+    if (group_ && !config_.checkpoint_dir.empty()) {
+      // Each rank resumed its slice (from the same directory, shared by the
+      // rack's hosts): the same checkpoint everywhere, then into every replica.
+      MEND_ASSIGN_OR_RETURN(auto resumed, group_->Compare(last_round_id_));
+      if (!resumed.second) {
+        return FailedPreconditionError(fmt::format(
+            "learner '{}' group rank {}: the group's ranks resumed from different checkpoints (rank 0: round {}, this "
+            "rank: round {}); they must all see the same checkpoint_dir",
+            agent_.id(), group_->rank(), resumed.first, last_round_id_));
+      }
+      MEND_RETURN_IF_ERROR(group_->ShareParameters());
+    }
     return OkStatus();
   }
 
@@ -157,6 +169,13 @@ class RoundDriverImpl final : public RoundDriver {
 
   // Every fragment's global state and momentum, by parameter name.
   Checkpoint Snapshot(uint64_t round_id, uint32_t members) const {
+    Checkpoint checkpoint = Described(round_id, members);
+    AddFragmentTensors(*parameters_, fragments_, &checkpoint);
+    return checkpoint;
+  }
+
+  // A checkpoint's description, without tensors.
+  Checkpoint Described(uint64_t round_id, uint32_t members) const {
     Checkpoint checkpoint;
     checkpoint.meta.job_id = config_.job_id;
     checkpoint.meta.round_id = round_id;
@@ -169,22 +188,50 @@ class RoundDriverImpl final : public RoundDriver {
         std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
             .count();
     checkpoint.meta.config_toml = ConfigToToml(config_);
-    AddFragmentTensors(*parameters_, fragments_, &checkpoint);
     return checkpoint;
   }
 
   Status SaveCheckpoint(const std::string& path) override {
+    if (group_) {
+      return FailedPreconditionError(
+          "SaveCheckpoint: a multi-rank learner's state is spread over its ranks; it writes checkpoints every "
+          "checkpoint_every_rounds rounds (all its ranks take part), not on demand");
+    }
     return WriteCheckpoint(path, Snapshot(stats_.last_round_id, 0));
   }
 
   // Rank 0 of a round whose id is a multiple of checkpoint_every_rounds
-  // writes one, on a background thread (one write at a time).
-  void MaybeCheckpoint(uint64_t round_id, uint32_t rank, uint32_t members) {
+  // writes one, on a background thread (one write at a time). In a group
+  // every rank of that learner gathers the slices and its rank 0 writes the
+  // whole model, by parameter name: one file, which any group size reads.
+  Status MaybeCheckpoint(uint64_t round_id, uint32_t rank, uint32_t members) {
     if (config_.checkpoint_dir.empty() || config_.checkpoint_every_rounds <= 0 || rank != 0 ||
         round_id % static_cast<uint64_t>(config_.checkpoint_every_rounds) != 0) {
-      return;
+      return OkStatus();
     }
-    checkpoint_writer_.Write(std::make_shared<const Checkpoint>(Snapshot(round_id, members)));
+    if (!group_) {
+      checkpoint_writer_.Write(std::make_shared<const Checkpoint>(Snapshot(round_id, members)));
+      return OkStatus();
+    }
+    const FragmentState& state = *fragments_[0].state;  // one fragment with checkpoints (CheckConfig)
+    StatusOr<std::vector<float>> global = group_->GatherWhole(state.global());
+    if (!global.ok()) return BreakGroup(global.status());
+    StatusOr<std::vector<float>> momentum = group_->GatherWhole(state.momentum());
+    if (!momentum.ok()) return BreakGroup(momentum.status());
+    if (group_->rank() != 0) return OkStatus();
+    auto checkpoint = std::make_shared<Checkpoint>(Described(round_id, members));
+    size_t offset = 0;
+    for (size_t i = 0; i < whole_->count(); ++i) {
+      const size_t n = whole_->numel(i);
+      auto values = [&](const std::vector<float>& all) {
+        return std::vector<float>(all.begin() + static_cast<long>(offset), all.begin() + static_cast<long>(offset + n));
+      };
+      checkpoint->tensors.push_back({"global/" + whole_->name(i), whole_->shape(i), values(*global)});
+      checkpoint->tensors.push_back({"outer_momentum/" + whole_->name(i), whole_->shape(i), values(*momentum)});
+      offset += n;
+    }
+    checkpoint_writer_.Write(std::move(checkpoint));
+    return OkStatus();
   }
 
   Status InitDesloc() {
@@ -600,8 +647,7 @@ class RoundDriverImpl final : public RoundDriver {
       if (Status shared = group_->ShareParameters(); !shared.ok()) return BreakGroup(shared);
     }
     RecordRound(*flight);  // after the commit: its digest is of the new global state
-    MaybeCheckpoint(outcome.round_id, outcome.rank, outcome.members);
-    return OkStatus();
+    return MaybeCheckpoint(outcome.round_id, outcome.rank, outcome.members);
   }
 
   // SHA-256 (hex) of every fragment's global parameters and momentum: equal

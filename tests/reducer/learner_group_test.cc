@@ -5,6 +5,7 @@
 #include "reducer/learner_group.h"
 
 #include <cstring>
+#include <filesystem>
 #include <numeric>
 #include <thread>
 
@@ -13,6 +14,7 @@
 #include "mend/lighthouse.h"
 #include "reducer/round_driver.h"
 #include "test_util/job_config.h"
+#include "test_util/wait.h"
 
 namespace mend::reducer {
 namespace {
@@ -231,6 +233,42 @@ TEST(LearnerGroupTest, RackAwareMergeSendsHalfTheCrossRackBytesAndAgreesEverywhe
       EXPECT_EQ(learner[r].local, learner[0].local);
     }
   }
+}
+
+// A learner of 2 ranks writes its checkpoints as one file of the whole
+// model (its ranks gather their slices); learners of 3 ranks and of 1 rank
+// resume from it, each rank taking its own slice.
+TEST(LearnerGroupTest, AGroupsCheckpointIsOneFileThatAnyGroupSizeResumesFrom) {
+  const std::string dir = testing_util::MakeTempDir();
+  Config config = testing_util::SynchronousJobConfig(2, 5);
+  config.checkpoint_dir = dir;
+  config.checkpoint_every_rounds = 2;
+  auto trained = RunJob(config, 2, 2, 20);
+  std::vector<float> global;  // round 4's, the slices together
+  for (const RankRun& run : trained[0]) {
+    ASSERT_TRUE(run.error.ok()) << run.error;
+    EXPECT_EQ(run.stats.rounds, 4u);
+    global.insert(global.end(), run.global.begin(), run.global.end());
+  }
+  uint64_t written = 0;
+  for (const auto& learner : trained) {
+    for (const RankRun& run : learner) written += run.stats.checkpoints;
+  }
+  EXPECT_EQ(written, 2u);  // rounds 2 and 4, by one rank of one learner
+  for (int ranks : {3, 1}) {
+    auto resumed = RunJob(config, 2, ranks, 0);
+    for (const auto& learner : resumed) {
+      std::vector<float> slices;
+      for (const RankRun& run : learner) {
+        ASSERT_TRUE(run.error.ok()) << run.error;
+        EXPECT_EQ(run.stats.resumed_from_round, 4u);
+        EXPECT_EQ(run.local, trained[0][0].local) << ranks << " ranks";  // every replica: round 4's model
+        slices.insert(slices.end(), run.global.begin(), run.global.end());
+      }
+      EXPECT_EQ(slices, global) << ranks << " ranks";
+    }
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST(LearnerGroupTest, TheLighthouseRefusesALearnerOfAnotherGroupSize) {
