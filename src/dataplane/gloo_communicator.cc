@@ -14,6 +14,7 @@
 #include <mutex>
 #include <thread>
 
+#include "core/buffer_pool.h"
 #include "dataplane/gloo_store.h"
 #include "dataplane/slicing.h"
 #include "fmt/format.h"
@@ -58,9 +59,12 @@ class GlooCommunicator final : public Communicator {
       : options_(std::move(options)), device_(std::move(device)), context_(std::move(context)) {}
 
   ~GlooCommunicator() override {
-    // Pending buffers first (they refer to the context), then the pairs.
+    // Pending buffers first (they refer to the context), then the pairs;
+    // then the scratch, no longer referred to, for the next round's.
     context_.reset();
     device_.reset();
+    GiveBack(std::move(send_scratch_));
+    GiveBack(std::move(recv_scratch_));
   }
 
   Status WeightedAllReduce(std::span<float> data, double weight, const Codec* codec) override {
@@ -171,6 +175,15 @@ class GlooCommunicator final : public Communicator {
   // Scratch reused across operations.
   std::vector<std::byte> send_scratch_;
   std::vector<std::byte> recv_scratch_;
+  // `scratch` with `bytes`, from the pool when it has no room.
+  static void Reserve(std::vector<std::byte>& scratch, size_t bytes) {
+    if (scratch.capacity() >= bytes) {
+      scratch.resize(bytes);
+      return;
+    }
+    GiveBack(std::move(scratch));
+    scratch = TakeBytes(bytes);
+  }
   std::vector<float> accumulator_;
   // Abort() from another thread: the reason, and the transfer being waited for.
   std::mutex abort_mu_;
@@ -402,8 +415,8 @@ Status GlooCommunicator::WeightedAllReduceImpl(std::span<float> data, double wei
   Reduction run(data, *codec, options_.world_size, segment_values);
   const int me = options_.rank;
   const size_t slice_bytes = run.layout.slice_bytes(me);
-  send_scratch_.resize(run.raw ? 0 : run.layout.total_bytes());
-  recv_scratch_.resize(slice_bytes * (options_.world_size - 1) +
+  Reserve(send_scratch_, run.raw ? 0 : run.layout.total_bytes());
+  Reserve(recv_scratch_, slice_bytes * (options_.world_size - 1) +
                        (run.raw ? 0 : run.layout.total_bytes()));
   run.encoded = send_scratch_.data();
   run.contributions = recv_scratch_.data();
@@ -542,7 +555,7 @@ Status GlooCommunicator::WeightedAllGatherDecodeImpl(std::span<const std::byte> 
   std::vector<Transfer> transfers;
   PostGather(op, kWeights, std::as_bytes(std::span(&weight, 1)),
              std::as_writable_bytes(std::span(all_weights)), transfers);
-  recv_scratch_.resize(payload.size() * options_.world_size);
+  Reserve(recv_scratch_, payload.size() * options_.world_size);
   PostGather(op, kAllGather, payload, recv_scratch_, transfers);
   Status gathered = WaitAll(op, transfers);
   if (!gathered.ok()) return End(op, gathered);

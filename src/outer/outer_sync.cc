@@ -1,3 +1,4 @@
+#include "core/buffer_pool.h"
 #include "mend/outer_sync.h"
 
 #include <algorithm>
@@ -121,8 +122,12 @@ StatusOr<RoundResult> OuterRound::Exchange(Communicator& comm, const FragmentSta
   // still be NaN).
   const bool silent = dropped_me || !options.contributes;
   const double weight = silent ? 0.0 : mine.weight;
-  std::vector<float> delta(n, 0.0f);
-  if (!silent) std::copy(delta_i.begin(), delta_i.end(), delta.begin());
+  std::vector<float> delta = TakeFloats(n);
+  if (silent) {
+    std::fill(delta.begin(), delta.end(), 0.0f);
+  } else {
+    std::copy(delta_i.begin(), delta_i.end(), delta.begin());
+  }
 
   // 2. The merge, through the codec.
   const uint64_t sent_before = comm.stats().bytes_sent;
@@ -146,15 +151,21 @@ StatusOr<RoundResult> OuterRound::Exchange(Communicator& comm, const FragmentSta
   result.merged_norm = Norm(delta);
 
   // 3. The outer step on a copy of the global state.
-  result.global.assign(state.global_.begin(), state.global_.end());
-  result.momentum.assign(state.momentum_.begin(), state.momentum_.end());
+  result.global = TakeFloats(n);
+  result.momentum = TakeFloats(n);
+  std::copy(state.global_.begin(), state.global_.end(), result.global.begin());
+  std::copy(state.momentum_.begin(), state.momentum_.end(), result.momentum.begin());
   OuterNesterovStep(result.global, result.momentum, delta, options.outer);
+  GiveBack(std::move(delta));
   return result;
 }
 
 void OuterRound::Commit(FragmentState& state, RoundResult&& result) {
-  state.global_ = std::move(result.global);
-  state.momentum_ = std::move(result.momentum);
+  // The old state's buffers go to the next round's result.
+  std::swap(state.global_, result.global);
+  std::swap(state.momentum_, result.momentum);
+  GiveBack(std::move(result.global));
+  GiveBack(std::move(result.momentum));
   if (!result.residual.empty()) state.residual_ = std::move(result.residual);
 }
 

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/buffer_pool.h"
 #include "core/status_format.h"
 #include "dataplane/lighthouse_rendezvous.h"
 #include "fmt/format.h"
@@ -286,7 +287,7 @@ std::string LearnerGroup::SlicePrefix(const std::string& round_prefix) const {
 }
 
 StatusOr<std::vector<std::byte>> LearnerGroup::Gather(std::span<const std::byte> mine) {
-  std::vector<std::byte> all(mine.size() * static_cast<size_t>(size_));
+  std::vector<std::byte> all = TakeBytes(mine.size() * static_cast<size_t>(size_));
   Status status = comm_->AllGather(mine, all);
   if (!status.ok()) {
     return Status(status.code(), fmt::format("learner '{}' group rank {}: a rank of this group is gone: {}",
@@ -323,7 +324,8 @@ Status LearnerGroup::ShareParameters() {
       at += slice.numel(p);
     }
   };
-  std::vector<float> mine(widest, 0.0f);
+  std::vector<float> mine = TakeFloats(widest);
+  std::fill(mine.begin() + static_cast<long>(slices_[static_cast<size_t>(rank_)].size()), mine.end(), 0.0f);
   for_each_piece(rank_, [&](SlicedParameters& slice, size_t p, size_t at) {
     slice.CopyOut(p, std::span(mine).subspan(at, slice.numel(p)));
   });
@@ -335,6 +337,8 @@ Status LearnerGroup::ShareParameters() {
       slice.CopyIn(p, gathered.subspan(static_cast<size_t>(q) * widest + at, slice.numel(p)));
     });
   }
+  GiveBack(std::move(mine));
+  GiveBack(std::move(all));
   return OkStatus();
 }
 

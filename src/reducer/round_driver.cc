@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/buffer_pool.h"
 #include "core/round_keys.h"
 #include "core/status_format.h"
 #include "dataplane/hierarchy.h"
@@ -433,6 +434,10 @@ class RoundDriverImpl final : public RoundDriver {
     std::vector<float> moments[2];  // DES-LOC: the optimizer's moments at the boundary
     std::thread thread;
     std::atomic<bool> done{false};  // set by the thread when `outcome` is final
+    ~InFlight() {
+      GiveBack(std::move(base));
+      GiveBack(std::move(delta));
+    }
     StatusOr<Outcome> outcome = AbortedError("not finished");
     // Set by the thread when the lighthouse answered (under `mu`; `done`
     // is signalled on `changed`): the round formed at this learner's step
@@ -508,11 +513,13 @@ class RoundDriverImpl final : public RoundDriver {
     flight->tokens = fragment.tokens_since_round;
     fragment.tokens_since_round = 0;
     const size_t n = fragment.state->size();
-    flight->base.assign(fragment.state->global().begin(), fragment.state->global().end());
-    std::vector<float> local(n);
+    flight->base = TakeFloats(n);
+    std::copy(fragment.state->global().begin(), fragment.state->global().end(), flight->base.begin());
+    std::vector<float> local = TakeFloats(n);
     Gather(fragment, local);
-    flight->delta.resize(n);
+    flight->delta = TakeFloats(n);
     PseudoGradient(flight->base, local, flight->delta);
+    GiveBack(std::move(local));
     if (moments_) {
       for (auto which : {FlatMoments::kFirst, FlatMoments::kSecond}) {
         flight->moments[which].resize(moments_->size());
@@ -598,11 +605,12 @@ class RoundDriverImpl final : public RoundDriver {
         // Nothing trained since the boundary (synchronous): exactly theta_g'.
         Scatter(fragment.state->global(), fragment);
       } else {
-        std::vector<float> local(fragment.state->size());
+        std::vector<float> local = TakeFloats(fragment.state->size());
         Gather(fragment, local);
         ApplyOuterResult(local, fragment.state->global(), flight->base, flight->delta, apply_mode_,
                          static_cast<float>(config_.mixing_alpha));
         Scatter(local, fragment);
+        GiveBack(std::move(local));
       }
     }
     for (auto which : {FlatMoments::kFirst, FlatMoments::kSecond}) {
@@ -899,11 +907,12 @@ class RoundDriverImpl final : public RoundDriver {
   // The fragment being exchanged needs none: its pseudo-gradient is taken
   // before the heal and the round replaces its local parameters.
   void KeepLocalProgress(Fragment& fragment, std::span<const float> new_base) {
-    std::vector<float> local(fragment.state->size());
+    std::vector<float> local = TakeFloats(fragment.state->size());
     Gather(fragment, local);
     std::span<const float> old_base = fragment.state->global();
     for (size_t i = 0; i < local.size(); ++i) local[i] += new_base[i] - old_base[i];
     Scatter(local, fragment);
+    GiveBack(std::move(local));
   }
 
   // Every copy between the parameters and the flat fragment state goes
