@@ -172,6 +172,16 @@ TEST_F(TrainProcessTest, BadInputIsRefusedWithWhatWasWrong) {
                                         dir_ + "/c"});
   EXPECT_EQ(faults, 2);
   EXPECT_THAT(faults_text, HasSubstr("meteor"));
+  auto [rank, rank_text] = RunMend({"train", "--mode", "local", "--group-size", "2", "--group-rank", "2",
+                                    "--corpus", corpus_});
+  EXPECT_EQ(rank, 2);
+  EXPECT_THAT(rank_text, HasSubstr("group_rank = 2: must be below group_size = 2"));
+  std::ofstream(dir_ + "/token") << "train-process-test-token-0123456789\n";
+  std::filesystem::permissions(dir_ + "/token", std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  auto [ddp, ddp_text] = RunMend({"train", "--mode", "ddp", "--group-size", "2", "--group-rank", "0",
+                                  "--lighthouse", "127.0.0.1:1", "--token-file", dir_ + "/token", "--corpus", corpus_});
+  EXPECT_EQ(ddp, 2);
+  EXPECT_THAT(ddp_text, HasSubstr("mode ddp with group_size = 2"));
 }
 
 }  // namespace
