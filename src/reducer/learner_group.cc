@@ -206,6 +206,36 @@ class SlicedParameters final : public FlatParameters {
   mutable std::vector<float> scratch_;
 };
 
+// Slice `range` of a whole model's moments.
+class SlicedMoments final : public FlatMoments {
+ public:
+  SlicedMoments(FlatMoments& whole, SliceRange range) : whole_(whole), range_(range) {}
+  size_t size() const override { return range_.size(); }
+  bool Read(Which which, std::span<float> out) const override {
+    scratch_.resize(whole_.size());
+    if (!whole_.Read(which, scratch_)) return false;
+    std::copy_n(scratch_.begin() + static_cast<long>(range_.begin), range_.size(), out.begin());
+    return true;
+  }
+  void Adjust(Which which, std::span<const float> average, std::span<const float> snapshot) override {
+    scratch_.resize(whole_.size());
+    if (!whole_.Read(which, scratch_)) return;
+    for (size_t i = 0; i < range_.size(); ++i) scratch_[range_.begin + i] += average[i] - snapshot[i];
+    whole_.Replace(which, scratch_);
+  }
+  void Replace(Which which, std::span<const float> average) override {
+    scratch_.resize(whole_.size());
+    if (!whole_.Read(which, scratch_)) std::fill(scratch_.begin(), scratch_.end(), 0.0f);
+    std::copy(average.begin(), average.end(), scratch_.begin() + static_cast<long>(range_.begin));
+    whole_.Replace(which, scratch_);
+  }
+
+ private:
+  FlatMoments& whole_;
+  const SliceRange range_;
+  mutable std::vector<float> scratch_;
+};
+
 }  // namespace
 
 std::string GroupStorePrefix(const Config& config, const std::string& learner_id) {
@@ -280,6 +310,23 @@ Status LearnerGroup::CheckSameModel() {
 
 std::unique_ptr<FlatParameters> LearnerGroup::Slice() {
   return std::make_unique<SlicedParameters>(full_, slices_[static_cast<size_t>(rank_)]);
+}
+
+std::unique_ptr<FlatMoments> LearnerGroup::Slice(FlatMoments& whole) {
+  return std::make_unique<SlicedMoments>(whole, slices_[static_cast<size_t>(rank_)]);
+}
+
+Status LearnerGroup::ShareMoments(FlatMoments& whole) {
+  std::vector<float> values(whole.size());
+  const SliceRange own = slices_[static_cast<size_t>(rank_)];
+  for (auto which : {FlatMoments::kFirst, FlatMoments::kSecond}) {
+    if (!whole.Read(which, values)) continue;  // no optimizer state yet: the same on every replica
+    MEND_ASSIGN_OR_RETURN(
+        std::vector<float> gathered,
+        GatherWhole(std::span<const float>(values).subspan(own.begin, own.size())));
+    whole.Replace(which, gathered);
+  }
+  return OkStatus();
 }
 
 std::string LearnerGroup::SlicePrefix(const std::string& round_prefix) const {

@@ -76,6 +76,12 @@ class LearnerGroup {
   LearnerAgent& agent() { return *agent_; }
   // This rank's slice of the model, as the round driver's parameters.
   std::unique_ptr<FlatParameters> Slice();
+  // The same slice of the inner optimizer's moments of `whole` (not owned).
+  std::unique_ptr<FlatMoments> Slice(FlatMoments& whole);
+  // Every rank's slice of `whole`'s moments into every replica's (after
+  // DES-LOC averaged them, or a heal brought the source's), each moment the
+  // ranks all hold.
+  [[nodiscard]] Status ShareMoments(FlatMoments& whole);
   // Where this rank's slice of a round rendezvouses.
   std::string SlicePrefix(const std::string& round_prefix) const;
 

@@ -71,9 +71,10 @@ class RoundDriverImpl final : public RoundDriver {
   RoundDriverImpl(const Config& config, LearnerAgent& agent, const Clock& clock, FragmentSchedule schedule,
                   std::unique_ptr<Codec> codec, std::unique_ptr<FlatParameters> parameters,
                   std::unique_ptr<FlatMoments> moments, std::unique_ptr<FlatParameters> whole = nullptr,
-                  std::unique_ptr<LearnerGroup> group = nullptr)
+                  std::unique_ptr<FlatMoments> whole_moments = nullptr, std::unique_ptr<LearnerGroup> group = nullptr)
       : config_(config),
         whole_(std::move(whole)),
+        whole_moments_(std::move(whole_moments)),
         group_(std::move(group)),
         agent_(agent),
         clock_(clock),
@@ -622,13 +623,21 @@ class RoundDriverImpl final : public RoundDriver {
       }
       stats_.moment_syncs++;
     }
+    bool moments_changed = false;
     for (auto which : {FlatMoments::kFirst, FlatMoments::kSecond}) {
+      moments_changed = moments_changed ||
+                        (!outcome.averaged_moments[which].empty() && !flight->moments[which].empty()) ||
+                        !outcome.healed_moments[which].empty();
       if (outcome.healed_moments[which].empty()) continue;
       if (stats_.steps == flight->boundary_step || flight->moments[which].empty()) {
         moments_->Replace(which, outcome.healed_moments[which]);
       } else {
         moments_->Adjust(which, outcome.healed_moments[which], flight->moments[which]);
       }
+    }
+    if (group_ && whole_moments_ && moments_changed) {
+      // Each rank changed its slice of the moments: into every replica.
+      if (Status shared = group_->ShareMoments(*whole_moments_); !shared.ok()) return BreakGroup(shared);
     }
     // A heal puts the learner on the job's step (the steps since this
     // boundary still count): always in a process's first round (a new or
@@ -940,6 +949,7 @@ class RoundDriverImpl final : public RoundDriver {
   // A multi-rank learner's whole model and group (null otherwise); before
   // everything that uses them, so that they go last.
   const std::unique_ptr<FlatParameters> whole_;
+  const std::unique_ptr<FlatMoments> whole_moments_;
   const std::unique_ptr<LearnerGroup> group_;
   LearnerAgent& agent_;
   const Clock& clock_;
@@ -988,11 +998,11 @@ StatusOr<std::unique_ptr<RoundDriver>> RoundDriver::Create(const Config& config,
     if (parameters->count() == 0) return InvalidArgumentError("reducer: the model has no parameters");
     MEND_ASSIGN_OR_RETURN(std::unique_ptr<LearnerGroup> group, LearnerGroup::Join(config, agent, *parameters));
     std::unique_ptr<FlatParameters> slice = group->Slice();
+    std::unique_ptr<FlatMoments> moment_slice = moments ? group->Slice(*moments) : nullptr;
     LearnerAgent& group_agent = group->agent();
-    // desloc and heal_inner_optimizer, which read the moments, are refused with groups (CheckConfig).
     auto driver = std::make_unique<RoundDriverImpl>(config, group_agent, clock, schedule, std::move(codec),
-                                                    std::move(slice), nullptr, std::move(parameters),
-                                                    std::move(group));
+                                                    std::move(slice), std::move(moment_slice), std::move(parameters),
+                                                    std::move(moments), std::move(group));
     MEND_RETURN_IF_ERROR(driver->Init(start_step));
     return std::unique_ptr<RoundDriver>(std::move(driver));
   }

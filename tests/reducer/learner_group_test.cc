@@ -58,11 +58,47 @@ class VectorParameters final : public FlatParameters {
   std::vector<std::string> names_{"w", "b"};
 };
 
+// Adam-like moments of those 13 values, moved by every step.
+class VectorMoments final : public FlatMoments {
+ public:
+  explicit VectorMoments(size_t n) : values_{std::vector<float>(n, 0.0f), std::vector<float>(n, 0.0f)} {}
+  size_t size() const override { return values_[0].size(); }
+  bool Read(Which which, std::span<float> out) const override {
+    if (!stepped_) return false;
+    std::copy(values_[which].begin(), values_[which].end(), out.begin());
+    return true;
+  }
+  void Adjust(Which which, std::span<const float> average, std::span<const float> snapshot) override {
+    for (size_t i = 0; i < size(); ++i) values_[which][i] += average[i] - snapshot[i];
+  }
+  void Replace(Which which, std::span<const float> average) override {
+    std::copy(average.begin(), average.end(), values_[which].begin());
+  }
+  void Train(int learner, int s) {
+    stepped_ = true;
+    for (size_t i = 0; i < size(); ++i) {
+      const float g = 0.01f * static_cast<float>((learner + 1) * ((static_cast<int>(i) * 5 + s) % 7) - 3);
+      values_[0][i] = 0.9f * values_[0][i] + 0.1f * g;
+      values_[1][i] = 0.95f * values_[1][i] + 0.05f * g * g;
+    }
+  }
+  std::vector<float> All() const {
+    std::vector<float> all = values_[0];
+    all.insert(all.end(), values_[1].begin(), values_[1].end());
+    return all;
+  }
+
+ private:
+  std::vector<std::vector<float>> values_;
+  bool stepped_ = false;
+};
+
 struct RankRun {
   ReducerStats stats;
   std::vector<float> local;   // the replica's parameters at the end
   std::vector<float> global;  // this rank's slice of the global state
   std::vector<std::vector<float>> replicas_after_round;  // the parameters after each applied round
+  std::vector<float> moments;  // both moments at the end (with desloc)
   Status error = OkStatus();
 };
 
@@ -76,7 +112,13 @@ void TrainRank(Config config, int learner, int rank, int steps, RankRun* run, si
   FakeClock clock;
   auto parameters = std::make_unique<VectorParameters>(1.0f, w);
   VectorParameters* view = parameters.get();
-  auto driver = RoundDriver::Create(config, **agent, clock, std::move(parameters), nullptr, 0);
+  std::unique_ptr<VectorMoments> moments;
+  VectorMoments* moments_view = nullptr;
+  if (config.desloc || config.heal_inner_optimizer) {
+    moments = std::make_unique<VectorMoments>(w + 3);
+    moments_view = moments.get();
+  }
+  auto driver = RoundDriver::Create(config, **agent, clock, std::move(parameters), std::move(moments), 0);
   if (!driver.ok()) {
     run->error = driver.status();
     return;
@@ -84,6 +126,7 @@ void TrainRank(Config config, int learner, int rank, int steps, RankRun* run, si
   for (int s = 0; s < steps; ++s) {
     clock.AdvanceMillis(50);
     view->Train(learner, s);
+    if (moments_view) moments_view->Train(learner, s);
     const uint64_t rounds = (*driver)->stats().rounds;
     if (Status status = (*driver)->step(16); !status.ok()) {
       run->error = status;
@@ -94,6 +137,7 @@ void TrainRank(Config config, int learner, int rank, int steps, RankRun* run, si
   run->error = (*driver)->shutdown();
   run->stats = (*driver)->stats();
   run->local = view->All();
+  if (moments_view) run->moments = moments_view->All();
   auto global = (*driver)->global(0);
   run->global.assign(global.begin(), global.end());
 }
@@ -316,14 +360,58 @@ TEST(LearnerGroupTest, RanksWithDifferentModelsAreRefusedByName) {
   EXPECT_EQ(errors[1].code(), StatusCode::kInvalidArgument) << errors[1];
 }
 
+// DES-LOC in a group: each rank averages its slice of the inner moments
+// across learners and the group all-gathers them; the moments and the
+// parameters end exactly as with single-rank learners.
+TEST(LearnerGroupTest, DeslocMomentsAveragedBySliceEqualTheFlatOnes) {
+  Config config = testing_util::SynchronousJobConfig(2, 5);
+  config.desloc = true;
+  config.momentum_sync_period_steps = 5;         // every round
+  config.second_moment_sync_period_steps = 10;   // every second one
+  auto flat = RunJob(config, 2, 1, 20);
+  auto grouped = RunJob(config, 2, 2, 20);
+  for (int l = 0; l < 2; ++l) {
+    ASSERT_TRUE(flat[static_cast<size_t>(l)][0].error.ok()) << flat[static_cast<size_t>(l)][0].error;
+    EXPECT_GT(flat[static_cast<size_t>(l)][0].stats.moment_syncs, 0u);
+    for (const RankRun& run : grouped[static_cast<size_t>(l)]) {
+      ASSERT_TRUE(run.error.ok()) << run.error;
+      EXPECT_EQ(run.stats.moment_syncs, flat[static_cast<size_t>(l)][0].stats.moment_syncs);
+      EXPECT_EQ(run.moments, flat[static_cast<size_t>(l)][0].moments) << "learner " << l;
+      EXPECT_EQ(run.local, flat[static_cast<size_t>(l)][0].local) << "learner " << l;
+    }
+  }
+}
+
+// heal_inner_optimizer in a group: the first round heals every learner from
+// rank 0's (the moments with it), slice by slice; the moments and the
+// parameters end exactly as with single-rank learners.
+TEST(LearnerGroupTest, HealedMomentsArriveBySliceAsTheFlatOnesDo) {
+  Config config = testing_util::SynchronousJobConfig(2, 5);
+  config.heal_inner_optimizer = true;
+  auto flat = RunJob(config, 2, 1, 20);
+  auto grouped = RunJob(config, 2, 2, 20);
+  uint64_t heals = 0;
+  for (int l = 0; l < 2; ++l) {
+    ASSERT_TRUE(flat[static_cast<size_t>(l)][0].error.ok()) << flat[static_cast<size_t>(l)][0].error;
+    heals += flat[static_cast<size_t>(l)][0].stats.heals;
+    for (const RankRun& run : grouped[static_cast<size_t>(l)]) {
+      ASSERT_TRUE(run.error.ok()) << run.error;
+      EXPECT_EQ(run.moments, flat[static_cast<size_t>(l)][0].moments) << "learner " << l;
+      EXPECT_EQ(run.local, flat[static_cast<size_t>(l)][0].local) << "learner " << l;
+    }
+  }
+  EXPECT_EQ(heals, 1u);  // learner 1 took learner 0's state and moments
+}
+
 TEST(LearnerGroupTest, WhatGroupsDoNotDoYetIsRefusedByName) {
   Config config = testing_util::SynchronousJobConfig(2, 5);
   config.group_size = 2;
-  config.desloc = true;
+  config.train_through_lighthouse_outage = true;
   Status status = CheckConfig(config);
   EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(status.message().find("desloc = true with group_size = 2"), std::string::npos) << status;
-  config.desloc = false;
+  EXPECT_NE(status.message().find("train_through_lighthouse_outage = true with group_size = 2"), std::string::npos)
+      << status;
+  config.train_through_lighthouse_outage = false;
   config.group_rank = 2;
   status = CheckConfig(config);
   EXPECT_NE(status.message().find("group_rank = 2: must be below group_size = 2"), std::string::npos) << status;
