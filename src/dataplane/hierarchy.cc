@@ -17,15 +17,20 @@ class RackAwareCommunicator final : public Communicator {
   // their ranks to the flat ranks.
   // `layout` lists every rack's members (flat ranks, rank order), racks in
   // the representatives' order.
+  // With `column` >= 0 every rack has the same size and `reps` is this
+  // member's column: the members at its place in every rack (column 0 is
+  // the representatives); the cross-rack merge is then split by pieces
+  // between the columns, so that every host's link carries a share.
   RackAwareCommunicator(std::unique_ptr<Communicator> flat, std::unique_ptr<Communicator> rack,
                         std::unique_ptr<Communicator> reps, std::vector<int> rack_ranks, std::vector<int> rep_ranks,
-                        std::vector<std::vector<int>> layout)
+                        std::vector<std::vector<int>> layout, int column)
       : flat_(std::move(flat)),
         rack_(std::move(rack)),
         reps_(std::move(reps)),
         rack_ranks_(std::move(rack_ranks)),
         rep_ranks_(std::move(rep_ranks)),
-        layout_(std::move(layout)) {
+        layout_(std::move(layout)),
+        column_(column) {
     for (const auto& members : layout_) widest_rack_ = std::max(widest_rack_, members.size());
   }
 
@@ -42,6 +47,27 @@ class RackAwareCommunicator final : public Communicator {
       } else {
         std::fill(data.begin(), data.end(), 0.0f);
       }
+    }
+    if (column_ >= 0) {
+      // 2. Across racks, column by column: piece j of the racks' means.
+      const size_t parts = static_cast<size_t>(rack_->world_size());
+      auto piece = [&](size_t j) {
+        return std::pair{data.size() * j / parts, data.size() * (j + 1) / parts};
+      };
+      const auto [begin, end] = piece(static_cast<size_t>(column_));
+      MEND_RETURN_IF_ERROR(reps_->WeightedAllReduce(data.subspan(begin, end - begin), rack_weight, codec));
+      // 3. Every piece to the whole rack.
+      const size_t widest = data.size() / parts + 1;
+      std::vector<float> mine(widest, 0.0f);
+      std::copy(data.begin() + static_cast<long>(begin), data.begin() + static_cast<long>(end), mine.begin());
+      std::vector<float> all(widest * parts);
+      MEND_RETURN_IF_ERROR(rack_->AllGather(std::as_bytes(std::span<const float>(mine)),
+                                            std::as_writable_bytes(std::span(all))));
+      for (size_t j = 0; j < parts; ++j) {
+        const auto [from, to] = piece(j);
+        std::copy_n(all.begin() + static_cast<long>(j * widest), to - from, data.begin() + static_cast<long>(from));
+      }
+      return OkStatus();
     }
     // 2. Across racks, the representatives: the racks' means by their weights.
     if (reps_) MEND_RETURN_IF_ERROR(reps_->WeightedAllReduce(data, rack_weight, codec));
@@ -67,7 +93,7 @@ class RackAwareCommunicator final : public Communicator {
       std::copy(mine.begin(), mine.end(), block.begin());
     }
     std::vector<std::byte> all(layout_.size() * block.size());
-    if (reps_) MEND_RETURN_IF_ERROR(reps_->AllGather(block, all));
+    if (reps_ && column_ <= 0) MEND_RETURN_IF_ERROR(reps_->AllGather(block, all));  // the representatives
     if (rack_) MEND_RETURN_IF_ERROR(rack_->Broadcast(all, 0));
     for (size_t k = 0; k < layout_.size(); ++k) {
       for (size_t j = 0; j < layout_[k].size(); ++j) {
@@ -114,6 +140,7 @@ class RackAwareCommunicator final : public Communicator {
   std::vector<int> rack_ranks_;
   std::vector<int> rep_ranks_;
   std::vector<std::vector<int>> layout_;
+  const int column_;  // -1: representatives only
   size_t widest_rack_ = 1;
 };
 
@@ -157,17 +184,28 @@ StatusOr<std::unique_ptr<Communicator>> ConnectRackAware(RendezvousStore& store,
     o.link = {};  // inside the rack
     MEND_ASSIGN_OR_RETURN(rack, Communicator::Connect(store, o));
   }
+  // Racks of one size share the cross-rack merge by columns (the members at
+  // the same place in every rack); otherwise the representatives carry it.
+  const bool even = std::all_of(layout.begin(), layout.end(),
+                                [&](const std::vector<int>& members) { return members.size() == mates.size(); });
+  const int column = even ? static_cast<int>(std::find(mates.begin(), mates.end(), me) - mates.begin()) : -1;
+  std::vector<int> crossing;  // the flat ranks of this member's cross-rack communicator
+  if (even) {
+    for (const auto& members : layout) crossing.push_back(members[static_cast<size_t>(column)]);
+  } else if (mates.front() == me) {
+    crossing = reps;
+  }
   std::unique_ptr<Communicator> representatives;
-  if (mates.front() == me) {
+  if (!crossing.empty()) {
     CommunicatorOptions o = options;
-    o.prefix = options.prefix + "reps/";
+    o.prefix = even ? fmt::format("{}col/{}/", options.prefix, column) : options.prefix + "reps/";
     o.rank = static_cast<int>(my_index);
-    o.world_size = static_cast<int>(reps.size());
-    o.member_ids = member_ids(reps);
+    o.world_size = static_cast<int>(crossing.size());
+    o.member_ids = member_ids(crossing);
     MEND_ASSIGN_OR_RETURN(representatives, Communicator::Connect(store, o));
   }
   return std::unique_ptr<Communicator>(std::make_unique<RackAwareCommunicator>(
-      std::move(flat), std::move(rack), std::move(representatives), mates, reps, std::move(layout)));
+      std::move(flat), std::move(rack), std::move(representatives), mates, crossing, std::move(layout), column));
 }
 
 }  // namespace mend
