@@ -29,6 +29,8 @@ def main():
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--period", type=int, default=5)
     parser.add_argument("--out", required=True, help="the result file; %%r becomes the rank")
+    parser.add_argument("--die-at-step", type=int, default=0,
+                        help="rank 1 exits at this step in the torchrun's first attempt (it is restarted)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -52,7 +54,12 @@ def main():
 
     first_loss = held_out()
     rounds = []
-    for _ in range(args.steps):
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    step = 0
+    while runtime.stats()["steps"] < args.steps:  # the job's step: a heal moves it
+        step += 1
+        if args.die_at_step and attempt == 0 and rank == 1 and step == args.die_at_step:
+            os._exit(3)  # a host lost: torchrun restarts the whole group
         x, y = batch(data)
         loss = torch.nn.functional.cross_entropy(ddp(x), y)
         optimizer.zero_grad()
@@ -64,7 +71,7 @@ def main():
     stats = runtime.stats()
     mend_shutdown(ddp)
     with open(args.out.replace("%r", str(rank)), "w") as f:
-        json.dump({"rank": rank, "world": dist.get_world_size(), "learner_id": runtime.learner_id,
+        json.dump({"attempt": attempt, "rank": rank, "world": dist.get_world_size(), "learner_id": runtime.learner_id,
                    "group_size": runtime.config.group_size, "group_rank": runtime.config.group_rank,
                    "rounds": rounds, "first_loss": first_loss, "last_loss": held_out(),
                    "bytes_sent": stats["bytes_sent"]}, f)

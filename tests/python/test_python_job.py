@@ -346,3 +346,31 @@ def test_two_torchrun_learners_of_two_ranks_keep_every_replica_identical(tmp_pat
         assert s["bytes_sent"] > 0  # every rank carries its slice
     assert seen[1, 0]["learner_id"] == seen[1, 1]["learner_id"] == "learner-1"
     assert seen[2, 0]["learner_id"] == seen[2, 1]["learner_id"] != "learner-1"  # group rank 0's HOST-PID
+
+
+def test_a_torchrun_group_that_loses_a_rank_is_restarted_and_heals(tmp_path):
+    # torchrun --max_restarts: rank 1 of learner 1 exits at its step 12; torchrun
+    # restarts both ranks (its restart count keys the group's store entries
+    # anew), they heal slice by slice from learner 2's ranks, and from then on
+    # all 4 replicas match after every round they share.
+    with embedded_lighthouse() as lighthouse:
+        path = os.pathsep.join(os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)
+        env = dict(os.environ, MEND_JOB_TOKEN=TOKEN, OMP_NUM_THREADS="1", PYTHONPATH=path)
+        procs = []
+        for learner, extra in ((1, ["--max_restarts", "1", "--monitor_interval", "1"]), (2, [])):
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "torch.distributed.run", "--redirects", "1", "--tee", "1",
+                 "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(free_port()), *extra,
+                 os.path.join(HERE, "group_learner.py"), "--lighthouse", lighthouse.address,
+                 "--learner", str(learner), "--steps", "40", "--out", str(tmp_path / f"l{learner}-%r.json"),
+                 *(["--die-at-step", "12"] if learner == 1 else [])],
+                env=env, cwd=HERE))
+        for proc in procs:
+            assert proc.wait(timeout=240) == 0
+    seen = {(l, r): json.loads((tmp_path / f"l{l}-{r}.json").read_text()) for l in (1, 2) for r in (0, 1)}
+    assert seen[1, 0]["attempt"] == seen[1, 1]["attempt"] == 1  # restarted once
+    by_round = {(l, r): {x["round"]: x["digest"] for x in s["rounds"]} for (l, r), s in seen.items()}
+    shared = set(by_round[1, 0]) & set(by_round[2, 0])
+    assert len(shared) >= 2, (by_round[1, 0].keys(), by_round[2, 0].keys())
+    for round_id in shared:
+        assert len({by_round[key][round_id] for key in by_round}) == 1, round_id
