@@ -244,6 +244,22 @@ std::string GroupStorePrefix(const Config& config, const std::string& learner_id
                      restarts != nullptr && *restarts != '\0' ? restarts : "0");
 }
 
+Status AwaitGroupRanks(RendezvousStore& store, const Config& config, const std::string& learner_id,
+                       const std::string& prefix) {
+  MEND_RETURN_IF_ERROR(store.Set(fmt::format("{}here/{}", prefix, config.group_rank), "1"));
+  const Micros deadline = RealClock()->NowMicros() + config.quorum_timeout_ms * kMicrosPerMilli;
+  for (int64_t r = 0; r < config.group_size; ++r) {
+    if (r == config.group_rank) continue;
+    auto here = store.Get(fmt::format("{}here/{}", prefix, r), std::max<Micros>(1, deadline - RealClock()->NowMicros()));
+    if (!here.ok()) {
+      return Status(here.status().code(),
+                    fmt::format("learner '{}' group rank {}: group rank {} did not start within quorum_timeout_ms = {}: {}",
+                                learner_id, config.group_rank, r, config.quorum_timeout_ms, here.status().message()));
+    }
+  }
+  return OkStatus();
+}
+
 SliceRange SliceOf(size_t total, int size, int rank) {
   const auto cut = [&](int r) { return static_cast<size_t>((static_cast<unsigned __int128>(total) * r) / size); };
   return {cut(rank), cut(rank + 1)};
@@ -274,6 +290,7 @@ StatusOr<std::unique_ptr<LearnerGroup>> LearnerGroup::Join(const Config& config,
   options.world_size = group->size_;
   for (int r = 0; r < group->size_; ++r) options.member_ids.push_back(fmt::format("{} rank {}", agent.id(), r));
   LighthouseRendezvousStore store(agent.client());
+  MEND_RETURN_IF_ERROR(AwaitGroupRanks(store, config, agent.id(), options.prefix));
   auto comm = Communicator::Connect(store, options);
   if (!comm.ok()) {
     return Status(comm.status().code(),

@@ -48,6 +48,13 @@ struct SliceRange {
   size_t size() const { return end - begin; }
 };
 
+// Waits (up to quorum_timeout_ms) until every rank of the group has shown up
+// under `prefix`, before a communicator among them connects with its
+// shorter collective timeout: the ranks of a group start apart (process
+// start, loading the model and data).
+[[nodiscard]] Status AwaitGroupRanks(RendezvousStore& store, const Config& config, const std::string& learner_id,
+                                     const std::string& prefix);
+
 // Slice `rank` of `total` values cut into `size` contiguous, balanced parts.
 SliceRange SliceOf(size_t total, int size, int rank);
 
@@ -60,8 +67,8 @@ std::string GroupStorePrefix(const Config& config, const std::string& learner_id
 class LearnerGroup {
  public:
   // Connects the group's communicator (every rank of learner agent.id(),
-  // under GroupStorePrefix), waiting up to collective_timeout_ms for the
-  // others, and checks that they hold the same model. `agent`
+  // under GroupStorePrefix), after AwaitGroupRanks, and checks that they
+  // hold the same model. `agent`
   // (rank 0's registered one, or a group rank's, see LearnerAgent::Start)
   // and `full` (this replica's whole model) are not owned and must outlive
   // the group.
