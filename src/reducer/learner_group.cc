@@ -271,9 +271,8 @@ LearnerGroup::LearnerGroup(const Config& config, LearnerAgent& agent, FlatParame
       base_(std::move(base)),
       inner_(agent),
       full_(full) {
-  size_t total = 0;
-  for (size_t i = 0; i < full.count(); ++i) total += full.numel(i);
-  for (int r = 0; r < size_; ++r) slices_.push_back(SliceOf(total, size_, r));
+  for (size_t i = 0; i < full.count(); ++i) total_ += full.numel(i);
+  for (int r = 0; r < size_; ++r) slices_.push_back(SliceOf(total_, size_, r));
   agent_ = std::make_unique<GroupAgent>(agent, base_, rank_, config.collective_timeout_ms * kMicrosPerMilli);
 }
 
@@ -307,11 +306,7 @@ StatusOr<std::unique_ptr<LearnerGroup>> LearnerGroup::Join(const Config& config,
 
 Status LearnerGroup::CheckSameModel() {
   std::string layout;
-  size_t total = 0;
-  for (size_t i = 0; i < full_.count(); ++i) {
-    layout += fmt::format("{}{}\n", full_.name(i), fmt::join(full_.shape(i), "x"));
-    total += full_.numel(i);
-  }
+  for (size_t i = 0; i < full_.count(); ++i) layout += fmt::format("{}{}\n", full_.name(i), fmt::join(full_.shape(i), "x"));
   const std::array<unsigned char, 32> mine = Sha256Digest(layout.data(), layout.size());
   MEND_ASSIGN_OR_RETURN(auto all, Gather(std::as_bytes(std::span(mine))));
   for (int q = 0; q < size_; ++q) {
@@ -319,7 +314,7 @@ Status LearnerGroup::CheckSameModel() {
       return InvalidArgumentError(fmt::format(
           "learner '{}': group rank {}'s parameters (names and shapes) differ from group rank {}'s ({} parameters, "
           "{} values); every rank of a learner must hold the same model",
-          inner_.id(), q, rank_, full_.count(), total));
+          inner_.id(), q, rank_, full_.count(), total_));
     }
   }
   return OkStatus();
@@ -338,10 +333,8 @@ Status LearnerGroup::ShareMoments(FlatMoments& whole) {
   const SliceRange own = slices_[static_cast<size_t>(rank_)];
   for (auto which : {FlatMoments::kFirst, FlatMoments::kSecond}) {
     if (!whole.Read(which, values)) continue;  // no optimizer state yet: the same on every replica
-    MEND_ASSIGN_OR_RETURN(
-        std::vector<float> gathered,
-        GatherWhole(std::span<const float>(values).subspan(own.begin, own.size())));
-    whole.Replace(which, gathered);
+    MEND_RETURN_IF_ERROR(GatherWhole(std::span<const float>(values).subspan(own.begin, own.size()), values));
+    whole.Replace(which, values);
   }
   return OkStatus();
 }
@@ -377,48 +370,48 @@ StatusOr<bool> LearnerGroup::AllOk(bool ok, uint64_t* formed_step) {
 }
 
 Status LearnerGroup::ShareParameters() {
-  size_t widest = 0;
-  for (const SliceRange& slice : slices_) widest = std::max(widest, slice.size());
-  // Each slice travels as its pieces' values back to back, padded to the widest.
+  // This rank's slice out of its replica, every slice back in (but its own).
   auto for_each_piece = [&](int q, auto&& copy) {
     SlicedParameters slice(full_, slices_[static_cast<size_t>(q)]);
-    size_t at = 0;
+    size_t at = slices_[static_cast<size_t>(q)].begin;
     for (size_t p = 0; p < slice.count(); ++p) {
       copy(slice, p, at);
       at += slice.numel(p);
     }
   };
-  std::vector<float> mine = TakeFloats(widest);
-  std::fill(mine.begin() + static_cast<long>(slices_[static_cast<size_t>(rank_)].size()), mine.end(), 0.0f);
+  std::vector<float> whole = TakeFloats(total_);
   for_each_piece(rank_, [&](SlicedParameters& slice, size_t p, size_t at) {
-    slice.CopyOut(p, std::span(mine).subspan(at, slice.numel(p)));
+    slice.CopyOut(p, std::span(whole).subspan(at, slice.numel(p)));
   });
-  MEND_ASSIGN_OR_RETURN(auto all, Gather(std::as_bytes(std::span<const float>(mine))));
-  const std::span<const float> gathered(reinterpret_cast<const float*>(all.data()), all.size() / sizeof(float));
-  for (int q = 0; q < size_; ++q) {
-    if (q == rank_) continue;
-    for_each_piece(q, [&](SlicedParameters& slice, size_t p, size_t at) {
-      slice.CopyIn(p, gathered.subspan(static_cast<size_t>(q) * widest + at, slice.numel(p)));
-    });
+  const SliceRange own = slices_[static_cast<size_t>(rank_)];
+  Status gathered = GatherWhole(std::span<const float>(whole).subspan(own.begin, own.size()), whole);
+  if (gathered.ok()) {
+    for (int q = 0; q < size_; ++q) {
+      if (q == rank_) continue;
+      for_each_piece(q, [&](SlicedParameters& slice, size_t p, size_t at) {
+        slice.CopyIn(p, std::span<const float>(whole).subspan(at, slice.numel(p)));
+      });
+    }
   }
-  GiveBack(std::move(mine));
-  GiveBack(std::move(all));
-  return OkStatus();
+  GiveBack(std::move(whole));
+  return gathered;
 }
 
-StatusOr<std::vector<float>> LearnerGroup::GatherWhole(std::span<const float> slice) {
+Status LearnerGroup::GatherWhole(std::span<const float> slice, std::span<float> whole) {
   size_t widest = 0;
   for (const SliceRange& range : slices_) widest = std::max(widest, range.size());
-  std::vector<float> mine(widest, 0.0f);
-  std::copy(slice.begin(), slice.end(), mine.begin());
-  MEND_ASSIGN_OR_RETURN(auto all, Gather(std::as_bytes(std::span<const float>(mine))));
-  const float* gathered = reinterpret_cast<const float*>(all.data());
-  std::vector<float> whole;
+  std::vector<float> mine = TakeFloats(widest);
+  std::fill(std::copy(slice.begin(), slice.end(), mine.begin()), mine.end(), 0.0f);
+  StatusOr<std::vector<std::byte>> all = Gather(std::as_bytes(std::span<const float>(mine)));
+  GiveBack(std::move(mine));
+  MEND_RETURN_IF_ERROR(all.status());
+  const float* gathered = reinterpret_cast<const float*>(all->data());
   for (int q = 0; q < size_; ++q) {
-    const float* from = gathered + static_cast<size_t>(q) * widest;
-    whole.insert(whole.end(), from, from + slices_[static_cast<size_t>(q)].size());
+    const SliceRange range = slices_[static_cast<size_t>(q)];
+    std::copy_n(gathered + static_cast<size_t>(q) * widest, range.size(), whole.begin() + static_cast<long>(range.begin));
   }
-  return whole;
+  GiveBack(std::move(*all));
+  return OkStatus();
 }
 
 StatusOr<std::pair<uint64_t, bool>> LearnerGroup::Compare(uint64_t value) {

@@ -100,9 +100,12 @@ class LearnerGroup {
   [[nodiscard]] StatusOr<bool> AllOk(bool ok, uint64_t* formed_step);
   // Every rank's slice of the parameters into every replica.
   [[nodiscard]] Status ShareParameters();
-  // The whole model's values from every rank's `slice` (its slice's values
-  // in order), on every rank.
-  [[nodiscard]] StatusOr<std::vector<float>> GatherWhole(std::span<const float> slice);
+  // The whole model's values (`whole`, of the model's size) from every
+  // rank's `slice` (its slice's values in order), on every rank. `slice` may
+  // lie inside `whole`.
+  [[nodiscard]] Status GatherWhole(std::span<const float> slice, std::span<float> whole);
+  // The model's values.
+  size_t total() const { return total_; }
   // Rank 0's `value`, and whether every rank passed the same.
   [[nodiscard]] StatusOr<std::pair<uint64_t, bool>> Compare(uint64_t value);
   // Removes the group's keys from the store (rank 0, when the group is done).
@@ -120,6 +123,7 @@ class LearnerGroup {
   const std::string base_;  // the group's store prefix
   LearnerAgent& inner_;
   FlatParameters& full_;
+  size_t total_ = 0;  // the model's values
   std::vector<SliceRange> slices_;
   std::unique_ptr<LearnerAgent> agent_;
   std::unique_ptr<Communicator> comm_;

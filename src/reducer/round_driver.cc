@@ -215,23 +215,20 @@ class RoundDriverImpl final : public RoundDriver {
       checkpoint_writer_.Write(std::make_shared<const Checkpoint>(Snapshot(round_id, members)));
       return OkStatus();
     }
+    // The whole model as one fragment of its parameters, in order.
     const FragmentState& state = *fragments_[0].state;  // one fragment with checkpoints (CheckConfig)
-    StatusOr<std::vector<float>> global = group_->GatherWhole(state.global());
-    if (!global.ok()) return BreakGroup(global.status());
-    StatusOr<std::vector<float>> momentum = group_->GatherWhole(state.momentum());
-    if (!momentum.ok()) return BreakGroup(momentum.status());
-    if (group_->rank() != 0) return OkStatus();
-    auto checkpoint = std::make_shared<Checkpoint>(Described(round_id, members));
-    size_t offset = 0;
-    for (size_t i = 0; i < whole_->count(); ++i) {
-      const size_t n = whole_->numel(i);
-      auto values = [&](const std::vector<float>& all) {
-        return std::vector<float>(all.begin() + static_cast<long>(offset), all.begin() + static_cast<long>(offset + n));
-      };
-      checkpoint->tensors.push_back({"global/" + whole_->name(i), whole_->shape(i), values(*global)});
-      checkpoint->tensors.push_back({"outer_momentum/" + whole_->name(i), whole_->shape(i), values(*momentum)});
-      offset += n;
+    std::vector<float> global(group_->total()), momentum(group_->total());
+    for (auto [slice, whole] : {std::pair{state.global(), std::span<float>(global)},
+                                std::pair{state.momentum(), std::span<float>(momentum)}}) {
+      if (Status gathered = group_->GatherWhole(slice, whole); !gathered.ok()) return BreakGroup(gathered);
     }
+    if (group_->rank() != 0) return OkStatus();
+    std::vector<Fragment> whole_model(1);
+    for (size_t i = 0; i < whole_->count(); ++i) whole_model[0].parameters.push_back(i);
+    whole_model[0].state = std::make_unique<FragmentState>(global);
+    whole_model[0].state->Assign(global, momentum);
+    auto checkpoint = std::make_shared<Checkpoint>(Described(round_id, members));
+    AddFragmentTensors(*whole_, whole_model, checkpoint.get());
     checkpoint_writer_.Write(std::move(checkpoint));
     return OkStatus();
   }
@@ -614,6 +611,7 @@ class RoundDriverImpl final : public RoundDriver {
         GiveBack(std::move(local));
       }
     }
+    bool moments_changed = false;
     for (auto which : {FlatMoments::kFirst, FlatMoments::kSecond}) {
       if (outcome.averaged_moments[which].empty() || flight->moments[which].empty()) continue;
       if (stats_.steps == flight->boundary_step) {
@@ -622,13 +620,11 @@ class RoundDriverImpl final : public RoundDriver {
         moments_->Adjust(which, outcome.averaged_moments[which], flight->moments[which]);
       }
       stats_.moment_syncs++;
+      moments_changed = true;
     }
-    bool moments_changed = false;
     for (auto which : {FlatMoments::kFirst, FlatMoments::kSecond}) {
-      moments_changed = moments_changed ||
-                        (!outcome.averaged_moments[which].empty() && !flight->moments[which].empty()) ||
-                        !outcome.healed_moments[which].empty();
       if (outcome.healed_moments[which].empty()) continue;
+      moments_changed = true;
       if (stats_.steps == flight->boundary_step || flight->moments[which].empty()) {
         moments_->Replace(which, outcome.healed_moments[which]);
       } else {
@@ -993,6 +989,7 @@ StatusOr<std::unique_ptr<RoundDriver>> RoundDriver::Create(const Config& config,
   MEND_ASSIGN_OR_RETURN(FragmentSchedule schedule,
                         FragmentSchedule::Make(config.fragments, config.sync_period_steps));
   MEND_ASSIGN_OR_RETURN(std::unique_ptr<Codec> codec, MakeCodec(config));
+  std::unique_ptr<RoundDriverImpl> driver;
   if (config.group_size > 1) {
     MEND_RETURN_IF_ERROR(CheckConfig(config));
     if (parameters->count() == 0) return InvalidArgumentError("reducer: the model has no parameters");
@@ -1000,14 +997,13 @@ StatusOr<std::unique_ptr<RoundDriver>> RoundDriver::Create(const Config& config,
     std::unique_ptr<FlatParameters> slice = group->Slice();
     std::unique_ptr<FlatMoments> moment_slice = moments ? group->Slice(*moments) : nullptr;
     LearnerAgent& group_agent = group->agent();
-    auto driver = std::make_unique<RoundDriverImpl>(config, group_agent, clock, schedule, std::move(codec),
-                                                    std::move(slice), std::move(moment_slice), std::move(parameters),
-                                                    std::move(moments), std::move(group));
-    MEND_RETURN_IF_ERROR(driver->Init(start_step));
-    return std::unique_ptr<RoundDriver>(std::move(driver));
+    driver = std::make_unique<RoundDriverImpl>(config, group_agent, clock, schedule, std::move(codec),
+                                               std::move(slice), std::move(moment_slice), std::move(parameters),
+                                               std::move(moments), std::move(group));
+  } else {
+    driver = std::make_unique<RoundDriverImpl>(config, agent, clock, schedule, std::move(codec),
+                                               std::move(parameters), std::move(moments));
   }
-  auto driver = std::make_unique<RoundDriverImpl>(config, agent, clock, schedule, std::move(codec),
-                                                  std::move(parameters), std::move(moments));
   MEND_RETURN_IF_ERROR(driver->Init(start_step));
   return std::unique_ptr<RoundDriver>(std::move(driver));
 }
