@@ -133,8 +133,11 @@ StatusOr<HeartbeatResult> LighthouseCore::Heartbeat(const HeartbeatArgs& args) {
     result.slow = record->slow;
     result.slow_zscore = membership_.vitals(*record).slow_zscore;
     result.latest_round_id = quorum_.latest_round_id();
-    result.latest_round_step = quorum_.latest_round_step();
     result.waiting = record->join.has_value();
+    // Only a learner whose join is still pending can have been passed over.
+    // A member of that round, whose answer may not have reached it yet, must
+    // not read the round's step as news that the round left it out.
+    result.latest_round_step = result.waiting ? quorum_.latest_round_step() : 0;
   }
   Finish(completions);
   if (wake && wakeup_) wakeup_();

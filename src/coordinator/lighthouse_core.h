@@ -84,7 +84,7 @@ struct HeartbeatResult {
   bool slow = false;
   double slow_zscore = 0;
   uint64_t latest_round_id = 0;
-  uint64_t latest_round_step = 0;  // its members' largest step
+  uint64_t latest_round_step = 0;  // its members' largest step; 0 unless `waiting`
   bool waiting = false;            // the learner has a join pending
 };
 

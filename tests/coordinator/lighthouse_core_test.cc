@@ -146,9 +146,12 @@ TEST(LighthouseCoreTest, HeartbeatsTellAWaitingLearnerItWasPassedOver) {
   EXPECT_EQ(news->latest_round_id, a->round().id);
   EXPECT_EQ(news->latest_round_step, 50u);
   EXPECT_TRUE(news->waiting);
+  // A member may hear of its round through a heartbeat before its join's
+  // answer arrives: it must not read that as having been passed over.
   auto member = h.Heartbeat("a");
   ASSERT_TRUE(member.ok());
   EXPECT_FALSE(member->waiting);
+  EXPECT_EQ(member->latest_round_step, 0u);
 }
 
 TEST(LighthouseCoreTest, ALearnerThatDiedInARoundAndCameBackDoesNotHoldTheOthersBack) {

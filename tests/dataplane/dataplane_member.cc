@@ -7,6 +7,7 @@
 // builds a fresh communicator for the next round with the survivors only,
 // reduces once and prints
 //   next ok <checksum>                       (or: next error <status>)
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -55,17 +56,17 @@ int main(int argc, char** argv) {
     return 1;
   }
   mend::LighthouseRendezvousStore store(**client);
-  auto options = [&](int round, int my_rank, int world) {
+  auto options = [&](int round, int my_rank, int world, int round_timeout_ms) {
     mend::CommunicatorOptions o;
     o.prefix = fmt::format("{}/round/{}/", job, round);
     o.round_id = static_cast<uint64_t>(round);
     o.rank = my_rank;
     o.world_size = world;
-    o.timeout = timeout_ms * mend::kMicrosPerMilli;
+    o.timeout = round_timeout_ms * mend::kMicrosPerMilli;
     for (int r = 0; r < world; ++r) o.member_ids.push_back(fmt::format("m{}", r));
     return o;
   };
-  auto comm = mend::Communicator::Connect(store, options(1, rank, size));
+  auto comm = mend::Communicator::Connect(store, options(1, rank, size, timeout_ms));
   if (!comm.ok()) {
     Say(fmt::format("fatal {}", comm.status()));
     return 1;
@@ -86,8 +87,11 @@ int main(int argc, char** argv) {
     auto me = std::find(survivors.begin(), survivors.end(), rank);
     if (me == survivors.end()) return 0;
     int new_rank = static_cast<int>(me - survivors.begin());
-    auto next = mend::Communicator::Connect(store, options(2, new_rank,
-                                                           static_cast<int>(survivors.size())));
+    // The survivors give up on round 1 at different times (one at its
+    // deadline, the other when that one leaves, after tearing down), so the
+    // fresh round waits longer for them to meet than one operation may take.
+    auto next = mend::Communicator::Connect(
+        store, options(2, new_rank, static_cast<int>(survivors.size()), std::max(timeout_ms, 30'000)));
     if (!next.ok()) {
       Say(fmt::format("next error {}", next.status()));
       return 0;
