@@ -191,7 +191,6 @@ Status CheckConfig(const Config& config) {
   if (config.group_size > 1) {
     // What a group does not do yet; refused rather than done wrong.
     const std::pair<bool, const char*> unsupported[] = {
-        {!config.checkpoint_dir.empty() && config.fragments > 1, "checkpoint_dir with fragments > 1"},
         {config.train_through_lighthouse_outage, "train_through_lighthouse_outage = true"},
     };
     for (const auto& [set, what] : unsupported) {

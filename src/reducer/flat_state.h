@@ -25,6 +25,9 @@ class FlatParameters {
   virtual size_t numel(size_t i) const = 0;
   virtual void CopyOut(size_t i, std::span<float> out) const = 0;  // out.size() == numel(i)
   virtual void CopyIn(size_t i, std::span<const float> in) = 0;
+  // The model's layer that parameter i is (or was cut from): what the
+  // fragment schedule assigns to a fragment (FragmentOfLayer).
+  virtual size_t layer(size_t i) const { return i; }
 };
 
 // The inner optimizer's Adam moments of those parameters, as one flat

@@ -176,6 +176,7 @@ class SlicedParameters final : public FlatParameters {
   const std::string& name(size_t i) const override { return pieces_[i].name; }
   std::vector<int64_t> shape(size_t i) const override { return {static_cast<int64_t>(pieces_[i].values)}; }
   size_t numel(size_t i) const override { return pieces_[i].values; }
+  size_t layer(size_t i) const override { return full_.layer(pieces_[i].parameter); }
   void CopyOut(size_t i, std::span<float> out) const override {
     const Piece& piece = pieces_[i];
     if (Whole(piece)) return full_.CopyOut(piece.parameter, out);

@@ -116,7 +116,7 @@ class RoundDriverImpl final : public RoundDriver {
     fragments_.resize(static_cast<size_t>(schedule_.fragments()));
     for (size_t l = 0; l < parameters_->count(); ++l) {
       Fragment& fragment =
-          fragments_[static_cast<size_t>(FragmentOfLayer(static_cast<int64_t>(l), schedule_.fragments()))];
+          fragments_[static_cast<size_t>(FragmentOfLayer(static_cast<int64_t>(parameters_->layer(l)), schedule_.fragments()))];
       fragment.parameters.push_back(l);
     }
     for (Fragment& fragment : fragments_) {
@@ -205,7 +205,8 @@ class RoundDriverImpl final : public RoundDriver {
   // Rank 0 of a round whose id is a multiple of checkpoint_every_rounds
   // writes one, on a background thread (one write at a time). In a group
   // every rank of that learner gathers the slices and its rank 0 writes the
-  // whole model, by parameter name: one file, which any group size reads.
+  // whole model, by parameter name: one file, which any group size and
+  // fragment count reads.
   Status MaybeCheckpoint(uint64_t round_id, uint32_t rank, uint32_t members) {
     if (config_.checkpoint_dir.empty() || config_.checkpoint_every_rounds <= 0 || rank != 0 ||
         round_id % static_cast<uint64_t>(config_.checkpoint_every_rounds) != 0) {
@@ -215,11 +216,23 @@ class RoundDriverImpl final : public RoundDriver {
       checkpoint_writer_.Write(std::make_shared<const Checkpoint>(Snapshot(round_id, members)));
       return OkStatus();
     }
-    // The whole model as one fragment of its parameters, in order.
-    const FragmentState& state = *fragments_[0].state;  // one fragment with checkpoints (CheckConfig)
+    // This rank's slice of the global state and momentum, its pieces in
+    // order (each fragment holds some of them), then all the slices.
+    std::vector<size_t> at(parameters_->count() + 1, 0);
+    for (size_t i = 0; i < parameters_->count(); ++i) at[i + 1] = at[i] + parameters_->numel(i);
+    std::vector<float> slice_global(at.back()), slice_momentum(at.back());
+    for (const Fragment& fragment : fragments_) {
+      size_t from = 0;
+      for (size_t i : fragment.parameters) {
+        const size_t n = parameters_->numel(i);
+        std::copy_n(fragment.state->global().begin() + from, n, slice_global.begin() + at[i]);
+        std::copy_n(fragment.state->momentum().begin() + from, n, slice_momentum.begin() + at[i]);
+        from += n;
+      }
+    }
     std::vector<float> global(group_->total()), momentum(group_->total());
-    for (auto [slice, whole] : {std::pair{state.global(), std::span<float>(global)},
-                                std::pair{state.momentum(), std::span<float>(momentum)}}) {
+    for (auto [slice, whole] : {std::pair{std::span<const float>(slice_global), std::span<float>(global)},
+                                std::pair{std::span<const float>(slice_momentum), std::span<float>(momentum)}}) {
       if (Status gathered = group_->GatherWhole(slice, whole); !gathered.ok()) return BreakGroup(gathered);
     }
     if (group_->rank() != 0) return OkStatus();

@@ -11,6 +11,7 @@
 
 #include "fmt/format.h"
 #include "gtest/gtest.h"
+#include "mend/checkpoint.h"
 #include "mend/lighthouse.h"
 #include "reducer/round_driver.h"
 #include "test_util/job_config.h"
@@ -212,6 +213,31 @@ TEST(LearnerGroupTest, ShardedRoundsEqualTheFlatOnesBitForBit) {
   }
 }
 
+// Streaming (2 fragments): a piece of a slice belongs to the fragment of
+// the layer it was cut from, so the sharded rounds exchange what the flat
+// ones do, bit for bit. With w = 2 (5 values) the second of 2 slices is
+// b[1:3] alone: a fragment is empty on one rank and whole on the other.
+TEST(LearnerGroupTest, ShardedStreamingRoundsEqualTheFlatOnesBitForBit) {
+  Config config = testing_util::SynchronousJobConfig(2, 10);
+  config.fragments = 2;
+  for (size_t w : {size_t{2}, size_t{10}}) {
+    auto flat = RunJob(config, 2, 1, 40, {}, w);
+    for (int ranks : {2, 3}) {
+      auto grouped = RunJob(config, 2, ranks, 40, {}, w);
+      for (int l = 0; l < 2; ++l) {
+        for (int r = 0; r < ranks; ++r) {
+          const RankRun& run = grouped[static_cast<size_t>(l)][static_cast<size_t>(r)];
+          ASSERT_TRUE(run.error.ok()) << "w " << w << ", ranks " << ranks << ", learner " << l << " rank " << r
+                                      << ": " << run.error;
+          EXPECT_EQ(run.stats.rounds, 8u);
+          EXPECT_EQ(run.local, flat[static_cast<size_t>(l)][0].local)
+              << "w " << w << ", " << ranks << " ranks, learner " << l << " rank " << r;
+        }
+      }
+    }
+  }
+}
+
 TEST(LearnerGroupTest, ConcurrentRoundsApplyAtTheSameStepOnEveryRank) {
   Config config = testing_util::SynchronousJobConfig(2, 8);
   config.concurrent_outer_step = true;
@@ -313,6 +339,48 @@ TEST(LearnerGroupTest, AGroupsCheckpointIsOneFileThatAnyGroupSizeResumesFrom) {
     }
   }
   std::filesystem::remove_all(dir);
+}
+
+// Streaming (2 fragments) with checkpoints: the file a group of 2 ranks
+// writes (its ranks put each fragment's pieces back in slice order, then
+// gather the slices) holds what a learner of 1 rank writes, tensor for
+// tensor; groups of 3 and 1 ranks resume from it.
+TEST(LearnerGroupTest, AStreamingGroupsCheckpointEqualsTheFlatOneAndAnyGroupSizeResumesFromIt) {
+  Config config = testing_util::SynchronousJobConfig(2, 10);
+  config.fragments = 2;
+  config.checkpoint_every_rounds = 3;
+  std::vector<Checkpoint> written;
+  for (int ranks : {1, 2}) {
+    const std::string dir = testing_util::MakeTempDir();
+    config.checkpoint_dir = dir;
+    for (const auto& learner : RunJob(config, 2, ranks, 30)) {
+      for (const RankRun& run : learner) ASSERT_TRUE(run.error.ok()) << run.error;
+    }
+    auto saved = CheckpointDirectory(dir, 3).LoadLatest();
+    ASSERT_TRUE(saved.ok()) << saved.status();
+    EXPECT_EQ(saved->meta.round_id, 6u);
+    written.push_back(*saved);
+    if (ranks == 1) std::filesystem::remove_all(dir);
+  }
+  ASSERT_EQ(written[0].tensors.size(), written[1].tensors.size());
+  for (const CheckpointTensor& tensor : written[0].tensors) {
+    const CheckpointTensor* grouped = written[1].Find(tensor.name);
+    ASSERT_NE(grouped, nullptr) << tensor.name;
+    EXPECT_EQ(grouped->values, tensor.values) << tensor.name;
+  }
+  std::vector<float> model = written[1].Find("global/w")->values;
+  const std::vector<float>& b = written[1].Find("global/b")->values;
+  model.insert(model.end(), b.begin(), b.end());
+  for (int ranks : {3, 1}) {
+    for (const auto& learner : RunJob(config, 2, ranks, 0)) {
+      for (const RankRun& run : learner) {
+        ASSERT_TRUE(run.error.ok()) << run.error;
+        EXPECT_EQ(run.stats.resumed_from_round, 6u);
+        EXPECT_EQ(run.local, model) << ranks << " ranks";
+      }
+    }
+  }
+  std::filesystem::remove_all(config.checkpoint_dir);
 }
 
 TEST(LearnerGroupTest, TheLighthouseRefusesALearnerOfAnotherGroupSize) {
