@@ -56,6 +56,11 @@ class DataParallel {
   // must stop at the same step, or one waits on the others' collective).
   virtual void RequestStop() = 0;
   virtual bool StopAgreed() const = 0;
+  // In a group: asks every rank to write a checkpoint (collective:
+  // Reducer::SaveCheckpoint) after the next AverageGradients(), whose
+  // CheckpointAgreed() then is true on all of them, for that step only.
+  virtual void RequestCheckpoint() = 0;
+  virtual bool CheckpointAgreed() const = 0;
 };
 
 }  // namespace mend

@@ -115,7 +115,9 @@ class Reducer {
   // Writes the global state of every fragment (parameters and outer
   // momentum, by parameter name) to `path` now, atomically. On demand; the
   // periodic ones (checkpoint_every_rounds) are written by rank 0 of a round
-  // in the background.
+  // in the background. For a learner of several ranks (group_size > 1) it is
+  // collective: every rank calls it at the same step, the ranks gather their
+  // slices, and group rank 0 writes the whole model to its `path`.
   [[nodiscard]] virtual Status SaveCheckpoint(const std::string& path) = 0;
 
   virtual ReducerStats stats() const = 0;

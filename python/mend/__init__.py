@@ -338,6 +338,10 @@ class Runtime:
         return torch.tensor(self._runtime.global_state(fragment), dtype=torch.float32)
 
     def save_checkpoint(self, path: str) -> None:
+        """Writes the global state (parameters and outer momentum, by name) to
+        ``path``. For a learner of several ranks it is collective, like
+        torch.distributed.checkpoint.save: every rank calls it at the same
+        step, and group rank 0 writes the file."""
         self._check_process()
         self._runtime.save_checkpoint(path)
 

@@ -193,13 +193,18 @@ class RoundDriverImpl final : public RoundDriver {
     return checkpoint;
   }
 
+  // In a group a collective: every rank calls it at the same step (between
+  // the same two step() calls), and rank 0 writes the whole model to its
+  // `path`.
   Status SaveCheckpoint(const std::string& path) override {
-    if (group_) {
-      return FailedPreconditionError(
-          "SaveCheckpoint: a multi-rank learner's state is spread over its ranks; it writes checkpoints every "
-          "checkpoint_every_rounds rounds (all its ranks take part), not on demand");
+    if (!group_) return WriteCheckpoint(path, Snapshot(stats_.last_round_id, 0));
+    StatusOr<std::shared_ptr<Checkpoint>> whole = GroupSnapshot(stats_.last_round_id, 0);
+    if (!whole.ok()) {
+      return Annotate(whole.status(),
+                      "SaveCheckpoint: a multi-rank learner's checkpoint is collective (every rank of the group "
+                      "calls it at the same step)");
     }
-    return WriteCheckpoint(path, Snapshot(stats_.last_round_id, 0));
+    return *whole ? WriteCheckpoint(path, **whole) : OkStatus();
   }
 
   // Rank 0 of a round whose id is a multiple of checkpoint_every_rounds
@@ -216,6 +221,17 @@ class RoundDriverImpl final : public RoundDriver {
       checkpoint_writer_.Write(std::make_shared<const Checkpoint>(Snapshot(round_id, members)));
       return OkStatus();
     }
+    MEND_ASSIGN_OR_RETURN(std::shared_ptr<Checkpoint> whole, GroupSnapshot(round_id, members));
+    if (whole) checkpoint_writer_.Write(std::move(whole));
+    return OkStatus();
+  }
+
+  // A group's checkpoint, a collective of its ranks: each puts its
+  // fragments' pieces back in slice order, the slices are gathered, and
+  // rank 0 gets the whole model as one fragment of its parameters, by
+  // parameter name (null on the other ranks). A failed gather breaks the
+  // group.
+  StatusOr<std::shared_ptr<Checkpoint>> GroupSnapshot(uint64_t round_id, uint32_t members) {
     // This rank's slice of the global state and momentum, its pieces in
     // order (each fragment holds some of them), then all the slices.
     std::vector<size_t> at(parameters_->count() + 1, 0);
@@ -235,15 +251,14 @@ class RoundDriverImpl final : public RoundDriver {
                                 std::pair{std::span<const float>(slice_momentum), std::span<float>(momentum)}}) {
       if (Status gathered = group_->GatherWhole(slice, whole); !gathered.ok()) return BreakGroup(gathered);
     }
-    if (group_->rank() != 0) return OkStatus();
+    if (group_->rank() != 0) return std::shared_ptr<Checkpoint>();
     std::vector<Fragment> whole_model(1);
     for (size_t i = 0; i < whole_->count(); ++i) whole_model[0].parameters.push_back(i);
     whole_model[0].state = std::make_unique<FragmentState>(global);
     whole_model[0].state->Assign(global, momentum);
     auto checkpoint = std::make_shared<Checkpoint>(Described(round_id, members));
     AddFragmentTensors(*whole_, whole_model, checkpoint.get());
-    checkpoint_writer_.Write(std::move(checkpoint));
-    return OkStatus();
+    return checkpoint;
   }
 
   Status InitDesloc() {

@@ -256,7 +256,14 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config, c
         quiet_sum += us;
       }
     }
-    if (reducer && signals && signals->checkpoint.exchange(false)) {
+    // A group's checkpoint is collective: a rank asked for one tells the
+    // others with its next gradient average, and all write it after that step.
+    if (group_data_parallel && signals && signals->checkpoint.exchange(false)) {
+      group_data_parallel->RequestCheckpoint();
+    }
+    const bool checkpoint_now = group_data_parallel ? group_data_parallel->CheckpointAgreed()
+                                                    : signals && signals->checkpoint.exchange(false);
+    if (reducer && checkpoint_now) {
       if (config.checkpoint_dir.empty()) {
         spdlog::warn("checkpoint asked for, but checkpoint_dir is not set");
       } else {
@@ -265,7 +272,8 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config, c
         std::error_code error;
         std::filesystem::create_directories(config.checkpoint_dir, error);
         if (Status saved = reducer->SaveCheckpoint(path); saved.ok()) {
-          spdlog::info("checkpoint written to {} (on demand)", path);
+          spdlog::info("checkpoint {} {} (on demand)", config.group_rank == 0 ? "written to" : "written by group rank 0 to",
+                       path);
         } else {
           spdlog::error("checkpoint on demand failed: {}", saved);
         }

@@ -14,6 +14,7 @@
 #include "cli/process_fixture.h"
 #include "fmt/format.h"
 #include "gmock/gmock.h"
+#include "mend/checkpoint.h"
 #include "test_util/synthetic_corpus.h"
 
 namespace mend {
@@ -27,13 +28,15 @@ class HealProcessTest : public testing_util::ProcessFixture {
  protected:
   // `group` = {size, rank, generation} for a rank of a multi-rank learner.
   std::unique_ptr<Subprocess> Train(const std::string& id, int shard, int64_t steps,
-                                    std::array<int, 3> group = {1, 0, 0}) {
+                                    std::array<int, 3> group = {1, 0, 0},
+                                    const std::vector<std::string>& extra = {}) {
     std::vector<std::string> argv = {
         MEND_BINARY, "train", "--mode", "diloco", "--id", id, "--shard", std::to_string(shard), "--shards", "2",
         "--steps", std::to_string(steps), "--dim", "16", "--layers", "1", "--batch", "4", "--corpus",
         dir_ + "/corpus", "--lighthouse", grpc_address_, "--token-file", token_file_, "--sync-every", "5",
         "--diagnostics-dir", dir_ + "/diagnostics", "--progress-json", "--progress-every", "1", "--set",
         "overlap_steps=2", "--set", "heartbeat_timeout_ms=1000", "--set", "collective_timeout_ms=5000"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
     std::vector<std::string> env;
     std::string name = id;
     if (group[0] > 1) {
@@ -61,11 +64,11 @@ class HealProcessTest : public testing_util::ProcessFixture {
   }
 
   // A lighthouse that forms rounds of one learner, and learners a and b of
-  // two ranks each (a.0, a.1, b.0, b.1).
-  std::array<std::unique_ptr<Subprocess>, 4> StartTwoGroupsOfTwo() {
+  // two ranks each (a.0, a.1, b.0, b.1); `a_extra`: more flags for a's ranks.
+  std::array<std::unique_ptr<Subprocess>, 4> StartTwoGroupsOfTwo(const std::vector<std::string>& a_extra = {}) {
     testing_util::WriteSyntheticFortunes(dir_ + "/corpus");
     StartLighthouse({"--min-learners", "1", "--grace-window-ms", "1000", "--heartbeat-timeout-ms", "1000"});
-    return {Train("a", 0, 1'000'000, {2, 0, 0}), Train("a", 0, 1'000'000, {2, 1, 0}),
+    return {Train("a", 0, 1'000'000, {2, 0, 0}, a_extra), Train("a", 0, 1'000'000, {2, 1, 0}, a_extra),
             Train("b", 1, 1'000'000, {2, 0, 0}), Train("b", 1, 1'000'000, {2, 1, 0})};
   }
 
@@ -216,9 +219,13 @@ TEST_F(HealProcessTest, AGroupThatLostARankRestartsHealsSliceBySliceAndMatches) 
 
 // A stopped rank (SIGSTOP: a hung host) takes its group out, not the job:
 // the other learner's rounds go on without the group, and the group's other
-// rank gives up on it at the collective timeout and leaves.
+// rank gives up on it at the collective timeout and leaves. Then a
+// checkpoint asked of the other group's rank 1 (SIGUSR1) is written by its
+// rank 0: the request rides on the next gradient average, and both ranks
+// gather their slices after the same step.
 TEST_F(HealProcessTest, AStoppedRankLeavesItsGroupOutNotTheJobStalled) {
-  auto [a0, a1, b0, b1] = StartTwoGroupsOfTwo();
+  const std::string checkpoints = dir_ + "/a-checkpoints";
+  auto [a0, a1, b0, b1] = StartTwoGroupsOfTwo({"--set", "checkpoint_dir=" + checkpoints});
   ASSERT_TRUE(AwaitProgress(*a0, "rounds", 1));
   ASSERT_TRUE(AwaitProgress(*b0, "rounds", 1));
   ASSERT_TRUE(b1->Signal(SIGSTOP).ok());
@@ -232,6 +239,18 @@ TEST_F(HealProcessTest, AStoppedRankLeavesItsGroupOutNotTheJobStalled) {
     return b == nullptr || (*b)["state"] != "alive";
   }, "learner b is no longer alive");
   b1->Kill();
+  ASSERT_TRUE(a1->Signal(SIGUSR1).ok());
+  std::string written;
+  ASSERT_TRUE(testing_util::WaitFor(kWait, [&]() {
+    std::error_code error;
+    for (const auto& entry : std::filesystem::directory_iterator(checkpoints, error)) {
+      if (entry.path().extension() == ".mend") written = entry.path().string();
+    }
+    return !written.empty();
+  })) << "no checkpoint in " << checkpoints;
+  auto verified = ReadCheckpoint(written);
+  ASSERT_TRUE(verified.ok()) << verified.status();
+  EXPECT_NE(verified->Find("global/head.weight"), nullptr) << "the whole model, by parameter name";
   ASSERT_TRUE(a0->Signal(SIGTERM).ok());
   for (auto* learner : {&a0, &a1}) {
     auto exited = (*learner)->Wait(kWait);

@@ -31,6 +31,9 @@ def main():
     parser.add_argument("--out", required=True, help="the result file; %%r becomes the rank")
     parser.add_argument("--die-at-step", type=int, default=0,
                         help="rank 1 exits at this step in the torchrun's first attempt (it is restarted)")
+    parser.add_argument("--save-at", type=int, default=0,
+                        help="every rank calls save_checkpoint(--save-path) after this step (collective)")
+    parser.add_argument("--save-path", default="")
     args = parser.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -65,6 +68,8 @@ def main():
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()  # mend's reducer runs here
+        if args.save_at and step == args.save_at:
+            runtime.save_checkpoint(args.save_path)
         stats = runtime.stats()
         if len(rounds) < stats["rounds"]:
             rounds.append({"round": stats["last_round_id"], "digest": digest(model)})

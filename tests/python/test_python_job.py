@@ -318,7 +318,9 @@ def test_two_torchrun_learners_of_two_ranks_keep_every_replica_identical(tmp_pat
     # A learner is a torchrun (a rack): 2 learners x 2 ranks, DDP inside each
     # over the user's gloo process group, mend's rounds sharded between the
     # ranks. After every round the 4 replicas hold the same model (synchronous
-    # rounds: each is the global state), and training got somewhere.
+    # rounds: each is the global state), and training got somewhere. Learner
+    # 1's ranks all call save_checkpoint at step 12 (collective): one file.
+    checkpoint = tmp_path / "on-demand.mend"
     with embedded_lighthouse() as lighthouse:
         # The workers run in this directory: the mend under test must not
         # depend on a relative PYTHONPATH (an installed one would be found).
@@ -330,10 +332,12 @@ def test_two_torchrun_learners_of_two_ranks_keep_every_replica_identical(tmp_pat
                 [sys.executable, "-m", "torch.distributed.run", "--redirects", "1", "--tee", "1",
                  "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
                  os.path.join(HERE, "group_learner.py"), "--lighthouse", lighthouse.address,
-                 "--learner", str(learner), "--out", str(tmp_path / f"l{learner}-%r.json")],
+                 "--learner", str(learner), "--out", str(tmp_path / f"l{learner}-%r.json")]
+                + (["--save-at", "12", "--save-path", str(checkpoint)] if learner == 1 else []),
                 env=env, cwd=HERE))
         for proc in procs:
             assert proc.wait(timeout=180) == 0
+    assert checkpoint.stat().st_size > 0
     seen = {}
     for learner in (1, 2):
         for rank in (0, 1):

@@ -6,6 +6,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <numeric>
 #include <thread>
 
@@ -103,7 +104,10 @@ struct RankRun {
   Status error = OkStatus();
 };
 
-void TrainRank(Config config, int learner, int rank, int steps, RankRun* run, size_t w = 10) {
+// With `save_dir`, every rank asks for a checkpoint on demand after step
+// steps / 2 (collective in a group): <save_dir>/learner-<learner>.mend.
+void TrainRank(Config config, int learner, int rank, int steps, RankRun* run, size_t w = 10,
+               const std::string& save_dir = "") {
   config.group_rank = rank;
   auto agent = LearnerAgent::Start(config, kToken, {fmt::format("learner-{}", learner), "", "", ""});
   if (!agent.ok()) {
@@ -134,6 +138,13 @@ void TrainRank(Config config, int learner, int rank, int steps, RankRun* run, si
       return;
     }
     if ((*driver)->stats().rounds != rounds) run->replicas_after_round.push_back(view->All());
+    if (!save_dir.empty() && s + 1 == steps / 2) {
+      if (Status saved = (*driver)->SaveCheckpoint(fmt::format("{}/learner-{}.mend", save_dir, learner));
+          !saved.ok()) {
+        run->error = saved;
+        return;
+      }
+    }
   }
   run->error = (*driver)->shutdown();
   run->stats = (*driver)->stats();
@@ -146,7 +157,8 @@ void TrainRank(Config config, int learner, int rank, int steps, RankRun* run, si
 // `learners` learners of `ranks` ranks each (learner l in racks[l], when
 // given); runs[learner][rank].
 std::vector<std::vector<RankRun>> RunJob(Config config, int learners, int ranks, int steps,
-                                         const std::vector<std::string>& racks = {}, size_t w = 10) {
+                                         const std::vector<std::string>& racks = {}, size_t w = 10,
+                                         const std::string& save_dir = "") {
   auto server = LighthouseServer::Start(config, kToken);
   EXPECT_TRUE(server.ok()) << server.status();
   config.lighthouse = (*server)->grpc_address();
@@ -157,8 +169,8 @@ std::vector<std::vector<RankRun>> RunJob(Config config, int learners, int ranks,
     for (int r = 0; r < ranks; ++r) {
       Config mine = config;
       if (!racks.empty()) mine.rack = racks[static_cast<size_t>(l)];
-      threads.emplace_back([&runs, mine, l, r, steps, w]() {
-        TrainRank(mine, l, r, steps, &runs[static_cast<size_t>(l)][static_cast<size_t>(r)], w);
+      threads.emplace_back([&runs, mine, l, r, steps, w, save_dir]() {
+        TrainRank(mine, l, r, steps, &runs[static_cast<size_t>(l)][static_cast<size_t>(r)], w, save_dir);
       });
     }
   }
@@ -381,6 +393,36 @@ TEST(LearnerGroupTest, AStreamingGroupsCheckpointEqualsTheFlatOneAndAnyGroupSize
     }
   }
   std::filesystem::remove_all(config.checkpoint_dir);
+}
+
+// A checkpoint on demand is collective in a group: every rank asks for it
+// at the same step, and the file group rank 0 writes holds what a learner
+// of one rank writes at that step (streaming, so the fragments' pieces are
+// put back in order), tensor for tensor.
+TEST(LearnerGroupTest, ACheckpointOnDemandIsCollectiveAndEqualsTheFlatOne) {
+  Config config = testing_util::SynchronousJobConfig(2, 10);
+  config.fragments = 2;
+  std::map<int, Checkpoint> saved;
+  for (int ranks : {1, 2, 3}) {
+    const std::string dir = testing_util::MakeTempDir();
+    for (const auto& learner : RunJob(config, 2, ranks, 26, {}, 10, dir)) {
+      for (const RankRun& run : learner) ASSERT_TRUE(run.error.ok()) << ranks << " ranks: " << run.error;
+    }
+    auto read = ReadCheckpoint(dir + "/learner-0.mend");
+    ASSERT_TRUE(read.ok()) << read.status();
+    EXPECT_EQ(read->meta.step, 13u);
+    EXPECT_EQ(read->meta.round_id, 2u);  // rounds at steps 5 and 10
+    saved[ranks] = *read;
+    std::filesystem::remove_all(dir);
+  }
+  for (int ranks : {2, 3}) {
+    ASSERT_EQ(saved[ranks].tensors.size(), saved[1].tensors.size());
+    for (const CheckpointTensor& tensor : saved[1].tensors) {
+      const CheckpointTensor* grouped = saved[ranks].Find(tensor.name);
+      ASSERT_NE(grouped, nullptr) << tensor.name;
+      EXPECT_EQ(grouped->values, tensor.values) << ranks << " ranks: " << tensor.name;
+    }
+  }
 }
 
 TEST(LearnerGroupTest, TheLighthouseRefusesALearnerOfAnotherGroupSize) {
