@@ -71,6 +71,11 @@ struct CommunicatorOptions {
   Micros connect_timeout = 5 * kMicrosPerSecond;
   LinkEmulation link;
   size_t segment_bytes = 1 << 20;  // pipelining granularity of the reductions
+  // The members' racks, by rank (optional). The fp32 weighted sum adds up
+  // each rack's members first (members in rank order), then the racks (in
+  // name order), which is how the rack-aware merge (dataplane/hierarchy.h)
+  // associates it: so the two give the same bits.
+  std::vector<std::string> member_racks;
 };
 
 // Bytes this member put on and took off the wire, for the benchmarks and the
@@ -104,9 +109,20 @@ class Communicator {
   // data <- sum_r w_r * data_r / sum_r w_r over the members r, each member
   // passing its own weight w (>= 0; the sum must be > 0): the token-weighted
   // merge (w = tokens), or the mean (w = 1). `codec` must be dense; nullptr
-  // means fp32.
+  // means fp32: sum_r (w_r / sum_r w_r) * data_r, or, with members in
+  // several racks (options.member_racks), (sum_r w_r * data_r) * (1 /
+  // sum_r w_r) summed by rack first.
   [[nodiscard]] virtual Status WeightedAllReduce(std::span<float> data, double weight,
                                                  const Codec* codec = nullptr) = 0;
+
+  // The fp32 reduction split in two, for the rack-aware merge: kWeightedSum
+  // is data <- sum_r w_r * data_r (no division); kPreWeighted takes each
+  // member's data as a weighted sum already: data <- (sum_r data_r) *
+  // (1 / sum_r w_r). kWeightedMean is WeightedAllReduce(data, weight). The
+  // two steps, rack then racks, give WeightedAllReduce's bits over all the
+  // members. Only kWeightedMean unless the implementation says otherwise.
+  enum class Fp32Sum { kWeightedMean, kWeightedSum, kPreWeighted };
+  [[nodiscard]] virtual Status Fp32AllReduce(std::span<float> data, double weight, Fp32Sum sum);
 
   // The same for a sparse codec (top-k): every member's `payload` (of
   // codec.EncodedBytes(out.size()) bytes, e.g. from ErrorFeedback) is

@@ -11,7 +11,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <mutex>
+#include <numeric>
 #include <thread>
 
 #include "core/buffer_pool.h"
@@ -52,11 +54,16 @@ struct Transfer {
   std::string post_error;
 };
 
+std::vector<std::vector<int>> SumGroups(const std::vector<std::string>& racks, int world_size);
+
 class GlooCommunicator final : public Communicator {
  public:
   GlooCommunicator(CommunicatorOptions options, std::shared_ptr<gloo::transport::Device> device,
                    std::shared_ptr<gloo::rendezvous::Context> context)
-      : options_(std::move(options)), device_(std::move(device)), context_(std::move(context)) {}
+      : options_(std::move(options)),
+        device_(std::move(device)),
+        context_(std::move(context)),
+        sum_groups_(SumGroups(options_.member_racks, options_.world_size)) {}
 
   ~GlooCommunicator() override {
     // Pending buffers first (they refer to the context), then the pairs;
@@ -68,7 +75,10 @@ class GlooCommunicator final : public Communicator {
   }
 
   Status WeightedAllReduce(std::span<float> data, double weight, const Codec* codec) override {
-    return Guarded("all-reduce", [&]() { return WeightedAllReduceImpl(data, weight, codec); });
+    return Guarded("all-reduce", [&]() { return WeightedAllReduceImpl(data, weight, codec, Fp32Sum::kWeightedMean); });
+  }
+  Status Fp32AllReduce(std::span<float> data, double weight, Fp32Sum sum) override {
+    return Guarded("all-reduce", [&]() { return WeightedAllReduceImpl(data, weight, nullptr, sum); });
   }
   Status WeightedAllGatherDecode(std::span<const std::byte> payload, double weight,
                                  const Codec& codec, std::span<float> out) override {
@@ -109,7 +119,7 @@ class GlooCommunicator final : public Communicator {
     uint64_t sent = 0;
   };
 
-  Status WeightedAllReduceImpl(std::span<float> data, double weight, const Codec* codec);
+  Status WeightedAllReduceImpl(std::span<float> data, double weight, const Codec* codec, Fp32Sum sum);
   Status WeightedAllGatherDecodeImpl(std::span<const std::byte> payload, double weight,
                                      const Codec& codec, std::span<float> out);
   Status AllGatherImpl(std::span<const std::byte> mine, std::span<std::byte> out);
@@ -169,6 +179,7 @@ class GlooCommunicator final : public Communicator {
   const CommunicatorOptions options_;
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::rendezvous::Context> context_;
+  const std::vector<std::vector<int>> sum_groups_;  // the fp32 sum's association (SumGroups)
   uint64_t next_op_ = 1;
   bool broken_ = false;
   CommunicatorStats stats_;
@@ -341,24 +352,53 @@ StatusOr<std::vector<float>> GlooCommunicator::NormalizeWeights(
   return normalized;
 }
 
-// Adds the members' pieces in rank order, element by element, in blocks that
-// stay in L1: out = w_0 x_0 + w_1 x_1 + ... (x_r may be `out` itself). One
-// pass over each input and one over the output.
-void WeightedSum(float* out, const std::vector<const float*>& inputs,
-                 const std::vector<float>& weights, size_t n) {
+// The fp32 sum's arithmetic: out = scale * (G_0 + G_1 + ...), where group
+// G_k = w_a x_a + w_b x_b + ... over its members in order, every operation
+// in fp32 from left to right (x_r may be `out` itself). Element by element,
+// in blocks that stay in L1: one pass over each input and one over the
+// output. The rack-aware merge computes each G_k in its rack and the rest
+// across racks with the same operations, hence the same bits.
+void WeightedSum(float* out, const std::vector<const float*>& inputs, const std::vector<float>& weights,
+                 const std::vector<std::vector<int>>& groups, float scale, size_t n) {
   constexpr size_t kBlock = 1024;
-  float block[kBlock];
+  float block[kBlock], group[kBlock];
   for (size_t start = 0; start < n; start += kBlock) {
     const size_t len = std::min(kBlock, n - start);
-    const float* x0 = inputs[0] + start;
-    for (size_t i = 0; i < len; ++i) block[i] = weights[0] * x0[i];
-    for (size_t r = 1; r < inputs.size(); ++r) {
-      const float* x = inputs[r] + start;
-      const float w = weights[r];
-      for (size_t i = 0; i < len; ++i) block[i] += w * x[i];
+    for (size_t g = 0; g < groups.size(); ++g) {
+      float* sum = g == 0 ? block : group;
+      const std::vector<int>& members = groups[g];
+      const float* x0 = inputs[static_cast<size_t>(members[0])] + start;
+      const float w0 = weights[static_cast<size_t>(members[0])];
+      for (size_t i = 0; i < len; ++i) sum[i] = w0 * x0[i];
+      for (size_t m = 1; m < members.size(); ++m) {
+        const float* x = inputs[static_cast<size_t>(members[m])] + start;
+        const float w = weights[static_cast<size_t>(members[m])];
+        for (size_t i = 0; i < len; ++i) sum[i] += w * x[i];
+      }
+      if (g > 0) {
+        for (size_t i = 0; i < len; ++i) block[i] += group[i];
+      }
+    }
+    if (scale != 1.0f) {
+      for (size_t i = 0; i < len; ++i) block[i] *= scale;
     }
     std::memcpy(out + start, block, len * sizeof(float));
   }
+}
+
+// The members' ranks by rack (racks in name order, members in rank order);
+// one group of every rank without racks.
+std::vector<std::vector<int>> SumGroups(const std::vector<std::string>& racks, int world_size) {
+  if (racks.size() != static_cast<size_t>(world_size)) {
+    std::vector<int> all(static_cast<size_t>(world_size));
+    std::iota(all.begin(), all.end(), 0);
+    return {all};
+  }
+  std::map<std::string, std::vector<int>> by_rack;
+  for (size_t r = 0; r < racks.size(); ++r) by_rack[racks[r]].push_back(static_cast<int>(r));
+  std::vector<std::vector<int>> groups;
+  for (auto& [name, members] : by_rack) groups.push_back(std::move(members));
+  return groups;
 }
 
 // The state of one reduction: how the buffer is cut, where each encoded piece
@@ -382,13 +422,14 @@ struct GlooCommunicator::Reduction {
   std::vector<std::vector<Transfer>> contributions_in;  // by segment
   std::vector<Transfer> gather;
   std::vector<Transfer> results_in;
+  float scale = 1.0f;                  // fp32: the sum's factor (1 / total weight)
   std::byte* encoded = nullptr;        // our pieces of every slice (codecs)
   std::byte* contributions = nullptr;  // the others' pieces of our slice
   std::byte* results = nullptr;        // every slice's reduced piece (codecs)
 };
 
 Status GlooCommunicator::WeightedAllReduceImpl(std::span<float> data, double weight,
-                                           const Codec* codec) {
+                                           const Codec* codec, Fp32Sum sum) {
   Op op;
   MEND_RETURN_IF_ERROR(Begin("all-reduce", &op));
   std::unique_ptr<Codec> fp32;
@@ -400,6 +441,10 @@ Status GlooCommunicator::WeightedAllReduceImpl(std::span<float> data, double wei
     return InvalidArgumentError(fmt::format(
         "round {}: all-reduce: codec {} is sparse; use WeightedAllGatherDecode",
         options_.round_id, CodecName(codec->kind())));
+  }
+  if (sum != Fp32Sum::kWeightedMean && codec->kind() != CodecKind::kFp32) {
+    return InvalidArgumentError(fmt::format("round {}: all-reduce: a weighted sum without the mean is fp32 only",
+                                            options_.round_id));
   }
   // The weights travel beside the first pieces rather than a round trip
   // ahead of them.
@@ -426,6 +471,19 @@ Status GlooCommunicator::WeightedAllReduceImpl(std::span<float> data, double wei
   if (!weighed.ok()) return End(op, weighed);
   auto weights = NormalizeWeights(op, all_weights);
   if (!weights.ok()) return End(op, weights.status());
+  if (run.raw && (sum != Fp32Sum::kWeightedMean || sum_groups_.size() > 1)) {
+    // fp32 across racks: (sum_r w_r x_r) * (1 / sum_r w_r), summed by rack
+    // (WeightedSum), which the rack-aware merge can split at the racks.
+    // Within one rack the weights are normalized first (sum_r (w_r / sum) x_r:
+    // equal weights of a power-of-two count are then exact).
+    double total = 0;
+    for (double w : all_weights) total += w;
+    run.scale = sum == Fp32Sum::kWeightedSum ? 1.0f : static_cast<float>(1.0 / total);
+    for (int r = 0; r < options_.world_size; ++r) {
+      (*weights)[static_cast<size_t>(r)] =
+          sum == Fp32Sum::kPreWeighted ? 1.0f : static_cast<float>(all_weights[static_cast<size_t>(r)]);
+    }
+  }
   for (size_t s = 0; s < run.slicing.segments(); ++s) {
     Status status = ReduceSegment(op, run, *weights, s);
     if (!status.ok()) return End(op, status);
@@ -490,7 +548,7 @@ Status GlooCommunicator::ReduceSegment(Op& op, Reduction& run, const std::vector
       for (int r = 0; r < size; ++r) {
         inputs[r] = reinterpret_cast<const float*>(r == me ? Mine(run, me, s) : Contribution(run, r, s));
       }
-      WeightedSum(run.data.data() + begin, inputs, weights, len);
+      WeightedSum(run.data.data() + begin, inputs, weights, sum_groups_, run.scale, len);
       result = reinterpret_cast<const std::byte*>(run.data.data() + begin);
     } else {
       accumulator_.assign(len, 0.0f);
@@ -623,6 +681,11 @@ CommunicatorOptions CommunicatorOptionsFrom(const Config& config) {
   options.link.latency = config.link_latency_ms * kMicrosPerMilli;
   options.link.bytes_per_s = config.link_rate_mbit * 1e6 / 8;
   return options;
+}
+
+Status Communicator::Fp32AllReduce(std::span<float> data, double weight, Fp32Sum sum) {
+  if (sum == Fp32Sum::kWeightedMean) return WeightedAllReduce(data, weight, nullptr);
+  return FailedPreconditionError("Fp32AllReduce: this communicator has no fp32 weighted sum but the mean");
 }
 
 StatusOr<std::unique_ptr<Communicator>> Communicator::Connect(RendezvousStore& store,

@@ -35,6 +35,11 @@ class RackAwareCommunicator final : public Communicator {
   }
 
   Status WeightedAllReduce(std::span<float> data, double weight, const Codec* codec) override {
+    // fp32: the flat merge's arithmetic, split (Fp32AllReduce): each rack's
+    // weighted sum, then the racks' sums added and divided by the total
+    // weight. The flat communicator sums by rack (member_racks) the same
+    // way, so both give the same bits.
+    const bool fp32 = codec == nullptr || codec->kind() == CodecKind::kFp32;
     double rack_weight = weight;
     if (rack_) {
       // 1. The rack's weighted mean (fp32) and its total weight.
@@ -43,11 +48,22 @@ class RackAwareCommunicator final : public Communicator {
                                             std::as_writable_bytes(std::span(weights))));
       rack_weight = std::accumulate(weights.begin(), weights.end(), 0.0);
       if (rack_weight > 0) {
-        MEND_RETURN_IF_ERROR(rack_->WeightedAllReduce(data, weight, nullptr));
+        MEND_RETURN_IF_ERROR(fp32 ? rack_->Fp32AllReduce(data, weight, Fp32Sum::kWeightedSum)
+                                  : rack_->WeightedAllReduce(data, weight, nullptr));
       } else {
         std::fill(data.begin(), data.end(), 0.0f);
       }
+    } else if (fp32) {
+      // Alone in its rack: its weighted sum is w * x, as the flat sum has it.
+      const float w = static_cast<float>(weight);
+      for (float& v : data) v = w * v;
     }
+    // Across racks: the racks' sums (fp32) or means (a codec's), weighted
+    // by the racks' total weights.
+    auto across = [&](std::span<float> part) {
+      return fp32 ? reps_->Fp32AllReduce(part, rack_weight, Fp32Sum::kPreWeighted)
+                  : reps_->WeightedAllReduce(part, rack_weight, codec);
+    };
     if (column_ >= 0) {
       // 2. Across racks, column by column: piece j of the racks' means.
       const size_t parts = static_cast<size_t>(rack_->world_size());
@@ -55,7 +71,7 @@ class RackAwareCommunicator final : public Communicator {
         return std::pair{data.size() * j / parts, data.size() * (j + 1) / parts};
       };
       const auto [begin, end] = piece(static_cast<size_t>(column_));
-      MEND_RETURN_IF_ERROR(reps_->WeightedAllReduce(data.subspan(begin, end - begin), rack_weight, codec));
+      MEND_RETURN_IF_ERROR(across(data.subspan(begin, end - begin)));
       // 3. Every piece to the whole rack.
       const size_t widest = data.size() / parts + 1;
       std::vector<float> mine(widest, 0.0f);
@@ -70,7 +86,7 @@ class RackAwareCommunicator final : public Communicator {
       return OkStatus();
     }
     // 2. Across racks, the representatives: the racks' means by their weights.
-    if (reps_) MEND_RETURN_IF_ERROR(reps_->WeightedAllReduce(data, rack_weight, codec));
+    if (reps_) MEND_RETURN_IF_ERROR(across(data));
     // 3. The representative's bits to the rest of its rack.
     if (rack_) MEND_RETURN_IF_ERROR(rack_->Broadcast(std::as_writable_bytes(data), 0));
     return OkStatus();
@@ -177,6 +193,7 @@ StatusOr<std::unique_ptr<Communicator>> ConnectRackAware(RendezvousStore& store,
   const std::vector<int>& mates = by_rack[my_rack];
   if (mates.size() > 1) {
     CommunicatorOptions o = options;
+    o.member_racks.clear();  // one rack, or one member per rack: rank order
     o.prefix = fmt::format("{}rack/{}/", options.prefix, my_index);
     o.rank = static_cast<int>(std::find(mates.begin(), mates.end(), me) - mates.begin());
     o.world_size = static_cast<int>(mates.size());
@@ -198,6 +215,7 @@ StatusOr<std::unique_ptr<Communicator>> ConnectRackAware(RendezvousStore& store,
   std::unique_ptr<Communicator> representatives;
   if (!crossing.empty()) {
     CommunicatorOptions o = options;
+    o.member_racks.clear();  // one rack, or one member per rack: rank order
     o.prefix = even ? fmt::format("{}col/{}/", options.prefix, column) : options.prefix + "reps/";
     o.rank = static_cast<int>(my_index);
     o.world_size = static_cast<int>(crossing.size());

@@ -784,9 +784,12 @@ class RoundDriverImpl final : public RoundDriver {
     LighthouseRendezvousStore store(
         agent_.client(), [this, registrations]() { return agent_.registrations() == registrations; },
         round.rendezvous_prefix + kRoundAbortKey);
-    MEND_ASSIGN_OR_RETURN(auto comm, Communicator::Connect(store, options));
     std::vector<std::string> racks;
     for (const RoundMember& member : round.members) racks.push_back(member.rack);
+    // The fp32 merge sums by rack, as the rack-aware one does: the same bits
+    // with rack_aware or without.
+    options.member_racks = racks;
+    MEND_ASSIGN_OR_RETURN(auto comm, Communicator::Connect(store, options));
     if (config_.rack_aware) {
       // Learners sharing a rack merge there first (see dataplane/hierarchy.h).
       MEND_ASSIGN_OR_RETURN(comm, ConnectRackAware(store, options, std::move(comm), racks));
@@ -861,9 +864,13 @@ class RoundDriverImpl final : public RoundDriver {
                    "taking part without a pseudo-gradient",
                    round.round_id, outcome.fragment, flight.fragment);
     }
+    // The merge weight: the tokens of one rank. Every group of the job has
+    // the same size, so the ratios are the groups', and a group's slices are
+    // merged by the arithmetic of a learner of one rank (the fp32 sum
+    // multiplies by the weights themselves).
+    const uint64_t weight = group_ ? flight.tokens / static_cast<uint64_t>(group_->size()) : flight.tokens;
     MEND_ASSIGN_OR_RETURN(outcome.result,
-                          OuterRound::Exchange(*comm, *state, delta,
-                                               static_cast<double>(flight.tokens), sync_options));
+                          OuterRound::Exchange(*comm, *state, delta, static_cast<double>(weight), sync_options));
     MEND_RETURN_IF_ERROR(AverageMoments(*comm, round.round_id, flight, &outcome));
     outcome.cross_rack_bytes = CrossRackBytes(connected, comm->stats(), racks, round.rank);
     last_round_id_ = round.round_id;

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "fmt/format.h"
+#include "fmt/ranges.h"
 #include "gtest/gtest.h"
 #include "mend/checkpoint.h"
 #include "mend/lighthouse.h"
@@ -269,35 +270,40 @@ TEST(LearnerGroupTest, ConcurrentRoundsApplyAtTheSameStepOnEveryRank) {
 }
 
 // 4 learners in 2 racks: merged inside each rack first, then across racks
-// between one learner per rack, then back inside the rack. Every member
-// ends with the same bits (for fp32 and a lossy codec), the result is the
-// flat merge's up to fp32 rounding (the sums associate by rack), and the
-// cross-rack bytes (counted per peer) halve.
+// between one learner per rack, then back inside the rack. For fp32 the
+// result is the flat merge's bit for bit (the flat sum adds by rack too:
+// the same operations in the same order), with racks of one size (the
+// cross-rack merge by columns), racks whose name order is not the members'
+// order, and uneven racks (one representative each, lone members); every
+// member ends with the same bits for a lossy codec too; the cross-rack
+// bytes (counted per peer) halve.
 TEST(LearnerGroupTest, RackAwareMergeSendsHalfTheCrossRackBytesAndAgreesEverywhere) {
   const std::vector<std::string> racks = {"rack-a", "rack-a", "rack-b", "rack-b"};
   Config config = testing_util::SynchronousJobConfig(4, 5);
   constexpr size_t kValues = 20000;  // so that the model, not the weights beside it, is what travels
-  auto flat = RunJob(config, 4, 1, 20, racks, kValues);
-  config.rack_aware = true;
-  auto hierarchical = RunJob(config, 4, 1, 20, racks, kValues);
-  uint64_t flat_cross = 0, hierarchical_cross = 0;
-  for (int l = 0; l < 4; ++l) {
-    const RankRun& f = flat[static_cast<size_t>(l)][0];
-    const RankRun& h = hierarchical[static_cast<size_t>(l)][0];
-    ASSERT_TRUE(f.error.ok()) << f.error;
-    ASSERT_TRUE(h.error.ok()) << h.error;
-    EXPECT_EQ(h.stats.rounds, 4u);
-    EXPECT_EQ(h.global, hierarchical[0][0].global) << "learner " << l;  // bit for bit
-    EXPECT_EQ(h.replicas_after_round, hierarchical[0][0].replicas_after_round) << "learner " << l;
-    ASSERT_EQ(h.global.size(), f.global.size());
-    for (size_t i = 0; i < h.global.size(); ++i) {
-      EXPECT_NEAR(h.global[i], f.global[i], 1e-5f * std::max(1.0f, std::abs(f.global[i]))) << "learner " << l << " value " << i;
+  for (const auto& layout : {racks, std::vector<std::string>{"rack-b", "rack-a", "rack-b", "rack-a"},
+                             std::vector<std::string>{"rack-b", "rack-a", "rack-a", "rack-c"}}) {
+    config.rack_aware = false;
+    auto flat = RunJob(config, 4, 1, 20, layout, kValues);
+    config.rack_aware = true;
+    auto hierarchical = RunJob(config, 4, 1, 20, layout, kValues);
+    uint64_t flat_cross = 0, hierarchical_cross = 0;
+    const std::string which = fmt::format("racks {}", fmt::join(layout, ","));
+    for (int l = 0; l < 4; ++l) {
+      const RankRun& f = flat[static_cast<size_t>(l)][0];
+      const RankRun& h = hierarchical[static_cast<size_t>(l)][0];
+      ASSERT_TRUE(f.error.ok()) << which << ": " << f.error;
+      ASSERT_TRUE(h.error.ok()) << which << ": " << h.error;
+      EXPECT_EQ(h.stats.rounds, 4u);
+      EXPECT_EQ(h.global, f.global) << which << ", learner " << l;  // bit for bit
+      EXPECT_EQ(h.replicas_after_round, f.replicas_after_round) << which << ", learner " << l;
+      flat_cross += f.stats.cross_rack_bytes_sent;
+      hierarchical_cross += h.stats.cross_rack_bytes_sent;
     }
-    flat_cross += f.stats.cross_rack_bytes_sent;
-    hierarchical_cross += h.stats.cross_rack_bytes_sent;
+    EXPECT_GT(hierarchical_cross, 0u) << which;
+    if (layout == racks) EXPECT_LE(2 * hierarchical_cross, flat_cross) << hierarchical_cross << " vs " << flat_cross;
   }
-  EXPECT_GT(hierarchical_cross, 0u);
-  EXPECT_LE(2 * hierarchical_cross, flat_cross) << hierarchical_cross << " vs " << flat_cross;
+  config.rack_aware = true;
   // Through a lossy codec too, every member ends with the same bits.
   config.codec = "int8";
   auto coded = RunJob(config, 4, 1, 20, racks);
