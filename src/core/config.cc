@@ -188,18 +188,6 @@ Status CheckConfig(const Config& config) {
     return InvalidArgumentError(fmt::format("group_rank = {}: must be below group_size = {}",
                                             config.group_rank, config.group_size));
   }
-  if (config.group_size > 1) {
-    // What a group does not do yet; refused rather than done wrong.
-    const std::pair<bool, const char*> unsupported[] = {
-        {config.train_through_lighthouse_outage, "train_through_lighthouse_outage = true"},
-    };
-    for (const auto& [set, what] : unsupported) {
-      if (set) {
-        return InvalidArgumentError(fmt::format(
-            "{} with group_size = {}: not supported for multi-rank learners yet", what, config.group_size));
-      }
-    }
-  }
   if (config.overlap_steps >= config.sync_period_steps && config.concurrent_outer_step) {
     return InvalidArgumentError(fmt::format(
         "overlap_steps = {}: must be below sync_period_steps = {} with concurrent_outer_step",

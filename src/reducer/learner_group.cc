@@ -370,6 +370,15 @@ StatusOr<bool> LearnerGroup::AllOk(bool ok, uint64_t* formed_step) {
   return true;
 }
 
+StatusOr<std::pair<bool, bool>> LearnerGroup::AllArrived(bool arrived, bool formed) {
+  const uint64_t mine[2] = {arrived ? 1u : 0u, formed ? 1u : 0u};
+  MEND_ASSIGN_OR_RETURN(auto all, Gather(std::as_bytes(std::span(mine))));
+  const uint64_t* values = reinterpret_cast<const uint64_t*>(all.data());
+  bool every = true;
+  for (int q = 0; q < size_; ++q) every = every && values[2 * q] == 1;
+  return std::pair{every, values[1] == 1};
+}
+
 Status LearnerGroup::ShareParameters() {
   // This rank's slice out of its replica, every slice back in (but its own).
   auto for_each_piece = [&](int q, auto&& copy) {

@@ -98,6 +98,10 @@ class LearnerGroup {
   // becomes rank 0's (the step at which the round formed, which a heal's
   // new step counts from: each rank saw the decision at its own step).
   [[nodiscard]] StatusOr<bool> AllOk(bool ok, uint64_t* formed_step);
+  // For a join passed over: whether every rank's slice of its round has
+  // arrived (`arrived`), and whether rank 0's join formed a round
+  // (`formed`), on every rank.
+  [[nodiscard]] StatusOr<std::pair<bool, bool>> AllArrived(bool arrived, bool formed);
   // Every rank's slice of the parameters into every replica.
   [[nodiscard]] Status ShareParameters();
   // The whole model's values (`whole`, of the model's size) from every

@@ -315,8 +315,10 @@ class RoundDriverImpl final : public RoundDriver {
     // unreachable: then its join waits for the next round (or for the
     // lighthouse) while it trains on.
     if (InFlightDueAt(stats_.steps)) {
-      const Awaited awaited = AwaitRound(*in_flight_, in_flight_->boundary_step,
-                                         /*train_on_if_lost=*/config_.train_through_lighthouse_outage);
+      StatusOr<Awaited> agreed = AwaitRoundAgreed(*in_flight_, in_flight_->boundary_step,
+                                                  /*train_on_if_lost=*/config_.train_through_lighthouse_outage);
+      if (!agreed.ok()) return BreakGroup(agreed.status());
+      const Awaited awaited = *agreed;
       if (awaited == Awaited::kDone) {
         MEND_RETURN_IF_ERROR(FinishInFlight());
       } else if (MarkPassedOver(*in_flight_)) {
@@ -331,9 +333,23 @@ class RoundDriverImpl final : public RoundDriver {
         }
       }
     }
+    // A group's join passed over: its ranks agree at every step whether all
+    // slices of its round have arrived (then all apply it now), and whether
+    // rank 0's join formed a round yet (a boundary meanwhile is skipped).
+    bool group_join_waits = false;
+    if (group_ && in_flight_ && in_flight_->passed_over) {
+      StatusOr<std::pair<bool, bool>> state =
+          group_->AllArrived(in_flight_->done.load(std::memory_order_acquire), !StillUnformed(*in_flight_));
+      if (!state.ok()) return BreakGroup(state.status());
+      if (state->first) {
+        MEND_RETURN_IF_ERROR(FinishInFlight());
+      } else {
+        group_join_waits = !state->second;
+      }
+    }
     for (int64_t f = 0; f < schedule_.fragments(); ++f) {
       if (!schedule_.StartsAt(f, static_cast<int64_t>(stats_.steps))) continue;
-      if (in_flight_ && in_flight_->passed_over && StillUnformed(*in_flight_)) {
+      if (in_flight_ && in_flight_->passed_over && (group_ ? group_join_waits : StillUnformed(*in_flight_))) {
         // The join passed over at an earlier boundary still waits for a
         // round: it trains on rather than wait here too (the others may be
         // far ahead, or done). The steps since go into the next join.
@@ -376,8 +392,13 @@ class RoundDriverImpl final : public RoundDriver {
     // steps since its boundary are not merged.
     if (in_flight_) {
       const uint64_t last_boundary = stats_.steps + 1 - std::min(stats_.steps + 1, FragmentPeriod());
-      if (AwaitRound(*in_flight_, std::max(in_flight_->boundary_step, last_boundary),
-                     /*train_on_if_lost=*/false) != Awaited::kDone) {
+      StatusOr<Awaited> awaited = AwaitRoundAgreed(*in_flight_, std::max(in_flight_->boundary_step, last_boundary),
+                                                   /*train_on_if_lost=*/false);
+      if (!awaited.ok()) {
+        (void)BreakGroup(awaited.status());
+        return shutdown();  // as a broken group
+      }
+      if (*awaited != Awaited::kDone) {
         spdlog::warn("fragment {}: the job's last round closed without this learner; its join for step {} "
                      "is called off ({} step(s) not merged)",
                      in_flight_->fragment, in_flight_->boundary_step, stats_.steps - in_flight_->boundary_step);
@@ -418,9 +439,11 @@ class RoundDriverImpl final : public RoundDriver {
   // Whether step() at `step` takes up the round in flight: it has arrived,
   // or `step` is boundary + tau and its join was not passed over (then
   // step() waits for it).
-  // In a group only the second: every rank applies at the same step.
+  // In a group only the second: every rank applies at the same step (a join
+  // passed over is applied once every rank's slice arrived, which the ranks
+  // agree on at every step).
   bool InFlightDueAt(uint64_t step) const {
-    if (group_) return in_flight_ && step >= in_flight_->apply_at_step;
+    if (group_) return in_flight_ && step >= in_flight_->apply_at_step && !in_flight_->passed_over;
     return in_flight_ && (in_flight_->done.load(std::memory_order_acquire) ||
                           (step >= in_flight_->apply_at_step && !in_flight_->passed_over));
   }
@@ -489,7 +512,8 @@ class RoundDriverImpl final : public RoundDriver {
   Awaited AwaitRound(InFlight& flight, uint64_t give_up_step, bool train_on_if_lost) {
     std::unique_lock lock(flight.mu);
     while (!flight.done.load(std::memory_order_acquire)) {
-      // A group's ranks cannot each decide this on their own timing.
+      // A group's ranks cannot each decide this on their own timing: rank 0
+      // decides for them (AwaitRoundAgreed).
       if (concurrent_ && !flight.formed && !group_) {
         if (agent_.latest_round_step() >= give_up_step) return Awaited::kPassedOver;
         if (train_on_if_lost && agent_.lighthouse_lost()) return Awaited::kLighthouseLost;
@@ -498,6 +522,40 @@ class RoundDriverImpl final : public RoundDriver {
       flight.changed.wait_for(lock, kPassedOverPoll);
     }
     return Awaited::kDone;
+  }
+
+  // AwaitRound, for a group: rank 0 applies the rule above and every rank
+  // follows it at this same step (each waits for its own slice when rank 0
+  // waits, or all train on). The ranks meet every kPassedOverPoll while
+  // rank 0 has not decided, so no group collective waits longer than that.
+  StatusOr<Awaited> AwaitRoundAgreed(InFlight& flight, uint64_t give_up_step, bool train_on_if_lost) {
+    if (!group_ || !concurrent_) return AwaitRound(flight, give_up_step, train_on_if_lost);
+    enum : uint64_t { kUndecided = 0, kWait, kPassedOver, kLost };
+    while (true) {
+      uint64_t verdict = kUndecided;
+      if (group_->rank() == 0) {
+        std::unique_lock lock(flight.mu);
+        flight.changed.wait_for(lock, kPassedOverPoll, [&]() { return flight.done.load(std::memory_order_acquire); });
+        if (flight.done.load(std::memory_order_acquire) || flight.formed) {
+          verdict = kWait;
+        } else if (agent_.latest_round_step() >= give_up_step) {
+          verdict = kPassedOver;
+        } else if (train_on_if_lost && agent_.lighthouse_lost()) {
+          verdict = kLost;
+        }
+      }
+      MEND_ASSIGN_OR_RETURN(auto rank0, group_->Compare(verdict));
+      switch (rank0.first) {
+        case kUndecided:
+          continue;
+        case kWait:
+          return AwaitRound(flight, give_up_step, /*train_on_if_lost=*/false);  // no shortcut in a group
+        case kPassedOver:
+          return Awaited::kPassedOver;
+        default:
+          return Awaited::kLighthouseLost;
+      }
+    }
   }
 
   // True while `flight`'s join has not formed a round (nor failed).

@@ -4,6 +4,8 @@
 // in-process lighthouse on loopback.
 #include "reducer/learner_group.h"
 
+#include <atomic>
+#include <functional>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -15,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "mend/checkpoint.h"
 #include "mend/lighthouse.h"
+#include "nlohmann/json.hpp"
 #include "reducer/round_driver.h"
 #include "test_util/job_config.h"
 #include "test_util/wait.h"
@@ -107,8 +110,11 @@ struct RankRun {
 
 // With `save_dir`, every rank asks for a checkpoint on demand after step
 // steps / 2 (collective in a group): <save_dir>/learner-<learner>.mend.
+// `before_step(s)` runs before the driver's step s + 1; `steps_done`, when
+// given, follows the driver's step.
 void TrainRank(Config config, int learner, int rank, int steps, RankRun* run, size_t w = 10,
-               const std::string& save_dir = "") {
+               const std::string& save_dir = "", const std::function<void(int)>& before_step = {},
+               std::atomic<uint64_t>* steps_done = nullptr) {
   config.group_rank = rank;
   auto agent = LearnerAgent::Start(config, kToken, {fmt::format("learner-{}", learner), "", "", ""});
   if (!agent.ok()) {
@@ -134,10 +140,12 @@ void TrainRank(Config config, int learner, int rank, int steps, RankRun* run, si
     view->Train(learner, s);
     if (moments_view) moments_view->Train(learner, s);
     const uint64_t rounds = (*driver)->stats().rounds;
+    if (before_step) before_step(s);
     if (Status status = (*driver)->step(16); !status.ok()) {
       run->error = status;
       return;
     }
+    if (steps_done) steps_done->store((*driver)->stats().steps);
     if ((*driver)->stats().rounds != rounds) run->replicas_after_round.push_back(view->All());
     if (!save_dir.empty() && s + 1 == steps / 2) {
       if (Status saved = (*driver)->SaveCheckpoint(fmt::format("{}/learner-{}.mend", save_dir, learner));
@@ -267,6 +275,81 @@ TEST(LearnerGroupTest, ConcurrentRoundsApplyAtTheSameStepOnEveryRank) {
   }
   // Both groups hold the same global state.
   for (size_t r = 0; r < 2; ++r) EXPECT_EQ(runs[0][r].global, runs[1][r].global);
+}
+
+std::string LearnerState(LighthouseServer& server, const std::string& id) {
+  auto status = nlohmann::json::parse(server.StatusJson());
+  for (const auto& learner : status["learners"]) {
+    if (learner["id"] == id) return learner["state"];
+  }
+  return "";
+}
+
+// Concurrent rounds (tau = 1, H = 4), two learners of two ranks, quorum
+// minimum 1. Learner 1 holds back its second boundary (step 8) until
+// learner 0's round for it closed alone (after the grace window): rank 0
+// of learner 1 sees that it was passed over and every rank of it trains on
+// at step 9 rather than wait (learner 0 holds back its third boundary until
+// learner 1 is past step 10 with its join waiting, so a group that waited
+// would leave both stuck until the quorum timeout). Then the third round
+// has both: learner 1's slices heal from learner 0's and its replicas stay
+// equal.
+TEST(LearnerGroupTest, AGroupPassedOverTrainsOnAsOneAndJoinsTheNextRound) {
+  Config config = testing_util::SynchronousJobConfig(1, 4);
+  config.concurrent_outer_step = true;
+  config.overlap_steps = 1;
+  config.grace_window_ms = 5000;
+  config.quorum_timeout_ms = 30000;
+  auto server = LighthouseServer::Start(config, kToken);
+  ASSERT_TRUE(server.ok()) << server.status();
+  config.lighthouse = (*server)->grpc_address();
+  config.group_size = 2;
+  std::vector<std::vector<RankRun>> runs(2, std::vector<RankRun>(2));
+  std::atomic<uint64_t> steps[2][2] = {};
+  auto latest_round = [&]() {
+    return nlohmann::json::parse((*server)->StatusJson())["summary"]["latest_round_id"].get<uint64_t>();
+  };
+  auto hold = [&](int learner, int s) {
+    if (s == 3) {  // both learners alive before the first round
+      EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond, [&]() {
+        return LearnerState(**server, "learner-0") != "" && LearnerState(**server, "learner-1") != "";
+      }));
+    }
+    if (learner == 1 && s == 7) {
+      EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond, [&]() { return latest_round() >= 2; }));
+    }
+    if (learner == 0 && s == 11) {
+      EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond, [&]() {
+        return steps[1][0] >= 10 && steps[1][1] >= 10 && LearnerState(**server, "learner-1") == "waiting";
+      }));
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int l = 0; l < 2; ++l) {
+    for (int r = 0; r < 2; ++r) {
+      threads.emplace_back([&, l, r]() {
+        TrainRank(config, l, r, 12, &runs[static_cast<size_t>(l)][static_cast<size_t>(r)], 10, "",
+                  [&, l](int s) { hold(l, s); }, &steps[l][r]);
+      });
+    }
+  }
+  for (auto& thread : threads) thread.join();
+  for (int l = 0; l < 2; ++l) {
+    for (const RankRun& run : runs[static_cast<size_t>(l)]) {
+      ASSERT_TRUE(run.error.ok()) << "learner " << l << ": " << run.error;
+      EXPECT_EQ(run.stats.failed_rounds, 0u) << "learner " << l;
+      EXPECT_EQ(run.local, runs[static_cast<size_t>(l)][0].local) << "learner " << l;
+      EXPECT_EQ(run.replicas_after_round, runs[static_cast<size_t>(l)][0].replicas_after_round);
+    }
+  }
+  for (const RankRun& run : runs[1]) {
+    EXPECT_EQ(run.stats.passed_over, 1u);
+    EXPECT_EQ(run.stats.rounds, 2u);  // rounds 1 and 3
+    EXPECT_GE(run.stats.heals, 1u);
+  }
+  EXPECT_EQ(runs[0][0].stats.rounds, 3u);
+  // Round 3 was both learners' last step: the same global state.
+  for (size_t r = 0; r < 2; ++r) EXPECT_EQ(runs[1][r].global, runs[0][r].global) << "rank " << r;
 }
 
 // 4 learners in 2 racks: merged inside each rack first, then across racks
@@ -519,17 +602,12 @@ TEST(LearnerGroupTest, HealedMomentsArriveBySliceAsTheFlatOnesDo) {
   EXPECT_EQ(heals, 1u);  // learner 1 took learner 0's state and moments
 }
 
-TEST(LearnerGroupTest, WhatGroupsDoNotDoYetIsRefusedByName) {
+TEST(LearnerGroupTest, AGroupRankOutsideTheGroupIsRefusedByName) {
   Config config = testing_util::SynchronousJobConfig(2, 5);
   config.group_size = 2;
-  config.train_through_lighthouse_outage = true;
+  config.group_rank = 2;
   Status status = CheckConfig(config);
   EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(status.message().find("train_through_lighthouse_outage = true with group_size = 2"), std::string::npos)
-      << status;
-  config.train_through_lighthouse_outage = false;
-  config.group_rank = 2;
-  status = CheckConfig(config);
   EXPECT_NE(status.message().find("group_rank = 2: must be below group_size = 2"), std::string::npos) << status;
 }
 
