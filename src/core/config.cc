@@ -188,6 +188,13 @@ Status CheckConfig(const Config& config) {
     return InvalidArgumentError(fmt::format("group_rank = {}: must be below group_size = {}",
                                             config.group_rank, config.group_size));
   }
+  if (config.group_size > 1 && config.train_through_lighthouse_outage) {
+    // Refused rather than done wrong: the group's other ranks read each round
+    // decision from the lighthouse's store, which a restart empties.
+    return InvalidArgumentError(fmt::format(
+        "train_through_lighthouse_outage = true with group_size = {}: not supported for multi-rank learners yet",
+        config.group_size));
+  }
   if (config.overlap_steps >= config.sync_period_steps && config.concurrent_outer_step) {
     return InvalidArgumentError(fmt::format(
         "overlap_steps = {}: must be below sync_period_steps = {} with concurrent_outer_step",

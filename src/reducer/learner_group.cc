@@ -262,7 +262,10 @@ Status AwaitGroupRanks(RendezvousStore& store, const Config& config, const std::
 }
 
 SliceRange SliceOf(size_t total, int size, int rank) {
-  const auto cut = [&](int r) { return static_cast<size_t>((static_cast<unsigned __int128>(total) * r) / size); };
+  // total * r fits in 64 bits for any model (r < size <= 16, or a few hundred).
+  const auto cut = [&](int r) {
+    return static_cast<size_t>(static_cast<uint64_t>(total) * static_cast<uint64_t>(r) / static_cast<uint64_t>(size));
+  };
   return {cut(rank), cut(rank + 1)};
 }
 

@@ -525,9 +525,10 @@ class RoundDriverImpl final : public RoundDriver {
   }
 
   // AwaitRound, for a group: rank 0 applies the rule above and every rank
-  // follows it at this same step (each waits for its own slice when rank 0
-  // waits, or all train on). The ranks meet every kPassedOverPoll while
-  // rank 0 has not decided, so no group collective waits longer than that.
+  // follows it at this same step (kDone: take the round up now, or all
+  // train on). The ranks meet every kPassedOverPoll while rank 0 has not
+  // decided, and FinishInFlight has them wait for their slices the same
+  // way, so no group collective waits on a rank that waits for its slice.
   StatusOr<Awaited> AwaitRoundAgreed(InFlight& flight, uint64_t give_up_step, bool train_on_if_lost) {
     if (!group_ || !concurrent_) return AwaitRound(flight, give_up_step, train_on_if_lost);
     enum : uint64_t { kUndecided = 0, kWait, kPassedOver, kLost };
@@ -549,7 +550,7 @@ class RoundDriverImpl final : public RoundDriver {
         case kUndecided:
           continue;
         case kWait:
-          return AwaitRound(flight, give_up_step, /*train_on_if_lost=*/false);  // no shortcut in a group
+          return Awaited::kDone;  // FinishInFlight waits for every slice, the ranks together
         case kPassedOver:
           return Awaited::kPassedOver;
         default:
@@ -638,6 +639,27 @@ class RoundDriverImpl final : public RoundDriver {
   Status FinishInFlight() {
     if (!in_flight_) return OkStatus();
     std::unique_ptr<InFlight> flight = std::move(in_flight_);
+    if (group_) {
+      // The ranks' slices end at different times (a failing rendezvous may
+      // take a collective timeout on one rank and none on another): they
+      // meet every kPassedOverPoll until every slice has ended, so that no
+      // group collective waits on a rank that still waits for its slice.
+      while (true) {
+        {
+          std::unique_lock lock(flight->mu);
+          flight->changed.wait_for(lock, kPassedOverPoll,
+                                   [&]() { return flight->done.load(std::memory_order_acquire); });
+        }
+        StatusOr<std::pair<bool, bool>> all =
+            group_->AllArrived(flight->done.load(std::memory_order_acquire), false);
+        if (!all.ok()) {
+          agent_.Interrupt();
+          flight->thread.join();
+          return BreakGroup(all.status());
+        }
+        if (all->first) break;
+      }
+    }
     flight->thread.join();
     if (group_) {
       StatusOr<bool> all_ok = group_->AllOk(flight->outcome.ok(), &flight->formed_step);

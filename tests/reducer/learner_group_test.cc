@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <mutex>
 #include <numeric>
 #include <thread>
 
@@ -384,7 +385,9 @@ TEST(LearnerGroupTest, RackAwareMergeSendsHalfTheCrossRackBytesAndAgreesEverywhe
       hierarchical_cross += h.stats.cross_rack_bytes_sent;
     }
     EXPECT_GT(hierarchical_cross, 0u) << which;
-    if (layout == racks) EXPECT_LE(2 * hierarchical_cross, flat_cross) << hierarchical_cross << " vs " << flat_cross;
+    if (layout == racks) {
+      EXPECT_LE(2 * hierarchical_cross, flat_cross) << hierarchical_cross << " vs " << flat_cross;
+    }
   }
   config.rack_aware = true;
   // Through a lossy codec too, every member ends with the same bits.
@@ -602,12 +605,17 @@ TEST(LearnerGroupTest, HealedMomentsArriveBySliceAsTheFlatOnesDo) {
   EXPECT_EQ(heals, 1u);  // learner 1 took learner 0's state and moments
 }
 
-TEST(LearnerGroupTest, AGroupRankOutsideTheGroupIsRefusedByName) {
+TEST(LearnerGroupTest, WhatGroupsDoNotDoYetIsRefusedByName) {
   Config config = testing_util::SynchronousJobConfig(2, 5);
   config.group_size = 2;
-  config.group_rank = 2;
+  config.train_through_lighthouse_outage = true;
   Status status = CheckConfig(config);
   EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("train_through_lighthouse_outage = true with group_size = 2"), std::string::npos)
+      << status;
+  config.train_through_lighthouse_outage = false;
+  config.group_rank = 2;
+  status = CheckConfig(config);
   EXPECT_NE(status.message().find("group_rank = 2: must be below group_size = 2"), std::string::npos) << status;
 }
 
