@@ -362,15 +362,17 @@ StatusOr<uint64_t> LearnerGroup::AgreeTau(uint64_t tau) {
   return rank0.first;
 }
 
-StatusOr<bool> LearnerGroup::AllOk(bool ok, uint64_t* formed_step) {
-  const uint64_t mine[2] = {ok ? 1u : 0u, *formed_step};
+StatusOr<bool> LearnerGroup::AllOk(bool ok, uint64_t* formed_step, uint64_t* step_us) {
+  const uint64_t mine[3] = {ok ? 1u : 0u, *formed_step, *step_us};
   MEND_ASSIGN_OR_RETURN(auto all, Gather(std::as_bytes(std::span(mine))));
   const uint64_t* values = reinterpret_cast<const uint64_t*>(all.data());
   *formed_step = values[1];
+  bool every = true;
   for (int q = 0; q < size_; ++q) {
-    if (values[2 * q] != 1) return false;
+    every = every && values[3 * q] == 1;
+    *step_us = std::max(*step_us, values[3 * q + 2]);
   }
-  return true;
+  return every;
 }
 
 StatusOr<std::pair<bool, bool>> LearnerGroup::AllArrived(bool arrived, bool formed) {

@@ -96,8 +96,10 @@ class LearnerGroup {
   [[nodiscard]] StatusOr<uint64_t> AgreeTau(uint64_t tau);
   // True when every rank's slice of the round succeeded; `*formed_step`
   // becomes rank 0's (the step at which the round formed, which a heal's
-  // new step counts from: each rank saw the decision at its own step).
-  [[nodiscard]] StatusOr<bool> AllOk(bool ok, uint64_t* formed_step);
+  // new step counts from: each rank saw the decision at its own step), and
+  // `*step_us` (this rank's mean inner step since the last round) the
+  // slowest rank's.
+  [[nodiscard]] StatusOr<bool> AllOk(bool ok, uint64_t* formed_step, uint64_t* step_us);
   // For a join passed over: whether every rank's slice of its round has
   // arrived (`arrived`), and whether rank 0's join formed a round
   // (`formed`), on every rank.

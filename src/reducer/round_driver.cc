@@ -303,7 +303,14 @@ class RoundDriverImpl final : public RoundDriver {
     step_now_.store(stats_.steps, std::memory_order_relaxed);
     tokens_total_ += tokens;
     for (Fragment& fragment : fragments_) fragment.tokens_since_round += tokens;
-    agent_.RecordStep(stats_.steps, tokens_total_, step_time);
+    if (group_ && step_time > 0) {
+      rank_step_sum_ += step_time;
+      rank_steps_++;
+    }
+    // A group reports its slowest rank's step time (known as of the last
+    // round), so that a slow rank makes its group fail-slow even where
+    // nothing inside the group waits for it.
+    agent_.RecordStep(stats_.steps, tokens_total_, group_ ? std::max(step_time, slowest_rank_step_) : step_time);
     if (diagnostics_->enabled()) {
       diagnostics_->Step({{"step", stats_.steps},
                           {"tokens", tokens},
@@ -662,8 +669,12 @@ class RoundDriverImpl final : public RoundDriver {
     }
     flight->thread.join();
     if (group_) {
-      StatusOr<bool> all_ok = group_->AllOk(flight->outcome.ok(), &flight->formed_step);
+      uint64_t step_us = rank_steps_ == 0 ? 0 : static_cast<uint64_t>(rank_step_sum_) / rank_steps_;
+      StatusOr<bool> all_ok = group_->AllOk(flight->outcome.ok(), &flight->formed_step, &step_us);
       if (!all_ok.ok()) return BreakGroup(all_ok.status());
+      slowest_rank_step_ = static_cast<Micros>(step_us);
+      rank_step_sum_ = 0;
+      rank_steps_ = 0;
       if (!*all_ok && flight->outcome.ok()) {
         flight->outcome = AbortedError(fmt::format(
             "round {}: another rank of this group failed its slice", flight->outcome->round_id));
@@ -1091,6 +1102,11 @@ class RoundDriverImpl final : public RoundDriver {
   bool stepped_ = false;
   bool shut_down_ = false;
   Status group_broken_ = OkStatus();
+  // In a group: this rank's step times since the last round, and the
+  // slowest rank's mean step as of it (what rank 0's heartbeats carry).
+  Micros rank_step_sum_ = 0;
+  uint64_t rank_steps_ = 0;
+  Micros slowest_rank_step_ = 0;
   CheckpointWriter checkpoint_writer_{config_.checkpoint_dir, static_cast<int>(config_.checkpoint_keep)};
 };
 

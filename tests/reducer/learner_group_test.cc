@@ -115,7 +115,7 @@ struct RankRun {
 // given, follows the driver's step.
 void TrainRank(Config config, int learner, int rank, int steps, RankRun* run, size_t w = 10,
                const std::string& save_dir = "", const std::function<void(int)>& before_step = {},
-               std::atomic<uint64_t>* steps_done = nullptr) {
+               std::atomic<uint64_t>* steps_done = nullptr, int step_ms = 50) {
   config.group_rank = rank;
   auto agent = LearnerAgent::Start(config, kToken, {fmt::format("learner-{}", learner), "", "", ""});
   if (!agent.ok()) {
@@ -137,7 +137,7 @@ void TrainRank(Config config, int learner, int rank, int steps, RankRun* run, si
     return;
   }
   for (int s = 0; s < steps; ++s) {
-    clock.AdvanceMillis(50);
+    clock.AdvanceMillis(step_ms);
     view->Train(learner, s);
     if (moments_view) moments_view->Train(learner, s);
     const uint64_t rounds = (*driver)->stats().rounds;
@@ -351,6 +351,49 @@ TEST(LearnerGroupTest, AGroupPassedOverTrainsOnAsOneAndJoinsTheNextRound) {
   EXPECT_EQ(runs[0][0].stats.rounds, 3u);
   // Round 3 was both learners' last step: the same global state.
   for (size_t r = 0; r < 2; ++r) EXPECT_EQ(runs[1][r].global, runs[0][r].global) << "rank " << r;
+}
+
+// A slow rank makes its group slow to the lighthouse, even where nothing
+// inside the group waits for it (here the ranks' clocks are their own):
+// each round the ranks share their mean step time, and rank 0's
+// heartbeats carry the slowest rank's.
+TEST(LearnerGroupTest, AGroupReportsItsSlowestRanksStepTime) {
+  Config config = testing_util::SynchronousJobConfig(2, 5);
+  auto server = LighthouseServer::Start(config, kToken);
+  ASSERT_TRUE(server.ok()) << server.status();
+  config.lighthouse = (*server)->grpc_address();
+  config.group_size = 2;
+  auto median_step_ms = [&](const std::string& id) {
+    auto status = nlohmann::json::parse((*server)->StatusJson());
+    for (const auto& learner : status["learners"]) {
+      if (learner["id"] == id) return learner["median_step_ms"].get<double>();
+    }
+    return -1.0;
+  };
+  bool slow_seen = false, fast_seen = false;
+  auto check = [&](int s) {
+    if (s != 18) return;  // after three rounds, before anyone leaves
+    slow_seen = testing_util::WaitFor(30 * kMicrosPerSecond, [&]() { return median_step_ms("learner-0") >= 300; });
+    fast_seen = median_step_ms("learner-1") < 100;
+  };
+  std::vector<std::vector<RankRun>> runs(2, std::vector<RankRun>(2));
+  std::vector<std::thread> threads;
+  for (int l = 0; l < 2; ++l) {
+    for (int r = 0; r < 2; ++r) {
+      std::function<void(int)> hook;
+      if (l == 1 && r == 0) hook = check;
+      threads.emplace_back([&, l, r, hook]() {
+        TrainRank(config, l, r, 20, &runs[static_cast<size_t>(l)][static_cast<size_t>(r)], 10, "", hook, nullptr,
+                  l == 0 && r == 1 ? 400 : 50);  // learner 0's rank 1 is 8x slower
+      });
+    }
+  }
+  for (auto& thread : threads) thread.join();
+  for (const auto& learner : runs) {
+    for (const RankRun& run : learner) ASSERT_TRUE(run.error.ok()) << run.error;
+  }
+  EXPECT_TRUE(slow_seen) << "learner-0's median step: " << median_step_ms("learner-0") << " ms";
+  EXPECT_TRUE(fast_seen);
 }
 
 // 4 learners in 2 racks: merged inside each rack first, then across racks
