@@ -164,15 +164,37 @@ void TrainRank(Config config, int learner, int rank, int steps, RankRun* run, si
   run->global.assign(global.begin(), global.end());
 }
 
+// A lighthouse for `config`'s job; `config` then names it, for learners of
+// `group_size` ranks.
+std::unique_ptr<LighthouseServer> StartGroupJob(Config& config, int group_size) {
+  auto server = LighthouseServer::Start(config, kToken);
+  EXPECT_TRUE(server.ok()) << server.status();
+  if (!server.ok()) return nullptr;
+  config.lighthouse = (*server)->grpc_address();
+  config.group_size = group_size;
+  return std::move(*server);
+}
+
+// Learner `id`'s entry in the lighthouse's status (null when it has none).
+nlohmann::json LearnerStatus(LighthouseServer& server, const std::string& id) {
+  auto status = nlohmann::json::parse(server.StatusJson());
+  for (const auto& learner : status["learners"]) {
+    if (learner["id"] == id) return learner;
+  }
+  return nullptr;
+}
+
+std::string LearnerState(LighthouseServer& server, const std::string& id) {
+  nlohmann::json learner = LearnerStatus(server, id);
+  return learner.is_null() ? "" : learner["state"].get<std::string>();
+}
+
 // `learners` learners of `ranks` ranks each (learner l in racks[l], when
 // given); runs[learner][rank].
 std::vector<std::vector<RankRun>> RunJob(Config config, int learners, int ranks, int steps,
                                          const std::vector<std::string>& racks = {}, size_t w = 10,
                                          const std::string& save_dir = "") {
-  auto server = LighthouseServer::Start(config, kToken);
-  EXPECT_TRUE(server.ok()) << server.status();
-  config.lighthouse = (*server)->grpc_address();
-  config.group_size = ranks;
+  auto server = StartGroupJob(config, ranks);
   std::vector<std::vector<RankRun>> runs(static_cast<size_t>(learners), std::vector<RankRun>(static_cast<size_t>(ranks)));
   std::vector<std::thread> threads;
   for (int l = 0; l < learners; ++l) {
@@ -278,14 +300,6 @@ TEST(LearnerGroupTest, ConcurrentRoundsApplyAtTheSameStepOnEveryRank) {
   for (size_t r = 0; r < 2; ++r) EXPECT_EQ(runs[0][r].global, runs[1][r].global);
 }
 
-std::string LearnerState(LighthouseServer& server, const std::string& id) {
-  auto status = nlohmann::json::parse(server.StatusJson());
-  for (const auto& learner : status["learners"]) {
-    if (learner["id"] == id) return learner["state"];
-  }
-  return "";
-}
-
 // Concurrent rounds (tau = 1, H = 4), two learners of two ranks, quorum
 // minimum 1. Learner 1 holds back its second boundary (step 8) until
 // learner 0's round for it closed alone (after the grace window): rank 0
@@ -301,19 +315,17 @@ TEST(LearnerGroupTest, AGroupPassedOverTrainsOnAsOneAndJoinsTheNextRound) {
   config.overlap_steps = 1;
   config.grace_window_ms = 5000;
   config.quorum_timeout_ms = 30000;
-  auto server = LighthouseServer::Start(config, kToken);
-  ASSERT_TRUE(server.ok()) << server.status();
-  config.lighthouse = (*server)->grpc_address();
-  config.group_size = 2;
+  auto server = StartGroupJob(config, 2);
+  ASSERT_NE(server, nullptr);
   std::vector<std::vector<RankRun>> runs(2, std::vector<RankRun>(2));
   std::atomic<uint64_t> steps[2][2] = {};
   auto latest_round = [&]() {
-    return nlohmann::json::parse((*server)->StatusJson())["summary"]["latest_round_id"].get<uint64_t>();
+    return nlohmann::json::parse(server->StatusJson())["summary"]["latest_round_id"].get<uint64_t>();
   };
   auto hold = [&](int learner, int s) {
     if (s == 3) {  // both learners alive before the first round
       EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond, [&]() {
-        return LearnerState(**server, "learner-0") != "" && LearnerState(**server, "learner-1") != "";
+        return LearnerState(*server, "learner-0") != "" && LearnerState(*server, "learner-1") != "";
       }));
     }
     if (learner == 1 && s == 7) {
@@ -321,7 +333,7 @@ TEST(LearnerGroupTest, AGroupPassedOverTrainsOnAsOneAndJoinsTheNextRound) {
     }
     if (learner == 0 && s == 11) {
       EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond, [&]() {
-        return steps[1][0] >= 10 && steps[1][1] >= 10 && LearnerState(**server, "learner-1") == "waiting";
+        return steps[1][0] >= 10 && steps[1][1] >= 10 && LearnerState(*server, "learner-1") == "waiting";
       }));
     }
   };
@@ -359,16 +371,11 @@ TEST(LearnerGroupTest, AGroupPassedOverTrainsOnAsOneAndJoinsTheNextRound) {
 // heartbeats carry the slowest rank's.
 TEST(LearnerGroupTest, AGroupReportsItsSlowestRanksStepTime) {
   Config config = testing_util::SynchronousJobConfig(2, 5);
-  auto server = LighthouseServer::Start(config, kToken);
-  ASSERT_TRUE(server.ok()) << server.status();
-  config.lighthouse = (*server)->grpc_address();
-  config.group_size = 2;
+  auto server = StartGroupJob(config, 2);
+  ASSERT_NE(server, nullptr);
   auto median_step_ms = [&](const std::string& id) {
-    auto status = nlohmann::json::parse((*server)->StatusJson());
-    for (const auto& learner : status["learners"]) {
-      if (learner["id"] == id) return learner["median_step_ms"].get<double>();
-    }
-    return -1.0;
+    nlohmann::json learner = LearnerStatus(*server, id);
+    return learner.is_null() ? -1.0 : learner["median_step_ms"].get<double>();
   };
   bool slow_seen = false, fast_seen = false;
   auto check = [&](int s) {
@@ -562,10 +569,8 @@ TEST(LearnerGroupTest, ACheckpointOnDemandIsCollectiveAndEqualsTheFlatOne) {
 
 TEST(LearnerGroupTest, TheLighthouseRefusesALearnerOfAnotherGroupSize) {
   Config config = testing_util::SynchronousJobConfig(2, 5);
-  auto server = LighthouseServer::Start(config, kToken);
-  ASSERT_TRUE(server.ok()) << server.status();
-  config.lighthouse = (*server)->grpc_address();
-  config.group_size = 2;
+  auto server = StartGroupJob(config, 2);
+  ASSERT_NE(server, nullptr);
   auto first = LearnerAgent::Start(config, kToken, {"learner-0", "", "", ""});
   ASSERT_TRUE(first.ok()) << first.status();
   config.group_size = 1;
@@ -579,10 +584,8 @@ TEST(LearnerGroupTest, TheLighthouseRefusesALearnerOfAnotherGroupSize) {
 
 TEST(LearnerGroupTest, RanksWithDifferentModelsAreRefusedByName) {
   Config config = testing_util::SynchronousJobConfig(1, 5);
-  auto server = LighthouseServer::Start(config, kToken);
-  ASSERT_TRUE(server.ok()) << server.status();
-  config.lighthouse = (*server)->grpc_address();
-  config.group_size = 2;
+  auto server = StartGroupJob(config, 2);
+  ASSERT_NE(server, nullptr);
   Status errors[2];
   std::vector<std::thread> ranks;
   for (int r = 0; r < 2; ++r) {
