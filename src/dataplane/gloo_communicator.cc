@@ -11,13 +11,13 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <map>
 #include <mutex>
 #include <numeric>
 #include <thread>
 
 #include "core/buffer_pool.h"
 #include "dataplane/gloo_store.h"
+#include "dataplane/hierarchy.h"
 #include "dataplane/slicing.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
@@ -54,7 +54,14 @@ struct Transfer {
   std::string post_error;
 };
 
-std::vector<std::vector<int>> SumGroups(const std::vector<std::string>& racks, int world_size);
+// The fp32 sum's groups: the members by rack (MembersByRack); one group of
+// every rank without racks.
+std::vector<std::vector<int>> SumGroups(const std::vector<std::string>& racks, int world_size) {
+  if (racks.size() == static_cast<size_t>(world_size)) return MembersByRack(racks);
+  std::vector<int> all(static_cast<size_t>(world_size));
+  std::iota(all.begin(), all.end(), 0);
+  return {all};
+}
 
 class GlooCommunicator final : public Communicator {
  public:
@@ -384,21 +391,6 @@ void WeightedSum(float* out, const std::vector<const float*>& inputs, const std:
     }
     std::memcpy(out + start, block, len * sizeof(float));
   }
-}
-
-// The members' ranks by rack (racks in name order, members in rank order);
-// one group of every rank without racks.
-std::vector<std::vector<int>> SumGroups(const std::vector<std::string>& racks, int world_size) {
-  if (racks.size() != static_cast<size_t>(world_size)) {
-    std::vector<int> all(static_cast<size_t>(world_size));
-    std::iota(all.begin(), all.end(), 0);
-    return {all};
-  }
-  std::map<std::string, std::vector<int>> by_rack;
-  for (size_t r = 0; r < racks.size(); ++r) by_rack[racks[r]].push_back(static_cast<int>(r));
-  std::vector<std::vector<int>> groups;
-  for (auto& [name, members] : by_rack) groups.push_back(std::move(members));
-  return groups;
 }
 
 // The state of one reduction: how the buffer is cut, where each encoded piece

@@ -42,7 +42,8 @@ class RackAwareCommunicator final : public Communicator {
     const bool fp32 = codec == nullptr || codec->kind() == CodecKind::kFp32;
     double rack_weight = weight;
     if (rack_) {
-      // 1. The rack's weighted mean (fp32) and its total weight.
+      // 1. The rack's total weight, and its weighted sum (fp32) or weighted
+      //    mean (a codec's).
       std::vector<double> weights(static_cast<size_t>(rack_->world_size()));
       MEND_RETURN_IF_ERROR(rack_->AllGather(std::as_bytes(std::span(&weight, 1)),
                                             std::as_writable_bytes(std::span(weights))));
@@ -162,24 +163,27 @@ class RackAwareCommunicator final : public Communicator {
 
 }  // namespace
 
+std::vector<std::vector<int>> MembersByRack(const std::vector<std::string>& racks) {
+  std::map<std::string, std::vector<int>> by_rack;
+  for (size_t r = 0; r < racks.size(); ++r) by_rack[racks[r]].push_back(static_cast<int>(r));
+  std::vector<std::vector<int>> layout;
+  for (auto& [name, members] : by_rack) layout.push_back(std::move(members));
+  return layout;
+}
+
 StatusOr<std::unique_ptr<Communicator>> ConnectRackAware(RendezvousStore& store, const CommunicatorOptions& options,
                                                         std::unique_ptr<Communicator> flat,
                                                         const std::vector<std::string>& racks) {
   if (racks.size() != static_cast<size_t>(flat->world_size())) return flat;
-  // Racks in name order, each with its members in rank order.
-  std::map<std::string, std::vector<int>> by_rack;
-  for (size_t r = 0; r < racks.size(); ++r) by_rack[racks[r]].push_back(static_cast<int>(r));
-  const bool shared = std::any_of(by_rack.begin(), by_rack.end(), [](const auto& rack) { return rack.second.size() > 1; });
-  if (by_rack.size() < 2 || !shared) return flat;
+  std::vector<std::vector<int>> layout = MembersByRack(racks);
+  const bool shared = std::any_of(layout.begin(), layout.end(), [](const auto& members) { return members.size() > 1; });
+  if (layout.size() < 2 || !shared) return flat;
   const int me = flat->rank();
-  const std::string& my_rack = racks[static_cast<size_t>(me)];
   std::vector<int> reps;
-  std::vector<std::vector<int>> layout;
   size_t my_index = 0;
-  for (const auto& [name, members] : by_rack) {
-    if (name == my_rack) my_index = reps.size();
+  for (const auto& members : layout) {
+    if (std::find(members.begin(), members.end(), me) != members.end()) my_index = reps.size();
     reps.push_back(members.front());
-    layout.push_back(members);
   }
   auto member_ids = [&options](const std::vector<int>& ranks) {
     std::vector<std::string> ids;
@@ -190,7 +194,7 @@ StatusOr<std::unique_ptr<Communicator>> ConnectRackAware(RendezvousStore& store,
     return ids;
   };
   std::unique_ptr<Communicator> rack;
-  const std::vector<int>& mates = by_rack[my_rack];
+  const std::vector<int> mates = layout[my_index];
   if (mates.size() > 1) {
     CommunicatorOptions o = options;
     o.member_racks.clear();  // one rack, or one member per rack: rank order

@@ -23,6 +23,12 @@
 
 namespace mend {
 
+// Members' ranks by rack: racks in name order, each with its members in
+// rank order (`racks[r]` is member r's). The order of the rack-aware merge,
+// and of the flat fp32 sum with racks (CommunicatorOptions::member_racks),
+// which is why the two give the same bits.
+std::vector<std::vector<int>> MembersByRack(const std::vector<std::string>& racks);
+
 // `flat` is the round's communicator (options.prefix, rank, world size);
 // `racks[r]` is member r's rack. Returns `flat` itself when no rack holds two
 // members or every member is in one rack (nothing to save); else connects a

@@ -1,10 +1,10 @@
-#include "core/buffer_pool.h"
 #include "mend/outer_sync.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
+#include "core/buffer_pool.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
 #include "spdlog/spdlog.h"

@@ -1,6 +1,7 @@
 #include "mend/data_parallel.h"
 
 #include <cstring>
+#include <span>
 
 #include "fmt/format.h"
 #include "mend/communicator.h"
@@ -31,7 +32,7 @@ class DataParallelImpl final : public DataParallel {
     // In a group two more values travel with the gradients: whether some
     // rank was asked to stop, or to write a checkpoint, so that all do it
     // after the same step.
-    buffer_.resize(total + (in_group_ ? kControls : 0));
+    buffer_.resize(total + (in_group_ ? size_t{kControls} : size_t{0}));
     LighthouseRendezvousStore store(agent_.client());
     if (in_group_) {
       // The group's own: its ranks, inside the rack (no emulated link).
@@ -63,20 +64,15 @@ class DataParallelImpl final : public DataParallel {
   Status AverageGradients(uint64_t tokens) override {
     if (!comm_) return FailedPreconditionError("data parallel: AverageGradients() after shutdown()");
     Flatten(/*gradients=*/true);
-    if (in_group_) {
-      buffer_[buffer_.size() - kControls] = stop_requested_ ? 1.0f : 0.0f;
-      buffer_[buffer_.size() - kControls + 1] = checkpoint_requested_ ? 1.0f : 0.0f;
-      checkpoint_requested_ = false;
-    }
+    const std::span<float> controls = std::span(buffer_).last(in_group_ ? size_t{kControls} : size_t{0});
+    for (size_t c = 0; c < controls.size(); ++c) controls[c] = requested_[c] ? 1.0f : 0.0f;
+    requested_[kCheckpoint] = false;  // once; a stop stays asked for
     const uint64_t sent_before = comm_->stats().bytes_sent;
     // The group's ranks are replicas: a plain mean (weights by tokens would
     // give a rank that reported none weight 0 in the stop flag too).
     const double weight = in_group_ ? 1.0 : config_.token_weighted_merge ? static_cast<double>(tokens) : 1.0;
     MEND_RETURN_IF_ERROR(comm_->WeightedAllReduce(buffer_, weight));
-    if (in_group_) {
-      stop_agreed_ = buffer_[buffer_.size() - kControls] > 0.0f;
-      checkpoint_agreed_ = buffer_[buffer_.size() - kControls + 1] > 0.0f;
-    }
+    for (size_t c = 0; c < controls.size(); ++c) agreed_[c] = controls[c] > 0.0f;
     stats_.bytes_sent += comm_->stats().bytes_sent - sent_before;
     Unflatten(/*gradients=*/true);
     stats_.steps++;
@@ -90,10 +86,10 @@ class DataParallelImpl final : public DataParallel {
   }
 
   DataParallelStats stats() const override { return stats_; }
-  void RequestStop() override { stop_requested_ = true; }
-  bool StopAgreed() const override { return stop_agreed_; }
-  void RequestCheckpoint() override { checkpoint_requested_ = true; }
-  bool CheckpointAgreed() const override { return checkpoint_agreed_; }
+  void RequestStop() override { requested_[kStop] = true; }
+  bool StopAgreed() const override { return agreed_[kStop]; }
+  void RequestCheckpoint() override { requested_[kCheckpoint] = true; }
+  bool CheckpointAgreed() const override { return agreed_[kCheckpoint]; }
 
  private:
   void Flatten(bool gradients) {
@@ -128,11 +124,11 @@ class DataParallelImpl final : public DataParallel {
   const Config config_;
   LearnerAgent& agent_;
   const bool in_group_;
-  static constexpr size_t kControls = 2;  // the stop and checkpoint flags, in a group
-  bool stop_requested_ = false;
-  bool stop_agreed_ = false;
-  bool checkpoint_requested_ = false;
-  bool checkpoint_agreed_ = false;
+  // In a group, flags that travel after the gradients (the mean of the
+  // ranks' 0 or 1: above 0 when some rank asked).
+  enum Control : size_t { kStop, kCheckpoint, kControls };
+  bool requested_[kControls] = {};
+  bool agreed_[kControls] = {};
   std::vector<at::Tensor> parameters_;
   std::vector<float> buffer_;
   std::unique_ptr<Communicator> comm_;

@@ -363,9 +363,7 @@ StatusOr<uint64_t> LearnerGroup::AgreeTau(uint64_t tau) {
 }
 
 StatusOr<bool> LearnerGroup::AllOk(bool ok, uint64_t* formed_step, uint64_t* step_us) {
-  const uint64_t mine[3] = {ok ? 1u : 0u, *formed_step, *step_us};
-  MEND_ASSIGN_OR_RETURN(auto all, Gather(std::as_bytes(std::span(mine))));
-  const uint64_t* values = reinterpret_cast<const uint64_t*>(all.data());
+  MEND_ASSIGN_OR_RETURN(auto values, GatherValues({ok ? 1u : 0u, *formed_step, *step_us}));
   *formed_step = values[1];
   bool every = true;
   for (int q = 0; q < size_; ++q) {
@@ -376,9 +374,7 @@ StatusOr<bool> LearnerGroup::AllOk(bool ok, uint64_t* formed_step, uint64_t* ste
 }
 
 StatusOr<std::pair<bool, bool>> LearnerGroup::AllArrived(bool arrived, bool formed) {
-  const uint64_t mine[2] = {arrived ? 1u : 0u, formed ? 1u : 0u};
-  MEND_ASSIGN_OR_RETURN(auto all, Gather(std::as_bytes(std::span(mine))));
-  const uint64_t* values = reinterpret_cast<const uint64_t*>(all.data());
+  MEND_ASSIGN_OR_RETURN(auto values, GatherValues({arrived ? 1u : 0u, formed ? 1u : 0u}));
   bool every = true;
   for (int q = 0; q < size_; ++q) every = every && values[2 * q] == 1;
   return std::pair{every, values[1] == 1};
@@ -430,9 +426,16 @@ Status LearnerGroup::GatherWhole(std::span<const float> slice, std::span<float> 
 }
 
 StatusOr<std::pair<uint64_t, bool>> LearnerGroup::Compare(uint64_t value) {
-  MEND_ASSIGN_OR_RETURN(auto all, Gather(std::as_bytes(std::span(&value, 1))));
-  const uint64_t* values = reinterpret_cast<const uint64_t*>(all.data());
-  return std::pair{values[0], std::all_of(values, values + size_, [&](uint64_t v) { return v == values[0]; })};
+  MEND_ASSIGN_OR_RETURN(auto values, GatherValues({value}));
+  return std::pair{values[0], std::all_of(values.begin(), values.end(), [&](uint64_t v) { return v == values[0]; })};
+}
+
+StatusOr<std::vector<uint64_t>> LearnerGroup::GatherValues(std::initializer_list<uint64_t> mine) {
+  const std::vector<uint64_t> values(mine);
+  MEND_ASSIGN_OR_RETURN(auto all, Gather(std::as_bytes(std::span(values))));
+  std::vector<uint64_t> gathered(values.size() * static_cast<size_t>(size_));
+  std::memcpy(gathered.data(), all.data(), gathered.size() * sizeof(uint64_t));
+  return gathered;
 }
 
 void LearnerGroup::Forget() {

@@ -29,6 +29,7 @@
 // the training thread.
 #pragma once
 
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -123,6 +124,8 @@ class LearnerGroup {
   Status CheckSameModel();
   // One group collective: every rank's `mine` (the same size), by rank.
   StatusOr<std::vector<std::byte>> Gather(std::span<const std::byte> mine);
+  // The same for a few values: rank q's i-th at [q * mine.size() + i].
+  StatusOr<std::vector<uint64_t>> GatherValues(std::initializer_list<uint64_t> mine);
 
   const int size_;
   const int rank_;

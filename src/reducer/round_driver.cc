@@ -238,13 +238,11 @@ class RoundDriverImpl final : public RoundDriver {
     for (size_t i = 0; i < parameters_->count(); ++i) at[i + 1] = at[i] + parameters_->numel(i);
     std::vector<float> slice_global(at.back()), slice_momentum(at.back());
     for (const Fragment& fragment : fragments_) {
-      size_t from = 0;
-      for (size_t i : fragment.parameters) {
-        const size_t n = parameters_->numel(i);
-        std::copy_n(fragment.state->global().begin() + from, n, slice_global.begin() + at[i]);
-        std::copy_n(fragment.state->momentum().begin() + from, n, slice_momentum.begin() + at[i]);
-        from += n;
-      }
+      ForEachPiece(fragment, [&](size_t i, size_t from, size_t n) {
+        std::copy_n(fragment.state->global().begin() + static_cast<long>(from), n, slice_global.begin() + static_cast<long>(at[i]));
+        std::copy_n(fragment.state->momentum().begin() + static_cast<long>(from), n,
+                    slice_momentum.begin() + static_cast<long>(at[i]));
+      });
     }
     std::vector<float> global(group_->total()), momentum(group_->total());
     for (auto [slice, whole] : {std::pair{std::span<const float>(slice_global), std::span<float>(global)},
@@ -542,9 +540,7 @@ class RoundDriverImpl final : public RoundDriver {
     while (true) {
       uint64_t verdict = kUndecided;
       if (group_->rank() == 0) {
-        std::unique_lock lock(flight.mu);
-        flight.changed.wait_for(lock, kPassedOverPoll, [&]() { return flight.done.load(std::memory_order_acquire); });
-        if (flight.done.load(std::memory_order_acquire) || flight.formed) {
+        if (PollDone(flight) || !StillUnformed(flight)) {
           verdict = kWait;
         } else if (agent_.latest_round_step() >= give_up_step) {
           verdict = kPassedOver;
@@ -564,6 +560,13 @@ class RoundDriverImpl final : public RoundDriver {
           return Awaited::kLighthouseLost;
       }
     }
+  }
+
+  // Waits up to kPassedOverPoll for `flight` to end; whether it has.
+  static bool PollDone(InFlight& flight) {
+    std::unique_lock lock(flight.mu);
+    return flight.changed.wait_for(lock, kPassedOverPoll,
+                                   [&]() { return flight.done.load(std::memory_order_acquire); });
   }
 
   // True while `flight`'s join has not formed a round (nor failed).
@@ -652,13 +655,7 @@ class RoundDriverImpl final : public RoundDriver {
       // meet every kPassedOverPoll until every slice has ended, so that no
       // group collective waits on a rank that still waits for its slice.
       while (true) {
-        {
-          std::unique_lock lock(flight->mu);
-          flight->changed.wait_for(lock, kPassedOverPoll,
-                                   [&]() { return flight->done.load(std::memory_order_acquire); });
-        }
-        StatusOr<std::pair<bool, bool>> all =
-            group_->AllArrived(flight->done.load(std::memory_order_acquire), false);
+        StatusOr<std::pair<bool, bool>> all = group_->AllArrived(PollDone(*flight), false);
         if (!all.ok()) {
           agent_.Interrupt();
           flight->thread.join();
@@ -1046,18 +1043,24 @@ class RoundDriverImpl final : public RoundDriver {
     GiveBack(std::move(local));
   }
 
-  // Every copy between the parameters and the flat fragment state goes
-  // through Gather and Scatter; stats().parameter_copies counts them (a
-  // step that neither starts nor applies a round makes none). `copy(l,
-  // offset, n)` for each of the fragment's parameters in its flat layout.
-  template <typename Copy>
-  void ForEachParameter(const Fragment& fragment, Copy&& copy) {
+  // `visit(l, offset, n)` for each of the fragment's parameters: its n
+  // values lie at `offset` in the fragment's flat state.
+  template <typename Visit>
+  void ForEachPiece(const Fragment& fragment, Visit&& visit) const {
     size_t offset = 0;
     for (size_t l : fragment.parameters) {
       const size_t n = parameters_->numel(l);
-      copy(l, offset, n);
+      visit(l, offset, n);
       offset += n;
     }
+  }
+
+  // Every copy between the parameters and the flat fragment state goes
+  // through Gather and Scatter; stats().parameter_copies counts them (a
+  // step that neither starts nor applies a round makes none).
+  template <typename Copy>
+  void ForEachParameter(const Fragment& fragment, Copy&& copy) {
+    ForEachPiece(fragment, copy);
     stats_.parameter_copies++;
   }
   void Gather(const Fragment& fragment, std::span<float> out) {
