@@ -24,11 +24,20 @@
 
 namespace mend {
 
+// Where learner `learner_id`'s group keeps its keys in the lighthouse's
+// store: <job>/group/<learner>/<group_generation>.<torchrun's restart
+// count>/, so that a group restarted by its launcher does not meet its old
+// keys.
+std::string GroupStorePrefix(const Config& config, const std::string& learner_id);
+
 class LearnerAgent {
  public:
   // Connects and makes the first registration attempt. Returns the error of
   // a fatal refusal at once; an unreachable lighthouse is retried in the
-  // background (a learner may start before its lighthouse).
+  // background (a learner may start before its lighthouse). In a group
+  // (config.group_size > 1) every rank first publishes its data-plane host
+  // (config.dataplane_host) in the group's store, and rank 0 registers once
+  // it has every rank's (waiting up to quorum_timeout_ms for them).
   [[nodiscard]] static StatusOr<std::unique_ptr<LearnerAgent>> Start(
       const Config& config, const std::string& token, const LearnerIdentity& identity);
   virtual ~LearnerAgent() = default;

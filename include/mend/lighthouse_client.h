@@ -37,6 +37,9 @@ struct LearnerIdentity {
   std::string rack;
   std::string address;  // data-plane address peers heal from, HOST:PORT (optional)
   uint32_t group_size = 1;  // ranks in this learner; the same for every learner of a job
+  // Every rank's data-plane host, by group rank (empty, or group_size of
+  // them); shown on the lighthouse's status page.
+  std::vector<std::string> rank_addresses = {};
 };
 
 struct Registration {

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <cstdlib>
 #include <condition_variable>
 #include <mutex>
 #include <optional>
@@ -551,7 +553,52 @@ class GroupRankAgent final : public LearnerAgent {
   std::unique_ptr<LighthouseClient> client_;
 };
 
+// Every rank of a group publishes its data-plane host under the group's
+// prefix; rank 0 waits (up to quorum_timeout_ms) for all of them, to
+// register them for the group. A lighthouse not up yet is waited for too.
+StatusOr<std::vector<std::string>> ShareRankAddresses(LighthouseClient& client, const Config& config,
+                                                      const std::string& id) {
+  const std::string prefix = GroupStorePrefix(config, id) + "address/";
+  const Micros deadline = RealClock()->NowMicros() + config.quorum_timeout_ms * kMicrosPerMilli;
+  const auto give_up = [&](int64_t rank, const Status& why) {
+    return Status(why.code(), fmt::format("learner '{}' group rank {}: group rank {}'s data-plane address did not "
+                                          "come within quorum_timeout_ms = {}: {}",
+                                          id, config.group_rank, rank, config.quorum_timeout_ms, why.message()));
+  };
+  Micros retry = kMinRetry;
+  while (true) {
+    Status set = client.StoreSet(fmt::format("{}{}", prefix, config.group_rank), config.dataplane_host);
+    if (set.ok()) break;
+    if (set.code() != StatusCode::kUnavailable || RealClock()->NowMicros() + retry > deadline) {
+      return give_up(config.group_rank, set);
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(retry));  // the lighthouse is not up yet
+    retry = std::min(retry * 2, kMaxRetry);
+  }
+  if (config.group_rank != 0) return std::vector<std::string>{};
+  std::vector<std::string> addresses{config.dataplane_host};
+  for (int64_t r = 1; r < config.group_size; ++r) {
+    StatusOr<std::string> address = std::string();
+    do {
+      address = client.StoreGet(fmt::format("{}{}", prefix, r),
+                                std::clamp<Micros>(deadline - RealClock()->NowMicros(), 1, kMaxRetry));
+    } while (!address.ok() &&
+             (address.status().code() == StatusCode::kDeadlineExceeded ||
+              address.status().code() == StatusCode::kUnavailable) &&
+             RealClock()->NowMicros() < deadline);
+    if (!address.ok()) return give_up(r, address.status());
+    addresses.push_back(*address);
+  }
+  return addresses;
+}
+
 }  // namespace
+
+std::string GroupStorePrefix(const Config& config, const std::string& learner_id) {
+  const char* restarts = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  return fmt::format("{}/group/{}/{}.{}/", config.job_id, learner_id, config.group_generation,
+                     restarts != nullptr && *restarts != '\0' ? restarts : "0");
+}
 
 StatusOr<std::unique_ptr<LearnerAgent>> LearnerAgent::Start(const Config& config,
                                                             const std::string& token,
@@ -566,6 +613,11 @@ StatusOr<std::unique_ptr<LearnerAgent>> LearnerAgent::Start(const Config& config
   if (full.job_id.empty()) full.job_id = config.job_id;
   if (full.rack.empty()) full.rack = config.rack;
   full.group_size = static_cast<uint32_t>(config.group_size);
+  if (config.group_size > 1) {
+    MEND_ASSIGN_OR_RETURN(full.rank_addresses, ShareRankAddresses(*client, config, full.id));
+  } else {
+    full.rank_addresses = {config.dataplane_host};
+  }
   if (config.group_rank > 0) {
     return std::unique_ptr<LearnerAgent>(
         std::make_unique<GroupRankAgent>(full.id, config.group_rank, std::move(client)));

@@ -86,7 +86,8 @@ StatusOr<RegisterResult> LighthouseCore::Register(const RegisterArgs& args) {
       RAND_bytes(reinterpret_cast<unsigned char*>(&result.session_id), sizeof result.session_id);
     } while (result.session_id == 0);
     membership_.Register(args.learner_id, result.session_id, args.rack, args.address, args.step,
-                         args.last_round_id, now, &replaced);
+                         args.last_round_id, now, &replaced)
+        .rank_addresses = args.rank_addresses;
     if (replaced) {
       completions.push_back([done = std::move(replaced->done), id = args.learner_id]() {
         done(AbortedError(fmt::format(
@@ -479,8 +480,8 @@ StatusSnapshot LighthouseCore::Snapshot(size_t max_learners, size_t max_rounds) 
   for (size_t i = 0; i < shown; ++i) {
     const LearnerRecord& r = *records[i];
     const LearnerVitals& v = membership_.vitals(r);
-    snap.learners.push_back(LearnerView{r.id, std::string(r.state()), r.rack, r.address, r.step,
-                                        r.tokens_total, r.tokens_per_s,
+    snap.learners.push_back(LearnerView{r.id, std::string(r.state()), r.rack, r.address, r.rank_addresses,
+                                        r.step, r.tokens_total, r.tokens_per_s,
                                         ms(now - v.last_heartbeat), r.slow, v.slow_zscore,
                                         v.median_step_ms, r.last_round_id, r.rounds_joined});
   }

@@ -61,6 +61,7 @@ struct RegisterArgs {
   uint64_t step = 0;
   uint64_t last_round_id = 0;
   uint32_t group_size = 1;
+  std::vector<std::string> rank_addresses;  // by group rank; empty, or group_size
 };
 
 struct RegisterResult {

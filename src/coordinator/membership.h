@@ -46,6 +46,7 @@ struct LearnerRecord {
   uint64_t session_id = 0;
   std::string rack;
   std::string address;
+  std::vector<std::string> rank_addresses;  // every rank's data-plane host (groups)
   Micros registered_at = 0;
   uint64_t step = 0;
   uint64_t tokens_total = 0;

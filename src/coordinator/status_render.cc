@@ -17,6 +17,7 @@ nlohmann::ordered_json LearnerJson(const LearnerView& l) {
           {"state", l.state},
           {"rack", l.rack},
           {"address", l.address},
+          {"ranks", l.rank_addresses},
           {"step", l.step},
           {"tokens_total", l.tokens_total},
           {"tokens_per_s", Round1(l.tokens_per_s)},

@@ -41,6 +41,7 @@ struct LearnerView {
   std::string state;
   std::string rack;
   std::string address;
+  std::vector<std::string> rank_addresses;  // by group rank, as registered
   uint64_t step = 0;
   uint64_t tokens_total = 0;
   double tokens_per_s = 0;

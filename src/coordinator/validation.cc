@@ -77,6 +77,21 @@ StatusOr<RegisterArgs> ParseRegister(const v1::RegisterRequest& request) {
     return Invalid("group_size", fmt::format("{} is above {}", request.group_size(), kMaxGroupSize));
   }
   args.group_size = std::max<uint32_t>(1, request.group_size());
+  if (request.rank_addresses_size() != 0 &&
+      static_cast<uint32_t>(request.rank_addresses_size()) != args.group_size) {
+    return Invalid("rank_addresses", fmt::format("{} addresses for group_size = {}: one per rank, or none",
+                                                 request.rank_addresses_size(), args.group_size));
+  }
+  for (int r = 0; r < request.rank_addresses_size(); ++r) {
+    const std::string& address = request.rank_addresses(r);
+    const std::string field = fmt::format("rank_addresses[{}]", r);
+    if (address.empty() || address.size() > kMaxAddressLength) {
+      return Invalid(field, fmt::format("must have 1 to {} characters", kMaxAddressLength));
+    }
+    // HOST, or HOST:PORT: a data plane listens on ports of its own choosing.
+    if (!CheckHostPort(address, field).ok()) MEND_RETURN_IF_ERROR(CheckHostPort(address + ":0", field));
+    args.rank_addresses.push_back(address);
+  }
   return args;
 }
 

@@ -38,7 +38,7 @@ class DataParallelImpl final : public DataParallel {
       // The group's own: its ranks, inside the rack (no emulated link).
       CommunicatorOptions options = CommunicatorOptionsFrom(config_);
       options.link = {};
-      options.prefix = reducer::GroupStorePrefix(config_, agent_.id()) + "ddp/";
+      options.prefix = GroupStorePrefix(config_, agent_.id()) + "ddp/";
       options.rank = static_cast<int>(config_.group_rank);
       options.world_size = static_cast<int>(config_.group_size);
       MEND_RETURN_IF_ERROR(reducer::AwaitGroupRanks(store, config_, agent_.id(), options.prefix));

@@ -239,12 +239,6 @@ class SlicedMoments final : public FlatMoments {
 
 }  // namespace
 
-std::string GroupStorePrefix(const Config& config, const std::string& learner_id) {
-  const char* restarts = std::getenv("TORCHELASTIC_RESTART_COUNT");
-  return fmt::format("{}/group/{}/{}.{}/", config.job_id, learner_id, config.group_generation,
-                     restarts != nullptr && *restarts != '\0' ? restarts : "0");
-}
-
 Status AwaitGroupRanks(RendezvousStore& store, const Config& config, const std::string& learner_id,
                        const std::string& prefix) {
   MEND_RETURN_IF_ERROR(store.Set(fmt::format("{}here/{}", prefix, config.group_rank), "1"));

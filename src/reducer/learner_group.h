@@ -59,11 +59,7 @@ struct SliceRange {
 // Slice `rank` of `total` values cut into `size` contiguous, balanced parts.
 SliceRange SliceOf(size_t total, int size, int rank);
 
-// Where learner `learner_id`'s group keeps its keys in the lighthouse's
-// store: <job>/group/<learner>/<group_generation>.<torchrun's restart
-// count>/, so that a group restarted by its launcher does not meet its old
-// keys.
-std::string GroupStorePrefix(const Config& config, const std::string& learner_id);
+// The group's keys in the store are under GroupStorePrefix (learner_agent.h).
 
 class LearnerGroup {
  public:

@@ -212,7 +212,9 @@ TEST_F(HealProcessTest, AGroupThatLostARankRestartsHealsSliceBySliceAndMatches) 
     for (const json& round : Rounds(fmt::format("{}.rank1", id))) {
       if (!round["ok"].get<bool>()) continue;
       auto it = rank0.find(round["round_id"].get<uint64_t>());
-      if (it != rank0.end()) EXPECT_EQ(round["parameters_sha256"], it->second) << id << " round " << round["round_id"];
+      if (it != rank0.end()) {
+        EXPECT_EQ(round["parameters_sha256"], it->second) << id << " round " << round["round_id"];
+      }
     }
   }
 }

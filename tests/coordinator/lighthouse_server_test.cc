@@ -83,6 +83,15 @@ TEST(LighthouseServerTest, BadRequestsAreInvalidArgumentNamingTheField) {
   EXPECT_EQ(other_job.status().code(), StatusCode::kInvalidArgument);
   auto bad_address = client->Register({"a", "job", "", "nowhere"}, 0, 0);
   EXPECT_EQ(bad_address.status().code(), StatusCode::kInvalidArgument);
+  LearnerIdentity group{"g", "job", "", "", 2, {"10.0.0.1"}};
+  auto one_address_for_two = client->Register(group, 0, 0);
+  EXPECT_EQ(one_address_for_two.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(one_address_for_two.status().message()),
+              HasSubstr("rank_addresses: 1 addresses for group_size = 2"));
+  group.rank_addresses = {"10.0.0.1", "bad host"};
+  auto bad_rank_address = client->Register(group, 0, 0);
+  EXPECT_EQ(bad_rank_address.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad_rank_address.status().message()), HasSubstr("rank_addresses[1]"));
   QuorumRequestArgs no_session;
   no_session.learner.learner_id = "a";
   no_session.timeout = kMicrosPerSecond;

@@ -337,6 +337,10 @@ def test_two_torchrun_learners_of_two_ranks_keep_every_replica_identical(tmp_pat
                 env=env, cwd=HERE))
         for proc in procs:
             assert proc.wait(timeout=180) == 0
+        # Group rank 0 registered both ranks' data-plane hosts for its group.
+        learners = lighthouse.status()["learners"]
+        assert len(learners) == 2
+        assert all(l["ranks"] == ["127.0.0.1", "127.0.0.1"] for l in learners), learners
     assert checkpoint.stat().st_size > 0
     seen = {}
     for learner in (1, 2):

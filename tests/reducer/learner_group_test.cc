@@ -567,10 +567,46 @@ TEST(LearnerGroupTest, ACheckpointOnDemandIsCollectiveAndEqualsTheFlatOne) {
   }
 }
 
+TEST(LearnerGroupTest, RankZeroRegistersEveryRanksDataPlaneAddress) {
+  Config config = testing_util::SynchronousJobConfig(2, 5);
+  auto server = StartGroupJob(config, 3);
+  ASSERT_NE(server, nullptr);
+  config.quorum_timeout_ms = 300;
+  // Rank 0 registers only once every rank's address has come.
+  auto alone = LearnerAgent::Start(config, kToken, {"learner-0", "", "", ""});
+  ASSERT_FALSE(alone.ok());
+  EXPECT_EQ(alone.status().code(), StatusCode::kDeadlineExceeded) << alone.status();
+  EXPECT_NE(alone.status().message().find("group rank 1's data-plane address did not come"), std::string::npos)
+      << alone.status();
+  EXPECT_TRUE(LearnerStatus(*server, "learner-0").is_null());
+
+  config.quorum_timeout_ms = 30'000;
+  std::vector<std::unique_ptr<LearnerAgent>> agents(3);
+  std::vector<std::thread> ranks;
+  for (int r = 2; r >= 0; --r) {  // rank 0 first: it waits for the others
+    ranks.emplace_back([&, r]() {
+      Config mine = config;
+      mine.group_rank = r;
+      mine.dataplane_host = fmt::format("127.0.0.{}", r + 1);
+      auto agent = LearnerAgent::Start(mine, kToken, {"learner-0", "", "", ""});
+      ASSERT_TRUE(agent.ok()) << agent.status();
+      agents[static_cast<size_t>(r)] = std::move(*agent);
+    });
+  }
+  for (auto& rank : ranks) rank.join();
+  nlohmann::json learner = LearnerStatus(*server, "learner-0");
+  ASSERT_FALSE(learner.is_null());
+  EXPECT_EQ(learner["ranks"], nlohmann::json::array({"127.0.0.1", "127.0.0.2", "127.0.0.3"})) << learner;
+}
+
 TEST(LearnerGroupTest, TheLighthouseRefusesALearnerOfAnotherGroupSize) {
   Config config = testing_util::SynchronousJobConfig(2, 5);
   auto server = StartGroupJob(config, 2);
   ASSERT_NE(server, nullptr);
+  Config rank1 = config;
+  rank1.group_rank = 1;
+  auto second = LearnerAgent::Start(rank1, kToken, {"learner-0", "", "", ""});
+  ASSERT_TRUE(second.ok()) << second.status();
   auto first = LearnerAgent::Start(config, kToken, {"learner-0", "", "", ""});
   ASSERT_TRUE(first.ok()) << first.status();
   config.group_size = 1;
