@@ -46,6 +46,13 @@ class RendezvousStore {
   [[nodiscard]] virtual Status Set(const std::string& key, const std::string& value) = 0;
   // Waits up to `timeout` for the key; DEADLINE_EXCEEDED when it never came.
   [[nodiscard]] virtual StatusOr<std::string> Get(const std::string& key, Micros timeout) = 0;
+  // Removes `key` (with `prefix`, every key that starts with it) where the
+  // store can; stores that end with their job may keep them.
+  [[nodiscard]] virtual Status Delete(const std::string& key, bool prefix) {
+    (void)key;
+    (void)prefix;
+    return OkStatus();
+  }
 };
 
 // A slower, farther link, emulated inside the data plane: every operation

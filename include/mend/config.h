@@ -50,6 +50,10 @@ struct Config {
   int64_t group_size = 1;
   int64_t group_rank = 0;
   int64_t group_generation = 0;
+  // The group's own store (a c10d TCPStore, HOST:PORT): where its ranks share
+  // round decisions and meet; group rank 0 serves it unless something
+  // (torchrun) already does. Empty: the lighthouse's store.
+  std::string group_store;
   bool udp_control = true;
   std::string control_transport = "grpc";
 

@@ -15,9 +15,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
+#include "mend/communicator.h"
 #include "mend/config.h"
 #include "mend/lighthouse_client.h"
 #include "mend/status.h"
@@ -30,6 +32,10 @@ namespace mend {
 // keys.
 std::string GroupStorePrefix(const Config& config, const std::string& learner_id);
 
+// Opens a new connection to a learner group's own store (Config::group_store):
+// each caller (thread) gets its own.
+using GroupStoreOpener = std::function<StatusOr<std::unique_ptr<RendezvousStore>>()>;
+
 class LearnerAgent {
  public:
   // Connects and makes the first registration attempt. Returns the error of
@@ -39,7 +45,8 @@ class LearnerAgent {
   // (config.dataplane_host) in the group's store, and rank 0 registers once
   // it has every rank's (waiting up to quorum_timeout_ms for them).
   [[nodiscard]] static StatusOr<std::unique_ptr<LearnerAgent>> Start(
-      const Config& config, const std::string& token, const LearnerIdentity& identity);
+      const Config& config, const std::string& token, const LearnerIdentity& identity,
+      GroupStoreOpener group_store = nullptr);
   virtual ~LearnerAgent() = default;
 
   // Records one finished inner step; cheap, never blocks on the network.
@@ -79,6 +86,10 @@ class LearnerAgent {
   virtual Status fatal_status() const = 0;
   // The lighthouse client, for the rendezvous store.
   virtual LighthouseClient& client() = 0;
+  // A new connection to where the ranks of this learner's group meet and
+  // share round decisions: the group's own store when Start was given one,
+  // else the lighthouse's store.
+  [[nodiscard]] virtual StatusOr<std::unique_ptr<RendezvousStore>> OpenGroupStore() = 0;
 };
 
 }  // namespace mend

@@ -394,16 +394,22 @@ def _torch_group() -> Optional[Tuple[int, int]]:
 
 def _with_group(config: MendConfig) -> MendConfig:
     """The learner's group: the config's group_size, else (under torchrun with a
-    process group) every rank of torch.distributed's default group."""
-    given = config._given
+    process group) every rank of torch.distributed's default group. A group's
+    own store is the config's group_store, else torchrun's
+    (MASTER_ADDR:MASTER_PORT)."""
+    given = dict(config._given)
     group = _torch_group()
     if config.group_size == 1 and "group_size" not in given and group is not None:
-        keys = dict(given)
-        keys["group_size"], keys["group_rank"] = str(group[0]), str(group[1])
-        return MendConfig(config._file, **keys)
-    if config.group_size > 1 and "group_rank" not in given and group is not None:
-        return MendConfig(config._file, **dict(given, group_rank=str(group[1])))
-    return config
+        given["group_size"], given["group_rank"] = str(group[0]), str(group[1])
+    elif config.group_size > 1 and "group_rank" not in given and group is not None:
+        given["group_rank"] = str(group[1])
+    grouped = int(given.get("group_size", config.group_size)) > 1
+    master = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if grouped and not config.group_store and all(master):
+        given["group_store"] = f"{master[0]}:{master[1]}"
+    if given == config._given:
+        return config
+    return MendConfig(config._file, **given)
 
 
 def _group_learner_id(config: MendConfig) -> str:

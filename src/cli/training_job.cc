@@ -1,6 +1,8 @@
 #include "cli/training_job.h"
 
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -107,6 +109,10 @@ std::vector<std::string> LearnerArgv(const TrainingJobSpec& spec, const std::str
     const std::vector<std::string> group = {"--group-size", std::to_string(spec.ranks_per_learner), "--group-rank",
                                             std::to_string(index % spec.ranks_per_learner)};
     argv.insert(argv.end(), group.begin(), group.end());
+    if (static_cast<size_t>(learner) < spec.group_stores.size()) {
+      argv.push_back("--set");
+      argv.push_back("group_store=" + spec.group_stores[static_cast<size_t>(learner)]);
+    }
   }
   if (!lighthouse.empty()) {
     const int min_learners = spec.min_learners > 0 ? spec.min_learners : JobLearners(spec);
@@ -159,13 +165,44 @@ StatusOr<std::string> MakeWorkDir(const std::string& given, std::string mkdtemp_
   return dir;
 }
 
+// `count` distinct loopback ports nothing listens on now (the kernel's
+// picks, all held until the last is picked; they may be taken by someone
+// else before they are used, as torchrun's own pick may).
+static StatusOr<std::vector<int>> FreeLoopbackPorts(int count) {
+  std::vector<int> fds;
+  std::vector<int> ports;
+  Status status = OkStatus();
+  for (int i = 0; i < count && status.ok(); ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t length = sizeof address;
+    if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
+        getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+      status = UnavailableError(fmt::format("cannot pick a free loopback port: {}", std::strerror(errno)));
+    } else {
+      ports.push_back(static_cast<int>(ntohs(address.sin_port)));
+    }
+    if (fd >= 0) fds.push_back(fd);
+  }
+  for (int fd : fds) close(fd);
+  if (!status.ok()) return status;
+  return ports;
+}
+
 StatusOr<TrainingJobResult> RunTrainingJob(
-    const TrainingJobSpec& spec, const std::string& mend, const std::string& work_dir,
+    const TrainingJobSpec& given_spec, const std::string& mend, const std::string& work_dir,
     const std::function<void(const std::vector<LearnerProgressView>&)>& on_progress,
     const std::atomic<bool>& interrupted) {
   std::error_code error;
   std::filesystem::create_directories(work_dir, error);
   if (error) return InternalError(fmt::format("cannot create {}: {}", work_dir, error.message()));
+  TrainingJobSpec spec = given_spec;
+  if (GroupedJob(spec) && spec.group_stores.empty()) {
+    MEND_ASSIGN_OR_RETURN(std::vector<int> ports, FreeLoopbackPorts(spec.learners));
+    for (int port : ports) spec.group_stores.push_back(fmt::format("127.0.0.1:{}", port));
+  }
   TrainingJobResult result;
   result.name = spec.name;
   result.mode = spec.mode;

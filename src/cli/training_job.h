@@ -42,6 +42,9 @@ struct TrainingJobSpec {
   int64_t heartbeat_ms = 100;
   int64_t heartbeat_timeout_ms = 3000;
   Micros timeout = 30 * 60 * kMicrosPerSecond;
+  // Each group's own store (group_store), by learner: RunTrainingJob picks
+  // free loopback ports for a grouped job when none are given.
+  std::vector<std::string> group_stores;
 };
 
 struct LearnerProgressView {

@@ -12,6 +12,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "coordinator/datagram_link.h"
+#include "dataplane/lighthouse_rendezvous.h"
 #include "core/text.h"
 #include "fmt/format.h"
 #include "spdlog/spdlog.h"
@@ -37,11 +38,19 @@ bool NeedsRegistration(StatusCode code) {
   return code == StatusCode::kNotFound || code == StatusCode::kFailedPrecondition;
 }
 
+// The group's own store when there is one, else the lighthouse's.
+StatusOr<std::unique_ptr<RendezvousStore>> OpenStore(const GroupStoreOpener& group_store, LighthouseClient& client) {
+  if (group_store) return group_store();
+  return std::unique_ptr<RendezvousStore>(std::make_unique<LighthouseRendezvousStore>(client));
+}
+
 class LearnerAgentImpl final : public LearnerAgent {
  public:
   LearnerAgentImpl(const Config& config, const std::string& token,
-                   const LearnerIdentity& identity, std::unique_ptr<LighthouseClient> client)
-      : identity_(identity),
+                   const LearnerIdentity& identity, std::unique_ptr<LighthouseClient> client,
+                   GroupStoreOpener group_store)
+      : group_store_(std::move(group_store)),
+        identity_(identity),
         address_(config.lighthouse),
         token_(token),
         use_udp_(config.control_transport == "udp"),
@@ -194,6 +203,7 @@ class LearnerAgentImpl final : public LearnerAgent {
     return fatal_;
   }
   LighthouseClient& client() override { return *client_; }
+  StatusOr<std::unique_ptr<RendezvousStore>> OpenGroupStore() override { return OpenStore(group_store_, *client_); }
 
  private:
   // A Quorum call in flight; shared with its completion callback, which may
@@ -477,6 +487,7 @@ class LearnerAgentImpl final : public LearnerAgent {
   }
 
   // Constant after construction.
+  const GroupStoreOpener group_store_;
   const LearnerIdentity identity_;
   const std::string address_;
   const std::string token_;
@@ -526,8 +537,9 @@ class LearnerAgentImpl final : public LearnerAgent {
 // store, where the rounds' communicators rendezvous.
 class GroupRankAgent final : public LearnerAgent {
  public:
-  GroupRankAgent(std::string id, int64_t rank, std::unique_ptr<LighthouseClient> client)
-      : id_(std::move(id)), rank_(rank), client_(std::move(client)) {}
+  GroupRankAgent(std::string id, int64_t rank, std::unique_ptr<LighthouseClient> client,
+                 GroupStoreOpener group_store)
+      : id_(std::move(id)), rank_(rank), client_(std::move(client)), group_store_(std::move(group_store)) {}
 
   void RecordStep(uint64_t, uint64_t, Micros) override {}
   StatusOr<QuorumResult> Quorum(uint64_t, uint64_t, Micros, bool) override {
@@ -546,17 +558,19 @@ class GroupRankAgent final : public LearnerAgent {
   uint64_t registrations() const override { return 1; }
   Status fatal_status() const override { return OkStatus(); }
   LighthouseClient& client() override { return *client_; }
+  StatusOr<std::unique_ptr<RendezvousStore>> OpenGroupStore() override { return OpenStore(group_store_, *client_); }
 
  private:
   const std::string id_;
   const int64_t rank_;
   std::unique_ptr<LighthouseClient> client_;
+  const GroupStoreOpener group_store_;
 };
 
 // Every rank of a group publishes its data-plane host under the group's
 // prefix; rank 0 waits (up to quorum_timeout_ms) for all of them, to
 // register them for the group. A lighthouse not up yet is waited for too.
-StatusOr<std::vector<std::string>> ShareRankAddresses(LighthouseClient& client, const Config& config,
+StatusOr<std::vector<std::string>> ShareRankAddresses(RendezvousStore& store, const Config& config,
                                                       const std::string& id) {
   const std::string prefix = GroupStorePrefix(config, id) + "address/";
   const Micros deadline = RealClock()->NowMicros() + config.quorum_timeout_ms * kMicrosPerMilli;
@@ -567,7 +581,7 @@ StatusOr<std::vector<std::string>> ShareRankAddresses(LighthouseClient& client, 
   };
   Micros retry = kMinRetry;
   while (true) {
-    Status set = client.StoreSet(fmt::format("{}{}", prefix, config.group_rank), config.dataplane_host);
+    Status set = store.Set(fmt::format("{}{}", prefix, config.group_rank), config.dataplane_host);
     if (set.ok()) break;
     if (set.code() != StatusCode::kUnavailable || RealClock()->NowMicros() + retry > deadline) {
       return give_up(config.group_rank, set);
@@ -580,8 +594,8 @@ StatusOr<std::vector<std::string>> ShareRankAddresses(LighthouseClient& client, 
   for (int64_t r = 1; r < config.group_size; ++r) {
     StatusOr<std::string> address = std::string();
     do {
-      address = client.StoreGet(fmt::format("{}{}", prefix, r),
-                                std::clamp<Micros>(deadline - RealClock()->NowMicros(), 1, kMaxRetry));
+      address = store.Get(fmt::format("{}{}", prefix, r),
+                          std::clamp<Micros>(deadline - RealClock()->NowMicros(), 1, kMaxRetry));
     } while (!address.ok() &&
              (address.status().code() == StatusCode::kDeadlineExceeded ||
               address.status().code() == StatusCode::kUnavailable) &&
@@ -602,7 +616,8 @@ std::string GroupStorePrefix(const Config& config, const std::string& learner_id
 
 StatusOr<std::unique_ptr<LearnerAgent>> LearnerAgent::Start(const Config& config,
                                                             const std::string& token,
-                                                            const LearnerIdentity& identity) {
+                                                            const LearnerIdentity& identity,
+                                                            GroupStoreOpener group_store) {
   LighthouseClientOptions options;
   options.address = config.lighthouse;
   options.token = token;
@@ -614,15 +629,16 @@ StatusOr<std::unique_ptr<LearnerAgent>> LearnerAgent::Start(const Config& config
   if (full.rack.empty()) full.rack = config.rack;
   full.group_size = static_cast<uint32_t>(config.group_size);
   if (config.group_size > 1) {
-    MEND_ASSIGN_OR_RETURN(full.rank_addresses, ShareRankAddresses(*client, config, full.id));
+    MEND_ASSIGN_OR_RETURN(std::unique_ptr<RendezvousStore> store, OpenStore(group_store, *client));
+    MEND_ASSIGN_OR_RETURN(full.rank_addresses, ShareRankAddresses(*store, config, full.id));
   } else {
     full.rank_addresses = {config.dataplane_host};
   }
   if (config.group_rank > 0) {
     return std::unique_ptr<LearnerAgent>(
-        std::make_unique<GroupRankAgent>(full.id, config.group_rank, std::move(client)));
+        std::make_unique<GroupRankAgent>(full.id, config.group_rank, std::move(client), std::move(group_store)));
   }
-  auto agent = std::make_unique<LearnerAgentImpl>(config, token, full, std::move(client));
+  auto agent = std::make_unique<LearnerAgentImpl>(config, token, full, std::move(client), std::move(group_store));
   MEND_RETURN_IF_ERROR(agent->FirstRegistration());
   return std::unique_ptr<LearnerAgent>(std::move(agent));
 }

@@ -166,6 +166,7 @@ Status CheckConfig(const Config& config) {
   MEND_RETURN_IF_ERROR(CheckHostPort(config.lighthouse, "lighthouse"));
   MEND_RETURN_IF_ERROR(CheckHostPort(config.bind, "bind"));
   if (!config.http.empty()) MEND_RETURN_IF_ERROR(CheckHostPort(config.http, "http"));
+  if (!config.group_store.empty()) MEND_RETURN_IF_ERROR(CheckHostPort(config.group_store, "group_store"));
   if (config.heartbeat_timeout_ms < 2 * config.heartbeat_ms) {
     return InvalidArgumentError(fmt::format(
         "heartbeat_timeout_ms = {}: must be at least 2 x heartbeat_ms = {}",

@@ -74,6 +74,11 @@ std::vector<ConfigKey> BuildKeys() {
       Int("group_generation", &C::group_generation, 0, 1000000000,
           "Learner: which start of its group this is; a launcher that restarts a group gives it a new one (torchrun's "
           "restart count is taken as well), so that the restarted ranks do not meet the old ones' keys."),
+      Text("group_store", &C::group_store,
+           "Learner: the group's own store, HOST:PORT of a c10d TCPStore (torchrun's; the Python module takes "
+           "MASTER_ADDR:MASTER_PORT under torchrun). Its ranks share round decisions there, so only group rank 0 "
+           "talks to the lighthouse about rounds; group rank 0 serves it when nothing does yet. Empty: the "
+           "lighthouse's store."),
       Bool("udp_control", &C::udp_control,
            "Lighthouse: also serve heartbeats and quorum joins as UDP datagrams (on the "
            "bind port number)."),

@@ -33,6 +33,7 @@ class LighthouseRendezvousStore final : public RendezvousStore {
   Status Set(const std::string& key, const std::string& value) override {
     return client_.StoreSet(key, value);
   }
+  Status Delete(const std::string& key, bool prefix) override { return client_.StoreDelete(key, prefix).status(); }
   StatusOr<std::string> Get(const std::string& key, Micros timeout) override {
     if (!still_valid_ && abort_key_.empty()) return client_.StoreGet(key, timeout);
     const Micros deadline = RealClock()->NowMicros() + timeout;

@@ -24,6 +24,7 @@
 
 #include "fmt/format.h"
 #include "mend/config.h"
+#include "mend/group_store.h"
 #include "mend/inner_moments.h"
 #include "mend/learner_agent.h"
 #include "mend/lighthouse.h"
@@ -188,8 +189,9 @@ class PyRuntime {
     auto moments = std::make_unique<TensorMoments>(parameters.size());
     moments_ = moments.get();
     Status started = Unlocked([&]() -> Status {
-      MEND_ASSIGN_OR_RETURN(
-          agent_, LearnerAgent::Start(config, token, {learner_id, config.job_id, config.rack, ""}));
+      MEND_ASSIGN_OR_RETURN(GroupStoreOpener group_store, GroupStoreFromConfig(config));
+      MEND_ASSIGN_OR_RETURN(agent_, LearnerAgent::Start(config, token, {learner_id, config.job_id, config.rack, ""},
+                                                        std::move(group_store)));
       auto reducer = Reducer::Create(config, NamedParameters(std::move(parameters)),
                                      std::move(moments), *agent_, start_step);
       if (!reducer.ok()) {

@@ -33,16 +33,16 @@ class DataParallelImpl final : public DataParallel {
     // rank was asked to stop, or to write a checkpoint, so that all do it
     // after the same step.
     buffer_.resize(total + (in_group_ ? size_t{kControls} : size_t{0}));
-    LighthouseRendezvousStore store(agent_.client());
     if (in_group_) {
+      MEND_ASSIGN_OR_RETURN(std::unique_ptr<RendezvousStore> store, agent_.OpenGroupStore());
       // The group's own: its ranks, inside the rack (no emulated link).
       CommunicatorOptions options = CommunicatorOptionsFrom(config_);
       options.link = {};
       options.prefix = GroupStorePrefix(config_, agent_.id()) + "ddp/";
       options.rank = static_cast<int>(config_.group_rank);
       options.world_size = static_cast<int>(config_.group_size);
-      MEND_RETURN_IF_ERROR(reducer::AwaitGroupRanks(store, config_, agent_.id(), options.prefix));
-      MEND_ASSIGN_OR_RETURN(comm_, Communicator::Connect(store, options));
+      MEND_RETURN_IF_ERROR(reducer::AwaitGroupRanks(*store, config_, agent_.id(), options.prefix));
+      MEND_ASSIGN_OR_RETURN(comm_, Communicator::Connect(*store, options));
       stats_.rank = static_cast<uint32_t>(options.rank);
       stats_.world_size = static_cast<uint32_t>(options.world_size);
     } else {
@@ -50,6 +50,7 @@ class DataParallelImpl final : public DataParallel {
           QuorumResult round,
           agent_.Quorum(0, 0, config_.quorum_timeout_ms * kMicrosPerMilli, /*include_members=*/true));
       CommunicatorOptions options = CommunicatorOptionsForRound(config_, round);
+      LighthouseRendezvousStore store(agent_.client());
       MEND_ASSIGN_OR_RETURN(comm_, Communicator::Connect(store, options));
       stats_.rank = round.rank;
       stats_.world_size = round.world_size;

@@ -93,8 +93,10 @@ StatusOr<QuorumResult> DecodeDecision(const std::string& text) {
 // The control plane as a rank of the group sees it (see learner_group.h).
 class GroupAgent final : public LearnerAgent {
  public:
-  GroupAgent(LearnerAgent& inner, std::string base, int rank, Micros margin)
-      : inner_(inner), store_(inner.client()), base_(std::move(base)), rank_(rank), margin_(margin) {}
+  // `store` (the group's, see LearnerAgent::OpenGroupStore) carries the
+  // decisions; this agent's calls come from one thread (the round's).
+  GroupAgent(LearnerAgent& inner, std::unique_ptr<RendezvousStore> store, std::string base, int rank, Micros margin)
+      : inner_(inner), store_(std::move(store)), base_(std::move(base)), rank_(rank), margin_(margin) {}
 
   void RecordStep(uint64_t step, uint64_t tokens, Micros step_time) override {
     inner_.RecordStep(step, tokens, step_time);
@@ -108,8 +110,8 @@ class GroupAgent final : public LearnerAgent {
     const std::string key = fmt::format("{}decision/{}", base_, seq);
     if (rank_ == 0) {
       StatusOr<QuorumResult> result = inner_.Quorum(last_round_id, tokens_since_last_round, timeout, include_members);
-      MEND_RETURN_IF_ERROR(store_.Set(key, EncodeDecision(result)));
-      if (seq > 2) (void)inner_.client().StoreDelete(fmt::format("{}decision/{}", base_, seq - 2), false);
+      MEND_RETURN_IF_ERROR(store_->Set(key, EncodeDecision(result)));
+      if (seq > 2) (void)store_->Delete(fmt::format("{}decision/{}", base_, seq - 2), false);
       return result;
     }
     const Micros deadline = RealClock()->NowMicros() + timeout + margin_;
@@ -121,7 +123,7 @@ class GroupAgent final : public LearnerAgent {
             "group rank {}: rank 0 of learner '{}' published no round decision ({}) in time", rank_, inner_.id(),
             key));
       }
-      StatusOr<std::string> value = store_.Get(key, std::min(left, kDecisionPoll));
+      StatusOr<std::string> value = store_->Get(key, std::min(left, kDecisionPoll));
       if (value.ok()) return DecodeDecision(*value);
       if (value.status().code() != StatusCode::kDeadlineExceeded &&
           value.status().code() != StatusCode::kUnavailable) {
@@ -144,10 +146,11 @@ class GroupAgent final : public LearnerAgent {
   uint64_t registrations() const override { return inner_.registrations(); }
   Status fatal_status() const override { return inner_.fatal_status(); }
   LighthouseClient& client() override { return inner_.client(); }
+  StatusOr<std::unique_ptr<RendezvousStore>> OpenGroupStore() override { return inner_.OpenGroupStore(); }
 
  private:
   LearnerAgent& inner_;
-  LighthouseRendezvousStore store_;
+  const std::unique_ptr<RendezvousStore> store_;
   const std::string base_;
   const int rank_;
   const Micros margin_;  // what a rank waits beyond rank 0's own timeout
@@ -263,7 +266,8 @@ SliceRange SliceOf(size_t total, int size, int rank) {
   return {cut(rank), cut(rank + 1)};
 }
 
-LearnerGroup::LearnerGroup(const Config& config, LearnerAgent& agent, FlatParameters& full, std::string base)
+LearnerGroup::LearnerGroup(const Config& config, LearnerAgent& agent, FlatParameters& full, std::string base,
+                           std::unique_ptr<RendezvousStore> decisions)
     : size_(static_cast<int>(config.group_size)),
       rank_(static_cast<int>(config.group_rank)),
       base_(std::move(base)),
@@ -271,7 +275,8 @@ LearnerGroup::LearnerGroup(const Config& config, LearnerAgent& agent, FlatParame
       full_(full) {
   for (size_t i = 0; i < full.count(); ++i) total_ += full.numel(i);
   for (int r = 0; r < size_; ++r) slices_.push_back(SliceOf(total_, size_, r));
-  agent_ = std::make_unique<GroupAgent>(agent, base_, rank_, config.collective_timeout_ms * kMicrosPerMilli);
+  agent_ = std::make_unique<GroupAgent>(agent, std::move(decisions), base_, rank_,
+                                       config.collective_timeout_ms * kMicrosPerMilli);
 }
 
 LearnerGroup::~LearnerGroup() = default;
@@ -279,16 +284,18 @@ LearnerGroup::~LearnerGroup() = default;
 StatusOr<std::unique_ptr<LearnerGroup>> LearnerGroup::Join(const Config& config, LearnerAgent& agent,
                                                            FlatParameters& full) {
   std::string base = GroupStorePrefix(config, agent.id());
-  std::unique_ptr<LearnerGroup> group(new LearnerGroup(config, agent, full, base));
+  MEND_ASSIGN_OR_RETURN(std::unique_ptr<RendezvousStore> decisions, agent.OpenGroupStore());
+  MEND_ASSIGN_OR_RETURN(std::unique_ptr<RendezvousStore> store, agent.OpenGroupStore());
+  std::unique_ptr<LearnerGroup> group(new LearnerGroup(config, agent, full, base, std::move(decisions)));
+  group->store_ = std::move(store);
   CommunicatorOptions options = CommunicatorOptionsFrom(config);
   options.link = {};  // inside the rack: the emulated cross-rack link is not on this path
   options.prefix = base + "ctx/";
   options.rank = group->rank_;
   options.world_size = group->size_;
   for (int r = 0; r < group->size_; ++r) options.member_ids.push_back(fmt::format("{} rank {}", agent.id(), r));
-  LighthouseRendezvousStore store(agent.client());
-  MEND_RETURN_IF_ERROR(AwaitGroupRanks(store, config, agent.id(), options.prefix));
-  auto comm = Communicator::Connect(store, options);
+  MEND_RETURN_IF_ERROR(AwaitGroupRanks(*group->store_, config, agent.id(), options.prefix));
+  auto comm = Communicator::Connect(*group->store_, options);
   if (!comm.ok()) {
     return Status(comm.status().code(),
                   fmt::format("learner '{}' group rank {} of {}: the group's own communicator: {}", agent.id(),
@@ -433,7 +440,7 @@ StatusOr<std::vector<uint64_t>> LearnerGroup::GatherValues(std::initializer_list
 }
 
 void LearnerGroup::Forget() {
-  if (rank_ == 0) (void)inner_.client().StoreDelete(base_, /*prefix=*/true);
+  if (rank_ == 0) (void)store_->Delete(base_, /*prefix=*/true);
 }
 
 }  // namespace mend::reducer

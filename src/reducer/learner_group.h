@@ -115,7 +115,8 @@ class LearnerGroup {
   void Forget();
 
  private:
-  LearnerGroup(const Config& config, LearnerAgent& agent, FlatParameters& full, std::string base);
+  LearnerGroup(const Config& config, LearnerAgent& agent, FlatParameters& full, std::string base,
+               std::unique_ptr<RendezvousStore> decisions);
   // INVALID_ARGUMENT when another rank's parameter names or shapes differ.
   Status CheckSameModel();
   // One group collective: every rank's `mine` (the same size), by rank.
@@ -131,6 +132,7 @@ class LearnerGroup {
   size_t total_ = 0;  // the model's values
   std::vector<SliceRange> slices_;
   std::unique_ptr<LearnerAgent> agent_;
+  std::unique_ptr<RendezvousStore> store_;  // the group's (rendezvous, Forget), training thread
   std::unique_ptr<Communicator> comm_;
 };
 

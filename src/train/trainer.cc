@@ -8,6 +8,7 @@
 #include "ATen/ATen.h"
 #include "fmt/format.h"
 #include "mend/data_parallel.h"
+#include "mend/group_store.h"
 #include "mend/learner_agent.h"
 #include "mend/reducer.h"
 #include "spdlog/spdlog.h"
@@ -161,7 +162,8 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config, c
   }
   if (options.mode != "local" || grouped) {
     LearnerIdentity identity{options.id, config.job_id, config.rack, ""};
-    MEND_ASSIGN_OR_RETURN(agent, LearnerAgent::Start(config, token, identity));
+    MEND_ASSIGN_OR_RETURN(GroupStoreOpener group_store, GroupStoreFromConfig(config));
+    MEND_ASSIGN_OR_RETURN(agent, LearnerAgent::Start(config, token, identity, std::move(group_store)));
     // Before the reducer: every rank starts from group rank 0's parameters.
     if (grouped) {
       MEND_ASSIGN_OR_RETURN(group_data_parallel, DataParallel::CreateInGroup(config, *model, *agent));

@@ -5,7 +5,10 @@
 // every round they share (compared through the digests in the round
 // diagnostics). The killed b's round is called off by the lighthouse once b
 // is declared dead (heartbeat timeout 1 s), so a does not wait for it.
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <fstream>
@@ -65,12 +68,30 @@ class HealProcessTest : public testing_util::ProcessFixture {
 
   // A lighthouse that forms rounds of one learner, and learners a and b of
   // two ranks each (a.0, a.1, b.0, b.1); `a_extra`: more flags for a's ranks.
+  // a's ranks meet in the lighthouse's store, b's in a store of their own
+  // (b_store_, which b's rank 0 serves, again after a restart).
   std::array<std::unique_ptr<Subprocess>, 4> StartTwoGroupsOfTwo(const std::vector<std::string>& a_extra = {}) {
     testing_util::WriteSyntheticFortunes(dir_ + "/corpus");
     StartLighthouse({"--min-learners", "1", "--grace-window-ms", "1000", "--heartbeat-timeout-ms", "1000"});
+    b_store_ = {"--set", fmt::format("group_store=127.0.0.1:{}", FreePort())};
     return {Train("a", 0, 1'000'000, {2, 0, 0}, a_extra), Train("a", 0, 1'000'000, {2, 1, 0}, a_extra),
-            Train("b", 1, 1'000'000, {2, 0, 0}), Train("b", 1, 1'000'000, {2, 1, 0})};
+            Train("b", 1, 1'000'000, {2, 0, 0}, b_store_), Train("b", 1, 1'000'000, {2, 1, 0}, b_store_)};
   }
+
+  // A loopback port nothing listens on (the kernel's pick).
+  static int FreePort() {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t length = sizeof address;
+    EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+    EXPECT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length), 0);
+    close(fd);
+    return ntohs(address.sin_port);
+  }
+
+  std::vector<std::string> b_store_;
 
   // Whether learner a (its rank 0's progress) completes two more rounds.
   bool GoesOnAlone(Subprocess& a0) {
@@ -163,8 +184,8 @@ TEST_F(HealProcessTest, AGroupThatLostARankRestartsHealsSliceBySliceAndMatches) 
   const size_t b_rounds_before[2] = {Rounds("b.rank0").size(), Rounds("b.rank1").size()};
   ASSERT_TRUE(GoesOnAlone(*a0));
   // The launcher restarts the group (a new generation of its keys).
-  auto b0_2 = Train("b", 1, 1'000'000, {2, 0, 1});
-  auto b1_2 = Train("b", 1, 1'000'000, {2, 1, 1});
+  auto b0_2 = Train("b", 1, 1'000'000, {2, 0, 1}, b_store_);
+  auto b1_2 = Train("b", 1, 1'000'000, {2, 1, 1}, b_store_);
   ASSERT_TRUE(AwaitProgress(*b0_2, "rounds", 3));
   // Stopping one rank of a group stops the group after the same step.
   ASSERT_TRUE(b0_2->Signal(SIGTERM).ok());

@@ -78,6 +78,7 @@ def main():
     with open(args.out.replace("%r", str(rank)), "w") as f:
         json.dump({"attempt": attempt, "rank": rank, "world": dist.get_world_size(), "learner_id": runtime.learner_id,
                    "group_size": runtime.config.group_size, "group_rank": runtime.config.group_rank,
+                   "group_store": runtime.config.group_store,
                    "rounds": rounds, "first_loss": first_loss, "last_loss": held_out(),
                    "bytes_sent": stats["bytes_sent"]}, f)
     dist.destroy_process_group()

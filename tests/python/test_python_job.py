@@ -327,10 +327,11 @@ def test_two_torchrun_learners_of_two_ranks_keep_every_replica_identical(tmp_pat
         path = os.pathsep.join(os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)
         env = dict(os.environ, MEND_JOB_TOKEN=TOKEN, OMP_NUM_THREADS="1", PYTHONPATH=path)
         procs = []
+        master_ports = {1: free_port(), 2: free_port()}
         for learner in (1, 2):
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "torch.distributed.run", "--redirects", "1", "--tee", "1",
-                 "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
+                 "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(master_ports[learner]),
                  os.path.join(HERE, "group_learner.py"), "--lighthouse", lighthouse.address,
                  "--learner", str(learner), "--out", str(tmp_path / f"l{learner}-%r.json")]
                 + (["--save-at", "12", "--save-path", str(checkpoint)] if learner == 1 else []),
@@ -348,6 +349,9 @@ def test_two_torchrun_learners_of_two_ranks_keep_every_replica_identical(tmp_pat
             seen[learner, rank] = json.loads((tmp_path / f"l{learner}-{rank}.json").read_text())
     for (learner, rank), s in seen.items():
         assert (s["group_size"], s["group_rank"]) == (2, rank)
+        # The group's ranks meet and share round decisions in torchrun's store.
+        assert s["group_store"] == f"127.0.0.1:{master_ports[learner]}"
+
         assert len(s["rounds"]) == 6  # 30 steps, H = 5
         assert s["rounds"] == seen[1, 0]["rounds"], (learner, rank)  # same round ids, same digests
         assert s["last_loss"] < s["first_loss"]

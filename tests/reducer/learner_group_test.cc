@@ -20,6 +20,7 @@
 #include "mend/lighthouse.h"
 #include "nlohmann/json.hpp"
 #include "reducer/round_driver.h"
+#include "dataplane/dataplane_fixture.h"
 #include "test_util/job_config.h"
 #include "test_util/wait.h"
 
@@ -115,9 +116,10 @@ struct RankRun {
 // given, follows the driver's step.
 void TrainRank(Config config, int learner, int rank, int steps, RankRun* run, size_t w = 10,
                const std::string& save_dir = "", const std::function<void(int)>& before_step = {},
-               std::atomic<uint64_t>* steps_done = nullptr, int step_ms = 50) {
+               std::atomic<uint64_t>* steps_done = nullptr, int step_ms = 50, GroupStoreOpener group_store = nullptr) {
   config.group_rank = rank;
-  auto agent = LearnerAgent::Start(config, kToken, {fmt::format("learner-{}", learner), "", "", ""});
+  auto agent =
+      LearnerAgent::Start(config, kToken, {fmt::format("learner-{}", learner), "", "", ""}, std::move(group_store));
   if (!agent.ok()) {
     run->error = agent.status();
     return;
@@ -210,6 +212,56 @@ std::vector<std::vector<RankRun>> RunJob(Config config, int learners, int ranks,
   return runs;
 }
 
+// A group's own store (what a TCPStore is in a real group), shared by its
+// ranks' threads; counts what went through it.
+class CountingGroupStore final : public RendezvousStore {
+ public:
+  Status Set(const std::string& key, const std::string& value) override {
+    Count(key, sets_);
+    return store_.Set(key, value);
+  }
+  StatusOr<std::string> Get(const std::string& key, Micros timeout) override {
+    Count(key, gets_);
+    return store_.Get(key, timeout);
+  }
+  size_t sets(const std::string& kind) {
+    std::lock_guard lock(mu_);
+    return sets_[kind];
+  }
+  size_t gets(const std::string& kind) {
+    std::lock_guard lock(mu_);
+    return gets_[kind];
+  }
+  // A connection to it, as LearnerAgent::Start takes one.
+  GroupStoreOpener Opener() {
+    return [this]() -> StatusOr<std::unique_ptr<RendezvousStore>> { return std::make_unique<Connection>(*this); };
+  }
+
+ private:
+  class Connection final : public RendezvousStore {
+   public:
+    explicit Connection(RendezvousStore& store) : store_(store) {}
+    Status Set(const std::string& key, const std::string& value) override { return store_.Set(key, value); }
+    StatusOr<std::string> Get(const std::string& key, Micros timeout) override { return store_.Get(key, timeout); }
+
+   private:
+    RendezvousStore& store_;
+  };
+  // By the part of the key after the group's prefix: "decision", "address", "ctx".
+  void Count(const std::string& key, std::map<std::string, size_t>& counts) {
+    for (const char* kind : {"decision/", "address/", "ctx/"}) {
+      if (key.find(kind) != std::string::npos) {
+        std::lock_guard lock(mu_);
+        counts[std::string(kind, std::strlen(kind) - 1)]++;
+      }
+    }
+  }
+  testing_util::InProcessStore store_;
+  std::mutex mu_;
+  std::map<std::string, size_t> sets_;
+  std::map<std::string, size_t> gets_;
+};
+
 TEST(LearnerGroupTest, SlicesCoverTheModelOnceAndAreBalanced) {
   for (size_t total : {1ul, 13ul, 1000003ul}) {
     for (int size : {1, 2, 3, 8}) {
@@ -222,6 +274,41 @@ TEST(LearnerGroupTest, SlicesCoverTheModelOnceAndAreBalanced) {
       }
       EXPECT_EQ(covered, total);
     }
+  }
+}
+
+// With a store of its own, a group's ranks meet and learn the rounds there:
+// rank 0 publishes every decision in it, the others read them from it, and
+// the rounds are those of the lighthouse's store.
+TEST(LearnerGroupTest, AGroupsOwnStoreCarriesItsAddressesRendezvousAndDecisions) {
+  Config config = testing_util::SynchronousJobConfig(2, 5);
+  auto reference = RunJob(config, 2, 2, 20);
+  auto server = StartGroupJob(config, 2);
+  ASSERT_NE(server, nullptr);
+  CountingGroupStore stores[2];
+  std::vector<std::vector<RankRun>> runs(2, std::vector<RankRun>(2));
+  std::vector<std::thread> threads;
+  for (int l = 0; l < 2; ++l) {
+    for (int r = 0; r < 2; ++r) {
+      threads.emplace_back([&, l, r]() {
+        TrainRank(config, l, r, 20, &runs[static_cast<size_t>(l)][static_cast<size_t>(r)], 10, "", {}, nullptr, 50,
+                  stores[l].Opener());
+      });
+    }
+  }
+  for (auto& thread : threads) thread.join();
+  for (int l = 0; l < 2; ++l) {
+    for (int r = 0; r < 2; ++r) {
+      const RankRun& run = runs[static_cast<size_t>(l)][static_cast<size_t>(r)];
+      ASSERT_TRUE(run.error.ok()) << "learner " << l << " rank " << r << ": " << run.error;
+      EXPECT_EQ(run.stats.rounds, 4u);
+      EXPECT_EQ(run.local, reference[static_cast<size_t>(l)][static_cast<size_t>(r)].local) << l << "/" << r;
+    }
+    EXPECT_EQ(stores[l].sets("address"), 2u) << l;
+    EXPECT_GE(stores[l].gets("address"), 1u) << l;  // rank 0 reads rank 1's
+    EXPECT_GE(stores[l].sets("decision"), 4u) << l;  // rank 0's, one per round
+    EXPECT_GE(stores[l].gets("decision"), 4u) << l;  // rank 1 reads them
+    EXPECT_GE(stores[l].sets("ctx"), 2u) << l;       // the group's own communicator met there
   }
 }
 
