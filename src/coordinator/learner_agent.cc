@@ -593,13 +593,18 @@ StatusOr<std::vector<std::string>> ShareRankAddresses(RendezvousStore& store, co
   std::vector<std::string> addresses{config.dataplane_host};
   for (int64_t r = 1; r < config.group_size; ++r) {
     StatusOr<std::string> address = std::string();
-    do {
+    retry = kMinRetry;
+    while (true) {
       address = store.Get(fmt::format("{}{}", prefix, r),
                           std::clamp<Micros>(deadline - RealClock()->NowMicros(), 1, kMaxRetry));
-    } while (!address.ok() &&
-             (address.status().code() == StatusCode::kDeadlineExceeded ||
-              address.status().code() == StatusCode::kUnavailable) &&
-             RealClock()->NowMicros() < deadline);
+      if (address.ok() || RealClock()->NowMicros() >= deadline) break;
+      if (address.status().code() == StatusCode::kUnavailable) {
+        std::this_thread::sleep_for(std::chrono::microseconds(retry));  // an unreachable store fails at once
+        retry = std::min(retry * 2, kMaxRetry);
+      } else if (address.status().code() != StatusCode::kDeadlineExceeded) {
+        break;
+      }
+    }
     if (!address.ok()) return give_up(r, address.status());
     addresses.push_back(*address);
   }

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "core/buffer_pool.h"
 #include "core/status_format.h"
@@ -125,8 +127,10 @@ class GroupAgent final : public LearnerAgent {
       }
       StatusOr<std::string> value = store_->Get(key, std::min(left, kDecisionPoll));
       if (value.ok()) return DecodeDecision(*value);
-      if (value.status().code() != StatusCode::kDeadlineExceeded &&
-          value.status().code() != StatusCode::kUnavailable) {
+      if (value.status().code() == StatusCode::kUnavailable) {
+        // The store is unreachable (it fails at once): look again in a while.
+        std::this_thread::sleep_for(std::chrono::microseconds(std::min(left, kDecisionPoll)));
+      } else if (value.status().code() != StatusCode::kDeadlineExceeded) {
         return value.status();
       }
     }
