@@ -85,8 +85,9 @@ std::vector<ConfigKey> BuildKeys() {
       Enum("control_transport", &C::control_transport, {"grpc", "udp"},
            "Learner: heartbeats and quorum joins over gRPC, or over the lighthouse's UDP "
            "datagram channel. gRPC holds about 1,000 learners on a 2-core lighthouse (round "
-           "decisions under 50 ms at p99); use udp above that (10,000 measured: p99 51-79 ms, a "
-           "third of a core)."),
+           "decisions under 50 ms at p99); use udp above that (10,000 measured on 2 vCPUs shared with "
+           "the simulated learners: p99 51-138 ms, as the build before 17492ab gives there, under half a "
+           "core)."),
       Int("sync_period_steps", &C::sync_period_steps, 1, 1000000,
           "H: inner steps between outer rounds."),
       Bool("token_weighted_merge", &C::token_weighted_merge,
