@@ -190,8 +190,10 @@ Status CheckConfig(const Config& config) {
                                             config.group_rank, config.group_size));
   }
   if (config.group_size > 1 && config.train_through_lighthouse_outage) {
-    // Refused rather than done wrong: the group's other ranks read each round
-    // decision from the lighthouse's store, which a restart empties.
+    // Refused rather than done wrong: without group_store the other ranks read
+    // each round decision from the lighthouse's store, which a restart
+    // empties; with it, their slices still cannot tell the old lighthouse's
+    // round N from the new one's (docs/architecture.md).
     return InvalidArgumentError(fmt::format(
         "train_through_lighthouse_outage = true with group_size = {}: not supported for multi-rank learners yet",
         config.group_size));
