@@ -180,7 +180,7 @@ void DatagramServer::Run() {
     {
       std::unique_lock lock(backlog_mu_);
       backlog_drained_.wait_for(lock, kMaxYieldToSenders,
-                                [this]() { return backlog_ <= kYieldBacklog || stopping_.load(); });
+                                [this]() { return backlog_.load() <= kYieldBacklog || stopping_.load(); });
     }
     for (int turn = 0; turn < kMaxBatchesPerTurn; ++turn) {
       for (int i = 0; i < kBatch; ++i) {
@@ -406,10 +406,8 @@ void DatagramServer::RememberDecisions(const std::vector<Outgoing>& batch) {
 }
 
 void DatagramServer::Enqueue(Outgoing outgoing) {
-  {
-    std::lock_guard lock(backlog_mu_);
-    backlog_++;
-  }
+  // Growing needs no wakeup: only the receiving thread waits, for it to shrink.
+  backlog_.fetch_add(1, std::memory_order_relaxed);
   Sender& sender = *senders_[outgoing.session_id % senders_.size()];
   std::lock_guard lock(sender.mu);
   sender.queue.push_back(std::move(outgoing));
@@ -435,9 +433,12 @@ void DatagramServer::RunSender(Sender& sender) {
                    std::make_move_iterator(taken.begin() + static_cast<long>(end)));
       Send(batch, signer);
       RememberDecisions(batch);
-      std::lock_guard lock(backlog_mu_);
-      backlog_ -= batch.size();
-      if (backlog_ <= kYieldBacklog) backlog_drained_.notify_all();
+      if (backlog_.fetch_sub(batch.size(), std::memory_order_relaxed) - batch.size() <= kYieldBacklog) {
+        // Under the mutex: the receiving thread is either before its check
+        // (and sees the new count) or waiting (and is woken).
+        std::lock_guard lock(backlog_mu_);
+        backlog_drained_.notify_all();
+      }
     }
     taken.clear();
   }

@@ -122,9 +122,9 @@ class DatagramServer {
   // decisions are going out the receiving thread leaves heartbeats in the
   // socket buffer (bounded by kMaxYieldToSenders), so that on a small
   // machine the decisions get the CPU first.
-  std::mutex backlog_mu_;
+  std::mutex backlog_mu_;  // for backlog_drained_
   std::condition_variable backlog_drained_;
-  size_t backlog_ ABSL_GUARDED_BY(backlog_mu_) = 0;
+  std::atomic<size_t> backlog_{0};
   std::atomic<uint64_t> next_seq_{1};
   DatagramCounters counters_;
 

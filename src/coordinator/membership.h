@@ -166,8 +166,9 @@ class Membership {
 
   // Takes every pending join, sorted by learner id, for round `round_id`
   // (above every earlier round): the learners become that round's members,
-  // and the only previous-round members from now on. O(members), with no
-  // work for the learners that did not join.
+  // and the only previous-round members from now on; each is taken to hold
+  // that round's state (last_round_id) until its next join says otherwise.
+  // O(members), with no work for the learners that did not join.
   std::vector<std::pair<LearnerRecord*, PendingJoin>> TakePendingForRound(uint64_t round_id);
   bool InPreviousRound(const LearnerRecord& record) const {
     return previous_round_id_ != 0 && record.last_member_round == previous_round_id_;

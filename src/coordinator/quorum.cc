@@ -169,10 +169,6 @@ std::shared_ptr<Round> QuorumMachine::Close(Membership& membership, Micros now,
     }
     round->first_join_at = std::min(round->first_join_at, join.joined_at);
     joins->emplace_back(std::move(join), static_cast<uint32_t>(rank));
-    // Until it reports otherwise (its next join), a member is taken to hold
-    // this round's state: learners that are all behind it cannot form a
-    // round of their own (IncludesNewestState).
-    membership.Mutate(*taken[rank].first, [&](LearnerRecord& r) { r.last_round_id = round->id; });
   }
   latest_round_step_ = 0;
   for (const MemberInfo& member : round->members) latest_round_step_ = std::max(latest_round_step_, member.step);

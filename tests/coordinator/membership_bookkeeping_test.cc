@@ -21,6 +21,10 @@ struct Scanned {
   size_t alive = 0;
   size_t pending = 0;
   size_t eligible_missing = 0;
+  size_t eligible = 0;
+  size_t slow = 0;
+  size_t previous_missing = 0;
+  size_t previous_joined = 0;
 };
 
 Scanned Scan(const Membership& membership) {
@@ -30,7 +34,10 @@ Scanned Scan(const Membership& membership) {
       s.alive++;
       s.newest_alive = std::max(s.newest_alive, record->last_round_id);
       if (record->eligible() && !record->join) s.eligible_missing++;
+      if (record->slow) s.slow++;
     }
+    if (record->eligible()) s.eligible++;
+    if (membership.InPreviousRound(*record)) (record->join ? s.previous_joined : s.previous_missing)++;
     if (record->join) {
       s.pending++;
       s.newest_pending = std::max(s.newest_pending, record->join->last_round_id);
@@ -107,6 +114,10 @@ TEST(MembershipBookkeepingTest, RunningCountsMatchAScanAfterEveryRandomOperation
       ASSERT_EQ(membership.counts().pending, scanned.pending) << "after operation " << op;
       ASSERT_EQ(membership.counts().eligible_missing, scanned.eligible_missing)
           << "after operation " << op;
+      ASSERT_EQ(membership.counts().eligible, scanned.eligible) << "after operation " << op;
+      ASSERT_EQ(membership.counts().slow, scanned.slow) << "after operation " << op;
+      ASSERT_EQ(membership.counts().previous_missing, scanned.previous_missing) << "after operation " << op;
+      ASSERT_EQ(membership.counts().previous_joined, scanned.previous_joined) << "after operation " << op;
     }
     EXPECT_GT(quorum.latest_round_id(), 20u);  // the walk formed rounds, not just joins
   }
