@@ -1,8 +1,6 @@
 #include "cli/training_job.h"
 
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -21,6 +19,7 @@
 #include <thread>
 
 #include "fmt/format.h"
+#include "core/free_ports.h"
 #include "mend/lighthouse.h"
 #include "core/subprocess.h"
 #include "core/status_format.h"
@@ -163,32 +162,6 @@ StatusOr<std::string> MakeWorkDir(const std::string& given, std::string mkdtemp_
   std::filesystem::create_directories(dir, error);
   if (error) return InternalError(fmt::format("cannot create the work directory {}: {}", dir, error.message()));
   return dir;
-}
-
-// `count` distinct loopback ports nothing listens on now (the kernel's
-// picks, all held until the last is picked; they may be taken by someone
-// else before they are used, as torchrun's own pick may).
-static StatusOr<std::vector<int>> FreeLoopbackPorts(int count) {
-  std::vector<int> fds;
-  std::vector<int> ports;
-  Status status = OkStatus();
-  for (int i = 0; i < count && status.ok(); ++i) {
-    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t length = sizeof address;
-    if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
-        getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-      status = UnavailableError(fmt::format("cannot pick a free loopback port: {}", std::strerror(errno)));
-    } else {
-      ports.push_back(static_cast<int>(ntohs(address.sin_port)));
-    }
-    if (fd >= 0) fds.push_back(fd);
-  }
-  for (int fd : fds) close(fd);
-  if (!status.ok()) return status;
-  return ports;
 }
 
 StatusOr<TrainingJobResult> RunTrainingJob(

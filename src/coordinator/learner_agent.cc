@@ -12,6 +12,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "coordinator/datagram_link.h"
+#include "coordinator/group_ranks.h"
 #include "dataplane/lighthouse_rendezvous.h"
 #include "core/text.h"
 #include "fmt/format.h"
@@ -567,21 +568,21 @@ class GroupRankAgent final : public LearnerAgent {
   const GroupStoreOpener group_store_;
 };
 
-// Every rank of a group publishes its data-plane host under the group's
-// prefix; rank 0 waits (up to quorum_timeout_ms) for all of them, to
-// register them for the group. A lighthouse not up yet is waited for too.
-StatusOr<std::vector<std::string>> ShareRankAddresses(RendezvousStore& store, const Config& config,
-                                                      const std::string& id) {
-  const std::string prefix = GroupStorePrefix(config, id) + "address/";
+}  // namespace
+
+StatusOr<std::vector<std::string>> ShareWithGroupRanks(RendezvousStore& store, const Config& config,
+                                                       const std::string& learner_id, const std::string& prefix,
+                                                       const std::string& mine, bool only_rank0_waits,
+                                                       std::string_view missing) {
   const Micros deadline = RealClock()->NowMicros() + config.quorum_timeout_ms * kMicrosPerMilli;
   const auto give_up = [&](int64_t rank, const Status& why) {
-    return Status(why.code(), fmt::format("learner '{}' group rank {}: group rank {}'s data-plane address did not "
-                                          "come within quorum_timeout_ms = {}: {}",
-                                          id, config.group_rank, rank, config.quorum_timeout_ms, why.message()));
+    return Status(why.code(), fmt::format("learner '{}' group rank {}: group rank {}{} within quorum_timeout_ms = {}: {}",
+                                          learner_id, config.group_rank, rank, missing, config.quorum_timeout_ms,
+                                          why.message()));
   };
   Micros retry = kMinRetry;
   while (true) {
-    Status set = store.Set(fmt::format("{}{}", prefix, config.group_rank), config.dataplane_host);
+    Status set = store.Set(fmt::format("{}{}", prefix, config.group_rank), mine);
     if (set.ok()) break;
     if (set.code() != StatusCode::kUnavailable || RealClock()->NowMicros() + retry > deadline) {
       return give_up(config.group_rank, set);
@@ -589,29 +590,31 @@ StatusOr<std::vector<std::string>> ShareRankAddresses(RendezvousStore& store, co
     std::this_thread::sleep_for(std::chrono::microseconds(retry));  // the lighthouse is not up yet
     retry = std::min(retry * 2, kMaxRetry);
   }
-  if (config.group_rank != 0) return std::vector<std::string>{};
-  std::vector<std::string> addresses{config.dataplane_host};
-  for (int64_t r = 1; r < config.group_size; ++r) {
-    StatusOr<std::string> address = std::string();
+  if (only_rank0_waits && config.group_rank != 0) return std::vector<std::string>{};
+  std::vector<std::string> values;
+  for (int64_t r = 0; r < config.group_size; ++r) {
+    if (r == config.group_rank) {
+      values.push_back(mine);
+      continue;
+    }
+    StatusOr<std::string> value = std::string();
     retry = kMinRetry;
     while (true) {
-      address = store.Get(fmt::format("{}{}", prefix, r),
-                          std::clamp<Micros>(deadline - RealClock()->NowMicros(), 1, kMaxRetry));
-      if (address.ok() || RealClock()->NowMicros() >= deadline) break;
-      if (address.status().code() == StatusCode::kUnavailable) {
+      value = store.Get(fmt::format("{}{}", prefix, r),
+                        std::clamp<Micros>(deadline - RealClock()->NowMicros(), 1, kMaxRetry));
+      if (value.ok() || RealClock()->NowMicros() >= deadline) break;
+      if (value.status().code() == StatusCode::kUnavailable) {
         std::this_thread::sleep_for(std::chrono::microseconds(retry));  // an unreachable store fails at once
         retry = std::min(retry * 2, kMaxRetry);
-      } else if (address.status().code() != StatusCode::kDeadlineExceeded) {
+      } else if (value.status().code() != StatusCode::kDeadlineExceeded) {
         break;
       }
     }
-    if (!address.ok()) return give_up(r, address.status());
-    addresses.push_back(*address);
+    if (!value.ok()) return give_up(r, value.status());
+    values.push_back(*std::move(value));
   }
-  return addresses;
+  return values;
 }
-
-}  // namespace
 
 std::string GroupStorePrefix(const Config& config, const std::string& learner_id) {
   const char* restarts = std::getenv("TORCHELASTIC_RESTART_COUNT");
@@ -635,7 +638,11 @@ StatusOr<std::unique_ptr<LearnerAgent>> LearnerAgent::Start(const Config& config
   full.group_size = static_cast<uint32_t>(config.group_size);
   if (config.group_size > 1) {
     MEND_ASSIGN_OR_RETURN(std::unique_ptr<RendezvousStore> store, OpenStore(group_store, *client));
-    MEND_ASSIGN_OR_RETURN(full.rank_addresses, ShareRankAddresses(*store, config, full.id));
+    // Rank 0 registers every rank's data-plane host, once all have started.
+    MEND_ASSIGN_OR_RETURN(full.rank_addresses,
+                          ShareWithGroupRanks(*store, config, full.id, GroupStorePrefix(config, full.id) + "address/",
+                                              config.dataplane_host, /*only_rank0_waits=*/true,
+                                              "'s data-plane address did not come"));
   } else {
     full.rank_addresses = {config.dataplane_host};
   }

@@ -194,7 +194,7 @@ StatusOr<std::unique_ptr<Communicator>> ConnectRackAware(RendezvousStore& store,
     return ids;
   };
   std::unique_ptr<Communicator> rack;
-  const std::vector<int> mates = layout[my_index];
+  const std::vector<int>& mates = layout[my_index];
   if (mates.size() > 1) {
     CommunicatorOptions o = options;
     o.member_racks.clear();  // one rack, or one member per rack: rank order

@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cstdlib>
 #include <cstring>
 #include <thread>
 
+#include "coordinator/group_ranks.h"
 #include "core/buffer_pool.h"
 #include "core/status_format.h"
 #include "dataplane/lighthouse_rendezvous.h"
@@ -248,18 +248,9 @@ class SlicedMoments final : public FlatMoments {
 
 Status AwaitGroupRanks(RendezvousStore& store, const Config& config, const std::string& learner_id,
                        const std::string& prefix) {
-  MEND_RETURN_IF_ERROR(store.Set(fmt::format("{}here/{}", prefix, config.group_rank), "1"));
-  const Micros deadline = RealClock()->NowMicros() + config.quorum_timeout_ms * kMicrosPerMilli;
-  for (int64_t r = 0; r < config.group_size; ++r) {
-    if (r == config.group_rank) continue;
-    auto here = store.Get(fmt::format("{}here/{}", prefix, r), std::max<Micros>(1, deadline - RealClock()->NowMicros()));
-    if (!here.ok()) {
-      return Status(here.status().code(),
-                    fmt::format("learner '{}' group rank {}: group rank {} did not start within quorum_timeout_ms = {}: {}",
-                                learner_id, config.group_rank, r, config.quorum_timeout_ms, here.status().message()));
-    }
-  }
-  return OkStatus();
+  return ShareWithGroupRanks(store, config, learner_id, prefix + "here/", "1", /*only_rank0_waits=*/false,
+                             " did not start")
+      .status();
 }
 
 SliceRange SliceOf(size_t total, int size, int rank) {
@@ -271,12 +262,13 @@ SliceRange SliceOf(size_t total, int size, int rank) {
 }
 
 LearnerGroup::LearnerGroup(const Config& config, LearnerAgent& agent, FlatParameters& full, std::string base,
-                           std::unique_ptr<RendezvousStore> decisions)
+                           std::unique_ptr<RendezvousStore> store, std::unique_ptr<RendezvousStore> decisions)
     : size_(static_cast<int>(config.group_size)),
       rank_(static_cast<int>(config.group_rank)),
       base_(std::move(base)),
       inner_(agent),
-      full_(full) {
+      full_(full),
+      store_(std::move(store)) {
   for (size_t i = 0; i < full.count(); ++i) total_ += full.numel(i);
   for (int r = 0; r < size_; ++r) slices_.push_back(SliceOf(total_, size_, r));
   agent_ = std::make_unique<GroupAgent>(agent, std::move(decisions), base_, rank_,
@@ -290,8 +282,8 @@ StatusOr<std::unique_ptr<LearnerGroup>> LearnerGroup::Join(const Config& config,
   std::string base = GroupStorePrefix(config, agent.id());
   MEND_ASSIGN_OR_RETURN(std::unique_ptr<RendezvousStore> decisions, agent.OpenGroupStore());
   MEND_ASSIGN_OR_RETURN(std::unique_ptr<RendezvousStore> store, agent.OpenGroupStore());
-  std::unique_ptr<LearnerGroup> group(new LearnerGroup(config, agent, full, base, std::move(decisions)));
-  group->store_ = std::move(store);
+  std::unique_ptr<LearnerGroup> group(
+      new LearnerGroup(config, agent, full, base, std::move(store), std::move(decisions)));
   CommunicatorOptions options = CommunicatorOptionsFrom(config);
   options.link = {};  // inside the rack: the emulated cross-rack link is not on this path
   options.prefix = base + "ctx/";

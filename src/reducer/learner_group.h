@@ -115,8 +115,10 @@ class LearnerGroup {
   void Forget();
 
  private:
+  // `store` and `decisions`: two connections to the group's store, for the
+  // training thread and for the round's (the agent's decisions).
   LearnerGroup(const Config& config, LearnerAgent& agent, FlatParameters& full, std::string base,
-               std::unique_ptr<RendezvousStore> decisions);
+               std::unique_ptr<RendezvousStore> store, std::unique_ptr<RendezvousStore> decisions);
   // INVALID_ARGUMENT when another rank's parameter names or shapes differ.
   Status CheckSameModel();
   // One group collective: every rank's `mine` (the same size), by rank.
@@ -132,7 +134,7 @@ class LearnerGroup {
   size_t total_ = 0;  // the model's values
   std::vector<SliceRange> slices_;
   std::unique_ptr<LearnerAgent> agent_;
-  std::unique_ptr<RendezvousStore> store_;  // the group's (rendezvous, Forget), training thread
+  const std::unique_ptr<RendezvousStore> store_;  // the group's (rendezvous, Forget), training thread
   std::unique_ptr<Communicator> comm_;
 };
 

@@ -5,16 +5,14 @@
 // every round they share (compared through the digests in the round
 // diagnostics). The killed b's round is called off by the lighthouse once b
 // is declared dead (heartbeat timeout 1 s), so a does not wait for it.
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
 #include <array>
 #include <fstream>
 #include <map>
 
 #include "cli/process_fixture.h"
+#include "core/free_ports.h"
 #include "fmt/format.h"
 #include "gmock/gmock.h"
 #include "mend/checkpoint.h"
@@ -73,22 +71,11 @@ class HealProcessTest : public testing_util::ProcessFixture {
   std::array<std::unique_ptr<Subprocess>, 4> StartTwoGroupsOfTwo(const std::vector<std::string>& a_extra = {}) {
     testing_util::WriteSyntheticFortunes(dir_ + "/corpus");
     StartLighthouse({"--min-learners", "1", "--grace-window-ms", "1000", "--heartbeat-timeout-ms", "1000"});
-    b_store_ = {"--set", fmt::format("group_store=127.0.0.1:{}", FreePort())};
+    auto port = FreeLoopbackPorts(1);
+    EXPECT_TRUE(port.ok()) << port.status();
+    b_store_ = {"--set", fmt::format("group_store=127.0.0.1:{}", port.ok() ? port->front() : 0)};
     return {Train("a", 0, 1'000'000, {2, 0, 0}, a_extra), Train("a", 0, 1'000'000, {2, 1, 0}, a_extra),
             Train("b", 1, 1'000'000, {2, 0, 0}, b_store_), Train("b", 1, 1'000'000, {2, 1, 0}, b_store_)};
-  }
-
-  // A loopback port nothing listens on (the kernel's pick).
-  static int FreePort() {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t length = sizeof address;
-    EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
-    EXPECT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length), 0);
-    close(fd);
-    return ntohs(address.sin_port);
   }
 
   std::vector<std::string> b_store_;
