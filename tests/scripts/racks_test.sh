@@ -16,6 +16,9 @@ lighthouse_answers() {
   local where=$1 bind=$2 client=$3 tag=$4
   local run=()
   [[ -n "$where" ]] && run=(ip netns exec "$where")
+  # The file exists before the loop reads it: the background job opens its
+  # redirection only once it has been forked, which may come after the first read.
+  : > "$work/$tag.out"
   "${run[@]}" "$mend" lighthouse --bind "$bind:0" --http "" --token-file "$work/token" --log-level warn \
     > "$work/$tag.out" 2>&1 &
   local lighthouse=$!
