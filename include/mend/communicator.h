@@ -65,7 +65,7 @@ struct LinkEmulation {
 };
 
 struct CommunicatorOptions {
-  std::string prefix;          // the round's rendezvous prefix, e.g. "job/round/7/"
+  std::string prefix;          // the round's rendezvous prefix, e.g. "job/round/<instance>/7/"
   uint64_t round_id = 0;       // for error messages
   int rank = 0;
   int world_size = 1;

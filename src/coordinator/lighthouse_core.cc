@@ -38,8 +38,18 @@ LighthouseOptions LighthouseOptionsFromConfig(const Config& config) {
   return options;
 }
 
+namespace {
+
+// The rounds' prefixes carry the lighthouse's instance (RendezvousPrefix).
+LighthouseOptions WithIncarnation(LighthouseOptions options, uint64_t instance_id) {
+  options.quorum.incarnation = fmt::format("{:016x}", instance_id);
+  return options;
+}
+
+}  // namespace
+
 LighthouseCore::LighthouseCore(LighthouseOptions options, Clock* clock, uint64_t instance_id)
-    : options_(std::move(options)),
+    : options_(WithIncarnation(std::move(options), instance_id)),
       clock_(clock),
       instance_id_(instance_id),
       started_at_(clock->NowMicros()),
@@ -408,7 +418,7 @@ void LighthouseCore::MaybeCloseLocked(Micros now, Completions* completions) {
     spdlog::debug("round {} closed by {}: {} members, waited {} ms", round.id, round.closed_by,
                   round.members.size(), round.waited() / kMicrosPerMilli);
     if (round.id > options_.keep_round_prefixes) {
-      store_.Delete(RendezvousPrefix(options_.job_id, round.id - options_.keep_round_prefixes),
+      store_.Delete(RendezvousPrefix(options_.job_id, options_.quorum.incarnation, round.id - options_.keep_round_prefixes),
                     /*prefix=*/true);
     }
   }
@@ -416,7 +426,8 @@ void LighthouseCore::MaybeCloseLocked(Micros now, Completions* completions) {
 
 void LighthouseCore::AbortRoundLocked(uint64_t round_id, const std::string& why, Completions* completions) {
   if (round_id == 0) return;
-  (void)store_.Set(RendezvousPrefix(options_.job_id, round_id) + kRoundAbortKey, why, completions);
+  (void)store_.Set(RendezvousPrefix(options_.job_id, options_.quorum.incarnation, round_id) + kRoundAbortKey, why,
+                   completions);
 }
 
 bool LighthouseCore::AbortJoinLocked(LearnerRecord& record, Status status,

@@ -45,6 +45,7 @@ namespace mend::coordinator {
 
 struct QuorumOptions {
   std::string job_id = "mend";
+  std::string incarnation;  // in the rounds' prefixes (see RendezvousPrefix)
   size_t min_learners = 2;
   Micros grace_window = 2000 * kMicrosPerMilli;
   Micros grace_window_min = 50 * kMicrosPerMilli;

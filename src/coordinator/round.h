@@ -61,9 +61,15 @@ struct RoundAssignment {
 // DEADLINE_EXCEEDED / ABORTED / CANCELLED. Called without the lighthouse mutex.
 using QuorumCallback = std::function<void(StatusOr<RoundAssignment>)>;
 
-// The store prefix under which round `round_id` of `job_id` rendezvouses.
-inline std::string RendezvousPrefix(const std::string& job_id, uint64_t round_id) {
-  return job_id + "/round/" + std::to_string(round_id) + "/";
+// The store prefix under which round `round_id` of `job_id` rendezvouses:
+// "<job>/round/<incarnation>/<id>/". The incarnation (the lighthouse's
+// instance, in hex) keeps a round of a restarted lighthouse apart from the
+// old one's round of the same id: a learner that was still at the old round
+// (a group's rank that learned of it late) cannot meet the new one's keys.
+// Without one (a QuorumMachine of its own in tests): "<job>/round/<id>/".
+inline std::string RendezvousPrefix(const std::string& job_id, const std::string& incarnation, uint64_t round_id) {
+  if (incarnation.empty()) return job_id + "/round/" + std::to_string(round_id) + "/";
+  return job_id + "/round/" + incarnation + "/" + std::to_string(round_id) + "/";
 }
 
 }  // namespace mend::coordinator

@@ -189,13 +189,13 @@ Status CheckConfig(const Config& config) {
     return InvalidArgumentError(fmt::format("group_rank = {}: must be below group_size = {}",
                                             config.group_rank, config.group_size));
   }
-  if (config.group_size > 1 && config.train_through_lighthouse_outage) {
+  if (config.group_size > 1 && config.train_through_lighthouse_outage && config.group_store.empty()) {
     // Refused rather than done wrong: without group_store the other ranks read
     // each round decision from the lighthouse's store, which a restart
-    // empties; with it, their slices still cannot tell the old lighthouse's
-    // round N from the new one's (docs/architecture.md).
+    // empties (docs/architecture.md).
     return InvalidArgumentError(fmt::format(
-        "train_through_lighthouse_outage = true with group_size = {}: not supported for multi-rank learners yet",
+        "train_through_lighthouse_outage = true with group_size = {} needs group_store: without it the group's "
+        "ranks learn the rounds from the lighthouse's store, which a restart empties",
         config.group_size));
   }
   if (config.overlap_steps >= config.sync_period_steps && config.concurrent_outer_step) {

@@ -1,5 +1,5 @@
 // Keys the lighthouse and the learners agree on inside a round's rendezvous
-// prefix ("<job>/round/<id>/").
+// prefix ("<job>/round/<lighthouse instance>/<id>/").
 #pragma once
 
 namespace mend {

@@ -4,6 +4,7 @@
 
 #include "coordinator/core_harness.h"
 #include "coordinator/status_snapshot.h"
+#include "fmt/format.h"
 #include "gmock/gmock.h"
 #include "nlohmann/json.hpp"
 
@@ -251,7 +252,9 @@ TEST(LighthouseCoreTest, OldRoundsRendezvousKeysAreCollected) {
   h.Register("b");
   uint64_t round = 0;
   for (int i = 0; i < 4; ++i) {
-    ASSERT_TRUE(h.core().StoreSet(RendezvousPrefix("job", round + 1) + "rank0", "x").ok());
+    // The core's rounds carry its instance in their prefixes.
+    const std::string incarnation = fmt::format("{:016x}", h.core().instance_id());
+    ASSERT_TRUE(h.core().StoreSet(RendezvousPrefix("job", incarnation, round + 1) + "rank0", "x").ok());
     h.Join("a", round);
     auto b = h.Join("b", round);
     ASSERT_TRUE(b->ok());

@@ -187,13 +187,18 @@ TEST_P(AgentTransportTest, AgentsFormRoundsWithRanksAndTokenTotals) {
   config.lighthouse = server->grpc_address();
   auto agents = StartAgents(config, {"b", "c", "a"});
   auto results = RunRounds(agents, 3, /*include_members=*/false);
+  // The prefixes carry the lighthouse's instance: a restarted one's round N
+  // is not the old one's.
+  const std::string instance =
+      nlohmann::json::parse(server->StatusJson())["lighthouse_instance"].get<std::string>();
+  ASSERT_EQ(instance.size(), 16u);
   for (int r = 0; r < 3; ++r) {
     const QuorumResult& from_b = results[0][static_cast<size_t>(r)];
     EXPECT_EQ(from_b.round_id, static_cast<uint64_t>(r + 1));
     EXPECT_EQ(from_b.world_size, 3u);
     EXPECT_EQ(from_b.rank, 1u);
     EXPECT_EQ(from_b.total_tokens, 600u);
-    EXPECT_EQ(from_b.rendezvous_prefix, "job/round/" + std::to_string(r + 1) + "/");
+    EXPECT_EQ(from_b.rendezvous_prefix, "job/round/" + instance + "/" + std::to_string(r + 1) + "/");
     EXPECT_EQ(results[2][static_cast<size_t>(r)].rank, 0u);  // "a"
     EXPECT_EQ(results[1][static_cast<size_t>(r)].rank, 2u);  // "c"
   }

@@ -452,6 +452,113 @@ TEST(LearnerGroupTest, AGroupPassedOverTrainsOnAsOneAndJoinsTheNextRound) {
   for (size_t r = 0; r < 2; ++r) EXPECT_EQ(runs[1][r].global, runs[0][r].global) << "rank " << r;
 }
 
+// Two learners of two ranks, each group with a store of its own, concurrent
+// rounds (H = 4, tau = 1) with train_through_lighthouse_outage. The
+// lighthouse goes down once every rank is past step 8 and comes back once
+// every rank has trained past step 16 (or after 60 s: a group that waited
+// for it at boundary + tau would hold its ranks below step 16, and the test
+// fails then instead of waiting out the quorum timeout); the ranks wait for
+// it at step 20, so that rounds go on with it while they train (40 steps). The ranks learn the
+// rounds from their group's store, so no decision is lost with the
+// lighthouse's; the new lighthouse's rounds have prefixes of their own, so
+// no rank's slice can meet keys of the old one's round of the same id. Once
+// it is back, the pending joins form a round: every group's replicas stay
+// equal and both groups end with the same global state.
+TEST(LearnerGroupTest, AGroupTrainsOnWhileTheLighthouseIsDown) {
+  Config config = testing_util::SynchronousJobConfig(2, 4);
+  config.concurrent_outer_step = true;
+  config.overlap_steps = 1;
+  config.heartbeat_timeout_ms = 1000;
+  config.quorum_timeout_ms = 600000;
+  config.train_through_lighthouse_outage = true;
+  // What CheckConfig asks for; the ranks use the in-process stores below.
+  config.group_store = "127.0.0.1:29500";
+  std::unique_ptr<LighthouseServer> server = StartGroupJob(config, 2);
+  ASSERT_NE(server, nullptr);
+  const std::string address = config.lighthouse;
+  CountingGroupStore stores[2];
+  std::vector<std::vector<RankRun>> runs(2, std::vector<RankRun>(2));
+  std::atomic<uint64_t> steps[2][2] = {};
+  auto every_rank_past = [&](uint64_t step) {
+    for (auto& learner : steps) {
+      for (auto& rank : learner) {
+        if (rank.load() < step) return false;
+      }
+    }
+    return true;
+  };
+  std::mutex mu;
+  bool down = false;
+  std::atomic<bool> trained_on{false};
+  std::atomic<bool> up_again{false};
+  uint64_t last_round_before = 0;
+  std::thread restarter;
+  auto hold = [&](int s) {
+    if (s == 3) {  // both learners registered before the first round
+      std::lock_guard lock(mu);
+      EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond, [&]() {
+        return LearnerState(*server, "learner-0") != "" && LearnerState(*server, "learner-1") != "";
+      }));
+    }
+    if (s == 20) {  // rounds go on with the new lighthouse while they train
+      EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond, [&]() { return up_again.load(); }));
+      // The join that waited through the outage forms its first round.
+      EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond, [&]() {
+        std::lock_guard lock(mu);
+        return nlohmann::json::parse(server->StatusJson())["summary"]["latest_round_id"].get<uint64_t>() >
+               last_round_before;
+      }));
+    }
+    if (s != 9) return;
+    EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond, [&]() { return every_rank_past(8); }));
+    std::lock_guard lock(mu);
+    if (down) return;
+    last_round_before = nlohmann::json::parse(server->StatusJson())["summary"]["latest_round_id"].get<uint64_t>();
+    server->Shutdown(0);
+    server.reset();
+    down = true;
+    restarter = std::thread([&]() {
+      trained_on = testing_util::WaitFor(60 * kMicrosPerSecond, [&]() { return every_rank_past(16); });
+      Config again = config;
+      again.bind = address;
+      auto restarted = LighthouseServer::Start(again, kToken);
+      EXPECT_TRUE(restarted.ok()) << restarted.status();
+      std::lock_guard relock(mu);
+      if (restarted.ok()) server = std::move(*restarted);
+      up_again = true;
+    });
+  };
+  std::vector<std::thread> threads;
+  for (int l = 0; l < 2; ++l) {
+    for (int r = 0; r < 2; ++r) {
+      threads.emplace_back([&, l, r]() {
+        TrainRank(config, l, r, 40, &runs[static_cast<size_t>(l)][static_cast<size_t>(r)], 10, "", hold, &steps[l][r],
+                  50, stores[l].Opener());
+      });
+    }
+  }
+  for (auto& thread : threads) thread.join();
+  ASSERT_TRUE(restarter.joinable());
+  restarter.join();
+  EXPECT_TRUE(trained_on) << "a group waited for the lighthouse at boundary + tau";
+  for (int l = 0; l < 2; ++l) {
+    const auto& group = runs[static_cast<size_t>(l)];
+    for (const RankRun& run : group) {
+      ASSERT_TRUE(run.error.ok()) << "learner " << l << ": " << run.error;
+      EXPECT_GE(run.stats.passed_over, 1u) << "learner " << l;
+      EXPECT_EQ(run.local, group[0].local) << "learner " << l;
+      EXPECT_EQ(run.replicas_after_round, group[0].replicas_after_round) << "learner " << l;
+    }
+    EXPECT_GE(stores[l].sets("decision"), 1u) << l;
+  }
+  // Rounds resumed on the new lighthouse (the join that waited through the
+  // outage and at least one more), and both groups hold its last one.
+  EXPECT_GE(runs[0][0].stats.rounds, last_round_before + 2);
+  EXPECT_GE(runs[0][0].stats.last_round_id, last_round_before + 2);
+  EXPECT_EQ(runs[0][0].stats.last_round_id, runs[1][0].stats.last_round_id);
+  for (size_t r = 0; r < 2; ++r) EXPECT_EQ(runs[0][r].global, runs[1][r].global) << "rank " << r;
+}
+
 // A slow rank makes its group slow to the lighthouse, even where nothing
 // inside the group waits for it (here the ranks' clocks are their own):
 // each round the ranks share their mean step time, and rank 0's
@@ -774,14 +881,18 @@ TEST(LearnerGroupTest, HealedMomentsArriveBySliceAsTheFlatOnesDo) {
   EXPECT_EQ(heals, 1u);  // learner 1 took learner 0's state and moments
 }
 
-TEST(LearnerGroupTest, WhatGroupsDoNotDoYetIsRefusedByName) {
+TEST(LearnerGroupTest, WhatGroupsCannotDoIsRefusedByName) {
   Config config = testing_util::SynchronousJobConfig(2, 5);
   config.group_size = 2;
   config.train_through_lighthouse_outage = true;
   Status status = CheckConfig(config);
   EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(status.message().find("train_through_lighthouse_outage = true with group_size = 2"), std::string::npos)
+  EXPECT_NE(status.message().find("train_through_lighthouse_outage = true with group_size = 2 needs group_store"),
+            std::string::npos)
       << status;
+  config.group_store = "127.0.0.1:29500";
+  EXPECT_TRUE(CheckConfig(config).ok()) << CheckConfig(config);
+  config.group_store = "";
   config.train_through_lighthouse_outage = false;
   config.group_rank = 2;
   status = CheckConfig(config);
