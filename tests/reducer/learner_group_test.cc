@@ -22,6 +22,7 @@
 #include "reducer/round_driver.h"
 #include "dataplane/dataplane_fixture.h"
 #include "test_util/job_config.h"
+#include "test_util/lighthouse_outage.h"
 #include "test_util/wait.h"
 
 namespace mend::reducer {
@@ -370,9 +371,7 @@ TEST(LearnerGroupTest, ShardedStreamingRoundsEqualTheFlatOnesBitForBit) {
 }
 
 TEST(LearnerGroupTest, ConcurrentRoundsApplyAtTheSameStepOnEveryRank) {
-  Config config = testing_util::SynchronousJobConfig(2, 8);
-  config.concurrent_outer_step = true;
-  config.overlap_steps = 0;  // tuned: rank 0's tau is the group's
+  Config config = testing_util::ConcurrentJobConfig(2, 8, /*overlap_steps=*/0);  // tuned: rank 0's tau is the group's
   auto runs = RunJob(config, 2, 2, 32);
   for (const auto& group : runs) {
     for (const RankRun& run : group) {
@@ -397,9 +396,7 @@ TEST(LearnerGroupTest, ConcurrentRoundsApplyAtTheSameStepOnEveryRank) {
 // has both: learner 1's slices heal from learner 0's and its replicas stay
 // equal.
 TEST(LearnerGroupTest, AGroupPassedOverTrainsOnAsOneAndJoinsTheNextRound) {
-  Config config = testing_util::SynchronousJobConfig(1, 4);
-  config.concurrent_outer_step = true;
-  config.overlap_steps = 1;
+  Config config = testing_util::ConcurrentJobConfig(1, 4, /*overlap_steps=*/1);
   config.grace_window_ms = 5000;
   config.quorum_timeout_ms = 30000;
   auto server = StartGroupJob(config, 2);
@@ -465,17 +462,14 @@ TEST(LearnerGroupTest, AGroupPassedOverTrainsOnAsOneAndJoinsTheNextRound) {
 // it is back, the pending joins form a round: every group's replicas stay
 // equal and both groups end with the same global state.
 TEST(LearnerGroupTest, AGroupTrainsOnWhileTheLighthouseIsDown) {
-  Config config = testing_util::SynchronousJobConfig(2, 4);
-  config.concurrent_outer_step = true;
-  config.overlap_steps = 1;
+  Config config = testing_util::ConcurrentJobConfig(2, 4, /*overlap_steps=*/1);
   config.heartbeat_timeout_ms = 1000;
   config.quorum_timeout_ms = 600000;
   config.train_through_lighthouse_outage = true;
   // What CheckConfig asks for; the ranks use the in-process stores below.
   config.group_store = "127.0.0.1:29500";
-  std::unique_ptr<LighthouseServer> server = StartGroupJob(config, 2);
-  ASSERT_NE(server, nullptr);
-  const std::string address = config.lighthouse;
+  config.group_size = 2;
+  testing_util::LighthouseOutage outage(config, kToken);
   CountingGroupStore stores[2];
   std::vector<std::vector<RankRun>> runs(2, std::vector<RankRun>(2));
   std::atomic<uint64_t> steps[2][2] = {};
@@ -487,46 +481,24 @@ TEST(LearnerGroupTest, AGroupTrainsOnWhileTheLighthouseIsDown) {
     }
     return true;
   };
-  std::mutex mu;
-  bool down = false;
-  std::atomic<bool> trained_on{false};
-  std::atomic<bool> up_again{false};
-  uint64_t last_round_before = 0;
-  std::thread restarter;
   auto hold = [&](int s) {
     if (s == 3) {  // both learners registered before the first round
-      std::lock_guard lock(mu);
       EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond, [&]() {
-        return LearnerState(*server, "learner-0") != "" && LearnerState(*server, "learner-1") != "";
+        return outage.WithServer([](LighthouseServer* server) {
+          return LearnerState(*server, "learner-0") != "" && LearnerState(*server, "learner-1") != "";
+        });
       }));
     }
-    if (s == 20) {  // rounds go on with the new lighthouse while they train
-      EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond, [&]() { return up_again.load(); }));
-      // The join that waited through the outage forms its first round.
+    if (s == 9) {
+      EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond, [&]() { return every_rank_past(8); }));
+      outage.TakeDown([&]() { return every_rank_past(16); });
+    }
+    if (s == 20) {  // rounds go on with the new lighthouse while they train:
+      // the join that waited through the outage forms its round first
       EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond, [&]() {
-        std::lock_guard lock(mu);
-        return nlohmann::json::parse(server->StatusJson())["summary"]["latest_round_id"].get<uint64_t>() >
-               last_round_before;
+        return outage.up_again() && outage.LatestRoundId() > outage.last_round_before();
       }));
     }
-    if (s != 9) return;
-    EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond, [&]() { return every_rank_past(8); }));
-    std::lock_guard lock(mu);
-    if (down) return;
-    last_round_before = nlohmann::json::parse(server->StatusJson())["summary"]["latest_round_id"].get<uint64_t>();
-    server->Shutdown(0);
-    server.reset();
-    down = true;
-    restarter = std::thread([&]() {
-      trained_on = testing_util::WaitFor(60 * kMicrosPerSecond, [&]() { return every_rank_past(16); });
-      Config again = config;
-      again.bind = address;
-      auto restarted = LighthouseServer::Start(again, kToken);
-      EXPECT_TRUE(restarted.ok()) << restarted.status();
-      std::lock_guard relock(mu);
-      if (restarted.ok()) server = std::move(*restarted);
-      up_again = true;
-    });
   };
   std::vector<std::thread> threads;
   for (int l = 0; l < 2; ++l) {
@@ -538,9 +510,10 @@ TEST(LearnerGroupTest, AGroupTrainsOnWhileTheLighthouseIsDown) {
     }
   }
   for (auto& thread : threads) thread.join();
-  ASSERT_TRUE(restarter.joinable());
-  restarter.join();
-  EXPECT_TRUE(trained_on) << "a group waited for the lighthouse at boundary + tau";
+  ASSERT_TRUE(outage.taken_down());
+  outage.Join();
+  const uint64_t last_round_before = outage.last_round_before();
+  EXPECT_TRUE(outage.trained_on()) << "a group waited for the lighthouse at boundary + tau";
   for (int l = 0; l < 2; ++l) {
     const auto& group = runs[static_cast<size_t>(l)];
     for (const RankRun& run : group) {

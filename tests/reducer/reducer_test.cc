@@ -19,6 +19,7 @@
 #include "mend/reducer.h"
 #include "nlohmann/json.hpp"
 #include "test_util/job_config.h"
+#include "test_util/lighthouse_outage.h"
 #include "test_util/wait.h"
 #include "torch/nn/modules/linear.h"
 #include "torch/optim/adamw.h"
@@ -724,40 +725,24 @@ TEST(ReducerTest, LearnersTrainOnWhileTheLighthouseIsDown) {
   config.quorum_min_learners = 2;
   config.heartbeat_timeout_ms = 1000;
   config.train_through_lighthouse_outage = true;
-  auto server = StartLighthouse(config);
-  const std::string address = server->grpc_address();
-  config.lighthouse = address;
+  testing_util::LighthouseOutage outage(config, kToken);
   LearnerLog a, b;
-  std::mutex mu;
-  bool down = false;
-  std::atomic<bool> trained_on{false};
-  uint64_t last_round_before = 0;
-  std::thread restarter;
   auto gate = [&](int boundary) {
-    if (boundary == 0) AwaitRegistered(*server, {"learner-a", "learner-b"});
+    if (boundary == 0) {
+      outage.WithServer([](LighthouseServer* server) { AwaitRegistered(*server, {"learner-a", "learner-b"}); });
+    }
     if (boundary != 2) return;
     EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond, [&]() { return a.steps >= 8 && b.steps >= 8; }));
-    std::lock_guard lock(mu);
-    if (down) return;
-    last_round_before = nlohmann::json::parse(server->StatusJson())["summary"]["latest_round_id"].get<uint64_t>();
-    server->Shutdown(0);
-    server.reset();
-    down = true;
-    restarter = std::thread([&]() {
-      trained_on = testing_util::WaitFor(60 * kMicrosPerSecond, [&]() { return a.steps >= 16 && b.steps >= 16; });
-      Config again = config;
-      again.bind = address;
-      std::lock_guard relock(mu);
-      server = StartLighthouse(again);
-    });
+    outage.TakeDown([&]() { return a.steps >= 16 && b.steps >= 16; });
   };
   std::thread ta([&]() { Learn(config, "learner-a", 1, 6, &a, gate); });
   std::thread tb([&]() { Learn(config, "learner-b", 2, 6, &b, gate); });
   ta.join();
   tb.join();
-  ASSERT_TRUE(restarter.joinable());
-  restarter.join();
-  EXPECT_TRUE(trained_on) << "a learner waited for the lighthouse at boundary + tau";
+  ASSERT_TRUE(outage.taken_down());
+  outage.Join();
+  const uint64_t last_round_before = outage.last_round_before();
+  EXPECT_TRUE(outage.trained_on()) << "a learner waited for the lighthouse at boundary + tau";
   EXPECT_GE(a.stats.passed_over, 1u);
   EXPECT_GE(b.stats.passed_over, 1u);
   EXPECT_GE(a.registrations, 2u);

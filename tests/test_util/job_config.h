@@ -31,4 +31,13 @@ inline Config SynchronousJobConfig(int min_learners, int period) {
   return config;
 }
 
+// SynchronousJobConfig with concurrent rounds, each applied `overlap_steps`
+// after its boundary (0: tuned).
+inline Config ConcurrentJobConfig(int min_learners, int period, int overlap_steps) {
+  Config config = SynchronousJobConfig(min_learners, period);
+  config.concurrent_outer_step = true;
+  config.overlap_steps = overlap_steps;
+  return config;
+}
+
 }  // namespace mend::testing_util
