@@ -418,8 +418,8 @@ void LighthouseCore::MaybeCloseLocked(Micros now, Completions* completions) {
     spdlog::debug("round {} closed by {}: {} members, waited {} ms", round.id, round.closed_by,
                   round.members.size(), round.waited() / kMicrosPerMilli);
     if (round.id > options_.keep_round_prefixes) {
-      store_.Delete(RendezvousPrefix(options_.job_id, options_.quorum.incarnation, round.id - options_.keep_round_prefixes),
-                    /*prefix=*/true);
+      const uint64_t old_round = round.id - options_.keep_round_prefixes;
+      store_.Delete(RendezvousPrefix(options_.job_id, options_.quorum.incarnation, old_round), /*prefix=*/true);
     }
   }
 }
