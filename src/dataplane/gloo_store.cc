@@ -17,10 +17,13 @@ std::vector<char> GlooStore::get(const std::string& key) {
 }
 
 void GlooStore::wait(const std::vector<std::string>& keys,
-                     const std::chrono::milliseconds& timeout) {
-  // Gloo may pass its "unset" timeout; never wait longer than ours.
-  auto limit = timeout.count() > 0 ? std::min(timeout, timeout_) : timeout_;
-  auto deadline = std::chrono::steady_clock::now() + limit;
+                     const std::chrono::milliseconds& /*gloo_timeout*/) {
+  // Gloo passes its context's timeout, which Communicator::Connect sets to
+  // bound a pair's initial connection (a fifth of connect_timeout). The
+  // rendezvous waits the round's own timeout instead: a member whose last
+  // round failed only at its deadline arrives that much later than one
+  // whose round failed at once, and must still meet it.
+  auto deadline = std::chrono::steady_clock::now() + timeout_;
   std::vector<std::string> missing;
   for (const std::string& key : keys) {
     auto left = std::chrono::duration_cast<std::chrono::microseconds>(

@@ -35,9 +35,10 @@ class GlooStore final : public gloo::rendezvous::Store {
 
   void set(const std::string& key, const std::vector<char>& data) override;
   std::vector<char> get(const std::string& key) override;
+  // Both wait up to `timeout` (this store's), whatever Gloo passes.
   void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
   void wait(const std::vector<std::string>& keys,
-            const std::chrono::milliseconds& timeout) override;
+            const std::chrono::milliseconds& gloo_timeout) override;
 
  private:
   RendezvousStore& store_;

@@ -252,6 +252,38 @@ TEST(CommunicatorTest, MissingMemberFailsRendezvousNamingIt) {
       << comm.status();
 }
 
+// A member that reaches the rendezvous well after another (whose last round
+// failed at once, while its own failed only at its deadline) still meets
+// it: the rendezvous waits the round's timeout, not Gloo's context timeout,
+// which bounds only a pair's initial connection (connect_timeout / 5).
+TEST(CommunicatorTest, AMemberLaterThanTheConnectTimeoutStillMeetsTheOthers) {
+  InProcessStore store;
+  auto options = [](int rank) {
+    CommunicatorOptions o = MemberOptions(rank, 2, "job/round/9/", 20 * kMicrosPerSecond);
+    o.connect_timeout = 500 * kMicrosPerMilli;
+    return o;
+  };
+  std::atomic<Micros> first_arrived{0};
+  std::thread first([&]() {
+    first_arrived = RealClock()->NowMicros();
+    auto comm = Communicator::Connect(store, options(0));
+    ASSERT_TRUE(comm.ok()) << comm.status();
+    std::vector<float> data(100, 1.0f);
+    ASSERT_TRUE((*comm)->WeightedAllReduce(data, 1.0).ok());
+    EXPECT_EQ(data[99], 2.0f);
+  });
+  // The second comes three connect timeouts later.
+  EXPECT_TRUE(testing_util::WaitFor(30 * kMicrosPerSecond, [&]() {
+    return first_arrived > 0 && RealClock()->NowMicros() - first_arrived > 3 * options(0).connect_timeout;
+  }));
+  auto comm = Communicator::Connect(store, options(1));
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  std::vector<float> data(100, 3.0f);
+  ASSERT_TRUE((*comm)->WeightedAllReduce(data, 1.0).ok());
+  EXPECT_EQ(data[99], 2.0f);
+  first.join();
+}
+
 TEST(CommunicatorTest, NextRoundBuildsAFreshCommunicatorWithTheSurvivors) {
   // Round 7 fails (member 2 never joins the operation); the two survivors
   // connect again under round 8's prefix and reduce.
