@@ -42,7 +42,7 @@ namespace {
 
 // The rounds' prefixes carry the lighthouse's instance (RendezvousPrefix).
 LighthouseOptions WithIncarnation(LighthouseOptions options, uint64_t instance_id) {
-  options.quorum.incarnation = fmt::format("{:016x}", instance_id);
+  options.quorum.incarnation = InstanceText(instance_id);
   return options;
 }
 
@@ -418,16 +418,14 @@ void LighthouseCore::MaybeCloseLocked(Micros now, Completions* completions) {
     spdlog::debug("round {} closed by {}: {} members, waited {} ms", round.id, round.closed_by,
                   round.members.size(), round.waited() / kMicrosPerMilli);
     if (round.id > options_.keep_round_prefixes) {
-      const uint64_t old_round = round.id - options_.keep_round_prefixes;
-      store_.Delete(RendezvousPrefix(options_.job_id, options_.quorum.incarnation, old_round), /*prefix=*/true);
+      store_.Delete(quorum_.RoundPrefix(round.id - options_.keep_round_prefixes), /*prefix=*/true);
     }
   }
 }
 
 void LighthouseCore::AbortRoundLocked(uint64_t round_id, const std::string& why, Completions* completions) {
   if (round_id == 0) return;
-  (void)store_.Set(RendezvousPrefix(options_.job_id, options_.quorum.incarnation, round_id) + kRoundAbortKey, why,
-                   completions);
+  (void)store_.Set(quorum_.RoundPrefix(round_id) + kRoundAbortKey, why, completions);
 }
 
 bool LighthouseCore::AbortJoinLocked(LearnerRecord& record, Status status,

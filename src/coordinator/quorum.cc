@@ -145,7 +145,7 @@ std::shared_ptr<Round> QuorumMachine::Close(Membership& membership, Micros now,
   const uint64_t newest = membership.newest_pending_round();
   round->heal_round_id = newest;
   round->id = std::max(next_round_id_, newest + 1);
-  round->rendezvous_prefix = RendezvousPrefix(options_.job_id, options_.incarnation, round->id);
+  round->rendezvous_prefix = RoundPrefix(round->id);
   next_round_id_ = round->id + 1;
 
   auto taken = membership.TakePendingForRound(round->id);

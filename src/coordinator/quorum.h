@@ -101,6 +101,10 @@ class QuorumMachine {
   std::optional<Micros> quorum_reached_at() const { return quorum_reached_at_; }
   const std::deque<std::shared_ptr<const Round>>& history() const { return history_; }
   const QuorumOptions& options() const { return options_; }
+  // The store prefix under which round `round_id` rendezvouses.
+  std::string RoundPrefix(uint64_t round_id) const {
+    return RendezvousPrefix(options_.job_id, options_.incarnation, round_id);
+  }
 
  private:
   std::shared_ptr<Round> Close(Membership& membership, Micros now, std::string closed_by,

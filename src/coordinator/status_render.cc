@@ -83,10 +83,12 @@ void Histogram::Observe(double ms) {
   sum_ms += ms;
 }
 
+std::string InstanceText(uint64_t instance_id) { return fmt::format("{:016x}", instance_id); }
+
 std::string StatusJson(const StatusSnapshot& s) {
   nlohmann::ordered_json doc;
   doc["job"] = s.job_id;
-  doc["lighthouse_instance"] = fmt::format("{:016x}", s.instance_id);
+  doc["lighthouse_instance"] = InstanceText(s.instance_id);
   doc["uptime_s"] = Round1(s.uptime_s);
   doc["settings"] = {{"quorum_min_learners", s.min_learners},
                      {"grace_window_ms", Round1(s.grace_window_max_ms)},

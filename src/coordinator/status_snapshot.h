@@ -108,6 +108,10 @@ struct StatusSnapshot {
 
 // The /status.json document.
 std::string StatusJson(const StatusSnapshot& snapshot);
+
+// The lighthouse's instance as the status shows it (`lighthouse_instance`)
+// and the rounds' rendezvous prefixes carry it: 16 hex digits.
+std::string InstanceText(uint64_t instance_id);
 // The Prometheus text exposition (version 0.0.4) of /metrics.
 std::string PrometheusText(const StatusSnapshot& snapshot);
 

@@ -4,7 +4,6 @@
 
 #include "coordinator/core_harness.h"
 #include "coordinator/status_snapshot.h"
-#include "fmt/format.h"
 #include "gmock/gmock.h"
 #include "nlohmann/json.hpp"
 
@@ -253,7 +252,7 @@ TEST(LighthouseCoreTest, OldRoundsRendezvousKeysAreCollected) {
   uint64_t round = 0;
   for (int i = 0; i < 4; ++i) {
     // The core's rounds carry its instance in their prefixes.
-    const std::string incarnation = fmt::format("{:016x}", h.core().instance_id());
+    const std::string incarnation = InstanceText(h.core().instance_id());
     ASSERT_TRUE(h.core().StoreSet(RendezvousPrefix("job", incarnation, round + 1) + "rank0", "x").ok());
     h.Join("a", round);
     auto b = h.Join("b", round);
