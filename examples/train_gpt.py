@@ -12,7 +12,8 @@ Every process of the torchrun is one learner. --mode:
                 averaged every step): what a user would run instead
   local         no exchange at all
   diloco-torch  DiLoCo (arXiv 2311.08105, Algorithm 1) in plain torch.distributed:
-                every H steps average the pseudo-gradients, outer Nesterov; an
+                every H steps average the pseudo-gradients, outer Nesterov after
+                an outer warm-up of plain averaging (--outer-warmup-steps); an
                 independent reference for mend's synchronous fp32 rounds
 Rank 0 prints tokens/s, held-out loss and bytes sent, and writes --json.
 """
@@ -144,6 +145,9 @@ def main():
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--outer-lr", type=float, default=0.7)
     p.add_argument("--outer-momentum", type=float, default=0.9)
+    p.add_argument("--outer-warmup-steps", type=int, default=100,
+                   help="rounds at steps up to this average the parameters, outer momentum untouched "
+                        "(mend's outer_warmup_steps)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--split", choices=["iid", "contiguous"], default="iid",
                    help="how the learners share the training fortunes (iid: round-robin)")
@@ -193,7 +197,7 @@ def main():
         config = mend.MendConfig(
             lighthouse=address, quorum_min_learners=world, sync_period_steps=args.sync_every,
             outer_lr=args.outer_lr, outer_momentum=args.outer_momentum,
-            concurrent_outer_step=False, token_weighted_merge=True, codec="fp32",
+            outer_warmup_steps=args.outer_warmup_steps, concurrent_outer_step=False, token_weighted_merge=True, codec="fp32",
             log_level="warn")
         runtime = mend.mend_init(model, config, f"learner-{rank}", optimizer=optimizer)
     global_params = momentum = None
@@ -224,8 +228,11 @@ def main():
                     delta = g - p_.data
                     dist.all_reduce(delta)
                     delta /= world
-                    m.mul_(args.outer_momentum).add_(delta)
-                    g.sub_(args.outer_lr * (delta + args.outer_momentum * m))
+                    if step + 1 <= args.outer_warmup_steps:  # outer warm-up: plain averaging
+                        g.sub_(delta)
+                    else:
+                        m.mul_(args.outer_momentum).add_(delta)
+                        g.sub_(args.outer_lr * (delta + args.outer_momentum * m))
                     p_.data.copy_(g)
                 bytes_sent += 2 * (world - 1) * n_params * 4 // max(world, 1)
         if rank == 0 and (step + 1) % max(1, args.steps // 10) == 0:

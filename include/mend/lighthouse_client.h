@@ -76,6 +76,7 @@ struct QuorumResult {
   std::string closed_by;
   uint32_t waited_ms = 0;
   uint64_t heal_round_id = 0;
+  uint64_t step = 0;  // the round's boundary step (its members' largest), the same for all
   std::optional<RoundMember> heal_from;   // set when this learner is behind
   std::vector<std::string> heal_to;       // behind members healing from this learner
   std::vector<RoundMember> members;       // all, sorted, when asked for (<= 1024 members)

@@ -36,6 +36,11 @@ void PseudoGradient(std::span<const float> base, std::span<const float> local,
 void OuterNesterovStep(std::span<float> theta_g, std::span<float> momentum,
                        std::span<const float> delta, const OuterOptions& options);
 
+// The outer warm-up's step: theta_g <- theta_g - delta, the members' average,
+// without touching the momentum (OuterNesterovStep with eta = 1 and mu = 0
+// would leave delta in it).
+void OuterAverageStep(std::span<float> theta_g, std::span<const float> delta);
+
 enum class OuterApply {
   kExact,  // keep the local progress made since the boundary exactly once
   kMix,    // Streaming DiLoCo: theta_i <- alpha theta_i + (1 - alpha) theta_g'

@@ -45,6 +45,10 @@ struct OuterSyncOptions {
   // (a learner that joined with nothing trained from the job's state: its
   // first round heals it). At least one member must contribute.
   bool contributes = true;
+  // An outer warm-up round: theta_g <- theta_g - delta (the members'
+  // average) and the momentum is left as it is, instead of the outer
+  // Nesterov step.
+  bool warmup = false;
 };
 
 // The global state of one fragment as this learner holds it.

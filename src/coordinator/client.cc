@@ -45,6 +45,7 @@ QuorumResult FromProto(const v1::QuorumResponse& response) {
   result.closed_by = response.closed_by();
   result.waited_ms = response.waited_ms();
   result.heal_round_id = response.heal_round_id();
+  result.step = response.step();
   if (response.has_heal_from()) result.heal_from = FromProto(response.heal_from());
   result.heal_to.assign(response.heal_to().begin(), response.heal_to().end());
   for (const auto& member : response.members()) result.members.push_back(FromProto(member));

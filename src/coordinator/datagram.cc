@@ -176,6 +176,7 @@ std::string Encode(const Header& header, const Decision& body, Signer& signer) {
   w.U32(body.world_size);
   w.U64(body.total_tokens);
   w.U64(body.heal_round_id);
+  w.U64(body.step);
   w.U32(body.waited_ms);
   w.Str(body.closed_by);
   w.Str(body.rendezvous_prefix);
@@ -258,7 +259,7 @@ StatusOr<Decision> DecodeDecision(std::string_view datagram) {
   uint16_t n = 0;
   if (!r.U64(body.join_id) || !r.U8(body.code) || !r.Str(body.message) ||
       !r.U64(body.round_id) || !r.U32(body.rank) || !r.U32(body.world_size) ||
-      !r.U64(body.total_tokens) || !r.U64(body.heal_round_id) || !r.U32(body.waited_ms) ||
+      !r.U64(body.total_tokens) || !r.U64(body.heal_round_id) || !r.U64(body.step) || !r.U32(body.waited_ms) ||
       !r.Str(body.closed_by) || !r.Str(body.rendezvous_prefix) || !r.Str(body.heal_from_id) ||
       !r.Str(body.heal_from_address) || !r.U8(truncated) || !r.U16(n) || n > kMaxHealTo) {
     return Malformed<Decision>("decision");

@@ -6,7 +6,7 @@
 // registration, the store, status, member lists).
 //
 // Wire format, little-endian:
-//   u32 magic "MND1" | u8 kind | u8 version (1) | u16 reserved (0)
+//   u32 magic "MND1" | u8 kind | u8 version (kVersion) | u16 reserved (0)
 //   u64 session_id | u64 seq | body (per kind) | 16-byte MAC
 // The MAC is HMAC-SHA256, truncated to 16 bytes, over everything before it,
 // keyed by DeriveKey(job token): only holders of the job token can speak on
@@ -33,7 +33,7 @@ typedef struct evp_mac_ctx_st EVP_MAC_CTX;
 namespace mend::coordinator::datagram {
 
 inline constexpr uint32_t kMagic = 0x31444E4D;  // "MND1" in little-endian order
-inline constexpr uint8_t kVersion = 2;  // 2: acks carry the latest round's step
+inline constexpr uint8_t kVersion = 3;  // 2: acks carry the latest round's step; 3: decisions the round's step
 inline constexpr size_t kHeaderBytes = 24;
 inline constexpr size_t kMacBytes = 16;
 inline constexpr size_t kMaxDatagramBytes = 8192;
@@ -110,6 +110,7 @@ struct Decision {
   uint32_t world_size = 0;
   uint64_t total_tokens = 0;
   uint64_t heal_round_id = 0;
+  uint64_t step = 0;
   uint32_t waited_ms = 0;
   std::string closed_by;
   std::string rendezvous_prefix;

@@ -135,6 +135,7 @@ StatusOr<QuorumResult> DatagramLink::Join(const QuorumRequestArgs& args, Micros 
   result.closed_by = decision.closed_by;
   result.waited_ms = decision.waited_ms;
   result.heal_round_id = decision.heal_round_id;
+  result.step = decision.step;
   if (!decision.heal_from_id.empty()) {
     RoundMember source;
     source.id = decision.heal_from_id;

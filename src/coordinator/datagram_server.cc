@@ -77,6 +77,7 @@ datagram::Decision MakeDecision(uint64_t join_id, const StatusOr<RoundAssignment
   decision.world_size = static_cast<uint32_t>(round.members.size());
   decision.total_tokens = round.total_tokens;
   decision.heal_round_id = round.heal_round_id;
+  decision.step = round.step;
   decision.waited_ms = static_cast<uint32_t>(round.waited() / kMicrosPerMilli);
   decision.closed_by = round.closed_by;
   decision.rendezvous_prefix = round.rendezvous_prefix;

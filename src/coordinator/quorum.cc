@@ -170,8 +170,8 @@ std::shared_ptr<Round> QuorumMachine::Close(Membership& membership, Micros now,
     round->first_join_at = std::min(round->first_join_at, join.joined_at);
     joins->emplace_back(std::move(join), static_cast<uint32_t>(rank));
   }
-  latest_round_step_ = 0;
-  for (const MemberInfo& member : round->members) latest_round_step_ = std::max(latest_round_step_, member.step);
+  for (const MemberInfo& member : round->members) round->step = std::max(round->step, member.step);
+  latest_round_step_ = round->step;
   Micros need = 0;
   for (const auto& [join, rank] : *joins) {
     need = std::max(need, join.joined_at - round->quorum_reached_at);

@@ -38,6 +38,7 @@ struct Round {
   Micros closed_at = 0;
   Micros grace_window = 0;  // the (possibly adaptive) window in force
   uint64_t heal_round_id = 0;
+  uint64_t step = 0;  // the boundary step: the members' largest step
   // Up-to-date member id -> the behind members that heal from it.
   std::unordered_map<std::string, std::vector<std::string>> heal_to;
 

@@ -184,6 +184,7 @@ void FillQuorumResponse(const RoundAssignment& assignment, bool include_members,
   response->set_closed_by(round.closed_by);
   response->set_waited_ms(static_cast<uint32_t>(round.waited() / kMicrosPerMilli));
   response->set_heal_round_id(round.heal_round_id);
+  response->set_step(round.step);
   if (const MemberInfo* source = FindMember(round, me.heal_from)) {
     FillMember(*source, response->mutable_heal_from());
   }

@@ -94,6 +94,10 @@ std::vector<ConfigKey> BuildKeys() {
            "Weight pseudo-gradients by tokens processed (uniform when off)."),
       Real("outer_lr", &C::outer_lr, 0, 100, "Outer Nesterov learning rate (eta)."),
       Real("outer_momentum", &C::outer_momentum, 0, 0.9999, "Outer Nesterov momentum (mu)."),
+      Int("outer_warmup_steps", &C::outer_warmup_steps, 0, 1000000000,
+          "Outer warm-up: a round whose boundary step is at most this averages the learners' parameters (outer "
+          "lr 1) and leaves the outer momentum at zero, so that the first steps' fast descent does not enter it; "
+          "the outer Nesterov step takes over after. 0: off."),
       Int("fragments", &C::fragments, 1, 1024, "P: streaming fragments (layer l -> l mod P)."),
       Bool("concurrent_outer_step", &C::concurrent_outer_step,
            "Exchange in the background while inner steps continue (false: synchronous)."),

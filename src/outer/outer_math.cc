@@ -22,6 +22,11 @@ void OuterNesterovStep(std::span<float> theta_g, std::span<float> momentum,
   }
 }
 
+void OuterAverageStep(std::span<float> theta_g, std::span<const float> delta) {
+  const size_t n = theta_g.size();
+  for (size_t i = 0; i < n; ++i) theta_g[i] -= delta[i];
+}
+
 void ApplyOuterResult(std::span<float> theta_i, std::span<const float> theta_g_new,
                       std::span<const float> theta_base, std::span<const float> delta_i,
                       OuterApply mode, float alpha) {

@@ -155,7 +155,11 @@ StatusOr<RoundResult> OuterRound::Exchange(Communicator& comm, const FragmentSta
   result.momentum = TakeFloats(n);
   std::copy(state.global_.begin(), state.global_.end(), result.global.begin());
   std::copy(state.momentum_.begin(), state.momentum_.end(), result.momentum.begin());
-  OuterNesterovStep(result.global, result.momentum, delta, options.outer);
+  if (options.warmup) {
+    OuterAverageStep(result.global, delta);
+  } else {
+    OuterNesterovStep(result.global, result.momentum, delta, options.outer);
+  }
   GiveBack(std::move(delta));
   return result;
 }

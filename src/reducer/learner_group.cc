@@ -60,6 +60,7 @@ std::string EncodeDecision(const StatusOr<QuorumResult>& result) {
                       {"closed_by", r.closed_by},
                       {"waited_ms", r.waited_ms},
                       {"heal_round_id", r.heal_round_id},
+                      {"step", r.step},
                       {"heal_to", r.heal_to},
                       {"members", nlohmann::json::array()}};
   if (r.heal_from) j["heal_from"] = MemberJson(*r.heal_from);
@@ -83,6 +84,7 @@ StatusOr<QuorumResult> DecodeDecision(const std::string& text) {
     r.closed_by = j.at("closed_by").get<std::string>();
     r.waited_ms = j.at("waited_ms").get<uint32_t>();
     r.heal_round_id = j.at("heal_round_id").get<uint64_t>();
+    r.step = j.at("step").get<uint64_t>();
     r.heal_to = j.at("heal_to").get<std::vector<std::string>>();
     if (j.contains("heal_from")) r.heal_from = MemberFrom(j.at("heal_from"));
     for (const nlohmann::json& m : j.at("members")) r.members.push_back(MemberFrom(m));

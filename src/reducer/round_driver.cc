@@ -472,6 +472,7 @@ class RoundDriverImpl final : public RoundDriver {
     // fragment's round, the source's (this learner then abstained).
     int fragment = 0;
     bool fresh_join = false;   // healed with nothing of the job's state: its progress is dropped
+    bool outer_warmup = false;  // an outer warm-up round: averaged, momentum untouched
     std::vector<float> healed_moments[2];  // heal_inner_optimizer: the source's moments
     uint64_t cross_rack_bytes = 0;  // sent to other racks in this round (healing included)
   };
@@ -832,6 +833,7 @@ class RoundDriverImpl final : public RoundDriver {
       record["cross_rack_bytes"] = outcome.cross_rack_bytes;
       record["dropped"] = outcome.result.dropped;
       record["merged_norm"] = outcome.result.merged_norm;
+      record["outer_step"] = outcome.outer_warmup ? "average" : "nesterov";
       record["healed"] = !outcome.healed.empty();
       if (!outcome.healed.empty()) {
         record["heal_step"] = outcome.heal_step;
@@ -934,6 +936,10 @@ class RoundDriverImpl final : public RoundDriver {
     const bool adopted = outcome.fragment != flight.fragment;
     OuterSyncOptions sync_options = options_;
     sync_options.contributes = !outcome.fresh_join && !adopted;
+    // The round's step is the lighthouse's (its members' largest), the same
+    // for every member, so all take the same kind of outer step.
+    sync_options.warmup = round.step > 0 && round.step <= static_cast<uint64_t>(config_.outer_warmup_steps);
+    outcome.outer_warmup = sync_options.warmup;
     std::span<const float> delta = flight.delta;
     std::vector<float> no_delta;
     // The merge runs on the healed base when this learner was behind.

@@ -154,6 +154,19 @@ TEST(LighthouseCoreTest, HeartbeatsTellAWaitingLearnerItWasPassedOver) {
   EXPECT_EQ(member->latest_round_step, 0u);
 }
 
+TEST(LighthouseCoreTest, EveryMemberIsToldTheRoundsStepTheLargestOfTheMembers) {
+  // A member whose join is for an earlier step (it was passed over and
+  // trained on) learns the same step as the others, so that decisions that
+  // depend on the step (the outer warm-up) agree.
+  CoreHarness h(CoreHarness::Options(2, 0));
+  for (const char* id : {"a", "b"}) h.Register(id);
+  auto a = h.Join("a", 0, 0, 60000, /*step=*/100);
+  auto b = h.Join("b", 0, 0, 60000, /*step=*/150);
+  ASSERT_TRUE(a->ok() && b->ok());
+  EXPECT_EQ(a->round().step, 150u);
+  EXPECT_EQ(b->round().step, 150u);
+}
+
 TEST(LighthouseCoreTest, ALearnerThatDiedInARoundAndCameBackDoesNotHoldTheOthersBack) {
   // a, b and c form round 1; c stops (SIGSTOP) inside it and is declared
   // dead, so round 1 fails for a and b, who join again still at round 0. c

@@ -198,6 +198,7 @@ TEST_P(AgentTransportTest, AgentsFormRoundsWithRanksAndTokenTotals) {
     EXPECT_EQ(from_b.world_size, 3u);
     EXPECT_EQ(from_b.rank, 1u);
     EXPECT_EQ(from_b.total_tokens, 600u);
+    EXPECT_EQ(from_b.step, static_cast<uint64_t>(r + 1));  // the round's step travels with the decision
     EXPECT_EQ(from_b.rendezvous_prefix, "job/round/" + instance + "/" + std::to_string(r + 1) + "/");
     EXPECT_EQ(results[2][static_cast<size_t>(r)].rank, 0u);  // "a"
     EXPECT_EQ(results[1][static_cast<size_t>(r)].rank, 2u);  // "c"

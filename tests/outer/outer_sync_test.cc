@@ -107,6 +107,47 @@ TEST(OuterSyncTest, UniformWeightsReachThePlainMean) {
   EXPECT_LT(error, 1e-2);
 }
 
+TEST(OuterSyncTest, AWarmupRoundAveragesAndLeavesTheMomentumForTheNextRound) {
+  // Round 1 is an outer warm-up round: the global state becomes the
+  // members' token-weighted average, and the momentum stays zero, so round
+  // 2's Nesterov step starts its momentum from round 2's pseudo-gradient
+  // alone. Without the warm-up round 1's delta would stay in it (mu delta_1).
+  std::vector<std::vector<float>> momentum_after(2), global_after(2);
+  RunMembers(2, [&](int rank, Communicator& comm) {
+    std::vector<float> initial(kSize, 0.0f);
+    FragmentState state(initial);
+    const std::vector<float> theta = Target(rank);
+    std::vector<float> delta(kSize);
+    PseudoGradient(state.global(), theta, delta);
+    OuterSyncOptions options;
+    options.warmup = true;
+    auto first = OuterRound::Exchange(comm, state, delta, Tokens(rank), options);
+    ASSERT_TRUE(first.ok()) << first.status();
+    OuterRound::Commit(state, std::move(*first));
+    for (size_t i = 0; i < kSize; ++i) {
+      const double mean = (Tokens(0) * Target(0)[i] + Tokens(1) * Target(1)[i]) / (Tokens(0) + Tokens(1));
+      ASSERT_NEAR(state.global()[i], mean, 1e-4) << i;
+      ASSERT_EQ(state.momentum()[i], 0.0f) << i;
+    }
+    // Round 2: every member moved by 1 from the average.
+    std::vector<float> second_delta(kSize, -1.0f);
+    options.warmup = false;
+    auto second = OuterRound::Exchange(comm, state, second_delta, Tokens(rank), options);
+    ASSERT_TRUE(second.ok()) << second.status();
+    OuterRound::Commit(state, std::move(*second));
+    momentum_after[rank].assign(state.momentum().begin(), state.momentum().end());
+    global_after[rank].assign(state.global().begin(), state.global().end());
+  });
+  for (int rank = 0; rank < 2; ++rank) {
+    for (size_t i = 0; i < kSize; ++i) {
+      ASSERT_FLOAT_EQ(momentum_after[rank][i], -1.0f) << i;
+      const double mean = (Tokens(0) * Target(0)[i] + Tokens(1) * Target(1)[i]) / (Tokens(0) + Tokens(1));
+      // eta (delta + mu m) = 0.7 x (-1 + 0.9 x -1) = -1.33
+      ASSERT_NEAR(global_after[rank][i], mean + 1.33, 1e-4) << i;
+    }
+  }
+}
+
 TEST(OuterSyncTest, NaNPseudoGradientIsDroppedOnEveryMember) {
   OuterSyncOptions options;
   auto runs = RunRounds(3, 3, options, /*poison_rank=*/1);

@@ -1,7 +1,8 @@
 """mend's synchronous fp32 DiLoCo against DiLoCo written in plain
 torch.distributed (examples/train_gpt.py --mode diloco-torch): the same
 script, model, data, seeds and schedule; after 3 rounds the parameters must
-agree within float tolerance."""
+agree within float tolerance. The first round is an outer warm-up round
+(plain averaging), the next two take the outer Nesterov step."""
 import os
 import socket
 import subprocess
@@ -26,7 +27,8 @@ def train(mode, tmp_path):
         [sys.executable, "-m", "torch.distributed.run", "--redirects", "1", "--tee", "1",
          "--nproc_per_node", "2", "--master_port", str(free_port()), EXAMPLE, "--mode", mode,
          "--steps", "30", "--sync-every", "10", "--dim", "32", "--layers", "1", "--heads", "2",
-         "--context", "32", "--batch", "4", "--eval-batches", "2", "--save-params", str(out)],
+         "--context", "32", "--batch", "4", "--eval-batches", "2", "--outer-warmup-steps", "10",
+         "--save-params", str(out)],
         env=env, capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     return torch.load(out)

@@ -317,7 +317,9 @@ TEST(LearnerGroupTest, AGroupsOwnStoreCarriesItsAddressesRendezvousAndDecisions)
 // merged by the same arithmetic, whoever owns its slice), and every replica
 // of every group holds the same parameters after every round.
 TEST(LearnerGroupTest, ShardedRoundsEqualTheFlatOnesBitForBit) {
-  Config config = testing_util::SynchronousJobConfig(2, 5);  // outer Nesterov 0.7 / 0.9
+  // Round 1 averages (the outer warm-up), rounds 2-4 take outer Nesterov 0.7 /
+  // 0.9: every rank must read the round's step from the group's decision.
+  Config config = testing_util::SynchronousJobConfig(2, 5);
   auto flat = RunJob(config, 2, 1, 20);
   for (int ranks : {2, 3}) {
     auto grouped = RunJob(config, 2, ranks, 20);

@@ -22,11 +22,14 @@ inline Config LoopbackJobConfig(int min_learners) {
 }
 
 // LoopbackJobConfig with synchronous rounds every `period` steps and a fixed
-// grace window (the reducer tests' base).
+// grace window (the reducer tests' base). The first round is an outer
+// warm-up round (averaging), the later ones take the outer Nesterov step, so
+// every job of this base runs both.
 inline Config SynchronousJobConfig(int min_learners, int period) {
   Config config = LoopbackJobConfig(min_learners);
   config.grace_window_adaptive = false;
   config.sync_period_steps = period;
+  config.outer_warmup_steps = period;
   config.concurrent_outer_step = false;
   return config;
 }
