@@ -145,7 +145,7 @@ def main():
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--outer-lr", type=float, default=0.7)
     p.add_argument("--outer-momentum", type=float, default=0.9)
-    p.add_argument("--outer-warmup-steps", type=int, default=100,
+    p.add_argument("--outer-warmup-steps", type=int, default=150,
                    help="rounds at steps up to this average the parameters, outer momentum untouched "
                         "(mend's outer_warmup_steps)")
     p.add_argument("--seed", type=int, default=1)

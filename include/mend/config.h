@@ -64,7 +64,7 @@ struct Config {
   double outer_momentum = 0.9;
   // Rounds whose boundary step is at most this average the learners'
   // parameters (outer lr 1) and leave the outer momentum at zero; 0: off.
-  int64_t outer_warmup_steps = 100;
+  int64_t outer_warmup_steps = 150;
   int64_t fragments = 1;
   bool concurrent_outer_step = true;
   int64_t overlap_steps = 0;  // 0: tuned from the measured round and step times
