@@ -603,14 +603,21 @@ StatusOr<std::vector<std::string>> ShareWithGroupRanks(RendezvousStore& store, c
       value = store.Get(fmt::format("{}{}", prefix, r),
                         std::clamp<Micros>(deadline - RealClock()->NowMicros(), 1, kMaxRetry));
       if (value.ok() || RealClock()->NowMicros() >= deadline) break;
-      if (value.status().code() == StatusCode::kUnavailable) {
-        std::this_thread::sleep_for(std::chrono::microseconds(retry));  // an unreachable store fails at once
+      // An unreachable store fails at once, and a Get whose wait rounds down
+      // to 0 ms answers NOT_FOUND at once: both mean "not yet".
+      if (value.status().code() == StatusCode::kUnavailable || value.status().code() == StatusCode::kNotFound) {
+        std::this_thread::sleep_for(std::chrono::microseconds(retry));
         retry = std::min(retry * 2, kMaxRetry);
       } else if (value.status().code() != StatusCode::kDeadlineExceeded) {
         break;
       }
     }
-    if (!value.ok()) return give_up(r, value.status());
+    if (!value.ok()) {
+      // The value did not come in time, however the last Get put it.
+      const Status& why = value.status();
+      return give_up(r, why.code() == StatusCode::kNotFound ? Status(StatusCode::kDeadlineExceeded, why.message())
+                                                            : why);
+    }
     values.push_back(*std::move(value));
   }
   return values;
