@@ -171,7 +171,6 @@ std::shared_ptr<Round> QuorumMachine::Close(Membership& membership, Micros now,
     joins->emplace_back(std::move(join), static_cast<uint32_t>(rank));
   }
   for (const MemberInfo& member : round->members) round->step = std::max(round->step, member.step);
-  latest_round_step_ = round->step;
   Micros need = 0;
   for (const auto& [join, rank] : *joins) {
     need = std::max(need, join.joined_at - round->quorum_reached_at);

@@ -97,7 +97,8 @@ class QuorumMachine {
   Micros grace_window() const { return grace_window_; }
   uint64_t latest_round_id() const { return next_round_id_ - 1; }
   // The largest member step of the latest round (0 before the first).
-  uint64_t latest_round_step() const { return latest_round_step_; }
+  // The newest round's step (history() always keeps it); 0 before the first.
+  uint64_t latest_round_step() const { return history_.empty() ? 0 : history_.back()->step; }
   std::optional<Micros> quorum_reached_at() const { return quorum_reached_at_; }
   const std::deque<std::shared_ptr<const Round>>& history() const { return history_; }
   const QuorumOptions& options() const { return options_; }
@@ -130,7 +131,6 @@ class QuorumMachine {
 
   QuorumOptions options_;
   uint64_t next_round_id_ = 1;
-  uint64_t latest_round_step_ = 0;
   std::optional<Micros> quorum_reached_at_;
   Micros grace_window_;
   // What each recent round needed (newest last).

@@ -112,6 +112,9 @@ TEST(OuterSyncTest, AWarmupRoundAveragesAndLeavesTheMomentumForTheNextRound) {
   // members' token-weighted average, and the momentum stays zero, so round
   // 2's Nesterov step starts its momentum from round 2's pseudo-gradient
   // alone. Without the warm-up round 1's delta would stay in it (mu delta_1).
+  const auto mean = [](size_t i) {
+    return (Tokens(0) * Target(0)[i] + Tokens(1) * Target(1)[i]) / (Tokens(0) + Tokens(1));
+  };
   std::vector<std::vector<float>> momentum_after(2), global_after(2);
   RunMembers(2, [&](int rank, Communicator& comm) {
     std::vector<float> initial(kSize, 0.0f);
@@ -125,8 +128,7 @@ TEST(OuterSyncTest, AWarmupRoundAveragesAndLeavesTheMomentumForTheNextRound) {
     ASSERT_TRUE(first.ok()) << first.status();
     OuterRound::Commit(state, std::move(*first));
     for (size_t i = 0; i < kSize; ++i) {
-      const double mean = (Tokens(0) * Target(0)[i] + Tokens(1) * Target(1)[i]) / (Tokens(0) + Tokens(1));
-      ASSERT_NEAR(state.global()[i], mean, 1e-4) << i;
+      ASSERT_NEAR(state.global()[i], mean(i), 1e-4) << i;
       ASSERT_EQ(state.momentum()[i], 0.0f) << i;
     }
     // Round 2: every member moved by 1 from the average.
@@ -141,9 +143,8 @@ TEST(OuterSyncTest, AWarmupRoundAveragesAndLeavesTheMomentumForTheNextRound) {
   for (int rank = 0; rank < 2; ++rank) {
     for (size_t i = 0; i < kSize; ++i) {
       ASSERT_FLOAT_EQ(momentum_after[rank][i], -1.0f) << i;
-      const double mean = (Tokens(0) * Target(0)[i] + Tokens(1) * Target(1)[i]) / (Tokens(0) + Tokens(1));
       // eta (delta + mu m) = 0.7 x (-1 + 0.9 x -1) = -1.33
-      ASSERT_NEAR(global_after[rank][i], mean + 1.33, 1e-4) << i;
+      ASSERT_NEAR(global_after[rank][i], mean(i) + 1.33, 1e-4) << i;
     }
   }
 }
