@@ -68,6 +68,10 @@ struct Config {
   int64_t fragments = 1;
   bool concurrent_outer_step = true;
   int64_t overlap_steps = 0;  // 0: tuned from the measured round and step times
+  // The job's length in inner steps (0: unknown). Known, a concurrent job
+  // launches no round in its last fragment period, whose result could only
+  // be taken up after the last step.
+  int64_t total_steps = 0;
   bool train_through_lighthouse_outage = false;
   std::string outer_apply = "exact";
   double mixing_alpha = 0.5;

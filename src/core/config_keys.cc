@@ -104,6 +104,12 @@ std::vector<ConfigKey> BuildKeys() {
       Int("overlap_steps", &C::overlap_steps, 0, 1000,
           "tau: the most inner steps a round's result may arrive late; applied when it arrives, waited for at tau. "
           "0: tuned, ceil(1.25 x round time / inner-step time) + 1, capped at H / fragments - 1."),
+      Int("total_steps", &C::total_steps, 0, 1000000000000,
+          "The job's length in inner steps; 0: unknown. Known, a concurrent job launches no round in its last "
+          "fragment period (H / fragments steps): that round's result could only be taken up after the last step, "
+          "so every learner would wait for it at shutdown. The final parameters are then those of any step of "
+          "Streaming DiLoCo: each fragment's last merged state plus the steps trained since. 0 in mend train (and "
+          "mend demo) means --steps."),
       Bool("train_through_lighthouse_outage", &C::train_through_lighthouse_outage,
            "Concurrent mode: do not wait at tau for a round while the lighthouse is unreachable; train on and "
            "join when it is back (learners drift apart meanwhile)."),

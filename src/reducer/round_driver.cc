@@ -354,6 +354,11 @@ class RoundDriverImpl final : public RoundDriver {
     }
     for (int64_t f = 0; f < schedule_.fragments(); ++f) {
       if (!schedule_.StartsAt(f, static_cast<int64_t>(stats_.steps))) continue;
+      if (InFinalPeriod(stats_.steps)) {
+        spdlog::info("fragment {}: no round at step {}: it could not be taken up before the job's last step {}",
+                     f, stats_.steps, config_.total_steps);
+        continue;
+      }
       if (in_flight_ && in_flight_->passed_over && (group_ ? group_join_waits : StillUnformed(*in_flight_))) {
         // The join passed over at an earlier boundary still waits for a
         // round: it trains on rather than wait here too (the others may be
@@ -396,7 +401,11 @@ class RoundDriverImpl final : public RoundDriver {
     // would wait for a round that never comes: it is called off, and the
     // steps since its boundary are not merged.
     if (in_flight_) {
-      const uint64_t last_boundary = stats_.steps + 1 - std::min(stats_.steps + 1, FragmentPeriod());
+      // (None was launched in the job's last fragment period, when known.)
+      const auto total = static_cast<uint64_t>(config_.total_steps);
+      const uint64_t end = !InFinalPeriod(stats_.steps) ? stats_.steps
+                                                        : total - std::min(total, FragmentPeriod());
+      const uint64_t last_boundary = end + 1 - std::min(end + 1, FragmentPeriod());
       StatusOr<Awaited> awaited = AwaitRoundAgreed(*in_flight_, std::max(in_flight_->boundary_step, last_boundary),
                                                    /*train_on_if_lost=*/false);
       if (!awaited.ok()) {
@@ -424,7 +433,7 @@ class RoundDriverImpl final : public RoundDriver {
     const uint64_t next = stats_.steps + 1;
     if (InFlightDueAt(next)) return true;
     for (int64_t f = 0; f < schedule_.fragments(); ++f) {
-      if (schedule_.StartsAt(f, static_cast<int64_t>(next))) return true;
+      if (schedule_.StartsAt(f, static_cast<int64_t>(next)) && !InFinalPeriod(next)) return true;
     }
     return false;
   }
@@ -587,6 +596,17 @@ class RoundDriverImpl final : public RoundDriver {
   // Steps between two rounds (of consecutive fragments).
   uint64_t FragmentPeriod() const {
     return static_cast<uint64_t>(std::max<int64_t>(1, config_.sync_period_steps / schedule_.fragments()));
+  }
+
+  // Whether `step` lies in the job's last fragment period (total_steps
+  // known, concurrent rounds): a round launched there could be taken up only
+  // after the last step (the tuned tau is below a fragment period), so every learner
+  // would wait for it at shutdown; none is launched. The rule follows from
+  // the configuration alone, so that every learner skips the same boundaries.
+  bool InFinalPeriod(uint64_t step) const {
+    if (!concurrent_ || config_.total_steps <= 0) return false;
+    const auto total = static_cast<uint64_t>(config_.total_steps);
+    return step <= total && step + FragmentPeriod() > total;
   }
 
   // At fragment f's boundary: snapshot, and start the exchange on a

@@ -171,7 +171,10 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config, c
     if (options.mode == "local") {
       // No cross-rack exchange.
     } else if (options.mode == "diloco") {
-      MEND_ASSIGN_OR_RETURN(reducer, Reducer::Create(config, *model, optimizer, *agent,
+      // The job's length is --steps unless the configuration says otherwise.
+      Config job = config;
+      if (job.total_steps == 0) job.total_steps = options.steps;
+      MEND_ASSIGN_OR_RETURN(reducer, Reducer::Create(job, *model, optimizer, *agent,
                                                      static_cast<uint64_t>(options.start_step)));
     } else {
       MEND_ASSIGN_OR_RETURN(data_parallel, DataParallel::Create(config, *model, *agent));

@@ -679,39 +679,45 @@ TEST(ReducerTest, AJoinPassedOverNearTheJobsEndIsCalledOffAtShutdown) {
   // does not wait for its join at its boundary at step 12 either, and its
   // shutdown() calls the join off instead of waiting the quorum timeout (ten
   // minutes here: a learner that waited would hang the test).
-  Config config = ConcurrentConfig(/*grace_window_ms=*/1000, /*quorum_timeout_ms=*/600000);
-  config.quorum_min_learners = 2;
-  auto server = StartLighthouse(config);
-  config.lighthouse = server->grpc_address();
-  LearnerLog a, b, c;
-  auto all_alive = [&]() { AwaitRegistered(*server, {"learner-a", "learner-b", "learner-c"}); };
-  std::atomic<int> done{0};
-  auto other = [&](const char* id, int seed, LearnerLog* log) {
-    return std::thread([&, id, seed, log]() {
-      Learn(config, id, seed, 3, log, [&](int boundary) {
-        if (boundary == 0) all_alive();
+  // With the job's length known (12) nobody launches a round at step 12, the
+  // last period's boundary: the round for step 8 is then the job's last.
+  for (int64_t total : {int64_t{0}, int64_t{3 * kPeriod}}) {
+    SCOPED_TRACE(testing::Message() << "total_steps = " << total);
+    Config config = ConcurrentConfig(/*grace_window_ms=*/1000, /*quorum_timeout_ms=*/600000);
+    config.quorum_min_learners = 2;
+    config.total_steps = total;
+    auto server = StartLighthouse(config);
+    config.lighthouse = server->grpc_address();
+    LearnerLog a, b, c;
+    auto all_alive = [&]() { AwaitRegistered(*server, {"learner-a", "learner-b", "learner-c"}); };
+    std::atomic<int> done{0};
+    auto other = [&](const char* id, int seed, LearnerLog* log) {
+      return std::thread([&, id, seed, log]() {
+        Learn(config, id, seed, 3, log, [&](int boundary) {
+          if (boundary == 0) all_alive();
+        });
+        done++;
       });
-      done++;
+    };
+    std::thread ta = other("learner-a", 1, &a);
+    std::thread tc = other("learner-c", 3, &c);
+    std::thread tb([&]() {
+      Learn(config, "learner-b", 2, 3, &b, [&](int boundary) {
+        if (boundary == 0) all_alive();
+        if (boundary == 1) {
+          EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond, [&]() { return done == 2; }));
+        }
+      });
     });
-  };
-  std::thread ta = other("learner-a", 1, &a);
-  std::thread tc = other("learner-c", 3, &c);
-  std::thread tb([&]() {
-    Learn(config, "learner-b", 2, 3, &b, [&](int boundary) {
-      if (boundary == 0) all_alive();
-      if (boundary == 1) {
-        EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond, [&]() { return done == 2; }));
-      }
-    });
-  });
-  ta.join();
-  tc.join();
-  tb.join();
-  EXPECT_EQ(a.stats.rounds, 3u);
-  EXPECT_EQ(b.stats.rounds, 1u);
-  EXPECT_EQ(b.stats.rounds_started, 2u);  // steps 4 and 8; step 12 was skipped
-  EXPECT_EQ(b.stats.passed_over, 1u);
-  EXPECT_EQ(b.stats.failed_rounds, 1u);
+    ta.join();
+    tc.join();
+    tb.join();
+    EXPECT_EQ(a.stats.rounds, total == 0 ? 3u : 2u);
+    EXPECT_EQ(b.stats.rounds, 1u);
+    EXPECT_EQ(b.stats.rounds_started, 2u);  // steps 4 and 8; step 12 was skipped
+    EXPECT_EQ(b.stats.passed_over, 1u);
+    EXPECT_EQ(b.stats.failed_rounds, 1u);
+  }
 }
 
 // The lighthouse goes down after both learners launched their join for step

@@ -137,5 +137,24 @@ TEST(RoundDriverTest, ConcurrentRoundsReportTheirTau) {
   }
 }
 
+TEST(RoundDriverTest, AConcurrentJobOfKnownLengthLaunchesNoRoundInItsLastFragmentPeriod) {
+  // P = 2, H = 8: fragment 1's boundaries at 4, 12, 20, 28; fragment 0's at
+  // 8, 16, 24, 32. The job's last fragment period is steps 29-32.
+  for (int64_t total : {0, 32}) {
+    Config config = testing_util::SynchronousJobConfig(2, 8);
+    config.concurrent_outer_step = true;
+    config.fragments = 2;
+    config.total_steps = total;
+    LearnerRun a, b;
+    RunPair(config, 32, &a, &b);
+    const uint64_t rounds = total == 0 ? 8u : 7u;  // known: none at step 32
+    EXPECT_EQ(a.stats.rounds_started, rounds) << total;
+    EXPECT_EQ(b.stats.rounds_started, rounds) << total;
+    EXPECT_EQ(a.stats.rounds, rounds) << total;
+    EXPECT_EQ(a.global, b.global) << total;
+    EXPECT_EQ(a.stats.failed_rounds + b.stats.failed_rounds, 0u) << total;
+  }
+}
+
 }  // namespace
 }  // namespace mend::reducer
