@@ -116,7 +116,9 @@ class Bench {
   // median is used: a shared 2-core machine drifts by 10% between minutes.
   // Each job runs 4 periods plus 60 steps, so that its last round is applied
   // (or waited for) inside the timed training, as in a long run, rather than
-  // drained at shutdown.
+  // drained at shutdown. The concurrent job is told a longer total_steps (a
+  // window of a longer run), or it would leave its round at step 4H out
+  // (its result could come after the last step) and make one round less.
   Status Delay() {
     const int64_t steps = 4 * o_.delay_period + 60;
     fmt::print("\n== Delay sweep: {} learners, H = {}, {} steps each, {} repeats; latency per collective ==\n",
@@ -151,7 +153,8 @@ class Bench {
         MEND_ASSIGN_OR_RETURN(TrainingJobResult concurrent,
                               Run(Spec(fmt::format("concurrent outer step, {} ms", delay), "diloco",
                                        {link, period, "concurrent_outer_step=true",
-                                        fmt::format("overlap_steps={}", o_.delay_period - 1)}),
+                                        fmt::format("overlap_steps={}", o_.delay_period - 1),
+                                        fmt::format("total_steps={}", steps + o_.delay_period)}),
                                   steps));
         record(repeat, fmt::format("concurrent/{}", delay), delay, concurrent);
       }
