@@ -25,6 +25,9 @@ def test_quickstart_keywords_are_accepted():
     assert config.failslow_zscore_threshold == 3.0
     assert config.desloc is True  # momentum_sync_period_steps turns DES-LOC on
     assert mend.MendConfig(sideband_heartbeat_ms=250).heartbeat_ms == 250
+    assert mend.MendConfig(total_steps=1000).total_steps == 1000  # README's quick start
+    with pytest.raises(ValueError, match="total_steps"):
+        mend.MendConfig(total_steps=-1)
 
 
 def test_config_errors_name_the_key():
