@@ -720,6 +720,74 @@ TEST(ReducerTest, AJoinPassedOverNearTheJobsEndIsCalledOffAtShutdown) {
   }
 }
 
+// As above with the job's length known (12): the round for step 8 is the
+// job's last launched one (none at step 12). learner-a and learner-c hold
+// before their step 9 until it has closed, so that its step is 8 (their
+// joins' step). learner-c is then still registered and training (held
+// before its step 12) while learner-b, passed over at step 8, shuts down: b
+// must call its join off once the round for step 8 has closed, not wait for
+// a round of a later step, which nobody launches (its join would wait for
+// the quorum timeout, ten minutes here, since c never joins: c gives up
+// holding after 60 s, and the test fails).
+TEST(ReducerTest, AJoinPassedOverAtTheLastLaunchedBoundaryIsCalledOffWhileOthersTrainOn) {
+  Config config = ConcurrentConfig(/*grace_window_ms=*/1000, /*quorum_timeout_ms=*/600000);
+  config.quorum_min_learners = 2;
+  config.total_steps = 3 * kPeriod;
+  auto server = StartLighthouse(config);
+  config.lighthouse = server->grpc_address();
+  LearnerLog a, b, c;
+  auto all_alive = [&]() { AwaitRegistered(*server, {"learner-a", "learner-b", "learner-c"}); };
+  auto second_round_closed = [&]() {
+    EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond, [&]() {
+      return nlohmann::json::parse(server->StatusJson())["summary"]["latest_round_id"].get<uint64_t>() >= 2;
+    }));
+  };
+  std::atomic<bool> a_done{false}, c_held{false}, b_done{false};
+  std::thread ta([&]() {
+    Learn(
+        config, "learner-a", 1, 3, &a,
+        [&](int boundary) {
+          if (boundary == 0) all_alive();
+        },
+        [&](int step) {
+          if (step == 2 * kPeriod + 1) second_round_closed();
+        });
+    a_done = true;
+  });
+  std::thread tc([&]() {
+    Learn(
+        config, "learner-c", 3, 3, &c,
+        [&](int boundary) {
+          if (boundary == 0) all_alive();
+        },
+        [&](int step) {
+          if (step == 2 * kPeriod + 1) second_round_closed();
+          if (step != 3 * kPeriod) return;
+          c_held = true;
+          EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond, [&]() { return b_done.load(); }))
+              << "learner-b's shutdown waited for a round nobody launches";
+        });
+  });
+  std::thread tb([&]() {
+    Learn(config, "learner-b", 2, 3, &b, [&](int boundary) {
+      if (boundary == 0) all_alive();
+      if (boundary == 1) {
+        EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond, [&]() { return a_done && c_held; }));
+      }
+    });
+    b_done = true;
+  });
+  ta.join();
+  tb.join();
+  tc.join();
+  EXPECT_EQ(a.stats.rounds, 2u);  // steps 4 and 8
+  EXPECT_EQ(c.stats.rounds, 2u);
+  EXPECT_EQ(b.stats.rounds, 1u);
+  EXPECT_EQ(b.stats.rounds_started, 2u);
+  EXPECT_EQ(b.stats.passed_over, 1u);
+  EXPECT_EQ(b.stats.failed_rounds, 1u);
+}
+
 // The lighthouse goes down after both learners launched their join for step
 // 8, and comes back once both have trained past step 16 (or after 60 s: a
 // learner that waited for it at boundary + tau would hold both below step 16,
