@@ -743,30 +743,25 @@ TEST(ReducerTest, AJoinPassedOverAtTheLastLaunchedBoundaryIsCalledOffWhileOthers
     }));
   };
   std::atomic<bool> a_done{false}, c_held{false}, b_done{false};
+  auto start_together = [&](int boundary) {
+    if (boundary == 0) all_alive();
+  };
+  // learner-a and learner-c: before step 9, until the round for step 8 closed.
+  auto hold_before_9 = [&](int step) {
+    if (step == 2 * kPeriod + 1) second_round_closed();
+  };
   std::thread ta([&]() {
-    Learn(
-        config, "learner-a", 1, 3, &a,
-        [&](int boundary) {
-          if (boundary == 0) all_alive();
-        },
-        [&](int step) {
-          if (step == 2 * kPeriod + 1) second_round_closed();
-        });
+    Learn(config, "learner-a", 1, 3, &a, start_together, hold_before_9);
     a_done = true;
   });
   std::thread tc([&]() {
-    Learn(
-        config, "learner-c", 3, 3, &c,
-        [&](int boundary) {
-          if (boundary == 0) all_alive();
-        },
-        [&](int step) {
-          if (step == 2 * kPeriod + 1) second_round_closed();
-          if (step != 3 * kPeriod) return;
-          c_held = true;
-          EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond, [&]() { return b_done.load(); }))
-              << "learner-b's shutdown waited for a round nobody launches";
-        });
+    Learn(config, "learner-c", 3, 3, &c, start_together, [&](int step) {
+      hold_before_9(step);
+      if (step != 3 * kPeriod) return;
+      c_held = true;
+      EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond, [&]() { return b_done.load(); }))
+          << "learner-b's shutdown waited for a round nobody launches";
+    });
   });
   std::thread tb([&]() {
     Learn(config, "learner-b", 2, 3, &b, [&](int boundary) {
