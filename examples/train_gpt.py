@@ -197,8 +197,8 @@ def main():
         config = mend.MendConfig(
             lighthouse=address, quorum_min_learners=world, sync_period_steps=args.sync_every,
             outer_lr=args.outer_lr, outer_momentum=args.outer_momentum,
-            outer_warmup_steps=args.outer_warmup_steps, total_steps=args.steps, concurrent_outer_step=False, token_weighted_merge=True, codec="fp32",
-            log_level="warn")
+            outer_warmup_steps=args.outer_warmup_steps, total_steps=args.steps,
+            concurrent_outer_step=False, token_weighted_merge=True, codec="fp32", log_level="warn")
         runtime = mend.mend_init(model, config, f"learner-{rank}", optimizer=optimizer)
     global_params = momentum = None
     if args.mode == "diloco-torch":

@@ -615,8 +615,7 @@ StatusOr<std::vector<std::string>> ShareWithGroupRanks(RendezvousStore& store, c
     if (!value.ok()) {
       // The value did not come in time, however the last Get put it.
       const Status& why = value.status();
-      return give_up(r, why.code() == StatusCode::kNotFound ? Status(StatusCode::kDeadlineExceeded, why.message())
-                                                            : why);
+      return give_up(r, why.code() == StatusCode::kNotFound ? DeadlineExceededError(why.message()) : why);
     }
     values.push_back(*std::move(value));
   }

@@ -96,7 +96,6 @@ class QuorumMachine {
 
   Micros grace_window() const { return grace_window_; }
   uint64_t latest_round_id() const { return next_round_id_ - 1; }
-  // The largest member step of the latest round (0 before the first).
   // The newest round's step (history() always keeps it); 0 before the first.
   uint64_t latest_round_step() const { return history_.empty() ? 0 : history_.back()->step; }
   std::optional<Micros> quorum_reached_at() const { return quorum_reached_at_; }
