@@ -16,7 +16,7 @@ packages=(
   libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libcpp-httplib-dev libtomlplusplus-dev
   libgtest-dev libgmock-dev libbenchmark-dev libgloo-dev iproute2
   libtorch-dev libopenblas0-pthread fortunes gnuplot-nox
-  python3-dev python3-torch pybind11-dev python3-pytest
+  python3-torch python3-numpy python3-pytest python3-venv python3-pip patchelf
 )
 
 missing=()

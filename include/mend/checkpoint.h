@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "mend/status.h"
@@ -65,6 +66,12 @@ struct Checkpoint {
 
 // Writes atomically (see above). Errors name the path and the failed call.
 [[nodiscard]] Status WriteCheckpoint(const std::string& path, const Checkpoint& checkpoint);
+
+// The checkpoint's file contents as bytes, and back (the outer state a
+// front end exports and imports, e.g. in a state_dict). Decode verifies
+// like ReadCheckpoint; `where` names the bytes in its errors.
+[[nodiscard]] StatusOr<std::string> EncodeCheckpoint(const Checkpoint& checkpoint);
+[[nodiscard]] StatusOr<Checkpoint> DecodeCheckpoint(std::string_view bytes, const std::string& where);
 
 // Reads and verifies every checksum. DATA_LOSS names what is wrong: not a
 // mend checkpoint, an unknown format version, truncated (expected vs actual

@@ -50,9 +50,8 @@ struct Config {
   int64_t group_size = 1;
   int64_t group_rank = 0;
   int64_t group_generation = 0;
-  // The group's own store (a c10d TCPStore, HOST:PORT): where its ranks share
-  // round decisions and meet; group rank 0 serves it unless something
-  // (torchrun) already does. Empty: the lighthouse's store.
+  // The group's own store (HOST:PORT, served by group rank 0): where its
+  // ranks share round decisions and meet. Empty: the lighthouse's store.
   std::string group_store;
   bool udp_control = true;
   std::string control_transport = "grpc";
@@ -88,6 +87,9 @@ struct Config {
   double error_feedback_beta = 0.95;
   int64_t collective_timeout_ms = 30000;
   int64_t connect_timeout_ms = 5000;
+  // Front ends: which parameters go through host buffers ("auto": those
+  // that are not CPU float32; "always": all).
+  std::string host_staging = "auto";
   std::string dataplane_host = "127.0.0.1";
   int64_t link_latency_ms = 0;
   double link_rate_mbit = 0;
@@ -146,7 +148,7 @@ std::string FormatConfigValue(const Config& config, const ConfigKey& key);
 
 // Applies every MEND_<KEY> variable of `environ` (a null-terminated array of
 // "NAME=value"); an unknown MEND_ variable is an error, except the reserved
-// MEND_JOB_TOKEN.
+// MEND_JOB_TOKEN, MEND_LEARNER_ID and MEND_LIBRARY.
 [[nodiscard]] Status ApplyConfigEnvironment(Config& config, const char* const* environ);
 
 struct ConfigSources {

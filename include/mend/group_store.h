@@ -1,13 +1,21 @@
-// A learner group's own store (Config::group_store): a c10d TCPStore, the
-// kind torchrun serves for its workers, at HOST:PORT. The ranks of a group
-// meet there and rank 0 publishes each round's decision there, so only group
-// rank 0 talks to the lighthouse about rounds (the lighthouse's store is
-// still where the slices of different learners meet).
+// A learner group's own store (Config::group_store, HOST:PORT): where the
+// ranks of a group meet and where group rank 0 publishes each round's
+// decision, so that only rank 0 talks to the lighthouse about rounds (the
+// lighthouse's store is still where the slices of different learners meet).
 //
-// Group rank 0 serves the store when nothing listens at HOST:PORT yet (a
-// `mend train` group); under torchrun its agent already serves it and every
-// rank connects. Needs LibTorch (libmend built with MEND_WITH_TORCH).
+// Group rank 0 serves it: the lighthouse's key-value store service (the same
+// gRPC service and code), bound to the group's address, with the job token,
+// in plaintext (it is reached inside the rack); every rank connects with a
+// lighthouse client. Under torchrun the Python package serves it on rank 0
+// at mend_init and passes its address to the other ranks through torch's
+// public API; `mend train` groups are given a free port by their launcher.
+//
+// Thread-safety: GroupStoreServer and the openers may be used from any
+// thread; each opened store is used by one thread at a time.
 #pragma once
+
+#include <memory>
+#include <string>
 
 #include "mend/config.h"
 #include "mend/learner_agent.h"
@@ -15,11 +23,26 @@
 
 namespace mend {
 
+class GroupStoreServer {
+ public:
+  // Serves the store at `address` (HOST:PORT; port 0 picks a free one).
+  // UNAVAILABLE when the address cannot be bound (in use, not local).
+  // While the server lives, GroupStoreFromConfig on this process's group
+  // rank 0 uses it instead of serving the address again.
+  [[nodiscard]] static StatusOr<std::shared_ptr<GroupStoreServer>> Serve(const Config& config,
+                                                                         const std::string& token,
+                                                                         const std::string& address);
+  virtual ~GroupStoreServer() = default;
+  // HOST:PORT with the port actually bound.
+  virtual const std::string& address() const = 0;
+};
+
 // What LearnerAgent::Start takes for config.group_store: null when it is
-// empty (the group's keys then live in the lighthouse's store). Rank 0's
-// server, when it serves one, lives as long as the opener or any connection.
-// A connection waits up to quorum_timeout_ms for the store to come up; an
-// error names the address.
-[[nodiscard]] StatusOr<GroupStoreOpener> GroupStoreFromConfig(const Config& config);
+// empty (the group's keys then live in the lighthouse's store). Group rank 0
+// serves config.group_store unless a GroupStoreServer of this process
+// already does; the server lives as long as the opener. Each connection
+// waits up to quorum_timeout_ms for the store to come up; an error names the
+// address.
+[[nodiscard]] StatusOr<GroupStoreOpener> GroupStoreFromConfig(const Config& config, const std::string& token);
 
 }  // namespace mend

@@ -1,16 +1,14 @@
 // The inner optimizer's Adam moments as mend::Reducer reads and adjusts them
 // (DES-LOC averages them; heal_inner_optimizer copies them from the heal
 // source). The reducer never owns the optimizer: it sees its moments through
-// this small interface, so the same reducer serves a C++ torch::optim::AdamW
-// (TorchAdamMoments), and a Python torch.optim.AdamW whose
-// optimizer.state[p]["exp_avg"] / ["exp_avg_sq"] tensors are handed over as
-// they appear (TensorMoments).
+// this small interface: a C++ torch::optim::Adam or AdamW
+// (TorchAdamMoments). The C ABI, and so the Python package, hands moments
+// over as raw fp32 buffers instead (mend/mend.h).
 //
 // Thread-safety: called from the training thread only (from Reducer::step),
 // like the optimizer itself.
 #pragma once
 
-#include <array>
 #include <cstddef>
 #include <memory>
 #include <vector>
@@ -40,20 +38,5 @@ class InnerMoments {
 // and must outlive the result.
 [[nodiscard]] StatusOr<std::unique_ptr<InnerMoments>> TorchAdamMoments(
     torch::optim::Optimizer& optimizer, std::vector<at::Tensor> parameters);
-
-// Moments handed over by the owner of the optimizer (the Python module: the
-// tensors of optimizer.state[p]), one pair per parameter. The tensors are
-// shared, not copied: the reducer's writes land in the optimizer's state.
-class TensorMoments final : public InnerMoments {
- public:
-  explicit TensorMoments(size_t parameters) : moments_(parameters) {}
-  // INVALID_ARGUMENT when `index` is out of range or either tensor is not a
-  // contiguous fp32 CPU tensor with `numel` values.
-  [[nodiscard]] Status Set(size_t index, at::Tensor first, at::Tensor second, int64_t numel);
-  at::Tensor Moment(size_t index, Which which) override;
-
- private:
-  std::vector<std::array<at::Tensor, 2>> moments_;
-};
 
 }  // namespace mend

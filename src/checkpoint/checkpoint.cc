@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <string_view>
 
 #include "fmt/format.h"
 #include "nlohmann/json.hpp"
@@ -111,7 +112,7 @@ struct Parsed {
   size_t data_start = 0;
 };
 
-StatusOr<Parsed> ParsePrefix(const std::string& path, const std::string& bytes_head, uint64_t file_size) {
+StatusOr<Parsed> ParsePrefix(const std::string& path, std::string_view bytes_head, uint64_t file_size) {
   auto bad = [&](const std::string& why) { return DataLossError(fmt::format("checkpoint {}: {}", path, why)); };
   if (file_size < kPrefixBytes + kTrailerBytes || std::memcmp(bytes_head.data(), kMagic, 8) != 0) {
     return bad("not a mend checkpoint (no MENDCKPT magic)");
@@ -163,12 +164,16 @@ const CheckpointTensor* Checkpoint::Find(const std::string& name) const {
   return nullptr;
 }
 
-Status WriteCheckpoint(const std::string& path, const Checkpoint& checkpoint) {
+namespace {
+
+// The prefix: magic, version, header length, the JSON header naming every
+// tensor (offset, bytes, checksum), padded to the data's alignment.
+StatusOr<std::string> EncodePrefix(const Checkpoint& checkpoint, const std::string& where) {
   json tensors = json::array();
   size_t offset = 0;
   for (const CheckpointTensor& t : checkpoint.tensors) {
     if (Product(t.shape) != static_cast<int64_t>(t.values.size())) {
-      return InvalidArgumentError(fmt::format("checkpoint {}: tensor '{}' has {} values for shape of {}", path,
+      return InvalidArgumentError(fmt::format("checkpoint {}: tensor '{}' has {} values for shape of {}", where,
                                               t.name, t.values.size(), Product(t.shape)));
     }
     const size_t bytes = t.values.size() * sizeof(float);
@@ -187,37 +192,58 @@ Status WriteCheckpoint(const std::string& path, const Checkpoint& checkpoint) {
   PutLittle<uint64_t>(prefix, header_text.size());
   prefix += header_text;
   prefix.resize(AlignUp(prefix.size()), '\0');
+  return prefix;
+}
 
+// Feeds `put` the whole encoding: the prefix, each tensor's data padded to
+// the alignment, and the trailer (magic and the SHA-256 of all before it).
+template <typename Put>
+Status EncodeInto(const Checkpoint& checkpoint, const std::string& where, Put&& put) {
+  MEND_ASSIGN_OR_RETURN(const std::string prefix, EncodePrefix(checkpoint, where));
+  EVP_MD_CTX* digest = EVP_MD_CTX_new();
+  EVP_DigestInit_ex(digest, EVP_sha256(), nullptr);
+  auto hashed = [&](const char* data, size_t size) {
+    EVP_DigestUpdate(digest, data, size);
+    return put(data, size);
+  };
+  Status status = hashed(prefix.data(), prefix.size());
+  const std::string zeros(kAlign, '\0');
+  for (size_t i = 0; status.ok() && i < checkpoint.tensors.size(); ++i) {
+    const auto& values = checkpoint.tensors[i].values;
+    const size_t bytes = values.size() * sizeof(float);
+    status = hashed(reinterpret_cast<const char*>(values.data()), bytes);
+    if (status.ok() && AlignUp(bytes) != bytes) status = hashed(zeros.data(), AlignUp(bytes) - bytes);
+  }
+  unsigned char sum[EVP_MAX_MD_SIZE];
+  unsigned int sum_length = 0;
+  EVP_DigestFinal_ex(digest, sum, &sum_length);
+  EVP_MD_CTX_free(digest);
+  if (!status.ok()) return status;
+  std::string trailer(kTrailerMagic, 8);
+  trailer.append(reinterpret_cast<const char*>(sum), 32);
+  return put(trailer.data(), trailer.size());
+}
+
+}  // namespace
+
+StatusOr<std::string> EncodeCheckpoint(const Checkpoint& checkpoint) {
+  std::string bytes;
+  MEND_RETURN_IF_ERROR(EncodeInto(checkpoint, "(in memory)", [&](const char* data, size_t size) {
+    bytes.append(data, size);
+    return OkStatus();
+  }));
+  return bytes;
+}
+
+Status WriteCheckpoint(const std::string& path, const Checkpoint& checkpoint) {
   const fs::path final_path(path);
   const fs::path dir = final_path.has_parent_path() ? final_path.parent_path() : fs::path(".");
   std::random_device random;
   const std::string temp = (dir / fmt::format(".{}.tmp-{:08x}", final_path.filename().string(), random())).string();
   int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) return Errno("create " + temp, path);
-  // The running digest of everything before the trailer.
-  EVP_MD_CTX* digest = EVP_MD_CTX_new();
-  EVP_DigestInit_ex(digest, EVP_sha256(), nullptr);
-  auto put = [&](const char* data, size_t size) -> Status {
-    EVP_DigestUpdate(digest, data, size);
-    return WriteAll(fd, data, size, path);
-  };
-  Status status = put(prefix.data(), prefix.size());
-  const std::string zeros(kAlign, '\0');
-  for (size_t i = 0; status.ok() && i < checkpoint.tensors.size(); ++i) {
-    const auto& values = checkpoint.tensors[i].values;
-    const size_t bytes = values.size() * sizeof(float);
-    status = put(reinterpret_cast<const char*>(values.data()), bytes);
-    if (status.ok() && AlignUp(bytes) != bytes) status = put(zeros.data(), AlignUp(bytes) - bytes);
-  }
-  unsigned char sum[EVP_MAX_MD_SIZE];
-  unsigned int sum_length = 0;
-  EVP_DigestFinal_ex(digest, sum, &sum_length);
-  EVP_MD_CTX_free(digest);
-  if (status.ok()) {
-    std::string trailer(kTrailerMagic, 8);
-    trailer.append(reinterpret_cast<const char*>(sum), 32);
-    status = WriteAll(fd, trailer.data(), trailer.size(), path);
-  }
+  Status status =
+      EncodeInto(checkpoint, path, [&](const char* data, size_t size) { return WriteAll(fd, data, size, path); });
   if (status.ok() && ::fsync(fd) != 0) status = Errno("fsync", path);
   if (::close(fd) != 0 && status.ok()) status = Errno("close", path);
   if (status.ok() && ::rename(temp.c_str(), path.c_str()) != 0) status = Errno("rename", path);
@@ -234,8 +260,8 @@ Status WriteCheckpoint(const std::string& path, const Checkpoint& checkpoint) {
   return OkStatus();
 }
 
-StatusOr<Checkpoint> ReadCheckpoint(const std::string& path) {
-  MEND_ASSIGN_OR_RETURN(std::string bytes, ReadFile(path, UINT64_MAX));
+StatusOr<Checkpoint> DecodeCheckpoint(std::string_view bytes, const std::string& where) {
+  const std::string& path = where;
   MEND_ASSIGN_OR_RETURN(Parsed parsed, ParsePrefix(path, bytes, bytes.size()));
   auto bad = [&](const std::string& why) { return DataLossError(fmt::format("checkpoint {}: {}", path, why)); };
   const size_t body_end = bytes.size() - kTrailerBytes;
@@ -279,6 +305,11 @@ StatusOr<Checkpoint> ReadCheckpoint(const std::string& path) {
   Sha256(bytes.data(), body_end, sum);
   if (std::memcmp(sum, bytes.data() + body_end + 8, 32) != 0) return bad("file checksum mismatch");
   return checkpoint;
+}
+
+StatusOr<Checkpoint> ReadCheckpoint(const std::string& path) {
+  MEND_ASSIGN_OR_RETURN(std::string bytes, ReadFile(path, UINT64_MAX));
+  return DecodeCheckpoint(bytes, path);
 }
 
 StatusOr<CheckpointSummary> InspectCheckpoint(const std::string& path) {

@@ -250,7 +250,9 @@ Status ApplyConfigEnvironment(Config& config, const char* const* environ) {
     size_t equals = line.find('=');
     if (equals == std::string_view::npos) continue;
     std::string_view variable = line.substr(0, equals);
-    if (variable == kTokenEnv) continue;
+    // The token, and the front ends' own variables (the Python package's
+    // learner id and library path), are not configuration keys.
+    if (variable == kTokenEnv || variable == "MEND_LEARNER_ID" || variable == "MEND_LIBRARY") continue;
     std::string name(variable.substr(kEnvPrefix.size()));
     for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
     std::string source = fmt::format("environment {}", variable);

@@ -75,10 +75,10 @@ std::vector<ConfigKey> BuildKeys() {
           "Learner: which start of its group this is; a launcher that restarts a group gives it a new one (torchrun's "
           "restart count is taken as well), so that the restarted ranks do not meet the old ones' keys."),
       Text("group_store", &C::group_store,
-           "Learner: the group's own store, HOST:PORT of a c10d TCPStore (torchrun's; the Python module takes "
-           "MASTER_ADDR:MASTER_PORT under torchrun). Its ranks share round decisions there, so only group rank 0 "
-           "talks to the lighthouse about rounds; group rank 0 serves it when nothing does yet. Empty: the "
-           "lighthouse's store."),
+           "Learner: the group's own store, HOST:PORT, served by group rank 0 (the lighthouse's store service). "
+           "Its ranks share round decisions there, so only group rank 0 talks to the lighthouse about rounds. "
+           "Under torchrun the Python package serves it on rank 0 at dataplane_host and passes the address to "
+           "the other ranks; mend train's launcher gives each group a free port. Empty: the lighthouse's store."),
       Bool("udp_control", &C::udp_control,
            "Lighthouse: also serve heartbeats and quorum joins as UDP datagrams (on the "
            "bind port number)."),
@@ -136,6 +136,10 @@ std::vector<ConfigKey> BuildKeys() {
           "Deadline of every data-plane collective."),
       Int("connect_timeout_ms", &C::connect_timeout_ms, 1, kMaxMs,
           "How long a round's members wait for their connections once all have shown up."),
+      Enum("host_staging", &C::host_staging, {"auto", "always"},
+           "Python: which parameters go through float32 host buffers at round boundaries. auto: those that are "
+           "not float32 on the CPU (a GPU's, bfloat16, float16; pinned buffers for a GPU); always: every one "
+           "(CPU float32 parameters are otherwise used in place)."),
       Text("dataplane_host", &C::dataplane_host,
            "Learner: the address the other learners reach its data plane at."),
       Int("link_latency_ms", &C::link_latency_ms, 0, 600000,

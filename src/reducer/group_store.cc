@@ -1,106 +1,146 @@
 #include "mend/group_store.h"
 
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
-
+#include <algorithm>
 #include <chrono>
+#include <map>
+#include <mutex>
 #include <thread>
+#include <utility>
 
+#include "core/status_format.h"
 #include "core/text.h"
+#include "dataplane/lighthouse_rendezvous.h"
 #include "fmt/format.h"
+#include "mend/lighthouse.h"
+#include "mend/lighthouse_client.h"
 #include "spdlog/spdlog.h"
 
 namespace mend {
 namespace {
 
-// How often a Get looks whether its key has come. torch 1.13's TCPStore
-// cannot wait with a timeout shorter than the whole wait: a wait that times
-// out leaves its answer on the connection, where the next call reads it.
-constexpr Micros kPoll = 10 * kMicrosPerMilli;
+// First wait between tries while the store is not up yet, and the longest.
+constexpr Micros kFirstRetry = 10 * kMicrosPerMilli;
+constexpr Micros kMaxRetry = 500 * kMicrosPerMilli;
 
-class TcpGroupStore final : public RendezvousStore {
+class GroupStoreServerImpl final : public GroupStoreServer {
  public:
-  TcpGroupStore(std::string address, c10::intrusive_ptr<c10d::TCPStore> store,
-                c10::intrusive_ptr<c10d::TCPStore> server)
-      : address_(std::move(address)), store_(std::move(store)), server_(std::move(server)) {}
-
-  Status Set(const std::string& key, const std::string& value) override {
-    try {
-      store_->set(key, std::vector<uint8_t>(value.begin(), value.end()));
-      return OkStatus();
-    } catch (const std::exception& error) {
-      return Failed("set", key, error);
-    }
-  }
-
-  StatusOr<std::string> Get(const std::string& key, Micros timeout) override {
-    const Micros deadline = RealClock()->NowMicros() + timeout;
-    try {
-      while (!store_->check({key})) {
-        const Micros left = deadline - RealClock()->NowMicros();
-        if (left <= 0) {
-          return DeadlineExceededError(
-              fmt::format("group store {}: '{}' did not come within {} ms", address_, key, timeout / kMicrosPerMilli));
-        }
-        std::this_thread::sleep_for(std::chrono::microseconds(std::min(left, kPoll)));
-      }
-      const std::vector<uint8_t> value = store_->get(key);
-      return std::string(value.begin(), value.end());
-    } catch (const std::exception& error) {
-      return Failed("get", key, error);
-    }
-  }
-
-  Status Delete(const std::string& key, bool prefix) override {
-    if (prefix) return OkStatus();  // the group's store ends with the group
-    try {
-      store_->deleteKey(key);
-      return OkStatus();
-    } catch (const std::exception& error) {
-      return Failed("delete", key, error);
-    }
-  }
+  GroupStoreServerImpl(std::unique_ptr<LighthouseServer> server, std::string address)
+      : server_(std::move(server)), address_(std::move(address)) {}
+  ~GroupStoreServerImpl() override;
+  const std::string& address() const override { return address_; }
 
  private:
-  Status Failed(std::string_view what, const std::string& key, const std::exception& error) const {
-    return UnavailableError(fmt::format("group store {}: {} '{}': {}", address_, what, key, error.what()));
-  }
-
+  const std::unique_ptr<LighthouseServer> server_;
   const std::string address_;
-  const c10::intrusive_ptr<c10d::TCPStore> store_;
-  const c10::intrusive_ptr<c10d::TCPStore> server_;  // rank 0's, when it serves the store
 };
+
+// The servers of this process, by the address they bound (guarded by
+// Registry().mutex).
+struct ServerRegistry {
+  std::mutex mutex;
+  std::map<std::string, std::weak_ptr<GroupStoreServer>> servers;
+};
+ServerRegistry& Registry() {
+  static auto* registry = new ServerRegistry();
+  return *registry;
+}
+
+GroupStoreServerImpl::~GroupStoreServerImpl() {
+  server_->Shutdown(0);
+  ServerRegistry& registry = Registry();
+  std::lock_guard<std::mutex> lock(registry.mutex);
+  for (auto it = registry.servers.begin(); it != registry.servers.end();) {
+    it = it->second.expired() ? registry.servers.erase(it) : std::next(it);
+  }
+}
+
+std::shared_ptr<GroupStoreServer> Served(const std::string& address) {
+  ServerRegistry& registry = Registry();
+  std::lock_guard<std::mutex> lock(registry.mutex);
+  auto it = registry.servers.find(address);
+  return it == registry.servers.end() ? nullptr : it->second.lock();
+}
+
+// A connection to the group's store: a lighthouse client of its own.
+class ClientGroupStore final : public RendezvousStore {
+ public:
+  ClientGroupStore(std::unique_ptr<LighthouseClient> client, std::shared_ptr<GroupStoreServer> server)
+      : client_(std::move(client)), store_(*client_), server_(std::move(server)) {}
+  Status Set(const std::string& key, const std::string& value) override { return store_.Set(key, value); }
+  StatusOr<std::string> Get(const std::string& key, Micros timeout) override { return store_.Get(key, timeout); }
+  Status Delete(const std::string& key, bool prefix) override { return store_.Delete(key, prefix); }
+
+ private:
+  const std::unique_ptr<LighthouseClient> client_;
+  LighthouseRendezvousStore store_;  // over client_
+  const std::shared_ptr<GroupStoreServer> server_;  // rank 0's, when it serves the store
+};
+
+// Connects, and waits (up to `timeout`) until the store answers: the other
+// ranks may start before rank 0 serves it.
+StatusOr<std::unique_ptr<LighthouseClient>> ConnectWhenUp(const std::string& address, const std::string& token,
+                                                          Micros rpc_timeout, Micros timeout) {
+  MEND_ASSIGN_OR_RETURN(std::unique_ptr<LighthouseClient> client,
+                        LighthouseClient::Connect({address, token, "", rpc_timeout}));
+  const Micros deadline = RealClock()->NowMicros() + timeout;
+  Micros pause = kFirstRetry;
+  while (true) {
+    StatusOr<uint64_t> probe = client->StoreDelete("mend/group-store-probe", false);
+    if (probe.ok()) return client;
+    const Micros left = deadline - RealClock()->NowMicros();
+    if (probe.status().code() != StatusCode::kUnavailable || left <= 0) {
+      return Annotate(probe.status(), fmt::format("group store {}: not reachable within quorum_timeout_ms = {}",
+                                                  address, timeout / kMicrosPerMilli));
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(std::min(pause, left)));
+    pause = std::min(pause * 2, kMaxRetry);
+  }
+}
 
 }  // namespace
 
-StatusOr<GroupStoreOpener> GroupStoreFromConfig(const Config& config) {
+StatusOr<std::shared_ptr<GroupStoreServer>> GroupStoreServer::Serve(const Config& config, const std::string& token,
+                                                                    const std::string& address) {
+  MEND_RETURN_IF_ERROR(CheckHostPort(address, "group_store"));
+  Config served = config;  // the store alone: no HTTP side, no datagram channel, plaintext
+  served.bind = address;
+  served.http = "";
+  served.udp_control = false;
+  served.tls_cert_file = "";
+  served.tls_key_file = "";
+  served.log_level = config.log_level;
+  StatusOr<std::unique_ptr<LighthouseServer>> server = LighthouseServer::Start(served, token);
+  if (!server.ok()) return Annotate(server.status(), fmt::format("group store {}", address));
+  std::string bound = (*server)->grpc_address();
+  auto store = std::make_shared<GroupStoreServerImpl>(std::move(*server), bound);
+  {
+    ServerRegistry& registry = Registry();
+    std::lock_guard<std::mutex> lock(registry.mutex);
+    registry.servers[bound] = store;
+  }
+  spdlog::info("group rank {} serves the group's store on {}", config.group_rank, bound);
+  return std::shared_ptr<GroupStoreServer>(std::move(store));
+}
+
+StatusOr<GroupStoreOpener> GroupStoreFromConfig(const Config& config, const std::string& token) {
   if (config.group_store.empty()) return GroupStoreOpener();
   MEND_RETURN_IF_ERROR(CheckHostPort(config.group_store, "group_store"));
-  auto [host, port] = SplitHostPort(config.group_store);
-  c10d::TCPStoreOptions options;
-  options.port = static_cast<uint16_t>(port);
-  options.waitWorkers = false;
-  options.timeout = std::chrono::milliseconds(config.quorum_timeout_ms);
-  c10::intrusive_ptr<c10d::TCPStore> server;
+  std::shared_ptr<GroupStoreServer> server;
+  std::string address = config.group_store;
   if (config.group_rank == 0) {
-    c10d::TCPStoreOptions serve = options;
-    serve.isServer = true;
-    try {
-      server = c10::make_intrusive<c10d::TCPStore>(host, serve);
-      spdlog::info("group rank 0 serves the group's store on {}", config.group_store);
-    } catch (const std::exception& error) {
-      // Something (torchrun's agent) already serves it; connect like the others.
-      spdlog::debug("group store {}: not serving it ({}); connecting", config.group_store, error.what());
+    server = Served(config.group_store);
+    if (!server) {
+      MEND_ASSIGN_OR_RETURN(server, GroupStoreServer::Serve(config, token, config.group_store));
     }
+    address = server->address();
   }
-  return GroupStoreOpener([address = config.group_store, host = host, options,
+  const Micros rpc_timeout = config.rpc_timeout_ms * kMicrosPerMilli;
+  const Micros timeout = config.quorum_timeout_ms * kMicrosPerMilli;
+  return GroupStoreOpener([address, token, rpc_timeout, timeout,
                            server]() -> StatusOr<std::unique_ptr<RendezvousStore>> {
-    try {
-      auto store = c10::make_intrusive<c10d::TCPStore>(host, options);
-      return std::unique_ptr<RendezvousStore>(std::make_unique<TcpGroupStore>(address, std::move(store), server));
-    } catch (const std::exception& error) {
-      return UnavailableError(fmt::format("group store {}: cannot connect within quorum_timeout_ms = {}: {}", address,
-                                          options.timeout.count(), error.what()));
-    }
+    MEND_ASSIGN_OR_RETURN(std::unique_ptr<LighthouseClient> client,
+                          ConnectWhenUp(address, token, rpc_timeout, timeout));
+    return std::unique_ptr<RendezvousStore>(std::make_unique<ClientGroupStore>(std::move(client), server));
   });
 }
 

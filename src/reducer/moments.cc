@@ -51,29 +51,6 @@ StatusOr<std::unique_ptr<InnerMoments>> TorchAdamMoments(torch::optim::Optimizer
   return std::unique_ptr<InnerMoments>(new TorchAdam(&optimizer, std::move(parameters)));
 }
 
-Status TensorMoments::Set(size_t index, at::Tensor first, at::Tensor second, int64_t numel) {
-  if (index >= moments_.size()) {
-    return InvalidArgumentError(
-        fmt::format("moments of parameter {}: there are {} parameters", index, moments_.size()));
-  }
-  for (const at::Tensor* t : {&first, &second}) {
-    if (!Fits(*t, numel)) {
-      return InvalidArgumentError(fmt::format(
-          "moments of parameter {}: need contiguous fp32 CPU tensors of {} values (got {})", index,
-          numel,
-          t->defined() ? fmt::format("{} with {} values", t->toString(), t->numel())
-                       : std::string("an undefined tensor")));
-    }
-  }
-  moments_[index] = {std::move(first), std::move(second)};
-  return OkStatus();
-}
-
-at::Tensor TensorMoments::Moment(size_t index, Which which) {
-  if (index >= moments_.size()) return {};
-  return moments_[index][which];
-}
-
 namespace reducer {
 
 AdamMoments::AdamMoments(std::unique_ptr<InnerMoments> source, std::vector<int64_t> numels)

@@ -8,6 +8,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -130,16 +131,22 @@ class RoundDriverImpl final : public RoundDriver {
     if (group_ && !config_.checkpoint_dir.empty()) {
       // Each rank resumed its slice (from the same directory, shared by the
       // rack's hosts): the same checkpoint everywhere, then into every replica.
-      MEND_ASSIGN_OR_RETURN(auto resumed, group_->Compare(last_round_id_));
-      if (!resumed.second) {
-        return FailedPreconditionError(fmt::format(
-            "learner '{}' group rank {}: the group's ranks resumed from different checkpoints (rank 0: round {}, this "
-            "rank: round {}); they must all see the same checkpoint_dir",
-            agent_.id(), group_->rank(), resumed.first, last_round_id_));
-      }
-      MEND_RETURN_IF_ERROR(group_->ShareParameters());
+      MEND_RETURN_IF_ERROR(AgreeOnRestoredState("resumed from", "they must all see the same checkpoint_dir"));
     }
     return OkStatus();
+  }
+
+  // A group's ranks each restored their slice: they must have restored the
+  // same round; then every replica takes the restored parameters.
+  Status AgreeOnRestoredState(std::string_view what, std::string_view rule) {
+    MEND_ASSIGN_OR_RETURN(auto restored, group_->Compare(last_round_id_));
+    if (!restored.second) {
+      return FailedPreconditionError(fmt::format(
+          "learner '{}' group rank {}: the group's ranks {} different states (rank 0: round {}, this rank: round {}); "
+          "{}",
+          agent_.id(), group_->rank(), what, restored.first, last_round_id_, rule));
+    }
+    return group_->ShareParameters();
   }
 
   // The newest checkpoint that verifies becomes the global state and the
@@ -154,18 +161,57 @@ class RoundDriverImpl final : public RoundDriver {
       spdlog::info("no checkpoint in {}: starting fresh", config_.checkpoint_dir);
       return OkStatus();
     }
-    MEND_ASSIGN_OR_RETURN(auto states, FragmentStates(*checkpoint, *parameters_, fragments_, config_.checkpoint_dir));
+    MEND_RETURN_IF_ERROR(Restore(*checkpoint, config_.checkpoint_dir));
+    stats_.resumed_from_round = checkpoint->meta.round_id;
+    spdlog::info("resumed from the checkpoint of round {} (step {}, written by {})", checkpoint->meta.round_id,
+                 checkpoint->meta.step, checkpoint->meta.written_by);
+    return OkStatus();
+  }
+
+  // `checkpoint` becomes every fragment's global state and momentum, the
+  // local parameters, the last round and the step. `where` names it in errors.
+  Status Restore(const Checkpoint& checkpoint, const std::string& where) {
+    MEND_ASSIGN_OR_RETURN(auto states, FragmentStates(checkpoint, *parameters_, fragments_, where));
     for (size_t f = 0; f < fragments_.size(); ++f) {
       fragments_[f].state->Assign(states[f].first, states[f].second);
       Scatter(fragments_[f].state->global(), fragments_[f]);
     }
-    last_round_id_ = checkpoint->meta.round_id;
-    stats_.last_round_id = checkpoint->meta.round_id;
-    stats_.steps = checkpoint->meta.step;
+    last_round_id_ = checkpoint.meta.round_id;
+    stats_.last_round_id = checkpoint.meta.round_id;
+    stats_.steps = checkpoint.meta.step;
     step_now_.store(stats_.steps);
-    stats_.resumed_from_round = checkpoint->meta.round_id;
-    spdlog::info("resumed from the checkpoint of round {} (step {}, written by {})", checkpoint->meta.round_id,
-                 checkpoint->meta.step, checkpoint->meta.written_by);
+    return OkStatus();
+  }
+
+  // The outer state as checkpoint bytes. In a group a collective, like
+  // SaveCheckpoint: rank 0 gets the whole model, the other ranks nothing.
+  StatusOr<std::string> ExportState() override {
+    if (shut_down_) return FailedPreconditionError("reducer: export_state() after shutdown()");
+    if (!group_) return EncodeCheckpoint(Snapshot(stats_.last_round_id, 0));
+    StatusOr<std::shared_ptr<Checkpoint>> whole = GroupSnapshot(stats_.last_round_id, 0);
+    if (!whole.ok()) {
+      return Annotate(whole.status(),
+                      "export_state: a multi-rank learner's export is collective (every rank of the group calls it "
+                      "at the same step)");
+    }
+    return *whole ? EncodeCheckpoint(**whole) : std::string();
+  }
+
+  Status ImportState(std::string_view bytes) override {
+    if (shut_down_) return FailedPreconditionError("reducer: import_state() after shutdown()");
+    if (in_flight_) {
+      return FailedPreconditionError(fmt::format(
+          "import_state: the round of fragment {} for step {} is in flight; import between rounds (before the "
+          "first step, or after shutdown of the job that exported it)",
+          in_flight_->fragment, in_flight_->boundary_step));
+    }
+    MEND_ASSIGN_OR_RETURN(Checkpoint checkpoint, DecodeCheckpoint(bytes, "(imported state)"));
+    MEND_RETURN_IF_ERROR(Restore(checkpoint, "(imported state)"));
+    spdlog::info("imported the outer state of round {} (step {}, written by {})", checkpoint.meta.round_id,
+                 checkpoint.meta.step, checkpoint.meta.written_by);
+    if (group_) {
+      MEND_RETURN_IF_ERROR(AgreeOnRestoredState("imported", "every rank must import the same state"));
+    }
     return OkStatus();
   }
 
@@ -379,6 +425,7 @@ class RoundDriverImpl final : public RoundDriver {
     }
     // The inner step's own time (from here to the next call) is what tau counts in.
     last_return_ = clock_.NowMicros();
+    planned_step_ = 0;
     return OkStatus();
   }
 
@@ -431,11 +478,18 @@ class RoundDriverImpl final : public RoundDriver {
 
   bool NextStepMayWait() const override {
     const uint64_t next = stats_.steps + 1;
-    if (InFlightDueAt(next)) return true;
-    for (int64_t f = 0; f < schedule_.fragments(); ++f) {
-      if (schedule_.StartsAt(f, static_cast<int64_t>(next)) && !InFinalPeriod(next)) return true;
-    }
-    return false;
+    return InFlightDueAt(next) || LaunchesAt(next);
+  }
+
+  StepPlan PlanStep() override {
+    const uint64_t next = stats_.steps + 1;
+    planned_step_ = next;
+    planned_arrival_ = in_flight_ && in_flight_->done.load(std::memory_order_acquire);
+    StepPlan plan;
+    plan.may_wait = NextStepMayWait();
+    // A group's join passed over is looked at (and maybe applied) at every step.
+    plan.touches_parameters = plan.may_wait || (group_ && in_flight_ && in_flight_->passed_over);
+    return plan;
   }
 
   ReducerStats stats() const override {
@@ -458,8 +512,24 @@ class RoundDriverImpl final : public RoundDriver {
   // agree on at every step).
   bool InFlightDueAt(uint64_t step) const {
     if (group_) return in_flight_ && step >= in_flight_->apply_at_step && !in_flight_->passed_over;
-    return in_flight_ && (in_flight_->done.load(std::memory_order_acquire) ||
-                          (step >= in_flight_->apply_at_step && !in_flight_->passed_over));
+    return in_flight_ && (Arrived(step) || (step >= in_flight_->apply_at_step && !in_flight_->passed_over));
+  }
+
+  // Whether the round in flight has arrived, as the step at `step` sees it:
+  // as PlanStep found it for that step (so that a front end that staged the
+  // parameters for the step's plan is not overtaken by a late arrival), else now.
+  bool Arrived(uint64_t step) const {
+    if (!in_flight_) return false;
+    if (planned_step_ == step) return planned_arrival_;
+    return in_flight_->done.load(std::memory_order_acquire);
+  }
+
+  // Whether a fragment's round is launched at `step`.
+  bool LaunchesAt(uint64_t step) const {
+    for (int64_t f = 0; f < schedule_.fragments(); ++f) {
+      if (schedule_.StartsAt(f, static_cast<int64_t>(step)) && !InFinalPeriod(step)) return true;
+    }
+    return false;
   }
 
   // A round in flight: what the boundary snapshot, and the background thread
@@ -1130,6 +1200,9 @@ class RoundDriverImpl final : public RoundDriver {
   Micros last_return_ = 0;  // when step() last returned
   bool stepped_ = false;
   bool shut_down_ = false;
+  // PlanStep's view for the step it planned (0: none planned).
+  uint64_t planned_step_ = 0;
+  bool planned_arrival_ = false;
   Status group_broken_ = OkStatus();
   // In a group: this rank's step times since the last round, and the
   // slowest rank's mean step as of it (what rank 0's heartbeats carry).

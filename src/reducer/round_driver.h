@@ -17,6 +17,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "mend/clock.h"
 #include "mend/config.h"
@@ -26,6 +27,12 @@
 #include "reducer/flat_state.h"
 
 namespace mend::reducer {
+
+// What the next step() does, as PlanStep() finds it.
+struct StepPlan {
+  bool may_wait = false;            // it starts or applies a round (and may wait for one)
+  bool touches_parameters = false;  // it may read or write the parameters and moments
+};
 
 class RoundDriver {
  public:
@@ -42,10 +49,21 @@ class RoundDriver {
   [[nodiscard]] virtual Status step(uint64_t tokens) = 0;
   [[nodiscard]] virtual Status shutdown() = 0;
   virtual bool NextStepMayWait() const = 0;
+  // The plan of the next step(), fixed by this call: a round that arrives
+  // after it is taken up at a later step, so a front end that stages the
+  // parameters (host_staging) copies them in only for steps that touch them.
+  virtual StepPlan PlanStep() = 0;
   virtual ReducerStats stats() const = 0;
   virtual std::span<const float> global(int fragment) const = 0;
   virtual int fragments() const = 0;
   [[nodiscard]] virtual Status SaveCheckpoint(const std::string& path) = 0;
+  // The outer state (every fragment's global parameters and momentum, the
+  // round and step) as checkpoint bytes; in a group collective, with the
+  // whole model on rank 0 and empty bytes elsewhere.
+  [[nodiscard]] virtual StatusOr<std::string> ExportState() = 0;
+  // Makes exported bytes the global state and the local parameters (between
+  // rounds; in a group every rank imports the same bytes at the same step).
+  [[nodiscard]] virtual Status ImportState(std::string_view bytes) = 0;
 };
 
 }  // namespace mend::reducer

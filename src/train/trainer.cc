@@ -162,7 +162,7 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config, c
   }
   if (options.mode != "local" || grouped) {
     LearnerIdentity identity{options.id, config.job_id, config.rack, ""};
-    MEND_ASSIGN_OR_RETURN(GroupStoreOpener group_store, GroupStoreFromConfig(config));
+    MEND_ASSIGN_OR_RETURN(GroupStoreOpener group_store, GroupStoreFromConfig(config, token));
     MEND_ASSIGN_OR_RETURN(agent, LearnerAgent::Start(config, token, identity, std::move(group_store)));
     // Before the reducer: every rank starts from group rank 0's parameters.
     if (grouped) {

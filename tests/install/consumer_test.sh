@@ -1,16 +1,27 @@
 #!/usr/bin/env bash
-# Installs the build into a temporary prefix, builds the out-of-tree consumer
-# against it with find_package(mend), and runs it.
-#   consumer_test.sh BUILD_DIR
+# Installs the build into a temporary prefix, then builds against it as a
+# user's projects would: the C program of tests/capi with the C compiler
+# against the installed mend/mend.h and libmend.so, and (built with
+# LibTorch) the out-of-tree CMake consumer with find_package(mend) and
+# mend::torch; runs both.
+#   consumer_test.sh BUILD_DIR WITH_TORCH(ON|OFF)
 set -euo pipefail
 build=$1
+with_torch=${2:-ON}
 here=$(cd "$(dirname "$0")" && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cmake --install "$build" --prefix "$work/prefix" > "$work/install.log"
 test -f "$work/prefix/lib/cmake/mend/mendConfig.cmake"
-test -f "$work/prefix/include/mend/reducer.h"
+test -f "$work/prefix/include/mend/mend.h"
 test ! -e "$work/prefix/include/mend/subprocess.h"
+
+cc -std=c11 -Wall -Wextra -Wpedantic -Werror -I"$work/prefix/include" "$here/../capi/two_learners.c" \
+  -L"$work/prefix/lib" -lmend -o "$work/c_consumer"
+LD_LIBRARY_PATH="$work/prefix/lib" "$work/c_consumer"
+
+case "$with_torch" in ON|on|1|TRUE|true) ;; *) exit 0 ;; esac
+test -f "$work/prefix/include/mend/reducer.h"
 cmake -S "$here/consumer" -B "$work/build" -G Ninja -DCMAKE_PREFIX_PATH="$work/prefix" \
   -DCMAKE_BUILD_TYPE=Release > "$work/configure.log" 2>&1 || { cat "$work/configure.log"; exit 1; }
 cmake --build "$work/build" > "$work/build.log" 2>&1 || { cat "$work/build.log"; exit 1; }

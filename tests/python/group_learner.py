@@ -34,6 +34,7 @@ def main():
     parser.add_argument("--save-at", type=int, default=0,
                         help="every rank calls save_checkpoint(--save-path) after this step (collective)")
     parser.add_argument("--save-path", default="")
+    parser.add_argument("--host-staging", default="auto")
     args = parser.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -44,8 +45,8 @@ def main():
     optimizer = torch.optim.AdamW(ddp.parameters(), lr=0.02)
     config = MendConfig(lighthouse=args.lighthouse, sync_period_steps=args.period,
                         concurrent_outer_step=False, quorum_min_learners=2,
-                        quorum_timeout_ms=20000, log_level="warn")
-    # Learner 1 names itself; learner 2 takes group rank 0's HOST-PID (through torchrun's store).
+                        quorum_timeout_ms=20000, host_staging=args.host_staging, log_level="warn")
+    # Learner 1 names itself; learner 2 takes group rank 0's HOST-PID (passed on at mend_init).
     runtime = mend_init(ddp, config, f"learner-{args.learner}" if args.learner == 1 else None)
     data = torch.Generator().manual_seed(100 * args.learner + rank)  # every rank its own batches
     eval_data = torch.Generator().manual_seed(999)

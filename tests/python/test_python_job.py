@@ -352,8 +352,12 @@ def test_two_torchrun_learners_of_two_ranks_keep_every_replica_identical(tmp_pat
             seen[learner, rank] = json.loads((tmp_path / f"l{learner}-{rank}.json").read_text())
     for (learner, rank), s in seen.items():
         assert (s["group_size"], s["group_rank"]) == (2, rank)
-        # The group's ranks meet and share round decisions in torchrun's store.
-        assert s["group_store"] == f"127.0.0.1:{master_ports[learner]}"
+        # The group's ranks meet and share round decisions in the store its
+        # rank 0 serves (mend's own, not torchrun's), whose address reached
+        # rank 1 at mend_init.
+        assert s["group_store"] == seen[learner, 0]["group_store"]
+        assert s["group_store"].startswith("127.0.0.1:")
+        assert s["group_store"] != f"127.0.0.1:{master_ports[learner]}"
 
         assert len(s["rounds"]) == 6  # 30 steps, H = 5
         assert s["rounds"] == seen[1, 0]["rounds"], (learner, rank)  # same round ids, same digests

@@ -1,0 +1,259 @@
+/* mend's C ABI: everything a front end needs to run a learner of a mend job,
+ * an embedded lighthouse, or to read a lighthouse's status, in plain C.
+ *
+ * libmend.so implements it without LibTorch and exports only the mend_*
+ * symbols of this header; its C++ dependencies (gRPC, protobuf, abseil,
+ * Gloo, spdlog, fmt) are linked in with hidden symbols, so that it loads into
+ * any process (one with another torch, protobuf or Gloo) without either side
+ * interposing on the other. The Python package drives it with ctypes.
+ *
+ * Conventions.
+ *  - Every call that can fail returns a mend_status: MEND_OK, or one of the
+ *    canonical codes (equal to mend's, abseil's and gRPC's codes). The
+ *    message of the last failed call on the calling thread is
+ *    mend_last_error().
+ *  - Handles are opaque; each has a function that frees it. A handle may be
+ *    used from any thread, one call at a time (a mend_learner: see there).
+ *  - Strings a call returns through a `char**` are the caller's: free them
+ *    with mend_string_free(). `const char*` results are owned by the handle
+ *    they came from and valid as long as it is.
+ *  - Buffers passed to mend_learner_create stay the caller's: mend reads and
+ *    writes them in place and never frees them; they must outlive the learner.
+ *  - Waits have deadlines: from the configuration (rpc_timeout_ms,
+ *    quorum_timeout_ms, connect_timeout_ms, ...) or from the call.
+ */
+#ifndef MEND_MEND_H_
+#define MEND_MEND_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The version of this interface; mend_abi_version() returns the one the
+ * loaded library implements. A front end refuses a library of another one. */
+#define MEND_ABI_VERSION 1
+
+typedef enum mend_status {
+  MEND_OK = 0,
+  MEND_CANCELLED = 1,
+  MEND_UNKNOWN = 2,
+  MEND_INVALID_ARGUMENT = 3,   /* bad input; the message names the key or field and the value */
+  MEND_DEADLINE_EXCEEDED = 4,  /* a wait ran past its timeout */
+  MEND_NOT_FOUND = 5,          /* e.g. an unknown configuration key (the message suggests one) */
+  MEND_ALREADY_EXISTS = 6,
+  MEND_PERMISSION_DENIED = 7,
+  MEND_RESOURCE_EXHAUSTED = 8,
+  MEND_FAILED_PRECONDITION = 9, /* fix the state first (e.g. a call after shutdown, or in a fork) */
+  MEND_ABORTED = 10,           /* interrupted, or membership changed under the call */
+  MEND_OUT_OF_RANGE = 11,
+  MEND_UNIMPLEMENTED = 12,
+  MEND_INTERNAL = 13,
+  MEND_UNAVAILABLE = 14,       /* a peer or service cannot be reached */
+  MEND_DATA_LOSS = 15,         /* a damaged checkpoint or state */
+  MEND_UNAUTHENTICATED = 16,   /* a missing or wrong job token */
+  /* Not an error: mend_learner_step or mend_learner_wait returned at its
+   * wait_ms while the step still waits for a round; call mend_learner_wait. */
+  MEND_PENDING = 100
+} mend_status;
+
+uint32_t mend_abi_version(void);
+/* The package version, e.g. "0.1.0". */
+const char* mend_version(void);
+/* The message of the last call on this thread that did not return MEND_OK or
+ * MEND_PENDING; "" before any. Valid until the thread's next mend call. */
+const char* mend_last_error(void);
+/* "OK", "INVALID_ARGUMENT", ... ("PENDING" for MEND_PENDING). */
+const char* mend_status_name(mend_status status);
+void mend_string_free(char* text);
+void mend_bytes_free(void* bytes);
+
+/* Logging to standard error at `level` (trace, debug, info, warn, error,
+ * off), each line tagged with `name`. Learners and lighthouses started
+ * through this interface set it from their configuration's log_level. */
+mend_status mend_set_logging(const char* level, const char* name);
+
+/* ---- Configuration: the key table of README's configuration section. ---- */
+
+typedef struct mend_config mend_config;
+
+/* Every key at its default. */
+mend_status mend_config_new(mend_config** out);
+mend_status mend_config_copy(const mend_config* config, mend_config** out);
+void mend_config_free(mend_config* config);
+/* Sets `key` from its text form ("2000", "true", "int4", ...), with the
+ * checks of `mend --set`: INVALID_ARGUMENT naming the key, the value, the
+ * allowed range and `source` (NULL: "mend_config_set"); NOT_FOUND for an
+ * unknown key, naming the closest known key. */
+mend_status mend_config_set(mend_config* config, const char* key, const char* value, const char* source);
+/* Applies the top-level keys of a TOML file. */
+mend_status mend_config_load_file(mend_config* config, const char* path);
+/* Applies every MEND_<KEY> variable of the process environment (an unknown
+ * MEND_ variable is an error, except MEND_JOB_TOKEN and the front ends' own
+ * MEND_LEARNER_ID and MEND_LIBRARY). */
+mend_status mend_config_apply_environment(mend_config* config);
+/* The rules that tie keys together (e.g. heartbeat_timeout_ms >= 2 *
+ * heartbeat_ms). Learner and lighthouse starts check them too. */
+mend_status mend_config_check(const mend_config* config);
+/* The value of `key` as text mend_config_set accepts. */
+mend_status mend_config_get(const mend_config* config, const char* key, char** value);
+/* The whole configuration as TOML that mend_config_load_file accepts. */
+mend_status mend_config_to_toml(const mend_config* config, char** toml);
+/* The key table as JSON: [{"name", "type" (int|float|bool|str|enum),
+ * "default", "help", "min", "max" (numbers only), "choices"}...], in
+ * documentation order. */
+mend_status mend_config_keys_json(char** json);
+/* The known key closest to `unknown` ("" when none is close). */
+mend_status mend_config_suggest_key(const char* unknown, char** suggestion);
+/* The job token: MEND_JOB_TOKEN when set, else the contents of token_file. */
+mend_status mend_config_read_token(const mend_config* config, char** token);
+
+/* ---- Lighthouse (the job's coordinator), embedded in this process. ---- */
+
+typedef struct mend_lighthouse mend_lighthouse;
+
+/* Serves the configuration's `bind` (port 0 picks a free port) and `http`
+ * (empty: no HTTP side) with `token`. */
+mend_status mend_lighthouse_start(const mend_config* config, const char* token, mend_lighthouse** out);
+/* The gRPC address learners use as their `lighthouse` key, with the port bound. */
+const char* mend_lighthouse_address(const mend_lighthouse* lighthouse);
+/* The HTTP address (status page, /status.json, /metrics); "" without one. */
+const char* mend_lighthouse_http_address(const mend_lighthouse* lighthouse);
+/* The status document (what /status.json serves); 0 for a limit: all. */
+mend_status mend_lighthouse_status_json(const mend_lighthouse* lighthouse, uint32_t max_learners,
+                                        uint32_t max_rounds, char** json);
+/* Stops serving (waiting calls fail with UNAVAILABLE) and frees it. */
+void mend_lighthouse_stop(mend_lighthouse* lighthouse);
+
+/* The status document of the lighthouse at `address` (HOST:PORT), read over
+ * gRPC within `timeout_ms`. `ca_file`: PEM roots for TLS, NULL or "" for
+ * plaintext. */
+mend_status mend_status_json(const char* address, const char* token, const char* ca_file,
+                             uint32_t max_learners, uint32_t max_rounds, int64_t timeout_ms, char** json);
+
+/* ---- A learner group's store, served by group rank 0. ---- */
+
+typedef struct mend_group_store mend_group_store;
+
+/* Serves the store of a learner group (group_size > 1) at `address`
+ * (HOST:PORT; port 0 picks a free one). Group rank 0 calls it before
+ * mend_learner_create, passes mend_group_store_address() to the other ranks
+ * (through the launcher: torchrun's store, a collective), and every rank,
+ * rank 0 included, sets it as `group_store`. Keep it until the learner is
+ * freed. */
+mend_status mend_group_store_serve(const mend_config* config, const char* token, const char* address,
+                                   mend_group_store** out);
+const char* mend_group_store_address(const mend_group_store* store);
+void mend_group_store_stop(mend_group_store* store);
+
+/* ---- A learner over caller-owned buffers. ---- */
+
+/* One named fp32 parameter. Every learner of a job passes the same names
+ * and sizes in the same order (it decides the fragments and the names in
+ * checkpoints). */
+typedef struct mend_buffer {
+  const char* name;
+  float* data;            /* numel values, read and written in place */
+  uint64_t numel;
+  const int64_t* shape;   /* ndim sizes whose product is numel; NULL with ndim 0 means {numel} */
+  uint32_t ndim;
+} mend_buffer;
+
+typedef struct mend_stats {
+  uint64_t steps;                 /* the job's step as this learner knows it */
+  uint64_t rounds_started;        /* rounds launched at a fragment boundary */
+  uint64_t rounds;                /* rounds this learner completed */
+  uint64_t failed_rounds;         /* rounds that failed or formed without it */
+  uint64_t passed_over;           /* rounds for its boundary that closed without it */
+  uint64_t heals;                 /* times it took the global state from a peer */
+  uint64_t moment_syncs;          /* DES-LOC moment averagings */
+  uint64_t bytes_sent;            /* data-plane bytes of the merges */
+  uint64_t cross_rack_bytes_sent; /* data-plane bytes to other racks, heals included */
+  uint64_t last_round_id;
+  uint64_t checkpoints;           /* written by this learner */
+  uint64_t checkpoint_failures;
+  uint64_t resumed_from_round;    /* the checkpoint's round when it resumed, else 0 */
+  uint64_t overlap_steps;         /* tau of the latest round launched */
+  uint64_t parameter_copies;      /* fragment-sized copies to or from the buffers (rounds only) */
+} mend_stats;
+
+typedef struct mend_learner mend_learner;
+
+/* Starts a learner: connects to config's `lighthouse` (retried in the
+ * background if it is not up yet), registers as `learner_id` (for a group:
+ * every rank passes the same id), and attaches to `parameters`. `start_step`
+ * is the inner steps already done (0: a fresh start). May read and write the
+ * buffers (a resumed checkpoint, a group's rank 0 parameters): see
+ * MEND_STEP_WROTE. The group rank and size are config's group_rank and
+ * group_size. */
+mend_status mend_learner_create(const mend_config* config, const char* token, const char* learner_id,
+                                const mend_buffer* parameters, size_t count, uint64_t start_step,
+                                mend_learner** out);
+/* The inner optimizer's Adam moments of parameter `index` (numel fp32 values
+ * each, caller-owned, read and written in place at rounds), for desloc and
+ * heal_inner_optimizer; hand them over once the optimizer has them. NULL
+ * for both: none (yet). */
+mend_status mend_learner_set_moments(mend_learner* learner, size_t index, float* first, float* second);
+
+/* What the next step does (mend_learner_plan_step), and what the last call
+ * did (mend_learner_last_flags). */
+#define MEND_STEP_MAY_WAIT 1u /* it starts or applies a round, and may wait for one */
+#define MEND_STEP_READS 2u    /* it may read the parameter and moment buffers */
+#define MEND_STEP_WROTE 4u    /* it wrote the parameter or moment buffers */
+
+/* Fixes the plan of the next mend_learner_step and returns it (MAY_WAIT,
+ * READS). A front end that stages its parameters (a GPU's, through host
+ * buffers) copies them into the buffers before a step that READS, and
+ * back after any call whose mend_learner_last_flags() has WROTE; with no
+ * plan, a step behaves as if planned at its start. Cheap: call it every step. */
+uint32_t mend_learner_plan_step(mend_learner* learner);
+/* One inner step done, with the tokens it processed: at a fragment boundary
+ * it starts a round, and a round's result is applied at its apply step,
+ * waiting for it there. Returns when the step is done, or MEND_PENDING once
+ * `wait_ms` passed (< 0: no limit) while it still waits for a round; then
+ * only mend_learner_wait and mend_learner_interrupt may be called until one
+ * returns something else. Errors are what the caller must act on (a fatal
+ * refusal, a broken group); failed rounds are counted and survived. */
+mend_status mend_learner_step(mend_learner* learner, uint64_t tokens, int64_t wait_ms);
+mend_status mend_learner_wait(mend_learner* learner, int64_t wait_ms);
+/* Calls off the round being waited for (that step returns ABORTED) and
+ * every later join; for leaving the job on a signal. Any thread. */
+void mend_learner_interrupt(mend_learner* learner);
+/* MEND_STEP_WROTE when the last create, step, import or shutdown wrote the buffers. */
+uint32_t mend_learner_last_flags(const mend_learner* learner);
+
+mend_status mend_learner_stats(const mend_learner* learner, mend_stats* out);
+int mend_learner_fragments(const mend_learner* learner);
+/* The global parameters of `fragment` as of the last round (its
+ * parameters' values in order): *count is set to their number; up to
+ * `capacity` are copied into `out` (NULL with 0 asks for the count). */
+mend_status mend_learner_global_state(const mend_learner* learner, int fragment, float* out,
+                                      uint64_t capacity, uint64_t* count);
+/* The outer state (global parameters and outer momentum of every fragment,
+ * by parameter name, with the round and step) as bytes in mend's checkpoint
+ * format; free with mend_bytes_free. For a group a collective: every rank
+ * calls it at the same step; rank 0 gets the whole model, the others 0
+ * bytes. */
+mend_status mend_learner_export_state(mend_learner* learner, void** bytes, uint64_t* size);
+/* Makes exported bytes (or a checkpoint file's) the global state and the
+ * parameters, between rounds (FAILED_PRECONDITION while one is in flight);
+ * INVALID_ARGUMENT naming a tensor that does not fit the model, DATA_LOSS
+ * for damaged bytes. For a group every rank imports the same bytes. */
+mend_status mend_learner_import_state(mend_learner* learner, const void* bytes, uint64_t size);
+/* Writes the global state to `path` now, atomically (a checkpoint file);
+ * for a group a collective, written by rank 0. */
+mend_status mend_learner_save_checkpoint(mend_learner* learner, const char* path);
+/* Finishes the round in flight and leaves the job. Idempotent. */
+mend_status mend_learner_shutdown(mend_learner* learner);
+/* Frees the learner; without shutdown first, the round in flight is called
+ * off and dropped. In a forked child (where the learner's threads do not
+ * exist) it frees nothing and returns. */
+void mend_learner_free(mend_learner* learner);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* MEND_MEND_H_ */

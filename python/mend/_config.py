@@ -1,0 +1,181 @@
+"""MendConfig: the configuration key table, through libmend's checks."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict
+
+from mend import _native
+from mend._native import lib
+
+_KEYS = {row["name"]: row for row in _native.config_keys()}
+
+# Keys of the product's quick start that mend maps or refuses with a reason.
+_ALIASES = {"sideband_heartbeat_ms": "heartbeat_ms"}
+_REFUSED = {
+    "async_tp_enabled": "async_tp_enabled: async tensor parallelism needs a CUDA build; mend's CPU "
+                        "build has none (leave it out)",
+    "sideband_addr": "sideband_addr: mend has no side band; learners reach each other through the "
+                     "lighthouse (set lighthouse='HOST:PORT')",
+    "sideband_peers": "sideband_peers: mend has no side band; the lighthouse tells every learner "
+                      "its peers (set lighthouse='HOST:PORT')",
+}
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _key_doc() -> str:
+    lines = []
+    for name, row in _KEYS.items():
+        allowed = ""
+        if row["choices"]:
+            allowed = " (" + " | ".join(row["choices"]) + ")"
+        elif "min" in row:
+            allowed = f" [{row['min']:g}, {row['max']:g}]"
+        lines.append(f"    {name} ({row['type']}, default {row['default']!r}{allowed}):\n"
+                     f"        {row['help']}")
+    return "\n".join(lines)
+
+
+class NativeConfig(_native.Handle):
+    """A mend_config handle holding `values` (every key's text)."""
+
+    def __init__(self, values: Dict[str, str]) -> None:
+        pointer = _native._p()
+        _native.check(lib.mend_config_new(pointer))
+        super().__init__(pointer, lib.mend_config_free)
+        for name, text in values.items():
+            _native.check(lib.mend_config_set(pointer, name.encode(), text.encode(), b"MendConfig"))
+
+
+def _resolve(file: str, given: Dict[str, str], environment: bool = True) -> Dict[str, str]:
+    """defaults < file < MEND_* environment < keywords, checked; every key's text."""
+    pointer = _native._p()
+    _native.check(lib.mend_config_new(pointer))
+    handle = _native.Handle(pointer, lib.mend_config_free)
+    try:
+        if file:
+            _raise_as_value_error(lib.mend_config_load_file(pointer, file.encode()))
+        if environment:
+            _raise_as_value_error(lib.mend_config_apply_environment(pointer))
+        for name, text in given.items():
+            _raise_as_value_error(lib.mend_config_set(pointer, name.encode(), text.encode(),
+                                                      f"keyword {name}".encode()))
+        _raise_as_value_error(lib.mend_config_check(pointer))
+        return {name: _native.take_string(lib.mend_config_get, pointer, name.encode()) for name in _KEYS}
+    finally:
+        handle.close()
+
+
+def _raise_as_value_error(code: int) -> None:
+    """A bad value (INVALID_ARGUMENT) is a ValueError; other failures their MendError."""
+    if code == 3:
+        raise ValueError(lib.mend_last_error().decode(errors="replace"))
+    _native.check(code)
+
+
+class MendConfig:
+    """A mend job's configuration: every key of the configuration table.
+
+    ``MendConfig(**keys)`` layers, later winning: defaults < ``MEND_*``
+    environment variables < the keywords (the same order as the ``mend``
+    command: defaults < --config file < environment < flags). A bad value
+    raises ValueError naming the key, the value and the allowed range; an
+    unknown keyword raises TypeError naming the closest key.
+    ``MendConfig.from_file(path, **keys)`` starts from a TOML file.
+
+    ``momentum_sync_period_steps`` (or ``second_moment_sync_period_steps``)
+    given without ``desloc`` turns DES-LOC on: averaging the inner Adam
+    moments only happens with it.
+
+    A MendConfig is a plain value (it can be copied and pickled).
+
+    Keys:
+{keys}
+    """
+
+    def __init__(self, _file: str = "", **keys: Any) -> None:
+        given: Dict[str, str] = {}
+        for name, value in keys.items():
+            if name in _REFUSED:
+                raise ValueError(_REFUSED[name])
+            name = _ALIASES.get(name, name)
+            if name not in _KEYS:
+                suggestion = _native.take_string(lib.mend_config_suggest_key, name.encode())
+                raise TypeError(f"MendConfig() got an unexpected keyword argument '{name}'"
+                                + (f"; did you mean '{suggestion}'?" if suggestion else ""))
+            given[name] = _text(value)
+        if ("momentum_sync_period_steps" in given or "second_moment_sync_period_steps" in given) \
+                and "desloc" not in given:
+            given["desloc"] = "true"
+        self._values = _resolve(_file, given)
+        self._given = given
+        self._file = _file
+
+    @classmethod
+    def from_file(cls, path: str, **keys: Any) -> "MendConfig":
+        """The configuration of a TOML file (then the environment, then ``keys``)."""
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"mend: no configuration file {path!r}")
+        return cls(_file=path, **keys)
+
+    def __getattr__(self, name: str) -> Any:
+        values = self.__dict__.get("_values")
+        if values is None or name not in values:
+            raise AttributeError(f"MendConfig has no key {name!r}")
+        row = _KEYS[name]
+        text = values[name]
+        if row["type"] == "int":
+            return int(text)
+        if row["type"] == "float":
+            return float(text)
+        if row["type"] == "bool":
+            return text == "true"
+        return text
+
+    def replace(self, **keys: Any) -> "MendConfig":
+        """A copy with ``keys`` changed (checked as in the constructor; the
+        environment is not read again)."""
+        copy = MendConfig.__new__(MendConfig)
+        given = dict(self._given)
+        given.update({_ALIASES.get(k, k): _text(v) for k, v in keys.items()})
+        values = dict(self._values)
+        for name, text in given.items():
+            if name not in _KEYS:
+                raise TypeError(f"MendConfig has no key {name!r}")
+        values.update({k: given[k] for k in given})
+        copy._values = _resolve("", values, environment=False)
+        copy._given = given
+        copy._file = self._file
+        return copy
+
+    def as_dict(self) -> Dict[str, Any]:
+        return {name: getattr(self, name) for name in _KEYS}
+
+    def to_toml(self) -> str:
+        native = self.native()  # alive until the call returns
+        return _native.take_string(lib.mend_config_to_toml, native.pointer)
+
+    def native(self) -> NativeConfig:
+        """A C handle holding these values (for the C ABI's calls)."""
+        return NativeConfig(self._values)
+
+    def __repr__(self) -> str:
+        changed = ", ".join(f"{k}={getattr(self, k)!r}" for k in self._given)
+        return f"MendConfig({changed})"
+
+    def __reduce__(self):
+        return (_rebuild, (self._values, self._given, self._file))
+
+
+def _rebuild(values: Dict[str, str], given: Dict[str, str], file: str) -> MendConfig:
+    config = MendConfig.__new__(MendConfig)
+    config._values, config._given, config._file = dict(values), dict(given), file
+    return config
+
+
+MendConfig.__doc__ = MendConfig.__doc__.replace("{keys}", _key_doc())

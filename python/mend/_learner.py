@@ -1,0 +1,296 @@
+"""The torch-free layer: a learner over float32 buffers, an embedded
+lighthouse, a learner group's store, and a lighthouse's status."""
+
+from __future__ import annotations
+
+import array
+import ctypes
+import json
+import os
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+from mend import _native
+from mend._config import MendConfig
+from mend._native import lib
+
+# How long one wait for a round lasts before Python gets a chance to run
+# signal handlers (Ctrl-C) and other threads.
+_WAIT_SLICE_MS = 20
+
+
+def read_token(config: MendConfig) -> str:
+    """MEND_JOB_TOKEN, else the contents of the config's token_file."""
+    native = config.native()  # alive until the call returns
+    return _native.take_string(lib.mend_config_read_token, native.pointer)
+
+
+def default_learner_id() -> str:
+    return f"{os.uname().nodename}-{os.getpid()}"
+
+
+class Lighthouse:
+    """A lighthouse (the job's coordinator) embedded in this process.
+
+    For notebooks, tests and single-host jobs; ``mend lighthouse`` is the
+    standalone one. ``bind`` and ``http`` of the config choose its addresses
+    (port 0 picks a free one); ``.address`` is the gRPC address learners use
+    as their ``lighthouse`` key. A context manager: leaving it shuts it down.
+    """
+
+    def __init__(self, config: Optional[MendConfig] = None, token: Optional[str] = None) -> None:
+        config = config or MendConfig()
+        token = token or read_token(config)
+        pointer = _native._p()
+        native = config.native()  # alive until the call returns
+        _native.check(lib.mend_lighthouse_start(native.pointer, token.encode(), ctypes.byref(pointer)))
+        self._handle = _native.Handle(pointer, lib.mend_lighthouse_stop)
+        self._address = lib.mend_lighthouse_address(pointer).decode()
+        self._http_address = lib.mend_lighthouse_http_address(pointer).decode()
+
+    @property
+    def address(self) -> str:
+        return self._address
+
+    @property
+    def http_address(self) -> str:
+        return self._http_address
+
+    def status(self, max_learners: int = 0, max_rounds: int = 0) -> Dict[str, Any]:
+        """The status document (the same as /status.json) as a dict."""
+        return json.loads(_native.take_string(lib.mend_lighthouse_status_json, self._handle.pointer,
+                                              max_learners, max_rounds))
+
+    def shutdown(self) -> None:
+        self._handle.close()
+
+    def __enter__(self) -> "Lighthouse":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+
+def status(address: str, token: Optional[str] = None, max_learners: int = 0,
+           max_rounds: int = 0) -> Dict[str, Any]:
+    """The status document of the lighthouse at ``address`` as a dict.
+
+    The token defaults to MEND_JOB_TOKEN."""
+    token = token if token is not None else os.environ.get("MEND_JOB_TOKEN", "")
+    return json.loads(_native.take_string(lib.mend_status_json, address.encode(), token.encode(), None,
+                                          max_learners, max_rounds, 5000))
+
+
+class GroupStore:
+    """The store of a learner group, served by its rank 0 (see mend_init)."""
+
+    def __init__(self, config: MendConfig, token: str, address: str) -> None:
+        pointer = _native._p()
+        native = config.native()  # alive until the call returns
+        _native.check(lib.mend_group_store_serve(native.pointer, token.encode(), address.encode(),
+                                                 ctypes.byref(pointer)))
+        self._handle = _native.Handle(pointer, lib.mend_group_store_stop)
+        self.address = lib.mend_group_store_address(pointer).decode()
+
+    def stop(self) -> None:
+        self._handle.close()
+
+
+def _address_of(name: str, buffer: Any) -> Tuple[int, int, Tuple[int, ...], memoryview]:
+    """(address, values, shape, view) of a writable, C-contiguous float32 buffer."""
+    try:
+        view = memoryview(buffer)
+    except TypeError as error:
+        raise TypeError(f"mend: buffer {name!r} ({type(buffer).__name__}) does not expose its memory "
+                        f"(use a numpy array or array.array('f'))") from error
+    if view.format not in ("f", "<f", "=f") or view.itemsize != 4:
+        raise ValueError(f"mend: buffer {name!r} holds {view.format!r} values; mend needs float32")
+    if not view.c_contiguous:
+        raise ValueError(f"mend: buffer {name!r} is not C-contiguous")
+    if view.readonly:
+        raise ValueError(f"mend: buffer {name!r} is read-only; mend writes the parameters in place")
+    count = view.nbytes // 4
+    address = ctypes.addressof(ctypes.c_float.from_buffer(view)) if count else 0
+    return address, count, tuple(view.shape), view
+
+
+class Learner:
+    """One learner of a mend job over float32 buffers it does not own.
+
+    ``buffers`` is a sequence of ``(name, buffer)``: writable, C-contiguous
+    float32 memory (a numpy array, ``array.array('f')``, ...), which mend
+    reads and writes in place at round boundaries; every learner of the job
+    passes the same names and sizes in the same order. After each inner step
+    the program calls ``step(tokens)``. No torch is needed: this is what
+    ``mend_init`` builds on.
+
+    ``step`` releases the GIL while it waits for a round and lets Python run
+    signal handlers every few milliseconds: a KeyboardInterrupt there calls
+    the round off, leaves the job and propagates.
+    """
+
+    def __init__(self, config: MendConfig, buffers: Sequence[Tuple[str, Any]], learner_id: Optional[str] = None,
+                 *, token: Optional[str] = None, start_step: int = 0) -> None:
+        entries = []
+        keep = []
+        for name, buffer in buffers:
+            address, count, shape, view = _address_of(name, buffer)
+            entries.append((name, address, count, shape))
+            keep.append((buffer, view))
+        self._open(config, entries, learner_id, token, start_step, keep)
+
+    @classmethod
+    def _from_addresses(cls, config: MendConfig, entries: List[Tuple[str, int, int, Tuple[int, ...]]],
+                        learner_id: Optional[str], token: Optional[str], start_step: int,
+                        keep: Any) -> "Learner":
+        """A learner over raw addresses (name, address, values, shape) that `keep` keeps alive."""
+        learner = cls.__new__(cls)
+        learner._open(config, entries, learner_id, token, start_step, keep)
+        return learner
+
+    def _open(self, config: MendConfig, entries, learner_id, token, start_step, keep) -> None:
+        if not entries:
+            raise ValueError("mend: a learner needs at least one parameter")
+        self.config = config
+        self.learner_id = str(learner_id or os.environ.get("MEND_LEARNER_ID") or default_learner_id())
+        self._keep = keep
+        self._pid = os.getpid()
+        self._closed = False
+        token = token or read_token(config)
+        buffers = (_native.Buffer * len(entries))()
+        shapes = []
+        names = []
+        for i, (name, address, count, shape) in enumerate(entries):
+            names.append(name.encode())
+            dims = (ctypes.c_int64 * len(shape))(*shape)
+            shapes.append(dims)
+            buffers[i] = _native.Buffer(names[-1], ctypes.cast(address, ctypes.POINTER(ctypes.c_float)),
+                                        count, dims, len(shape))
+        pointer = _native._p()
+        native = config.native()  # alive until the call returns
+        _native.check(lib.mend_learner_create(native.pointer, token.encode(), self.learner_id.encode(),
+                                              buffers, len(entries), int(start_step), ctypes.byref(pointer)))
+        self._handle = _native.Handle(pointer, lib.mend_learner_free)
+        self._pointer = pointer
+        self.names = [name for name, _, _, _ in entries]
+
+    # -- steps -----------------------------------------------------------
+    def plan_step(self) -> int:
+        """Fixes what the next step does: a bit set of mend._native.STEP_MAY_WAIT
+        and STEP_READS (it may read the buffers: a staged copy must be current)."""
+        return lib.mend_learner_plan_step(self._pointer)
+
+    def step(self, tokens: int) -> None:
+        """One inner step done, with the tokens it processed."""
+        self._check_process()
+        pointer = self._pointer
+        try:
+            code = lib.mend_learner_step(pointer, int(tokens), _WAIT_SLICE_MS)
+            while code == _native.PENDING:
+                code = lib.mend_learner_wait(pointer, _WAIT_SLICE_MS)
+        except BaseException:
+            # A signal handler (Ctrl-C) raised between waits: call the round
+            # off, let the step return (a no-op when none waits), leave the
+            # job, and let the exception go on.
+            lib.mend_learner_interrupt(pointer)
+            lib.mend_learner_wait(pointer, -1)
+            try:
+                self.shutdown()
+            except _native.MendError:
+                pass
+            raise
+        if code != 0:
+            raise _native.error(code)
+
+    @property
+    def last_flags(self) -> int:
+        """STEP_WROTE when the last create, step, import or shutdown wrote the buffers."""
+        return lib.mend_learner_last_flags(self._pointer)
+
+    def set_moments(self, index: int, first: Any, second: Any) -> None:
+        """The inner optimizer's Adam moments of buffer ``index`` (float32
+        buffers of its size), for desloc and heal_inner_optimizer."""
+        a, count_a, _, view_a = _address_of(f"{self.names[index]} (first moment)", first)
+        b, count_b, _, view_b = _address_of(f"{self.names[index]} (second moment)", second)
+        self._set_moment_addresses(index, a, b, (first, second, view_a, view_b))
+
+    def _set_moment_addresses(self, index: int, first: int, second: int, keep: Any) -> None:
+        self._check_process()
+        _native.check(lib.mend_learner_set_moments(self._pointer, index, first, second))
+        self._keep = (self._keep, keep)
+
+    # -- state -----------------------------------------------------------
+    def stats(self) -> Dict[str, int]:
+        if self._closed:
+            return {}
+        stats = _native.Stats()
+        _native.check(lib.mend_learner_stats(self._pointer, ctypes.byref(stats)))
+        return {name: getattr(stats, name) for name in _native.STAT_FIELDS}
+
+    @property
+    def fragments(self) -> int:
+        return lib.mend_learner_fragments(self._pointer)
+
+    def global_state(self, fragment: int = 0) -> array.array:
+        """The job's global parameters of ``fragment`` after the last round (flat, a copy)."""
+        count = ctypes.c_uint64()
+        _native.check(lib.mend_learner_global_state(self._pointer, fragment, None, 0, ctypes.byref(count)))
+        values = array.array("f", bytes(4 * count.value))
+        if count.value:
+            out = (ctypes.c_float * count.value).from_buffer(values)
+            _native.check(lib.mend_learner_global_state(self._pointer, fragment, out, count.value,
+                                                        ctypes.byref(count)))
+        return values
+
+    def export_state(self) -> bytes:
+        """The outer state (global parameters, outer momentum, round, step) as
+        bytes in mend's checkpoint format. A group's ranks call it together;
+        rank 0 gets the bytes, the others b""."""
+        self._check_process()
+        data = _native._p()
+        size = ctypes.c_uint64()
+        _native.check(lib.mend_learner_export_state(self._pointer, ctypes.byref(data), ctypes.byref(size)))
+        try:
+            return ctypes.string_at(data.value, size.value) if size.value else b""
+        finally:
+            lib.mend_bytes_free(data)
+
+    def import_state(self, state: bytes) -> None:
+        """Makes exported bytes the global state and the parameters (between rounds)."""
+        self._check_process()
+        _native.check(lib.mend_learner_import_state(self._pointer, bytes(state), len(state)))
+
+    def save_checkpoint(self, path: str) -> None:
+        self._check_process()
+        _native.check(lib.mend_learner_save_checkpoint(self._pointer, os.fspath(path).encode()))
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def shutdown(self) -> None:
+        """Finishes the round in flight and leaves the job. Idempotent."""
+        if self._closed or os.getpid() != self._pid:
+            return
+        self._closed = True
+        _native.check(lib.mend_learner_shutdown(self._pointer))
+
+    def interrupt(self) -> None:
+        """Calls off the round a step waits for (from any thread)."""
+        lib.mend_learner_interrupt(self._pointer)
+
+    def _check_process(self) -> None:
+        if os.getpid() != self._pid:
+            raise _native.ERRORS[9](
+                f"mend: this learner belongs to process {self._pid}; the forked process {os.getpid()} "
+                f"(a DataLoader worker?) cannot use it")
+        if self._closed:
+            raise _native.ERRORS[9]("mend: this learner was shut down")
+
+    def __del__(self) -> None:
+        handle = self.__dict__.get("_handle")
+        if handle is not None and os.getpid() == self._pid:
+            try:
+                if not self._closed:
+                    lib.mend_learner_shutdown(self._pointer)
+            except Exception:  # noqa: BLE001
+                pass

@@ -1,0 +1,457 @@
+"""mend for a torch.nn.Module: mend_init, mend_shutdown and the Runtime.
+
+torch is used only through its public Python API, so this serves every
+torch >= 1.13. Parameters that are float32, contiguous and on the CPU are
+handed to libmend in place (no copy on steps without a round); all others
+(on a GPU or another device, bfloat16 or float16; all of them with
+host_staging = "always") go through float32 host buffers (pinned for a
+GPU): copied in before a step that starts or applies a round, and back
+after a call that wrote them, so mend adds no device memory and the round
+runs on host memory.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import threading
+import time
+import warnings
+import weakref
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+from mend import _native
+from mend._config import MendConfig
+from mend._learner import GroupStore, Learner, default_learner_id, read_token
+from mend._native import STEP_READS, STEP_WROTE, lib
+
+_STAGED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+class _Staging:
+    """float32 host copies of the tensors that cannot be used in place."""
+
+    def __init__(self) -> None:
+        self.pairs: List[Tuple[torch.Tensor, torch.Tensor]] = []  # (tensor, host copy)
+        self.devices = set()
+        self.copies = 0
+        self.seconds = 0.0
+
+    def add(self, tensor: torch.Tensor) -> torch.Tensor:
+        pin = tensor.device.type == "cuda"
+        host = torch.empty(tensor.numel(), dtype=torch.float32, pin_memory=pin)
+        with torch.no_grad():
+            host.copy_(tensor.detach().reshape(-1))
+        self.pairs.append((tensor, host))
+        if pin:
+            self.devices.add(tensor.device)
+        return host
+
+    def _synchronize(self) -> None:
+        for device in self.devices:
+            torch.cuda.synchronize(device)
+
+    def copy_in(self) -> None:
+        """The tensors' values into the host copies (before mend reads them)."""
+        if not self.pairs:
+            return
+        started = time.perf_counter()
+        with torch.no_grad():
+            for tensor, host in self.pairs:
+                host.copy_(tensor.detach().reshape(-1), non_blocking=True)
+        self._synchronize()
+        self.copies += 1
+        self.seconds += time.perf_counter() - started
+
+    def copy_out(self) -> None:
+        """The host copies back into the tensors (after mend wrote them)."""
+        if not self.pairs:
+            return
+        started = time.perf_counter()
+        with torch.no_grad():
+            for tensor, host in self.pairs:
+                tensor.detach().copy_(host.view(tensor.shape), non_blocking=True)
+        self._synchronize()
+        self.copies += 1
+        self.seconds += time.perf_counter() - started
+
+
+def _in_place(tensor: torch.Tensor, always_stage: bool) -> bool:
+    return (not always_stage and tensor.device.type == "cpu" and tensor.dtype == torch.float32
+            and tensor.is_contiguous())
+
+
+class Runtime:
+    """What mend_init attaches to a model: one learner of the job.
+
+    ``step(tokens=None)`` runs the reducer once (mend_init arranges for it to
+    run after every optimizer step); ``report_tokens(n)`` sets the tokens of
+    the current step; ``stats()`` returns a dict; ``global_state(fragment)``
+    the job's global parameters; ``save_checkpoint(path)`` writes the global
+    state; ``export_state()`` / ``import_state(bytes)`` carry the outer state;
+    ``shutdown()`` finishes the round in flight and leaves.
+    """
+
+    def __init__(self, model: torch.nn.Module, config: MendConfig, learner_id: str,
+                 optimizer: Optional[torch.optim.Optimizer], group_store: Optional[GroupStore] = None) -> None:
+        named = [(name, p) for name, p in model.named_parameters()]
+        if not named:
+            raise ValueError("mend_init: the model has no parameters")
+        for name, p in named:
+            if p.is_sparse or p.dtype not in _STAGED_DTYPES or not p.is_contiguous():
+                raise ValueError(
+                    f"mend_init: parameter {name!r} is {'sparse ' if p.is_sparse else ''}"
+                    f"{p.dtype} on {p.device}{'' if p.is_contiguous() else ', not contiguous'}; "
+                    f"mend needs dense, contiguous float32, bfloat16 or float16 parameters")
+        self.model = model
+        self.config = config
+        self.learner_id = learner_id
+        self._group_store = group_store
+        self._parameters = [p for _, p in named]
+        self._always_stage = config.host_staging == "always"
+        self._staging = _Staging()
+        self._moment_staging = _Staging()
+        self._moments_missing = set(range(len(self._parameters)))
+        self._pid = os.getpid()
+        self._tokens: Optional[int] = None
+        self._counted_tokens = 0
+        self._warned_no_tokens = False
+        self._optimizer: Optional[torch.optim.Optimizer] = None
+        self._original_step = None
+        self._hooks = []
+        entries = []
+        with torch.no_grad():
+            for name, p in named:
+                data = p.detach()
+                tensor = data if _in_place(data, self._always_stage) else self._staging.add(data)
+                entries.append((name, tensor.data_ptr(), tensor.numel(), tuple(p.shape)))
+        self._learner = Learner._from_addresses(config, entries, learner_id, read_token(config), 0,
+                                                keep=[p for _, p in named])
+        self._after_call()
+        self._hooks.append(model.register_forward_pre_hook(self._count_tokens))
+        if optimizer is not None:
+            self._attach(optimizer)
+        else:
+            found = _find_optimizer(self._parameters)
+            if found is not None:
+                self._attach(found)
+            else:  # created after mend_init: looked for at the first training forward
+                self._hooks.append(model.register_forward_pre_hook(self._find_later))
+
+    # -- wiring ----------------------------------------------------------
+    def _attach(self, optimizer: torch.optim.Optimizer) -> None:
+        if self._optimizer is optimizer:
+            return
+        held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        if not any(id(p) in held for p in self._parameters):
+            raise ValueError("mend_init: the optimizer holds none of the model's parameters")
+        self._optimizer = optimizer
+        original = optimizer.step
+        runtime_ref = weakref.ref(self)
+
+        def step(*args: Any, **kwargs: Any) -> Any:
+            result = original(*args, **kwargs)
+            runtime = runtime_ref()
+            if runtime is not None and not runtime.closed:
+                runtime.step()
+            return result
+
+        self._original_step = original
+        optimizer.step = step  # type: ignore[assignment]
+
+    def _find_later(self, module: torch.nn.Module, inputs: Any) -> None:
+        if self._optimizer is not None or not module.training:
+            return
+        found = _find_optimizer(self._parameters)
+        if found is not None:
+            self._attach(found)
+
+    def _count_tokens(self, module: torch.nn.Module, inputs: Any) -> None:
+        if not module.training:
+            return
+        for value in inputs if isinstance(inputs, tuple) else (inputs,):
+            if isinstance(value, torch.Tensor) and not value.is_floating_point() \
+                    and not value.is_complex():
+                self._counted_tokens += int(value.numel())
+                return
+
+    def _hand_over_moments(self) -> None:
+        """Gives the reducer each parameter's Adam moments once the optimizer has made them
+        (at its first step); nothing is left to do on later steps."""
+        if self._optimizer is None or not self._moments_missing:
+            return
+        state = self._optimizer.state
+        for index in list(self._moments_missing):
+            s = state.get(self._parameters[index])
+            if not (s and "exp_avg" in s and "exp_avg_sq" in s):
+                continue
+            moments = []
+            for moment in (s["exp_avg"], s["exp_avg_sq"]):
+                moment = moment.detach()
+                moments.append(moment if _in_place(moment, self._always_stage) else self._moment_staging.add(moment))
+            self._learner._set_moment_addresses(index, moments[0].data_ptr(), moments[1].data_ptr(),
+                                                (s["exp_avg"], s["exp_avg_sq"]))
+            self._moments_missing.discard(index)
+
+    def _before_call(self) -> None:
+        self._staging.copy_in()
+        self._moment_staging.copy_in()
+
+    def _after_call(self) -> None:
+        if self._learner.last_flags & STEP_WROTE:
+            self._staging.copy_out()
+            self._moment_staging.copy_out()
+
+    # -- the user's calls -----------------------------------------------
+    def report_tokens(self, tokens: int) -> None:
+        """The tokens of the current inner step (else counted from the forward's input)."""
+        self._tokens = int(tokens)
+
+    def step(self, tokens: Optional[int] = None) -> None:
+        """One inner step done: runs the reducer (a round at each boundary)."""
+        self._check_process()
+        if tokens is None:
+            tokens = self._tokens if self._tokens is not None else self._counted_tokens
+            if tokens == 0:
+                # Nothing to count (the forward got no integer tensor, e.g. a
+                # float-input model) and nothing reported: a step counts as 1,
+                # so the merge weighs learners by steps rather than failing on
+                # weights that sum to 0.
+                if not self._warned_no_tokens:
+                    self._warned_no_tokens = True
+                    warnings.warn("mend: no token count for this inner step (the model's forward got no "
+                                  "integer tensor and report_tokens() was not called); counting 1 per step, "
+                                  "so learners are weighted by steps. Call runtime.report_tokens(n) or "
+                                  "runtime.step(n) to weight them by tokens.", RuntimeWarning, stacklevel=2)
+                tokens = 1
+        self._tokens = None
+        self._counted_tokens = 0
+        if self._moments_missing and (self.config.desloc or self.config.heal_inner_optimizer):
+            self._hand_over_moments()
+        learner = self._learner
+        if learner.plan_step() & STEP_READS:
+            self._before_call()
+            learner.step(int(tokens))
+            self._after_call()
+        else:
+            learner.step(int(tokens))
+
+    def stats(self) -> Dict[str, Any]:
+        stats: Dict[str, Any] = dict(self._learner.stats())
+        if stats:
+            stats["staged_parameters"] = len(self._staging.pairs)
+            stats["staging_copies"] = self._staging.copies
+            stats["staging_seconds"] = self._staging.seconds + self._moment_staging.seconds
+        return stats
+
+    def global_state(self, fragment: int = 0) -> torch.Tensor:
+        """The job's global parameters of ``fragment`` after the last round (flat, a copy)."""
+        values = self._learner.global_state(fragment)
+        return torch.tensor(values, dtype=torch.float32) if len(values) else torch.zeros(0)
+
+    def save_checkpoint(self, path: str) -> None:
+        """Writes the global state (parameters and outer momentum, by name) to
+        ``path``. For a learner of several ranks it is collective, like
+        torch.distributed.checkpoint.save: every rank calls it at the same
+        step, and group rank 0 writes the file."""
+        self._check_process()
+        self._learner.save_checkpoint(path)
+
+    def export_state(self) -> bytes:
+        """The outer state as bytes (collective for a group: rank 0 gets them)."""
+        self._check_process()
+        return self._learner.export_state()
+
+    def import_state(self, state: bytes) -> None:
+        """Makes exported bytes the global state and the model's parameters."""
+        self._check_process()
+        self._learner.import_state(state)
+        self._after_call()
+
+    @property
+    def closed(self) -> bool:
+        return self._learner.closed
+
+    def shutdown(self) -> None:
+        """Finishes the round in flight and leaves the job. Idempotent."""
+        if os.getpid() != self._pid:
+            return
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks.clear()
+        if self._optimizer is not None and self._original_step is not None:
+            self._optimizer.step = self._original_step  # type: ignore[assignment]
+            self._original_step = None
+        if self._learner.closed:
+            return
+        self._before_call()
+        try:
+            self._learner.shutdown()
+        finally:
+            self._after_call()
+            if self._group_store is not None:
+                self._group_store.stop()
+
+    def _check_process(self) -> None:
+        if os.getpid() != self._pid:
+            raise _native.ERRORS[9](
+                f"mend: this runtime belongs to process {self._pid}; the forked process "
+                f"{os.getpid()} (a DataLoader worker?) cannot use it")
+
+
+def _find_optimizer(parameters) -> Optional[torch.optim.Optimizer]:
+    """The live optimizer that holds any of ``parameters``, or None."""
+    wanted = {id(p) for p in parameters}
+    with warnings.catch_warnings():  # isinstance on every object wakes deprecated shims
+        warnings.simplefilter("ignore")
+        for obj in gc.get_objects():
+            try:
+                if isinstance(obj, torch.optim.Optimizer):
+                    held = {id(p) for group in obj.param_groups for p in group["params"]}
+                    if held & wanted:
+                        return obj
+            except ReferenceError:
+                continue
+    return None
+
+
+def _torch_group() -> Optional[Tuple[int, int]]:
+    """(world size, rank) of torch.distributed's default group, when there is one."""
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return dist.get_world_size(), dist.get_rank()
+    return None
+
+
+def _with_group(config: MendConfig) -> MendConfig:
+    """The learner's group: the config's group_size, else (under torchrun with a
+    process group) every rank of torch.distributed's default group."""
+    given: Dict[str, Any] = {}
+    group = _torch_group()
+    if config.group_size == 1 and "group_size" not in config._given and group is not None:
+        given["group_size"], given["group_rank"] = group
+    elif config.group_size > 1 and "group_rank" not in config._given and group is not None:
+        given["group_rank"] = group[1]
+    return config.replace(**given) if given else config
+
+
+def _share_from_rank0(config: MendConfig, values: Dict[str, str]) -> Dict[str, str]:
+    """Rank 0's `values` on every rank of the group, once, through torch's
+    public API: one collective on the default process group when it is the
+    group, else torchrun's store (MASTER_ADDR:MASTER_PORT)."""
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() == config.group_size:
+        box = [values if config.group_rank == 0 else None]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+    host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if not (host and port):
+        raise ValueError(
+            f"mend_init: a learner of group_size = {config.group_size} needs group_store (rank 0's address, on "
+            "every rank), or torch.distributed initialized over the group's ranks, or torchrun's MASTER_ADDR and "
+            "MASTER_PORT, to pass rank 0's store address and learner id to the other ranks")
+    from datetime import timedelta
+    store = dist.TCPStore(host, int(port), is_master=False,
+                          timeout=timedelta(milliseconds=config.quorum_timeout_ms))
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    prefix = f"mend/{config.job_id}/group/{config.group_generation}.{restart}/"
+    if config.group_rank == 0:
+        for key, value in values.items():
+            store.set(prefix + key, value)
+    return {key: store.get(prefix + key).decode() for key in values}
+
+
+def _join_group(config: MendConfig, learner_id: Optional[str]) -> Tuple[MendConfig, str, Optional[GroupStore]]:
+    """For a learner of several ranks: its store (served by rank 0 unless the
+    config names one) and its id, agreed by every rank."""
+    if config.group_size <= 1:
+        return config, str(learner_id or default_learner_id()), None
+    server = None
+    if config.group_store and learner_id:
+        return config, str(learner_id), None
+    values = {"learner_id": str(learner_id or default_learner_id()), "group_store": config.group_store}
+    if config.group_rank == 0 and not config.group_store:
+        server = GroupStore(config, read_token(config), f"{config.dataplane_host}:0")
+        values["group_store"] = server.address
+    try:
+        shared = _share_from_rank0(config, values if config.group_rank == 0 else {k: "" for k in values})
+    except BaseException:
+        if server is not None:
+            server.stop()
+        raise
+    if not config.group_store:
+        config = config.replace(group_store=shared["group_store"])
+    return config, str(learner_id or shared["learner_id"]), server
+
+
+_runtimes: "weakref.WeakKeyDictionary[torch.nn.Module, Runtime]" = weakref.WeakKeyDictionary()
+_lock = threading.Lock()
+
+
+def mend_init(model: torch.nn.Module, config: Optional[MendConfig] = None,
+              rank_id: Optional[str] = None, *,
+              optimizer: Optional[torch.optim.Optimizer] = None) -> Runtime:
+    """Makes ``model``'s process a learner of the job and returns its Runtime.
+
+    After every inner optimizer step the reducer runs once: with
+    ``optimizer=`` that optimizer's ``step`` is wrapped; without it, the
+    optimizer that holds the model's parameters is found (now, or at the
+    first training-mode forward if it is created later) and wrapped.
+    Tokens per step: ``runtime.report_tokens(n)`` or ``runtime.step(n)``, else
+    the element count of the first integer tensor the model's forward gets,
+    else (a float-input model) 1 per step, with a warning.
+    The learner id is ``rank_id``, else MEND_LEARNER_ID, else HOST-PID.
+
+    Parameters may live on any device and be float32, bfloat16 or float16:
+    those that are not CPU float32 go through float32 host buffers (pinned
+    for a GPU) at round boundaries (``host_staging``).
+
+    A learner may be a group of ranks (a rack's hosts, training with their
+    own DDP): under torchrun with torch.distributed initialized, every rank
+    of the default process group is one rank of this learner (group_size =
+    world size, group_rank = rank) unless the config sets group_size. Group
+    rank 0 speaks for the group and serves the group's store; rank r takes
+    slice r of the cross-rack exchange on mend's own Gloo connections (never
+    the user's process group). Rank 0's store address and, without rank_id or
+    MEND_LEARNER_ID, its HOST-PID as the learner id reach the other ranks
+    once, here: one broadcast on the default process group, or torchrun's
+    store.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError("mend_init: model must be a torch.nn.Module")
+    config = _with_group(config or MendConfig())
+    with _lock:
+        if model in _runtimes and not _runtimes[model].closed:
+            raise _native.ERRORS[9](
+                "mend_init: this model already has a mend runtime; call mend_shutdown(model) first")
+        config, learner_id, server = _join_group(config, rank_id or os.environ.get("MEND_LEARNER_ID"))
+        try:
+            runtime = Runtime(model, config, learner_id, optimizer, server)
+        except BaseException:
+            if server is not None:
+                server.stop()
+            raise
+        _runtimes[model] = runtime
+    return runtime
+
+
+def get_runtime(model: torch.nn.Module) -> Optional[Runtime]:
+    """The Runtime mend_init attached to ``model``, or None."""
+    return _runtimes.get(model)
+
+
+def mend_shutdown(model: torch.nn.Module) -> None:
+    """Finishes the round in flight and leaves the job. Idempotent; also at exit."""
+    runtime = _runtimes.get(model)
+    if runtime is not None:
+        runtime.shutdown()
+
+
+def shutdown_all() -> None:
+    for runtime in list(_runtimes.values()):
+        try:
+            runtime.shutdown()
+        except Exception:  # noqa: BLE001 (at exit, one failure must not stop the rest)
+            pass

@@ -1,0 +1,167 @@
+// The C ABI's configuration calls: the key table with its checks.
+#include <dlfcn.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "capi/capi_common.h"
+#include "fmt/format.h"
+#include "nlohmann/json.hpp"
+
+extern char** environ;
+
+using mend::capi::CopyOut;
+using mend::capi::Guarded;
+using mend::capi::NullArgument;
+using mend::capi::Return;
+
+namespace {
+
+// The process's environment as its executable sees it. Loaded with
+// RTLD_DEEPBIND (as the Python package loads libmend.so), a reference to
+// `environ` would bind to libc's own variable rather than the executable's
+// copy, which setenv/putenv update: the main program's symbol is the live one
+// (RTLD_DEFAULT would search this library's deep-bound scope first; the
+// main program's handle searches from the executable.)
+const char* const* ProcessEnvironment() {
+  static void* const program = dlopen(nullptr, RTLD_NOW | RTLD_NOLOAD);
+  auto* live = program != nullptr ? reinterpret_cast<char***>(dlsym(program, "environ")) : nullptr;
+  return live != nullptr ? *live : environ;
+}
+
+// *out = a copy of `text`, or INVALID_ARGUMENT when out is NULL.
+mend_status Hand(std::string_view function, char** out, std::string_view text) {
+  if (out == nullptr) return NullArgument(function, "out");
+  *out = CopyOut(text);
+  return MEND_OK;
+}
+
+}  // namespace
+
+extern "C" {
+
+mend_status mend_config_new(mend_config** out) {
+  return Guarded([&] {
+    if (out == nullptr) return NullArgument("mend_config_new", "out");
+    *out = new mend_config();
+    return MEND_OK;
+  });
+}
+
+mend_status mend_config_copy(const mend_config* config, mend_config** out) {
+  return Guarded([&] {
+    if (config == nullptr) return NullArgument("mend_config_copy", "config");
+    if (out == nullptr) return NullArgument("mend_config_copy", "out");
+    *out = new mend_config(*config);
+    return MEND_OK;
+  });
+}
+
+void mend_config_free(mend_config* config) { delete config; }
+
+mend_status mend_config_set(mend_config* config, const char* key, const char* value, const char* source) {
+  return Guarded([&] {
+    if (config == nullptr) return NullArgument("mend_config_set", "config");
+    if (key == nullptr) return NullArgument("mend_config_set", "key");
+    if (value == nullptr) return NullArgument("mend_config_set", "value");
+    if (mend::FindConfigKey(key) == nullptr) {
+      const std::string suggestion = mend::SuggestConfigKey(key);
+      return mend::capi::Fail(mend::NotFoundError(
+          fmt::format("unknown configuration key '{}'{}", key,
+                      suggestion.empty() ? "" : fmt::format("; did you mean '{}'?", suggestion))));
+    }
+    return Return(mend::SetConfigValue(config->value, key, value, source != nullptr ? source : "mend_config_set"));
+  });
+}
+
+mend_status mend_config_load_file(mend_config* config, const char* path) {
+  return Guarded([&] {
+    if (config == nullptr) return NullArgument("mend_config_load_file", "config");
+    if (path == nullptr) return NullArgument("mend_config_load_file", "path");
+    std::ifstream in(path);
+    if (!in) {
+      return mend::capi::Fail(
+          mend::NotFoundError(fmt::format("config file '{}': cannot be read: {}", path, std::strerror(errno))));
+    }
+    std::ostringstream text;
+    text << in.rdbuf();
+    return Return(mend::ApplyConfigToml(config->value, text.str(), path));
+  });
+}
+
+mend_status mend_config_apply_environment(mend_config* config) {
+  return Guarded([&] {
+    if (config == nullptr) return NullArgument("mend_config_apply_environment", "config");
+    return Return(mend::ApplyConfigEnvironment(config->value, ProcessEnvironment()));
+  });
+}
+
+mend_status mend_config_check(const mend_config* config) {
+  return Guarded([&] {
+    if (config == nullptr) return NullArgument("mend_config_check", "config");
+    return Return(mend::CheckConfig(config->value));
+  });
+}
+
+mend_status mend_config_get(const mend_config* config, const char* key, char** value) {
+  return Guarded([&] {
+    if (config == nullptr) return NullArgument("mend_config_get", "config");
+    if (key == nullptr) return NullArgument("mend_config_get", "key");
+    const mend::ConfigKey* row = mend::FindConfigKey(key);
+    if (row == nullptr) {
+      return mend::capi::Fail(mend::NotFoundError(fmt::format("unknown configuration key '{}'", key)));
+    }
+    return Hand("mend_config_get", value, mend::FormatConfigValue(config->value, *row));
+  });
+}
+
+mend_status mend_config_to_toml(const mend_config* config, char** toml) {
+  return Guarded([&] {
+    if (config == nullptr) return NullArgument("mend_config_to_toml", "config");
+    return Hand("mend_config_to_toml", toml, mend::ConfigToToml(config->value));
+  });
+}
+
+mend_status mend_config_keys_json(char** json) {
+  return Guarded([&] {
+    static const char* const kTypes[] = {"int", "float", "bool", "str", "enum"};
+    const mend::Config defaults;
+    nlohmann::json keys = nlohmann::json::array();
+    for (const mend::ConfigKey& key : mend::ConfigKeys()) {
+      nlohmann::json row = {{"name", std::string(key.name)},
+                            {"type", kTypes[static_cast<int>(key.type)]},
+                            {"default", mend::FormatConfigValue(defaults, key)},
+                            {"help", std::string(key.help)}};
+      if (key.type == mend::ConfigType::kInt || key.type == mend::ConfigType::kDouble) {
+        row["min"] = key.min;
+        row["max"] = key.max;
+      }
+      nlohmann::json choices = nlohmann::json::array();
+      for (std::string_view choice : key.choices) choices.push_back(std::string(choice));
+      row["choices"] = choices;
+      keys.push_back(std::move(row));
+    }
+    return Hand("mend_config_keys_json", json, keys.dump());
+  });
+}
+
+mend_status mend_config_suggest_key(const char* unknown, char** suggestion) {
+  return Guarded([&] {
+    if (unknown == nullptr) return NullArgument("mend_config_suggest_key", "unknown");
+    return Hand("mend_config_suggest_key", suggestion, mend::SuggestConfigKey(unknown));
+  });
+}
+
+mend_status mend_config_read_token(const mend_config* config, char** token) {
+  return Guarded([&] {
+    if (config == nullptr) return NullArgument("mend_config_read_token", "config");
+    mend::StatusOr<std::string> read = mend::ReadJobToken(config->value, ProcessEnvironment());
+    if (!read.ok()) return Return(read.status());
+    return Hand("mend_config_read_token", token, *read);
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,95 @@
+// The round driver's view (reducer/flat_state.h) of caller-owned fp32
+// buffers: what a mend_learner attaches to. Each counts its writes, so that
+// a front end that stages its parameters learns when to copy them back.
+//
+// Thread-safety: the thread that calls the learner (as the driver).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "reducer/flat_state.h"
+
+namespace mend::capi {
+
+struct RawBuffer {
+  std::string name;
+  float* data = nullptr;
+  size_t numel = 0;
+  std::vector<int64_t> shape;
+};
+
+class RawParameters final : public reducer::FlatParameters {
+ public:
+  explicit RawParameters(std::vector<RawBuffer> buffers) : buffers_(std::move(buffers)) {}
+
+  size_t count() const override { return buffers_.size(); }
+  const std::string& name(size_t i) const override { return buffers_[i].name; }
+  std::vector<int64_t> shape(size_t i) const override { return buffers_[i].shape; }
+  size_t numel(size_t i) const override { return buffers_[i].numel; }
+  void CopyOut(size_t i, std::span<float> out) const override {
+    if (!out.empty()) std::memcpy(out.data(), buffers_[i].data, out.size_bytes());
+  }
+  void CopyIn(size_t i, std::span<const float> in) override {
+    if (!in.empty()) std::memcpy(buffers_[i].data, in.data(), in.size_bytes());
+    ++writes_;
+  }
+  uint64_t writes() const { return writes_; }
+
+ private:
+  const std::vector<RawBuffer> buffers_;
+  uint64_t writes_ = 0;
+};
+
+// Adam's two moments of each parameter, handed over as they appear.
+class RawMoments final : public reducer::FlatMoments {
+ public:
+  explicit RawMoments(std::vector<size_t> numels) : numels_(std::move(numels)), moments_(numels_.size()) {
+    for (size_t n : numels_) size_ += n;
+  }
+
+  void Set(size_t index, float* first, float* second) { moments_[index] = {first, second}; }
+
+  size_t size() const override { return size_; }
+  bool Read(Which which, std::span<float> out) const override {
+    size_t offset = 0;
+    for (size_t i = 0; i < numels_.size(); ++i) {
+      const float* m = moments_[i][which];
+      if (m == nullptr && numels_[i] > 0) return false;
+      if (numels_[i] > 0) std::memcpy(out.data() + offset, m, numels_[i] * sizeof(float));
+      offset += numels_[i];
+    }
+    return true;
+  }
+  void Adjust(Which which, std::span<const float> average, std::span<const float> snapshot) override {
+    ForEach(which, [&](float* m, size_t offset, size_t n) {
+      for (size_t k = 0; k < n; ++k) m[k] += average[offset + k] - snapshot[offset + k];
+    });
+  }
+  void Replace(Which which, std::span<const float> average) override {
+    ForEach(which, [&](float* m, size_t offset, size_t n) { std::memcpy(m, average.data() + offset, n * sizeof(float)); });
+  }
+  uint64_t writes() const { return writes_; }
+
+ private:
+  template <typename Body>
+  void ForEach(Which which, Body&& body) {
+    size_t offset = 0;
+    for (size_t i = 0; i < numels_.size(); ++i) {
+      if (float* m = moments_[i][which]; m != nullptr && numels_[i] > 0) body(m, offset, numels_[i]);
+      offset += numels_[i];
+    }
+    ++writes_;
+  }
+
+  const std::vector<size_t> numels_;
+  std::vector<std::array<float*, 2>> moments_;
+  size_t size_ = 0;
+  uint64_t writes_ = 0;
+};
+
+}  // namespace mend::capi

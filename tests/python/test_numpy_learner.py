@@ -1,0 +1,39 @@
+"""mend without torch: mend.Learner over numpy arrays (the C ABI through
+ctypes, nothing else)."""
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def test_two_numpy_learners_without_torch_end_bit_identical():
+    run = subprocess.run([sys.executable, os.path.join(HERE, "numpy_learners.py")], capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    seen = json.loads(run.stdout.strip().splitlines()[-1])
+    assert seen["errors"] == []
+    assert seen["torch_loaded"] is False
+    for stats in seen["stats"]:
+        assert stats["rounds"] == 3 and stats["failed_rounds"] == 0 and stats["steps"] == 12
+    assert seen["after_rounds"][0] == seen["after_rounds"][1]  # every round: the same parameters
+    assert seen["globals"][0] == seen["globals"][1]
+    assert seen["state_bytes"] > 0
+    assert seen["version"]
+
+
+def test_a_bad_buffer_is_refused_by_name():
+    import numpy as np
+    import pytest
+
+    import mend
+    config = mend.MendConfig(lighthouse="127.0.0.1:1", log_level="warn")
+    with pytest.raises(ValueError, match="'w' holds 'd' values"):
+        mend.Learner(config, [("w", np.zeros(3))], "x", token="numpy-test-token-0123456789")
+    with pytest.raises(ValueError, match="'w' is not C-contiguous"):
+        mend.Learner(config, [("w", np.zeros((4, 4), np.float32).T)], "x", token="numpy-test-token-0123456789")
+    frozen = np.zeros(3, np.float32)
+    frozen.setflags(write=False)
+    with pytest.raises(ValueError, match="'w' is read-only"):
+        mend.Learner(config, [("w", frozen)], "x", token="numpy-test-token-0123456789")

@@ -1,0 +1,133 @@
+"""host_staging: parameters that cannot be used in place (on a GPU, bfloat16,
+float16; every one with host_staging = "always") go through float32 host
+buffers at round boundaries. The same job must give the same bits either way."""
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+import torch
+
+import mend
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TOKEN = "staging-test-token-0123456789"
+sys.path.insert(0, HERE)
+from learner import TinyLM, batch  # noqa: E402
+
+
+def run_job(staging, dtype=torch.float32, desloc=True):
+    """Two learners (threads) of one synchronous job, AdamW with DES-LOC's
+    moment averaging: returns their models, optimizers and runtimes' stats."""
+    os.environ["MEND_JOB_TOKEN"] = TOKEN
+    with mend.Lighthouse(mend.MendConfig(bind="127.0.0.1:0", http="", quorum_min_learners=2,
+                                         heartbeat_ms=50, heartbeat_timeout_ms=2000, log_level="warn")) as lighthouse:
+        keys = dict(lighthouse=lighthouse.address, quorum_min_learners=2, sync_period_steps=3,
+                    concurrent_outer_step=False, heartbeat_ms=50, heartbeat_timeout_ms=2000,
+                    host_staging=staging, log_level="warn")
+        if desloc:
+            keys.update(momentum_sync_period_steps=3, second_moment_sync_period_steps=6)
+        config = mend.MendConfig(**keys)
+        models, optimizers, runtimes = [], [], []
+        for seed in (1, 2):
+            torch.manual_seed(seed)
+            models.append(TinyLM().to(dtype))
+            optimizers.append(torch.optim.AdamW(models[-1].parameters(), lr=0.02))
+            runtimes.append(mend.mend_init(models[-1], config, f"staging-{seed}", optimizer=optimizers[-1]))
+        errors = []
+
+        def learn(i):
+            try:
+                generator = torch.Generator().manual_seed(10 + i)
+                for _ in range(12):
+                    x, y = batch(generator)
+                    loss = torch.nn.functional.cross_entropy(models[i](x).float(), y)
+                    optimizers[i].zero_grad()
+                    loss.backward()
+                    optimizers[i].step()
+            except Exception as error:  # noqa: BLE001
+                errors.append(error)
+
+        threads = [threading.Thread(target=learn, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert not errors, errors
+        stats = [r.stats() for r in runtimes]
+        for m in models:
+            mend.mend_shutdown(m)
+    return models, optimizers, stats
+
+
+def test_staging_always_gives_the_bits_of_in_place_parameters_and_moments():
+    in_place, in_place_opt, in_place_stats = run_job("auto")
+    staged, staged_opt, staged_stats = run_job("always")
+    for s in in_place_stats:
+        # DES-LOC: the first moment every round (4), the second every other (2).
+        assert s["rounds"] == 4 and s["moment_syncs"] == 6 and s["staged_parameters"] == 0
+        assert s["staging_copies"] == 0
+    for s in staged_stats:
+        assert s["rounds"] == 4 and s["moment_syncs"] == 6 and s["staged_parameters"] == 5
+        # Copies in and out at the 4 boundaries (and once out at the start: none),
+        # never on the 8 steps between.
+        assert 0 < s["staging_copies"] <= 2 * 4 + 2
+    for a, b in zip(in_place, staged):
+        for pa, pb in zip(a.parameters(), b.parameters()):
+            assert torch.equal(pa, pb)
+    for oa, ob, ma, mb in zip(in_place_opt, staged_opt, in_place, staged):
+        for pa, pb in zip(ma.parameters(), mb.parameters()):
+            assert torch.equal(oa.state[pa]["exp_avg"], ob.state[pb]["exp_avg"])
+            assert torch.equal(oa.state[pa]["exp_avg_sq"], ob.state[pb]["exp_avg_sq"])
+    # Synchronous rounds: both learners hold the global state after the last one.
+    for pa, pb in zip(staged[0].parameters(), staged[1].parameters()):
+        assert torch.equal(pa, pb)
+
+
+def test_bfloat16_parameters_go_through_staging_and_agree():
+    models, _, stats = run_job("auto", dtype=torch.bfloat16, desloc=False)
+    for s in stats:
+        assert s["rounds"] == 4 and s["failed_rounds"] == 0 and s["staged_parameters"] == 5
+    for pa, pb in zip(models[0].parameters(), models[1].parameters()):
+        assert pa.dtype == torch.bfloat16
+        assert torch.equal(pa, pb)
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_groups(tmp_path, staging):
+    """2 learners x 2 torchrun ranks (group_learner.py); every rank's digests after each round."""
+    os.environ["MEND_JOB_TOKEN"] = TOKEN
+    with mend.Lighthouse(mend.MendConfig(bind="127.0.0.1:0", http="", quorum_min_learners=2,
+                                         heartbeat_ms=50, heartbeat_timeout_ms=2000, log_level="warn")) as lighthouse:
+        path = os.pathsep.join(os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)
+        env = dict(os.environ, MEND_JOB_TOKEN=TOKEN, OMP_NUM_THREADS="1", PYTHONPATH=path)
+        procs = []
+        for learner in (1, 2):
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "torch.distributed.run", "--redirects", "1", "--tee", "1",
+                 "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
+                 os.path.join(HERE, "group_learner.py"), "--lighthouse", lighthouse.address,
+                 "--learner", str(learner), "--steps", "15", "--host-staging", staging,
+                 "--out", str(tmp_path / f"{staging}-l{learner}-%r.json")],
+                env=env, cwd=HERE))
+        for proc in procs:
+            assert proc.wait(timeout=180) == 0
+    return {(l, r): json.loads((tmp_path / f"{staging}-l{l}-{r}.json").read_text()) for l in (1, 2) for r in (0, 1)}
+
+
+def test_a_group_with_staging_always_keeps_the_bits_of_in_place(tmp_path):
+    in_place = run_groups(tmp_path, "auto")
+    staged = run_groups(tmp_path, "always")
+    for key in in_place:
+        assert [r["digest"] for r in in_place[key]["rounds"]] == [r["digest"] for r in staged[key]["rounds"]], key
+        assert len(staged[key]["rounds"]) == 3
+    # Every replica of both learners holds the same model after each round.
+    assert len({tuple(r["digest"] for r in s["rounds"]) for s in staged.values()}) == 1
