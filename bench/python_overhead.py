@@ -62,8 +62,8 @@ def main():
         plain.append(block())
         # A learner's runtime exists (its agent heartbeats in the background)
         # but the loop never calls it: the cost of mend's threads alone.
-        idle = mend._mend.Runtime(config._config, token, "idle",
-                                  [(n, p.data) for n, p in model.named_parameters()])
+        idle = mend.Learner(config, [(n, p.detach().numpy()) for n, p in model.named_parameters()], "idle",
+                            token=token)
         attached.append(block())
         idle.shutdown()
         del idle
