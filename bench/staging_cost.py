@@ -53,6 +53,7 @@ def main():
             for step in range(1, args.steps + 1):
                 t0 = time.perf_counter()
                 loss = model(x).square().mean()
+                runtime.report_tokens(x.shape[0])
                 optimizer.zero_grad()
                 loss.backward()
                 optimizer.step()

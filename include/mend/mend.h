@@ -74,6 +74,8 @@ void mend_bytes_free(void* bytes);
  * off), each line tagged with `name`. Learners and lighthouses started
  * through this interface set it from their configuration's log_level. */
 mend_status mend_set_logging(const char* level, const char* name);
+/* Writes `message` to that log at `level` (for a front end's own lines). */
+mend_status mend_log(const char* level, const char* message);
 
 /* ---- Configuration: the key table of README's configuration section. ---- */
 

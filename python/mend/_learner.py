@@ -7,7 +7,7 @@ import array
 import ctypes
 import json
 import os
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from mend import _native
 from mend._config import MendConfig
@@ -220,8 +220,7 @@ class Learner:
 
     # -- state -----------------------------------------------------------
     def stats(self) -> Dict[str, int]:
-        if self._closed:
-            return {}
+        """The learner's counters; after shutdown, the final ones."""
         stats = _native.Stats()
         _native.check(lib.mend_learner_stats(self._pointer, ctypes.byref(stats)))
         return {name: getattr(stats, name) for name in _native.STAT_FIELDS}
@@ -232,14 +231,23 @@ class Learner:
 
     def global_state(self, fragment: int = 0) -> array.array:
         """The job's global parameters of ``fragment`` after the last round (flat, a copy)."""
+        def allocate(count: int) -> array.array:
+            return array.array("f", bytes(4 * count))
+        values = self.global_state_into(fragment, allocate, lambda a: a.buffer_info()[0])
+        return values
+
+    def global_state_into(self, fragment: int, allocate: Callable[[int], Any],
+                          address: Callable[[Any], int] = lambda t: t.data_ptr()) -> Any:
+        """The global parameters of ``fragment`` written straight into
+        ``allocate(count)`` (float32 memory at ``address(it)``)."""
         count = ctypes.c_uint64()
         _native.check(lib.mend_learner_global_state(self._pointer, fragment, None, 0, ctypes.byref(count)))
-        values = array.array("f", bytes(4 * count.value))
+        out = allocate(count.value)
         if count.value:
-            out = (ctypes.c_float * count.value).from_buffer(values)
-            _native.check(lib.mend_learner_global_state(self._pointer, fragment, out, count.value,
+            pointer = ctypes.cast(address(out), ctypes.POINTER(ctypes.c_float))
+            _native.check(lib.mend_learner_global_state(self._pointer, fragment, pointer, count.value,
                                                         ctypes.byref(count)))
-        return values
+        return out
 
     def export_state(self) -> bytes:
         """The outer state (global parameters, outer momentum, round, step) as

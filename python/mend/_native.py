@@ -111,6 +111,7 @@ _SIGNATURES = {
     "mend_string_free": (None, [_p]),
     "mend_bytes_free": (None, [_p]),
     "mend_set_logging": (_status, [_s, _s]),
+    "mend_log": (_status, [_s, _s]),
     "mend_config_new": (_status, [_PP]),
     "mend_config_copy": (_status, [_p, _PP]),
     "mend_config_free": (None, [_p]),
@@ -180,6 +181,11 @@ def take_string(call, *args: Any) -> str:
         return ctypes.string_at(out.value).decode() if out.value else ""
     finally:
         lib.mend_string_free(out)
+
+
+def log(level: str, message: str) -> None:
+    """A line in mend's log (stderr), at `level`, tagged like the learner's own."""
+    check(lib.mend_log(level.encode(), message.encode()))
 
 
 def config_keys() -> List[Dict[str, Any]]:

@@ -12,7 +12,6 @@ runs on host memory.
 
 from __future__ import annotations
 
-import gc
 import os
 import threading
 import time
@@ -22,12 +21,16 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
+from mend import _attach as attach
 from mend import _native
 from mend._config import MendConfig
 from mend._learner import GroupStore, Learner, default_learner_id, read_token
 from mend._native import STEP_READS, STEP_WROTE, lib
 
 _STAGED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# Training forwards with no optimizer step seen before mend warns that it is
+# not attached to one (gradient accumulation runs several forwards a step).
+_FORWARDS_BEFORE_WARNING = 100
 
 
 class _Staging:
@@ -49,31 +52,26 @@ class _Staging:
             self.devices.add(tensor.device)
         return host
 
-    def _synchronize(self) -> None:
-        for device in self.devices:
-            torch.cuda.synchronize(device)
-
     def copy_in(self) -> None:
         """The tensors' values into the host copies (before mend reads them)."""
-        if not self.pairs:
-            return
-        started = time.perf_counter()
-        with torch.no_grad():
-            for tensor, host in self.pairs:
-                host.copy_(tensor.detach().reshape(-1), non_blocking=True)
-        self._synchronize()
-        self.copies += 1
-        self.seconds += time.perf_counter() - started
+        self._copy(into_host=True)
 
     def copy_out(self) -> None:
         """The host copies back into the tensors (after mend wrote them)."""
+        self._copy(into_host=False)
+
+    def _copy(self, into_host: bool) -> None:
         if not self.pairs:
             return
         started = time.perf_counter()
         with torch.no_grad():
             for tensor, host in self.pairs:
-                tensor.detach().copy_(host.view(tensor.shape), non_blocking=True)
-        self._synchronize()
+                if into_host:
+                    host.copy_(tensor.detach().reshape(-1), non_blocking=True)
+                else:
+                    tensor.detach().copy_(host.view(tensor.shape), non_blocking=True)
+        for device in self.devices:  # the copies are asynchronous on a GPU
+            torch.cuda.synchronize(device)
         self.copies += 1
         self.seconds += time.perf_counter() - started
 
@@ -86,16 +84,19 @@ def _in_place(tensor: torch.Tensor, always_stage: bool) -> bool:
 class Runtime:
     """What mend_init attaches to a model: one learner of the job.
 
-    ``step(tokens=None)`` runs the reducer once (mend_init arranges for it to
-    run after every optimizer step); ``report_tokens(n)`` sets the tokens of
-    the current step; ``stats()`` returns a dict; ``global_state(fragment)``
-    the job's global parameters; ``save_checkpoint(path)`` writes the global
-    state; ``export_state()`` / ``import_state(bytes)`` carry the outer state;
-    ``shutdown()`` finishes the round in flight and leaves.
+    In the default (automatic) mode mend runs after every optimizer step by
+    itself; ``report_tokens(n)`` sets the tokens of the current step (else
+    they are counted from the forward's first integer input). With
+    ``mend_init(..., manual=True)`` nothing is wrapped and ``step(tokens)``
+    is the only step: call it once after each inner step. ``stats()`` (also
+    after shutdown: the final ones), ``global_state(fragment)``,
+    ``save_checkpoint(path)``, ``export_state()`` / ``import_state(bytes)``,
+    ``shutdown()``.
     """
 
     def __init__(self, model: torch.nn.Module, config: MendConfig, learner_id: str,
-                 optimizer: Optional[torch.optim.Optimizer], group_store: Optional[GroupStore] = None) -> None:
+                 optimizer: Optional[torch.optim.Optimizer], group_store: Optional[GroupStore] = None,
+                 manual: bool = False) -> None:
         named = [(name, p) for name, p in model.named_parameters()]
         if not named:
             raise ValueError("mend_init: the model has no parameters")
@@ -105,9 +106,12 @@ class Runtime:
                     f"mend_init: parameter {name!r} is {'sparse ' if p.is_sparse else ''}"
                     f"{p.dtype} on {p.device}{'' if p.is_contiguous() else ', not contiguous'}; "
                     f"mend needs dense, contiguous float32, bfloat16 or float16 parameters")
+        if optimizer is not None and not attach.holds_any(optimizer, [p for _, p in named]):
+            raise ValueError("mend_init: the optimizer holds none of the model's parameters")
         self.model = model
         self.config = config
         self.learner_id = learner_id
+        self.manual = manual
         self._group_store = group_store
         self._parameters = [p for _, p in named]
         self._always_stage = config.host_staging == "always"
@@ -118,8 +122,11 @@ class Runtime:
         self._tokens: Optional[int] = None
         self._counted_tokens = 0
         self._warned_no_tokens = False
+        self._training_forwards = 0
+        self._stepped = False
         self._optimizer: Optional[torch.optim.Optimizer] = None
-        self._original_step = None
+        self._attachment: Optional[attach.StepAttachment] = None
+        self._later: Optional[attach.LaterOptimizer] = None
         self._hooks = []
         entries = []
         with torch.no_grad():
@@ -130,52 +137,50 @@ class Runtime:
         self._learner = Learner._from_addresses(config, entries, learner_id, read_token(config), 0,
                                                 keep=[p for _, p in named])
         self._after_call()
-        self._hooks.append(model.register_forward_pre_hook(self._count_tokens))
+        self._hooks.append(model.register_forward_pre_hook(attach.ForwardHook(self, "_forward")))
+        if manual:
+            self._optimizer = optimizer  # its moments, for desloc and heal_inner_optimizer
+            return
+        runtime_ref = weakref.ref(self)
+
+        def stepped() -> None:
+            runtime = runtime_ref()
+            if runtime is not None and not runtime.closed:
+                runtime._step(None)
+
+        self._stepped_callback = stepped
+        optimizer = optimizer or attach.find_optimizer(self._parameters)
         if optimizer is not None:
             self._attach(optimizer)
-        else:
-            found = _find_optimizer(self._parameters)
-            if found is not None:
-                self._attach(found)
-            else:  # created after mend_init: looked for at the first training forward
-                self._hooks.append(model.register_forward_pre_hook(self._find_later))
+        else:  # created after mend_init
+            self._later = attach.LaterOptimizer(self._parameters, self._attach, stepped)
 
     # -- wiring ----------------------------------------------------------
     def _attach(self, optimizer: torch.optim.Optimizer) -> None:
         if self._optimizer is optimizer:
             return
-        held = {id(p) for group in optimizer.param_groups for p in group["params"]}
-        if not any(id(p) in held for p in self._parameters):
-            raise ValueError("mend_init: the optimizer holds none of the model's parameters")
         self._optimizer = optimizer
-        original = optimizer.step
-        runtime_ref = weakref.ref(self)
+        self._attachment = attach.StepAttachment(optimizer, self._stepped_callback)
 
-        def step(*args: Any, **kwargs: Any) -> Any:
-            result = original(*args, **kwargs)
-            runtime = runtime_ref()
-            if runtime is not None and not runtime.closed:
-                runtime.step()
-            return result
-
-        self._original_step = original
-        optimizer.step = step  # type: ignore[assignment]
-
-    def _find_later(self, module: torch.nn.Module, inputs: Any) -> None:
-        if self._optimizer is not None or not module.training:
-            return
-        found = _find_optimizer(self._parameters)
-        if found is not None:
-            self._attach(found)
-
-    def _count_tokens(self, module: torch.nn.Module, inputs: Any) -> None:
+    def _forward(self, module: torch.nn.Module, inputs: Any) -> None:
         if not module.training:
             return
         for value in inputs if isinstance(inputs, tuple) else (inputs,):
             if isinstance(value, torch.Tensor) and not value.is_floating_point() \
                     and not value.is_complex():
                 self._counted_tokens += int(value.numel())
-                return
+                break
+        if self._stepped or self.manual:
+            return
+        if self._later is not None:
+            self._later.look_once()
+        self._training_forwards += 1
+        if self._training_forwards == _FORWARDS_BEFORE_WARNING:
+            warnings.warn(
+                f"mend: {_FORWARDS_BEFORE_WARNING} training forwards and no optimizer step that mend saw: it runs "
+                "after the steps of a torch.optim optimizer holding the model's parameters. Pass "
+                "mend_init(..., optimizer=opt), or use mend_init(..., manual=True) and call runtime.step(tokens) "
+                "after each inner step.", RuntimeWarning, stacklevel=2)
 
     def _hand_over_moments(self) -> None:
         """Gives the reducer each parameter's Adam moments once the optimizer has made them
@@ -210,8 +215,18 @@ class Runtime:
         self._tokens = int(tokens)
 
     def step(self, tokens: Optional[int] = None) -> None:
-        """One inner step done: runs the reducer (a round at each boundary)."""
+        """With mend_init(..., manual=True): one inner step done, with the
+        tokens it processed; a round starts or is applied at its boundary."""
         self._check_process()
+        if not self.manual:
+            raise _native.ERRORS[9](
+                "mend: runtime.step() with mend_init(manual=False): mend already runs after every optimizer "
+                "step, so this would count the step twice. Call runtime.report_tokens(n) to give the step's "
+                "tokens, or use mend_init(..., manual=True) to call runtime.step(tokens) yourself.")
+        self._step(tokens)
+
+    def _step(self, tokens: Optional[int]) -> None:
+        self._stepped = True
         if tokens is None:
             tokens = self._tokens if self._tokens is not None else self._counted_tokens
             if tokens == 0:
@@ -223,8 +238,9 @@ class Runtime:
                     self._warned_no_tokens = True
                     warnings.warn("mend: no token count for this inner step (the model's forward got no "
                                   "integer tensor and report_tokens() was not called); counting 1 per step, "
-                                  "so learners are weighted by steps. Call runtime.report_tokens(n) or "
-                                  "runtime.step(n) to weight them by tokens.", RuntimeWarning, stacklevel=2)
+                                  "so learners are weighted by steps. Call runtime.report_tokens(n) before "
+                                  "the optimizer step (or runtime.step(n) with manual=True) to weight them by "
+                                  "tokens.", RuntimeWarning, stacklevel=3)
                 tokens = 1
         self._tokens = None
         self._counted_tokens = 0
@@ -239,17 +255,16 @@ class Runtime:
             learner.step(int(tokens))
 
     def stats(self) -> Dict[str, Any]:
+        """The learner's counters (rounds, bytes, heals, ...); after shutdown, the final ones."""
         stats: Dict[str, Any] = dict(self._learner.stats())
-        if stats:
-            stats["staged_parameters"] = len(self._staging.pairs)
-            stats["staging_copies"] = self._staging.copies
-            stats["staging_seconds"] = self._staging.seconds + self._moment_staging.seconds
+        stats["staged_parameters"] = len(self._staging.pairs)
+        stats["staging_copies"] = self._staging.copies
+        stats["staging_seconds"] = self._staging.seconds + self._moment_staging.seconds
         return stats
 
     def global_state(self, fragment: int = 0) -> torch.Tensor:
         """The job's global parameters of ``fragment`` after the last round (flat, a copy)."""
-        values = self._learner.global_state(fragment)
-        return torch.tensor(values, dtype=torch.float32) if len(values) else torch.zeros(0)
+        return self._learner.global_state_into(fragment, lambda n: torch.empty(n, dtype=torch.float32))
 
     def save_checkpoint(self, path: str) -> None:
         """Writes the global state (parameters and outer momentum, by name) to
@@ -281,9 +296,10 @@ class Runtime:
         for hook in self._hooks:
             hook.remove()
         self._hooks.clear()
-        if self._optimizer is not None and self._original_step is not None:
-            self._optimizer.step = self._original_step  # type: ignore[assignment]
-            self._original_step = None
+        for attachment in (self._attachment, self._later):
+            if attachment is not None:
+                attachment.detach()
+        self._attachment = self._later = None
         if self._learner.closed:
             return
         self._before_call()
@@ -299,22 +315,6 @@ class Runtime:
             raise _native.ERRORS[9](
                 f"mend: this runtime belongs to process {self._pid}; the forked process "
                 f"{os.getpid()} (a DataLoader worker?) cannot use it")
-
-
-def _find_optimizer(parameters) -> Optional[torch.optim.Optimizer]:
-    """The live optimizer that holds any of ``parameters``, or None."""
-    wanted = {id(p) for p in parameters}
-    with warnings.catch_warnings():  # isinstance on every object wakes deprecated shims
-        warnings.simplefilter("ignore")
-        for obj in gc.get_objects():
-            try:
-                if isinstance(obj, torch.optim.Optimizer):
-                    held = {id(p) for group in obj.param_groups for p in group["params"]}
-                    if held & wanted:
-                        return obj
-            except ReferenceError:
-                continue
-    return None
 
 
 def _torch_group() -> Optional[Tuple[int, int]]:
@@ -392,16 +392,22 @@ _lock = threading.Lock()
 
 def mend_init(model: torch.nn.Module, config: Optional[MendConfig] = None,
               rank_id: Optional[str] = None, *,
-              optimizer: Optional[torch.optim.Optimizer] = None) -> Runtime:
+              optimizer: Optional[torch.optim.Optimizer] = None, manual: bool = False) -> Runtime:
     """Makes ``model``'s process a learner of the job and returns its Runtime.
 
-    After every inner optimizer step the reducer runs once: with
-    ``optimizer=`` that optimizer's ``step`` is wrapped; without it, the
-    optimizer that holds the model's parameters is found (now, or at the
-    first training-mode forward if it is created later) and wrapped.
-    Tokens per step: ``runtime.report_tokens(n)`` or ``runtime.step(n)``, else
-    the element count of the first integer tensor the model's forward gets,
-    else (a float-input model) 1 per step, with a warning.
+    By default mend runs once after every inner optimizer step, by itself:
+    after ``optimizer``'s steps, or (without it) after those of the
+    torch.optim optimizer that holds the model's parameters, found now or at
+    its first step if it is created later (torch >= 2.0: step post-hooks;
+    torch 1.13: ``optimizer.step`` wrapped in a way LR schedulers accept, and
+    one look for a later optimizer at the first training forward). With
+    ``manual=True`` nothing is wrapped: call ``runtime.step(tokens)`` once
+    after each inner step (a hand-written update, or your own loop);
+    ``optimizer=`` then only names whose Adam moments DES-LOC averages.
+    Tokens per step: ``runtime.report_tokens(n)`` (or ``runtime.step(n)``
+    in manual mode), else the element count of the first integer tensor the
+    model's forward gets, else (a float-input model) 1 per step, with a
+    warning.
     The learner id is ``rank_id``, else MEND_LEARNER_ID, else HOST-PID.
 
     Parameters may live on any device and be float32, bfloat16 or float16:
@@ -428,12 +434,17 @@ def mend_init(model: torch.nn.Module, config: Optional[MendConfig] = None,
                 "mend_init: this model already has a mend runtime; call mend_shutdown(model) first")
         config, learner_id, server = _join_group(config, rank_id or os.environ.get("MEND_LEARNER_ID"))
         try:
-            runtime = Runtime(model, config, learner_id, optimizer, server)
+            runtime = Runtime(model, config, learner_id, optimizer, server, manual)
         except BaseException:
             if server is not None:
                 server.stop()
             raise
         _runtimes[model] = runtime
+    if config.group_size > 1:
+        _native.log("info", f"mend_init: this process is group rank {config.group_rank} of {config.group_size} of "
+                            f"learner {learner_id!r} (group store {config.group_store})")
+    else:
+        _native.log("info", f"mend_init: this process is learner {learner_id!r} (one rank)")
     return runtime
 
 

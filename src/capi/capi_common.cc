@@ -3,6 +3,7 @@
 
 #include "fmt/format.h"
 #include "mend/logging.h"
+#include "spdlog/spdlog.h"
 
 namespace mend::capi {
 namespace {
@@ -59,6 +60,20 @@ mend_status mend_set_logging(const char* level, const char* name) {
   return Guarded([&] {
     if (level == nullptr) return mend::capi::NullArgument("mend_set_logging", "level");
     return mend::capi::Return(mend::InitLogging(level, name != nullptr ? name : "mend"));
+  });
+}
+
+mend_status mend_log(const char* level, const char* message) {
+  return Guarded([&] {
+    if (level == nullptr) return mend::capi::NullArgument("mend_log", "level");
+    if (message == nullptr) return mend::capi::NullArgument("mend_log", "message");
+    const spdlog::level::level_enum parsed = spdlog::level::from_str(level);
+    if (parsed == spdlog::level::off && std::string_view(level) != "off") {
+      return mend::capi::Fail(mend::InvalidArgumentError(
+          fmt::format("mend_log: level \"{}\": must be one of trace | debug | info | warn | error | off", level)));
+    }
+    spdlog::log(parsed, "{}", message);
+    return MEND_OK;
   });
 }
 

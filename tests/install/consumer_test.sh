@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Installs the build into a temporary prefix, then builds against it as a
-# user's projects would: the C program of tests/capi with the C compiler
-# against the installed mend/mend.h and libmend.so, and (built with
-# LibTorch) the out-of-tree CMake consumer with find_package(mend) and
-# mend::torch; runs both.
+# Installs the build into a temporary prefix, checks that the installed
+# libmend.so exports mend.h's functions alone and needs no LibTorch, then
+# builds against it as a user's projects would: the C program of
+# tests/capi with the C compiler against the installed mend/mend.h and
+# libmend.so, and (built with LibTorch) the out-of-tree CMake consumer with
+# find_package(mend) and mend::torch; runs both.
 #   consumer_test.sh BUILD_DIR WITH_TORCH(ON|OFF)
 set -euo pipefail
 build=$1
@@ -16,6 +17,7 @@ test -f "$work/prefix/lib/cmake/mend/mendConfig.cmake"
 test -f "$work/prefix/include/mend/mend.h"
 test ! -e "$work/prefix/include/mend/subprocess.h"
 
+"$here/../capi/symbols_test.sh" "$work/prefix/lib/libmend.so" "$work/prefix/include/mend/mend.h"
 cc -std=c11 -Wall -Wextra -Wpedantic -Werror -I"$work/prefix/include" "$here/../capi/two_learners.c" \
   -L"$work/prefix/lib" -lmend -o "$work/c_consumer"
 LD_LIBRARY_PATH="$work/prefix/lib" "$work/c_consumer"

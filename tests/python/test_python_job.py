@@ -175,8 +175,7 @@ def test_other_python_threads_run_while_a_step_waits():
                                  sync_period_steps=1, concurrent_outer_step=False,
                                  heartbeat_ms=50, heartbeat_timeout_ms=2000, log_level="warn")
         models = [torch.nn.Linear(4, 1) for _ in range(2)]
-        runtimes = [mend.mend_init(m, config, f"thread-{i}", optimizer=torch.optim.SGD(m.parameters(), lr=0.1))
-                    for i, m in enumerate(models)]
+        runtimes = [mend.mend_init(m, config, f"thread-{i}", manual=True) for i, m in enumerate(models)]
         ticks = [0]
         stop = threading.Event()
 
@@ -247,7 +246,7 @@ def test_forked_child_gets_a_clear_error():
         config = mend.MendConfig(lighthouse=lighthouse.address, quorum_min_learners=1,
                                  log_level="warn")
         model = torch.nn.Linear(2, 1)
-        runtime = mend.mend_init(model, config, "forking")
+        runtime = mend.mend_init(model, config, "forking", manual=True)
         pid = os.fork()
         if pid == 0:  # the child: a DataLoader worker that calls mend by mistake
             try:

@@ -1,0 +1,152 @@
+"""mend in the training loops people write: LR schedulers in either order,
+copies of the model (deepcopy, torch.save, AveragedModel), manual stepping,
+hand-written updates, statistics after shutdown. One learner in a job of
+one, in this process."""
+import copy
+import gc
+import io
+import os
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")  # python3-torch
+
+import mend  # noqa: E402
+from mend import _attach  # noqa: E402
+
+TOKEN = "loops-test-token-0123456789"
+
+
+@pytest.fixture()
+def lighthouse():
+    os.environ["MEND_JOB_TOKEN"] = TOKEN
+    with mend.Lighthouse(mend.MendConfig(bind="127.0.0.1:0", http="", quorum_min_learners=1,
+                                         heartbeat_ms=50, heartbeat_timeout_ms=2000, log_level="warn")) as lh:
+        yield lh
+
+
+def job(lighthouse, period=5, **keys):
+    return mend.MendConfig(lighthouse=lighthouse.address, quorum_min_learners=1, sync_period_steps=period,
+                           concurrent_outer_step=False, log_level="warn", **keys)
+
+
+def train(model, optimizer, steps, scheduler=None):
+    generator = torch.Generator().manual_seed(3)
+    runtime = mend.get_runtime(model)
+    for _ in range(steps):
+        x = torch.randn(8, 4, generator=generator)
+        loss = (model(x) - x.sum(1, keepdim=True)).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        runtime.report_tokens(x.shape[0])  # float inputs: nothing to count
+        optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
+
+
+@pytest.mark.parametrize("scheduler_first", [True, False])
+def test_an_lr_scheduler_works_in_either_order_without_warnings(lighthouse, scheduler_first):
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch's "optimizer.step() has been overridden" included
+        if scheduler_first:
+            scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+            runtime = mend.mend_init(model, job(lighthouse), "sched-first")
+        else:
+            runtime = mend.mend_init(model, job(lighthouse), "sched-after")
+            scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+        train(model, optimizer, 10, scheduler)
+        stats = runtime.stats()
+        mend.mend_shutdown(model)
+    assert stats["steps"] == 10 and stats["rounds"] == 2  # each optimizer step is one inner step
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.1 * 0.5 ** 5)
+
+
+def test_copies_of_the_model_carry_no_runtime(lighthouse):
+    from torch.optim.swa_utils import AveragedModel
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    runtime = mend.mend_init(model, job(lighthouse), "copies")
+    train(model, optimizer, 3)
+    twin = copy.deepcopy(model)
+    averaged = AveragedModel(model)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer)
+    runtimes = sum(isinstance(o, mend.Runtime) for o in gc.get_objects())
+    assert runtimes == 1  # the copies made none
+    for other in (twin, averaged, loaded):
+        assert mend.get_runtime(other) is None
+        assert all(getattr(h, "_runtime", None) is None for h in other._forward_pre_hooks.values())
+        other(torch.randn(2, 4))  # its (inert) hooks run
+        for a, b in zip(model.state_dict().values(), other.state_dict().values() if other is not averaged
+                        else averaged.module.state_dict().values()):
+            assert torch.equal(a, b)
+    train(model, optimizer, 7)  # the original goes on: 10 steps, 2 rounds
+    stats = runtime.stats()
+    mend.mend_shutdown(model)
+    assert stats["steps"] == 10 and stats["rounds"] == 2
+
+
+def test_runtime_step_is_the_only_step_in_manual_mode(lighthouse):
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    automatic = mend.mend_init(model, job(lighthouse), "automatic")
+    with pytest.raises(mend.FailedPreconditionError, match="count the step twice"):
+        automatic.step(8)
+    mend.mend_shutdown(model)
+    runtime = mend.mend_init(model, job(lighthouse), "manual", manual=True)
+    generator = torch.Generator().manual_seed(3)
+    for _ in range(20):
+        x = torch.randn(8, 4, generator=generator)
+        loss = (model(x) - 1).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()  # not wrapped
+        runtime.step(8)
+    stats = runtime.stats()
+    mend.mend_shutdown(model)
+    assert stats["steps"] == 20 and stats["rounds"] == 4
+
+
+def test_a_hand_written_update_does_not_scan_the_heap_on_every_forward(lighthouse, monkeypatch):
+    calls = []
+    real = _attach.find_optimizer
+    monkeypatch.setattr(_attach, "find_optimizer", lambda parameters: calls.append(1) or real(parameters))
+    model = torch.nn.Linear(4, 1)
+    runtime = mend.mend_init(model, job(lighthouse), "by-hand", manual=True)
+    for _ in range(50):
+        loss = model(torch.randn(8, 4)).pow(2).mean()
+        model.zero_grad()
+        loss.backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= 0.01 * p.grad
+        runtime.step(8)
+    mend.mend_shutdown(model)
+    assert calls == []  # manual: never looked for
+    automatic = mend.mend_init(model, job(lighthouse), "by-hand-auto")
+    with warnings.catch_warnings(record=True):
+        for _ in range(120):
+            model(torch.randn(8, 4))
+    mend.mend_shutdown(model)
+    assert len(calls) <= 2  # at mend_init, and (torch 1.13) once at the first training forward
+    del automatic
+    gc.collect()
+
+
+def test_stats_after_shutdown_are_the_final_ones(lighthouse):
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    runtime = mend.mend_init(model, job(lighthouse), "final-stats")
+    train(model, optimizer, 10)
+    global_state = runtime.global_state()
+    mend.mend_shutdown(model)
+    stats = runtime.stats()
+    assert stats["steps"] == 10 and stats["rounds"] == 2
+    assert isinstance(global_state, torch.Tensor) and global_state.dtype == torch.float32
+    assert torch.equal(global_state, runtime.global_state())
+    assert global_state.numel() == 5
