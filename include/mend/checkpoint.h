@@ -54,6 +54,11 @@ struct CheckpointMeta {
   std::string written_by;       // learner id
   int64_t created_unix_ms = 0;
   std::string config_toml;      // the writer's effective configuration
+  // An exported state's (not a checkpoint file's): the exporting learner's
+  // own step and tokens since each fragment's last round, so that an
+  // import can go on exactly where it left off. learner_step 0: none.
+  uint64_t learner_step = 0;
+  std::vector<uint64_t> tokens_since_round;
 };
 
 struct Checkpoint {

@@ -41,6 +41,8 @@ struct Config {
   int64_t heartbeat_timeout_ms = 2000;
   int64_t quorum_timeout_ms = 60000;
   int64_t rpc_timeout_ms = 5000;
+  // How long a learner's start waits for the lighthouse to answer (0: not).
+  int64_t lighthouse_wait_ms = 30000;
   double failslow_zscore_threshold = 3.5;
   int64_t failslow_window_steps = 16;
   bool rack_aware = false;

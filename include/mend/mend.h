@@ -239,11 +239,18 @@ mend_status mend_learner_global_state(const mend_learner* learner, int fragment,
  * calls it at the same step; rank 0 gets the whole model, the others 0
  * bytes. */
 mend_status mend_learner_export_state(mend_learner* learner, void** bytes, uint64_t* size);
-/* Makes exported bytes (or a checkpoint file's) the global state and the
- * parameters, between rounds (FAILED_PRECONDITION while one is in flight);
- * INVALID_ARGUMENT naming a tensor that does not fit the model, DATA_LOSS
- * for damaged bytes. For a group every rank imports the same bytes. */
-mend_status mend_learner_import_state(mend_learner* learner, const void* bytes, uint64_t size);
+/* Makes exported bytes (or a checkpoint file's) the global state, between
+ * rounds (FAILED_PRECONDITION while one is in flight); INVALID_ARGUMENT
+ * naming a tensor that does not fit the model, DATA_LOSS for damaged bytes.
+ * For a group every rank imports the same bytes. With flags 0 the state
+ * also becomes the parameters (MEND_STEP_WROTE) and the step is the state's
+ * (the step of its newest round). With MEND_IMPORT_KEEP_PARAMETERS the
+ * parameters are left as they are (the caller restored them, e.g. from the
+ * model's own checkpoint) and the exporting learner's step, tokens since its
+ * rounds and error feedback come back with the state: the job goes on
+ * exactly where the export left it (exported bytes only). */
+#define MEND_IMPORT_KEEP_PARAMETERS 1u
+mend_status mend_learner_import_state(mend_learner* learner, const void* bytes, uint64_t size, uint32_t flags);
 /* Writes the global state to `path` now, atomically (a checkpoint file);
  * for a group a collective, written by rank 0. */
 mend_status mend_learner_save_checkpoint(mend_learner* learner, const char* path);

@@ -62,6 +62,10 @@ class FragmentState {
   size_t size() const { return global_.size(); }
   // Replaces the global state (healing from a peer).
   void Assign(std::span<const float> global, std::span<const float> momentum);
+  // This learner's error feedback (sparse codecs; empty until used): its own,
+  // not the job's; carried by an exported state.
+  std::span<const float> residual() const { return residual_; }
+  void AssignResidual(std::span<const float> residual) { residual_.assign(residual.begin(), residual.end()); }
 
  private:
   friend class OuterRound;

@@ -262,10 +262,15 @@ class Learner:
         finally:
             lib.mend_bytes_free(data)
 
-    def import_state(self, state: bytes) -> None:
-        """Makes exported bytes the global state and the parameters (between rounds)."""
+    def import_state(self, state: bytes, keep_parameters: bool = False) -> None:
+        """Makes exported bytes (or a checkpoint file's) the global state,
+        between rounds. By default they become the buffers too and the step is
+        the state's; with ``keep_parameters`` the buffers stay as they are
+        (restored by the caller) and the exporting learner's step, tokens and
+        error feedback come back: the job goes on exactly."""
         self._check_process()
-        _native.check(lib.mend_learner_import_state(self._pointer, bytes(state), len(state)))
+        flags = _native.IMPORT_KEEP_PARAMETERS if keep_parameters else 0
+        _native.check(lib.mend_learner_import_state(self._pointer, bytes(state), len(state), flags))
 
     def save_checkpoint(self, path: str) -> None:
         self._check_process()

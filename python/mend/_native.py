@@ -30,6 +30,8 @@ PENDING = 100
 STEP_MAY_WAIT = 1
 STEP_READS = 2
 STEP_WROTE = 4
+# mend_learner_import_state.
+IMPORT_KEEP_PARAMETERS = 1
 
 
 class MendError(RuntimeError):
@@ -145,7 +147,7 @@ _SIGNATURES = {
     "mend_learner_global_state": (_status, [_p, _int, ctypes.POINTER(ctypes.c_float), _u64,
                                             ctypes.POINTER(_u64)]),
     "mend_learner_export_state": (_status, [_p, _PP, ctypes.POINTER(_u64)]),
-    "mend_learner_import_state": (_status, [_p, ctypes.c_char_p, _u64]),
+    "mend_learner_import_state": (_status, [_p, ctypes.c_char_p, _u64, _u32]),
     "mend_learner_save_checkpoint": (_status, [_p, _s]),
     "mend_learner_shutdown": (_status, [_p]),
     "mend_learner_free": (None, [_p]),

@@ -280,10 +280,35 @@ class Runtime:
         return self._learner.export_state()
 
     def import_state(self, state: bytes) -> None:
-        """Makes exported bytes the global state and the model's parameters."""
+        """Makes exported bytes (or a checkpoint file's) the global state and
+        the model's parameters; the step becomes the state's."""
         self._check_process()
         self._learner.import_state(state)
         self._after_call()
+
+    def state_dict(self) -> Dict[str, Any]:
+        """mend's outer state (global parameters, outer momentum, error
+        feedback, round, this learner's step and tokens since its rounds) in
+        a form ``torch.save`` writes and ``torch.load`` reads back. Save it
+        beside the model's and the optimizer's ``state_dict()``;
+        ``load_state_dict`` then goes on exactly where this left off. For a
+        learner of several ranks it is collective (every rank calls it at the
+        same step); rank 0's holds the whole model (the others' are empty), and
+        every rank loads rank 0's."""
+        self._check_process()
+        return {"format": "mend outer state", "version": 1, "state": self._learner.export_state()}
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """Restores what ``state_dict()`` saved; the model's parameters are
+        not touched (load them with the model's own state_dict). Between
+        rounds: right after mend_init, before the first step."""
+        self._check_process()
+        if not isinstance(state_dict, dict) or state_dict.get("format") != "mend outer state":
+            raise ValueError("mend: load_state_dict() takes what runtime.state_dict() returned (a dict with "
+                             "format 'mend outer state')")
+        if state_dict.get("version") != 1:
+            raise ValueError(f"mend: a mend outer state of version {state_dict.get('version')!r}; this mend reads 1")
+        self._learner.import_state(state_dict["state"], keep_parameters=True)
 
     @property
     def closed(self) -> bool:

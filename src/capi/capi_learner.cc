@@ -258,12 +258,16 @@ mend_status mend_learner_export_state(mend_learner* learner, void** bytes, uint6
   });
 }
 
-mend_status mend_learner_import_state(mend_learner* learner, const void* bytes, uint64_t size) {
+mend_status mend_learner_import_state(mend_learner* learner, const void* bytes, uint64_t size, uint32_t flags) {
   return Guarded([&] {
     if (mend::Status usable = Usable(learner, "mend_learner_import_state"); !usable.ok()) return Return(usable);
     if (bytes == nullptr && size > 0) return NullArgument("mend_learner_import_state", "bytes");
     BeginCall(*learner);
-    mend::Status status = learner->driver->ImportState(std::string_view(static_cast<const char*>(bytes), size));
+    if ((flags & ~MEND_IMPORT_KEEP_PARAMETERS) != 0) {
+      return Fail(mend::InvalidArgumentError(fmt::format("mend_learner_import_state: unknown flags {:#x}", flags)));
+    }
+    mend::Status status = learner->driver->ImportState(std::string_view(static_cast<const char*>(bytes), size),
+                                                       (flags & MEND_IMPORT_KEEP_PARAMETERS) != 0);
     EndCall(*learner);
     return Return(status);
   });

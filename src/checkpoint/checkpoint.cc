@@ -66,9 +66,11 @@ int64_t Product(const std::vector<int64_t>& shape) {
 }
 
 json MetaToJson(const CheckpointMeta& m) {
-  return {{"job_id", m.job_id},         {"round_id", m.round_id},       {"step", m.step},
-          {"tokens", m.tokens},         {"fragments", m.fragments},     {"learners", m.learners},
-          {"written_by", m.written_by}, {"created_unix_ms", m.created_unix_ms}, {"config", m.config_toml}};
+  json j = {{"job_id", m.job_id},         {"round_id", m.round_id},       {"step", m.step},
+            {"tokens", m.tokens},         {"fragments", m.fragments},     {"learners", m.learners},
+            {"written_by", m.written_by}, {"created_unix_ms", m.created_unix_ms}, {"config", m.config_toml}};
+  if (m.learner_step > 0) j["learner"] = {{"step", m.learner_step}, {"tokens_since_round", m.tokens_since_round}};
+  return j;
 }
 
 Status MetaFromJson(const json& j, CheckpointMeta* m) {
@@ -82,6 +84,10 @@ Status MetaFromJson(const json& j, CheckpointMeta* m) {
     m->written_by = j.at("written_by").get<std::string>();
     m->created_unix_ms = j.at("created_unix_ms").get<int64_t>();
     m->config_toml = j.at("config").get<std::string>();
+    if (j.contains("learner")) {
+      m->learner_step = j.at("learner").at("step").get<uint64_t>();
+      m->tokens_since_round = j.at("learner").at("tokens_since_round").get<std::vector<uint64_t>>();
+    }
   } catch (const json::exception& error) {
     return DataLossError(fmt::format("header: {}", error.what()));
   }

@@ -61,12 +61,30 @@ class LearnerAgentImpl final : public LearnerAgent {
 
   ~LearnerAgentImpl() override { Stop(); }
 
-  Status FirstRegistration() {
+  // Registers, retrying in the background; waits up to `wait` for the
+  // lighthouse to answer (0: not at all). UNAVAILABLE naming the address and
+  // the attempts when it did not (the agent is stopped then).
+  Status FirstRegistration(Micros wait) {
     TryRegister();
+    {
+      std::unique_lock lock(mu_);
+      if (!fatal_.ok()) return fatal_;
+      thread_ = std::thread([this]() { HeartbeatLoop(); });
+      WaitUntil(lock, RealClock()->NowMicros() + wait, [this]() { return registered_ || !fatal_.ok(); });
+      if (!fatal_.ok()) {
+        lock.unlock();
+        Stop();
+        std::lock_guard again(mu_);
+        return fatal_;
+      }
+      if (registered_ || wait <= 0) return OkStatus();
+    }
+    Stop();
     std::lock_guard lock(mu_);
-    if (!fatal_.ok()) return fatal_;
-    thread_ = std::thread([this]() { HeartbeatLoop(); });
-    return OkStatus();
+    return UnavailableError(fmt::format(
+        "learner '{}': the lighthouse at {} did not answer within lighthouse_wait_ms = {} ({} registration "
+        "attempt(s); the last: {}); check the `lighthouse` address and that the lighthouse runs",
+        identity_.id, address_, wait / kMicrosPerMilli, register_attempts_, last_register_error_));
   }
 
   void RecordStep(uint64_t step, uint64_t tokens, Micros step_time) override {
@@ -365,6 +383,11 @@ class LearnerAgentImpl final : public LearnerAgent {
       session_before = session_.session_id;
     }
     StatusOr<Registration> registration = client_->Register(identity_, step, last_round);
+    {
+      std::lock_guard lock(mu_);
+      register_attempts_++;
+      if (!registration.ok()) last_register_error_ = registration.status().ToString();
+    }
     if (!registration.ok()) {
       if (IsFatal(registration.status().code())) {
         SetFatal(registration.status());
@@ -520,6 +543,8 @@ class LearnerAgentImpl final : public LearnerAgent {
   bool link_disabled_ ABSL_GUARDED_BY(mu_) = false;
   int udp_silences_ ABSL_GUARDED_BY(mu_) = 0;
   Status fatal_ ABSL_GUARDED_BY(mu_);
+  uint64_t register_attempts_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string last_register_error_ ABSL_GUARDED_BY(mu_);
   LearnerRef session_ ABSL_GUARDED_BY(mu_);
   uint64_t lighthouse_instance_ ABSL_GUARDED_BY(mu_) = 0;
   // From config until the lighthouse says otherwise at registration.
@@ -657,7 +682,7 @@ StatusOr<std::unique_ptr<LearnerAgent>> LearnerAgent::Start(const Config& config
         std::make_unique<GroupRankAgent>(full.id, config.group_rank, std::move(client), std::move(group_store)));
   }
   auto agent = std::make_unique<LearnerAgentImpl>(config, token, full, std::move(client), std::move(group_store));
-  MEND_RETURN_IF_ERROR(agent->FirstRegistration());
+  MEND_RETURN_IF_ERROR(agent->FirstRegistration(config.lighthouse_wait_ms * kMicrosPerMilli));
   return std::unique_ptr<LearnerAgent>(std::move(agent));
 }
 

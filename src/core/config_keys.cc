@@ -55,6 +55,11 @@ std::vector<ConfigKey> BuildKeys() {
           "A learner silent this long is dead and left out of rounds."),
       Int("quorum_timeout_ms", &C::quorum_timeout_ms, 1, kMaxMs,
           "How long a learner waits for a round before it trains on."),
+      Int("lighthouse_wait_ms", &C::lighthouse_wait_ms, 0, kMaxMs,
+          "Learner: how long its start (mend_init, mend train) waits for the lighthouse to answer its "
+          "registration before it fails with UNAVAILABLE naming the address; long enough for learners started "
+          "a little before their lighthouse. 0: do not wait (keep trying in the background). Outages after the "
+          "start are ridden over as before."),
       Int("rpc_timeout_ms", &C::rpc_timeout_ms, 1, kMaxMs,
           "Deadline of every other call to the lighthouse."),
       Real("failslow_zscore_threshold", &C::failslow_zscore_threshold, 0.5, 1000,

@@ -1,6 +1,7 @@
 #include "reducer/fragment_checkpoint.h"
 
 #include <optional>
+#include <span>
 
 #include "core/status_format.h"
 #include "fmt/format.h"
@@ -50,6 +51,40 @@ void AddFragmentTensors(const FlatParameters& parameters, const std::vector<Frag
       offset += n;
     }
   }
+}
+
+void AddResidualTensors(const FlatParameters& parameters, const std::vector<Fragment>& fragments,
+                        Checkpoint* checkpoint) {
+  for (const Fragment& fragment : fragments) {
+    std::span<const float> residual = fragment.state->residual();
+    if (residual.empty()) continue;
+    size_t offset = 0;
+    for (size_t l : fragment.parameters) {
+      const size_t n = parameters.numel(l);
+      checkpoint->tensors.push_back({"error_feedback/" + parameters.name(l), parameters.shape(l),
+                                     std::vector<float>(residual.begin() + static_cast<long>(offset),
+                                                        residual.begin() + static_cast<long>(offset + n))});
+      offset += n;
+    }
+  }
+}
+
+std::vector<std::vector<float>> FragmentResiduals(const Checkpoint& checkpoint, const FlatParameters& parameters,
+                                                  const std::vector<Fragment>& fragments) {
+  std::vector<std::vector<float>> residuals;
+  for (const Fragment& fragment : fragments) {
+    std::vector<float> residual;
+    for (size_t l : fragment.parameters) {
+      const CheckpointTensor* t = checkpoint.Find("error_feedback/" + parameters.name(l));
+      if (t == nullptr || t->values.size() != parameters.numel(l)) {
+        residual.clear();
+        break;
+      }
+      residual.insert(residual.end(), t->values.begin(), t->values.end());
+    }
+    residuals.push_back(std::move(residual));
+  }
+  return residuals;
 }
 
 StatusOr<std::vector<std::pair<std::vector<float>, std::vector<float>>>> FragmentStates(

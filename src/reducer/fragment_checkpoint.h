@@ -22,6 +22,15 @@ namespace mend::reducer {
 void AddFragmentTensors(const FlatParameters& parameters, const std::vector<Fragment>& fragments,
                         Checkpoint* checkpoint);
 
+// Appends this learner's error feedback (sparse codecs) of every fragment
+// that has any, as "error_feedback/NAME" (an exported state's, not a
+// checkpoint file's: it is the learner's own).
+void AddResidualTensors(const FlatParameters& parameters, const std::vector<Fragment>& fragments,
+                        Checkpoint* checkpoint);
+// Each fragment's error feedback from `checkpoint`; empty where it has none.
+std::vector<std::vector<float>> FragmentResiduals(const Checkpoint& checkpoint, const FlatParameters& parameters,
+                                                  const std::vector<Fragment>& fragments);
+
 // Each fragment's (global state, momentum) from `checkpoint`, by parameter
 // name. INVALID_ARGUMENT naming the tensor that is missing or has another
 // shape than the model's (`where` says which checkpoint, for the message).

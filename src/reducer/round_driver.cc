@@ -103,6 +103,7 @@ class RoundDriverImpl final : public RoundDriver {
 
   Status Init(uint64_t start_step) {
     stats_.steps = start_step;
+    restored_step_ = start_step;
     step_now_.store(start_step);
     abort_watch_ = std::make_unique<AbortWatch>(agent_.client());
     diagnostics_ = std::make_unique<Diagnostics>(
@@ -133,6 +134,34 @@ class RoundDriverImpl final : public RoundDriver {
       // rack's hosts): the same checkpoint everywhere, then into every replica.
       MEND_RETURN_IF_ERROR(AgreeOnRestoredState("resumed from", "they must all see the same checkpoint_dir"));
     }
+    return OkStatus();
+  }
+
+  // An exported state as the exporting learner left it: the global state,
+  // momentum and error feedback, the round, its step and tokens since each
+  // fragment's round; the parameters stay the caller's (restored with the
+  // model's own state).
+  Status RestoreOuterState(const Checkpoint& checkpoint) {
+    const CheckpointMeta& meta = checkpoint.meta;
+    if (meta.learner_step == 0 || meta.tokens_since_round.size() != fragments_.size()) {
+      return InvalidArgumentError(fmt::format(
+          "import_state(keep_parameters): the state of round {} holds no learner's progress for {} fragment(s) (a "
+          "checkpoint file, or another fragment count?); import it with its parameters instead",
+          meta.round_id, fragments_.size()));
+    }
+    MEND_ASSIGN_OR_RETURN(auto states, FragmentStates(checkpoint, *parameters_, fragments_, "(imported state)"));
+    const auto residuals = FragmentResiduals(checkpoint, *parameters_, fragments_);
+    for (size_t f = 0; f < fragments_.size(); ++f) {
+      fragments_[f].state->Assign(states[f].first, states[f].second);
+      if (!residuals[f].empty()) fragments_[f].state->AssignResidual(residuals[f]);
+      fragments_[f].tokens_since_round = meta.tokens_since_round[f];
+      fragments_[f].last_round_boundary = 0;
+    }
+    last_round_id_ = meta.round_id;
+    stats_.last_round_id = meta.round_id;
+    stats_.steps = meta.learner_step;
+    step_now_.store(stats_.steps);
+    restored_step_ = meta.step;
     return OkStatus();
   }
 
@@ -180,24 +209,48 @@ class RoundDriverImpl final : public RoundDriver {
     stats_.last_round_id = checkpoint.meta.round_id;
     stats_.steps = checkpoint.meta.step;
     step_now_.store(stats_.steps);
+    restored_step_ = checkpoint.meta.step;
+    for (Fragment& fragment : fragments_) fragment.last_round_boundary = 0;
     return OkStatus();
+  }
+
+  // The job's step the global state is of: the boundary of the newest round
+  // it includes (or the step it was started or restored at).
+  uint64_t StateStep() const {
+    uint64_t step = restored_step_;
+    for (const Fragment& fragment : fragments_) step = std::max(step, fragment.last_round_boundary);
+    return step;
   }
 
   // The outer state as checkpoint bytes. In a group a collective, like
   // SaveCheckpoint: rank 0 gets the whole model, the other ranks nothing.
   StatusOr<std::string> ExportState() override {
     if (shut_down_) return FailedPreconditionError("reducer: export_state() after shutdown()");
-    if (!group_) return EncodeCheckpoint(Snapshot(stats_.last_round_id, 0));
+    if (!group_) {
+      Checkpoint checkpoint = Snapshot(stats_.last_round_id, 0);
+      AddResidualTensors(*parameters_, fragments_, &checkpoint);
+      AddLearnerProgress(&checkpoint.meta);
+      return EncodeCheckpoint(checkpoint);
+    }
     StatusOr<std::shared_ptr<Checkpoint>> whole = GroupSnapshot(stats_.last_round_id, 0);
     if (!whole.ok()) {
       return Annotate(whole.status(),
                       "export_state: a multi-rank learner's export is collective (every rank of the group calls it "
                       "at the same step)");
     }
-    return *whole ? EncodeCheckpoint(**whole) : std::string();
+    if (!*whole) return std::string();
+    AddLearnerProgress(&(*whole)->meta);
+    return EncodeCheckpoint(**whole);
   }
 
-  Status ImportState(std::string_view bytes) override {
+  // This learner's own step and tokens since each fragment's round.
+  void AddLearnerProgress(CheckpointMeta* meta) const {
+    meta->learner_step = std::max<uint64_t>(stats_.steps, 1);
+    meta->tokens_since_round.clear();
+    for (const Fragment& fragment : fragments_) meta->tokens_since_round.push_back(fragment.tokens_since_round);
+  }
+
+  Status ImportState(std::string_view bytes, bool keep_parameters) override {
     if (shut_down_) return FailedPreconditionError("reducer: import_state() after shutdown()");
     if (in_flight_) {
       return FailedPreconditionError(fmt::format(
@@ -206,9 +259,14 @@ class RoundDriverImpl final : public RoundDriver {
           in_flight_->fragment, in_flight_->boundary_step));
     }
     MEND_ASSIGN_OR_RETURN(Checkpoint checkpoint, DecodeCheckpoint(bytes, "(imported state)"));
-    MEND_RETURN_IF_ERROR(Restore(checkpoint, "(imported state)"));
-    spdlog::info("imported the outer state of round {} (step {}, written by {})", checkpoint.meta.round_id,
-                 checkpoint.meta.step, checkpoint.meta.written_by);
+    if (keep_parameters) {
+      MEND_RETURN_IF_ERROR(RestoreOuterState(checkpoint));
+    } else {
+      MEND_RETURN_IF_ERROR(Restore(checkpoint, "(imported state)"));
+    }
+    spdlog::info("imported the outer state of round {} (step {}, written by {}){}", checkpoint.meta.round_id,
+                 checkpoint.meta.step, checkpoint.meta.written_by,
+                 keep_parameters ? fmt::format("; going on at its learner's step {}", stats_.steps) : "");
     if (group_) {
       MEND_RETURN_IF_ERROR(AgreeOnRestoredState("imported", "every rank must import the same state"));
     }
@@ -227,7 +285,7 @@ class RoundDriverImpl final : public RoundDriver {
     Checkpoint checkpoint;
     checkpoint.meta.job_id = config_.job_id;
     checkpoint.meta.round_id = round_id;
-    checkpoint.meta.step = stats_.steps;
+    checkpoint.meta.step = StateStep();
     checkpoint.meta.tokens = tokens_total_;
     checkpoint.meta.fragments = schedule_.fragments();
     checkpoint.meta.learners = members;
@@ -1203,6 +1261,8 @@ class RoundDriverImpl final : public RoundDriver {
   // PlanStep's view for the step it planned (0: none planned).
   uint64_t planned_step_ = 0;
   bool planned_arrival_ = false;
+  // The step the global state was started or last restored at (see StateStep).
+  uint64_t restored_step_ = 0;
   Status group_broken_ = OkStatus();
   // In a group: this rank's step times since the last round, and the
   // slowest rank's mean step as of it (what rank 0's heartbeats carry).

@@ -61,9 +61,13 @@ class RoundDriver {
   // round and step) as checkpoint bytes; in a group collective, with the
   // whole model on rank 0 and empty bytes elsewhere.
   [[nodiscard]] virtual StatusOr<std::string> ExportState() = 0;
-  // Makes exported bytes the global state and the local parameters (between
-  // rounds; in a group every rank imports the same bytes at the same step).
-  [[nodiscard]] virtual Status ImportState(std::string_view bytes) = 0;
+  // Makes exported bytes (or a checkpoint file's) the global state, between
+  // rounds; in a group every rank imports the same bytes at the same step.
+  // Without `keep_parameters` they become the local parameters too and the
+  // step is the state's; with it the parameters stay as they are (restored
+  // by the caller) and the exporting learner's step, tokens since its
+  // rounds and error feedback come back: the job goes on exactly.
+  [[nodiscard]] virtual Status ImportState(std::string_view bytes, bool keep_parameters) = 0;
 };
 
 }  // namespace mend::reducer

@@ -142,10 +142,20 @@ int main(void) {
   CHECK(mend_learner_export_state(learners[0].learner, &state, &size));
   EXPECT(size > 0);
   Train(&learners[0], 9);
-  CHECK(mend_learner_import_state(learners[0].learner, state, size));
+  CHECK(mend_learner_import_state(learners[0].learner, state, size, 0));
   EXPECT(mend_learner_last_flags(learners[0].learner) & MEND_STEP_WROTE);
   EXPECT(memcmp(learners[0].w, global[0], sizeof learners[0].w) == 0);
-  EXPECT(mend_learner_import_state(learners[0].learner, state, size / 2) == MEND_DATA_LOSS);
+  EXPECT(mend_learner_import_state(learners[0].learner, state, size / 2, 0) == MEND_DATA_LOSS);
+  /* Keeping the parameters: they stay as they are, the learner's step comes back. */
+  Train(&learners[0], 9);
+  float trained[kW];
+  memcpy(trained, learners[0].w, sizeof trained);
+  CHECK(mend_learner_import_state(learners[0].learner, state, size, MEND_IMPORT_KEEP_PARAMETERS));
+  EXPECT((mend_learner_last_flags(learners[0].learner) & MEND_STEP_WROTE) == 0);
+  EXPECT(memcmp(learners[0].w, trained, sizeof trained) == 0);
+  mend_stats after;
+  CHECK(mend_learner_stats(learners[0].learner, &after));
+  EXPECT(after.steps == kSteps && after.last_round_id > 0);
   mend_bytes_free(state);
 
   char* document = NULL;

@@ -70,14 +70,16 @@ def test_copies_of_the_model_carry_no_runtime(lighthouse):
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
     runtime = mend.mend_init(model, job(lighthouse), "copies")
     train(model, optimizer, 3)
+    gc.collect()
+    runtimes_before = sum(isinstance(o, mend.Runtime) for o in gc.get_objects())
     twin = copy.deepcopy(model)
     averaged = AveragedModel(model)
     buffer = io.BytesIO()
     torch.save(model, buffer)
     buffer.seek(0)
     loaded = torch.load(buffer)
-    runtimes = sum(isinstance(o, mend.Runtime) for o in gc.get_objects())
-    assert runtimes == 1  # the copies made none
+    gc.collect()
+    assert sum(isinstance(o, mend.Runtime) for o in gc.get_objects()) == runtimes_before  # the copies made none
     for other in (twin, averaged, loaded):
         assert mend.get_runtime(other) is None
         assert all(getattr(h, "_runtime", None) is None for h in other._forward_pre_hooks.values())
@@ -150,3 +152,12 @@ def test_stats_after_shutdown_are_the_final_ones(lighthouse):
     assert isinstance(global_state, torch.Tensor) and global_state.dtype == torch.float32
     assert torch.equal(global_state, runtime.global_state())
     assert global_state.numel() == 5
+
+
+def test_an_unreachable_lighthouse_is_an_error_at_mend_init():
+    os.environ["MEND_JOB_TOKEN"] = TOKEN
+    config = mend.MendConfig(lighthouse="127.0.0.1:1", lighthouse_wait_ms=300, log_level="error")
+    with pytest.raises(mend.UnavailableError, match=r"lighthouse at 127\.0\.0\.1:1 did not answer within "
+                                                    r"lighthouse_wait_ms = 300"):
+        mend.mend_init(torch.nn.Linear(2, 1), config, "nobody-home")
+    assert mend.MendConfig().lighthouse_wait_ms == 30000  # the default: learners may start a little early

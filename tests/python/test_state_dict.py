@@ -1,0 +1,143 @@
+"""mend's outer state in a user's own checkpoint (runtime.state_dict() /
+load_state_dict()), and the step a checkpoint is labelled with."""
+import io
+import json
+import os
+import struct
+import threading
+
+import pytest
+
+torch = pytest.importorskip("torch")  # python3-torch
+
+import mend  # noqa: E402
+
+TOKEN = "state-dict-test-token-0123456789"
+PERIOD = 4
+
+
+def batch(learner, step):
+    generator = torch.Generator().manual_seed(1000 * learner + step)
+    x = torch.randn(8, 4, generator=generator)
+    return x, x.sum(1, keepdim=True) * (learner + 1)
+
+
+def run(lighthouse, until, save_at=0, saved=None):
+    """Two learners (threads) of a synchronous job with outer Nesterov from
+    the first round; returns each learner's parameters after every round
+    (by step), and (with save_at) what each saved after that step."""
+    config = mend.MendConfig(lighthouse=lighthouse.address, quorum_min_learners=2, sync_period_steps=PERIOD,
+                             concurrent_outer_step=False, outer_warmup_steps=0, heartbeat_ms=50,
+                             heartbeat_timeout_ms=2000, log_level="warn")
+    after_rounds = [{}, {}]
+    checkpoints = [None, None]
+    errors = []
+    models, optimizers, runtimes = [], [], []
+    for learner in range(2):
+        torch.manual_seed(7)  # the same initial model
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
+        if saved is not None:
+            state = torch.load(io.BytesIO(saved[learner]))
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+        runtime = mend.mend_init(model, config, f"learner-{learner}", optimizer=optimizer)
+        if saved is not None:
+            runtime.load_state_dict(state["mend"])
+        models.append(model)
+        optimizers.append(optimizer)
+        runtimes.append(runtime)
+
+    def train(learner):
+        model, optimizer, runtime = models[learner], optimizers[learner], runtimes[learner]
+        try:
+            while runtime.stats()["steps"] < until:
+                step = runtime.stats()["steps"] + 1
+                x, y = batch(learner, step)
+                loss = (model(x) - y).pow(2).mean()
+                optimizer.zero_grad()
+                loss.backward()
+                runtime.report_tokens(8)
+                optimizer.step()
+                if step % PERIOD == 0:
+                    after_rounds[learner][step] = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+                if step == save_at:
+                    out = io.BytesIO()
+                    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                                "mend": runtime.state_dict()}, out)
+                    checkpoints[learner] = out.getvalue()
+        except Exception as error:  # noqa: BLE001
+            errors.append(error)
+
+    threads = [threading.Thread(target=train, args=(learner,)) for learner in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    for model in models:
+        mend.mend_shutdown(model)
+    return after_rounds, checkpoints
+
+
+def test_a_job_restored_from_users_checkpoints_goes_on_bit_identically():
+    os.environ["MEND_JOB_TOKEN"] = TOKEN
+    with mend.Lighthouse(mend.MendConfig(bind="127.0.0.1:0", http="", quorum_min_learners=2, heartbeat_ms=50,
+                                         heartbeat_timeout_ms=2000, log_level="warn")) as lighthouse:
+        uninterrupted, saved = run(lighthouse, 16, save_at=10)  # mid-period: 2 steps after round 2
+        restarted, _ = run(lighthouse, 16, saved=saved)
+    for learner in range(2):
+        assert sorted(restarted[learner]) == [12, 16]
+        for step in (12, 16):
+            assert torch.equal(restarted[learner][step], uninterrupted[learner][step]), (learner, step)
+    assert torch.equal(uninterrupted[0][16], uninterrupted[1][16])
+
+
+def test_a_state_dict_is_refused_by_a_checkpoint_file_and_by_load_of_anything_else(tmp_path):
+    os.environ["MEND_JOB_TOKEN"] = TOKEN
+    with mend.Lighthouse(mend.MendConfig(bind="127.0.0.1:0", http="", quorum_min_learners=1,
+                                         log_level="warn")) as lighthouse:
+        config = mend.MendConfig(lighthouse=lighthouse.address, quorum_min_learners=1, log_level="warn")
+        model = torch.nn.Linear(2, 1)
+        runtime = mend.mend_init(model, config, "refuser", manual=True)
+        with pytest.raises(ValueError, match="runtime.state_dict"):
+            runtime.load_state_dict({"weights": 1})
+        path = tmp_path / "x.mend"
+        runtime.save_checkpoint(str(path))
+        with pytest.raises(mend.InvalidArgumentError, match="no learner's progress"):
+            runtime.load_state_dict({"format": "mend outer state", "version": 1, "state": path.read_bytes()})
+        mend.mend_shutdown(model)
+
+
+def checkpoint_meta(path):
+    data = path.read_bytes()
+    assert data[:8] == b"MENDCKPT"
+    (length,) = struct.unpack("<Q", data[12:20])
+    return json.loads(data[20:20 + length])["meta"]
+
+
+def test_a_checkpoint_is_labelled_with_the_step_of_the_state_it_holds(tmp_path):
+    os.environ["MEND_JOB_TOKEN"] = TOKEN
+    with mend.Lighthouse(mend.MendConfig(bind="127.0.0.1:0", http="", quorum_min_learners=1,
+                                         log_level="warn")) as lighthouse:
+        config = mend.MendConfig(lighthouse=lighthouse.address, quorum_min_learners=1, sync_period_steps=10,
+                                 concurrent_outer_step=False, log_level="warn")
+        model = torch.nn.Linear(4, 1)
+        runtime = mend.mend_init(model, config, "labeller", manual=True)
+        for _ in range(35):
+            with torch.no_grad():
+                model.weight.add_(0.01)
+            runtime.step(8)
+        path = tmp_path / "at-35.mend"
+        runtime.save_checkpoint(str(path))
+        global_state = runtime.global_state()
+        mend.mend_shutdown(model)
+        meta = checkpoint_meta(path)
+        assert meta["step"] == 30 and meta["round_id"] == 3  # the round-30 state, not step 35
+        resumed_model = torch.nn.Linear(4, 1)
+        resumed = mend.mend_init(resumed_model, config, "labeller-2", manual=True)
+        resumed.import_state(path.read_bytes())
+        assert resumed.stats()["steps"] == 30
+        assert torch.equal(torch.cat([p.detach().reshape(-1) for p in resumed_model.parameters()]),
+                           global_state)
+        mend.mend_shutdown(resumed_model)
