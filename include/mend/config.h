@@ -101,6 +101,8 @@ struct Config {
   int64_t checkpoint_every_rounds = 0;
   int64_t checkpoint_keep = 3;
   bool resume = true;
+  // A checkpoint file to resume from (any name), before checkpoint_dir.
+  std::string resume_from;
 
   // Diagnostics.
   std::string diagnostics_dir;

@@ -152,10 +152,14 @@ std::vector<ConfigKey> BuildKeys() {
       Real("link_rate_mbit", &C::link_rate_mbit, 0, 1e6,
            "Link emulation: each learner's send rate in Mbit/s (0: unlimited)."),
       Text("checkpoint_dir", &C::checkpoint_dir,
-           "Directory of the job's checkpoints (global state); empty turns them off."),
+           "Directory of the job's checkpoints (global state), named ckpt-<round, 12 digits>.mend; resume finds "
+           "the newest of those (a file of another name: resume_from). Empty turns them off."),
       Int("checkpoint_every_rounds", &C::checkpoint_every_rounds, 0, 1000000,
           "Rank 0 of every round whose id is a multiple of this writes one (0: on demand only)."),
       Int("checkpoint_keep", &C::checkpoint_keep, 1, 1000, "Checkpoints kept in checkpoint_dir."),
+      Text("resume_from", &C::resume_from,
+           "At start, resume from this checkpoint file (any name: runtime.save_checkpoint's), or fail naming it; "
+           "takes precedence over checkpoint_dir and resume. Empty: off."),
       Bool("resume", &C::resume,
            "At start, load the newest checkpoint in checkpoint_dir that verifies."),
       Text("diagnostics_dir", &C::diagnostics_dir,

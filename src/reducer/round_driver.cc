@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <filesystem>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -128,12 +129,28 @@ class RoundDriverImpl final : public RoundDriver {
       Gather(fragment, initial);
       fragment.state = std::make_unique<FragmentState>(initial);
     }
-    if (!config_.checkpoint_dir.empty() && config_.resume) MEND_RETURN_IF_ERROR(Resume());
-    if (group_ && !config_.checkpoint_dir.empty()) {
-      // Each rank resumed its slice (from the same directory, shared by the
-      // rack's hosts): the same checkpoint everywhere, then into every replica.
-      MEND_RETURN_IF_ERROR(AgreeOnRestoredState("resumed from", "they must all see the same checkpoint_dir"));
+    if (!config_.resume_from.empty()) {
+      MEND_RETURN_IF_ERROR(ResumeFrom(config_.resume_from));
+    } else if (!config_.checkpoint_dir.empty() && config_.resume) {
+      MEND_RETURN_IF_ERROR(Resume());
     }
+    if (group_ && (!config_.checkpoint_dir.empty() || !config_.resume_from.empty())) {
+      // Each rank resumed its slice (from the same file, shared by the
+      // rack's hosts): the same checkpoint everywhere, then into every replica.
+      MEND_RETURN_IF_ERROR(AgreeOnRestoredState(
+          "resumed from", "they must all see the same checkpoint_dir (or resume_from file)"));
+    }
+    return OkStatus();
+  }
+
+  // resume_from: that file, or an error naming it.
+  Status ResumeFrom(const std::string& path) {
+    StatusOr<Checkpoint> checkpoint = ReadCheckpoint(path);
+    if (!checkpoint.ok()) return Annotate(checkpoint.status(), fmt::format("resume_from = \"{}\"", path));
+    MEND_RETURN_IF_ERROR(Restore(*checkpoint, path));
+    stats_.resumed_from_round = checkpoint->meta.round_id;
+    spdlog::info("resumed from {} (round {}, step {}, written by {})", path, checkpoint->meta.round_id,
+                 checkpoint->meta.step, checkpoint->meta.written_by);
     return OkStatus();
   }
 
@@ -187,7 +204,7 @@ class RoundDriverImpl final : public RoundDriver {
     for (const std::string& why : skipped) spdlog::error("skipping a damaged checkpoint: {}", why);
     if (!checkpoint.ok()) {
       if (checkpoint.status().code() != absl::StatusCode::kNotFound) return checkpoint.status();
-      spdlog::info("no checkpoint in {}: starting fresh", config_.checkpoint_dir);
+      WarnOfOtherFiles();
       return OkStatus();
     }
     MEND_RETURN_IF_ERROR(Restore(*checkpoint, config_.checkpoint_dir));
@@ -195,6 +212,24 @@ class RoundDriverImpl final : public RoundDriver {
     spdlog::info("resumed from the checkpoint of round {} (step {}, written by {})", checkpoint->meta.round_id,
                  checkpoint->meta.step, checkpoint->meta.written_by);
     return OkStatus();
+  }
+
+  // No checkpoint in checkpoint_dir: a fresh start, said louder when the
+  // directory holds other files (one saved under a name of the user's?).
+  void WarnOfOtherFiles() const {
+    std::vector<std::string> others;
+    std::error_code error;
+    for (const auto& entry : std::filesystem::directory_iterator(config_.checkpoint_dir, error)) {
+      if (others.size() == 5) break;
+      others.push_back(entry.path().filename().string());
+    }
+    if (others.empty()) {
+      spdlog::info("no checkpoint in {}: starting fresh", config_.checkpoint_dir);
+      return;
+    }
+    spdlog::warn("checkpoint_dir {} holds no checkpoint named ckpt-<round, 12 digits>.mend (it has {}{}); starting "
+                 "fresh. To resume from a file of another name, set resume_from = PATH",
+                 config_.checkpoint_dir, fmt::join(others, ", "), others.size() == 5 ? ", ..." : "");
   }
 
   // `checkpoint` becomes every fragment's global state and momentum, the

@@ -141,3 +141,45 @@ def test_a_checkpoint_is_labelled_with_the_step_of_the_state_it_holds(tmp_path):
         assert torch.equal(torch.cat([p.detach().reshape(-1) for p in resumed_model.parameters()]),
                            global_state)
         mend.mend_shutdown(resumed_model)
+
+
+def test_resume_from_a_file_of_any_name_or_fail_naming_it(tmp_path):
+    os.environ["MEND_JOB_TOKEN"] = TOKEN
+    with mend.Lighthouse(mend.MendConfig(bind="127.0.0.1:0", http="", quorum_min_learners=1,
+                                         log_level="warn")) as lighthouse:
+        keys = dict(lighthouse=lighthouse.address, quorum_min_learners=1, sync_period_steps=5,
+                    concurrent_outer_step=False, log_level="warn")
+        model = torch.nn.Linear(4, 1)
+        runtime = mend.mend_init(model, mend.MendConfig(**keys), "saver", manual=True)
+        for _ in range(12):
+            with torch.no_grad():
+                model.bias.add_(0.5)
+            runtime.step(8)
+        path = tmp_path / "my-run.pt.mend"
+        runtime.save_checkpoint(str(path))
+        global_state = runtime.global_state()
+        mend.mend_shutdown(model)
+        resumed_model = torch.nn.Linear(4, 1)
+        resumed = mend.mend_init(resumed_model, mend.MendConfig(resume_from=str(path), **keys), "resumer",
+                                 manual=True)
+        assert resumed.stats()["steps"] == 10 and resumed.stats()["resumed_from_round"] == 2
+        assert torch.equal(torch.cat([p.detach().reshape(-1) for p in resumed_model.parameters()]), global_state)
+        mend.mend_shutdown(resumed_model)
+        missing = tmp_path / "no-such.mend"
+        with pytest.raises(mend.NotFoundError, match=f"resume_from = \"{missing}\""):
+            mend.mend_init(torch.nn.Linear(4, 1), mend.MendConfig(resume_from=str(missing), **keys), "x")
+
+
+def test_a_checkpoint_dir_without_checkpoints_but_other_files_is_warned_of(tmp_path, capfd):
+    os.environ["MEND_JOB_TOKEN"] = TOKEN
+    (tmp_path / "model.pt").write_bytes(b"not mend's")
+    with mend.Lighthouse(mend.MendConfig(bind="127.0.0.1:0", http="", quorum_min_learners=1,
+                                         log_level="warn")) as lighthouse:
+        config = mend.MendConfig(lighthouse=lighthouse.address, quorum_min_learners=1, checkpoint_dir=str(tmp_path),
+                                 log_level="warn")
+        model = torch.nn.Linear(2, 1)
+        mend.mend_init(model, config, "warned", manual=True)
+        mend.mend_shutdown(model)
+    err = capfd.readouterr().err
+    assert "holds no checkpoint named ckpt-<round, 12 digits>.mend (it has model.pt)" in err
+    assert "resume_from" in err
