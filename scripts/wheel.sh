@@ -26,7 +26,7 @@ stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 package="$stage/mend"
 mkdir -p "$package/_lib"
-cp python/mend/*.py "$package/"
+cp python/mend/*.py python/mend/*.pyi python/mend/py.typed "$package/"
 cat > "$package/_build_info.py" <<EOF
 # Written by scripts/wheel.sh: libmend.so is in _lib/ beside this file.
 VERSION = "$version"

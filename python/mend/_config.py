@@ -113,6 +113,7 @@ class MendConfig:
                 and "desloc" not in given:
             given["desloc"] = "true"
         self._values = _resolve(_file, given)
+        self._typed = _typed(self._values)
         self._given = given
         self._file = _file
 
@@ -124,18 +125,21 @@ class MendConfig:
         return cls(_file=path, **keys)
 
     def __getattr__(self, name: str) -> Any:
-        values = self.__dict__.get("_values")
-        if values is None or name not in values:
+        typed = self.__dict__.get("_typed")
+        if typed is None or name not in typed:
             raise AttributeError(f"MendConfig has no key {name!r}")
-        row = _KEYS[name]
-        text = values[name]
-        if row["type"] == "int":
-            return int(text)
-        if row["type"] == "float":
-            return float(text)
-        if row["type"] == "bool":
-            return text == "true"
-        return text
+        return typed[name]
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _KEYS:
+            raise AttributeError(f"MendConfig is a value: use config.replace({name}=...) for another one")
+        object.__setattr__(self, name, value)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, MendConfig) and self._values == other._values
+
+    def __hash__(self) -> int:
+        return hash(tuple(sorted(self._values.items())))
 
     def replace(self, **keys: Any) -> "MendConfig":
         """A copy with ``keys`` changed (checked as in the constructor; the
@@ -149,6 +153,7 @@ class MendConfig:
                 raise TypeError(f"MendConfig has no key {name!r}")
         values.update({k: given[k] for k in given})
         copy._values = _resolve("", values, environment=False)
+        copy._typed = _typed(copy._values)
         copy._given = given
         copy._file = self._file
         return copy
@@ -165,7 +170,7 @@ class MendConfig:
         return NativeConfig(self._values)
 
     def __repr__(self) -> str:
-        changed = ", ".join(f"{k}={getattr(self, k)!r}" for k in self._given)
+        changed = ", ".join(f"{k}={v!r}" for k, v in self._typed.items() if self._values[k] != _KEYS[k]["default"])
         return f"MendConfig({changed})"
 
     def __reduce__(self):
@@ -175,7 +180,39 @@ class MendConfig:
 def _rebuild(values: Dict[str, str], given: Dict[str, str], file: str) -> MendConfig:
     config = MendConfig.__new__(MendConfig)
     config._values, config._given, config._file = dict(values), dict(given), file
+    config._typed = _typed(config._values)
     return config
+
+
+_PYTHON_TYPES = {"int": int, "float": float, "bool": bool, "str": str, "enum": str}
+
+
+def _typed(values: Dict[str, str]) -> Dict[str, Any]:
+    """Every key's value as its Python type (parsed once, at construction)."""
+    typed: Dict[str, Any] = {}
+    for name, text in values.items():
+        kind = _KEYS[name]["type"]
+        typed[name] = text == "true" if kind == "bool" else _PYTHON_TYPES[kind](text)
+    return typed
+
+
+def stub() -> str:
+    """The text of _config.pyi: MendConfig's keys with their types, from the
+    key table (tests/python checks that the committed stub matches)."""
+    lines = ['"""Type stub of mend._config, generated from the key table by mend._config.stub()."""',
+             "from typing import Any, Dict, Optional", "", "", "class MendConfig:"]
+    for name, row in _KEYS.items():
+        lines.append(f"    {name}: {_PYTHON_TYPES[row['type']].__name__}")
+    keywords = ", ".join(f"{name}: {_PYTHON_TYPES[row['type']].__name__} = ..." for name, row in _KEYS.items())
+    lines += ["", f"    def __init__(self, _file: str = ..., *, {keywords}) -> None: ...",
+              "    @classmethod",
+              "    def from_file(cls, path: str, **keys: Any) -> MendConfig: ...",
+              "    def replace(self, **keys: Any) -> MendConfig: ...",
+              "    def as_dict(self) -> Dict[str, Any]: ...",
+              "    def to_toml(self) -> str: ...",
+              "    def __eq__(self, other: object) -> bool: ...",
+              "    def __hash__(self) -> int: ...", ""]
+    return "\n".join(lines)
 
 
 MendConfig.__doc__ = MendConfig.__doc__.replace("{keys}", _key_doc())

@@ -1,0 +1,43 @@
+"""MendConfig as a typed value: attributes of the key table's types, equality,
+a repr of what differs from the defaults, and a stub that matches the table."""
+import copy
+import os
+import pickle
+
+import pytest
+
+import mend
+from mend import _config
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def test_attributes_have_the_key_tables_types():
+    config = mend.MendConfig(sync_period_steps=64, outer_lr=1.0, concurrent_outer_step=False, codec="int4")
+    assert config.sync_period_steps == 64 and type(config.sync_period_steps) is int
+    assert config.outer_lr == 1.0 and type(config.outer_lr) is float
+    assert config.concurrent_outer_step is False
+    assert config.codec == "int4"
+    for name, row in _config._KEYS.items():
+        assert type(getattr(config, name)).__name__ == {"enum": "str"}.get(row["type"], row["type"]), name
+    with pytest.raises(AttributeError, match="replace"):
+        config.outer_lr = 2.0
+
+
+def test_equality_repr_copies_and_replace():
+    a = mend.MendConfig(sync_period_steps=64, outer_lr=1.0)
+    assert a == mend.MendConfig(outer_lr=1.0, sync_period_steps=64)
+    assert a != mend.MendConfig(sync_period_steps=65, outer_lr=1.0)
+    assert repr(a) == "MendConfig(sync_period_steps=64, outer_lr=1.0)"
+    assert copy.deepcopy(a) == a and pickle.loads(pickle.dumps(a)) == a
+    b = a.replace(codec="bf16")
+    assert b.codec == "bf16" and a.codec == "fp32" and b.sync_period_steps == 64
+    with pytest.raises(ValueError, match="grace_window_ms"):
+        a.replace(grace_window_ms=-1)
+    assert len({a, mend.MendConfig(outer_lr=1.0, sync_period_steps=64)}) == 1
+
+
+def test_the_stub_matches_the_key_table():
+    with open(os.path.join(HERE, "..", "..", "python", "mend", "_config.pyi")) as f:
+        assert f.read() == _config.stub(), "regenerate python/mend/_config.pyi with mend._config.stub()"
+    assert os.path.exists(os.path.join(HERE, "..", "..", "python", "mend", "py.typed"))
