@@ -76,6 +76,8 @@ struct Config {
   bool train_through_lighthouse_outage = false;
   std::string outer_apply = "exact";
   double mixing_alpha = 0.5;
+  // Front ends: the model's buffers kept the same on every learner at every round.
+  bool sync_buffers = true;
   bool desloc = false;
   bool heal_inner_optimizer = false;
   int64_t momentum_sync_period_steps = 0;

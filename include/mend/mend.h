@@ -199,6 +199,19 @@ mend_status mend_learner_create(const mend_config* config, const char* token, co
  * for both: none (yet). */
 mend_status mend_learner_set_moments(mend_learner* learner, size_t index, float* first, float* second);
 
+/* The model's buffers (BatchNorm's running statistics), synchronised at
+ * every round so that every member ends it with the same values: with
+ * MEND_BUFFERS_AVERAGED averaged over the round's members with its weights
+ * (floating-point buffers), with MEND_BUFFERS_FROM_FIRST_MEMBER taken from
+ * its first member (integer buffers, carried as floats: exact below 2^24).
+ * Caller-owned like the parameters; read at a round's boundary and written
+ * when it is applied (MEND_STEP_READS / MEND_STEP_WROTE cover them). Before
+ * the first step (FAILED_PRECONDITION after); once per kind. */
+#define MEND_BUFFERS_AVERAGED 0u
+#define MEND_BUFFERS_FROM_FIRST_MEMBER 1u
+mend_status mend_learner_set_buffers(mend_learner* learner, const mend_buffer* buffers, size_t count,
+                                     uint32_t kind);
+
 /* What the next step does (mend_learner_plan_step), and what the last call
  * did (mend_learner_last_flags). */
 #define MEND_STEP_MAY_WAIT 1u /* it starts or applies a round, and may wait for one */

@@ -113,6 +113,20 @@ def _address_of(name: str, buffer: Any) -> Tuple[int, int, Tuple[int, ...], memo
     return address, count, tuple(view.shape), view
 
 
+def _buffer_array(entries: List[Tuple[str, int, int, Tuple[int, ...]]]):
+    """The C array of mend_buffer for (name, address, values, shape) entries,
+    and what must stay alive while it is used (the names and shapes)."""
+    buffers = (_native.Buffer * len(entries))()
+    keep = []
+    for i, (name, address, count, shape) in enumerate(entries):
+        encoded = name.encode()
+        dims = (ctypes.c_int64 * len(shape))(*shape)
+        keep += [encoded, dims]
+        buffers[i] = _native.Buffer(encoded, ctypes.cast(address, ctypes.POINTER(ctypes.c_float)), count, dims,
+                                    len(shape))
+    return buffers, keep
+
+
 class Learner:
     """One learner of a mend job over float32 buffers it does not own.
 
@@ -156,15 +170,7 @@ class Learner:
         self._pid = os.getpid()
         self._closed = False
         token = token or read_token(config)
-        buffers = (_native.Buffer * len(entries))()
-        shapes = []
-        names = []
-        for i, (name, address, count, shape) in enumerate(entries):
-            names.append(name.encode())
-            dims = (ctypes.c_int64 * len(shape))(*shape)
-            shapes.append(dims)
-            buffers[i] = _native.Buffer(names[-1], ctypes.cast(address, ctypes.POINTER(ctypes.c_float)),
-                                        count, dims, len(shape))
+        buffers, _ = _buffer_array(entries)
         pointer = _native._p()
         native = config.native()  # alive until the call returns
         _native.check(lib.mend_learner_create(native.pointer, token.encode(), self.learner_id.encode(),
@@ -212,6 +218,25 @@ class Learner:
         a, count_a, _, view_a = _address_of(f"{self.names[index]} (first moment)", first)
         b, count_b, _, view_b = _address_of(f"{self.names[index]} (second moment)", second)
         self._set_moment_addresses(index, a, b, (first, second, view_a, view_b))
+
+    def set_buffers(self, buffers: Sequence[Tuple[str, Any]], from_first_member: bool = False) -> None:
+        """The model's buffers (float32 memory, like the parameters), kept the
+        same on every member: averaged at every round with its weights, or
+        (``from_first_member``: integer values carried as floats) taken from
+        the round's first member. Before the first step."""
+        entries, keep = [], []
+        for name, buffer in buffers:
+            address, count, shape, view = _address_of(name, buffer)
+            entries.append((name, address, count, shape))
+            keep.append((buffer, view))
+        self._set_buffer_addresses(entries, from_first_member, keep)
+
+    def _set_buffer_addresses(self, entries, from_first_member: bool, keep: Any) -> None:
+        self._check_process()
+        array, names = _buffer_array(entries)
+        kind = _native.BUFFERS_FROM_FIRST_MEMBER if from_first_member else _native.BUFFERS_AVERAGED
+        _native.check(lib.mend_learner_set_buffers(self._pointer, array, len(entries), kind))
+        self._keep = (self._keep, keep, names)
 
     def _set_moment_addresses(self, index: int, first: int, second: int, keep: Any) -> None:
         self._check_process()

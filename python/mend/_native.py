@@ -30,6 +30,9 @@ PENDING = 100
 STEP_MAY_WAIT = 1
 STEP_READS = 2
 STEP_WROTE = 4
+# mend_learner_set_buffers.
+BUFFERS_AVERAGED = 0
+BUFFERS_FROM_FIRST_MEMBER = 1
 # mend_learner_import_state.
 IMPORT_KEEP_PARAMETERS = 1
 
@@ -137,6 +140,7 @@ _SIGNATURES = {
     "mend_group_store_stop": (None, [_p]),
     "mend_learner_create": (_status, [_p, _s, _s, ctypes.POINTER(Buffer), ctypes.c_size_t, _u64, _PP]),
     "mend_learner_set_moments": (_status, [_p, ctypes.c_size_t, _p, _p]),
+    "mend_learner_set_buffers": (_status, [_p, ctypes.POINTER(Buffer), ctypes.c_size_t, _u32]),
     "mend_learner_plan_step": (_u32, [_p]),
     "mend_learner_step": (_status, [_p, _u64, _i64]),
     "mend_learner_wait": (_status, [_p, _i64]),

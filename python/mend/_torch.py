@@ -136,6 +136,9 @@ class Runtime:
                 entries.append((name, tensor.data_ptr(), tensor.numel(), tuple(p.shape)))
         self._learner = Learner._from_addresses(config, entries, learner_id, read_token(config), 0,
                                                 keep=[p for _, p in named])
+        self._buffer_staging = _Staging()
+        if config.sync_buffers:
+            self._hand_over_buffers(model)
         self._after_call()
         self._hooks.append(model.register_forward_pre_hook(attach.ForwardHook(self, "_forward")))
         if manual:
@@ -182,6 +185,26 @@ class Runtime:
                 "mend_init(..., optimizer=opt), or use mend_init(..., manual=True) and call runtime.step(tokens) "
                 "after each inner step.", RuntimeWarning, stacklevel=2)
 
+    def _hand_over_buffers(self, model: torch.nn.Module) -> None:
+        """sync_buffers: floating-point buffers (BatchNorm's running
+        statistics) averaged at every round, integer ones (its batch count)
+        taken from the round's first member; CPU float32 ones in place, the
+        others through float32 host copies."""
+        kinds: Dict[bool, list] = {False: [], True: []}
+        keep = []
+        with torch.no_grad():
+            for name, buffer in model.named_buffers():
+                if buffer is None or buffer.is_sparse or buffer.dtype == torch.bool or buffer.is_complex():
+                    continue
+                data = buffer.detach()
+                tensor = data if _in_place(data, self._always_stage) else self._buffer_staging.add(data)
+                kinds[not buffer.is_floating_point()].append((name, tensor.data_ptr(), tensor.numel(),
+                                                              tuple(buffer.shape)))
+                keep.append(buffer)
+        for from_first_member, entries in kinds.items():
+            if entries:
+                self._learner._set_buffer_addresses(entries, from_first_member, keep)
+
     def _hand_over_moments(self) -> None:
         """Gives the reducer each parameter's Adam moments once the optimizer has made them
         (at its first step); nothing is left to do on later steps."""
@@ -201,13 +224,13 @@ class Runtime:
             self._moments_missing.discard(index)
 
     def _before_call(self) -> None:
-        self._staging.copy_in()
-        self._moment_staging.copy_in()
+        for staging in (self._staging, self._moment_staging, self._buffer_staging):
+            staging.copy_in()
 
     def _after_call(self) -> None:
         if self._learner.last_flags & STEP_WROTE:
-            self._staging.copy_out()
-            self._moment_staging.copy_out()
+            for staging in (self._staging, self._moment_staging, self._buffer_staging):
+                staging.copy_out()
 
     # -- the user's calls -----------------------------------------------
     def report_tokens(self, tokens: int) -> None:

@@ -26,6 +26,7 @@ struct mend_learner {
   std::unique_ptr<mend::reducer::RoundDriver> driver;
   mend::capi::RawParameters* parameters = nullptr;  // owned by driver
   mend::capi::RawMoments* moments = nullptr;        // owned by driver; null without desloc or heal_inner_optimizer
+  mend::capi::RawParameters* buffers[2] = {};       // owned by driver; the model's buffers, by kind
   std::future<mend::Status> pending;                // a step waiting on the helper thread
   uint64_t writes_before = 0;                       // the buffers' writes when the last call began
   uint32_t last_flags = 0;
@@ -40,7 +41,9 @@ using mend::capi::Return;
 namespace {
 
 uint64_t Writes(const mend_learner& learner) {
-  return learner.parameters->writes() + (learner.moments != nullptr ? learner.moments->writes() : 0);
+  uint64_t writes = learner.parameters->writes() + (learner.moments != nullptr ? learner.moments->writes() : 0);
+  for (const mend::capi::RawParameters* buffers : learner.buffers) writes += buffers != nullptr ? buffers->writes() : 0;
+  return writes;
 }
 
 // The learner's state allows a call: it exists, belongs to this process and
@@ -65,21 +68,22 @@ void EndCall(mend_learner& learner) {
   learner.last_flags = Writes(learner) != learner.writes_before ? MEND_STEP_WROTE : 0;
 }
 
-mend::StatusOr<std::vector<mend::capi::RawBuffer>> Buffers(const mend_buffer* parameters, size_t count) {
-  if (count == 0) return mend::InvalidArgumentError("mend_learner_create: no parameters (count is 0)");
-  if (parameters == nullptr) return mend::InvalidArgumentError("mend_learner_create: parameters is NULL");
+mend::StatusOr<std::vector<mend::capi::RawBuffer>> Buffers(const mend_buffer* parameters, size_t count,
+                                                          std::string_view function = "mend_learner_create") {
+  if (count == 0) return mend::InvalidArgumentError(fmt::format("{}: no buffers (count is 0)", function));
+  if (parameters == nullptr) return mend::InvalidArgumentError(fmt::format("{}: the buffers are NULL", function));
   std::vector<mend::capi::RawBuffer> buffers;
   std::set<std::string> names;
   for (size_t i = 0; i < count; ++i) {
     const mend_buffer& p = parameters[i];
     if (p.name == nullptr || *p.name == '\0') {
-      return mend::InvalidArgumentError(fmt::format("mend_learner_create: parameter {} has no name", i));
+      return mend::InvalidArgumentError(fmt::format("{}: buffer {} has no name", function, i));
     }
     if (!names.insert(p.name).second) {
-      return mend::InvalidArgumentError(fmt::format("mend_learner_create: two parameters are named '{}'", p.name));
+      return mend::InvalidArgumentError(fmt::format("{}: two buffers are named '{}'", function, p.name));
     }
     if (p.data == nullptr && p.numel > 0) {
-      return mend::InvalidArgumentError(fmt::format("mend_learner_create: parameter '{}' has no data", p.name));
+      return mend::InvalidArgumentError(fmt::format("{}: buffer '{}' has no data", function, p.name));
     }
     mend::capi::RawBuffer buffer{p.name, p.data, static_cast<size_t>(p.numel), {}};
     if (p.shape == nullptr || p.ndim == 0) {
@@ -90,7 +94,7 @@ mend::StatusOr<std::vector<mend::capi::RawBuffer>> Buffers(const mend_buffer* pa
       for (int64_t size : buffer.shape) product *= size;
       if (product != static_cast<int64_t>(p.numel)) {
         return mend::InvalidArgumentError(fmt::format(
-            "mend_learner_create: parameter '{}' has {} values but its shape holds {}", p.name, p.numel, product));
+            "{}: buffer '{}' has {} values but its shape holds {}", function, p.name, p.numel, product));
       }
     }
     buffers.push_back(std::move(buffer));
@@ -169,6 +173,26 @@ mend_status mend_learner_set_moments(mend_learner* learner, size_t index, float*
     }
     if (learner->moments != nullptr) learner->moments->Set(index, first, second);
     return MEND_OK;
+  });
+}
+
+mend_status mend_learner_set_buffers(mend_learner* learner, const mend_buffer* buffers, size_t count,
+                                     uint32_t kind) {
+  return Guarded([&] {
+    if (mend::Status usable = Usable(learner, "mend_learner_set_buffers"); !usable.ok()) return Return(usable);
+    if (kind != MEND_BUFFERS_AVERAGED && kind != MEND_BUFFERS_FROM_FIRST_MEMBER) {
+      return Fail(mend::InvalidArgumentError(fmt::format("mend_learner_set_buffers: unknown kind {}", kind)));
+    }
+    if (learner->buffers[kind] != nullptr) {
+      return Fail(mend::FailedPreconditionError("mend_learner_set_buffers: buffers of that kind were set already"));
+    }
+    auto raw = Buffers(buffers, count, "mend_learner_set_buffers");
+    if (!raw.ok()) return Return(raw.status());
+    auto owned = std::make_unique<mend::capi::RawParameters>(std::move(*raw));
+    mend::capi::RawParameters* pointer = owned.get();
+    mend::Status set = learner->driver->SetBuffers(kind == MEND_BUFFERS_FROM_FIRST_MEMBER, std::move(owned));
+    if (set.ok()) learner->buffers[kind] = pointer;
+    return Return(set);
   });
 }
 

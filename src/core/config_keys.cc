@@ -122,6 +122,10 @@ std::vector<ConfigKey> BuildKeys() {
            "How a late update meets local progress: keep it exactly once, or mix by alpha."),
       Real("mixing_alpha", &C::mixing_alpha, 0, 1,
            "alpha for outer_apply = mix: theta_i <- alpha theta_i + (1 - alpha) theta_g."),
+      Bool("sync_buffers", &C::sync_buffers,
+           "Python: keep the model's buffers (BatchNorm's running statistics) the same on every learner: at every "
+           "round floating-point buffers are averaged over the members with the round's weights and integer ones "
+           "taken from its first member (as DDP broadcasts them)."),
       Bool("desloc", &C::desloc, "DES-LOC: also average the inner AdamW moments."),
       Bool("heal_inner_optimizer", &C::heal_inner_optimizer,
            "A healing learner also takes its source's inner Adam/AdamW moments."),

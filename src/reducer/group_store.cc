@@ -77,17 +77,21 @@ class ClientGroupStore final : public RendezvousStore {
 };
 
 // Connects, and waits (up to `timeout`) until the store answers: the other
-// ranks may start before rank 0 serves it.
+// ranks may start before rank 0 serves it. Each try is a new connection: a
+// channel whose first attempts were refused keeps failing its handshakes
+// for seconds after the server came up (measured: about 5 s), where a new
+// one connects at once.
 StatusOr<std::unique_ptr<LighthouseClient>> ConnectWhenUp(const std::string& address, const std::string& token,
                                                           Micros rpc_timeout, Micros timeout) {
-  MEND_ASSIGN_OR_RETURN(std::unique_ptr<LighthouseClient> client,
-                        LighthouseClient::Connect({address, token, "", rpc_timeout}));
   const Micros deadline = RealClock()->NowMicros() + timeout;
   Micros pause = kFirstRetry;
   while (true) {
+    MEND_ASSIGN_OR_RETURN(std::unique_ptr<LighthouseClient> client,
+                          LighthouseClient::Connect({address, token, "", rpc_timeout}));
     StatusOr<uint64_t> probe = client->StoreDelete("mend/group-store-probe", false);
     if (probe.ok()) return client;
     const Micros left = deadline - RealClock()->NowMicros();
+    spdlog::debug("group store {}: not up yet ({})", address, probe.status());
     if (probe.status().code() != StatusCode::kUnavailable || left <= 0) {
       return Annotate(probe.status(), fmt::format("group store {}: not reachable within quorum_timeout_ms = {}",
                                                   address, timeout / kMicrosPerMilli));

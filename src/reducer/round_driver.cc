@@ -646,6 +646,7 @@ class RoundDriverImpl final : public RoundDriver {
     bool fresh_join = false;   // healed with nothing of the job's state: its progress is dropped
     bool outer_warmup = false;  // an outer warm-up round: averaged, momentum untouched
     std::vector<float> healed_moments[2];  // heal_inner_optimizer: the source's moments
+    std::vector<float> synced_buffers[2];  // sync_buffers: the members' averages; the first member's
     uint64_t cross_rack_bytes = 0;  // sent to other racks in this round (healing included)
   };
   struct InFlight {
@@ -659,6 +660,7 @@ class RoundDriverImpl final : public RoundDriver {
     std::vector<float> base;   // the fragment's global state at the boundary
     std::vector<float> delta;  // this learner's pseudo-gradient at the boundary
     std::vector<float> moments[2];  // DES-LOC: the optimizer's moments at the boundary
+    std::vector<float> buffers[2];  // sync_buffers: the model's buffers at the boundary
     std::thread thread;
     std::atomic<bool> done{false};  // set by the thread when `outcome` is final
     ~InFlight() {
@@ -805,6 +807,9 @@ class RoundDriverImpl final : public RoundDriver {
         if (!moments_->Read(which, flight->moments[which])) flight->moments[which].clear();
       }
     }
+    for (int kind = 0; kind < 2; ++kind) {
+      if (buffers_[kind]) flight->buffers[kind] = ReadAll(*buffers_[kind]);
+    }
     InFlight* raw = flight.get();
     flight->thread = std::thread([this, raw]() {
       raw->outcome = Exchange(*raw);
@@ -930,6 +935,9 @@ class RoundDriverImpl final : public RoundDriver {
       } else {
         moments_->Adjust(which, outcome.healed_moments[which], flight->moments[which]);
       }
+    }
+    for (int kind = 0; kind < 2; ++kind) {
+      if (!outcome.synced_buffers[kind].empty()) WriteAll(*buffers_[kind], outcome.synced_buffers[kind]);
     }
     if (group_ && whole_moments_ && moments_changed) {
       // Each rank changed its slice of the moments: into every replica.
@@ -1149,6 +1157,7 @@ class RoundDriverImpl final : public RoundDriver {
     MEND_ASSIGN_OR_RETURN(outcome.result,
                           OuterRound::Exchange(*comm, *state, delta, static_cast<double>(weight), sync_options));
     MEND_RETURN_IF_ERROR(AverageMoments(*comm, round.round_id, flight, &outcome));
+    MEND_RETURN_IF_ERROR(SyncBuffers(*comm, round.rank, flight, &outcome));
     outcome.cross_rack_bytes = CrossRackBytes(connected, comm->stats(), racks, round.rank);
     last_round_id_ = round.round_id;
     return outcome;
@@ -1201,6 +1210,51 @@ class RoundDriverImpl final : public RoundDriver {
       double weight = have ? (options_.token_weighted ? static_cast<double>(flight.tokens) : 1.0) : 0.0;
       MEND_RETURN_IF_ERROR(comm.WeightedAllReduce(average, weight));
     }
+    return OkStatus();
+  }
+
+  // sync_buffers: the model's floating-point buffers averaged with the
+  // round's weights, its integer ones (carried as floats) taken from the
+  // round's first member; every member then holds the same values.
+  Status SyncBuffers(Communicator& comm, uint32_t rank, const InFlight& flight, Outcome* outcome) {
+    if (!flight.buffers[kAveragedBuffers].empty()) {
+      outcome->synced_buffers[kAveragedBuffers] = flight.buffers[kAveragedBuffers];
+      const double weight = options_.token_weighted ? static_cast<double>(std::max<uint64_t>(flight.tokens, 1)) : 1.0;
+      MEND_RETURN_IF_ERROR(comm.WeightedAllReduce(outcome->synced_buffers[kAveragedBuffers], weight));
+    }
+    if (!flight.buffers[kFirstMembersBuffers].empty()) {
+      outcome->synced_buffers[kFirstMembersBuffers] = flight.buffers[kFirstMembersBuffers];
+      MEND_RETURN_IF_ERROR(
+          comm.WeightedAllReduce(outcome->synced_buffers[kFirstMembersBuffers], rank == 0 ? 1.0 : 0.0));
+    }
+    return OkStatus();
+  }
+
+  static std::vector<float> ReadAll(const FlatParameters& values) {
+    size_t total = 0;
+    for (size_t i = 0; i < values.count(); ++i) total += values.numel(i);
+    std::vector<float> all(total);
+    size_t at = 0;
+    for (size_t i = 0; i < values.count(); ++i) {
+      values.CopyOut(i, std::span(all).subspan(at, values.numel(i)));
+      at += values.numel(i);
+    }
+    return all;
+  }
+
+  static void WriteAll(FlatParameters& values, std::span<const float> all) {
+    size_t at = 0;
+    for (size_t i = 0; i < values.count(); ++i) {
+      values.CopyIn(i, all.subspan(at, values.numel(i)));
+      at += values.numel(i);
+    }
+  }
+
+  Status SetBuffers(bool from_first_member, std::unique_ptr<FlatParameters> buffers) override {
+    if (stepped_ || in_flight_) {
+      return FailedPreconditionError("reducer: the model's buffers are handed over before the first step");
+    }
+    buffers_[from_first_member ? kFirstMembersBuffers : kAveragedBuffers] = std::move(buffers);
     return OkStatus();
   }
 
@@ -1293,6 +1347,11 @@ class RoundDriverImpl final : public RoundDriver {
   Micros last_return_ = 0;  // when step() last returned
   bool stepped_ = false;
   bool shut_down_ = false;
+  // sync_buffers: the model's buffers averaged at every round, and those
+  // taken from the round's first member (null: none).
+  static constexpr int kAveragedBuffers = 0;
+  static constexpr int kFirstMembersBuffers = 1;
+  std::unique_ptr<FlatParameters> buffers_[2];
   // PlanStep's view for the step it planned (0: none planned).
   uint64_t planned_step_ = 0;
   bool planned_arrival_ = false;

@@ -57,6 +57,12 @@ class RoundDriver {
   virtual std::span<const float> global(int fragment) const = 0;
   virtual int fragments() const = 0;
   [[nodiscard]] virtual Status SaveCheckpoint(const std::string& path) = 0;
+  // sync_buffers: the model's buffers (BatchNorm's running statistics),
+  // averaged over a round's members with its weights, or (integer buffers
+  // carried as floats: `from_first_member`) taken from its first member, at
+  // every round, so every member ends it with the same values. Before the
+  // first step; FAILED_PRECONDITION after.
+  [[nodiscard]] virtual Status SetBuffers(bool from_first_member, std::unique_ptr<FlatParameters> buffers) = 0;
   // The outer state (every fragment's global parameters and momentum, the
   // round and step) as checkpoint bytes; in a group collective, with the
   // whole model on rank 0 and empty bytes elsewhere.

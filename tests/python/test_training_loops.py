@@ -161,3 +161,63 @@ def test_an_unreachable_lighthouse_is_an_error_at_mend_init():
                                                     r"lighthouse_wait_ms = 300"):
         mend.mend_init(torch.nn.Linear(2, 1), config, "nobody-home")
     assert mend.MendConfig().lighthouse_wait_ms == 30000  # the default: learners may start a little early
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 8)
+        self.norm = torch.nn.BatchNorm1d(8)
+        self.head = torch.nn.Linear(8, 1)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.norm(self.linear(x))))
+
+
+@pytest.mark.parametrize("sync_buffers", [True, False])
+def test_batchnorm_statistics_are_the_same_on_every_learner_after_a_round(sync_buffers):
+    import threading
+    os.environ["MEND_JOB_TOKEN"] = TOKEN
+    with mend.Lighthouse(mend.MendConfig(bind="127.0.0.1:0", http="", quorum_min_learners=2, heartbeat_ms=50,
+                                         heartbeat_timeout_ms=2000, log_level="warn")) as lh:
+        config = mend.MendConfig(lighthouse=lh.address, quorum_min_learners=2, sync_period_steps=5,
+                                 concurrent_outer_step=False, sync_buffers=sync_buffers, heartbeat_ms=50,
+                                 heartbeat_timeout_ms=2000, log_level="warn")
+        models = []
+        for learner in range(2):
+            torch.manual_seed(1)
+            models.append(Net())
+        optimizers = [torch.optim.SGD(m.parameters(), lr=0.05) for m in models]
+        runtimes = [mend.mend_init(m, config, f"bn-{i}", optimizer=o) for i, (m, o) in enumerate(zip(models, optimizers))]
+        errors = []
+
+        def learn(i):
+            try:
+                generator = torch.Generator().manual_seed(20 + i)
+                for _ in range(10):
+                    x = torch.randn(16, 4, generator=generator) * (i + 1) + i  # different statistics
+                    loss = (models[i](x) - 1).pow(2).mean()
+                    optimizers[i].zero_grad()
+                    loss.backward()
+                    runtimes[i].report_tokens(16)
+                    optimizers[i].step()
+            except Exception as error:  # noqa: BLE001
+                errors.append(error)
+
+        threads = [threading.Thread(target=learn, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert not errors, errors
+        for m in models:
+            mend.mend_shutdown(m)
+    a, b = (dict(m.named_buffers()) for m in models)
+    assert a["norm.num_batches_tracked"].item() == 10
+    same = all(torch.equal(a[name], b[name]) for name in ("norm.running_mean", "norm.running_var"))
+    assert same == sync_buffers
+    if sync_buffers:
+        for m in models:
+            m.eval()
+        x = torch.randn(32, 4)
+        assert torch.equal(models[0](x), models[1](x))
