@@ -5,7 +5,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 
 import pytest
 torch = pytest.importorskip("torch")  # python3-torch; the torch-less tests are the numpy ones
@@ -15,6 +14,7 @@ import mend
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOKEN = "staging-test-token-0123456789"
 sys.path.insert(0, HERE)
+from job_threads import run_in_threads  # noqa: E402
 from learner import TinyLM, batch  # noqa: E402
 
 
@@ -36,25 +36,16 @@ def run_job(staging, dtype=torch.float32, desloc=True):
             models.append(TinyLM().to(dtype))
             optimizers.append(torch.optim.AdamW(models[-1].parameters(), lr=0.02))
             runtimes.append(mend.mend_init(models[-1], config, f"staging-{seed}", optimizer=optimizers[-1]))
-        errors = []
-
         def learn(i):
-            try:
-                generator = torch.Generator().manual_seed(10 + i)
-                for _ in range(12):
-                    x, y = batch(generator)
-                    loss = torch.nn.functional.cross_entropy(models[i](x).float(), y)
-                    optimizers[i].zero_grad()
-                    loss.backward()
-                    optimizers[i].step()
-            except Exception as error:  # noqa: BLE001
-                errors.append(error)
+            generator = torch.Generator().manual_seed(10 + i)
+            for _ in range(12):
+                x, y = batch(generator)
+                loss = torch.nn.functional.cross_entropy(models[i](x).float(), y)
+                optimizers[i].zero_grad()
+                loss.backward()
+                optimizers[i].step()
 
-        threads = [threading.Thread(target=learn, args=(i,)) for i in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=120)
+        errors = run_in_threads(learn, 2)
         assert not errors, errors
         stats = [r.stats() for r in runtimes]
         for m in models:

@@ -4,13 +4,13 @@ import io
 import json
 import os
 import struct
-import threading
 
 import pytest
 
 torch = pytest.importorskip("torch")  # python3-torch
 
 import mend  # noqa: E402
+from job_threads import run_in_threads  # noqa: E402
 
 TOKEN = "state-dict-test-token-0123456789"
 PERIOD = 4
@@ -22,6 +22,32 @@ def batch(learner, step):
     return x, x.sum(1, keepdim=True) * (learner + 1)
 
 
+def solo_lighthouse():
+    """A lighthouse for jobs of one learner."""
+    os.environ["MEND_JOB_TOKEN"] = TOKEN
+    return mend.Lighthouse(mend.MendConfig(bind="127.0.0.1:0", http="", quorum_min_learners=1, log_level="warn"))
+
+
+def train_alone(model, runtime, steps):
+    """`steps` manual steps of a learner alone, each moving every parameter."""
+    for _ in range(steps):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.01)
+        runtime.step(8)
+
+
+def flat(model):
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def checkpoint_meta(path):
+    data = path.read_bytes()
+    assert data[:8] == b"MENDCKPT"
+    (length,) = struct.unpack("<Q", data[12:20])
+    return json.loads(data[20:20 + length])["meta"]
+
+
 def run(lighthouse, until, save_at=0, saved=None):
     """Two learners (threads) of a synchronous job with outer Nesterov from
     the first round; returns each learner's parameters after every round
@@ -31,7 +57,6 @@ def run(lighthouse, until, save_at=0, saved=None):
                              heartbeat_timeout_ms=2000, log_level="warn")
     after_rounds = [{}, {}]
     checkpoints = [None, None]
-    errors = []
     models, optimizers, runtimes = [], [], []
     for learner in range(2):
         torch.manual_seed(7)  # the same initial model
@@ -50,30 +75,23 @@ def run(lighthouse, until, save_at=0, saved=None):
 
     def train(learner):
         model, optimizer, runtime = models[learner], optimizers[learner], runtimes[learner]
-        try:
-            while runtime.stats()["steps"] < until:
-                step = runtime.stats()["steps"] + 1
-                x, y = batch(learner, step)
-                loss = (model(x) - y).pow(2).mean()
-                optimizer.zero_grad()
-                loss.backward()
-                runtime.report_tokens(8)
-                optimizer.step()
-                if step % PERIOD == 0:
-                    after_rounds[learner][step] = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-                if step == save_at:
-                    out = io.BytesIO()
-                    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                                "mend": runtime.state_dict()}, out)
-                    checkpoints[learner] = out.getvalue()
-        except Exception as error:  # noqa: BLE001
-            errors.append(error)
+        while runtime.stats()["steps"] < until:
+            step = runtime.stats()["steps"] + 1
+            x, y = batch(learner, step)
+            loss = (model(x) - y).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            runtime.report_tokens(8)
+            optimizer.step()
+            if step % PERIOD == 0:
+                after_rounds[learner][step] = flat(model)
+            if step == save_at:
+                out = io.BytesIO()
+                torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                            "mend": runtime.state_dict()}, out)
+                checkpoints[learner] = out.getvalue()
 
-    threads = [threading.Thread(target=train, args=(learner,)) for learner in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
+    errors = run_in_threads(train, 2)
     assert not errors, errors
     for model in models:
         mend.mend_shutdown(model)
@@ -94,9 +112,7 @@ def test_a_job_restored_from_users_checkpoints_goes_on_bit_identically():
 
 
 def test_a_state_dict_is_refused_by_a_checkpoint_file_and_by_load_of_anything_else(tmp_path):
-    os.environ["MEND_JOB_TOKEN"] = TOKEN
-    with mend.Lighthouse(mend.MendConfig(bind="127.0.0.1:0", http="", quorum_min_learners=1,
-                                         log_level="warn")) as lighthouse:
+    with solo_lighthouse() as lighthouse:
         config = mend.MendConfig(lighthouse=lighthouse.address, quorum_min_learners=1, log_level="warn")
         model = torch.nn.Linear(2, 1)
         runtime = mend.mend_init(model, config, "refuser", manual=True)
@@ -109,25 +125,13 @@ def test_a_state_dict_is_refused_by_a_checkpoint_file_and_by_load_of_anything_el
         mend.mend_shutdown(model)
 
 
-def checkpoint_meta(path):
-    data = path.read_bytes()
-    assert data[:8] == b"MENDCKPT"
-    (length,) = struct.unpack("<Q", data[12:20])
-    return json.loads(data[20:20 + length])["meta"]
-
-
 def test_a_checkpoint_is_labelled_with_the_step_of_the_state_it_holds(tmp_path):
-    os.environ["MEND_JOB_TOKEN"] = TOKEN
-    with mend.Lighthouse(mend.MendConfig(bind="127.0.0.1:0", http="", quorum_min_learners=1,
-                                         log_level="warn")) as lighthouse:
+    with solo_lighthouse() as lighthouse:
         config = mend.MendConfig(lighthouse=lighthouse.address, quorum_min_learners=1, sync_period_steps=10,
                                  concurrent_outer_step=False, log_level="warn")
         model = torch.nn.Linear(4, 1)
         runtime = mend.mend_init(model, config, "labeller", manual=True)
-        for _ in range(35):
-            with torch.no_grad():
-                model.weight.add_(0.01)
-            runtime.step(8)
+        train_alone(model, runtime, 35)
         path = tmp_path / "at-35.mend"
         runtime.save_checkpoint(str(path))
         global_state = runtime.global_state()
@@ -138,23 +142,17 @@ def test_a_checkpoint_is_labelled_with_the_step_of_the_state_it_holds(tmp_path):
         resumed = mend.mend_init(resumed_model, config, "labeller-2", manual=True)
         resumed.import_state(path.read_bytes())
         assert resumed.stats()["steps"] == 30
-        assert torch.equal(torch.cat([p.detach().reshape(-1) for p in resumed_model.parameters()]),
-                           global_state)
+        assert torch.equal(flat(resumed_model), global_state)
         mend.mend_shutdown(resumed_model)
 
 
 def test_resume_from_a_file_of_any_name_or_fail_naming_it(tmp_path):
-    os.environ["MEND_JOB_TOKEN"] = TOKEN
-    with mend.Lighthouse(mend.MendConfig(bind="127.0.0.1:0", http="", quorum_min_learners=1,
-                                         log_level="warn")) as lighthouse:
+    with solo_lighthouse() as lighthouse:
         keys = dict(lighthouse=lighthouse.address, quorum_min_learners=1, sync_period_steps=5,
                     concurrent_outer_step=False, log_level="warn")
         model = torch.nn.Linear(4, 1)
         runtime = mend.mend_init(model, mend.MendConfig(**keys), "saver", manual=True)
-        for _ in range(12):
-            with torch.no_grad():
-                model.bias.add_(0.5)
-            runtime.step(8)
+        train_alone(model, runtime, 12)
         path = tmp_path / "my-run.pt.mend"
         runtime.save_checkpoint(str(path))
         global_state = runtime.global_state()
@@ -163,7 +161,7 @@ def test_resume_from_a_file_of_any_name_or_fail_naming_it(tmp_path):
         resumed = mend.mend_init(resumed_model, mend.MendConfig(resume_from=str(path), **keys), "resumer",
                                  manual=True)
         assert resumed.stats()["steps"] == 10 and resumed.stats()["resumed_from_round"] == 2
-        assert torch.equal(torch.cat([p.detach().reshape(-1) for p in resumed_model.parameters()]), global_state)
+        assert torch.equal(flat(resumed_model), global_state)
         mend.mend_shutdown(resumed_model)
         missing = tmp_path / "no-such.mend"
         with pytest.raises(mend.NotFoundError, match=f"resume_from = \"{missing}\""):
@@ -171,10 +169,8 @@ def test_resume_from_a_file_of_any_name_or_fail_naming_it(tmp_path):
 
 
 def test_a_checkpoint_dir_without_checkpoints_but_other_files_is_warned_of(tmp_path, capfd):
-    os.environ["MEND_JOB_TOKEN"] = TOKEN
     (tmp_path / "model.pt").write_bytes(b"not mend's")
-    with mend.Lighthouse(mend.MendConfig(bind="127.0.0.1:0", http="", quorum_min_learners=1,
-                                         log_level="warn")) as lighthouse:
+    with solo_lighthouse() as lighthouse:
         config = mend.MendConfig(lighthouse=lighthouse.address, quorum_min_learners=1, checkpoint_dir=str(tmp_path),
                                  log_level="warn")
         model = torch.nn.Linear(2, 1)

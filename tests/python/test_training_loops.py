@@ -13,6 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")  # python3-torch
 
 import mend  # noqa: E402
+from job_threads import run_in_threads  # noqa: E402
 from mend import _attach  # noqa: E402
 
 TOKEN = "loops-test-token-0123456789"
@@ -176,7 +177,6 @@ class Net(torch.nn.Module):
 
 @pytest.mark.parametrize("sync_buffers", [True, False])
 def test_batchnorm_statistics_are_the_same_on_every_learner_after_a_round(sync_buffers):
-    import threading
     os.environ["MEND_JOB_TOKEN"] = TOKEN
     with mend.Lighthouse(mend.MendConfig(bind="127.0.0.1:0", http="", quorum_min_learners=2, heartbeat_ms=50,
                                          heartbeat_timeout_ms=2000, log_level="warn")) as lh:
@@ -189,26 +189,17 @@ def test_batchnorm_statistics_are_the_same_on_every_learner_after_a_round(sync_b
             models.append(Net())
         optimizers = [torch.optim.SGD(m.parameters(), lr=0.05) for m in models]
         runtimes = [mend.mend_init(m, config, f"bn-{i}", optimizer=o) for i, (m, o) in enumerate(zip(models, optimizers))]
-        errors = []
-
         def learn(i):
-            try:
-                generator = torch.Generator().manual_seed(20 + i)
-                for _ in range(10):
-                    x = torch.randn(16, 4, generator=generator) * (i + 1) + i  # different statistics
-                    loss = (models[i](x) - 1).pow(2).mean()
-                    optimizers[i].zero_grad()
-                    loss.backward()
-                    runtimes[i].report_tokens(16)
-                    optimizers[i].step()
-            except Exception as error:  # noqa: BLE001
-                errors.append(error)
+            generator = torch.Generator().manual_seed(20 + i)
+            for _ in range(10):
+                x = torch.randn(16, 4, generator=generator) * (i + 1) + i  # different statistics
+                loss = (models[i](x) - 1).pow(2).mean()
+                optimizers[i].zero_grad()
+                loss.backward()
+                runtimes[i].report_tokens(16)
+                optimizers[i].step()
 
-        threads = [threading.Thread(target=learn, args=(i,)) for i in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=60)
+        errors = run_in_threads(learn, 2)
         assert not errors, errors
         for m in models:
             mend.mend_shutdown(m)
