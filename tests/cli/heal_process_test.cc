@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 
 #include <array>
+#include <filesystem>
 #include <fstream>
 #include <map>
 
@@ -45,24 +46,45 @@ class HealProcessTest : public testing_util::ProcessFixture {
       argv.insert(argv.end(), {"--set", fmt::format("group_generation={}", group[2])});
       name = fmt::format("{}.{}.{}", id, group[1], group[2]);
     }
-    // Only a group's rank 0 is read (AwaitProgress): the others' progress
-    // goes to a file, or a full pipe would stall them (and their group).
-    const std::string out = group[1] == 0 ? "pipe" : dir_ + "/" + name + ".out";
+    // Progress goes to a file, read as it grows (AwaitProgress): a pipe
+    // that the test does not read while it waits for another learner would
+    // fill and stall this one (and its group).
+    // A restarted learner appends to its predecessor's file: only what
+    // follows is its progress.
+    const std::string out = dir_ + "/" + name + ".out";
+    std::error_code missing;
+    const uintmax_t before = std::filesystem::file_size(out, missing);
     auto child = Subprocess::Spawn({argv, env, out, dir_ + "/" + name + ".log", false});
     EXPECT_TRUE(child.ok()) << child.status();
+    if (!child.ok()) return nullptr;
+    progress_[child->get()] = {out, missing ? 0 : static_cast<size_t>(before)};
     return std::move(*child);
   }
 
-  // Reads progress lines until one reports `field` (step, rounds) at
-  // `value` or more.
-  static bool AwaitProgress(Subprocess& learner, const char* field, int64_t value) {
-    while (true) {
-      auto line = learner.ReadLine(kWait);
-      if (!line.ok()) return false;
-      json progress = json::parse(*line, nullptr, false);
-      if (progress.is_object() && progress.value(field, int64_t{0}) >= value) return true;
-    }
+  // Waits until a progress line of `learner` reports `field` (step, rounds)
+  // at `value` or more.
+  bool AwaitProgress(Subprocess& learner, const char* field, int64_t value) {
+    Progress& progress = progress_.at(&learner);
+    return testing_util::WaitFor(kWait, [&]() {
+      std::ifstream in(progress.path);
+      in.seekg(static_cast<std::streamoff>(progress.offset));
+      std::string line;
+      while (std::getline(in, line)) {
+        if (in.eof()) break;  // a line still being written: read it whole next time
+        progress.offset += line.size() + 1;
+        json parsed = json::parse(line, nullptr, false);
+        if (parsed.is_object() && parsed.value(field, int64_t{0}) >= value) return true;
+      }
+      return false;
+    });
   }
+
+  // A learner's progress file and how much of it was read.
+  struct Progress {
+    std::string path;
+    size_t offset = 0;
+  };
+  std::map<const Subprocess*, Progress> progress_;
 
   // A lighthouse that forms rounds of one learner, and learners a and b of
   // two ranks each (a.0, a.1, b.0, b.1); `a_extra`: more flags for a's ranks.
