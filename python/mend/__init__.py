@@ -55,40 +55,33 @@ __all__ = [
     "Learner", "MendError", "__version__",
 ]
 
-# The torch front end (mend_init, mend_shutdown, get_runtime, Runtime) is
-# imported on first use, so that `import mend` works without torch.
-_TORCH_NAMES = ("mend_init", "mend_shutdown", "get_runtime", "Runtime")
+# The torch front end is imported on first use, so that `import mend` works
+# without torch: the functions below, and `mend.Runtime` through __getattr__.
 
 
 def __getattr__(name: str) -> Any:
-    if name in _TORCH_NAMES:
+    if name == "Runtime":
         from mend import _torch
-        return getattr(_torch, name)
+        return _torch.Runtime
     raise AttributeError(f"module 'mend' has no attribute {name!r}")
 
 
-def mend_init(*args: Any, **kwargs: Any):  # noqa: D401 (see mend._torch.mend_init)
+def mend_init(*args: Any, **kwargs: Any):
+    """Makes ``model``'s process a learner of the job; see mend._torch.mend_init."""
     from mend import _torch
     return _torch.mend_init(*args, **kwargs)
 
 
 def mend_shutdown(model: Any) -> None:
+    """Finishes the round in flight and leaves the job. Idempotent; also at exit."""
     from mend import _torch
     _torch.mend_shutdown(model)
 
 
 def get_runtime(model: Any):
+    """The Runtime mend_init attached to ``model``, or None."""
     from mend import _torch
     return _torch.get_runtime(model)
-
-
-def _doc_from_torch_front_end() -> None:
-    mend_init.__doc__ = "Makes ``model``'s process a learner of the job (see mend._torch.mend_init)."
-    mend_shutdown.__doc__ = "Finishes the round in flight and leaves the job. Idempotent; also at exit."
-    get_runtime.__doc__ = "The Runtime mend_init attached to ``model``, or None."
-
-
-_doc_from_torch_front_end()
 
 
 @atexit.register

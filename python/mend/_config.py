@@ -41,6 +41,22 @@ def _key_doc() -> str:
     return "\n".join(lines)
 
 
+def _given_texts(keys: Dict[str, Any]) -> Dict[str, str]:
+    """Keywords as (key, text): aliases mapped, refused keys and unknown ones
+    (with the closest known key) raised."""
+    given: Dict[str, str] = {}
+    for name, value in keys.items():
+        if name in _REFUSED:
+            raise ValueError(_REFUSED[name])
+        name = _ALIASES.get(name, name)
+        if name not in _KEYS:
+            suggestion = _native.take_string(lib.mend_config_suggest_key, name.encode())
+            raise TypeError(f"MendConfig() got an unexpected keyword argument '{name}'"
+                            + (f"; did you mean '{suggestion}'?" if suggestion else ""))
+        given[name] = _text(value)
+    return given
+
+
 class NativeConfig(_native.Handle):
     """A mend_config handle holding `values` (every key's text)."""
 
@@ -99,16 +115,7 @@ class MendConfig:
     """
 
     def __init__(self, _file: str = "", **keys: Any) -> None:
-        given: Dict[str, str] = {}
-        for name, value in keys.items():
-            if name in _REFUSED:
-                raise ValueError(_REFUSED[name])
-            name = _ALIASES.get(name, name)
-            if name not in _KEYS:
-                suggestion = _native.take_string(lib.mend_config_suggest_key, name.encode())
-                raise TypeError(f"MendConfig() got an unexpected keyword argument '{name}'"
-                                + (f"; did you mean '{suggestion}'?" if suggestion else ""))
-            given[name] = _text(value)
+        given = _given_texts(keys)
         if ("momentum_sync_period_steps" in given or "second_moment_sync_period_steps" in given) \
                 and "desloc" not in given:
             given["desloc"] = "true"
@@ -146,12 +153,9 @@ class MendConfig:
         environment is not read again)."""
         copy = MendConfig.__new__(MendConfig)
         given = dict(self._given)
-        given.update({_ALIASES.get(k, k): _text(v) for k, v in keys.items()})
+        given.update(_given_texts(keys))
         values = dict(self._values)
-        for name, text in given.items():
-            if name not in _KEYS:
-                raise TypeError(f"MendConfig has no key {name!r}")
-        values.update({k: given[k] for k in given})
+        values.update(given)
         copy._values = _resolve("", values, environment=False)
         copy._typed = _typed(copy._values)
         copy._given = given

@@ -258,8 +258,7 @@ class Learner:
         """The job's global parameters of ``fragment`` after the last round (flat, a copy)."""
         def allocate(count: int) -> array.array:
             return array.array("f", bytes(4 * count))
-        values = self.global_state_into(fragment, allocate, lambda a: a.buffer_info()[0])
-        return values
+        return self.global_state_into(fragment, allocate, lambda a: a.buffer_info()[0])
 
     def global_state_into(self, fragment: int, allocate: Callable[[int], Any],
                           address: Callable[[Any], int] = lambda t: t.data_ptr()) -> Any:

@@ -147,10 +147,15 @@ class RoundDriverImpl final : public RoundDriver {
   Status ResumeFrom(const std::string& path) {
     StatusOr<Checkpoint> checkpoint = ReadCheckpoint(path);
     if (!checkpoint.ok()) return Annotate(checkpoint.status(), fmt::format("resume_from = \"{}\"", path));
-    MEND_RETURN_IF_ERROR(Restore(*checkpoint, path));
-    stats_.resumed_from_round = checkpoint->meta.round_id;
-    spdlog::info("resumed from {} (round {}, step {}, written by {})", path, checkpoint->meta.round_id,
-                 checkpoint->meta.step, checkpoint->meta.written_by);
+    return ResumeWith(*checkpoint, path);
+  }
+
+  // A checkpoint (from `where`) becomes the state this learner resumes at.
+  Status ResumeWith(const Checkpoint& checkpoint, const std::string& where) {
+    MEND_RETURN_IF_ERROR(Restore(checkpoint, where));
+    stats_.resumed_from_round = checkpoint.meta.round_id;
+    spdlog::info("resumed from {}: round {} (step {}, written by {})", where, checkpoint.meta.round_id,
+                 checkpoint.meta.step, checkpoint.meta.written_by);
     return OkStatus();
   }
 
@@ -172,14 +177,20 @@ class RoundDriverImpl final : public RoundDriver {
       fragments_[f].state->Assign(states[f].first, states[f].second);
       if (!residuals[f].empty()) fragments_[f].state->AssignResidual(residuals[f]);
       fragments_[f].tokens_since_round = meta.tokens_since_round[f];
-      fragments_[f].last_round_boundary = 0;
     }
-    last_round_id_ = meta.round_id;
-    stats_.last_round_id = meta.round_id;
-    stats_.steps = meta.learner_step;
-    step_now_.store(stats_.steps);
-    restored_step_ = meta.step;
+    RestoredAt(meta.round_id, meta.learner_step, meta.step);
     return OkStatus();
+  }
+
+  // After a restore: the last round is `round_id`, this learner is at
+  // `step`, and the global state is of `state_step` (see StateStep).
+  void RestoredAt(uint64_t round_id, uint64_t step, uint64_t state_step) {
+    last_round_id_ = round_id;
+    stats_.last_round_id = round_id;
+    stats_.steps = step;
+    step_now_.store(step);
+    restored_step_ = state_step;
+    for (Fragment& fragment : fragments_) fragment.last_round_boundary = 0;
   }
 
   // A group's ranks each restored their slice: they must have restored the
@@ -207,11 +218,7 @@ class RoundDriverImpl final : public RoundDriver {
       WarnOfOtherFiles();
       return OkStatus();
     }
-    MEND_RETURN_IF_ERROR(Restore(*checkpoint, config_.checkpoint_dir));
-    stats_.resumed_from_round = checkpoint->meta.round_id;
-    spdlog::info("resumed from the checkpoint of round {} (step {}, written by {})", checkpoint->meta.round_id,
-                 checkpoint->meta.step, checkpoint->meta.written_by);
-    return OkStatus();
+    return ResumeWith(*checkpoint, config_.checkpoint_dir);
   }
 
   // No checkpoint in checkpoint_dir: a fresh start, said louder when the
@@ -240,12 +247,7 @@ class RoundDriverImpl final : public RoundDriver {
       fragments_[f].state->Assign(states[f].first, states[f].second);
       Scatter(fragments_[f].state->global(), fragments_[f]);
     }
-    last_round_id_ = checkpoint.meta.round_id;
-    stats_.last_round_id = checkpoint.meta.round_id;
-    stats_.steps = checkpoint.meta.step;
-    step_now_.store(stats_.steps);
-    restored_step_ = checkpoint.meta.step;
-    for (Fragment& fragment : fragments_) fragment.last_round_boundary = 0;
+    RestoredAt(checkpoint.meta.round_id, checkpoint.meta.step, checkpoint.meta.step);
     return OkStatus();
   }
 
