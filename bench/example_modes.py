@@ -50,7 +50,8 @@ def main():
                 results.append(json.load(open(out)))
                 r = results[-1]
                 print(f"  {mode:<13} seed {seed}: loss {r['held_out_loss']:.4f}, "
-                      f"{r['tokens_per_s']:.0f} tokens/s, {r['bytes_sent'] / 1e6:.1f} MB", flush=True)
+                      f"{r['tokens_per_s']:.0f} tokens/s, {r['bytes_sent'] / 1e6:.1f} MB, final merge "
+                      f"{r.get('final_merge_seconds', 0.0):.2f} s (not in tokens/s)", flush=True)
     print(f"\nexamples/train_gpt.py, 2 learners (torchrun, 1 thread each), {args.steps} steps, "
           f"H = {args.sync_every}, seeds {args.seeds}\n")
     print(f"{'mode':<13} {'held-out loss':>14} {'per seed':>24} {'tokens/s':>9} {'MB sent':>9}")
@@ -67,10 +68,10 @@ def main():
     with open(args.csv, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["mode", "seed", "steps", "sync_every", "held_out_loss", "tokens_per_s",
-                    "bytes_sent"])
+                    "bytes_sent", "final_merge_seconds"])
         for r in results:
             w.writerow([r["mode"], r["seed"], r["steps"], r["sync_every"], r["held_out_loss"],
-                        r["tokens_per_s"], r["bytes_sent"]])
+                        r["tokens_per_s"], r["bytes_sent"], r.get("final_merge_seconds", 0.0)])
     print(f"\nCSV: {args.csv}")
 
 

@@ -130,13 +130,14 @@ class Bench {
     std::map<std::string, uint64_t> failed;
     double step_ms = 0;
     std::ofstream raw(o_.out + "_delay_runs.csv");
-    raw << "repeat,config,delay_ms,tokens_per_s,compute_fraction,rounds,failed_rounds\n";
+    // final_merge_s: leaving after the last step (not in tokens_per_s).
+    raw << "repeat,config,delay_ms,tokens_per_s,compute_fraction,rounds,failed_rounds,final_merge_s\n";
     auto record = [&](int repeat, const std::string& key, int64_t delay, const TrainingJobResult& r) {
       samples[key].push_back(r.tokens_per_s);
       compute[key].push_back(r.compute_fraction);
       failed[key] += r.failed_rounds;
-      raw << fmt::format("{},{},{},{:.1f},{:.4f},{},{}\n", repeat, key, delay, r.tokens_per_s, r.compute_fraction,
-                         r.rounds, r.failed_rounds);
+      raw << fmt::format("{},{},{},{:.1f},{:.4f},{},{},{:.3f}\n", repeat, key, delay, r.tokens_per_s,
+                         r.compute_fraction, r.rounds, r.failed_rounds, r.final_merge_s);
       raw.flush();
     };
     for (int repeat = 1; repeat <= o_.delay_repeats; ++repeat) {

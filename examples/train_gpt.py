@@ -238,9 +238,11 @@ def main():
         if rank == 0 and (step + 1) % max(1, args.steps // 10) == 0:
             print(f"{args.mode} step {step + 1}/{args.steps} loss {loss.item():.4f}", flush=True)
     elapsed = time.monotonic() - started
+    final_merge_seconds = 0.0  # leaving: the final merge, when the last round was before the last step
     if runtime is not None:
-        bytes_sent = runtime.stats()["bytes_sent"]
         mend.mend_shutdown(model)
+        final_merge_seconds = time.monotonic() - started - elapsed
+        bytes_sent = runtime.stats()["bytes_sent"]
 
     model.eval()
     evaluation = torch.Generator().manual_seed(12345)
@@ -256,7 +258,7 @@ def main():
               "sync_every": args.sync_every, "seed": args.seed, "parameters": n_params,
               "tokens_per_s": args.steps * args.batch * args.context / elapsed,
               "held_out_loss": sum(losses) / len(losses), "bytes_sent": bytes_sent,
-              "seconds": elapsed}
+              "seconds": elapsed, "final_merge_seconds": final_merge_seconds}
     if rank == 0 and args.save_params:
         torch.save({n: p_.detach().clone() for n, p_ in model.named_parameters()}, args.save_params)
     if rank == 0:

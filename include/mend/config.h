@@ -71,8 +71,10 @@ struct Config {
   int64_t overlap_steps = 0;  // 0: tuned from the measured round and step times
   // The job's length in inner steps (0: unknown). Known, a concurrent job
   // launches no round in its last fragment period, whose result could only
-  // be taken up after the last step.
+  // be taken up after the last step, and the job ends with a final merge.
   int64_t total_steps = 0;
+  // With total_steps known: a last round at shutdown averages the members' models.
+  bool final_merge = true;
   bool train_through_lighthouse_outage = false;
   std::string outer_apply = "exact";
   double mixing_alpha = 0.5;

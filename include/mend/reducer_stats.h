@@ -23,6 +23,7 @@ struct ReducerStats {
   uint64_t resumed_from_round = 0;   // the checkpoint's round when it resumed, else 0
   uint64_t overlap_steps = 0;        // tau of the latest round launched (tuned when overlap_steps = 0)
   uint64_t parameter_copies = 0;     // fragment-sized copies to or from the parameters (rounds only)
+  uint64_t final_rounds = 0;         // rounds of the final merge at shutdown this learner completed
 };
 
 }  // namespace mend

@@ -187,6 +187,13 @@ void PrintTable(const std::vector<TrainingJobResult>& results, const std::vector
                r.tokens_per_s, vs_local, r.eval_loss, vs_ddp, seconds, sent(r) / 1e6, bytes, to_ddp,
                r.mode == "diloco" ? std::to_string(r.rounds) : "-");
   }
+  // Leaving after the last step is not in tokens/s: the round still in
+  // flight and the final merge (every learner then holds the same model).
+  for (const auto& r : results) {
+    if (r.mode != "diloco") continue;
+    fmt::print("  {}: final merge {:.2f} s after the last step ({} round(s), not in tokens/s)\n", r.name,
+               r.final_merge_s, r.final_rounds == UINT64_MAX ? 0 : r.final_rounds);
+  }
   if (ddp && local && local->eval_loss > ddp->eval_loss) {
     auto steps = [](const TrainingJobResult& r) {
       return r.results.empty() ? int64_t{0} : r.results.front().value("steps", int64_t{0});

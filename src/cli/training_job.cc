@@ -268,6 +268,7 @@ StatusOr<TrainingJobResult> RunTrainingJob(
   if (!failures.empty()) return InternalError(fmt::format("{}: a learner failed{}", spec.name, failures));
 
   result.rounds = UINT64_MAX;
+  result.final_rounds = UINT64_MAX;
   for (const std::string& path : result_files) {
     std::ifstream in(path);
     json parsed = json::parse(in, nullptr, /*allow_exceptions=*/false);
@@ -282,6 +283,8 @@ StatusOr<TrainingJobResult> RunTrainingJob(
     result.reducer_step_us += parsed.value("reducer_step_us_median", 0.0) / processes;
     result.rounds = std::min(result.rounds, parsed.value("rounds", uint64_t{0}));
     result.failed_rounds += parsed.value("failed_rounds", uint64_t{0});
+    result.final_merge_s = std::max(result.final_merge_s, parsed.value("final_merge_seconds", 0.0));
+    result.final_rounds = std::min(result.final_rounds, parsed.value("final_rounds", uint64_t{0}));
     result.results.push_back(std::move(parsed));
   }
   return result;

@@ -78,6 +78,8 @@ struct TrainingJobResult {
   double reducer_step_us = 0;    // mean of the learners' medians (steps without exchange)
   uint64_t rounds = 0;           // min over learners
   uint64_t failed_rounds = 0;    // sum
+  double final_merge_s = 0;      // max: leaving after the last step (round in flight, final merge)
+  uint64_t final_rounds = 0;     // min over learners
   std::string http_address;      // the status page, when on
 };
 

@@ -112,9 +112,13 @@ std::vector<ConfigKey> BuildKeys() {
       Int("total_steps", &C::total_steps, 0, 1000000000000,
           "The job's length in inner steps; 0: unknown. Known, a concurrent job launches no round in its last "
           "fragment period (H / fragments steps): that round's result could only be taken up after the last step, "
-          "so every learner would wait for it at shutdown. The final parameters are then those of any step of "
-          "Streaming DiLoCo: each fragment's last merged state plus the steps trained since. 0 in mend train (and "
-          "mend demo) means --steps."),
+          "so every learner would wait for it at shutdown. Every learner that reaches it ends with the final merge "
+          "(final_merge). 0 in mend train (and mend demo) means --steps."),
+      Bool("final_merge", &C::final_merge,
+           "With total_steps known: at shutdown after the last step, one more round per fragment whose last round "
+           "was before it averages the members' models (token-weighted, fp32, outer lr 1, momentum untouched), so "
+           "every learner ends with the same final model, holding every learner's steps up to the end. false: each "
+           "learner keeps its own last parameters."),
       Bool("train_through_lighthouse_outage", &C::train_through_lighthouse_outage,
            "Concurrent mode: do not wait at tau for a round while the lighthouse is unreachable; train on and "
            "join when it is back (learners drift apart meanwhile)."),

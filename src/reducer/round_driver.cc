@@ -349,13 +349,14 @@ class RoundDriverImpl final : public RoundDriver {
   }
 
   // Rank 0 of a round whose id is a multiple of checkpoint_every_rounds
-  // writes one, on a background thread (one write at a time). In a group
+  // (or `always`: the final merge's last round) writes one, on a background
+  // thread (one write at a time). In a group
   // every rank of that learner gathers the slices and its rank 0 writes the
   // whole model, by parameter name: one file, which any group size and
   // fragment count reads.
-  Status MaybeCheckpoint(uint64_t round_id, uint32_t rank, uint32_t members) {
+  Status MaybeCheckpoint(uint64_t round_id, uint32_t rank, uint32_t members, bool always = false) {
     if (config_.checkpoint_dir.empty() || config_.checkpoint_every_rounds <= 0 || rank != 0 ||
-        round_id % static_cast<uint64_t>(config_.checkpoint_every_rounds) != 0) {
+        (!always && round_id % static_cast<uint64_t>(config_.checkpoint_every_rounds) != 0)) {
       return OkStatus();
     }
     if (!group_) {
@@ -541,7 +542,9 @@ class RoundDriverImpl final : public RoundDriver {
     // A join still waiting once the round of the job's last boundary (the
     // last within a fragment period of this final step) closed without it
     // would wait for a round that never comes: it is called off, and the
-    // steps since its boundary are not merged.
+    // steps since its boundary are not merged, nor is there a final merge
+    // for it (the others have merged, or will without it).
+    bool called_off = false;
     if (in_flight_) {
       // (None was launched in the job's last fragment period, when known.)
       const auto total = static_cast<uint64_t>(config_.total_steps);
@@ -560,9 +563,12 @@ class RoundDriverImpl final : public RoundDriver {
                      in_flight_->fragment, in_flight_->boundary_step, stats_.steps - in_flight_->boundary_step);
         MarkPassedOver(*in_flight_);
         agent_.Interrupt();
+        called_off = true;
       }
     }
     Status finished = FinishInFlight();
+    if (finished.ok() && group_broken_.ok() && !called_off) finished = FinalMerge();
+    if (!group_broken_.ok()) return shutdown();  // as a broken group
     checkpoint_writer_.Join();
     shut_down_ = true;
     Status left = agent_.Leave("training finished");
@@ -647,6 +653,7 @@ class RoundDriverImpl final : public RoundDriver {
     int fragment = 0;
     bool fresh_join = false;   // healed with nothing of the job's state: its progress is dropped
     bool outer_warmup = false;  // an outer warm-up round: averaged, momentum untouched
+    bool final_merge = false;   // the job's final merge: averaged (fp32), momentum untouched
     std::vector<float> healed_moments[2];  // heal_inner_optimizer: the source's moments
     std::vector<float> synced_buffers[2];  // sync_buffers: the members' averages; the first member's
     uint64_t cross_rack_bytes = 0;  // sent to other racks in this round (healing included)
@@ -678,6 +685,8 @@ class RoundDriverImpl final : public RoundDriver {
     bool formed = false;
     uint64_t formed_step = 0;
     bool passed_over = false;  // training thread only: not waited for at tau
+    bool final_merge = false;  // launched at shutdown after the job's last step
+    bool checkpoint = false;   // write a checkpoint after it, whatever checkpoint_every_rounds says
   };
 
   // Waits for the round in flight (kDone); returns kPassedOver, without
@@ -690,14 +699,15 @@ class RoundDriverImpl final : public RoundDriver {
   // unreachable (restarting): no round can form before it is back, so the
   // learner trains on likewise, and its join forms one then, with the
   // others' (they trained on as well).
+  // Only a concurrent learner is passed over this way, and a final merge's.
   enum class Awaited { kDone, kPassedOver, kLighthouseLost };
   Awaited AwaitRound(InFlight& flight, uint64_t give_up_step, bool train_on_if_lost) {
     std::unique_lock lock(flight.mu);
     while (!flight.done.load(std::memory_order_acquire)) {
       // A group's ranks cannot each decide this on their own timing: rank 0
       // decides for them (AwaitRoundAgreed).
-      if (concurrent_ && !flight.formed && !group_) {
-        if (agent_.latest_round_step() >= give_up_step) return Awaited::kPassedOver;
+      if (MayBePassedOver(flight) && !flight.formed && !group_) {
+        if (ClosedWithout(flight, give_up_step)) return Awaited::kPassedOver;
         if (train_on_if_lost && agent_.lighthouse_lost()) return Awaited::kLighthouseLost;
       }
       // The lighthouse's news comes with heartbeat acknowledgements.
@@ -712,14 +722,14 @@ class RoundDriverImpl final : public RoundDriver {
   // decided, and FinishInFlight has them wait for their slices the same
   // way, so no group collective waits on a rank that waits for its slice.
   StatusOr<Awaited> AwaitRoundAgreed(InFlight& flight, uint64_t give_up_step, bool train_on_if_lost) {
-    if (!group_ || !concurrent_) return AwaitRound(flight, give_up_step, train_on_if_lost);
+    if (!group_ || !MayBePassedOver(flight)) return AwaitRound(flight, give_up_step, train_on_if_lost);
     enum : uint64_t { kUndecided = 0, kWait, kPassedOver, kLost };
     while (true) {
       uint64_t verdict = kUndecided;
       if (group_->rank() == 0) {
         if (PollDone(flight) || !StillUnformed(flight)) {
           verdict = kWait;
-        } else if (agent_.latest_round_step() >= give_up_step) {
+        } else if (ClosedWithout(flight, give_up_step)) {
           verdict = kPassedOver;
         } else if (train_on_if_lost && agent_.lighthouse_lost()) {
           verdict = kLost;
@@ -737,6 +747,16 @@ class RoundDriverImpl final : public RoundDriver {
           return Awaited::kLighthouseLost;
       }
     }
+  }
+
+  bool MayBePassedOver(const InFlight& flight) const { return concurrent_ || flight.final_merge; }
+
+  // Whether the lighthouse reported a round of step `step` or later that is
+  // newer than this learner's last round when `flight` was launched (its
+  // join, unformed, was not in it). The id matters for a final merge's
+  // second fragment: the first one's round is of the same step.
+  bool ClosedWithout(const InFlight& flight, uint64_t step) const {
+    return agent_.latest_round_step() >= step && agent_.latest_round_id() > flight.previous_round_id;
   }
 
   // Waits up to kPassedOverPoll for `flight` to end; whether it has.
@@ -765,6 +785,67 @@ class RoundDriverImpl final : public RoundDriver {
     return static_cast<uint64_t>(std::max<int64_t>(1, config_.sync_period_steps / schedule_.fragments()));
   }
 
+  // Whether a round of (the lighthouse's) step `step` that exchanges
+  // `fragment` is the job's final merge: total_steps known and reached, and
+  // not the fragment's own boundary round there (synchronous mode launches
+  // that one; concurrent mode none in the last fragment period). Every
+  // member decides alike, from the round and the job's configuration.
+  bool IsFinalMerge(uint64_t step, int fragment) const {
+    if (!config_.final_merge || config_.total_steps <= 0) return false;
+    const auto total = static_cast<uint64_t>(config_.total_steps);
+    return step >= total && (concurrent_ || !schedule_.StartsAt(fragment, static_cast<int64_t>(total)));
+  }
+
+  // The final merge (final_merge, at shutdown after the job's last step):
+  // one round per fragment whose state is of an earlier step, taken up
+  // at once, so that every member ends with the members' average model,
+  // global and local alike. A join whose round closed without it (it came
+  // too late: the others merged and left) is called off; it keeps its own
+  // model, and says so.
+  Status FinalMerge() {
+    if (!config_.final_merge || config_.total_steps <= 0 ||
+        stats_.steps != static_cast<uint64_t>(config_.total_steps)) {
+      return OkStatus();
+    }
+    std::vector<int> due;
+    for (int f = 0; f < static_cast<int>(fragments_.size()); ++f) {
+      // (A learner restored at this step from a checkpoint holds its merged state.)
+      if (std::max(fragments_[static_cast<size_t>(f)].last_round_boundary, restored_step_) < stats_.steps) {
+        due.push_back(f);
+      }
+    }
+    const Micros begin = clock_.NowMicros();
+    int merged = 0;
+    for (int f : due) {
+      MEND_RETURN_IF_ERROR(Launch(f, /*final_merge=*/true));
+      // The job's last checkpoint (checkpoint_dir with checkpoint_every_rounds) holds the merged model.
+      in_flight_->checkpoint = f == due.back();
+      StatusOr<Awaited> awaited = AwaitRoundAgreed(*in_flight_, stats_.steps, /*train_on_if_lost=*/false);
+      if (!awaited.ok()) return BreakGroup(awaited.status());
+      if (*awaited != Awaited::kDone) {
+        spdlog::warn("fragment {}: the final merge at step {} closed without this learner (the others merged and "
+                     "left); it keeps its own parameters",
+                     f, stats_.steps);
+        MarkPassedOver(*in_flight_);
+        agent_.Interrupt();
+        return FinishInFlight();
+      }
+      const uint64_t rounds = stats_.rounds;
+      MEND_RETURN_IF_ERROR(FinishInFlight());
+      if (stats_.rounds == rounds) {
+        spdlog::warn("fragment {}: the final merge failed; this learner keeps its own parameters", f);
+        return OkStatus();
+      }
+      stats_.final_rounds++;
+      merged++;
+    }
+    if (merged > 0) {
+      spdlog::info("final merge: {} round(s) at step {} in {:.3f} s; every member holds the same model", merged,
+                   stats_.steps, static_cast<double>(clock_.NowMicros() - begin) / kMicrosPerSecond);
+    }
+    return OkStatus();
+  }
+
   // Whether `step` lies in the job's last fragment period (total_steps
   // known, concurrent rounds): a round launched there could be taken up only
   // after the last step (the tuned tau is below a fragment period), so every learner
@@ -777,8 +858,9 @@ class RoundDriverImpl final : public RoundDriver {
   }
 
   // At fragment f's boundary: snapshot, and start the exchange on a
-  // background thread (one round in flight at a time).
-  Status Launch(int f) {
+  // background thread (one round in flight at a time). A final merge's is
+  // taken up at once (shutdown waits for it).
+  Status Launch(int f, bool final_merge = false) {
     MEND_RETURN_IF_ERROR(FinishInFlight());
     Fragment& fragment = fragments_[static_cast<size_t>(f)];
     auto flight = std::make_unique<InFlight>();
@@ -786,13 +868,16 @@ class RoundDriverImpl final : public RoundDriver {
     flight->boundary_step = stats_.steps;
     flight->previous_round_id = last_round_id_;
     flight->launched = clock_.NowMicros();
-    stats_.overlap_steps = overlap_.Tau();
-    if (group_ && concurrent_) {
-      StatusOr<uint64_t> tau = group_->AgreeTau(stats_.overlap_steps);
-      if (!tau.ok()) return BreakGroup(tau.status());
-      stats_.overlap_steps = *tau;
+    flight->final_merge = final_merge;
+    if (!final_merge) {
+      stats_.overlap_steps = overlap_.Tau();
+      if (group_ && concurrent_) {
+        StatusOr<uint64_t> tau = group_->AgreeTau(stats_.overlap_steps);
+        if (!tau.ok()) return BreakGroup(tau.status());
+        stats_.overlap_steps = *tau;
+      }
     }
-    flight->apply_at_step = stats_.steps + stats_.overlap_steps;
+    flight->apply_at_step = stats_.steps + (final_merge ? 0 : stats_.overlap_steps);
     flight->tokens = fragment.tokens_since_round;
     fragment.tokens_since_round = 0;
     const size_t n = fragment.state->size();
@@ -970,7 +1055,7 @@ class RoundDriverImpl final : public RoundDriver {
       if (Status shared = group_->ShareParameters(); !shared.ok()) return BreakGroup(shared);
     }
     RecordRound(*flight);  // after the commit: its digest is of the new global state
-    return MaybeCheckpoint(outcome.round_id, outcome.rank, outcome.members);
+    return MaybeCheckpoint(outcome.round_id, outcome.rank, outcome.members, flight->checkpoint);
   }
 
   // SHA-256 (hex) of every fragment's global parameters and momentum: equal
@@ -1026,7 +1111,8 @@ class RoundDriverImpl final : public RoundDriver {
       record["cross_rack_bytes"] = outcome.cross_rack_bytes;
       record["dropped"] = outcome.result.dropped;
       record["merged_norm"] = outcome.result.merged_norm;
-      record["outer_step"] = outcome.outer_warmup ? "average" : "nesterov";
+      record["outer_step"] = outcome.outer_warmup || outcome.final_merge ? "average" : "nesterov";
+      record["final_merge"] = outcome.final_merge;
       record["healed"] = !outcome.healed.empty();
       if (!outcome.healed.empty()) {
         record["heal_step"] = outcome.heal_step;
@@ -1133,6 +1219,13 @@ class RoundDriverImpl final : public RoundDriver {
     // for every member, so all take the same kind of outer step.
     sync_options.warmup = round.step > 0 && round.step <= static_cast<uint64_t>(config_.outer_warmup_steps);
     outcome.outer_warmup = sync_options.warmup;
+    outcome.final_merge = IsFinalMerge(round.step, outcome.fragment);
+    if (outcome.final_merge) {
+      // The members' models averaged exactly: lossless, and no error
+      // feedback (what a sparse codec held back stays this learner's).
+      sync_options.warmup = true;
+      sync_options.codec = nullptr;
+    }
     std::span<const float> delta = flight.delta;
     std::vector<float> no_delta;
     // The merge runs on the healed base when this learner was behind.

@@ -104,6 +104,8 @@ nlohmann::json TrainResult::ToJson() const {
           {"steps_run", steps_run},
           {"tokens", tokens},
           {"seconds", seconds},
+          {"final_merge_seconds", final_merge_seconds},
+          {"final_rounds", final_rounds},
           {"tokens_per_s", tokens_per_s},
           {"train_loss", train_loss},
           {"eval_loss", eval_loss},
@@ -294,9 +296,14 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config, c
                 bytes_sent(), reducer ? reducer->stats().rounds : 0, eval_loss});
     }
   }
-  // Leaving finishes a round in flight, so the final model holds its result.
+  // The training time ends with the last step: leaving (the round in
+  // flight, then the final merge, so that the final model holds both) is
+  // timed apart.
+  result.seconds = elapsed();
   if (reducer) {
     if (Status left = reducer->shutdown(); failure.ok() && !left.ok()) failure = left;
+    result.final_merge_seconds = elapsed() - result.seconds;
+    result.final_rounds = reducer->stats().final_rounds;
   }
   if (data_parallel) {
     if (Status left = data_parallel->shutdown(); failure.ok() && !left.ok()) failure = left;
@@ -305,7 +312,6 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config, c
     if (Status left = group_data_parallel->shutdown(); failure.ok() && !left.ok()) failure = left;
   }
   if (agent && !reducer && !data_parallel) (void)agent->Leave("training finished");
-  result.seconds = elapsed();
   if (!failure.ok()) return failure;
   result.steps = step;
   result.steps_run = steps_run;

@@ -68,7 +68,11 @@ struct TrainResult {
   int64_t steps = 0;         // the step it ended at
   int64_t steps_run = 0;     // inner steps this process ran (fewer after a late start or a heal)
   uint64_t tokens = 0;
-  double seconds = 0;        // training only (evaluations excluded)
+  double seconds = 0;        // training, to the end of the last step (evaluations excluded)
+  // Leaving the job after the last step: the round in flight and the final
+  // merge (final_merge), which tokens_per_s leaves out.
+  double final_merge_seconds = 0;
+  uint64_t final_rounds = 0;  // rounds of the final merge
   double tokens_per_s = 0;
   double train_loss = 0;     // smoothed, at the end
   double eval_loss = 0;      // the final model on the held-out windows

@@ -212,3 +212,54 @@ def test_batchnorm_statistics_are_the_same_on_every_learner_after_a_round(sync_b
             m.eval()
         x = torch.randn(32, 4)
         assert torch.equal(models[0](x), models[1](x))
+
+
+@pytest.mark.parametrize("concurrent", [True, False])
+def test_a_job_of_known_length_ends_with_one_merged_model(tmp_path, concurrent):
+    """total_steps = 40, H = 10: concurrent mode launches no round in the last
+    fragment period, so without the final merge each learner ends with its
+    own parameters; with it every learner holds the same model after
+    mend_shutdown, and the checkpoint written at the end holds it too."""
+    os.environ["MEND_JOB_TOKEN"] = TOKEN
+    with mend.Lighthouse(mend.MendConfig(bind="127.0.0.1:0", http="", quorum_min_learners=2, heartbeat_ms=50,
+                                         heartbeat_timeout_ms=2000, log_level="warn")) as lh:
+        config = mend.MendConfig(lighthouse=lh.address, quorum_min_learners=2, sync_period_steps=10,
+                                 total_steps=40 if concurrent else 43, concurrent_outer_step=concurrent,
+                                 heartbeat_ms=50, heartbeat_timeout_ms=2000, log_level="warn",
+                                 checkpoint_dir=str(tmp_path), checkpoint_every_rounds=1000)
+        models = []
+        for _ in range(2):
+            torch.manual_seed(1)
+            models.append(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)))
+        optimizers = [torch.optim.AdamW(m.parameters(), lr=0.01) for m in models]
+        for i, (m, o) in enumerate(zip(models, optimizers)):
+            mend.mend_init(m, config, f"final-{i}", optimizer=o)
+
+        def learn(i):
+            generator = torch.Generator().manual_seed(40 + i)
+            for _ in range(config.total_steps):
+                x = torch.randn(16, 4, generator=generator) + i
+                loss = (models[i](x) - x.sum(1, keepdim=True)).pow(2).mean()
+                optimizers[i].zero_grad()
+                loss.backward()
+                mend.get_runtime(models[i]).report_tokens(16)
+                optimizers[i].step()
+            mend.mend_shutdown(models[i])  # the final merge: every learner takes part
+
+        errors = run_in_threads(learn, 2)
+        assert not errors, errors
+        for a, b in zip(models[0].parameters(), models[1].parameters()):
+            assert torch.equal(a, b)
+        stats = mend.get_runtime(models[0]).stats()
+        assert stats["steps"] == config.total_steps
+        assert stats["failed_rounds"] == 0
+        # The checkpoint at the end: a new learner resumed from it starts with the merged model.
+        written = sorted(tmp_path.glob("ckpt-*.mend"))
+        assert len(written) == 1, written
+        torch.manual_seed(2)
+        fresh = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+        runtime = mend.mend_init(fresh, config.replace(resume_from=str(written[0]), checkpoint_dir=""), "final-2")
+        assert runtime.stats()["steps"] == config.total_steps
+        for a, b in zip(models[0].parameters(), fresh.parameters()):
+            assert torch.equal(a, b)
+        mend.mend_shutdown(fresh)

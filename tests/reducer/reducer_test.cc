@@ -680,12 +680,20 @@ TEST(ReducerTest, AJoinPassedOverNearTheJobsEndIsCalledOffAtShutdown) {
   // shutdown() calls the join off instead of waiting the quorum timeout (ten
   // minutes here: a learner that waited would hang the test).
   // With the job's length known (12) nobody launches a round at step 12, the
-  // last period's boundary: the round for step 8 is then the job's last.
-  for (int64_t total : {int64_t{0}, int64_t{3 * kPeriod}}) {
-    SCOPED_TRACE(testing::Message() << "total_steps = " << total);
+  // last period's boundary: the round for step 8 is then the job's last
+  // launched one, and learner-a and learner-c end with the final merge at
+  // step 12 (without it: final_merge = false), which learner-b does not join.
+  struct Case {
+    int64_t total;
+    bool final_merge;
+  };
+  for (Case job : {Case{0, true}, Case{3 * kPeriod, false}, Case{3 * kPeriod, true}}) {
+    const int64_t total = job.total;
+    SCOPED_TRACE(testing::Message() << "total_steps = " << total << ", final_merge = " << job.final_merge);
     Config config = ConcurrentConfig(/*grace_window_ms=*/1000, /*quorum_timeout_ms=*/600000);
     config.quorum_min_learners = 2;
     config.total_steps = total;
+    config.final_merge = job.final_merge;
     auto server = StartLighthouse(config);
     config.lighthouse = server->grpc_address();
     LearnerLog a, b, c;
@@ -712,7 +720,11 @@ TEST(ReducerTest, AJoinPassedOverNearTheJobsEndIsCalledOffAtShutdown) {
     ta.join();
     tc.join();
     tb.join();
-    EXPECT_EQ(a.stats.rounds, total == 0 ? 3u : 2u);
+    const bool merged = total != 0 && job.final_merge;
+    EXPECT_EQ(a.stats.rounds, total == 0 || merged ? 3u : 2u);
+    EXPECT_EQ(a.stats.final_rounds, merged ? 1u : 0u);
+    EXPECT_EQ(c.stats.final_rounds, merged ? 1u : 0u);
+    EXPECT_EQ(b.stats.final_rounds, 0u);
     EXPECT_EQ(b.stats.rounds, 1u);
     EXPECT_EQ(b.stats.rounds_started, 2u);  // steps 4 and 8; step 12 was skipped
     EXPECT_EQ(b.stats.passed_over, 1u);
@@ -729,10 +741,15 @@ TEST(ReducerTest, AJoinPassedOverNearTheJobsEndIsCalledOffAtShutdown) {
 // a round of a later step, which nobody launches (its join would wait for
 // the quorum timeout, ten minutes here, since c never joins: c gives up
 // holding after 60 s, and the test fails).
+// No final merge here: learner-a's would wait for a second member, and
+// learner-c, its only possible one, is held until learner-b is done, which
+// waits for learner-a (the test above has the final merge with a join
+// passed over).
 TEST(ReducerTest, AJoinPassedOverAtTheLastLaunchedBoundaryIsCalledOffWhileOthersTrainOn) {
   Config config = ConcurrentConfig(/*grace_window_ms=*/1000, /*quorum_timeout_ms=*/600000);
   config.quorum_min_learners = 2;
   config.total_steps = 3 * kPeriod;
+  config.final_merge = false;
   auto server = StartLighthouse(config);
   config.lighthouse = server->grpc_address();
   LearnerLog a, b, c;

@@ -145,6 +145,7 @@ TEST(RoundDriverTest, AConcurrentJobOfKnownLengthLaunchesNoRoundInItsLastFragmen
     config.concurrent_outer_step = true;
     config.fragments = 2;
     config.total_steps = total;
+    config.final_merge = false;  // (see the next test)
     LearnerRun a, b;
     RunPair(config, 32, &a, &b);
     const uint64_t rounds = total == 0 ? 8u : 7u;  // known: none at step 32
@@ -153,6 +154,47 @@ TEST(RoundDriverTest, AConcurrentJobOfKnownLengthLaunchesNoRoundInItsLastFragmen
     EXPECT_EQ(a.stats.rounds, rounds) << total;
     EXPECT_EQ(a.global, b.global) << total;
     EXPECT_EQ(a.stats.failed_rounds + b.stats.failed_rounds, 0u) << total;
+  }
+}
+
+// total_steps known: after shutdown every learner holds the same model, the
+// members' average at the last step (final_merge), global and local alike.
+// outer_lr 1 and momentum 0 make every round move by the mean progress (2 a
+// step here), so the merged value is exactly 1 + 2 x total. Without the
+// final merge the learners end apart (each kept its own last steps).
+TEST(RoundDriverTest, AJobOfKnownLengthEndsWithEveryLearnerHoldingTheAverageModel) {
+  struct Case {
+    bool concurrent;
+    int64_t total;
+    bool final_merge;
+  };
+  // P = 2, H = 8 (fragment 0's boundaries at 8, 16, ...; fragment 1's at 4, 12, ...): each fragment's last
+  // round is before the last step: 16 and 20 of 22 (synchronous); 24 and 20 of 30, and 32 and 28 of 32 less
+  // the last fragment period's boundary (concurrent: 28 and 32 are not launched).
+  for (Case c : {Case{false, 22, true}, Case{true, 30, true}, Case{true, 32, true}, Case{true, 30, false}}) {
+    SCOPED_TRACE(testing::Message() << "concurrent " << c.concurrent << ", total_steps " << c.total
+                                    << ", final_merge " << c.final_merge);
+    Config config = testing_util::SynchronousJobConfig(2, 8);
+    config.concurrent_outer_step = c.concurrent;
+    config.fragments = 2;
+    config.outer_lr = 1.0;
+    config.outer_momentum = 0.0;
+    config.total_steps = c.total;
+    config.final_merge = c.final_merge;
+    LearnerRun a, b;
+    RunPair(config, static_cast<int>(c.total), &a, &b);
+    EXPECT_EQ(a.stats.failed_rounds + b.stats.failed_rounds, 0u);
+    if (!c.final_merge) {
+      EXPECT_EQ(a.stats.final_rounds, 0u);
+      EXPECT_NE(a.local, b.local);
+      continue;
+    }
+    EXPECT_EQ(a.stats.final_rounds, 2u);  // both fragments' last rounds were before the last step
+    EXPECT_EQ(b.stats.final_rounds, 2u);
+    EXPECT_EQ(a.local, b.local);
+    EXPECT_EQ(a.global, b.global);
+    const float merged = 1.0f + 2.0f * static_cast<float>(c.total);
+    for (float v : a.local) EXPECT_EQ(v, merged);
   }
 }
 
