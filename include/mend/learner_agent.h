@@ -54,9 +54,15 @@ class LearnerAgent {
   // Joins the next round. `last_round_id` is the last round this learner
   // completed; tokens are those since then. DEADLINE_EXCEEDED when no round
   // closed in `timeout`. `include_members` asks for the member list.
+  // `boundary_step` is the step the join is for (its boundary; the round's
+  // step is its members' largest); 0: the latest step recorded. A join sent
+  // late (its thread ran after the training thread went on) must not make
+  // the round's step look later than its boundary: the others read it to
+  // tell whether the round left them out.
   [[nodiscard]] virtual StatusOr<QuorumResult> Quorum(uint64_t last_round_id,
                                                       uint64_t tokens_since_last_round,
-                                                      Micros timeout, bool include_members) = 0;
+                                                      Micros timeout, bool include_members,
+                                                      uint64_t boundary_step = 0) = 0;
   // Makes a Quorum() in progress, and every later one, return ABORTED at
   // once; for shutting a learner down while it waits for a round.
   virtual void Interrupt() = 0;

@@ -97,7 +97,7 @@ class LearnerAgentImpl final : public LearnerAgent {
   }
 
   StatusOr<QuorumResult> Quorum(uint64_t last_round_id, uint64_t tokens_since_last_round,
-                                Micros timeout, bool include_members) override {
+                                Micros timeout, bool include_members, uint64_t boundary_step) override {
     Micros deadline = RealClock()->NowMicros() + timeout;
     Micros retry = kMinRetry;
     while (true) {
@@ -116,7 +116,7 @@ class LearnerAgentImpl final : public LearnerAgent {
               address_, timeout / kMicrosPerMilli));
         }
         args.learner = session_;
-        args.step = step_;
+        args.step = boundary_step > 0 ? boundary_step : step_;
       }
       args.last_round_id = last_round_id;
       args.tokens_since_last_round = tokens_since_last_round;
@@ -568,7 +568,7 @@ class GroupRankAgent final : public LearnerAgent {
       : id_(std::move(id)), rank_(rank), client_(std::move(client)), group_store_(std::move(group_store)) {}
 
   void RecordStep(uint64_t, uint64_t, Micros) override {}
-  StatusOr<QuorumResult> Quorum(uint64_t, uint64_t, Micros, bool) override {
+  StatusOr<QuorumResult> Quorum(uint64_t, uint64_t, Micros, bool, uint64_t) override {
     return FailedPreconditionError(fmt::format(
         "learner '{}' group rank {}: only group rank 0 joins rounds; the others learn them from it", id_, rank_));
   }

@@ -109,11 +109,12 @@ class GroupAgent final : public LearnerAgent {
   // The n-th call on every rank is the same round: rank 0 joins it and
   // publishes what came of it; the others wait for that.
   StatusOr<QuorumResult> Quorum(uint64_t last_round_id, uint64_t tokens_since_last_round, Micros timeout,
-                                bool include_members) override {
+                                bool include_members, uint64_t boundary_step) override {
     const uint64_t seq = ++seq_;
     const std::string key = fmt::format("{}decision/{}", base_, seq);
     if (rank_ == 0) {
-      StatusOr<QuorumResult> result = inner_.Quorum(last_round_id, tokens_since_last_round, timeout, include_members);
+      StatusOr<QuorumResult> result =
+          inner_.Quorum(last_round_id, tokens_since_last_round, timeout, include_members, boundary_step);
       MEND_RETURN_IF_ERROR(store_->Set(key, EncodeDecision(result)));
       if (seq > 2) (void)store_->Delete(fmt::format("{}decision/{}", base_, seq - 2), false);
       return result;

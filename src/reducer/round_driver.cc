@@ -1137,7 +1137,7 @@ class RoundDriverImpl final : public RoundDriver {
     MEND_ASSIGN_OR_RETURN(
         QuorumResult round,
         agent_.Quorum(last_round_id_, flight.tokens, config_.quorum_timeout_ms * kMicrosPerMilli,
-                      /*include_members=*/true));
+                      /*include_members=*/true, flight.boundary_step));
     {
       std::lock_guard lock(flight.mu);
       flight.formed = true;

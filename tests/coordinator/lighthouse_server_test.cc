@@ -206,6 +206,31 @@ TEST_P(AgentTransportTest, AgentsFormRoundsWithRanksAndTokenTotals) {
   for (auto& agent : agents) EXPECT_TRUE(agent->Leave("done").ok());
 }
 
+// A join sent after its learner trained on (its round's thread ran late on
+// a busy machine) is for its boundary: the round's step is the members'
+// largest boundary, not the step they had reached, so that a learner left
+// out of a later boundary's round does not read this one as that.
+TEST_P(AgentTransportTest, AJoinSentLateIsForItsBoundaryStep) {
+  Config config = AgentConfig();
+  auto server = StartServer(config);
+  config.lighthouse = server->grpc_address();
+  auto agents = StartAgents(config, {"a", "b"});
+  std::vector<StatusOr<QuorumResult>> results(2, AbortedError("not run"));
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < 2; ++i) {
+    threads.emplace_back([&, i]() {
+      agents[i]->RecordStep(10 + i, 100, 10'000);  // two steps past boundary 8, and three
+      results[i] = agents[i]->Quorum(0, 100, 20 * kMicrosPerSecond, false, /*boundary_step=*/8);
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (const auto& result : results) {
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(result->step, 8u);
+  }
+  for (auto& agent : agents) EXPECT_TRUE(agent->Leave("done").ok());
+}
+
 TEST(LighthouseServerTest, MemberListsComeOverGrpcOnRequest) {
   Config config = TestConfig();
   auto server = StartServer(config);
