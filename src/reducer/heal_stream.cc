@@ -10,6 +10,15 @@
 #include "core/status_format.h"
 
 namespace mend::reducer {
+namespace {
+
+// memcpy of `n` bytes; nothing for none (memcpy's pointers must not be null
+// even then, and an empty span's may be: UBSan's finding).
+void CopyBytes(void* to, const void* from, size_t n) {
+  if (n > 0) std::memcpy(to, from, n);
+}
+
+}  // namespace
 
 Status StreamState(Communicator& comm, std::span<std::byte> bytes, int source, const std::string& source_id,
                    size_t chunk_bytes, std::span<std::byte> header) {
@@ -24,17 +33,17 @@ Status StreamState(Communicator& comm, std::span<std::byte> bytes, int source, c
   const size_t lead = header.size() + chunks * sizeof(Digest);
   std::vector<std::byte> first(lead + chunk(0).size());
   if (comm.rank() == source) {
-    std::memcpy(first.data(), header.data(), header.size());
+    CopyBytes(first.data(), header.data(), header.size());
     for (size_t c = 0; c < chunks; ++c) {
       const Digest digest = Sha256Digest(chunk(c).data(), chunk(c).size());
       std::memcpy(first.data() + header.size() + c * sizeof(Digest), digest.data(), sizeof(Digest));
     }
-    std::memcpy(first.data() + lead, chunk(0).data(), chunk(0).size());
+    CopyBytes(first.data() + lead, chunk(0).data(), chunk(0).size());
   }
   MEND_RETURN_IF_ERROR(comm.Broadcast(first, source));
   for (size_t c = 1; c < chunks; ++c) MEND_RETURN_IF_ERROR(comm.Broadcast(chunk(c), source));
   if (comm.rank() == source) return OkStatus();
-  std::memcpy(chunk(0).data(), first.data() + lead, chunk(0).size());
+  CopyBytes(chunk(0).data(), first.data() + lead, chunk(0).size());
   for (size_t c = 0; c < chunks; ++c) {
     Digest expected;
     std::memcpy(expected.data(), first.data() + header.size() + c * sizeof(Digest), sizeof(Digest));
@@ -44,7 +53,7 @@ Status StreamState(Communicator& comm, std::span<std::byte> bytes, int source, c
     }
   }
   // The header is taken only once everything checked out.
-  std::memcpy(header.data(), first.data(), header.size());
+  CopyBytes(header.data(), first.data(), header.size());
   return OkStatus();
 }
 

@@ -18,8 +18,10 @@ test -f "$work/prefix/include/mend/mend.h"
 test ! -e "$work/prefix/include/mend/subprocess.h"
 
 "$here/../capi/symbols_test.sh" "$work/prefix/lib/libmend.so" "$work/prefix/include/mend/mend.h"
-cc -std=c11 -Wall -Wextra -Wpedantic -Werror -I"$work/prefix/include" "$here/../capi/two_learners.c" \
-  -L"$work/prefix/lib" -lmend -o "$work/c_consumer"
+# (MEND_CONSUMER_FLAGS: a sanitizer build's library needs its runtime in the program too.)
+# shellcheck disable=SC2086
+cc -std=c11 -Wall -Wextra -Wpedantic -Werror ${MEND_CONSUMER_FLAGS:-} -I"$work/prefix/include" \
+  "$here/../capi/two_learners.c" -L"$work/prefix/lib" -lmend -o "$work/c_consumer"
 LD_LIBRARY_PATH="$work/prefix/lib" "$work/c_consumer"
 
 case "$with_torch" in ON|on|1|TRUE|true) ;; *) exit 0 ;; esac
