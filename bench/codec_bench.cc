@@ -71,8 +71,8 @@ void BM_EncodeDecode(benchmark::State& state) {
 }
 
 void Codecs(benchmark::internal::Benchmark* b) {
-  for (CodecKind kind : {CodecKind::kFp32, CodecKind::kBf16, CodecKind::kInt8, CodecKind::kInt4,
-                         CodecKind::kTopK}) {
+  for (CodecKind kind :
+       {CodecKind::kFp32, CodecKind::kBf16, CodecKind::kInt8, CodecKind::kInt4, CodecKind::kTopK}) {
     b->Arg(static_cast<int>(kind));
   }
   b->Unit(benchmark::kMillisecond)->MinTime(0.5);

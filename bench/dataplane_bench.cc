@@ -33,7 +33,10 @@
 #include <thread>
 
 #include "CLI/CLI.hpp"
+#include "core/status_format.h"
+#include "core/subprocess.h"
 #include "dataplane/gloo_store.h"
+#include "dataplane/lighthouse_rendezvous.h"
 #include "fmt/format.h"
 #include "gloo/allreduce.h"
 #include "gloo/math.h"
@@ -41,10 +44,7 @@
 #include "gloo/transport/tcp/device.h"
 #include "mend/communicator.h"
 #include "mend/lighthouse_client.h"
-#include "dataplane/lighthouse_rendezvous.h"
-#include "core/subprocess.h"
 #include "nlohmann/json.hpp"
-#include "core/status_format.h"
 
 namespace mend::bench {
 namespace {
@@ -149,8 +149,10 @@ int RunWorker(const WorkerArgs& args) {
         gloo_s.push_back(i % 2 == 0 ? *second : *first);
       }
     }
-    results.push_back({{"kind", "compare"}, {"bytes", n * sizeof(float)},
-                       {"mend_s", Median(mend_s)}, {"gloo_s", Median(gloo_s)},
+    results.push_back({{"kind", "compare"},
+                       {"bytes", n * sizeof(float)},
+                       {"mend_s", Median(mend_s)},
+                       {"gloo_s", Median(gloo_s)},
                        {"mend_min_s", *std::min_element(mend_s.begin(), mend_s.end())},
                        {"gloo_min_s", *std::min_element(gloo_s.begin(), gloo_s.end())}});
   }
@@ -188,8 +190,11 @@ int RunWorker(const WorkerArgs& args) {
       if (i > 0) seconds.push_back(Seconds(t1 - t0));
     }
     uint64_t sent = (*comm)->stats().bytes_sent - sent_before;
-    results.push_back({{"kind", "codec"}, {"codec", name}, {"bytes", n * sizeof(float)},
-                       {"sent", sent}, {"seconds", Median(seconds)}});
+    results.push_back({{"kind", "codec"},
+                       {"codec", name},
+                       {"bytes", n * sizeof(float)},
+                       {"sent", sent},
+                       {"seconds", Median(seconds)}});
   }
   if (args.rank == 0) fmt::print("{}\n", results.dump());
   std::fflush(stdout);
@@ -206,8 +211,8 @@ struct DriverArgs {
   int codec_mib = 64;
   int segment_kib = 0;
   double link_rate_mbit = 0;
-  std::vector<std::string> hosts;   // per namespace: the address workers bind
-  std::vector<std::string> netns;   // namespace names (empty: this one)
+  std::vector<std::string> hosts;  // per namespace: the address workers bind
+  std::vector<std::string> netns;  // namespace names (empty: this one)
   std::string csv_prefix = "bench-results/dataplane";
 };
 
@@ -215,7 +220,8 @@ std::vector<std::string> InNamespace(const DriverArgs& args, size_t which,
                                      std::vector<std::string> argv) {
   if (args.netns.empty()) return argv;
   // env finds `ip` on PATH (Subprocess runs argv[0] as a path).
-  argv.insert(argv.begin(), {"/usr/bin/env", "ip", "netns", "exec", args.netns[which % args.netns.size()]});
+  argv.insert(argv.begin(),
+              {"/usr/bin/env", "ip", "netns", "exec", args.netns[which % args.netns.size()]});
   return argv;
 }
 
@@ -236,9 +242,12 @@ StatusOr<json> RunMembers(const DriverArgs& args, int members, const std::string
   MEND_ASSIGN_OR_RETURN(
       auto lighthouse,
       Subprocess::Spawn({InNamespace(args, 0,
-                                     {mend, "--bind", host0 + ":0", "--http", "",
-                                      "--token-file", token_file, "--log-level", "warn"}),
-                         {}, "pipe", dir + "/lighthouse.log", false}));
+                                     {mend, "--bind", host0 + ":0", "--http", "", "--token-file",
+                                      token_file, "--log-level", "warn"}),
+                         {},
+                         "pipe",
+                         dir + "/lighthouse.log",
+                         false}));
   MEND_ASSIGN_OR_RETURN(std::string line, lighthouse->ReadLine(30 * kMicrosPerSecond));
   std::string address = line.substr(line.find("grpc=") + 5);
   address = address.substr(0, address.find(' '));
@@ -247,17 +256,29 @@ StatusOr<json> RunMembers(const DriverArgs& args, int members, const std::string
     std::string host = args.hosts.empty() ? "127.0.0.1" : args.hosts[rank % args.hosts.size()];
     std::string codec_list;
     for (const auto& c : codecs) codec_list += (codec_list.empty() ? "" : ",") + c;
-    std::vector<std::string> argv = {self, "--worker", "--lighthouse", address, "--host", host,
-                                     "--rank", std::to_string(rank), "--size",
-                                     std::to_string(members), "--iters", std::to_string(args.iters),
-                                     "--codec-mib", std::to_string(args.codec_mib),
-                                     "--segment-kib", std::to_string(args.segment_kib)};
+    std::vector<std::string> argv = {self,
+                                     "--worker",
+                                     "--lighthouse",
+                                     address,
+                                     "--host",
+                                     host,
+                                     "--rank",
+                                     std::to_string(rank),
+                                     "--size",
+                                     std::to_string(members),
+                                     "--iters",
+                                     std::to_string(args.iters),
+                                     "--codec-mib",
+                                     std::to_string(args.codec_mib),
+                                     "--segment-kib",
+                                     std::to_string(args.segment_kib)};
     argv.insert(argv.end(), {"--sizes-mib", sizes.empty() ? "0" : Join(sizes)});
     argv.insert(argv.end(), {"--codecs", codec_list.empty() ? "none" : codec_list});
-    MEND_ASSIGN_OR_RETURN(auto worker,
-                          Subprocess::Spawn({InNamespace(args, rank, argv), {},
-                                             rank == 0 ? "pipe" : dir + "/worker.log",
-                                             dir + "/worker.log", false}));
+    MEND_ASSIGN_OR_RETURN(auto worker, Subprocess::Spawn({InNamespace(args, rank, argv),
+                                                          {},
+                                                          rank == 0 ? "pipe" : dir + "/worker.log",
+                                                          dir + "/worker.log",
+                                                          false}));
     workers.push_back(std::move(worker));
   }
   auto output = workers[0]->ReadLine(3600 * kMicrosPerSecond);
@@ -309,10 +330,12 @@ int RunDriver(const DriverArgs& args) {
         double bytes = row["bytes"];
         double mend_s = row["mend_s"], gloo_s = row["gloo_s"];
         double best = row["gloo_min_s"].get<double>() / row["mend_min_s"].get<double>();
-        double mend_bw = factor * bytes / mend_s / 1e9 * 8, gloo_bw = factor * bytes / gloo_s / 1e9 * 8;
-        fmt::print("{:>8} {:>10.0f} {:>10.2f} {:>10.2f} {:>9.2f} Gb/s {:>9.2f} Gb/s {:>10.3f} {:>10.3f}\n",
-                   members, bytes / (1 << 20), mend_s * 1e3, gloo_s * 1e3, mend_bw, gloo_bw,
-                   gloo_s / mend_s, best);
+        double mend_bw = factor * bytes / mend_s / 1e9 * 8,
+               gloo_bw = factor * bytes / gloo_s / 1e9 * 8;
+        fmt::print(
+            "{:>8} {:>10.0f} {:>10.2f} {:>10.2f} {:>9.2f} Gb/s {:>9.2f} Gb/s {:>10.3f} {:>10.3f}\n",
+            members, bytes / (1 << 20), mend_s * 1e3, gloo_s * 1e3, mend_bw, gloo_bw,
+            gloo_s / mend_s, best);
         compare << fmt::format("{},{},{:.0f},{:.6f},{:.6f},{:.3f},{:.3f},{:.4f},{:.4f}\n", where,
                                members, bytes, mend_s, gloo_s, mend_bw, gloo_bw, gloo_s / mend_s,
                                best);
@@ -331,7 +354,8 @@ int RunDriver(const DriverArgs& args) {
       double effective = bytes / seconds * 8 / 1e9;
       double speedup = fp32_seconds > 0 ? fp32_seconds / seconds : 0;
       // The link carries each member's sends: fraction = their rate / link rate.
-      double fraction = args.link_rate_mbit > 0 ? sent / seconds * 8 / (args.link_rate_mbit * 1e6) : 0;
+      double fraction =
+          args.link_rate_mbit > 0 ? sent / seconds * 8 / (args.link_rate_mbit * 1e6) : 0;
       fmt::print("{:>8} {:>6} {:>10.0f} {:>14.2f} {:>10.1f} {:>11.3f} Gb/s {:>9.2f}x {:>10}\n",
                  members, row["codec"].get<std::string>(), bytes / (1 << 20), sent / (1 << 20),
                  seconds * 1e3, effective, speedup,
@@ -370,7 +394,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--codec-mib", d.codec_mib, "Buffer size for the codec runs (MiB of fp32)")
       ->capture_default_str();
-  app.add_option("--segment-kib", d.segment_kib, "Pipelining segment of mend's reductions (0: default)")
+  app.add_option("--segment-kib", d.segment_kib,
+                 "Pipelining segment of mend's reductions (0: default)")
       ->capture_default_str();
   app.add_option("--link-rate-mbit", d.link_rate_mbit,
                  "Rate of the shaped link, for the fraction-of-link column")

@@ -52,17 +52,22 @@ constexpr int kParameters = 8;
 // kParameters parameters of `values` / kParameters floats.
 class Model final : public reducer::FlatParameters {
  public:
-  explicit Model(size_t values) : values_(kParameters, std::vector<float>(values / kParameters, 0.01f)) {
+  explicit Model(size_t values)
+      : values_(kParameters, std::vector<float>(values / kParameters, 0.01f)) {
     for (int i = 0; i < kParameters; ++i) names_.push_back(fmt::format("layer{}.weight", i));
   }
   size_t count() const override { return values_.size(); }
   const std::string& name(size_t i) const override { return names_[i]; }
-  std::vector<int64_t> shape(size_t i) const override { return {static_cast<int64_t>(values_[i].size())}; }
+  std::vector<int64_t> shape(size_t i) const override {
+    return {static_cast<int64_t>(values_[i].size())};
+  }
   size_t numel(size_t i) const override { return values_[i].size(); }
   void CopyOut(size_t i, std::span<float> out) const override {
     std::memcpy(out.data(), values_[i].data(), out.size_bytes());
   }
-  void CopyIn(size_t i, std::span<const float> in) override { std::memcpy(values_[i].data(), in.data(), in.size_bytes()); }
+  void CopyIn(size_t i, std::span<const float> in) override {
+    std::memcpy(values_[i].data(), in.data(), in.size_bytes());
+  }
   void Train(float by) {
     for (auto& values : values_) {
       for (float& v : values) v += by;
@@ -106,15 +111,18 @@ int RunWorker(const WorkerArgs& args) {
   config.link_rate_mbit = args.link_rate_mbit;
   config.rack = args.rack;
   config.rack_aware = args.rack_aware;
-  (void)InitLogging(config.log_level, fmt::format("learner-{}.{}", args.learner, args.rank));  // to stderr
-  auto agent = LearnerAgent::Start(config, kToken, {fmt::format("learner-{}", args.learner), "", "", ""});
+  (void)InitLogging(config.log_level,
+                    fmt::format("learner-{}.{}", args.learner, args.rank));  // to stderr
+  auto agent =
+      LearnerAgent::Start(config, kToken, {fmt::format("learner-{}", args.learner), "", "", ""});
   if (!agent.ok()) {
     fmt::print(stderr, "worker: {}\n", agent.status());
     return 1;
   }
   auto model = std::make_unique<Model>(static_cast<size_t>(args.mib) << 18);
   Model* view = model.get();
-  auto driver = reducer::RoundDriver::Create(config, **agent, *RealClock(), std::move(model), nullptr, 0);
+  auto driver =
+      reducer::RoundDriver::Create(config, **agent, *RealClock(), std::move(model), nullptr, 0);
   if (!driver.ok()) {
     fmt::print(stderr, "worker: {}\n", driver.status());
     return 1;
@@ -133,15 +141,20 @@ int RunWorker(const WorkerArgs& args) {
       fmt::print(stderr, "worker: {}\n", status);
       return 1;
     }
-    if (round > 0) seconds.push_back(std::chrono::duration<double>(SteadyClock::now() - begin).count());
+    if (round > 0)
+      seconds.push_back(std::chrono::duration<double>(SteadyClock::now() - begin).count());
   }
   const ReducerStats stats = (*driver)->stats();
   (void)(*driver)->shutdown();
-  json out = {{"learner", args.learner}, {"rank", args.rank}, {"seconds", seconds},
-              {"bytes_per_round", static_cast<double>(stats.bytes_sent - bytes_before) / args.rounds},
-              {"cross_rack_bytes_per_round",
-               static_cast<double>(stats.cross_rack_bytes_sent - cross_before) / args.rounds},
-              {"rounds_ok", stats.rounds}, {"rounds_failed", stats.failed_rounds}};
+  json out = {
+      {"learner", args.learner},
+      {"rank", args.rank},
+      {"seconds", seconds},
+      {"bytes_per_round", static_cast<double>(stats.bytes_sent - bytes_before) / args.rounds},
+      {"cross_rack_bytes_per_round",
+       static_cast<double>(stats.cross_rack_bytes_sent - cross_before) / args.rounds},
+      {"rounds_ok", stats.rounds},
+      {"rounds_failed", stats.failed_rounds}};
   fmt::print("{}\n", out.dump());
   return 0;
 }
@@ -171,8 +184,8 @@ double Median(std::vector<double> v) {
 }
 
 struct RunResult {
-  double round_s = 0;          // median over rounds of the slowest rank
-  double bytes_per_host = 0;   // cross-rack bytes a host sent per round (mean over hosts)
+  double round_s = 0;         // median over rounds of the slowest rank
+  double bytes_per_host = 0;  // cross-rack bytes a host sent per round (mean over hosts)
   uint64_t failed = 0;
 };
 
@@ -185,9 +198,13 @@ StatusOr<RunResult> Run(const DriverArgs& args, int ranks, bool rack_aware, cons
   const std::string bind = args.netns ? Env("RACKS_BRIDGE_ADDR") : "127.0.0.1";
   MEND_ASSIGN_OR_RETURN(
       auto lighthouse,
-      Subprocess::Spawn({{lighthouse_bin, "--bind", bind + ":0", "--http", "", "--token-file", token_file, "--job-id",
-                          "bench", "--min-learners", std::to_string(args.learners), "--log-level", "warn"},
-                         {}, "pipe", dir + "/lighthouse.log", false}));
+      Subprocess::Spawn({{lighthouse_bin, "--bind", bind + ":0", "--http", "", "--token-file",
+                          token_file, "--job-id", "bench", "--min-learners",
+                          std::to_string(args.learners), "--log-level", "warn"},
+                         {},
+                         "pipe",
+                         dir + "/lighthouse.log",
+                         false}));
   MEND_ASSIGN_OR_RETURN(std::string line, lighthouse->ReadLine(30 * kMicrosPerSecond));
   std::string address = line.substr(line.find("grpc=") + 5);
   address = address.substr(0, address.find(' '));
@@ -196,11 +213,16 @@ StatusOr<RunResult> Run(const DriverArgs& args, int ranks, bool rack_aware, cons
     const int rack = l / args.per_rack;
     const int in_rack = l % args.per_rack;
     for (int r = 0; r < ranks; ++r) {
-      std::vector<std::string> argv = {self, "--worker", "--lighthouse", address, "--learner", std::to_string(l),
-                                       "--learners", std::to_string(args.learners), "--rank", std::to_string(r),
-                                       "--ranks", std::to_string(ranks), "--mib", std::to_string(args.mib),
-                                       "--rounds", std::to_string(args.rounds), "--codec", args.codec,
-                                       "--rack", fmt::format("rack-{}", rack + 1)};
+      std::vector<std::string> argv = {self,           "--worker",
+                                       "--lighthouse", address,
+                                       "--learner",    std::to_string(l),
+                                       "--learners",   std::to_string(args.learners),
+                                       "--rank",       std::to_string(r),
+                                       "--ranks",      std::to_string(ranks),
+                                       "--mib",        std::to_string(args.mib),
+                                       "--rounds",     std::to_string(args.rounds),
+                                       "--codec",      args.codec,
+                                       "--rack",       fmt::format("rack-{}", rack + 1)};
       if (rack_aware) argv.push_back("--rack-aware");
       if (args.netns) {
         const std::string host = fmt::format("{}_{}", rack + 1, in_rack * ranks + r + 1);
@@ -215,7 +237,8 @@ StatusOr<RunResult> Run(const DriverArgs& args, int ranks, bool rack_aware, cons
       } else {
         argv.insert(argv.end(), {"--link-rate-mbit", fmt::format("{}", args.link_rate_mbit)});
       }
-      MEND_ASSIGN_OR_RETURN(auto worker, Subprocess::Spawn({argv, {}, "pipe", dir + "/worker.log", false}));
+      MEND_ASSIGN_OR_RETURN(auto worker,
+                            Subprocess::Spawn({argv, {}, "pipe", dir + "/worker.log", false}));
       workers.push_back(std::move(worker));
     }
   }
@@ -224,7 +247,8 @@ StatusOr<RunResult> Run(const DriverArgs& args, int ranks, bool rack_aware, cons
   for (auto& worker : workers) {
     auto out = worker->ReadLine(3600 * kMicrosPerSecond);
     if (!out.ok()) {
-      failure = InternalError(fmt::format("a worker printed no result ({}); see {}/worker.log", out.status(), dir));
+      failure = InternalError(
+          fmt::format("a worker printed no result ({}); see {}/worker.log", out.status(), dir));
       continue;
     }
     outputs.push_back(json::parse(*out));
@@ -236,8 +260,10 @@ StatusOr<RunResult> Run(const DriverArgs& args, int ranks, bool rack_aware, cons
   RunResult result;
   std::vector<double> slowest(static_cast<size_t>(args.rounds), 0.0);
   for (const json& out : outputs) {
-    for (size_t i = 0; i < slowest.size(); ++i) slowest[i] = std::max(slowest[i], out["seconds"][i].get<double>());
-    result.bytes_per_host += out["cross_rack_bytes_per_round"].get<double>() / static_cast<double>(outputs.size());
+    for (size_t i = 0; i < slowest.size(); ++i)
+      slowest[i] = std::max(slowest[i], out["seconds"][i].get<double>());
+    result.bytes_per_host +=
+        out["cross_rack_bytes_per_round"].get<double>() / static_cast<double>(outputs.size());
     result.failed += out["rounds_failed"].get<uint64_t>();
   }
   result.round_s = Median(slowest);
@@ -245,12 +271,14 @@ StatusOr<RunResult> Run(const DriverArgs& args, int ranks, bool rack_aware, cons
 }
 
 // Flat against rack-aware, one rank per learner.
-int RunHierarchy(const DriverArgs& args, const std::string& self, const std::string& lighthouse_bin) {
+int RunHierarchy(const DriverArgs& args, const std::string& self,
+                 const std::string& lighthouse_bin) {
   std::ofstream csv(args.csv);
-  csv << "where,learners,per_rack,model_mib,codec,merge,round_s,cross_rack_mb_per_learner_per_round,"
+  csv << "where,learners,per_rack,model_mib,codec,merge,round_s,cross_rack_mb_per_learner_per_"
+         "round,"
          "round_ratio_vs_flat,bytes_ratio_vs_flat,failed_rounds\n";
-  fmt::print("{:>11} {:>12} {:>25} {:>12} {:>12} {:>7}\n", "merge", "round s", "cross-rack MB/learner/round",
-             "time vs flat", "bytes vs flat", "failed");
+  fmt::print("{:>11} {:>12} {:>25} {:>12} {:>12} {:>7}\n", "merge", "round s",
+             "cross-rack MB/learner/round", "time vs flat", "bytes vs flat", "failed");
   std::optional<RunResult> flat;
   int exit_code = 0;
   for (bool rack_aware : {false, true}) {
@@ -261,14 +289,17 @@ int RunHierarchy(const DriverArgs& args, const std::string& self, const std::str
       continue;
     }
     if (!rack_aware) flat = *result;
-    const std::string time_ratio = flat ? fmt::format("{:.3f}", result->round_s / flat->round_s) : "-";
-    const std::string bytes_ratio = flat ? fmt::format("{:.3f}", result->bytes_per_host / flat->bytes_per_host) : "-";
+    const std::string time_ratio =
+        flat ? fmt::format("{:.3f}", result->round_s / flat->round_s) : "-";
+    const std::string bytes_ratio =
+        flat ? fmt::format("{:.3f}", result->bytes_per_host / flat->bytes_per_host) : "-";
     const char* merge = rack_aware ? "rack-aware" : "flat";
     fmt::print("{:>11} {:>12.3f} {:>25.2f} {:>12} {:>12} {:>7}\n", merge, result->round_s,
                result->bytes_per_host / 1e6, time_ratio, bytes_ratio, result->failed);
-    csv << fmt::format("\"{}\",{},{},{},{},{},{:.4f},{:.3f},{},{},{}\n", args.netns ? "netns" : "emulated",
-                       args.learners, args.per_rack, args.mib, args.codec, merge, result->round_s,
-                       result->bytes_per_host / 1e6, time_ratio, bytes_ratio, result->failed);
+    csv << fmt::format("\"{}\",{},{},{},{},{},{:.4f},{:.3f},{},{},{}\n",
+                       args.netns ? "netns" : "emulated", args.learners, args.per_rack, args.mib,
+                       args.codec, merge, result->round_s, result->bytes_per_host / 1e6, time_ratio,
+                       bytes_ratio, result->failed);
   }
   fmt::print("\nCSV: {}\n", args.csv);
   return exit_code;
@@ -282,17 +313,24 @@ int RunDriver(const DriverArgs& args) {
     std::filesystem::create_directories(std::filesystem::path(args.csv).parent_path());
   }
   const std::string where =
-      args.netns ? fmt::format("a namespace per host, cross-rack traffic shaped to {} per host (htb)", Env("RACK_RATE"))
-                 : fmt::format("loopback, each rank's cross-rack link emulated at {} Mbit/s", args.link_rate_mbit);
-  fmt::print("group bench: {} learners ({} per rack), {} MiB model, codec {}, {} rounds after a warm-up;\n{}; "
-             "{} cores\n\n",
-             args.learners, args.per_rack, args.mib, args.codec, args.rounds, where, std::thread::hardware_concurrency());
+      args.netns
+          ? fmt::format("a namespace per host, cross-rack traffic shaped to {} per host (htb)",
+                        Env("RACK_RATE"))
+          : fmt::format("loopback, each rank's cross-rack link emulated at {} Mbit/s",
+                        args.link_rate_mbit);
+  fmt::print(
+      "group bench: {} learners ({} per rack), {} MiB model, codec {}, {} rounds after a "
+      "warm-up;\n{}; "
+      "{} cores\n\n",
+      args.learners, args.per_rack, args.mib, args.codec, args.rounds, where,
+      std::thread::hardware_concurrency());
   std::ofstream csv(args.csv);
-  csv << "where,learners,ranks_per_learner,model_mib,codec,round_s,cross_rack_mb_per_host_per_round,"
+  csv << "where,learners,ranks_per_learner,model_mib,codec,round_s,cross_rack_mb_per_host_per_"
+         "round,"
          "round_ratio_vs_1_rank,bytes_ratio_vs_1_rank,failed_rounds\n";
   if (args.hierarchy) return RunHierarchy(args, self, lighthouse_bin);
-  fmt::print("{:>6} {:>12} {:>22} {:>14} {:>14} {:>7}\n", "ranks", "round s", "cross-rack MB/host/round",
-             "time vs 1 rank", "bytes vs 1", "failed");
+  fmt::print("{:>6} {:>12} {:>22} {:>14} {:>14} {:>7}\n", "ranks", "round s",
+             "cross-rack MB/host/round", "time vs 1 rank", "bytes vs 1", "failed");
   std::optional<RunResult> one;
   int exit_code = 0;
   for (int ranks : args.ranks) {
@@ -303,12 +341,15 @@ int RunDriver(const DriverArgs& args) {
       continue;
     }
     if (ranks == 1) one = *result;
-    const std::string time_ratio = one ? fmt::format("{:.3f}", result->round_s / one->round_s) : "-";
-    const std::string bytes_ratio = one ? fmt::format("{:.3f}", result->bytes_per_host / one->bytes_per_host) : "-";
+    const std::string time_ratio =
+        one ? fmt::format("{:.3f}", result->round_s / one->round_s) : "-";
+    const std::string bytes_ratio =
+        one ? fmt::format("{:.3f}", result->bytes_per_host / one->bytes_per_host) : "-";
     fmt::print("{:>6} {:>12.3f} {:>22.2f} {:>14} {:>14} {:>7}\n", ranks, result->round_s,
                result->bytes_per_host / 1e6, time_ratio, bytes_ratio, result->failed);
-    csv << fmt::format("\"{}\",{},{},{},{},{:.4f},{:.3f},{},{},{}\n", args.netns ? "netns" : "emulated",
-                       args.learners, ranks, args.mib, args.codec, result->round_s, result->bytes_per_host / 1e6,
+    csv << fmt::format("\"{}\",{},{},{},{},{:.4f},{:.3f},{},{},{}\n",
+                       args.netns ? "netns" : "emulated", args.learners, ranks, args.mib,
+                       args.codec, result->round_s, result->bytes_per_host / 1e6,
                        one ? time_ratio : "", one ? bytes_ratio : "", result->failed);
   }
   fmt::print("\nCSV: {}\n", args.csv);
@@ -328,14 +369,18 @@ int main(int argc, char** argv) {
   app.add_option("--host", w.host);
   app.add_option("--learner", w.learner);
   app.add_option("--rank", w.rank);
-  app.add_option("--learners", d.learners, "Learners (--per-rack in each rack)")->check(CLI::Range(2, 18));
-  app.add_option("--ranks", d.ranks, "Ranks per learner, one run each (1 first: the baseline)")->delimiter(',');
+  app.add_option("--learners", d.learners, "Learners (--per-rack in each rack)")
+      ->check(CLI::Range(2, 18));
+  app.add_option("--ranks", d.ranks, "Ranks per learner, one run each (1 first: the baseline)")
+      ->delimiter(',');
   app.add_option("--mib", d.mib, "Model size in MiB")->check(CLI::Range(1, 4096));
   app.add_option("--rounds", d.rounds, "Measured rounds")->check(CLI::Range(1, 1000));
   app.add_option("--codec", d.codec, "The cross-rack codec");
-  app.add_option("--link-rate-mbit", d.link_rate_mbit, "Without --netns: each rank's emulated link");
+  app.add_option("--link-rate-mbit", d.link_rate_mbit,
+                 "Without --netns: each rank's emulated link");
   app.add_flag("--netns", d.netns, "Place ranks in scripts/racks.sh's host namespaces");
-  app.add_flag("--hierarchy", d.hierarchy, "Compare the flat merge with the rack-aware one (1 rank per learner)");
+  app.add_flag("--hierarchy", d.hierarchy,
+               "Compare the flat merge with the rack-aware one (1 rank per learner)");
   app.add_option("--per-rack", d.per_rack, "Learners per rack")->check(CLI::Range(1, 9));
   app.add_option("--rack", w.rack);
   app.add_flag("--rack-aware", w.rack_aware);
@@ -343,7 +388,8 @@ int main(int argc, char** argv) {
   // A worker gets the run's sizes through the same flags.
   CLI11_PARSE(app, argc, argv);
   if (!worker && d.learners % d.per_rack != 0) {
-    fmt::print(stderr, "--learners {} is not a multiple of --per-rack {}\n", d.learners, d.per_rack);
+    fmt::print(stderr, "--learners {} is not a multiple of --per-rack {}\n", d.learners,
+               d.per_rack);
     return 2;
   }
   if (worker) {

@@ -30,12 +30,12 @@
 #include <thread>
 
 #include "CLI/CLI.hpp"
-#include "fmt/format.h"
-#include "mend/lighthouse_client.h"
-#include "lighthouse_swarm.h"
-#include "core/subprocess.h"
-#include "nlohmann/json.hpp"
 #include "core/status_format.h"
+#include "core/subprocess.h"
+#include "fmt/format.h"
+#include "lighthouse_swarm.h"
+#include "mend/lighthouse_client.h"
+#include "nlohmann/json.hpp"
 
 namespace mend::bench {
 namespace {
@@ -114,15 +114,14 @@ StatusOr<Result> RunOne(const std::string& mend, const std::string& self,
   std::ofstream(token_file) << kToken << "\n";
   MEND_ASSIGN_OR_RETURN(
       auto lighthouse,
-      Subprocess::Spawn({{mend, "--bind", "127.0.0.1:0", "--http", "",
-                          "--token-file", token_file, "--min-learners", "2", "--heartbeat-ms",
-                          "100", "--heartbeat-timeout-ms", "10000", "--grace-window-ms", "5000",
-                          "--grace-window-adaptive", "false",
-                          "--log-level", "warn"},
-                         {},
-                         "pipe",
-                         dir + "/lighthouse.log",
-                         false}));
+      Subprocess::Spawn(
+          {{mend, "--bind", "127.0.0.1:0", "--http", "", "--token-file", token_file,
+            "--min-learners", "2", "--heartbeat-ms", "100", "--heartbeat-timeout-ms", "10000",
+            "--grace-window-ms", "5000", "--grace-window-adaptive", "false", "--log-level", "warn"},
+           {},
+           "pipe",
+           dir + "/lighthouse.log",
+           false}));
   MEND_ASSIGN_OR_RETURN(std::string line, lighthouse->ReadLine(30 * kMicrosPerSecond));
   std::string address = line.substr(line.find("grpc=") + 5);
   address = address.substr(0, address.find(' '));
@@ -131,18 +130,16 @@ StatusOr<Result> RunOne(const std::string& mend, const std::string& self,
   for (int s = 0, first = 0; first < learners; ++s, first += per_swarm) {
     int count = std::min(per_swarm, learners - first);
     MEND_ASSIGN_OR_RETURN(
-        auto child,
-        Subprocess::Spawn({{self, "--swarm", "--transport", transport, "--address", address,
-                            "--first",
-                            std::to_string(first), "--count", std::to_string(count),
-                            "--round-interval-ms", std::to_string(interval / kMicrosPerMilli),
-                            "--rounds", std::to_string(rounds + warmup), "--out",
-                            fmt::format("{}/swarm-{}.json", dir, s), "--seed",
-                            std::to_string(s + 1)},
-                           {},
-                           "pipe",
-                           fmt::format("{}/swarm-{}.log", dir, s),
-                           false}));
+        auto child, Subprocess::Spawn(
+                        {{self, "--swarm", "--transport", transport, "--address", address,
+                          "--first", std::to_string(first), "--count", std::to_string(count),
+                          "--round-interval-ms", std::to_string(interval / kMicrosPerMilli),
+                          "--rounds", std::to_string(rounds + warmup), "--out",
+                          fmt::format("{}/swarm-{}.json", dir, s), "--seed", std::to_string(s + 1)},
+                         {},
+                         "pipe",
+                         fmt::format("{}/swarm-{}.log", dir, s),
+                         false}));
     children.push_back(std::move(child));
   }
   for (auto& child : children) {
@@ -158,8 +155,9 @@ StatusOr<Result> RunOne(const std::string& mend, const std::string& self,
   for (auto& child : children) MEND_RETURN_IF_ERROR(child->Signal(SIGUSR1));
   double swarm_cpu = 0;
   for (size_t i = 0; i < children.size(); ++i) {
-    MEND_ASSIGN_OR_RETURN(std::string done,
-                          children[i]->ReadLine((rounds + warmup) * (interval + 30 * kMicrosPerSecond)));
+    MEND_ASSIGN_OR_RETURN(
+        std::string done,
+        children[i]->ReadLine((rounds + warmup) * (interval + 30 * kMicrosPerSecond)));
     if (done != "done") return InternalError("swarm did not finish: " + done);
     swarm_cpu += ReadUsage(children[i]->pid()).cpu_s - swarm_cpu_before[i];
   }
@@ -223,45 +221,52 @@ int RunDriver(const std::vector<std::string>& transports, const std::vector<int>
     fmt::print(stderr, "cannot find the mend-lighthouse binary at {}\n", mend);
     return 1;
   }
-  fmt::print("lighthouse bench: heartbeat every 100 ms, {} client processes, {} rounds per run "
-             "after {} warm-up rounds, "
-             "{} cores\n\n",
-             swarms, rounds, warmup, std::thread::hardware_concurrency());
+  fmt::print(
+      "lighthouse bench: heartbeat every 100 ms, {} client processes, {} rounds per run "
+      "after {} warm-up rounds, "
+      "{} cores\n\n",
+      swarms, rounds, warmup, std::thread::hardware_concurrency());
   fmt::print("{:>9} {:>9} {:>11} {:>9} {:>10} {:>9} {:>9} {:>9} {:>9} {:>11} {:>10} {:>10}  {}\n",
-             "transport", "learners", "interval", "rounds/s", "members", "p50 ms", "p99 ms", "max ms",
-             "errors", "lh cpu %", "lh MiB", "swarm cpu%", "rounds closed by");
+             "transport", "learners", "interval", "rounds/s", "members", "p50 ms", "p99 ms",
+             "max ms", "errors", "lh cpu %", "lh MiB", "swarm cpu%", "rounds closed by");
   std::filesystem::create_directories(std::filesystem::path(csv_path).parent_path());
   std::ofstream csv(csv_path);
-  csv << "transport,learners,round_interval_ms,seconds,rounds,rounds_per_s,mean_members,p50_ms,p99_ms,"
+  csv << "transport,learners,round_interval_ms,seconds,rounds,rounds_per_s,mean_members,p50_ms,p99_"
+         "ms,"
          "max_ms,errors,lighthouse_cpu_pct,lighthouse_peak_mib,swarm_cpu_pct,closed_by\n";
   int exit_code = 0;
-  for (const std::string& transport : transports) for (int interval : intervals) {
-    for (int learners : sizes) {
-      std::string pattern = "/tmp/mend-bench-XXXXXX";
-      std::string dir = mkdtemp(pattern.data());
-      auto result = RunOne(mend, self, transport, learners, std::min(swarms, learners),
-                           interval * kMicrosPerMilli, rounds, warmup, dir);
-      if (!result.ok()) {
-        fmt::print(stderr, "run with {} learners failed: {} (logs in {})\n", learners,
-                   result.status(), dir);
-        exit_code = 1;
-        continue;
+  for (const std::string& transport : transports)
+    for (int interval : intervals) {
+      for (int learners : sizes) {
+        std::string pattern = "/tmp/mend-bench-XXXXXX";
+        std::string dir = mkdtemp(pattern.data());
+        auto result = RunOne(mend, self, transport, learners, std::min(swarms, learners),
+                             interval * kMicrosPerMilli, rounds, warmup, dir);
+        if (!result.ok()) {
+          fmt::print(stderr, "run with {} learners failed: {} (logs in {})\n", learners,
+                     result.status(), dir);
+          exit_code = 1;
+          continue;
+        }
+        const Result& r = *result;
+        fmt::print(
+            "{:>9} {:>9} {:>8} ms {:>9.2f} {:>10.1f} {:>9.2f} {:>9.2f} {:>9.2f} {:>9} {:>11.1f} "
+            "{:>10.1f} {:>10.1f}  {}\n",
+            r.transport, r.learners, r.interval_ms, r.rounds_per_s, r.mean_members, r.p50_ms,
+            r.p99_ms, r.max_ms, r.errors, r.lighthouse_cpu_pct, r.lighthouse_peak_mib,
+            r.swarm_cpu_pct, r.closed_by);
+        std::fflush(stdout);
+        csv << fmt::format(
+            "{},{},{},{:.2f},{},{:.3f},{:.1f},{:.3f},{:.3f},{:.3f},{},{:.1f},{:.1f},{:.1f},{}\n",
+            r.transport, r.learners, r.interval_ms, r.seconds, r.rounds, r.rounds_per_s,
+            r.mean_members, r.p50_ms, r.p99_ms, r.max_ms, r.errors, r.lighthouse_cpu_pct,
+            r.lighthouse_peak_mib, r.swarm_cpu_pct, r.closed_by);
+        if (r.errors == 0 && !keep_logs)
+          std::filesystem::remove_all(dir);
+        else
+          fmt::print("  (logs and every member's join and reply times: {})\n", dir);
       }
-      const Result& r = *result;
-      fmt::print("{:>9} {:>9} {:>8} ms {:>9.2f} {:>10.1f} {:>9.2f} {:>9.2f} {:>9.2f} {:>9} {:>11.1f} "
-                 "{:>10.1f} {:>10.1f}  {}\n",
-                 r.transport, r.learners, r.interval_ms, r.rounds_per_s, r.mean_members, r.p50_ms, r.p99_ms,
-                 r.max_ms, r.errors, r.lighthouse_cpu_pct, r.lighthouse_peak_mib,
-                 r.swarm_cpu_pct, r.closed_by);
-      std::fflush(stdout);
-      csv << fmt::format("{},{},{},{:.2f},{},{:.3f},{:.1f},{:.3f},{:.3f},{:.3f},{},{:.1f},{:.1f},{:.1f},{}\n",
-                         r.transport, r.learners, r.interval_ms, r.seconds, r.rounds, r.rounds_per_s,
-                         r.mean_members, r.p50_ms, r.p99_ms, r.max_ms, r.errors,
-                         r.lighthouse_cpu_pct, r.lighthouse_peak_mib, r.swarm_cpu_pct, r.closed_by);
-      if (r.errors == 0 && !keep_logs) std::filesystem::remove_all(dir);
-      else fmt::print("  (logs and every member's join and reply times: {})\n", dir);
     }
-  }
   fmt::print("\nCSV: {}\n", csv_path);
   return exit_code;
 }
@@ -297,11 +302,14 @@ int main(int argc, char** argv) {
   app.add_option("--count", count);
   app.add_option("--out", out);
   app.add_option("--seed", seed);
-  app.add_option("--round-interval-ms", interval_ms, "(swarm) pause between a reply and the next join");
+  app.add_option("--round-interval-ms", interval_ms,
+                 "(swarm) pause between a reply and the next join");
   app.add_option("--rounds", rounds, "Measured rounds per run")->capture_default_str();
   app.add_option("--warmup-rounds", warmup, "Rounds joined before the measured ones")
       ->capture_default_str();
-  app.add_option("--learners", sizes, "Learner counts to run")->delimiter(',')->capture_default_str();
+  app.add_option("--learners", sizes, "Learner counts to run")
+      ->delimiter(',')
+      ->capture_default_str();
   app.add_option("--intervals-ms", intervals,
                  "Pauses between a learner's round reply and its next join (0: at once)")
       ->delimiter(',')
@@ -312,8 +320,8 @@ int main(int argc, char** argv) {
                "Keep each run's directory (logs, swarm-N.json with every join and reply time)");
   CLI11_PARSE(app, argc, argv);
   if (swarm) {
-    return mend::bench::RunSwarm({address, transport, first, count,
-                                  interval_ms * mend::kMicrosPerMilli, rounds, out, seed});
+    return mend::bench::RunSwarm(
+        {address, transport, first, count, interval_ms * mend::kMicrosPerMilli, rounds, out, seed});
   }
   return mend::bench::RunDriver(transports, sizes, intervals, swarms, rounds, warmup, csv,
                                 keep_logs);

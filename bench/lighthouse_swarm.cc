@@ -12,11 +12,11 @@
 #include <vector>
 
 #include "coordinator/datagram_client.h"
+#include "core/status_format.h"
 #include "core/text.h"
 #include "fmt/format.h"
 #include "mend/lighthouse_client.h"
 #include "nlohmann/json.hpp"
-#include "core/status_format.h"
 
 namespace mend::bench {
 namespace {
@@ -82,8 +82,8 @@ class Swarm {
       std::uniform_real_distribution<double> spread(0, 0.1);
       for (size_t i = 0; i < learners_.size(); ++i) {
         learners_[i].next_join =
-            start_ + static_cast<Micros>(static_cast<double>(options_.round_interval) *
-                                         spread(random_));
+            start_ +
+            static_cast<Micros>(static_cast<double>(options_.round_interval) * spread(random_));
         schedule_.emplace(learners_[i].next_join, i);
       }
     }
@@ -110,8 +110,8 @@ class Swarm {
   Status Connect() {
     size_t channels = (learners_.size() + kLearnersPerChannel - 1) / kLearnersPerChannel;
     for (size_t i = 0; i < channels; ++i) {
-      MEND_ASSIGN_OR_RETURN(auto client, LighthouseClient::Connect(
-                                             {options_.address, kToken, "", 30 * kMicrosPerSecond}));
+      MEND_ASSIGN_OR_RETURN(auto client, LighthouseClient::Connect({options_.address, kToken, "",
+                                                                    30 * kMicrosPerSecond}));
       clients_.push_back(std::move(client));
     }
     std::atomic<size_t> next{0};
@@ -132,7 +132,8 @@ class Swarm {
           }
           learner.ref = {learner.id, registration->session_id};
           udp_port = registration->udp_port;
-          if (!udp()) learner.stream = clients_[learner.channel]->OpenHeartbeat(learner.ref, nullptr);
+          if (!udp())
+            learner.stream = clients_[learner.channel]->OpenHeartbeat(learner.ref, nullptr);
         }
       });
     }
@@ -193,8 +194,8 @@ class Swarm {
         SimLearner& learner = learners_[schedule_.begin()->second];
         size_t index = schedule_.begin()->second;
         schedule_.erase(schedule_.begin());
-        bool start = !learner.in_flight && learner.joins < options_.rounds &&
-                     now >= learner.next_join;
+        bool start =
+            !learner.in_flight && learner.joins < options_.rounds && now >= learner.next_join;
         bool resend = udp() && learner.in_flight && now - learner.sent_at >= kJoinResend;
         if (udp() && (start || resend)) schedule_.emplace(now + kJoinResend, index);
         if (start) {
@@ -209,9 +210,8 @@ class Swarm {
         if (!start && !resend) continue;
         learner.sent_at = now;
         if (udp()) {
-          joins.push_back(
-              {learner.ref.session_id,
-               {learner.join_id, learner.last_round, learner.step, 10 * 1024, 30'000}});
+          joins.push_back({learner.ref.session_id,
+                           {learner.join_id, learner.last_round, learner.step, 10 * 1024, 30'000}});
         } else {
           due.push_back(&learner);
         }
@@ -267,8 +267,8 @@ class Swarm {
     samples_.push_back({round_id, learner.joined_at, replied});
     if (learner.joins == options_.rounds) finished_++;
     std::uniform_real_distribution<double> jitter(0.95, 1.05);
-    learner.next_join =
-        replied + static_cast<Micros>(static_cast<double>(options_.round_interval) * jitter(random_));
+    learner.next_join = replied + static_cast<Micros>(static_cast<double>(options_.round_interval) *
+                                                      jitter(random_));
     schedule_.emplace(learner.next_join, static_cast<size_t>(&learner - learners_.data()));
   }
 

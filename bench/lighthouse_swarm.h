@@ -13,13 +13,13 @@ namespace mend::bench {
 inline constexpr char kToken[] = "bench-token-0123456789abcdef";
 
 struct SwarmOptions {
-  std::string address;       // lighthouse gRPC HOST:PORT
-  std::string transport;     // "grpc" or "udp"
-  int first = 0;             // learner ids learner-<first> ...
+  std::string address;    // lighthouse gRPC HOST:PORT
+  std::string transport;  // "grpc" or "udp"
+  int first = 0;          // learner ids learner-<first> ...
   int count = 0;
-  Micros round_interval = 0; // pause between a reply and the next join
-  int rounds = 0;            // rounds every learner joins after the driver's go
-  std::string out_path;      // samples as JSON
+  Micros round_interval = 0;  // pause between a reply and the next join
+  int rounds = 0;             // rounds every learner joins after the driver's go
+  std::string out_path;       // samples as JSON
   uint64_t seed = 1;
 };
 

@@ -33,12 +33,12 @@
 #include "CLI/CLI.hpp"
 #include "cli/signals.h"
 #include "cli/training_job.h"
-#include "fmt/format.h"
-#include "mend/logging.h"
-#include "mend/lighthouse.h"
-#include "core/subprocess.h"
-#include "nlohmann/json.hpp"
 #include "core/status_format.h"
+#include "core/subprocess.h"
+#include "fmt/format.h"
+#include "mend/lighthouse.h"
+#include "mend/logging.h"
+#include "nlohmann/json.hpp"
 
 namespace mend::bench {
 namespace {
@@ -93,9 +93,10 @@ class Bench {
 
   StatusOr<TrainingJobResult> Run(TrainingJobSpec spec, int64_t steps) {
     spec.learners = o_.learners;
-    std::vector<std::string> args = {"--steps", std::to_string(steps), "--batch", std::to_string(o_.batch),
-                                     "--dim", std::to_string(o_.dim), "--layers", std::to_string(o_.layers),
-                                     "--lr", fmt::format("{}", o_.lr), "--progress-every", "50"};
+    std::vector<std::string> args = {
+        "--steps", std::to_string(steps),    "--batch",          std::to_string(o_.batch),
+        "--dim",   std::to_string(o_.dim),   "--layers",         std::to_string(o_.layers),
+        "--lr",    fmt::format("{}", o_.lr), "--progress-every", "50"};
     args.insert(args.end(), spec.train_args.begin(), spec.train_args.end());
     spec.train_args = args;
     const std::string dir = fmt::format("{}_jobs/{:02d}-{}", o_.out, ++jobs_, spec.mode);
@@ -121,8 +122,10 @@ class Bench {
   // (its result could come after the last step) and make one round less.
   Status Delay() {
     const int64_t steps = 4 * o_.delay_period + 60;
-    fmt::print("\n== Delay sweep: {} learners, H = {}, {} steps each, {} repeats; latency per collective ==\n",
-               o_.learners, o_.delay_period, steps, o_.delay_repeats);
+    fmt::print(
+        "\n== Delay sweep: {} learners, H = {}, {} steps each, {} repeats; latency per collective "
+        "==\n",
+        o_.learners, o_.delay_period, steps, o_.delay_repeats);
     const std::string period = fmt::format("sync_period_steps={}", o_.delay_period);
     const std::vector<int64_t> delays = ParseList(o_.delays_ms);
     std::map<std::string, std::vector<double>> samples;  // "ceiling", "sync/D", "concurrent/D"
@@ -131,17 +134,21 @@ class Bench {
     double step_ms = 0;
     std::ofstream raw(o_.out + "_delay_runs.csv");
     // final_merge_s: leaving after the last step (not in tokens_per_s).
-    raw << "repeat,config,delay_ms,tokens_per_s,compute_fraction,rounds,failed_rounds,final_merge_s\n";
-    auto record = [&](int repeat, const std::string& key, int64_t delay, const TrainingJobResult& r) {
+    raw << "repeat,config,delay_ms,tokens_per_s,compute_fraction,rounds,failed_rounds,final_merge_"
+           "s\n";
+    auto record = [&](int repeat, const std::string& key, int64_t delay,
+                      const TrainingJobResult& r) {
       samples[key].push_back(r.tokens_per_s);
       compute[key].push_back(r.compute_fraction);
       failed[key] += r.failed_rounds;
-      raw << fmt::format("{},{},{},{:.1f},{:.4f},{},{},{:.3f}\n", repeat, key, delay, r.tokens_per_s,
-                         r.compute_fraction, r.rounds, r.failed_rounds, r.final_merge_s);
+      raw << fmt::format("{},{},{},{:.1f},{:.4f},{},{},{:.3f}\n", repeat, key, delay,
+                         r.tokens_per_s, r.compute_fraction, r.rounds, r.failed_rounds,
+                         r.final_merge_s);
       raw.flush();
     };
     for (int repeat = 1; repeat <= o_.delay_repeats; ++repeat) {
-      MEND_ASSIGN_OR_RETURN(TrainingJobResult ceiling, Run(Spec("local (compute-only ceiling)", "local", {}), steps));
+      MEND_ASSIGN_OR_RETURN(TrainingJobResult ceiling,
+                            Run(Spec("local (compute-only ceiling)", "local", {}), steps));
       record(repeat, "ceiling", 0, ceiling);
       step_ms = ceiling.inner_step_ms;
       for (int64_t delay : delays) {
@@ -172,42 +179,50 @@ class Bench {
     const double ceiling = median("ceiling");
     std::ofstream csv(o_.out + "_delay.csv");
     csv << "delay_ms,sync_tokens_per_s,concurrent_tokens_per_s,ceiling_tokens_per_s,sync_retained,"
-           "concurrent_retained,uplift,sync_compute_fraction,concurrent_compute_fraction,sync_failed_rounds,"
+           "concurrent_retained,uplift,sync_compute_fraction,concurrent_compute_fraction,sync_"
+           "failed_rounds,"
            "concurrent_failed_rounds\n";
     fmt::print("medians of {} runs; ceiling {:.0f} tokens/s (runs {})\n", o_.delay_repeats, ceiling,
                spread("ceiling"));
-    fmt::print("{:>9} {:>11} {:>13} {:>11} {:>13} {:>9} {:>9} {:>8} {:>9} {:>9}\n", "delay ms", "sync tok/s",
-               "(runs)", "conc tok/s", "(runs)", "sync ret", "conc ret", "uplift", "sync cf", "conc cf");
+    fmt::print("{:>9} {:>11} {:>13} {:>11} {:>13} {:>9} {:>9} {:>8} {:>9} {:>9}\n", "delay ms",
+               "sync tok/s", "(runs)", "conc tok/s", "(runs)", "sync ret", "conc ret", "uplift",
+               "sync cf", "conc cf");
     for (int64_t delay : delays) {
-      const std::string s_key = fmt::format("sync/{}", delay), c_key = fmt::format("concurrent/{}", delay);
+      const std::string s_key = fmt::format("sync/{}", delay),
+                        c_key = fmt::format("concurrent/{}", delay);
       const double sync = median(s_key), concurrent = median(c_key);
       const double sync_cf = median(s_key, true), concurrent_cf = median(c_key, true);
-      fmt::print("{:>9} {:>11.0f} {:>13} {:>11.0f} {:>13} {:>9.3f} {:>9.3f} {:>8.3f} {:>9.3f} {:>9.3f}\n", delay, sync,
-                 spread(s_key), concurrent, spread(c_key), sync / ceiling, concurrent / ceiling, concurrent / sync,
-                 sync_cf, concurrent_cf);
-      csv << fmt::format("{},{:.1f},{:.1f},{:.1f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{},{}\n", delay, sync,
-                         concurrent, ceiling, sync / ceiling, concurrent / ceiling, concurrent / sync, sync_cf,
-                         concurrent_cf, failed[s_key], failed[c_key]);
+      fmt::print(
+          "{:>9} {:>11.0f} {:>13} {:>11.0f} {:>13} {:>9.3f} {:>9.3f} {:>8.3f} {:>9.3f} {:>9.3f}\n",
+          delay, sync, spread(s_key), concurrent, spread(c_key), sync / ceiling,
+          concurrent / ceiling, concurrent / sync, sync_cf, concurrent_cf);
+      csv << fmt::format("{},{:.1f},{:.1f},{:.1f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{},{}\n",
+                         delay, sync, concurrent, ceiling, sync / ceiling, concurrent / ceiling,
+                         concurrent / sync, sync_cf, concurrent_cf, failed[s_key], failed[c_key]);
     }
     csv.flush();
-    fmt::print("inner step {:.1f} ms (ceiling run), H x step time = {:.2f} s; cf = the inner steps' share of\n"
-               "the training time within each run (1 - time waiting for or applying rounds)\n",
-               step_ms, step_ms * static_cast<double>(o_.delay_period) / 1e3);
+    fmt::print(
+        "inner step {:.1f} ms (ceiling run), H x step time = {:.2f} s; cf = the inner steps' share "
+        "of\n"
+        "the training time within each run (1 - time waiting for or applying rounds)\n",
+        step_ms, step_ms * static_cast<double>(o_.delay_period) / 1e3);
     Plot("delay",
-         fmt::format("set title 'Throughput vs cross-rack latency ({} learners, H = {}, medians of {})'\n"
-                     "set xlabel 'emulated latency per collective (ms)'\nset ylabel 'tokens/s (job)'\n"
-                     "set yrange [0:*]\nset key bottom left\n"
-                     "plot '{}' using 1:2 with linespoints title 'synchronous DiLoCo', "
-                     "'' using 1:3 with linespoints title 'concurrent outer step', "
-                     "'' using 1:4 with lines dashtype 2 title 'compute-only ceiling'\n",
-                     o_.learners, o_.delay_period, o_.delay_repeats, o_.out + "_delay.csv"));
+         fmt::format(
+             "set title 'Throughput vs cross-rack latency ({} learners, H = {}, medians of {})'\n"
+             "set xlabel 'emulated latency per collective (ms)'\nset ylabel 'tokens/s (job)'\n"
+             "set yrange [0:*]\nset key bottom left\n"
+             "plot '{}' using 1:2 with linespoints title 'synchronous DiLoCo', "
+             "'' using 1:3 with linespoints title 'concurrent outer step', "
+             "'' using 1:4 with lines dashtype 2 title 'compute-only ceiling'\n",
+             o_.learners, o_.delay_period, o_.delay_repeats, o_.out + "_delay.csv"));
     return OkStatus();
   }
 
   Status Convergence() {
     const int64_t steps = o_.convergence_steps;
-    fmt::print("\n== Convergence at equal tokens: {} learners, {} steps each, no added latency ==\n", o_.learners,
-               steps);
+    fmt::print(
+        "\n== Convergence at equal tokens: {} learners, {} steps each, no added latency ==\n",
+        o_.learners, steps);
     const std::vector<std::string> eval = {"--eval-every", std::to_string(o_.eval_every)};
     const std::string period = fmt::format("sync_period_steps={}", o_.convergence_period);
     std::vector<TrainingJobSpec> specs = {
@@ -215,14 +230,16 @@ class Bench {
         Spec(fmt::format("DiLoCo H={} fp32", o_.convergence_period), "diloco",
              {period, "concurrent_outer_step=false", "codec=fp32"}, eval),
         Spec(fmt::format("DiLoCo H={} bf16", o_.convergence_period / 2), "diloco",
-             {fmt::format("sync_period_steps={}", o_.convergence_period / 2), "concurrent_outer_step=false",
-              "codec=bf16"},
+             {fmt::format("sync_period_steps={}", o_.convergence_period / 2),
+              "concurrent_outer_step=false", "codec=bf16"},
              eval),
         Spec(fmt::format("Streaming DiLoCo H={} P=2 int4 overlap", o_.convergence_period), "diloco",
-             {period, "fragments=2", "concurrent_outer_step=true", "overlap_steps=5", "codec=int4"}, eval),
+             {period, "fragments=2", "concurrent_outer_step=true", "overlap_steps=5", "codec=int4"},
+             eval),
         Spec(fmt::format("SparseLoCo H={} top-64/4096 2-bit", o_.sparse_period), "diloco",
-             {fmt::format("sync_period_steps={}", o_.sparse_period), "concurrent_outer_step=false", "codec=topk",
-              "topk_k=64", "topk_chunk_size=4096", "outer_lr=1", "outer_momentum=0", "error_feedback_beta=0.95"},
+             {fmt::format("sync_period_steps={}", o_.sparse_period), "concurrent_outer_step=false",
+              "codec=topk", "topk_k=64", "topk_chunk_size=4096", "outer_lr=1", "outer_momentum=0",
+              "error_feedback_beta=0.95"},
              eval),
         Spec("local (no exchange)", "local", {}, eval),
     };
@@ -233,21 +250,26 @@ class Bench {
     }
     const TrainingJobResult& ddp = results[0];
     std::ofstream csv(o_.out + "_convergence.csv");
-    csv << "method,tokens,eval_loss,loss_vs_ddp,bytes_per_learner,bytes_fewer_than_ddp,tokens_per_s\n";
-    fmt::print("{:<40} {:>10} {:>10} {:>9} {:>14} {:>12} {:>10}\n", "method", "tokens", "eval loss", "vs DDP",
-               "MB/learner", "x fewer B", "tokens/s");
+    csv << "method,tokens,eval_loss,loss_vs_ddp,bytes_per_learner,bytes_fewer_than_ddp,tokens_per_"
+           "s\n";
+    fmt::print("{:<40} {:>10} {:>10} {:>9} {:>14} {:>12} {:>10}\n", "method", "tokens", "eval loss",
+               "vs DDP", "MB/learner", "x fewer B", "tokens/s");
     for (const auto& r : results) {
-      const double fewer = r.bytes_per_learner > 0 ? ddp.bytes_per_learner / r.bytes_per_learner : 0;
-      fmt::print("{:<40} {:>10} {:>10.4f} {:>9.4f} {:>14.3f} {:>12.1f} {:>10.0f}\n", r.name, r.tokens, r.eval_loss,
-                 r.eval_loss / ddp.eval_loss, r.bytes_per_learner / 1e6, fewer, r.tokens_per_s);
-      csv << fmt::format("\"{}\",{},{:.5f},{:.5f},{:.0f},{:.2f},{:.1f}\n", r.name, r.tokens, r.eval_loss,
-                         r.eval_loss / ddp.eval_loss, r.bytes_per_learner, fewer, r.tokens_per_s);
+      const double fewer =
+          r.bytes_per_learner > 0 ? ddp.bytes_per_learner / r.bytes_per_learner : 0;
+      fmt::print("{:<40} {:>10} {:>10.4f} {:>9.4f} {:>14.3f} {:>12.1f} {:>10.0f}\n", r.name,
+                 r.tokens, r.eval_loss, r.eval_loss / ddp.eval_loss, r.bytes_per_learner / 1e6,
+                 fewer, r.tokens_per_s);
+      csv << fmt::format("\"{}\",{},{:.5f},{:.5f},{:.0f},{:.2f},{:.1f}\n", r.name, r.tokens,
+                         r.eval_loss, r.eval_loss / ddp.eval_loss, r.bytes_per_learner, fewer,
+                         r.tokens_per_s);
     }
     // Eval-loss curves, mean over learners, against tokens (all learners).
     std::ofstream curves(o_.out + "_convergence_curves.csv");
     curves << "method,step,tokens,eval_loss\n";
     std::string plot = fmt::format(
-        "set title 'Held-out loss at equal tokens ({} learners)'\nset xlabel 'tokens (all learners)'\n"
+        "set title 'Held-out loss at equal tokens ({} learners)'\nset xlabel 'tokens (all "
+        "learners)'\n"
         "set ylabel 'eval loss (nats/byte)'\nset key top right\nset datafile separator ','\nplot ",
         o_.learners);
     for (size_t m = 0; m < results.size(); ++m) {
@@ -257,15 +279,19 @@ class Bench {
       std::map<int64_t, double> mean;
       for (const auto& learner : results[m].results) {
         for (const auto& point : learner["eval_curve"]) {
-          mean[point[0].get<int64_t>()] += point[1].get<double>() / static_cast<double>(results[m].results.size());
+          mean[point[0].get<int64_t>()] +=
+              point[1].get<double>() / static_cast<double>(results[m].results.size());
         }
       }
-      const double tokens_per_step = static_cast<double>(results[m].tokens) / static_cast<double>(steps);
+      const double tokens_per_step =
+          static_cast<double>(results[m].tokens) / static_cast<double>(steps);
       for (const auto& [step, loss] : mean) {
-        curves << fmt::format("\"{}\",{},{:.0f},{:.5f}\n", results[m].name, step, tokens_per_step * step, loss);
+        curves << fmt::format("\"{}\",{},{:.0f},{:.5f}\n", results[m].name, step,
+                              tokens_per_step * step, loss);
         one << fmt::format("{:.0f},{:.5f}\n", tokens_per_step * step, loss);
       }
-      plot += fmt::format("{}'{}' using 1:2 with linespoints title '{}'", m ? ", " : "", file, results[m].name);
+      plot += fmt::format("{}'{}' using 1:2 with linespoints title '{}'", m ? ", " : "", file,
+                          results[m].name);
     }
     Plot("convergence", plot + "\n");
     return OkStatus();
@@ -279,8 +305,8 @@ class Bench {
     fmt::print("\n== Healing a restarted learner: time vs model size and link rate ==\n");
     std::ofstream csv(o_.out + "_heal.csv");
     csv << "dim,parameters,link_mbit,heal_bytes,heal_seconds,bytes_over_link_s,ratio\n";
-    fmt::print("{:>5} {:>11} {:>10} {:>12} {:>11} {:>14} {:>8}\n", "dim", "parameters", "link Mbit", "heal bytes",
-               "heal s", "bytes/link s", "ratio");
+    fmt::print("{:>5} {:>11} {:>10} {:>12} {:>11} {:>14} {:>8}\n", "dim", "parameters", "link Mbit",
+               "heal bytes", "heal s", "bytes/link s", "ratio");
     for (int64_t dim : {128, 256, 512}) {
       for (double mbit : {0.0, 1000.0, 200.0}) {
         MEND_ASSIGN_OR_RETURN(json round, HealOnce(dim, mbit));
@@ -291,8 +317,8 @@ class Bench {
         fmt::print("{:>5} {:>11} {:>10} {:>12.0f} {:>11.3f} {:>14.3f} {:>8}\n", dim, parameters,
                    mbit > 0 ? fmt::format("{:.0f}", mbit) : "loopback", bytes, seconds, ideal,
                    ideal > 0 ? fmt::format("{:.2f}", seconds / ideal) : "-");
-        csv << fmt::format("{},{},{},{:.0f},{:.4f},{:.4f},{:.3f}\n", dim, parameters, mbit, bytes, seconds, ideal,
-                           ideal > 0 ? seconds / ideal : 0.0);
+        csv << fmt::format("{},{},{},{:.0f},{:.4f},{:.4f},{:.3f}\n", dim, parameters, mbit, bytes,
+                           seconds, ideal, ideal > 0 ? seconds / ideal : 0.0);
         csv.flush();
       }
     }
@@ -315,12 +341,41 @@ class Bench {
     config.token_file = dir + "/token";
     MEND_ASSIGN_OR_RETURN(auto server, cli::StartLocalLighthouse(config));
     auto learner = [&](const std::string& id, int shard, int64_t steps) {
-      std::vector<std::string> argv = {o_.mend, "train", "--id", id, "--mode", "diloco", "--shard", std::to_string(shard), "--shards",
-                    "2", "--steps", std::to_string(steps), "--dim", std::to_string(dim), "--layers",
-                    std::to_string(o_.layers), "--batch", "4", "--lighthouse", server->grpc_address(),
-                    "--token-file", dir + "/token", "--job-id", "heal", "--sync-every", "10", "--diagnostics-dir",
-                    dir + "/diagnostics", "--progress-json", "--progress-every", "1", "--set",
-                    "heartbeat_timeout_ms=1000", "--set", fmt::format("link_rate_mbit={}", mbit)};
+      std::vector<std::string> argv = {o_.mend,
+                                       "train",
+                                       "--id",
+                                       id,
+                                       "--mode",
+                                       "diloco",
+                                       "--shard",
+                                       std::to_string(shard),
+                                       "--shards",
+                                       "2",
+                                       "--steps",
+                                       std::to_string(steps),
+                                       "--dim",
+                                       std::to_string(dim),
+                                       "--layers",
+                                       std::to_string(o_.layers),
+                                       "--batch",
+                                       "4",
+                                       "--lighthouse",
+                                       server->grpc_address(),
+                                       "--token-file",
+                                       dir + "/token",
+                                       "--job-id",
+                                       "heal",
+                                       "--sync-every",
+                                       "10",
+                                       "--diagnostics-dir",
+                                       dir + "/diagnostics",
+                                       "--progress-json",
+                                       "--progress-every",
+                                       "1",
+                                       "--set",
+                                       "heartbeat_timeout_ms=1000",
+                                       "--set",
+                                       fmt::format("link_rate_mbit={}", mbit)};
       return cli::SpawnLearner(std::move(argv), dir + "/" + id + ".log");
     };
     MEND_ASSIGN_OR_RETURN(auto a, learner("a", 0, 1'000'000));
@@ -349,19 +404,20 @@ class Bench {
       json round = json::parse(line, nullptr, false);
       if (round.is_object() && round.value("healed", false)) return round;
     }
-    return NotFoundError(fmt::format("dim {}, {} Mbit: the restarted learner did not heal (see {})", dim, mbit, dir));
+    return NotFoundError(fmt::format("dim {}, {} Mbit: the restarted learner did not heal (see {})",
+                                     dim, mbit, dir));
   }
 
   Status Overhead() {
     if (diloco_runs_.empty()) {
-      MEND_RETURN_IF_ERROR(Run(Spec("DiLoCo H=100 (overhead)", "diloco", {"sync_period_steps=100"}), 300)
-                               .status());
+      MEND_RETURN_IF_ERROR(
+          Run(Spec("DiLoCo H=100 (overhead)", "diloco", {"sync_period_steps=100"}), 300).status());
     }
     fmt::print("\n== reducer.step() overhead on steps without an exchange ==\n");
     std::ofstream csv(o_.out + "_overhead.csv");
     csv << "job,learner,quiet_steps,step_us_median,step_us_mean,inner_step_ms,fraction\n";
-    fmt::print("{:<40} {:<11} {:>7} {:>12} {:>12} {:>12} {:>10}\n", "job", "learner", "steps", "median us",
-               "mean us", "inner ms", "fraction");
+    fmt::print("{:<40} {:<11} {:>7} {:>12} {:>12} {:>12} {:>10}\n", "job", "learner", "steps",
+               "median us", "mean us", "inner ms", "fraction");
     for (const auto& run : diloco_runs_) {
       for (const auto& r : run.results) {
         const double median = r["reducer_step_us_median"].get<double>();
@@ -370,9 +426,9 @@ class Bench {
         fmt::print("{:<40} {:<11} {:>7} {:>12.2f} {:>12.2f} {:>12.2f} {:>9.4f}%\n", run.name,
                    r["id"].get<std::string>(), r["reducer_quiet_steps"].get<uint64_t>(), median,
                    r["reducer_step_us_mean"].get<double>(), inner_ms, 100 * fraction);
-        csv << fmt::format("\"{}\",{},{},{:.3f},{:.3f},{:.3f},{:.6f}\n", run.name, r["id"].get<std::string>(),
-                           r["reducer_quiet_steps"].get<uint64_t>(), median,
-                           r["reducer_step_us_mean"].get<double>(), inner_ms, fraction);
+        csv << fmt::format("\"{}\",{},{},{:.3f},{:.3f},{:.3f},{:.6f}\n", run.name,
+                           r["id"].get<std::string>(), r["reducer_quiet_steps"].get<uint64_t>(),
+                           median, r["reducer_step_us_mean"].get<double>(), inner_ms, fraction);
       }
     }
     return OkStatus();
@@ -405,11 +461,15 @@ class Bench {
 int main(int argc, char** argv) {
   using mend::bench::BenchOptions;
   BenchOptions o;
-  CLI::App app{"mend training benchmarks: delay sweep, convergence at equal tokens, reducer overhead"};
-  app.add_option("--suite", o.suites, "Comma-separated: delay, convergence, overhead, heal")->capture_default_str();
+  CLI::App app{
+      "mend training benchmarks: delay sweep, convergence at equal tokens, reducer overhead"};
+  app.add_option("--suite", o.suites, "Comma-separated: delay, convergence, overhead, heal")
+      ->capture_default_str();
   app.add_option("--out", o.out, "Prefix of the CSV and PNG files")->capture_default_str();
   app.add_option("--mend", o.mend, "The mend executable (default: ../mend next to this program)");
-  app.add_option("--learners", o.learners, "Learner processes per job")->capture_default_str()->check(CLI::Range(2, 64));
+  app.add_option("--learners", o.learners, "Learner processes per job")
+      ->capture_default_str()
+      ->check(CLI::Range(2, 64));
   app.add_option("--batch", o.batch, "Sequences per inner step")->capture_default_str();
   app.add_option("--dim", o.dim, "Model width")->capture_default_str();
   app.add_option("--layers", o.layers, "Transformer blocks")->capture_default_str();
@@ -419,13 +479,17 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(1, 100));
   app.add_option("--delay-period", o.delay_period, "H in the delay sweep")->capture_default_str();
-  app.add_option("--convergence-steps", o.convergence_steps, "Steps per convergence job")->capture_default_str();
-  app.add_option("--convergence-period", o.convergence_period, "H of DiLoCo and streaming")->capture_default_str();
+  app.add_option("--convergence-steps", o.convergence_steps, "Steps per convergence job")
+      ->capture_default_str();
+  app.add_option("--convergence-period", o.convergence_period, "H of DiLoCo and streaming")
+      ->capture_default_str();
   app.add_option("--sparse-period", o.sparse_period, "H of SparseLoCo")->capture_default_str();
-  app.add_option("--eval-every", o.eval_every, "Steps between evaluations (convergence)")->capture_default_str();
+  app.add_option("--eval-every", o.eval_every, "Steps between evaluations (convergence)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   if (o.mend.empty()) {
-    o.mend = (std::filesystem::path(mend::SelfExecutable()).parent_path().parent_path() / "mend").string();
+    o.mend = (std::filesystem::path(mend::SelfExecutable()).parent_path().parent_path() / "mend")
+                 .string();
   }
   if (!std::filesystem::exists(o.mend)) {
     fmt::print(stderr, "mend_training_bench: no mend executable at {} (use --mend)\n", o.mend);
@@ -444,8 +508,9 @@ int main(int argc, char** argv) {
     mend::Status status = suite == "delay"         ? bench.Delay()
                           : suite == "convergence" ? bench.Convergence()
                           : suite == "overhead"    ? bench.Overhead()
-                          : suite == "heal"        ? bench.Heal()
-                                                   : mend::InvalidArgumentError("unknown suite '" + suite + "'");
+                          : suite == "heal"
+                              ? bench.Heal()
+                              : mend::InvalidArgumentError("unknown suite '" + suite + "'");
     if (!status.ok()) {
       fmt::print(stderr, "mend_training_bench: {}: {}\n", suite, status.message());
       return 1;

@@ -14,8 +14,8 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 3) return 0;
   using mend::CodecKind;
-  const CodecKind kinds[] = {CodecKind::kFp32, CodecKind::kBf16, CodecKind::kInt8,
-                             CodecKind::kInt4, CodecKind::kTopK};
+  const CodecKind kinds[] = {CodecKind::kFp32, CodecKind::kBf16, CodecKind::kInt8, CodecKind::kInt4,
+                             CodecKind::kTopK};
   mend::CodecOptions options;
   options.kind = kinds[data[0] % 5];
   options.block_size = 8 + 2 * (data[1] % 32);

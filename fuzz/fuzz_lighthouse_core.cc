@@ -32,12 +32,12 @@
 #include "coordinator/service.h"
 #include "coordinator/status_snapshot.h"
 #include "coordinator/validation.h"
+#include "core/status_format.h"
 #include "fuzz_check.h"
 #include "mend/clock.h"
 #include "mend/config.h"
 #include "mend/v1/lighthouse.pb.h"
 #include "spdlog/spdlog.h"
-#include "core/status_format.h"
 
 namespace mend::coordinator {
 namespace {
@@ -124,17 +124,39 @@ class Driver {
     uint64_t wakeups_before = wakeups_;
     bool ticked = false;
     switch (in_.ConsumeIntegralInRange<int>(0, 13)) {
-      case 0: Register(); break;
-      case 1: Heartbeat(); break;
-      case 2: Quorum(); break;
-      case 3: core_.CancelQuorum(LearnerId(), WaiterId()); break;
-      case 4: Leave(); break;
-      case 5: StoreSet(); break;
-      case 6: StoreGet(); break;
-      case 7: StoreAdd(); break;
-      case 8: StoreWait(); break;
-      case 9: StoreCancel(); break;
-      case 10: StoreDelete(); break;
+      case 0:
+        Register();
+        break;
+      case 1:
+        Heartbeat();
+        break;
+      case 2:
+        Quorum();
+        break;
+      case 3:
+        core_.CancelQuorum(LearnerId(), WaiterId());
+        break;
+      case 4:
+        Leave();
+        break;
+      case 5:
+        StoreSet();
+        break;
+      case 6:
+        StoreGet();
+        break;
+      case 7:
+        StoreAdd();
+        break;
+      case 8:
+        StoreWait();
+        break;
+      case 9:
+        StoreCancel();
+        break;
+      case 10:
+        StoreDelete();
+        break;
       case 11:
         clock_.Advance(in_.ConsumeIntegralInRange<Micros>(0, 3000) * kMicrosPerMilli);
         TickAndCheck();
@@ -148,7 +170,9 @@ class Driver {
         ticked = true;
         break;
       }
-      case 13: GetStatus(); break;
+      case 13:
+        GetStatus();
+        break;
     }
     // The owner re-reads NextDeadline after its own Tick; every other call
     // that moves it earlier must say so.
@@ -173,10 +197,12 @@ class Driver {
   uint64_t SessionOf(const std::string& id) {
     const std::vector<uint64_t>& known = sessions_[id];
     switch (in_.ConsumeIntegralInRange<int>(0, 5)) {
-      case 0: return in_.ConsumeIntegral<uint64_t>();
+      case 0:
+        return in_.ConsumeIntegral<uint64_t>();
       case 1:
         return known.empty() ? 0 : known[in_.ConsumeIntegralInRange<size_t>(0, known.size() - 1)];
-      default: return known.empty() ? 1 : known.back();
+      default:
+        return known.empty() ? 1 : known.back();
     }
   }
 
@@ -191,11 +217,16 @@ class Driver {
   // A round id near the newest one, or anywhere up to past the bound.
   uint64_t RoundId() {
     switch (in_.ConsumeIntegralInRange<int>(0, 4)) {
-      case 0: return 0;
-      case 1: return latest_round_id_;
-      case 2: return latest_round_id_ > 0 ? latest_round_id_ - 1 : 0;
-      case 3: return latest_round_id_ + in_.ConsumeIntegralInRange<uint64_t>(1, 3);
-      default: return in_.ConsumeIntegralInRange<uint64_t>(0, kMaxCounter + 1);
+      case 0:
+        return 0;
+      case 1:
+        return latest_round_id_;
+      case 2:
+        return latest_round_id_ > 0 ? latest_round_id_ - 1 : 0;
+      case 3:
+        return latest_round_id_ + in_.ConsumeIntegralInRange<uint64_t>(1, 3);
+      default:
+        return in_.ConsumeIntegralInRange<uint64_t>(0, kMaxCounter + 1);
     }
   }
 

@@ -42,7 +42,8 @@ class BucketPlan {
   void Pack(size_t bucket, std::span<const std::span<const float>> tensors,
             std::span<float> out) const;
   // Copies `in` (bucket_size values) back into the bucket's pieces of `tensors`.
-  void Unpack(size_t bucket, std::span<const float> in, std::span<const std::span<float>> tensors) const;
+  void Unpack(size_t bucket, std::span<const float> in,
+              std::span<const std::span<float>> tensors) const;
 
  private:
   std::vector<size_t> bucket_sizes_;

@@ -39,21 +39,21 @@ inline constexpr uint32_t kCheckpointFormatVersion = 1;
 std::array<unsigned char, 32> Sha256Digest(const void* data, size_t size);
 
 struct CheckpointTensor {
-  std::string name;             // e.g. "global/blocks.0.qkv.weight"
+  std::string name;  // e.g. "global/blocks.0.qkv.weight"
   std::vector<int64_t> shape;
-  std::vector<float> values;    // fp32, shape's product many
+  std::vector<float> values;  // fp32, shape's product many
 };
 
 struct CheckpointMeta {
   std::string job_id;
-  uint64_t round_id = 0;        // the last round the state includes
-  uint64_t step = 0;            // inner steps of the learner that wrote it
-  uint64_t tokens = 0;          // tokens the job had processed (as far as that learner knows)
+  uint64_t round_id = 0;  // the last round the state includes
+  uint64_t step = 0;      // inner steps of the learner that wrote it
+  uint64_t tokens = 0;    // tokens the job had processed (as far as that learner knows)
   int64_t fragments = 1;
-  int64_t learners = 0;         // members of the last round (informational)
-  std::string written_by;       // learner id
+  int64_t learners = 0;    // members of the last round (informational)
+  std::string written_by;  // learner id
   int64_t created_unix_ms = 0;
-  std::string config_toml;      // the writer's effective configuration
+  std::string config_toml;  // the writer's effective configuration
   // An exported state's (not a checkpoint file's): the exporting learner's
   // own step and tokens since each fragment's last round, so that an
   // import can go on exactly where it left off. learner_step 0: none.
@@ -76,7 +76,8 @@ struct Checkpoint {
 // front end exports and imports, e.g. in a state_dict). Decode verifies
 // like ReadCheckpoint; `where` names the bytes in its errors.
 [[nodiscard]] StatusOr<std::string> EncodeCheckpoint(const Checkpoint& checkpoint);
-[[nodiscard]] StatusOr<Checkpoint> DecodeCheckpoint(std::string_view bytes, const std::string& where);
+[[nodiscard]] StatusOr<Checkpoint> DecodeCheckpoint(std::string_view bytes,
+                                                    const std::string& where);
 
 // Reads and verifies every checksum. DATA_LOSS names what is wrong: not a
 // mend checkpoint, an unknown format version, truncated (expected vs actual

@@ -65,12 +65,12 @@ struct LinkEmulation {
 };
 
 struct CommunicatorOptions {
-  std::string prefix;          // the round's rendezvous prefix, e.g. "job/round/<instance>/7/"
-  uint64_t round_id = 0;       // for error messages
+  std::string prefix;     // the round's rendezvous prefix, e.g. "job/round/<instance>/7/"
+  uint64_t round_id = 0;  // for error messages
   int rank = 0;
   int world_size = 1;
-  std::vector<std::string> member_ids;  // by rank, for error messages (optional)
-  std::string bind_host = "127.0.0.1";  // address the other members reach this one at
+  std::vector<std::string> member_ids;     // by rank, for error messages (optional)
+  std::string bind_host = "127.0.0.1";     // address the other members reach this one at
   Micros timeout = 30 * kMicrosPerSecond;  // the rendezvous, and every operation
   // The members' connections once all have shown up at the rendezvous: a
   // member that resumes after the others gave up on the round (it was

@@ -160,7 +160,7 @@ std::string FormatConfigValue(const Config& config, const ConfigKey& key);
 [[nodiscard]] Status ApplyConfigEnvironment(Config& config, const char* const* environ);
 
 struct ConfigSources {
-  std::string file;  // TOML file; empty for none.
+  std::string file;                      // TOML file; empty for none.
   const char* const* environ = nullptr;  // nullptr skips the environment.
   // From command-line flags, applied last: (key, text, source).
   struct Override {

@@ -41,9 +41,8 @@ class DataParallel {
   // their own (rendezvous in the lighthouse's store; no round, no emulated
   // link), starting from group rank 0's parameters. What mend train runs
   // inside a group in place of the user's DDP; shutdown() does not leave.
-  [[nodiscard]] static StatusOr<std::unique_ptr<DataParallel>> CreateInGroup(const Config& config,
-                                                                             torch::nn::Module& module,
-                                                                             LearnerAgent& agent);
+  [[nodiscard]] static StatusOr<std::unique_ptr<DataParallel>> CreateInGroup(
+      const Config& config, torch::nn::Module& module, LearnerAgent& agent);
   virtual ~DataParallel() = default;
 
   // Between backward() and the optimizer step: every parameter's gradient

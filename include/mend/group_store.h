@@ -29,9 +29,8 @@ class GroupStoreServer {
   // UNAVAILABLE when the address cannot be bound (in use, not local).
   // While the server lives, GroupStoreFromConfig on this process's group
   // rank 0 uses it instead of serving the address again.
-  [[nodiscard]] static StatusOr<std::shared_ptr<GroupStoreServer>> Serve(const Config& config,
-                                                                         const std::string& token,
-                                                                         const std::string& address);
+  [[nodiscard]] static StatusOr<std::shared_ptr<GroupStoreServer>> Serve(
+      const Config& config, const std::string& token, const std::string& address);
   virtual ~GroupStoreServer() = default;
   // HOST:PORT with the port actually bound.
   virtual const std::string& address() const = 0;
@@ -43,6 +42,7 @@ class GroupStoreServer {
 // already does; the server lives as long as the opener. Each connection
 // waits up to quorum_timeout_ms for the store to come up; an error names the
 // address.
-[[nodiscard]] StatusOr<GroupStoreOpener> GroupStoreFromConfig(const Config& config, const std::string& token);
+[[nodiscard]] StatusOr<GroupStoreOpener> GroupStoreFromConfig(const Config& config,
+                                                              const std::string& token);
 
 }  // namespace mend

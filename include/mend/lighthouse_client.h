@@ -35,7 +35,7 @@ struct LearnerIdentity {
   std::string id;
   std::string job_id;
   std::string rack;
-  std::string address;  // data-plane address peers heal from, HOST:PORT (optional)
+  std::string address;      // data-plane address peers heal from, HOST:PORT (optional)
   uint32_t group_size = 1;  // ranks in this learner; the same for every learner of a job
   // Every rank's data-plane host, by group rank (empty, or group_size of
   // them); shown on the lighthouse's status page.
@@ -77,9 +77,9 @@ struct QuorumResult {
   uint32_t waited_ms = 0;
   uint64_t heal_round_id = 0;
   uint64_t step = 0;  // the round's boundary step (its members' largest), the same for all
-  std::optional<RoundMember> heal_from;   // set when this learner is behind
-  std::vector<std::string> heal_to;       // behind members healing from this learner
-  std::vector<RoundMember> members;       // all, sorted, when asked for (<= 1024 members)
+  std::optional<RoundMember> heal_from;  // set when this learner is behind
+  std::vector<std::string> heal_to;      // behind members healing from this learner
+  std::vector<RoundMember> members;      // all, sorted, when asked for (<= 1024 members)
 };
 
 struct QuorumRequestArgs {
@@ -130,8 +130,7 @@ class LighthouseClient {
   virtual ~LighthouseClient() = default;
 
   [[nodiscard]] virtual StatusOr<Registration> Register(const LearnerIdentity& identity,
-                                                        uint64_t step,
-                                                        uint64_t last_round_id) = 0;
+                                                        uint64_t step, uint64_t last_round_id) = 0;
   [[nodiscard]] virtual Status Leave(const LearnerRef& learner, const std::string& reason) = 0;
   // Blocks until this learner is a member of a closed round or args.timeout.
   [[nodiscard]] virtual StatusOr<QuorumResult> Quorum(const QuorumRequestArgs& args) = 0;
@@ -141,11 +140,9 @@ class LighthouseClient {
 
   [[nodiscard]] virtual Status StoreSet(const std::string& key, const std::string& value) = 0;
   // Waits up to `timeout` for the key; NOT_FOUND at once when timeout is 0.
-  [[nodiscard]] virtual StatusOr<std::string> StoreGet(const std::string& key,
-                                                       Micros timeout) = 0;
+  [[nodiscard]] virtual StatusOr<std::string> StoreGet(const std::string& key, Micros timeout) = 0;
   [[nodiscard]] virtual StatusOr<int64_t> StoreAdd(const std::string& key, int64_t delta) = 0;
-  [[nodiscard]] virtual Status StoreWait(const std::vector<std::string>& keys,
-                                         Micros timeout) = 0;
+  [[nodiscard]] virtual Status StoreWait(const std::vector<std::string>& keys, Micros timeout) = 0;
   [[nodiscard]] virtual StatusOr<uint64_t> StoreDelete(const std::string& key, bool prefix) = 0;
 
   // The lighthouse's /status.json document.

@@ -40,20 +40,20 @@ typedef enum mend_status {
   MEND_OK = 0,
   MEND_CANCELLED = 1,
   MEND_UNKNOWN = 2,
-  MEND_INVALID_ARGUMENT = 3,   /* bad input; the message names the key or field and the value */
-  MEND_DEADLINE_EXCEEDED = 4,  /* a wait ran past its timeout */
-  MEND_NOT_FOUND = 5,          /* e.g. an unknown configuration key (the message suggests one) */
+  MEND_INVALID_ARGUMENT = 3,  /* bad input; the message names the key or field and the value */
+  MEND_DEADLINE_EXCEEDED = 4, /* a wait ran past its timeout */
+  MEND_NOT_FOUND = 5,         /* e.g. an unknown configuration key (the message suggests one) */
   MEND_ALREADY_EXISTS = 6,
   MEND_PERMISSION_DENIED = 7,
   MEND_RESOURCE_EXHAUSTED = 8,
   MEND_FAILED_PRECONDITION = 9, /* fix the state first (e.g. a call after shutdown, or in a fork) */
-  MEND_ABORTED = 10,           /* interrupted, or membership changed under the call */
+  MEND_ABORTED = 10,            /* interrupted, or membership changed under the call */
   MEND_OUT_OF_RANGE = 11,
   MEND_UNIMPLEMENTED = 12,
   MEND_INTERNAL = 13,
-  MEND_UNAVAILABLE = 14,       /* a peer or service cannot be reached */
-  MEND_DATA_LOSS = 15,         /* a damaged checkpoint or state */
-  MEND_UNAUTHENTICATED = 16,   /* a missing or wrong job token */
+  MEND_UNAVAILABLE = 14,     /* a peer or service cannot be reached */
+  MEND_DATA_LOSS = 15,       /* a damaged checkpoint or state */
+  MEND_UNAUTHENTICATED = 16, /* a missing or wrong job token */
   /* Not an error: mend_learner_step or mend_learner_wait returned at its
    * wait_ms while the step still waits for a round; call mend_learner_wait. */
   MEND_PENDING = 100
@@ -89,7 +89,8 @@ void mend_config_free(mend_config* config);
  * checks of `mend --set`: INVALID_ARGUMENT naming the key, the value, the
  * allowed range and `source` (NULL: "mend_config_set"); NOT_FOUND for an
  * unknown key, naming the closest known key. */
-mend_status mend_config_set(mend_config* config, const char* key, const char* value, const char* source);
+mend_status mend_config_set(mend_config* config, const char* key, const char* value,
+                            const char* source);
 /* Applies the top-level keys of a TOML file. */
 mend_status mend_config_load_file(mend_config* config, const char* path);
 /* Applies every MEND_<KEY> variable of the process environment (an unknown
@@ -118,7 +119,8 @@ typedef struct mend_lighthouse mend_lighthouse;
 
 /* Serves the configuration's `bind` (port 0 picks a free port) and `http`
  * (empty: no HTTP side) with `token`. */
-mend_status mend_lighthouse_start(const mend_config* config, const char* token, mend_lighthouse** out);
+mend_status mend_lighthouse_start(const mend_config* config, const char* token,
+                                  mend_lighthouse** out);
 /* The gRPC address learners use as their `lighthouse` key, with the port bound. */
 const char* mend_lighthouse_address(const mend_lighthouse* lighthouse);
 /* The HTTP address (status page, /status.json, /metrics); "" without one. */
@@ -133,7 +135,8 @@ void mend_lighthouse_stop(mend_lighthouse* lighthouse);
  * gRPC within `timeout_ms`. `ca_file`: PEM roots for TLS, NULL or "" for
  * plaintext. */
 mend_status mend_status_json(const char* address, const char* token, const char* ca_file,
-                             uint32_t max_learners, uint32_t max_rounds, int64_t timeout_ms, char** json);
+                             uint32_t max_learners, uint32_t max_rounds, int64_t timeout_ms,
+                             char** json);
 
 /* ---- A learner group's store, served by group rank 0. ---- */
 
@@ -145,8 +148,8 @@ typedef struct mend_group_store mend_group_store;
  * (through the launcher: torchrun's store, a collective), and every rank,
  * rank 0 included, sets it as `group_store`. Keep it until the learner is
  * freed. */
-mend_status mend_group_store_serve(const mend_config* config, const char* token, const char* address,
-                                   mend_group_store** out);
+mend_status mend_group_store_serve(const mend_config* config, const char* token,
+                                   const char* address, mend_group_store** out);
 const char* mend_group_store_address(const mend_group_store* store);
 void mend_group_store_stop(mend_group_store* store);
 
@@ -157,9 +160,9 @@ void mend_group_store_stop(mend_group_store* store);
  * checkpoints). */
 typedef struct mend_buffer {
   const char* name;
-  float* data;            /* numel values, read and written in place */
+  float* data; /* numel values, read and written in place */
   uint64_t numel;
-  const int64_t* shape;   /* ndim sizes whose product is numel; NULL with ndim 0 means {numel} */
+  const int64_t* shape; /* ndim sizes whose product is numel; NULL with ndim 0 means {numel} */
   uint32_t ndim;
 } mend_buffer;
 
@@ -174,11 +177,11 @@ typedef struct mend_stats {
   uint64_t bytes_sent;            /* data-plane bytes of the merges */
   uint64_t cross_rack_bytes_sent; /* data-plane bytes to other racks, heals included */
   uint64_t last_round_id;
-  uint64_t checkpoints;           /* written by this learner */
+  uint64_t checkpoints; /* written by this learner */
   uint64_t checkpoint_failures;
-  uint64_t resumed_from_round;    /* the checkpoint's round when it resumed, else 0 */
-  uint64_t overlap_steps;         /* tau of the latest round launched */
-  uint64_t parameter_copies;      /* fragment-sized copies to or from the buffers (rounds only) */
+  uint64_t resumed_from_round; /* the checkpoint's round when it resumed, else 0 */
+  uint64_t overlap_steps;      /* tau of the latest round launched */
+  uint64_t parameter_copies;   /* fragment-sized copies to or from the buffers (rounds only) */
 } mend_stats;
 
 typedef struct mend_learner mend_learner;
@@ -190,14 +193,15 @@ typedef struct mend_learner mend_learner;
  * buffers (a resumed checkpoint, a group's rank 0 parameters): see
  * MEND_STEP_WROTE. The group rank and size are config's group_rank and
  * group_size. */
-mend_status mend_learner_create(const mend_config* config, const char* token, const char* learner_id,
-                                const mend_buffer* parameters, size_t count, uint64_t start_step,
-                                mend_learner** out);
+mend_status mend_learner_create(const mend_config* config, const char* token,
+                                const char* learner_id, const mend_buffer* parameters, size_t count,
+                                uint64_t start_step, mend_learner** out);
 /* The inner optimizer's Adam moments of parameter `index` (numel fp32 values
  * each, caller-owned, read and written in place at rounds), for desloc and
  * heal_inner_optimizer; hand them over once the optimizer has them. NULL
  * for both: none (yet). */
-mend_status mend_learner_set_moments(mend_learner* learner, size_t index, float* first, float* second);
+mend_status mend_learner_set_moments(mend_learner* learner, size_t index, float* first,
+                                     float* second);
 
 /* The model's buffers (BatchNorm's running statistics), synchronised at
  * every round so that every member ends it with the same values: with
@@ -209,8 +213,8 @@ mend_status mend_learner_set_moments(mend_learner* learner, size_t index, float*
  * the first step (FAILED_PRECONDITION after); once per kind. */
 #define MEND_BUFFERS_AVERAGED 0u
 #define MEND_BUFFERS_FROM_FIRST_MEMBER 1u
-mend_status mend_learner_set_buffers(mend_learner* learner, const mend_buffer* buffers, size_t count,
-                                     uint32_t kind);
+mend_status mend_learner_set_buffers(mend_learner* learner, const mend_buffer* buffers,
+                                     size_t count, uint32_t kind);
 
 /* What the next step does (mend_learner_plan_step), and what the last call
  * did (mend_learner_last_flags). */
@@ -263,7 +267,8 @@ mend_status mend_learner_export_state(mend_learner* learner, void** bytes, uint6
  * rounds and error feedback come back with the state: the job goes on
  * exactly where the export left it (exported bytes only). */
 #define MEND_IMPORT_KEEP_PARAMETERS 1u
-mend_status mend_learner_import_state(mend_learner* learner, const void* bytes, uint64_t size, uint32_t flags);
+mend_status mend_learner_import_state(mend_learner* learner, const void* bytes, uint64_t size,
+                                      uint32_t flags);
 /* Writes the global state to `path` now, atomically (a checkpoint file);
  * for a group a collective, written by rank 0. */
 mend_status mend_learner_save_checkpoint(mend_learner* learner, const char* path);

@@ -32,14 +32,14 @@ namespace mend {
 
 struct OuterSyncOptions {
   OuterOptions outer;
-  bool token_weighted = true;   // weights = tokens; false: every member 1
+  bool token_weighted = true;  // weights = tokens; false: every member 1
   // A member whose pseudo-gradient norm has a robust z-score (median and MAD
   // of the members' norms, the MAD at least a quarter of the median) above
   // this is dropped from the round: about 3.2x the median norm at 6. 0 turns
   // the norm check off. Non-finite pseudo-gradients are always dropped. Norms are
   // compared only with at least 3 members.
   double robust_zscore = 6.0;
-  const Codec* codec = nullptr;  // not owned; nullptr = fp32
+  const Codec* codec = nullptr;       // not owned; nullptr = fp32
   float error_feedback_beta = 0.95f;  // for a sparse codec
   // false: this member takes part with weight 0 and its delta is not read
   // (a learner that joined with nothing trained from the job's state: its
@@ -65,7 +65,9 @@ class FragmentState {
   // This learner's error feedback (sparse codecs; empty until used): its own,
   // not the job's; carried by an exported state.
   std::span<const float> residual() const { return residual_; }
-  void AssignResidual(std::span<const float> residual) { residual_.assign(residual.begin(), residual.end()); }
+  void AssignResidual(std::span<const float> residual) {
+    residual_.assign(residual.begin(), residual.end());
+  }
 
  private:
   friend class OuterRound;
@@ -81,7 +83,7 @@ struct RoundResult {
   // Ranks left out by the robust merge: the same on every member with three
   // or more; with fewer (no reports exchanged) a member lists only itself.
   std::vector<int> dropped;
-  double merged_norm = 0;       // ||delta||
+  double merged_norm = 0;  // ||delta||
   uint64_t bytes_sent = 0;
 };
 
@@ -96,8 +98,7 @@ class OuterRound {
   // when the weights sum to 0), or ABORTED when every member was dropped.
   [[nodiscard]] static StatusOr<RoundResult> Exchange(Communicator& comm,
                                                       const FragmentState& state,
-                                                      std::span<const float> delta_i,
-                                                      double tokens,
+                                                      std::span<const float> delta_i, double tokens,
                                                       const OuterSyncOptions& options);
   // The state becomes the result's.
   static void Commit(FragmentState& state, RoundResult&& result);

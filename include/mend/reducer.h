@@ -14,20 +14,18 @@
 // progress (outer_apply: exact, or mixed by mixing_alpha) at the first step
 // after it has arrived, and at the latest tau steps after the boundary
 // (overlap_steps, or tuned from the measured round and step times when it
-// is 0), where step() waits for it; otherwise step() waits at once. With desloc the inner Adam moments are
-// averaged too. A learner that
-// is behind (it missed a round, or is new) heals the global state from the
-// source the lighthouse names before the exchange, and its pseudo-gradient
+// is 0), where step() waits for it; otherwise step() waits at once. With desloc the inner Adam
+// moments are averaged too. A learner that is behind (it missed a round, or is new) heals the
+// global state from the source the lighthouse names before the exchange, and its pseudo-gradient
 // stays relative to the base it trained from; a learner with nothing of the
 // job's state (new, or restarted without a checkpoint) takes part in its
 // first round with weight 0 and drops what it trained. By option
-// (heal_inner_optimizer) the source's inner Adam moments come with the heal. On the first round every
-// member takes rank 0's global state, so learners that started from
-// different initial parameters agree from then on; when they all hold the
-// same state already (same seed or checkpoint: their digests, compared
-// through the round's store, agree) nothing is sent. A round that fails (no
-// quorum in time, a member died mid-exchange) changes nothing in the global
-// state: the learner keeps its local progress and brings it to the next one.
+// (heal_inner_optimizer) the source's inner Adam moments come with the heal. On the first round
+// every member takes rank 0's global state, so learners that started from different initial
+// parameters agree from then on; when they all hold the same state already (same seed or
+// checkpoint: their digests, compared through the round's store, agree) nothing is sent. A round
+// that fails (no quorum in time, a member died mid-exchange) changes nothing in the global state:
+// the learner keeps its local progress and brings it to the next one.
 //
 // Checkpoints (checkpoint_dir): with resume = true, Create() loads the newest
 // checkpoint there that verifies (skipping damaged ones) into the global
@@ -45,9 +43,8 @@
 #include <memory>
 #include <span>
 #include <string>
-#include <vector>
-
 #include <utility>
+#include <vector>
 
 #include "ATen/core/Tensor.h"
 #include "mend/config.h"

@@ -6,14 +6,14 @@
 namespace mend {
 
 struct ReducerStats {
-  uint64_t steps = 0;          // the job's step as this learner knows it (see Create)
-  uint64_t rounds_started = 0; // rounds launched at a fragment boundary
-  uint64_t rounds = 0;         // rounds this learner completed
-  uint64_t failed_rounds = 0;  // rounds that failed or formed without it
-  uint64_t passed_over = 0;    // rounds for its boundary that closed without it (it trained on)
-  uint64_t heals = 0;          // times it took the global state from a peer
-  uint64_t moment_syncs = 0;   // DES-LOC moment averagings (first and second counted apart)
-  uint64_t bytes_sent = 0;     // data-plane bytes of the merges, all rounds
+  uint64_t steps = 0;           // the job's step as this learner knows it (see Create)
+  uint64_t rounds_started = 0;  // rounds launched at a fragment boundary
+  uint64_t rounds = 0;          // rounds this learner completed
+  uint64_t failed_rounds = 0;   // rounds that failed or formed without it
+  uint64_t passed_over = 0;     // rounds for its boundary that closed without it (it trained on)
+  uint64_t heals = 0;           // times it took the global state from a peer
+  uint64_t moment_syncs = 0;    // DES-LOC moment averagings (first and second counted apart)
+  uint64_t bytes_sent = 0;      // data-plane bytes of the merges, all rounds
   // Data-plane bytes this learner sent to members in other racks (or of no
   // rack), all rounds, healing included: what the slow links carried.
   uint64_t cross_rack_bytes_sent = 0;
@@ -21,9 +21,9 @@ struct ReducerStats {
   uint64_t checkpoints = 0;          // written by this learner
   uint64_t checkpoint_failures = 0;  // writes that failed (logged; training goes on)
   uint64_t resumed_from_round = 0;   // the checkpoint's round when it resumed, else 0
-  uint64_t overlap_steps = 0;        // tau of the latest round launched (tuned when overlap_steps = 0)
-  uint64_t parameter_copies = 0;     // fragment-sized copies to or from the parameters (rounds only)
-  uint64_t final_rounds = 0;         // rounds of the final merge at shutdown this learner completed
+  uint64_t overlap_steps = 0;     // tau of the latest round launched (tuned when overlap_steps = 0)
+  uint64_t parameter_copies = 0;  // fragment-sized copies to or from the parameters (rounds only)
+  uint64_t final_rounds = 0;      // rounds of the final merge at shutdown this learner completed
 };
 
 }  // namespace mend

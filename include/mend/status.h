@@ -53,10 +53,10 @@ Status Annotate(const Status& status, std::string_view context);
 #define MEND_STATUS_CONCAT_(a, b) MEND_STATUS_CONCAT_INNER_(a, b)
 
 // Returns from the enclosing function when `expr` is not OK.
-#define MEND_RETURN_IF_ERROR(expr)                        \
-  do {                                                    \
-    ::mend::Status mend_status_ = (expr);                 \
-    if (!mend_status_.ok()) return mend_status_;          \
+#define MEND_RETURN_IF_ERROR(expr)               \
+  do {                                           \
+    ::mend::Status mend_status_ = (expr);        \
+    if (!mend_status_.ok()) return mend_status_; \
   } while (false)
 
 // `lhs = value of expr`, or returns its error from the enclosing function.

@@ -44,10 +44,23 @@ const char* mend_last_error(void) { return mend::capi::last_error.c_str(); }
 
 const char* mend_status_name(mend_status status) {
   if (status == MEND_PENDING) return "PENDING";
-  static const char* const kNames[] = {
-      "OK",       "CANCELLED",          "UNKNOWN",   "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
-      "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED",
-      "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"};
+  static const char* const kNames[] = {"OK",
+                                       "CANCELLED",
+                                       "UNKNOWN",
+                                       "INVALID_ARGUMENT",
+                                       "DEADLINE_EXCEEDED",
+                                       "NOT_FOUND",
+                                       "ALREADY_EXISTS",
+                                       "PERMISSION_DENIED",
+                                       "RESOURCE_EXHAUSTED",
+                                       "FAILED_PRECONDITION",
+                                       "ABORTED",
+                                       "OUT_OF_RANGE",
+                                       "UNIMPLEMENTED",
+                                       "INTERNAL",
+                                       "UNAVAILABLE",
+                                       "DATA_LOSS",
+                                       "UNAUTHENTICATED"};
   const auto index = static_cast<size_t>(status);
   return index < sizeof(kNames) / sizeof(kNames[0]) ? kNames[index] : "UNKNOWN";
 }
@@ -69,8 +82,9 @@ mend_status mend_log(const char* level, const char* message) {
     if (message == nullptr) return mend::capi::NullArgument("mend_log", "message");
     const spdlog::level::level_enum parsed = spdlog::level::from_str(level);
     if (parsed == spdlog::level::off && std::string_view(level) != "off") {
-      return mend::capi::Fail(mend::InvalidArgumentError(
-          fmt::format("mend_log: level \"{}\": must be one of trace | debug | info | warn | error | off", level)));
+      return mend::capi::Fail(mend::InvalidArgumentError(fmt::format(
+          "mend_log: level \"{}\": must be one of trace | debug | info | warn | error | off",
+          level)));
     }
     spdlog::log(parsed, "{}", message);
     return MEND_OK;

@@ -62,7 +62,8 @@ mend_status mend_config_copy(const mend_config* config, mend_config** out) {
 
 void mend_config_free(mend_config* config) { delete config; }
 
-mend_status mend_config_set(mend_config* config, const char* key, const char* value, const char* source) {
+mend_status mend_config_set(mend_config* config, const char* key, const char* value,
+                            const char* source) {
   return Guarded([&] {
     if (config == nullptr) return NullArgument("mend_config_set", "config");
     if (key == nullptr) return NullArgument("mend_config_set", "key");
@@ -73,7 +74,8 @@ mend_status mend_config_set(mend_config* config, const char* key, const char* va
           fmt::format("unknown configuration key '{}'{}", key,
                       suggestion.empty() ? "" : fmt::format("; did you mean '{}'?", suggestion))));
     }
-    return Return(mend::SetConfigValue(config->value, key, value, source != nullptr ? source : "mend_config_set"));
+    return Return(mend::SetConfigValue(config->value, key, value,
+                                       source != nullptr ? source : "mend_config_set"));
   });
 }
 
@@ -83,8 +85,8 @@ mend_status mend_config_load_file(mend_config* config, const char* path) {
     if (path == nullptr) return NullArgument("mend_config_load_file", "path");
     std::ifstream in(path);
     if (!in) {
-      return mend::capi::Fail(
-          mend::NotFoundError(fmt::format("config file '{}': cannot be read: {}", path, std::strerror(errno))));
+      return mend::capi::Fail(mend::NotFoundError(
+          fmt::format("config file '{}': cannot be read: {}", path, std::strerror(errno))));
     }
     std::ostringstream text;
     text << in.rdbuf();
@@ -112,7 +114,8 @@ mend_status mend_config_get(const mend_config* config, const char* key, char** v
     if (key == nullptr) return NullArgument("mend_config_get", "key");
     const mend::ConfigKey* row = mend::FindConfigKey(key);
     if (row == nullptr) {
-      return mend::capi::Fail(mend::NotFoundError(fmt::format("unknown configuration key '{}'", key)));
+      return mend::capi::Fail(
+          mend::NotFoundError(fmt::format("unknown configuration key '{}'", key)));
     }
     return Hand("mend_config_get", value, mend::FormatConfigValue(config->value, *row));
   });

@@ -25,10 +25,11 @@ struct mend_learner {
   std::unique_ptr<mend::LearnerAgent> agent;
   std::unique_ptr<mend::reducer::RoundDriver> driver;
   mend::capi::RawParameters* parameters = nullptr;  // owned by driver
-  mend::capi::RawMoments* moments = nullptr;        // owned by driver; null without desloc or heal_inner_optimizer
-  mend::capi::RawParameters* buffers[2] = {};       // owned by driver; the model's buffers, by kind
-  std::future<mend::Status> pending;                // a step waiting on the helper thread
-  uint64_t writes_before = 0;                       // the buffers' writes when the last call began
+  mend::capi::RawMoments* moments =
+      nullptr;  // owned by driver; null without desloc or heal_inner_optimizer
+  mend::capi::RawParameters* buffers[2] = {};  // owned by driver; the model's buffers, by kind
+  std::future<mend::Status> pending;           // a step waiting on the helper thread
+  uint64_t writes_before = 0;                  // the buffers' writes when the last call began
   uint32_t last_flags = 0;
   bool shut_down = false;
 };
@@ -41,24 +42,29 @@ using mend::capi::Return;
 namespace {
 
 uint64_t Writes(const mend_learner& learner) {
-  uint64_t writes = learner.parameters->writes() + (learner.moments != nullptr ? learner.moments->writes() : 0);
-  for (const mend::capi::RawParameters* buffers : learner.buffers) writes += buffers != nullptr ? buffers->writes() : 0;
+  uint64_t writes =
+      learner.parameters->writes() + (learner.moments != nullptr ? learner.moments->writes() : 0);
+  for (const mend::capi::RawParameters* buffers : learner.buffers)
+    writes += buffers != nullptr ? buffers->writes() : 0;
   return writes;
 }
 
 // The learner's state allows a call: it exists, belongs to this process and
 // no step is pending.
 mend::Status Usable(const mend_learner* learner, std::string_view function) {
-  if (learner == nullptr) return mend::InvalidArgumentError(fmt::format("{}: learner is NULL", function));
+  if (learner == nullptr)
+    return mend::InvalidArgumentError(fmt::format("{}: learner is NULL", function));
   if (getpid() != learner->owner) {
-    return mend::FailedPreconditionError(fmt::format(
-        "{}: this mend learner was created in process {}; it cannot be used in the forked process {} (a "
-        "DataLoader worker?): mend calls belong in the training process",
-        function, learner->owner, getpid()));
+    return mend::FailedPreconditionError(
+        fmt::format("{}: this mend learner was created in process {}; it cannot be used in the "
+                    "forked process {} (a "
+                    "DataLoader worker?): mend calls belong in the training process",
+                    function, learner->owner, getpid()));
   }
   if (learner->pending.valid()) {
-    return mend::FailedPreconditionError(
-        fmt::format("{}: a step is still waiting for its round; call mend_learner_wait until it is done", function));
+    return mend::FailedPreconditionError(fmt::format(
+        "{}: a step is still waiting for its round; call mend_learner_wait until it is done",
+        function));
   }
   return mend::OkStatus();
 }
@@ -68,10 +74,13 @@ void EndCall(mend_learner& learner) {
   learner.last_flags = Writes(learner) != learner.writes_before ? MEND_STEP_WROTE : 0;
 }
 
-mend::StatusOr<std::vector<mend::capi::RawBuffer>> Buffers(const mend_buffer* parameters, size_t count,
-                                                          std::string_view function = "mend_learner_create") {
-  if (count == 0) return mend::InvalidArgumentError(fmt::format("{}: no buffers (count is 0)", function));
-  if (parameters == nullptr) return mend::InvalidArgumentError(fmt::format("{}: the buffers are NULL", function));
+mend::StatusOr<std::vector<mend::capi::RawBuffer>> Buffers(
+    const mend_buffer* parameters, size_t count,
+    std::string_view function = "mend_learner_create") {
+  if (count == 0)
+    return mend::InvalidArgumentError(fmt::format("{}: no buffers (count is 0)", function));
+  if (parameters == nullptr)
+    return mend::InvalidArgumentError(fmt::format("{}: the buffers are NULL", function));
   std::vector<mend::capi::RawBuffer> buffers;
   std::set<std::string> names;
   for (size_t i = 0; i < count; ++i) {
@@ -80,10 +89,12 @@ mend::StatusOr<std::vector<mend::capi::RawBuffer>> Buffers(const mend_buffer* pa
       return mend::InvalidArgumentError(fmt::format("{}: buffer {} has no name", function, i));
     }
     if (!names.insert(p.name).second) {
-      return mend::InvalidArgumentError(fmt::format("{}: two buffers are named '{}'", function, p.name));
+      return mend::InvalidArgumentError(
+          fmt::format("{}: two buffers are named '{}'", function, p.name));
     }
     if (p.data == nullptr && p.numel > 0) {
-      return mend::InvalidArgumentError(fmt::format("{}: buffer '{}' has no data", function, p.name));
+      return mend::InvalidArgumentError(
+          fmt::format("{}: buffer '{}' has no data", function, p.name));
     }
     mend::capi::RawBuffer buffer{p.name, p.data, static_cast<size_t>(p.numel), {}};
     if (p.shape == nullptr || p.ndim == 0) {
@@ -93,8 +104,9 @@ mend::StatusOr<std::vector<mend::capi::RawBuffer>> Buffers(const mend_buffer* pa
       int64_t product = 1;
       for (int64_t size : buffer.shape) product *= size;
       if (product != static_cast<int64_t>(p.numel)) {
-        return mend::InvalidArgumentError(fmt::format(
-            "{}: buffer '{}' has {} values but its shape holds {}", function, p.name, p.numel, product));
+        return mend::InvalidArgumentError(
+            fmt::format("{}: buffer '{}' has {} values but its shape holds {}", function, p.name,
+                        p.numel, product));
       }
     }
     buffers.push_back(std::move(buffer));
@@ -103,21 +115,27 @@ mend::StatusOr<std::vector<mend::capi::RawBuffer>> Buffers(const mend_buffer* pa
 }
 
 mend::Status Create(const mend::Config& config, const char* token, const char* learner_id,
-                    std::vector<mend::capi::RawBuffer> buffers, uint64_t start_step, mend_learner& learner) {
+                    std::vector<mend::capi::RawBuffer> buffers, uint64_t start_step,
+                    mend_learner& learner) {
   MEND_RETURN_IF_ERROR(mend::CheckConfig(config));
   MEND_RETURN_IF_ERROR(mend::InitLogging(config.log_level, learner_id));
   std::vector<size_t> numels;
   for (const auto& buffer : buffers) numels.push_back(buffer.numel);
   auto parameters = std::make_unique<mend::capi::RawParameters>(std::move(buffers));
   std::unique_ptr<mend::capi::RawMoments> moments;
-  if (config.desloc || config.heal_inner_optimizer) moments = std::make_unique<mend::capi::RawMoments>(numels);
+  if (config.desloc || config.heal_inner_optimizer)
+    moments = std::make_unique<mend::capi::RawMoments>(numels);
   learner.parameters = parameters.get();
   learner.moments = moments.get();
-  MEND_ASSIGN_OR_RETURN(mend::GroupStoreOpener group_store, mend::GroupStoreFromConfig(config, token));
-  MEND_ASSIGN_OR_RETURN(learner.agent, mend::LearnerAgent::Start(config, token, {learner_id, config.job_id, config.rack, ""},
-                                                                 std::move(group_store)));
-  auto driver = mend::reducer::RoundDriver::Create(config, *learner.agent, *mend::RealClock(), std::move(parameters),
-                                                   std::move(moments), start_step);
+  MEND_ASSIGN_OR_RETURN(mend::GroupStoreOpener group_store,
+                        mend::GroupStoreFromConfig(config, token));
+  MEND_ASSIGN_OR_RETURN(
+      learner.agent,
+      mend::LearnerAgent::Start(config, token, {learner_id, config.job_id, config.rack, ""},
+                                std::move(group_store)));
+  auto driver =
+      mend::reducer::RoundDriver::Create(config, *learner.agent, *mend::RealClock(),
+                                         std::move(parameters), std::move(moments), start_step);
   if (!driver.ok()) {
     (void)learner.agent->Leave("the reducer could not start");
     return driver.status();
@@ -128,7 +146,8 @@ mend::Status Create(const mend::Config& config, const char* token, const char* l
 
 // Waits up to `wait_ms` (< 0: no limit) for the pending step.
 mend_status AwaitPending(mend_learner& learner, int64_t wait_ms) {
-  if (wait_ms >= 0 && learner.pending.wait_for(std::chrono::milliseconds(wait_ms)) != std::future_status::ready) {
+  if (wait_ms >= 0 &&
+      learner.pending.wait_for(std::chrono::milliseconds(wait_ms)) != std::future_status::ready) {
     return MEND_PENDING;
   }
   mend::Status status = learner.pending.get();
@@ -140,19 +159,21 @@ mend_status AwaitPending(mend_learner& learner, int64_t wait_ms) {
 
 extern "C" {
 
-mend_status mend_learner_create(const mend_config* config, const char* token, const char* learner_id,
-                                const mend_buffer* parameters, size_t count, uint64_t start_step,
-                                mend_learner** out) {
+mend_status mend_learner_create(const mend_config* config, const char* token,
+                                const char* learner_id, const mend_buffer* parameters, size_t count,
+                                uint64_t start_step, mend_learner** out) {
   return Guarded([&] {
     if (config == nullptr) return NullArgument("mend_learner_create", "config");
     if (token == nullptr) return NullArgument("mend_learner_create", "token");
-    if (learner_id == nullptr || *learner_id == '\0') return NullArgument("mend_learner_create", "learner_id");
+    if (learner_id == nullptr || *learner_id == '\0')
+      return NullArgument("mend_learner_create", "learner_id");
     if (out == nullptr) return NullArgument("mend_learner_create", "out");
     auto buffers = Buffers(parameters, count);
     if (!buffers.ok()) return Return(buffers.status());
     auto learner = std::make_unique<mend_learner>();
     learner->owner = getpid();
-    mend::Status created = Create(config->value, token, learner_id, std::move(*buffers), start_step, *learner);
+    mend::Status created =
+        Create(config->value, token, learner_id, std::move(*buffers), start_step, *learner);
     if (!created.ok()) return Return(created);
     learner->last_flags = Writes(*learner) != 0 ? MEND_STEP_WROTE : 0;
     *out = learner.release();
@@ -160,12 +181,15 @@ mend_status mend_learner_create(const mend_config* config, const char* token, co
   });
 }
 
-mend_status mend_learner_set_moments(mend_learner* learner, size_t index, float* first, float* second) {
+mend_status mend_learner_set_moments(mend_learner* learner, size_t index, float* first,
+                                     float* second) {
   return Guarded([&] {
-    if (mend::Status usable = Usable(learner, "mend_learner_set_moments"); !usable.ok()) return Return(usable);
+    if (mend::Status usable = Usable(learner, "mend_learner_set_moments"); !usable.ok())
+      return Return(usable);
     if (index >= learner->parameters->count()) {
-      return Fail(mend::InvalidArgumentError(fmt::format("mend_learner_set_moments: no parameter {} (there are {})",
-                                                         index, learner->parameters->count())));
+      return Fail(mend::InvalidArgumentError(
+          fmt::format("mend_learner_set_moments: no parameter {} (there are {})", index,
+                      learner->parameters->count())));
     }
     if ((first == nullptr) != (second == nullptr) && learner->parameters->numel(index) > 0) {
       return Fail(mend::InvalidArgumentError(fmt::format(
@@ -176,21 +200,25 @@ mend_status mend_learner_set_moments(mend_learner* learner, size_t index, float*
   });
 }
 
-mend_status mend_learner_set_buffers(mend_learner* learner, const mend_buffer* buffers, size_t count,
-                                     uint32_t kind) {
+mend_status mend_learner_set_buffers(mend_learner* learner, const mend_buffer* buffers,
+                                     size_t count, uint32_t kind) {
   return Guarded([&] {
-    if (mend::Status usable = Usable(learner, "mend_learner_set_buffers"); !usable.ok()) return Return(usable);
+    if (mend::Status usable = Usable(learner, "mend_learner_set_buffers"); !usable.ok())
+      return Return(usable);
     if (kind != MEND_BUFFERS_AVERAGED && kind != MEND_BUFFERS_FROM_FIRST_MEMBER) {
-      return Fail(mend::InvalidArgumentError(fmt::format("mend_learner_set_buffers: unknown kind {}", kind)));
+      return Fail(mend::InvalidArgumentError(
+          fmt::format("mend_learner_set_buffers: unknown kind {}", kind)));
     }
     if (learner->buffers[kind] != nullptr) {
-      return Fail(mend::FailedPreconditionError("mend_learner_set_buffers: buffers of that kind were set already"));
+      return Fail(mend::FailedPreconditionError(
+          "mend_learner_set_buffers: buffers of that kind were set already"));
     }
     auto raw = Buffers(buffers, count, "mend_learner_set_buffers");
     if (!raw.ok()) return Return(raw.status());
     auto owned = std::make_unique<mend::capi::RawParameters>(std::move(*raw));
     mend::capi::RawParameters* pointer = owned.get();
-    mend::Status set = learner->driver->SetBuffers(kind == MEND_BUFFERS_FROM_FIRST_MEMBER, std::move(owned));
+    mend::Status set =
+        learner->driver->SetBuffers(kind == MEND_BUFFERS_FROM_FIRST_MEMBER, std::move(owned));
     if (set.ok()) learner->buffers[kind] = pointer;
     return Return(set);
   });
@@ -199,13 +227,16 @@ mend_status mend_learner_set_buffers(mend_learner* learner, const mend_buffer* b
 uint32_t mend_learner_plan_step(mend_learner* learner) {
   if (!Usable(learner, "mend_learner_plan_step").ok() || learner->shut_down) return 0;
   const mend::reducer::StepPlan plan = learner->driver->PlanStep();
-  return (plan.may_wait ? MEND_STEP_MAY_WAIT : 0u) | (plan.touches_parameters ? MEND_STEP_READS : 0u);
+  return (plan.may_wait ? MEND_STEP_MAY_WAIT : 0u) |
+         (plan.touches_parameters ? MEND_STEP_READS : 0u);
 }
 
 mend_status mend_learner_step(mend_learner* learner, uint64_t tokens, int64_t wait_ms) {
   return Guarded([&] {
-    if (mend::Status usable = Usable(learner, "mend_learner_step"); !usable.ok()) return Return(usable);
-    if (learner->shut_down) return Fail(mend::FailedPreconditionError("mend_learner_step: after shutdown"));
+    if (mend::Status usable = Usable(learner, "mend_learner_step"); !usable.ok())
+      return Return(usable);
+    if (learner->shut_down)
+      return Fail(mend::FailedPreconditionError("mend_learner_step: after shutdown"));
     BeginCall(*learner);
     if (!learner->driver->NextStepMayWait()) {  // most steps: bookkeeping only
       mend::Status status = learner->driver->step(tokens);
@@ -213,7 +244,8 @@ mend_status mend_learner_step(mend_learner* learner, uint64_t tokens, int64_t wa
       return Return(status);
     }
     mend::reducer::RoundDriver* driver = learner->driver.get();
-    learner->pending = std::async(std::launch::async, [driver, tokens] { return driver->step(tokens); });
+    learner->pending =
+        std::async(std::launch::async, [driver, tokens] { return driver->step(tokens); });
     return AwaitPending(*learner, wait_ms);
   });
 }
@@ -229,20 +261,35 @@ mend_status mend_learner_wait(mend_learner* learner, int64_t wait_ms) {
 }
 
 void mend_learner_interrupt(mend_learner* learner) {
-  if (learner != nullptr && learner->agent != nullptr && getpid() == learner->owner) learner->agent->Interrupt();
+  if (learner != nullptr && learner->agent != nullptr && getpid() == learner->owner)
+    learner->agent->Interrupt();
 }
 
-uint32_t mend_learner_last_flags(const mend_learner* learner) { return learner != nullptr ? learner->last_flags : 0; }
+uint32_t mend_learner_last_flags(const mend_learner* learner) {
+  return learner != nullptr ? learner->last_flags : 0;
+}
 
 mend_status mend_learner_stats(const mend_learner* learner, mend_stats* out) {
   return Guarded([&] {
-    if (mend::Status usable = Usable(learner, "mend_learner_stats"); !usable.ok()) return Return(usable);
+    if (mend::Status usable = Usable(learner, "mend_learner_stats"); !usable.ok())
+      return Return(usable);
     if (out == nullptr) return NullArgument("mend_learner_stats", "out");
     const mend::ReducerStats s = learner->driver->stats();
-    *out = {s.steps,          s.rounds_started,        s.rounds,         s.failed_rounds,
-            s.passed_over,    s.heals,                 s.moment_syncs,   s.bytes_sent,
-            s.cross_rack_bytes_sent, s.last_round_id,  s.checkpoints,    s.checkpoint_failures,
-            s.resumed_from_round, s.overlap_steps,     s.parameter_copies};
+    *out = {s.steps,
+            s.rounds_started,
+            s.rounds,
+            s.failed_rounds,
+            s.passed_over,
+            s.heals,
+            s.moment_syncs,
+            s.bytes_sent,
+            s.cross_rack_bytes_sent,
+            s.last_round_id,
+            s.checkpoints,
+            s.checkpoint_failures,
+            s.resumed_from_round,
+            s.overlap_steps,
+            s.parameter_copies};
     return MEND_OK;
   });
 }
@@ -251,47 +298,56 @@ int mend_learner_fragments(const mend_learner* learner) {
   return Usable(learner, "mend_learner_fragments").ok() ? learner->driver->fragments() : 0;
 }
 
-mend_status mend_learner_global_state(const mend_learner* learner, int fragment, float* out, uint64_t capacity,
-                                      uint64_t* count) {
+mend_status mend_learner_global_state(const mend_learner* learner, int fragment, float* out,
+                                      uint64_t capacity, uint64_t* count) {
   return Guarded([&] {
-    if (mend::Status usable = Usable(learner, "mend_learner_global_state"); !usable.ok()) return Return(usable);
+    if (mend::Status usable = Usable(learner, "mend_learner_global_state"); !usable.ok())
+      return Return(usable);
     if (count == nullptr) return NullArgument("mend_learner_global_state", "count");
     if (fragment < 0 || fragment >= learner->driver->fragments()) {
-      return Fail(mend::OutOfRangeError(fmt::format("mend_learner_global_state: fragment {} (there are {})",
-                                                    fragment, learner->driver->fragments())));
+      return Fail(
+          mend::OutOfRangeError(fmt::format("mend_learner_global_state: fragment {} (there are {})",
+                                            fragment, learner->driver->fragments())));
     }
     std::span<const float> global = learner->driver->global(fragment);
     *count = global.size();
-    if (out != nullptr) std::copy_n(global.begin(), std::min<uint64_t>(capacity, global.size()), out);
+    if (out != nullptr)
+      std::copy_n(global.begin(), std::min<uint64_t>(capacity, global.size()), out);
     return MEND_OK;
   });
 }
 
 mend_status mend_learner_export_state(mend_learner* learner, void** bytes, uint64_t* size) {
   return Guarded([&] {
-    if (mend::Status usable = Usable(learner, "mend_learner_export_state"); !usable.ok()) return Return(usable);
+    if (mend::Status usable = Usable(learner, "mend_learner_export_state"); !usable.ok())
+      return Return(usable);
     if (bytes == nullptr) return NullArgument("mend_learner_export_state", "bytes");
     if (size == nullptr) return NullArgument("mend_learner_export_state", "size");
     mend::StatusOr<std::string> state = learner->driver->ExportState();
     if (!state.ok()) return Return(state.status());
     *bytes = std::malloc(std::max<size_t>(state->size(), 1));
-    if (*bytes == nullptr) return Fail(mend::ResourceExhaustedError("mend_learner_export_state: out of memory"));
+    if (*bytes == nullptr)
+      return Fail(mend::ResourceExhaustedError("mend_learner_export_state: out of memory"));
     std::memcpy(*bytes, state->data(), state->size());
     *size = state->size();
     return MEND_OK;
   });
 }
 
-mend_status mend_learner_import_state(mend_learner* learner, const void* bytes, uint64_t size, uint32_t flags) {
+mend_status mend_learner_import_state(mend_learner* learner, const void* bytes, uint64_t size,
+                                      uint32_t flags) {
   return Guarded([&] {
-    if (mend::Status usable = Usable(learner, "mend_learner_import_state"); !usable.ok()) return Return(usable);
+    if (mend::Status usable = Usable(learner, "mend_learner_import_state"); !usable.ok())
+      return Return(usable);
     if (bytes == nullptr && size > 0) return NullArgument("mend_learner_import_state", "bytes");
     BeginCall(*learner);
     if ((flags & ~MEND_IMPORT_KEEP_PARAMETERS) != 0) {
-      return Fail(mend::InvalidArgumentError(fmt::format("mend_learner_import_state: unknown flags {:#x}", flags)));
+      return Fail(mend::InvalidArgumentError(
+          fmt::format("mend_learner_import_state: unknown flags {:#x}", flags)));
     }
-    mend::Status status = learner->driver->ImportState(std::string_view(static_cast<const char*>(bytes), size),
-                                                       (flags & MEND_IMPORT_KEEP_PARAMETERS) != 0);
+    mend::Status status =
+        learner->driver->ImportState(std::string_view(static_cast<const char*>(bytes), size),
+                                     (flags & MEND_IMPORT_KEEP_PARAMETERS) != 0);
     EndCall(*learner);
     return Return(status);
   });
@@ -299,7 +355,8 @@ mend_status mend_learner_import_state(mend_learner* learner, const void* bytes, 
 
 mend_status mend_learner_save_checkpoint(mend_learner* learner, const char* path) {
   return Guarded([&] {
-    if (mend::Status usable = Usable(learner, "mend_learner_save_checkpoint"); !usable.ok()) return Return(usable);
+    if (mend::Status usable = Usable(learner, "mend_learner_save_checkpoint"); !usable.ok())
+      return Return(usable);
     if (path == nullptr) return NullArgument("mend_learner_save_checkpoint", "path");
     return Return(learner->driver->SaveCheckpoint(path));
   });
@@ -307,7 +364,8 @@ mend_status mend_learner_save_checkpoint(mend_learner* learner, const char* path
 
 mend_status mend_learner_shutdown(mend_learner* learner) {
   return Guarded([&] {
-    if (mend::Status usable = Usable(learner, "mend_learner_shutdown"); !usable.ok()) return Return(usable);
+    if (mend::Status usable = Usable(learner, "mend_learner_shutdown"); !usable.ok())
+      return Return(usable);
     if (learner->shut_down) return MEND_OK;
     BeginCall(*learner);
     mend::Status status = learner->driver->shutdown();

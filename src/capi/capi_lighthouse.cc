@@ -27,9 +27,11 @@ using mend::capi::Return;
 
 namespace {
 
-mend::StatusOr<std::string> FetchStatus(const std::string& address, const std::string& token, const std::string& ca,
-                                        uint32_t max_learners, uint32_t max_rounds, mend::Micros timeout) {
-  MEND_ASSIGN_OR_RETURN(auto client, mend::LighthouseClient::Connect({address, token, ca, timeout}));
+mend::StatusOr<std::string> FetchStatus(const std::string& address, const std::string& token,
+                                        const std::string& ca, uint32_t max_learners,
+                                        uint32_t max_rounds, mend::Micros timeout) {
+  MEND_ASSIGN_OR_RETURN(auto client,
+                        mend::LighthouseClient::Connect({address, token, ca, timeout}));
   return client->StatusJson(max_learners, max_rounds);
 }
 
@@ -43,13 +45,16 @@ mend_status HandStatus(const mend::StatusOr<std::string>& json, char** out) {
 
 extern "C" {
 
-mend_status mend_lighthouse_start(const mend_config* config, const char* token, mend_lighthouse** out) {
+mend_status mend_lighthouse_start(const mend_config* config, const char* token,
+                                  mend_lighthouse** out) {
   return Guarded([&] {
     if (config == nullptr) return NullArgument("mend_lighthouse_start", "config");
     if (token == nullptr) return NullArgument("mend_lighthouse_start", "token");
     if (out == nullptr) return NullArgument("mend_lighthouse_start", "out");
-    if (mend::Status checked = mend::CheckConfig(config->value); !checked.ok()) return Return(checked);
-    if (mend::Status logging = mend::InitLogging(config->value.log_level, "lighthouse"); !logging.ok()) {
+    if (mend::Status checked = mend::CheckConfig(config->value); !checked.ok())
+      return Return(checked);
+    if (mend::Status logging = mend::InitLogging(config->value.log_level, "lighthouse");
+        !logging.ok()) {
       return Return(logging);
     }
     auto server = mend::LighthouseServer::Start(config->value, token);
@@ -77,8 +82,8 @@ mend_status mend_lighthouse_status_json(const mend_lighthouse* lighthouse, uint3
   return Guarded([&] {
     if (lighthouse == nullptr) return NullArgument("mend_lighthouse_status_json", "lighthouse");
     if (json == nullptr) return NullArgument("mend_lighthouse_status_json", "json");
-    return HandStatus(FetchStatus(lighthouse->address, lighthouse->token, "", max_learners, max_rounds,
-                                  5 * mend::kMicrosPerSecond),
+    return HandStatus(FetchStatus(lighthouse->address, lighthouse->token, "", max_learners,
+                                  max_rounds, 5 * mend::kMicrosPerSecond),
                       json);
   });
 }
@@ -92,29 +97,32 @@ void mend_lighthouse_stop(mend_lighthouse* lighthouse) {
   });
 }
 
-mend_status mend_status_json(const char* address, const char* token, const char* ca_file, uint32_t max_learners,
-                             uint32_t max_rounds, int64_t timeout_ms, char** json) {
+mend_status mend_status_json(const char* address, const char* token, const char* ca_file,
+                             uint32_t max_learners, uint32_t max_rounds, int64_t timeout_ms,
+                             char** json) {
   return Guarded([&] {
     if (address == nullptr) return NullArgument("mend_status_json", "address");
     if (token == nullptr) return NullArgument("mend_status_json", "token");
     if (json == nullptr) return NullArgument("mend_status_json", "json");
     if (timeout_ms <= 0) {
-      return mend::capi::Fail(mend::InvalidArgumentError("mend_status_json: timeout_ms must be > 0"));
+      return mend::capi::Fail(
+          mend::InvalidArgumentError("mend_status_json: timeout_ms must be > 0"));
     }
-    return HandStatus(FetchStatus(address, token, ca_file != nullptr ? ca_file : "", max_learners, max_rounds,
-                                  timeout_ms * mend::kMicrosPerMilli),
+    return HandStatus(FetchStatus(address, token, ca_file != nullptr ? ca_file : "", max_learners,
+                                  max_rounds, timeout_ms * mend::kMicrosPerMilli),
                       json);
   });
 }
 
-mend_status mend_group_store_serve(const mend_config* config, const char* token, const char* address,
-                                   mend_group_store** out) {
+mend_status mend_group_store_serve(const mend_config* config, const char* token,
+                                   const char* address, mend_group_store** out) {
   return Guarded([&] {
     if (config == nullptr) return NullArgument("mend_group_store_serve", "config");
     if (token == nullptr) return NullArgument("mend_group_store_serve", "token");
     if (address == nullptr) return NullArgument("mend_group_store_serve", "address");
     if (out == nullptr) return NullArgument("mend_group_store_serve", "out");
-    if (mend::Status logging = mend::InitLogging(config->value.log_level, "group-store"); !logging.ok()) {
+    if (mend::Status logging = mend::InitLogging(config->value.log_level, "group-store");
+        !logging.ok()) {
       return Return(logging);
     }
     auto server = mend::GroupStoreServer::Serve(config->value, token, address);

@@ -48,7 +48,8 @@ class RawParameters final : public reducer::FlatParameters {
 // Adam's two moments of each parameter, handed over as they appear.
 class RawMoments final : public reducer::FlatMoments {
  public:
-  explicit RawMoments(std::vector<size_t> numels) : numels_(std::move(numels)), moments_(numels_.size()) {
+  explicit RawMoments(std::vector<size_t> numels)
+      : numels_(std::move(numels)), moments_(numels_.size()) {
     for (size_t n : numels_) size_ += n;
   }
 
@@ -65,13 +66,16 @@ class RawMoments final : public reducer::FlatMoments {
     }
     return true;
   }
-  void Adjust(Which which, std::span<const float> average, std::span<const float> snapshot) override {
+  void Adjust(Which which, std::span<const float> average,
+              std::span<const float> snapshot) override {
     ForEach(which, [&](float* m, size_t offset, size_t n) {
       for (size_t k = 0; k < n; ++k) m[k] += average[offset + k] - snapshot[offset + k];
     });
   }
   void Replace(Which which, std::span<const float> average) override {
-    ForEach(which, [&](float* m, size_t offset, size_t n) { std::memcpy(m, average.data() + offset, n * sizeof(float)); });
+    ForEach(which, [&](float* m, size_t offset, size_t n) {
+      std::memcpy(m, average.data() + offset, n * sizeof(float));
+    });
   }
   uint64_t writes() const { return writes_; }
 
@@ -80,7 +84,8 @@ class RawMoments final : public reducer::FlatMoments {
   void ForEach(Which which, Body&& body) {
     size_t offset = 0;
     for (size_t i = 0; i < numels_.size(); ++i) {
-      if (float* m = moments_[i][which]; m != nullptr && numels_[i] > 0) body(m, offset, numels_[i]);
+      if (float* m = moments_[i][which]; m != nullptr && numels_[i] > 0)
+        body(m, offset, numels_[i]);
       offset += numels_[i];
     }
     ++writes_;

@@ -13,10 +13,10 @@
 #include <random>
 #include <string_view>
 
+#include "core/status_format.h"
 #include "fmt/format.h"
 #include "nlohmann/json.hpp"
 #include "openssl/evp.h"
-#include "core/status_format.h"
 
 namespace mend {
 namespace {
@@ -49,13 +49,15 @@ size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 template <typename T>
 void PutLittle(std::string& out, T value) {
-  for (size_t i = 0; i < sizeof(T); ++i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xff));
+  for (size_t i = 0; i < sizeof(T); ++i)
+    out.push_back(static_cast<char>((value >> (8 * i)) & 0xff));
 }
 
 template <typename T>
 T GetLittle(const char* p) {
   T value = 0;
-  for (size_t i = 0; i < sizeof(T); ++i) value |= static_cast<T>(static_cast<unsigned char>(p[i])) << (8 * i);
+  for (size_t i = 0; i < sizeof(T); ++i)
+    value |= static_cast<T>(static_cast<unsigned char>(p[i])) << (8 * i);
   return value;
 }
 
@@ -66,10 +68,17 @@ int64_t Product(const std::vector<int64_t>& shape) {
 }
 
 json MetaToJson(const CheckpointMeta& m) {
-  json j = {{"job_id", m.job_id},         {"round_id", m.round_id},       {"step", m.step},
-            {"tokens", m.tokens},         {"fragments", m.fragments},     {"learners", m.learners},
-            {"written_by", m.written_by}, {"created_unix_ms", m.created_unix_ms}, {"config", m.config_toml}};
-  if (m.learner_step > 0) j["learner"] = {{"step", m.learner_step}, {"tokens_since_round", m.tokens_since_round}};
+  json j = {{"job_id", m.job_id},
+            {"round_id", m.round_id},
+            {"step", m.step},
+            {"tokens", m.tokens},
+            {"fragments", m.fragments},
+            {"learners", m.learners},
+            {"written_by", m.written_by},
+            {"created_unix_ms", m.created_unix_ms},
+            {"config", m.config_toml}};
+  if (m.learner_step > 0)
+    j["learner"] = {{"step", m.learner_step}, {"tokens_since_round", m.tokens_since_round}};
   return j;
 }
 
@@ -118,8 +127,11 @@ struct Parsed {
   size_t data_start = 0;
 };
 
-StatusOr<Parsed> ParsePrefix(const std::string& path, std::string_view bytes_head, uint64_t file_size) {
-  auto bad = [&](const std::string& why) { return DataLossError(fmt::format("checkpoint {}: {}", path, why)); };
+StatusOr<Parsed> ParsePrefix(const std::string& path, std::string_view bytes_head,
+                             uint64_t file_size) {
+  auto bad = [&](const std::string& why) {
+    return DataLossError(fmt::format("checkpoint {}: {}", path, why));
+  };
   if (file_size < kPrefixBytes + kTrailerBytes || std::memcmp(bytes_head.data(), kMagic, 8) != 0) {
     return bad("not a mend checkpoint (no MENDCKPT magic)");
   }
@@ -131,11 +143,13 @@ StatusOr<Parsed> ParsePrefix(const std::string& path, std::string_view bytes_hea
   }
   const uint64_t header_bytes = GetLittle<uint64_t>(bytes_head.data() + 12);
   if (header_bytes > kMaxHeaderBytes || kPrefixBytes + header_bytes + kTrailerBytes > file_size) {
-    return bad(fmt::format("truncated: the header claims {} bytes but the file has {}", header_bytes, file_size));
+    return bad(fmt::format("truncated: the header claims {} bytes but the file has {}",
+                           header_bytes, file_size));
   }
   if (bytes_head.size() < kPrefixBytes + header_bytes) return bad("short read of the header");
   parsed.header = json::parse(bytes_head.substr(kPrefixBytes, header_bytes), nullptr, false);
-  if (!parsed.header.is_object() || !parsed.header.contains("tensors") || !parsed.header["tensors"].is_array()) {
+  if (!parsed.header.is_object() || !parsed.header.contains("tensors") ||
+      !parsed.header["tensors"].is_array()) {
     return bad("damaged header (not the expected JSON)");
   }
   parsed.data_start = AlignUp(kPrefixBytes + header_bytes);
@@ -144,7 +158,8 @@ StatusOr<Parsed> ParsePrefix(const std::string& path, std::string_view bytes_hea
 
 StatusOr<std::string> ReadFile(const std::string& path, uint64_t limit) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFoundError(fmt::format("checkpoint {}: cannot open: {}", path, std::strerror(errno)));
+  if (!in)
+    return NotFoundError(fmt::format("checkpoint {}: cannot open: {}", path, std::strerror(errno)));
   std::string bytes;
   in.seekg(0, std::ios::end);
   const auto size = static_cast<uint64_t>(in.tellg());
@@ -179,8 +194,9 @@ StatusOr<std::string> EncodePrefix(const Checkpoint& checkpoint, const std::stri
   size_t offset = 0;
   for (const CheckpointTensor& t : checkpoint.tensors) {
     if (Product(t.shape) != static_cast<int64_t>(t.values.size())) {
-      return InvalidArgumentError(fmt::format("checkpoint {}: tensor '{}' has {} values for shape of {}", where,
-                                              t.name, t.values.size(), Product(t.shape)));
+      return InvalidArgumentError(
+          fmt::format("checkpoint {}: tensor '{}' has {} values for shape of {}", where, t.name,
+                      t.values.size(), Product(t.shape)));
     }
     const size_t bytes = t.values.size() * sizeof(float);
     tensors.push_back({{"name", t.name},
@@ -191,7 +207,8 @@ StatusOr<std::string> EncodePrefix(const Checkpoint& checkpoint, const std::stri
                        {"sha256", Sha256Hex(t.values.data(), bytes)}});
     offset = AlignUp(offset + bytes);
   }
-  json header = {{"format", "mend checkpoint"}, {"meta", MetaToJson(checkpoint.meta)}, {"tensors", tensors}};
+  json header = {
+      {"format", "mend checkpoint"}, {"meta", MetaToJson(checkpoint.meta)}, {"tensors", tensors}};
   const std::string header_text = header.dump();
   std::string prefix(kMagic, 8);
   PutLittle<uint32_t>(prefix, kCheckpointFormatVersion);
@@ -218,7 +235,8 @@ Status EncodeInto(const Checkpoint& checkpoint, const std::string& where, Put&& 
     const auto& values = checkpoint.tensors[i].values;
     const size_t bytes = values.size() * sizeof(float);
     status = hashed(reinterpret_cast<const char*>(values.data()), bytes);
-    if (status.ok() && AlignUp(bytes) != bytes) status = hashed(zeros.data(), AlignUp(bytes) - bytes);
+    if (status.ok() && AlignUp(bytes) != bytes)
+      status = hashed(zeros.data(), AlignUp(bytes) - bytes);
   }
   unsigned char sum[EVP_MAX_MD_SIZE];
   unsigned int sum_length = 0;
@@ -245,11 +263,13 @@ Status WriteCheckpoint(const std::string& path, const Checkpoint& checkpoint) {
   const fs::path final_path(path);
   const fs::path dir = final_path.has_parent_path() ? final_path.parent_path() : fs::path(".");
   std::random_device random;
-  const std::string temp = (dir / fmt::format(".{}.tmp-{:08x}", final_path.filename().string(), random())).string();
+  const std::string temp =
+      (dir / fmt::format(".{}.tmp-{:08x}", final_path.filename().string(), random())).string();
   int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) return Errno("create " + temp, path);
-  Status status =
-      EncodeInto(checkpoint, path, [&](const char* data, size_t size) { return WriteAll(fd, data, size, path); });
+  Status status = EncodeInto(checkpoint, path, [&](const char* data, size_t size) {
+    return WriteAll(fd, data, size, path);
+  });
   if (status.ok() && ::fsync(fd) != 0) status = Errno("fsync", path);
   if (::close(fd) != 0 && status.ok()) status = Errno("close", path);
   if (status.ok() && ::rename(temp.c_str(), path.c_str()) != 0) status = Errno("rename", path);
@@ -269,7 +289,9 @@ Status WriteCheckpoint(const std::string& path, const Checkpoint& checkpoint) {
 StatusOr<Checkpoint> DecodeCheckpoint(std::string_view bytes, const std::string& where) {
   const std::string& path = where;
   MEND_ASSIGN_OR_RETURN(Parsed parsed, ParsePrefix(path, bytes, bytes.size()));
-  auto bad = [&](const std::string& why) { return DataLossError(fmt::format("checkpoint {}: {}", path, why)); };
+  auto bad = [&](const std::string& why) {
+    return DataLossError(fmt::format("checkpoint {}: {}", path, why));
+  };
   const size_t body_end = bytes.size() - kTrailerBytes;
   Checkpoint checkpoint;
   MEND_RETURN_IF_ERROR(MetaFromJson(parsed.header.value("meta", json::object()), &checkpoint.meta));
@@ -284,29 +306,33 @@ StatusOr<Checkpoint> DecodeCheckpoint(std::string_view bytes, const std::string&
       offset = entry.at("offset").get<uint64_t>();
       size = entry.at("bytes").get<uint64_t>();
       sha = entry.at("sha256").get<std::string>();
-      if (entry.at("dtype").get<std::string>() != "f32") return bad(fmt::format("tensor '{}': dtype is not f32", tensor.name));
+      if (entry.at("dtype").get<std::string>() != "f32")
+        return bad(fmt::format("tensor '{}': dtype is not f32", tensor.name));
     } catch (const json::exception& error) {
       return bad(fmt::format("damaged header entry: {}", error.what()));
     }
-    if (Product(tensor.shape) < 0 || static_cast<uint64_t>(Product(tensor.shape)) * sizeof(float) != size) {
+    if (Product(tensor.shape) < 0 ||
+        static_cast<uint64_t>(Product(tensor.shape)) * sizeof(float) != size) {
       return bad(fmt::format("tensor '{}': {} bytes do not match its shape", tensor.name, size));
     }
     if (parsed.data_start + offset + size > body_end) {
-      return bad(fmt::format("truncated: tensor '{}' ends at byte {} but the data ends at {}", tensor.name,
-                             parsed.data_start + offset + size, body_end));
+      return bad(fmt::format("truncated: tensor '{}' ends at byte {} but the data ends at {}",
+                             tensor.name, parsed.data_start + offset + size, body_end));
     }
     const char* data = bytes.data() + parsed.data_start + offset;
-    if (Sha256Hex(data, size) != sha) return bad(fmt::format("tensor '{}': checksum mismatch", tensor.name));
+    if (Sha256Hex(data, size) != sha)
+      return bad(fmt::format("tensor '{}': checksum mismatch", tensor.name));
     tensor.values.resize(size / sizeof(float));
     std::memcpy(tensor.values.data(), data, size);
     expected_end = std::max<uint64_t>(expected_end, parsed.data_start + AlignUp(offset + size));
     checkpoint.tensors.push_back(std::move(tensor));
   }
   if (expected_end != body_end) {
-    return bad(fmt::format("truncated or padded: the data should end at byte {} but ends at {}", expected_end,
-                           body_end));
+    return bad(fmt::format("truncated or padded: the data should end at byte {} but ends at {}",
+                           expected_end, body_end));
   }
-  if (std::memcmp(bytes.data() + body_end, kTrailerMagic, 8) != 0) return bad("no MENDEND! trailer (truncated)");
+  if (std::memcmp(bytes.data() + body_end, kTrailerMagic, 8) != 0)
+    return bad("no MENDEND! trailer (truncated)");
   unsigned char sum[32];
   Sha256(bytes.data(), body_end, sum);
   if (std::memcmp(sum, bytes.data() + body_end + 8, 32) != 0) return bad("file checksum mismatch");
@@ -343,7 +369,8 @@ std::vector<std::string> CheckpointDirectory::List() const {
   std::error_code error;
   for (const auto& entry : fs::directory_iterator(dir_, error)) {
     const std::string name = entry.path().filename().string();
-    if (name.rfind("ckpt-", 0) == 0 && entry.path().extension() == ".mend") files.push_back(entry.path().string());
+    if (name.rfind("ckpt-", 0) == 0 && entry.path().extension() == ".mend")
+      files.push_back(entry.path().string());
   }
   std::sort(files.begin(), files.end());  // zero-padded round ids sort by round
   return files;
@@ -352,8 +379,10 @@ std::vector<std::string> CheckpointDirectory::List() const {
 StatusOr<std::string> CheckpointDirectory::Save(const Checkpoint& checkpoint) {
   std::error_code error;
   fs::create_directories(dir_, error);
-  if (error) return InternalError(fmt::format("checkpoint directory {}: {}", dir_, error.message()));
-  const std::string path = (fs::path(dir_) / fmt::format("ckpt-{:012d}.mend", checkpoint.meta.round_id)).string();
+  if (error)
+    return InternalError(fmt::format("checkpoint directory {}: {}", dir_, error.message()));
+  const std::string path =
+      (fs::path(dir_) / fmt::format("ckpt-{:012d}.mend", checkpoint.meta.round_id)).string();
   MEND_RETURN_IF_ERROR(WriteCheckpoint(path, checkpoint));
   std::vector<std::string> files = List();
   for (size_t i = 0; i + static_cast<size_t>(keep_) < files.size(); ++i) {

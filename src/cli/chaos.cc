@@ -13,9 +13,9 @@
 #include <set>
 #include <thread>
 
+#include "core/status_format.h"
 #include "fmt/format.h"
 #include "mend/lighthouse.h"
-#include "core/status_format.h"
 
 namespace mend::cli {
 namespace {
@@ -42,12 +42,12 @@ struct Learner {
 // The fault being injected now.
 struct Active {
   FaultRecord record;
-  int64_t until_ms = 0;       // stop / slow / lighthouse: when the fault ends
-  int64_t give_up_ms = 0;     // recovery is not waited for past this
-  bool ended = false;         // the fault itself is over; waiting for recovery
-  bool stopped = false;       // slow: inside the stopped part of the duty cycle
+  int64_t until_ms = 0;    // stop / slow / lighthouse: when the fault ends
+  int64_t give_up_ms = 0;  // recovery is not waited for past this
+  bool ended = false;      // the fault itself is over; waiting for recovery
+  bool stopped = false;    // slow: inside the stopped part of the duty cycle
   int64_t next_toggle_ms = 0;
-  uint64_t rounds_then = 0;   // rounds (target's, or the job's) when it ended
+  uint64_t rounds_then = 0;  // rounds (target's, or the job's) when it ended
 };
 
 std::vector<json> ReadJsonLines(const std::string& path) {
@@ -61,7 +61,8 @@ std::vector<json> ReadJsonLines(const std::string& path) {
   return lines;
 }
 
-double SettingValue(const std::vector<std::string>& settings, const std::string& key, double fallback) {
+double SettingValue(const std::vector<std::string>& settings, const std::string& key,
+                    double fallback) {
   for (const std::string& setting : settings) {
     if (setting.rfind(key + "=", 0) == 0) return std::atof(setting.c_str() + key.size() + 1);
   }
@@ -72,7 +73,11 @@ class Harness {
  public:
   Harness(const ChaosOptions& options, std::string mend, std::string dir,
           const std::function<void(const std::string&)>& say, const std::atomic<bool>& interrupted)
-      : o_(options), mend_(std::move(mend)), dir_(std::move(dir)), say_(say), interrupted_(interrupted),
+      : o_(options),
+        mend_(std::move(mend)),
+        dir_(std::move(dir)),
+        say_(say),
+        interrupted_(interrupted),
         random_(options.seed) {}
 
   StatusOr<ChaosReport> Run() {
@@ -91,13 +96,15 @@ class Harness {
         break;
       }
       if (RealClock()->NowMicros() > deadline) {
-        failure = DeadlineExceededError(fmt::format("chaos: the job ran past its {} s limit{}",
-                                                    o_.job.timeout / kMicrosPerSecond, Unfinished()));
+        failure =
+            DeadlineExceededError(fmt::format("chaos: the job ran past its {} s limit{}",
+                                              o_.job.timeout / kMicrosPerSecond, Unfinished()));
         break;
       }
       failure = ReapExited();
       if (!failure.ok()) break;
-      if (std::all_of(learners_.begin(), learners_.end(), [](const Learner& l) { return l.done; })) break;
+      if (std::all_of(learners_.begin(), learners_.end(), [](const Learner& l) { return l.done; }))
+        break;
       failure = active_ ? Advance() : MaybeStartFault();
     }
     if (active_) {  // leave nothing stopped; the fault still counts
@@ -121,13 +128,14 @@ class Harness {
 
  private:
   Status Prepare() {
-    if (o_.job.mode != "diloco") return InvalidArgumentError("chaos: the job must be in diloco mode");
+    if (o_.job.mode != "diloco")
+      return InvalidArgumentError("chaos: the job must be in diloco mode");
     if (o_.job.learners < 2) return InvalidArgumentError("chaos: needs at least 2 learners");
     if (o_.faults.empty()) return InvalidArgumentError("chaos: no fault kinds given");
     for (const std::string& kind : o_.faults) {
       if (kind != "kill" && kind != "stop" && kind != "slow" && kind != "lighthouse") {
-        return InvalidArgumentError(
-            fmt::format("chaos: unknown fault '{}' (choose from kill, stop, slow, lighthouse)", kind));
+        return InvalidArgumentError(fmt::format(
+            "chaos: unknown fault '{}' (choose from kill, stop, slow, lighthouse)", kind));
       }
     }
     kinds_ = o_.faults;
@@ -140,7 +148,8 @@ class Harness {
     std::filesystem::remove_all(dir_ + "/diagnostics", error);
     std::filesystem::remove_all(dir_ + "/checkpoints", error);
     std::filesystem::create_directories(dir_, error);
-    if (error) return InternalError(fmt::format("chaos: cannot create {}: {}", dir_, error.message()));
+    if (error)
+      return InternalError(fmt::format("chaos: cannot create {}: {}", dir_, error.message()));
 
     token_file_ = dir_ + "/token";
     lighthouse_config_ = JobLighthouseConfig(spec_, token_file_);
@@ -148,8 +157,9 @@ class Harness {
     MEND_ASSIGN_OR_RETURN(token_, ReadJobToken(lighthouse_config_, nullptr));
     address_ = server_->grpc_address();
     lighthouse_config_.bind = address_;  // a restart comes back on the same port
-    report_.stall_bound_s = static_cast<double>(spec_.grace_window_ms + spec_.heartbeat_timeout_ms) / 1000 +
-                            o_.stall_slack_s;
+    report_.stall_bound_s =
+        static_cast<double>(spec_.grace_window_ms + spec_.heartbeat_timeout_ms) / 1000 +
+        o_.stall_slack_s;
 
     learners_ = std::vector<Learner>(static_cast<size_t>(spec_.learners));
     for (int i = 0; i < spec_.learners; ++i) MEND_RETURN_IF_ERROR(Spawn(i, 0));
@@ -173,11 +183,14 @@ class Harness {
   }
 
   std::string Log(int i) const { return fmt::format("{}/learner-{}.log", dir_, i + 1); }
-  std::string ResultFile(int i) const { return fmt::format("{}/learner-{}.result.json", dir_, i + 1); }
+  std::string ResultFile(int i) const {
+    return fmt::format("{}/learner-{}.result.json", dir_, i + 1);
+  }
 
   Status Spawn(int i, int64_t start_step) {
     Learner& learner = learners_[static_cast<size_t>(i)];
-    std::vector<std::string> argv = LearnerArgv(spec_, mend_, i, address_, token_file_, ResultFile(i));
+    std::vector<std::string> argv =
+        LearnerArgv(spec_, mend_, i, address_, token_file_, ResultFile(i));
     if (start_step > 0) {
       argv.push_back("--start-step");
       argv.push_back(std::to_string(start_step));
@@ -188,9 +201,8 @@ class Harness {
       learner.view = LearnerProgressView{};
     }
     learner.down = false;
-    learner.reader = std::thread([this, &learner]() {
-      ReadLearnerProgress(*learner.process, mu_, changed_, learner.view);
-    });
+    learner.reader = std::thread(
+        [this, &learner]() { ReadLearnerProgress(*learner.process, mu_, changed_, learner.view); });
     return OkStatus();
   }
 
@@ -212,11 +224,11 @@ class Harness {
         say_(fmt::format("learner-{} finished", i + 1));
         continue;
       }
-      return InternalError(fmt::format(
-          "chaos: learner-{} failed on its own ({}); log {}:\n{}", i + 1,
-          WIFEXITED(*status) ? fmt::format("exit {}", WEXITSTATUS(*status))
-                             : fmt::format("signal {}", WTERMSIG(*status)),
-          Log(static_cast<int>(i)), FileTail(Log(static_cast<int>(i)), 1500)));
+      return InternalError(
+          fmt::format("chaos: learner-{} failed on its own ({}); log {}:\n{}", i + 1,
+                      WIFEXITED(*status) ? fmt::format("exit {}", WEXITSTATUS(*status))
+                                         : fmt::format("signal {}", WTERMSIG(*status)),
+                      Log(static_cast<int>(i)), FileTail(Log(static_cast<int>(i)), 1500)));
     }
     return OkStatus();
   }
@@ -225,7 +237,9 @@ class Harness {
     std::exponential_distribution<double> gap(1.0 / std::max(0.1, o_.mean_gap_s));
     return std::max(o_.min_gap_s, gap(random_));
   }
-  double Uniform(double lo, double hi) { return std::uniform_real_distribution<double>(lo, std::max(lo, hi))(random_); }
+  double Uniform(double lo, double hi) {
+    return std::uniform_real_distribution<double>(lo, std::max(lo, hi))(random_);
+  }
 
   uint64_t RoundsOf(int i) {
     std::lock_guard lock(mu_);
@@ -250,13 +264,16 @@ class Harness {
       }
     }
     if (least_step == 0) return OkStatus();  // not training yet
-    if (static_cast<double>(least_step) > (1 - o_.quiet_end) * static_cast<double>(o_.steps)) return OkStatus();
+    if (static_cast<double>(least_step) > (1 - o_.quiet_end) * static_cast<double>(o_.steps))
+      return OkStatus();
 
     auto active = std::make_unique<Active>();
     FaultRecord& r = active->record;
     r.kind = kinds_[fault_count_++ % kinds_.size()];
     r.start_ms = now;
-    r.learner = r.kind == "lighthouse" ? -1 : std::uniform_int_distribution<int>(0, spec_.learners - 1)(random_);
+    r.learner = r.kind == "lighthouse"
+                    ? -1
+                    : std::uniform_int_distribution<int>(0, spec_.learners - 1)(random_);
     Learner* target = r.learner >= 0 ? &learners_[static_cast<size_t>(r.learner)] : nullptr;
     if (target) {
       std::lock_guard lock(mu_);
@@ -272,22 +289,24 @@ class Harness {
       }
       target->down = true;
       active->until_ms = now + static_cast<int64_t>(1000 * o_.restart_delay_s);
-      say_(fmt::format("fault {}: SIGKILL learner-{} at step {}", fault_count_, r.learner + 1, r.step));
+      say_(fmt::format("fault {}: SIGKILL learner-{} at step {}", fault_count_, r.learner + 1,
+                       r.step));
     } else if (r.kind == "stop") {
       MEND_RETURN_IF_ERROR(target->process->Signal(SIGSTOP));
       active->until_ms = now + static_cast<int64_t>(1000 * Uniform(o_.stop_min_s, o_.stop_max_s));
-      say_(fmt::format("fault {}: SIGSTOP learner-{} at step {} for {:.1f} s", fault_count_, r.learner + 1, r.step,
-                       static_cast<double>(active->until_ms - now) / 1000));
+      say_(fmt::format("fault {}: SIGSTOP learner-{} at step {} for {:.1f} s", fault_count_,
+                       r.learner + 1, r.step, static_cast<double>(active->until_ms - now) / 1000));
     } else if (r.kind == "slow") {
       active->until_ms = now + static_cast<int64_t>(1000 * o_.slow_s);
       active->next_toggle_ms = now;
-      say_(fmt::format("fault {}: throttling learner-{} at step {} ({:.0f}% stopped) for {:.1f} s", fault_count_,
-                       r.learner + 1, r.step, 100 * o_.slow_duty, o_.slow_s));
+      say_(fmt::format("fault {}: throttling learner-{} at step {} ({:.0f}% stopped) for {:.1f} s",
+                       fault_count_, r.learner + 1, r.step, 100 * o_.slow_duty, o_.slow_s));
     } else {
       server_->Shutdown();
       server_.reset();
       active->until_ms = now + static_cast<int64_t>(1000 * o_.lighthouse_down_s);
-      say_(fmt::format("fault {}: lighthouse shut down for {:.1f} s", fault_count_, o_.lighthouse_down_s));
+      say_(fmt::format("fault {}: lighthouse shut down for {:.1f} s", fault_count_,
+                       o_.lighthouse_down_s));
     }
     active_ = std::move(active);
     return OkStatus();
@@ -310,8 +329,11 @@ class Harness {
       if (r.kind == "stop") say_(fmt::format("  learner-{} continued (SIGCONT)", r.learner + 1));
       if (r.kind == "slow") say_(fmt::format("  learner-{} at full speed again", r.learner + 1));
     } else {
-      StatusOr<std::unique_ptr<LighthouseServer>> server = LighthouseServer::Start(lighthouse_config_, token_);
-      if (!server.ok()) return Status(server.status().code(), "chaos: restarting the lighthouse: " + std::string(server.status().message()));
+      StatusOr<std::unique_ptr<LighthouseServer>> server =
+          LighthouseServer::Start(lighthouse_config_, token_);
+      if (!server.ok())
+        return Status(server.status().code(), "chaos: restarting the lighthouse: " +
+                                                  std::string(server.status().message()));
       server_ = std::move(*server);
       say_(fmt::format("  lighthouse up again on {}", address_));
     }
@@ -342,7 +364,8 @@ class Harness {
     // lighthouse, the job did); or it finished; or we stop waiting.
     bool recovered = now >= a.give_up_ms;
     if (r.learner >= 0) {
-      recovered |= RoundsOf(r.learner) > a.rounds_then || learners_[static_cast<size_t>(r.learner)].done;
+      recovered |=
+          RoundsOf(r.learner) > a.rounds_then || learners_[static_cast<size_t>(r.learner)].done;
     } else {
       recovered |= JobRounds() > a.rounds_then;
     }
@@ -384,7 +407,8 @@ class Harness {
       if (f.kind != "kill") continue;
       for (const json& round : rounds_of[f.learner]) {
         if (round.value("t_ms", int64_t{0}) < f.end_ms || !round.value("ok", false)) continue;
-        f.restart_to_healed_s = static_cast<double>(round.value("t_ms", int64_t{0}) - f.end_ms) / 1000;
+        f.restart_to_healed_s =
+            static_cast<double>(round.value("t_ms", int64_t{0}) - f.end_ms) / 1000;
         if (round.value("healed", false)) {
           f.heal_transfer_s = round.value("heal_seconds", 0.0);
           f.heal_bytes = round.value("heal_bytes", uint64_t{0});
@@ -394,7 +418,8 @@ class Harness {
     }
     // Step waits of healthy learners, by the fault active at the time.
     json waits = json::array();
-    std::map<std::string, double> max_wait_by_kind;  // healthy learners' longest step per fault kind
+    std::map<std::string, double>
+        max_wait_by_kind;  // healthy learners' longest step per fault kind
     for (int i = 0; i < spec_.learners; ++i) {
       const std::vector<json> steps =
           ReadJsonLines(fmt::format("{}/learner-{}.steps.jsonl", diagnostics, i + 1));
@@ -424,7 +449,9 @@ class Harness {
         report_.max_wait_learner_fault_s = std::max(report_.max_wait_learner_fault_s, wait_s);
         if (wait_s > report_.stall_bound_s) {
           report_.stalls++;
-          waits.push_back({{"learner", i + 1}, {"step", step.value("step", 0)}, {"wait_s", wait_s},
+          waits.push_back({{"learner", i + 1},
+                           {"step", step.value("step", 0)},
+                           {"wait_s", wait_s},
                            {"fault", during->kind}});
         }
       }
@@ -434,9 +461,11 @@ class Harness {
     for (int i = 0; i < spec_.learners; ++i) {
       std::ifstream in(ResultFile(i));
       json result = json::parse(in, nullptr, /*allow_exceptions=*/false);
-      if (!result.is_object()) return InternalError(fmt::format("chaos: no result in {}", ResultFile(i)));
+      if (!result.is_object())
+        return InternalError(fmt::format("chaos: no result in {}", ResultFile(i)));
       const double eval = result.value("eval_loss", std::nan(""));
-      if (!std::isfinite(eval) || learners_[static_cast<size_t>(i)].nonfinite) report_.losses_finite = false;
+      if (!std::isfinite(eval) || learners_[static_cast<size_t>(i)].nonfinite)
+        report_.losses_finite = false;
       eval_sum += eval;
       report_.passed_over += result.value("passed_over", uint64_t{0});
       report_.json["results"].push_back(result);
@@ -454,7 +483,8 @@ class Harness {
     reference.name = "fault-free reference";
     const std::string dir = dir_ + "/reference";
     reference.settings.push_back(fmt::format("diagnostics_dir={}/diagnostics", dir));
-    MEND_ASSIGN_OR_RETURN(TrainingJobResult result, RunTrainingJob(reference, mend_, dir, nullptr, interrupted_));
+    MEND_ASSIGN_OR_RETURN(TrainingJobResult result,
+                          RunTrainingJob(reference, mend_, dir, nullptr, interrupted_));
     report_.reference_eval_loss = result.eval_loss;
     report_.reference_wall_s = result.wall_s;
     return OkStatus();
@@ -463,11 +493,13 @@ class Harness {
   void Summarize() {
     ChaosReport& r = report_;
     if (r.digest_mismatches > 0) {
-      r.violations.push_back(fmt::format("{} round(s) whose members' global state digests differ", r.digest_mismatches));
+      r.violations.push_back(fmt::format("{} round(s) whose members' global state digests differ",
+                                         r.digest_mismatches));
     }
     if (r.stalls > 0) {
-      r.violations.push_back(fmt::format("{} step(s) of healthy learners waited longer than {:.1f} s during a learner fault",
-                                         r.stalls, r.stall_bound_s));
+      r.violations.push_back(fmt::format(
+          "{} step(s) of healthy learners waited longer than {:.1f} s during a learner fault",
+          r.stalls, r.stall_bound_s));
     }
     if (!r.losses_finite) r.violations.push_back("a loss was not finite");
     if (r.rounds_checked == 0) r.violations.push_back("no round had two members to compare");
@@ -485,14 +517,19 @@ class Harness {
       transfer_met += f.heal_transfer_s < target ? 1 : 0;
       restart_met += f.restart_to_healed_s >= 0 && f.restart_to_healed_s < target ? 1 : 0;
     }
-    r.json["heal_target"] = {{"heals", heals}, {"transfer_met", transfer_met}, {"restart_to_round_met", restart_met}};
+    r.json["heal_target"] = {
+        {"heals", heals}, {"transfer_met", transfer_met}, {"restart_to_round_met", restart_met}};
     json faults = json::array();
     for (const FaultRecord& f : r.faults) {
       faults.push_back({{"kind", f.kind},
-                        {"learner", f.learner >= 0 ? json(fmt::format("learner-{}", f.learner + 1)) : json(nullptr)},
+                        {"learner", f.learner >= 0 ? json(fmt::format("learner-{}", f.learner + 1))
+                                                   : json(nullptr)},
                         {"start_ms", f.start_ms},
-                        {"end_ms", f.end_ms}, {"step", f.step}, {"restart_to_healed_s", f.restart_to_healed_s},
-                        {"heal_transfer_s", f.heal_transfer_s}, {"heal_bytes", f.heal_bytes}});
+                        {"end_ms", f.end_ms},
+                        {"step", f.step},
+                        {"restart_to_healed_s", f.restart_to_healed_s},
+                        {"heal_transfer_s", f.heal_transfer_s},
+                        {"heal_bytes", f.heal_bytes}});
     }
     r.json["faults"] = faults;
     r.json["seed"] = o_.seed;
@@ -540,7 +577,8 @@ class Harness {
 
 }  // namespace
 
-StatusOr<ChaosReport> RunChaos(const ChaosOptions& options, const std::string& mend, const std::string& work_dir,
+StatusOr<ChaosReport> RunChaos(const ChaosOptions& options, const std::string& mend,
+                               const std::string& work_dir,
                                const std::function<void(const std::string&)>& say,
                                const std::atomic<bool>& interrupted) {
   Harness harness(options, mend, work_dir, say, interrupted);

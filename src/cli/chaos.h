@@ -29,29 +29,29 @@
 namespace mend::cli {
 
 struct ChaosOptions {
-  TrainingJobSpec job;           // mode diloco; the harness adds diagnostics and checkpoints
-  int64_t steps = 0;             // the job's steps (also in job.train_args)
-  int64_t sync_period_steps = 0; // H (also in job.settings)
+  TrainingJobSpec job;            // mode diloco; the harness adds diagnostics and checkpoints
+  int64_t steps = 0;              // the job's steps (also in job.train_args)
+  int64_t sync_period_steps = 0;  // H (also in job.settings)
   uint64_t seed = 1;
   std::vector<std::string> faults = {"kill", "stop", "slow", "lighthouse"};
-  double mean_gap_s = 20;        // mean time between the end of one fault and the next
+  double mean_gap_s = 20;  // mean time between the end of one fault and the next
   double min_gap_s = 3;
-  double restart_delay_s = 1;    // a killed learner is restarted after this
+  double restart_delay_s = 1;  // a killed learner is restarted after this
   double stop_min_s = 4, stop_max_s = 8;
-  double slow_s = 12;            // how long a learner is throttled
-  double slow_duty = 0.5;        // the share of time it is stopped while throttled
+  double slow_s = 12;      // how long a learner is throttled
+  double slow_duty = 0.5;  // the share of time it is stopped while throttled
   double lighthouse_down_s = 2;
-  double quiet_end = 0.15;       // no new fault in the last share of the steps
-  double stall_slack_s = 2;      // bound = grace window + heartbeat timeout + this
-  bool reference = true;         // also run the job without faults
+  double quiet_end = 0.15;   // no new fault in the last share of the steps
+  double stall_slack_s = 2;  // bound = grace window + heartbeat timeout + this
+  bool reference = true;     // also run the job without faults
 };
 
 struct FaultRecord {
   std::string kind;
-  int learner = -1;              // 0-based; -1 for the lighthouse
-  int64_t start_ms = 0;          // Unix ms
-  int64_t end_ms = 0;            // when the fault was over (restart, SIGCONT, lighthouse up)
-  int64_t step = 0;              // the target's step when it began
+  int learner = -1;      // 0-based; -1 for the lighthouse
+  int64_t start_ms = 0;  // Unix ms
+  int64_t end_ms = 0;    // when the fault was over (restart, SIGCONT, lighthouse up)
+  int64_t step = 0;      // the target's step when it began
   // kill only: restart -> first round completed with a heal, from its diagnostics.
   double restart_to_healed_s = -1;
   double heal_transfer_s = -1;
@@ -59,23 +59,23 @@ struct FaultRecord {
 };
 
 struct ChaosReport {
-  nlohmann::json json;           // everything below and more, for the report file
+  nlohmann::json json;  // everything below and more, for the report file
   std::vector<FaultRecord> faults;
-  uint64_t rounds = 0;           // distinct rounds completed by any learner
-  uint64_t rounds_checked = 0;   // with at least two members' digests compared
+  uint64_t rounds = 0;          // distinct rounds completed by any learner
+  uint64_t rounds_checked = 0;  // with at least two members' digests compared
   uint64_t digest_mismatches = 0;
-  uint64_t stalls = 0;           // healthy learners' step waits above the bound (learner faults)
+  uint64_t stalls = 0;  // healthy learners' step waits above the bound (learner faults)
   double stall_bound_s = 0;
   double max_wait_learner_fault_s = 0;  // longest healthy step wait during a learner fault
   double max_wait_lighthouse_s = 0;     // ... during a lighthouse restart
   double max_wait_no_fault_s = 0;       // ... of any learner while no fault was on (the baseline)
   uint64_t passed_over = 0;             // joins that missed their round (the learner trained on)
   bool losses_finite = true;
-  double eval_loss = 0;          // mean over learners
+  double eval_loss = 0;            // mean over learners
   double reference_eval_loss = 0;  // 0 when not run
   double wall_s = 0;
   double reference_wall_s = 0;
-  bool passed = false;           // every invariant held
+  bool passed = false;  // every invariant held
   std::vector<std::string> violations;
 };
 

@@ -15,10 +15,10 @@
 #include "cli/chaos.h"
 #include "cli/commands.h"
 #include "cli/signals.h"
+#include "core/status_format.h"
+#include "core/subprocess.h"
 #include "fmt/format.h"
 #include "mend/logging.h"
-#include "core/subprocess.h"
-#include "core/status_format.h"
 
 namespace mend::cli {
 namespace {
@@ -58,7 +58,9 @@ struct FaultTally {
       }
     }
   }
-  double max_healed() const { return healed.empty() ? 0.0 : *std::max_element(healed.begin(), healed.end()); }
+  double max_healed() const {
+    return healed.empty() ? 0.0 : *std::max_element(healed.begin(), healed.end());
+  }
 
   std::map<std::string, int> by_kind;
   std::vector<double> healed;    // restart -> first completed round, s
@@ -69,38 +71,51 @@ struct FaultTally {
 void PrintSummary(const ChaosReport& r, const ChaosOptions& o) {
   const FaultTally tally(r.faults);
   std::string kinds;
-  for (const auto& [kind, n] : tally.by_kind) kinds += fmt::format("{}{} {}", kinds.empty() ? "" : ", ", kind, n);
+  for (const auto& [kind, n] : tally.by_kind)
+    kinds += fmt::format("{}{} {}", kinds.empty() ? "" : ", ", kind, n);
   fmt::print("\nchaos: {} learners, {} steps, seed {}: {}\n", o.job.learners, o.steps, o.seed,
              r.passed ? "every invariant held" : "INVARIANT VIOLATED");
   fmt::print("  faults injected   {} ({})\n", r.faults.size(), kinds);
-  fmt::print("  rounds completed  {} ({} with 2+ members: global state digests {})\n", r.rounds, r.rounds_checked,
+  fmt::print("  rounds completed  {} ({} with 2+ members: global state digests {})\n", r.rounds,
+             r.rounds_checked,
              r.digest_mismatches == 0 ? "identical in every one"
                                       : fmt::format("DIFFER in {}", r.digest_mismatches));
-  fmt::print("  stalls            {} (healthy learners' longest step during a learner fault {:.2f} s; bound {:.2f} s)\n",
-             r.stalls, r.max_wait_learner_fault_s, r.stall_bound_s);
-  fmt::print("  no fault on       longest step of a learner {:.2f} s; {} join(s) passed over (trained on)\n",
-             r.max_wait_no_fault_s, r.passed_over);
-  fmt::print("  lighthouse down   longest step of a learner during a restart {:.2f} s\n", r.max_wait_lighthouse_s);
+  fmt::print(
+      "  stalls            {} (healthy learners' longest step during a learner fault {:.2f} s; "
+      "bound {:.2f} s)\n",
+      r.stalls, r.max_wait_learner_fault_s, r.stall_bound_s);
+  fmt::print(
+      "  no fault on       longest step of a learner {:.2f} s; {} join(s) passed over (trained "
+      "on)\n",
+      r.max_wait_no_fault_s, r.passed_over);
+  fmt::print("  lighthouse down   longest step of a learner during a restart {:.2f} s\n",
+             r.max_wait_lighthouse_s);
   if (!tally.healed.empty()) {
-    fmt::print("  restarts          restart -> first round done: median {:.1f} s, max {:.1f} s", Median(tally.healed),
-               tally.max_healed());
+    fmt::print("  restarts          restart -> first round done: median {:.1f} s, max {:.1f} s",
+               Median(tally.healed), tally.max_healed());
     if (!tally.transfer.empty()) {
-      fmt::print("; heal transfer median {:.3f} s for {:.2f} MB", Median(tally.transfer), tally.heal_bytes / 1e6);
+      fmt::print("; heal transfer median {:.3f} s for {:.2f} MB", Median(tally.transfer),
+                 tally.heal_bytes / 1e6);
     }
     fmt::print("\n");
   }
   if (r.json.contains("heal_target") && r.json["heal_target"]["heals"].get<int>() > 0) {
     const nlohmann::json& t = r.json["heal_target"];
-    fmt::print("  heal target       under 1.5 x bytes / link + 2 s: transfer {} of {}, restart -> first round {} of {}\n",
-               t["transfer_met"].get<int>(), t["heals"].get<int>(), t["restart_to_round_met"].get<int>(),
-               t["heals"].get<int>());
+    fmt::print(
+        "  heal target       under 1.5 x bytes / link + 2 s: transfer {} of {}, restart -> first "
+        "round {} of {}\n",
+        t["transfer_met"].get<int>(), t["heals"].get<int>(), t["restart_to_round_met"].get<int>(),
+        t["heals"].get<int>());
   }
   fmt::print("  losses            {}\n", r.losses_finite ? "all finite" : "NOT ALL FINITE");
   if (r.reference_eval_loss > 0) {
-    fmt::print("  final eval loss   {:.4f} vs {:.4f} fault-free ({:+.2f}%); wall {:.0f} s vs {:.0f} s\n", r.eval_loss,
-               r.reference_eval_loss, 100 * (r.eval_loss / r.reference_eval_loss - 1), r.wall_s, r.reference_wall_s);
+    fmt::print(
+        "  final eval loss   {:.4f} vs {:.4f} fault-free ({:+.2f}%); wall {:.0f} s vs {:.0f} s\n",
+        r.eval_loss, r.reference_eval_loss, 100 * (r.eval_loss / r.reference_eval_loss - 1),
+        r.wall_s, r.reference_wall_s);
   } else {
-    fmt::print("  final eval loss   {:.4f} (no fault-free run); wall {:.0f} s\n", r.eval_loss, r.wall_s);
+    fmt::print("  final eval loss   {:.4f} (no fault-free run); wall {:.0f} s\n", r.eval_loss,
+               r.wall_s);
   }
   for (const std::string& v : r.violations) fmt::print("  VIOLATION: {}\n", v);
 }
@@ -109,19 +124,25 @@ void AppendCsv(const std::string& path, const ChaosReport& r, const ChaosOptions
   const bool fresh = !std::filesystem::exists(path);
   std::ofstream out(path, std::ios::app);
   if (fresh) {
-    out << "seed,learners,steps,faults,kill,stop,slow,lighthouse,rounds,rounds_checked,digest_mismatches,stalls,"
-           "stall_bound_s,max_wait_learner_fault_s,max_wait_lighthouse_s,restart_to_healed_median_s,"
-           "restart_to_healed_max_s,heal_transfer_median_s,eval_loss,reference_eval_loss,wall_s,reference_wall_s,"
+    out << "seed,learners,steps,faults,kill,stop,slow,lighthouse,rounds,rounds_checked,digest_"
+           "mismatches,stalls,"
+           "stall_bound_s,max_wait_learner_fault_s,max_wait_lighthouse_s,restart_to_healed_median_"
+           "s,"
+           "restart_to_healed_max_s,heal_transfer_median_s,eval_loss,reference_eval_loss,wall_s,"
+           "reference_wall_s,"
            "passed,max_wait_no_fault_s,passed_over\n";
   }
   FaultTally tally(r.faults);
   std::map<std::string, int>& by_kind = tally.by_kind;
-  out << fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{:.3f},{:.3f},{:.3f},{:.3f},{:.3f},{:.4f},{:.5f},{:.5f},{:.1f},{:.1f},{},{:.3f},{}\n",
-                     o.seed, o.job.learners, o.steps, r.faults.size(), by_kind["kill"], by_kind["stop"],
-                     by_kind["slow"], by_kind["lighthouse"], r.rounds, r.rounds_checked, r.digest_mismatches,
-                     r.stalls, r.stall_bound_s, r.max_wait_learner_fault_s, r.max_wait_lighthouse_s,
-                     Median(tally.healed), tally.max_healed(), Median(tally.transfer), r.eval_loss, r.reference_eval_loss, r.wall_s, r.reference_wall_s,
-                     r.passed ? 1 : 0, r.max_wait_no_fault_s, r.passed_over);
+  out << fmt::format(
+      "{},{},{},{},{},{},{},{},{},{},{},{},{:.3f},{:.3f},{:.3f},{:.3f},{:.3f},{:.4f},{:.5f},{:.5f},"
+      "{:.1f},{:.1f},{},{:.3f},{}\n",
+      o.seed, o.job.learners, o.steps, r.faults.size(), by_kind["kill"], by_kind["stop"],
+      by_kind["slow"], by_kind["lighthouse"], r.rounds, r.rounds_checked, r.digest_mismatches,
+      r.stalls, r.stall_bound_s, r.max_wait_learner_fault_s, r.max_wait_lighthouse_s,
+      Median(tally.healed), tally.max_healed(), Median(tally.transfer), r.eval_loss,
+      r.reference_eval_loss, r.wall_s, r.reference_wall_s, r.passed ? 1 : 0, r.max_wait_no_fault_s,
+      r.passed_over);
 }
 
 int RunChaosCommand(ChaosFlags& flags) {
@@ -136,9 +157,18 @@ int RunChaosCommand(ChaosFlags& flags) {
   job.mode = "diloco";
   job.min_learners = job.learners - 1;  // one learner may be down at a time
   job.timeout = flags.timeout_s * kMicrosPerSecond;
-  job.train_args = {"--steps", std::to_string(o.steps), "--batch", std::to_string(flags.batch), "--dim",
-                    std::to_string(flags.dim), "--layers", std::to_string(flags.layers), "--progress-every", "5"};
-  if (!flags.corpus.empty()) job.train_args.insert(job.train_args.end(), {"--corpus", flags.corpus});
+  job.train_args = {"--steps",
+                    std::to_string(o.steps),
+                    "--batch",
+                    std::to_string(flags.batch),
+                    "--dim",
+                    std::to_string(flags.dim),
+                    "--layers",
+                    std::to_string(flags.layers),
+                    "--progress-every",
+                    "5"};
+  if (!flags.corpus.empty())
+    job.train_args.insert(job.train_args.end(), {"--corpus", flags.corpus});
   job.settings = {fmt::format("sync_period_steps={}", o.sync_period_steps)};
   job.settings.insert(job.settings.end(), flags.settings.begin(), flags.settings.end());
   o.reference = !flags.no_reference;
@@ -147,11 +177,13 @@ int RunChaosCommand(ChaosFlags& flags) {
     fmt::print(stderr, "mend chaos: {}\n", dir.status().message());
     return kExitFailure;
   }
-  fmt::print("mend chaos: {} learners train the example GPT (dim {}, {} layers) for {} steps, H = {}, while\n"
-             "            faults ({}) hit them at seeded random times (seed {}, mean gap {:.0f} s).\n"
-             "            Logs, diagnostics and the report in {}\n",
-             job.learners, flags.dim, flags.layers, o.steps, o.sync_period_steps, flags.faults, o.seed,
-             o.mean_gap_s, *dir);
+  fmt::print(
+      "mend chaos: {} learners train the example GPT (dim {}, {} layers) for {} steps, H = {}, "
+      "while\n"
+      "            faults ({}) hit them at seeded random times (seed {}, mean gap {:.0f} s).\n"
+      "            Logs, diagnostics and the report in {}\n",
+      job.learners, flags.dim, flags.layers, o.steps, o.sync_period_steps, flags.faults, o.seed,
+      o.mean_gap_s, *dir);
   std::fflush(stdout);
   std::atomic<bool> interrupted{false};
   SignalThread signals({SIGINT, SIGTERM}, [&interrupted](int) { interrupted = true; });
@@ -159,17 +191,20 @@ int RunChaosCommand(ChaosFlags& flags) {
   auto report = RunChaos(
       o, SelfExecutable(), *dir,
       [start](const std::string& line) {
-        fmt::print("[{:7.1f} s] {}\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+        fmt::print("[{:7.1f} s] {}\n",
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
                    line);
         std::fflush(stdout);
       },
       interrupted);
   if (!report.ok()) {
     fmt::print(stderr, "mend chaos: {}\n", report.status().message());
-    return report.status().code() == absl::StatusCode::kInvalidArgument ? kExitBadConfig : kExitFailure;
+    return report.status().code() == absl::StatusCode::kInvalidArgument ? kExitBadConfig
+                                                                        : kExitFailure;
   }
   PrintSummary(*report, o);
-  const std::string report_file = flags.report_file.empty() ? *dir + "/chaos-report.json" : flags.report_file;
+  const std::string report_file =
+      flags.report_file.empty() ? *dir + "/chaos-report.json" : flags.report_file;
   std::ofstream(report_file) << report->json.dump(2) << "\n";
   fmt::print("  report            {}\n", report_file);
   if (!flags.csv_file.empty()) AppendCsv(flags.csv_file, *report, o);
@@ -179,10 +214,11 @@ int RunChaosCommand(ChaosFlags& flags) {
 }  // namespace
 
 void AddChaosCommand(CLI::App& app, int* exit_code) {
-  CLI::App* command = app.add_subcommand(
-      "chaos",
-      "Train the example GPT with N learners while killing, stopping, throttling and restarting them "
-      "and the lighthouse at seeded random times; check every round and compare with a fault-free run.");
+  CLI::App* command = app.add_subcommand("chaos",
+                                         "Train the example GPT with N learners while killing, "
+                                         "stopping, throttling and restarting them "
+                                         "and the lighthouse at seeded random times; check every "
+                                         "round and compare with a fault-free run.");
   auto flags = std::make_shared<ChaosFlags>();
   ChaosOptions& o = flags->options;
   // Defaults for a run of a few minutes that shows every kind of fault: one
@@ -197,7 +233,9 @@ void AddChaosCommand(CLI::App& app, int* exit_code) {
   o.sync_period_steps = 20;
   o.job.grace_window_ms = 1000;
   o.job.heartbeat_timeout_ms = 2000;
-  command->add_option("--learners", o.job.learners, "Learner processes")->capture_default_str()->check(CLI::Range(2, 32));
+  command->add_option("--learners", o.job.learners, "Learner processes")
+      ->capture_default_str()
+      ->check(CLI::Range(2, 32));
   command->add_option("--steps", o.steps, "Inner steps of the job")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{10}, int64_t{100'000'000}));
@@ -207,38 +245,48 @@ void AddChaosCommand(CLI::App& app, int* exit_code) {
   command->add_option("--batch", flags->batch, "Sequences per inner step")->capture_default_str();
   command->add_option("--dim", flags->dim, "Model width")->capture_default_str();
   command->add_option("--layers", flags->layers, "Transformer blocks")->capture_default_str();
-  command->add_option("--seed", o.seed, "Seed of the fault times, kinds and targets")->capture_default_str();
+  command->add_option("--seed", o.seed, "Seed of the fault times, kinds and targets")
+      ->capture_default_str();
   command->add_option("--faults", flags->faults, "Comma-separated: kill, stop, slow, lighthouse")
       ->capture_default_str();
   command->add_option("--mean-gap-s", o.mean_gap_s, "Mean seconds between faults (exponential)")
       ->capture_default_str()
       ->check(CLI::Range(0.1, 86400.0));
-  command->add_option("--min-gap-s", o.min_gap_s, "Least seconds between faults")->capture_default_str();
-  command->add_option("--restart-delay-s", o.restart_delay_s, "A killed learner restarts after this")
+  command->add_option("--min-gap-s", o.min_gap_s, "Least seconds between faults")
+      ->capture_default_str();
+  command
+      ->add_option("--restart-delay-s", o.restart_delay_s, "A killed learner restarts after this")
       ->capture_default_str();
   command->add_option("--stop-min-s", o.stop_min_s, "Shortest SIGSTOP")->capture_default_str();
   command->add_option("--stop-max-s", o.stop_max_s, "Longest SIGSTOP")->capture_default_str();
-  command->add_option("--slow-s", o.slow_s, "How long a learner is throttled")->capture_default_str();
-  command->add_option("--slow-duty", o.slow_duty, "Share of the time a throttled learner is stopped")
+  command->add_option("--slow-s", o.slow_s, "How long a learner is throttled")
+      ->capture_default_str();
+  command
+      ->add_option("--slow-duty", o.slow_duty, "Share of the time a throttled learner is stopped")
       ->capture_default_str()
       ->check(CLI::Range(0.05, 0.95));
   command->add_option("--lighthouse-down-s", o.lighthouse_down_s, "How long the lighthouse is down")
       ->capture_default_str();
   command->add_option("--grace-window-ms", o.job.grace_window_ms, "Lighthouse: quorum grace window")
       ->capture_default_str();
-  command->add_option("--heartbeat-timeout-ms", o.job.heartbeat_timeout_ms,
-                      "Lighthouse: silence after which a learner is declared dead")
+  command
+      ->add_option("--heartbeat-timeout-ms", o.job.heartbeat_timeout_ms,
+                   "Lighthouse: silence after which a learner is declared dead")
       ->capture_default_str();
-  command->add_option("--stall-slack-s", o.stall_slack_s,
-                      "Stall bound = grace window + heartbeat timeout + this")
+  command
+      ->add_option("--stall-slack-s", o.stall_slack_s,
+                   "Stall bound = grace window + heartbeat timeout + this")
       ->capture_default_str();
   command->add_flag("--no-reference", flags->no_reference, "Skip the fault-free run");
-  command->add_option("--set", flags->settings, "KEY=VALUE configuration for every learner (repeatable)");
+  command->add_option("--set", flags->settings,
+                      "KEY=VALUE configuration for every learner (repeatable)");
   command->add_option("--corpus", flags->corpus, "Directory of fortune files");
-  command->add_option("--work-dir", flags->work_dir, "Where logs go (default: a new directory under /tmp)");
+  command->add_option("--work-dir", flags->work_dir,
+                      "Where logs go (default: a new directory under /tmp)");
   command->add_option("--report", flags->report_file, "Write the report as JSON here");
   command->add_option("--csv", flags->csv_file, "Append the summary as a CSV row here");
-  command->add_option("--timeout-s", flags->timeout_s, "Give up after this long")->capture_default_str();
+  command->add_option("--timeout-s", flags->timeout_s, "Give up after this long")
+      ->capture_default_str();
   command->callback([flags, exit_code]() {
     // The embedded lighthouse's errors only: the harness reports the faults.
     (void)InitLogging("error", "chaos");

@@ -3,9 +3,9 @@
 
 #include "cli/commands.h"
 #include "cli/config_flags.h"
+#include "core/status_format.h"
 #include "fmt/format.h"
 #include "mend/lighthouse_client.h"
-#include "core/status_format.h"
 
 namespace mend::cli {
 

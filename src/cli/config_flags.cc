@@ -1,7 +1,7 @@
 #include "cli/config_flags.h"
 
-#include "fmt/format.h"
 #include "core/status_format.h"
+#include "fmt/format.h"
 
 extern char** environ;
 

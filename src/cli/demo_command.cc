@@ -22,10 +22,10 @@
 #include "cli/commands.h"
 #include "cli/signals.h"
 #include "cli/training_job.h"
+#include "core/status_format.h"
+#include "core/subprocess.h"
 #include "fmt/format.h"
 #include "mend/logging.h"
-#include "core/subprocess.h"
-#include "core/status_format.h"
 
 namespace mend::cli {
 namespace {
@@ -58,10 +58,22 @@ std::vector<std::string> Concat(std::vector<std::string> a, const std::vector<st
 StatusOr<std::vector<TrainingJobSpec>> DemoJobs(const DemoOptions& o) {
   auto train_args_for = [&o](int64_t steps) {
     std::vector<std::string> args = {
-        "--steps", std::to_string(steps), "--batch", std::to_string(o.batch), "--dim",
-        std::to_string(o.dim), "--layers", std::to_string(o.layers), "--progress-every", "5",
-        "--eval-every", std::to_string(std::max<int64_t>(1, steps / std::max<int64_t>(1, o.eval_points))),
-        "--init-seed", std::to_string(o.seed), "--data-seed", std::to_string(o.seed)};
+        "--steps",
+        std::to_string(steps),
+        "--batch",
+        std::to_string(o.batch),
+        "--dim",
+        std::to_string(o.dim),
+        "--layers",
+        std::to_string(o.layers),
+        "--progress-every",
+        "5",
+        "--eval-every",
+        std::to_string(std::max<int64_t>(1, steps / std::max<int64_t>(1, o.eval_points))),
+        "--init-seed",
+        std::to_string(o.seed),
+        "--data-seed",
+        std::to_string(o.seed)};
     if (!o.corpus.empty()) args = Concat(args, {"--corpus", o.corpus});
     return args;
   };
@@ -89,7 +101,8 @@ StatusOr<std::vector<TrainingJobSpec>> DemoJobs(const DemoOptions& o) {
       // tau is tuned from the measured round and step times (overlap_steps = 0).
       job.name = fmt::format("mend streaming, H={}, 4-bit, overlapped", o.sync_every);
       job.mode = "diloco";
-      job.settings = Concat(link, {period, "fragments=2", "concurrent_outer_step=true", "codec=int4"});
+      job.settings =
+          Concat(link, {period, "fragments=2", "concurrent_outer_step=true", "codec=int4"});
     } else if (mode == "diloco-2x") {
       // The same synchronous DiLoCo for twice the steps: what the time DDP
       // spends on the slow link buys instead.
@@ -100,10 +113,12 @@ StatusOr<std::vector<TrainingJobSpec>> DemoJobs(const DemoOptions& o) {
       job.name = "Local only (no exchange)";
       job.mode = "local";
     } else {
-      return InvalidArgumentError(
-          fmt::format("--modes: unknown mode '{}' (choose from ddp, diloco, streaming, local, diloco-2x)", mode));
+      return InvalidArgumentError(fmt::format(
+          "--modes: unknown mode '{}' (choose from ddp, diloco, streaming, local, diloco-2x)",
+          mode));
     }
-    if (job.mode != "local") job.settings.insert(job.settings.end(), o.settings.begin(), o.settings.end());
+    if (job.mode != "local")
+      job.settings.insert(job.settings.end(), o.settings.begin(), o.settings.end());
     jobs.push_back(std::move(job));
   }
   if (jobs.empty()) return InvalidArgumentError("--modes: no mode given");
@@ -155,22 +170,26 @@ std::optional<double> TimeToLoss(const std::vector<CurvePoint>& curve, double lo
   return std::nullopt;
 }
 
-void PrintTable(const std::vector<TrainingJobResult>& results, const std::vector<std::vector<CurvePoint>>& curves,
-                int ranks_per_learner) {
+void PrintTable(const std::vector<TrainingJobResult>& results,
+                const std::vector<std::vector<CurvePoint>>& curves, int ranks_per_learner) {
   // With groups, bytes per host: what each host's cross-rack link carries.
   const bool per_host = ranks_per_learner > 1;
-  auto sent = [per_host](const TrainingJobResult& r) { return per_host ? r.bytes_per_process : r.bytes_per_learner; };
+  auto sent = [per_host](const TrainingJobResult& r) {
+    return per_host ? r.bytes_per_process : r.bytes_per_learner;
+  };
   const TrainingJobResult* ddp = nullptr;
   const TrainingJobResult* local = nullptr;
   for (const auto& r : results) {
     if (r.mode == "ddp") ddp = &r;
     if (r.mode == "local") local = &r;
   }
-  fmt::print("\n{:<40} {:>9} {:>8} {:>13} {:>8} {:>10} {:>10} {:>9} {:>13} {:>6}\n", "mode", "tokens/s",
-             "vs local", "held-out loss", "vs DDP", "train s", per_host ? "MB/host" : "MB/learner", "bytes", "s to DDP loss", "rounds");
+  fmt::print("\n{:<40} {:>9} {:>8} {:>13} {:>8} {:>10} {:>10} {:>9} {:>13} {:>6}\n", "mode",
+             "tokens/s", "vs local", "held-out loss", "vs DDP", "train s",
+             per_host ? "MB/host" : "MB/learner", "bytes", "s to DDP loss", "rounds");
   for (size_t i = 0; i < results.size(); ++i) {
     const TrainingJobResult& r = results[i];
-    const std::string vs_local = local ? fmt::format("{:.2f}", r.tokens_per_s / local->tokens_per_s) : "-";
+    const std::string vs_local =
+        local ? fmt::format("{:.2f}", r.tokens_per_s / local->tokens_per_s) : "-";
     std::string bytes = "-";
     if (ddp && r.mode != "local" && sent(r) > 0) {
       bytes = &r == ddp ? "1x" : fmt::format("{:.0f}x less", sent(*ddp) / sent(r));
@@ -182,17 +201,18 @@ void PrintTable(const std::vector<TrainingJobResult>& results, const std::vector
       to_ddp = t ? fmt::format("{:.1f}", *t) : "not reached";
     }
     double seconds = 0;
-    for (const auto& learner : r.results) seconds = std::max(seconds, learner.value("seconds", 0.0));
-    fmt::print("{:<40} {:>9.0f} {:>8} {:>13.4f} {:>8} {:>10.1f} {:>10.3f} {:>9} {:>13} {:>6}\n", r.name,
-               r.tokens_per_s, vs_local, r.eval_loss, vs_ddp, seconds, sent(r) / 1e6, bytes, to_ddp,
-               r.mode == "diloco" ? std::to_string(r.rounds) : "-");
+    for (const auto& learner : r.results)
+      seconds = std::max(seconds, learner.value("seconds", 0.0));
+    fmt::print("{:<40} {:>9.0f} {:>8} {:>13.4f} {:>8} {:>10.1f} {:>10.3f} {:>9} {:>13} {:>6}\n",
+               r.name, r.tokens_per_s, vs_local, r.eval_loss, vs_ddp, seconds, sent(r) / 1e6, bytes,
+               to_ddp, r.mode == "diloco" ? std::to_string(r.rounds) : "-");
   }
   // Leaving after the last step is not in tokens/s: the round still in
   // flight and the final merge (every learner then holds the same model).
   for (const auto& r : results) {
     if (r.mode != "diloco") continue;
-    fmt::print("  {}: final merge {:.2f} s after the last step ({} round(s), not in tokens/s)\n", r.name,
-               r.final_merge_s, r.final_rounds == UINT64_MAX ? 0 : r.final_rounds);
+    fmt::print("  {}: final merge {:.2f} s after the last step ({} round(s), not in tokens/s)\n",
+               r.name, r.final_merge_s, r.final_rounds == UINT64_MAX ? 0 : r.final_rounds);
   }
   if (ddp && local && local->eval_loss > ddp->eval_loss) {
     auto steps = [](const TrainingJobResult& r) {
@@ -207,9 +227,11 @@ void PrintTable(const std::vector<TrainingJobResult>& results, const std::vector
 }
 
 // Writes the curves as CSV next to the PNG and plots them with gnuplot.
-void WritePlot(const std::vector<TrainingJobResult>& results, const std::vector<std::vector<CurvePoint>>& curves,
-               const DemoOptions& options, const std::string& png) {
-  const std::string base = png.size() > 4 && png.ends_with(".png") ? png.substr(0, png.size() - 4) : png;
+void WritePlot(const std::vector<TrainingJobResult>& results,
+               const std::vector<std::vector<CurvePoint>>& curves, const DemoOptions& options,
+               const std::string& png) {
+  const std::string base =
+      png.size() > 4 && png.ends_with(".png") ? png.substr(0, png.size() - 4) : png;
   const std::string csv = base + ".csv";
   std::ofstream out(csv);
   out << "mode,step,seconds,held_out_loss\n";
@@ -222,39 +244,46 @@ void WritePlot(const std::vector<TrainingJobResult>& results, const std::vector<
       out << fmt::format("\"{}\",{},{:.3f},{:.5f}\n", results[m].name, p.step, p.seconds, p.loss);
       series << fmt::format("{:.3f},{:.5f}\n", p.seconds, p.loss);
     }
-    plot += fmt::format("{}'{}' using 1:2 with linespoints lw 2 title '{}'", m ? ", " : "", one, results[m].name);
+    plot += fmt::format("{}'{}' using 1:2 with linespoints lw 2 title '{}'", m ? ", " : "", one,
+                        results[m].name);
   }
   const std::string script = base + ".gp";
   std::ofstream(script) << fmt::format(
       "set terminal pngcairo size 1000,600 font 'sans,11'\nset output '{}'\nset grid\n"
       "set datafile separator ','\nset key top right\n"
-      "set title \"Held-out loss against training time: {} learners, {} ms + {} Mbit/s cross-rack link\"\n"
+      "set title \"Held-out loss against training time: {} learners, {} ms + {} Mbit/s cross-rack "
+      "link\"\n"
       "set xlabel 'training time (s)'\nset ylabel 'held-out loss (nats/byte)'\nplot {}\n",
       png, options.learners, options.delay_ms, options.rate_mbit, plot);
   if (std::system(fmt::format("gnuplot '{}' 2>/dev/null", script).c_str()) == 0) {
     fmt::print("\nplot: {} (data: {})\n", png, csv);
   } else {
-    fmt::print("\nplot: gnuplot is not installed or failed (apt-get install gnuplot-nox); data: {}, script: {}\n",
-               csv, script);
+    fmt::print(
+        "\nplot: gnuplot is not installed or failed (apt-get install gnuplot-nox); data: {}, "
+        "script: {}\n",
+        csv, script);
   }
 }
 
-int RunDemo(const DemoOptions& options, const std::string& dir, const std::atomic<bool>& interrupted) {
+int RunDemo(const DemoOptions& options, const std::string& dir,
+            const std::atomic<bool>& interrupted) {
   auto jobs = DemoJobs(options);
   if (!jobs.ok()) {
     fmt::print(stderr, "mend demo: {}\n", jobs.status().message());
     return kExitBadConfig;
   }
-  fmt::print("mend demo: {} learners{} train a byte-level GPT (dim {}, {} layers) on Debian's fortunes,\n"
-             "           {} steps of {} x 64 bytes each (seed {}), over an emulated cross-rack link: {} ms\n"
-             "           latency per collective and {} Mbit/s. Logs, results and diagnostics in {}\n",
-             options.learners,
-             options.ranks_per_learner > 1
-                 ? fmt::format(" of {} ranks each (DDP inside; ddp runs all {} processes as learners)",
-                               options.ranks_per_learner, options.learners * options.ranks_per_learner)
-                 : "",
-             options.dim, options.layers, options.steps, options.batch, options.seed,
-             options.delay_ms, options.rate_mbit, dir);
+  fmt::print(
+      "mend demo: {} learners{} train a byte-level GPT (dim {}, {} layers) on Debian's fortunes,\n"
+      "           {} steps of {} x 64 bytes each (seed {}), over an emulated cross-rack link: {} "
+      "ms\n"
+      "           latency per collective and {} Mbit/s. Logs, results and diagnostics in {}\n",
+      options.learners,
+      options.ranks_per_learner > 1
+          ? fmt::format(" of {} ranks each (DDP inside; ddp runs all {} processes as learners)",
+                        options.ranks_per_learner, options.learners * options.ranks_per_learner)
+          : "",
+      options.dim, options.layers, options.steps, options.batch, options.seed, options.delay_ms,
+      options.rate_mbit, dir);
   std::vector<TrainingJobResult> results;
   for (size_t j = 0; j < jobs->size(); ++j) {
     TrainingJobSpec& job = (*jobs)[j];
@@ -262,26 +291,31 @@ int RunDemo(const DemoOptions& options, const std::string& dir, const std::atomi
     job.settings.push_back(fmt::format("diagnostics_dir={}/diagnostics", job_dir));
     fmt::print("\n[{}/{}] {}\n", j + 1, jobs->size(), job.name);
     ProgressBars bars;
-    auto result = RunTrainingJob(job, SelfExecutable(), job_dir,
-                                 [&bars](const std::vector<LearnerProgressView>& v) { bars.Draw(v); },
-                                 interrupted);
+    auto result = RunTrainingJob(
+        job, SelfExecutable(), job_dir,
+        [&bars](const std::vector<LearnerProgressView>& v) { bars.Draw(v); }, interrupted);
     if (!result.ok()) {
       fmt::print(stderr, "mend demo: {}\n", result.status().message());
       return kExitFailure;
     }
-    if (!result->http_address.empty()) fmt::print("  status page was http://{}/\n", result->http_address);
+    if (!result->http_address.empty())
+      fmt::print("  status page was http://{}/\n", result->http_address);
     results.push_back(std::move(*result));
   }
   std::vector<std::vector<CurvePoint>> curves;
   for (const auto& r : results) curves.push_back(JobCurve(r));
   PrintTable(results, curves, options.ranks_per_learner);
-  fmt::print("\ntokens/s is the job's (all learners); held-out loss is the mean over learners on the same\n"
-             "held-out windows, 'vs DDP' its ratio to DDP's; 'train s' is the training time (evaluations\n"
-             "excluded); 'bytes' compares bytes sent per learner; 's to DDP loss' is when the mode's held-out\n"
-             "loss first reached DDP's final one. Per-step and per-round JSON lines are under\n"
-             "{}/*/diagnostics.\n",
-             dir);
-  WritePlot(results, curves, options, options.plot.empty() ? dir + "/loss_vs_time.png" : options.plot);
+  fmt::print(
+      "\ntokens/s is the job's (all learners); held-out loss is the mean over learners on the "
+      "same\n"
+      "held-out windows, 'vs DDP' its ratio to DDP's; 'train s' is the training time (evaluations\n"
+      "excluded); 'bytes' compares bytes sent per learner; 's to DDP loss' is when the mode's "
+      "held-out\n"
+      "loss first reached DDP's final one. Per-step and per-round JSON lines are under\n"
+      "{}/*/diagnostics.\n",
+      dir);
+  WritePlot(results, curves, options,
+            options.plot.empty() ? dir + "/loss_vs_time.png" : options.plot);
   return kExitOk;
 }
 
@@ -291,14 +325,17 @@ void AddDemoCommand(CLI::App& app, int* exit_code) {
   CLI::App* command = app.add_subcommand(
       "demo",
       "Train the example GPT with several learners on this machine over an emulated slow link: "
-      "DDP vs synchronous DiLoCo vs streaming 4-bit DiLoCo vs local (and DiLoCo for twice the steps), with "
+      "DDP vs synchronous DiLoCo vs streaming 4-bit DiLoCo vs local (and DiLoCo for twice the "
+      "steps), with "
       "progress bars, a summary table and a plot of held-out loss against time.");
   auto options = std::make_shared<DemoOptions>();
   command->add_option("--learners", options->learners, "Learner processes")
       ->capture_default_str()
       ->check(CLI::Range(2, 64));
-  command->add_option("--ranks-per-learner", options->ranks_per_learner,
-                      "Processes per learner (a rack's hosts: DDP inside, the cross-rack round sharded among them)")
+  command
+      ->add_option("--ranks-per-learner", options->ranks_per_learner,
+                   "Processes per learner (a rack's hosts: DDP inside, the cross-rack round "
+                   "sharded among them)")
       ->capture_default_str()
       ->check(CLI::Range(1, 16));
   command->add_option("--steps", options->steps, "Inner steps per learner and mode")
@@ -315,28 +352,38 @@ void AddDemoCommand(CLI::App& app, int* exit_code) {
   command->add_option("--delay-ms", options->delay_ms, "Emulated cross-rack latency per collective")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{0}, int64_t{60'000}));
-  command->add_option("--rate-mbit", options->rate_mbit,
-                      "Emulated cross-rack link rate in Mbit/s per learner (0: unlimited)")
+  command
+      ->add_option("--rate-mbit", options->rate_mbit,
+                   "Emulated cross-rack link rate in Mbit/s per learner (0: unlimited)")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1e6));
-  command->add_option("--eval-points", options->eval_points, "Held-out evaluations per mode (the plot's points)")
+  command
+      ->add_option("--eval-points", options->eval_points,
+                   "Held-out evaluations per mode (the plot's points)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1000}));
-  command->add_option("--seed", options->seed, "Seed of the initial parameters and of the batches (every mode)")
+  command
+      ->add_option("--seed", options->seed,
+                   "Seed of the initial parameters and of the batches (every mode)")
       ->capture_default_str()
       ->check(CLI::Range(uint64_t{1}, uint64_t{1'000'000'000}));
-  command->add_option("--modes", options->modes,
-                      "Comma-separated: ddp, diloco (synchronous fp32), streaming (P = 2, int4, overlapped), local, "
-                      "diloco-2x (synchronous, twice the steps)")
+  command
+      ->add_option("--modes", options->modes,
+                   "Comma-separated: ddp, diloco (synchronous fp32), streaming (P = 2, int4, "
+                   "overlapped), local, "
+                   "diloco-2x (synchronous, twice the steps)")
       ->capture_default_str();
-  command->add_option("--set", options->settings,
-                      "KEY=VALUE configuration for every learner (after the mode's own; repeatable)");
+  command->add_option(
+      "--set", options->settings,
+      "KEY=VALUE configuration for every learner (after the mode's own; repeatable)");
   command->add_option("--corpus", options->corpus,
                       "Directory of fortune files (default: /usr/share/games/fortunes)");
   command->add_option("--http", options->http,
                       "Lighthouse status page address while a mode runs (e.g. 127.0.0.1:0)");
-  command->add_option("--work-dir", options->work_dir, "Where logs go (default: a new directory under /tmp)");
-  command->add_option("--plot", options->plot, "The PNG of held-out loss against time (default: in the work dir)");
+  command->add_option("--work-dir", options->work_dir,
+                      "Where logs go (default: a new directory under /tmp)");
+  command->add_option("--plot", options->plot,
+                      "The PNG of held-out loss against time (default: in the work dir)");
   command->callback([options, exit_code]() {
     (void)InitLogging("warn", "demo");
     std::atomic<bool> interrupted{false};

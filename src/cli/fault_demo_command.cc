@@ -15,12 +15,12 @@
 #include "cli/config_flags.h"
 #include "cli/signals.h"
 #include "cli/training_job.h"
+#include "core/status_format.h"
+#include "core/subprocess.h"
 #include "fmt/format.h"
 #include "mend/lighthouse.h"
 #include "mend/logging.h"
-#include "core/subprocess.h"
 #include "nlohmann/json.hpp"
-#include "core/status_format.h"
 
 namespace mend::cli {
 namespace {
@@ -44,7 +44,6 @@ struct Fault {
   std::string what;
 };
 
-
 std::string LearnerId(int index) { return fmt::format("learner-{}", index + 1); }
 
 class Demo {
@@ -59,9 +58,10 @@ class Demo {
     }
     fmt::print("mend fault-demo: lighthouse on {} (status page: http://{}/)\n",
                server_->grpc_address(), server_->http_address());
-    fmt::print("           {} simulated learners, {:.0f} ms inner steps, a round every {} steps; "
-               "logs in {}\n\n",
-               options_.learners, options_.step_ms, options_.sync_every, dir_);
+    fmt::print(
+        "           {} simulated learners, {:.0f} ms inner steps, a round every {} steps; "
+        "logs in {}\n\n",
+        options_.learners, options_.step_ms, options_.sync_every, dir_);
     for (int i = 0; i < options_.learners; ++i) {
       if (Status spawned = SpawnLearner(i); !spawned.ok()) {
         fmt::print(stderr, "mend fault-demo: {}\n", spawned.message());
@@ -110,11 +110,15 @@ class Demo {
   Status SpawnLearner(int index) {
     std::string id = LearnerId(index);
     SubprocessOptions child;
-    child.argv = {SelfExecutable(), "sim-learner", "--id", id, "--lighthouse",
-                  server_->grpc_address(), "--token-file", token_file_, "--job-id", "demo",
-                  "--step-ms", fmt::format("{}", options_.step_ms), "--sync-every",
-                  std::to_string(options_.sync_every), "--seed", std::to_string(index + 1),
-                  "--rack", fmt::format("rack-{}", index % 2 + 1)};
+    child.argv = {SelfExecutable(), "sim-learner",
+                  "--id",           id,
+                  "--lighthouse",   server_->grpc_address(),
+                  "--token-file",   token_file_,
+                  "--job-id",       "demo",
+                  "--step-ms",      fmt::format("{}", options_.step_ms),
+                  "--sync-every",   std::to_string(options_.sync_every),
+                  "--seed",         std::to_string(index + 1),
+                  "--rack",         fmt::format("rack-{}", index % 2 + 1)};
     child.stdout_to = fmt::format("{}/{}.rounds", dir_, id);
     child.stderr_to = fmt::format("{}/{}.log", dir_, id);
     child.new_process_group = true;  // Ctrl-C reaches the demo, which stops them in order
@@ -164,13 +168,14 @@ class Demo {
       last_round_ = id;
       rounds_.push_back(round);
       std::string members;
-      for (const auto& m : round["members"]) members += (members.empty() ? "" : ",") + m.get<std::string>();
+      for (const auto& m : round["members"])
+        members += (members.empty() ? "" : ",") + m.get<std::string>();
       std::string closed_by = round["closed_by"];
-      bool notable = closed_by != "fast_path" || round["healing"].get<int>() > 0 ||
-                     members != last_members_;
+      bool notable =
+          closed_by != "fast_path" || round["healing"].get<int>() > 0 || members != last_members_;
       if (notable) {
-        fmt::print("{:>5.1f}s  round {:<6} {:<11} waited {:>6.1f} ms  members {}{}\n", elapsed,
-                   id, closed_by, round["waited_ms"].get<double>(), members,
+        fmt::print("{:>5.1f}s  round {:<6} {:<11} waited {:>6.1f} ms  members {}{}\n", elapsed, id,
+                   closed_by, round["waited_ms"].get<double>(), members,
                    round["healing"].get<int>() > 0
                        ? fmt::format("  ({} healing to round {})", round["healing"].get<int>(),
                                      round["heal_round_id"].get<uint64_t>())
@@ -199,8 +204,9 @@ class Demo {
                  learner["tokens_per_s"].get<double>(), learner["rounds_joined"].get<uint64_t>(),
                  learner["slow"].get<bool>() ? "yes" : "no");
     }
-    fmt::print("\nThe same data is at /status.json and /metrics while a lighthouse runs "
-               "(mend lighthouse --http HOST:PORT).\n");
+    fmt::print(
+        "\nThe same data is at /status.json and /metrics while a lighthouse runs "
+        "(mend lighthouse --http HOST:PORT).\n");
   }
 
   const DemoOptions options_;

@@ -9,10 +9,10 @@
 #include "cli/commands.h"
 #include "cli/config_flags.h"
 #include "cli/signals.h"
+#include "core/status_format.h"
 #include "fmt/format.h"
 #include "mend/lighthouse.h"
 #include "mend/logging.h"
-#include "core/status_format.h"
 
 namespace mend::cli {
 namespace {
@@ -83,8 +83,7 @@ void AddLighthouseCommand(CLI::App& app, int* exit_code) {
       running = server.get();
       if (stop_requested) server->Shutdown();
     }
-    fmt::print("mend lighthouse grpc={} http={}\n", server->grpc_address(),
-               server->http_address());
+    fmt::print("mend lighthouse grpc={} http={}\n", server->grpc_address(), server->http_address());
     std::fflush(stdout);
     server->Wait();
     std::lock_guard lock(mu);

@@ -8,8 +8,8 @@
 
 #include "CLI/CLI.hpp"
 #include "cli/commands.h"
-#include "fmt/format.h"
 #include "core/status_format.h"
+#include "fmt/format.h"
 
 namespace {
 

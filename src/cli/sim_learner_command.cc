@@ -13,11 +13,11 @@
 #include "cli/commands.h"
 #include "cli/config_flags.h"
 #include "cli/signals.h"
+#include "core/status_format.h"
 #include "fmt/format.h"
 #include "mend/learner_agent.h"
 #include "mend/logging.h"
 #include "spdlog/spdlog.h"
-#include "core/status_format.h"
 
 namespace mend::cli {
 namespace {
@@ -57,8 +57,8 @@ int RunSimLearner(const SimOptions& options, const Config& config, const std::st
     std::lock_guard lock(control.mu);
     if (signal == SIGUSR1 || signal == SIGUSR2) {
       control.slow = signal == SIGUSR1;
-      spdlog::info("step time now {:.0f} ms", options.step_ms *
-                                                   (control.slow ? options.slow_factor : 1.0));
+      spdlog::info("step time now {:.0f} ms",
+                   options.step_ms * (control.slow ? options.slow_factor : 1.0));
     } else {
       control.stop = true;
       if (control.agent) control.agent->Interrupt();
@@ -101,7 +101,7 @@ int RunSimLearner(const SimOptions& options, const Config& config, const std::st
     tokens_since_round += static_cast<uint64_t>(options.tokens_per_step);
     if (step % options.sync_every != 0) continue;
     auto result = agent->Quorum(last_round, tokens_since_round, quorum_timeout,
-                                 /*include_members=*/true);
+                                /*include_members=*/true);
     if (!result.ok()) {
       {
         std::lock_guard lock(control.mu);
@@ -117,11 +117,11 @@ int RunSimLearner(const SimOptions& options, const Config& config, const std::st
     last_round = result->round_id;
     tokens_since_round = 0;
     ++rounds;
-    fmt::print("round={} rank={} world={} closed_by={} waited_ms={} step={} members={} "
-               "heal_from={}\n",
-               result->round_id, result->rank, result->world_size, result->closed_by,
-               result->waited_ms, step, MemberList(*result),
-               result->heal_from ? result->heal_from->id : "");
+    fmt::print(
+        "round={} rank={} world={} closed_by={} waited_ms={} step={} members={} "
+        "heal_from={}\n",
+        result->round_id, result->rank, result->world_size, result->closed_by, result->waited_ms,
+        step, MemberList(*result), result->heal_from ? result->heal_from->id : "");
     std::fflush(stdout);
     if (options.rounds > 0 && rounds >= options.rounds) break;
   }

@@ -20,13 +20,13 @@
 #include "cli/commands.h"
 #include "cli/config_flags.h"
 #include "cli/signals.h"
+#include "core/status_format.h"
 #include "fmt/format.h"
 #include "mend/logging.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
 #include "torch/utils.h"
 #include "train/trainer.h"
-#include "core/status_format.h"
 
 namespace mend::cli {
 namespace {
@@ -46,17 +46,22 @@ void PrintProgress(const train::TrainProgress& p, bool json) {
   if (stdout_gone) return;
   try {
     if (json) {
-      nlohmann::json line = {{"step", p.step},           {"steps", p.steps},
-                             {"loss", p.loss},           {"tokens_per_s", p.tokens_per_s},
-                             {"bytes_sent", p.bytes_sent}, {"rounds", p.rounds}};
+      nlohmann::json line = {{"step", p.step},
+                             {"steps", p.steps},
+                             {"loss", p.loss},
+                             {"tokens_per_s", p.tokens_per_s},
+                             {"bytes_sent", p.bytes_sent},
+                             {"rounds", p.rounds}};
       if (p.eval_loss) line["eval_loss"] = *p.eval_loss;
       fmt::print("{}\n", line.dump());
     } else {
-      fmt::print("step {:>6}/{}  loss {:.4f}  {:>8.0f} tokens/s  rounds {}  sent {:.2f} MB{}\n", p.step,
-                 p.steps, p.loss, p.tokens_per_s, p.rounds, static_cast<double>(p.bytes_sent) / 1e6,
+      fmt::print("step {:>6}/{}  loss {:.4f}  {:>8.0f} tokens/s  rounds {}  sent {:.2f} MB{}\n",
+                 p.step, p.steps, p.loss, p.tokens_per_s, p.rounds,
+                 static_cast<double>(p.bytes_sent) / 1e6,
                  p.eval_loss ? fmt::format("  eval loss {:.4f}", *p.eval_loss) : "");
     }
-    if (std::fflush(stdout) != 0) throw std::system_error(errno, std::generic_category(), "flushing stdout");
+    if (std::fflush(stdout) != 0)
+      throw std::system_error(errno, std::generic_category(), "flushing stdout");
   } catch (const std::exception& error) {
     stdout_gone = true;
     spdlog::warn("cannot write progress to stdout ({}); training goes on without it", error.what());
@@ -87,7 +92,9 @@ void SetComputeThreads(int threads) {
 // resident size grows by a few MiB. Left alone when the user tuned malloc
 // through the environment.
 void KeepFreedMemoryForReuse() {
-  if (const char* tunables = std::getenv("GLIBC_TUNABLES"); tunables && std::strstr(tunables, "glibc.malloc.")) return;
+  if (const char* tunables = std::getenv("GLIBC_TUNABLES");
+      tunables && std::strstr(tunables, "glibc.malloc."))
+    return;
   for (const char* name : {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_"}) {
     if (std::getenv(name)) return;
   }
@@ -114,9 +121,10 @@ int RunTrain(const TrainFlags& flags, const Config& config, const std::string& t
                : kExitFailure;
   }
   if (!flags.progress_json) {
-    fmt::print("{}: {} steps, {} tokens in {:.1f} s ({:.0f} tokens/s), eval loss {:.4f}, {:.2f} MB sent\n",
-               flags.options.id, result->steps, result->tokens, result->seconds, result->tokens_per_s,
-               result->eval_loss, static_cast<double>(result->bytes_sent) / 1e6);
+    fmt::print(
+        "{}: {} steps, {} tokens in {:.1f} s ({:.0f} tokens/s), eval loss {:.4f}, {:.2f} MB sent\n",
+        flags.options.id, result->steps, result->tokens, result->seconds, result->tokens_per_s,
+        result->eval_loss, static_cast<double>(result->bytes_sent) / 1e6);
   }
   if (!flags.result_file.empty()) {
     std::ofstream out(flags.result_file);
@@ -140,32 +148,46 @@ void AddTrainCommand(CLI::App& app, int* exit_code) {
   command->add_option("--mode", o.mode, "diloco (the reducer), ddp (gradients every step) or local")
       ->capture_default_str()
       ->check(CLI::IsMember({"diloco", "ddp", "local"}));
-  command->add_option("--corpus", o.corpus.dir, "Directory of fortune files")->capture_default_str();
+  command->add_option("--corpus", o.corpus.dir, "Directory of fortune files")
+      ->capture_default_str();
   command->add_option("--shard", o.corpus.shard, "This learner's shard of the training text")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   command->add_option("--shards", o.corpus.shards, "Number of shards (learners)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  command->add_option("--steps", o.steps, "Inner steps")->capture_default_str()->check(CLI::PositiveNumber);
-  command->add_option("--start-step", o.start_step,
-                      "Steps the job already did (a learner restarted into a running job)")
+  command->add_option("--steps", o.steps, "Inner steps")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  command
+      ->add_option("--start-step", o.start_step,
+                   "Steps the job already did (a learner restarted into a running job)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  command->add_option("--batch", o.batch, "Sequences per inner step")->capture_default_str()->check(CLI::PositiveNumber);
-  command->add_option("--context", o.model.context, "Sequence length in bytes")->capture_default_str();
+  command->add_option("--batch", o.batch, "Sequences per inner step")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  command->add_option("--context", o.model.context, "Sequence length in bytes")
+      ->capture_default_str();
   command->add_option("--dim", o.model.dim, "Model width")->capture_default_str();
   command->add_option("--layers", o.model.layers, "Transformer blocks")->capture_default_str();
   command->add_option("--heads", o.model.heads, "Attention heads")->capture_default_str();
   command->add_option("--lr", o.lr, "Peak inner AdamW learning rate")->capture_default_str();
-  command->add_option("--warmup-steps", o.warmup_steps, "Linear warmup steps")->capture_default_str();
-  command->add_option("--weight-decay", o.weight_decay, "Inner AdamW weight decay")->capture_default_str();
-  command->add_option("--eval-windows", o.eval_windows, "Held-out windows evaluated")->capture_default_str();
+  command->add_option("--warmup-steps", o.warmup_steps, "Linear warmup steps")
+      ->capture_default_str();
+  command->add_option("--weight-decay", o.weight_decay, "Inner AdamW weight decay")
+      ->capture_default_str();
+  command->add_option("--eval-windows", o.eval_windows, "Held-out windows evaluated")
+      ->capture_default_str();
   command->add_option("--eval-every", o.eval_every, "Steps between evaluations (0: at the end)")
       ->capture_default_str();
-  command->add_option("--init-seed", o.init_seed, "Seed of the initial parameters (same on all learners)")
+  command
+      ->add_option("--init-seed", o.init_seed,
+                   "Seed of the initial parameters (same on all learners)")
       ->capture_default_str();
-  command->add_option("--data-seed", o.data_seed, "Seed of the batch sampler (mixed with the shard: every learner draws its own)")
+  command
+      ->add_option("--data-seed", o.data_seed,
+                   "Seed of the batch sampler (mixed with the shard: every learner draws its own)")
       ->capture_default_str();
   command->add_option("--progress-every", o.progress_every, "Steps between progress lines")
       ->capture_default_str();
@@ -209,9 +231,10 @@ void AddTrainCommand(CLI::App& app, int* exit_code) {
       }
       token = *job_token;
     }
-    (void)InitLogging(config->log_level, config->group_size > 1
-                                             ? fmt::format("{}.{}", flags->options.id, config->group_rank)
-                                             : flags->options.id);
+    (void)InitLogging(config->log_level,
+                      config->group_size > 1
+                          ? fmt::format("{}.{}", flags->options.id, config->group_rank)
+                          : flags->options.id);
     *exit_code = RunTrain(*flags, *config, token);
   });
 }

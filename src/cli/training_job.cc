@@ -8,9 +8,9 @@
 #include <cerrno>
 #include <chrono>
 #include <cmath>
-#include <cstring>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -18,11 +18,11 @@
 #include <sstream>
 #include <thread>
 
-#include "fmt/format.h"
 #include "core/free_ports.h"
-#include "mend/lighthouse.h"
-#include "core/subprocess.h"
 #include "core/status_format.h"
+#include "core/subprocess.h"
+#include "fmt/format.h"
+#include "mend/lighthouse.h"
 
 namespace mend::cli {
 namespace {
@@ -75,12 +75,16 @@ void ReadLearnerProgress(Subprocess& child, std::mutex& mu, std::condition_varia
   changed.notify_all();
 }
 
-bool GroupedJob(const TrainingJobSpec& spec) { return spec.ranks_per_learner > 1 && spec.mode != "ddp"; }
+bool GroupedJob(const TrainingJobSpec& spec) {
+  return spec.ranks_per_learner > 1 && spec.mode != "ddp";
+}
 
 int JobProcesses(const TrainingJobSpec& spec) { return spec.learners * spec.ranks_per_learner; }
 
 // Learners the lighthouse sees: the groups, or every process.
-static int JobLearners(const TrainingJobSpec& spec) { return GroupedJob(spec) ? spec.learners : JobProcesses(spec); }
+static int JobLearners(const TrainingJobSpec& spec) {
+  return GroupedJob(spec) ? spec.learners : JobProcesses(spec);
+}
 
 Config JobLighthouseConfig(const TrainingJobSpec& spec, const std::string& token_file) {
   Config config;
@@ -95,17 +99,28 @@ Config JobLighthouseConfig(const TrainingJobSpec& spec, const std::string& token
   return config;
 }
 
-std::vector<std::string> LearnerArgv(const TrainingJobSpec& spec, const std::string& mend, int index,
-                                     const std::string& lighthouse, const std::string& token_file,
+std::vector<std::string> LearnerArgv(const TrainingJobSpec& spec, const std::string& mend,
+                                     int index, const std::string& lighthouse,
+                                     const std::string& token_file,
                                      const std::string& result_file) {
   const bool grouped = GroupedJob(spec);
   const int learner = grouped ? index / spec.ranks_per_learner : index;
-  std::vector<std::string> argv = {mend, "train", "--id", fmt::format("learner-{}", learner + 1), "--mode",
-                                   spec.mode, "--shard", std::to_string(learner), "--shards",
-                                   std::to_string(JobLearners(spec)), "--progress-json", "--result-file",
+  std::vector<std::string> argv = {mend,
+                                   "train",
+                                   "--id",
+                                   fmt::format("learner-{}", learner + 1),
+                                   "--mode",
+                                   spec.mode,
+                                   "--shard",
+                                   std::to_string(learner),
+                                   "--shards",
+                                   std::to_string(JobLearners(spec)),
+                                   "--progress-json",
+                                   "--result-file",
                                    result_file};
   if (grouped) {
-    const std::vector<std::string> group = {"--group-size", std::to_string(spec.ranks_per_learner), "--group-rank",
+    const std::vector<std::string> group = {"--group-size", std::to_string(spec.ranks_per_learner),
+                                            "--group-rank",
                                             std::to_string(index % spec.ranks_per_learner)};
     argv.insert(argv.end(), group.begin(), group.end());
     if (static_cast<size_t>(learner) < spec.group_stores.size()) {
@@ -115,8 +130,9 @@ std::vector<std::string> LearnerArgv(const TrainingJobSpec& spec, const std::str
   }
   if (!lighthouse.empty()) {
     const int min_learners = spec.min_learners > 0 ? spec.min_learners : JobLearners(spec);
-    const std::vector<std::string> flags = {"--lighthouse", lighthouse, "--token-file", token_file,
-                                            "--job-id", "train", "--min-learners", std::to_string(min_learners)};
+    const std::vector<std::string> flags = {
+        "--lighthouse", lighthouse, "--token-file",   token_file,
+        "--job-id",     "train",    "--min-learners", std::to_string(min_learners)};
     argv.insert(argv.end(), flags.begin(), flags.end());
   }
   argv.insert(argv.end(), spec.train_args.begin(), spec.train_args.end());
@@ -127,7 +143,8 @@ std::vector<std::string> LearnerArgv(const TrainingJobSpec& spec, const std::str
   return argv;
 }
 
-StatusOr<std::unique_ptr<Subprocess>> SpawnLearner(std::vector<std::string> argv, const std::string& log) {
+StatusOr<std::unique_ptr<Subprocess>> SpawnLearner(std::vector<std::string> argv,
+                                                   const std::string& log) {
   SubprocessOptions child;
   child.argv = std::move(argv);
   // One BLAS thread per learner from the start (no spinning pool).
@@ -142,7 +159,8 @@ StatusOr<std::unique_ptr<LighthouseServer>> StartLocalLighthouse(const Config& c
   {
     std::ofstream out(config.token_file);
     out << RandomToken() << "\n";
-    if (!out) return InternalError(fmt::format("cannot write the job token to {}", config.token_file));
+    if (!out)
+      return InternalError(fmt::format("cannot write the job token to {}", config.token_file));
   }
   chmod(config.token_file.c_str(), 0600);
   MEND_ASSIGN_OR_RETURN(std::string token, ReadJobToken(config, nullptr));
@@ -160,7 +178,9 @@ StatusOr<std::string> MakeWorkDir(const std::string& given, std::string mkdtemp_
   }
   std::error_code error;
   std::filesystem::create_directories(dir, error);
-  if (error) return InternalError(fmt::format("cannot create the work directory {}: {}", dir, error.message()));
+  if (error)
+    return InternalError(
+        fmt::format("cannot create the work directory {}: {}", dir, error.message()));
   return dir;
 }
 
@@ -196,17 +216,18 @@ StatusOr<TrainingJobResult> RunTrainingJob(
   std::vector<std::string> logs, result_files;
   std::vector<std::string> labels;
   for (int i = 0; i < processes; ++i) {
-    const std::string id = GroupedJob(spec) ? fmt::format("learner-{}.{}", i / spec.ranks_per_learner + 1,
-                                                          i % spec.ranks_per_learner)
-                                            : fmt::format("learner-{}", i + 1);
+    const std::string id = GroupedJob(spec)
+                               ? fmt::format("learner-{}.{}", i / spec.ranks_per_learner + 1,
+                                             i % spec.ranks_per_learner)
+                               : fmt::format("learner-{}", i + 1);
     labels.push_back(id);
     logs.push_back(fmt::format("{}/{}.log", work_dir, id));
     result_files.push_back(fmt::format("{}/{}.result.json", work_dir, id));
     std::filesystem::remove(result_files.back(), error);
-    MEND_ASSIGN_OR_RETURN(auto spawned,
-                          SpawnLearner(LearnerArgv(spec, mend, i, server ? server->grpc_address() : "",
-                                                   token_file, result_files.back()),
-                                       logs.back()));
+    MEND_ASSIGN_OR_RETURN(
+        auto spawned, SpawnLearner(LearnerArgv(spec, mend, i, server ? server->grpc_address() : "",
+                                               token_file, result_files.back()),
+                                   logs.back()));
     children.push_back(std::move(spawned));
   }
 
@@ -253,10 +274,11 @@ StatusOr<TrainingJobResult> RunTrainingJob(
       status = W_EXITCODE(0, SIGKILL);
     }
     if (!WIFEXITED(*status) || WEXITSTATUS(*status) != 0) {
-      failures += fmt::format("\n{} {} (log {}):\n{}", labels[i],
-                              WIFEXITED(*status) ? fmt::format("exited with {}", WEXITSTATUS(*status))
-                                                 : fmt::format("killed by signal {}", WTERMSIG(*status)),
-                              logs[i], FileTail(logs[i], 1500));
+      failures +=
+          fmt::format("\n{} {} (log {}):\n{}", labels[i],
+                      WIFEXITED(*status) ? fmt::format("exited with {}", WEXITSTATUS(*status))
+                                         : fmt::format("killed by signal {}", WTERMSIG(*status)),
+                      logs[i], FileTail(logs[i], 1500));
     }
   }
   if (server) server->Shutdown();
@@ -265,14 +287,16 @@ StatusOr<TrainingJobResult> RunTrainingJob(
                                              spec.timeout / kMicrosPerSecond, failures));
   }
   if (interrupted.load()) return AbortedError(fmt::format("{}: interrupted", spec.name));
-  if (!failures.empty()) return InternalError(fmt::format("{}: a learner failed{}", spec.name, failures));
+  if (!failures.empty())
+    return InternalError(fmt::format("{}: a learner failed{}", spec.name, failures));
 
   result.rounds = UINT64_MAX;
   result.final_rounds = UINT64_MAX;
   for (const std::string& path : result_files) {
     std::ifstream in(path);
     json parsed = json::parse(in, nullptr, /*allow_exceptions=*/false);
-    if (!parsed.is_object()) return InternalError(fmt::format("{}: no result in {}", spec.name, path));
+    if (!parsed.is_object())
+      return InternalError(fmt::format("{}: no result in {}", spec.name, path));
     result.tokens_per_s += parsed.value("tokens_per_s", 0.0);
     result.eval_loss += parsed.value("eval_loss", 0.0) / processes;
     result.bytes_per_learner += parsed.value("bytes_sent", 0.0) / JobLearners(spec);
@@ -297,14 +321,18 @@ void ProgressBars::Draw(const std::vector<LearnerProgressView>& learners) {
   std::vector<std::string> lines;
   for (size_t i = 0; i < learners.size(); ++i) {
     const LearnerProgressView& v = learners[i];
-    const double fraction = v.steps > 0 ? static_cast<double>(v.step) / static_cast<double>(v.steps) : 0.0;
+    const double fraction =
+        v.steps > 0 ? static_cast<double>(v.step) / static_cast<double>(v.steps) : 0.0;
     const int filled = static_cast<int>(fraction * kWidth);
     lines.push_back(fmt::format(
-        "  {:<12} [{}{}] {:>3.0f}%  step {:>5}/{:<5} loss {:>6.3f}  {:>7.0f} tokens/s  rounds {:>3}  "
+        "  {:<12} [{}{}] {:>3.0f}%  step {:>5}/{:<5} loss {:>6.3f}  {:>7.0f} tokens/s  rounds "
+        "{:>3}  "
         "sent {:>8.3f} MB{}",
-        v.label.empty() ? fmt::format("learner-{}", i + 1) : v.label, std::string(static_cast<size_t>(filled), '#'), std::string(static_cast<size_t>(kWidth - filled), '.'),
-        100 * fraction, v.step, v.steps, v.loss, v.tokens_per_s, v.rounds,
-        static_cast<double>(v.bytes_sent) / 1e6, v.eval_loss ? fmt::format("  eval {:.3f}", *v.eval_loss) : ""));
+        v.label.empty() ? fmt::format("learner-{}", i + 1) : v.label,
+        std::string(static_cast<size_t>(filled), '#'),
+        std::string(static_cast<size_t>(kWidth - filled), '.'), 100 * fraction, v.step, v.steps,
+        v.loss, v.tokens_per_s, v.rounds, static_cast<double>(v.bytes_sent) / 1e6,
+        v.eval_loss ? fmt::format("  eval {:.3f}", *v.eval_loss) : ""));
   }
   if (tty_) {
     if (drawn_lines_ > 0) fmt::print("\x1b[{}F", drawn_lines_);

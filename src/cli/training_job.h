@@ -17,17 +17,17 @@
 #include <string>
 #include <vector>
 
+#include "core/subprocess.h"
 #include "mend/clock.h"
 #include "mend/lighthouse.h"
 #include "mend/status.h"
-#include "core/subprocess.h"
 #include "nlohmann/json.hpp"
 
 namespace mend::cli {
 
 struct TrainingJobSpec {
-  std::string name;                     // shown in tables, e.g. "DiLoCo (sync)"
-  std::string mode = "diloco";          // diloco | ddp | local
+  std::string name;             // shown in tables, e.g. "DiLoCo (sync)"
+  std::string mode = "diloco";  // diloco | ddp | local
   int learners = 2;
   // Ranks per learner (a rack's hosts): diloco and local learners are groups
   // of this many processes on one shard (DDP inside, the cross-rack round
@@ -86,11 +86,13 @@ struct TrainingJobResult {
 // Starts a lighthouse in this process for learners started on this
 // machine: writes a new random job token to config.token_file (mode 0600),
 // where the learners read it, and serves `config` with it.
-[[nodiscard]] StatusOr<std::unique_ptr<LighthouseServer>> StartLocalLighthouse(const Config& config);
+[[nodiscard]] StatusOr<std::unique_ptr<LighthouseServer>> StartLocalLighthouse(
+    const Config& config);
 
 // `given` when not empty, else a new directory made from `mkdtemp_pattern`
 // (e.g. "/tmp/mend-demo-XXXXXX"); created with its parents.
-[[nodiscard]] StatusOr<std::string> MakeWorkDir(const std::string& given, std::string mkdtemp_pattern);
+[[nodiscard]] StatusOr<std::string> MakeWorkDir(const std::string& given,
+                                                std::string mkdtemp_pattern);
 
 // The lighthouse configuration of a job (local address, port 0 picks).
 Config JobLighthouseConfig(const TrainingJobSpec& spec, const std::string& token_file);
@@ -103,9 +105,9 @@ int JobProcesses(const TrainingJobSpec& spec);
 // The `mend train` command line of process `index` (0-based). Ungrouped:
 // id "learner-<index+1>", shard `index`; grouped: learner index / R, group
 // rank index % R. `lighthouse` is empty for local mode of single ranks.
-std::vector<std::string> LearnerArgv(const TrainingJobSpec& spec, const std::string& mend, int index,
-                                     const std::string& lighthouse, const std::string& token_file,
-                                     const std::string& result_file);
+std::vector<std::string> LearnerArgv(const TrainingJobSpec& spec, const std::string& mend,
+                                     int index, const std::string& lighthouse,
+                                     const std::string& token_file, const std::string& result_file);
 
 // Spawns it with one BLAS thread, stdout piped (progress), stderr to `log`.
 [[nodiscard]] StatusOr<std::unique_ptr<Subprocess>> SpawnLearner(std::vector<std::string> argv,

@@ -1,11 +1,12 @@
+#include "mend/codec.h"
+
 #include <algorithm>
 #include <array>
 #include <utility>
 
 #include "codecs/dense_codecs.h"
-#include "fmt/format.h"
-#include "mend/codec.h"
 #include "core/status_format.h"
+#include "fmt/format.h"
 
 namespace mend {
 namespace {
@@ -50,9 +51,9 @@ StatusOr<std::unique_ptr<Codec>> MakeCodec(const CodecOptions& options) {
     case CodecKind::kInt4:
       if (options.block_size < kMinBlock || options.block_size > kMaxBlock ||
           options.block_size % 2 != 0) {
-        return InvalidArgumentError(fmt::format(
-            "codec_block_size = {}: must be an even number in [{}, {}]", options.block_size,
-            kMinBlock, kMaxBlock));
+        return InvalidArgumentError(
+            fmt::format("codec_block_size = {}: must be an even number in [{}, {}]",
+                        options.block_size, kMinBlock, kMaxBlock));
       }
       if (options.kind == CodecKind::kInt8) return codecs::MakeInt8Codec(options.block_size);
       return codecs::MakeInt4Codec(options.block_size);
@@ -73,7 +74,8 @@ StatusOr<std::unique_ptr<Codec>> MakeCodec(const CodecOptions& options) {
 StatusOr<std::unique_ptr<Codec>> MakeCodec(const Config& config) {
   MEND_ASSIGN_OR_RETURN(CodecKind kind, ParseCodecKind(config.codec));
   return MakeCodec({kind, static_cast<size_t>(config.codec_block_size),
-                    static_cast<size_t>(config.topk_chunk_size), static_cast<size_t>(config.topk_k)});
+                    static_cast<size_t>(config.topk_chunk_size),
+                    static_cast<size_t>(config.topk_k)});
 }
 
 ErrorFeedback::ErrorFeedback(const Codec* codec, size_t size, float beta)
@@ -89,8 +91,7 @@ void EncodeWithErrorFeedback(const Codec& codec, float beta, std::span<float> re
   for (size_t i = 0; i < n; ++i) residual[i] -= decoded[i];
 }
 
-void ErrorFeedback::EncodeWithFeedback(std::span<const float> delta,
-                                       std::span<std::byte> payload) {
+void ErrorFeedback::EncodeWithFeedback(std::span<const float> delta, std::span<std::byte> payload) {
   EncodeWithErrorFeedback(*codec_, beta_, residual_, delta, payload, decoded_);
 }
 

@@ -191,7 +191,8 @@ class BlockQuantCodec final : public Codec {
           const int32_t hi = Quantize(x[2 * j + 1], inverse, qmax);
           q[j] = static_cast<uint8_t>((lo & 0xF) | ((hi & 0xF) << 4));
         }
-        if (len % 2 == 1) q[pairs] = static_cast<uint8_t>(Quantize(x[len - 1], inverse, qmax) & 0xF);
+        if (len % 2 == 1)
+          q[pairs] = static_cast<uint8_t>(Quantize(x[len - 1], inverse, qmax) & 0xF);
       }
     }
   }

@@ -23,8 +23,7 @@ constexpr float kHalfLevels = 1.5f;
 
 class TopKCodec final : public Codec {
  public:
-  TopKCodec(size_t chunk, size_t k)
-      : chunk_(chunk), k_(k), index_bytes_(chunk <= 65536 ? 2 : 4) {}
+  TopKCodec(size_t chunk, size_t k) : chunk_(chunk), k_(k), index_bytes_(chunk <= 65536 ? 2 : 4) {}
 
   CodecKind kind() const override { return CodecKind::kTopK; }
   bool dense() const override { return false; }
@@ -122,7 +121,8 @@ class TopKCodec final : public Codec {
       magnitudes[i] = std::isfinite(m) ? m : 0.0f;
     }
     // "Worse" first: smaller magnitude, or the same magnitude at a higher index.
-    auto worse_on_top = [](const std::pair<float, uint32_t>& a, const std::pair<float, uint32_t>& b) {
+    auto worse_on_top = [](const std::pair<float, uint32_t>& a,
+                           const std::pair<float, uint32_t>& b) {
       return a.first > b.first || (a.first == b.first && a.second < b.second);
     };
     heap.clear();

@@ -5,11 +5,11 @@
 #include <mutex>
 #include <sstream>
 
+#include "core/status_format.h"
 #include "core/text.h"
 #include "fmt/format.h"
 #include "mend/lighthouse_client.h"
 #include "mend/v1/lighthouse.grpc.pb.h"
-#include "core/status_format.h"
 
 namespace mend {
 namespace {
@@ -30,7 +30,7 @@ std::chrono::system_clock::time_point DeadlineAfter(Micros timeout) {
 }
 
 RoundMember FromProto(const v1::Member& member) {
-  return RoundMember{member.learner_id(), member.step(), member.tokens_since_last_round(),
+  return RoundMember{member.learner_id(),    member.step(),      member.tokens_since_last_round(),
                      member.last_round_id(), member.heal_from(), member.rack(),
                      member.address()};
 }
@@ -133,9 +133,9 @@ class HeartbeatStreamImpl final
 
   void OnDone(const grpc::Status& status) override {
     std::lock_guard lock(mu_);
-    status_ = status.ok() ? UnavailableError(fmt::format("lighthouse {}: heartbeat stream ended",
-                                                         address_))
-                          : FromGrpc(status, "Heartbeat", address_);
+    status_ = status.ok()
+                  ? UnavailableError(fmt::format("lighthouse {}: heartbeat stream ended", address_))
+                  : FromGrpc(status, "Heartbeat", address_);
     done_ = true;
     done_cv_.notify_all();
   }
@@ -227,17 +227,17 @@ class LighthouseClientImpl final : public LighthouseClient {
       v1::QuorumResponse response;
     };
     auto* call = new Call{NewContext(args.timeout + kDeadlineMargin), QuorumRequestProto(args), {}};
-    stub_->async()->Quorum(call->context.get(), &call->request, &call->response,
-                           [call, done = std::move(done), address = options_.address](
-                               grpc::Status status) {
-                             std::unique_ptr<Call> owned(call);
-                             Status result = FromGrpc(status, "Quorum", address);
-                             if (!result.ok()) {
-                               done(result);
-                             } else {
-                               done(FromProto(owned->response));
-                             }
-                           });
+    stub_->async()->Quorum(
+        call->context.get(), &call->request, &call->response,
+        [call, done = std::move(done), address = options_.address](grpc::Status status) {
+          std::unique_ptr<Call> owned(call);
+          Status result = FromGrpc(status, "Quorum", address);
+          if (!result.ok()) {
+            done(result);
+          } else {
+            done(FromProto(owned->response));
+          }
+        });
   }
 
   Status StoreSet(const std::string& key, const std::string& value) override {
@@ -256,8 +256,8 @@ class LighthouseClientImpl final : public LighthouseClient {
     request.set_timeout_ms(static_cast<uint32_t>(timeout / kMicrosPerMilli));
     v1::StoreGetResponse response;
     auto context = NewContext(timeout + kDeadlineMargin);
-    MEND_RETURN_IF_ERROR(FromGrpc(stub_->StoreGet(context.get(), request, &response), "StoreGet",
-                                  options_.address));
+    MEND_RETURN_IF_ERROR(
+        FromGrpc(stub_->StoreGet(context.get(), request, &response), "StoreGet", options_.address));
     return response.value();
   }
 
@@ -267,8 +267,8 @@ class LighthouseClientImpl final : public LighthouseClient {
     request.set_delta(delta);
     v1::StoreAddResponse response;
     auto context = NewContext(options_.rpc_timeout);
-    MEND_RETURN_IF_ERROR(FromGrpc(stub_->StoreAdd(context.get(), request, &response), "StoreAdd",
-                                  options_.address));
+    MEND_RETURN_IF_ERROR(
+        FromGrpc(stub_->StoreAdd(context.get(), request, &response), "StoreAdd", options_.address));
     return response.value();
   }
 
@@ -299,8 +299,8 @@ class LighthouseClientImpl final : public LighthouseClient {
     request.set_max_rounds(max_rounds);
     v1::GetStatusResponse response;
     auto context = NewContext(options_.rpc_timeout);
-    MEND_RETURN_IF_ERROR(FromGrpc(stub_->GetStatus(context.get(), request, &response),
-                                  "GetStatus", options_.address));
+    MEND_RETURN_IF_ERROR(FromGrpc(stub_->GetStatus(context.get(), request, &response), "GetStatus",
+                                  options_.address));
     return response.json();
   }
 
@@ -326,8 +326,8 @@ class LighthouseClientImpl final : public LighthouseClient {
     request.set_step(args.step);
     request.set_tokens_since_last_round(args.tokens_since_last_round);
     request.set_include_members(args.include_members);
-    request.set_timeout_ms(static_cast<uint32_t>(
-        std::clamp<Micros>(args.timeout / kMicrosPerMilli, 1, 3'600'000)));
+    request.set_timeout_ms(
+        static_cast<uint32_t>(std::clamp<Micros>(args.timeout / kMicrosPerMilli, 1, 3'600'000)));
     return request;
   }
 

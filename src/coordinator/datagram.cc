@@ -7,8 +7,8 @@
 
 #include <cstring>
 
-#include "fmt/format.h"
 #include "core/status_format.h"
+#include "fmt/format.h"
 
 namespace mend::coordinator::datagram {
 namespace {
@@ -128,8 +128,7 @@ void Signer::Seal(std::string& datagram) {
 bool Signer::Verify(std::string_view datagram) {
   if (datagram.size() < kHeaderBytes + kMacBytes) return false;
   auto mac = Compute(datagram.substr(0, datagram.size() - kMacBytes));
-  return CRYPTO_memcmp(mac.data(), datagram.data() + datagram.size() - kMacBytes, kMacBytes) ==
-         0;
+  return CRYPTO_memcmp(mac.data(), datagram.data() + datagram.size() - kMacBytes, kMacBytes) == 0;
 }
 
 std::string Encode(const Header& header, const Heartbeat& body, Signer& signer) {
@@ -203,8 +202,8 @@ StatusOr<Header> ParseHeader(std::string_view datagram) {
   auto version = static_cast<uint8_t>(datagram[5]);
   if (magic != kMagic) return InvalidArgumentError("not a mend datagram");
   if (version != kVersion) {
-    return InvalidArgumentError(fmt::format("datagram version {}, this side speaks {}", version,
-                                            kVersion));
+    return InvalidArgumentError(
+        fmt::format("datagram version {}, this side speaks {}", version, kVersion));
   }
   if (kind < 1 || kind > 5) return InvalidArgumentError(fmt::format("datagram kind {}", kind));
   Header header;
@@ -257,9 +256,9 @@ StatusOr<Decision> DecodeDecision(std::string_view datagram) {
   Decision body;
   uint8_t truncated = 0;
   uint16_t n = 0;
-  if (!r.U64(body.join_id) || !r.U8(body.code) || !r.Str(body.message) ||
-      !r.U64(body.round_id) || !r.U32(body.rank) || !r.U32(body.world_size) ||
-      !r.U64(body.total_tokens) || !r.U64(body.heal_round_id) || !r.U64(body.step) || !r.U32(body.waited_ms) ||
+  if (!r.U64(body.join_id) || !r.U8(body.code) || !r.Str(body.message) || !r.U64(body.round_id) ||
+      !r.U32(body.rank) || !r.U32(body.world_size) || !r.U64(body.total_tokens) ||
+      !r.U64(body.heal_round_id) || !r.U64(body.step) || !r.U32(body.waited_ms) ||
       !r.Str(body.closed_by) || !r.Str(body.rendezvous_prefix) || !r.Str(body.heal_from_id) ||
       !r.Str(body.heal_from_address) || !r.U8(truncated) || !r.U16(n) || n > kMaxHealTo) {
     return Malformed<Decision>("decision");

@@ -33,7 +33,8 @@ typedef struct evp_mac_ctx_st EVP_MAC_CTX;
 namespace mend::coordinator::datagram {
 
 inline constexpr uint32_t kMagic = 0x31444E4D;  // "MND1" in little-endian order
-inline constexpr uint8_t kVersion = 3;  // 2: acks carry the latest round's step; 3: decisions the round's step
+inline constexpr uint8_t kVersion =
+    3;  // 2: acks carry the latest round's step; 3: decisions the round's step
 inline constexpr size_t kHeaderBytes = 24;
 inline constexpr size_t kMacBytes = 16;
 inline constexpr size_t kMaxDatagramBytes = 8192;

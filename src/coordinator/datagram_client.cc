@@ -10,8 +10,8 @@
 #include <chrono>
 #include <cstring>
 
-#include "fmt/format.h"
 #include "core/status_format.h"
+#include "fmt/format.h"
 
 namespace mend::coordinator {
 namespace {
@@ -30,7 +30,9 @@ uint64_t InitialSeq() {
 }  // namespace
 
 DatagramClient::DatagramClient(const std::string& token, int socket)
-    : key_(datagram::DeriveKey(token)), socket_(socket), send_signer_(key_),
+    : key_(datagram::DeriveKey(token)),
+      socket_(socket),
+      send_signer_(key_),
       next_seq_(InitialSeq()) {}
 
 namespace {

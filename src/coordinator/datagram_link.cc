@@ -2,14 +2,13 @@
 
 #include <chrono>
 
-#include "fmt/format.h"
 #include "core/status_format.h"
+#include "fmt/format.h"
 
 namespace mend::coordinator {
 
 StatusOr<std::unique_ptr<DatagramLink>> DatagramLink::Open(const std::string& host, int port,
-                                                           const std::string& token,
-                                                           Hooks hooks) {
+                                                           const std::string& token, Hooks hooks) {
   std::unique_ptr<DatagramLink> link(new DatagramLink(host, port, std::move(hooks)));
   MEND_ASSIGN_OR_RETURN(link->client_, DatagramClient::Open(host, port, token));
   link->last_ack_at_ = RealClock()->NowMicros();
@@ -97,8 +96,8 @@ StatusOr<QuorumResult> DatagramLink::Join(const QuorumRequestArgs& args, Micros 
   join.last_round_id = args.last_round_id;
   join.step = args.step;
   join.tokens_since_last_round = args.tokens_since_last_round;
-  join.timeout_ms = static_cast<uint32_t>(std::clamp<Micros>(args.timeout / kMicrosPerMilli, 1,
-                                                            3'600'000));
+  join.timeout_ms =
+      static_cast<uint32_t>(std::clamp<Micros>(args.timeout / kMicrosPerMilli, 1, 3'600'000));
   std::unique_lock lock(mu_);
   join.join_id = next_join_id_++;
   waiting_for_ = join.join_id;
@@ -116,8 +115,8 @@ StatusOr<QuorumResult> DatagramLink::Join(const QuorumRequestArgs& args, Micros 
   if (interrupted_) return AbortedError("learner agent is stopping");
   if (!decision_) {
     lock.unlock();
-    return DeadlineExceededError(fmt::format("{}: no round decision within {} ms", Where(),
-                                             args.timeout / kMicrosPerMilli));
+    return DeadlineExceededError(
+        fmt::format("{}: no round decision within {} ms", Where(), args.timeout / kMicrosPerMilli));
   }
   datagram::Decision decision = std::move(*decision_);
   decision_.reset();

@@ -10,9 +10,9 @@
 #include <chrono>
 #include <cstring>
 
+#include "core/status_format.h"
 #include "fmt/format.h"
 #include "spdlog/spdlog.h"
-#include "core/status_format.h"
 
 namespace mend::coordinator {
 namespace {
@@ -131,7 +131,8 @@ StatusOr<std::unique_ptr<DatagramServer>> DatagramServer::Start(const std::strin
   for (int i = 0; i < kSenders; ++i) {
     auto sender = std::make_unique<Sender>();
     Sender* raw_sender = sender.get();
-    sender->thread = std::thread([raw = server.get(), raw_sender]() { raw->RunSender(*raw_sender); });
+    sender->thread =
+        std::thread([raw = server.get(), raw_sender]() { raw->RunSender(*raw_sender); });
     server->senders_.push_back(std::move(sender));
   }
   server->thread_ = std::thread([raw = server.get()]() { raw->Run(); });
@@ -180,12 +181,14 @@ void DatagramServer::Run() {
     }
     {
       std::unique_lock lock(backlog_mu_);
-      backlog_drained_.wait_for(lock, kMaxYieldToSenders,
-                                [this]() { return backlog_.load() <= kYieldBacklog || stopping_.load(); });
+      backlog_drained_.wait_for(lock, kMaxYieldToSenders, [this]() {
+        return backlog_.load() <= kYieldBacklog || stopping_.load();
+      });
     }
     for (int turn = 0; turn < kMaxBatchesPerTurn; ++turn) {
       for (int i = 0; i < kBatch; ++i) {
-        vectors[i] = {buffers.data() + i * datagram::kMaxDatagramBytes, datagram::kMaxDatagramBytes};
+        vectors[i] = {buffers.data() + i * datagram::kMaxDatagramBytes,
+                      datagram::kMaxDatagramBytes};
         messages[i] = {};
         messages[i].msg_hdr.msg_iov = &vectors[i];
         messages[i].msg_hdr.msg_iovlen = 1;
@@ -201,9 +204,9 @@ void DatagramServer::Run() {
           counters_.dropped_malformed++;
           continue;
         }
-        Handle(std::string_view(buffers.data() + i * datagram::kMaxDatagramBytes,
-                                messages[i].msg_len),
-               from[i]);
+        Handle(
+            std::string_view(buffers.data() + i * datagram::kMaxDatagramBytes, messages[i].msg_len),
+            from[i]);
       }
       if (got < kBatch) break;
     }
@@ -228,8 +231,8 @@ void DatagramServer::ForgetEndedSessions() {
 
 void DatagramServer::Handle(std::string_view bytes, const Address& from) {
   auto header = datagram::ParseHeader(bytes);
-  if (!header.ok() || (header->kind != datagram::Kind::kHeartbeat &&
-                       header->kind != datagram::Kind::kJoin)) {
+  if (!header.ok() ||
+      (header->kind != datagram::Kind::kHeartbeat && header->kind != datagram::Kind::kJoin)) {
     counters_.dropped_malformed++;
     return;
   }
@@ -332,8 +335,8 @@ void DatagramServer::HandleHeartbeat(uint64_t session_id, const std::string& lea
   if (!changed && now - peer.last_ack_at < core_->options().ack_interval) return;
   peer.acked = true;
   peer.last_ack_at = now;
-  peer.last_ack = {result->slow, result->slow_zscore, result->latest_round_id,
-                   core_->instance_id(), result->latest_round_step};
+  peer.last_ack = {result->slow, result->slow_zscore, result->latest_round_id, core_->instance_id(),
+                   result->latest_round_step};
   Outgoing reply;
   reply.session_id = session_id;
   reply.address = peer.address;
@@ -434,7 +437,8 @@ void DatagramServer::RunSender(Sender& sender) {
                    std::make_move_iterator(taken.begin() + static_cast<long>(end)));
       Send(batch, signer);
       RememberDecisions(batch);
-      if (backlog_.fetch_sub(batch.size(), std::memory_order_relaxed) - batch.size() <= kYieldBacklog) {
+      if (backlog_.fetch_sub(batch.size(), std::memory_order_relaxed) - batch.size() <=
+          kYieldBacklog) {
         // Under the mutex: the receiving thread is either before its check
         // (and sees the new count) or waiting (and is woken).
         std::lock_guard lock(backlog_mu_);
@@ -472,8 +476,8 @@ void DatagramServer::Send(std::vector<Outgoing>& batch, datagram::Signer& signer
     messages[i].msg_hdr.msg_namelen = batch[i].address.length;
   }
   for (size_t start = 0; start < batch.size();) {
-    int sent = sendmmsg(socket_, messages.data() + start,
-                        static_cast<unsigned>(batch.size() - start), 0);
+    int sent =
+        sendmmsg(socket_, messages.data() + start, static_cast<unsigned>(batch.size() - start), 0);
     if (sent < 0) {
       if ((errno == EAGAIN || errno == EWOULDBLOCK) && !stopping_.load()) {
         pollfd out{socket_, POLLOUT, 0};

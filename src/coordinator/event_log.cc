@@ -1,7 +1,7 @@
 #include "coordinator/event_log.h"
 
-#include "spdlog/spdlog.h"
 #include "core/status_format.h"
+#include "spdlog/spdlog.h"
 
 namespace mend::coordinator {
 
@@ -11,8 +11,8 @@ void EventLog::Add(Micros at, std::string kind, std::string learner_id, std::str
   } else {
     spdlog::info("{} {}: {}", kind, learner_id, message);
   }
-  events_.push_back(Event{next_seq_++, at, std::move(kind), std::move(learner_id),
-                          std::move(message)});
+  events_.push_back(
+      Event{next_seq_++, at, std::move(kind), std::move(learner_id), std::move(message)});
   while (events_.size() > capacity_) events_.pop_front();
 }
 

@@ -19,9 +19,9 @@ namespace mend {
 // once (a lighthouse not up yet) is tried again. The error names the rank
 // that did not come: "group rank <r>" followed by `missing`, e.g. " did not
 // start".
-[[nodiscard]] StatusOr<std::vector<std::string>> ShareWithGroupRanks(RendezvousStore& store, const Config& config,
-                                                                     const std::string& learner_id,
-                                                                     const std::string& prefix, const std::string& mine,
-                                                                     bool only_rank0_waits, std::string_view missing);
+[[nodiscard]] StatusOr<std::vector<std::string>> ShareWithGroupRanks(
+    RendezvousStore& store, const Config& config, const std::string& learner_id,
+    const std::string& prefix, const std::string& mine, bool only_rank0_waits,
+    std::string_view missing);
 
 }  // namespace mend

@@ -1,12 +1,12 @@
 #include "coordinator/http_side.h"
 
-#include "core/text.h"
+#include <chrono>
+
 #include "coordinator/status_snapshot.h"
+#include "core/status_format.h"
+#include "core/text.h"
 #include "fmt/format.h"
 #include "httplib.h"
-#include "core/status_format.h"
-
-#include <chrono>
 
 namespace mend::coordinator {
 namespace {
@@ -25,7 +25,7 @@ size_t QueryCount(const httplib::Request& request, const char* name, size_t fall
 }  // namespace
 
 StatusOr<std::unique_ptr<StatusHttpServer>> StatusHttpServer::Start(const std::string& address,
-                                                                      LighthouseCore* core) {
+                                                                    LighthouseCore* core) {
   MEND_RETURN_IF_ERROR(CheckHostPort(address, "http"));
   auto [host, port] = SplitHostPort(address);
   std::unique_ptr<StatusHttpServer> http(new StatusHttpServer());
@@ -56,13 +56,14 @@ StatusOr<std::unique_ptr<StatusHttpServer>> StatusHttpServer::Start(const std::s
   server.Get("/healthz", [](const httplib::Request&, httplib::Response& response) {
     response.set_content("ok\n", "text/plain");
   });
-  int bound = port == 0 ? server.bind_to_any_port(host) : (server.bind_to_port(host, port) ? port : -1);
+  int bound =
+      port == 0 ? server.bind_to_any_port(host) : (server.bind_to_port(host, port) ? port : -1);
   if (bound <= 0) {
-    return UnavailableError(fmt::format("http = \"{}\": cannot bind (address in use or not local?)",
-                                        address));
+    return UnavailableError(
+        fmt::format("http = \"{}\": cannot bind (address in use or not local?)", address));
   }
-  http->address_ = fmt::format("{}:{}", host.find(':') != std::string::npos
-                                            ? fmt::format("[{}]", host) : host, bound);
+  http->address_ = fmt::format(
+      "{}:{}", host.find(':') != std::string::npos ? fmt::format("[{}]", host) : host, bound);
   http->thread_ = std::thread([&server, finished = &http->finished_]() {
     server.listen_after_bind();
     finished->store(true);

@@ -27,8 +27,8 @@ class StatusHttpServer {
  public:
   // Binds `address` (HOST:PORT, port 0 picks one) and serves on a background
   // thread. `core` is not owned and must outlive this server.
-  [[nodiscard]] static StatusOr<std::unique_ptr<StatusHttpServer>> Start(
-      const std::string& address, LighthouseCore* core);
+  [[nodiscard]] static StatusOr<std::unique_ptr<StatusHttpServer>> Start(const std::string& address,
+                                                                         LighthouseCore* core);
   ~StatusHttpServer();
 
   StatusHttpServer(const StatusHttpServer&) = delete;

@@ -2,9 +2,9 @@
 
 #include <climits>
 
+#include "core/status_format.h"
 #include "core/text.h"
 #include "fmt/format.h"
-#include "core/status_format.h"
 
 namespace mend::coordinator {
 
@@ -13,9 +13,9 @@ Status KvStore::Set(const std::string& key, std::string value, Completions* done
   size_t old_bytes = it == values_.end() ? 0 : key.size() + it->second.size();
   size_t new_bytes = key.size() + value.size();
   if (total_bytes_ - old_bytes + new_bytes > limits_.max_total_bytes) {
-    return ResourceExhaustedError(fmt::format(
-        "store is full: setting '{}' ({} bytes) would exceed the {}-byte budget", key,
-        value.size(), limits_.max_total_bytes));
+    return ResourceExhaustedError(
+        fmt::format("store is full: setting '{}' ({} bytes) would exceed the {}-byte budget", key,
+                    value.size(), limits_.max_total_bytes));
   }
   total_bytes_ = total_bytes_ - old_bytes + new_bytes;
   values_[key] = std::move(value);

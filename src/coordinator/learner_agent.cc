@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cstdlib>
 #include <condition_variable>
+#include <cstdlib>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -13,11 +13,11 @@
 #include "absl/base/thread_annotations.h"
 #include "coordinator/datagram_link.h"
 #include "coordinator/group_ranks.h"
-#include "dataplane/lighthouse_rendezvous.h"
+#include "core/status_format.h"
 #include "core/text.h"
+#include "dataplane/lighthouse_rendezvous.h"
 #include "fmt/format.h"
 #include "spdlog/spdlog.h"
-#include "core/status_format.h"
 
 namespace mend {
 namespace {
@@ -40,16 +40,16 @@ bool NeedsRegistration(StatusCode code) {
 }
 
 // The group's own store when there is one, else the lighthouse's.
-StatusOr<std::unique_ptr<RendezvousStore>> OpenStore(const GroupStoreOpener& group_store, LighthouseClient& client) {
+StatusOr<std::unique_ptr<RendezvousStore>> OpenStore(const GroupStoreOpener& group_store,
+                                                     LighthouseClient& client) {
   if (group_store) return group_store();
   return std::unique_ptr<RendezvousStore>(std::make_unique<LighthouseRendezvousStore>(client));
 }
 
 class LearnerAgentImpl final : public LearnerAgent {
  public:
-  LearnerAgentImpl(const Config& config, const std::string& token,
-                   const LearnerIdentity& identity, std::unique_ptr<LighthouseClient> client,
-                   GroupStoreOpener group_store)
+  LearnerAgentImpl(const Config& config, const std::string& token, const LearnerIdentity& identity,
+                   std::unique_ptr<LighthouseClient> client, GroupStoreOpener group_store)
       : group_store_(std::move(group_store)),
         identity_(identity),
         address_(config.lighthouse),
@@ -70,7 +70,8 @@ class LearnerAgentImpl final : public LearnerAgent {
       std::unique_lock lock(mu_);
       if (!fatal_.ok()) return fatal_;
       thread_ = std::thread([this]() { HeartbeatLoop(); });
-      WaitUntil(lock, RealClock()->NowMicros() + wait, [this]() { return registered_ || !fatal_.ok(); });
+      WaitUntil(lock, RealClock()->NowMicros() + wait,
+                [this]() { return registered_ || !fatal_.ok(); });
       if (!fatal_.ok()) {
         lock.unlock();
         Stop();
@@ -82,7 +83,8 @@ class LearnerAgentImpl final : public LearnerAgent {
     Stop();
     std::lock_guard lock(mu_);
     return UnavailableError(fmt::format(
-        "learner '{}': the lighthouse at {} did not answer within lighthouse_wait_ms = {} ({} registration "
+        "learner '{}': the lighthouse at {} did not answer within lighthouse_wait_ms = {} ({} "
+        "registration "
         "attempt(s); the last: {}); check the `lighthouse` address and that the lighthouse runs",
         identity_.id, address_, wait / kMicrosPerMilli, register_attempts_, last_register_error_));
   }
@@ -97,7 +99,8 @@ class LearnerAgentImpl final : public LearnerAgent {
   }
 
   StatusOr<QuorumResult> Quorum(uint64_t last_round_id, uint64_t tokens_since_last_round,
-                                Micros timeout, bool include_members, uint64_t boundary_step) override {
+                                Micros timeout, bool include_members,
+                                uint64_t boundary_step) override {
     Micros deadline = RealClock()->NowMicros() + timeout;
     Micros retry = kMinRetry;
     while (true) {
@@ -105,15 +108,14 @@ class LearnerAgentImpl final : public LearnerAgent {
       {
         std::unique_lock lock(mu_);
         last_round_id_ = last_round_id;
-        WaitUntil(lock, deadline, [this]() {
-          return registered_ || !fatal_.ok() || stopping_ || interrupted_;
-        });
+        WaitUntil(lock, deadline,
+                  [this]() { return registered_ || !fatal_.ok() || stopping_ || interrupted_; });
         if (!fatal_.ok()) return fatal_;
         if (stopping_ || interrupted_) return AbortedError("learner agent is stopping");
         if (!registered_) {
-          return DeadlineExceededError(fmt::format(
-              "learner '{}': not registered with lighthouse {} within {} ms", identity_.id,
-              address_, timeout / kMicrosPerMilli));
+          return DeadlineExceededError(
+              fmt::format("learner '{}': not registered with lighthouse {} within {} ms",
+                          identity_.id, address_, timeout / kMicrosPerMilli));
         }
         args.learner = session_;
         args.step = boundary_step > 0 ? boundary_step : step_;
@@ -222,7 +224,9 @@ class LearnerAgentImpl final : public LearnerAgent {
     return fatal_;
   }
   LighthouseClient& client() override { return *client_; }
-  StatusOr<std::unique_ptr<RendezvousStore>> OpenGroupStore() override { return OpenStore(group_store_, *client_); }
+  StatusOr<std::unique_ptr<RendezvousStore>> OpenGroupStore() override {
+    return OpenStore(group_store_, *client_);
+  }
 
  private:
   // A Quorum call in flight; shared with its completion callback, which may
@@ -246,8 +250,8 @@ class LearnerAgentImpl final : public LearnerAgent {
   void OnUdpSilence(Micros silent) {
     std::lock_guard lock(mu_);
     if (++udp_silences_ >= kMaxUdpSilences) {
-      spdlog::warn("lighthouse {} acknowledged no datagram {} times in a row; using gRPC",
-                   address_, udp_silences_);
+      spdlog::warn("lighthouse {} acknowledged no datagram {} times in a row; using gRPC", address_,
+                   udp_silences_);
       link_disabled_ = true;
     } else {
       spdlog::warn("lighthouse {} has not acknowledged heartbeats for {} ms; registering again",
@@ -301,9 +305,10 @@ class LearnerAgentImpl final : public LearnerAgent {
   void MaybeOpenLink(int udp_port) {
     if (!use_udp_) return;
     if (udp_port <= 0) {
-      spdlog::warn("control_transport = udp, but lighthouse {} serves no datagram channel; "
-                   "using gRPC",
-                   address_);
+      spdlog::warn(
+          "control_transport = udp, but lighthouse {} serves no datagram channel; "
+          "using gRPC",
+          address_);
       return;
     }
     std::lock_guard lock(mu_);
@@ -393,7 +398,8 @@ class LearnerAgentImpl final : public LearnerAgent {
         SetFatal(registration.status());
       } else {
         CallFailed();
-        spdlog::warn("cannot register with the lighthouse yet: {}", registration.status().message());
+        spdlog::warn("cannot register with the lighthouse yet: {}",
+                     registration.status().message());
       }
       return;
     }
@@ -403,7 +409,8 @@ class LearnerAgentImpl final : public LearnerAgent {
       spdlog::info("lighthouse {} restarted; registered again", address_);
     }
     lighthouse_instance_ = registration->lighthouse_instance;
-    if (registration->heartbeat_interval > 0) heartbeat_interval_ = registration->heartbeat_interval;
+    if (registration->heartbeat_interval > 0)
+      heartbeat_interval_ = registration->heartbeat_interval;
     if (registration->heartbeat_timeout > 0) heartbeat_timeout_ = registration->heartbeat_timeout;
     session_ = LearnerRef{identity_.id, registration->session_id};
     registered_ = true;
@@ -565,12 +572,16 @@ class GroupRankAgent final : public LearnerAgent {
  public:
   GroupRankAgent(std::string id, int64_t rank, std::unique_ptr<LighthouseClient> client,
                  GroupStoreOpener group_store)
-      : id_(std::move(id)), rank_(rank), client_(std::move(client)), group_store_(std::move(group_store)) {}
+      : id_(std::move(id)),
+        rank_(rank),
+        client_(std::move(client)),
+        group_store_(std::move(group_store)) {}
 
   void RecordStep(uint64_t, uint64_t, Micros) override {}
   StatusOr<QuorumResult> Quorum(uint64_t, uint64_t, Micros, bool, uint64_t) override {
     return FailedPreconditionError(fmt::format(
-        "learner '{}' group rank {}: only group rank 0 joins rounds; the others learn them from it", id_, rank_));
+        "learner '{}' group rank {}: only group rank 0 joins rounds; the others learn them from it",
+        id_, rank_));
   }
   void Interrupt() override {}
   Status Leave(const std::string&) override { return OkStatus(); }
@@ -584,7 +595,9 @@ class GroupRankAgent final : public LearnerAgent {
   uint64_t registrations() const override { return 1; }
   Status fatal_status() const override { return OkStatus(); }
   LighthouseClient& client() override { return *client_; }
-  StatusOr<std::unique_ptr<RendezvousStore>> OpenGroupStore() override { return OpenStore(group_store_, *client_); }
+  StatusOr<std::unique_ptr<RendezvousStore>> OpenGroupStore() override {
+    return OpenStore(group_store_, *client_);
+  }
 
  private:
   const std::string id_;
@@ -596,14 +609,18 @@ class GroupRankAgent final : public LearnerAgent {
 }  // namespace
 
 StatusOr<std::vector<std::string>> ShareWithGroupRanks(RendezvousStore& store, const Config& config,
-                                                       const std::string& learner_id, const std::string& prefix,
-                                                       const std::string& mine, bool only_rank0_waits,
+                                                       const std::string& learner_id,
+                                                       const std::string& prefix,
+                                                       const std::string& mine,
+                                                       bool only_rank0_waits,
                                                        std::string_view missing) {
   const Micros deadline = RealClock()->NowMicros() + config.quorum_timeout_ms * kMicrosPerMilli;
   const auto give_up = [&](int64_t rank, const Status& why) {
-    return Status(why.code(), fmt::format("learner '{}' group rank {}: group rank {}{} within quorum_timeout_ms = {}: {}",
-                                          learner_id, config.group_rank, rank, missing, config.quorum_timeout_ms,
-                                          why.message()));
+    return Status(
+        why.code(),
+        fmt::format("learner '{}' group rank {}: group rank {}{} within quorum_timeout_ms = {}: {}",
+                    learner_id, config.group_rank, rank, missing, config.quorum_timeout_ms,
+                    why.message()));
   };
   Micros retry = kMinRetry;
   while (true) {
@@ -630,7 +647,8 @@ StatusOr<std::vector<std::string>> ShareWithGroupRanks(RendezvousStore& store, c
       if (value.ok() || RealClock()->NowMicros() >= deadline) break;
       // An unreachable store fails at once, and a Get whose wait rounds down
       // to 0 ms answers NOT_FOUND at once: both mean "not yet".
-      if (value.status().code() == StatusCode::kUnavailable || value.status().code() == StatusCode::kNotFound) {
+      if (value.status().code() == StatusCode::kUnavailable ||
+          value.status().code() == StatusCode::kNotFound) {
         std::this_thread::sleep_for(std::chrono::microseconds(retry));
         retry = std::min(retry * 2, kMaxRetry);
       } else if (value.status().code() != StatusCode::kDeadlineExceeded) {
@@ -640,7 +658,8 @@ StatusOr<std::vector<std::string>> ShareWithGroupRanks(RendezvousStore& store, c
     if (!value.ok()) {
       // The value did not come in time, however the last Get put it.
       const Status& why = value.status();
-      return give_up(r, why.code() == StatusCode::kNotFound ? DeadlineExceededError(why.message()) : why);
+      return give_up(
+          r, why.code() == StatusCode::kNotFound ? DeadlineExceededError(why.message()) : why);
     }
     values.push_back(*std::move(value));
   }
@@ -670,18 +689,20 @@ StatusOr<std::unique_ptr<LearnerAgent>> LearnerAgent::Start(const Config& config
   if (config.group_size > 1) {
     MEND_ASSIGN_OR_RETURN(std::unique_ptr<RendezvousStore> store, OpenStore(group_store, *client));
     // Rank 0 registers every rank's data-plane host, once all have started.
-    MEND_ASSIGN_OR_RETURN(full.rank_addresses,
-                          ShareWithGroupRanks(*store, config, full.id, GroupStorePrefix(config, full.id) + "address/",
-                                              config.dataplane_host, /*only_rank0_waits=*/true,
-                                              "'s data-plane address did not come"));
+    MEND_ASSIGN_OR_RETURN(
+        full.rank_addresses,
+        ShareWithGroupRanks(*store, config, full.id, GroupStorePrefix(config, full.id) + "address/",
+                            config.dataplane_host, /*only_rank0_waits=*/true,
+                            "'s data-plane address did not come"));
   } else {
     full.rank_addresses = {config.dataplane_host};
   }
   if (config.group_rank > 0) {
-    return std::unique_ptr<LearnerAgent>(
-        std::make_unique<GroupRankAgent>(full.id, config.group_rank, std::move(client), std::move(group_store)));
+    return std::unique_ptr<LearnerAgent>(std::make_unique<GroupRankAgent>(
+        full.id, config.group_rank, std::move(client), std::move(group_store)));
   }
-  auto agent = std::make_unique<LearnerAgentImpl>(config, token, full, std::move(client), std::move(group_store));
+  auto agent = std::make_unique<LearnerAgentImpl>(config, token, full, std::move(client),
+                                                  std::move(group_store));
   MEND_RETURN_IF_ERROR(agent->FirstRegistration(config.lighthouse_wait_ms * kMicrosPerMilli));
   return std::unique_ptr<LearnerAgent>(std::move(agent));
 }

@@ -1,14 +1,14 @@
 #include "coordinator/lighthouse_core.h"
 
-#include <algorithm>
 #include <openssl/rand.h>
 
+#include <algorithm>
 #include <climits>
 
-#include "fmt/format.h"
 #include "core/round_keys.h"
-#include "spdlog/spdlog.h"
 #include "core/status_format.h"
+#include "fmt/format.h"
+#include "spdlog/spdlog.h"
 
 namespace mend::coordinator {
 namespace {
@@ -33,8 +33,8 @@ LighthouseOptions LighthouseOptionsFromConfig(const Config& config) {
       std::max<size_t>(2, static_cast<size_t>(config.failslow_window_steps) / 2);
   options.heartbeat_interval = config.heartbeat_ms * kMicrosPerMilli;
   options.heartbeat_timeout = config.heartbeat_timeout_ms * kMicrosPerMilli;
-  options.ack_interval = std::max<Micros>(options.heartbeat_interval,
-                                          options.heartbeat_timeout / 4);
+  options.ack_interval =
+      std::max<Micros>(options.heartbeat_interval, options.heartbeat_timeout / 4);
   return options;
 }
 
@@ -65,8 +65,8 @@ void LighthouseCore::Finish(Completions& completions) {
 
 StatusOr<RegisterResult> LighthouseCore::Register(const RegisterArgs& args) {
   if (!args.job_id.empty() && args.job_id != options_.job_id) {
-    return InvalidArgumentError(fmt::format(
-        "job_id = \"{}\": this lighthouse serves job \"{}\"", args.job_id, options_.job_id));
+    return InvalidArgumentError(fmt::format("job_id = \"{}\": this lighthouse serves job \"{}\"",
+                                            args.job_id, options_.job_id));
   }
   Completions completions;
   RegisterResult result;
@@ -76,9 +76,10 @@ StatusOr<RegisterResult> LighthouseCore::Register(const RegisterArgs& args) {
     // The first learner sets the job's group size; a learner of another
     // size could not take part in its rounds (slice r goes to rank r).
     if (!group_size_set_by_.empty() && args.group_size != group_size_) {
-      return InvalidArgumentError(fmt::format(
-          "group_size = {}: this job's learners are groups of {} rank(s) (set by the first learner, '{}')",
-          args.group_size, group_size_, group_size_set_by_));
+      return InvalidArgumentError(
+          fmt::format("group_size = {}: this job's learners are groups of {} rank(s) (set by the "
+                      "first learner, '{}')",
+                      args.group_size, group_size_, group_size_set_by_));
     }
     if (group_size_set_by_.empty()) {
       group_size_ = args.group_size;
@@ -95,8 +96,9 @@ StatusOr<RegisterResult> LighthouseCore::Register(const RegisterArgs& args) {
     do {
       RAND_bytes(reinterpret_cast<unsigned char*>(&result.session_id), sizeof result.session_id);
     } while (result.session_id == 0);
-    membership_.Register(args.learner_id, result.session_id, args.rack, args.address, args.step,
-                         args.last_round_id, now, &replaced)
+    membership_
+        .Register(args.learner_id, result.session_id, args.rack, args.address, args.step,
+                  args.last_round_id, now, &replaced)
         .rank_addresses = args.rank_addresses;
     if (replaced) {
       completions.push_back([done = std::move(replaced->done), id = args.learner_id]() {
@@ -104,7 +106,8 @@ StatusOr<RegisterResult> LighthouseCore::Register(const RegisterArgs& args) {
             "learner '{}' registered again; this Quorum call belongs to the old session", id)));
       });
     }
-    AbortRoundLocked(old_round, fmt::format("learner '{}' restarted (registered again)", args.learner_id),
+    AbortRoundLocked(old_round,
+                     fmt::format("learner '{}' restarted (registered again)", args.learner_id),
                      &completions);
     counters_.registrations++;
     events_.Add(now, known ? "re-registered" : "registered", args.learner_id,
@@ -164,8 +167,7 @@ Status LighthouseCore::Leave(const std::string& learner_id, uint64_t session_id,
     MEND_ASSIGN_OR_RETURN(LearnerRecord * record, membership_.Find(learner_id, session_id));
     Micros before = NextDeadlineLocked();
     Micros now = clock_->NowMicros();
-    AbortJoinLocked(*record,
-                    AbortedError(fmt::format("learner '{}' left the job", learner_id)),
+    AbortJoinLocked(*record, AbortedError(fmt::format("learner '{}' left the job", learner_id)),
                     &completions);
     membership_.MarkGone(*record, now, /*left=*/true);
     events_.Add(now, "left", learner_id, reason.empty() ? "left the job" : reason);
@@ -281,8 +283,7 @@ uint64_t LighthouseCore::StoreWait(std::vector<std::string> keys, Micros timeout
     std::lock_guard lock(mu_);
     Micros before = NextDeadlineLocked();
     counters_.store_ops++;
-    id = store_.Wait(std::move(keys), clock_->NowMicros() + timeout, std::move(done),
-                     &completions);
+    id = store_.Wait(std::move(keys), clock_->NowMicros() + timeout, std::move(done), &completions);
     wake = NextDeadlineLocked() < before;
   }
   Finish(completions);
@@ -326,11 +327,11 @@ void LighthouseCore::Tick() {
       LearnerRecord& record = *membership_.FindAny(id);
       Micros waited = now - record.join->joined_at;
       counters_.quorum_timeouts++;
-      AbortJoinLocked(record,
-                      DeadlineExceededError(fmt::format(
-                          "learner '{}': no round closed within {} ms; {}", id,
-                          waited / kMicrosPerMilli, QuorumShortfallLocked())),
-                      &completions);
+      AbortJoinLocked(
+          record,
+          DeadlineExceededError(fmt::format("learner '{}': no round closed within {} ms; {}", id,
+                                            waited / kMicrosPerMilli, QuorumShortfallLocked())),
+          &completions);
     }
     store_.ExpireWaits(now, &completions);
     if (now >= next_liveness_scan_) ScanLivenessLocked(now, &completions);
@@ -370,9 +371,8 @@ void LighthouseCore::RecordRejection(std::string_view code, std::string_view pee
 void LighthouseCore::ScanLivenessLocked(Micros now, Completions* completions) {
   // Deaths are noticed within 5% of the timeout; scanning 10,000 learners
   // more often than that only takes the mutex from the calls.
-  next_liveness_scan_ =
-      now + std::clamp<Micros>(options_.heartbeat_timeout / 20, kMicrosPerMilli,
-                               500 * kMicrosPerMilli);
+  next_liveness_scan_ = now + std::clamp<Micros>(options_.heartbeat_timeout / 20, kMicrosPerMilli,
+                                                 500 * kMicrosPerMilli);
   for (LearnerRecord* record : membership_.FindSilent(now, options_.heartbeat_timeout)) {
     Micros silent = now - membership_.vitals(*record).last_heartbeat;
     AbortJoinLocked(*record,
@@ -423,7 +423,8 @@ void LighthouseCore::MaybeCloseLocked(Micros now, Completions* completions) {
   }
 }
 
-void LighthouseCore::AbortRoundLocked(uint64_t round_id, const std::string& why, Completions* completions) {
+void LighthouseCore::AbortRoundLocked(uint64_t round_id, const std::string& why,
+                                      Completions* completions) {
   if (round_id == 0) return;
   (void)store_.Set(quorum_.RoundPrefix(round_id) + kRoundAbortKey, why, completions);
 }
@@ -433,8 +434,7 @@ bool LighthouseCore::AbortJoinLocked(LearnerRecord& record, Status status,
   std::optional<PendingJoin> join = quorum_.RemoveJoin(membership_, record);
   if (!join) return false;
   if (status.code() != StatusCode::kDeadlineExceeded) counters_.quorum_aborts++;
-  completions->push_back(
-      [done = std::move(join->done), s = std::move(status)]() { done(s); });
+  completions->push_back([done = std::move(join->done), s = std::move(status)]() { done(s); });
   return true;
 }
 
@@ -489,8 +489,8 @@ StatusSnapshot LighthouseCore::Snapshot(size_t max_learners, size_t max_rounds) 
   for (size_t i = 0; i < shown; ++i) {
     const LearnerRecord& r = *records[i];
     const LearnerVitals& v = membership_.vitals(r);
-    snap.learners.push_back(LearnerView{r.id, std::string(r.state()), r.rack, r.address, r.rank_addresses,
-                                        r.step, r.tokens_total, r.tokens_per_s,
+    snap.learners.push_back(LearnerView{r.id, std::string(r.state()), r.rack, r.address,
+                                        r.rank_addresses, r.step, r.tokens_total, r.tokens_per_s,
                                         ms(now - v.last_heartbeat), r.slow, v.slow_zscore,
                                         v.median_step_ms, r.last_round_id, r.rounds_joined});
   }

@@ -152,8 +152,7 @@ class LighthouseCore {
  private:
   void Finish(Completions& completions);
   void MaybeCloseLocked(Micros now, Completions* completions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ScanLivenessLocked(Micros now, Completions* completions)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ScanLivenessLocked(Micros now, Completions* completions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ScanFailSlowLocked(Micros now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Micros NextDeadlineLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Completes `record`'s pending join, if any, with `status`; true if there was one.

@@ -13,11 +13,11 @@
 #include "coordinator/http_side.h"
 #include "coordinator/lighthouse_core.h"
 #include "coordinator/service.h"
+#include "core/status_format.h"
 #include "core/text.h"
 #include "fmt/format.h"
 #include "mend/lighthouse.h"
 #include "spdlog/spdlog.h"
-#include "core/status_format.h"
 
 namespace mend {
 namespace {
@@ -72,12 +72,11 @@ class LighthouseServerImpl final : public LighthouseServer {
     builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
     server_ = builder.BuildAndStart();
     if (!server_ || port == 0) {
-      return UnavailableError(
-          fmt::format("bind = \"{}\": cannot listen for gRPC (address in use or not local?)",
-                      config.bind));
+      return UnavailableError(fmt::format(
+          "bind = \"{}\": cannot listen for gRPC (address in use or not local?)", config.bind));
     }
-    grpc_address_ = fmt::format("{}:{}", host.find(':') != std::string::npos
-                                             ? fmt::format("[{}]", host) : host, port);
+    grpc_address_ = fmt::format(
+        "{}:{}", host.find(':') != std::string::npos ? fmt::format("[{}]", host) : host, port);
     if (config.udp_control) {
       // The datagram channel takes the gRPC port's number (TCP and UDP ports
       // are separate), so it is found again at the same place after a restart.

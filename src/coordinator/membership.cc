@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
-#include "fmt/format.h"
 #include "core/status_format.h"
+#include "fmt/format.h"
 
 namespace mend::coordinator {
 namespace {

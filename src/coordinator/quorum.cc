@@ -27,8 +27,8 @@ void QuorumMachine::AddJoin(Membership& membership, LearnerRecord& record, Pendi
   }
   join_deadlines_.push_back({join.deadline, record.session_id, join.waiter_id});
   std::push_heap(join_deadlines_.begin(), join_deadlines_.end(), std::greater<>());
-  if (join_deadlines_.size() > kStaleDeadlineFactor * (membership.counts().pending + 1) +
-                                   kStaleDeadlineSlack) {
+  if (join_deadlines_.size() >
+      kStaleDeadlineFactor * (membership.counts().pending + 1) + kStaleDeadlineSlack) {
     DropStaleDeadlines(membership);
   }
   membership.Mutate(record, [&](LearnerRecord& r) {
@@ -81,8 +81,7 @@ Micros QuorumMachine::NextDeadline() const {
   return next;
 }
 
-std::optional<QuorumMachine::Closed> QuorumMachine::MaybeClose(Membership& membership,
-                                                              Micros now) {
+std::optional<QuorumMachine::Closed> QuorumMachine::MaybeClose(Membership& membership, Micros now) {
   const MembershipCounts& counts = membership.counts();
   bool quorum = counts.pending >= options_.min_learners && 2 * counts.pending >= counts.alive;
   if (!quorum) {

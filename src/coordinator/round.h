@@ -4,10 +4,10 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <string_view>
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -68,7 +68,8 @@ using QuorumCallback = std::function<void(StatusOr<RoundAssignment>)>;
 // old one's round of the same id: a learner that was still at the old round
 // (a group's rank that learned of it late) cannot meet the new one's keys.
 // Without one (a QuorumMachine of its own in tests): "<job>/round/<id>/".
-inline std::string RendezvousPrefix(const std::string& job_id, const std::string& incarnation, uint64_t round_id) {
+inline std::string RendezvousPrefix(const std::string& job_id, const std::string& incarnation,
+                                    uint64_t round_id) {
   if (incarnation.empty()) return job_id + "/round/" + std::to_string(round_id) + "/";
   return job_id + "/round/" + incarnation + "/" + std::to_string(round_id) + "/";
 }

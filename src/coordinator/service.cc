@@ -7,9 +7,9 @@
 
 #include "coordinator/status_snapshot.h"
 #include "coordinator/validation.h"
+#include "core/status_format.h"
 #include "fmt/format.h"
 #include "spdlog/spdlog.h"
-#include "core/status_format.h"
 
 namespace mend::coordinator {
 namespace {
@@ -268,8 +268,8 @@ void LighthouseService::HeartbeatStreamOpened() {
 
 void LighthouseService::HeartbeatStreamClosed() { --heartbeat_streams_; }
 
-grpc::ServerBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse>*
-LighthouseService::Heartbeat(grpc::CallbackServerContext* context) {
+grpc::ServerBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse>* LighthouseService::Heartbeat(
+    grpc::CallbackServerContext* context) {
   return new HeartbeatReactor(this, context);
 }
 
@@ -291,11 +291,12 @@ grpc::ServerUnaryReactor* LighthouseService::Quorum(grpc::CallbackServerContext*
   reactor->Begin(
       [&]() {
         bool include_members = request->include_members();
-        return core->Quorum(*args, [reactor, response,
-                                    include_members](StatusOr<RoundAssignment> result) {
-          if (result.ok()) FillQuorumResponse(*result, include_members, response);
-          reactor->Finish(ToGrpcStatus(result.status()));
-        });
+        return core->Quorum(*args,
+                            [reactor, response, include_members](StatusOr<RoundAssignment> result) {
+                              if (result.ok())
+                                FillQuorumResponse(*result, include_members, response);
+                              reactor->Finish(ToGrpcStatus(result.status()));
+                            });
       },
       [core, learner_id](uint64_t wait_id) { core->CancelQuorum(learner_id, wait_id); });
   return reactor;
@@ -384,7 +385,7 @@ grpc::ServerUnaryReactor* LighthouseService::WaitForKeys(
   auto* reactor = new WaitingReactor();
   if (!check.ok()) {
     reactor->Finish(check.code() == StatusCode::kUnauthenticated ? ToGrpcStatus(check)
-                                                                : Refuse(*context, check));
+                                                                 : Refuse(*context, check));
     return reactor;
   }
   LighthouseCore* core = core_;

@@ -1,11 +1,10 @@
 // Renders a StatusSnapshot as /status.json and as Prometheus text.
-#include "coordinator/status_snapshot.h"
-
 #include <cmath>
 
+#include "coordinator/status_snapshot.h"
+#include "core/status_format.h"
 #include "fmt/format.h"
 #include "nlohmann/json.hpp"
-#include "core/status_format.h"
 
 namespace mend::coordinator {
 namespace {
@@ -57,8 +56,7 @@ std::string EscapeLabel(std::string_view value) {
   return out;
 }
 
-void Metric(std::string& out, std::string_view name, std::string_view type,
-            std::string_view help) {
+void Metric(std::string& out, std::string_view name, std::string_view type, std::string_view help) {
   out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
 }
 
@@ -159,8 +157,8 @@ std::string PrometheusText(const StatusSnapshot& s) {
   out += fmt::format("mend_store_keys {}\n", s.store_keys);
   Metric(out, "mend_rejected_requests_total", "counter", "Refused calls, by status code.");
   for (const auto& [code, count] : c.rejections_by_code) {
-    out += fmt::format("mend_rejected_requests_total{{code=\"{}\"}} {}\n", EscapeLabel(code),
-                       count);
+    out +=
+        fmt::format("mend_rejected_requests_total{{code=\"{}\"}} {}\n", EscapeLabel(code), count);
   }
   HistogramText(out, "mend_round_wait_seconds", "Time from quorum reached to round close.",
                 c.round_wait);

@@ -13,8 +13,8 @@ namespace mend::coordinator {
 
 // Cumulative histogram in milliseconds, Prometheus-style.
 struct Histogram {
-  static constexpr std::array<double, 15> kBoundsMs = {1,   2,    5,    10,   20,    50,    100,  200,
-                                                       500, 1000, 2000, 5000, 10000, 30000, 60000};
+  static constexpr std::array<double, 15> kBoundsMs = {
+      1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 30000, 60000};
   std::array<uint64_t, kBoundsMs.size()> buckets{};
   uint64_t count = 0;
   double sum_ms = 0;

@@ -2,9 +2,9 @@
 
 #include <cctype>
 
+#include "core/status_format.h"
 #include "core/text.h"
 #include "fmt/format.h"
-#include "core/status_format.h"
 
 namespace mend::coordinator {
 namespace {
@@ -43,12 +43,13 @@ StatusOr<std::pair<std::string, uint64_t>> ParseLearnerRef(const v1::LearnerRef&
 Status CheckStoreKey(std::string_view key, std::string_view field) {
   if (key.empty()) return Invalid(field, "must not be empty");
   if (key.size() > kMaxStoreKeyLength) {
-    return Invalid(field, fmt::format("\"{}\" is longer than {} bytes", ShowValue(key),
-                                      kMaxStoreKeyLength));
+    return Invalid(
+        field, fmt::format("\"{}\" is longer than {} bytes", ShowValue(key), kMaxStoreKeyLength));
   }
   for (char c : key) {
     if (c < 0x21 || c > 0x7e) {
-      return Invalid(field, fmt::format("\"{}\" has a byte outside printable ASCII", ShowValue(key)));
+      return Invalid(field,
+                     fmt::format("\"{}\" has a byte outside printable ASCII", ShowValue(key)));
     }
   }
   return OkStatus();
@@ -74,13 +75,15 @@ StatusOr<RegisterArgs> ParseRegister(const v1::RegisterRequest& request) {
   args.step = request.step();
   args.last_round_id = request.last_round_id();
   if (request.group_size() > kMaxGroupSize) {
-    return Invalid("group_size", fmt::format("{} is above {}", request.group_size(), kMaxGroupSize));
+    return Invalid("group_size",
+                   fmt::format("{} is above {}", request.group_size(), kMaxGroupSize));
   }
   args.group_size = std::max<uint32_t>(1, request.group_size());
   if (request.rank_addresses_size() != 0 &&
       static_cast<uint32_t>(request.rank_addresses_size()) != args.group_size) {
-    return Invalid("rank_addresses", fmt::format("{} addresses for group_size = {}: one per rank, or none",
-                                                 request.rank_addresses_size(), args.group_size));
+    return Invalid("rank_addresses",
+                   fmt::format("{} addresses for group_size = {}: one per rank, or none",
+                               request.rank_addresses_size(), args.group_size));
   }
   for (int r = 0; r < request.rank_addresses_size(); ++r) {
     const std::string& address = request.rank_addresses(r);
@@ -89,7 +92,8 @@ StatusOr<RegisterArgs> ParseRegister(const v1::RegisterRequest& request) {
       return Invalid(field, fmt::format("must have 1 to {} characters", kMaxAddressLength));
     }
     // HOST, or HOST:PORT: a data plane listens on ports of its own choosing.
-    if (!CheckHostPort(address, field).ok()) MEND_RETURN_IF_ERROR(CheckHostPort(address + ":0", field));
+    if (!CheckHostPort(address, field).ok())
+      MEND_RETURN_IF_ERROR(CheckHostPort(address + ":0", field));
     args.rank_addresses.push_back(address);
   }
   return args;
@@ -102,9 +106,9 @@ StatusOr<HeartbeatArgs> ParseHeartbeat(const v1::HeartbeatRequest& request) {
   MEND_RETURN_IF_ERROR(CheckCounter(request.tokens_total(), "tokens_total"));
   MEND_RETURN_IF_ERROR(CheckCounter(request.tokens_since_last_round(), "tokens_since_last_round"));
   if (request.step_time_us_size() > kMaxStepTimesPerHeartbeat) {
-    return Invalid("step_time_us", fmt::format("{} entries, at most {}",
-                                               request.step_time_us_size(),
-                                               kMaxStepTimesPerHeartbeat));
+    return Invalid("step_time_us",
+                   fmt::format("{} entries, at most {}", request.step_time_us_size(),
+                               kMaxStepTimesPerHeartbeat));
   }
   args.step_ms.reserve(static_cast<size_t>(request.step_time_us_size()));
   for (uint32_t us : request.step_time_us()) {
@@ -148,8 +152,8 @@ Status CheckLeave(const v1::LeaveRequest& request) {
 Status CheckStoreSet(const v1::StoreSetRequest& request, size_t max_value_bytes) {
   MEND_RETURN_IF_ERROR(CheckStoreKey(request.key(), "key"));
   if (request.value().size() > max_value_bytes) {
-    return Invalid("value", fmt::format("{} bytes, at most {}", request.value().size(),
-                                        max_value_bytes));
+    return Invalid("value",
+                   fmt::format("{} bytes, at most {}", request.value().size(), max_value_bytes));
   }
   return OkStatus();
 }
@@ -165,8 +169,8 @@ Status CheckStoreAdd(const v1::StoreAddRequest& request) {
 
 Status CheckStoreWait(const v1::StoreWaitRequest& request) {
   if (request.keys_size() == 0 || request.keys_size() > kMaxStoreWaitKeys) {
-    return Invalid("keys", fmt::format("{} keys, need 1 to {}", request.keys_size(),
-                                       kMaxStoreWaitKeys));
+    return Invalid("keys",
+                   fmt::format("{} keys, need 1 to {}", request.keys_size(), kMaxStoreWaitKeys));
   }
   for (int i = 0; i < request.keys_size(); ++i) {
     MEND_RETURN_IF_ERROR(CheckStoreKey(request.keys(i), fmt::format("keys[{}]", i)));

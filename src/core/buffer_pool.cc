@@ -20,7 +20,8 @@ class Pool {
       // The smallest buffer that holds n values.
       auto best = free_.end();
       for (auto it = free_.begin(); it != free_.end(); ++it) {
-        if (it->capacity() >= n && (best == free_.end() || it->capacity() < best->capacity())) best = it;
+        if (it->capacity() >= n && (best == free_.end() || it->capacity() < best->capacity()))
+          best = it;
       }
       if (best != free_.end()) {
         std::vector<T> buffer = std::move(*best);
@@ -37,8 +38,9 @@ class Pool {
     std::lock_guard lock(mu_);
     free_.push_back(std::move(buffer));
     if (free_.size() > kMaxPooled) {
-      auto smallest = std::min_element(free_.begin(), free_.end(),
-                                       [](const auto& a, const auto& b) { return a.capacity() < b.capacity(); });
+      auto smallest = std::min_element(
+          free_.begin(), free_.end(),
+          [](const auto& a, const auto& b) { return a.capacity() < b.capacity(); });
       free_.erase(smallest);
     }
   }

@@ -5,10 +5,10 @@
 #include <sstream>
 #include <utility>
 
-#include "fmt/format.h"
-#include "core/text.h"
-#include "toml++/toml.h"
 #include "core/status_format.h"
+#include "core/text.h"
+#include "fmt/format.h"
+#include "toml++/toml.h"
 
 namespace mend {
 namespace {
@@ -20,11 +20,16 @@ constexpr size_t kMinTokenLength = 8;
 
 std::string TypeName(ConfigType type) {
   switch (type) {
-    case ConfigType::kInt: return "an integer";
-    case ConfigType::kDouble: return "a number";
-    case ConfigType::kBool: return "true or false";
-    case ConfigType::kString: return "a string";
-    case ConfigType::kEnum: return "one of the listed words";
+    case ConfigType::kInt:
+      return "an integer";
+    case ConfigType::kDouble:
+      return "a number";
+    case ConfigType::kBool:
+      return "true or false";
+    case ConfigType::kString:
+      return "a string";
+    case ConfigType::kEnum:
+      return "one of the listed words";
   }
   return "a value";
 }
@@ -35,9 +40,12 @@ std::string RangeText(const ConfigKey& key) {
       return fmt::format("[{}, {}]", static_cast<int64_t>(key.min), static_cast<int64_t>(key.max));
     case ConfigType::kDouble:
       return fmt::format("[{}, {}]", FormatDouble(key.min), FormatDouble(key.max));
-    case ConfigType::kBool: return "true | false";
-    case ConfigType::kEnum: return fmt::format("{}", fmt::join(key.choices, " | "));
-    case ConfigType::kString: return "text";
+    case ConfigType::kBool:
+      return "true | false";
+    case ConfigType::kEnum:
+      return fmt::format("{}", fmt::join(key.choices, " | "));
+    case ConfigType::kString:
+      return "text";
   }
   return "";
 }
@@ -144,11 +152,15 @@ Status SetConfigValue(Config& config, std::string_view name, std::string_view te
 
 std::string FormatConfigValue(const Config& config, const ConfigKey& key) {
   switch (key.type) {
-    case ConfigType::kInt: return std::to_string(config.*std::get<int64_t Config::*>(key.field));
-    case ConfigType::kDouble: return FormatDouble(config.*std::get<double Config::*>(key.field));
-    case ConfigType::kBool: return config.*std::get<bool Config::*>(key.field) ? "true" : "false";
+    case ConfigType::kInt:
+      return std::to_string(config.*std::get<int64_t Config::*>(key.field));
+    case ConfigType::kDouble:
+      return FormatDouble(config.*std::get<double Config::*>(key.field));
+    case ConfigType::kBool:
+      return config.*std::get<bool Config::*>(key.field) ? "true" : "false";
     case ConfigType::kEnum:
-    case ConfigType::kString: return config.*std::get<std::string Config::*>(key.field);
+    case ConfigType::kString:
+      return config.*std::get<std::string Config::*>(key.field);
   }
   return "";
 }
@@ -157,8 +169,8 @@ Status CheckConfig(const Config& config) {
   // Every value once more through the per-key checks (a Config may be built in code).
   for (const ConfigKey& key : ConfigKeys()) {
     Config scratch;
-    MEND_RETURN_IF_ERROR(SetConfigValue(scratch, key.name, FormatConfigValue(config, key),
-                                        "the configuration"));
+    MEND_RETURN_IF_ERROR(
+        SetConfigValue(scratch, key.name, FormatConfigValue(config, key), "the configuration"));
   }
   // The lighthouse refuses other characters in these; say so at load time.
   MEND_RETURN_IF_ERROR(CheckIdentifier(config.job_id, "job_id", /*allow_empty=*/false));
@@ -166,16 +178,17 @@ Status CheckConfig(const Config& config) {
   MEND_RETURN_IF_ERROR(CheckHostPort(config.lighthouse, "lighthouse"));
   MEND_RETURN_IF_ERROR(CheckHostPort(config.bind, "bind"));
   if (!config.http.empty()) MEND_RETURN_IF_ERROR(CheckHostPort(config.http, "http"));
-  if (!config.group_store.empty()) MEND_RETURN_IF_ERROR(CheckHostPort(config.group_store, "group_store"));
+  if (!config.group_store.empty())
+    MEND_RETURN_IF_ERROR(CheckHostPort(config.group_store, "group_store"));
   if (config.heartbeat_timeout_ms < 2 * config.heartbeat_ms) {
-    return InvalidArgumentError(fmt::format(
-        "heartbeat_timeout_ms = {}: must be at least 2 x heartbeat_ms = {}",
-        config.heartbeat_timeout_ms, 2 * config.heartbeat_ms));
+    return InvalidArgumentError(
+        fmt::format("heartbeat_timeout_ms = {}: must be at least 2 x heartbeat_ms = {}",
+                    config.heartbeat_timeout_ms, 2 * config.heartbeat_ms));
   }
   if (config.grace_window_min_ms > config.grace_window_ms) {
-    return InvalidArgumentError(fmt::format(
-        "grace_window_min_ms = {}: must not exceed grace_window_ms = {}",
-        config.grace_window_min_ms, config.grace_window_ms));
+    return InvalidArgumentError(
+        fmt::format("grace_window_min_ms = {}: must not exceed grace_window_ms = {}",
+                    config.grace_window_min_ms, config.grace_window_ms));
   }
   if (config.tls_cert_file.empty() != config.tls_key_file.empty()) {
     return InvalidArgumentError(
@@ -189,14 +202,16 @@ Status CheckConfig(const Config& config) {
     return InvalidArgumentError(fmt::format("group_rank = {}: must be below group_size = {}",
                                             config.group_rank, config.group_size));
   }
-  if (config.group_size > 1 && config.train_through_lighthouse_outage && config.group_store.empty()) {
+  if (config.group_size > 1 && config.train_through_lighthouse_outage &&
+      config.group_store.empty()) {
     // Refused rather than done wrong: without group_store the other ranks read
     // each round decision from the lighthouse's store, which a restart
     // empties (docs/architecture.md).
-    return InvalidArgumentError(fmt::format(
-        "train_through_lighthouse_outage = true with group_size = {} needs group_store: without it the group's "
-        "ranks learn the rounds from the lighthouse's store, which a restart empties",
-        config.group_size));
+    return InvalidArgumentError(
+        fmt::format("train_through_lighthouse_outage = true with group_size = {} needs "
+                    "group_store: without it the group's "
+                    "ranks learn the rounds from the lighthouse's store, which a restart empties",
+                    config.group_size));
   }
   if (config.overlap_steps >= config.sync_period_steps && config.concurrent_outer_step) {
     return InvalidArgumentError(fmt::format(
@@ -211,8 +226,7 @@ Status ApplyConfigToml(Config& config, std::string_view toml_text, std::string_v
   try {
     table = toml::parse(toml_text, source_name);
   } catch (const toml::parse_error& error) {
-    return InvalidArgumentError(fmt::format("{}:{}:{}: {}", source_name,
-                                            error.source().begin.line,
+    return InvalidArgumentError(fmt::format("{}:{}:{}: {}", source_name, error.source().begin.line,
                                             error.source().begin.column, error.description()));
   }
   for (auto&& [name, node] : table) {
@@ -252,7 +266,8 @@ Status ApplyConfigEnvironment(Config& config, const char* const* environ) {
     std::string_view variable = line.substr(0, equals);
     // The token, and the front ends' own variables (the Python package's
     // learner id and library path), are not configuration keys.
-    if (variable == kTokenEnv || variable == "MEND_LEARNER_ID" || variable == "MEND_LIBRARY") continue;
+    if (variable == kTokenEnv || variable == "MEND_LEARNER_ID" || variable == "MEND_LIBRARY")
+      continue;
     std::string name(variable.substr(kEnvPrefix.size()));
     for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
     std::string source = fmt::format("environment {}", variable);
@@ -274,8 +289,8 @@ StatusOr<Config> LoadConfig(const ConfigSources& sources) {
     bool ok = false;
     std::string text = ReadWholeFile(sources.file, &ok);
     if (!ok) {
-      return NotFoundError(fmt::format("config file '{}': cannot be read: {}", sources.file,
-                                       std::strerror(errno)));
+      return NotFoundError(
+          fmt::format("config file '{}': cannot be read: {}", sources.file, std::strerror(errno)));
     }
     MEND_RETURN_IF_ERROR(ApplyConfigToml(config, text, sources.file));
   }
@@ -312,14 +327,24 @@ std::string ConfigMarkdownTable() {
     if (value.empty()) value = "\"\"";
     std::string type;
     switch (key.type) {
-      case ConfigType::kInt: type = "int"; break;
-      case ConfigType::kDouble: type = "float"; break;
-      case ConfigType::kBool: type = "bool"; break;
-      case ConfigType::kString: type = "string"; break;
-      case ConfigType::kEnum: type = "enum"; break;
+      case ConfigType::kInt:
+        type = "int";
+        break;
+      case ConfigType::kDouble:
+        type = "float";
+        break;
+      case ConfigType::kBool:
+        type = "bool";
+        break;
+      case ConfigType::kString:
+        type = "string";
+        break;
+      case ConfigType::kEnum:
+        type = "enum";
+        break;
     }
-    out += fmt::format("| `{}` | {} | `{}` | {} | {} |\n", key.name, type, value,
-                       RangeText(key), key.help);
+    out += fmt::format("| `{}` | {} | `{}` | {} | {} |\n", key.name, type, value, RangeText(key),
+                       key.help);
   }
   return out;
 }
@@ -343,8 +368,8 @@ StatusOr<std::string> ReadJobToken(const Config& config, const char* const* envi
     bool ok = false;
     token = ReadWholeFile(config.token_file, &ok);
     if (!ok) {
-      return NotFoundError(fmt::format("token_file = \"{}\": cannot be read: {}",
-                                       config.token_file, std::strerror(errno)));
+      return NotFoundError(fmt::format("token_file = \"{}\": cannot be read: {}", config.token_file,
+                                       std::strerror(errno)));
     }
     origin = fmt::format("token_file \"{}\"", config.token_file);
   }
@@ -354,7 +379,8 @@ StatusOr<std::string> ReadJobToken(const Config& config, const char* const* envi
                                             origin, token.size(), kMinTokenLength));
   }
   if (token.size() > 4096) {
-    return InvalidArgumentError(fmt::format("job token from {}: longer than 4096 characters", origin));
+    return InvalidArgumentError(
+        fmt::format("job token from {}: longer than 4096 characters", origin));
   }
   for (char c : token) {
     if (c < 0x21 || c > 0x7e) {

@@ -56,9 +56,12 @@ std::vector<ConfigKey> BuildKeys() {
       Int("quorum_timeout_ms", &C::quorum_timeout_ms, 1, kMaxMs,
           "How long a learner waits for a round before it trains on."),
       Int("lighthouse_wait_ms", &C::lighthouse_wait_ms, 0, kMaxMs,
-          "Learner: how long its start (mend_init, mend train) waits for the lighthouse to answer its "
-          "registration before it fails with UNAVAILABLE naming the address; long enough for learners started "
-          "a little before their lighthouse. 0: do not wait (keep trying in the background). Outages after the "
+          "Learner: how long its start (mend_init, mend train) waits for the lighthouse to answer "
+          "its "
+          "registration before it fails with UNAVAILABLE naming the address; long enough for "
+          "learners started "
+          "a little before their lighthouse. 0: do not wait (keep trying in the background). "
+          "Outages after the "
           "start are ridden over as before."),
       Int("rpc_timeout_ms", &C::rpc_timeout_ms, 1, kMaxMs,
           "Deadline of every other call to the lighthouse."),
@@ -67,31 +70,42 @@ std::vector<ConfigKey> BuildKeys() {
       Int("failslow_window_steps", &C::failslow_window_steps, 3, 10000,
           "Inner-step times per learner in the fail-slow detector's sliding window."),
       Bool("rack_aware", &C::rack_aware,
-           "Prefer a heal source in the learner's own rack, and merge a round where learners share a rack in three "
-           "steps: inside each rack, across racks between one learner per rack, back inside the rack (cross-rack "
+           "Prefer a heal source in the learner's own rack, and merge a round where learners share "
+           "a rack in three "
+           "steps: inside each rack, across racks between one learner per rack, back inside the "
+           "rack (cross-rack "
            "bytes fall by the learners per rack)."),
       Text("rack", &C::rack, "Learner: its failure domain (rack, zone)."),
       Int("group_size", &C::group_size, 1, 1024,
-          "Learner: ranks per learner (the hosts of a rack, each training with DDP inside). Rank r owns "
+          "Learner: ranks per learner (the hosts of a rack, each training with DDP inside). Rank r "
+          "owns "
           "slice r of the cross-rack exchange; every learner of a job has the same size."),
       Int("group_rank", &C::group_rank, 0, 1023,
           "Learner: this process's rank in its group (0 speaks for the group to the lighthouse)."),
       Int("group_generation", &C::group_generation, 0, 1000000000,
-          "Learner: which start of its group this is; a launcher that restarts a group gives it a new one (torchrun's "
-          "restart count is taken as well), so that the restarted ranks do not meet the old ones' keys."),
+          "Learner: which start of its group this is; a launcher that restarts a group gives it a "
+          "new one (torchrun's "
+          "restart count is taken as well), so that the restarted ranks do not meet the old ones' "
+          "keys."),
       Text("group_store", &C::group_store,
-           "Learner: the group's own store, HOST:PORT, served by group rank 0 (the lighthouse's store service). "
-           "Its ranks share round decisions there, so only group rank 0 talks to the lighthouse about rounds. "
-           "Under torchrun the Python package serves it on rank 0 at dataplane_host and passes the address to "
-           "the other ranks; mend train's launcher gives each group a free port. Empty: the lighthouse's store."),
+           "Learner: the group's own store, HOST:PORT, served by group rank 0 (the lighthouse's "
+           "store service). "
+           "Its ranks share round decisions there, so only group rank 0 talks to the lighthouse "
+           "about rounds. "
+           "Under torchrun the Python package serves it on rank 0 at dataplane_host and passes the "
+           "address to "
+           "the other ranks; mend train's launcher gives each group a free port. Empty: the "
+           "lighthouse's store."),
       Bool("udp_control", &C::udp_control,
            "Lighthouse: also serve heartbeats and quorum joins as UDP datagrams (on the "
            "bind port number)."),
       Enum("control_transport", &C::control_transport, {"grpc", "udp"},
            "Learner: heartbeats and quorum joins over gRPC, or over the lighthouse's UDP "
            "datagram channel. gRPC holds about 1,000 learners on a 2-core lighthouse (round "
-           "decisions under 50 ms at p99); use udp above that (10,000 measured on 2 vCPUs shared with "
-           "the simulated learners: p99 51-138 ms, as the build before 17492ab gives there, under half a "
+           "decisions under 50 ms at p99); use udp above that (10,000 measured on 2 vCPUs shared "
+           "with "
+           "the simulated learners: p99 51-138 ms, as the build before 17492ab gives there, under "
+           "half a "
            "core)."),
       Int("sync_period_steps", &C::sync_period_steps, 1, 1000000,
           "H: inner steps between outer rounds."),
@@ -100,43 +114,55 @@ std::vector<ConfigKey> BuildKeys() {
       Real("outer_lr", &C::outer_lr, 0, 100, "Outer Nesterov learning rate (eta)."),
       Real("outer_momentum", &C::outer_momentum, 0, 0.9999, "Outer Nesterov momentum (mu)."),
       Int("outer_warmup_steps", &C::outer_warmup_steps, 0, 1000000000,
-          "Outer warm-up: a round whose boundary step is at most this averages the learners' parameters (outer "
-          "lr 1) and leaves the outer momentum at zero, so that the first steps' fast descent does not enter it; "
+          "Outer warm-up: a round whose boundary step is at most this averages the learners' "
+          "parameters (outer "
+          "lr 1) and leaves the outer momentum at zero, so that the first steps' fast descent does "
+          "not enter it; "
           "the outer Nesterov step takes over after. 0: off."),
       Int("fragments", &C::fragments, 1, 1024, "P: streaming fragments (layer l -> l mod P)."),
       Bool("concurrent_outer_step", &C::concurrent_outer_step,
            "Exchange in the background while inner steps continue (false: synchronous)."),
       Int("overlap_steps", &C::overlap_steps, 0, 1000,
-          "tau: the most inner steps a round's result may arrive late; applied when it arrives, waited for at tau. "
+          "tau: the most inner steps a round's result may arrive late; applied when it arrives, "
+          "waited for at tau. "
           "0: tuned, ceil(1.25 x round time / inner-step time) + 1, capped at H / fragments - 1."),
       Int("total_steps", &C::total_steps, 0, 1000000000000,
-          "The job's length in inner steps; 0: unknown. Known, a concurrent job launches no round in its last "
-          "fragment period (H / fragments steps): that round's result could only be taken up after the last step, "
-          "so every learner would wait for it at shutdown. Every learner that reaches it ends with the final merge "
+          "The job's length in inner steps; 0: unknown. Known, a concurrent job launches no round "
+          "in its last "
+          "fragment period (H / fragments steps): that round's result could only be taken up after "
+          "the last step, "
+          "so every learner would wait for it at shutdown. Every learner that reaches it ends with "
+          "the final merge "
           "(final_merge). 0 in mend train (and mend demo) means --steps."),
       Bool("final_merge", &C::final_merge,
-           "With total_steps known: at shutdown after the last step, one more round per fragment whose last round "
-           "was before it averages the members' models (token-weighted, fp32, outer lr 1, momentum untouched), so "
-           "every learner ends with the same final model, holding every learner's steps up to the end. false: each "
+           "With total_steps known: at shutdown after the last step, one more round per fragment "
+           "whose last round "
+           "was before it averages the members' models (token-weighted, fp32, outer lr 1, momentum "
+           "untouched), so "
+           "every learner ends with the same final model, holding every learner's steps up to the "
+           "end. false: each "
            "learner keeps its own last parameters."),
       Bool("train_through_lighthouse_outage", &C::train_through_lighthouse_outage,
-           "Concurrent mode: do not wait at tau for a round while the lighthouse is unreachable; train on and "
+           "Concurrent mode: do not wait at tau for a round while the lighthouse is unreachable; "
+           "train on and "
            "join when it is back (learners drift apart meanwhile)."),
       Enum("outer_apply", &C::outer_apply, {"exact", "mix"},
            "How a late update meets local progress: keep it exactly once, or mix by alpha."),
       Real("mixing_alpha", &C::mixing_alpha, 0, 1,
            "alpha for outer_apply = mix: theta_i <- alpha theta_i + (1 - alpha) theta_g."),
       Bool("sync_buffers", &C::sync_buffers,
-           "Python: keep the model's buffers (BatchNorm's running statistics) the same on every learner: at every "
-           "round floating-point buffers are averaged over the members with the round's weights and integer ones "
+           "Python: keep the model's buffers (BatchNorm's running statistics) the same on every "
+           "learner: at every "
+           "round floating-point buffers are averaged over the members with the round's weights "
+           "and integer ones "
            "taken from its first member (as DDP broadcasts them)."),
       Bool("desloc", &C::desloc, "DES-LOC: also average the inner AdamW moments."),
       Bool("heal_inner_optimizer", &C::heal_inner_optimizer,
            "A healing learner also takes its source's inner Adam/AdamW moments."),
       Int("momentum_sync_period_steps", &C::momentum_sync_period_steps, 0, 100000000,
           "K_u: first-moment averaging period; 0 means 3 x sync_period_steps."),
-      Int("second_moment_sync_period_steps", &C::second_moment_sync_period_steps, 0,
-          100000000, "K_v: second-moment averaging period; 0 means 6 x sync_period_steps."),
+      Int("second_moment_sync_period_steps", &C::second_moment_sync_period_steps, 0, 100000000,
+          "K_v: second-moment averaging period; 0 means 6 x sync_period_steps."),
       Enum("codec", &C::codec, {"fp32", "bf16", "int8", "int4", "topk"},
            "Encoding of pseudo-gradients on the wire."),
       Int("codec_block_size", &C::codec_block_size, 8, 65536,
@@ -150,8 +176,10 @@ std::vector<ConfigKey> BuildKeys() {
       Int("connect_timeout_ms", &C::connect_timeout_ms, 1, kMaxMs,
           "How long a round's members wait for their connections once all have shown up."),
       Enum("host_staging", &C::host_staging, {"auto", "always"},
-           "Python: which parameters go through float32 host buffers at round boundaries. auto: those that are "
-           "not float32 on the CPU (a GPU's, bfloat16, float16; pinned buffers for a GPU); always: every one "
+           "Python: which parameters go through float32 host buffers at round boundaries. auto: "
+           "those that are "
+           "not float32 on the CPU (a GPU's, bfloat16, float16; pinned buffers for a GPU); always: "
+           "every one "
            "(CPU float32 parameters are otherwise used in place)."),
       Text("dataplane_host", &C::dataplane_host,
            "Learner: the address the other learners reach its data plane at."),
@@ -160,13 +188,15 @@ std::vector<ConfigKey> BuildKeys() {
       Real("link_rate_mbit", &C::link_rate_mbit, 0, 1e6,
            "Link emulation: each learner's send rate in Mbit/s (0: unlimited)."),
       Text("checkpoint_dir", &C::checkpoint_dir,
-           "Directory of the job's checkpoints (global state), named ckpt-<round, 12 digits>.mend; resume finds "
+           "Directory of the job's checkpoints (global state), named ckpt-<round, 12 digits>.mend; "
+           "resume finds "
            "the newest of those (a file of another name: resume_from). Empty turns them off."),
       Int("checkpoint_every_rounds", &C::checkpoint_every_rounds, 0, 1000000,
           "Rank 0 of every round whose id is a multiple of this writes one (0: on demand only)."),
       Int("checkpoint_keep", &C::checkpoint_keep, 1, 1000, "Checkpoints kept in checkpoint_dir."),
       Text("resume_from", &C::resume_from,
-           "At start, resume from this checkpoint file (any name: runtime.save_checkpoint's), or fail naming it; "
+           "At start, resume from this checkpoint file (any name: runtime.save_checkpoint's), or "
+           "fail naming it; "
            "takes precedence over checkpoint_dir and resume. Empty: off."),
       Bool("resume", &C::resume,
            "At start, load the newest checkpoint in checkpoint_dir that verifies."),

@@ -23,7 +23,8 @@ StatusOr<std::vector<int>> FreeLoopbackPorts(int count) {
     socklen_t length = sizeof address;
     if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
         getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-      status = UnavailableError(fmt::format("cannot pick a free loopback port: {}", std::strerror(errno)));
+      status = UnavailableError(
+          fmt::format("cannot pick a free loopback port: {}", std::strerror(errno)));
     } else {
       ports.push_back(static_cast<int>(ntohs(address.sin_port)));
     }

@@ -2,10 +2,10 @@
 
 #include <string>
 
+#include "core/status_format.h"
 #include "fmt/format.h"
 #include "spdlog/sinks/stdout_sinks.h"
 #include "spdlog/spdlog.h"
-#include "core/status_format.h"
 
 namespace mend {
 

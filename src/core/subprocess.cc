@@ -13,8 +13,8 @@
 #include <filesystem>
 #include <map>
 
-#include "fmt/format.h"
 #include "core/status_format.h"
+#include "fmt/format.h"
 
 extern char** environ;
 
@@ -101,8 +101,7 @@ StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(const SubprocessOptions&
 
   std::unique_ptr<Subprocess> child(new Subprocess());
   if (status.ok()) {
-    int error = posix_spawn(&child->pid_, argv[0], &actions, &attributes, argv.data(),
-                            envp.data());
+    int error = posix_spawn(&child->pid_, argv[0], &actions, &attributes, argv.data(), envp.data());
     if (error != 0) {
       status = InternalError(fmt::format("cannot start {}: {}", argv[0], std::strerror(error)));
       child->pid_ = -1;
@@ -136,8 +135,8 @@ Status Subprocess::Signal(int signal) {
 StatusOr<int> Subprocess::Wait(Micros timeout) {
   if (exit_status_) return *exit_status_;
   if (!PollReadable(pidfd_, timeout)) {
-    return DeadlineExceededError(fmt::format("process {} still running after {} ms", pid_,
-                                             timeout / kMicrosPerMilli));
+    return DeadlineExceededError(
+        fmt::format("process {} still running after {} ms", pid_, timeout / kMicrosPerMilli));
   }
   int wait_status = 0;
   pid_t reaped;

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "fmt/format.h"
 #include "core/status_format.h"
+#include "fmt/format.h"
 
 namespace mend {
 
@@ -88,7 +88,8 @@ Status CheckHostPort(std::string_view address, std::string_view what) {
   }
   std::string_view host = address.substr(0, colon);
   if (host.front() == '[' && host.back() != ']') {
-    return InvalidArgumentError(fmt::format("{} = \"{}\": unterminated [IPv6] host", what, address));
+    return InvalidArgumentError(
+        fmt::format("{} = \"{}\": unterminated [IPv6] host", what, address));
   }
   for (char c : host) {
     bool ok = std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == ':' ||

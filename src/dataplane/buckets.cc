@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "fmt/format.h"
 #include "core/status_format.h"
+#include "fmt/format.h"
 
 namespace mend {
 
@@ -34,8 +34,8 @@ BucketPlan::BucketPlan(std::span<const size_t> tensor_sizes, size_t bucket_value
 void BucketPlan::Pack(size_t bucket, std::span<const std::span<const float>> tensors,
                       std::span<float> out) const {
   for (const Piece& piece : pieces_[bucket]) {
-    std::memcpy(out.data() + piece.bucket_offset, tensors[piece.tensor].data() + piece.tensor_offset,
-                piece.count * sizeof(float));
+    std::memcpy(out.data() + piece.bucket_offset,
+                tensors[piece.tensor].data() + piece.tensor_offset, piece.count * sizeof(float));
   }
 }
 

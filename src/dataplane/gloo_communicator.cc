@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "core/buffer_pool.h"
+#include "core/status_format.h"
 #include "dataplane/gloo_store.h"
 #include "dataplane/hierarchy.h"
 #include "dataplane/slicing.h"
@@ -27,7 +28,6 @@
 #include "gloo/transport/unbound_buffer.h"
 #include "mend/communicator.h"
 #include "spdlog/spdlog.h"
-#include "core/status_format.h"
 
 namespace mend {
 namespace {
@@ -82,10 +82,13 @@ class GlooCommunicator final : public Communicator {
   }
 
   Status WeightedAllReduce(std::span<float> data, double weight, const Codec* codec) override {
-    return Guarded("all-reduce", [&]() { return WeightedAllReduceImpl(data, weight, codec, Fp32Sum::kWeightedMean); });
+    return Guarded("all-reduce", [&]() {
+      return WeightedAllReduceImpl(data, weight, codec, Fp32Sum::kWeightedMean);
+    });
   }
   Status Fp32AllReduce(std::span<float> data, double weight, Fp32Sum sum) override {
-    return Guarded("all-reduce", [&]() { return WeightedAllReduceImpl(data, weight, nullptr, sum); });
+    return Guarded("all-reduce",
+                   [&]() { return WeightedAllReduceImpl(data, weight, nullptr, sum); });
   }
   Status WeightedAllGatherDecode(std::span<const std::byte> payload, double weight,
                                  const Codec& codec, std::span<float> out) override {
@@ -126,7 +129,8 @@ class GlooCommunicator final : public Communicator {
     uint64_t sent = 0;
   };
 
-  Status WeightedAllReduceImpl(std::span<float> data, double weight, const Codec* codec, Fp32Sum sum);
+  Status WeightedAllReduceImpl(std::span<float> data, double weight, const Codec* codec,
+                               Fp32Sum sum);
   Status WeightedAllGatherDecodeImpl(std::span<const std::byte> payload, double weight,
                                      const Codec& codec, std::span<float> out);
   Status AllGatherImpl(std::span<const std::byte> mine, std::span<std::byte> out);
@@ -239,8 +243,8 @@ Status GlooCommunicator::End(Op& op, Status status) {
   return OkStatus();
 }
 
-Transfer GlooCommunicator::Post(Op& op, bool send, int peer, Phase phase, size_t segment,
-                                void* ptr, size_t bytes) {
+Transfer GlooCommunicator::Post(Op& op, bool send, int peer, Phase phase, size_t segment, void* ptr,
+                                size_t bytes) {
   Transfer transfer{peer, context_->createUnboundBuffer(ptr, bytes), send, {}};
   const uint64_t slot = MakeSlot(op.id, phase, segment);
   try {
@@ -254,7 +258,8 @@ Transfer GlooCommunicator::Post(Op& op, bool send, int peer, Phase phase, size_t
   }
   (send ? op.sent : stats_.bytes_received) += bytes;
   if (send) {
-    if (stats_.bytes_sent_to.size() <= static_cast<size_t>(peer)) stats_.bytes_sent_to.resize(static_cast<size_t>(peer) + 1);
+    if (stats_.bytes_sent_to.size() <= static_cast<size_t>(peer))
+      stats_.bytes_sent_to.resize(static_cast<size_t>(peer) + 1);
     stats_.bytes_sent_to[static_cast<size_t>(peer)] += bytes;
   }
   return transfer;
@@ -266,15 +271,14 @@ Status GlooCommunicator::Wait(Op& op, Transfer& transfer) {
   left = std::max(left, std::chrono::milliseconds(1));
   const char* what = transfer.is_send ? "sending to" : "receiving from";
   if (!transfer.post_error.empty()) {
-    return AbortedError(fmt::format("round {}: {}: {} {}: connection lost ({})",
-                                    options_.round_id, op.name, what, PeerName(transfer.peer),
-                                    transfer.post_error));
+    return AbortedError(fmt::format("round {}: {}: {} {}: connection lost ({})", options_.round_id,
+                                    op.name, what, PeerName(transfer.peer), transfer.post_error));
   }
   {
     std::lock_guard lock(abort_mu_);
     if (!abort_reason_.empty()) {
-      return AbortedError(fmt::format("round {}: {}: called off: {}", options_.round_id, op.name,
-                                      abort_reason_));
+      return AbortedError(
+          fmt::format("round {}: {}: called off: {}", options_.round_id, op.name, abort_reason_));
     }
     waiting_ = &transfer;
   }
@@ -286,7 +290,8 @@ Status GlooCommunicator::Wait(Op& op, Transfer& transfer) {
     }
   } not_waiting{this};
   try {
-    bool done = transfer.is_send ? transfer.buffer->waitSend(left) : transfer.buffer->waitRecv(left);
+    bool done =
+        transfer.is_send ? transfer.buffer->waitSend(left) : transfer.buffer->waitRecv(left);
     if (!done) {
       std::lock_guard lock(abort_mu_);
       return AbortedError(fmt::format("round {}: {}: {} {}: called off: {}", options_.round_id,
@@ -297,13 +302,12 @@ Status GlooCommunicator::Wait(Op& op, Transfer& transfer) {
     std::string message = error.what();
     bool timed_out = message.find("imed out") != std::string::npos;
     if (timed_out) {
-      return DeadlineExceededError(fmt::format(
-          "round {}: {}: {} {}: nothing within the {} ms deadline", options_.round_id, op.name,
-          what, PeerName(transfer.peer), options_.timeout / kMicrosPerMilli));
+      return DeadlineExceededError(
+          fmt::format("round {}: {}: {} {}: nothing within the {} ms deadline", options_.round_id,
+                      op.name, what, PeerName(transfer.peer), options_.timeout / kMicrosPerMilli));
     }
-    return AbortedError(fmt::format("round {}: {}: {} {}: connection lost ({})",
-                                     options_.round_id, op.name, what, PeerName(transfer.peer),
-                                     message));
+    return AbortedError(fmt::format("round {}: {}: {} {}: connection lost ({})", options_.round_id,
+                                    op.name, what, PeerName(transfer.peer), message));
   } catch (const std::exception& error) {
     return AbortedError(fmt::format("round {}: {}: {} {}: {}", options_.round_id, op.name, what,
                                     PeerName(transfer.peer), error.what()));
@@ -342,15 +346,14 @@ StatusOr<std::vector<float>> GlooCommunicator::NormalizeWeights(
   for (int r = 0; r < options_.world_size; ++r) {
     if (!std::isfinite(weights[r]) || weights[r] < 0) {
       return InvalidArgumentError(fmt::format("round {}: {}: {} passed weight {}: must be >= 0",
-                                              options_.round_id, op.name, PeerName(r),
-                                              weights[r]));
+                                              options_.round_id, op.name, PeerName(r), weights[r]));
     }
     total += weights[r];
   }
   if (!(total > 0)) {
-    return InvalidArgumentError(fmt::format(
-        "round {}: {}: the members' weights sum to 0; nothing to average", options_.round_id,
-        op.name));
+    return InvalidArgumentError(
+        fmt::format("round {}: {}: the members' weights sum to 0; nothing to average",
+                    options_.round_id, op.name));
   }
   std::vector<float> normalized(options_.world_size);
   for (int r = 0; r < options_.world_size; ++r) {
@@ -365,8 +368,9 @@ StatusOr<std::vector<float>> GlooCommunicator::NormalizeWeights(
 // in blocks that stay in L1: one pass over each input and one over the
 // output. The rack-aware merge computes each G_k in its rack and the rest
 // across racks with the same operations, hence the same bits.
-void WeightedSum(float* out, const std::vector<const float*>& inputs, const std::vector<float>& weights,
-                 const std::vector<std::vector<int>>& groups, float scale, size_t n) {
+void WeightedSum(float* out, const std::vector<const float*>& inputs,
+                 const std::vector<float>& weights, const std::vector<std::vector<int>>& groups,
+                 float scale, size_t n) {
   constexpr size_t kBlock = 1024;
   float block[kBlock], group[kBlock];
   for (size_t start = 0; start < n; start += kBlock) {
@@ -421,7 +425,7 @@ struct GlooCommunicator::Reduction {
 };
 
 Status GlooCommunicator::WeightedAllReduceImpl(std::span<float> data, double weight,
-                                           const Codec* codec, Fp32Sum sum) {
+                                               const Codec* codec, Fp32Sum sum) {
   Op op;
   MEND_RETURN_IF_ERROR(Begin("all-reduce", &op));
   std::unique_ptr<Codec> fp32;
@@ -430,13 +434,13 @@ Status GlooCommunicator::WeightedAllReduceImpl(std::span<float> data, double wei
     codec = fp32.get();
   }
   if (!codec->dense()) {
-    return InvalidArgumentError(fmt::format(
-        "round {}: all-reduce: codec {} is sparse; use WeightedAllGatherDecode",
-        options_.round_id, CodecName(codec->kind())));
+    return InvalidArgumentError(
+        fmt::format("round {}: all-reduce: codec {} is sparse; use WeightedAllGatherDecode",
+                    options_.round_id, CodecName(codec->kind())));
   }
   if (sum != Fp32Sum::kWeightedMean && codec->kind() != CodecKind::kFp32) {
-    return InvalidArgumentError(fmt::format("round {}: all-reduce: a weighted sum without the mean is fp32 only",
-                                            options_.round_id));
+    return InvalidArgumentError(fmt::format(
+        "round {}: all-reduce: a weighted sum without the mean is fp32 only", options_.round_id));
   }
   // The weights travel beside the first pieces rather than a round trip
   // ahead of them.
@@ -447,14 +451,15 @@ Status GlooCommunicator::WeightedAllReduceImpl(std::span<float> data, double wei
   // Segments of at most segment_bytes, but at least four per slice (of at
   // least 256 KiB) so that a small buffer still pipelines.
   const size_t slice_values = data.size() / options_.world_size + 1;
-  const size_t segment_values = std::clamp<size_t>(slice_values / 4, size_t{64} << 10,
-                                                   std::max<size_t>(options_.segment_bytes / sizeof(float), 1));
+  const size_t segment_values =
+      std::clamp<size_t>(slice_values / 4, size_t{64} << 10,
+                         std::max<size_t>(options_.segment_bytes / sizeof(float), 1));
   Reduction run(data, *codec, options_.world_size, segment_values);
   const int me = options_.rank;
   const size_t slice_bytes = run.layout.slice_bytes(me);
   Reserve(send_scratch_, run.raw ? 0 : run.layout.total_bytes());
-  Reserve(recv_scratch_, slice_bytes * (options_.world_size - 1) +
-                       (run.raw ? 0 : run.layout.total_bytes()));
+  Reserve(recv_scratch_,
+          slice_bytes * (options_.world_size - 1) + (run.raw ? 0 : run.layout.total_bytes()));
   run.encoded = send_scratch_.data();
   run.contributions = recv_scratch_.data();
   run.results = run.raw ? nullptr : recv_scratch_.data() + slice_bytes * (options_.world_size - 1);
@@ -473,7 +478,8 @@ Status GlooCommunicator::WeightedAllReduceImpl(std::span<float> data, double wei
     run.scale = sum == Fp32Sum::kWeightedSum ? 1.0f : static_cast<float>(1.0 / total);
     for (int r = 0; r < options_.world_size; ++r) {
       (*weights)[static_cast<size_t>(r)] =
-          sum == Fp32Sum::kPreWeighted ? 1.0f : static_cast<float>(all_weights[static_cast<size_t>(r)]);
+          sum == Fp32Sum::kPreWeighted ? 1.0f
+                                       : static_cast<float>(all_weights[static_cast<size_t>(r)]);
     }
   }
   for (size_t s = 0; s < run.slicing.segments(); ++s) {
@@ -485,7 +491,8 @@ Status GlooCommunicator::WeightedAllReduceImpl(std::span<float> data, double wei
 
 const std::byte* GlooCommunicator::Mine(Reduction& run, int slice, size_t segment) const {
   if (run.raw) {
-    return reinterpret_cast<const std::byte*>(run.data.data() + run.slicing.Piece(slice, segment).first);
+    return reinterpret_cast<const std::byte*>(run.data.data() +
+                                              run.slicing.Piece(slice, segment).first);
   }
   return run.encoded + run.layout.offset(slice, segment);
 }
@@ -513,7 +520,8 @@ void GlooCommunicator::PostScatter(Op& op, Reduction& run) {
               PostRecv(op, peer, kGather, s, run.results + run.layout.offset(peer, s), bytes));
         }
       }
-      if (peer != me) run.scatter[s].push_back(PostSend(op, peer, kScatter, s, Mine(run, peer, s), bytes));
+      if (peer != me)
+        run.scatter[s].push_back(PostSend(op, peer, kScatter, s, Mine(run, peer, s), bytes));
     }
     auto [begin, end] = run.slicing.Piece(me, s);
     if (begin == end) continue;
@@ -538,7 +546,8 @@ Status GlooCommunicator::ReduceSegment(Op& op, Reduction& run, const std::vector
     if (run.raw) {
       std::vector<const float*> inputs(size);
       for (int r = 0; r < size; ++r) {
-        inputs[r] = reinterpret_cast<const float*>(r == me ? Mine(run, me, s) : Contribution(run, r, s));
+        inputs[r] =
+            reinterpret_cast<const float*>(r == me ? Mine(run, me, s) : Contribution(run, r, s));
       }
       WeightedSum(run.data.data() + begin, inputs, weights, sum_groups_, run.scale, len);
       result = reinterpret_cast<const std::byte*>(run.data.data() + begin);
@@ -581,9 +590,9 @@ Status GlooCommunicator::FinishGather(Op& op, Reduction& run) {
       for (size_t s = 0; s < run.slicing.segments(); ++s) {
         auto [begin, end] = run.slicing.Piece(peer, s);
         if (begin == end) continue;
-        run.codec.Decode(std::span(run.results + run.layout.offset(peer, s),
-                                   run.layout.piece_bytes(peer, s)),
-                         run.data.subspan(begin, end - begin));
+        run.codec.Decode(
+            std::span(run.results + run.layout.offset(peer, s), run.layout.piece_bytes(peer, s)),
+            run.data.subspan(begin, end - begin));
       }
     }
   }
@@ -591,15 +600,15 @@ Status GlooCommunicator::FinishGather(Op& op, Reduction& run) {
 }
 
 Status GlooCommunicator::WeightedAllGatherDecodeImpl(std::span<const std::byte> payload,
-                                                 double weight, const Codec& codec,
-                                                 std::span<float> out) {
+                                                     double weight, const Codec& codec,
+                                                     std::span<float> out) {
   Op op;
   MEND_RETURN_IF_ERROR(Begin("all-gather-decode", &op));
   if (payload.size() != codec.EncodedBytes(out.size())) {
-    return InvalidArgumentError(fmt::format(
-        "round {}: all-gather-decode: payload of {} bytes; {} values of {} take {}",
-        options_.round_id, payload.size(), out.size(), CodecName(codec.kind()),
-        codec.EncodedBytes(out.size())));
+    return InvalidArgumentError(
+        fmt::format("round {}: all-gather-decode: payload of {} bytes; {} values of {} take {}",
+                    options_.round_id, payload.size(), out.size(), CodecName(codec.kind()),
+                    codec.EncodedBytes(out.size())));
   }
   std::vector<double> all_weights(options_.world_size);
   std::vector<Transfer> transfers;
@@ -643,7 +652,8 @@ Status GlooCommunicator::BroadcastImpl(std::span<std::byte> data, int root) {
     size_t bytes = std::min(segment, data.size() - start);
     if (options_.rank == root) {
       for (int peer = 0; peer < options_.world_size; ++peer) {
-        if (peer != root) transfers.push_back(PostSend(op, peer, kBroadcast, s, data.data() + start, bytes));
+        if (peer != root)
+          transfers.push_back(PostSend(op, peer, kBroadcast, s, data.data() + start, bytes));
       }
     } else {
       transfers.push_back(PostRecv(op, root, kBroadcast, s, data.data() + start, bytes));
@@ -657,7 +667,7 @@ Status GlooCommunicator::BroadcastImpl(std::span<std::byte> data, int root) {
 // death must be an error, so SIGPIPE is ignored (when it still has its
 // default action; a handler the application installed is left alone).
 void IgnoreBrokenPipes() {
-  struct sigaction current{};
+  struct sigaction current {};
   if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
     signal(SIGPIPE, SIG_IGN);
   }
@@ -677,7 +687,8 @@ CommunicatorOptions CommunicatorOptionsFrom(const Config& config) {
 
 Status Communicator::Fp32AllReduce(std::span<float> data, double weight, Fp32Sum sum) {
   if (sum == Fp32Sum::kWeightedMean) return WeightedAllReduce(data, weight, nullptr);
-  return FailedPreconditionError("Fp32AllReduce: this communicator has no fp32 weighted sum but the mean");
+  return FailedPreconditionError(
+      "Fp32AllReduce: this communicator has no fp32 weighted sum but the mean");
 }
 
 StatusOr<std::unique_ptr<Communicator>> Communicator::Connect(RendezvousStore& store,
@@ -687,8 +698,9 @@ StatusOr<std::unique_ptr<Communicator>> Communicator::Connect(RendezvousStore& s
                                             options.rank, options.world_size));
   }
   if (options.timeout <= 0 || options.connect_timeout <= 0) {
-    return InvalidArgumentError(fmt::format("communicator: timeout = {} us, connect timeout = {} us: must be positive",
-                                            options.timeout, options.connect_timeout));
+    return InvalidArgumentError(
+        fmt::format("communicator: timeout = {} us, connect timeout = {} us: must be positive",
+                    options.timeout, options.connect_timeout));
   }
   IgnoreBrokenPipes();
   auto timeout = std::chrono::milliseconds(std::max<Micros>(options.timeout / kMicrosPerMilli, 1));
@@ -705,7 +717,8 @@ StatusOr<std::unique_ptr<Communicator>> Communicator::Connect(RendezvousStore& s
     // wait of ours passes its own), so connect_timeout bounds that wait. A
     // member that was stopped while it connected and resumes after the
     // others gave up would otherwise hang there for 5 x the timeout.
-    const auto connect = std::chrono::milliseconds(std::max<Micros>(options.connect_timeout / kMicrosPerMilli, 5));
+    const auto connect =
+        std::chrono::milliseconds(std::max<Micros>(options.connect_timeout / kMicrosPerMilli, 5));
     context->setTimeout(connect / 5);
     context->connectFullMesh(gloo_store, device);
   } catch (const dataplane::StoreTimeout& error) {
@@ -716,16 +729,16 @@ StatusOr<std::unique_ptr<Communicator>> Communicator::Connect(RendezvousStore& s
                             ? fmt::format("{} ('{}')", rank, options.member_ids[rank])
                             : std::to_string(rank));
     }
-    return DeadlineExceededError(fmt::format(
-        "round {}: rendezvous: member(s) {} did not show up within {} ms", options.round_id,
-        fmt::join(missing, ", "), timeout.count()));
+    return DeadlineExceededError(
+        fmt::format("round {}: rendezvous: member(s) {} did not show up within {} ms",
+                    options.round_id, fmt::join(missing, ", "), timeout.count()));
   } catch (const dataplane::StoreFailure& error) {
     return Annotate(error.status, fmt::format("round {}: rendezvous", options.round_id));
   } catch (const std::exception& error) {
     std::string message = error.what();
     if (message.find("imed out") != std::string::npos) {
-      return DeadlineExceededError(fmt::format("round {}: connecting to the members: {}",
-                                               options.round_id, message));
+      return DeadlineExceededError(
+          fmt::format("round {}: connecting to the members: {}", options.round_id, message));
     }
     return UnavailableError(
         fmt::format("round {}: connecting to the members: {}", options.round_id, message));

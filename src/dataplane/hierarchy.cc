@@ -22,8 +22,9 @@ class RackAwareCommunicator final : public Communicator {
   // the representatives); the cross-rack merge is then split by pieces
   // between the columns, so that every host's link carries a share.
   RackAwareCommunicator(std::unique_ptr<Communicator> flat, std::unique_ptr<Communicator> rack,
-                        std::unique_ptr<Communicator> reps, std::vector<int> rack_ranks, std::vector<int> rep_ranks,
-                        std::vector<std::vector<int>> layout, int column)
+                        std::unique_ptr<Communicator> reps, std::vector<int> rack_ranks,
+                        std::vector<int> rep_ranks, std::vector<std::vector<int>> layout,
+                        int column)
       : flat_(std::move(flat)),
         rack_(std::move(rack)),
         reps_(std::move(reps)),
@@ -76,13 +77,15 @@ class RackAwareCommunicator final : public Communicator {
       // 3. Every piece to the whole rack.
       const size_t widest = data.size() / parts + 1;
       std::vector<float> mine(widest, 0.0f);
-      std::copy(data.begin() + static_cast<long>(begin), data.begin() + static_cast<long>(end), mine.begin());
+      std::copy(data.begin() + static_cast<long>(begin), data.begin() + static_cast<long>(end),
+                mine.begin());
       std::vector<float> all(widest * parts);
       MEND_RETURN_IF_ERROR(rack_->AllGather(std::as_bytes(std::span<const float>(mine)),
                                             std::as_writable_bytes(std::span(all))));
       for (size_t j = 0; j < parts; ++j) {
         const auto [from, to] = piece(j);
-        std::copy_n(all.begin() + static_cast<long>(j * widest), to - from, data.begin() + static_cast<long>(from));
+        std::copy_n(all.begin() + static_cast<long>(j * widest), to - from,
+                    data.begin() + static_cast<long>(from));
       }
       return OkStatus();
     }
@@ -93,8 +96,8 @@ class RackAwareCommunicator final : public Communicator {
     return OkStatus();
   }
 
-  Status WeightedAllGatherDecode(std::span<const std::byte> payload, double weight, const Codec& codec,
-                                 std::span<float> out) override {
+  Status WeightedAllGatherDecode(std::span<const std::byte> payload, double weight,
+                                 const Codec& codec, std::span<float> out) override {
     return flat_->WeightedAllGatherDecode(payload, weight, codec, out);
   }
   // The same three steps: the rack's pieces, the racks' blocks (padded to
@@ -104,13 +107,14 @@ class RackAwareCommunicator final : public Communicator {
     const size_t m = mine.size();
     std::vector<std::byte> block(widest_rack_ * m);
     if (rack_) {
-      MEND_RETURN_IF_ERROR(
-          rack_->AllGather(mine, std::span(block).first(static_cast<size_t>(rack_->world_size()) * m)));
+      MEND_RETURN_IF_ERROR(rack_->AllGather(
+          mine, std::span(block).first(static_cast<size_t>(rack_->world_size()) * m)));
     } else {
       std::copy(mine.begin(), mine.end(), block.begin());
     }
     std::vector<std::byte> all(layout_.size() * block.size());
-    if (reps_ && column_ <= 0) MEND_RETURN_IF_ERROR(reps_->AllGather(block, all));  // the representatives
+    if (reps_ && column_ <= 0)
+      MEND_RETURN_IF_ERROR(reps_->AllGather(block, all));  // the representatives
     if (rack_) MEND_RETURN_IF_ERROR(rack_->Broadcast(all, 0));
     for (size_t k = 0; k < layout_.size(); ++k) {
       for (size_t j = 0; j < layout_[k].size(); ++j) {
@@ -120,7 +124,9 @@ class RackAwareCommunicator final : public Communicator {
     }
     return OkStatus();
   }
-  Status Broadcast(std::span<std::byte> data, int root) override { return flat_->Broadcast(data, root); }
+  Status Broadcast(std::span<std::byte> data, int root) override {
+    return flat_->Broadcast(data, root);
+  }
   void Abort(const std::string& reason) override {
     flat_->Abort(reason);
     if (rack_) rack_->Abort(reason);
@@ -171,12 +177,14 @@ std::vector<std::vector<int>> MembersByRack(const std::vector<std::string>& rack
   return layout;
 }
 
-StatusOr<std::unique_ptr<Communicator>> ConnectRackAware(RendezvousStore& store, const CommunicatorOptions& options,
-                                                        std::unique_ptr<Communicator> flat,
-                                                        const std::vector<std::string>& racks) {
+StatusOr<std::unique_ptr<Communicator>> ConnectRackAware(RendezvousStore& store,
+                                                         const CommunicatorOptions& options,
+                                                         std::unique_ptr<Communicator> flat,
+                                                         const std::vector<std::string>& racks) {
   if (racks.size() != static_cast<size_t>(flat->world_size())) return flat;
   std::vector<std::vector<int>> layout = MembersByRack(racks);
-  const bool shared = std::any_of(layout.begin(), layout.end(), [](const auto& members) { return members.size() > 1; });
+  const bool shared = std::any_of(layout.begin(), layout.end(),
+                                  [](const auto& members) { return members.size() > 1; });
   if (layout.size() < 2 || !shared) return flat;
   const int me = flat->rank();
   std::vector<int> reps;
@@ -188,8 +196,9 @@ StatusOr<std::unique_ptr<Communicator>> ConnectRackAware(RendezvousStore& store,
   auto member_ids = [&options](const std::vector<int>& ranks) {
     std::vector<std::string> ids;
     for (int r : ranks) {
-      ids.push_back(static_cast<size_t>(r) < options.member_ids.size() ? options.member_ids[static_cast<size_t>(r)]
-                                                                       : fmt::format("member {}", r));
+      ids.push_back(static_cast<size_t>(r) < options.member_ids.size()
+                        ? options.member_ids[static_cast<size_t>(r)]
+                        : fmt::format("member {}", r));
     }
     return ids;
   };
@@ -207,9 +216,11 @@ StatusOr<std::unique_ptr<Communicator>> ConnectRackAware(RendezvousStore& store,
   }
   // Racks of one size share the cross-rack merge by columns (the members at
   // the same place in every rack); otherwise the representatives carry it.
-  const bool even = std::all_of(layout.begin(), layout.end(),
-                                [&](const std::vector<int>& members) { return members.size() == mates.size(); });
-  const int column = even ? static_cast<int>(std::find(mates.begin(), mates.end(), me) - mates.begin()) : -1;
+  const bool even = std::all_of(layout.begin(), layout.end(), [&](const std::vector<int>& members) {
+    return members.size() == mates.size();
+  });
+  const int column =
+      even ? static_cast<int>(std::find(mates.begin(), mates.end(), me) - mates.begin()) : -1;
   std::vector<int> crossing;  // the flat ranks of this member's cross-rack communicator
   if (even) {
     for (const auto& members : layout) crossing.push_back(members[static_cast<size_t>(column)]);
@@ -227,7 +238,8 @@ StatusOr<std::unique_ptr<Communicator>> ConnectRackAware(RendezvousStore& store,
     MEND_ASSIGN_OR_RETURN(representatives, Communicator::Connect(store, o));
   }
   return std::unique_ptr<Communicator>(std::make_unique<RackAwareCommunicator>(
-      std::move(flat), std::move(rack), std::move(representatives), mates, crossing, std::move(layout), column));
+      std::move(flat), std::move(rack), std::move(representatives), mates, crossing,
+      std::move(layout), column));
 }
 
 }  // namespace mend

@@ -34,9 +34,8 @@ std::vector<std::vector<int>> MembersByRack(const std::vector<std::string>& rack
 // members or every member is in one rack (nothing to save); else connects a
 // communicator per rack (<prefix>rack/<index>/) and one of the
 // representatives (<prefix>reps/), and returns the three as one.
-[[nodiscard]] StatusOr<std::unique_ptr<Communicator>> ConnectRackAware(RendezvousStore& store,
-                                                                       const CommunicatorOptions& options,
-                                                                       std::unique_ptr<Communicator> flat,
-                                                                       const std::vector<std::string>& racks);
+[[nodiscard]] StatusOr<std::unique_ptr<Communicator>> ConnectRackAware(
+    RendezvousStore& store, const CommunicatorOptions& options, std::unique_ptr<Communicator> flat,
+    const std::vector<std::string>& racks);
 
 }  // namespace mend

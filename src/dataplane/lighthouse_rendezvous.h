@@ -25,7 +25,8 @@ class LighthouseRendezvousStore final : public RendezvousStore {
   // `abort_key` (optional) is looked up at the same times: the lighthouse
   // sets it (to the reason) when a member of the round died or restarted
   // after the round closed, and the Get ends with ABORTED and that reason.
-  explicit LighthouseRendezvousStore(LighthouseClient& client, std::function<bool()> still_valid = nullptr,
+  explicit LighthouseRendezvousStore(LighthouseClient& client,
+                                     std::function<bool()> still_valid = nullptr,
                                      std::string abort_key = "")
       : client_(client), still_valid_(std::move(still_valid)), abort_key_(std::move(abort_key)) {}
   static constexpr Micros kCheckEvery = 250 * kMicrosPerMilli;
@@ -33,16 +34,20 @@ class LighthouseRendezvousStore final : public RendezvousStore {
   Status Set(const std::string& key, const std::string& value) override {
     return client_.StoreSet(key, value);
   }
-  Status Delete(const std::string& key, bool prefix) override { return client_.StoreDelete(key, prefix).status(); }
+  Status Delete(const std::string& key, bool prefix) override {
+    return client_.StoreDelete(key, prefix).status();
+  }
   StatusOr<std::string> Get(const std::string& key, Micros timeout) override {
     if (!still_valid_ && abort_key_.empty()) return client_.StoreGet(key, timeout);
     const Micros deadline = RealClock()->NowMicros() + timeout;
     while (true) {
       const Micros left = deadline - RealClock()->NowMicros();
-      StatusOr<std::string> value = client_.StoreGet(key, std::max<Micros>(1, std::min(left, kCheckEvery)));
+      StatusOr<std::string> value =
+          client_.StoreGet(key, std::max<Micros>(1, std::min(left, kCheckEvery)));
       if (value.ok() || left <= kCheckEvery) return value;
       if (still_valid_ && !still_valid_()) {
-        return AbortedError("rendezvous: the lighthouse restarted after the round was formed; its keys are gone");
+        return AbortedError(
+            "rendezvous: the lighthouse restarted after the round was formed; its keys are gone");
       }
       if (!abort_key_.empty()) {
         StatusOr<std::string> why = client_.StoreGet(abort_key_, 1);
@@ -63,7 +68,8 @@ class LighthouseRendezvousStore final : public RendezvousStore {
 
 // The options of a round's communicator: the configuration's part
 // (CommunicatorOptionsFrom) and the round's prefix, id, rank, size and members.
-inline CommunicatorOptions CommunicatorOptionsForRound(const Config& config, const QuorumResult& round) {
+inline CommunicatorOptions CommunicatorOptionsForRound(const Config& config,
+                                                       const QuorumResult& round) {
   CommunicatorOptions options = CommunicatorOptionsFrom(config);
   options.prefix = round.rendezvous_prefix;
   options.round_id = round.round_id;

@@ -1,6 +1,6 @@
+#include "core/status_format.h"
 #include "fmt/format.h"
 #include "mend/outer.h"
-#include "core/status_format.h"
 
 namespace mend {
 

@@ -5,10 +5,10 @@
 #include <cstring>
 
 #include "core/buffer_pool.h"
+#include "core/status_format.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
 #include "spdlog/spdlog.h"
-#include "core/status_format.h"
 
 namespace mend {
 namespace {
@@ -77,8 +77,8 @@ StatusOr<RoundResult> OuterRound::Exchange(Communicator& comm, const FragmentSta
                                            const OuterSyncOptions& options) {
   const size_t n = state.size();
   if (delta_i.size() != n) {
-    return InvalidArgumentError(fmt::format("pseudo-gradient of {} values for a fragment of {}",
-                                            delta_i.size(), n));
+    return InvalidArgumentError(
+        fmt::format("pseudo-gradient of {} values for a fragment of {}", delta_i.size(), n));
   }
   // 1. Everyone's norm and weight, so that every member drops the same ones.
   // The robust rule needs three contributing members; with fewer it drops
@@ -93,7 +93,9 @@ StatusOr<RoundResult> OuterRound::Exchange(Communicator& comm, const FragmentSta
     dropped_me = options.contributes && !std::isfinite(mine.norm);
     if (dropped_me) {
       result.dropped.push_back(comm.rank());
-      spdlog::warn("robust merge: this member's pseudo-gradient is not finite; it is left out of this round");
+      spdlog::warn(
+          "robust merge: this member's pseudo-gradient is not finite; it is left out of this "
+          "round");
     }
   } else {
     std::vector<MemberReport> reports(comm.world_size());
@@ -107,12 +109,15 @@ StatusOr<RoundResult> OuterRound::Exchange(Communicator& comm, const FragmentSta
       norms.push_back(reports[r].norm);
       contributing.push_back(static_cast<int>(r));
     }
-    for (int i : RobustDrops(norms, options.robust_zscore)) result.dropped.push_back(contributing[static_cast<size_t>(i)]);
-    if (contributing.empty()) return AbortedError("no member of the round had a pseudo-gradient to merge");
+    for (int i : RobustDrops(norms, options.robust_zscore))
+      result.dropped.push_back(contributing[static_cast<size_t>(i)]);
+    if (contributing.empty())
+      return AbortedError("no member of the round had a pseudo-gradient to merge");
     if (result.dropped.size() == contributing.size()) {
       return AbortedError("every member's pseudo-gradient was dropped by the robust merge");
     }
-    dropped_me = std::find(result.dropped.begin(), result.dropped.end(), comm.rank()) != result.dropped.end();
+    dropped_me = std::find(result.dropped.begin(), result.dropped.end(), comm.rank()) !=
+                 result.dropped.end();
     if (!result.dropped.empty()) {
       spdlog::warn("robust merge: member(s) {} left out of this round (norms {})",
                    fmt::join(result.dropped, ", "), fmt::join(norms, ", "));
@@ -138,8 +143,8 @@ StatusOr<RoundResult> OuterRound::Exchange(Communicator& comm, const FragmentSta
     std::vector<std::byte> payload(codec->EncodedBytes(n));
     std::vector<float> decoded(n);
     if (!silent) {
-      EncodeWithErrorFeedback(*codec, options.error_feedback_beta, result.residual, delta,
-                              payload, decoded);
+      EncodeWithErrorFeedback(*codec, options.error_feedback_beta, result.residual, delta, payload,
+                              decoded);
     } else {
       codec->Encode(delta, payload);  // zeros
     }

@@ -10,7 +10,9 @@ OverlapTuner::OverlapTuner(int64_t configured, uint64_t cap)
 
 void OverlapTuner::RecordStep(double seconds) {
   if (!(seconds > 0) || !std::isfinite(seconds)) return;
-  step_seconds_ = step_seconds_ == 0 ? seconds : (1 - kStepSmoothing) * step_seconds_ + kStepSmoothing * seconds;
+  step_seconds_ = step_seconds_ == 0
+                      ? seconds
+                      : (1 - kStepSmoothing) * step_seconds_ + kStepSmoothing * seconds;
 }
 
 void OverlapTuner::RecordRound(double seconds) {

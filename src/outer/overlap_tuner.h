@@ -17,8 +17,8 @@ namespace mend::outer {
 
 class OverlapTuner {
  public:
-  static constexpr double kMargin = 1.25;     // rounds vary; a little more hides the slower ones
-  static constexpr size_t kRoundsKept = 4;    // the slowest of the last few rounds is the estimate
+  static constexpr double kMargin = 1.25;   // rounds vary; a little more hides the slower ones
+  static constexpr size_t kRoundsKept = 4;  // the slowest of the last few rounds is the estimate
   static constexpr double kStepSmoothing = 0.1;  // EMA weight of a new inner-step time
 
   // `configured` > 0 fixes tau (as given: an override); 0 tunes it within

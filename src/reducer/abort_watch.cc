@@ -16,7 +16,8 @@ void AbortWatch::Run() {
     const std::string key = key_;
     const uint64_t generation = generation_;
     lock.unlock();
-    StatusOr<std::string> why = client_.StoreGet(key, std::chrono::duration_cast<std::chrono::microseconds>(kPoll).count());
+    StatusOr<std::string> why =
+        client_.StoreGet(key, std::chrono::duration_cast<std::chrono::microseconds>(kPoll).count());
     lock.lock();
     if (generation != generation_) continue;  // that round is over
     if (why.ok()) {

@@ -3,10 +3,10 @@
 #include <cstring>
 #include <span>
 
+#include "core/status_format.h"
+#include "dataplane/lighthouse_rendezvous.h"
 #include "fmt/format.h"
 #include "mend/communicator.h"
-#include "dataplane/lighthouse_rendezvous.h"
-#include "core/status_format.h"
 #include "reducer/learner_group.h"
 
 namespace mend {
@@ -46,9 +46,9 @@ class DataParallelImpl final : public DataParallel {
       stats_.rank = static_cast<uint32_t>(options.rank);
       stats_.world_size = static_cast<uint32_t>(options.world_size);
     } else {
-      MEND_ASSIGN_OR_RETURN(
-          QuorumResult round,
-          agent_.Quorum(0, 0, config_.quorum_timeout_ms * kMicrosPerMilli, /*include_members=*/true));
+      MEND_ASSIGN_OR_RETURN(QuorumResult round,
+                            agent_.Quorum(0, 0, config_.quorum_timeout_ms * kMicrosPerMilli,
+                                          /*include_members=*/true));
       CommunicatorOptions options = CommunicatorOptionsForRound(config_, round);
       LighthouseRendezvousStore store(agent_.client());
       MEND_ASSIGN_OR_RETURN(comm_, Communicator::Connect(store, options));
@@ -63,15 +63,19 @@ class DataParallelImpl final : public DataParallel {
   }
 
   Status AverageGradients(uint64_t tokens) override {
-    if (!comm_) return FailedPreconditionError("data parallel: AverageGradients() after shutdown()");
+    if (!comm_)
+      return FailedPreconditionError("data parallel: AverageGradients() after shutdown()");
     Flatten(/*gradients=*/true);
-    const std::span<float> controls = std::span(buffer_).last(in_group_ ? size_t{kControls} : size_t{0});
+    const std::span<float> controls =
+        std::span(buffer_).last(in_group_ ? size_t{kControls} : size_t{0});
     for (size_t c = 0; c < controls.size(); ++c) controls[c] = requested_[c] ? 1.0f : 0.0f;
     requested_[kCheckpoint] = false;  // once; a stop stays asked for
     const uint64_t sent_before = comm_->stats().bytes_sent;
     // The group's ranks are replicas: a plain mean (weights by tokens would
     // give a rank that reported none weight 0 in the stop flag too).
-    const double weight = in_group_ ? 1.0 : config_.token_weighted_merge ? static_cast<double>(tokens) : 1.0;
+    const double weight = in_group_                      ? 1.0
+                          : config_.token_weighted_merge ? static_cast<double>(tokens)
+                                                         : 1.0;
     MEND_RETURN_IF_ERROR(comm_->WeightedAllReduce(buffer_, weight));
     for (size_t c = 0; c < controls.size(); ++c) agreed_[c] = controls[c] > 0.0f;
     stats_.bytes_sent += comm_->stats().bytes_sent - sent_before;
@@ -150,7 +154,8 @@ StatusOr<std::unique_ptr<DataParallel>> DataParallel::CreateInGroup(const Config
                                                                     torch::nn::Module& module,
                                                                     LearnerAgent& agent) {
   if (config.group_size < 2) {
-    return InvalidArgumentError(fmt::format("data parallel in a group: group_size = {}", config.group_size));
+    return InvalidArgumentError(
+        fmt::format("data parallel in a group: group_size = {}", config.group_size));
   }
   auto data_parallel = std::make_unique<DataParallelImpl>(config, agent, /*in_group=*/true);
   MEND_RETURN_IF_ERROR(data_parallel->Init(module));

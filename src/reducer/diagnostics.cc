@@ -3,8 +3,8 @@
 #include <chrono>
 #include <filesystem>
 
-#include "spdlog/spdlog.h"
 #include "core/status_format.h"
+#include "spdlog/spdlog.h"
 
 namespace mend::reducer {
 

@@ -42,7 +42,8 @@ class FlatMoments {
   virtual bool Read(Which which, std::span<float> out) const = 0;
   // moment += average - snapshot: the average the members agreed on, plus
   // what this learner's optimizer added since the snapshot.
-  virtual void Adjust(Which which, std::span<const float> average, std::span<const float> snapshot) = 0;
+  virtual void Adjust(Which which, std::span<const float> average,
+                      std::span<const float> snapshot) = 0;
   // moment <- average (nothing was added since the snapshot).
   virtual void Replace(Which which, std::span<const float> average) = 0;
 };

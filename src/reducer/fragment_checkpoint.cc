@@ -21,7 +21,8 @@ struct Piece {
 std::optional<Piece> ParsePiece(const std::string& text) {
   const size_t open = text.rfind('[');
   const size_t colon = text.rfind(':');
-  if (open == std::string::npos || colon == std::string::npos || colon < open || text.back() != ']') {
+  if (open == std::string::npos || colon == std::string::npos || colon < open ||
+      text.back() != ']') {
     return std::nullopt;
   }
   try {
@@ -44,10 +45,13 @@ void AddFragmentTensors(const FlatParameters& parameters, const std::vector<Frag
       const size_t n = parameters.numel(l);
       const std::vector<int64_t> shape = parameters.shape(l);
       auto slice = [&](std::span<const float> all) {
-        return std::vector<float>(all.begin() + static_cast<long>(offset), all.begin() + static_cast<long>(offset + n));
+        return std::vector<float>(all.begin() + static_cast<long>(offset),
+                                  all.begin() + static_cast<long>(offset + n));
       };
-      checkpoint->tensors.push_back({"global/" + parameters.name(l), shape, slice(fragment.state->global())});
-      checkpoint->tensors.push_back({"outer_momentum/" + parameters.name(l), shape, slice(fragment.state->momentum())});
+      checkpoint->tensors.push_back(
+          {"global/" + parameters.name(l), shape, slice(fragment.state->global())});
+      checkpoint->tensors.push_back(
+          {"outer_momentum/" + parameters.name(l), shape, slice(fragment.state->momentum())});
       offset += n;
     }
   }
@@ -61,15 +65,17 @@ void AddResidualTensors(const FlatParameters& parameters, const std::vector<Frag
     size_t offset = 0;
     for (size_t l : fragment.parameters) {
       const size_t n = parameters.numel(l);
-      checkpoint->tensors.push_back({"error_feedback/" + parameters.name(l), parameters.shape(l),
-                                     std::vector<float>(residual.begin() + static_cast<long>(offset),
-                                                        residual.begin() + static_cast<long>(offset + n))});
+      checkpoint->tensors.push_back(
+          {"error_feedback/" + parameters.name(l), parameters.shape(l),
+           std::vector<float>(residual.begin() + static_cast<long>(offset),
+                              residual.begin() + static_cast<long>(offset + n))});
       offset += n;
     }
   }
 }
 
-std::vector<std::vector<float>> FragmentResiduals(const Checkpoint& checkpoint, const FlatParameters& parameters,
+std::vector<std::vector<float>> FragmentResiduals(const Checkpoint& checkpoint,
+                                                  const FlatParameters& parameters,
                                                   const std::vector<Fragment>& fragments) {
   std::vector<std::vector<float>> residuals;
   for (const Fragment& fragment : fragments) {
@@ -88,15 +94,16 @@ std::vector<std::vector<float>> FragmentResiduals(const Checkpoint& checkpoint, 
 }
 
 StatusOr<std::vector<std::pair<std::vector<float>, std::vector<float>>>> FragmentStates(
-    const Checkpoint& checkpoint, const FlatParameters& parameters, const std::vector<Fragment>& fragments,
-    const std::string& where) {
+    const Checkpoint& checkpoint, const FlatParameters& parameters,
+    const std::vector<Fragment>& fragments, const std::string& where) {
   std::vector<std::pair<std::vector<float>, std::vector<float>>> states;
   for (const Fragment& fragment : fragments) {
     std::vector<float> global, momentum;
     for (size_t l : fragment.parameters) {
       const std::string& name = parameters.name(l);
       const std::vector<int64_t> shape = parameters.shape(l);
-      for (auto [prefix, out] : {std::pair{"global/", &global}, std::pair{"outer_momentum/", &momentum}}) {
+      for (auto [prefix, out] :
+           {std::pair{"global/", &global}, std::pair{"outer_momentum/", &momentum}}) {
         const CheckpointTensor* t = checkpoint.Find(prefix + name);
         if (!t) {
           // A multi-rank learner's slice holds pieces "NAME[a:b]" of the
@@ -110,13 +117,15 @@ StatusOr<std::vector<std::pair<std::vector<float>, std::vector<float>>>> Fragmen
               continue;
             }
           }
-          return InvalidArgumentError(fmt::format("checkpoint of round {} in {}: no tensor '{}{}' (is it from another model?)",
-                                                  checkpoint.meta.round_id, where, prefix, name));
+          return InvalidArgumentError(fmt::format(
+              "checkpoint of round {} in {}: no tensor '{}{}' (is it from another model?)",
+              checkpoint.meta.round_id, where, prefix, name));
         }
         if (t->shape != shape) {
           return InvalidArgumentError(fmt::format(
-              "checkpoint of round {} in {}: tensor '{}{}' has shape [{}], the model's is [{}]", checkpoint.meta.round_id,
-              where, prefix, name, fmt::join(t->shape, ", "), fmt::join(shape, ", ")));
+              "checkpoint of round {} in {}: tensor '{}{}' has shape [{}], the model's is [{}]",
+              checkpoint.meta.round_id, where, prefix, name, fmt::join(t->shape, ", "),
+              fmt::join(shape, ", ")));
         }
         out->insert(out->end(), t->values.begin(), t->values.end());
       }
@@ -136,7 +145,8 @@ void CheckpointWriter::Write(std::shared_ptr<const Checkpoint> checkpoint) {
       spdlog::info("checkpoint of round {} written to {}", checkpoint->meta.round_id, *written);
     } else {
       failed_.fetch_add(1);
-      spdlog::error("checkpoint of round {} not written: {}", checkpoint->meta.round_id, written.status());
+      spdlog::error("checkpoint of round {} not written: {}", checkpoint->meta.round_id,
+                    written.status());
     }
   });
 }

@@ -28,15 +28,16 @@ void AddFragmentTensors(const FlatParameters& parameters, const std::vector<Frag
 void AddResidualTensors(const FlatParameters& parameters, const std::vector<Fragment>& fragments,
                         Checkpoint* checkpoint);
 // Each fragment's error feedback from `checkpoint`; empty where it has none.
-std::vector<std::vector<float>> FragmentResiduals(const Checkpoint& checkpoint, const FlatParameters& parameters,
+std::vector<std::vector<float>> FragmentResiduals(const Checkpoint& checkpoint,
+                                                  const FlatParameters& parameters,
                                                   const std::vector<Fragment>& fragments);
 
 // Each fragment's (global state, momentum) from `checkpoint`, by parameter
 // name. INVALID_ARGUMENT naming the tensor that is missing or has another
 // shape than the model's (`where` says which checkpoint, for the message).
-[[nodiscard]] StatusOr<std::vector<std::pair<std::vector<float>, std::vector<float>>>> FragmentStates(
-    const Checkpoint& checkpoint, const FlatParameters& parameters, const std::vector<Fragment>& fragments,
-    const std::string& where);
+[[nodiscard]] StatusOr<std::vector<std::pair<std::vector<float>, std::vector<float>>>>
+FragmentStates(const Checkpoint& checkpoint, const FlatParameters& parameters,
+               const std::vector<Fragment>& fragments, const std::string& where);
 
 // Saves checkpoints into a CheckpointDirectory on a background thread, one
 // at a time (a new write first joins the last); failures are logged and

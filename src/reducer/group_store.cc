@@ -64,15 +64,20 @@ std::shared_ptr<GroupStoreServer> Served(const std::string& address) {
 // A connection to the group's store: a lighthouse client of its own.
 class ClientGroupStore final : public RendezvousStore {
  public:
-  ClientGroupStore(std::unique_ptr<LighthouseClient> client, std::shared_ptr<GroupStoreServer> server)
+  ClientGroupStore(std::unique_ptr<LighthouseClient> client,
+                   std::shared_ptr<GroupStoreServer> server)
       : client_(std::move(client)), store_(*client_), server_(std::move(server)) {}
-  Status Set(const std::string& key, const std::string& value) override { return store_.Set(key, value); }
-  StatusOr<std::string> Get(const std::string& key, Micros timeout) override { return store_.Get(key, timeout); }
+  Status Set(const std::string& key, const std::string& value) override {
+    return store_.Set(key, value);
+  }
+  StatusOr<std::string> Get(const std::string& key, Micros timeout) override {
+    return store_.Get(key, timeout);
+  }
   Status Delete(const std::string& key, bool prefix) override { return store_.Delete(key, prefix); }
 
  private:
   const std::unique_ptr<LighthouseClient> client_;
-  LighthouseRendezvousStore store_;  // over client_
+  LighthouseRendezvousStore store_;                 // over client_
   const std::shared_ptr<GroupStoreServer> server_;  // rank 0's, when it serves the store
 };
 
@@ -81,7 +86,8 @@ class ClientGroupStore final : public RendezvousStore {
 // channel whose first attempts were refused keeps failing its handshakes
 // for seconds after the server came up (measured: about 5 s), where a new
 // one connects at once.
-StatusOr<std::unique_ptr<LighthouseClient>> ConnectWhenUp(const std::string& address, const std::string& token,
+StatusOr<std::unique_ptr<LighthouseClient>> ConnectWhenUp(const std::string& address,
+                                                          const std::string& token,
                                                           Micros rpc_timeout, Micros timeout) {
   const Micros deadline = RealClock()->NowMicros() + timeout;
   Micros pause = kFirstRetry;
@@ -93,8 +99,9 @@ StatusOr<std::unique_ptr<LighthouseClient>> ConnectWhenUp(const std::string& add
     const Micros left = deadline - RealClock()->NowMicros();
     spdlog::debug("group store {}: not up yet ({})", address, probe.status());
     if (probe.status().code() != StatusCode::kUnavailable || left <= 0) {
-      return Annotate(probe.status(), fmt::format("group store {}: not reachable within quorum_timeout_ms = {}",
-                                                  address, timeout / kMicrosPerMilli));
+      return Annotate(probe.status(),
+                      fmt::format("group store {}: not reachable within quorum_timeout_ms = {}",
+                                  address, timeout / kMicrosPerMilli));
     }
     std::this_thread::sleep_for(std::chrono::microseconds(std::min(pause, left)));
     pause = std::min(pause * 2, kMaxRetry);
@@ -103,7 +110,8 @@ StatusOr<std::unique_ptr<LighthouseClient>> ConnectWhenUp(const std::string& add
 
 }  // namespace
 
-StatusOr<std::shared_ptr<GroupStoreServer>> GroupStoreServer::Serve(const Config& config, const std::string& token,
+StatusOr<std::shared_ptr<GroupStoreServer>> GroupStoreServer::Serve(const Config& config,
+                                                                    const std::string& token,
                                                                     const std::string& address) {
   MEND_RETURN_IF_ERROR(CheckHostPort(address, "group_store"));
   Config served = config;  // the store alone: no HTTP side, no datagram channel, plaintext
@@ -144,7 +152,8 @@ StatusOr<GroupStoreOpener> GroupStoreFromConfig(const Config& config, const std:
                            server]() -> StatusOr<std::unique_ptr<RendezvousStore>> {
     MEND_ASSIGN_OR_RETURN(std::unique_ptr<LighthouseClient> client,
                           ConnectWhenUp(address, token, rpc_timeout, timeout));
-    return std::unique_ptr<RendezvousStore>(std::make_unique<ClientGroupStore>(std::move(client), server));
+    return std::unique_ptr<RendezvousStore>(
+        std::make_unique<ClientGroupStore>(std::move(client), server));
   });
 }
 

@@ -5,9 +5,9 @@
 #include <cstring>
 #include <vector>
 
+#include "core/status_format.h"
 #include "fmt/format.h"
 #include "mend/checkpoint.h"
-#include "core/status_format.h"
 
 namespace mend::reducer {
 namespace {
@@ -20,8 +20,8 @@ void CopyBytes(void* to, const void* from, size_t n) {
 
 }  // namespace
 
-Status StreamState(Communicator& comm, std::span<std::byte> bytes, int source, const std::string& source_id,
-                   size_t chunk_bytes, std::span<std::byte> header) {
+Status StreamState(Communicator& comm, std::span<std::byte> bytes, int source,
+                   const std::string& source_id, size_t chunk_bytes, std::span<std::byte> header) {
   using Digest = std::array<unsigned char, 32>;
   const size_t chunks = std::max<size_t>(1, (bytes.size() + chunk_bytes - 1) / chunk_bytes);
   auto chunk = [&](size_t c) {
@@ -48,8 +48,9 @@ Status StreamState(Communicator& comm, std::span<std::byte> bytes, int source, c
     Digest expected;
     std::memcpy(expected.data(), first.data() + header.size() + c * sizeof(Digest), sizeof(Digest));
     if (Sha256Digest(chunk(c).data(), chunk(c).size()) != expected) {
-      return DataLossError(fmt::format("healing from {}: chunk {} of {} ({} bytes) fails its checksum", source_id,
-                                       c + 1, chunks, chunk(c).size()));
+      return DataLossError(
+          fmt::format("healing from {}: chunk {} of {} ({} bytes) fails its checksum", source_id,
+                      c + 1, chunks, chunk(c).size()));
     }
   }
   // The header is taken only once everything checked out.

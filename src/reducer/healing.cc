@@ -15,24 +15,27 @@ size_t HealStateOffset(const std::vector<Fragment>& fragments, size_t f) {
   return offset;
 }
 
-std::pair<std::span<const float>, std::span<const float>> HealSlice(const std::vector<Fragment>& fragments,
-                                                                   const std::vector<float>& buffer, size_t f) {
+std::pair<std::span<const float>, std::span<const float>> HealSlice(
+    const std::vector<Fragment>& fragments, const std::vector<float>& buffer, size_t f) {
   const size_t offset = HealStateOffset(fragments, f);
   const size_t size = fragments[f].state->size();
   return {std::span(buffer.data() + offset, size), std::span(buffer.data() + offset + size, size)};
 }
 
-StatusOr<Healed> HealRound(Communicator& comm, const QuorumResult& round, const std::vector<Fragment>& fragments,
-                           const HealOffer& offer, const Clock& clock) {
+StatusOr<Healed> HealRound(Communicator& comm, const QuorumResult& round,
+                           const std::vector<Fragment>& fragments, const HealOffer& offer,
+                           const Clock& clock) {
   std::map<std::string, int> rank_of;
-  for (size_t r = 0; r < round.members.size(); ++r) rank_of[round.members[r].id] = static_cast<int>(r);
+  for (size_t r = 0; r < round.members.size(); ++r)
+    rank_of[round.members[r].id] = static_cast<int>(r);
   std::map<int, std::vector<int>> healees;  // source rank -> ranks healing from it
   if (round.heal_round_id == 0) {
     for (int r = 1; r < comm.world_size(); ++r) healees[0].push_back(r);  // a fresh start
   } else {
     for (size_t r = 0; r < round.members.size(); ++r) {
       const std::string& source = round.members[r].heal_from;
-      if (!source.empty() && rank_of.count(source)) healees[rank_of[source]].push_back(static_cast<int>(r));
+      if (!source.empty() && rank_of.count(source))
+        healees[rank_of[source]].push_back(static_cast<int>(r));
     }
   }
   Healed healed;
@@ -53,21 +56,24 @@ StatusOr<Healed> HealRound(Communicator& comm, const QuorumResult& round, const 
     // continues the job's schedule, learning rate and fragment boundaries,
     // from there) and the fragment the source exchanges in this round.
     uint64_t boundary[2] = {offer.boundary_step, static_cast<uint64_t>(offer.fragment)};
-    MEND_RETURN_IF_ERROR(StreamState(comm, std::as_writable_bytes(std::span(buffer)), source, source_id,
-                                     kHealChunkBytes, std::as_writable_bytes(std::span(boundary))));
+    MEND_RETURN_IF_ERROR(StreamState(comm, std::as_writable_bytes(std::span(buffer)), source,
+                                     source_id, kHealChunkBytes,
+                                     std::as_writable_bytes(std::span(boundary))));
     // By option the source's inner optimizer moments (as of its boundary)
     // follow, with a flag that says whether it had any yet.
     std::vector<float> moments;
     if (offer.send_moments) {
       const size_t m = offer.moment_values;
       moments.assign(2 * m + 1, 0.0f);
-      if (comm.rank() == source && offer.moments[0] && offer.moments[1] && !offer.moments[0]->empty() &&
-          !offer.moments[1]->empty()) {
+      if (comm.rank() == source && offer.moments[0] && offer.moments[1] &&
+          !offer.moments[0]->empty() && !offer.moments[1]->empty()) {
         std::copy(offer.moments[0]->begin(), offer.moments[0]->end(), moments.begin());
-        std::copy(offer.moments[1]->begin(), offer.moments[1]->end(), moments.begin() + static_cast<long>(m));
+        std::copy(offer.moments[1]->begin(), offer.moments[1]->end(),
+                  moments.begin() + static_cast<long>(m));
         moments[2 * m] = 1.0f;
       }
-      MEND_RETURN_IF_ERROR(StreamState(comm, std::as_writable_bytes(std::span(moments)), source, source_id));
+      MEND_RETURN_IF_ERROR(
+          StreamState(comm, std::as_writable_bytes(std::span(moments)), source, source_id));
     }
     if (std::find(ranks.begin(), ranks.end(), comm.rank()) != ranks.end()) {
       healed.state = buffer;
@@ -75,8 +81,9 @@ StatusOr<Healed> HealRound(Communicator& comm, const QuorumResult& round, const 
       healed.source = source_id;
       healed.step = boundary[0];
       if (boundary[1] >= fragments.size()) {
-        return InvalidArgumentError(fmt::format("round {}: heal source {} exchanges fragment {}; this job has {}",
-                                                round.round_id, source_id, boundary[1], fragments.size()));
+        return InvalidArgumentError(
+            fmt::format("round {}: heal source {} exchanges fragment {}; this job has {}",
+                        round.round_id, source_id, boundary[1], fragments.size()));
       }
       healed.fragment = static_cast<int>(boundary[1]);
       if (!moments.empty() && moments.back() == 1.0f) {

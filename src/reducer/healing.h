@@ -24,8 +24,8 @@ namespace mend::reducer {
 // momentum. Where fragment f starts (f = fragments.size(): the total size).
 size_t HealStateOffset(const std::vector<Fragment>& fragments, size_t f);
 // Fragment f's (global state, momentum) inside a healing buffer.
-std::pair<std::span<const float>, std::span<const float>> HealSlice(const std::vector<Fragment>& fragments,
-                                                                   const std::vector<float>& buffer, size_t f);
+std::pair<std::span<const float>, std::span<const float>> HealSlice(
+    const std::vector<Fragment>& fragments, const std::vector<float>& buffer, size_t f);
 
 // What this member brings to the round's heals as a possible source.
 struct HealOffer {
@@ -42,16 +42,16 @@ struct HealOffer {
 struct Healed {
   std::vector<float> state;  // empty: it did not heal
   std::string source;
-  uint64_t step = 0;   // the source's boundary step
-  int fragment = 0;    // the fragment the source exchanges
-  uint64_t bytes = 0;  // received
-  double seconds = 0;  // in healing (every member takes part)
+  uint64_t step = 0;              // the source's boundary step
+  int fragment = 0;               // the fragment the source exchanges
+  uint64_t bytes = 0;             // received
+  double seconds = 0;             // in healing (every member takes part)
   std::vector<float> moments[2];  // the source's, when it sent them
 };
 
 // Runs the round's heals on `comm` (every member must call it).
 [[nodiscard]] StatusOr<Healed> HealRound(Communicator& comm, const QuorumResult& round,
-                                         const std::vector<Fragment>& fragments, const HealOffer& offer,
-                                         const Clock& clock);
+                                         const std::vector<Fragment>& fragments,
+                                         const HealOffer& offer, const Clock& clock);
 
 }  // namespace mend::reducer

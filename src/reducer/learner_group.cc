@@ -23,10 +23,13 @@ namespace {
 // interrupted.
 constexpr Micros kDecisionPoll = 250 * kMicrosPerMilli;
 
-
 nlohmann::json MemberJson(const RoundMember& m) {
-  return {{"id", m.id},           {"step", m.step},     {"tokens", m.tokens_since_last_round},
-          {"last_round", m.last_round_id}, {"heal_from", m.heal_from}, {"rack", m.rack},
+  return {{"id", m.id},
+          {"step", m.step},
+          {"tokens", m.tokens_since_last_round},
+          {"last_round", m.last_round_id},
+          {"heal_from", m.heal_from},
+          {"rack", m.rack},
           {"address", m.address}};
 }
 
@@ -90,7 +93,8 @@ StatusOr<QuorumResult> DecodeDecision(const std::string& text) {
     for (const nlohmann::json& m : j.at("members")) r.members.push_back(MemberFrom(m));
     return r;
   } catch (const nlohmann::json::exception& error) {
-    return InternalError(fmt::format("group: a round decision in the store does not parse: {}", error.what()));
+    return InternalError(
+        fmt::format("group: a round decision in the store does not parse: {}", error.what()));
   }
 }
 
@@ -99,8 +103,13 @@ class GroupAgent final : public LearnerAgent {
  public:
   // `store` (the group's, see LearnerAgent::OpenGroupStore) carries the
   // decisions; this agent's calls come from one thread (the round's).
-  GroupAgent(LearnerAgent& inner, std::unique_ptr<RendezvousStore> store, std::string base, int rank, Micros margin)
-      : inner_(inner), store_(std::move(store)), base_(std::move(base)), rank_(rank), margin_(margin) {}
+  GroupAgent(LearnerAgent& inner, std::unique_ptr<RendezvousStore> store, std::string base,
+             int rank, Micros margin)
+      : inner_(inner),
+        store_(std::move(store)),
+        base_(std::move(base)),
+        rank_(rank),
+        margin_(margin) {}
 
   void RecordStep(uint64_t step, uint64_t tokens, Micros step_time) override {
     inner_.RecordStep(step, tokens, step_time);
@@ -108,25 +117,27 @@ class GroupAgent final : public LearnerAgent {
 
   // The n-th call on every rank is the same round: rank 0 joins it and
   // publishes what came of it; the others wait for that.
-  StatusOr<QuorumResult> Quorum(uint64_t last_round_id, uint64_t tokens_since_last_round, Micros timeout,
-                                bool include_members, uint64_t boundary_step) override {
+  StatusOr<QuorumResult> Quorum(uint64_t last_round_id, uint64_t tokens_since_last_round,
+                                Micros timeout, bool include_members,
+                                uint64_t boundary_step) override {
     const uint64_t seq = ++seq_;
     const std::string key = fmt::format("{}decision/{}", base_, seq);
     if (rank_ == 0) {
-      StatusOr<QuorumResult> result =
-          inner_.Quorum(last_round_id, tokens_since_last_round, timeout, include_members, boundary_step);
+      StatusOr<QuorumResult> result = inner_.Quorum(last_round_id, tokens_since_last_round, timeout,
+                                                    include_members, boundary_step);
       MEND_RETURN_IF_ERROR(store_->Set(key, EncodeDecision(result)));
       if (seq > 2) (void)store_->Delete(fmt::format("{}decision/{}", base_, seq - 2), false);
       return result;
     }
     const Micros deadline = RealClock()->NowMicros() + timeout + margin_;
     while (true) {
-      if (interrupted_.load()) return AbortedError("group: interrupted while waiting for rank 0's round decision");
+      if (interrupted_.load())
+        return AbortedError("group: interrupted while waiting for rank 0's round decision");
       const Micros left = deadline - RealClock()->NowMicros();
       if (left <= 0) {
         return DeadlineExceededError(fmt::format(
-            "group rank {}: rank 0 of learner '{}' published no round decision ({}) in time", rank_, inner_.id(),
-            key));
+            "group rank {}: rank 0 of learner '{}' published no round decision ({}) in time", rank_,
+            inner_.id(), key));
       }
       StatusOr<std::string> value = store_->Get(key, std::min(left, kDecisionPoll));
       if (value.ok()) return DecodeDecision(*value);
@@ -153,7 +164,9 @@ class GroupAgent final : public LearnerAgent {
   uint64_t registrations() const override { return inner_.registrations(); }
   Status fatal_status() const override { return inner_.fatal_status(); }
   LighthouseClient& client() override { return inner_.client(); }
-  StatusOr<std::unique_ptr<RendezvousStore>> OpenGroupStore() override { return inner_.OpenGroupStore(); }
+  StatusOr<std::unique_ptr<RendezvousStore>> OpenGroupStore() override {
+    return inner_.OpenGroupStore();
+  }
 
  private:
   LearnerAgent& inner_;
@@ -184,7 +197,9 @@ class SlicedParameters final : public FlatParameters {
   }
   size_t count() const override { return pieces_.size(); }
   const std::string& name(size_t i) const override { return pieces_[i].name; }
-  std::vector<int64_t> shape(size_t i) const override { return {static_cast<int64_t>(pieces_[i].values)}; }
+  std::vector<int64_t> shape(size_t i) const override {
+    return {static_cast<int64_t>(pieces_[i].values)};
+  }
   size_t numel(size_t i) const override { return pieces_[i].values; }
   size_t layer(size_t i) const override { return full_.layer(pieces_[i].parameter); }
   void CopyOut(size_t i, std::span<float> out) const override {
@@ -210,7 +225,9 @@ class SlicedParameters final : public FlatParameters {
     size_t values;
     std::string name;
   };
-  bool Whole(const Piece& piece) const { return piece.offset == 0 && piece.values == full_.numel(piece.parameter); }
+  bool Whole(const Piece& piece) const {
+    return piece.offset == 0 && piece.values == full_.numel(piece.parameter);
+  }
 
   FlatParameters& full_;
   std::vector<Piece> pieces_;
@@ -228,10 +245,12 @@ class SlicedMoments final : public FlatMoments {
     std::copy_n(scratch_.begin() + static_cast<long>(range_.begin), range_.size(), out.begin());
     return true;
   }
-  void Adjust(Which which, std::span<const float> average, std::span<const float> snapshot) override {
+  void Adjust(Which which, std::span<const float> average,
+              std::span<const float> snapshot) override {
     scratch_.resize(whole_.size());
     if (!whole_.Read(which, scratch_)) return;
-    for (size_t i = 0; i < range_.size(); ++i) scratch_[range_.begin + i] += average[i] - snapshot[i];
+    for (size_t i = 0; i < range_.size(); ++i)
+      scratch_[range_.begin + i] += average[i] - snapshot[i];
     whole_.Replace(which, scratch_);
   }
   void Replace(Which which, std::span<const float> average) override {
@@ -251,21 +270,23 @@ class SlicedMoments final : public FlatMoments {
 
 Status AwaitGroupRanks(RendezvousStore& store, const Config& config, const std::string& learner_id,
                        const std::string& prefix) {
-  return ShareWithGroupRanks(store, config, learner_id, prefix + "here/", "1", /*only_rank0_waits=*/false,
-                             " did not start")
+  return ShareWithGroupRanks(store, config, learner_id, prefix + "here/", "1",
+                             /*only_rank0_waits=*/false, " did not start")
       .status();
 }
 
 SliceRange SliceOf(size_t total, int size, int rank) {
   // total * r fits in 64 bits for any model (r < size <= 16, or a few hundred).
   const auto cut = [&](int r) {
-    return static_cast<size_t>(static_cast<uint64_t>(total) * static_cast<uint64_t>(r) / static_cast<uint64_t>(size));
+    return static_cast<size_t>(static_cast<uint64_t>(total) * static_cast<uint64_t>(r) /
+                               static_cast<uint64_t>(size));
   };
   return {cut(rank), cut(rank + 1)};
 }
 
-LearnerGroup::LearnerGroup(const Config& config, LearnerAgent& agent, FlatParameters& full, std::string base,
-                           std::unique_ptr<RendezvousStore> store, std::unique_ptr<RendezvousStore> decisions)
+LearnerGroup::LearnerGroup(const Config& config, LearnerAgent& agent, FlatParameters& full,
+                           std::string base, std::unique_ptr<RendezvousStore> store,
+                           std::unique_ptr<RendezvousStore> decisions)
     : size_(static_cast<int>(config.group_size)),
       rank_(static_cast<int>(config.group_rank)),
       base_(std::move(base)),
@@ -275,12 +296,13 @@ LearnerGroup::LearnerGroup(const Config& config, LearnerAgent& agent, FlatParame
   for (size_t i = 0; i < full.count(); ++i) total_ += full.numel(i);
   for (int r = 0; r < size_; ++r) slices_.push_back(SliceOf(total_, size_, r));
   agent_ = std::make_unique<GroupAgent>(agent, std::move(decisions), base_, rank_,
-                                       config.collective_timeout_ms * kMicrosPerMilli);
+                                        config.collective_timeout_ms * kMicrosPerMilli);
 }
 
 LearnerGroup::~LearnerGroup() = default;
 
-StatusOr<std::unique_ptr<LearnerGroup>> LearnerGroup::Join(const Config& config, LearnerAgent& agent,
+StatusOr<std::unique_ptr<LearnerGroup>> LearnerGroup::Join(const Config& config,
+                                                           LearnerAgent& agent,
                                                            FlatParameters& full) {
   std::string base = GroupStorePrefix(config, agent.id());
   MEND_ASSIGN_OR_RETURN(std::unique_ptr<RendezvousStore> decisions, agent.OpenGroupStore());
@@ -292,33 +314,38 @@ StatusOr<std::unique_ptr<LearnerGroup>> LearnerGroup::Join(const Config& config,
   options.prefix = base + "ctx/";
   options.rank = group->rank_;
   options.world_size = group->size_;
-  for (int r = 0; r < group->size_; ++r) options.member_ids.push_back(fmt::format("{} rank {}", agent.id(), r));
+  for (int r = 0; r < group->size_; ++r)
+    options.member_ids.push_back(fmt::format("{} rank {}", agent.id(), r));
   MEND_RETURN_IF_ERROR(AwaitGroupRanks(*group->store_, config, agent.id(), options.prefix));
   auto comm = Communicator::Connect(*group->store_, options);
   if (!comm.ok()) {
     return Status(comm.status().code(),
-                  fmt::format("learner '{}' group rank {} of {}: the group's own communicator: {}", agent.id(),
-                              group->rank_, group->size_, comm.status().message()));
+                  fmt::format("learner '{}' group rank {} of {}: the group's own communicator: {}",
+                              agent.id(), group->rank_, group->size_, comm.status().message()));
   }
   group->comm_ = std::move(*comm);
   MEND_RETURN_IF_ERROR(group->CheckSameModel());
-  spdlog::info("learner '{}': group rank {} of {}, slice [{}, {}) of the model's values", agent.id(), group->rank_,
-               group->size_, group->slices_[static_cast<size_t>(group->rank_)].begin,
+  spdlog::info("learner '{}': group rank {} of {}, slice [{}, {}) of the model's values",
+               agent.id(), group->rank_, group->size_,
+               group->slices_[static_cast<size_t>(group->rank_)].begin,
                group->slices_[static_cast<size_t>(group->rank_)].end);
   return group;
 }
 
 Status LearnerGroup::CheckSameModel() {
   std::string layout;
-  for (size_t i = 0; i < full_.count(); ++i) layout += fmt::format("{}{}\n", full_.name(i), fmt::join(full_.shape(i), "x"));
+  for (size_t i = 0; i < full_.count(); ++i)
+    layout += fmt::format("{}{}\n", full_.name(i), fmt::join(full_.shape(i), "x"));
   const std::array<unsigned char, 32> mine = Sha256Digest(layout.data(), layout.size());
   MEND_ASSIGN_OR_RETURN(auto all, Gather(std::as_bytes(std::span(mine))));
   for (int q = 0; q < size_; ++q) {
-    if (std::memcmp(all.data() + static_cast<size_t>(q) * mine.size(), mine.data(), mine.size()) != 0) {
-      return InvalidArgumentError(fmt::format(
-          "learner '{}': group rank {}'s parameters (names and shapes) differ from group rank {}'s ({} parameters, "
-          "{} values); every rank of a learner must hold the same model",
-          inner_.id(), q, rank_, full_.count(), total_));
+    if (std::memcmp(all.data() + static_cast<size_t>(q) * mine.size(), mine.data(), mine.size()) !=
+        0) {
+      return InvalidArgumentError(
+          fmt::format("learner '{}': group rank {}'s parameters (names and shapes) differ from "
+                      "group rank {}'s ({} parameters, "
+                      "{} values); every rank of a learner must hold the same model",
+                      inner_.id(), q, rank_, full_.count(), total_));
     }
   }
   return OkStatus();
@@ -337,7 +364,8 @@ Status LearnerGroup::ShareMoments(FlatMoments& whole) {
   const SliceRange own = slices_[static_cast<size_t>(rank_)];
   for (auto which : {FlatMoments::kFirst, FlatMoments::kSecond}) {
     if (!whole.Read(which, values)) continue;  // no optimizer state yet: the same on every replica
-    MEND_RETURN_IF_ERROR(GatherWhole(std::span<const float>(values).subspan(own.begin, own.size()), values));
+    MEND_RETURN_IF_ERROR(
+        GatherWhole(std::span<const float>(values).subspan(own.begin, own.size()), values));
     whole.Replace(which, values);
   }
   return OkStatus();
@@ -351,8 +379,9 @@ StatusOr<std::vector<std::byte>> LearnerGroup::Gather(std::span<const std::byte>
   std::vector<std::byte> all = TakeBytes(mine.size() * static_cast<size_t>(size_));
   Status status = comm_->AllGather(mine, all);
   if (!status.ok()) {
-    return Status(status.code(), fmt::format("learner '{}' group rank {}: a rank of this group is gone: {}",
-                                             inner_.id(), rank_, status.message()));
+    return Status(status.code(),
+                  fmt::format("learner '{}' group rank {}: a rank of this group is gone: {}",
+                              inner_.id(), rank_, status.message()));
   }
   return all;
 }
@@ -395,7 +424,8 @@ Status LearnerGroup::ShareParameters() {
     slice.CopyOut(p, std::span(whole).subspan(at, slice.numel(p)));
   });
   const SliceRange own = slices_[static_cast<size_t>(rank_)];
-  Status gathered = GatherWhole(std::span<const float>(whole).subspan(own.begin, own.size()), whole);
+  Status gathered =
+      GatherWhole(std::span<const float>(whole).subspan(own.begin, own.size()), whole);
   if (gathered.ok()) {
     for (int q = 0; q < size_; ++q) {
       if (q == rank_) continue;
@@ -419,7 +449,8 @@ Status LearnerGroup::GatherWhole(std::span<const float> slice, std::span<float> 
   const float* gathered = reinterpret_cast<const float*>(all->data());
   for (int q = 0; q < size_; ++q) {
     const SliceRange range = slices_[static_cast<size_t>(q)];
-    std::copy_n(gathered + static_cast<size_t>(q) * widest, range.size(), whole.begin() + static_cast<long>(range.begin));
+    std::copy_n(gathered + static_cast<size_t>(q) * widest, range.size(),
+                whole.begin() + static_cast<long>(range.begin));
   }
   GiveBack(std::move(*all));
   return OkStatus();
@@ -427,7 +458,8 @@ Status LearnerGroup::GatherWhole(std::span<const float> slice, std::span<float> 
 
 StatusOr<std::pair<uint64_t, bool>> LearnerGroup::Compare(uint64_t value) {
   MEND_ASSIGN_OR_RETURN(auto values, GatherValues({value}));
-  return std::pair{values[0], std::all_of(values.begin(), values.end(), [&](uint64_t v) { return v == values[0]; })};
+  return std::pair{values[0], std::all_of(values.begin(), values.end(),
+                                          [&](uint64_t v) { return v == values[0]; })};
 }
 
 StatusOr<std::vector<uint64_t>> LearnerGroup::GatherValues(std::initializer_list<uint64_t> mine) {

@@ -53,8 +53,8 @@ struct SliceRange {
 // under `prefix`, before a communicator among them connects with its
 // shorter collective timeout: the ranks of a group start apart (process
 // start, loading the model and data).
-[[nodiscard]] Status AwaitGroupRanks(RendezvousStore& store, const Config& config, const std::string& learner_id,
-                                     const std::string& prefix);
+[[nodiscard]] Status AwaitGroupRanks(RendezvousStore& store, const Config& config,
+                                     const std::string& learner_id, const std::string& prefix);
 
 // Slice `rank` of `total` values cut into `size` contiguous, balanced parts.
 SliceRange SliceOf(size_t total, int size, int rank);
@@ -69,7 +69,8 @@ class LearnerGroup {
   // (rank 0's registered one, or a group rank's, see LearnerAgent::Start)
   // and `full` (this replica's whole model) are not owned and must outlive
   // the group.
-  [[nodiscard]] static StatusOr<std::unique_ptr<LearnerGroup>> Join(const Config& config, LearnerAgent& agent,
+  [[nodiscard]] static StatusOr<std::unique_ptr<LearnerGroup>> Join(const Config& config,
+                                                                    LearnerAgent& agent,
                                                                     FlatParameters& full);
   ~LearnerGroup();
 
@@ -134,7 +135,8 @@ class LearnerGroup {
   size_t total_ = 0;  // the model's values
   std::vector<SliceRange> slices_;
   std::unique_ptr<LearnerAgent> agent_;
-  const std::unique_ptr<RendezvousStore> store_;  // the group's (rendezvous, Forget), training thread
+  const std::unique_ptr<RendezvousStore>
+      store_;  // the group's (rendezvous, Forget), training thread
   std::unique_ptr<Communicator> comm_;
 };
 

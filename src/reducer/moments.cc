@@ -2,10 +2,10 @@
 
 #include <cstring>
 
+#include "core/status_format.h"
 #include "fmt/format.h"
 #include "torch/optim/adam.h"
 #include "torch/optim/adamw.h"
-#include "core/status_format.h"
 
 namespace mend {
 namespace {

@@ -21,7 +21,8 @@ class AdamMoments final : public FlatMoments {
 
   size_t size() const override { return size_; }
   bool Read(Which which, std::span<float> out) const override;
-  void Adjust(Which which, std::span<const float> average, std::span<const float> snapshot) override;
+  void Adjust(Which which, std::span<const float> average,
+              std::span<const float> snapshot) override;
   void Replace(Which which, std::span<const float> average) override;
 
  private:

@@ -66,14 +66,17 @@ StatusOr<std::unique_ptr<Reducer>> Reducer::Create(const Config& config, NamedPa
   std::set<std::string> seen;
   for (auto& [name, p] : parameters) {
     if (!p.defined()) {
-      return InvalidArgumentError(fmt::format("reducer: parameter '{}' is an undefined tensor", name));
+      return InvalidArgumentError(
+          fmt::format("reducer: parameter '{}' is an undefined tensor", name));
     }
-    if (p.is_sparse() || p.scalar_type() != at::kFloat || !p.device().is_cpu() || !p.is_contiguous()) {
-      return InvalidArgumentError(fmt::format(
-          "reducer: parameter '{}' is {} {} on {} ({}contiguous); mend needs dense, contiguous fp32 "
-          "CPU parameters",
-          name, p.is_sparse() ? "sparse" : "dense", c10::toString(p.scalar_type()), p.device().str(),
-          p.is_contiguous() ? "" : "not "));
+    if (p.is_sparse() || p.scalar_type() != at::kFloat || !p.device().is_cpu() ||
+        !p.is_contiguous()) {
+      return InvalidArgumentError(
+          fmt::format("reducer: parameter '{}' is {} {} on {} ({}contiguous); mend needs dense, "
+                      "contiguous fp32 "
+                      "CPU parameters",
+                      name, p.is_sparse() ? "sparse" : "dense", c10::toString(p.scalar_type()),
+                      p.device().str(), p.is_contiguous() ? "" : "not "));
     }
     if (!seen.insert(name).second) {
       return InvalidArgumentError(fmt::format("reducer: two parameters are named '{}'", name));
@@ -83,12 +86,13 @@ StatusOr<std::unique_ptr<Reducer>> Reducer::Create(const Config& config, NamedPa
     names.push_back(name);
   }
   std::unique_ptr<reducer::FlatMoments> flat_moments;
-  if (moments) flat_moments = std::make_unique<reducer::AdamMoments>(std::move(moments), std::move(numels));
-  MEND_ASSIGN_OR_RETURN(
-      std::unique_ptr<reducer::RoundDriver> driver,
-      reducer::RoundDriver::Create(config, agent, *RealClock(),
-                                   std::make_unique<TensorParameters>(std::move(tensors), std::move(names)),
-                                   std::move(flat_moments), start_step));
+  if (moments)
+    flat_moments = std::make_unique<reducer::AdamMoments>(std::move(moments), std::move(numels));
+  MEND_ASSIGN_OR_RETURN(std::unique_ptr<reducer::RoundDriver> driver,
+                        reducer::RoundDriver::Create(config, agent, *RealClock(),
+                                                     std::make_unique<TensorParameters>(
+                                                         std::move(tensors), std::move(names)),
+                                                     std::move(flat_moments), start_step));
   return std::unique_ptr<Reducer>(std::make_unique<ReducerImpl>(std::move(driver)));
 }
 
@@ -101,7 +105,8 @@ StatusOr<std::unique_ptr<Reducer>> Reducer::Create(const Config& config, torch::
     named.emplace_back(item.key(), item.value());
     parameters.push_back(item.value());
   }
-  StatusOr<std::unique_ptr<InnerMoments>> moments = TorchAdamMoments(optimizer, std::move(parameters));
+  StatusOr<std::unique_ptr<InnerMoments>> moments =
+      TorchAdamMoments(optimizer, std::move(parameters));
   if (!moments.ok()) {  // not Adam: fine unless its moments are needed
     if (config.desloc || config.heal_inner_optimizer) {
       return InvalidArgumentError(fmt::format("{} = true: {}",

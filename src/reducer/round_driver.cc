@@ -40,7 +40,6 @@
 namespace mend::reducer {
 namespace {
 
-
 // How often a learner waiting at boundary + tau looks whether the lighthouse
 // reported its round closed without it.
 constexpr auto kPassedOverPoll = std::chrono::milliseconds(20);
@@ -52,7 +51,9 @@ class Sha256 {
   ~Sha256() { EVP_MD_CTX_free(context_); }
   Sha256(const Sha256&) = delete;
   Sha256& operator=(const Sha256&) = delete;
-  void Update(std::span<const float> values) { EVP_DigestUpdate(context_, values.data(), values.size_bytes()); }
+  void Update(std::span<const float> values) {
+    EVP_DigestUpdate(context_, values.data(), values.size_bytes());
+  }
   std::string Hex() {
     unsigned char digest[EVP_MAX_MD_SIZE];
     unsigned int length = 0;
@@ -70,10 +71,12 @@ class RoundDriverImpl final : public RoundDriver {
  public:
   // With a group, `parameters` is this rank's slice of `whole` (see
   // learner_group.h), and `agent` the group's view of the control plane.
-  RoundDriverImpl(const Config& config, LearnerAgent& agent, const Clock& clock, FragmentSchedule schedule,
-                  std::unique_ptr<Codec> codec, std::unique_ptr<FlatParameters> parameters,
-                  std::unique_ptr<FlatMoments> moments, std::unique_ptr<FlatParameters> whole = nullptr,
-                  std::unique_ptr<FlatMoments> whole_moments = nullptr, std::unique_ptr<LearnerGroup> group = nullptr)
+  RoundDriverImpl(const Config& config, LearnerAgent& agent, const Clock& clock,
+                  FragmentSchedule schedule, std::unique_ptr<Codec> codec,
+                  std::unique_ptr<FlatParameters> parameters, std::unique_ptr<FlatMoments> moments,
+                  std::unique_ptr<FlatParameters> whole = nullptr,
+                  std::unique_ptr<FlatMoments> whole_moments = nullptr,
+                  std::unique_ptr<LearnerGroup> group = nullptr)
       : config_(config),
         whole_(std::move(whole)),
         whole_moments_(std::move(whole_moments)),
@@ -84,7 +87,8 @@ class RoundDriverImpl final : public RoundDriver {
         parameters_(std::move(parameters)),
         moments_(std::move(moments)),
         codec_(std::move(codec)) {
-    options_.outer = {static_cast<float>(config.outer_lr), static_cast<float>(config.outer_momentum)};
+    options_.outer = {static_cast<float>(config.outer_lr),
+                      static_cast<float>(config.outer_momentum)};
     options_.token_weighted = config.token_weighted_merge;
     options_.codec = codec_.get();
     options_.error_feedback_beta = static_cast<float>(config.error_feedback_beta);
@@ -108,8 +112,10 @@ class RoundDriverImpl final : public RoundDriver {
     step_now_.store(start_step);
     abort_watch_ = std::make_unique<AbortWatch>(agent_.client());
     diagnostics_ = std::make_unique<Diagnostics>(
-        config_.diagnostics_dir, group_ ? fmt::format("{}.rank{}", agent_.id(), group_->rank()) : agent_.id());
-    if (parameters_->count() == 0) return InvalidArgumentError("reducer: the model has no parameters");
+        config_.diagnostics_dir,
+        group_ ? fmt::format("{}.rank{}", agent_.id(), group_->rank()) : agent_.id());
+    if (parameters_->count() == 0)
+      return InvalidArgumentError("reducer: the model has no parameters");
     if (config_.desloc) MEND_RETURN_IF_ERROR(InitDesloc());
     if (config_.heal_inner_optimizer && !moments_) {
       return InvalidArgumentError(
@@ -118,8 +124,8 @@ class RoundDriverImpl final : public RoundDriver {
     }
     fragments_.resize(static_cast<size_t>(schedule_.fragments()));
     for (size_t l = 0; l < parameters_->count(); ++l) {
-      Fragment& fragment =
-          fragments_[static_cast<size_t>(FragmentOfLayer(static_cast<int64_t>(parameters_->layer(l)), schedule_.fragments()))];
+      Fragment& fragment = fragments_[static_cast<size_t>(
+          FragmentOfLayer(static_cast<int64_t>(parameters_->layer(l)), schedule_.fragments()))];
       fragment.parameters.push_back(l);
     }
     for (Fragment& fragment : fragments_) {
@@ -146,7 +152,8 @@ class RoundDriverImpl final : public RoundDriver {
   // resume_from: that file, or an error naming it.
   Status ResumeFrom(const std::string& path) {
     StatusOr<Checkpoint> checkpoint = ReadCheckpoint(path);
-    if (!checkpoint.ok()) return Annotate(checkpoint.status(), fmt::format("resume_from = \"{}\"", path));
+    if (!checkpoint.ok())
+      return Annotate(checkpoint.status(), fmt::format("resume_from = \"{}\"", path));
     return ResumeWith(*checkpoint, path);
   }
 
@@ -154,8 +161,8 @@ class RoundDriverImpl final : public RoundDriver {
   Status ResumeWith(const Checkpoint& checkpoint, const std::string& where) {
     MEND_RETURN_IF_ERROR(Restore(checkpoint, where));
     stats_.resumed_from_round = checkpoint.meta.round_id;
-    spdlog::info("resumed from {}: round {} (step {}, written by {})", where, checkpoint.meta.round_id,
-                 checkpoint.meta.step, checkpoint.meta.written_by);
+    spdlog::info("resumed from {}: round {} (step {}, written by {})", where,
+                 checkpoint.meta.round_id, checkpoint.meta.step, checkpoint.meta.written_by);
     return OkStatus();
   }
 
@@ -167,11 +174,13 @@ class RoundDriverImpl final : public RoundDriver {
     const CheckpointMeta& meta = checkpoint.meta;
     if (meta.learner_step == 0 || meta.tokens_since_round.size() != fragments_.size()) {
       return InvalidArgumentError(fmt::format(
-          "import_state(keep_parameters): the state of round {} holds no learner's progress for {} fragment(s) (a "
+          "import_state(keep_parameters): the state of round {} holds no learner's progress for {} "
+          "fragment(s) (a "
           "checkpoint file, or another fragment count?); import it with its parameters instead",
           meta.round_id, fragments_.size()));
     }
-    MEND_ASSIGN_OR_RETURN(auto states, FragmentStates(checkpoint, *parameters_, fragments_, "(imported state)"));
+    MEND_ASSIGN_OR_RETURN(auto states,
+                          FragmentStates(checkpoint, *parameters_, fragments_, "(imported state)"));
     const auto residuals = FragmentResiduals(checkpoint, *parameters_, fragments_);
     for (size_t f = 0; f < fragments_.size(); ++f) {
       fragments_[f].state->Assign(states[f].first, states[f].second);
@@ -198,10 +207,11 @@ class RoundDriverImpl final : public RoundDriver {
   Status AgreeOnRestoredState(std::string_view what, std::string_view rule) {
     MEND_ASSIGN_OR_RETURN(auto restored, group_->Compare(last_round_id_));
     if (!restored.second) {
-      return FailedPreconditionError(fmt::format(
-          "learner '{}' group rank {}: the group's ranks {} different states (rank 0: round {}, this rank: round {}); "
-          "{}",
-          agent_.id(), group_->rank(), what, restored.first, last_round_id_, rule));
+      return FailedPreconditionError(
+          fmt::format("learner '{}' group rank {}: the group's ranks {} different states (rank 0: "
+                      "round {}, this rank: round {}); "
+                      "{}",
+                      agent_.id(), group_->rank(), what, restored.first, last_round_id_, rule));
     }
     return group_->ShareParameters();
   }
@@ -209,7 +219,8 @@ class RoundDriverImpl final : public RoundDriver {
   // The newest checkpoint that verifies becomes the global state and the
   // local parameters; none is a fresh start.
   Status Resume() {
-    CheckpointDirectory directory(config_.checkpoint_dir, static_cast<int>(config_.checkpoint_keep));
+    CheckpointDirectory directory(config_.checkpoint_dir,
+                                  static_cast<int>(config_.checkpoint_keep));
     std::vector<std::string> skipped;
     StatusOr<Checkpoint> checkpoint = directory.LoadLatest(&skipped);
     for (const std::string& why : skipped) spdlog::error("skipping a damaged checkpoint: {}", why);
@@ -234,9 +245,11 @@ class RoundDriverImpl final : public RoundDriver {
       spdlog::info("no checkpoint in {}: starting fresh", config_.checkpoint_dir);
       return;
     }
-    spdlog::warn("checkpoint_dir {} holds no checkpoint named ckpt-<round, 12 digits>.mend (it has {}{}); starting "
-                 "fresh. To resume from a file of another name, set resume_from = PATH",
-                 config_.checkpoint_dir, fmt::join(others, ", "), others.size() == 5 ? ", ..." : "");
+    spdlog::warn(
+        "checkpoint_dir {} holds no checkpoint named ckpt-<round, 12 digits>.mend (it has {}{}); "
+        "starting "
+        "fresh. To resume from a file of another name, set resume_from = PATH",
+        config_.checkpoint_dir, fmt::join(others, ", "), others.size() == 5 ? ", ..." : "");
   }
 
   // `checkpoint` becomes every fragment's global state and momentum, the
@@ -272,7 +285,8 @@ class RoundDriverImpl final : public RoundDriver {
     StatusOr<std::shared_ptr<Checkpoint>> whole = GroupSnapshot(stats_.last_round_id, 0);
     if (!whole.ok()) {
       return Annotate(whole.status(),
-                      "export_state: a multi-rank learner's export is collective (every rank of the group calls it "
+                      "export_state: a multi-rank learner's export is collective (every rank of "
+                      "the group calls it "
                       "at the same step)");
     }
     if (!*whole) return std::string();
@@ -284,16 +298,18 @@ class RoundDriverImpl final : public RoundDriver {
   void AddLearnerProgress(CheckpointMeta* meta) const {
     meta->learner_step = std::max<uint64_t>(stats_.steps, 1);
     meta->tokens_since_round.clear();
-    for (const Fragment& fragment : fragments_) meta->tokens_since_round.push_back(fragment.tokens_since_round);
+    for (const Fragment& fragment : fragments_)
+      meta->tokens_since_round.push_back(fragment.tokens_since_round);
   }
 
   Status ImportState(std::string_view bytes, bool keep_parameters) override {
     if (shut_down_) return FailedPreconditionError("reducer: import_state() after shutdown()");
     if (in_flight_) {
-      return FailedPreconditionError(fmt::format(
-          "import_state: the round of fragment {} for step {} is in flight; import between rounds (before the "
-          "first step, or after shutdown of the job that exported it)",
-          in_flight_->fragment, in_flight_->boundary_step));
+      return FailedPreconditionError(
+          fmt::format("import_state: the round of fragment {} for step {} is in flight; import "
+                      "between rounds (before the "
+                      "first step, or after shutdown of the job that exported it)",
+                      in_flight_->fragment, in_flight_->boundary_step));
     }
     MEND_ASSIGN_OR_RETURN(Checkpoint checkpoint, DecodeCheckpoint(bytes, "(imported state)"));
     if (keep_parameters) {
@@ -301,11 +317,13 @@ class RoundDriverImpl final : public RoundDriver {
     } else {
       MEND_RETURN_IF_ERROR(Restore(checkpoint, "(imported state)"));
     }
-    spdlog::info("imported the outer state of round {} (step {}, written by {}){}", checkpoint.meta.round_id,
-                 checkpoint.meta.step, checkpoint.meta.written_by,
-                 keep_parameters ? fmt::format("; going on at its learner's step {}", stats_.steps) : "");
+    spdlog::info(
+        "imported the outer state of round {} (step {}, written by {}){}", checkpoint.meta.round_id,
+        checkpoint.meta.step, checkpoint.meta.written_by,
+        keep_parameters ? fmt::format("; going on at its learner's step {}", stats_.steps) : "");
     if (group_) {
-      MEND_RETURN_IF_ERROR(AgreeOnRestoredState("imported", "every rank must import the same state"));
+      MEND_RETURN_IF_ERROR(
+          AgreeOnRestoredState("imported", "every rank must import the same state"));
     }
     return OkStatus();
   }
@@ -327,9 +345,9 @@ class RoundDriverImpl final : public RoundDriver {
     checkpoint.meta.fragments = schedule_.fragments();
     checkpoint.meta.learners = members;
     checkpoint.meta.written_by = agent_.id();
-    checkpoint.meta.created_unix_ms =
-        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-            .count();
+    checkpoint.meta.created_unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                          std::chrono::system_clock::now().time_since_epoch())
+                                          .count();
     checkpoint.meta.config_toml = ConfigToToml(config_);
     return checkpoint;
   }
@@ -342,7 +360,8 @@ class RoundDriverImpl final : public RoundDriver {
     StatusOr<std::shared_ptr<Checkpoint>> whole = GroupSnapshot(stats_.last_round_id, 0);
     if (!whole.ok()) {
       return Annotate(whole.status(),
-                      "SaveCheckpoint: a multi-rank learner's checkpoint is collective (every rank of the group "
+                      "SaveCheckpoint: a multi-rank learner's checkpoint is collective (every rank "
+                      "of the group "
                       "calls it at the same step)");
     }
     return *whole ? WriteCheckpoint(path, **whole) : OkStatus();
@@ -381,15 +400,18 @@ class RoundDriverImpl final : public RoundDriver {
     std::vector<float> slice_global(at.back()), slice_momentum(at.back());
     for (const Fragment& fragment : fragments_) {
       ForEachPiece(fragment, [&](size_t i, size_t from, size_t n) {
-        std::copy_n(fragment.state->global().begin() + static_cast<long>(from), n, slice_global.begin() + static_cast<long>(at[i]));
+        std::copy_n(fragment.state->global().begin() + static_cast<long>(from), n,
+                    slice_global.begin() + static_cast<long>(at[i]));
         std::copy_n(fragment.state->momentum().begin() + static_cast<long>(from), n,
                     slice_momentum.begin() + static_cast<long>(at[i]));
       });
     }
     std::vector<float> global(group_->total()), momentum(group_->total());
-    for (auto [slice, whole] : {std::pair{std::span<const float>(slice_global), std::span<float>(global)},
-                                std::pair{std::span<const float>(slice_momentum), std::span<float>(momentum)}}) {
-      if (Status gathered = group_->GatherWhole(slice, whole); !gathered.ok()) return BreakGroup(gathered);
+    for (auto [slice, whole] :
+         {std::pair{std::span<const float>(slice_global), std::span<float>(global)},
+          std::pair{std::span<const float>(slice_momentum), std::span<float>(momentum)}}) {
+      if (Status gathered = group_->GatherWhole(slice, whole); !gathered.ok())
+        return BreakGroup(gathered);
     }
     if (group_->rank() != 0) return std::shared_ptr<Checkpoint>();
     std::vector<Fragment> whole_model(1);
@@ -405,7 +427,8 @@ class RoundDriverImpl final : public RoundDriver {
     const int64_t h = config_.sync_period_steps;
     const int64_t periods[2] = {
         config_.momentum_sync_period_steps > 0 ? config_.momentum_sync_period_steps : 3 * h,
-        config_.second_moment_sync_period_steps > 0 ? config_.second_moment_sync_period_steps : 6 * h};
+        config_.second_moment_sync_period_steps > 0 ? config_.second_moment_sync_period_steps
+                                                    : 6 * h};
     const char* keys[2] = {"momentum_sync_period_steps", "second_moment_sync_period_steps"};
     if (config_.fragments != 1) {
       return InvalidArgumentError(fmt::format(
@@ -450,7 +473,8 @@ class RoundDriverImpl final : public RoundDriver {
     // A group reports its slowest rank's step time (known as of the last
     // round), so that a slow rank makes its group fail-slow even where
     // nothing inside the group waits for it.
-    agent_.RecordStep(stats_.steps, tokens_total_, group_ ? std::max(step_time, slowest_rank_step_) : step_time);
+    agent_.RecordStep(stats_.steps, tokens_total_,
+                      group_ ? std::max(step_time, slowest_rank_step_) : step_time);
     if (diagnostics_->enabled()) {
       diagnostics_->Step({{"step", stats_.steps},
                           {"tokens", tokens},
@@ -462,21 +486,24 @@ class RoundDriverImpl final : public RoundDriver {
     // unreachable: then its join waits for the next round (or for the
     // lighthouse) while it trains on.
     if (InFlightDueAt(stats_.steps)) {
-      StatusOr<Awaited> agreed = AwaitRoundAgreed(*in_flight_, in_flight_->boundary_step,
-                                                  /*train_on_if_lost=*/config_.train_through_lighthouse_outage);
+      StatusOr<Awaited> agreed =
+          AwaitRoundAgreed(*in_flight_, in_flight_->boundary_step,
+                           /*train_on_if_lost=*/config_.train_through_lighthouse_outage);
       if (!agreed.ok()) return BreakGroup(agreed.status());
       const Awaited awaited = *agreed;
       if (awaited == Awaited::kDone) {
         MEND_RETURN_IF_ERROR(FinishInFlight());
       } else if (MarkPassedOver(*in_flight_)) {
         if (awaited == Awaited::kPassedOver) {
-          spdlog::info("fragment {}: the round for step {} closed without this learner; training on, its "
-                       "join waits for the next round",
-                       in_flight_->fragment, in_flight_->boundary_step);
+          spdlog::info(
+              "fragment {}: the round for step {} closed without this learner; training on, its "
+              "join waits for the next round",
+              in_flight_->fragment, in_flight_->boundary_step);
         } else {
-          spdlog::info("fragment {}: the lighthouse is unreachable; training on, the join for step {} "
-                       "waits for it",
-                       in_flight_->fragment, in_flight_->boundary_step);
+          spdlog::info(
+              "fragment {}: the lighthouse is unreachable; training on, the join for step {} "
+              "waits for it",
+              in_flight_->fragment, in_flight_->boundary_step);
         }
       }
     }
@@ -485,8 +512,8 @@ class RoundDriverImpl final : public RoundDriver {
     // rank 0's join formed a round yet (a boundary meanwhile is skipped).
     bool group_join_waits = false;
     if (group_ && in_flight_ && in_flight_->passed_over) {
-      StatusOr<std::pair<bool, bool>> state =
-          group_->AllArrived(in_flight_->done.load(std::memory_order_acquire), !StillUnformed(*in_flight_));
+      StatusOr<std::pair<bool, bool>> state = group_->AllArrived(
+          in_flight_->done.load(std::memory_order_acquire), !StillUnformed(*in_flight_));
       if (!state.ok()) return BreakGroup(state.status());
       if (state->first) {
         MEND_RETURN_IF_ERROR(FinishInFlight());
@@ -497,16 +524,21 @@ class RoundDriverImpl final : public RoundDriver {
     for (int64_t f = 0; f < schedule_.fragments(); ++f) {
       if (!schedule_.StartsAt(f, static_cast<int64_t>(stats_.steps))) continue;
       if (InFinalPeriod(stats_.steps)) {
-        spdlog::info("fragment {}: no round at step {}: it could not be taken up before the job's last step {}",
-                     f, stats_.steps, config_.total_steps);
+        spdlog::info(
+            "fragment {}: no round at step {}: it could not be taken up before the job's last step "
+            "{}",
+            f, stats_.steps, config_.total_steps);
         continue;
       }
-      if (in_flight_ && in_flight_->passed_over && (group_ ? group_join_waits : StillUnformed(*in_flight_))) {
+      if (in_flight_ && in_flight_->passed_over &&
+          (group_ ? group_join_waits : StillUnformed(*in_flight_))) {
         // The join passed over at an earlier boundary still waits for a
         // round: it trains on rather than wait here too (the others may be
         // far ahead, or done). The steps since go into the next join.
-        spdlog::info("fragment {}: boundary at step {} skipped; the join for step {} still waits for a round",
-                     f, stats_.steps, in_flight_->boundary_step);
+        spdlog::info(
+            "fragment {}: boundary at step {} skipped; the join for step {} still waits for a "
+            "round",
+            f, stats_.steps, in_flight_->boundary_step);
         continue;
       }
       MEND_RETURN_IF_ERROR(FinishInFlight());
@@ -548,19 +580,22 @@ class RoundDriverImpl final : public RoundDriver {
     if (in_flight_) {
       // (None was launched in the job's last fragment period, when known.)
       const auto total = static_cast<uint64_t>(config_.total_steps);
-      const uint64_t end = !InFinalPeriod(stats_.steps) ? stats_.steps
-                                                        : total - std::min(total, FragmentPeriod());
+      const uint64_t end =
+          !InFinalPeriod(stats_.steps) ? stats_.steps : total - std::min(total, FragmentPeriod());
       const uint64_t last_boundary = end + 1 - std::min(end + 1, FragmentPeriod());
-      StatusOr<Awaited> awaited = AwaitRoundAgreed(*in_flight_, std::max(in_flight_->boundary_step, last_boundary),
-                                                   /*train_on_if_lost=*/false);
+      StatusOr<Awaited> awaited =
+          AwaitRoundAgreed(*in_flight_, std::max(in_flight_->boundary_step, last_boundary),
+                           /*train_on_if_lost=*/false);
       if (!awaited.ok()) {
         (void)BreakGroup(awaited.status());
         return shutdown();  // as a broken group
       }
       if (*awaited != Awaited::kDone) {
-        spdlog::warn("fragment {}: the job's last round closed without this learner; its join for step {} "
-                     "is called off ({} step(s) not merged)",
-                     in_flight_->fragment, in_flight_->boundary_step, stats_.steps - in_flight_->boundary_step);
+        spdlog::warn(
+            "fragment {}: the job's last round closed without this learner; its join for step {} "
+            "is called off ({} step(s) not merged)",
+            in_flight_->fragment, in_flight_->boundary_step,
+            stats_.steps - in_flight_->boundary_step);
         MarkPassedOver(*in_flight_);
         agent_.Interrupt();
         called_off = true;
@@ -613,7 +648,8 @@ class RoundDriverImpl final : public RoundDriver {
   // agree on at every step).
   bool InFlightDueAt(uint64_t step) const {
     if (group_) return in_flight_ && step >= in_flight_->apply_at_step && !in_flight_->passed_over;
-    return in_flight_ && (Arrived(step) || (step >= in_flight_->apply_at_step && !in_flight_->passed_over));
+    return in_flight_ &&
+           (Arrived(step) || (step >= in_flight_->apply_at_step && !in_flight_->passed_over));
   }
 
   // Whether the round in flight has arrived, as the step at `step` sees it:
@@ -643,19 +679,20 @@ class RoundDriverImpl final : public RoundDriver {
     uint32_t rank = 0;
     uint32_t members = 0;
     std::vector<float> averaged_moments[2];  // DES-LOC: the members' averages, when synced
-    double heal_seconds = 0;   // time in healing (every member takes part)
-    uint64_t heal_bytes = 0;   // bytes this learner received when it healed
-    std::string heal_source;   // whom it healed from
-    uint64_t heal_step = 0;    // the source's step at its boundary (the job's step)
+    double heal_seconds = 0;                 // time in healing (every member takes part)
+    uint64_t heal_bytes = 0;                 // bytes this learner received when it healed
+    std::string heal_source;                 // whom it healed from
+    uint64_t heal_step = 0;                  // the source's step at its boundary (the job's step)
     // The fragment the round exchanged: this learner's own (the flight's),
     // or, for a join passed over in streaming mode that healed into another
     // fragment's round, the source's (this learner then abstained).
     int fragment = 0;
-    bool fresh_join = false;   // healed with nothing of the job's state: its progress is dropped
+    bool fresh_join = false;    // healed with nothing of the job's state: its progress is dropped
     bool outer_warmup = false;  // an outer warm-up round: averaged, momentum untouched
     bool final_merge = false;   // the job's final merge: averaged (fp32), momentum untouched
     std::vector<float> healed_moments[2];  // heal_inner_optimizer: the source's moments
-    std::vector<float> synced_buffers[2];  // sync_buffers: the members' averages; the first member's
+    std::vector<float>
+        synced_buffers[2];          // sync_buffers: the members' averages; the first member's
     uint64_t cross_rack_bytes = 0;  // sent to other racks in this round (healing included)
   };
   struct InFlight {
@@ -665,9 +702,9 @@ class RoundDriverImpl final : public RoundDriver {
     uint64_t tokens = 0;
     uint64_t previous_round_id = 0;  // last_round_id_ at launch
     Micros launched = 0;
-    Micros finished = 0;  // set by the thread before `done`
-    std::vector<float> base;   // the fragment's global state at the boundary
-    std::vector<float> delta;  // this learner's pseudo-gradient at the boundary
+    Micros finished = 0;            // set by the thread before `done`
+    std::vector<float> base;        // the fragment's global state at the boundary
+    std::vector<float> delta;       // this learner's pseudo-gradient at the boundary
     std::vector<float> moments[2];  // DES-LOC: the optimizer's moments at the boundary
     std::vector<float> buffers[2];  // sync_buffers: the model's buffers at the boundary
     std::thread thread;
@@ -721,8 +758,10 @@ class RoundDriverImpl final : public RoundDriver {
   // train on). The ranks meet every kPassedOverPoll while rank 0 has not
   // decided, and FinishInFlight has them wait for their slices the same
   // way, so no group collective waits on a rank that waits for its slice.
-  StatusOr<Awaited> AwaitRoundAgreed(InFlight& flight, uint64_t give_up_step, bool train_on_if_lost) {
-    if (!group_ || !MayBePassedOver(flight)) return AwaitRound(flight, give_up_step, train_on_if_lost);
+  StatusOr<Awaited> AwaitRoundAgreed(InFlight& flight, uint64_t give_up_step,
+                                     bool train_on_if_lost) {
+    if (!group_ || !MayBePassedOver(flight))
+      return AwaitRound(flight, give_up_step, train_on_if_lost);
     enum : uint64_t { kUndecided = 0, kWait, kPassedOver, kLost };
     while (true) {
       uint64_t verdict = kUndecided;
@@ -756,7 +795,8 @@ class RoundDriverImpl final : public RoundDriver {
   // join, unformed, was not in it). The id matters for a final merge's
   // second fragment: the first one's round is of the same step.
   bool ClosedWithout(const InFlight& flight, uint64_t step) const {
-    return agent_.latest_round_step() >= step && agent_.latest_round_id() > flight.previous_round_id;
+    return agent_.latest_round_step() >= step &&
+           agent_.latest_round_id() > flight.previous_round_id;
   }
 
   // Waits up to kPassedOverPoll for `flight` to end; whether it has.
@@ -782,7 +822,8 @@ class RoundDriverImpl final : public RoundDriver {
 
   // Steps between two rounds (of consecutive fragments).
   uint64_t FragmentPeriod() const {
-    return static_cast<uint64_t>(std::max<int64_t>(1, config_.sync_period_steps / schedule_.fragments()));
+    return static_cast<uint64_t>(
+        std::max<int64_t>(1, config_.sync_period_steps / schedule_.fragments()));
   }
 
   // Whether a round of (the lighthouse's) step `step` that exchanges
@@ -793,7 +834,8 @@ class RoundDriverImpl final : public RoundDriver {
   bool IsFinalMerge(uint64_t step, int fragment) const {
     if (!config_.final_merge || config_.total_steps <= 0) return false;
     const auto total = static_cast<uint64_t>(config_.total_steps);
-    return step >= total && (concurrent_ || !schedule_.StartsAt(fragment, static_cast<int64_t>(total)));
+    return step >= total &&
+           (concurrent_ || !schedule_.StartsAt(fragment, static_cast<int64_t>(total)));
   }
 
   // The final merge (final_merge, at shutdown after the job's last step):
@@ -810,7 +852,8 @@ class RoundDriverImpl final : public RoundDriver {
     std::vector<int> due;
     for (int f = 0; f < static_cast<int>(fragments_.size()); ++f) {
       // (A learner restored at this step from a checkpoint holds its merged state.)
-      if (std::max(fragments_[static_cast<size_t>(f)].last_round_boundary, restored_step_) < stats_.steps) {
+      if (std::max(fragments_[static_cast<size_t>(f)].last_round_boundary, restored_step_) <
+          stats_.steps) {
         due.push_back(f);
       }
     }
@@ -818,14 +861,18 @@ class RoundDriverImpl final : public RoundDriver {
     int merged = 0;
     for (int f : due) {
       MEND_RETURN_IF_ERROR(Launch(f, /*final_merge=*/true));
-      // The job's last checkpoint (checkpoint_dir with checkpoint_every_rounds) holds the merged model.
+      // The job's last checkpoint (checkpoint_dir with checkpoint_every_rounds) holds the merged
+      // model.
       in_flight_->checkpoint = f == due.back();
-      StatusOr<Awaited> awaited = AwaitRoundAgreed(*in_flight_, stats_.steps, /*train_on_if_lost=*/false);
+      StatusOr<Awaited> awaited =
+          AwaitRoundAgreed(*in_flight_, stats_.steps, /*train_on_if_lost=*/false);
       if (!awaited.ok()) return BreakGroup(awaited.status());
       if (*awaited != Awaited::kDone) {
-        spdlog::warn("fragment {}: the final merge at step {} closed without this learner (the others merged and "
-                     "left); it keeps its own parameters",
-                     f, stats_.steps);
+        spdlog::warn(
+            "fragment {}: the final merge at step {} closed without this learner (the others "
+            "merged and "
+            "left); it keeps its own parameters",
+            f, stats_.steps);
         MarkPassedOver(*in_flight_);
         agent_.Interrupt();
         return FinishInFlight();
@@ -833,15 +880,17 @@ class RoundDriverImpl final : public RoundDriver {
       const uint64_t rounds = stats_.rounds;
       MEND_RETURN_IF_ERROR(FinishInFlight());
       if (stats_.rounds == rounds) {
-        spdlog::warn("fragment {}: the final merge failed; this learner keeps its own parameters", f);
+        spdlog::warn("fragment {}: the final merge failed; this learner keeps its own parameters",
+                     f);
         return OkStatus();
       }
       stats_.final_rounds++;
       merged++;
     }
     if (merged > 0) {
-      spdlog::info("final merge: {} round(s) at step {} in {:.3f} s; every member holds the same model", merged,
-                   stats_.steps, static_cast<double>(clock_.NowMicros() - begin) / kMicrosPerSecond);
+      spdlog::info(
+          "final merge: {} round(s) at step {} in {:.3f} s; every member holds the same model",
+          merged, stats_.steps, static_cast<double>(clock_.NowMicros() - begin) / kMicrosPerSecond);
     }
     return OkStatus();
   }
@@ -882,7 +931,8 @@ class RoundDriverImpl final : public RoundDriver {
     fragment.tokens_since_round = 0;
     const size_t n = fragment.state->size();
     flight->base = TakeFloats(n);
-    std::copy(fragment.state->global().begin(), fragment.state->global().end(), flight->base.begin());
+    std::copy(fragment.state->global().begin(), fragment.state->global().end(),
+              flight->base.begin());
     std::vector<float> local = TakeFloats(n);
     Gather(fragment, local);
     flight->delta = TakeFloats(n);
@@ -965,7 +1015,8 @@ class RoundDriverImpl final : public RoundDriver {
     }
     Outcome& outcome = *flight->outcome;
     if (outcome.healed.empty()) {  // a heal's transfer says nothing about the next rounds
-      overlap_.RecordRound(static_cast<double>(flight->finished - flight->launched) / kMicrosPerSecond);
+      overlap_.RecordRound(static_cast<double>(flight->finished - flight->launched) /
+                           kMicrosPerSecond);
     }
     // A round of another fragment than its join's (see Exchange): the
     // learner's progress stays in every fragment, and its own fragment's
@@ -1024,11 +1075,13 @@ class RoundDriverImpl final : public RoundDriver {
       }
     }
     for (int kind = 0; kind < 2; ++kind) {
-      if (!outcome.synced_buffers[kind].empty()) WriteAll(*buffers_[kind], outcome.synced_buffers[kind]);
+      if (!outcome.synced_buffers[kind].empty())
+        WriteAll(*buffers_[kind], outcome.synced_buffers[kind]);
     }
     if (group_ && whole_moments_ && moments_changed) {
       // Each rank changed its slice of the moments: into every replica.
-      if (Status shared = group_->ShareMoments(*whole_moments_); !shared.ok()) return BreakGroup(shared);
+      if (Status shared = group_->ShareMoments(*whole_moments_); !shared.ok())
+        return BreakGroup(shared);
     }
     // A heal puts the learner on the job's step (the steps since this
     // boundary still count): always in a process's first round (a new or
@@ -1043,8 +1096,8 @@ class RoundDriverImpl final : public RoundDriver {
     if (!outcome.healed.empty() && (stats_.rounds == 0 || far_behind) &&
         outcome.heal_step != flight->boundary_step) {
       const uint64_t since = stats_.steps - std::min(stats_.steps, flight->formed_step);
-      spdlog::info("healed from {}: step {} becomes the job's step {}", outcome.heal_source, stats_.steps,
-                   outcome.heal_step + since);
+      spdlog::info("healed from {}: step {} becomes the job's step {}", outcome.heal_source,
+                   stats_.steps, outcome.heal_step + since);
       stats_.steps = outcome.heal_step + since;
       step_now_.store(stats_.steps, std::memory_order_relaxed);
       exchanged.last_round_boundary = outcome.heal_step;
@@ -1151,7 +1204,8 @@ class RoundDriverImpl final : public RoundDriver {
     // group's slices rendezvous apart.
     if (group_) options.prefix = group_->SlicePrefix(round.rendezvous_prefix);
     LighthouseRendezvousStore store(
-        agent_.client(), [this, registrations]() { return agent_.registrations() == registrations; },
+        agent_.client(),
+        [this, registrations]() { return agent_.registrations() == registrations; },
         round.rendezvous_prefix + kRoundAbortKey);
     std::vector<std::string> racks;
     for (const RoundMember& member : round.members) racks.push_back(member.rack);
@@ -1217,7 +1271,8 @@ class RoundDriverImpl final : public RoundDriver {
     sync_options.contributes = !outcome.fresh_join && !adopted;
     // The round's step is the lighthouse's (its members' largest), the same
     // for every member, so all take the same kind of outer step.
-    sync_options.warmup = round.step > 0 && round.step <= static_cast<uint64_t>(config_.outer_warmup_steps);
+    sync_options.warmup =
+        round.step > 0 && round.step <= static_cast<uint64_t>(config_.outer_warmup_steps);
     outcome.outer_warmup = sync_options.warmup;
     outcome.final_merge = IsFinalMerge(round.step, outcome.fragment);
     if (outcome.final_merge) {
@@ -1232,7 +1287,8 @@ class RoundDriverImpl final : public RoundDriver {
     const FragmentState* state = fragments_[static_cast<size_t>(outcome.fragment)].state.get();
     std::unique_ptr<FragmentState> healed_state;
     if (!outcome.healed.empty()) {
-      auto [global, momentum] = HealSlice(fragments_, outcome.healed, static_cast<size_t>(outcome.fragment));
+      auto [global, momentum] =
+          HealSlice(fragments_, outcome.healed, static_cast<size_t>(outcome.fragment));
       healed_state = std::make_unique<FragmentState>(global);
       healed_state->Assign(global, momentum);
       state = healed_state.get();
@@ -1240,17 +1296,21 @@ class RoundDriverImpl final : public RoundDriver {
     if (adopted) {
       no_delta.assign(state->size(), 0.0f);
       delta = no_delta;
-      spdlog::info("round {}: exchanges fragment {}, not this learner's fragment {} (its join was passed over); "
-                   "taking part without a pseudo-gradient",
-                   round.round_id, outcome.fragment, flight.fragment);
+      spdlog::info(
+          "round {}: exchanges fragment {}, not this learner's fragment {} (its join was passed "
+          "over); "
+          "taking part without a pseudo-gradient",
+          round.round_id, outcome.fragment, flight.fragment);
     }
     // The merge weight: the tokens of one rank. Every group of the job has
     // the same size, so the ratios are the groups', and a group's slices are
     // merged by the arithmetic of a learner of one rank (the fp32 sum
     // multiplies by the weights themselves).
-    const uint64_t weight = group_ ? flight.tokens / static_cast<uint64_t>(group_->size()) : flight.tokens;
-    MEND_ASSIGN_OR_RETURN(outcome.result,
-                          OuterRound::Exchange(*comm, *state, delta, static_cast<double>(weight), sync_options));
+    const uint64_t weight =
+        group_ ? flight.tokens / static_cast<uint64_t>(group_->size()) : flight.tokens;
+    MEND_ASSIGN_OR_RETURN(
+        outcome.result,
+        OuterRound::Exchange(*comm, *state, delta, static_cast<double>(weight), sync_options));
     MEND_RETURN_IF_ERROR(AverageMoments(*comm, round.round_id, flight, &outcome));
     MEND_RETURN_IF_ERROR(SyncBuffers(*comm, round.rank, flight, &outcome));
     outcome.cross_rack_bytes = CrossRackBytes(connected, comm->stats(), racks, round.rank);
@@ -1266,7 +1326,8 @@ class RoundDriverImpl final : public RoundDriver {
     uint64_t bytes = 0;
     for (size_t p = 0; p < after.bytes_sent_to.size(); ++p) {
       if (p < racks.size() && racks[p] == racks[me]) continue;
-      bytes += after.bytes_sent_to[p] - (p < before.bytes_sent_to.size() ? before.bytes_sent_to[p] : 0);
+      bytes +=
+          after.bytes_sent_to[p] - (p < before.bytes_sent_to.size() ? before.bytes_sent_to[p] : 0);
     }
     return bytes;
   }
@@ -1274,11 +1335,13 @@ class RoundDriverImpl final : public RoundDriver {
   // Whether every member of `round` holds the same global state at the same
   // boundary step and fragment: each publishes its digest under the round's
   // prefix and reads all the others' (so all decide alike).
-  StatusOr<bool> StatesAgree(RendezvousStore& store, const QuorumResult& round, const InFlight& flight,
-                             Micros timeout) const {
-    const std::string prefix = group_ ? group_->SlicePrefix(round.rendezvous_prefix) : round.rendezvous_prefix;
+  StatusOr<bool> StatesAgree(RendezvousStore& store, const QuorumResult& round,
+                             const InFlight& flight, Micros timeout) const {
+    const std::string prefix =
+        group_ ? group_->SlicePrefix(round.rendezvous_prefix) : round.rendezvous_prefix;
     auto key = [&](uint32_t rank) { return fmt::format("{}state/{}", prefix, rank); };
-    const std::string mine = fmt::format("{} {} {}", GlobalDigest(), flight.boundary_step, flight.fragment);
+    const std::string mine =
+        fmt::format("{} {} {}", GlobalDigest(), flight.boundary_step, flight.fragment);
     MEND_RETURN_IF_ERROR(store.Set(key(round.rank), mine));
     bool agree = true;
     for (uint32_t r = 0; r < round.world_size; ++r) {
@@ -1302,7 +1365,8 @@ class RoundDriverImpl final : public RoundDriver {
       std::vector<float>& average = outcome->averaged_moments[which];
       const bool have = !flight.moments[which].empty();
       average = have ? flight.moments[which] : std::vector<float>(moments_->size(), 0.0f);
-      double weight = have ? (options_.token_weighted ? static_cast<double>(flight.tokens) : 1.0) : 0.0;
+      double weight =
+          have ? (options_.token_weighted ? static_cast<double>(flight.tokens) : 1.0) : 0.0;
       MEND_RETURN_IF_ERROR(comm.WeightedAllReduce(average, weight));
     }
     return OkStatus();
@@ -1314,13 +1378,15 @@ class RoundDriverImpl final : public RoundDriver {
   Status SyncBuffers(Communicator& comm, uint32_t rank, const InFlight& flight, Outcome* outcome) {
     if (!flight.buffers[kAveragedBuffers].empty()) {
       outcome->synced_buffers[kAveragedBuffers] = flight.buffers[kAveragedBuffers];
-      const double weight = options_.token_weighted ? static_cast<double>(std::max<uint64_t>(flight.tokens, 1)) : 1.0;
-      MEND_RETURN_IF_ERROR(comm.WeightedAllReduce(outcome->synced_buffers[kAveragedBuffers], weight));
+      const double weight =
+          options_.token_weighted ? static_cast<double>(std::max<uint64_t>(flight.tokens, 1)) : 1.0;
+      MEND_RETURN_IF_ERROR(
+          comm.WeightedAllReduce(outcome->synced_buffers[kAveragedBuffers], weight));
     }
     if (!flight.buffers[kFirstMembersBuffers].empty()) {
       outcome->synced_buffers[kFirstMembersBuffers] = flight.buffers[kFirstMembersBuffers];
-      MEND_RETURN_IF_ERROR(
-          comm.WeightedAllReduce(outcome->synced_buffers[kFirstMembersBuffers], rank == 0 ? 1.0 : 0.0));
+      MEND_RETURN_IF_ERROR(comm.WeightedAllReduce(outcome->synced_buffers[kFirstMembersBuffers],
+                                                  rank == 0 ? 1.0 : 0.0));
     }
     return OkStatus();
   }
@@ -1347,7 +1413,8 @@ class RoundDriverImpl final : public RoundDriver {
 
   Status SetBuffers(bool from_first_member, std::unique_ptr<FlatParameters> buffers) override {
     if (stepped_ || in_flight_) {
-      return FailedPreconditionError("reducer: the model's buffers are handed over before the first step");
+      return FailedPreconditionError(
+          "reducer: the model's buffers are handed over before the first step");
     }
     buffers_[from_first_member ? kFirstMembersBuffers : kAveragedBuffers] = std::move(buffers);
     return OkStatus();
@@ -1402,10 +1469,14 @@ class RoundDriverImpl final : public RoundDriver {
     stats_.parameter_copies++;
   }
   void Gather(const Fragment& fragment, std::span<float> out) {
-    ForEachParameter(fragment, [&](size_t l, size_t offset, size_t n) { parameters_->CopyOut(l, out.subspan(offset, n)); });
+    ForEachParameter(fragment, [&](size_t l, size_t offset, size_t n) {
+      parameters_->CopyOut(l, out.subspan(offset, n));
+    });
   }
   void Scatter(std::span<const float> in, const Fragment& fragment) {
-    ForEachParameter(fragment, [&](size_t l, size_t offset, size_t n) { parameters_->CopyIn(l, in.subspan(offset, n)); });
+    ForEachParameter(fragment, [&](size_t l, size_t offset, size_t n) {
+      parameters_->CopyIn(l, in.subspan(offset, n));
+    });
   }
 
   const Config config_;
@@ -1421,14 +1492,17 @@ class RoundDriverImpl final : public RoundDriver {
   const std::unique_ptr<FlatMoments> moments_;  // null without an Adam inner optimizer
   const bool concurrent_ = config_.concurrent_outer_step;
   // tau: overlap_steps, or tuned from this learner's round and step times.
-  outer::OverlapTuner overlap_{config_.overlap_steps,
-                               static_cast<uint64_t>(std::max<int64_t>(
-                                   int64_t{1}, config_.sync_period_steps / std::max<int64_t>(1, schedule_.fragments()) - 1))};
-  const OuterApply apply_mode_ = config_.outer_apply == "mix" ? OuterApply::kMix : OuterApply::kExact;
+  outer::OverlapTuner overlap_{
+      config_.overlap_steps,
+      static_cast<uint64_t>(std::max<int64_t>(
+          int64_t{1},
+          config_.sync_period_steps / std::max<int64_t>(1, schedule_.fragments()) - 1))};
+  const OuterApply apply_mode_ =
+      config_.outer_apply == "mix" ? OuterApply::kMix : OuterApply::kExact;
   std::unique_ptr<AbortWatch> abort_watch_;  // before in_flight_: outlives its round
   std::unique_ptr<InFlight> in_flight_;
   std::unique_ptr<Diagnostics> diagnostics_;
-  uint64_t desloc_rounds_[2] = {3, 6};           // rounds between K_u and K_v syncs
+  uint64_t desloc_rounds_[2] = {3, 6};  // rounds between K_u and K_v syncs
   // The last round this learner completed; written by the round's thread,
   // which runs alone (the next round starts only after it was joined).
   uint64_t last_round_id_ = 0;
@@ -1458,30 +1532,32 @@ class RoundDriverImpl final : public RoundDriver {
   Micros rank_step_sum_ = 0;
   uint64_t rank_steps_ = 0;
   Micros slowest_rank_step_ = 0;
-  CheckpointWriter checkpoint_writer_{config_.checkpoint_dir, static_cast<int>(config_.checkpoint_keep)};
+  CheckpointWriter checkpoint_writer_{config_.checkpoint_dir,
+                                      static_cast<int>(config_.checkpoint_keep)};
 };
 
 }  // namespace
 
-StatusOr<std::unique_ptr<RoundDriver>> RoundDriver::Create(const Config& config, LearnerAgent& agent,
-                                                           const Clock& clock,
-                                                           std::unique_ptr<FlatParameters> parameters,
-                                                           std::unique_ptr<FlatMoments> moments,
-                                                           uint64_t start_step) {
+StatusOr<std::unique_ptr<RoundDriver>> RoundDriver::Create(
+    const Config& config, LearnerAgent& agent, const Clock& clock,
+    std::unique_ptr<FlatParameters> parameters, std::unique_ptr<FlatMoments> moments,
+    uint64_t start_step) {
   MEND_ASSIGN_OR_RETURN(FragmentSchedule schedule,
                         FragmentSchedule::Make(config.fragments, config.sync_period_steps));
   MEND_ASSIGN_OR_RETURN(std::unique_ptr<Codec> codec, MakeCodec(config));
   std::unique_ptr<RoundDriverImpl> driver;
   if (config.group_size > 1) {
     MEND_RETURN_IF_ERROR(CheckConfig(config));
-    if (parameters->count() == 0) return InvalidArgumentError("reducer: the model has no parameters");
-    MEND_ASSIGN_OR_RETURN(std::unique_ptr<LearnerGroup> group, LearnerGroup::Join(config, agent, *parameters));
+    if (parameters->count() == 0)
+      return InvalidArgumentError("reducer: the model has no parameters");
+    MEND_ASSIGN_OR_RETURN(std::unique_ptr<LearnerGroup> group,
+                          LearnerGroup::Join(config, agent, *parameters));
     std::unique_ptr<FlatParameters> slice = group->Slice();
     std::unique_ptr<FlatMoments> moment_slice = moments ? group->Slice(*moments) : nullptr;
     LearnerAgent& group_agent = group->agent();
-    driver = std::make_unique<RoundDriverImpl>(config, group_agent, clock, schedule, std::move(codec),
-                                               std::move(slice), std::move(moment_slice), std::move(parameters),
-                                               std::move(moments), std::move(group));
+    driver = std::make_unique<RoundDriverImpl>(
+        config, group_agent, clock, schedule, std::move(codec), std::move(slice),
+        std::move(moment_slice), std::move(parameters), std::move(moments), std::move(group));
   } else {
     driver = std::make_unique<RoundDriverImpl>(config, agent, clock, schedule, std::move(codec),
                                                std::move(parameters), std::move(moments));

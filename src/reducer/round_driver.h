@@ -41,8 +41,9 @@ class RoundDriver {
   // INVALID_ARGUMENT for a bad configuration, no parameters, or a checkpoint
   // that does not fit the model.
   [[nodiscard]] static StatusOr<std::unique_ptr<RoundDriver>> Create(
-      const Config& config, LearnerAgent& agent, const Clock& clock, std::unique_ptr<FlatParameters> parameters,
-      std::unique_ptr<FlatMoments> moments, uint64_t start_step);
+      const Config& config, LearnerAgent& agent, const Clock& clock,
+      std::unique_ptr<FlatParameters> parameters, std::unique_ptr<FlatMoments> moments,
+      uint64_t start_step);
   // Without shutdown(): a round in flight is called off and dropped.
   virtual ~RoundDriver() = default;
 
@@ -62,7 +63,8 @@ class RoundDriver {
   // carried as floats: `from_first_member`) taken from its first member, at
   // every round, so every member ends it with the same values. Before the
   // first step; FAILED_PRECONDITION after.
-  [[nodiscard]] virtual Status SetBuffers(bool from_first_member, std::unique_ptr<FlatParameters> buffers) = 0;
+  [[nodiscard]] virtual Status SetBuffers(bool from_first_member,
+                                          std::unique_ptr<FlatParameters> buffers) = 0;
   // The outer state (every fragment's global parameters and momentum, the
   // round and step) as checkpoint bytes; in a group collective, with the
   // whole model on rank 0 and empty bytes elsewhere.

@@ -5,8 +5,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "fmt/format.h"
 #include "core/status_format.h"
+#include "fmt/format.h"
 
 namespace mend::train {
 namespace {
@@ -50,11 +50,12 @@ std::vector<std::string> SplitFortunes(const std::string& text) {
 
 StatusOr<Corpus> Corpus::Load(const CorpusOptions& options) {
   if (options.shards < 1 || options.shard < 0 || options.shard >= options.shards) {
-    return InvalidArgumentError(
-        fmt::format("corpus: shard {} of {}: need 0 <= shard < shards", options.shard, options.shards));
+    return InvalidArgumentError(fmt::format("corpus: shard {} of {}: need 0 <= shard < shards",
+                                            options.shard, options.shards));
   }
   if (options.eval_every < 2) {
-    return InvalidArgumentError(fmt::format("corpus: eval_every = {}: must be at least 2", options.eval_every));
+    return InvalidArgumentError(
+        fmt::format("corpus: eval_every = {}: must be at least 2", options.eval_every));
   }
   std::vector<fs::path> files = FortuneFiles(options.dir);
   if (files.empty()) {
@@ -63,8 +64,8 @@ StatusOr<Corpus> Corpus::Load(const CorpusOptions& options) {
         options.dir));
   }
   Corpus corpus;
-  size_t index = 0;      // over all fortunes
-  size_t training = 0;   // over training fortunes
+  size_t index = 0;     // over all fortunes
+  size_t training = 0;  // over training fortunes
   for (const fs::path& path : files) {
     std::ifstream in(path, std::ios::binary);
     if (!in) return NotFoundError(fmt::format("corpus: cannot read {}", path.string()));

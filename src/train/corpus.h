@@ -37,7 +37,7 @@ class Corpus {
 
   const std::string& train() const { return train_; }  // this shard's text
   const std::string& eval() const { return eval_; }    // the held-out text (all shards)
-  size_t fortunes() const { return fortunes_; }         // in the whole corpus
+  size_t fortunes() const { return fortunes_; }        // in the whole corpus
   std::vector<std::string> files() const { return files_; }
 
  private:

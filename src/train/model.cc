@@ -4,12 +4,12 @@
 #include <limits>
 
 #include "ATen/ATen.h"
+#include "core/status_format.h"
 #include "fmt/format.h"
 #include "torch/nn/functional/activation.h"
 #include "torch/nn/functional/loss.h"
 #include "torch/nn/init.h"
 #include "torch/utils.h"
-#include "core/status_format.h"
 
 namespace mend::train {
 
@@ -17,10 +17,13 @@ Status CheckGptOptions(const GptOptions& options) {
   auto bad = [](const char* name, int64_t value, const char* rule) {
     return InvalidArgumentError(fmt::format("model: {} = {}: {}", name, value, rule));
   };
-  if (options.vocab < 2 || options.vocab > 256) return bad("vocab", options.vocab, "must be in [2, 256]");
-  if (options.context < 2 || options.context > 4096) return bad("context", options.context, "must be in [2, 4096]");
+  if (options.vocab < 2 || options.vocab > 256)
+    return bad("vocab", options.vocab, "must be in [2, 256]");
+  if (options.context < 2 || options.context > 4096)
+    return bad("context", options.context, "must be in [2, 4096]");
   if (options.dim < 8 || options.dim > 8192) return bad("dim", options.dim, "must be in [8, 8192]");
-  if (options.layers < 1 || options.layers > 64) return bad("layers", options.layers, "must be in [1, 64]");
+  if (options.layers < 1 || options.layers > 64)
+    return bad("layers", options.layers, "must be in [1, 64]");
   if (options.heads < 1 || options.dim % options.heads != 0) {
     return bad("heads", options.heads, fmt::format("must divide dim = {}", options.dim).c_str());
   }
@@ -44,7 +47,8 @@ at::Tensor BlockImpl::Attention(const at::Tensor& x) {
     return t.view({batch, time, heads_, head_dim}).transpose(1, 2);  // [B, h, T, d]
   };
   at::Tensor q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
-  at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(head_dim)));
+  at::Tensor scores =
+      at::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(head_dim)));
   at::Tensor mask = at::ones({time, time}, at::TensorOptions().dtype(at::kBool)).triu(1);
   scores = scores.masked_fill(mask, -std::numeric_limits<float>::infinity());
   at::Tensor y = at::matmul(at::softmax(scores, -1), v);  // [B, h, T, d]
@@ -60,9 +64,11 @@ GptImpl::GptImpl(const GptOptions& options) : options_(options) {
   tokens_ = register_module("tokens", torch::nn::Embedding(options.vocab, options.dim));
   positions_ = register_parameter("positions", at::zeros({options.context, options.dim}));
   blocks_ = register_module("blocks", torch::nn::ModuleList());
-  for (int64_t l = 0; l < options.layers; ++l) blocks_->push_back(Block(options.dim, options.heads));
+  for (int64_t l = 0; l < options.layers; ++l)
+    blocks_->push_back(Block(options.dim, options.heads));
   norm_ = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({options.dim})));
-  head_ = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(options.dim, options.vocab).bias(false)));
+  head_ = register_module(
+      "head", torch::nn::Linear(torch::nn::LinearOptions(options.dim, options.vocab).bias(false)));
 }
 
 at::Tensor GptImpl::forward(const at::Tensor& bytes) {

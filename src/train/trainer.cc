@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "ATen/ATen.h"
+#include "core/status_format.h"
 #include "fmt/format.h"
 #include "mend/data_parallel.h"
 #include "mend/group_store.h"
@@ -14,7 +15,6 @@
 #include "spdlog/spdlog.h"
 #include "torch/nn/utils/clip_grad.h"
 #include "torch/optim/adamw.h"
-#include "core/status_format.h"
 
 namespace mend::train {
 namespace {
@@ -23,8 +23,8 @@ using Seconds = std::chrono::duration<double>;
 using SteadyClock = std::chrono::steady_clock;
 
 // Inputs and targets for windows starting at `starts`.
-std::pair<at::Tensor, at::Tensor> MakeBatch(const std::string& text, const std::vector<size_t>& starts,
-                                            int64_t context) {
+std::pair<at::Tensor, at::Tensor> MakeBatch(const std::string& text,
+                                            const std::vector<size_t>& starts, int64_t context) {
   at::Tensor window = at::empty({static_cast<int64_t>(starts.size()), context + 1}, at::kLong);
   int64_t* out = window.data_ptr<int64_t>();
   for (size_t b = 0; b < starts.size(); ++b) {
@@ -42,7 +42,8 @@ double Evaluate(Gpt& model, const std::string& text, const std::vector<size_t>& 
   double sum = 0;
   for (size_t first = 0; first < starts.size(); first += static_cast<size_t>(batch)) {
     const size_t last = std::min(starts.size(), first + static_cast<size_t>(batch));
-    std::vector<size_t> chunk(starts.begin() + static_cast<long>(first), starts.begin() + static_cast<long>(last));
+    std::vector<size_t> chunk(starts.begin() + static_cast<long>(first),
+                              starts.begin() + static_cast<long>(last));
     auto [x, y] = MakeBatch(text, chunk, context);
     sum += model->Loss(x, y).item<double>() * static_cast<double>(chunk.size());
   }
@@ -52,17 +53,20 @@ double Evaluate(Gpt& model, const std::string& text, const std::vector<size_t>& 
 
 double LearningRate(const TrainOptions& options, int64_t step) {
   if (step <= options.warmup_steps) {
-    return options.lr * static_cast<double>(step) / static_cast<double>(std::max<int64_t>(1, options.warmup_steps));
+    return options.lr * static_cast<double>(step) /
+           static_cast<double>(std::max<int64_t>(1, options.warmup_steps));
   }
-  const double progress = static_cast<double>(step - options.warmup_steps) /
-                          static_cast<double>(std::max<int64_t>(1, options.steps - options.warmup_steps));
+  const double progress =
+      static_cast<double>(step - options.warmup_steps) /
+      static_cast<double>(std::max<int64_t>(1, options.steps - options.warmup_steps));
   const double cosine = 0.5 * (1 + std::cos(M_PI * std::min(1.0, progress)));
   return options.lr * (options.min_lr_fraction + (1 - options.min_lr_fraction) * cosine);
 }
 
 double Median(std::vector<double> values) {
   if (values.empty()) return 0;
-  std::nth_element(values.begin(), values.begin() + static_cast<long>(values.size() / 2), values.end());
+  std::nth_element(values.begin(), values.begin() + static_cast<long>(values.size() / 2),
+                   values.end());
   return values[values.size() / 2];
 }
 
@@ -71,7 +75,8 @@ double Median(std::vector<double> values) {
 Status CheckTrainOptions(const TrainOptions& options) {
   MEND_RETURN_IF_ERROR(CheckGptOptions(options.model));
   if (options.mode != "diloco" && options.mode != "ddp" && options.mode != "local") {
-    return InvalidArgumentError(fmt::format("train: mode '{}': must be diloco, ddp or local", options.mode));
+    return InvalidArgumentError(
+        fmt::format("train: mode '{}': must be diloco, ddp or local", options.mode));
   }
   auto positive = [](const char* name, int64_t value) -> Status {
     if (value >= 1) return OkStatus();
@@ -122,15 +127,17 @@ nlohmann::json TrainResult::ToJson() const {
           {"eval_curve", curve}};
 }
 
-StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config, const std::string& token,
+StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config,
+                            const std::string& token,
                             const std::function<void(const TrainProgress&)>& progress,
                             TrainSignals* signals) {
   MEND_RETURN_IF_ERROR(CheckTrainOptions(options));
   MEND_ASSIGN_OR_RETURN(Corpus corpus, Corpus::Load(options.corpus));
   const int64_t context = options.model.context;
   if (corpus.train().size() <= static_cast<size_t>(context) + 1) {
-    return InvalidArgumentError(fmt::format("train: shard text ({} bytes) is shorter than the context {}",
-                                            corpus.train().size(), context));
+    return InvalidArgumentError(
+        fmt::format("train: shard text ({} bytes) is shorter than the context {}",
+                    corpus.train().size(), context));
   }
   // A learner joining late draws other batches than its first run did.
   const uint64_t data_seed =
@@ -138,9 +145,11 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config, c
        (options.data_seed != 0 ? 0x2545f4914f6cdd1dULL * options.data_seed : 1)) ^
       (0xbf58476d1ce4e5b9ULL * static_cast<uint64_t>(options.start_step)) ^
       // The ranks of a multi-rank learner draw apart (one rank: as before).
-      (config.group_size > 1 ? 0x94d049bb133111ebULL * static_cast<uint64_t>(config.group_rank + 1) : 0);
+      (config.group_size > 1 ? 0x94d049bb133111ebULL * static_cast<uint64_t>(config.group_rank + 1)
+                             : 0);
   WindowSampler sampler(corpus.train(), context, data_seed);
-  const std::vector<size_t> eval_starts = EvalWindowStarts(corpus.eval(), context, options.eval_windows);
+  const std::vector<size_t> eval_starts =
+      EvalWindowStarts(corpus.eval(), context, options.eval_windows);
 
   Gpt model(options.model);
   InitGpt(model, options.init_seed);
@@ -157,18 +166,21 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config, c
   std::unique_ptr<DataParallel> group_data_parallel;
   const bool grouped = config.group_size > 1;
   if (grouped && options.mode == "ddp") {
-    return InvalidArgumentError(fmt::format(
-        "train: mode ddp with group_size = {}: the DDP baseline runs every rank as a learner of its own "
-        "(group_size = 1)",
-        config.group_size));
+    return InvalidArgumentError(
+        fmt::format("train: mode ddp with group_size = {}: the DDP baseline runs every rank as a "
+                    "learner of its own "
+                    "(group_size = 1)",
+                    config.group_size));
   }
   if (options.mode != "local" || grouped) {
     LearnerIdentity identity{options.id, config.job_id, config.rack, ""};
     MEND_ASSIGN_OR_RETURN(GroupStoreOpener group_store, GroupStoreFromConfig(config, token));
-    MEND_ASSIGN_OR_RETURN(agent, LearnerAgent::Start(config, token, identity, std::move(group_store)));
+    MEND_ASSIGN_OR_RETURN(agent,
+                          LearnerAgent::Start(config, token, identity, std::move(group_store)));
     // Before the reducer: every rank starts from group rank 0's parameters.
     if (grouped) {
-      MEND_ASSIGN_OR_RETURN(group_data_parallel, DataParallel::CreateInGroup(config, *model, *agent));
+      MEND_ASSIGN_OR_RETURN(group_data_parallel,
+                            DataParallel::CreateInGroup(config, *model, *agent));
     }
     if (options.mode == "local") {
       // No cross-rack exchange.
@@ -216,7 +228,8 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config, c
   // A group's ranks stop together: a rank asked to stop tells the others
   // with its next gradient average, and all end after that step.
   auto stop_asked = [&]() { return signals && signals->stop.load(); };
-  while (step < options.steps && (group_data_parallel ? !group_data_parallel->StopAgreed() : !stop_asked())) {
+  while (step < options.steps &&
+         (group_data_parallel ? !group_data_parallel->StopAgreed() : !stop_asked())) {
     if (group_data_parallel && stop_asked()) group_data_parallel->RequestStop();
     ++step;
     ++steps_run;
@@ -252,11 +265,13 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config, c
     if (reducer) {
       const ReducerStats before = reducer->stats();
       failure = reducer->step(tokens_per_step);
-      const double us = std::chrono::duration<double, std::micro>(SteadyClock::now() - inner_done).count();
+      const double us =
+          std::chrono::duration<double, std::micro>(SteadyClock::now() - inner_done).count();
       if (!failure.ok()) break;
       const ReducerStats after = reducer->stats();
       step = static_cast<int64_t>(after.steps);  // moves when a heal put it on the job's step
-      const bool quiet = after.rounds_started == before.rounds_started && after.rounds == before.rounds &&
+      const bool quiet = after.rounds_started == before.rounds_started &&
+                         after.rounds == before.rounds &&
                          after.failed_rounds == before.failed_rounds;
       if (quiet) {
         quiet_us.push_back(us);
@@ -268,19 +283,20 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config, c
     if (group_data_parallel && signals && signals->checkpoint.exchange(false)) {
       group_data_parallel->RequestCheckpoint();
     }
-    const bool checkpoint_now = group_data_parallel ? group_data_parallel->CheckpointAgreed()
-                                                    : signals && signals->checkpoint.exchange(false);
+    const bool checkpoint_now = group_data_parallel
+                                    ? group_data_parallel->CheckpointAgreed()
+                                    : signals && signals->checkpoint.exchange(false);
     if (reducer && checkpoint_now) {
       if (config.checkpoint_dir.empty()) {
         spdlog::warn("checkpoint asked for, but checkpoint_dir is not set");
       } else {
-        const std::string path =
-            fmt::format("{}/ckpt-{:012d}.mend", config.checkpoint_dir, reducer->stats().last_round_id);
+        const std::string path = fmt::format("{}/ckpt-{:012d}.mend", config.checkpoint_dir,
+                                             reducer->stats().last_round_id);
         std::error_code error;
         std::filesystem::create_directories(config.checkpoint_dir, error);
         if (Status saved = reducer->SaveCheckpoint(path); saved.ok()) {
-          spdlog::info("checkpoint {} {} (on demand)", config.group_rank == 0 ? "written to" : "written by group rank 0 to",
-                       path);
+          spdlog::info("checkpoint {} {} (on demand)",
+                       config.group_rank == 0 ? "written to" : "written by group rank 0 to", path);
         } else {
           spdlog::error("checkpoint on demand failed: {}", saved);
         }
@@ -292,7 +308,8 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config, c
     }
     if (progress && (step % options.progress_every == 0 || eval_loss)) {
       progress({step, options.steps, smoothed,
-                static_cast<double>(tokens_per_step) * static_cast<double>(steps_run) / std::max(1e-9, elapsed()),
+                static_cast<double>(tokens_per_step) * static_cast<double>(steps_run) /
+                    std::max(1e-9, elapsed()),
                 bytes_sent(), reducer ? reducer->stats().rounds : 0, eval_loss});
     }
   }
@@ -330,7 +347,8 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config, c
   result.bytes_sent = bytes_sent();
   result.reducer_quiet_steps = quiet_us.size();
   result.reducer_step_us_median = Median(quiet_us);
-  result.reducer_step_us_mean = quiet_us.empty() ? 0 : quiet_sum / static_cast<double>(quiet_us.size());
+  result.reducer_step_us_mean =
+      quiet_us.empty() ? 0 : quiet_sum / static_cast<double>(quiet_us.size());
   result.eval_loss = evaluate(step);
   if (progress) {
     progress({step, options.steps, smoothed, result.tokens_per_s, result.bytes_sent, result.rounds,

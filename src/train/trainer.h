@@ -33,19 +33,20 @@ struct TrainOptions {
   CorpusOptions corpus;
   GptOptions model;
   int64_t batch = 16;
-  int64_t steps = 300;          // the job's last step
+  int64_t steps = 300;  // the job's last step
   // Steps already done when this learner (re)joins a job in progress; the
   // schedule continues from there, and after a heal from the job's step.
   int64_t start_step = 0;
-  double lr = 1e-3;             // peak inner learning rate
-  double min_lr_fraction = 0.1; // the cosine decays to lr * this at the last step
+  double lr = 1e-3;              // peak inner learning rate
+  double min_lr_fraction = 0.1;  // the cosine decays to lr * this at the last step
   int64_t warmup_steps = 20;
   double weight_decay = 0.1;
   double clip = 1.0;
-  int64_t eval_windows = 512;   // held-out windows of `context` bytes
-  int64_t eval_every = 0;       // steps between evaluations; 0: at the end only
-  uint64_t init_seed = 1;       // the same on every learner
-  uint64_t data_seed = 0;       // mixed with the shard (and start step): each learner draws its own batches
+  int64_t eval_windows = 512;  // held-out windows of `context` bytes
+  int64_t eval_every = 0;      // steps between evaluations; 0: at the end only
+  uint64_t init_seed = 1;      // the same on every learner
+  uint64_t data_seed =
+      0;  // mixed with the shard (and start step): each learner draws its own batches
   int64_t progress_every = 10;
 };
 
@@ -65,23 +66,23 @@ struct TrainResult {
   std::string id;
   std::string mode;
   int64_t parameters = 0;
-  int64_t steps = 0;         // the step it ended at
-  int64_t steps_run = 0;     // inner steps this process ran (fewer after a late start or a heal)
+  int64_t steps = 0;      // the step it ended at
+  int64_t steps_run = 0;  // inner steps this process ran (fewer after a late start or a heal)
   uint64_t tokens = 0;
-  double seconds = 0;        // training, to the end of the last step (evaluations excluded)
+  double seconds = 0;  // training, to the end of the last step (evaluations excluded)
   // Leaving the job after the last step: the round in flight and the final
   // merge (final_merge), which tokens_per_s leaves out.
   double final_merge_seconds = 0;
   uint64_t final_rounds = 0;  // rounds of the final merge
   double tokens_per_s = 0;
-  double train_loss = 0;     // smoothed, at the end
-  double eval_loss = 0;      // the final model on the held-out windows
-  uint64_t bytes_sent = 0;   // data plane, this learner
+  double train_loss = 0;    // smoothed, at the end
+  double eval_loss = 0;     // the final model on the held-out windows
+  uint64_t bytes_sent = 0;  // data plane, this learner
   uint64_t rounds = 0;
   uint64_t failed_rounds = 0;
   uint64_t passed_over = 0;  // rounds for its boundary that closed without it
   uint64_t heals = 0;
-  double inner_step_ms = 0;  // mean forward + backward + optimizer step
+  double inner_step_ms = 0;     // mean forward + backward + optimizer step
   double compute_fraction = 0;  // inner steps' share of the training time
   // reducer.step() on steps that neither started nor applied a round.
   double reducer_step_us_median = 0;

@@ -10,21 +10,21 @@
 
 #include "mend/mend.h"
 
-#define CHECK(call)                                                                                    \
-  do {                                                                                                 \
-    mend_status status_ = (call);                                                                      \
-    if (status_ != MEND_OK) {                                                                          \
-      fprintf(stderr, "%s:%d: %s: %s: %s\n", __FILE__, __LINE__, #call, mend_status_name(status_),     \
-              mend_last_error());                                                                      \
-      exit(1);                                                                                         \
-    }                                                                                                  \
+#define CHECK(call)                                                                                \
+  do {                                                                                             \
+    mend_status status_ = (call);                                                                  \
+    if (status_ != MEND_OK) {                                                                      \
+      fprintf(stderr, "%s:%d: %s: %s: %s\n", __FILE__, __LINE__, #call, mend_status_name(status_), \
+              mend_last_error());                                                                  \
+      exit(1);                                                                                     \
+    }                                                                                              \
   } while (0)
-#define EXPECT(condition)                                                                              \
-  do {                                                                                                 \
-    if (!(condition)) {                                                                                \
-      fprintf(stderr, "%s:%d: expected %s\n", __FILE__, __LINE__, #condition);                        \
-      exit(1);                                                                                         \
-    }                                                                                                  \
+#define EXPECT(condition)                                                      \
+  do {                                                                         \
+    if (!(condition)) {                                                        \
+      fprintf(stderr, "%s:%d: expected %s\n", __FILE__, __LINE__, #condition); \
+      exit(1);                                                                 \
+    }                                                                          \
   } while (0)
 
 enum { kLearners = 2, kSteps = 12, kPeriod = 4, kW = 16, kB = 4, kC = 7 };
@@ -44,7 +44,8 @@ static void Train(Learner* l, int seed) {
   float* parts[3] = {l->w, l->b, l->c};
   const int sizes[3] = {kW, kB, kC};
   for (int p = 0; p < 3; ++p) {
-    for (int i = 0; i < sizes[p]; ++i) parts[p][i] -= 0.1f * (parts[p][i] - (float)(seed * (i + 1 + p)));
+    for (int i = 0; i < sizes[p]; ++i)
+      parts[p][i] -= 0.1f * (parts[p][i] - (float)(seed * (i + 1 + p)));
   }
 }
 
@@ -114,7 +115,8 @@ int main(void) {
     for (int k = 0; k < kLearners; ++k) {
       while (status[k] == MEND_PENDING) status[k] = mend_learner_wait(learners[k].learner, 20);
       CHECK(status[k]);
-      EXPECT(((mend_learner_last_flags(learners[k].learner) & MEND_STEP_WROTE) != 0) == (step % kPeriod == 0));
+      EXPECT(((mend_learner_last_flags(learners[k].learner) & MEND_STEP_WROTE) != 0) ==
+             (step % kPeriod == 0));
     }
     if (step % kPeriod == 0) { /* synchronous rounds: every learner holds the global state */
       EXPECT(memcmp(learners[0].w, learners[1].w, sizeof learners[0].w) == 0);

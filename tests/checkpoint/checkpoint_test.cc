@@ -76,8 +76,8 @@ TEST_F(CheckpointTest, TruncatedFilesAreRefusedAtEveryLength) {
   const std::string path = dir_ + "/a.mend";
   ASSERT_TRUE(WriteCheckpoint(path, Sample(1)).ok());
   const std::string whole = Bytes(path);
-  for (size_t length : {size_t{0}, size_t{5}, size_t{19}, size_t{40}, whole.size() / 2, whole.size() - 41,
-                        whole.size() - 1}) {
+  for (size_t length : {size_t{0}, size_t{5}, size_t{19}, size_t{40}, whole.size() / 2,
+                        whole.size() - 41, whole.size() - 1}) {
     Put(dir_ + "/cut.mend", whole.substr(0, length));
     auto read = ReadCheckpoint(dir_ + "/cut.mend");
     EXPECT_EQ(read.status().code(), absl::StatusCode::kDataLoss) << length;
@@ -101,19 +101,22 @@ TEST_F(CheckpointTest, DamageIsNamed) {
   EXPECT_THAT(read.status().message(), HasSubstr("momentum/w': checksum mismatch"));
   // Not a checkpoint at all.
   Put(dir_ + "/text.mend", std::string(200, 'x'));
-  EXPECT_THAT(ReadCheckpoint(dir_ + "/text.mend").status().message(), HasSubstr("not a mend checkpoint"));
+  EXPECT_THAT(ReadCheckpoint(dir_ + "/text.mend").status().message(),
+              HasSubstr("not a mend checkpoint"));
   // A format from the future.
   damaged = whole;
   damaged[8] = 9;
   Put(dir_ + "/future.mend", damaged);
-  EXPECT_THAT(ReadCheckpoint(dir_ + "/future.mend").status().message(), HasSubstr("format version 9"));
+  EXPECT_THAT(ReadCheckpoint(dir_ + "/future.mend").status().message(),
+              HasSubstr("format version 9"));
   // A changed header byte (the round id) is caught by the file checksum.
   damaged = whole;
   const size_t round = whole.find("\"round_id\":1");
   ASSERT_NE(round, std::string::npos);
   damaged[round + 11] = '2';
   Put(dir_ + "/header.mend", damaged);
-  EXPECT_THAT(ReadCheckpoint(dir_ + "/header.mend").status().message(), HasSubstr("file checksum mismatch"));
+  EXPECT_THAT(ReadCheckpoint(dir_ + "/header.mend").status().message(),
+              HasSubstr("file checksum mismatch"));
   // A missing file.
   EXPECT_EQ(ReadCheckpoint(dir_ + "/none.mend").status().code(), absl::StatusCode::kNotFound);
 }

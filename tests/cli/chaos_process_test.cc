@@ -20,8 +20,8 @@
 #include <fstream>
 #include <map>
 
-#include "gtest/gtest.h"
 #include "core/subprocess.h"
+#include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "test_util/synthetic_corpus.h"
 #include "test_util/wait.h"
@@ -35,12 +35,46 @@ TEST(ChaosProcessTest, TrainingSurvivesEveryKindOfFaultAndEveryRoundChecksOut) {
   const std::string dir = testing_util::MakeTempDir();
   ASSERT_FALSE(dir.empty());
   testing_util::WriteSyntheticFortunes(dir + "/corpus");
-  const std::vector<std::string> argv = {
-      MEND_BINARY, "chaos", "--learners", "3", "--steps", "1600", "--sync-every", "20", "--dim", "32",
-      "--layers", "2", "--batch", "16", "--corpus", dir + "/corpus", "--seed", "11", "--mean-gap-s", "1.5",
-      "--min-gap-s", "1", "--restart-delay-s", "0.5", "--stop-min-s", "2.5", "--stop-max-s", "3",
-      "--slow-s", "3", "--lighthouse-down-s", "1", "--heartbeat-timeout-ms", "1500", "--stall-slack-s", "10",
-      "--work-dir", dir + "/chaos", "--timeout-s", "200"};
+  const std::vector<std::string> argv = {MEND_BINARY,
+                                         "chaos",
+                                         "--learners",
+                                         "3",
+                                         "--steps",
+                                         "1600",
+                                         "--sync-every",
+                                         "20",
+                                         "--dim",
+                                         "32",
+                                         "--layers",
+                                         "2",
+                                         "--batch",
+                                         "16",
+                                         "--corpus",
+                                         dir + "/corpus",
+                                         "--seed",
+                                         "11",
+                                         "--mean-gap-s",
+                                         "1.5",
+                                         "--min-gap-s",
+                                         "1",
+                                         "--restart-delay-s",
+                                         "0.5",
+                                         "--stop-min-s",
+                                         "2.5",
+                                         "--stop-max-s",
+                                         "3",
+                                         "--slow-s",
+                                         "3",
+                                         "--lighthouse-down-s",
+                                         "1",
+                                         "--heartbeat-timeout-ms",
+                                         "1500",
+                                         "--stall-slack-s",
+                                         "10",
+                                         "--work-dir",
+                                         dir + "/chaos",
+                                         "--timeout-s",
+                                         "200"};
   auto chaos = Subprocess::Spawn({argv, {}, dir + "/chaos.out", dir + "/chaos.err", false});
   ASSERT_TRUE(chaos.ok()) << chaos.status();
   // Within CTest's 300 s: the harness gives up at 200 s naming the learners
@@ -59,15 +93,16 @@ TEST(ChaosProcessTest, TrainingSurvivesEveryKindOfFaultAndEveryRoundChecksOut) {
   for (const json& fault : report["faults"]) {
     kinds[fault["kind"].get<std::string>()]++;
     if (fault["kind"] == "kill") {
-      EXPECT_GE(fault["restart_to_healed_s"].get<double>(), 0) << "a killed learner never completed a round again: "
-                                                                << fault.dump();
+      EXPECT_GE(fault["restart_to_healed_s"].get<double>(), 0)
+          << "a killed learner never completed a round again: " << fault.dump();
     }
   }
   for (const char* kind : {"kill", "stop", "slow", "lighthouse"}) {
     EXPECT_GE(kinds[kind], 1) << "no '" << kind << "' fault was injected\n" << out;
   }
   EXPECT_GE(report["rounds_checked"].get<uint64_t>(), 10u) << out;
-  EXPECT_EQ(report["digest_mismatches"].get<uint64_t>(), 0u) << report["digest_mismatch_rounds"].dump();
+  EXPECT_EQ(report["digest_mismatches"].get<uint64_t>(), 0u)
+      << report["digest_mismatch_rounds"].dump();
   EXPECT_EQ(report["stall_count"].get<uint64_t>(), 0u) << report["stalls"].dump();
   EXPECT_TRUE(report["losses_finite"].get<bool>());
   EXPECT_TRUE(report["passed"].get<bool>()) << report["violations"].dump();

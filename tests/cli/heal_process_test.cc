@@ -32,17 +32,49 @@ class HealProcessTest : public testing_util::ProcessFixture {
   std::unique_ptr<Subprocess> Train(const std::string& id, int shard, int64_t steps,
                                     std::array<int, 3> group = {1, 0, 0},
                                     const std::vector<std::string>& extra = {}) {
-    std::vector<std::string> argv = {
-        MEND_BINARY, "train", "--mode", "diloco", "--id", id, "--shard", std::to_string(shard), "--shards", "2",
-        "--steps", std::to_string(steps), "--dim", "16", "--layers", "1", "--batch", "4", "--corpus",
-        dir_ + "/corpus", "--lighthouse", grpc_address_, "--token-file", token_file_, "--sync-every", "5",
-        "--diagnostics-dir", dir_ + "/diagnostics", "--progress-json", "--progress-every", "1", "--set",
-        "overlap_steps=2", "--set", "heartbeat_timeout_ms=1000", "--set", "collective_timeout_ms=5000"};
+    std::vector<std::string> argv = {MEND_BINARY,
+                                     "train",
+                                     "--mode",
+                                     "diloco",
+                                     "--id",
+                                     id,
+                                     "--shard",
+                                     std::to_string(shard),
+                                     "--shards",
+                                     "2",
+                                     "--steps",
+                                     std::to_string(steps),
+                                     "--dim",
+                                     "16",
+                                     "--layers",
+                                     "1",
+                                     "--batch",
+                                     "4",
+                                     "--corpus",
+                                     dir_ + "/corpus",
+                                     "--lighthouse",
+                                     grpc_address_,
+                                     "--token-file",
+                                     token_file_,
+                                     "--sync-every",
+                                     "5",
+                                     "--diagnostics-dir",
+                                     dir_ + "/diagnostics",
+                                     "--progress-json",
+                                     "--progress-every",
+                                     "1",
+                                     "--set",
+                                     "overlap_steps=2",
+                                     "--set",
+                                     "heartbeat_timeout_ms=1000",
+                                     "--set",
+                                     "collective_timeout_ms=5000"};
     argv.insert(argv.end(), extra.begin(), extra.end());
     std::vector<std::string> env;
     std::string name = id;
     if (group[0] > 1) {
-      argv.insert(argv.end(), {"--group-size", std::to_string(group[0]), "--group-rank", std::to_string(group[1])});
+      argv.insert(argv.end(), {"--group-size", std::to_string(group[0]), "--group-rank",
+                               std::to_string(group[1])});
       argv.insert(argv.end(), {"--set", fmt::format("group_generation={}", group[2])});
       name = fmt::format("{}.{}.{}", id, group[1], group[2]);
     }
@@ -90,14 +122,18 @@ class HealProcessTest : public testing_util::ProcessFixture {
   // two ranks each (a.0, a.1, b.0, b.1); `a_extra`: more flags for a's ranks.
   // a's ranks meet in the lighthouse's store, b's in a store of their own
   // (b_store_, which b's rank 0 serves, again after a restart).
-  std::array<std::unique_ptr<Subprocess>, 4> StartTwoGroupsOfTwo(const std::vector<std::string>& a_extra = {}) {
+  std::array<std::unique_ptr<Subprocess>, 4> StartTwoGroupsOfTwo(
+      const std::vector<std::string>& a_extra = {}) {
     testing_util::WriteSyntheticFortunes(dir_ + "/corpus");
-    StartLighthouse({"--min-learners", "1", "--grace-window-ms", "1000", "--heartbeat-timeout-ms", "1000"});
+    StartLighthouse(
+        {"--min-learners", "1", "--grace-window-ms", "1000", "--heartbeat-timeout-ms", "1000"});
     auto port = FreeLoopbackPorts(1);
     EXPECT_TRUE(port.ok()) << port.status();
     b_store_ = {"--set", fmt::format("group_store=127.0.0.1:{}", port.ok() ? port->front() : 0)};
-    return {Train("a", 0, 1'000'000, {2, 0, 0}, a_extra), Train("a", 0, 1'000'000, {2, 1, 0}, a_extra),
-            Train("b", 1, 1'000'000, {2, 0, 0}, b_store_), Train("b", 1, 1'000'000, {2, 1, 0}, b_store_)};
+    return {Train("a", 0, 1'000'000, {2, 0, 0}, a_extra),
+            Train("a", 0, 1'000'000, {2, 1, 0}, a_extra),
+            Train("b", 1, 1'000'000, {2, 0, 0}, b_store_),
+            Train("b", 1, 1'000'000, {2, 1, 0}, b_store_)};
   }
 
   std::vector<std::string> b_store_;
@@ -119,7 +155,8 @@ class HealProcessTest : public testing_util::ProcessFixture {
 
 TEST_F(HealProcessTest, RestartedLearnerHealsAndMatchesBitForBit) {
   testing_util::WriteSyntheticFortunes(dir_ + "/corpus");
-  StartLighthouse({"--min-learners", "1", "--grace-window-ms", "1000", "--heartbeat-timeout-ms", "1000"});
+  StartLighthouse(
+      {"--min-learners", "1", "--grace-window-ms", "1000", "--heartbeat-timeout-ms", "1000"});
   auto a = Train("a", 0, 1'000'000);  // trains until told to stop
   auto b = Train("b", 1, 1'000'000);
   // Both hold the job's state before b dies: on a loaded machine b can run
@@ -144,7 +181,8 @@ TEST_F(HealProcessTest, RestartedLearnerHealsAndMatchesBitForBit) {
 
   std::map<uint64_t, std::string> a_digest;
   for (const json& round : Rounds("a")) {
-    if (round["ok"].get<bool>()) a_digest[round["round_id"].get<uint64_t>()] = round["global_sha256"];
+    if (round["ok"].get<bool>())
+      a_digest[round["round_id"].get<uint64_t>()] = round["global_sha256"];
   }
   std::vector<json> b_rounds = Rounds("b");
   ASSERT_GT(b_rounds.size(), b_rounds_before);
@@ -202,8 +240,11 @@ TEST_F(HealProcessTest, AGroupThatLostARankRestartsHealsSliceBySliceAndMatches) 
   for (auto* learner : {&b0_2, &b1_2, &a0, &a1}) {
     auto exited = (*learner)->Wait(kWait);
     ASSERT_TRUE(exited.ok());
-    EXPECT_TRUE(WIFEXITED(*exited) && WEXITSTATUS(*exited) == 0)
-        << (learner == &b0_2 ? "b.0" : learner == &b1_2 ? "b.1" : learner == &a0 ? "a.0" : "a.1") << " " << *exited;
+    EXPECT_TRUE(WIFEXITED(*exited) && WEXITSTATUS(*exited) == 0) << (learner == &b0_2   ? "b.0"
+                                                                     : learner == &b1_2 ? "b.1"
+                                                                     : learner == &a0   ? "a.0"
+                                                                                        : "a.1")
+                                                                 << " " << *exited;
   }
   // By round id: a's ranks' slices and parameters.
   std::map<uint64_t, json> a_rounds_by_id[2];
@@ -227,7 +268,8 @@ TEST_F(HealProcessTest, AGroupThatLostARankRestartsHealsSliceBySliceAndMatches) 
       auto it = a_rounds_by_id[r].find(round["round_id"].get<uint64_t>());
       if (!healed || it == a_rounds_by_id[r].end()) continue;
       // Slice r of the global state: the same in a's rank r and b's rank r.
-      EXPECT_EQ(round["global_sha256"], it->second["global_sha256"]) << "rank " << r << " round " << round["round_id"];
+      EXPECT_EQ(round["global_sha256"], it->second["global_sha256"])
+          << "rank " << r << " round " << round["round_id"];
       ++shared;
     }
     EXPECT_TRUE(healed) << "rank " << r;
@@ -237,7 +279,8 @@ TEST_F(HealProcessTest, AGroupThatLostARankRestartsHealsSliceBySliceAndMatches) 
   for (const char* id : {"a", "b"}) {
     std::map<uint64_t, std::string> rank0;
     for (const json& round : Rounds(fmt::format("{}.rank0", id))) {
-      if (round["ok"].get<bool>()) rank0[round["round_id"].get<uint64_t>()] = round["parameters_sha256"];
+      if (round["ok"].get<bool>())
+        rank0[round["round_id"].get<uint64_t>()] = round["parameters_sha256"];
     }
     for (const json& round : Rounds(fmt::format("{}.rank1", id))) {
       if (!round["ok"].get<bool>()) continue;
@@ -266,20 +309,27 @@ TEST_F(HealProcessTest, AStoppedRankLeavesItsGroupOutNotTheJobStalled) {
   EXPECT_TRUE(WIFEXITED(*b0_exit) && WEXITSTATUS(*b0_exit) != 0);
   ASSERT_TRUE(GoesOnAlone(*a0));
   // The lighthouse no longer counts b (it left when its rank 0 gave up).
-  AwaitStatus(10 * kMicrosPerSecond, [](const json& status) {
-    const json* b = FindLearner(status, "b");
-    return b == nullptr || (*b)["state"] != "alive";
-  }, "learner b is no longer alive");
+  AwaitStatus(
+      10 * kMicrosPerSecond,
+      [](const json& status) {
+        const json* b = FindLearner(status, "b");
+        return b == nullptr || (*b)["state"] != "alive";
+      },
+      "learner b is no longer alive");
   b1->Kill();
   ASSERT_TRUE(a1->Signal(SIGUSR1).ok());
   std::string written;
-  ASSERT_TRUE(testing_util::WaitFor(kWait, [&]() {
-    std::error_code error;
-    for (const auto& entry : std::filesystem::directory_iterator(checkpoints, error)) {
-      if (entry.path().extension() == ".mend") written = entry.path().string();
-    }
-    return !written.empty();
-  })) << "no checkpoint in " << checkpoints;
+  ASSERT_TRUE(testing_util::WaitFor(kWait,
+                                    [&]() {
+                                      std::error_code error;
+                                      for (const auto& entry : std::filesystem::directory_iterator(
+                                               checkpoints, error)) {
+                                        if (entry.path().extension() == ".mend")
+                                          written = entry.path().string();
+                                      }
+                                      return !written.empty();
+                                    }))
+      << "no checkpoint in " << checkpoints;
   auto verified = ReadCheckpoint(written);
   ASSERT_TRUE(verified.ok()) << verified.status();
   EXPECT_NE(verified->Find("global/head.weight"), nullptr) << "the whole model, by parameter name";

@@ -18,13 +18,16 @@ using json = nlohmann::json;
 constexpr Micros kWait = 30 * kMicrosPerSecond;
 
 // Learners step every 20 ms and join a round every 5 steps.
-const std::vector<std::string> kFastLearner = {"--step-ms", "20", "--sync-every", "5",
-                                               "--jitter", "0.02"};
+const std::vector<std::string> kFastLearner = {"--step-ms", "20",       "--sync-every",
+                                               "5",         "--jitter", "0.02"};
 
 std::vector<std::string> LighthouseFlags(const std::string& grace_ms,
                                          const std::string& heartbeat_timeout_ms) {
-  return {"--min-learners", "2", "--grace-window-ms", grace_ms, "--grace-window-adaptive",
-          "false", "--heartbeat-ms", "50", "--heartbeat-timeout-ms", heartbeat_timeout_ms,
+  return {"--min-learners",          "2",
+          "--grace-window-ms",       grace_ms,
+          "--grace-window-adaptive", "false",
+          "--heartbeat-ms",          "50",
+          "--heartbeat-timeout-ms",  heartbeat_timeout_ms,
           "--failslow-window-steps", "8"};
 }
 
@@ -35,10 +38,13 @@ class LighthouseProcessTest : public ProcessFixture {
   uint64_t StartThreeAndAwaitFullRound(const std::vector<std::string>& flags = kFastLearner) {
     for (const char* id : {"a", "b", "c"}) StartLearner(id, flags);
     uint64_t latest = 0;
-    bool full = AwaitStatus(kWait, [&](const json& s) {
-      latest = s["summary"]["latest_round_id"];
-      return FindRound(s, {"a", "b", "c"}) != nullptr;
-    }, "a round with a, b, c");
+    bool full = AwaitStatus(
+        kWait,
+        [&](const json& s) {
+          latest = s["summary"]["latest_round_id"];
+          return FindRound(s, {"a", "b", "c"}) != nullptr;
+        },
+        "a round with a, b, c");
     return full ? latest : 0;
   }
 };
@@ -46,11 +52,15 @@ class LighthouseProcessTest : public ProcessFixture {
 TEST_F(LighthouseProcessTest, ThreeLearnersFormRounds) {
   StartLighthouse(LighthouseFlags("2000", "2000"));
   for (const char* id : {"a", "b", "c"}) StartLearner(id, kFastLearner);
-  AwaitStatus(kWait, [](const json& s) {
-    int full = 0;
-    for (const auto& round : s["rounds"]) full += Members(round) == std::vector<std::string>{"a", "b", "c"};
-    return full >= 3;
-  }, "three rounds with members a, b, c");
+  AwaitStatus(
+      kWait,
+      [](const json& s) {
+        int full = 0;
+        for (const auto& round : s["rounds"])
+          full += Members(round) == std::vector<std::string>{"a", "b", "c"};
+        return full >= 3;
+      },
+      "three rounds with members a, b, c");
 }
 
 // `mend lighthouse` runs mend-lighthouse in the same process, which maps no
@@ -72,12 +82,15 @@ TEST_F(LighthouseProcessTest, KilledLearnerIsLeftOutOnceHeartbeatTimeoutPasses) 
   ASSERT_GT(last_full, 0u);
   ASSERT_TRUE(learners_["c"]->Signal(SIGKILL).ok());
   ASSERT_TRUE(learners_["c"]->Wait(kWait).ok());
-  AwaitStatus(kWait, [&](const json& s) {
-    const json* round = FindRound(s, {"a", "b"}, last_full);
-    const json* c = FindLearner(s, "c");
-    return round && (*round)["closed_by"] == "all_joined" && c && (*c)["state"] == "dead" &&
-           HasEvent(s, "dead", "c");
-  }, "a round of a, b closed once c was declared dead");
+  AwaitStatus(
+      kWait,
+      [&](const json& s) {
+        const json* round = FindRound(s, {"a", "b"}, last_full);
+        const json* c = FindLearner(s, "c");
+        return round && (*round)["closed_by"] == "all_joined" && c && (*c)["state"] == "dead" &&
+               HasEvent(s, "dead", "c");
+      },
+      "a round of a, b closed once c was declared dead");
 }
 
 TEST_F(LighthouseProcessTest, StoppedLearnerRoundsCloseAfterGraceWindow) {
@@ -87,32 +100,44 @@ TEST_F(LighthouseProcessTest, StoppedLearnerRoundsCloseAfterGraceWindow) {
   uint64_t last_full = StartThreeAndAwaitFullRound();
   ASSERT_GT(last_full, 0u);
   ASSERT_TRUE(learners_["c"]->Signal(SIGSTOP).ok());
-  ASSERT_TRUE(AwaitStatus(kWait, [&](const json& s) {
-    const json* round = FindRound(s, {"a", "b"}, last_full);
-    const json* c = FindLearner(s, "c");
-    return round && (*round)["closed_by"] == "grace" && c && (*c)["state"] != "dead";
-  }, "a round of a, b closed by the grace window"));
+  ASSERT_TRUE(AwaitStatus(
+      kWait,
+      [&](const json& s) {
+        const json* round = FindRound(s, {"a", "b"}, last_full);
+        const json* c = FindLearner(s, "c");
+        return round && (*round)["closed_by"] == "grace" && c && (*c)["state"] != "dead";
+      },
+      "a round of a, b closed by the grace window"));
   uint64_t stopped_round = Status()["summary"]["latest_round_id"];
   ASSERT_TRUE(learners_["c"]->Signal(SIGCONT).ok());
-  AwaitStatus(kWait, [&](const json& s) {
-    return FindRound(s, {"a", "b", "c"}, stopped_round) != nullptr;
-  }, "c back in a round after SIGCONT");
+  AwaitStatus(
+      kWait,
+      [&](const json& s) {
+        return FindRound(s, {"a", "b", "c"}, stopped_round) != nullptr;
+      },
+      "c back in a round after SIGCONT");
 }
 
 TEST_F(LighthouseProcessTest, ThreeTimesSlowerLearnerIsFlaggedThenCleared) {
   StartLighthouse(LighthouseFlags("2000", "5000"));
   ASSERT_GT(StartThreeAndAwaitFullRound(), 0u);
   ASSERT_TRUE(learners_["c"]->Signal(SIGUSR1).ok());  // 3x slower
-  ASSERT_TRUE(AwaitStatus(kWait, [](const json& s) {
-    const json* c = FindLearner(s, "c");
-    const json* a = FindLearner(s, "a");
-    return c && (*c)["slow"] == true && a && (*a)["slow"] == false && HasEvent(s, "slow", "c");
-  }, "c flagged slow (and a not)"));
+  ASSERT_TRUE(AwaitStatus(
+      kWait,
+      [](const json& s) {
+        const json* c = FindLearner(s, "c");
+        const json* a = FindLearner(s, "a");
+        return c && (*c)["slow"] == true && a && (*a)["slow"] == false && HasEvent(s, "slow", "c");
+      },
+      "c flagged slow (and a not)"));
   ASSERT_TRUE(learners_["c"]->Signal(SIGUSR2).ok());  // normal speed again
-  AwaitStatus(kWait, [](const json& s) {
-    const json* c = FindLearner(s, "c");
-    return c && (*c)["slow"] == false && HasEvent(s, "recovered", "c");
-  }, "c cleared after it sped up");
+  AwaitStatus(
+      kWait,
+      [](const json& s) {
+        const json* c = FindLearner(s, "c");
+        return c && (*c)["slow"] == false && HasEvent(s, "recovered", "c");
+      },
+      "c cleared after it sped up");
 }
 
 TEST_F(LighthouseProcessTest, WrongTokenIsRefusedWithAReason) {
@@ -147,8 +172,12 @@ TEST_F(LighthouseProcessTest, UdpLearnersFormRoundsAndSurviveALighthouseRestart)
   ASSERT_TRUE(lighthouse_->Signal(SIGKILL).ok());
   ASSERT_TRUE(lighthouse_->Wait(kWait).ok());
   StartLighthouse(LighthouseFlags("2000", "2000"), address);
-  AwaitStatus(kWait, [&](const json& s) { return FindRound(s, {"a", "b", "c"}, before); },
-              "a full round over UDP after the restart");
+  AwaitStatus(
+      kWait,
+      [&](const json& s) {
+        return FindRound(s, {"a", "b", "c"}, before);
+      },
+      "a full round over UDP after the restart");
 }
 
 TEST_F(LighthouseProcessTest, KilledLighthouseRestartsAndRoundsResume) {
@@ -156,20 +185,26 @@ TEST_F(LighthouseProcessTest, KilledLighthouseRestartsAndRoundsResume) {
   for (const char* id : {"a", "b", "c"}) StartLearner(id, kFastLearner);
   uint64_t before = 0;
   std::string instance;
-  ASSERT_TRUE(AwaitStatus(kWait, [&](const json& s) {
-    before = s["summary"]["latest_round_id"];
-    instance = s["lighthouse_instance"];
-    return before >= 3;
-  }, "three rounds before the restart"));
+  ASSERT_TRUE(AwaitStatus(
+      kWait,
+      [&](const json& s) {
+        before = s["summary"]["latest_round_id"];
+        instance = s["lighthouse_instance"];
+        return before >= 3;
+      },
+      "three rounds before the restart"));
   std::string address = grpc_address_;
   ASSERT_TRUE(lighthouse_->Signal(SIGKILL).ok());
   ASSERT_TRUE(lighthouse_->Wait(kWait).ok());
   StartLighthouse(LighthouseFlags("2000", "2000"), address);
-  AwaitStatus(kWait, [&](const json& s) {
-    return s["lighthouse_instance"] != instance && FindRound(s, {"a", "b", "c"}, before) &&
-           HasEvent(s, "registered", "a") && HasEvent(s, "registered", "b") &&
-           HasEvent(s, "registered", "c");
-  }, "learners registered again and a full round above the old round ids");
+  AwaitStatus(
+      kWait,
+      [&](const json& s) {
+        return s["lighthouse_instance"] != instance && FindRound(s, {"a", "b", "c"}, before) &&
+               HasEvent(s, "registered", "a") && HasEvent(s, "registered", "b") &&
+               HasEvent(s, "registered", "c");
+      },
+      "learners registered again and a full round above the old round ids");
   for (const auto& [id, learner] : learners_) EXPECT_TRUE(learner->running()) << id;
 }
 
@@ -180,10 +215,13 @@ TEST_F(LighthouseProcessTest, LearnerLeavesOnSigterm) {
   auto exited = learners_["c"]->Wait(kWait);
   ASSERT_TRUE(exited.ok());
   EXPECT_TRUE(WIFEXITED(*exited) && WEXITSTATUS(*exited) == 0);
-  AwaitStatus(kWait, [](const json& s) {
-    const json* c = FindLearner(s, "c");
-    return c && (*c)["state"] == "left" && FindRound(s, {"a", "b"});
-  }, "c left and rounds go on without waiting for it");
+  AwaitStatus(
+      kWait,
+      [](const json& s) {
+        const json* c = FindLearner(s, "c");
+        return c && (*c)["state"] == "left" && FindRound(s, {"a", "b"});
+      },
+      "c left and rounds go on without waiting for it");
 }
 
 // Runs `mend ARGS...` to completion; returns (exit code, stdout + stderr).

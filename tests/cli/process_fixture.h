@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "core/subprocess.h"
 #include "gtest/gtest.h"
 #include "mend/lighthouse_client.h"
-#include "core/subprocess.h"
 #include "nlohmann/json.hpp"
 #include "test_util/wait.h"
 
@@ -40,8 +40,8 @@ class ProcessFixture : public ::testing::Test {
 
   // Starts the lighthouse; `bind` defaults to port 0. Extra flags follow.
   void StartLighthouse(std::vector<std::string> flags, const std::string& bind = "127.0.0.1:0") {
-    std::vector<std::string> argv = {MEND_BINARY, "lighthouse", "--bind", bind, "--http",
-                                     "127.0.0.1:0", "--token-file", token_file_};
+    std::vector<std::string> argv = {MEND_BINARY, "lighthouse",  "--bind",       bind,
+                                     "--http",    "127.0.0.1:0", "--token-file", token_file_};
     argv.insert(argv.end(), flags.begin(), flags.end());
     auto child = Subprocess::Spawn({argv, {}, "pipe", dir_ + "/lighthouse.log", false});
     ASSERT_TRUE(child.ok()) << child.status();
@@ -60,12 +60,13 @@ class ProcessFixture : public ::testing::Test {
   // Starts `mend sim-learner --id ID` with the given extra flags.
   Subprocess& StartLearner(const std::string& id, std::vector<std::string> flags = {},
                            const std::string& token_file = "") {
-    std::vector<std::string> argv = {MEND_BINARY,    "sim-learner",   "--id",
-                                     id,             "--lighthouse",  grpc_address_,
+    std::vector<std::string> argv = {MEND_BINARY,    "sim-learner",
+                                     "--id",         id,
+                                     "--lighthouse", grpc_address_,
                                      "--token-file", token_file.empty() ? token_file_ : token_file};
     argv.insert(argv.end(), flags.begin(), flags.end());
-    auto child = Subprocess::Spawn(
-        {argv, {}, dir_ + "/" + id + ".out", dir_ + "/" + id + ".log", false});
+    auto child =
+        Subprocess::Spawn({argv, {}, dir_ + "/" + id + ".out", dir_ + "/" + id + ".log", false});
     EXPECT_TRUE(child.ok()) << child.status();
     learners_[id] = std::move(*child);
     return *learners_[id];

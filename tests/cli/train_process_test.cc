@@ -7,13 +7,13 @@
 #include <fstream>
 #include <map>
 
+#include "core/status_format.h"
+#include "core/subprocess.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "core/subprocess.h"
 #include "nlohmann/json.hpp"
 #include "test_util/synthetic_corpus.h"
 #include "test_util/wait.h"
-#include "core/status_format.h"
 
 namespace mend {
 namespace {
@@ -49,9 +49,9 @@ class TrainProcessTest : public ::testing::Test {
 };
 
 TEST_F(TrainProcessTest, DemoTrainsEveryModeAndPrintsTheTable) {
-  auto [code, text] = RunMend({"demo", "--steps", "10", "--dim", "16", "--layers", "1", "--batch", "4",
-                               "--sync-every", "5", "--delay-ms", "0", "--eval-points", "5", "--corpus", corpus_,
-                               "--work-dir", dir_ + "/demo"});
+  auto [code, text] = RunMend({"demo", "--steps", "10", "--dim", "16", "--layers", "1", "--batch",
+                               "4", "--sync-every", "5", "--delay-ms", "0", "--eval-points", "5",
+                               "--corpus", corpus_, "--work-dir", dir_ + "/demo"});
   ASSERT_EQ(code, 0) << text;
   for (const char* row : {"DDP (gradients every step)", "mend DiLoCo, H=5, synchronous",
                           "mend streaming, H=5, 4-bit, overlapped", "Local only (no exchange)",
@@ -99,9 +99,28 @@ std::vector<nlohmann::json> JsonLines(const std::string& path) {
 // replicas hold the same parameters (synchronous: each is the global state)
 // or, overlapped, each group's two do; and the loss goes down.
 TEST_F(TrainProcessTest, LearnersOfTwoRanksKeepTheirReplicasBitIdentical) {
-  auto [code, text] = RunMend({"demo", "--ranks-per-learner", "2", "--modes", "diloco,streaming,local", "--steps",
-                               "30", "--dim", "16", "--layers", "1", "--batch", "4", "--sync-every", "10",
-                               "--delay-ms", "0", "--eval-points", "3", "--corpus", corpus_, "--work-dir",
+  auto [code, text] = RunMend({"demo",
+                               "--ranks-per-learner",
+                               "2",
+                               "--modes",
+                               "diloco,streaming,local",
+                               "--steps",
+                               "30",
+                               "--dim",
+                               "16",
+                               "--layers",
+                               "1",
+                               "--batch",
+                               "4",
+                               "--sync-every",
+                               "10",
+                               "--delay-ms",
+                               "0",
+                               "--eval-points",
+                               "3",
+                               "--corpus",
+                               corpus_,
+                               "--work-dir",
                                dir_ + "/demo"});
   ASSERT_EQ(code, 0) << text;
   EXPECT_THAT(text, HasSubstr("2 learners of 2 ranks each"));
@@ -110,20 +129,26 @@ TEST_F(TrainProcessTest, LearnersOfTwoRanksKeepTheirReplicasBitIdentical) {
     const bool synchronous = std::string(job) == "1-diloco";
     // parameters_sha256 by round id, per process.
     std::map<uint64_t, std::map<std::string, std::string>> digests;
-    for (const char* process : {"learner-1.rank0", "learner-1.rank1", "learner-2.rank0", "learner-2.rank1"}) {
-      auto rounds = JsonLines(fmt::format("{}/demo/{}/diagnostics/{}.rounds.jsonl", dir_, job, process));
+    for (const char* process :
+         {"learner-1.rank0", "learner-1.rank1", "learner-2.rank0", "learner-2.rank1"}) {
+      auto rounds =
+          JsonLines(fmt::format("{}/demo/{}/diagnostics/{}.rounds.jsonl", dir_, job, process));
       EXPECT_GE(rounds.size(), 2u) << job << " " << process;
       for (const auto& round : rounds) {
         ASSERT_TRUE(round["ok"].get<bool>()) << job << " " << process << ": " << round.dump();
-        digests[round["round_id"].get<uint64_t>()][process] = round["parameters_sha256"].get<std::string>();
+        digests[round["round_id"].get<uint64_t>()][process] =
+            round["parameters_sha256"].get<std::string>();
       }
     }
     for (const auto& [round, by_process] : digests) {
       ASSERT_EQ(by_process.size(), 4u) << job << " round " << round;
-      EXPECT_EQ(by_process.at("learner-1.rank0"), by_process.at("learner-1.rank1")) << job << " round " << round;
-      EXPECT_EQ(by_process.at("learner-2.rank0"), by_process.at("learner-2.rank1")) << job << " round " << round;
+      EXPECT_EQ(by_process.at("learner-1.rank0"), by_process.at("learner-1.rank1"))
+          << job << " round " << round;
+      EXPECT_EQ(by_process.at("learner-2.rank0"), by_process.at("learner-2.rank1"))
+          << job << " round " << round;
       if (synchronous) {
-        EXPECT_EQ(by_process.at("learner-1.rank0"), by_process.at("learner-2.rank0")) << job << " round " << round;
+        EXPECT_EQ(by_process.at("learner-1.rank0"), by_process.at("learner-2.rank0"))
+            << job << " round " << round;
       }
     }
     // Every process's held-out loss fell from its first evaluation to its last.
@@ -133,15 +158,17 @@ TEST_F(TrainProcessTest, LearnersOfTwoRanksKeepTheirReplicasBitIdentical) {
       auto result = nlohmann::json::parse(in);
       const auto& curve = result["eval_curve"];
       ASSERT_GE(curve.size(), 2u);
-      EXPECT_LT(curve.back()[1].get<double>(), curve.front()[1].get<double>()) << job << " " << process;
+      EXPECT_LT(curve.back()[1].get<double>(), curve.front()[1].get<double>())
+          << job << " " << process;
       EXPECT_GT(result["bytes_sent"].get<uint64_t>(), 0u);
     }
   }
 }
 
 TEST_F(TrainProcessTest, LocalTrainWritesItsResult) {
-  auto [code, text] = RunMend({"train", "--mode", "local", "--steps", "6", "--dim", "16", "--layers", "1",
-                               "--batch", "2", "--corpus", corpus_, "--result-file", dir_ + "/r.json"});
+  auto [code, text] =
+      RunMend({"train", "--mode", "local", "--steps", "6", "--dim", "16", "--layers", "1",
+               "--batch", "2", "--corpus", corpus_, "--result-file", dir_ + "/r.json"});
   ASSERT_EQ(code, 0) << text;
   EXPECT_THAT(text, HasSubstr("eval loss"));
   std::ifstream in(dir_ + "/r.json");
@@ -151,11 +178,12 @@ TEST_F(TrainProcessTest, LocalTrainWritesItsResult) {
 }
 
 TEST_F(TrainProcessTest, BadInputIsRefusedWithWhatWasWrong) {
-  auto [missing, missing_text] = RunMend({"train", "--mode", "local", "--corpus", dir_ + "/nowhere"});
+  auto [missing, missing_text] =
+      RunMend({"train", "--mode", "local", "--corpus", dir_ + "/nowhere"});
   EXPECT_EQ(missing, 2);
   EXPECT_THAT(missing_text, HasSubstr("apt-get install fortunes"));
-  auto [heads, heads_text] = RunMend({"train", "--mode", "local", "--dim", "30", "--heads", "4",
-                                      "--corpus", corpus_});
+  auto [heads, heads_text] =
+      RunMend({"train", "--mode", "local", "--dim", "30", "--heads", "4", "--corpus", corpus_});
   EXPECT_EQ(heads, 2);
   EXPECT_THAT(heads_text, HasSubstr("heads"));
   auto [token, token_text] = RunMend({"train", "--mode", "diloco", "--corpus", corpus_});
@@ -164,22 +192,24 @@ TEST_F(TrainProcessTest, BadInputIsRefusedWithWhatWasWrong) {
   auto [modes, modes_text] = RunMend({"demo", "--modes", "ddp,bogus", "--work-dir", dir_ + "/d"});
   EXPECT_EQ(modes, 2);
   EXPECT_THAT(modes_text, HasSubstr("bogus"));
-  auto [start, start_text] = RunMend({"train", "--mode", "local", "--steps", "50", "--start-step", "50",
-                                      "--corpus", corpus_});
+  auto [start, start_text] = RunMend(
+      {"train", "--mode", "local", "--steps", "50", "--start-step", "50", "--corpus", corpus_});
   EXPECT_EQ(start, 2);
   EXPECT_THAT(start_text, HasSubstr("start_step = 50"));
-  auto [faults, faults_text] = RunMend({"chaos", "--faults", "kill,meteor", "--corpus", corpus_, "--work-dir",
-                                        dir_ + "/c"});
+  auto [faults, faults_text] =
+      RunMend({"chaos", "--faults", "kill,meteor", "--corpus", corpus_, "--work-dir", dir_ + "/c"});
   EXPECT_EQ(faults, 2);
   EXPECT_THAT(faults_text, HasSubstr("meteor"));
-  auto [rank, rank_text] = RunMend({"train", "--mode", "local", "--group-size", "2", "--group-rank", "2",
-                                    "--corpus", corpus_});
+  auto [rank, rank_text] = RunMend(
+      {"train", "--mode", "local", "--group-size", "2", "--group-rank", "2", "--corpus", corpus_});
   EXPECT_EQ(rank, 2);
   EXPECT_THAT(rank_text, HasSubstr("group_rank = 2: must be below group_size = 2"));
   std::ofstream(dir_ + "/token") << "train-process-test-token-0123456789\n";
-  std::filesystem::permissions(dir_ + "/token", std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
-  auto [ddp, ddp_text] = RunMend({"train", "--mode", "ddp", "--group-size", "2", "--group-rank", "0",
-                                  "--lighthouse", "127.0.0.1:1", "--token-file", dir_ + "/token", "--corpus", corpus_});
+  std::filesystem::permissions(
+      dir_ + "/token", std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  auto [ddp, ddp_text] =
+      RunMend({"train", "--mode", "ddp", "--group-size", "2", "--group-rank", "0", "--lighthouse",
+               "127.0.0.1:1", "--token-file", dir_ + "/token", "--corpus", corpus_});
   EXPECT_EQ(ddp, 2);
   EXPECT_THAT(ddp_text, HasSubstr("mode ddp with group_size = 2"));
 }

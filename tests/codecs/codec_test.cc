@@ -1,5 +1,7 @@
 // Each codec's round trip against fp32: sizes, error bounds on random data,
 // edge values, and SparseLoCo's error feedback.
+#include "mend/codec.h"
+
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -7,7 +9,6 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "mend/codec.h"
 
 namespace mend {
 namespace {
@@ -20,8 +21,7 @@ std::vector<float> RandomNormal(size_t n, uint64_t seed, float sigma = 1.0f) {
   return values;
 }
 
-std::unique_ptr<Codec> Make(CodecKind kind, size_t block = 64, size_t chunk = 4096,
-                            size_t k = 64) {
+std::unique_ptr<Codec> Make(CodecKind kind, size_t block = 64, size_t chunk = 4096, size_t k = 64) {
   auto codec = MakeCodec({kind, block, chunk, k});
   EXPECT_TRUE(codec.ok()) << codec.status();
   return std::move(*codec);
@@ -180,8 +180,8 @@ TEST(CodecTest, TopKIgnoresIndicesOutsideTheChunk) {
 }
 
 TEST(CodecTest, DecodeAccumulateAddsScaledValues) {
-  for (CodecKind kind : {CodecKind::kFp32, CodecKind::kBf16, CodecKind::kInt8,
-                         CodecKind::kInt4, CodecKind::kTopK}) {
+  for (CodecKind kind :
+       {CodecKind::kFp32, CodecKind::kBf16, CodecKind::kInt8, CodecKind::kInt4, CodecKind::kTopK}) {
     auto codec = Make(kind);
     auto in = RandomNormal(5000, 9);
     std::vector<std::byte> bytes(codec->EncodedBytes(in.size()));

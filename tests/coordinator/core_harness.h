@@ -46,8 +46,7 @@ class CoreHarness {
     return options;
   }
 
-  uint64_t Register(const std::string& id, const std::string& rack = "",
-                    uint64_t last_round = 0) {
+  uint64_t Register(const std::string& id, const std::string& rack = "", uint64_t last_round = 0) {
     RegisterArgs args;
     args.learner_id = id;
     args.rack = rack;

@@ -55,7 +55,7 @@ TEST(NextSlowFlagTest, FlagsAboveThresholdAndClearsBelowHalf) {
   options.zscore_threshold = 4;
   EXPECT_FALSE(NextSlowFlag(false, 4.0, options));
   EXPECT_TRUE(NextSlowFlag(false, 4.1, options));
-  EXPECT_TRUE(NextSlowFlag(true, 2.5, options));   // hysteresis band
+  EXPECT_TRUE(NextSlowFlag(true, 2.5, options));  // hysteresis band
   EXPECT_FALSE(NextSlowFlag(true, 1.9, options));
 }
 

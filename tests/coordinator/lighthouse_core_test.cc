@@ -10,8 +10,8 @@
 namespace mend::coordinator {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::CoreHarness;
+using ::testing::HasSubstr;
 using testing::JoinOutcome;
 
 std::vector<std::string> EventKinds(LighthouseCore& core, const std::string& learner) {
@@ -266,7 +266,8 @@ TEST(LighthouseCoreTest, OldRoundsRendezvousKeysAreCollected) {
   for (int i = 0; i < 4; ++i) {
     // The core's rounds carry its instance in their prefixes.
     const std::string incarnation = InstanceText(h.core().instance_id());
-    ASSERT_TRUE(h.core().StoreSet(RendezvousPrefix("job", incarnation, round + 1) + "rank0", "x").ok());
+    ASSERT_TRUE(
+        h.core().StoreSet(RendezvousPrefix("job", incarnation, round + 1) + "rank0", "x").ok());
     h.Join("a", round);
     auto b = h.Join("b", round);
     ASSERT_TRUE(b->ok());
@@ -298,8 +299,8 @@ TEST(LighthouseCoreTest, StatusJsonHasTheDocumentedShape) {
   auto doc = nlohmann::json::parse(StatusJson(h.core().Snapshot(100, 100)));
   EXPECT_EQ(doc["job"], "job");
   ASSERT_EQ(doc["learners"].size(), 2u);
-  for (const char* field : {"id", "state", "step", "tokens_per_s", "last_heartbeat_ms_ago",
-                            "slow", "slow_zscore"}) {
+  for (const char* field :
+       {"id", "state", "step", "tokens_per_s", "last_heartbeat_ms_ago", "slow", "slow_zscore"}) {
     EXPECT_TRUE(doc["learners"][0].contains(field)) << field;
   }
   ASSERT_EQ(doc["rounds"].size(), 1u);

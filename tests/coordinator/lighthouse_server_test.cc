@@ -7,14 +7,14 @@
 #include <fstream>
 #include <thread>
 
+#include "coordinator/datagram_client.h"
+#include "core/subprocess.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "mend/learner_agent.h"
 #include "mend/lighthouse.h"
 #include "mend/lighthouse_client.h"
-#include "core/subprocess.h"
 #include "nlohmann/json.hpp"
-#include "coordinator/datagram_client.h"
 #include "test_util/wait.h"
 
 namespace mend {
@@ -118,7 +118,8 @@ TEST(LighthouseServerTest, StoreSetGetAddWaitDeleteOverGrpc) {
   auto server = StartServer(TestConfig());
   auto client = Connect(server->grpc_address());
   EXPECT_EQ(client->StoreGet("missing", 0).status().code(), StatusCode::kNotFound);
-  std::thread setter([&]() { EXPECT_TRUE(Connect(server->grpc_address())->StoreSet("late", "v").ok()); });
+  std::thread setter(
+      [&]() { EXPECT_TRUE(Connect(server->grpc_address())->StoreSet("late", "v").ok()); });
   auto late = client->StoreGet("late", 10 * kMicrosPerSecond);
   setter.join();
   ASSERT_TRUE(late.ok()) << late.status();
@@ -146,8 +147,8 @@ std::vector<std::vector<QuorumResult>> RunRounds(std::vector<std::unique_ptr<Lea
       uint64_t last = 0;
       for (int r = 0; r < rounds; ++r) {
         agents[i]->RecordStep(static_cast<uint64_t>(r + 1), 100 * (i + 1), 10'000);
-        auto result = agents[i]->Quorum(last, 100 * (i + 1), 20 * kMicrosPerSecond,
-                                          include_members);
+        auto result =
+            agents[i]->Quorum(last, 100 * (i + 1), 20 * kMicrosPerSecond, include_members);
         ASSERT_TRUE(result.ok()) << result.status();
         last = result->round_id;
         results[i].push_back(*result);
@@ -198,8 +199,10 @@ TEST_P(AgentTransportTest, AgentsFormRoundsWithRanksAndTokenTotals) {
     EXPECT_EQ(from_b.world_size, 3u);
     EXPECT_EQ(from_b.rank, 1u);
     EXPECT_EQ(from_b.total_tokens, 600u);
-    EXPECT_EQ(from_b.step, static_cast<uint64_t>(r + 1));  // the round's step travels with the decision
-    EXPECT_EQ(from_b.rendezvous_prefix, "job/round/" + instance + "/" + std::to_string(r + 1) + "/");
+    EXPECT_EQ(from_b.step,
+              static_cast<uint64_t>(r + 1));  // the round's step travels with the decision
+    EXPECT_EQ(from_b.rendezvous_prefix,
+              "job/round/" + instance + "/" + std::to_string(r + 1) + "/");
     EXPECT_EQ(results[2][static_cast<size_t>(r)].rank, 0u);  // "a"
     EXPECT_EQ(results[1][static_cast<size_t>(r)].rank, 2u);  // "c"
   }
@@ -292,10 +295,13 @@ TEST(LighthouseServerTest, TlsServesClientsThatTrustItsCertificate) {
   std::string cert = dir + "/cert.pem";
   std::string key = dir + "/key.pem";
   auto openssl = Subprocess::Spawn(
-      {{"/usr/bin/openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-        "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
-        "-keyout", key, "-out", cert},
-       {}, "/dev/null", "/dev/null", false});
+      {{"/usr/bin/openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+        "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", key,
+        "-out", cert},
+       {},
+       "/dev/null",
+       "/dev/null",
+       false});
   ASSERT_TRUE(openssl.ok()) << openssl.status();
   auto exited = (*openssl)->Wait(60 * kMicrosPerSecond);
   ASSERT_TRUE(exited.ok() && *exited == 0);
@@ -313,8 +319,8 @@ TEST(LighthouseServerTest, TlsServesClientsThatTrustItsCertificate) {
 TEST(LighthouseServerTest, DatagramsWithAWrongTokenAreDroppedAndRecorded) {
   auto server = StartServer(TestConfig());
   ASSERT_GT(server->udp_port(), 0);
-  auto intruder = coordinator::DatagramClient::Open("127.0.0.1", server->udp_port(),
-                                                     "not-the-token-at-all");
+  auto intruder =
+      coordinator::DatagramClient::Open("127.0.0.1", server->udp_port(), "not-the-token-at-all");
   ASSERT_TRUE(intruder.ok());
   (*intruder)->SendJoins({{12345, coordinator::datagram::Join{1, 0, 0, 0, 1000}}});
   auto client = Connect(server->grpc_address());

@@ -37,7 +37,8 @@ Scanned Scan(const Membership& membership) {
       if (record->slow) s.slow++;
     }
     if (record->eligible()) s.eligible++;
-    if (membership.InPreviousRound(*record)) (record->join ? s.previous_joined : s.previous_missing)++;
+    if (membership.InPreviousRound(*record))
+      (record->join ? s.previous_joined : s.previous_missing)++;
     if (record->join) {
       s.pending++;
       s.newest_pending = std::max(s.newest_pending, record->join->last_round_id);
@@ -116,8 +117,10 @@ TEST(MembershipBookkeepingTest, RunningCountsMatchAScanAfterEveryRandomOperation
           << "after operation " << op;
       ASSERT_EQ(membership.counts().eligible, scanned.eligible) << "after operation " << op;
       ASSERT_EQ(membership.counts().slow, scanned.slow) << "after operation " << op;
-      ASSERT_EQ(membership.counts().previous_missing, scanned.previous_missing) << "after operation " << op;
-      ASSERT_EQ(membership.counts().previous_joined, scanned.previous_joined) << "after operation " << op;
+      ASSERT_EQ(membership.counts().previous_missing, scanned.previous_missing)
+          << "after operation " << op;
+      ASSERT_EQ(membership.counts().previous_joined, scanned.previous_joined)
+          << "after operation " << op;
     }
     EXPECT_GT(quorum.latest_round_id(), 20u);  // the walk formed rounds, not just joins
   }

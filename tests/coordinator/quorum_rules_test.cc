@@ -1,14 +1,14 @@
 // The quorum rules of DESIGN.md ("Quorum"), each against a fake clock.
 #include "coordinator/core_harness.h"
-#include "gmock/gmock.h"
 #include "core/round_keys.h"
+#include "gmock/gmock.h"
 
 namespace mend::coordinator {
 namespace {
 
+using testing::CoreHarness;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-using testing::CoreHarness;
 
 TEST(QuorumRulesTest, AllJoinedClosesAtOnceWithSortedMembersAndRanks) {
   CoreHarness h(CoreHarness::Options(2, 5000));
@@ -24,8 +24,9 @@ TEST(QuorumRulesTest, AllJoinedClosesAtOnceWithSortedMembersAndRanks) {
   EXPECT_EQ(b->rank(), 1u);
   EXPECT_EQ(c->rank(), 2u);
   EXPECT_EQ(a->round().id, 1u);
-  EXPECT_EQ(a->round().rendezvous_prefix, "job/round/0000000000000007/1/");  // the harness core is instance 7
-  EXPECT_EQ(&a->round(), &c->round());  // one shared decision
+  EXPECT_EQ(a->round().rendezvous_prefix,
+            "job/round/0000000000000007/1/");  // the harness core is instance 7
+  EXPECT_EQ(&a->round(), &c->round());         // one shared decision
 }
 
 TEST(QuorumRulesTest, GraceWindowClosesWithoutTheMissingLearner) {
@@ -97,8 +98,7 @@ TEST(QuorumRulesTest, NeverClosesBelowMinimumAndTimesOutNamingTheShortfall) {
   h.AdvanceMs(100);
   ASSERT_TRUE(a->done());
   EXPECT_EQ(a->code(), StatusCode::kDeadlineExceeded);
-  EXPECT_THAT(std::string(a->result->status().message()),
-              HasSubstr("2 joined, quorum needs 3"));
+  EXPECT_THAT(std::string(a->result->status().message()), HasSubstr("2 joined, quorum needs 3"));
   EXPECT_FALSE(b->done());
 }
 

@@ -7,9 +7,9 @@
 #include <vector>
 
 #include "coordinator/core_harness.h"
+#include "core/status_format.h"
 #include "fmt/format.h"
 #include "gtest/gtest.h"
-#include "core/status_format.h"
 
 namespace mend::coordinator {
 namespace {

@@ -223,8 +223,7 @@ TEST(ConfigTest, JobTokenComesFromEnvironmentBeforeFile) {
 
 TEST(ConfigTest, JobTokenMustExistAndBeLongEnough) {
   Config config;
-  EXPECT_EQ(ReadJobToken(config, Env({}).get()).status().code(),
-            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ReadJobToken(config, Env({}).get()).status().code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(ReadJobToken(config, Env({"MEND_JOB_TOKEN=short"}).get()).status().code(),
             StatusCode::kInvalidArgument);
   EXPECT_EQ(ReadJobToken(config, Env({"MEND_JOB_TOKEN=has space inside"}).get()).status().code(),

@@ -159,7 +159,8 @@ TEST(CommunicatorTest, HungMemberFailsTheOthersWithDeadlineNamingIt) {
       auto comm = Communicator::Connect(store, MemberOptions(rank, 3, "job/round/7/", timeout));
       ASSERT_TRUE(comm.ok()) << comm.status();
       if (rank == 2) {
-        EXPECT_TRUE(testing_util::WaitFor(30 * kMicrosPerSecond, [&]() { return others_done.load(); }));
+        EXPECT_TRUE(
+            testing_util::WaitFor(30 * kMicrosPerSecond, [&]() { return others_done.load(); }));
         return;
       }
       std::vector<float> data(100'000, 1.0f);
@@ -189,12 +190,14 @@ TEST(CommunicatorTest, VanishedMemberAbortsTheOthersAndNothingLeaks) {
     std::atomic<bool> waiting{false};
     Status status;
     std::thread member1([&]() {
-      auto comm = Communicator::Connect(store, MemberOptions(1, 2, "job/round/7/", 60 * kMicrosPerSecond));
+      auto comm =
+          Communicator::Connect(store, MemberOptions(1, 2, "job/round/7/", 60 * kMicrosPerSecond));
       ASSERT_TRUE(comm.ok()) << comm.status();
       EXPECT_TRUE(testing_util::WaitFor(30 * kMicrosPerSecond, [&]() { return waiting.load(); }));
       // Gone: the communicator and its connections close.
     });
-    auto comm = Communicator::Connect(store, MemberOptions(0, 2, "job/round/7/", 60 * kMicrosPerSecond));
+    auto comm =
+        Communicator::Connect(store, MemberOptions(0, 2, "job/round/7/", 60 * kMicrosPerSecond));
     ASSERT_TRUE(comm.ok()) << comm.status();
     std::vector<float> data(1 << 20, 1.0f);
     waiting = true;
@@ -205,11 +208,13 @@ TEST(CommunicatorTest, VanishedMemberAbortsTheOthersAndNothingLeaks) {
         << status;
     EXPECT_NE(std::string(StatusMessage(status)).find("member 1"), std::string::npos) << status;
   }
-  EXPECT_TRUE(testing_util::WaitFor(10 * kMicrosPerSecond, [&]() {
-    return CountEntries("/proc/self/task") == threads_before &&
-           CountEntries("/proc/self/fd") == fds_before;
-  })) << "threads " << CountEntries("/proc/self/task") << " (before " << threads_before
-      << "), fds " << CountEntries("/proc/self/fd") << " (before " << fds_before << ")";
+  EXPECT_TRUE(testing_util::WaitFor(10 * kMicrosPerSecond,
+                                    [&]() {
+                                      return CountEntries("/proc/self/task") == threads_before &&
+                                             CountEntries("/proc/self/fd") == fds_before;
+                                    }))
+      << "threads " << CountEntries("/proc/self/task") << " (before " << threads_before << "), fds "
+      << CountEntries("/proc/self/fd") << " (before " << fds_before << ")";
 }
 
 TEST(CommunicatorTest, AbortCallsOffACollectiveWaitingForAHungMember) {
@@ -220,11 +225,13 @@ TEST(CommunicatorTest, AbortCallsOffACollectiveWaitingForAHungMember) {
   InProcessStore store;
   std::atomic<bool> done{false};
   std::thread member1([&]() {
-    auto comm = Communicator::Connect(store, MemberOptions(1, 2, "job/round/7/", 60 * kMicrosPerSecond));
+    auto comm =
+        Communicator::Connect(store, MemberOptions(1, 2, "job/round/7/", 60 * kMicrosPerSecond));
     ASSERT_TRUE(comm.ok()) << comm.status();
     EXPECT_TRUE(testing_util::WaitFor(120 * kMicrosPerSecond, [&]() { return done.load(); }));
   });
-  auto comm = Communicator::Connect(store, MemberOptions(0, 2, "job/round/7/", 60 * kMicrosPerSecond));
+  auto comm =
+      Communicator::Connect(store, MemberOptions(0, 2, "job/round/7/", 60 * kMicrosPerSecond));
   ASSERT_TRUE(comm.ok()) << comm.status();
   Status status;
   std::thread member0([&]() {
@@ -245,7 +252,8 @@ TEST(CommunicatorTest, AbortCallsOffACollectiveWaitingForAHungMember) {
 
 TEST(CommunicatorTest, MissingMemberFailsRendezvousNamingIt) {
   InProcessStore store;
-  auto comm = Communicator::Connect(store, MemberOptions(0, 2, "job/round/7/", 300 * kMicrosPerMilli));
+  auto comm =
+      Communicator::Connect(store, MemberOptions(0, 2, "job/round/7/", 300 * kMicrosPerMilli));
   ASSERT_FALSE(comm.ok());
   EXPECT_EQ(comm.status().code(), StatusCode::kDeadlineExceeded) << comm.status();
   EXPECT_NE(std::string(StatusMessage(comm.status())).find("1 ('learner-1')"), std::string::npos)
@@ -274,7 +282,8 @@ TEST(CommunicatorTest, AMemberLaterThanTheConnectTimeoutStillMeetsTheOthers) {
   });
   // The second comes three connect timeouts later.
   EXPECT_TRUE(testing_util::WaitFor(30 * kMicrosPerSecond, [&]() {
-    return first_arrived > 0 && RealClock()->NowMicros() - first_arrived > 3 * options(0).connect_timeout;
+    return first_arrived > 0 &&
+           RealClock()->NowMicros() - first_arrived > 3 * options(0).connect_timeout;
   }));
   auto comm = Communicator::Connect(store, options(1));
   ASSERT_TRUE(comm.ok()) << comm.status();
@@ -293,10 +302,12 @@ TEST(CommunicatorTest, NextRoundBuildsAFreshCommunicatorWithTheSurvivors) {
   std::atomic<int> round7_done{0};
   for (int rank = 0; rank < 3; ++rank) {
     threads.emplace_back([&, rank]() {
-      auto comm = Communicator::Connect(store, MemberOptions(rank, 3, "job/round/7/", 1000 * kMicrosPerMilli));
+      auto comm = Communicator::Connect(
+          store, MemberOptions(rank, 3, "job/round/7/", 1000 * kMicrosPerMilli));
       ASSERT_TRUE(comm.ok());
       if (rank == 2) {
-        EXPECT_TRUE(testing_util::WaitFor(30 * kMicrosPerSecond, [&]() { return round7_done == 2; }));
+        EXPECT_TRUE(
+            testing_util::WaitFor(30 * kMicrosPerSecond, [&]() { return round7_done == 2; }));
         return;
       }
       std::vector<float> data(1000, static_cast<float>(rank + 1));
@@ -391,12 +402,14 @@ TEST(BucketPlanTest, BucketedReduceEqualsTensorByTensor) {
       tensors.push_back(MemberData(rank * 10 + static_cast<int>(t), sizes[t]));
     }
     std::vector<std::vector<float>> single = tensors;
-    for (auto& tensor : single) ASSERT_TRUE(comm.WeightedAllReduce(tensor, MemberWeight(rank)).ok());
+    for (auto& tensor : single)
+      ASSERT_TRUE(comm.WeightedAllReduce(tensor, MemberWeight(rank)).ok());
     BucketPlan plan(sizes, 10'000);
     EXPECT_LE(plan.buckets(), 9u);  // not one collective per tensor
     std::vector<std::span<float>> views(tensors.begin(), tensors.end());
     std::vector<float> scratch;
-    Status status = WeightedAllReduceBuckets(comm, plan, views, MemberWeight(rank), nullptr, scratch);
+    Status status =
+        WeightedAllReduceBuckets(comm, plan, views, MemberWeight(rank), nullptr, scratch);
     ASSERT_TRUE(status.ok()) << status;
     for (size_t t = 0; t < sizes.size(); ++t) {
       for (size_t i = 0; i < sizes[t]; ++i) {

@@ -16,11 +16,11 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "core/status_format.h"
+#include "dataplane/lighthouse_rendezvous.h"
 #include "fmt/format.h"
 #include "mend/communicator.h"
 #include "mend/lighthouse_client.h"
-#include "dataplane/lighthouse_rendezvous.h"
-#include "core/status_format.h"
 
 namespace {
 
@@ -50,7 +50,8 @@ int main(int argc, char** argv) {
 
   std::string token;
   std::ifstream(token_file) >> token;
-  auto client = mend::LighthouseClient::Connect({lighthouse, token, "", 10 * mend::kMicrosPerSecond});
+  auto client =
+      mend::LighthouseClient::Connect({lighthouse, token, "", 10 * mend::kMicrosPerSecond});
   if (!client.ok()) {
     Say(fmt::format("fatal {}", client.status()));
     return 1;
@@ -91,7 +92,8 @@ int main(int argc, char** argv) {
     // deadline, the other when that one leaves, after tearing down), so the
     // fresh round waits longer for them to meet than one operation may take.
     auto next = mend::Communicator::Connect(
-        store, options(2, new_rank, static_cast<int>(survivors.size()), std::max(timeout_ms, 30'000)));
+        store,
+        options(2, new_rank, static_cast<int>(survivors.size()), std::max(timeout_ms, 30'000)));
     if (!next.ok()) {
       Say(fmt::format("next error {}", next.status()));
       return 0;

@@ -27,10 +27,21 @@ class DataplaneProcessTest : public testing_util::ProcessFixture {
   void StartMembers() {
     StartLighthouse({"--log-level", "warn"});
     for (int rank = 0; rank < 3; ++rank) {
-      std::vector<std::string> argv = {
-          MEMBER_BINARY, "--lighthouse", grpc_address_, "--token-file", token_file_,
-          "--rank", std::to_string(rank), "--size", "3", "--values", std::to_string(1 << 20),
-          "--timeout-ms", std::to_string(kTimeoutMs), "--survivors", "0,1"};
+      std::vector<std::string> argv = {MEMBER_BINARY,
+                                       "--lighthouse",
+                                       grpc_address_,
+                                       "--token-file",
+                                       token_file_,
+                                       "--rank",
+                                       std::to_string(rank),
+                                       "--size",
+                                       "3",
+                                       "--values",
+                                       std::to_string(1 << 20),
+                                       "--timeout-ms",
+                                       std::to_string(kTimeoutMs),
+                                       "--survivors",
+                                       "0,1"};
       auto child = Subprocess::Spawn(
           {argv, {}, "pipe", dir_ + "/member-" + std::to_string(rank) + ".log", false});
       ASSERT_TRUE(child.ok()) << child.status();
@@ -71,7 +82,8 @@ class DataplaneProcessTest : public testing_util::ProcessFixture {
     Outcome a = AwaitOutcome(*members_[0]);
     Outcome b = AwaitOutcome(*members_[1]);
     // Shown in the test log: what each survivor reported.
-    std::cerr << "member 0: " << a.code << " " << a.elapsed_ms << " ms:" << a.message << "\nmember 1: " << b.code << " " << b.elapsed_ms << " ms:" << b.message << "\n";
+    std::cerr << "member 0: " << a.code << " " << a.elapsed_ms << " ms:" << a.message
+              << "\nmember 1: " << b.code << " " << b.elapsed_ms << " ms:" << b.message << "\n";
     for (const Outcome* o : {&a, &b}) {
       EXPECT_TRUE(o->code == "ABORTED" || o->code == "DEADLINE_EXCEEDED") << o->code;
       EXPECT_NE(o->message.find("round 1"), std::string::npos) << o->message;

@@ -1,12 +1,13 @@
 // One fragment's outer rounds among in-process members: bit-identical global
 // state, convergence to the token-weighted optimum, the robust merge, codecs
 // with error feedback, and a failed round that changes nothing.
+#include "mend/outer_sync.h"
+
 #include <cmath>
 #include <cstring>
 #include <random>
 
 #include "dataplane/dataplane_fixture.h"
-#include "mend/outer_sync.h"
 #include "test_util/wait.h"
 
 namespace mend {
@@ -177,13 +178,15 @@ TEST(OuterSyncTest, ARoundOfTwoMakesOneCollective) {
   std::vector<uint64_t> collectives(2), three(3);
   RunMembers(2, [&](int rank, Communicator& comm) {
     FragmentState state(std::vector<float>(kSize, 0.0f));
-    auto result = OuterRound::Exchange(comm, state, std::vector<float>(kSize, 1.0f), 1, OuterSyncOptions{});
+    auto result =
+        OuterRound::Exchange(comm, state, std::vector<float>(kSize, 1.0f), 1, OuterSyncOptions{});
     ASSERT_TRUE(result.ok()) << result.status();
     collectives[rank] = comm.stats().operations;
   });
   RunMembers(3, [&](int rank, Communicator& comm) {
     FragmentState state(std::vector<float>(kSize, 0.0f));
-    auto result = OuterRound::Exchange(comm, state, std::vector<float>(kSize, 1.0f), 1, OuterSyncOptions{});
+    auto result =
+        OuterRound::Exchange(comm, state, std::vector<float>(kSize, 1.0f), 1, OuterSyncOptions{});
     ASSERT_TRUE(result.ok()) << result.status();
     three[rank] = comm.stats().operations;
   });
@@ -209,7 +212,9 @@ TEST(OuterSyncTest, AnAbstainingMemberChangesNothingInTheMerge) {
   // false) and a wild delta: the round's result is the token-weighted merge
   // of members 0 and 1 alone, the same on every member, and nobody is
   // reported as dropped.
-  auto delta_of = [](int rank) { return std::vector<float>(kSize, rank == 2 ? 1e6f : static_cast<float>(rank + 1)); };
+  auto delta_of = [](int rank) {
+    return std::vector<float>(kSize, rank == 2 ? 1e6f : static_cast<float>(rank + 1));
+  };
   std::vector<std::vector<float>> globals(3);
   RunMembers(3, [&](int rank, Communicator& comm) {
     FragmentState state(std::vector<float>(kSize, 0.0f));
@@ -223,7 +228,8 @@ TEST(OuterSyncTest, AnAbstainingMemberChangesNothingInTheMerge) {
   std::vector<float> two;
   RunMembers(2, [&](int rank, Communicator& comm) {
     FragmentState state(std::vector<float>(kSize, 0.0f));
-    auto result = OuterRound::Exchange(comm, state, delta_of(rank), Tokens(rank), OuterSyncOptions{});
+    auto result =
+        OuterRound::Exchange(comm, state, delta_of(rank), Tokens(rank), OuterSyncOptions{});
     ASSERT_TRUE(result.ok()) << result.status();
     if (rank == 0) two = result->global;
   });

@@ -21,7 +21,8 @@ class ReplayCommunicator final : public Communicator {
   ReplayCommunicator(int rank, std::vector<std::vector<std::byte>>* log, int damage = -1)
       : rank_(rank), log_(log), damage_(damage) {}
   Status WeightedAllReduce(std::span<float>, double, const Codec*) override { return OkStatus(); }
-  Status WeightedAllGatherDecode(std::span<const std::byte>, double, const Codec&, std::span<float>) override {
+  Status WeightedAllGatherDecode(std::span<const std::byte>, double, const Codec&,
+                                 std::span<float>) override {
     return OkStatus();
   }
   Status AllGather(std::span<const std::byte>, std::span<std::byte>) override { return OkStatus(); }
@@ -62,12 +63,17 @@ TEST(HealStreamTest, ChunksArriveIntactAndAreChecked) {
   std::vector<std::byte> source = Pattern(10'000);
   ReplayCommunicator sender(0, &log);
   uint64_t header[2] = {1234, 5};
-  ASSERT_TRUE(StreamState(sender, source, 0, "learner-a", 4096, std::as_writable_bytes(std::span(header))).ok());
-  ASSERT_EQ(log.size(), 3u);  // 3 chunks (4096, 4096, 1808); the digests and header ride with the first
+  ASSERT_TRUE(
+      StreamState(sender, source, 0, "learner-a", 4096, std::as_writable_bytes(std::span(header)))
+          .ok());
+  ASSERT_EQ(log.size(),
+            3u);  // 3 chunks (4096, 4096, 1808); the digests and header ride with the first
   std::vector<std::byte> received(10'000);
   ReplayCommunicator receiver(1, &log);
   uint64_t got[2] = {0, 0};
-  ASSERT_TRUE(StreamState(receiver, received, 0, "learner-a", 4096, std::as_writable_bytes(std::span(got))).ok());
+  ASSERT_TRUE(
+      StreamState(receiver, received, 0, "learner-a", 4096, std::as_writable_bytes(std::span(got)))
+          .ok());
   EXPECT_EQ(received, source);
   EXPECT_EQ(got[0], 1234u);
   EXPECT_EQ(got[1], 5u);

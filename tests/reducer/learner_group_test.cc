@@ -5,14 +5,15 @@
 #include "reducer/learner_group.h"
 
 #include <atomic>
-#include <functional>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <numeric>
 #include <thread>
 
+#include "dataplane/dataplane_fixture.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
 #include "gtest/gtest.h"
@@ -20,7 +21,6 @@
 #include "mend/lighthouse.h"
 #include "nlohmann/json.hpp"
 #include "reducer/round_driver.h"
-#include "dataplane/dataplane_fixture.h"
 #include "test_util/job_config.h"
 #include "test_util/lighthouse_outage.h"
 #include "test_util/wait.h"
@@ -39,7 +39,8 @@ class VectorParameters final : public FlatParameters {
   size_t count() const override { return 2; }
   const std::string& name(size_t i) const override { return names_[i]; }
   std::vector<int64_t> shape(size_t i) const override {
-    return i == 0 ? std::vector<int64_t>{2, static_cast<int64_t>(values_[0].size() / 2)} : std::vector<int64_t>{3};
+    return i == 0 ? std::vector<int64_t>{2, static_cast<int64_t>(values_[0].size() / 2)}
+                  : std::vector<int64_t>{3};
   }
   size_t numel(size_t i) const override { return values_[i].size(); }
   void CopyOut(size_t i, std::span<float> out) const override {
@@ -58,7 +59,8 @@ class VectorParameters final : public FlatParameters {
   void Train(int learner, int s) {
     int k = 0;
     for (auto& values : values_) {
-      for (float& v : values) v += 0.01f * static_cast<float>((learner + 1) * ((k++ * 7 + s * 3) % 11) - 4);
+      for (float& v : values)
+        v += 0.01f * static_cast<float>((learner + 1) * ((k++ * 7 + s * 3) % 11) - 4);
     }
   }
 
@@ -70,14 +72,16 @@ class VectorParameters final : public FlatParameters {
 // Adam-like moments of those 13 values, moved by every step.
 class VectorMoments final : public FlatMoments {
  public:
-  explicit VectorMoments(size_t n) : values_{std::vector<float>(n, 0.0f), std::vector<float>(n, 0.0f)} {}
+  explicit VectorMoments(size_t n)
+      : values_{std::vector<float>(n, 0.0f), std::vector<float>(n, 0.0f)} {}
   size_t size() const override { return values_[0].size(); }
   bool Read(Which which, std::span<float> out) const override {
     if (!stepped_) return false;
     std::copy(values_[which].begin(), values_[which].end(), out.begin());
     return true;
   }
-  void Adjust(Which which, std::span<const float> average, std::span<const float> snapshot) override {
+  void Adjust(Which which, std::span<const float> average,
+              std::span<const float> snapshot) override {
     for (size_t i = 0; i < size(); ++i) values_[which][i] += average[i] - snapshot[i];
   }
   void Replace(Which which, std::span<const float> average) override {
@@ -86,7 +90,8 @@ class VectorMoments final : public FlatMoments {
   void Train(int learner, int s) {
     stepped_ = true;
     for (size_t i = 0; i < size(); ++i) {
-      const float g = 0.01f * static_cast<float>((learner + 1) * ((static_cast<int>(i) * 5 + s) % 7) - 3);
+      const float g =
+          0.01f * static_cast<float>((learner + 1) * ((static_cast<int>(i) * 5 + s) % 7) - 3);
       values_[0][i] = 0.9f * values_[0][i] + 0.1f * g;
       values_[1][i] = 0.95f * values_[1][i] + 0.05f * g * g;
     }
@@ -104,10 +109,10 @@ class VectorMoments final : public FlatMoments {
 
 struct RankRun {
   ReducerStats stats;
-  std::vector<float> local;   // the replica's parameters at the end
-  std::vector<float> global;  // this rank's slice of the global state
+  std::vector<float> local;                              // the replica's parameters at the end
+  std::vector<float> global;                             // this rank's slice of the global state
   std::vector<std::vector<float>> replicas_after_round;  // the parameters after each applied round
-  std::vector<float> moments;  // both moments at the end (with desloc)
+  std::vector<float> moments;                            // both moments at the end (with desloc)
   Status error = OkStatus();
 };
 
@@ -117,10 +122,11 @@ struct RankRun {
 // given, follows the driver's step.
 void TrainRank(Config config, int learner, int rank, int steps, RankRun* run, size_t w = 10,
                const std::string& save_dir = "", const std::function<void(int)>& before_step = {},
-               std::atomic<uint64_t>* steps_done = nullptr, int step_ms = 50, GroupStoreOpener group_store = nullptr) {
+               std::atomic<uint64_t>* steps_done = nullptr, int step_ms = 50,
+               GroupStoreOpener group_store = nullptr) {
   config.group_rank = rank;
-  auto agent =
-      LearnerAgent::Start(config, kToken, {fmt::format("learner-{}", learner), "", "", ""}, std::move(group_store));
+  auto agent = LearnerAgent::Start(config, kToken, {fmt::format("learner-{}", learner), "", "", ""},
+                                   std::move(group_store));
   if (!agent.ok()) {
     run->error = agent.status();
     return;
@@ -134,7 +140,8 @@ void TrainRank(Config config, int learner, int rank, int steps, RankRun* run, si
     moments = std::make_unique<VectorMoments>(w + 3);
     moments_view = moments.get();
   }
-  auto driver = RoundDriver::Create(config, **agent, clock, std::move(parameters), std::move(moments), 0);
+  auto driver =
+      RoundDriver::Create(config, **agent, clock, std::move(parameters), std::move(moments), 0);
   if (!driver.ok()) {
     run->error = driver.status();
     return;
@@ -152,7 +159,8 @@ void TrainRank(Config config, int learner, int rank, int steps, RankRun* run, si
     if (steps_done) steps_done->store((*driver)->stats().steps);
     if ((*driver)->stats().rounds != rounds) run->replicas_after_round.push_back(view->All());
     if (!save_dir.empty() && s + 1 == steps / 2) {
-      if (Status saved = (*driver)->SaveCheckpoint(fmt::format("{}/learner-{}.mend", save_dir, learner));
+      if (Status saved =
+              (*driver)->SaveCheckpoint(fmt::format("{}/learner-{}.mend", save_dir, learner));
           !saved.ok()) {
         run->error = saved;
         return;
@@ -198,14 +206,16 @@ std::vector<std::vector<RankRun>> RunJob(Config config, int learners, int ranks,
                                          const std::vector<std::string>& racks = {}, size_t w = 10,
                                          const std::string& save_dir = "") {
   auto server = StartGroupJob(config, ranks);
-  std::vector<std::vector<RankRun>> runs(static_cast<size_t>(learners), std::vector<RankRun>(static_cast<size_t>(ranks)));
+  std::vector<std::vector<RankRun>> runs(static_cast<size_t>(learners),
+                                         std::vector<RankRun>(static_cast<size_t>(ranks)));
   std::vector<std::thread> threads;
   for (int l = 0; l < learners; ++l) {
     for (int r = 0; r < ranks; ++r) {
       Config mine = config;
       if (!racks.empty()) mine.rack = racks[static_cast<size_t>(l)];
       threads.emplace_back([&runs, mine, l, r, steps, w, save_dir]() {
-        TrainRank(mine, l, r, steps, &runs[static_cast<size_t>(l)][static_cast<size_t>(r)], w, save_dir);
+        TrainRank(mine, l, r, steps, &runs[static_cast<size_t>(l)][static_cast<size_t>(r)], w,
+                  save_dir);
       });
     }
   }
@@ -235,15 +245,21 @@ class CountingGroupStore final : public RendezvousStore {
   }
   // A connection to it, as LearnerAgent::Start takes one.
   GroupStoreOpener Opener() {
-    return [this]() -> StatusOr<std::unique_ptr<RendezvousStore>> { return std::make_unique<Connection>(*this); };
+    return [this]() -> StatusOr<std::unique_ptr<RendezvousStore>> {
+      return std::make_unique<Connection>(*this);
+    };
   }
 
  private:
   class Connection final : public RendezvousStore {
    public:
     explicit Connection(RendezvousStore& store) : store_(store) {}
-    Status Set(const std::string& key, const std::string& value) override { return store_.Set(key, value); }
-    StatusOr<std::string> Get(const std::string& key, Micros timeout) override { return store_.Get(key, timeout); }
+    Status Set(const std::string& key, const std::string& value) override {
+      return store_.Set(key, value);
+    }
+    StatusOr<std::string> Get(const std::string& key, Micros timeout) override {
+      return store_.Get(key, timeout);
+    }
 
    private:
     RendezvousStore& store_;
@@ -292,8 +308,8 @@ TEST(LearnerGroupTest, AGroupsOwnStoreCarriesItsAddressesRendezvousAndDecisions)
   for (int l = 0; l < 2; ++l) {
     for (int r = 0; r < 2; ++r) {
       threads.emplace_back([&, l, r]() {
-        TrainRank(config, l, r, 20, &runs[static_cast<size_t>(l)][static_cast<size_t>(r)], 10, "", {}, nullptr, 50,
-                  stores[l].Opener());
+        TrainRank(config, l, r, 20, &runs[static_cast<size_t>(l)][static_cast<size_t>(r)], 10, "",
+                  {}, nullptr, 50, stores[l].Opener());
       });
     }
   }
@@ -303,10 +319,11 @@ TEST(LearnerGroupTest, AGroupsOwnStoreCarriesItsAddressesRendezvousAndDecisions)
       const RankRun& run = runs[static_cast<size_t>(l)][static_cast<size_t>(r)];
       ASSERT_TRUE(run.error.ok()) << "learner " << l << " rank " << r << ": " << run.error;
       EXPECT_EQ(run.stats.rounds, 4u);
-      EXPECT_EQ(run.local, reference[static_cast<size_t>(l)][static_cast<size_t>(r)].local) << l << "/" << r;
+      EXPECT_EQ(run.local, reference[static_cast<size_t>(l)][static_cast<size_t>(r)].local)
+          << l << "/" << r;
     }
     EXPECT_EQ(stores[l].sets("address"), 2u) << l;
-    EXPECT_GE(stores[l].gets("address"), 1u) << l;  // rank 0 reads rank 1's
+    EXPECT_GE(stores[l].gets("address"), 1u) << l;   // rank 0 reads rank 1's
     EXPECT_GE(stores[l].sets("decision"), 4u) << l;  // rank 0's, one per round
     EXPECT_GE(stores[l].gets("decision"), 4u) << l;  // rank 1 reads them
     EXPECT_GE(stores[l].sets("ctx"), 2u) << l;       // the group's own communicator met there
@@ -327,10 +344,13 @@ TEST(LearnerGroupTest, ShardedRoundsEqualTheFlatOnesBitForBit) {
       std::vector<float> global;
       for (int r = 0; r < ranks; ++r) {
         const RankRun& run = grouped[static_cast<size_t>(l)][static_cast<size_t>(r)];
-        ASSERT_TRUE(run.error.ok()) << "ranks " << ranks << ", learner " << l << " rank " << r << ": " << run.error;
+        ASSERT_TRUE(run.error.ok())
+            << "ranks " << ranks << ", learner " << l << " rank " << r << ": " << run.error;
         EXPECT_EQ(run.stats.rounds, 4u);
-        EXPECT_EQ(run.local, flat[static_cast<size_t>(l)][0].local) << ranks << " ranks, learner " << l << " rank " << r;
-        EXPECT_EQ(run.replicas_after_round, grouped[0][0].replicas_after_round) << ranks << " ranks";
+        EXPECT_EQ(run.local, flat[static_cast<size_t>(l)][0].local)
+            << ranks << " ranks, learner " << l << " rank " << r;
+        EXPECT_EQ(run.replicas_after_round, grouped[0][0].replicas_after_round)
+            << ranks << " ranks";
         global.insert(global.end(), run.global.begin(), run.global.end());
       }
       // Each rank holds its slice of the global state: together, the flat one.
@@ -361,8 +381,8 @@ TEST(LearnerGroupTest, ShardedStreamingRoundsEqualTheFlatOnesBitForBit) {
       for (int l = 0; l < 2; ++l) {
         for (int r = 0; r < ranks; ++r) {
           const RankRun& run = grouped[static_cast<size_t>(l)][static_cast<size_t>(r)];
-          ASSERT_TRUE(run.error.ok()) << "w " << w << ", ranks " << ranks << ", learner " << l << " rank " << r
-                                      << ": " << run.error;
+          ASSERT_TRUE(run.error.ok()) << "w " << w << ", ranks " << ranks << ", learner " << l
+                                      << " rank " << r << ": " << run.error;
           EXPECT_EQ(run.stats.rounds, 8u);
           EXPECT_EQ(run.local, flat[static_cast<size_t>(l)][0].local)
               << "w " << w << ", " << ranks << " ranks, learner " << l << " rank " << r;
@@ -373,7 +393,8 @@ TEST(LearnerGroupTest, ShardedStreamingRoundsEqualTheFlatOnesBitForBit) {
 }
 
 TEST(LearnerGroupTest, ConcurrentRoundsApplyAtTheSameStepOnEveryRank) {
-  Config config = testing_util::ConcurrentJobConfig(2, 8, /*overlap_steps=*/0);  // tuned: rank 0's tau is the group's
+  Config config = testing_util::ConcurrentJobConfig(
+      2, 8, /*overlap_steps=*/0);  // tuned: rank 0's tau is the group's
   auto runs = RunJob(config, 2, 2, 32);
   for (const auto& group : runs) {
     for (const RankRun& run : group) {
@@ -406,7 +427,8 @@ TEST(LearnerGroupTest, AGroupPassedOverTrainsOnAsOneAndJoinsTheNextRound) {
   std::vector<std::vector<RankRun>> runs(2, std::vector<RankRun>(2));
   std::atomic<uint64_t> steps[2][2] = {};
   auto latest_round = [&]() {
-    return nlohmann::json::parse(server->StatusJson())["summary"]["latest_round_id"].get<uint64_t>();
+    return nlohmann::json::parse(server->StatusJson())["summary"]["latest_round_id"]
+        .get<uint64_t>();
   };
   auto hold = [&](int learner, int s) {
     if (s == 3) {  // both learners alive before the first round
@@ -415,11 +437,13 @@ TEST(LearnerGroupTest, AGroupPassedOverTrainsOnAsOneAndJoinsTheNextRound) {
       }));
     }
     if (learner == 1 && s == 7) {
-      EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond, [&]() { return latest_round() >= 2; }));
+      EXPECT_TRUE(
+          testing_util::WaitFor(60 * kMicrosPerSecond, [&]() { return latest_round() >= 2; }));
     }
     if (learner == 0 && s == 11) {
       EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond, [&]() {
-        return steps[1][0] >= 10 && steps[1][1] >= 10 && LearnerState(*server, "learner-1") == "waiting";
+        return steps[1][0] >= 10 && steps[1][1] >= 10 &&
+               LearnerState(*server, "learner-1") == "waiting";
       }));
     }
   };
@@ -427,8 +451,9 @@ TEST(LearnerGroupTest, AGroupPassedOverTrainsOnAsOneAndJoinsTheNextRound) {
   for (int l = 0; l < 2; ++l) {
     for (int r = 0; r < 2; ++r) {
       threads.emplace_back([&, l, r]() {
-        TrainRank(config, l, r, 12, &runs[static_cast<size_t>(l)][static_cast<size_t>(r)], 10, "",
-                  [&, l](int s) { hold(l, s); }, &steps[l][r]);
+        TrainRank(
+            config, l, r, 12, &runs[static_cast<size_t>(l)][static_cast<size_t>(r)], 10, "",
+            [&, l](int s) { hold(l, s); }, &steps[l][r]);
       });
     }
   }
@@ -487,12 +512,14 @@ TEST(LearnerGroupTest, AGroupTrainsOnWhileTheLighthouseIsDown) {
     if (s == 3) {  // both learners registered before the first round
       EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond, [&]() {
         return outage.WithServer([](LighthouseServer* server) {
-          return LearnerState(*server, "learner-0") != "" && LearnerState(*server, "learner-1") != "";
+          return LearnerState(*server, "learner-0") != "" &&
+                 LearnerState(*server, "learner-1") != "";
         });
       }));
     }
     if (s == 9) {
-      EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond, [&]() { return every_rank_past(8); }));
+      EXPECT_TRUE(
+          testing_util::WaitFor(60 * kMicrosPerSecond, [&]() { return every_rank_past(8); }));
       outage.TakeDown([&]() { return every_rank_past(16); });
     }
     if (s == 20) {  // rounds go on with the new lighthouse while they train:
@@ -506,8 +533,8 @@ TEST(LearnerGroupTest, AGroupTrainsOnWhileTheLighthouseIsDown) {
   for (int l = 0; l < 2; ++l) {
     for (int r = 0; r < 2; ++r) {
       threads.emplace_back([&, l, r]() {
-        TrainRank(config, l, r, 40, &runs[static_cast<size_t>(l)][static_cast<size_t>(r)], 10, "", hold, &steps[l][r],
-                  50, stores[l].Opener());
+        TrainRank(config, l, r, 40, &runs[static_cast<size_t>(l)][static_cast<size_t>(r)], 10, "",
+                  hold, &steps[l][r], 50, stores[l].Opener());
       });
     }
   }
@@ -549,7 +576,8 @@ TEST(LearnerGroupTest, AGroupReportsItsSlowestRanksStepTime) {
   bool slow_seen = false, fast_seen = false;
   auto check = [&](int s) {
     if (s != 18) return;  // after three rounds, before anyone leaves
-    slow_seen = testing_util::WaitFor(30 * kMicrosPerSecond, [&]() { return median_step_ms("learner-0") >= 300; });
+    slow_seen = testing_util::WaitFor(30 * kMicrosPerSecond,
+                                      [&]() { return median_step_ms("learner-0") >= 300; });
     fast_seen = median_step_ms("learner-1") < 100;
   };
   std::vector<std::vector<RankRun>> runs(2, std::vector<RankRun>(2));
@@ -559,7 +587,8 @@ TEST(LearnerGroupTest, AGroupReportsItsSlowestRanksStepTime) {
       std::function<void(int)> hook;
       if (l == 1 && r == 0) hook = check;
       threads.emplace_back([&, l, r, hook]() {
-        TrainRank(config, l, r, 20, &runs[static_cast<size_t>(l)][static_cast<size_t>(r)], 10, "", hook, nullptr,
+        TrainRank(config, l, r, 20, &runs[static_cast<size_t>(l)][static_cast<size_t>(r)], 10, "",
+                  hook, nullptr,
                   l == 0 && r == 1 ? 400 : 50);  // learner 0's rank 1 is 8x slower
       });
     }
@@ -583,9 +612,11 @@ TEST(LearnerGroupTest, AGroupReportsItsSlowestRanksStepTime) {
 TEST(LearnerGroupTest, RackAwareMergeSendsHalfTheCrossRackBytesAndAgreesEverywhere) {
   const std::vector<std::string> racks = {"rack-a", "rack-a", "rack-b", "rack-b"};
   Config config = testing_util::SynchronousJobConfig(4, 5);
-  constexpr size_t kValues = 20000;  // so that the model, not the weights beside it, is what travels
-  for (const auto& layout : {racks, std::vector<std::string>{"rack-b", "rack-a", "rack-b", "rack-a"},
-                             std::vector<std::string>{"rack-b", "rack-a", "rack-a", "rack-c"}}) {
+  constexpr size_t kValues =
+      20000;  // so that the model, not the weights beside it, is what travels
+  for (const auto& layout :
+       {racks, std::vector<std::string>{"rack-b", "rack-a", "rack-b", "rack-a"},
+        std::vector<std::string>{"rack-b", "rack-a", "rack-a", "rack-c"}}) {
     config.rack_aware = false;
     auto flat = RunJob(config, 4, 1, 20, layout, kValues);
     config.rack_aware = true;
@@ -655,7 +686,8 @@ TEST(LearnerGroupTest, AGroupsCheckpointIsOneFileThatAnyGroupSizeResumesFrom) {
       for (const RankRun& run : learner) {
         ASSERT_TRUE(run.error.ok()) << run.error;
         EXPECT_EQ(run.stats.resumed_from_round, 4u);
-        EXPECT_EQ(run.local, trained[0][0].local) << ranks << " ranks";  // every replica: round 4's model
+        EXPECT_EQ(run.local, trained[0][0].local)
+            << ranks << " ranks";  // every replica: round 4's model
         slices.insert(slices.end(), run.global.begin(), run.global.end());
       }
       EXPECT_EQ(slices, global) << ranks << " ranks";
@@ -717,7 +749,8 @@ TEST(LearnerGroupTest, ACheckpointOnDemandIsCollectiveAndEqualsTheFlatOne) {
   for (int ranks : {1, 2, 3}) {
     const std::string dir = testing_util::MakeTempDir();
     for (const auto& learner : RunJob(config, 2, ranks, 26, {}, 10, dir)) {
-      for (const RankRun& run : learner) ASSERT_TRUE(run.error.ok()) << ranks << " ranks: " << run.error;
+      for (const RankRun& run : learner)
+        ASSERT_TRUE(run.error.ok()) << ranks << " ranks: " << run.error;
     }
     auto read = ReadCheckpoint(dir + "/learner-0.mend");
     ASSERT_TRUE(read.ok()) << read.status();
@@ -746,7 +779,8 @@ TEST(LearnerGroupTest, RankZeroRegistersEveryRanksDataPlaneAddress) {
   auto alone = LearnerAgent::Start(config, kToken, {"learner-0", "", "", ""});
   ASSERT_FALSE(alone.ok());
   EXPECT_EQ(alone.status().code(), StatusCode::kDeadlineExceeded) << alone.status();
-  EXPECT_NE(alone.status().message().find("group rank 1's data-plane address did not come"), std::string::npos)
+  EXPECT_NE(alone.status().message().find("group rank 1's data-plane address did not come"),
+            std::string::npos)
       << alone.status();
   EXPECT_TRUE(LearnerStatus(*server, "learner-0").is_null());
 
@@ -766,7 +800,8 @@ TEST(LearnerGroupTest, RankZeroRegistersEveryRanksDataPlaneAddress) {
   for (auto& rank : ranks) rank.join();
   nlohmann::json learner = LearnerStatus(*server, "learner-0");
   ASSERT_FALSE(learner.is_null());
-  EXPECT_EQ(learner["ranks"], nlohmann::json::array({"127.0.0.1", "127.0.0.2", "127.0.0.3"})) << learner;
+  EXPECT_EQ(learner["ranks"], nlohmann::json::array({"127.0.0.1", "127.0.0.2", "127.0.0.3"}))
+      << learner;
 }
 
 TEST(LearnerGroupTest, TheLighthouseRefusesALearnerOfAnotherGroupSize) {
@@ -783,7 +818,8 @@ TEST(LearnerGroupTest, TheLighthouseRefusesALearnerOfAnotherGroupSize) {
   auto other = LearnerAgent::Start(config, kToken, {"learner-1", "", "", ""});
   ASSERT_FALSE(other.ok());
   EXPECT_EQ(other.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(other.status().message().find("group_size = 1: this job's learners are groups of 2"), std::string::npos)
+  EXPECT_NE(other.status().message().find("group_size = 1: this job's learners are groups of 2"),
+            std::string::npos)
       << other.status();
   EXPECT_NE(other.status().message().find("learner-0"), std::string::npos) << other.status();
 }
@@ -801,14 +837,16 @@ TEST(LearnerGroupTest, RanksWithDifferentModelsAreRefusedByName) {
       auto agent = LearnerAgent::Start(mine, kToken, {"learner-0", "", "", ""});
       ASSERT_TRUE(agent.ok()) << agent.status();
       FakeClock clock;
-      auto driver = RoundDriver::Create(mine, **agent, clock, std::make_unique<VectorParameters>(1.0f, r == 0 ? 10 : 12),
+      auto driver = RoundDriver::Create(mine, **agent, clock,
+                                        std::make_unique<VectorParameters>(1.0f, r == 0 ? 10 : 12),
                                         nullptr, 0);
       errors[r] = driver.status();
     });
   }
   for (auto& rank : ranks) rank.join();
   EXPECT_EQ(errors[0].code(), StatusCode::kInvalidArgument) << errors[0];
-  EXPECT_NE(errors[0].message().find("group rank 1's parameters (names and shapes) differ from group rank 0's"),
+  EXPECT_NE(errors[0].message().find(
+                "group rank 1's parameters (names and shapes) differ from group rank 0's"),
             std::string::npos)
       << errors[0];
   EXPECT_EQ(errors[1].code(), StatusCode::kInvalidArgument) << errors[1];
@@ -820,12 +858,13 @@ TEST(LearnerGroupTest, RanksWithDifferentModelsAreRefusedByName) {
 TEST(LearnerGroupTest, DeslocMomentsAveragedBySliceEqualTheFlatOnes) {
   Config config = testing_util::SynchronousJobConfig(2, 5);
   config.desloc = true;
-  config.momentum_sync_period_steps = 5;         // every round
-  config.second_moment_sync_period_steps = 10;   // every second one
+  config.momentum_sync_period_steps = 5;        // every round
+  config.second_moment_sync_period_steps = 10;  // every second one
   auto flat = RunJob(config, 2, 1, 20);
   auto grouped = RunJob(config, 2, 2, 20);
   for (int l = 0; l < 2; ++l) {
-    ASSERT_TRUE(flat[static_cast<size_t>(l)][0].error.ok()) << flat[static_cast<size_t>(l)][0].error;
+    ASSERT_TRUE(flat[static_cast<size_t>(l)][0].error.ok())
+        << flat[static_cast<size_t>(l)][0].error;
     EXPECT_GT(flat[static_cast<size_t>(l)][0].stats.moment_syncs, 0u);
     for (const RankRun& run : grouped[static_cast<size_t>(l)]) {
       ASSERT_TRUE(run.error.ok()) << run.error;
@@ -846,7 +885,8 @@ TEST(LearnerGroupTest, HealedMomentsArriveBySliceAsTheFlatOnesDo) {
   auto grouped = RunJob(config, 2, 2, 20);
   uint64_t heals = 0;
   for (int l = 0; l < 2; ++l) {
-    ASSERT_TRUE(flat[static_cast<size_t>(l)][0].error.ok()) << flat[static_cast<size_t>(l)][0].error;
+    ASSERT_TRUE(flat[static_cast<size_t>(l)][0].error.ok())
+        << flat[static_cast<size_t>(l)][0].error;
     heals += flat[static_cast<size_t>(l)][0].stats.heals;
     for (const RankRun& run : grouped[static_cast<size_t>(l)]) {
       ASSERT_TRUE(run.error.ok()) << run.error;
@@ -863,7 +903,8 @@ TEST(LearnerGroupTest, WhatGroupsCannotDoIsRefusedByName) {
   config.train_through_lighthouse_outage = true;
   Status status = CheckConfig(config);
   EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(status.message().find("train_through_lighthouse_outage = true with group_size = 2 needs group_store"),
+  EXPECT_NE(status.message().find(
+                "train_through_lighthouse_outage = true with group_size = 2 needs group_store"),
             std::string::npos)
       << status;
   config.group_store = "127.0.0.1:29500";
@@ -872,7 +913,9 @@ TEST(LearnerGroupTest, WhatGroupsCannotDoIsRefusedByName) {
   config.train_through_lighthouse_outage = false;
   config.group_rank = 2;
   status = CheckConfig(config);
-  EXPECT_NE(status.message().find("group_rank = 2: must be below group_size = 2"), std::string::npos) << status;
+  EXPECT_NE(status.message().find("group_rank = 2: must be below group_size = 2"),
+            std::string::npos)
+      << status;
 }
 
 }  // namespace

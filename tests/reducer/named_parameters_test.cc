@@ -39,7 +39,8 @@ struct Seen {
 // The moments a hand-written loop keeps, shared with the reducer.
 class LoopMoments final : public InnerMoments {
  public:
-  explicit LoopMoments(std::vector<std::array<at::Tensor, 2>> moments) : moments_(std::move(moments)) {}
+  explicit LoopMoments(std::vector<std::array<at::Tensor, 2>> moments)
+      : moments_(std::move(moments)) {}
   at::Tensor Moment(size_t index, Which which) override {
     return index < moments_.size() ? moments_[index][which] : at::Tensor();
   }
@@ -59,8 +60,8 @@ void Learn(const Config& config, const std::string& id, int seed, Seen* seen) {
   at::Tensor bias = torch::zeros({1});
   at::Tensor exp_avg[2] = {torch::zeros({1, 4}), torch::zeros({1})};
   at::Tensor exp_avg_sq[2] = {torch::zeros({1, 4}), torch::zeros({1})};
-  auto moments = std::make_unique<LoopMoments>(
-      std::vector<std::array<at::Tensor, 2>>{{exp_avg[0], exp_avg_sq[0]}, {exp_avg[1], exp_avg_sq[1]}});
+  auto moments = std::make_unique<LoopMoments>(std::vector<std::array<at::Tensor, 2>>{
+      {exp_avg[0], exp_avg_sq[0]}, {exp_avg[1], exp_avg_sq[1]}});
   auto reducer =
       Reducer::Create(config, {{"weight", weight}, {"bias", bias}}, std::move(moments), **agent);
   ASSERT_TRUE(reducer.ok()) << reducer.status();

@@ -3,6 +3,8 @@
 // quorum rounds and Gloo communicators. Checks bit-identical global
 // parameters after every shared round, and a learner that misses a round
 // healing and rejoining.
+#include "mend/reducer.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -16,7 +18,6 @@
 #include "gtest/gtest.h"
 #include "mend/checkpoint.h"
 #include "mend/lighthouse.h"
-#include "mend/reducer.h"
 #include "nlohmann/json.hpp"
 #include "test_util/job_config.h"
 #include "test_util/lighthouse_outage.h"
@@ -51,8 +52,8 @@ struct LearnerLog {
 // Trains a linear regression on the learner's own shard for `boundaries`
 // sync periods; before boundary b, waits for `gate(b)`, and before its
 // inner step s (1-based, counted here), for `step_gate(s)`.
-void Learn(const Config& config, const std::string& id, int seed, int boundaries,
-           LearnerLog* log, const std::function<void(int)>& gate = nullptr,
+void Learn(const Config& config, const std::string& id, int seed, int boundaries, LearnerLog* log,
+           const std::function<void(int)>& gate = nullptr,
            const std::function<void(int)>& step_gate = nullptr) {
   auto agent = LearnerAgent::Start(config, kToken, {id, "", "", ""});
   ASSERT_TRUE(agent.ok()) << agent.status();
@@ -63,7 +64,8 @@ void Learn(const Config& config, const std::string& id, int seed, int boundaries
     inner = std::make_unique<torch::optim::AdamW>(model->parameters(),
                                                   torch::optim::AdamWOptions(0.01));
   } else {
-    inner = std::make_unique<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(0.05));
+    inner =
+        std::make_unique<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(0.05));
   }
   auto reducer = Reducer::Create(config, *model, *inner, **agent);
   ASSERT_TRUE(reducer.ok()) << reducer.status();
@@ -104,7 +106,8 @@ void Learn(const Config& config, const std::string& id, int seed, int boundaries
   if (config.desloc || config.heal_inner_optimizer) {
     auto& state = inner->state().at(c10::guts::to_string(model->weight.unsafeGetTensorImpl()));
     auto& adamw = static_cast<torch::optim::AdamWParamState&>(*state);
-    log->first_moment.assign(adamw.exp_avg().data_ptr<float>(), adamw.exp_avg().data_ptr<float>() + 8);
+    log->first_moment.assign(adamw.exp_avg().data_ptr<float>(),
+                             adamw.exp_avg().data_ptr<float>() + 8);
   }
 }
 
@@ -297,10 +300,12 @@ TEST_P(CodecModeTest, GlobalParametersStayBitIdentical) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Codecs, CodecModeTest,
-                         ::testing::Combine(::testing::Values("fp32", "bf16", "int8", "int4", "topk"),
+                         ::testing::Combine(::testing::Values("fp32", "bf16", "int8", "int4",
+                                                              "topk"),
                                             ::testing::Bool()),
                          [](const auto& test) {
-                           return std::get<0>(test.param) + (std::get<1>(test.param) ? "_concurrent" : "_sync");
+                           return std::get<0>(test.param) +
+                                  (std::get<1>(test.param) ? "_concurrent" : "_sync");
                          });
 
 // A parameter whose loss is c . p: with SGD at lr 1 every inner step moves
@@ -328,7 +333,8 @@ TEST(ReducerTest, ConcurrentModeAppliesEachUpdateExactlyOnce) {
   std::vector<float> final_local[2], final_global[2];
   std::vector<std::vector<float>> locals_after_round[2];
   auto learner = [&](int i) {
-    auto agent = LearnerAgent::Start(config, kToken, {i == 0 ? "learner-a" : "learner-b", "", "", ""});
+    auto agent =
+        LearnerAgent::Start(config, kToken, {i == 0 ? "learner-a" : "learner-b", "", "", ""});
     ASSERT_TRUE(agent.ok()) << agent.status();
     auto model = std::make_shared<ConstantSlope>();
     torch::optim::SGD inner(model->parameters(), torch::optim::SGDOptions(1.0));
@@ -388,15 +394,18 @@ TEST(ReducerTest, CheckpointsResumeWithADifferentNumberOfLearners) {
   LearnerLog logs[3];
   std::vector<std::thread> threads;
   for (int i = 0; i < 3; ++i) {
-    threads.emplace_back([&, i]() { Learn(config, "learner-" + std::to_string(i), i + 1, 1, &logs[i]); });
+    threads.emplace_back(
+        [&, i]() { Learn(config, "learner-" + std::to_string(i), i + 1, 1, &logs[i]); });
   }
   for (auto& t : threads) t.join();
   for (int i = 0; i < 3; ++i) {
-    EXPECT_EQ(logs[i].initial_global, *a.final_global) << "learner " << i << " resumed the global state";
+    EXPECT_EQ(logs[i].initial_global, *a.final_global)
+        << "learner " << i << " resumed the global state";
     EXPECT_EQ(logs[i].stats.resumed_from_round, saved->meta.round_id);
     EXPECT_EQ(logs[i].stats.heals, 0u) << "everyone had the checkpoint: nobody heals";
     EXPECT_EQ(logs[i].stats.rounds, 1u);
-    EXPECT_GT(logs[i].stats.last_round_id, saved->meta.round_id) << "round ids go on above the checkpoint's";
+    EXPECT_GT(logs[i].stats.last_round_id, saved->meta.round_id)
+        << "round ids go on above the checkpoint's";
   }
   EXPECT_EQ(ExpectSameGlobals(logs[0], logs[1]), 1u);
   EXPECT_EQ(ExpectSameGlobals(logs[0], logs[2]), 1u);
@@ -420,8 +429,9 @@ TEST(ReducerTest, ACheckpointOfAnotherModelIsRefused) {
   torch::optim::SGD inner(model->parameters(), torch::optim::SGDOptions(0.1));
   auto reducer = Reducer::Create(config, *model, inner, **agent);
   ASSERT_EQ(reducer.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(reducer.status().message().find("'global/weight' has shape [1, 4], the model's is [1, 8]"),
-            std::string_view::npos)
+  EXPECT_NE(
+      reducer.status().message().find("'global/weight' has shape [1, 4], the model's is [1, 8]"),
+      std::string_view::npos)
       << reducer.status();
   std::filesystem::remove_all(dir);
 }
@@ -484,7 +494,8 @@ std::string LearnerState(LighthouseServer& server, const std::string& id) {
 // Waits until every one of `ids` has registered with the lighthouse.
 void AwaitRegistered(LighthouseServer& server, std::initializer_list<const char*> ids) {
   EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond, [&]() {
-    return std::all_of(ids.begin(), ids.end(), [&](const char* id) { return LearnerState(server, id) != ""; });
+    return std::all_of(ids.begin(), ids.end(),
+                       [&](const char* id) { return LearnerState(server, id) != ""; });
   }));
 }
 
@@ -558,13 +569,15 @@ Config ConcurrentConfig(int64_t grace_window_ms, int64_t quorum_timeout_ms) {
 
 // learner-b (seed 2) for three sync periods, in a thread: after its first
 // boundary it holds back until the lighthouse has closed round `round`.
-std::thread LateLearnerB(const Config& config, LighthouseServer& server, uint64_t round, LearnerLog* b) {
+std::thread LateLearnerB(const Config& config, LighthouseServer& server, uint64_t round,
+                         LearnerLog* b) {
   return std::thread([&config, &server, round, b]() {
     Learn(config, "learner-b", 2, 3, b, [&](int boundary) {
       if (boundary == 0) AwaitRegistered(server, {"learner-a", "learner-b"});
       if (boundary != 1) return;
       EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond, [&]() {
-        return nlohmann::json::parse(server.StatusJson())["summary"]["latest_round_id"].get<uint64_t>() >= round;
+        return nlohmann::json::parse(server.StatusJson())["summary"]["latest_round_id"]
+                   .get<uint64_t>() >= round;
       }));
     });
   });
@@ -600,7 +613,7 @@ TEST(ReducerTest, ALearnerPassedOverTrainsOnAndJoinsTheNextRound) {
   EXPECT_EQ(b.stats.failed_rounds, 0u);
   EXPECT_EQ(a.stats.failed_rounds, 0u);
   EXPECT_EQ(a.stats.rounds, 3u);
-  EXPECT_EQ(b.stats.rounds, 2u);  // rounds 1 and 3
+  EXPECT_EQ(b.stats.rounds, 2u);          // rounds 1 and 3
   EXPECT_EQ(b.stats.rounds_started, 2u);  // steps 4 and 8; step 12 was round 3's
   EXPECT_GE(b.stats.heals, 1u);
   // Round 1 as both logged it; round 3 was both learners' last step (learner-b
@@ -636,8 +649,9 @@ TEST(ReducerTest, AJoinPassedOverInStreamingModeTakesPartInTheOthersFragmentsRou
         },
         [&](int step) {
           if (step != 8) return;
-          EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond,
-                                            [&]() { return LearnerState(*server, "learner-b") == "waiting"; }));
+          EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond, [&]() {
+            return LearnerState(*server, "learner-b") == "waiting";
+          }));
         });
   });
   std::thread tb = LateLearnerB(config, *server, /*round=*/3, &b);
@@ -689,7 +703,8 @@ TEST(ReducerTest, AJoinPassedOverNearTheJobsEndIsCalledOffAtShutdown) {
   };
   for (Case job : {Case{0, true}, Case{3 * kPeriod, false}, Case{3 * kPeriod, true}}) {
     const int64_t total = job.total;
-    SCOPED_TRACE(testing::Message() << "total_steps = " << total << ", final_merge = " << job.final_merge);
+    SCOPED_TRACE(testing::Message()
+                 << "total_steps = " << total << ", final_merge = " << job.final_merge);
     Config config = ConcurrentConfig(/*grace_window_ms=*/1000, /*quorum_timeout_ms=*/600000);
     config.quorum_min_learners = 2;
     config.total_steps = total;
@@ -756,7 +771,8 @@ TEST(ReducerTest, AJoinPassedOverAtTheLastLaunchedBoundaryIsCalledOffWhileOthers
   auto all_alive = [&]() { AwaitRegistered(*server, {"learner-a", "learner-b", "learner-c"}); };
   auto second_round_closed = [&]() {
     EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond, [&]() {
-      return nlohmann::json::parse(server->StatusJson())["summary"]["latest_round_id"].get<uint64_t>() >= 2;
+      return nlohmann::json::parse(server->StatusJson())["summary"]["latest_round_id"]
+                 .get<uint64_t>() >= 2;
     }));
   };
   std::atomic<bool> a_done{false}, c_held{false}, b_done{false};
@@ -784,7 +800,8 @@ TEST(ReducerTest, AJoinPassedOverAtTheLastLaunchedBoundaryIsCalledOffWhileOthers
     Learn(config, "learner-b", 2, 3, &b, [&](int boundary) {
       if (boundary == 0) all_alive();
       if (boundary == 1) {
-        EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond, [&]() { return a_done && c_held; }));
+        EXPECT_TRUE(
+            testing_util::WaitFor(60 * kMicrosPerSecond, [&]() { return a_done && c_held; }));
       }
     });
     b_done = true;
@@ -815,10 +832,13 @@ TEST(ReducerTest, LearnersTrainOnWhileTheLighthouseIsDown) {
   LearnerLog a, b;
   auto gate = [&](int boundary) {
     if (boundary == 0) {
-      outage.WithServer([](LighthouseServer* server) { AwaitRegistered(*server, {"learner-a", "learner-b"}); });
+      outage.WithServer([](LighthouseServer* server) {
+        AwaitRegistered(*server, {"learner-a", "learner-b"});
+      });
     }
     if (boundary != 2) return;
-    EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond, [&]() { return a.steps >= 8 && b.steps >= 8; }));
+    EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond,
+                                      [&]() { return a.steps >= 8 && b.steps >= 8; }));
     outage.TakeDown([&]() { return a.steps >= 16 && b.steps >= 16; });
   };
   std::thread ta([&]() { Learn(config, "learner-a", 1, 6, &a, gate); });

@@ -17,10 +17,13 @@ constexpr char kToken[] = "round-driver-test-token-0123456789";
 // Two parameters ("w" of 6 values, "b" of 2) in vectors; CopyIn counts.
 class VectorParameters final : public FlatParameters {
  public:
-  explicit VectorParameters(float start) : values_{std::vector<float>(6, start), std::vector<float>(2, start)} {}
+  explicit VectorParameters(float start)
+      : values_{std::vector<float>(6, start), std::vector<float>(2, start)} {}
   size_t count() const override { return 2; }
   const std::string& name(size_t i) const override { return names_[i]; }
-  std::vector<int64_t> shape(size_t i) const override { return i == 0 ? std::vector<int64_t>{2, 3} : std::vector<int64_t>{2}; }
+  std::vector<int64_t> shape(size_t i) const override {
+    return i == 0 ? std::vector<int64_t>{2, 3} : std::vector<int64_t>{2};
+  }
   size_t numel(size_t i) const override { return values_[i].size(); }
   void CopyOut(size_t i, std::span<float> out) const override {
     std::memcpy(out.data(), values_[i].data(), out.size() * sizeof(float));
@@ -168,10 +171,12 @@ TEST(RoundDriverTest, AJobOfKnownLengthEndsWithEveryLearnerHoldingTheAverageMode
     int64_t total;
     bool final_merge;
   };
-  // P = 2, H = 8 (fragment 0's boundaries at 8, 16, ...; fragment 1's at 4, 12, ...): each fragment's last
-  // round is before the last step: 16 and 20 of 22 (synchronous); 24 and 20 of 30, and 32 and 28 of 32 less
-  // the last fragment period's boundary (concurrent: 28 and 32 are not launched).
-  for (Case c : {Case{false, 22, true}, Case{true, 30, true}, Case{true, 32, true}, Case{true, 30, false}}) {
+  // P = 2, H = 8 (fragment 0's boundaries at 8, 16, ...; fragment 1's at 4, 12, ...): each
+  // fragment's last round is before the last step: 16 and 20 of 22 (synchronous); 24 and 20 of 30,
+  // and 32 and 28 of 32 less the last fragment period's boundary (concurrent: 28 and 32 are not
+  // launched).
+  for (Case c :
+       {Case{false, 22, true}, Case{true, 30, true}, Case{true, 32, true}, Case{true, 30, false}}) {
     SCOPED_TRACE(testing::Message() << "concurrent " << c.concurrent << ", total_steps " << c.total
                                     << ", final_merge " << c.final_merge);
     Config config = testing_util::SynchronousJobConfig(2, 8);

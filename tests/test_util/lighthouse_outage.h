@@ -46,7 +46,8 @@ class LighthouseOutage {
   uint64_t LatestRoundId() {
     return WithServer([](LighthouseServer* server) -> uint64_t {
       if (!server) return 0;
-      return nlohmann::json::parse(server->StatusJson())["summary"]["latest_round_id"].get<uint64_t>();
+      return nlohmann::json::parse(server->StatusJson())["summary"]["latest_round_id"]
+          .get<uint64_t>();
     });
   }
 
@@ -56,7 +57,8 @@ class LighthouseOutage {
   void TakeDown(std::function<bool()> back_when) {
     std::lock_guard lock(mu_);
     if (down_ || !server_) return;
-    last_round_before_ = nlohmann::json::parse(server_->StatusJson())["summary"]["latest_round_id"].get<uint64_t>();
+    last_round_before_ =
+        nlohmann::json::parse(server_->StatusJson())["summary"]["latest_round_id"].get<uint64_t>();
     const std::string address = server_->grpc_address();
     server_->Shutdown(0);
     server_.reset();

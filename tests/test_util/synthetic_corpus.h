@@ -11,8 +11,9 @@
 namespace mend::testing_util {
 
 inline void WriteSyntheticFortunes(const std::string& dir, int fortunes = 800, uint64_t seed = 7) {
-  static const char* const kWords[] = {"the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran",
-                                       "to", "see", "it", "was", "very", "good", "day", "for", "all"};
+  static const char* const kWords[] = {"the", "cat",  "sat",  "on",  "a",   "mat",
+                                       "and", "dog",  "ran",  "to",  "see", "it",
+                                       "was", "very", "good", "day", "for", "all"};
   std::filesystem::create_directories(dir);
   std::mt19937_64 random(seed);
   std::uniform_int_distribution<size_t> word(0, std::size(kWords) - 1);

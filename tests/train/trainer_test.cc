@@ -2,6 +2,8 @@
 // lowers the held-out loss, DataParallel averages gradients across learners
 // exactly, and learners that train with the reducer (or DDP) end with the
 // same model, so they report the same held-out loss bit for bit.
+#include "train/trainer.h"
+
 #include <cmath>
 #include <filesystem>
 #include <thread>
@@ -14,7 +16,6 @@
 #include "test_util/wait.h"
 #include "torch/nn/modules/linear.h"
 #include "train/model.h"
-#include "train/trainer.h"
 
 namespace mend::train {
 namespace {
@@ -37,7 +38,8 @@ TEST(GptTest, OutputAtAPositionDependsOnlyOnEarlierBytes) {
 
 TEST(GptTest, BadSizesNameTheOption) {
   EXPECT_EQ(CheckGptOptions({.dim = 30, .heads = 4}).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(CheckGptOptions({.dim = 30, .heads = 4}).message().find("heads"), std::string_view::npos);
+  EXPECT_NE(CheckGptOptions({.dim = 30, .heads = 4}).message().find("heads"),
+            std::string_view::npos);
   EXPECT_EQ(CheckGptOptions({.layers = 0}).code(), absl::StatusCode::kInvalidArgument);
 }
 
@@ -172,7 +174,8 @@ TEST(DataParallelTest, StartsFromRankZerosParametersAndAveragesGradientsByTokens
   b.join();
   EXPECT_EQ(weights[0], weights[1]) << "both start from rank 0's parameters";
   for (int i = 0; i < 2; ++i) {
-    for (int k = 0; k < 8; ++k) EXPECT_EQ(grads[static_cast<size_t>(i)][static_cast<size_t>(k)], 2.5f);
+    for (int k = 0; k < 8; ++k)
+      EXPECT_EQ(grads[static_cast<size_t>(i)][static_cast<size_t>(k)], 2.5f);
     EXPECT_EQ(grads[static_cast<size_t>(i)][8], 3.0f);  // (0 * 1 + 4 * 3) / 4
     EXPECT_GT(bytes[static_cast<size_t>(i)], 0u);
   }

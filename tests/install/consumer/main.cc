@@ -3,7 +3,6 @@
 #include <cstdio>
 
 #include "ATen/ATen.h"
-
 #include "mend/config.h"
 #include "mend/learner_agent.h"
 #include "mend/lighthouse.h"
@@ -11,8 +10,10 @@
 
 int main() {
   mend::ConfigSources sources;
-  sources.overrides = {{"quorum_min_learners", "1", "consumer"}, {"bind", "127.0.0.1:0", "consumer"},
-                       {"http", "", "consumer"}, {"sync_period_steps", "2", "consumer"},
+  sources.overrides = {{"quorum_min_learners", "1", "consumer"},
+                       {"bind", "127.0.0.1:0", "consumer"},
+                       {"http", "", "consumer"},
+                       {"sync_period_steps", "2", "consumer"},
                        {"log_level", "warn", "consumer"}};
   auto config = mend::LoadConfig(sources);
   if (!config.ok()) return std::printf("config: %s\n", config.status().ToString().c_str()), 1;
@@ -29,7 +30,8 @@ int main() {
   if (!reducer.ok()) return std::printf("reducer: %s\n", reducer.status().ToString().c_str()), 1;
   for (int step = 0; step < 4; ++step) {
     weight.sub_(0.5);
-    if (auto s = (*reducer)->step(1); !s.ok()) return std::printf("step: %s\n", s.ToString().c_str()), 1;
+    if (auto s = (*reducer)->step(1); !s.ok())
+      return std::printf("step: %s\n", s.ToString().c_str()), 1;
   }
   (void)(*reducer)->shutdown();
   std::printf("consumer: %llu rounds, weight[0] = %g\n",
