@@ -1,15 +1,41 @@
 #!/usr/bin/env bash
-# The test command: installs what is missing, builds, and runs the whole
-# suite; then builds mend without LibTorch (libmend.so with its C ABI,
-# mend-lighthouse, the Python package) in build-core and runs its suite, so
-# that nothing outside the LibTorch front ends comes to need LibTorch.
+# The test command, in stages (each prints its time):
+#   1. format: clang-format --dry-run -Werror over the C and C++ sources;
+#   2. build: installs what is missing, builds mend in build (scripts/setup.sh)
+#      and runs the whole suite;
+#   3. asan: builds the LibTorch-free part (libmend.so with its C ABI,
+#      mend-lighthouse and their tests) without LibTorch, with ASan and
+#      UBSan, in build-asan, and runs its unit, integration and
+#      multiprocess tests: nothing outside the LibTorch front ends may come
+#      to need LibTorch, and the sanitizers must report nothing.
+# Environment: MEND_BUILD_DIR (build), MEND_ASAN_BUILD_DIR (build-asan),
+# MEND_BUILD_TYPE, MEND_CMAKE_ARGS (see scripts/setup.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
-ctest --test-dir "${MEND_BUILD_DIR:-build}" --output-on-failure -j2 --timeout 300
-core=${MEND_CORE_BUILD_DIR:-build-core}
+started=$(date +%s)
+stage_start=$started
+stage() {
+  local now
+  now=$(date +%s)
+  echo "test.sh: stage '$1' took $((now - stage_start)) s (total $((now - started)) s)"
+  stage_start=$now
+}
+
+scripts/setup.sh  # (its apt step installs clang-format too)
+stage setup-and-build
+sources=$(find src include tests bench examples fuzz -name '*.cc' -o -name '*.h' -o -name '*.c' | sort)
 # shellcheck disable=SC2086
-cmake -S . -B "$core" -G Ninja -DCMAKE_BUILD_TYPE="${MEND_BUILD_TYPE:-RelWithDebInfo}" -DMEND_WITH_TORCH=OFF \
-  -DMEND_BUILD_BENCH=OFF ${MEND_CMAKE_ARGS:-} > /dev/null
-cmake --build "$core"
-ctest --test-dir "$core" --output-on-failure -j2 --timeout 300
+clang-format --dry-run -Werror $sources
+stage format
+
+ctest --test-dir "${MEND_BUILD_DIR:-build}" --output-on-failure -j2 --timeout 300
+stage tests
+
+asan=${MEND_ASAN_BUILD_DIR:-build-asan}
+# shellcheck disable=SC2086
+cmake -S . -B "$asan" -G Ninja -DCMAKE_BUILD_TYPE="${MEND_BUILD_TYPE:-RelWithDebInfo}" -DMEND_WITH_TORCH=OFF \
+  -DMEND_BUILD_BENCH=OFF -DMEND_BUILD_PYTHON=OFF -DMEND_SANITIZE=address ${MEND_CMAKE_ARGS:-} > /dev/null
+cmake --build "$asan"
+stage asan-build
+ctest --test-dir "$asan" --output-on-failure -j2 --timeout 600
+stage asan-tests

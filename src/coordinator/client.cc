@@ -63,6 +63,13 @@ class HeartbeatStreamImpl final
     last_ack_at_ = RealClock()->NowMicros();
     context_.AddMetadata("authorization", "Bearer " + token);
     stub->async()->Heartbeat(&context_, this);
+    // Send starts writes from the agent's thread, outside any reaction: the
+    // hold keeps gRPC from ending the call (OnDone, which frees it) while
+    // one may be starting. It goes once the stream is ending (a read or
+    // write failed, or this is destroyed) and no write is in flight
+    // (ReleaseIfIdle). Without it a Send racing the stream's end started a
+    // write on a freed call (ASan's build aborted: a pure virtual call).
+    AddHold();
     StartRead(&ack_);
     StartCall();
   }
@@ -70,13 +77,19 @@ class HeartbeatStreamImpl final
   ~HeartbeatStreamImpl() override {
     context_.TryCancel();
     std::unique_lock lock(mu_);
+    release_ = true;
+    if (ReleaseIfIdle()) {
+      lock.unlock();
+      RemoveHold();
+      lock.lock();
+    }
     done_cv_.wait(lock, [this]() { return done_; });
   }
 
   void Send(HeartbeatUpdate update) override {
     {
       std::lock_guard lock(mu_);
-      if (done_ || broken_) return;
+      if (done_ || broken_ || release_) return;
       if (writing_) {
         queued_ = std::move(update);
         return;
@@ -102,25 +115,38 @@ class HeartbeatStreamImpl final
   void Cancel() override { context_.TryCancel(); }
 
   void OnWriteDone(bool ok) override {
+    bool next = false;
+    bool release = false;
     {
       std::lock_guard lock(mu_);
       if (!ok) {
         broken_ = true;
-        writing_ = false;
-        return;
+        release_ = true;
       }
-      if (!queued_) {
+      if (ok && queued_ && !release_) {
+        Fill(*queued_);
+        next = true;
+      } else {
         writing_ = false;
-        return;
       }
-      Fill(*queued_);
       queued_.reset();
+      release = ReleaseIfIdle();
     }
-    StartWrite(&request_);
+    if (next) StartWrite(&request_);
+    if (release) RemoveHold();
   }
 
   void OnReadDone(bool ok) override {
-    if (!ok) return;  // the stream is ending; OnDone follows
+    if (!ok) {  // the stream is ending: OnDone follows once the hold is gone
+      bool release = false;
+      {
+        std::lock_guard lock(mu_);
+        release_ = true;
+        release = ReleaseIfIdle();
+      }
+      if (release) RemoveHold();
+      return;
+    }
     HeartbeatAck ack{ack_.slow(), ack_.slow_zscore(), ack_.latest_round_id(),
                      ack_.lighthouse_instance(), ack_.latest_round_step()};
     {
@@ -141,6 +167,14 @@ class HeartbeatStreamImpl final
   }
 
  private:
+  // Requires mu_. Whether the hold is to be removed now (by the caller,
+  // after unlocking): the stream is ending and no write is in flight.
+  bool ReleaseIfIdle() {
+    if (!held_ || !release_ || writing_) return false;
+    held_ = false;
+    return true;
+  }
+
   // Requires mu_.
   void Fill(const HeartbeatUpdate& update) {
     request_.Clear();
@@ -164,6 +198,8 @@ class HeartbeatStreamImpl final
   std::optional<HeartbeatUpdate> queued_;
   bool writing_ = false;
   bool broken_ = false;
+  bool held_ = true;      // the hold taken at the start
+  bool release_ = false;  // the stream is ending: the hold goes when no write is in flight
   bool done_ = false;
   Status status_;
   Micros last_ack_at_ = 0;
