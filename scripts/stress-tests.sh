@@ -41,7 +41,7 @@ pass() {
     else
       failures+=("$label: $name ($result; log $log)")
     fi
-  done < <(sed -nE 's/^ *[0-9]+\/[0-9]+ Test +#[0-9]+: ([^ ]+) \.+\**(Passed|Failed|Timeout|Not Run|Exception).*/\1 \2/p' "$log")
+  done < <(sed -nE 's/^ *[0-9]+\/[0-9]+ Test +#[0-9]+: ([^ ]+) .*\.{3} *\**(Passed|Failed|Timeout|Not Run|Exception|Subprocess aborted).*/\1 \2/p' "$log")
   return $rc
 }
 
