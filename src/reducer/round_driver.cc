@@ -832,10 +832,16 @@ class RoundDriverImpl final : public RoundDriver {
   // that one; concurrent mode none in the last fragment period). Every
   // member decides alike, from the round and the job's configuration.
   bool IsFinalMerge(uint64_t step, int fragment) const {
-    if (!config_.final_merge || config_.total_steps <= 0) return false;
-    const auto total = static_cast<uint64_t>(config_.total_steps);
-    return step >= total &&
+    const uint64_t total = FinalMergeStep();
+    return total > 0 && step >= total &&
            (concurrent_ || !schedule_.StartsAt(fragment, static_cast<int64_t>(total)));
+  }
+
+  // The step of the job's final merge: total_steps with final_merge on; 0: none.
+  uint64_t FinalMergeStep() const {
+    return config_.final_merge && config_.total_steps > 0
+               ? static_cast<uint64_t>(config_.total_steps)
+               : 0;
   }
 
   // The final merge (final_merge, at shutdown after the job's last step):
@@ -845,10 +851,7 @@ class RoundDriverImpl final : public RoundDriver {
   // too late: the others merged and left) is called off; it keeps its own
   // model, and says so.
   Status FinalMerge() {
-    if (!config_.final_merge || config_.total_steps <= 0 ||
-        stats_.steps != static_cast<uint64_t>(config_.total_steps)) {
-      return OkStatus();
-    }
+    if (FinalMergeStep() == 0 || stats_.steps != FinalMergeStep()) return OkStatus();
     std::vector<int> due;
     for (int f = 0; f < static_cast<int>(fragments_.size()); ++f) {
       // (A learner restored at this step from a checkpoint holds its merged state.)

@@ -320,7 +320,6 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config,
   if (reducer) {
     if (Status left = reducer->shutdown(); failure.ok() && !left.ok()) failure = left;
     result.final_merge_seconds = elapsed() - result.seconds;
-    result.final_rounds = reducer->stats().final_rounds;
   }
   if (data_parallel) {
     if (Status left = data_parallel->shutdown(); failure.ok() && !left.ok()) failure = left;
@@ -340,6 +339,7 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config,
   if (reducer) {
     const ReducerStats stats = reducer->stats();
     result.rounds = stats.rounds;
+    result.final_rounds = stats.final_rounds;
     result.failed_rounds = stats.failed_rounds;
     result.passed_over = stats.passed_over;
     result.heals = stats.heals;
