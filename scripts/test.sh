@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # The test command, in stages (each prints its time):
-#   1. format: clang-format --dry-run -Werror over the C and C++ sources;
-#   2. build: installs what is missing, builds mend in build (scripts/setup.sh)
-#      and runs the whole suite;
-#   3. asan: builds the LibTorch-free part (libmend.so with its C ABI,
+#   1. setup-and-build: installs what is missing, builds mend in build
+#      (scripts/setup.sh);
+#   2. format: clang-format --dry-run -Werror over the C and C++ sources;
+#   3. thread-safety: clang's thread-safety analysis over the LibTorch-free
+#      sources, findings are errors (scripts/thread-safety.sh, build-tsa);
+#   4. tests: the whole suite in build;
+#   5. asan: builds the LibTorch-free part (libmend.so with its C ABI,
 #      mend-lighthouse and their tests) without LibTorch, with ASan and
 #      UBSan, in build-asan, and runs its unit, integration and
 #      multiprocess tests: nothing outside the LibTorch front ends may come
-#      to need LibTorch, and the sanitizers must report nothing.
+#      to need LibTorch, and the sanitizers must report nothing;
+#   6. tsan: the coordinator, data plane, round driver and group tests
+#      built with TSan (scripts/tsan-tests.sh, build-tsan): no report.
 # Environment: MEND_BUILD_DIR (build), MEND_ASAN_BUILD_DIR (build-asan),
 # MEND_BUILD_TYPE, MEND_CMAKE_ARGS (see scripts/setup.sh).
 set -euo pipefail
@@ -28,6 +33,9 @@ sources=$(find src include tests bench examples fuzz -name '*.cc' -o -name '*.h'
 clang-format --dry-run -Werror $sources
 stage format
 
+scripts/thread-safety.sh
+stage thread-safety
+
 ctest --test-dir "${MEND_BUILD_DIR:-build}" --output-on-failure -j2 --timeout 300
 stage tests
 
@@ -39,3 +47,6 @@ cmake --build "$asan"
 stage asan-build
 ctest --test-dir "$asan" --output-on-failure -j2 --timeout 600
 stage asan-tests
+
+scripts/tsan-tests.sh
+stage tsan

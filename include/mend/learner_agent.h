@@ -87,6 +87,11 @@ class LearnerAgent {
   // down, restarting or cut off. A join pending then cannot form a round
   // until it is back.
   virtual bool lighthouse_lost() const = 0;
+  // True once every heartbeat acknowledgement for a heartbeat timeout has
+  // said that this learner's pending join is short of a quorum: fewer
+  // learners are alive than the quorum's minimum (the others left or died),
+  // so it cannot form a round until some come back. Reset by each Quorum().
+  virtual bool short_of_quorum() const = 0;
   // How many times this agent has registered (1 + re-registrations).
   virtual uint64_t registrations() const = 0;
   virtual Status fatal_status() const = 0;

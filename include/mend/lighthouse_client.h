@@ -105,6 +105,9 @@ struct HeartbeatAck {
   uint64_t latest_round_id = 0;
   uint64_t lighthouse_instance = 0;
   uint64_t latest_round_step = 0;  // that round's boundary step
+  // The join is pending and fewer learners are alive than the quorum's
+  // minimum: it cannot form a round until learners come back.
+  bool short_of_quorum = false;
 };
 
 // A learner's heartbeat stream (gRPC bidirectional stream, callback API).

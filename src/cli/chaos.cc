@@ -13,6 +13,7 @@
 #include <set>
 #include <thread>
 
+#include "core/free_ports.h"
 #include "core/status_format.h"
 #include "fmt/format.h"
 #include "mend/lighthouse.h"
@@ -28,15 +29,16 @@ int64_t NowMs() {
       .count();
 }
 
-// One learner slot: the process now running under its id, and its progress.
-struct Learner {
+// One process slot (a learner, or one rank of a learner's group): the
+// process now running in it, and its progress.
+struct Slot {
   std::unique_ptr<Subprocess> process;
   std::thread reader;
   LearnerProgressView view;  // guarded by the harness mutex
   bool done = false;         // exited 0 after its last step
-  bool down = false;         // killed, not restarted yet
+  bool down = false;         // killed (or its group broke), not restarted yet
   bool nonfinite = false;    // a non-finite loss in any of its processes
-  int64_t last_step = 0;     // the step it had reached before it was killed
+  int64_t last_step = 0;     // the step it had reached when it went down
 };
 
 // The fault being injected now.
@@ -103,8 +105,7 @@ class Harness {
       }
       failure = ReapExited();
       if (!failure.ok()) break;
-      if (std::all_of(learners_.begin(), learners_.end(), [](const Learner& l) { return l.done; }))
-        break;
+      if (std::all_of(slots_.begin(), slots_.end(), [](const Slot& s) { return s.done; })) break;
       failure = active_ ? Advance() : MaybeStartFault();
     }
     if (active_) {  // leave nothing stopped; the fault still counts
@@ -113,9 +114,9 @@ class Harness {
       report_.faults.push_back(active_->record);
       active_.reset();
     }
-    for (Learner& learner : learners_) {
-      if (learner.process) learner.process->Kill();
-      if (learner.reader.joinable()) learner.reader.join();
+    for (Slot& slot : slots_) {
+      if (slot.process) slot.process->Kill();
+      if (slot.reader.joinable()) slot.reader.join();
     }
     if (server_) server_->Shutdown();
     if (!failure.ok()) return failure;
@@ -131,6 +132,10 @@ class Harness {
     if (o_.job.mode != "diloco")
       return InvalidArgumentError("chaos: the job must be in diloco mode");
     if (o_.job.learners < 2) return InvalidArgumentError("chaos: needs at least 2 learners");
+    if (o_.job.ranks_per_learner < 1) {
+      return InvalidArgumentError(fmt::format("chaos: --ranks-per-learner {}: must be at least 1",
+                                              o_.job.ranks_per_learner));
+    }
     if (o_.faults.empty()) return InvalidArgumentError("chaos: no fault kinds given");
     for (const std::string& kind : o_.faults) {
       if (kind != "kill" && kind != "stop" && kind != "slow" && kind != "lighthouse") {
@@ -144,6 +149,11 @@ class Harness {
     spec_.settings.push_back(fmt::format("diagnostics_dir={}/diagnostics", dir_));
     spec_.settings.push_back(fmt::format("checkpoint_dir={}/checkpoints", dir_));
     spec_.settings.push_back("checkpoint_every_rounds=2");
+    if (GroupedJob(spec_) && spec_.group_stores.empty()) {
+      // Each group's own store, on the same port across the group's restarts.
+      MEND_ASSIGN_OR_RETURN(std::vector<int> ports, FreeLoopbackPorts(spec_.learners));
+      for (int port : ports) spec_.group_stores.push_back(fmt::format("127.0.0.1:{}", port));
+    }
     std::error_code error;
     std::filesystem::remove_all(dir_ + "/diagnostics", error);
     std::filesystem::remove_all(dir_ + "/checkpoints", error);
@@ -161,76 +171,131 @@ class Harness {
         static_cast<double>(spec_.grace_window_ms + spec_.heartbeat_timeout_ms) / 1000 +
         o_.stall_slack_s;
 
-    learners_ = std::vector<Learner>(static_cast<size_t>(spec_.learners));
-    for (int i = 0; i < spec_.learners; ++i) MEND_RETURN_IF_ERROR(Spawn(i, 0));
+    slots_ = std::vector<Slot>(static_cast<size_t>(JobProcesses(spec_)));
+    for (int i = 0; i < JobProcesses(spec_); ++i) MEND_RETURN_IF_ERROR(Spawn(i, 0));
     return OkStatus();
   }
 
-  // The learners still training, with their step and the end of their log.
+  // Ranks per learner (1 for learners of one process).
+  int Ranks() const { return GroupedJob(spec_) ? spec_.ranks_per_learner : 1; }
+  int LearnerOf(int slot) const { return slot / Ranks(); }
+  Slot& SlotOf(int learner, int rank) {
+    return slots_[static_cast<size_t>(learner * Ranks() + rank)];
+  }
+  bool LearnerDone(int learner) {
+    for (int r = 0; r < Ranks(); ++r) {
+      if (!SlotOf(learner, r).done) return false;
+    }
+    return true;
+  }
+
+  // "learner-2", or "learner-2.1" for rank 1 of a group (its log and result).
+  std::string Label(int slot) const {
+    return GroupedJob(spec_) ? fmt::format("learner-{}.{}", LearnerOf(slot) + 1, slot % Ranks())
+                             : fmt::format("learner-{}", slot + 1);
+  }
+  // Its diagnostics' name: "learner-2", or "learner-2.rank1".
+  std::string DiagnosticsName(int learner, int rank) const {
+    return GroupedJob(spec_) ? fmt::format("learner-{}.rank{}", learner + 1, rank)
+                             : fmt::format("learner-{}", learner + 1);
+  }
+  // A fault's target: "learner-2", or "learner-2 rank 1".
+  std::string Target(const FaultRecord& r) const {
+    return r.rank >= 0 ? fmt::format("learner-{} rank {}", r.learner + 1, r.rank)
+                       : fmt::format("learner-{}", r.learner + 1);
+  }
+
+  // The processes still training, with their step and the end of their log.
   std::string Unfinished() {
     std::string out;
-    for (size_t i = 0; i < learners_.size(); ++i) {
-      if (learners_[i].done) continue;
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      if (slots_[i].done) continue;
       int64_t step = 0;
       {
         std::lock_guard lock(mu_);
-        step = learners_[i].view.step;
+        step = slots_[i].view.step;
       }
-      out += fmt::format("\nlearner-{} still at step {} of {}; log {}:\n{}", i + 1, step, o_.steps,
-                         Log(static_cast<int>(i)), FileTail(Log(static_cast<int>(i)), 1500));
+      const int slot = static_cast<int>(i);
+      out += fmt::format("\n{} still at step {} of {}; log {}:\n{}", Label(slot), step, o_.steps,
+                         Log(slot), FileTail(Log(slot), 1500));
     }
     return out;
   }
 
-  std::string Log(int i) const { return fmt::format("{}/learner-{}.log", dir_, i + 1); }
-  std::string ResultFile(int i) const {
-    return fmt::format("{}/learner-{}.result.json", dir_, i + 1);
+  std::string Log(int slot) const { return fmt::format("{}/{}.log", dir_, Label(slot)); }
+  std::string ResultFile(int slot) const {
+    return fmt::format("{}/{}.result.json", dir_, Label(slot));
   }
 
-  Status Spawn(int i, int64_t start_step) {
-    Learner& learner = learners_[static_cast<size_t>(i)];
+  Status Spawn(int slot, int64_t start_step) {
+    Slot& s = slots_[static_cast<size_t>(slot)];
     std::vector<std::string> argv =
-        LearnerArgv(spec_, mend_, i, address_, token_file_, ResultFile(i));
+        LearnerArgv(spec_, mend_, slot, address_, token_file_, ResultFile(slot));
     if (start_step > 0) {
       argv.push_back("--start-step");
       argv.push_back(std::to_string(start_step));
     }
-    MEND_ASSIGN_OR_RETURN(learner.process, SpawnLearner(std::move(argv), Log(i)));
+    MEND_ASSIGN_OR_RETURN(s.process, SpawnLearner(std::move(argv), Log(slot)));
     {
       std::lock_guard lock(mu_);
-      learner.view = LearnerProgressView{};
+      s.view = LearnerProgressView{};
     }
-    learner.down = false;
-    learner.reader = std::thread(
-        [this, &learner]() { ReadLearnerProgress(*learner.process, mu_, changed_, learner.view); });
+    s.down = false;
+    s.reader =
+        std::thread([this, &s]() { ReadLearnerProgress(*s.process, mu_, changed_, s.view); });
     return OkStatus();
   }
 
-  // Learners that exited: 0 after training is done; anything else, unless
-  // the harness killed it, fails the run.
+  // SIGKILLs the process in `s`, and keeps the step it had reached.
+  void KillSlot(Slot& s) {
+    s.process->Kill();
+    if (s.reader.joinable()) s.reader.join();
+    std::lock_guard lock(mu_);
+    s.nonfinite |= s.view.nonfinite_loss;
+    s.last_step = s.view.step;
+    s.down = true;
+  }
+
+  // Processes that exited: 0 after training is done; anything else, unless
+  // the harness killed it, fails the run. One exception: the other ranks of
+  // a group that lost a rank to a kill may exit with an error (their group
+  // is broken) before the group is restarted.
   Status ReapExited() {
-    for (size_t i = 0; i < learners_.size(); ++i) {
-      Learner& learner = learners_[i];
-      if (learner.done || learner.down || !learner.process) continue;
-      StatusOr<int> status = learner.process->Wait(0);
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      Slot& s = slots_[i];
+      const int slot = static_cast<int>(i);
+      if (s.done || s.down || !s.process) continue;
+      StatusOr<int> status = s.process->Wait(0);
       if (!status.ok()) continue;  // still running
-      if (learner.reader.joinable()) learner.reader.join();
+      if (s.reader.joinable()) s.reader.join();
       {
         std::lock_guard lock(mu_);
-        learner.nonfinite |= learner.view.nonfinite_loss;
+        s.nonfinite |= s.view.nonfinite_loss;
+        s.last_step = s.view.step;
       }
       if (WIFEXITED(*status) && WEXITSTATUS(*status) == 0) {
-        learner.done = true;
-        say_(fmt::format("learner-{} finished", i + 1));
+        s.done = true;
+        say_(fmt::format("{} finished", Label(slot)));
         continue;
       }
-      return InternalError(
-          fmt::format("chaos: learner-{} failed on its own ({}); log {}:\n{}", i + 1,
-                      WIFEXITED(*status) ? fmt::format("exit {}", WEXITSTATUS(*status))
-                                         : fmt::format("signal {}", WTERMSIG(*status)),
-                      Log(static_cast<int>(i)), FileTail(Log(static_cast<int>(i)), 1500)));
+      if (GroupRestartPending(LearnerOf(slot))) {
+        s.down = true;
+        say_(fmt::format("  {} stopped: its group lost a rank", Label(slot)));
+        continue;
+      }
+      return InternalError(fmt::format("chaos: {} failed on its own ({}); log {}:\n{}", Label(slot),
+                                       WIFEXITED(*status)
+                                           ? fmt::format("exit {}", WEXITSTATUS(*status))
+                                           : fmt::format("signal {}", WTERMSIG(*status)),
+                                       Log(slot), FileTail(Log(slot), 1500)));
     }
     return OkStatus();
+  }
+
+  // A rank of `learner`'s group was killed and the group not restarted yet.
+  bool GroupRestartPending(int learner) const {
+    return GroupedJob(spec_) && active_ && active_->record.kind == "kill" && !active_->ended &&
+           active_->record.learner == learner;
   }
 
   double Gap() {
@@ -241,14 +306,14 @@ class Harness {
     return std::uniform_real_distribution<double>(lo, std::max(lo, hi))(random_);
   }
 
-  uint64_t RoundsOf(int i) {
+  // A learner's rounds: its rank 0's (every rank takes the same rounds up).
+  uint64_t RoundsOf(int learner) {
     std::lock_guard lock(mu_);
-    return learners_[static_cast<size_t>(i)].view.rounds;
+    return SlotOf(learner, 0).view.rounds;
   }
   uint64_t JobRounds() {
-    std::lock_guard lock(mu_);
     uint64_t rounds = 0;
-    for (const Learner& l : learners_) rounds += l.view.rounds;
+    for (int l = 0; l < spec_.learners; ++l) rounds += RoundsOf(l);
     return rounds;
   }
 
@@ -258,9 +323,9 @@ class Harness {
     int64_t least_step = INT64_MAX;
     {
       std::lock_guard lock(mu_);
-      for (const Learner& l : learners_) {
-        if (l.done || l.down) return OkStatus();
-        least_step = std::min(least_step, l.view.step);
+      for (const Slot& s : slots_) {
+        if (s.done || s.down) return OkStatus();
+        least_step = std::min(least_step, s.view.step);
       }
     }
     if (least_step == 0) return OkStatus();  // not training yet
@@ -274,33 +339,27 @@ class Harness {
     r.learner = r.kind == "lighthouse"
                     ? -1
                     : std::uniform_int_distribution<int>(0, spec_.learners - 1)(random_);
-    Learner* target = r.learner >= 0 ? &learners_[static_cast<size_t>(r.learner)] : nullptr;
+    if (r.learner >= 0 && GroupedJob(spec_))
+      r.rank = std::uniform_int_distribution<int>(0, Ranks() - 1)(random_);
+    Slot* target = r.learner >= 0 ? &SlotOf(r.learner, std::max(r.rank, 0)) : nullptr;
     if (target) {
       std::lock_guard lock(mu_);
       r.step = target->view.step;
     }
     if (r.kind == "kill") {
-      target->process->Kill();
-      if (target->reader.joinable()) target->reader.join();
-      {
-        std::lock_guard lock(mu_);
-        target->nonfinite |= target->view.nonfinite_loss;
-        target->last_step = target->view.step;
-      }
-      target->down = true;
+      KillSlot(*target);
       active->until_ms = now + static_cast<int64_t>(1000 * o_.restart_delay_s);
-      say_(fmt::format("fault {}: SIGKILL learner-{} at step {}", fault_count_, r.learner + 1,
-                       r.step));
+      say_(fmt::format("fault {}: SIGKILL {} at step {}", fault_count_, Target(r), r.step));
     } else if (r.kind == "stop") {
       MEND_RETURN_IF_ERROR(target->process->Signal(SIGSTOP));
       active->until_ms = now + static_cast<int64_t>(1000 * Uniform(o_.stop_min_s, o_.stop_max_s));
-      say_(fmt::format("fault {}: SIGSTOP learner-{} at step {} for {:.1f} s", fault_count_,
-                       r.learner + 1, r.step, static_cast<double>(active->until_ms - now) / 1000));
+      say_(fmt::format("fault {}: SIGSTOP {} at step {} for {:.1f} s", fault_count_, Target(r),
+                       r.step, static_cast<double>(active->until_ms - now) / 1000));
     } else if (r.kind == "slow") {
       active->until_ms = now + static_cast<int64_t>(1000 * o_.slow_s);
       active->next_toggle_ms = now;
-      say_(fmt::format("fault {}: throttling learner-{} at step {} ({:.0f}% stopped) for {:.1f} s",
-                       fault_count_, r.learner + 1, r.step, 100 * o_.slow_duty, o_.slow_s));
+      say_(fmt::format("fault {}: throttling {} at step {} ({:.0f}% stopped) for {:.1f} s",
+                       fault_count_, Target(r), r.step, 100 * o_.slow_duty, o_.slow_s));
     } else {
       server_->Shutdown();
       server_.reset();
@@ -317,17 +376,28 @@ class Harness {
     Active& a = *active_;
     FaultRecord& r = a.record;
     const int64_t now = NowMs();
-    Learner* target = r.learner >= 0 ? &learners_[static_cast<size_t>(r.learner)] : nullptr;
     if (r.kind == "kill") {
-      // It goes on from its last boundary; a checkpoint or a heal moves it
-      // to the job's step.
+      // As torchrun does when a worker fails: the group's other ranks are
+      // stopped, and every rank is started again. The learner goes on from
+      // its ranks' last boundary; a checkpoint or a heal moves it to the
+      // job's step.
+      int64_t step = INT64_MAX;
+      for (int rank = 0; rank < Ranks(); ++rank) {
+        Slot& s = SlotOf(r.learner, rank);
+        if (!s.down) KillSlot(s);
+        step = std::min(step, s.last_step);
+      }
       const int64_t h = std::max<int64_t>(1, o_.sync_period_steps);
-      MEND_RETURN_IF_ERROR(Spawn(r.learner, target->last_step / h * h));
-      say_(fmt::format("  learner-{} restarted", r.learner + 1));
+      for (int rank = 0; rank < Ranks(); ++rank)
+        MEND_RETURN_IF_ERROR(Spawn(r.learner * Ranks() + rank, step / h * h));
+      say_(Ranks() > 1
+               ? fmt::format("  learner-{} restarted (all {} ranks)", r.learner + 1, Ranks())
+               : fmt::format("  learner-{} restarted", r.learner + 1));
     } else if (r.kind == "stop" || r.kind == "slow") {
-      MEND_RETURN_IF_ERROR(target->process->Signal(SIGCONT));
-      if (r.kind == "stop") say_(fmt::format("  learner-{} continued (SIGCONT)", r.learner + 1));
-      if (r.kind == "slow") say_(fmt::format("  learner-{} at full speed again", r.learner + 1));
+      Slot& target = SlotOf(r.learner, std::max(r.rank, 0));
+      MEND_RETURN_IF_ERROR(target.process->Signal(SIGCONT));
+      if (r.kind == "stop") say_(fmt::format("  {} continued (SIGCONT)", Target(r)));
+      if (r.kind == "slow") say_(fmt::format("  {} at full speed again", Target(r)));
     } else {
       StatusOr<std::unique_ptr<LighthouseServer>> server =
           LighthouseServer::Start(lighthouse_config_, token_);
@@ -350,7 +420,7 @@ class Harness {
     const int64_t now = NowMs();
     if (!a.ended) {
       if (r.kind == "slow" && now < a.until_ms && now >= a.next_toggle_ms) {
-        Learner& target = learners_[static_cast<size_t>(r.learner)];
+        Slot& target = SlotOf(r.learner, std::max(r.rank, 0));
         constexpr int64_t kPeriodMs = 200;
         a.stopped = !a.stopped;
         MEND_RETURN_IF_ERROR(target.process->Signal(a.stopped ? SIGSTOP : SIGCONT));
@@ -364,8 +434,7 @@ class Harness {
     // lighthouse, the job did); or it finished; or we stop waiting.
     bool recovered = now >= a.give_up_ms;
     if (r.learner >= 0) {
-      recovered |=
-          RoundsOf(r.learner) > a.rounds_then || learners_[static_cast<size_t>(r.learner)].done;
+      recovered |= RoundsOf(r.learner) > a.rounds_then || LearnerDone(r.learner);
     } else {
       recovered |= JobRounds() > a.rounds_then;
     }
@@ -377,29 +446,55 @@ class Harness {
     return OkStatus();
   }
 
-  // Every round, from the learners' diagnostics.
+  // Every round, from the processes' diagnostics: the members' global
+  // states agree (in a group, rank by rank: each rank holds its slice's),
+  // and a group's ranks hold the same whole replica after each round.
   Status Analyze() {
     const std::string diagnostics = dir_ + "/diagnostics";
-    std::map<uint64_t, std::map<std::string, std::string>> digests;  // round -> learner -> sha
-    std::map<int, std::vector<json>> rounds_of;
-    for (int i = 0; i < spec_.learners; ++i) {
-      const std::string id = fmt::format("learner-{}", i + 1);
-      rounds_of[i] = ReadJsonLines(fmt::format("{}/{}.rounds.jsonl", diagnostics, id));
-      for (const json& round : rounds_of[i]) {
-        if (!round.value("ok", false) || !round.contains("global_sha256")) continue;
-        digests[round.value("round_id", uint64_t{0})][id] = round.value("global_sha256", "");
+    // round -> rank -> learner -> digest of the global state (slice)
+    std::map<uint64_t, std::map<int, std::map<int, std::string>>> digests;
+    // (round, learner) -> rank -> digest of the whole replica (groups)
+    std::map<std::pair<uint64_t, int>, std::set<std::string>> replicas;
+    std::map<int, std::vector<json>> rounds_of;  // learner -> its rank 0's rounds
+    for (int l = 0; l < spec_.learners; ++l) {
+      for (int rank = 0; rank < Ranks(); ++rank) {
+        std::vector<json> rounds =
+            ReadJsonLines(fmt::format("{}/{}.rounds.jsonl", diagnostics, DiagnosticsName(l, rank)));
+        for (const json& round : rounds) {
+          if (!round.value("ok", false) || !round.contains("global_sha256")) continue;
+          const uint64_t id = round.value("round_id", uint64_t{0});
+          digests[id][rank][l] = round.value("global_sha256", "");
+          if (round.contains("parameters_sha256"))
+            replicas[{id, l}].insert(round.value("parameters_sha256", ""));
+        }
+        if (rank == 0) rounds_of[l] = std::move(rounds);
       }
     }
     json mismatches = json::array();
-    for (const auto& [round_id, by_learner] : digests) {
+    for (const auto& [round_id, by_rank] : digests) {
       report_.rounds++;
-      if (by_learner.size() < 2) continue;
-      report_.rounds_checked++;
-      std::set<std::string> distinct;
-      for (const auto& [id, sha] : by_learner) distinct.insert(sha);
-      if (distinct.size() > 1) {
+      bool checked = false, differ = false;
+      for (const auto& [rank, by_learner] : by_rank) {
+        if (by_learner.size() < 2) continue;
+        checked = true;
+        std::set<std::string> distinct;
+        for (const auto& [learner, sha] : by_learner) distinct.insert(sha);
+        differ |= distinct.size() > 1;
+      }
+      report_.rounds_checked += checked ? 1 : 0;
+      if (differ) {
         report_.digest_mismatches++;
         mismatches.push_back(round_id);
+      }
+    }
+    json rank_mismatches = json::array();
+    if (GroupedJob(spec_)) {
+      for (const auto& [key, distinct] : replicas) {
+        report_.rank_rounds_checked++;
+        if (distinct.size() > 1) {
+          report_.rank_digest_mismatches++;
+          rank_mismatches.push_back({{"round_id", key.first}, {"learner", key.second + 1}});
+        }
       }
     }
     // Heals of restarted learners: restart -> its first round completed.
@@ -416,62 +511,69 @@ class Harness {
         break;
       }
     }
-    // Step waits of healthy learners, by the fault active at the time.
+    // Step waits of healthy learners (every rank), by the fault active at
+    // the time. A fault against one rank of a group is its whole group's.
     json waits = json::array();
     std::map<std::string, double>
         max_wait_by_kind;  // healthy learners' longest step per fault kind
-    for (int i = 0; i < spec_.learners; ++i) {
-      const std::vector<json> steps =
-          ReadJsonLines(fmt::format("{}/learner-{}.steps.jsonl", diagnostics, i + 1));
-      for (const json& step : steps) {
-        const double wait_s = step.value("step_ms", 0.0) / 1000;
-        const int64_t end = step.value("t_ms", int64_t{0});
-        const int64_t begin = end - static_cast<int64_t>(1000 * wait_s);
-        const FaultRecord* during = nullptr;
-        bool own = false;
-        for (size_t k = 0; k < report_.faults.size(); ++k) {
-          const FaultRecord& f = report_.faults[k];
-          if (begin > over_ms_[k] || end < f.start_ms) continue;
-          if (f.learner == i) own = true;
-          during = &f;
-        }
-        if (during == nullptr) {
-          report_.max_wait_no_fault_s = std::max(report_.max_wait_no_fault_s, wait_s);
-          continue;
-        }
-        if (own) continue;
-        double& by_kind = max_wait_by_kind[during->kind];
-        by_kind = std::max(by_kind, wait_s);
-        if (during->kind == "lighthouse") {
-          report_.max_wait_lighthouse_s = std::max(report_.max_wait_lighthouse_s, wait_s);
-          continue;
-        }
-        report_.max_wait_learner_fault_s = std::max(report_.max_wait_learner_fault_s, wait_s);
-        if (wait_s > report_.stall_bound_s) {
-          report_.stalls++;
-          waits.push_back({{"learner", i + 1},
-                           {"step", step.value("step", 0)},
-                           {"wait_s", wait_s},
-                           {"fault", during->kind}});
+    for (int l = 0; l < spec_.learners; ++l) {
+      for (int rank = 0; rank < Ranks(); ++rank) {
+        const std::vector<json> steps =
+            ReadJsonLines(fmt::format("{}/{}.steps.jsonl", diagnostics, DiagnosticsName(l, rank)));
+        for (const json& step : steps) {
+          const double wait_s = step.value("step_ms", 0.0) / 1000;
+          const int64_t end = step.value("t_ms", int64_t{0});
+          const int64_t begin = end - static_cast<int64_t>(1000 * wait_s);
+          const FaultRecord* during = nullptr;
+          bool own = false;
+          for (size_t k = 0; k < report_.faults.size(); ++k) {
+            const FaultRecord& f = report_.faults[k];
+            if (begin > over_ms_[k] || end < f.start_ms) continue;
+            if (f.learner == l) own = true;
+            during = &f;
+          }
+          if (during == nullptr) {
+            report_.max_wait_no_fault_s = std::max(report_.max_wait_no_fault_s, wait_s);
+            continue;
+          }
+          if (own) continue;
+          double& by_kind = max_wait_by_kind[during->kind];
+          by_kind = std::max(by_kind, wait_s);
+          if (during->kind == "lighthouse") {
+            report_.max_wait_lighthouse_s = std::max(report_.max_wait_lighthouse_s, wait_s);
+            continue;
+          }
+          report_.max_wait_learner_fault_s = std::max(report_.max_wait_learner_fault_s, wait_s);
+          if (wait_s > report_.stall_bound_s) {
+            report_.stalls++;
+            json wait = {{"learner", l + 1},
+                         {"step", step.value("step", 0)},
+                         {"wait_s", wait_s},
+                         {"fault", during->kind}};
+            if (GroupedJob(spec_)) wait["rank"] = rank;
+            waits.push_back(std::move(wait));
+          }
         }
       }
     }
-    // Results and losses.
+    // Results and losses (every process: a group's ranks evaluate alike).
     double eval_sum = 0;
-    for (int i = 0; i < spec_.learners; ++i) {
-      std::ifstream in(ResultFile(i));
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      const int slot = static_cast<int>(i);
+      std::ifstream in(ResultFile(slot));
       json result = json::parse(in, nullptr, /*allow_exceptions=*/false);
       if (!result.is_object())
-        return InternalError(fmt::format("chaos: no result in {}", ResultFile(i)));
+        return InternalError(fmt::format("chaos: no result in {}", ResultFile(slot)));
       const double eval = result.value("eval_loss", std::nan(""));
-      if (!std::isfinite(eval) || learners_[static_cast<size_t>(i)].nonfinite)
-        report_.losses_finite = false;
+      if (!std::isfinite(eval) || slots_[i].nonfinite) report_.losses_finite = false;
       eval_sum += eval;
-      report_.passed_over += result.value("passed_over", uint64_t{0});
+      // A join is its learner's (rank 0 makes it for the group).
+      if (slot % Ranks() == 0) report_.passed_over += result.value("passed_over", uint64_t{0});
       report_.json["results"].push_back(result);
     }
-    report_.eval_loss = eval_sum / spec_.learners;
+    report_.eval_loss = eval_sum / static_cast<double>(slots_.size());
     report_.json["digest_mismatch_rounds"] = mismatches;
+    report_.json["rank_digest_mismatches_at"] = rank_mismatches;
     report_.json["stalls"] = waits;
     report_.json["max_wait_by_kind_s"] = max_wait_by_kind;
     return OkStatus();
@@ -496,6 +598,11 @@ class Harness {
       r.violations.push_back(fmt::format("{} round(s) whose members' global state digests differ",
                                          r.digest_mismatches));
     }
+    if (r.rank_digest_mismatches > 0) {
+      r.violations.push_back(
+          fmt::format("{} round(s) after which the ranks of a learner hold different parameters",
+                      r.rank_digest_mismatches));
+    }
     if (r.stalls > 0) {
       r.violations.push_back(fmt::format(
           "{} step(s) of healthy learners waited longer than {:.1f} s during a learner fault",
@@ -503,6 +610,14 @@ class Harness {
     }
     if (!r.losses_finite) r.violations.push_back("a loss was not finite");
     if (r.rounds_checked == 0) r.violations.push_back("no round had two members to compare");
+    if (GroupedJob(spec_) && r.rank_rounds_checked == 0)
+      r.violations.push_back("no round had a group's ranks to compare");
+    if (r.reference_eval_loss > 0 &&
+        r.eval_loss > (1 + o_.loss_tolerance) * r.reference_eval_loss) {
+      r.violations.push_back(fmt::format(
+          "final eval loss {:.4f} is more than {:.0f}% above the fault-free run's {:.4f}",
+          r.eval_loss, 100 * o_.loss_tolerance, r.reference_eval_loss));
+    }
     r.passed = r.violations.empty();
     // Issue 5's healing target, where the link rate is known: a heal under
     // 1.5 x (bytes / link) + 2 s; checked for the transfer and, stricter,
@@ -524,6 +639,7 @@ class Harness {
       faults.push_back({{"kind", f.kind},
                         {"learner", f.learner >= 0 ? json(fmt::format("learner-{}", f.learner + 1))
                                                    : json(nullptr)},
+                        {"rank", f.rank >= 0 ? json(f.rank) : json(nullptr)},
                         {"start_ms", f.start_ms},
                         {"end_ms", f.end_ms},
                         {"step", f.step},
@@ -534,10 +650,13 @@ class Harness {
     r.json["faults"] = faults;
     r.json["seed"] = o_.seed;
     r.json["learners"] = spec_.learners;
+    r.json["ranks_per_learner"] = Ranks();
     r.json["steps"] = o_.steps;
     r.json["rounds"] = r.rounds;
     r.json["rounds_checked"] = r.rounds_checked;
     r.json["digest_mismatches"] = r.digest_mismatches;
+    r.json["rank_rounds_checked"] = r.rank_rounds_checked;
+    r.json["rank_digest_mismatches"] = r.rank_digest_mismatches;
     r.json["stall_bound_s"] = r.stall_bound_s;
     r.json["stall_count"] = r.stalls;
     r.json["max_wait_learner_fault_s"] = r.max_wait_learner_fault_s;
@@ -547,6 +666,7 @@ class Harness {
     r.json["losses_finite"] = r.losses_finite;
     r.json["eval_loss"] = r.eval_loss;
     r.json["reference_eval_loss"] = r.reference_eval_loss;
+    r.json["loss_tolerance"] = o_.loss_tolerance;
     r.json["wall_s"] = r.wall_s;
     r.json["reference_wall_s"] = r.reference_wall_s;
     r.json["link_rate_mbit"] = SettingValue(spec_.settings, "link_rate_mbit", 0);
@@ -568,7 +688,7 @@ class Harness {
   std::unique_ptr<LighthouseServer> server_;
   std::mutex mu_;
   std::condition_variable changed_;
-  std::vector<Learner> learners_;
+  std::vector<Slot> slots_;  // by process: learner x ranks + rank
   std::unique_ptr<Active> active_;
   int64_t next_fault_ms_ = 0;
   std::vector<int64_t> over_ms_;  // per recorded fault: when it had recovered

@@ -1,17 +1,22 @@
 // The chaos harness (`mend chaos`): a DiLoCo training job on this machine
-// (an embedded lighthouse and N `mend train` learner processes) while, at
-// seeded random times, one fault at a time is injected:
-//   kill        SIGKILL a learner, restart it after a short delay (it resumes
+// (an embedded lighthouse and N `mend train` learners, each one process or
+// a group of R ranks) while, at seeded random times, one fault at a time is
+// injected:
+//   kill        SIGKILL a learner (in a group: one rank; then, as torchrun
+//               restarts a group whose worker failed, the other ranks are
+//               stopped too), restart it after a short delay (it resumes
 //               from the newest checkpoint or starts fresh, and heals);
-//   stop        SIGSTOP a learner for a few seconds (past the heartbeat
-//               timeout, so the lighthouse declares it dead), then SIGCONT;
-//   slow        throttle a learner (SIGSTOP/SIGCONT duty cycle) for a while;
+//   stop        SIGSTOP a learner (in a group: one rank) for a few seconds
+//               (past the heartbeat timeout), then SIGCONT;
+//   slow        throttle a learner (one rank) with a SIGSTOP/SIGCONT duty
+//               cycle for a while;
 //   lighthouse  shut the lighthouse down and start it again on the same port.
-// Afterwards every round is checked from the learners' diagnostics: the
-// members' global state digests agree, no healthy learner's step waited
-// longer than the bound, every loss is finite. The report gives rounds,
-// faults, stalls, healing times, and the final eval loss against a fault-free
-// run of the same job (same steps, same settings).
+// Afterwards every round is checked from the diagnostics: the members'
+// global state digests agree (rank by rank in groups), a group's ranks hold
+// the same parameters after each round, no healthy learner's step waited
+// longer than the bound, every loss is finite, and the final eval loss is
+// within loss_tolerance of a fault-free run of the same job (same steps,
+// same settings). The report gives rounds, faults, stalls and healing times.
 //
 // Thread-safety: RunChaos from one thread at a time.
 #pragma once
@@ -41,14 +46,16 @@ struct ChaosOptions {
   double slow_s = 12;      // how long a learner is throttled
   double slow_duty = 0.5;  // the share of time it is stopped while throttled
   double lighthouse_down_s = 2;
-  double quiet_end = 0.15;   // no new fault in the last share of the steps
-  double stall_slack_s = 2;  // bound = grace window + heartbeat timeout + this
-  bool reference = true;     // also run the job without faults
+  double quiet_end = 0.15;       // no new fault in the last share of the steps
+  double stall_slack_s = 2;      // bound = grace window + heartbeat timeout + this
+  bool reference = true;         // also run the job without faults
+  double loss_tolerance = 0.01;  // the final eval loss may exceed the fault-free one by this share
 };
 
 struct FaultRecord {
   std::string kind;
   int learner = -1;      // 0-based; -1 for the lighthouse
+  int rank = -1;         // the rank of a group hit (0-based); -1: a learner of one process
   int64_t start_ms = 0;  // Unix ms
   int64_t end_ms = 0;    // when the fault was over (restart, SIGCONT, lighthouse up)
   int64_t step = 0;      // the target's step when it began
@@ -64,6 +71,8 @@ struct ChaosReport {
   uint64_t rounds = 0;          // distinct rounds completed by any learner
   uint64_t rounds_checked = 0;  // with at least two members' digests compared
   uint64_t digest_mismatches = 0;
+  uint64_t rank_rounds_checked = 0;     // (round, learner) pairs of a group's ranks compared
+  uint64_t rank_digest_mismatches = 0;  // ... whose ranks' parameters differ
   uint64_t stalls = 0;  // healthy learners' step waits above the bound (learner faults)
   double stall_bound_s = 0;
   double max_wait_learner_fault_s = 0;  // longest healthy step wait during a learner fault

@@ -73,13 +73,22 @@ void PrintSummary(const ChaosReport& r, const ChaosOptions& o) {
   std::string kinds;
   for (const auto& [kind, n] : tally.by_kind)
     kinds += fmt::format("{}{} {}", kinds.empty() ? "" : ", ", kind, n);
-  fmt::print("\nchaos: {} learners, {} steps, seed {}: {}\n", o.job.learners, o.steps, o.seed,
-             r.passed ? "every invariant held" : "INVARIANT VIOLATED");
+  fmt::print(
+      "\nchaos: {} learners{}, {} steps, seed {}: {}\n", o.job.learners,
+      o.job.ranks_per_learner > 1 ? fmt::format(" of {} ranks", o.job.ranks_per_learner) : "",
+      o.steps, o.seed, r.passed ? "every invariant held" : "INVARIANT VIOLATED");
   fmt::print("  faults injected   {} ({})\n", r.faults.size(), kinds);
   fmt::print("  rounds completed  {} ({} with 2+ members: global state digests {})\n", r.rounds,
              r.rounds_checked,
              r.digest_mismatches == 0 ? "identical in every one"
                                       : fmt::format("DIFFER in {}", r.digest_mismatches));
+  if (o.job.ranks_per_learner > 1) {
+    fmt::print("  ranks             {} (round, learner) pairs: the ranks' parameters {}\n",
+               r.rank_rounds_checked,
+               r.rank_digest_mismatches == 0
+                   ? "identical in every one"
+                   : fmt::format("DIFFER in {}", r.rank_digest_mismatches));
+  }
   fmt::print(
       "  stalls            {} (healthy learners' longest step during a learner fault {:.2f} s; "
       "bound {:.2f} s)\n",
@@ -130,19 +139,20 @@ void AppendCsv(const std::string& path, const ChaosReport& r, const ChaosOptions
            "s,"
            "restart_to_healed_max_s,heal_transfer_median_s,eval_loss,reference_eval_loss,wall_s,"
            "reference_wall_s,"
-           "passed,max_wait_no_fault_s,passed_over\n";
+           "passed,max_wait_no_fault_s,passed_over,ranks_per_learner,rank_rounds_checked,"
+           "rank_digest_mismatches\n";
   }
   FaultTally tally(r.faults);
   std::map<std::string, int>& by_kind = tally.by_kind;
   out << fmt::format(
       "{},{},{},{},{},{},{},{},{},{},{},{},{:.3f},{:.3f},{:.3f},{:.3f},{:.3f},{:.4f},{:.5f},{:.5f},"
-      "{:.1f},{:.1f},{},{:.3f},{}\n",
+      "{:.1f},{:.1f},{},{:.3f},{},{},{},{}\n",
       o.seed, o.job.learners, o.steps, r.faults.size(), by_kind["kill"], by_kind["stop"],
       by_kind["slow"], by_kind["lighthouse"], r.rounds, r.rounds_checked, r.digest_mismatches,
       r.stalls, r.stall_bound_s, r.max_wait_learner_fault_s, r.max_wait_lighthouse_s,
       Median(tally.healed), tally.max_healed(), Median(tally.transfer), r.eval_loss,
       r.reference_eval_loss, r.wall_s, r.reference_wall_s, r.passed ? 1 : 0, r.max_wait_no_fault_s,
-      r.passed_over);
+      r.passed_over, o.job.ranks_per_learner, r.rank_rounds_checked, r.rank_digest_mismatches);
 }
 
 int RunChaosCommand(ChaosFlags& flags) {
@@ -178,12 +188,14 @@ int RunChaosCommand(ChaosFlags& flags) {
     return kExitFailure;
   }
   fmt::print(
-      "mend chaos: {} learners train the example GPT (dim {}, {} layers) for {} steps, H = {}, "
+      "mend chaos: {} learners{} train the example GPT (dim {}, {} layers) for {} steps, H = {}, "
       "while\n"
       "            faults ({}) hit them at seeded random times (seed {}, mean gap {:.0f} s).\n"
       "            Logs, diagnostics and the report in {}\n",
-      job.learners, flags.dim, flags.layers, o.steps, o.sync_period_steps, flags.faults, o.seed,
-      o.mean_gap_s, *dir);
+      job.learners,
+      job.ranks_per_learner > 1 ? fmt::format(" of {} ranks", job.ranks_per_learner) : "",
+      flags.dim, flags.layers, o.steps, o.sync_period_steps, flags.faults, o.seed, o.mean_gap_s,
+      *dir);
   std::fflush(stdout);
   std::atomic<bool> interrupted{false};
   SignalThread signals({SIGINT, SIGTERM}, [&interrupted](int) { interrupted = true; });
@@ -233,9 +245,14 @@ void AddChaosCommand(CLI::App& app, int* exit_code) {
   o.sync_period_steps = 20;
   o.job.grace_window_ms = 1000;
   o.job.heartbeat_timeout_ms = 2000;
-  command->add_option("--learners", o.job.learners, "Learner processes")
+  command->add_option("--learners", o.job.learners, "Learners")
       ->capture_default_str()
       ->check(CLI::Range(2, 32));
+  command
+      ->add_option("--ranks-per-learner", o.job.ranks_per_learner,
+                   "Processes (ranks) per learner; faults hit single ranks")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 16));
   command->add_option("--steps", o.steps, "Inner steps of the job")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{10}, int64_t{100'000'000}));
@@ -278,6 +295,11 @@ void AddChaosCommand(CLI::App& app, int* exit_code) {
                    "Stall bound = grace window + heartbeat timeout + this")
       ->capture_default_str();
   command->add_flag("--no-reference", flags->no_reference, "Skip the fault-free run");
+  command
+      ->add_option("--loss-tolerance", o.loss_tolerance,
+                   "Invariant: the final eval loss may exceed the fault-free run's by this share")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 10.0));
   command->add_option("--set", flags->settings,
                       "KEY=VALUE configuration for every learner (repeatable)");
   command->add_option("--corpus", flags->corpus, "Directory of fortune files");

@@ -1,10 +1,9 @@
 #include <grpcpp/grpcpp.h>
 
-#include <condition_variable>
 #include <fstream>
-#include <mutex>
 #include <sstream>
 
+#include "core/mutex.h"
 #include "core/status_format.h"
 #include "core/text.h"
 #include "fmt/format.h"
@@ -76,19 +75,19 @@ class HeartbeatStreamImpl final
 
   ~HeartbeatStreamImpl() override {
     context_.TryCancel();
-    std::unique_lock lock(mu_);
+    MutexLock lock(mu_);
     release_ = true;
     if (ReleaseIfIdle()) {
-      lock.unlock();
+      lock.Unlock();
       RemoveHold();
-      lock.lock();
+      lock.Lock();
     }
-    done_cv_.wait(lock, [this]() { return done_; });
+    while (!done_) done_cv_.Wait(mu_);
   }
 
   void Send(HeartbeatUpdate update) override {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       if (done_ || broken_ || release_) return;
       if (writing_) {
         queued_ = std::move(update);
@@ -101,15 +100,15 @@ class HeartbeatStreamImpl final
   }
 
   bool done() const override {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     return done_;
   }
   Status status() const override {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     return status_;
   }
   Micros last_ack_at() const override {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     return last_ack_at_;
   }
   void Cancel() override { context_.TryCancel(); }
@@ -118,7 +117,7 @@ class HeartbeatStreamImpl final
     bool next = false;
     bool release = false;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       if (!ok) {
         broken_ = true;
         release_ = true;
@@ -140,17 +139,21 @@ class HeartbeatStreamImpl final
     if (!ok) {  // the stream is ending: OnDone follows once the hold is gone
       bool release = false;
       {
-        std::lock_guard lock(mu_);
+        MutexLock lock(mu_);
         release_ = true;
         release = ReleaseIfIdle();
       }
       if (release) RemoveHold();
       return;
     }
-    HeartbeatAck ack{ack_.slow(), ack_.slow_zscore(), ack_.latest_round_id(),
-                     ack_.lighthouse_instance(), ack_.latest_round_step()};
+    HeartbeatAck ack{ack_.slow(),
+                     ack_.slow_zscore(),
+                     ack_.latest_round_id(),
+                     ack_.lighthouse_instance(),
+                     ack_.latest_round_step(),
+                     ack_.short_of_quorum()};
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       last_ack_at_ = RealClock()->NowMicros();
     }
     if (on_ack_) on_ack_(ack);
@@ -158,25 +161,24 @@ class HeartbeatStreamImpl final
   }
 
   void OnDone(const grpc::Status& status) override {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     status_ = status.ok()
                   ? UnavailableError(fmt::format("lighthouse {}: heartbeat stream ended", address_))
                   : FromGrpc(status, "Heartbeat", address_);
     done_ = true;
-    done_cv_.notify_all();
+    done_cv_.NotifyAll();
   }
 
  private:
-  // Requires mu_. Whether the hold is to be removed now (by the caller,
-  // after unlocking): the stream is ending and no write is in flight.
-  bool ReleaseIfIdle() {
+  // Whether the hold is to be removed now (by the caller, after unlocking):
+  // the stream is ending and no write is in flight.
+  bool ReleaseIfIdle() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!held_ || !release_ || writing_) return false;
     held_ = false;
     return true;
   }
 
-  // Requires mu_.
-  void Fill(const HeartbeatUpdate& update) {
+  void Fill(const HeartbeatUpdate& update) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     request_.Clear();
     request_.mutable_learner()->set_learner_id(learner_.learner_id);
     request_.mutable_learner()->set_session_id(learner_.session_id);
@@ -192,17 +194,18 @@ class HeartbeatStreamImpl final
   grpc::ClientContext context_;
   v1::HeartbeatResponse ack_;  // owned by the read chain
 
-  mutable std::mutex mu_;
-  std::condition_variable done_cv_;
+  mutable Mutex mu_;
+  CondVar done_cv_;
   v1::HeartbeatRequest request_;  // owned by the write in flight
-  std::optional<HeartbeatUpdate> queued_;
-  bool writing_ = false;
-  bool broken_ = false;
-  bool held_ = true;      // the hold taken at the start
-  bool release_ = false;  // the stream is ending: the hold goes when no write is in flight
-  bool done_ = false;
-  Status status_;
-  Micros last_ack_at_ = 0;
+  std::optional<HeartbeatUpdate> queued_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;
+  bool held_ ABSL_GUARDED_BY(mu_) = true;  // the hold taken at the start
+  // The stream is ending: the hold goes when no write is in flight.
+  bool release_ ABSL_GUARDED_BY(mu_) = false;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  Status status_ ABSL_GUARDED_BY(mu_);
+  Micros last_ack_at_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 class LighthouseClientImpl final : public LighthouseClient {

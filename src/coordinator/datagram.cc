@@ -162,6 +162,7 @@ std::string Encode(const Header& header, const Ack& body, Signer& signer) {
   w.U64(body.latest_round_id);
   w.U64(body.lighthouse_instance);
   w.U64(body.latest_round_step);
+  w.U8(body.short_of_quorum ? 1 : 0);
   return w.Seal(signer);
 }
 
@@ -243,11 +244,14 @@ StatusOr<Ack> DecodeAck(std::string_view datagram) {
   Reader r(datagram);
   Ack body;
   uint8_t slow = 0;
+  uint8_t short_of_quorum = 0;
   if (!r.U8(slow) || !r.F64(body.slow_zscore) || !r.U64(body.latest_round_id) ||
-      !r.U64(body.lighthouse_instance) || !r.U64(body.latest_round_step) || !r.Done()) {
+      !r.U64(body.lighthouse_instance) || !r.U64(body.latest_round_step) ||
+      !r.U8(short_of_quorum) || !r.Done()) {
     return Malformed<Ack>("ack");
   }
   body.slow = slow != 0;
+  body.short_of_quorum = short_of_quorum != 0;
   return body;
 }
 

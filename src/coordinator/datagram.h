@@ -33,8 +33,9 @@ typedef struct evp_mac_ctx_st EVP_MAC_CTX;
 namespace mend::coordinator::datagram {
 
 inline constexpr uint32_t kMagic = 0x31444E4D;  // "MND1" in little-endian order
-inline constexpr uint8_t kVersion =
-    3;  // 2: acks carry the latest round's step; 3: decisions the round's step
+// 2: acks carry the latest round's step; 3: decisions the round's step;
+// 4: acks whether the learner's join is short of a quorum.
+inline constexpr uint8_t kVersion = 4;
 inline constexpr size_t kHeaderBytes = 24;
 inline constexpr size_t kMacBytes = 16;
 inline constexpr size_t kMaxDatagramBytes = 8192;
@@ -100,6 +101,7 @@ struct Ack {
   uint64_t latest_round_id = 0;
   uint64_t lighthouse_instance = 0;
   uint64_t latest_round_step = 0;
+  bool short_of_quorum = false;
 };
 
 struct Decision {

@@ -92,18 +92,18 @@ DatagramClient::~DatagramClient() {
 }
 
 void DatagramClient::Attach(uint64_t session_id, Callbacks callbacks) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   sessions_[session_id] = Session{std::make_shared<Callbacks>(std::move(callbacks)), 0};
 }
 
 void DatagramClient::Detach(uint64_t session_id) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   sessions_.erase(session_id);
 }
 
 void DatagramClient::SendHeartbeats(
     const std::vector<std::pair<uint64_t, datagram::Heartbeat>>& beats) {
-  std::lock_guard lock(send_mu_);
+  MutexLock lock(send_mu_);
   std::vector<std::string> datagrams;
   datagrams.reserve(beats.size());
   for (const auto& [session, body] : beats) {
@@ -114,7 +114,7 @@ void DatagramClient::SendHeartbeats(
 }
 
 void DatagramClient::SendJoins(const std::vector<std::pair<uint64_t, datagram::Join>>& joins) {
-  std::lock_guard lock(send_mu_);
+  MutexLock lock(send_mu_);
   std::vector<std::string> datagrams;
   datagrams.reserve(joins.size());
   for (const auto& [session, body] : joins) {
@@ -172,7 +172,7 @@ void DatagramClient::Receive() {
         if (!header.ok() || !signer.Verify(bytes)) continue;
         std::shared_ptr<Callbacks> callbacks;
         {
-          std::lock_guard lock(mu_);
+          MutexLock lock(mu_);
           auto it = sessions_.find(header->session_id);
           if (it == sessions_.end() || header->seq <= it->second.last_seq) continue;
           it->second.last_seq = header->seq;

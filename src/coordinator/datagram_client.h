@@ -10,7 +10,6 @@
 #include <atomic>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -19,6 +18,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "coordinator/datagram.h"
+#include "core/mutex.h"
 #include "mend/status.h"
 
 namespace mend::coordinator {
@@ -55,7 +55,9 @@ class DatagramClient {
  private:
   DatagramClient(const std::string& token, int socket);
   void Receive();
-  void SendAll(std::vector<std::string>& datagrams);
+  // Under send_mu_, so that datagrams leave in sequence order (the
+  // lighthouse drops one whose number it has passed).
+  void SendAll(std::vector<std::string>& datagrams) ABSL_EXCLUSIVE_LOCKS_REQUIRED(send_mu_);
 
   const datagram::Key key_;
   const int socket_;
@@ -63,11 +65,11 @@ class DatagramClient {
   std::atomic<bool> stopping_{false};
   std::thread thread_;
 
-  std::mutex send_mu_;
+  Mutex send_mu_;
   datagram::Signer send_signer_ ABSL_GUARDED_BY(send_mu_);
   uint64_t next_seq_ ABSL_GUARDED_BY(send_mu_);
 
-  std::mutex mu_;
+  Mutex mu_;
   struct Session {
     std::shared_ptr<Callbacks> callbacks;
     uint64_t last_seq = 0;

@@ -11,7 +11,6 @@ StatusOr<std::unique_ptr<DatagramLink>> DatagramLink::Open(const std::string& ho
                                                            const std::string& token, Hooks hooks) {
   std::unique_ptr<DatagramLink> link(new DatagramLink(host, port, std::move(hooks)));
   MEND_ASSIGN_OR_RETURN(link->client_, DatagramClient::Open(host, port, token));
-  link->last_ack_at_ = RealClock()->NowMicros();
   return link;
 }
 
@@ -20,13 +19,13 @@ std::string DatagramLink::Where() const {
 }
 
 int DatagramLink::port() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return port_;
 }
 
 Status DatagramLink::Retarget(int port) {
   MEND_RETURN_IF_ERROR(client_->Retarget(host_, port));
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   port_ = port;
   return OkStatus();
 }
@@ -34,7 +33,7 @@ Status DatagramLink::Retarget(int port) {
 void DatagramLink::Attach(uint64_t session_id) {
   uint64_t previous = 0;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     previous = session_id_;
     session_id_ = session_id;
     last_ack_at_ = RealClock()->NowMicros();
@@ -43,31 +42,31 @@ void DatagramLink::Attach(uint64_t session_id) {
   DatagramClient::Callbacks callbacks;
   callbacks.on_ack = [this](const datagram::Ack& ack) {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       last_ack_at_ = RealClock()->NowMicros();
     }
     if (hooks_.on_ack) {
       hooks_.on_ack({ack.slow, ack.slow_zscore, ack.latest_round_id, ack.lighthouse_instance,
-                     ack.latest_round_step});
+                     ack.latest_round_step, ack.short_of_quorum});
     }
   };
   callbacks.on_decision = [this](const datagram::Decision& decision) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (decision.join_id != waiting_for_ || waiting_for_ == 0) return;  // a stale resend
     decision_ = decision;
-    decided_.notify_all();
+    decided_.NotifyAll();
   };
   callbacks.on_unknown_session = [this, session_id]() {
     {
       // A join waiting on this session will never be decided: end it.
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       if (waiting_for_ != 0 && session_id_ == session_id) {
         datagram::Decision lost;
         lost.join_id = waiting_for_;
         lost.code = static_cast<uint8_t>(StatusCode::kNotFound);
         lost.message = "the lighthouse does not know this session (restarted?); register again";
         decision_ = std::move(lost);
-        decided_.notify_all();
+        decided_.NotifyAll();
       }
     }
     if (hooks_.on_unknown_session) hooks_.on_unknown_session(session_id);
@@ -78,7 +77,7 @@ void DatagramLink::Attach(uint64_t session_id) {
 void DatagramLink::SendHeartbeat(const HeartbeatUpdate& update) {
   uint64_t session = 0;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     session = session_id_;
   }
   if (session == 0) return;
@@ -98,29 +97,31 @@ StatusOr<QuorumResult> DatagramLink::Join(const QuorumRequestArgs& args, Micros 
   join.tokens_since_last_round = args.tokens_since_last_round;
   join.timeout_ms =
       static_cast<uint32_t>(std::clamp<Micros>(args.timeout / kMicrosPerMilli, 1, 3'600'000));
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   join.join_id = next_join_id_++;
   waiting_for_ = join.join_id;
   decision_.reset();
   while (!decision_ && !interrupted_) {
     Micros now = RealClock()->NowMicros();
     if (now >= deadline) break;
-    lock.unlock();
+    const auto resend_at = std::chrono::steady_clock::now() +
+                           std::chrono::microseconds(std::min(resend, deadline - now));
+    lock.Unlock();
     client_->SendJoins({{args.learner.session_id, join}});
-    lock.lock();
-    decided_.wait_for(lock, std::chrono::microseconds(std::min(resend, deadline - now)),
-                      [this]() { return decision_.has_value() || interrupted_; });
+    lock.Lock();
+    while (!decision_ && !interrupted_ && decided_.WaitUntil(mu_, resend_at)) {
+    }
   }
   waiting_for_ = 0;
   if (interrupted_) return AbortedError("learner agent is stopping");
   if (!decision_) {
-    lock.unlock();
+    lock.Unlock();
     return DeadlineExceededError(
         fmt::format("{}: no round decision within {} ms", Where(), args.timeout / kMicrosPerMilli));
   }
   datagram::Decision decision = std::move(*decision_);
   decision_.reset();
-  lock.unlock();
+  lock.Unlock();
   if (decision.code != 0) {
     return Status(static_cast<StatusCode>(decision.code),
                   fmt::format("{}: Quorum: {}", Where(), decision.message));
@@ -147,13 +148,13 @@ StatusOr<QuorumResult> DatagramLink::Join(const QuorumRequestArgs& args, Micros 
 }
 
 void DatagramLink::Interrupt() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   interrupted_ = true;
-  decided_.notify_all();
+  decided_.NotifyAll();
 }
 
 Micros DatagramLink::last_ack_at() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return last_ack_at_;
 }
 

@@ -6,15 +6,14 @@
 // on the channel's receiving thread.
 #pragma once
 
-#include <condition_variable>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "coordinator/datagram_client.h"
+#include "core/mutex.h"
 #include "mend/lighthouse_client.h"
 
 namespace mend::coordinator {
@@ -48,22 +47,25 @@ class DatagramLink {
 
  private:
   DatagramLink(std::string host, int port, Hooks hooks)
-      : host_(std::move(host)), hooks_(std::move(hooks)), port_(port) {}
+      : host_(std::move(host)),
+        hooks_(std::move(hooks)),
+        port_(port),
+        last_ack_at_(RealClock()->NowMicros()) {}
   std::string Where() const;
 
   const std::string host_;
   const Hooks hooks_;
   std::unique_ptr<DatagramClient> client_;
 
-  mutable std::mutex mu_;
-  std::condition_variable decided_;
+  mutable Mutex mu_;
+  CondVar decided_;
   int port_ ABSL_GUARDED_BY(mu_);
   uint64_t session_id_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_join_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t waiting_for_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<datagram::Decision> decision_ ABSL_GUARDED_BY(mu_);
   bool interrupted_ ABSL_GUARDED_BY(mu_) = false;
-  Micros last_ack_at_ ABSL_GUARDED_BY(mu_) = 0;
+  Micros last_ack_at_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace mend::coordinator

@@ -144,8 +144,8 @@ DatagramServer::~DatagramServer() { Stop(); }
 void DatagramServer::Stop() {
   if (!stopping_.exchange(true)) {
     {
-      std::lock_guard lock(backlog_mu_);
-      backlog_drained_.notify_all();
+      MutexLock lock(backlog_mu_);
+      backlog_drained_.NotifyAll();
     }
     uint64_t one = 1;
     if (write(wake_fd_, &one, sizeof one) < 0) {
@@ -155,9 +155,9 @@ void DatagramServer::Stop() {
   if (thread_.joinable()) thread_.join();
   for (auto& sender : senders_) {
     {
-      std::lock_guard lock(sender->mu);
+      MutexLock lock(sender->mu);
       sender->stopping = true;
-      sender->ready.notify_all();
+      sender->ready.NotifyAll();
     }
     if (sender->thread.joinable()) sender->thread.join();
   }
@@ -180,10 +180,11 @@ void DatagramServer::Run() {
       if (read(wake_fd_, &drained, sizeof drained) < 0) drained = 0;
     }
     {
-      std::unique_lock lock(backlog_mu_);
-      backlog_drained_.wait_for(lock, kMaxYieldToSenders, [this]() {
-        return backlog_.load() <= kYieldBacklog || stopping_.load();
-      });
+      MutexLock lock(backlog_mu_);
+      const auto yield_until = std::chrono::steady_clock::now() + kMaxYieldToSenders;
+      while (backlog_.load() > kYieldBacklog && !stopping_.load() &&
+             backlog_drained_.WaitUntil(backlog_mu_, yield_until)) {
+      }
     }
     for (int turn = 0; turn < kMaxBatchesPerTurn; ++turn) {
       for (int i = 0; i < kBatch; ++i) {
@@ -221,11 +222,11 @@ void DatagramServer::Run() {
 void DatagramServer::ForgetEndedSessions() {
   std::vector<uint64_t> sessions;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     for (const auto& [session, peer] : peers_) sessions.push_back(session);
   }
   core_->KeepEndedSessions(sessions);
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   for (uint64_t session : sessions) peers_.erase(session);
 }
 
@@ -245,7 +246,7 @@ void DatagramServer::Handle(std::string_view bytes, const Address& from) {
   uint64_t session = header->session_id;
   std::string learner_id;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (auto it = peers_.find(session); it != peers_.end()) {
       if (header->seq <= it->second.last_seq) {
         counters_.dropped_replayed++;
@@ -258,7 +259,7 @@ void DatagramServer::Handle(std::string_view bytes, const Address& from) {
   }
   if (learner_id.empty()) {
     std::optional<std::string> known = core_->SessionLearner(session);
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!known) {
       Outgoing reply;
       reply.session_id = session;
@@ -311,7 +312,7 @@ void DatagramServer::HandleHeartbeat(uint64_t session_id, const std::string& lea
   }
   auto result = core_->Heartbeat(args);
   Micros now = core_->clock()->NowMicros();
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = peers_.find(session_id);
   if (it == peers_.end()) return;
   Peer& peer = it->second;
@@ -331,12 +332,13 @@ void DatagramServer::HandleHeartbeat(uint64_t session_id, const std::string& lea
   // knows): a new round id alone waits for the periodic acknowledgement, or
   // every learner would be acknowledged right after each round closes.
   bool changed = !peer.acked || result->slow != peer.last_ack.slow ||
-                 (result->waiting && result->latest_round_id != peer.last_ack.latest_round_id);
+                 (result->waiting && result->latest_round_id != peer.last_ack.latest_round_id) ||
+                 result->short_of_quorum != peer.last_ack.short_of_quorum;
   if (!changed && now - peer.last_ack_at < core_->options().ack_interval) return;
   peer.acked = true;
   peer.last_ack_at = now;
-  peer.last_ack = {result->slow, result->slow_zscore, result->latest_round_id, core_->instance_id(),
-                   result->latest_round_step};
+  peer.last_ack = {result->slow,         result->slow_zscore,       result->latest_round_id,
+                   core_->instance_id(), result->latest_round_step, result->short_of_quorum};
   Outgoing reply;
   reply.session_id = session_id;
   reply.address = peer.address;
@@ -353,7 +355,7 @@ void DatagramServer::HandleJoin(uint64_t session_id, const std::string& learner_
     return;
   }
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     Peer& peer = peers_[session_id];
     if (body.join_id == peer.pending_join) return;  // a resend; still waiting
     if (body.join_id == peer.decided_join) {        // a resend; the decision was lost
@@ -395,7 +397,7 @@ void DatagramServer::OnDecision(uint64_t session_id, uint64_t join_id, const Add
 }
 
 void DatagramServer::RememberDecisions(const std::vector<Outgoing>& batch) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   for (const Outgoing& sent : batch) {
     if (sent.kind != datagram::Kind::kDecision) continue;
     auto it = peers_.find(sent.session_id);
@@ -413,9 +415,9 @@ void DatagramServer::Enqueue(Outgoing outgoing) {
   // Growing needs no wakeup: only the receiving thread waits, for it to shrink.
   backlog_.fetch_add(1, std::memory_order_relaxed);
   Sender& sender = *senders_[outgoing.session_id % senders_.size()];
-  std::lock_guard lock(sender.mu);
+  MutexLock lock(sender.mu);
   sender.queue.push_back(std::move(outgoing));
-  if (sender.queue.size() == 1) sender.ready.notify_one();
+  if (sender.queue.size() == 1) sender.ready.NotifyOne();
 }
 
 void DatagramServer::RunSender(Sender& sender) {
@@ -426,8 +428,8 @@ void DatagramServer::RunSender(Sender& sender) {
     {
       // Take everything queued: one lock per burst, not per datagram, keeps
       // the sender from contending with the thread that is still queueing.
-      std::unique_lock lock(sender.mu);
-      sender.ready.wait(lock, [&sender]() { return !sender.queue.empty() || sender.stopping; });
+      MutexLock lock(sender.mu);
+      while (sender.queue.empty() && !sender.stopping) sender.ready.Wait(sender.mu);
       if (sender.queue.empty()) return;  // stopping, nothing left
       taken.swap(sender.queue);
     }
@@ -441,8 +443,8 @@ void DatagramServer::RunSender(Sender& sender) {
           kYieldBacklog) {
         // Under the mutex: the receiving thread is either before its check
         // (and sees the new count) or waiting (and is woken).
-        std::lock_guard lock(backlog_mu_);
-        backlog_drained_.notify_all();
+        MutexLock lock(backlog_mu_);
+        backlog_drained_.NotifyAll();
       }
     }
     taken.clear();

@@ -16,10 +16,8 @@
 #include <sys/socket.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -28,6 +26,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "coordinator/datagram.h"
 #include "coordinator/lighthouse_core.h"
+#include "core/mutex.h"
 
 namespace mend::coordinator {
 
@@ -97,8 +96,8 @@ class DatagramServer {
   // Records sent decisions so that a resent join gets them again.
   void RememberDecisions(const std::vector<Outgoing>& batch);
   struct Sender {
-    std::mutex mu;
-    std::condition_variable ready;
+    Mutex mu;
+    CondVar ready;
     std::vector<Outgoing> queue ABSL_GUARDED_BY(mu);
     bool stopping ABSL_GUARDED_BY(mu) = false;
     std::thread thread;
@@ -122,13 +121,13 @@ class DatagramServer {
   // decisions are going out the receiving thread leaves heartbeats in the
   // socket buffer (bounded by kMaxYieldToSenders), so that on a small
   // machine the decisions get the CPU first.
-  std::mutex backlog_mu_;  // for backlog_drained_
-  std::condition_variable backlog_drained_;
+  Mutex backlog_mu_;  // for backlog_drained_
+  CondVar backlog_drained_;
   std::atomic<size_t> backlog_{0};
   std::atomic<uint64_t> next_seq_{1};
   DatagramCounters counters_;
 
-  std::mutex mu_;
+  Mutex mu_;
   // Flat (open addressing): looked up for every datagram. No reference to a
   // Peer is kept across an insertion.
   absl::flat_hash_map<uint64_t, Peer> peers_ ABSL_GUARDED_BY(mu_);

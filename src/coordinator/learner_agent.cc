@@ -3,9 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdlib>
-#include <mutex>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -13,6 +11,7 @@
 #include "absl/base/thread_annotations.h"
 #include "coordinator/datagram_link.h"
 #include "coordinator/group_ranks.h"
+#include "core/mutex.h"
 #include "core/status_format.h"
 #include "core/text.h"
 #include "dataplane/lighthouse_rendezvous.h"
@@ -67,21 +66,22 @@ class LearnerAgentImpl final : public LearnerAgent {
   Status FirstRegistration(Micros wait) {
     TryRegister();
     {
-      std::unique_lock lock(mu_);
+      MutexLock lock(mu_);
       if (!fatal_.ok()) return fatal_;
       thread_ = std::thread([this]() { HeartbeatLoop(); });
-      WaitUntil(lock, RealClock()->NowMicros() + wait,
-                [this]() { return registered_ || !fatal_.ok(); });
+      const Micros deadline = RealClock()->NowMicros() + wait;
+      while (!registered_ && fatal_.ok() && WaitOnce(deadline)) {
+      }
       if (!fatal_.ok()) {
-        lock.unlock();
+        lock.Unlock();
         Stop();
-        std::lock_guard again(mu_);
+        lock.Lock();
         return fatal_;
       }
       if (registered_ || wait <= 0) return OkStatus();
     }
     Stop();
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     return UnavailableError(fmt::format(
         "learner '{}': the lighthouse at {} did not answer within lighthouse_wait_ms = {} ({} "
         "registration "
@@ -90,7 +90,7 @@ class LearnerAgentImpl final : public LearnerAgent {
   }
 
   void RecordStep(uint64_t step, uint64_t tokens, Micros step_time) override {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     step_ = std::max(step_, step);
     tokens_total_ += tokens;
     tokens_since_round_ += tokens;
@@ -106,10 +106,10 @@ class LearnerAgentImpl final : public LearnerAgent {
     while (true) {
       QuorumRequestArgs args;
       {
-        std::unique_lock lock(mu_);
+        MutexLock lock(mu_);
         last_round_id_ = last_round_id;
-        WaitUntil(lock, deadline,
-                  [this]() { return registered_ || !fatal_.ok() || stopping_ || interrupted_; });
+        while (!registered_ && fatal_.ok() && !stopping_ && !interrupted_ && WaitOnce(deadline)) {
+        }
         if (!fatal_.ok()) return fatal_;
         if (stopping_ || interrupted_) return AbortedError("learner agent is stopping");
         if (!registered_) {
@@ -119,6 +119,7 @@ class LearnerAgentImpl final : public LearnerAgent {
         }
         args.learner = session_;
         args.step = boundary_step > 0 ? boundary_step : step_;
+        short_of_quorum_since_.store(0);  // news of the join before this one
       }
       args.last_round_id = last_round_id;
       args.tokens_since_last_round = tokens_since_last_round;
@@ -131,7 +132,7 @@ class LearnerAgentImpl final : public LearnerAgent {
       StatusOr<QuorumResult> result = CallQuorum(args);
       if (result.ok()) {
         Heard();
-        std::lock_guard lock(mu_);
+        MutexLock lock(mu_);
         RaiseTo(latest_round_id_, result->round_id);
         tokens_since_round_ = 0;
         return result;
@@ -142,13 +143,13 @@ class LearnerAgentImpl final : public LearnerAgent {
         SetFatal(result.status());
         return result.status();
       }
-      std::unique_lock lock(mu_);
+      MutexLock lock(mu_);
       if (NeedsRegistration(code)) {
         if (registered_ && session_.session_id == args.learner.session_id) {
           spdlog::warn("{}; registering again", result.status().message());
           registered_ = false;
           register_now_ = true;
-          wake_.notify_all();
+          wake_.NotifyAll();
         }
         continue;
       }
@@ -157,8 +158,9 @@ class LearnerAgentImpl final : public LearnerAgent {
       // try again until the deadline.
       if (code != StatusCode::kAborted) CallFailed();
       spdlog::debug("quorum call failed, retrying: {}", result.status().message());
-      WaitUntil(lock, std::min(deadline, RealClock()->NowMicros() + retry),
-                [this]() { return stopping_ || interrupted_; });
+      const Micros retry_at = std::min(deadline, RealClock()->NowMicros() + retry);
+      while (!stopping_ && !interrupted_ && WaitOnce(retry_at)) {
+      }
       retry = std::min(retry * 2, kMaxRetry);
     }
   }
@@ -166,15 +168,15 @@ class LearnerAgentImpl final : public LearnerAgent {
   void Interrupt() override {
     std::shared_ptr<PendingCall> call;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       interrupted_ = true;
       call = current_call_;
-      wake_.notify_all();
+      wake_.NotifyAll();
     }
     if (call) {
-      std::lock_guard lock(call->mu);
+      MutexLock lock(call->mu);
       call->interrupted = true;
-      call->done.notify_all();
+      call->done.NotifyAll();
     }
     if (coordinator::DatagramLink* link = Link()) link->Interrupt();
   }
@@ -182,7 +184,7 @@ class LearnerAgentImpl final : public LearnerAgent {
   Status Leave(const std::string& reason) override {
     LearnerRef session;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       if (registered_) session = session_;
     }
     Status status = OkStatus();
@@ -194,9 +196,9 @@ class LearnerAgentImpl final : public LearnerAgent {
   void Stop() override {
     Interrupt();
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       stopping_ = true;
-      wake_.notify_all();
+      wake_.NotifyAll();
     }
     if (thread_.joinable()) thread_.join();
     stream_.reset();
@@ -210,7 +212,7 @@ class LearnerAgentImpl final : public LearnerAgent {
   bool lighthouse_lost() const override {
     Micros timeout = 0;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       timeout = heartbeat_timeout_;
     }
     // A silence alone is not enough: a learner resumed after SIGSTOP has
@@ -218,9 +220,20 @@ class LearnerAgentImpl final : public LearnerAgent {
     const Micros heard = last_heard_.load();
     return heard != 0 && last_failure_.load() > heard && RealClock()->NowMicros() - heard > timeout;
   }
+  bool short_of_quorum() const override {
+    Micros timeout = 0;
+    {
+      MutexLock lock(mu_);
+      timeout = heartbeat_timeout_;
+    }
+    // For a heartbeat timeout on end: an acknowledgement sent before the
+    // latest join formed a round may arrive after it (see OnAck).
+    const Micros since = short_of_quorum_since_.load();
+    return since != 0 && RealClock()->NowMicros() - since >= timeout;
+  }
   uint64_t registrations() const override { return registrations_.load(); }
   Status fatal_status() const override {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     return fatal_;
   }
   LighthouseClient& client() override { return *client_; }
@@ -232,15 +245,15 @@ class LearnerAgentImpl final : public LearnerAgent {
   // A Quorum call in flight; shared with its completion callback, which may
   // run after the agent is gone.
   struct PendingCall {
-    std::mutex mu;
-    std::condition_variable done;
-    std::optional<StatusOr<QuorumResult>> result;
-    bool interrupted = false;
+    Mutex mu;
+    CondVar done;
+    std::optional<StatusOr<QuorumResult>> result ABSL_GUARDED_BY(mu);
+    bool interrupted ABSL_GUARDED_BY(mu) = false;
   };
 
   // The datagram link when this agent speaks UDP to its lighthouse, else nullptr.
   coordinator::DatagramLink* Link() {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     return link_disabled_ ? nullptr : link_.get();
   }
 
@@ -248,7 +261,7 @@ class LearnerAgentImpl final : public LearnerAgent {
   // (it may have restarted, perhaps elsewhere); after kMaxUdpSilences in a row
   // give up on the datagram channel (e.g. a firewall drops UDP) and use gRPC.
   void OnUdpSilence(Micros silent) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (++udp_silences_ >= kMaxUdpSilences) {
       spdlog::warn("lighthouse {} acknowledged no datagram {} times in a row; using gRPC", address_,
                    udp_silences_);
@@ -259,13 +272,13 @@ class LearnerAgentImpl final : public LearnerAgent {
     }
     registered_ = false;
     register_now_ = true;
-    wake_.notify_all();
+    wake_.NotifyAll();
   }
 
   void OnAck(const HeartbeatAck& ack) {
     Heard();
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       udp_silences_ = 0;
     }
     if (ack.slow != slow_.load()) {
@@ -276,6 +289,12 @@ class LearnerAgentImpl final : public LearnerAgent {
     zscore_ = ack.slow_zscore;
     RaiseTo(latest_round_id_, ack.latest_round_id);
     RaiseTo(latest_round_step_, ack.latest_round_step);
+    if (!ack.short_of_quorum) {
+      short_of_quorum_since_.store(0);
+    } else {
+      Micros unset = 0;  // (kept from the first such acknowledgement)
+      short_of_quorum_since_.compare_exchange_strong(unset, RealClock()->NowMicros());
+    }
   }
 
   // The lighthouse answered, or a call to it failed as if it were down or
@@ -291,13 +310,13 @@ class LearnerAgentImpl final : public LearnerAgent {
   }
 
   void OnUnknownSession(uint64_t session_id) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (registered_ && session_.session_id == session_id) {
       spdlog::warn("lighthouse {} does not know this learner's session; registering again",
                    address_);
       registered_ = false;
       register_now_ = true;
-      wake_.notify_all();
+      wake_.NotifyAll();
     }
   }
 
@@ -311,7 +330,7 @@ class LearnerAgentImpl final : public LearnerAgent {
           address_);
       return;
     }
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (link_disabled_) return;
     if (link_) {
       if (link_->port() != udp_port) {
@@ -341,55 +360,58 @@ class LearnerAgentImpl final : public LearnerAgent {
     }
     auto call = std::make_shared<PendingCall>();
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       if (interrupted_) return AbortedError("learner agent is stopping");
       current_call_ = call;
     }
     client_->QuorumAsync(args, [call](StatusOr<QuorumResult> result) {
-      std::lock_guard lock(call->mu);
+      MutexLock lock(call->mu);
       call->result = std::move(result);
-      call->done.notify_all();
+      call->done.NotifyAll();
     });
     StatusOr<QuorumResult> result = AbortedError("learner agent is stopping");
     {
-      std::unique_lock lock(call->mu);
-      call->done.wait(lock, [&call]() { return call->result.has_value() || call->interrupted; });
+      MutexLock lock(call->mu);
+      while (!call->result && !call->interrupted) call->done.Wait(call->mu);
       if (call->result) result = std::move(*call->result);
     }
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     current_call_.reset();
     return result;
   }
 
-  template <typename Predicate>
-  void WaitUntil(std::unique_lock<std::mutex>& lock, Micros deadline, Predicate done) {
+  // Waits on wake_ once: until notified (or woken spuriously), at most until
+  // `deadline`. False, without waiting, once `deadline` has passed.
+  bool WaitOnce(Micros deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     Micros remaining = deadline - RealClock()->NowMicros();
-    if (remaining > 0) wake_.wait_for(lock, std::chrono::microseconds(remaining), done);
+    if (remaining <= 0) return false;
+    wake_.WaitFor(mu_, std::chrono::microseconds(remaining));
+    return true;
   }
 
   void SetFatal(const Status& status) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (fatal_.ok()) {
       spdlog::error("learner '{}' refused by the lighthouse: {}", identity_.id, status.message());
       fatal_ = status;
     }
-    wake_.notify_all();
+    wake_.NotifyAll();
   }
 
   // Registers once; on success starts a new session.
-  void TryRegister() {
+  void TryRegister() ABSL_LOCKS_EXCLUDED(mu_) {
     uint64_t session_before = 0;
     uint64_t step = 0;
     uint64_t last_round = 0;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       step = step_;
       last_round = last_round_id_;
       session_before = session_.session_id;
     }
     StatusOr<Registration> registration = client_->Register(identity_, step, last_round);
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       register_attempts_++;
       if (!registration.ok()) last_register_error_ = registration.status().ToString();
     }
@@ -404,7 +426,7 @@ class LearnerAgentImpl final : public LearnerAgent {
       return;
     }
     Heard();
-    std::unique_lock lock(mu_);
+    MutexLock lock(mu_);
     if (lighthouse_instance_ != 0 && lighthouse_instance_ != registration->lighthouse_instance) {
       spdlog::info("lighthouse {} restarted; registered again", address_);
     }
@@ -416,8 +438,8 @@ class LearnerAgentImpl final : public LearnerAgent {
     registered_ = true;
     registrations_++;
     stream_restart_ = true;
-    wake_.notify_all();
-    lock.unlock();
+    wake_.NotifyAll();
+    lock.Unlock();
     MaybeOpenLink(registration->udp_port);
     if (coordinator::DatagramLink* link = Link();
         link && registration->session_id != session_before) {
@@ -428,10 +450,10 @@ class LearnerAgentImpl final : public LearnerAgent {
   void HeartbeatLoop() {
     Micros retry = kMinRetry;
     Micros next_registration = 0;
-    std::unique_lock lock(mu_);
+    MutexLock lock(mu_);
     while (!stopping_) {
       if (!fatal_.ok()) {
-        wake_.wait(lock, [this]() { return stopping_; });
+        while (!stopping_) wake_.Wait(mu_);
         break;
       }
       if (register_now_) {
@@ -440,10 +462,10 @@ class LearnerAgentImpl final : public LearnerAgent {
       }
       Micros now = RealClock()->NowMicros();
       if (!registered_ && now >= next_registration) {
-        lock.unlock();
+        lock.Unlock();
         stream_.reset();
         TryRegister();
-        lock.lock();
+        lock.Lock();
         if (!registered_) {
           next_registration = RealClock()->NowMicros() + retry;
           retry = std::min(retry * 2, kMaxRetry);
@@ -452,17 +474,18 @@ class LearnerAgentImpl final : public LearnerAgent {
         }
       }
       if (registered_) {
-        lock.unlock();
+        lock.Unlock();
         PumpStream();
-        lock.lock();
+        lock.Lock();
       }
-      WaitUntil(lock, RealClock()->NowMicros() + heartbeat_interval_,
-                [this]() { return stopping_ || register_now_; });
+      const Micros next_beat = RealClock()->NowMicros() + heartbeat_interval_;
+      while (!stopping_ && !register_now_ && WaitOnce(next_beat)) {
+      }
     }
   }
 
-  // Opens, checks and feeds the heartbeat stream. Called without mu_.
-  void PumpStream() {
+  // Opens, checks and feeds the heartbeat stream.
+  void PumpStream() ABSL_LOCKS_EXCLUDED(mu_) {
     if (stream_ && stream_->done()) {
       Status ended = stream_->status();
       stream_.reset();
@@ -470,7 +493,7 @@ class LearnerAgentImpl final : public LearnerAgent {
         SetFatal(ended);
         return;
       }
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       if (NeedsRegistration(ended.code())) {
         spdlog::warn("{}; registering again", ended.message());
         registered_ = false;
@@ -485,7 +508,7 @@ class LearnerAgentImpl final : public LearnerAgent {
     bool restart = false;
     Micros ack_timeout = 0;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       if (!registered_) return;
       ack_timeout = heartbeat_timeout_;
       session = session_;
@@ -533,12 +556,15 @@ class LearnerAgentImpl final : public LearnerAgent {
   std::atomic<double> zscore_{0};
   std::atomic<uint64_t> latest_round_id_{0};
   std::atomic<uint64_t> latest_round_step_{0};
+  // When the acknowledgements began to say the pending join is short of a
+  // quorum (0: the last one did not, or a join was sent since).
+  std::atomic<Micros> short_of_quorum_since_{0};
   std::atomic<uint64_t> registrations_{0};
   std::atomic<Micros> last_heard_{0};    // when the lighthouse last answered (0: never)
   std::atomic<Micros> last_failure_{0};  // when a call to it last failed (down, unreachable)
 
-  mutable std::mutex mu_;
-  std::condition_variable wake_;
+  mutable Mutex mu_;
+  CondVar wake_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool registered_ ABSL_GUARDED_BY(mu_) = false;
   bool stream_restart_ ABSL_GUARDED_BY(mu_) = false;
@@ -592,6 +618,7 @@ class GroupRankAgent final : public LearnerAgent {
   uint64_t latest_round_id() const override { return 0; }
   uint64_t latest_round_step() const override { return 0; }
   bool lighthouse_lost() const override { return false; }
+  bool short_of_quorum() const override { return false; }
   uint64_t registrations() const override { return 1; }
   Status fatal_status() const override { return OkStatus(); }
   LighthouseClient& client() override { return *client_; }

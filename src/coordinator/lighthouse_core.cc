@@ -72,7 +72,7 @@ StatusOr<RegisterResult> LighthouseCore::Register(const RegisterArgs& args) {
   RegisterResult result;
   bool wake = false;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     // The first learner sets the job's group size; a learner of another
     // size could not take part in its rounds (slice r goes to rank r).
     if (!group_size_set_by_.empty() && args.group_size != group_size_) {
@@ -130,7 +130,7 @@ StatusOr<HeartbeatResult> LighthouseCore::Heartbeat(const HeartbeatArgs& args) {
   HeartbeatResult result;
   bool wake = false;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     MEND_ASSIGN_OR_RETURN(LearnerRecord * record,
                           membership_.Find(args.learner_id, args.session_id));
     Micros before = NextDeadlineLocked();
@@ -152,6 +152,8 @@ StatusOr<HeartbeatResult> LighthouseCore::Heartbeat(const HeartbeatArgs& args) {
     // A member of that round, whose answer may not have reached it yet, must
     // not read the round's step as news that the round left it out.
     result.latest_round_step = result.waiting ? quorum_.latest_round_step() : 0;
+    result.short_of_quorum = result.waiting && now - started_at_ >= options_.heartbeat_timeout &&
+                             membership_.counts().alive < options_.quorum.min_learners;
   }
   Finish(completions);
   if (wake && wakeup_) wakeup_();
@@ -163,7 +165,7 @@ Status LighthouseCore::Leave(const std::string& learner_id, uint64_t session_id,
   Completions completions;
   bool wake = false;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     MEND_ASSIGN_OR_RETURN(LearnerRecord * record, membership_.Find(learner_id, session_id));
     Micros before = NextDeadlineLocked();
     Micros now = clock_->NowMicros();
@@ -181,15 +183,15 @@ Status LighthouseCore::Leave(const std::string& learner_id, uint64_t session_id,
 }
 
 std::optional<std::string> LighthouseCore::SessionLearner(uint64_t session_id) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   LearnerRecord* record = membership_.FindSession(session_id);
   if (record == nullptr || record->left) return std::nullopt;
   return record->id;
 }
 
 void LighthouseCore::KeepEndedSessions(std::vector<uint64_t>& sessions) {
-  std::lock_guard lock(mu_);
-  std::erase_if(sessions, [this](uint64_t session_id) {
+  MutexLock lock(mu_);
+  std::erase_if(sessions, [this](uint64_t session_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     LearnerRecord* record = membership_.FindSession(session_id);
     return record != nullptr && !record->left;
   });
@@ -200,7 +202,7 @@ uint64_t LighthouseCore::Quorum(const QuorumArgs& args, QuorumCallback done) {
   uint64_t waiter_id = 0;
   bool wake = false;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     Micros before = NextDeadlineLocked();
     auto found = membership_.Find(args.learner_id, args.session_id);
     if (!found.ok()) {
@@ -242,7 +244,7 @@ void LighthouseCore::CancelQuorum(const std::string& learner_id, uint64_t waiter
   Completions completions;
   bool wake = false;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     Micros before = NextDeadlineLocked();
     LearnerRecord* record = membership_.FindAny(learner_id);
     if (record && record->join && record->join->waiter_id == waiter_id) {
@@ -260,7 +262,7 @@ Status LighthouseCore::StoreSet(const std::string& key, std::string value) {
   Completions completions;
   Status status;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     counters_.store_ops++;
     status = store_.Set(key, std::move(value), &completions);
   }
@@ -269,7 +271,7 @@ Status LighthouseCore::StoreSet(const std::string& key, std::string value) {
 }
 
 std::optional<std::string> LighthouseCore::StoreGet(const std::string& key) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   counters_.store_ops++;
   return store_.Get(key);
 }
@@ -280,7 +282,7 @@ uint64_t LighthouseCore::StoreWait(std::vector<std::string> keys, Micros timeout
   uint64_t id = 0;
   bool wake = false;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     Micros before = NextDeadlineLocked();
     counters_.store_ops++;
     id = store_.Wait(std::move(keys), clock_->NowMicros() + timeout, std::move(done), &completions);
@@ -294,7 +296,7 @@ uint64_t LighthouseCore::StoreWait(std::vector<std::string> keys, Micros timeout
 void LighthouseCore::StoreCancel(uint64_t wait_id) {
   Completions completions;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     store_.Cancel(wait_id, &completions);
   }
   Finish(completions);
@@ -304,7 +306,7 @@ StatusOr<int64_t> LighthouseCore::StoreAdd(const std::string& key, int64_t delta
   Completions completions;
   StatusOr<int64_t> result;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     counters_.store_ops++;
     result = store_.Add(key, delta, &completions);
   }
@@ -313,7 +315,7 @@ StatusOr<int64_t> LighthouseCore::StoreAdd(const std::string& key, int64_t delta
 }
 
 size_t LighthouseCore::StoreDelete(const std::string& key, bool prefix) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   counters_.store_ops++;
   return store_.Delete(key, prefix);
 }
@@ -321,7 +323,7 @@ size_t LighthouseCore::StoreDelete(const std::string& key, bool prefix) {
 void LighthouseCore::Tick() {
   Completions completions;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     Micros now = clock_->NowMicros();
     for (const std::string& id : quorum_.ExpiredJoins(membership_, now)) {
       LearnerRecord& record = *membership_.FindAny(id);
@@ -342,7 +344,7 @@ void LighthouseCore::Tick() {
 }
 
 Micros LighthouseCore::NextDeadline() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return NextDeadlineLocked();
 }
 
@@ -353,7 +355,7 @@ Micros LighthouseCore::NextDeadlineLocked() const {
 
 void LighthouseCore::RecordRejection(std::string_view code, std::string_view peer,
                                      std::string_view why) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   counters_.rejections_by_code[std::string(code)]++;
   // At most one event a second, so a misbehaving client cannot flood the log.
   Micros now = clock_->NowMicros();
@@ -445,12 +447,12 @@ std::string LighthouseCore::QuorumShortfallLocked() const {
 }
 
 uint64_t LighthouseCore::RecordsVisited() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return membership_.records_visited();
 }
 
 StatusSnapshot LighthouseCore::Snapshot(size_t max_learners, size_t max_rounds) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   Micros now = clock_->NowMicros();
   auto ms = [](Micros micros) { return static_cast<double>(micros) / kMicrosPerMilli; };
   StatusSnapshot snap;

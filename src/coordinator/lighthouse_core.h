@@ -19,7 +19,6 @@
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -29,6 +28,7 @@
 #include "coordinator/membership.h"
 #include "coordinator/quorum.h"
 #include "coordinator/status_snapshot.h"
+#include "core/mutex.h"
 #include "mend/clock.h"
 #include "mend/config.h"
 #include "mend/status.h"
@@ -87,6 +87,10 @@ struct HeartbeatResult {
   uint64_t latest_round_id = 0;
   uint64_t latest_round_step = 0;  // its members' largest step; 0 unless `waiting`
   bool waiting = false;            // the learner has a join pending
+  // `waiting`, and fewer learners alive than the quorum's minimum, once this
+  // instance has been up for a heartbeat timeout (every live learner has
+  // had time to reach it): that join cannot form a round for now.
+  bool short_of_quorum = false;
 };
 
 struct QuorumArgs {
@@ -155,11 +159,12 @@ class LighthouseCore {
   void ScanLivenessLocked(Micros now, Completions* completions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ScanFailSlowLocked(Micros now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Micros NextDeadlineLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Completes `record`'s pending join, if any, with `status`; true if there was one.
   // Tells the members of round `round_id` (0: none) that it cannot
   // complete, through the key <round prefix>abort in the store, which their
   // rendezvous watches: a member died or restarted after the round closed.
-  void AbortRoundLocked(uint64_t round_id, const std::string& why, Completions* completions);
+  void AbortRoundLocked(uint64_t round_id, const std::string& why, Completions* completions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Completes `record`'s pending join, if any, with `status`; true if there was one.
   bool AbortJoinLocked(LearnerRecord& record, Status status, Completions* completions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string QuorumShortfallLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -171,7 +176,7 @@ class LighthouseCore {
   const Micros started_at_;
   std::function<void()> wakeup_;
 
-  std::mutex mu_;
+  Mutex mu_;
   Membership membership_ ABSL_GUARDED_BY(mu_);
   QuorumMachine quorum_ ABSL_GUARDED_BY(mu_);
   KvStore store_ ABSL_GUARDED_BY(mu_);

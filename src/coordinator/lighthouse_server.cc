@@ -2,9 +2,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <fstream>
-#include <mutex>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -13,6 +11,7 @@
 #include "coordinator/http_side.h"
 #include "coordinator/lighthouse_core.h"
 #include "coordinator/service.h"
+#include "core/mutex.h"
 #include "core/status_format.h"
 #include "core/text.h"
 #include "fmt/format.h"
@@ -93,9 +92,9 @@ class LighthouseServerImpl final : public LighthouseServer {
       MEND_ASSIGN_OR_RETURN(http_, coordinator::StatusHttpServer::Start(config.http, &core_));
     }
     core_.SetWakeup([this]() {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       woken_ = true;
-      wake_.notify_one();
+      wake_.NotifyOne();
     });
     timer_ = std::thread([this]() { RunTimer(); });
     service_.set_ready();
@@ -112,10 +111,10 @@ class LighthouseServerImpl final : public LighthouseServer {
 
   void Shutdown(int grace_ms) override {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       if (stopping_) return;
       stopping_ = true;
-      wake_.notify_all();
+      wake_.NotifyAll();
     }
     if (timer_.joinable()) timer_.join();
     if (http_) http_->Stop();
@@ -123,14 +122,14 @@ class LighthouseServerImpl final : public LighthouseServer {
     if (server_) {
       server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(grace_ms));
     }
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     stopped_ = true;
-    stopped_cv_.notify_all();
+    stopped_cv_.NotifyAll();
   }
 
   void Wait() override {
-    std::unique_lock lock(mu_);
-    stopped_cv_.wait(lock, [this]() { return stopped_; });
+    MutexLock lock(mu_);
+    while (!stopped_) stopped_cv_.Wait(mu_);
   }
 
   std::string StatusJson() const override {
@@ -139,16 +138,17 @@ class LighthouseServerImpl final : public LighthouseServer {
 
  private:
   void RunTimer() {
-    std::unique_lock lock(mu_);
+    MutexLock lock(mu_);
     while (!stopping_) {
-      lock.unlock();
+      lock.Unlock();
       core_.Tick();
       Micros next = core_.NextDeadline();
-      lock.lock();
+      lock.Lock();
       Micros now = RealClock()->NowMicros();
       Micros sleep = std::clamp<Micros>(next - now, 0, kMaxTimerSleep);
-      wake_.wait_for(lock, std::chrono::microseconds(sleep),
-                     [this]() { return stopping_ || woken_; });
+      const auto wake_at = std::chrono::steady_clock::now() + std::chrono::microseconds(sleep);
+      while (!stopping_ && !woken_ && wake_.WaitUntil(mu_, wake_at)) {
+      }
       woken_ = false;
     }
   }
@@ -162,12 +162,12 @@ class LighthouseServerImpl final : public LighthouseServer {
   std::string grpc_address_;
   std::thread timer_;
 
-  std::mutex mu_;
-  std::condition_variable wake_;
-  std::condition_variable stopped_cv_;
-  bool woken_ = false;
-  bool stopping_ = false;
-  bool stopped_ = false;
+  Mutex mu_;
+  CondVar wake_;
+  CondVar stopped_cv_;
+  bool woken_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace

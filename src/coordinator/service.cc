@@ -3,10 +3,9 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 
-#include <mutex>
-
 #include "coordinator/status_snapshot.h"
 #include "coordinator/validation.h"
+#include "core/mutex.h"
 #include "core/status_format.h"
 #include "fmt/format.h"
 #include "spdlog/spdlog.h"
@@ -39,7 +38,7 @@ class WaitingReactor final : public grpc::ServerUnaryReactor {
     uint64_t id = start();
     bool cancel_now = false;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       wait_id_ = id;
       cancel_now = cancelled_;
     }
@@ -49,7 +48,7 @@ class WaitingReactor final : public grpc::ServerUnaryReactor {
   void OnCancel() override {
     uint64_t id = 0;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       cancelled_ = true;
       id = wait_id_;
     }
@@ -59,10 +58,10 @@ class WaitingReactor final : public grpc::ServerUnaryReactor {
   void OnDone() override { delete this; }
 
  private:
-  std::mutex mu_;
+  Mutex mu_;
   Cancel cancel_;
-  uint64_t wait_id_ = 0;
-  bool cancelled_ = false;
+  uint64_t wait_id_ ABSL_GUARDED_BY(mu_) = 0;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 void FillMember(const MemberInfo& member, v1::Member* out) {
@@ -117,7 +116,7 @@ class HeartbeatReactor final
   }
 
   void OnWriteDone(bool ok) override {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     writing_ = false;
   }
 
@@ -130,11 +129,12 @@ class HeartbeatReactor final
   void MaybeAnswer(const HeartbeatResult& result) {
     Micros now = clock_->NowMicros();
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       // Answered at once: a slow-flag change, and a round that closed while
       // this learner waits (see DatagramServer).
       bool changed = result.slow != response_.slow() ||
-                     (result.waiting && result.latest_round_id != response_.latest_round_id());
+                     (result.waiting && result.latest_round_id != response_.latest_round_id()) ||
+                     result.short_of_quorum != response_.short_of_quorum();
       bool due = now - last_write_at_ >= ack_interval_;
       if (writing_ || !(changed || due || first_)) return;
       first_ = false;
@@ -145,6 +145,7 @@ class HeartbeatReactor final
       response_.set_slow_zscore(result.slow_zscore);
       response_.set_latest_round_id(result.latest_round_id);
       response_.set_latest_round_step(result.latest_round_step);
+      response_.set_short_of_quorum(result.short_of_quorum);
       response_.set_lighthouse_instance(service_->core()->instance_id());
     }
     StartWrite(&response_);
@@ -157,11 +158,11 @@ class HeartbeatReactor final
   bool counted_ = false;          // in the service's stream count
   v1::HeartbeatRequest request_;  // touched only by the read chain
 
-  std::mutex mu_;
-  v1::HeartbeatResponse response_;
-  bool writing_ = false;
-  bool first_ = true;
-  Micros last_write_at_ = 0;
+  Mutex mu_;
+  v1::HeartbeatResponse response_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool first_ ABSL_GUARDED_BY(mu_) = true;
+  Micros last_write_at_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace

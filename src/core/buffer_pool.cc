@@ -1,7 +1,8 @@
 #include "core/buffer_pool.h"
 
 #include <algorithm>
-#include <mutex>
+
+#include "core/mutex.h"
 
 namespace mend {
 namespace {
@@ -16,7 +17,7 @@ class Pool {
  public:
   std::vector<T> Take(size_t n) {
     if (n * sizeof(T) >= kMinPooledBytes) {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       // The smallest buffer that holds n values.
       auto best = free_.end();
       for (auto it = free_.begin(); it != free_.end(); ++it) {
@@ -35,7 +36,7 @@ class Pool {
 
   void Give(std::vector<T>&& buffer) {
     if (buffer.capacity() * sizeof(T) < kMinPooledBytes) return;
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     free_.push_back(std::move(buffer));
     if (free_.size() > kMaxPooled) {
       auto smallest = std::min_element(
@@ -46,8 +47,8 @@ class Pool {
   }
 
  private:
-  std::mutex mu_;
-  std::vector<std::vector<T>> free_;
+  Mutex mu_;
+  std::vector<std::vector<T>> free_ ABSL_GUARDED_BY(mu_);
 };
 
 Pool<float>& Floats() {

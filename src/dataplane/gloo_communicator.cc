@@ -11,11 +11,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <mutex>
 #include <numeric>
 #include <thread>
 
 #include "core/buffer_pool.h"
+#include "core/mutex.h"
 #include "core/status_format.h"
 #include "dataplane/gloo_store.h"
 #include "dataplane/hierarchy.h"
@@ -103,7 +103,7 @@ class GlooCommunicator final : public Communicator {
   }
 
   void Abort(const std::string& reason) override {
-    std::lock_guard lock(abort_mu_);
+    MutexLock lock(abort_mu_);
     if (abort_reason_.empty()) abort_reason_ = reason.empty() ? "aborted" : reason;
     if (waiting_ != nullptr && waiting_->buffer) {
       if (waiting_->is_send) {
@@ -208,9 +208,9 @@ class GlooCommunicator final : public Communicator {
   }
   std::vector<float> accumulator_;
   // Abort() from another thread: the reason, and the transfer being waited for.
-  std::mutex abort_mu_;
-  std::string abort_reason_;
-  Transfer* waiting_ = nullptr;
+  Mutex abort_mu_;
+  std::string abort_reason_ ABSL_GUARDED_BY(abort_mu_);
+  Transfer* waiting_ ABSL_GUARDED_BY(abort_mu_) = nullptr;
 };
 
 Status GlooCommunicator::Begin(const char* name, Op* op) {
@@ -275,7 +275,7 @@ Status GlooCommunicator::Wait(Op& op, Transfer& transfer) {
                                     op.name, what, PeerName(transfer.peer), transfer.post_error));
   }
   {
-    std::lock_guard lock(abort_mu_);
+    MutexLock lock(abort_mu_);
     if (!abort_reason_.empty()) {
       return AbortedError(
           fmt::format("round {}: {}: called off: {}", options_.round_id, op.name, abort_reason_));
@@ -285,7 +285,7 @@ Status GlooCommunicator::Wait(Op& op, Transfer& transfer) {
   struct NotWaiting {
     GlooCommunicator* self;
     ~NotWaiting() {
-      std::lock_guard lock(self->abort_mu_);
+      MutexLock lock(self->abort_mu_);
       self->waiting_ = nullptr;
     }
   } not_waiting{this};
@@ -293,7 +293,7 @@ Status GlooCommunicator::Wait(Op& op, Transfer& transfer) {
     bool done =
         transfer.is_send ? transfer.buffer->waitSend(left) : transfer.buffer->waitRecv(left);
     if (!done) {
-      std::lock_guard lock(abort_mu_);
+      MutexLock lock(abort_mu_);
       return AbortedError(fmt::format("round {}: {}: {} {}: called off: {}", options_.round_id,
                                       op.name, what, PeerName(transfer.peer),
                                       abort_reason_.empty() ? "aborted" : abort_reason_));

@@ -7,25 +7,27 @@
 namespace mend::reducer {
 
 void AbortWatch::Run() {
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   while (!stopping_) {
     if (comm_ == nullptr) {
-      changed_.wait(lock, [this]() { return stopping_ || comm_ != nullptr; });
+      while (!stopping_ && comm_ == nullptr) changed_.Wait(mu_);
       continue;
     }
     const std::string key = key_;
     const uint64_t generation = generation_;
-    lock.unlock();
+    lock.Unlock();
     StatusOr<std::string> why =
         client_.StoreGet(key, std::chrono::duration_cast<std::chrono::microseconds>(kPoll).count());
-    lock.lock();
+    lock.Lock();
     if (generation != generation_) continue;  // that round is over
     if (why.ok()) {
       comm_->Abort(*why);
       comm_ = nullptr;
     } else if (why.status().code() != absl::StatusCode::kDeadlineExceeded) {
       // The lighthouse is unreachable (restarting): ask again a little later.
-      changed_.wait_for(lock, kPoll, [&]() { return stopping_ || generation != generation_; });
+      const auto retry_at = std::chrono::steady_clock::now() + kPoll;
+      while (!stopping_ && generation == generation_ && changed_.WaitUntil(mu_, retry_at)) {
+      }
     }
   }
 }

@@ -4,12 +4,11 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
-#include <mutex>
 #include <string>
 #include <thread>
 
+#include "core/mutex.h"
 #include "mend/communicator.h"
 #include "mend/lighthouse_client.h"
 
@@ -25,25 +24,25 @@ class AbortWatch {
   explicit AbortWatch(LighthouseClient& client) : client_(client), thread_([this]() { Run(); }) {}
   ~AbortWatch() {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       stopping_ = true;
     }
-    changed_.notify_all();
+    changed_.NotifyAll();
     thread_.join();
   }
 
   // Watches `key` for `comm` until Unwatch(); `comm` must stay alive until then.
   void Watch(const std::string& key, Communicator* comm) {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       key_ = key;
       comm_ = comm;
       ++generation_;
     }
-    changed_.notify_all();
+    changed_.NotifyAll();
   }
   void Unwatch() {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     comm_ = nullptr;
     ++generation_;
   }
@@ -54,12 +53,12 @@ class AbortWatch {
   void Run();
 
   LighthouseClient& client_;
-  std::mutex mu_;
-  std::condition_variable changed_;
-  std::string key_;
-  Communicator* comm_ = nullptr;
-  uint64_t generation_ = 0;
-  bool stopping_ = false;
+  Mutex mu_;
+  CondVar changed_;
+  std::string key_ ABSL_GUARDED_BY(mu_);
+  Communicator* comm_ ABSL_GUARDED_BY(mu_) = nullptr;
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;  // last: starts after the members above exist
 };
 

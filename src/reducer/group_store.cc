@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
-#include <mutex>
 #include <thread>
 #include <utility>
 
+#include "core/mutex.h"
 #include "core/status_format.h"
 #include "core/text.h"
 #include "dataplane/lighthouse_rendezvous.h"
@@ -34,11 +34,10 @@ class GroupStoreServerImpl final : public GroupStoreServer {
   const std::string address_;
 };
 
-// The servers of this process, by the address they bound (guarded by
-// Registry().mutex).
+// The servers of this process, by the address they bound.
 struct ServerRegistry {
-  std::mutex mutex;
-  std::map<std::string, std::weak_ptr<GroupStoreServer>> servers;
+  Mutex mutex;
+  std::map<std::string, std::weak_ptr<GroupStoreServer>> servers ABSL_GUARDED_BY(mutex);
 };
 ServerRegistry& Registry() {
   static auto* registry = new ServerRegistry();
@@ -48,7 +47,7 @@ ServerRegistry& Registry() {
 GroupStoreServerImpl::~GroupStoreServerImpl() {
   server_->Shutdown(0);
   ServerRegistry& registry = Registry();
-  std::lock_guard<std::mutex> lock(registry.mutex);
+  MutexLock lock(registry.mutex);
   for (auto it = registry.servers.begin(); it != registry.servers.end();) {
     it = it->second.expired() ? registry.servers.erase(it) : std::next(it);
   }
@@ -56,7 +55,7 @@ GroupStoreServerImpl::~GroupStoreServerImpl() {
 
 std::shared_ptr<GroupStoreServer> Served(const std::string& address) {
   ServerRegistry& registry = Registry();
-  std::lock_guard<std::mutex> lock(registry.mutex);
+  MutexLock lock(registry.mutex);
   auto it = registry.servers.find(address);
   return it == registry.servers.end() ? nullptr : it->second.lock();
 }
@@ -127,7 +126,7 @@ StatusOr<std::shared_ptr<GroupStoreServer>> GroupStoreServer::Serve(const Config
   auto store = std::make_shared<GroupStoreServerImpl>(std::move(*server), bound);
   {
     ServerRegistry& registry = Registry();
-    std::lock_guard<std::mutex> lock(registry.mutex);
+    MutexLock lock(registry.mutex);
     registry.servers[bound] = store;
   }
   spdlog::info("group rank {} serves the group's store on {}", config.group_rank, bound);

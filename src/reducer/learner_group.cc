@@ -161,6 +161,7 @@ class GroupAgent final : public LearnerAgent {
   uint64_t latest_round_id() const override { return inner_.latest_round_id(); }
   uint64_t latest_round_step() const override { return inner_.latest_round_step(); }
   bool lighthouse_lost() const override { return inner_.lighthouse_lost(); }
+  bool short_of_quorum() const override { return inner_.short_of_quorum(); }
   uint64_t registrations() const override { return inner_.registrations(); }
   Status fatal_status() const override { return inner_.fatal_status(); }
   LighthouseClient& client() override { return inner_.client(); }

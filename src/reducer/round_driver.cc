@@ -499,6 +499,11 @@ class RoundDriverImpl final : public RoundDriver {
               "fragment {}: the round for step {} closed without this learner; training on, its "
               "join waits for the next round",
               in_flight_->fragment, in_flight_->boundary_step);
+        } else if (awaited == Awaited::kShortOfQuorum) {
+          spdlog::info(
+              "fragment {}: fewer learners are alive than the quorum's minimum; training on, the "
+              "join for step {} waits for them",
+              in_flight_->fragment, in_flight_->boundary_step);
         } else {
           spdlog::info(
               "fragment {}: the lighthouse is unreachable; training on, the join for step {} "
@@ -575,7 +580,9 @@ class RoundDriverImpl final : public RoundDriver {
     // last within a fragment period of this final step) closed without it
     // would wait for a round that never comes: it is called off, and the
     // steps since its boundary are not merged, nor is there a final merge
-    // for it (the others have merged, or will without it).
+    // for it (the others have merged, or will without it). So is one that
+    // is short of a quorum: the others have left (their joins and this one's
+    // were not paired up alike), and none may ever come back.
     bool called_off = false;
     if (in_flight_) {
       // (None was launched in the job's last fragment period, when known.)
@@ -591,12 +598,14 @@ class RoundDriverImpl final : public RoundDriver {
         return shutdown();  // as a broken group
       }
       if (*awaited != Awaited::kDone) {
-        spdlog::warn(
-            "fragment {}: the job's last round closed without this learner; its join for step {} "
-            "is called off ({} step(s) not merged)",
-            in_flight_->fragment, in_flight_->boundary_step,
-            stats_.steps - in_flight_->boundary_step);
+        spdlog::warn("fragment {}: {}; its join for step {} is called off ({} step(s) not merged)",
+                     in_flight_->fragment,
+                     *awaited == Awaited::kShortOfQuorum
+                         ? "too few learners are left to form its round"
+                         : "the job's last round closed without this learner",
+                     in_flight_->boundary_step, stats_.steps - in_flight_->boundary_step);
         MarkPassedOver(*in_flight_);
+        in_flight_->called_off = true;
         agent_.Interrupt();
         called_off = true;
       }
@@ -724,6 +733,7 @@ class RoundDriverImpl final : public RoundDriver {
     bool passed_over = false;  // training thread only: not waited for at tau
     bool final_merge = false;  // launched at shutdown after the job's last step
     bool checkpoint = false;   // write a checkpoint after it, whatever checkpoint_every_rounds says
+    bool called_off = false;   // at shutdown: its join was interrupted on purpose
   };
 
   // Waits for the round in flight (kDone); returns kPassedOver, without
@@ -736,8 +746,12 @@ class RoundDriverImpl final : public RoundDriver {
   // unreachable (restarting): no round can form before it is back, so the
   // learner trains on likewise, and its join forms one then, with the
   // others' (they trained on as well).
+  // Likewise kShortOfQuorum, when the lighthouse reports that fewer
+  // learners are alive than the quorum's minimum (the others left or died):
+  // the join cannot form a round until some come back; at the end of the job
+  // it is called off (a learner alone cannot wait for the others' return).
   // Only a concurrent learner is passed over this way, and a final merge's.
-  enum class Awaited { kDone, kPassedOver, kLighthouseLost };
+  enum class Awaited { kDone, kPassedOver, kLighthouseLost, kShortOfQuorum };
   Awaited AwaitRound(InFlight& flight, uint64_t give_up_step, bool train_on_if_lost) {
     std::unique_lock lock(flight.mu);
     while (!flight.done.load(std::memory_order_acquire)) {
@@ -746,6 +760,7 @@ class RoundDriverImpl final : public RoundDriver {
       if (MayBePassedOver(flight) && !flight.formed && !group_) {
         if (ClosedWithout(flight, give_up_step)) return Awaited::kPassedOver;
         if (train_on_if_lost && agent_.lighthouse_lost()) return Awaited::kLighthouseLost;
+        if (agent_.short_of_quorum()) return Awaited::kShortOfQuorum;
       }
       // The lighthouse's news comes with heartbeat acknowledgements.
       flight.changed.wait_for(lock, kPassedOverPoll);
@@ -762,7 +777,7 @@ class RoundDriverImpl final : public RoundDriver {
                                      bool train_on_if_lost) {
     if (!group_ || !MayBePassedOver(flight))
       return AwaitRound(flight, give_up_step, train_on_if_lost);
-    enum : uint64_t { kUndecided = 0, kWait, kPassedOver, kLost };
+    enum : uint64_t { kUndecided = 0, kWait, kPassedOver, kLost, kShort };
     while (true) {
       uint64_t verdict = kUndecided;
       if (group_->rank() == 0) {
@@ -772,6 +787,8 @@ class RoundDriverImpl final : public RoundDriver {
           verdict = kPassedOver;
         } else if (train_on_if_lost && agent_.lighthouse_lost()) {
           verdict = kLost;
+        } else if (agent_.short_of_quorum()) {
+          verdict = kShort;
         }
       }
       MEND_ASSIGN_OR_RETURN(auto rank0, group_->Compare(verdict));
@@ -782,6 +799,8 @@ class RoundDriverImpl final : public RoundDriver {
           return Awaited::kDone;  // FinishInFlight waits for every slice, the ranks together
         case kPassedOver:
           return Awaited::kPassedOver;
+        case kShort:
+          return Awaited::kShortOfQuorum;
         default:
           return Awaited::kLighthouseLost;
       }
@@ -871,12 +890,13 @@ class RoundDriverImpl final : public RoundDriver {
           AwaitRoundAgreed(*in_flight_, stats_.steps, /*train_on_if_lost=*/false);
       if (!awaited.ok()) return BreakGroup(awaited.status());
       if (*awaited != Awaited::kDone) {
-        spdlog::warn(
-            "fragment {}: the final merge at step {} closed without this learner (the others "
-            "merged and "
-            "left); it keeps its own parameters",
-            f, stats_.steps);
+        spdlog::warn("fragment {}: the final merge at step {} {}; it keeps its own parameters", f,
+                     stats_.steps,
+                     *awaited == Awaited::kShortOfQuorum
+                         ? "has too few learners left to form its round"
+                         : "closed without this learner (the others merged and left)");
         MarkPassedOver(*in_flight_);
+        in_flight_->called_off = true;
         agent_.Interrupt();
         return FinishInFlight();
       }
@@ -1010,8 +1030,9 @@ class RoundDriverImpl final : public RoundDriver {
     Fragment& fragment = fragments_[static_cast<size_t>(flight->fragment)];
     if (!flight->outcome.ok()) {
       RecordRound(*flight);
-      stats_.failed_rounds++;
       fragment.tokens_since_round += flight->tokens;
+      if (flight->called_off) return OkStatus();  // (said when it was called off)
+      stats_.failed_rounds++;
       spdlog::warn("fragment {}: round failed, training on: {}", flight->fragment,
                    flight->outcome.status());
       return OkStatus();

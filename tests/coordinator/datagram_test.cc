@@ -58,13 +58,17 @@ TEST(DatagramTest, TamperedOrForeignDatagramsFailVerification) {
 
 TEST(DatagramTest, AckRoundTrips) {
   Signer signer(DeriveKey("job-token-123456"));
-  auto ack = DecodeAck(Encode({Kind::kAck, 5, 1}, Ack{true, 4.5, 3, 9, 1200}, signer));
+  auto ack = DecodeAck(Encode({Kind::kAck, 5, 1}, Ack{true, 4.5, 3, 9, 1200, true}, signer));
   ASSERT_TRUE(ack.ok()) << ack.status();
   EXPECT_TRUE(ack->slow);
   EXPECT_EQ(ack->slow_zscore, 4.5);
   EXPECT_EQ(ack->latest_round_id, 3u);
   EXPECT_EQ(ack->lighthouse_instance, 9u);
   EXPECT_EQ(ack->latest_round_step, 1200u);
+  EXPECT_TRUE(ack->short_of_quorum);
+  auto plain = DecodeAck(Encode({Kind::kAck, 5, 1}, Ack{false, 0, 3, 9, 1200, false}, signer));
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_FALSE(plain->short_of_quorum);
 }
 
 TEST(DatagramTest, MalformedInputIsRefused) {

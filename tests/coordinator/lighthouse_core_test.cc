@@ -154,6 +154,34 @@ TEST(LighthouseCoreTest, HeartbeatsTellAWaitingLearnerItWasPassedOver) {
   EXPECT_EQ(member->latest_round_step, 0u);
 }
 
+TEST(LighthouseCoreTest, HeartbeatsTellAWaitingLearnerWhenTooFewAreLeftForAQuorum) {
+  // Quorum of 2: a waits in a join after b left. Its heartbeats say the
+  // join is short of a quorum, though only once the lighthouse has been up
+  // for a heartbeat timeout (after a restart the others need that long to
+  // reach it), and only while the join waits; b's return ends it.
+  CoreHarness h(CoreHarness::Options(2, 0));
+  for (const char* id : {"a", "b"}) h.Register(id);
+  auto idle = h.Heartbeat("a");
+  ASSERT_TRUE(idle.ok());
+  EXPECT_FALSE(idle->short_of_quorum);
+  ASSERT_TRUE(h.core().Leave("b", h.session("b"), "done").ok());
+  EXPECT_FALSE(h.Heartbeat("a")->short_of_quorum) << "no join waits";
+  auto a = h.Join("a", 0, 0, 600000, /*step=*/40);
+  EXPECT_FALSE(a->done());
+  EXPECT_FALSE(h.Heartbeat("a")->short_of_quorum) << "up for less than a heartbeat timeout";
+  h.AdvanceMs(1000);
+  auto alone = h.Heartbeat("a");
+  ASSERT_TRUE(alone.ok());
+  EXPECT_TRUE(alone->waiting);
+  EXPECT_TRUE(alone->short_of_quorum);
+  h.Register("b");
+  EXPECT_FALSE(h.Heartbeat("a")->short_of_quorum) << "b is back";
+  auto b = h.Join("b", 0, 0, 600000, /*step=*/40);
+  h.AdvanceMs(1);
+  ASSERT_TRUE(a->ok() && b->ok());
+  EXPECT_FALSE(h.Heartbeat("a")->short_of_quorum);
+}
+
 TEST(LighthouseCoreTest, EveryMemberIsToldTheRoundsStepTheLargestOfTheMembers) {
   // A member whose join is for an earlier step (it was passed over and
   // trained on) learns the same step as the others, so that decisions that

@@ -138,6 +138,8 @@ TEST(LighthouseServerTest, StoreSetGetAddWaitDeleteOverGrpc) {
 }
 
 // Runs `agents` through `rounds` rounds on threads; returns each agent's results.
+// A round that fails is a fatal failure (on its thread) and leaves that agent
+// short of results: callers check HasFatalFailure() before reading them.
 std::vector<std::vector<QuorumResult>> RunRounds(std::vector<std::unique_ptr<LearnerAgent>>& agents,
                                                  int rounds, bool include_members = true) {
   std::vector<std::vector<QuorumResult>> results(agents.size());
@@ -188,6 +190,7 @@ TEST_P(AgentTransportTest, AgentsFormRoundsWithRanksAndTokenTotals) {
   config.lighthouse = server->grpc_address();
   auto agents = StartAgents(config, {"b", "c", "a"});
   auto results = RunRounds(agents, 3, /*include_members=*/false);
+  ASSERT_FALSE(HasFatalFailure());
   // The prefixes carry the lighthouse's instance: a restarted one's round N
   // is not the old one's.
   const std::string instance =
@@ -234,12 +237,32 @@ TEST_P(AgentTransportTest, AJoinSentLateIsForItsBoundaryStep) {
   for (auto& agent : agents) EXPECT_TRUE(agent->Leave("done").ok());
 }
 
+// A join left alone once the other learner left (a quorum needs two) is
+// reported short of a quorum through the heartbeat acknowledgements.
+TEST_P(AgentTransportTest, AJoinLeftAloneIsReportedShortOfAQuorum) {
+  Config config = AgentConfig();
+  config.quorum_min_learners = 2;
+  auto server = StartServer(config);
+  config.lighthouse = server->grpc_address();
+  auto agents = StartAgents(config, {"a", "b"});
+  ASSERT_TRUE(agents[1]->Leave("done").ok());
+  StatusOr<QuorumResult> result = AbortedError("not run");
+  std::thread join([&]() { result = agents[0]->Quorum(0, 100, 60 * kMicrosPerSecond, false, 8); });
+  EXPECT_TRUE(
+      testing_util::WaitFor(30 * kMicrosPerSecond, [&]() { return agents[0]->short_of_quorum(); }));
+  agents[0]->Interrupt();
+  join.join();
+  EXPECT_EQ(result.status().code(), StatusCode::kAborted);
+  EXPECT_TRUE(agents[0]->Leave("done").ok());
+}
+
 TEST(LighthouseServerTest, MemberListsComeOverGrpcOnRequest) {
   Config config = TestConfig();
   auto server = StartServer(config);
   config.lighthouse = server->grpc_address();
   auto agents = StartAgents(config, {"b", "a"});
   auto results = RunRounds(agents, 1);
+  ASSERT_FALSE(HasFatalFailure());
   ASSERT_EQ(results[0][0].members.size(), 2u);
   EXPECT_EQ(results[0][0].members[0].id, "a");
   EXPECT_EQ(results[0][0].members[1].id, "b");
@@ -267,6 +290,7 @@ TEST_P(AgentTransportTest, AgentsReRegisterAfterLighthouseRestartAndRoundIdsKeep
   config.lighthouse = server->grpc_address();
   auto agents = StartAgents(config, {"a", "b"});
   auto before = RunRounds(agents, 2, /*include_members=*/false);
+  ASSERT_FALSE(HasFatalFailure());
   EXPECT_EQ(before[0].back().round_id, 2u);
   server->Shutdown(0);
   server.reset();

@@ -554,9 +554,13 @@ TEST(LearnerGroupTest, AGroupTrainsOnWhileTheLighthouseIsDown) {
     EXPECT_GE(stores[l].sets("decision"), 1u) << l;
   }
   // Rounds resumed on the new lighthouse (the join that waited through the
-  // outage and at least one more), and both groups hold its last one.
-  EXPECT_GE(runs[0][0].stats.rounds, last_round_before + 2);
-  EXPECT_GE(runs[0][0].stats.last_round_id, last_round_before + 2);
+  // outage formed one), and both groups hold the last one. A later round
+  // is not certain here: these steps take no time, so a group whose rank 0
+  // hears of that round only after its ranks passed the remaining
+  // boundaries skips them all (it trains on, as it should); the other's
+  // join is then called off at the end, as too few learners are left.
+  EXPECT_GE(runs[0][0].stats.rounds, last_round_before + 1);
+  EXPECT_GE(runs[0][0].stats.last_round_id, last_round_before + 1);
   EXPECT_EQ(runs[0][0].stats.last_round_id, runs[1][0].stats.last_round_id);
   for (size_t r = 0; r < 2; ++r) EXPECT_EQ(runs[0][r].global, runs[1][r].global) << "rank " << r;
 }
