@@ -92,6 +92,9 @@ struct QuorumRequestArgs {
   bool include_members = false;
 };
 
+// The most step times one heartbeat may carry (the lighthouse refuses more).
+inline constexpr size_t kMaxHeartbeatStepTimes = 1024;
+
 struct HeartbeatUpdate {
   uint64_t step = 0;
   uint64_t tokens_total = 0;

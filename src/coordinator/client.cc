@@ -90,6 +90,16 @@ class HeartbeatStreamImpl final
       MutexLock lock(mu_);
       if (done_ || broken_ || release_) return;
       if (writing_) {
+        // The queued update's step times are not in the newer one (each
+        // update carries the times since the last): they are kept, the
+        // newest of them up to what one heartbeat may carry.
+        if (queued_ && !queued_->step_time_us.empty()) {
+          std::vector<uint32_t> times = std::move(queued_->step_time_us);
+          times.insert(times.end(), update.step_time_us.begin(), update.step_time_us.end());
+          const size_t keep = kMaxHeartbeatStepTimes;
+          if (times.size() > keep) times.erase(times.begin(), times.end() - keep);
+          update.step_time_us = std::move(times);
+        }
         queued_ = std::move(update);
         return;
       }
