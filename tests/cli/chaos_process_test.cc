@@ -86,49 +86,52 @@ void ExpectEveryFaultAndEveryInvariant(const json& report, const std::string& ou
   EXPECT_GT(report["eval_loss"].get<double>(), 0) << out;
 }
 
+// `job` (learners, ranks, steps) and what both tests share: a small model,
+// seeded faults every ~1.5 s with short stops and throttles, a 1.5 s
+// heartbeat timeout, 10 s of stall slack, the loss within 5%.
+std::vector<std::string> JobArgs(std::vector<std::string> job) {
+  const std::vector<std::string> shared = {"--sync-every",
+                                           "20",
+                                           "--dim",
+                                           "32",
+                                           "--layers",
+                                           "2",
+                                           "--batch",
+                                           "16",
+                                           "--seed",
+                                           "11",
+                                           "--mean-gap-s",
+                                           "1.5",
+                                           "--min-gap-s",
+                                           "1",
+                                           "--restart-delay-s",
+                                           "0.5",
+                                           "--stop-min-s",
+                                           "2.5",
+                                           "--stop-max-s",
+                                           "3",
+                                           "--slow-s",
+                                           "3",
+                                           "--lighthouse-down-s",
+                                           "1",
+                                           "--heartbeat-timeout-ms",
+                                           "1500",
+                                           "--stall-slack-s",
+                                           "10",
+                                           "--loss-tolerance",
+                                           "0.05",
+                                           "--timeout-s",
+                                           "200"};
+  job.insert(job.end(), shared.begin(), shared.end());
+  return job;
+}
+
 TEST(ChaosProcessTest, TrainingSurvivesEveryKindOfFaultAndEveryRoundChecksOut) {
   const std::string dir = testing_util::MakeTempDir();
   ASSERT_FALSE(dir.empty());
   testing_util::WriteSyntheticFortunes(dir + "/corpus");
   std::string out;
-  const json report = RunChaos(dir,
-                               {"--learners",
-                                "3",
-                                "--steps",
-                                "1600",
-                                "--sync-every",
-                                "20",
-                                "--dim",
-                                "32",
-                                "--layers",
-                                "2",
-                                "--batch",
-                                "16",
-                                "--seed",
-                                "11",
-                                "--mean-gap-s",
-                                "1.5",
-                                "--min-gap-s",
-                                "1",
-                                "--restart-delay-s",
-                                "0.5",
-                                "--stop-min-s",
-                                "2.5",
-                                "--stop-max-s",
-                                "3",
-                                "--slow-s",
-                                "3",
-                                "--lighthouse-down-s",
-                                "1",
-                                "--heartbeat-timeout-ms",
-                                "1500",
-                                "--stall-slack-s",
-                                "10",
-                                "--loss-tolerance",
-                                "0.05",
-                                "--timeout-s",
-                                "200"},
-                               &out);
+  const json report = RunChaos(dir, JobArgs({"--learners", "3", "--steps", "1600"}), &out);
   ExpectEveryFaultAndEveryInvariant(report, out, 3);
   if (!HasFailure()) std::filesystem::remove_all(dir);
 }
@@ -141,46 +144,8 @@ TEST(ChaosProcessTest, GroupsOfRanksSurviveFaultsAgainstSingleRanks) {
   ASSERT_FALSE(dir.empty());
   testing_util::WriteSyntheticFortunes(dir + "/corpus");
   std::string out;
-  const json report = RunChaos(dir,
-                               {"--learners",
-                                "3",
-                                "--ranks-per-learner",
-                                "2",
-                                "--steps",
-                                "1200",
-                                "--sync-every",
-                                "20",
-                                "--dim",
-                                "32",
-                                "--layers",
-                                "2",
-                                "--batch",
-                                "16",
-                                "--seed",
-                                "11",
-                                "--mean-gap-s",
-                                "1.5",
-                                "--min-gap-s",
-                                "1",
-                                "--restart-delay-s",
-                                "0.5",
-                                "--stop-min-s",
-                                "2.5",
-                                "--stop-max-s",
-                                "3",
-                                "--slow-s",
-                                "3",
-                                "--lighthouse-down-s",
-                                "1",
-                                "--heartbeat-timeout-ms",
-                                "1500",
-                                "--stall-slack-s",
-                                "10",
-                                "--loss-tolerance",
-                                "0.05",
-                                "--timeout-s",
-                                "200"},
-                               &out);
+  const json report = RunChaos(
+      dir, JobArgs({"--learners", "3", "--ranks-per-learner", "2", "--steps", "1200"}), &out);
   ExpectEveryFaultAndEveryInvariant(report, out, 6);
   if (report.is_object()) {
     EXPECT_EQ(report["ranks_per_learner"].get<int>(), 2);
