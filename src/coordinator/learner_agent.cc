@@ -210,22 +210,14 @@ class LearnerAgentImpl final : public LearnerAgent {
   uint64_t latest_round_id() const override { return latest_round_id_.load(); }
   uint64_t latest_round_step() const override { return latest_round_step_.load(); }
   bool lighthouse_lost() const override {
-    Micros timeout = 0;
-    {
-      MutexLock lock(mu_);
-      timeout = heartbeat_timeout_;
-    }
+    const Micros timeout = HeartbeatTimeout();
     // A silence alone is not enough: a learner resumed after SIGSTOP has
     // heard nothing for as long, though its lighthouse is fine.
     const Micros heard = last_heard_.load();
     return heard != 0 && last_failure_.load() > heard && RealClock()->NowMicros() - heard > timeout;
   }
   bool short_of_quorum() const override {
-    Micros timeout = 0;
-    {
-      MutexLock lock(mu_);
-      timeout = heartbeat_timeout_;
-    }
+    const Micros timeout = HeartbeatTimeout();
     // For a heartbeat timeout on end: an acknowledgement sent before the
     // latest join formed a round may arrive after it (see OnAck).
     const Micros since = short_of_quorum_since_.load();
@@ -250,6 +242,11 @@ class LearnerAgentImpl final : public LearnerAgent {
     std::optional<StatusOr<QuorumResult>> result ABSL_GUARDED_BY(mu);
     bool interrupted ABSL_GUARDED_BY(mu) = false;
   };
+
+  Micros HeartbeatTimeout() const {
+    MutexLock lock(mu_);
+    return heartbeat_timeout_;
+  }
 
   // The datagram link when this agent speaks UDP to its lighthouse, else nullptr.
   coordinator::DatagramLink* Link() {

@@ -604,9 +604,7 @@ class RoundDriverImpl final : public RoundDriver {
                          ? "too few learners are left to form its round"
                          : "the job's last round closed without this learner",
                      in_flight_->boundary_step, stats_.steps - in_flight_->boundary_step);
-        MarkPassedOver(*in_flight_);
-        in_flight_->called_off = true;
-        agent_.Interrupt();
+        CallOff(*in_flight_);
         called_off = true;
       }
     }
@@ -758,9 +756,8 @@ class RoundDriverImpl final : public RoundDriver {
       // A group's ranks cannot each decide this on their own timing: rank 0
       // decides for them (AwaitRoundAgreed).
       if (MayBePassedOver(flight) && !flight.formed && !group_) {
-        if (ClosedWithout(flight, give_up_step)) return Awaited::kPassedOver;
-        if (train_on_if_lost && agent_.lighthouse_lost()) return Awaited::kLighthouseLost;
-        if (agent_.short_of_quorum()) return Awaited::kShortOfQuorum;
+        if (std::optional<Awaited> why = TrainOnBecause(flight, give_up_step, train_on_if_lost))
+          return *why;
       }
       // The lighthouse's news comes with heartbeat acknowledgements.
       flight.changed.wait_for(lock, kPassedOverPoll);
@@ -777,34 +774,38 @@ class RoundDriverImpl final : public RoundDriver {
                                      bool train_on_if_lost) {
     if (!group_ || !MayBePassedOver(flight))
       return AwaitRound(flight, give_up_step, train_on_if_lost);
-    enum : uint64_t { kUndecided = 0, kWait, kPassedOver, kLost, kShort };
+    // Rank 0's verdict: 0 while undecided, else 1 + the Awaited value
+    // (kDone: FinishInFlight waits for every slice, the ranks together).
+    constexpr uint64_t kUndecided = 0;
     while (true) {
       uint64_t verdict = kUndecided;
       if (group_->rank() == 0) {
+        std::optional<Awaited> decided;
         if (PollDone(flight) || !StillUnformed(flight)) {
-          verdict = kWait;
-        } else if (ClosedWithout(flight, give_up_step)) {
-          verdict = kPassedOver;
-        } else if (train_on_if_lost && agent_.lighthouse_lost()) {
-          verdict = kLost;
-        } else if (agent_.short_of_quorum()) {
-          verdict = kShort;
+          decided = Awaited::kDone;
+        } else {
+          decided = TrainOnBecause(flight, give_up_step, train_on_if_lost);
         }
+        if (decided) verdict = 1 + static_cast<uint64_t>(*decided);
       }
       MEND_ASSIGN_OR_RETURN(auto rank0, group_->Compare(verdict));
-      switch (rank0.first) {
-        case kUndecided:
-          continue;
-        case kWait:
-          return Awaited::kDone;  // FinishInFlight waits for every slice, the ranks together
-        case kPassedOver:
-          return Awaited::kPassedOver;
-        case kShort:
-          return Awaited::kShortOfQuorum;
-        default:
-          return Awaited::kLighthouseLost;
-      }
+      if (rank0.first == kUndecided) continue;
+      if (rank0.first - 1 > static_cast<uint64_t>(Awaited::kShortOfQuorum))
+        return InternalError(
+            fmt::format("group: rank 0's round verdict {} is unknown", rank0.first));
+      return static_cast<Awaited>(rank0.first - 1);
     }
+  }
+
+  // Why a learner whose join in `flight` has not formed a round trains on
+  // at step `give_up_step` instead of waiting (see AwaitRound); nullopt:
+  // it waits.
+  std::optional<Awaited> TrainOnBecause(const InFlight& flight, uint64_t give_up_step,
+                                        bool train_on_if_lost) const {
+    if (ClosedWithout(flight, give_up_step)) return Awaited::kPassedOver;
+    if (train_on_if_lost && agent_.lighthouse_lost()) return Awaited::kLighthouseLost;
+    if (agent_.short_of_quorum()) return Awaited::kShortOfQuorum;
+    return std::nullopt;
   }
 
   bool MayBePassedOver(const InFlight& flight) const { return concurrent_ || flight.final_merge; }
@@ -829,6 +830,14 @@ class RoundDriverImpl final : public RoundDriver {
   static bool StillUnformed(InFlight& flight) {
     std::lock_guard lock(flight.mu);
     return !flight.done.load(std::memory_order_acquire) && !flight.formed;
+  }
+
+  // At shutdown: gives up `flight`'s join (counted as passed over, not as a
+  // failed round) and interrupts it.
+  void CallOff(InFlight& flight) {
+    MarkPassedOver(flight);
+    flight.called_off = true;
+    agent_.Interrupt();
   }
 
   // Counts `flight` as passed over; false when it already was.
@@ -895,9 +904,7 @@ class RoundDriverImpl final : public RoundDriver {
                      *awaited == Awaited::kShortOfQuorum
                          ? "has too few learners left to form its round"
                          : "closed without this learner (the others merged and left)");
-        MarkPassedOver(*in_flight_);
-        in_flight_->called_off = true;
-        agent_.Interrupt();
+        CallOff(*in_flight_);
         return FinishInFlight();
       }
       const uint64_t rounds = stats_.rounds;
