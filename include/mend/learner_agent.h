@@ -71,6 +71,13 @@ class LearnerAgent {
   virtual Status Leave(const std::string& reason) = 0;
   // Stops the heartbeat thread without leaving (as if the process died).
   virtual void Stop() = 0;
+  // While true, no heartbeat is sent (registration and joins go on): the
+  // lighthouse declares the learner dead after its heartbeat timeout and
+  // aborts the round it is in, as for a stopped process. A group's rank 0
+  // withholds them while another rank of its group is silent (see
+  // reducer/group_pulse.h). False sends them again; the lighthouse revives
+  // the learner, and the acknowledgements' silence counts from then.
+  virtual void WithholdHeartbeats(bool withhold) = 0;
 
   // The learner's id, as registered.
   virtual const std::string& id() const = 0;

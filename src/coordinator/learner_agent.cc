@@ -193,6 +193,12 @@ class LearnerAgentImpl final : public LearnerAgent {
     return status;
   }
 
+  void WithholdHeartbeats(bool withhold) override {
+    MutexLock lock(mu_);
+    if (withhold_ && !withhold) resumed_at_ = RealClock()->NowMicros();
+    withhold_ = withhold;
+  }
+
   void Stop() override {
     Interrupt();
     {
@@ -504,10 +510,12 @@ class LearnerAgentImpl final : public LearnerAgent {
     LearnerRef session;
     bool restart = false;
     Micros ack_timeout = 0;
+    Micros resumed_at = 0;
     {
       MutexLock lock(mu_);
-      if (!registered_) return;
+      if (!registered_ || withhold_) return;
       ack_timeout = heartbeat_timeout_;
+      resumed_at = resumed_at_;
       session = session_;
       restart = stream_restart_;
       stream_restart_ = false;
@@ -517,17 +525,19 @@ class LearnerAgentImpl final : public LearnerAgent {
       update.step_time_us.swap(step_times_);
     }
     Micros now = RealClock()->NowMicros();
+    // No acknowledgement is due for heartbeats withheld (WithholdHeartbeats).
+    const auto silent_since = [&](Micros last_ack) { return now - std::max(last_ack, resumed_at); };
     if (coordinator::DatagramLink* link = Link()) {
-      if (now - link->last_ack_at() > ack_timeout) {
-        OnUdpSilence(now - link->last_ack_at());
+      if (silent_since(link->last_ack_at()) > ack_timeout) {
+        OnUdpSilence(silent_since(link->last_ack_at()));
         return;
       }
       link->SendHeartbeat(update);
       return;
     }
-    if (stream_ && now - stream_->last_ack_at() > ack_timeout) {
+    if (stream_ && silent_since(stream_->last_ack_at()) > ack_timeout) {
       spdlog::warn("lighthouse {} has not acknowledged heartbeats for {} ms; reconnecting",
-                   address_, (now - stream_->last_ack_at()) / kMicrosPerMilli);
+                   address_, silent_since(stream_->last_ack_at()) / kMicrosPerMilli);
       stream_.reset();
     }
     if (restart) stream_.reset();
@@ -580,6 +590,8 @@ class LearnerAgentImpl final : public LearnerAgent {
   // From config until the lighthouse says otherwise at registration.
   Micros heartbeat_interval_ ABSL_GUARDED_BY(mu_);
   Micros heartbeat_timeout_ ABSL_GUARDED_BY(mu_);
+  bool withhold_ ABSL_GUARDED_BY(mu_) = false;  // see WithholdHeartbeats
+  Micros resumed_at_ ABSL_GUARDED_BY(mu_) = 0;  // when heartbeats were last resumed
   uint64_t step_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t tokens_total_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t tokens_since_round_ ABSL_GUARDED_BY(mu_) = 0;
@@ -609,6 +621,7 @@ class GroupRankAgent final : public LearnerAgent {
   void Interrupt() override {}
   Status Leave(const std::string&) override { return OkStatus(); }
   void Stop() override {}
+  void WithholdHeartbeats(bool) override {}
   const std::string& id() const override { return id_; }
   bool slow() const override { return false; }
   double slow_zscore() const override { return 0; }

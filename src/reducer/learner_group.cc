@@ -155,6 +155,7 @@ class GroupAgent final : public LearnerAgent {
   }
   Status Leave(const std::string& reason) override { return inner_.Leave(reason); }
   void Stop() override { inner_.Stop(); }
+  void WithholdHeartbeats(bool withhold) override { inner_.WithholdHeartbeats(withhold); }
   const std::string& id() const override { return inner_.id(); }
   bool slow() const override { return inner_.slow(); }
   double slow_zscore() const override { return inner_.slow_zscore(); }
@@ -326,6 +327,10 @@ StatusOr<std::unique_ptr<LearnerGroup>> LearnerGroup::Join(const Config& config,
   }
   group->comm_ = std::move(*comm);
   MEND_RETURN_IF_ERROR(group->CheckSameModel());
+  MEND_ASSIGN_OR_RETURN(std::unique_ptr<RendezvousStore> pulse_store, agent.OpenGroupStore());
+  group->pulse_ = std::make_unique<GroupPulse>(
+      std::move(pulse_store), group->base_, group->rank_, group->size_, agent,
+      config.heartbeat_ms * kMicrosPerMilli, config.heartbeat_timeout_ms * kMicrosPerMilli);
   spdlog::info("learner '{}': group rank {} of {}, slice [{}, {}) of the model's values",
                agent.id(), group->rank_, group->size_,
                group->slices_[static_cast<size_t>(group->rank_)].begin,
@@ -469,6 +474,10 @@ StatusOr<std::vector<uint64_t>> LearnerGroup::GatherValues(std::initializer_list
   std::vector<uint64_t> gathered(values.size() * static_cast<size_t>(size_));
   std::memcpy(gathered.data(), all.data(), gathered.size() * sizeof(uint64_t));
   return gathered;
+}
+
+void LearnerGroup::StopPulse(bool done) {
+  if (pulse_) pulse_->Stop(done);
 }
 
 void LearnerGroup::Forget() {

@@ -39,6 +39,7 @@
 #include "mend/learner_agent.h"
 #include "mend/status.h"
 #include "reducer/flat_state.h"
+#include "reducer/group_pulse.h"
 
 namespace mend::reducer {
 
@@ -114,6 +115,9 @@ class LearnerGroup {
   [[nodiscard]] StatusOr<std::pair<uint64_t, bool>> Compare(uint64_t value);
   // Removes the group's keys from the store (rank 0, when the group is done).
   void Forget();
+  // Stops this rank's pulse (group_pulse.h); `done`: it shut down normally.
+  // Before the learner leaves (rank 0) or the process ends.
+  void StopPulse(bool done);
 
  private:
   // `store` and `decisions`: two connections to the group's store, for the
@@ -138,6 +142,7 @@ class LearnerGroup {
   const std::unique_ptr<RendezvousStore>
       store_;  // the group's (rendezvous, Forget), training thread
   std::unique_ptr<Communicator> comm_;
+  std::unique_ptr<GroupPulse> pulse_;
 };
 
 }  // namespace mend::reducer

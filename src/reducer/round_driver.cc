@@ -573,6 +573,7 @@ class RoundDriverImpl final : public RoundDriver {
         in_flight_.reset();
       }
       shut_down_ = true;
+      if (group_) group_->StopPulse(/*done=*/false);
       (void)agent_.Leave(std::string(group_broken_.message()));
       return group_broken_;
     }
@@ -613,6 +614,7 @@ class RoundDriverImpl final : public RoundDriver {
     if (!group_broken_.ok()) return shutdown();  // as a broken group
     checkpoint_writer_.Join();
     shut_down_ = true;
+    if (group_) group_->StopPulse(/*done=*/true);
     Status left = agent_.Leave("training finished");
     if (group_) group_->Forget();
     MEND_RETURN_IF_ERROR(finished);
