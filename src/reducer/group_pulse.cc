@@ -45,8 +45,8 @@ int PulseJudge::Silent(Micros now) const {
   return -1;
 }
 
-GroupPulse::GroupPulse(std::unique_ptr<RendezvousStore> store, std::string base, int rank,
-                       int size, LearnerAgent& agent, Micros interval, Micros silence_limit)
+GroupPulse::GroupPulse(std::unique_ptr<RendezvousStore> store, std::string base, int rank, int size,
+                       LearnerAgent& agent, Micros interval, Micros silence_limit)
     : store_(std::move(store)),
       base_(std::move(base)),
       rank_(rank),
