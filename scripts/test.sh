@@ -45,7 +45,7 @@ cmake -S . -B "$asan" -G Ninja -DCMAKE_BUILD_TYPE="${MEND_BUILD_TYPE:-RelWithDeb
   -DMEND_BUILD_BENCH=OFF -DMEND_BUILD_PYTHON=OFF -DMEND_SANITIZE=address ${MEND_CMAKE_ARGS:-} > /dev/null
 cmake --build "$asan"
 stage asan-build
-ctest --test-dir "$asan" --output-on-failure -j2 --timeout 600
+HANG_DUMP_AFTER_S=540 ctest --test-dir "$asan" --output-on-failure -j2 --timeout 600
 stage asan-tests
 
 scripts/tsan-tests.sh

@@ -26,7 +26,7 @@ cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE="${MEND_BUILD_TYPE:-RelWithDebI
   -DMEND_BUILD_BENCH=OFF -DMEND_BUILD_PYTHON=OFF -DMEND_SANITIZE=thread ${MEND_CMAKE_ARGS:-} > /dev/null
 # (dataplane_process_test brings mend-lighthouse and dataplane_member.)
 cmake --build "$dir" --target coordinator_state_test lighthouse_server_test communicator_test \
-  dataplane_process_test heal_stream_test round_driver_test learner_group_test
+  dataplane_process_test heal_stream_test round_driver_test learner_group_test group_pulse_test
 
 reports=$(mktemp -d)
 trap 'rm -rf "$reports"' EXIT
@@ -34,7 +34,8 @@ status=0
 # Every test of the binaries built above; the others registered in this
 # tree (those of binaries not built, the C ABI's, the installed package's)
 # are left out.
-TSAN_OPTIONS="log_path=$reports/tsan" ctest --test-dir "$dir" --output-on-failure -j2 --timeout 600 \
+# (A hang prints its stacks before the 600 s timeout: tests/test_util/hang_dump.cc.)
+HANG_DUMP_AFTER_S=540 TSAN_OPTIONS="log_path=$reports/tsan" ctest --test-dir "$dir" --output-on-failure -j2 --timeout 600 \
   --repeat until-pass:2 -E '_NOT_BUILT|^CApi\.|^InstalledPackage\.' || status=$?
 
 shopt -s nullglob

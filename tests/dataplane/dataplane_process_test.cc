@@ -88,8 +88,9 @@ class DataplaneProcessTest : public testing_util::ProcessFixture {
       EXPECT_TRUE(o->code == "ABORTED" || o->code == "DEADLINE_EXCEEDED") << o->code;
       EXPECT_NE(o->message.find("round 1"), std::string::npos) << o->message;
       EXPECT_NE(o->message.find("member "), std::string::npos) << o->message;
-      // Within the operation's deadline (plus scheduling slack).
-      EXPECT_LE(o->elapsed_ms, kTimeoutMs + 1500) << o->message;
+      // Ended by the operation's own deadline, not by a later one: within
+      // a few deadlines (slack for a loaded machine; no speed is measured).
+      EXPECT_LE(o->elapsed_ms, 4 * kTimeoutMs) << o->message;
     }
     bool named = a.message.find("member 2") != std::string::npos ||
                  b.message.find("member 2") != std::string::npos;

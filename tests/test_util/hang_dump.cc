@@ -1,8 +1,10 @@
 // Linked into every test binary: a test process still running after
-// MEND_TEST_DUMP_AFTER_S seconds (default 240, under the test command's
+// HANG_DUMP_AFTER_S seconds (default 240, under the test command's
 // 300 s ctest timeout; 0: never) prints every thread's stack to stderr
 // once, with gdb when it is installed. A hang on a loaded CI machine then
-// leaves its stacks in ctest's output instead of only "Timeout".
+// leaves its stacks in ctest's output instead of only "Timeout". (Not
+// MEND_*: that prefix is the configuration's, and the mend processes that
+// tests start refuse a variable of it they do not know.)
 #include <signal.h>
 #include <spawn.h>
 #include <sys/prctl.h>
@@ -21,7 +23,7 @@ namespace {
 
 void DumpStacks() {
   const std::string pid = std::to_string(getpid());
-  std::fprintf(stderr, "\n[hang dump] pid %s still running after MEND_TEST_DUMP_AFTER_S; stacks:\n",
+  std::fprintf(stderr, "\n[hang dump] pid %s still running after HANG_DUMP_AFTER_S; stacks:\n",
                pid.c_str());
   std::fflush(stderr);
   posix_spawn_file_actions_t actions;
@@ -42,7 +44,7 @@ void DumpStacks() {
 
 struct HangDump {
   HangDump() {
-    const char* env = std::getenv("MEND_TEST_DUMP_AFTER_S");
+    const char* env = std::getenv("HANG_DUMP_AFTER_S");
     const long after = env ? std::atol(env) : 240;
     if (after <= 0) return;
     // gdb runs as this process's child: let it trace its parent (YAMA).
