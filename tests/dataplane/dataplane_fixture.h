@@ -39,6 +39,22 @@ class InProcessStore final : public RendezvousStore {
   std::map<std::string, std::string> values_;
 };
 
+// A connection to a store shared by threads (each rank opens its own, as
+// with a real store); does not own it.
+class StoreConnection final : public RendezvousStore {
+ public:
+  explicit StoreConnection(RendezvousStore& store) : store_(store) {}
+  Status Set(const std::string& key, const std::string& value) override {
+    return store_.Set(key, value);
+  }
+  StatusOr<std::string> Get(const std::string& key, Micros timeout) override {
+    return store_.Get(key, timeout);
+  }
+
+ private:
+  RendezvousStore& store_;
+};
+
 inline CommunicatorOptions MemberOptions(int rank, int size, const std::string& prefix,
                                          Micros timeout = 20 * kMicrosPerSecond) {
   CommunicatorOptions options;

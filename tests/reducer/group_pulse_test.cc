@@ -109,30 +109,14 @@ class RecordingAgent final : public LearnerAgent {
   std::vector<bool> calls_;
 };
 
-// One store shared by the ranks' pulses; each gets a connection that does
-// not own it.
-class Connection final : public RendezvousStore {
- public:
-  explicit Connection(RendezvousStore& store) : store_(store) {}
-  Status Set(const std::string& key, const std::string& value) override {
-    return store_.Set(key, value);
-  }
-  StatusOr<std::string> Get(const std::string& key, Micros timeout) override {
-    return store_.Get(key, timeout);
-  }
-
- private:
-  RendezvousStore& store_;
-};
-
 constexpr char kBase[] = "job/group/a/1.0/";
 constexpr Micros kInterval = 20 * kMicrosPerMilli;
 constexpr Micros kSilence = 2 * kMicrosPerSecond;
 constexpr Micros kAwait = 60 * kMicrosPerSecond;
 
 std::unique_ptr<GroupPulse> StartPulse(RendezvousStore& store, int rank, RecordingAgent& agent) {
-  return std::make_unique<GroupPulse>(std::make_unique<Connection>(store), kBase, rank, 2, agent,
-                                      kInterval, kSilence);
+  return std::make_unique<GroupPulse>(std::make_unique<testing_util::StoreConnection>(store), kBase,
+                                      rank, 2, agent, kInterval, kSilence);
 }
 
 TEST(GroupPulseTest, RankZeroWithholdsHeartbeatsWhileAnotherRankIsSilentAndResumesWhenItBeats) {

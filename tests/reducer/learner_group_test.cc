@@ -246,24 +246,11 @@ class CountingGroupStore final : public RendezvousStore {
   // A connection to it, as LearnerAgent::Start takes one.
   GroupStoreOpener Opener() {
     return [this]() -> StatusOr<std::unique_ptr<RendezvousStore>> {
-      return std::make_unique<Connection>(*this);
+      return std::make_unique<testing_util::StoreConnection>(*this);
     };
   }
 
  private:
-  class Connection final : public RendezvousStore {
-   public:
-    explicit Connection(RendezvousStore& store) : store_(store) {}
-    Status Set(const std::string& key, const std::string& value) override {
-      return store_.Set(key, value);
-    }
-    StatusOr<std::string> Get(const std::string& key, Micros timeout) override {
-      return store_.Get(key, timeout);
-    }
-
-   private:
-    RendezvousStore& store_;
-  };
   // By the part of the key after the group's prefix: "decision", "address", "ctx".
   void Count(const std::string& key, std::map<std::string, size_t>& counts) {
     for (const char* kind : {"decision/", "address/", "ctx/"}) {
