@@ -105,10 +105,10 @@ StatusOr<HeartbeatArgs> ParseHeartbeat(const v1::HeartbeatRequest& request) {
   MEND_RETURN_IF_ERROR(CheckCounter(request.step(), "step"));
   MEND_RETURN_IF_ERROR(CheckCounter(request.tokens_total(), "tokens_total"));
   MEND_RETURN_IF_ERROR(CheckCounter(request.tokens_since_last_round(), "tokens_since_last_round"));
-  if (request.step_time_us_size() > kMaxStepTimesPerHeartbeat) {
-    return Invalid("step_time_us",
-                   fmt::format("{} entries, at most {}", request.step_time_us_size(),
-                               kMaxStepTimesPerHeartbeat));
+  if (static_cast<size_t>(request.step_time_us_size()) > kMaxHeartbeatStepTimes) {
+    return Invalid(
+        "step_time_us",
+        fmt::format("{} entries, at most {}", request.step_time_us_size(), kMaxHeartbeatStepTimes));
   }
   args.step_ms.reserve(static_cast<size_t>(request.step_time_us_size()));
   for (uint32_t us : request.step_time_us()) {

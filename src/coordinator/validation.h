@@ -18,7 +18,6 @@ namespace mend::coordinator {
 inline constexpr size_t kMaxAddressLength = 256;
 inline constexpr uint32_t kMaxGroupSize = 1024;
 inline constexpr size_t kMaxReasonLength = 512;
-inline constexpr int kMaxStepTimesPerHeartbeat = static_cast<int>(kMaxHeartbeatStepTimes);
 inline constexpr uint32_t kMaxStepTimeUs = 3'600'000'000u;
 inline constexpr uint32_t kMaxTimeoutMs = 3'600'000;
 inline constexpr uint64_t kMaxCounter = uint64_t{1} << 62;
