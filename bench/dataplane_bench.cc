@@ -36,12 +36,12 @@
 #include "core/status_format.h"
 #include "core/subprocess.h"
 #include "dataplane/gloo_store.h"
-#include "dataplane/lighthouse_rendezvous.h"
 #include "fmt/format.h"
 #include "gloo/allreduce.h"
 #include "gloo/math.h"
 #include "gloo/rendezvous/context.h"
 #include "gloo/transport/tcp/device.h"
+#include "learner/lighthouse_rendezvous.h"
 #include "mend/communicator.h"
 #include "mend/lighthouse_client.h"
 #include "nlohmann/json.hpp"
@@ -81,7 +81,7 @@ int RunWorker(const WorkerArgs& args) {
     fmt::print(stderr, "worker {}: {}\n", args.rank, client.status());
     return 1;
   }
-  LighthouseRendezvousStore store(**client);
+  LighthouseRendezvousStore store(**client, *RealClock());
   CommunicatorOptions options;
   options.prefix = "bench/mend/";
   options.rank = args.rank;

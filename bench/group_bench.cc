@@ -113,8 +113,8 @@ int RunWorker(const WorkerArgs& args) {
   config.rack_aware = args.rack_aware;
   (void)InitLogging(config.log_level,
                     fmt::format("learner-{}.{}", args.learner, args.rank));  // to stderr
-  auto agent =
-      LearnerAgent::Start(config, kToken, {fmt::format("learner-{}", args.learner), "", "", ""});
+  auto agent = LearnerAgent::Start(
+      config, kToken, {fmt::format("learner-{}", args.learner), "", "", ""}, *RealClock());
   if (!agent.ok()) {
     fmt::print(stderr, "worker: {}\n", agent.status());
     return 1;

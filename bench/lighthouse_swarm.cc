@@ -11,10 +11,10 @@
 #include <thread>
 #include <vector>
 
-#include "coordinator/datagram_client.h"
 #include "core/status_format.h"
 #include "core/text.h"
 #include "fmt/format.h"
+#include "learner/datagram_client.h"
 #include "mend/lighthouse_client.h"
 #include "nlohmann/json.hpp"
 
@@ -133,7 +133,8 @@ class Swarm {
           learner.ref = {learner.id, registration->session_id};
           udp_port = registration->udp_port;
           if (!udp())
-            learner.stream = clients_[learner.channel]->OpenHeartbeat(learner.ref, nullptr);
+            learner.stream =
+                clients_[learner.channel]->OpenHeartbeat(learner.ref, *RealClock(), nullptr);
         }
       });
     }

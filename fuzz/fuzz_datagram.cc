@@ -1,4 +1,4 @@
-// Fuzz target: the datagram channel's wire format (coordinator/datagram.h).
+// Fuzz target: the datagram channel's wire format (wire/datagram.h).
 // Arbitrary bytes go through ParseHeader, Verify and every Decode*; nothing
 // may crash, a datagram that was not sealed with the key must never verify,
 // and whatever decodes must encode and decode back to the same fields.
@@ -7,8 +7,8 @@
 #include <string>
 #include <string_view>
 
-#include "coordinator/datagram.h"
 #include "fuzz_check.h"
+#include "wire/datagram.h"
 
 namespace mend::coordinator::datagram {
 namespace {

@@ -1,4 +1,4 @@
-// Codecs: how pseudo-gradients travel between learners (DESIGN.md, "Parts" 3).
+// Codecs: how pseudo-gradients travel between learners (docs/architecture.md, "Codecs").
 //
 //   fp32   the values as they are (4 bytes each)
 //   bf16   the top 16 bits, rounded to nearest even (2 bytes each)

@@ -1,4 +1,4 @@
-// The data plane (DESIGN.md, "Parts" 2): collectives among the members of one
+// The data plane (docs/architecture.md, "Data plane"): collectives among the members of one
 // quorum round, on Gloo's TCP transport.
 //
 // A Communicator is built for one round: the members rendezvous through a
@@ -34,26 +34,10 @@
 #include "mend/clock.h"
 #include "mend/codec.h"
 #include "mend/config.h"
+#include "mend/rendezvous_store.h"
 #include "mend/status.h"
 
 namespace mend {
-
-// What the rendezvous needs of a key-value store; the lighthouse's store (see
-// LighthouseRendezvousStore) and an in-process one (tests) implement it.
-class RendezvousStore {
- public:
-  virtual ~RendezvousStore() = default;
-  [[nodiscard]] virtual Status Set(const std::string& key, const std::string& value) = 0;
-  // Waits up to `timeout` for the key; DEADLINE_EXCEEDED when it never came.
-  [[nodiscard]] virtual StatusOr<std::string> Get(const std::string& key, Micros timeout) = 0;
-  // Removes `key` (with `prefix`, every key that starts with it) where the
-  // store can; stores that end with their job may keep them.
-  [[nodiscard]] virtual Status Delete(const std::string& key, bool prefix) {
-    (void)key;
-    (void)prefix;
-    return OkStatus();
-  }
-};
 
 // A slower, farther link, emulated inside the data plane: every operation
 // takes at least `latency` plus (bytes this member sent) / `bytes_per_s`.

@@ -17,6 +17,7 @@
 #include <memory>
 #include <string>
 
+#include "mend/clock.h"
 #include "mend/config.h"
 #include "mend/learner_agent.h"
 #include "mend/status.h"
@@ -25,12 +26,15 @@ namespace mend {
 
 class GroupStoreServer {
  public:
-  // Serves the store at `address` (HOST:PORT; port 0 picks a free one).
+  // Serves the store at `address` (HOST:PORT; port 0 picks a free one), on
+  // `clock` (not owned; it must outlive the server).
   // UNAVAILABLE when the address cannot be bound (in use, not local).
   // While the server lives, GroupStoreFromConfig on this process's group
   // rank 0 uses it instead of serving the address again.
-  [[nodiscard]] static StatusOr<std::shared_ptr<GroupStoreServer>> Serve(
-      const Config& config, const std::string& token, const std::string& address);
+  [[nodiscard]] static StatusOr<std::shared_ptr<GroupStoreServer>> Serve(const Config& config,
+                                                                         const std::string& token,
+                                                                         const std::string& address,
+                                                                         const Clock& clock);
   virtual ~GroupStoreServer() = default;
   // HOST:PORT with the port actually bound.
   virtual const std::string& address() const = 0;
@@ -41,8 +45,10 @@ class GroupStoreServer {
 // serves config.group_store unless a GroupStoreServer of this process
 // already does; the server lives as long as the opener. Each connection
 // waits up to quorum_timeout_ms for the store to come up; an error names the
-// address.
+// address. Those waits, and the server's, are on `clock` (the learner
+// agent's), which is not owned and must outlive the opener.
 [[nodiscard]] StatusOr<GroupStoreOpener> GroupStoreFromConfig(const Config& config,
-                                                              const std::string& token);
+                                                              const std::string& token,
+                                                              const Clock& clock);
 
 }  // namespace mend

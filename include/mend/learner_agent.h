@@ -19,6 +19,7 @@
 #include <memory>
 #include <string>
 
+#include "mend/clock.h"
 #include "mend/communicator.h"
 #include "mend/config.h"
 #include "mend/lighthouse_client.h"
@@ -44,9 +45,12 @@ class LearnerAgent {
   // (config.group_size > 1) every rank first publishes its data-plane host
   // (config.dataplane_host) in the group's store, and rank 0 registers once
   // it has every rank's (waiting up to quorum_timeout_ms for them).
+  // Every wait and timeout of the agent (and of the reducer and group code
+  // built on it, see clock()) is measured on `clock`, which is not owned
+  // and must outlive the agent.
   [[nodiscard]] static StatusOr<std::unique_ptr<LearnerAgent>> Start(
       const Config& config, const std::string& token, const LearnerIdentity& identity,
-      GroupStoreOpener group_store = nullptr);
+      const Clock& clock, GroupStoreOpener group_store = nullptr);
   virtual ~LearnerAgent() = default;
 
   // Records one finished inner step; cheap, never blocks on the network.
@@ -102,6 +106,10 @@ class LearnerAgent {
   // How many times this agent has registered (1 + re-registrations).
   virtual uint64_t registrations() const = 0;
   virtual Status fatal_status() const = 0;
+  // The clock the agent was given at Start: the one the reducer and the
+  // group code built on this agent measure their waits and timeouts on, so
+  // that a test's FakeClock reaches all of them.
+  virtual const Clock& clock() const = 0;
   // The lighthouse client, for the rendezvous store.
   virtual LighthouseClient& client() = 0;
   // A new connection to where the ranks of this learner's group meet and

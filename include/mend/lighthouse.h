@@ -14,6 +14,7 @@
 #include <memory>
 #include <string>
 
+#include "mend/clock.h"
 #include "mend/config.h"
 #include "mend/status.h"
 
@@ -22,9 +23,12 @@ namespace mend {
 class LighthouseServer {
  public:
   // Binds config.bind (port 0 picks a free port) and config.http, and starts
-  // serving. `token` is the job token every call must carry.
+  // serving. `token` is the job token every call must carry. The lighthouse's
+  // rules (heartbeat timeouts, quorum waits, fail-slow) run on `clock`, which
+  // is not owned and must outlive the server.
   [[nodiscard]] static StatusOr<std::unique_ptr<LighthouseServer>> Start(const Config& config,
-                                                                         const std::string& token);
+                                                                         const std::string& token,
+                                                                         const Clock& clock);
   virtual ~LighthouseServer() = default;
 
   // The gRPC address with the port actually bound, e.g. "127.0.0.1:41234".

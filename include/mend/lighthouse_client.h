@@ -156,9 +156,12 @@ class LighthouseClient {
                                                          uint32_t max_rounds = 0) = 0;
 
   // Opens the heartbeat stream of `learner`. `on_ack` runs on a gRPC thread
-  // for each acknowledgement.
+  // for each acknowledgement. The stream's last_ack_at() is on `clock`
+  // (the caller's, which compares it with its own now; not owned, it must
+  // outlive the stream).
   virtual std::unique_ptr<HeartbeatStream> OpenHeartbeat(
-      const LearnerRef& learner, std::function<void(const HeartbeatAck&)> on_ack) = 0;
+      const LearnerRef& learner, const Clock& clock,
+      std::function<void(const HeartbeatAck&)> on_ack) = 0;
 };
 
 }  // namespace mend

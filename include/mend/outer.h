@@ -1,5 +1,5 @@
-// The outer synchronizer's arithmetic (DESIGN.md, "Algorithms" and "Round
-// semantics"), on flat fp32 buffers: the reducer keeps one buffer per
+// The outer synchronizer's arithmetic (docs/architecture.md, "Outer
+// synchronizer arithmetic"), on flat fp32 buffers: the reducer keeps one buffer per
 // fragment of the model and calls these around each round's exchange.
 //
 // Notation: theta_g the global parameters (bit-identical on every member

@@ -1,5 +1,5 @@
-// One fragment's outer round over the data plane (DESIGN.md, "Round
-// semantics"): the pseudo-gradient exchange with token weights, the robust
+// One fragment's outer round over the data plane (docs/architecture.md,
+// "Outer synchronizer arithmetic"): the pseudo-gradient exchange with token weights, the robust
 // merge, the codec (top-k through error feedback), and the outer Nesterov
 // step on the global state. Flat fp32 buffers; the LibTorch reducer maps a
 // model's parameters onto fragments of these.

@@ -1,5 +1,5 @@
-// mend::Reducer: what a LibTorch training loop attaches to (DESIGN.md,
-// "Parts" 5). It works on named parameter tensors it does not own, written
+// mend::Reducer: what a LibTorch training loop attaches to (docs/
+// architecture.md, "Reducer"). It works on named parameter tensors it does not own, written
 // in place, and reads the inner optimizer's moments through InnerMoments;
 // the torch::nn::Module overload of Create adapts a C++ module and its
 // Adam/AdamW. The loop calls step(tokens) after each inner optimizer step;

@@ -127,15 +127,16 @@ mend::Status Create(const mend::Config& config, const char* token, const char* l
     moments = std::make_unique<mend::capi::RawMoments>(numels);
   learner.parameters = parameters.get();
   learner.moments = moments.get();
+  // The learner's one clock: its agent, group store and reducer run on it.
+  const mend::Clock& clock = *mend::RealClock();
   MEND_ASSIGN_OR_RETURN(mend::GroupStoreOpener group_store,
-                        mend::GroupStoreFromConfig(config, token));
+                        mend::GroupStoreFromConfig(config, token, clock));
   MEND_ASSIGN_OR_RETURN(
       learner.agent,
-      mend::LearnerAgent::Start(config, token, {learner_id, config.job_id, config.rack, ""},
+      mend::LearnerAgent::Start(config, token, {learner_id, config.job_id, config.rack, ""}, clock,
                                 std::move(group_store)));
-  auto driver =
-      mend::reducer::RoundDriver::Create(config, *learner.agent, *mend::RealClock(),
-                                         std::move(parameters), std::move(moments), start_step);
+  auto driver = mend::reducer::RoundDriver::Create(
+      config, *learner.agent, clock, std::move(parameters), std::move(moments), start_step);
   if (!driver.ok()) {
     (void)learner.agent->Leave("the reducer could not start");
     return driver.status();

@@ -57,7 +57,7 @@ mend_status mend_lighthouse_start(const mend_config* config, const char* token,
         !logging.ok()) {
       return Return(logging);
     }
-    auto server = mend::LighthouseServer::Start(config->value, token);
+    auto server = mend::LighthouseServer::Start(config->value, token, *mend::RealClock());
     if (!server.ok()) return Return(server.status());
     auto lighthouse = std::make_unique<mend_lighthouse>();
     lighthouse->address = (*server)->grpc_address();
@@ -125,7 +125,7 @@ mend_status mend_group_store_serve(const mend_config* config, const char* token,
         !logging.ok()) {
       return Return(logging);
     }
-    auto server = mend::GroupStoreServer::Serve(config->value, token, address);
+    auto server = mend::GroupStoreServer::Serve(config->value, token, address, *mend::RealClock());
     if (!server.ok()) return Return(server.status());
     *out = new mend_group_store{std::move(*server)};
     return MEND_OK;

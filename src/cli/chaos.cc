@@ -400,7 +400,7 @@ class Harness {
       if (r.kind == "slow") say_(fmt::format("  {} at full speed again", Target(r)));
     } else {
       StatusOr<std::unique_ptr<LighthouseServer>> server =
-          LighthouseServer::Start(lighthouse_config_, token_);
+          LighthouseServer::Start(lighthouse_config_, token_, *RealClock());
       if (!server.ok())
         return Status(server.status().code(), "chaos: restarting the lighthouse: " +
                                                   std::string(server.status().message()));

@@ -71,7 +71,7 @@ void AddLighthouseCommand(CLI::App& app, int* exit_code) {
       stop_requested = true;
       if (running) running->Shutdown();
     });
-    auto started = LighthouseServer::Start(*config, *token);
+    auto started = LighthouseServer::Start(*config, *token, *RealClock());
     if (!started.ok()) {
       fmt::print(stderr, "mend lighthouse: {}\n", started.status().message());
       *exit_code = kExitFailure;

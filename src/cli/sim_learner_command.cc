@@ -66,7 +66,7 @@ int RunSimLearner(const SimOptions& options, const Config& config, const std::st
     control.wake.notify_all();
   });
   LearnerIdentity identity{options.id, config.job_id, config.rack, options.address};
-  auto started = LearnerAgent::Start(config, token, identity);
+  auto started = LearnerAgent::Start(config, token, identity, *RealClock());
   if (!started.ok()) {
     fmt::print(stderr, "mend sim-learner {}: refused: {}\n", options.id, started.status());
     return kExitRefused;

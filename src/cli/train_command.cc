@@ -87,10 +87,9 @@ void SetComputeThreads(int threads) {
 // gradients, which are freed and allocated again every step. Each new block
 // is then faulted in page by page: a learner of the example GPT took about
 // 20,000 page faults a second, and training went 15% faster without them
-// (docs/benchmarks.md). So a training process keeps freed memory for reuse
-// (blocks up to 64 MiB from the heap, up to 256 MiB free at its top); the
-// resident size grows by a few MiB. Left alone when the user tuned malloc
-// through the environment.
+// (measured with the example GPT on the 2-vCPU VM). So a training process keeps freed memory for
+// reuse (blocks up to 64 MiB from the heap, up to 256 MiB free at its top); the resident size grows
+// by a few MiB. Left alone when the user tuned malloc through the environment.
 void KeepFreedMemoryForReuse() {
   if (const char* tunables = std::getenv("GLIBC_TUNABLES");
       tunables && std::strstr(tunables, "glibc.malloc."))
@@ -111,7 +110,7 @@ int RunTrain(const TrainFlags& flags, const Config& config, const std::string& t
   });
   SetComputeThreads(flags.threads);
   auto result = train::Train(
-      flags.options, config, token,
+      flags.options, config, token, *RealClock(),
       [&flags](const train::TrainProgress& p) { PrintProgress(p, flags.progress_json); }, &control);
   if (!result.ok()) {
     fmt::print(stderr, "mend train {}: {}\n", flags.options.id, result.status().message());

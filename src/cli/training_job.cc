@@ -164,7 +164,7 @@ StatusOr<std::unique_ptr<LighthouseServer>> StartLocalLighthouse(const Config& c
   }
   chmod(config.token_file.c_str(), 0600);
   MEND_ASSIGN_OR_RETURN(std::string token, ReadJobToken(config, nullptr));
-  return LighthouseServer::Start(config, token);
+  return LighthouseServer::Start(config, token, *RealClock());
 }
 
 StatusOr<std::string> MakeWorkDir(const std::string& given, std::string mkdtemp_pattern) {

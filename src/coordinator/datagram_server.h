@@ -24,9 +24,9 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
-#include "coordinator/datagram.h"
 #include "coordinator/lighthouse_core.h"
 #include "core/mutex.h"
+#include "wire/datagram.h"
 
 namespace mend::coordinator {
 

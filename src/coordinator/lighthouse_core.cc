@@ -48,7 +48,7 @@ LighthouseOptions WithIncarnation(LighthouseOptions options, uint64_t instance_i
 
 }  // namespace
 
-LighthouseCore::LighthouseCore(LighthouseOptions options, Clock* clock, uint64_t instance_id)
+LighthouseCore::LighthouseCore(LighthouseOptions options, const Clock* clock, uint64_t instance_id)
     : options_(WithIncarnation(std::move(options), instance_id)),
       clock_(clock),
       instance_id_(instance_id),

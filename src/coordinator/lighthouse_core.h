@@ -104,7 +104,7 @@ struct QuorumArgs {
 
 class LighthouseCore {
  public:
-  LighthouseCore(LighthouseOptions options, Clock* clock, uint64_t instance_id);
+  LighthouseCore(LighthouseOptions options, const Clock* clock, uint64_t instance_id);
 
   LighthouseCore(const LighthouseCore&) = delete;
   LighthouseCore& operator=(const LighthouseCore&) = delete;
@@ -151,7 +151,7 @@ class LighthouseCore {
   uint64_t RecordsVisited();
   uint64_t instance_id() const { return instance_id_; }
   const LighthouseOptions& options() const { return options_; }
-  Clock* clock() const { return clock_; }
+  const Clock* clock() const { return clock_; }
 
  private:
   void Finish(Completions& completions);
@@ -171,7 +171,7 @@ class LighthouseCore {
 
   // Constant after construction.
   const LighthouseOptions options_;
-  Clock* const clock_;  // not owned; outlives this
+  const Clock* const clock_;  // not owned; outlives this
   const uint64_t instance_id_;
   const Micros started_at_;
   std::function<void()> wakeup_;

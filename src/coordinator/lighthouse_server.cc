@@ -46,9 +46,10 @@ StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const Confi
 
 class LighthouseServerImpl final : public LighthouseServer {
  public:
-  explicit LighthouseServerImpl(const Config& config, const std::string& token)
+  LighthouseServerImpl(const Config& config, const std::string& token, const Clock& clock)
       : token_(token),
-        core_(coordinator::LighthouseOptionsFromConfig(config), RealClock(),
+        clock_(clock),
+        core_(coordinator::LighthouseOptionsFromConfig(config), &clock,
               std::random_device{}() ^ (uint64_t{std::random_device{}()} << 32)),
         service_(&core_, token, core_.options().store.max_value_bytes) {}
 
@@ -144,7 +145,7 @@ class LighthouseServerImpl final : public LighthouseServer {
       core_.Tick();
       Micros next = core_.NextDeadline();
       lock.Lock();
-      Micros now = RealClock()->NowMicros();
+      Micros now = clock_.NowMicros();
       Micros sleep = std::clamp<Micros>(next - now, 0, kMaxTimerSleep);
       const auto wake_at = std::chrono::steady_clock::now() + std::chrono::microseconds(sleep);
       while (!stopping_ && !woken_ && wake_.WaitUntil(mu_, wake_at)) {
@@ -154,6 +155,7 @@ class LighthouseServerImpl final : public LighthouseServer {
   }
 
   const std::string token_;
+  const Clock& clock_;
   LighthouseCore core_;
   coordinator::LighthouseService service_;
   std::unique_ptr<coordinator::DatagramServer> datagrams_;
@@ -173,9 +175,10 @@ class LighthouseServerImpl final : public LighthouseServer {
 }  // namespace
 
 StatusOr<std::unique_ptr<LighthouseServer>> LighthouseServer::Start(const Config& config,
-                                                                    const std::string& token) {
+                                                                    const std::string& token,
+                                                                    const Clock& clock) {
   MEND_RETURN_IF_ERROR(CheckConfig(config));
-  auto server = std::make_unique<LighthouseServerImpl>(config, token);
+  auto server = std::make_unique<LighthouseServerImpl>(config, token, clock);
   MEND_RETURN_IF_ERROR(server->Init(config));
   return std::unique_ptr<LighthouseServer>(std::move(server));
 }

@@ -1,4 +1,4 @@
-// The quorum rules of one outer round (DESIGN.md, "Quorum"):
+// The quorum rules of one outer round (docs/architecture.md, "A round"):
 //
 //  1. A learner ready for a round joins (Quorum call) and waits.
 //  2. Quorum is reached when at least K learners joined and they are at least

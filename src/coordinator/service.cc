@@ -153,7 +153,7 @@ class HeartbeatReactor final
 
   LighthouseService* const service_;
   grpc::CallbackServerContext* const context_;
-  Clock* const clock_;
+  const Clock* const clock_;
   const Micros ack_interval_;
   bool counted_ = false;          // in the service's stream count
   v1::HeartbeatRequest request_;  // touched only by the read chain

@@ -103,10 +103,8 @@ std::vector<ConfigKey> BuildKeys() {
            "Learner: heartbeats and quorum joins over gRPC, or over the lighthouse's UDP "
            "datagram channel. gRPC holds about 1,000 learners on a 2-core lighthouse (round "
            "decisions under 50 ms at p99); use udp above that (10,000 measured on 2 vCPUs shared "
-           "with "
-           "the simulated learners: p99 51-138 ms, as the build before 17492ab gives there, under "
-           "half a "
-           "core)."),
+           "with the simulated learners: p99 53.4-94.1 ms across runs, under half a core; see "
+           "docs/benchmarks.md)."),
       Int("sync_period_steps", &C::sync_period_steps, 1, 1000000,
           "H: inner steps between outer rounds."),
       Bool("token_weighted_merge", &C::token_weighted_merge,

@@ -4,8 +4,8 @@
 #include <span>
 
 #include "core/status_format.h"
-#include "dataplane/lighthouse_rendezvous.h"
 #include "fmt/format.h"
+#include "learner/lighthouse_rendezvous.h"
 #include "mend/communicator.h"
 #include "reducer/learner_group.h"
 
@@ -41,7 +41,8 @@ class DataParallelImpl final : public DataParallel {
       options.prefix = GroupStorePrefix(config_, agent_.id()) + "ddp/";
       options.rank = static_cast<int>(config_.group_rank);
       options.world_size = static_cast<int>(config_.group_size);
-      MEND_RETURN_IF_ERROR(reducer::AwaitGroupRanks(*store, config_, agent_.id(), options.prefix));
+      MEND_RETURN_IF_ERROR(
+          reducer::AwaitGroupRanks(*store, agent_.clock(), config_, agent_.id(), options.prefix));
       MEND_ASSIGN_OR_RETURN(comm_, Communicator::Connect(*store, options));
       stats_.rank = static_cast<uint32_t>(options.rank);
       stats_.world_size = static_cast<uint32_t>(options.world_size);
@@ -50,7 +51,7 @@ class DataParallelImpl final : public DataParallel {
                             agent_.Quorum(0, 0, config_.quorum_timeout_ms * kMicrosPerMilli,
                                           /*include_members=*/true));
       CommunicatorOptions options = CommunicatorOptionsForRound(config_, round);
-      LighthouseRendezvousStore store(agent_.client());
+      LighthouseRendezvousStore store(agent_.client(), agent_.clock());
       MEND_ASSIGN_OR_RETURN(comm_, Communicator::Connect(store, options));
       stats_.rank = round.rank;
       stats_.world_size = round.world_size;

@@ -93,7 +93,7 @@ void GroupPulse::Beat() {
 }
 
 void GroupPulse::Watch() {
-  Clock& clock = *RealClock();
+  const Clock& clock = agent_.clock();
   PulseJudge judge(size_, silence_limit_, clock.NowMicros());
   int withheld_for = -1;  // the silent rank the heartbeats are withheld for, or -1
   do {

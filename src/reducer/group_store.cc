@@ -9,8 +9,8 @@
 #include "core/mutex.h"
 #include "core/status_format.h"
 #include "core/text.h"
-#include "dataplane/lighthouse_rendezvous.h"
 #include "fmt/format.h"
+#include "learner/lighthouse_rendezvous.h"
 #include "mend/lighthouse.h"
 #include "mend/lighthouse_client.h"
 #include "spdlog/spdlog.h"
@@ -63,9 +63,9 @@ std::shared_ptr<GroupStoreServer> Served(const std::string& address) {
 // A connection to the group's store: a lighthouse client of its own.
 class ClientGroupStore final : public RendezvousStore {
  public:
-  ClientGroupStore(std::unique_ptr<LighthouseClient> client,
+  ClientGroupStore(std::unique_ptr<LighthouseClient> client, const Clock& clock,
                    std::shared_ptr<GroupStoreServer> server)
-      : client_(std::move(client)), store_(*client_), server_(std::move(server)) {}
+      : client_(std::move(client)), store_(*client_, clock), server_(std::move(server)) {}
   Status Set(const std::string& key, const std::string& value) override {
     return store_.Set(key, value);
   }
@@ -87,15 +87,16 @@ class ClientGroupStore final : public RendezvousStore {
 // one connects at once.
 StatusOr<std::unique_ptr<LighthouseClient>> ConnectWhenUp(const std::string& address,
                                                           const std::string& token,
-                                                          Micros rpc_timeout, Micros timeout) {
-  const Micros deadline = RealClock()->NowMicros() + timeout;
+                                                          Micros rpc_timeout, Micros timeout,
+                                                          const Clock& clock) {
+  const Micros deadline = clock.NowMicros() + timeout;
   Micros pause = kFirstRetry;
   while (true) {
     MEND_ASSIGN_OR_RETURN(std::unique_ptr<LighthouseClient> client,
                           LighthouseClient::Connect({address, token, "", rpc_timeout}));
     StatusOr<uint64_t> probe = client->StoreDelete("mend/group-store-probe", false);
     if (probe.ok()) return client;
-    const Micros left = deadline - RealClock()->NowMicros();
+    const Micros left = deadline - clock.NowMicros();
     spdlog::debug("group store {}: not up yet ({})", address, probe.status());
     if (probe.status().code() != StatusCode::kUnavailable || left <= 0) {
       return Annotate(probe.status(),
@@ -111,7 +112,8 @@ StatusOr<std::unique_ptr<LighthouseClient>> ConnectWhenUp(const std::string& add
 
 StatusOr<std::shared_ptr<GroupStoreServer>> GroupStoreServer::Serve(const Config& config,
                                                                     const std::string& token,
-                                                                    const std::string& address) {
+                                                                    const std::string& address,
+                                                                    const Clock& clock) {
   MEND_RETURN_IF_ERROR(CheckHostPort(address, "group_store"));
   Config served = config;  // the store alone: no HTTP side, no datagram channel, plaintext
   served.bind = address;
@@ -120,7 +122,8 @@ StatusOr<std::shared_ptr<GroupStoreServer>> GroupStoreServer::Serve(const Config
   served.tls_cert_file = "";
   served.tls_key_file = "";
   served.log_level = config.log_level;
-  StatusOr<std::unique_ptr<LighthouseServer>> server = LighthouseServer::Start(served, token);
+  StatusOr<std::unique_ptr<LighthouseServer>> server =
+      LighthouseServer::Start(served, token, clock);
   if (!server.ok()) return Annotate(server.status(), fmt::format("group store {}", address));
   std::string bound = (*server)->grpc_address();
   auto store = std::make_shared<GroupStoreServerImpl>(std::move(*server), bound);
@@ -133,7 +136,8 @@ StatusOr<std::shared_ptr<GroupStoreServer>> GroupStoreServer::Serve(const Config
   return std::shared_ptr<GroupStoreServer>(std::move(store));
 }
 
-StatusOr<GroupStoreOpener> GroupStoreFromConfig(const Config& config, const std::string& token) {
+StatusOr<GroupStoreOpener> GroupStoreFromConfig(const Config& config, const std::string& token,
+                                                const Clock& clock) {
   if (config.group_store.empty()) return GroupStoreOpener();
   MEND_RETURN_IF_ERROR(CheckHostPort(config.group_store, "group_store"));
   std::shared_ptr<GroupStoreServer> server;
@@ -141,18 +145,19 @@ StatusOr<GroupStoreOpener> GroupStoreFromConfig(const Config& config, const std:
   if (config.group_rank == 0) {
     server = Served(config.group_store);
     if (!server) {
-      MEND_ASSIGN_OR_RETURN(server, GroupStoreServer::Serve(config, token, config.group_store));
+      MEND_ASSIGN_OR_RETURN(server,
+                            GroupStoreServer::Serve(config, token, config.group_store, clock));
     }
     address = server->address();
   }
   const Micros rpc_timeout = config.rpc_timeout_ms * kMicrosPerMilli;
   const Micros timeout = config.quorum_timeout_ms * kMicrosPerMilli;
-  return GroupStoreOpener([address, token, rpc_timeout, timeout,
+  return GroupStoreOpener([address, token, rpc_timeout, timeout, &clock,
                            server]() -> StatusOr<std::unique_ptr<RendezvousStore>> {
     MEND_ASSIGN_OR_RETURN(std::unique_ptr<LighthouseClient> client,
-                          ConnectWhenUp(address, token, rpc_timeout, timeout));
+                          ConnectWhenUp(address, token, rpc_timeout, timeout, clock));
     return std::unique_ptr<RendezvousStore>(
-        std::make_unique<ClientGroupStore>(std::move(client), server));
+        std::make_unique<ClientGroupStore>(std::move(client), clock, server));
   });
 }
 

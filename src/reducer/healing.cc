@@ -22,9 +22,11 @@ std::pair<std::span<const float>, std::span<const float>> HealSlice(
   return {std::span(buffer.data() + offset, size), std::span(buffer.data() + offset + size, size)};
 }
 
-StatusOr<Healed> HealRound(Communicator& comm, const QuorumResult& round,
-                           const std::vector<Fragment>& fragments, const HealOffer& offer,
-                           const Clock& clock) {
+namespace {
+
+// Who heals from whom in `round`: source rank -> the ranks healing from it.
+std::map<int, std::vector<int>> HealeesBySource(const Communicator& comm,
+                                                const QuorumResult& round) {
   std::map<std::string, int> rank_of;
   for (size_t r = 0; r < round.members.size(); ++r)
     rank_of[round.members[r].id] = static_cast<int>(r);
@@ -38,19 +40,54 @@ StatusOr<Healed> HealRound(Communicator& comm, const QuorumResult& round,
         healees[rank_of[source]].push_back(static_cast<int>(r));
     }
   }
+  return healees;
+}
+
+// Every fragment's global state and momentum into `buffer`, in the healing
+// buffer's layout (HealStateOffset).
+void PackState(const std::vector<Fragment>& fragments, std::vector<float>& buffer) {
+  for (size_t f = 0; f < fragments.size(); ++f) {
+    const FragmentState& state = *fragments[f].state;
+    auto out = buffer.begin() + static_cast<long>(HealStateOffset(fragments, f));
+    out = std::copy(state.global().begin(), state.global().end(), out);
+    std::copy(state.momentum().begin(), state.momentum().end(), out);
+  }
+}
+
+// By option the source's inner optimizer moments (as of its boundary)
+// follow the state, with a flag that says whether it had any yet: both
+// moments back to back, then 1.0f when they are there. Empty without the
+// option.
+StatusOr<std::vector<float>> StreamMoments(Communicator& comm, const HealOffer& offer, int source,
+                                           const std::string& source_id) {
+  std::vector<float> moments;
+  if (!offer.send_moments) return moments;
+  const size_t m = offer.moment_values;
+  moments.assign(2 * m + 1, 0.0f);
+  if (comm.rank() == source && offer.moments[0] && offer.moments[1] && !offer.moments[0]->empty() &&
+      !offer.moments[1]->empty()) {
+    std::copy(offer.moments[0]->begin(), offer.moments[0]->end(), moments.begin());
+    std::copy(offer.moments[1]->begin(), offer.moments[1]->end(),
+              moments.begin() + static_cast<long>(m));
+    moments[2 * m] = 1.0f;
+  }
+  MEND_RETURN_IF_ERROR(
+      StreamState(comm, std::as_writable_bytes(std::span(moments)), source, source_id));
+  return moments;
+}
+
+}  // namespace
+
+StatusOr<Healed> HealRound(Communicator& comm, const QuorumResult& round,
+                           const std::vector<Fragment>& fragments, const HealOffer& offer,
+                           const Clock& clock) {
+  const std::map<int, std::vector<int>> healees = HealeesBySource(comm, round);
   Healed healed;
   if (healees.empty()) return healed;
   const Micros started = clock.NowMicros();
   std::vector<float> buffer(HealStateOffset(fragments, fragments.size()));
   for (const auto& [source, ranks] : healees) {
-    if (comm.rank() == source) {
-      for (size_t f = 0; f < fragments.size(); ++f) {
-        const FragmentState& state = *fragments[f].state;
-        auto out = buffer.begin() + static_cast<long>(HealStateOffset(fragments, f));
-        out = std::copy(state.global().begin(), state.global().end(), out);
-        std::copy(state.momentum().begin(), state.momentum().end(), out);
-      }
-    }
+    if (comm.rank() == source) PackState(fragments, buffer);
     const std::string& source_id = round.members[static_cast<size_t>(source)].id;
     // With the state: the source's step at its boundary (the healed learner
     // continues the job's schedule, learning rate and fragment boundaries,
@@ -59,22 +96,8 @@ StatusOr<Healed> HealRound(Communicator& comm, const QuorumResult& round,
     MEND_RETURN_IF_ERROR(StreamState(comm, std::as_writable_bytes(std::span(buffer)), source,
                                      source_id, kHealChunkBytes,
                                      std::as_writable_bytes(std::span(boundary))));
-    // By option the source's inner optimizer moments (as of its boundary)
-    // follow, with a flag that says whether it had any yet.
-    std::vector<float> moments;
-    if (offer.send_moments) {
-      const size_t m = offer.moment_values;
-      moments.assign(2 * m + 1, 0.0f);
-      if (comm.rank() == source && offer.moments[0] && offer.moments[1] &&
-          !offer.moments[0]->empty() && !offer.moments[1]->empty()) {
-        std::copy(offer.moments[0]->begin(), offer.moments[0]->end(), moments.begin());
-        std::copy(offer.moments[1]->begin(), offer.moments[1]->end(),
-                  moments.begin() + static_cast<long>(m));
-        moments[2 * m] = 1.0f;
-      }
-      MEND_RETURN_IF_ERROR(
-          StreamState(comm, std::as_writable_bytes(std::span(moments)), source, source_id));
-    }
+    MEND_ASSIGN_OR_RETURN(std::vector<float> moments,
+                          StreamMoments(comm, offer, source, source_id));
     if (std::find(ranks.begin(), ranks.end(), comm.rank()) != ranks.end()) {
       healed.state = buffer;
       healed.bytes = (buffer.size() + moments.size()) * sizeof(float) + sizeof(boundary);

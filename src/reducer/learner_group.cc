@@ -6,179 +6,19 @@
 #include <cstring>
 #include <thread>
 
-#include "coordinator/group_ranks.h"
 #include "core/buffer_pool.h"
 #include "core/status_format.h"
-#include "dataplane/lighthouse_rendezvous.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
+#include "learner/group_ranks.h"
+#include "learner/lighthouse_rendezvous.h"
 #include "mend/checkpoint.h"
 #include "nlohmann/json.hpp"
+#include "reducer/group_round_services.h"
 #include "spdlog/spdlog.h"
 
 namespace mend::reducer {
 namespace {
-
-// How often a rank waiting for rank 0's decision looks whether it was
-// interrupted.
-constexpr Micros kDecisionPoll = 250 * kMicrosPerMilli;
-
-nlohmann::json MemberJson(const RoundMember& m) {
-  return {{"id", m.id},
-          {"step", m.step},
-          {"tokens", m.tokens_since_last_round},
-          {"last_round", m.last_round_id},
-          {"heal_from", m.heal_from},
-          {"rack", m.rack},
-          {"address", m.address}};
-}
-
-RoundMember MemberFrom(const nlohmann::json& j) {
-  RoundMember m;
-  m.id = j.at("id").get<std::string>();
-  m.step = j.at("step").get<uint64_t>();
-  m.tokens_since_last_round = j.at("tokens").get<uint64_t>();
-  m.last_round_id = j.at("last_round").get<uint64_t>();
-  m.heal_from = j.at("heal_from").get<std::string>();
-  m.rack = j.at("rack").get<std::string>();
-  m.address = j.at("address").get<std::string>();
-  return m;
-}
-
-// A round decision (or the error rank 0's join ended with) as the group's
-// store carries it.
-std::string EncodeDecision(const StatusOr<QuorumResult>& result) {
-  if (!result.ok()) {
-    return nlohmann::json{{"code", static_cast<int>(result.status().code())},
-                          {"message", std::string(result.status().message())}}
-        .dump();
-  }
-  const QuorumResult& r = *result;
-  nlohmann::json j = {{"code", 0},
-                      {"round_id", r.round_id},
-                      {"rank", r.rank},
-                      {"world_size", r.world_size},
-                      {"total_tokens", r.total_tokens},
-                      {"prefix", r.rendezvous_prefix},
-                      {"closed_by", r.closed_by},
-                      {"waited_ms", r.waited_ms},
-                      {"heal_round_id", r.heal_round_id},
-                      {"step", r.step},
-                      {"heal_to", r.heal_to},
-                      {"members", nlohmann::json::array()}};
-  if (r.heal_from) j["heal_from"] = MemberJson(*r.heal_from);
-  for (const RoundMember& m : r.members) j["members"].push_back(MemberJson(m));
-  return j.dump();
-}
-
-StatusOr<QuorumResult> DecodeDecision(const std::string& text) {
-  try {
-    const nlohmann::json j = nlohmann::json::parse(text);
-    const int code = j.at("code").get<int>();
-    if (code != 0) {
-      return Status(static_cast<StatusCode>(code), j.at("message").get<std::string>());
-    }
-    QuorumResult r;
-    r.round_id = j.at("round_id").get<uint64_t>();
-    r.rank = j.at("rank").get<uint32_t>();
-    r.world_size = j.at("world_size").get<uint32_t>();
-    r.total_tokens = j.at("total_tokens").get<uint64_t>();
-    r.rendezvous_prefix = j.at("prefix").get<std::string>();
-    r.closed_by = j.at("closed_by").get<std::string>();
-    r.waited_ms = j.at("waited_ms").get<uint32_t>();
-    r.heal_round_id = j.at("heal_round_id").get<uint64_t>();
-    r.step = j.at("step").get<uint64_t>();
-    r.heal_to = j.at("heal_to").get<std::vector<std::string>>();
-    if (j.contains("heal_from")) r.heal_from = MemberFrom(j.at("heal_from"));
-    for (const nlohmann::json& m : j.at("members")) r.members.push_back(MemberFrom(m));
-    return r;
-  } catch (const nlohmann::json::exception& error) {
-    return InternalError(
-        fmt::format("group: a round decision in the store does not parse: {}", error.what()));
-  }
-}
-
-// The control plane as a rank of the group sees it (see learner_group.h).
-class GroupAgent final : public LearnerAgent {
- public:
-  // `store` (the group's, see LearnerAgent::OpenGroupStore) carries the
-  // decisions; this agent's calls come from one thread (the round's).
-  GroupAgent(LearnerAgent& inner, std::unique_ptr<RendezvousStore> store, std::string base,
-             int rank, Micros margin)
-      : inner_(inner),
-        store_(std::move(store)),
-        base_(std::move(base)),
-        rank_(rank),
-        margin_(margin) {}
-
-  void RecordStep(uint64_t step, uint64_t tokens, Micros step_time) override {
-    inner_.RecordStep(step, tokens, step_time);
-  }
-
-  // The n-th call on every rank is the same round: rank 0 joins it and
-  // publishes what came of it; the others wait for that.
-  StatusOr<QuorumResult> Quorum(uint64_t last_round_id, uint64_t tokens_since_last_round,
-                                Micros timeout, bool include_members,
-                                uint64_t boundary_step) override {
-    const uint64_t seq = ++seq_;
-    const std::string key = fmt::format("{}decision/{}", base_, seq);
-    if (rank_ == 0) {
-      StatusOr<QuorumResult> result = inner_.Quorum(last_round_id, tokens_since_last_round, timeout,
-                                                    include_members, boundary_step);
-      MEND_RETURN_IF_ERROR(store_->Set(key, EncodeDecision(result)));
-      if (seq > 2) (void)store_->Delete(fmt::format("{}decision/{}", base_, seq - 2), false);
-      return result;
-    }
-    const Micros deadline = RealClock()->NowMicros() + timeout + margin_;
-    while (true) {
-      if (interrupted_.load())
-        return AbortedError("group: interrupted while waiting for rank 0's round decision");
-      const Micros left = deadline - RealClock()->NowMicros();
-      if (left <= 0) {
-        return DeadlineExceededError(fmt::format(
-            "group rank {}: rank 0 of learner '{}' published no round decision ({}) in time", rank_,
-            inner_.id(), key));
-      }
-      StatusOr<std::string> value = store_->Get(key, std::min(left, kDecisionPoll));
-      if (value.ok()) return DecodeDecision(*value);
-      if (value.status().code() == StatusCode::kUnavailable) {
-        // The store is unreachable (it fails at once): look again in a while.
-        std::this_thread::sleep_for(std::chrono::microseconds(std::min(left, kDecisionPoll)));
-      } else if (value.status().code() != StatusCode::kDeadlineExceeded) {
-        return value.status();
-      }
-    }
-  }
-  void Interrupt() override {
-    interrupted_ = true;
-    inner_.Interrupt();
-  }
-  Status Leave(const std::string& reason) override { return inner_.Leave(reason); }
-  void Stop() override { inner_.Stop(); }
-  void WithholdHeartbeats(bool withhold) override { inner_.WithholdHeartbeats(withhold); }
-  const std::string& id() const override { return inner_.id(); }
-  bool slow() const override { return inner_.slow(); }
-  double slow_zscore() const override { return inner_.slow_zscore(); }
-  uint64_t latest_round_id() const override { return inner_.latest_round_id(); }
-  uint64_t latest_round_step() const override { return inner_.latest_round_step(); }
-  bool lighthouse_lost() const override { return inner_.lighthouse_lost(); }
-  bool short_of_quorum() const override { return inner_.short_of_quorum(); }
-  uint64_t registrations() const override { return inner_.registrations(); }
-  Status fatal_status() const override { return inner_.fatal_status(); }
-  LighthouseClient& client() override { return inner_.client(); }
-  StatusOr<std::unique_ptr<RendezvousStore>> OpenGroupStore() override {
-    return inner_.OpenGroupStore();
-  }
-
- private:
-  LearnerAgent& inner_;
-  const std::unique_ptr<RendezvousStore> store_;
-  const std::string base_;
-  const int rank_;
-  const Micros margin_;  // what a rank waits beyond rank 0's own timeout
-  std::atomic<uint64_t> seq_{0};
-  std::atomic<bool> interrupted_{false};
-};
 
 // Slice `range` of a whole model: one piece per parameter it overlaps, each
 // a flat run of values.
@@ -270,9 +110,9 @@ class SlicedMoments final : public FlatMoments {
 
 }  // namespace
 
-Status AwaitGroupRanks(RendezvousStore& store, const Config& config, const std::string& learner_id,
-                       const std::string& prefix) {
-  return ShareWithGroupRanks(store, config, learner_id, prefix + "here/", "1",
+Status AwaitGroupRanks(RendezvousStore& store, const Clock& clock, const Config& config,
+                       const std::string& learner_id, const std::string& prefix) {
+  return ShareWithGroupRanks(store, clock, config, learner_id, prefix + "here/", "1",
                              /*only_rank0_waits=*/false, " did not start")
       .status();
 }
@@ -294,14 +134,19 @@ LearnerGroup::LearnerGroup(const Config& config, LearnerAgent& agent, FlatParame
       base_(std::move(base)),
       inner_(agent),
       full_(full),
+      decisions_(std::move(decisions)),
+      decision_margin_(config.collective_timeout_ms * kMicrosPerMilli),
       store_(std::move(store)) {
   for (size_t i = 0; i < full.count(); ++i) total_ += full.numel(i);
   for (int r = 0; r < size_; ++r) slices_.push_back(SliceOf(total_, size_, r));
-  agent_ = std::make_unique<GroupAgent>(agent, std::move(decisions), base_, rank_,
-                                        config.collective_timeout_ms * kMicrosPerMilli);
 }
 
 LearnerGroup::~LearnerGroup() = default;
+
+std::unique_ptr<RoundServices> LearnerGroup::RoundServicesOver(std::unique_ptr<RoundServices> own) {
+  return GroupRoundServices(std::move(own), std::move(decisions_), base_, rank_, decision_margin_,
+                            inner_.id());
+}
 
 StatusOr<std::unique_ptr<LearnerGroup>> LearnerGroup::Join(const Config& config,
                                                            LearnerAgent& agent,
@@ -318,7 +163,8 @@ StatusOr<std::unique_ptr<LearnerGroup>> LearnerGroup::Join(const Config& config,
   options.world_size = group->size_;
   for (int r = 0; r < group->size_; ++r)
     options.member_ids.push_back(fmt::format("{} rank {}", agent.id(), r));
-  MEND_RETURN_IF_ERROR(AwaitGroupRanks(*group->store_, config, agent.id(), options.prefix));
+  MEND_RETURN_IF_ERROR(
+      AwaitGroupRanks(*group->store_, agent.clock(), config, agent.id(), options.prefix));
   auto comm = Communicator::Connect(*group->store_, options);
   if (!comm.ok()) {
     return Status(comm.status().code(),

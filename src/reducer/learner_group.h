@@ -25,8 +25,8 @@
 // result is applied at boundary + tau exactly, never "when it arrives",
 // which depends on each process's timing and would let replicas diverge.
 //
-// Thread-safety: Quorum() of agent() from the round's thread; the rest from
-// the training thread.
+// Thread-safety: the services (RoundServicesOver) from the round's thread;
+// the rest from the training thread.
 #pragma once
 
 #include <initializer_list>
@@ -40,6 +40,7 @@
 #include "mend/status.h"
 #include "reducer/flat_state.h"
 #include "reducer/group_pulse.h"
+#include "reducer/round_services.h"
 
 namespace mend::reducer {
 
@@ -50,12 +51,13 @@ struct SliceRange {
   size_t size() const { return end - begin; }
 };
 
-// Waits (up to quorum_timeout_ms) until every rank of the group has shown up
-// under `prefix`, before a communicator among them connects with its
-// shorter collective timeout: the ranks of a group start apart (process
-// start, loading the model and data).
-[[nodiscard]] Status AwaitGroupRanks(RendezvousStore& store, const Config& config,
-                                     const std::string& learner_id, const std::string& prefix);
+// Waits (up to quorum_timeout_ms on `clock`) until every rank of the group
+// has shown up under `prefix`, before a communicator among them connects
+// with its shorter collective timeout: the ranks of a group start apart
+// (process start, loading the model and data).
+[[nodiscard]] Status AwaitGroupRanks(RendezvousStore& store, const Clock& clock,
+                                     const Config& config, const std::string& learner_id,
+                                     const std::string& prefix);
 
 // Slice `rank` of `total` values cut into `size` contiguous, balanced parts.
 SliceRange SliceOf(size_t total, int size, int rank);
@@ -77,9 +79,11 @@ class LearnerGroup {
 
   int size() const { return size_; }
   int rank() const { return rank_; }
-  // The control plane as every rank sees it: Quorum() is rank 0's join,
-  // whose decision (or error) the others read from the group's store.
-  LearnerAgent& agent() { return *agent_; }
+  const std::string& learner_id() const { return inner_.id(); }
+  // The round services every rank's rounds go through, over this rank's
+  // `own`: Quorum() is rank 0's join, whose decision (or error) the others
+  // read from the group's store (group_round_services.h). Once.
+  std::unique_ptr<RoundServices> RoundServicesOver(std::unique_ptr<RoundServices> own);
   // This rank's slice of the model, as the round driver's parameters.
   std::unique_ptr<FlatParameters> Slice();
   // The same slice of the inner optimizer's moments of `whole` (not owned).
@@ -121,7 +125,7 @@ class LearnerGroup {
 
  private:
   // `store` and `decisions`: two connections to the group's store, for the
-  // training thread and for the round's (the agent's decisions).
+  // training thread and for the round's (rank 0's decisions).
   LearnerGroup(const Config& config, LearnerAgent& agent, FlatParameters& full, std::string base,
                std::unique_ptr<RendezvousStore> store, std::unique_ptr<RendezvousStore> decisions);
   // INVALID_ARGUMENT when another rank's parameter names or shapes differ.
@@ -138,7 +142,8 @@ class LearnerGroup {
   FlatParameters& full_;
   size_t total_ = 0;  // the model's values
   std::vector<SliceRange> slices_;
-  std::unique_ptr<LearnerAgent> agent_;
+  std::unique_ptr<RendezvousStore> decisions_;  // until RoundServicesOver
+  const Micros decision_margin_;                // what a rank waits beyond rank 0's round timeout
   const std::unique_ptr<RendezvousStore>
       store_;  // the group's (rendezvous, Forget), training thread
   std::unique_ptr<Communicator> comm_;

@@ -89,7 +89,7 @@ StatusOr<std::unique_ptr<Reducer>> Reducer::Create(const Config& config, NamedPa
   if (moments)
     flat_moments = std::make_unique<reducer::AdamMoments>(std::move(moments), std::move(numels));
   MEND_ASSIGN_OR_RETURN(std::unique_ptr<reducer::RoundDriver> driver,
-                        reducer::RoundDriver::Create(config, agent, *RealClock(),
+                        reducer::RoundDriver::Create(config, agent, agent.clock(),
                                                      std::make_unique<TensorParameters>(
                                                          std::move(tensors), std::move(names)),
                                                      std::move(flat_moments), start_step));

@@ -25,6 +25,7 @@
 #include "mend/reducer_stats.h"
 #include "mend/status.h"
 #include "reducer/flat_state.h"
+#include "reducer/round_services.h"
 
 namespace mend::reducer {
 
@@ -37,13 +38,16 @@ struct StepPlan {
 class RoundDriver {
  public:
   // `moments` may be null unless desloc or heal_inner_optimizer is on.
-  // `agent` and `clock` are not owned and must outlive the driver.
+  // `agent` and `clock` are not owned and must outlive the driver. The rounds
+  // go through `services` (tests: fakes), or, when null, through the
+  // lighthouse's (LighthouseRoundServices over `agent` and `clock`); in a
+  // group, through its ranks' shared decisions over them.
   // INVALID_ARGUMENT for a bad configuration, no parameters, or a checkpoint
   // that does not fit the model.
   [[nodiscard]] static StatusOr<std::unique_ptr<RoundDriver>> Create(
       const Config& config, LearnerAgent& agent, const Clock& clock,
       std::unique_ptr<FlatParameters> parameters, std::unique_ptr<FlatMoments> moments,
-      uint64_t start_step);
+      uint64_t start_step, std::unique_ptr<RoundServices> services = nullptr);
   // Without shutdown(): a round in flight is called off and dropped.
   virtual ~RoundDriver() = default;
 

@@ -128,7 +128,7 @@ nlohmann::json TrainResult::ToJson() const {
 }
 
 StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config,
-                            const std::string& token,
+                            const std::string& token, const Clock& clock,
                             const std::function<void(const TrainProgress&)>& progress,
                             TrainSignals* signals) {
   MEND_RETURN_IF_ERROR(CheckTrainOptions(options));
@@ -174,9 +174,9 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config,
   }
   if (options.mode != "local" || grouped) {
     LearnerIdentity identity{options.id, config.job_id, config.rack, ""};
-    MEND_ASSIGN_OR_RETURN(GroupStoreOpener group_store, GroupStoreFromConfig(config, token));
-    MEND_ASSIGN_OR_RETURN(agent,
-                          LearnerAgent::Start(config, token, identity, std::move(group_store)));
+    MEND_ASSIGN_OR_RETURN(GroupStoreOpener group_store, GroupStoreFromConfig(config, token, clock));
+    MEND_ASSIGN_OR_RETURN(
+        agent, LearnerAgent::Start(config, token, identity, clock, std::move(group_store)));
     // Before the reducer: every rank starts from group rank 0's parameters.
     if (grouped) {
       MEND_ASSIGN_OR_RETURN(group_data_parallel,

@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "mend/clock.h"
 #include "mend/config.h"
 #include "mend/status.h"
 #include "nlohmann/json.hpp"
@@ -106,9 +107,10 @@ struct TrainSignals {
 
 // Trains; `progress` (optional) is called every progress_every steps and
 // after the last one. `signals` is optional. `token` is the job token
-// (unused in local mode).
+// (unused in local mode). `clock` is the learner agent's (see
+// LearnerAgent::Start): the control plane's waits and timeouts run on it.
 [[nodiscard]] StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config,
-                                          const std::string& token,
+                                          const std::string& token, const Clock& clock,
                                           const std::function<void(const TrainProgress&)>& progress,
                                           TrainSignals* signals);
 

@@ -7,10 +7,10 @@
 #include <fstream>
 #include <thread>
 
-#include "coordinator/datagram_client.h"
 #include "core/subprocess.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "learner/datagram_client.h"
 #include "mend/learner_agent.h"
 #include "mend/lighthouse.h"
 #include "mend/lighthouse_client.h"
@@ -38,7 +38,7 @@ Config TestConfig() {
 }
 
 std::unique_ptr<LighthouseServer> StartServer(const Config& config) {
-  auto server = LighthouseServer::Start(config, kToken);
+  auto server = LighthouseServer::Start(config, kToken, *RealClock());
   EXPECT_TRUE(server.ok()) << server.status();
   return server.ok() ? std::move(*server) : nullptr;
 }
@@ -165,7 +165,7 @@ std::vector<std::unique_ptr<LearnerAgent>> StartAgents(const Config& config,
                                                        const std::vector<std::string>& ids) {
   std::vector<std::unique_ptr<LearnerAgent>> agents;
   for (const auto& id : ids) {
-    auto agent = LearnerAgent::Start(config, kToken, {id, "", "", ""});
+    auto agent = LearnerAgent::Start(config, kToken, {id, "", "", ""}, *RealClock());
     EXPECT_TRUE(agent.ok()) << agent.status();
     agents.push_back(std::move(*agent));
   }
@@ -367,7 +367,7 @@ TEST(LighthouseServerTest, HttpPortInUseIsAnErrorNamingTheAddress) {
   auto first = StartServer(first_config);
   Config config = TestConfig();
   config.http = first->http_address();
-  auto second = LighthouseServer::Start(config, kToken);
+  auto second = LighthouseServer::Start(config, kToken, *RealClock());
   ASSERT_FALSE(second.ok());
   EXPECT_EQ(second.status().code(), StatusCode::kUnavailable);
   EXPECT_THAT(std::string(second.status().message()), HasSubstr(first->http_address()));
@@ -377,7 +377,7 @@ TEST(LighthouseServerTest, GrpcPortInUseIsAnErrorNamingTheAddress) {
   auto first = StartServer(TestConfig());
   Config config = TestConfig();
   config.bind = first->grpc_address();
-  auto second = LighthouseServer::Start(config, kToken);
+  auto second = LighthouseServer::Start(config, kToken, *RealClock());
   ASSERT_FALSE(second.ok());
   EXPECT_EQ(second.status().code(), StatusCode::kUnavailable);
   EXPECT_THAT(std::string(second.status().message()), HasSubstr(first->grpc_address()));
@@ -386,7 +386,7 @@ TEST(LighthouseServerTest, GrpcPortInUseIsAnErrorNamingTheAddress) {
 TEST(LighthouseServerTest, BadConfigIsRefusedBeforeBinding) {
   Config config = TestConfig();
   config.grace_window_ms = -1;
-  auto server = LighthouseServer::Start(config, kToken);
+  auto server = LighthouseServer::Start(config, kToken, *RealClock());
   ASSERT_FALSE(server.ok());
   EXPECT_THAT(std::string(server.status().message()), HasSubstr("grace_window_ms"));
 }

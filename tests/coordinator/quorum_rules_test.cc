@@ -1,4 +1,4 @@
-// The quorum rules of DESIGN.md ("Quorum"), each against a fake clock.
+// The quorum rules (docs/architecture.md, "A round"), each against a fake clock.
 #include "coordinator/core_harness.h"
 #include "core/round_keys.h"
 #include "gmock/gmock.h"

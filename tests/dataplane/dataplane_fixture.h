@@ -64,6 +64,9 @@ inline CommunicatorOptions MemberOptions(int rank, int size, const std::string& 
   options.world_size = size;
   for (int r = 0; r < size; ++r) options.member_ids.push_back("learner-" + std::to_string(r));
   options.timeout = timeout;
+  // The pairs' connections too: a loaded machine (a sanitizer, stress-ng
+  // beside the suite) may take seconds to connect threads of one process.
+  options.connect_timeout = timeout;
   return options;
 }
 

@@ -13,12 +13,13 @@
 #include <fstream>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "CLI/CLI.hpp"
 #include "core/status_format.h"
-#include "dataplane/lighthouse_rendezvous.h"
 #include "fmt/format.h"
+#include "learner/lighthouse_rendezvous.h"
 #include "mend/communicator.h"
 #include "mend/lighthouse_client.h"
 
@@ -27,6 +28,35 @@ namespace {
 void Say(const std::string& line) {
   std::fputs((line + "\n").c_str(), stdout);
   std::fflush(stdout);
+}
+
+// Every member shows up (under <job>/here/) before the first round's
+// rendezvous, whose timeout is the operations' short one: the processes
+// start apart, more so under a sanitizer on a loaded machine. A lighthouse
+// not reachable yet is tried again.
+mend::Status AwaitMembers(mend::RendezvousStore& store, const std::string& job, int rank,
+                          int size) {
+  const mend::Clock& clock = *mend::RealClock();
+  const mend::Micros deadline = clock.NowMicros() + 120 * mend::kMicrosPerSecond;
+  const auto here = [&](int r) { return fmt::format("{}/here/{}", job, r); };
+  const auto retry = [&](const mend::Status& status) {
+    if (status.code() != absl::StatusCode::kUnavailable || clock.NowMicros() >= deadline)
+      return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    return true;
+  };
+  mend::Status set;
+  while (!(set = store.Set(here(rank), "1")).ok()) {
+    if (!retry(set)) return set;
+  }
+  for (int r = 0; r < size; ++r) {
+    while (true) {
+      auto value = store.Get(here(r), std::max<mend::Micros>(1, deadline - clock.NowMicros()));
+      if (value.ok()) break;
+      if (!retry(value.status())) return value.status();
+    }
+  }
+  return mend::OkStatus();
 }
 
 }  // namespace
@@ -56,7 +86,7 @@ int main(int argc, char** argv) {
     Say(fmt::format("fatal {}", client.status()));
     return 1;
   }
-  mend::LighthouseRendezvousStore store(**client);
+  mend::LighthouseRendezvousStore store(**client, *mend::RealClock());
   auto options = [&](int round, int my_rank, int world, int round_timeout_ms) {
     mend::CommunicatorOptions o;
     o.prefix = fmt::format("{}/round/{}/", job, round);
@@ -64,9 +94,14 @@ int main(int argc, char** argv) {
     o.rank = my_rank;
     o.world_size = world;
     o.timeout = round_timeout_ms * mend::kMicrosPerMilli;
+    o.connect_timeout = 30 * mend::kMicrosPerSecond;  // (slack for a loaded machine)
     for (int r = 0; r < world; ++r) o.member_ids.push_back(fmt::format("m{}", r));
     return o;
   };
+  if (mend::Status here = AwaitMembers(store, job, rank, size); !here.ok()) {
+    Say(fmt::format("fatal {}", here));
+    return 1;
+  }
   auto comm = mend::Communicator::Connect(store, options(1, rank, size, timeout_ms));
   if (!comm.ok()) {
     Say(fmt::format("fatal {}", comm.status()));

@@ -1,5 +1,5 @@
 // The outer synchronizer's arithmetic against hand-computed values and the
-// identities DESIGN.md states.
+// identities docs/architecture.md states ("Outer synchronizer arithmetic").
 #include <vector>
 
 #include "gtest/gtest.h"

@@ -8,6 +8,7 @@
 
 #include "dataplane/dataplane_fixture.h"
 #include "gtest/gtest.h"
+#include "test_util/fake_agent.h"
 #include "test_util/wait.h"
 
 namespace mend::reducer {
@@ -71,43 +72,9 @@ TEST(PulseJudgeTest, AOneRankGroupHasNoOneToHear) {
 }
 
 // Records WithholdHeartbeats calls; the rest is never called by the pulse.
-class RecordingAgent final : public LearnerAgent {
- public:
-  void WithholdHeartbeats(bool withhold) override {
-    std::lock_guard lock(mu_);
-    calls_.push_back(withhold);
-  }
-  std::vector<bool> calls() const {
-    std::lock_guard lock(mu_);
-    return calls_;
-  }
-
-  void RecordStep(uint64_t, uint64_t, Micros) override {}
-  StatusOr<QuorumResult> Quorum(uint64_t, uint64_t, Micros, bool, uint64_t) override {
-    return FailedPreconditionError("recording agent");
-  }
-  void Interrupt() override {}
-  Status Leave(const std::string&) override { return OkStatus(); }
-  void Stop() override {}
-  const std::string& id() const override { return id_; }
-  bool slow() const override { return false; }
-  double slow_zscore() const override { return 0; }
-  uint64_t latest_round_id() const override { return 0; }
-  uint64_t latest_round_step() const override { return 0; }
-  bool lighthouse_lost() const override { return false; }
-  bool short_of_quorum() const override { return false; }
-  uint64_t registrations() const override { return 1; }
-  Status fatal_status() const override { return OkStatus(); }
-  LighthouseClient& client() override { std::abort(); }
-  StatusOr<std::unique_ptr<RendezvousStore>> OpenGroupStore() override {
-    return FailedPreconditionError("recording agent");
-  }
-
- private:
-  const std::string id_ = "pulse-learner";
-  mutable std::mutex mu_;
-  std::vector<bool> calls_;
-};
+// The pulse's threads wait in real time: its silences are judged on it too
+// (the fake agent's clock).
+using RecordingAgent = testing_util::FakeAgent;
 
 constexpr char kBase[] = "job/group/a/1.0/";
 constexpr Micros kInterval = 20 * kMicrosPerMilli;
@@ -126,12 +93,12 @@ TEST(GroupPulseTest, RankZeroWithholdsHeartbeatsWhileAnotherRankIsSilentAndResum
   auto rank0 = StartPulse(store, 0, agent);
   // Rank 1 stops beating without saying it is done (a hung or stopped rank).
   rank1->Stop(/*done=*/false);
-  ASSERT_TRUE(testing_util::WaitFor(kAwait, [&] { return !agent.calls().empty(); }));
-  EXPECT_EQ(agent.calls(), std::vector<bool>{true});
+  ASSERT_TRUE(testing_util::WaitFor(kAwait, [&] { return !agent.withhold_calls().empty(); }));
+  EXPECT_EQ(agent.withhold_calls(), std::vector<bool>{true});
   // It beats again (a new pulse, as after SIGCONT its thread runs on).
   rank1 = StartPulse(store, 1, other);
-  ASSERT_TRUE(testing_util::WaitFor(kAwait, [&] { return agent.calls().size() >= 2; }));
-  EXPECT_EQ(agent.calls(), (std::vector<bool>{true, false}));
+  ASSERT_TRUE(testing_util::WaitFor(kAwait, [&] { return agent.withhold_calls().size() >= 2; }));
+  EXPECT_EQ(agent.withhold_calls(), (std::vector<bool>{true, false}));
   // Done: rank 0 does not read the silence that follows as a hang. (The
   // store holds "done" before rank 0's pulse stops; a withholding in
   // between would show as a third call.)
@@ -140,17 +107,17 @@ TEST(GroupPulseTest, RankZeroWithholdsHeartbeatsWhileAnotherRankIsSilentAndResum
   ASSERT_TRUE(done.ok());
   EXPECT_EQ(*done, "done");
   rank0->Stop(/*done=*/true);
-  EXPECT_EQ(agent.calls(), (std::vector<bool>{true, false}));
-  EXPECT_TRUE(other.calls().empty());  // ranks other than 0 never touch the agent
+  EXPECT_EQ(agent.withhold_calls(), (std::vector<bool>{true, false}));
+  EXPECT_TRUE(other.withhold_calls().empty());  // ranks other than 0 never touch the agent
 }
 
 TEST(GroupPulseTest, StoppingRankZeroWhileWithholdingSendsHeartbeatsAgain) {
   testing_util::InProcessStore store;
   RecordingAgent agent;
   auto rank0 = StartPulse(store, 0, agent);  // rank 1 never beats
-  ASSERT_TRUE(testing_util::WaitFor(kAwait, [&] { return !agent.calls().empty(); }));
+  ASSERT_TRUE(testing_util::WaitFor(kAwait, [&] { return !agent.withhold_calls().empty(); }));
   rank0->Stop(/*done=*/false);
-  EXPECT_EQ(agent.calls(), (std::vector<bool>{true, false}));
+  EXPECT_EQ(agent.withhold_calls(), (std::vector<bool>{true, false}));
 }
 
 }  // namespace

@@ -126,7 +126,7 @@ void TrainRank(Config config, int learner, int rank, int steps, RankRun* run, si
                GroupStoreOpener group_store = nullptr) {
   config.group_rank = rank;
   auto agent = LearnerAgent::Start(config, kToken, {fmt::format("learner-{}", learner), "", "", ""},
-                                   std::move(group_store));
+                                   *RealClock(), std::move(group_store));
   if (!agent.ok()) {
     run->error = agent.status();
     return;
@@ -178,7 +178,7 @@ void TrainRank(Config config, int learner, int rank, int steps, RankRun* run, si
 // A lighthouse for `config`'s job; `config` then names it, for learners of
 // `group_size` ranks.
 std::unique_ptr<LighthouseServer> StartGroupJob(Config& config, int group_size) {
-  auto server = LighthouseServer::Start(config, kToken);
+  auto server = LighthouseServer::Start(config, kToken, *RealClock());
   EXPECT_TRUE(server.ok()) << server.status();
   if (!server.ok()) return nullptr;
   config.lighthouse = (*server)->grpc_address();
@@ -767,7 +767,7 @@ TEST(LearnerGroupTest, RankZeroRegistersEveryRanksDataPlaneAddress) {
   ASSERT_NE(server, nullptr);
   config.quorum_timeout_ms = 300;
   // Rank 0 registers only once every rank's address has come.
-  auto alone = LearnerAgent::Start(config, kToken, {"learner-0", "", "", ""});
+  auto alone = LearnerAgent::Start(config, kToken, {"learner-0", "", "", ""}, *RealClock());
   ASSERT_FALSE(alone.ok());
   EXPECT_EQ(alone.status().code(), StatusCode::kDeadlineExceeded) << alone.status();
   EXPECT_NE(alone.status().message().find("group rank 1's data-plane address did not come"),
@@ -783,7 +783,7 @@ TEST(LearnerGroupTest, RankZeroRegistersEveryRanksDataPlaneAddress) {
       Config mine = config;
       mine.group_rank = r;
       mine.dataplane_host = fmt::format("127.0.0.{}", r + 1);
-      auto agent = LearnerAgent::Start(mine, kToken, {"learner-0", "", "", ""});
+      auto agent = LearnerAgent::Start(mine, kToken, {"learner-0", "", "", ""}, *RealClock());
       ASSERT_TRUE(agent.ok()) << agent.status();
       agents[static_cast<size_t>(r)] = std::move(*agent);
     });
@@ -801,12 +801,12 @@ TEST(LearnerGroupTest, TheLighthouseRefusesALearnerOfAnotherGroupSize) {
   ASSERT_NE(server, nullptr);
   Config rank1 = config;
   rank1.group_rank = 1;
-  auto second = LearnerAgent::Start(rank1, kToken, {"learner-0", "", "", ""});
+  auto second = LearnerAgent::Start(rank1, kToken, {"learner-0", "", "", ""}, *RealClock());
   ASSERT_TRUE(second.ok()) << second.status();
-  auto first = LearnerAgent::Start(config, kToken, {"learner-0", "", "", ""});
+  auto first = LearnerAgent::Start(config, kToken, {"learner-0", "", "", ""}, *RealClock());
   ASSERT_TRUE(first.ok()) << first.status();
   config.group_size = 1;
-  auto other = LearnerAgent::Start(config, kToken, {"learner-1", "", "", ""});
+  auto other = LearnerAgent::Start(config, kToken, {"learner-1", "", "", ""}, *RealClock());
   ASSERT_FALSE(other.ok());
   EXPECT_EQ(other.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(other.status().message().find("group_size = 1: this job's learners are groups of 2"),
@@ -825,7 +825,7 @@ TEST(LearnerGroupTest, RanksWithDifferentModelsAreRefusedByName) {
     ranks.emplace_back([&, r]() {
       Config mine = config;
       mine.group_rank = r;
-      auto agent = LearnerAgent::Start(mine, kToken, {"learner-0", "", "", ""});
+      auto agent = LearnerAgent::Start(mine, kToken, {"learner-0", "", "", ""}, *RealClock());
       ASSERT_TRUE(agent.ok()) << agent.status();
       FakeClock clock;
       auto driver = RoundDriver::Create(mine, **agent, clock,

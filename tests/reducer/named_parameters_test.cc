@@ -53,7 +53,7 @@ class LoopMoments final : public InnerMoments {
 // plain SGD, and first/second moments kept by the loop (as an optimizer
 // would) and handed to the reducer as tensors.
 void Learn(const Config& config, const std::string& id, int seed, Seen* seen) {
-  auto agent = LearnerAgent::Start(config, kToken, {id, "", "", ""});
+  auto agent = LearnerAgent::Start(config, kToken, {id, "", "", ""}, *RealClock());
   ASSERT_TRUE(agent.ok()) << agent.status();
   torch::manual_seed(seed);
   at::Tensor weight = torch::randn({1, 4});
@@ -95,7 +95,7 @@ void Learn(const Config& config, const std::string& id, int seed, Seen* seen) {
 
 TEST(NamedParametersTest, TheCallersTensorsAreWrittenInPlaceAndTheirMomentsAveraged) {
   Config config = JobConfig();
-  auto server = LighthouseServer::Start(config, kToken);
+  auto server = LighthouseServer::Start(config, kToken, *RealClock());
   ASSERT_TRUE(server.ok()) << server.status();
   config.lighthouse = (*server)->grpc_address();
   Seen a, b;
@@ -121,10 +121,10 @@ TEST(NamedParametersTest, BadParametersAreRefusedByName) {
   Config config = JobConfig();
   config.desloc = false;
   config.quorum_min_learners = 1;
-  auto server = LighthouseServer::Start(config, kToken);
+  auto server = LighthouseServer::Start(config, kToken, *RealClock());
   ASSERT_TRUE(server.ok()) << server.status();
   config.lighthouse = (*server)->grpc_address();
-  auto agent = LearnerAgent::Start(config, kToken, {"learner-a", "", "", ""});
+  auto agent = LearnerAgent::Start(config, kToken, {"learner-a", "", "", ""}, *RealClock());
   ASSERT_TRUE(agent.ok()) << agent.status();
   auto refused = [&](NamedParameters parameters, const Config& with) {
     auto reducer = Reducer::Create(with, std::move(parameters), nullptr, **agent);

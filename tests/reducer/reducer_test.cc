@@ -55,7 +55,7 @@ struct LearnerLog {
 void Learn(const Config& config, const std::string& id, int seed, int boundaries, LearnerLog* log,
            const std::function<void(int)>& gate = nullptr,
            const std::function<void(int)>& step_gate = nullptr) {
-  auto agent = LearnerAgent::Start(config, kToken, {id, "", "", ""});
+  auto agent = LearnerAgent::Start(config, kToken, {id, "", "", ""}, *RealClock());
   ASSERT_TRUE(agent.ok()) << agent.status();
   torch::manual_seed(seed);  // different initial parameters on purpose
   torch::nn::Linear model(8, 1);
@@ -112,7 +112,7 @@ void Learn(const Config& config, const std::string& id, int seed, int boundaries
 }
 
 std::unique_ptr<LighthouseServer> StartLighthouse(const Config& config) {
-  auto server = LighthouseServer::Start(config, kToken);
+  auto server = LighthouseServer::Start(config, kToken, *RealClock());
   EXPECT_TRUE(server.ok()) << server.status();
   return std::move(*server);
 }
@@ -191,7 +191,7 @@ TEST_P(HealedFragmentsTest, KeepOnlyTheLearnersOwnProgress) {
   config.lighthouse = server->grpc_address();
   std::vector<std::vector<float>> initial(2), final_global(2);
   auto learner = [&](const std::string& id, int seed, int index) {
-    auto agent = LearnerAgent::Start(config, kToken, {id, "", "", ""});
+    auto agent = LearnerAgent::Start(config, kToken, {id, "", "", ""}, *RealClock());
     ASSERT_TRUE(agent.ok()) << agent.status();
     torch::manual_seed(seed);
     torch::nn::Linear model(8, 1);  // parameter 0 (weight) -> fragment 0, 1 (bias) -> 1
@@ -267,7 +267,7 @@ TEST(ReducerTest, DeslocNeedsAnAdamOptimizer) {
   config.desloc = true;
   auto server = StartLighthouse(config);
   config.lighthouse = server->grpc_address();
-  auto agent = LearnerAgent::Start(config, kToken, {"learner-a", "", "", ""});
+  auto agent = LearnerAgent::Start(config, kToken, {"learner-a", "", "", ""}, *RealClock());
   ASSERT_TRUE(agent.ok());
   torch::nn::Linear model(2, 1);
   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
@@ -333,8 +333,8 @@ TEST(ReducerTest, ConcurrentModeAppliesEachUpdateExactlyOnce) {
   std::vector<float> final_local[2], final_global[2];
   std::vector<std::vector<float>> locals_after_round[2];
   auto learner = [&](int i) {
-    auto agent =
-        LearnerAgent::Start(config, kToken, {i == 0 ? "learner-a" : "learner-b", "", "", ""});
+    auto agent = LearnerAgent::Start(
+        config, kToken, {i == 0 ? "learner-a" : "learner-b", "", "", ""}, *RealClock());
     ASSERT_TRUE(agent.ok()) << agent.status();
     auto model = std::make_shared<ConstantSlope>();
     torch::optim::SGD inner(model->parameters(), torch::optim::SGDOptions(1.0));
@@ -423,7 +423,7 @@ TEST(ReducerTest, ACheckpointOfAnotherModelIsRefused) {
   config.checkpoint_dir = dir;
   auto server = StartLighthouse(config);
   config.lighthouse = server->grpc_address();
-  auto agent = LearnerAgent::Start(config, kToken, {"learner-a", "", "", ""});
+  auto agent = LearnerAgent::Start(config, kToken, {"learner-a", "", "", ""}, *RealClock());
   ASSERT_TRUE(agent.ok());
   torch::nn::Linear model(8, 1);
   torch::optim::SGD inner(model->parameters(), torch::optim::SGDOptions(0.1));

@@ -50,7 +50,7 @@ struct LearnerRun {
 // clock by 50 ms per step.
 void Learn(const Config& config, const std::string& id, float slope, int steps, LearnerRun* run,
            float start = 1.0f) {
-  auto agent = LearnerAgent::Start(config, kToken, {id, "", "", ""});
+  auto agent = LearnerAgent::Start(config, kToken, {id, "", "", ""}, *RealClock());
   ASSERT_TRUE(agent.ok()) << agent.status();
   FakeClock clock;
   auto parameters = std::make_unique<VectorParameters>(start);
@@ -80,7 +80,7 @@ void Learn(const Config& config, const std::string& id, float slope, int steps, 
 }
 
 void RunPair(Config config, int steps, LearnerRun* a, LearnerRun* b, float b_start = 1.0f) {
-  auto server = LighthouseServer::Start(config, kToken);
+  auto server = LighthouseServer::Start(config, kToken, *RealClock());
   ASSERT_TRUE(server.ok()) << server.status();
   config.lighthouse = (*server)->grpc_address();
   std::thread ta([&]() { Learn(config, "learner-a", 1.0f, steps, a); });

@@ -24,7 +24,7 @@ class LighthouseOutage {
   // `config.bind` picks the address (port 0: any); `config.lighthouse` is
   // set to the one it got, for the learners.
   LighthouseOutage(Config& config, std::string token) : token_(std::move(token)) {
-    auto server = LighthouseServer::Start(config, token_);
+    auto server = LighthouseServer::Start(config, token_, *RealClock());
     EXPECT_TRUE(server.ok()) << server.status();
     if (server.ok()) server_ = std::move(*server);
     config.lighthouse = server_ ? server_->grpc_address() : "";
@@ -67,7 +67,7 @@ class LighthouseOutage {
       trained_on_ = WaitFor(60 * kMicrosPerSecond, back_when);
       Config again = config_;
       again.bind = address;
-      auto restarted = LighthouseServer::Start(again, token_);
+      auto restarted = LighthouseServer::Start(again, token_, *RealClock());
       EXPECT_TRUE(restarted.ok()) << restarted.status();
       std::lock_guard relock(mu_);
       if (restarted.ok()) server_ = std::move(*restarted);

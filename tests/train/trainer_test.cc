@@ -66,14 +66,14 @@ class TrainerTest : public ::testing::Test {
 
   // Two learners side by side with an embedded lighthouse.
   std::vector<TrainResult> RunTwo(const std::string& mode, Config config) {
-    auto server = LighthouseServer::Start(config, kToken);
+    auto server = LighthouseServer::Start(config, kToken, *RealClock());
     EXPECT_TRUE(server.ok()) << server.status();
     config.lighthouse = (*server)->grpc_address();
     std::vector<TrainResult> results(2);
     std::vector<std::thread> threads;
     for (int i = 0; i < 2; ++i) {
       threads.emplace_back([&, i]() {
-        auto result = Train(Options(mode, i, 2), config, kToken, nullptr, nullptr);
+        auto result = Train(Options(mode, i, 2), config, kToken, *RealClock(), nullptr, nullptr);
         ASSERT_TRUE(result.ok()) << result.status();
         results[static_cast<size_t>(i)] = *result;
       });
@@ -90,7 +90,7 @@ TEST_F(TrainerTest, LocalTrainingLowersTheHeldOutLoss) {
   o.steps = 60;
   o.lr = 3e-3;
   o.eval_every = 30;
-  auto result = Train(o, Config(), "", nullptr, nullptr);
+  auto result = Train(o, Config(), "", *RealClock(), nullptr, nullptr);
   ASSERT_TRUE(result.ok()) << result.status();
   ASSERT_EQ(result->eval_curve.size(), 2u);  // step 30 and the end
   EXPECT_EQ(result->tokens, 60u * 4 * 16);
@@ -124,33 +124,35 @@ TEST_F(TrainerTest, DdpLearnersStayIdenticalAndSendEveryStep) {
 }
 
 TEST_F(TrainerTest, LocalLearnersDiverge) {
-  auto a = Train(Options("local", 0, 2), Config(), "", nullptr, nullptr);
-  auto b = Train(Options("local", 1, 2), Config(), "", nullptr, nullptr);
+  auto a = Train(Options("local", 0, 2), Config(), "", *RealClock(), nullptr, nullptr);
+  auto b = Train(Options("local", 1, 2), Config(), "", *RealClock(), nullptr, nullptr);
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_NE(a->eval_loss, b->eval_loss);
 }
 
 TEST_F(TrainerTest, BadOptionsAreRefusedBeforeTraining) {
   TrainOptions o = Options("nonsense", 0, 1);
-  auto result = Train(o, Config(), "", nullptr, nullptr);
+  auto result = Train(o, Config(), "", *RealClock(), nullptr, nullptr);
   EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(result.status().message().find("nonsense"), std::string_view::npos);
   o = Options("local", 0, 1);
   o.corpus.dir = dir_ + "/missing";
-  EXPECT_EQ(Train(o, Config(), "", nullptr, nullptr).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(Train(o, Config(), "", *RealClock(), nullptr, nullptr).status().code(),
+            absl::StatusCode::kNotFound);
 }
 
 // DataParallel on its own: a 2-member job whose learners start from
 // different parameters and have different gradients.
 TEST(DataParallelTest, StartsFromRankZerosParametersAndAveragesGradientsByTokens) {
   Config config = testing_util::LoopbackJobConfig(2);
-  auto server = LighthouseServer::Start(config, kToken);
+  auto server = LighthouseServer::Start(config, kToken, *RealClock());
   ASSERT_TRUE(server.ok()) << server.status();
   config.lighthouse = (*server)->grpc_address();
   std::vector<std::vector<float>> weights(2), grads(2);
   std::vector<uint64_t> bytes(2);
   auto learner = [&](int i) {
-    auto agent = LearnerAgent::Start(config, kToken, {"learner-" + std::to_string(i), "", "", ""});
+    auto agent = LearnerAgent::Start(config, kToken, {"learner-" + std::to_string(i), "", "", ""},
+                                     *RealClock());
     ASSERT_TRUE(agent.ok()) << agent.status();
     torch::manual_seed(static_cast<uint64_t>(i) + 10);
     torch::nn::Linear model(4, 2);

@@ -20,10 +20,11 @@ int main() {
   auto bad = mend::LoadConfig({"", nullptr, {{"grace_window_ms", "-1", "consumer"}}});
   if (bad.ok()) return std::printf("a bad value was accepted\n"), 1;
   const std::string token = "consumer-token-0123456789";
-  auto server = mend::LighthouseServer::Start(*config, token);
+  auto server = mend::LighthouseServer::Start(*config, token, *mend::RealClock());
   if (!server.ok()) return std::printf("lighthouse: %s\n", server.status().ToString().c_str()), 1;
   config->lighthouse = (*server)->grpc_address();
-  auto agent = mend::LearnerAgent::Start(*config, token, {"consumer", config->job_id, "", ""});
+  auto agent = mend::LearnerAgent::Start(*config, token, {"consumer", config->job_id, "", ""},
+                                         *mend::RealClock());
   if (!agent.ok()) return std::printf("agent: %s\n", agent.status().ToString().c_str()), 1;
   at::Tensor weight = at::ones({4});
   auto reducer = mend::Reducer::Create(*config, {{"weight", weight}}, nullptr, **agent);

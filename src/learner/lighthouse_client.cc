@@ -1,3 +1,5 @@
+#include "mend/lighthouse_client.h"
+
 #include <grpcpp/grpcpp.h>
 
 #include <fstream>
@@ -7,7 +9,6 @@
 #include "core/status_format.h"
 #include "core/text.h"
 #include "fmt/format.h"
-#include "mend/lighthouse_client.h"
 #include "mend/v1/lighthouse.grpc.pb.h"
 
 namespace mend {
@@ -56,10 +57,10 @@ class HeartbeatStreamImpl final
       public grpc::ClientBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse> {
  public:
   HeartbeatStreamImpl(v1::Lighthouse::Stub* stub, const std::string& token,
-                      const std::string& address, LearnerRef learner,
+                      const std::string& address, LearnerRef learner, const Clock& clock,
                       std::function<void(const HeartbeatAck&)> on_ack)
-      : address_(address), learner_(std::move(learner)), on_ack_(std::move(on_ack)) {
-    last_ack_at_ = RealClock()->NowMicros();
+      : address_(address), learner_(std::move(learner)), clock_(clock), on_ack_(std::move(on_ack)) {
+    last_ack_at_ = clock_.NowMicros();
     context_.AddMetadata("authorization", "Bearer " + token);
     stub->async()->Heartbeat(&context_, this);
     // Send starts writes from the agent's thread, outside any reaction: the
@@ -164,7 +165,7 @@ class HeartbeatStreamImpl final
                      ack_.short_of_quorum()};
     {
       MutexLock lock(mu_);
-      last_ack_at_ = RealClock()->NowMicros();
+      last_ack_at_ = clock_.NowMicros();
     }
     if (on_ack_) on_ack_(ack);
     StartRead(&ack_);
@@ -200,6 +201,7 @@ class HeartbeatStreamImpl final
 
   const std::string address_;
   const LearnerRef learner_;
+  const Clock& clock_;
   const std::function<void(const HeartbeatAck&)> on_ack_;
   grpc::ClientContext context_;
   v1::HeartbeatResponse ack_;  // owned by the read chain
@@ -354,9 +356,10 @@ class LighthouseClientImpl final : public LighthouseClient {
   }
 
   std::unique_ptr<HeartbeatStream> OpenHeartbeat(
-      const LearnerRef& learner, std::function<void(const HeartbeatAck&)> on_ack) override {
+      const LearnerRef& learner, const Clock& clock,
+      std::function<void(const HeartbeatAck&)> on_ack) override {
     return std::make_unique<HeartbeatStreamImpl>(stub_.get(), options_.token, options_.address,
-                                                 learner, std::move(on_ack));
+                                                 learner, clock, std::move(on_ack));
   }
 
  private:

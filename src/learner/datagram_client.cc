@@ -1,4 +1,4 @@
-#include "coordinator/datagram_client.h"
+#include "learner/datagram_client.h"
 
 #include <netdb.h>
 #include <poll.h>

@@ -1,4 +1,4 @@
-#include "coordinator/datagram.h"
+#include "wire/datagram.h"
 
 #include <openssl/core_names.h>
 #include <openssl/crypto.h>

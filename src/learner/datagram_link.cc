@@ -1,4 +1,4 @@
-#include "coordinator/datagram_link.h"
+#include "learner/datagram_link.h"
 
 #include <chrono>
 
@@ -8,8 +8,9 @@
 namespace mend::coordinator {
 
 StatusOr<std::unique_ptr<DatagramLink>> DatagramLink::Open(const std::string& host, int port,
-                                                           const std::string& token, Hooks hooks) {
-  std::unique_ptr<DatagramLink> link(new DatagramLink(host, port, std::move(hooks)));
+                                                           const std::string& token,
+                                                           const Clock& clock, Hooks hooks) {
+  std::unique_ptr<DatagramLink> link(new DatagramLink(host, port, clock, std::move(hooks)));
   MEND_ASSIGN_OR_RETURN(link->client_, DatagramClient::Open(host, port, token));
   return link;
 }
@@ -36,14 +37,14 @@ void DatagramLink::Attach(uint64_t session_id) {
     MutexLock lock(mu_);
     previous = session_id_;
     session_id_ = session_id;
-    last_ack_at_ = RealClock()->NowMicros();
+    last_ack_at_ = clock_.NowMicros();
   }
   if (previous != 0) client_->Detach(previous);
   DatagramClient::Callbacks callbacks;
   callbacks.on_ack = [this](const datagram::Ack& ack) {
     {
       MutexLock lock(mu_);
-      last_ack_at_ = RealClock()->NowMicros();
+      last_ack_at_ = clock_.NowMicros();
     }
     if (hooks_.on_ack) {
       hooks_.on_ack({ack.slow, ack.slow_zscore, ack.latest_round_id, ack.lighthouse_instance,
@@ -90,7 +91,7 @@ void DatagramLink::SendHeartbeat(const HeartbeatUpdate& update) {
 }
 
 StatusOr<QuorumResult> DatagramLink::Join(const QuorumRequestArgs& args, Micros resend) {
-  Micros deadline = RealClock()->NowMicros() + args.timeout;
+  Micros deadline = clock_.NowMicros() + args.timeout;
   datagram::Join join;
   join.last_round_id = args.last_round_id;
   join.step = args.step;
@@ -102,7 +103,7 @@ StatusOr<QuorumResult> DatagramLink::Join(const QuorumRequestArgs& args, Micros 
   waiting_for_ = join.join_id;
   decision_.reset();
   while (!decision_ && !interrupted_) {
-    Micros now = RealClock()->NowMicros();
+    Micros now = clock_.NowMicros();
     if (now >= deadline) break;
     const auto resend_at = std::chrono::steady_clock::now() +
                            std::chrono::microseconds(std::min(resend, deadline - now));

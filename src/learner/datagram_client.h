@@ -17,9 +17,9 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "coordinator/datagram.h"
 #include "core/mutex.h"
 #include "mend/status.h"
+#include "wire/datagram.h"
 
 namespace mend::coordinator {
 

@@ -12,8 +12,9 @@
 #include <string>
 
 #include "absl/base/thread_annotations.h"
-#include "coordinator/datagram_client.h"
 #include "core/mutex.h"
+#include "learner/datagram_client.h"
+#include "mend/clock.h"
 #include "mend/lighthouse_client.h"
 
 namespace mend::coordinator {
@@ -26,10 +27,10 @@ class DatagramLink {
     std::function<void(uint64_t session_id)> on_unknown_session;
   };
 
-  [[nodiscard]] static StatusOr<std::unique_ptr<DatagramLink>> Open(const std::string& host,
-                                                                    int port,
-                                                                    const std::string& token,
-                                                                    Hooks hooks);
+  // `clock` (not owned; it must outlive the link) times the
+  // acknowledgements and the joins' timeouts.
+  [[nodiscard]] static StatusOr<std::unique_ptr<DatagramLink>> Open(
+      const std::string& host, int port, const std::string& token, const Clock& clock, Hooks hooks);
 
   // Speaks for `session_id` from now on (a new registration); restarts the
   // acknowledgement clock.
@@ -46,14 +47,16 @@ class DatagramLink {
   Micros last_ack_at() const;
 
  private:
-  DatagramLink(std::string host, int port, Hooks hooks)
+  DatagramLink(std::string host, int port, const Clock& clock, Hooks hooks)
       : host_(std::move(host)),
+        clock_(clock),
         hooks_(std::move(hooks)),
         port_(port),
-        last_ack_at_(RealClock()->NowMicros()) {}
+        last_ack_at_(clock.NowMicros()) {}
   std::string Where() const;
 
   const std::string host_;
+  const Clock& clock_;
   const Hooks hooks_;
   std::unique_ptr<DatagramClient> client_;
 

@@ -18,17 +18,19 @@ namespace mend {
 
 class LighthouseRendezvousStore final : public RendezvousStore {
  public:
-  // `client` is not owned and must outlive this object. `still_valid`
+  // `client` and `clock` are not owned and must outlive this object. `still_valid`
   // (optional) is asked at least every kCheckEvery while a Get waits; when it
   // turns false (the lighthouse that formed the round restarted, so its keys
   // are gone) the Get ends with ABORTED instead of waiting out its timeout.
   // `abort_key` (optional) is looked up at the same times: the lighthouse
   // sets it (to the reason) when a member of the round died or restarted
   // after the round closed, and the Get ends with ABORTED and that reason.
-  explicit LighthouseRendezvousStore(LighthouseClient& client,
-                                     std::function<bool()> still_valid = nullptr,
-                                     std::string abort_key = "")
-      : client_(client), still_valid_(std::move(still_valid)), abort_key_(std::move(abort_key)) {}
+  LighthouseRendezvousStore(LighthouseClient& client, const Clock& clock,
+                            std::function<bool()> still_valid = nullptr, std::string abort_key = "")
+      : client_(client),
+        clock_(clock),
+        still_valid_(std::move(still_valid)),
+        abort_key_(std::move(abort_key)) {}
   static constexpr Micros kCheckEvery = 250 * kMicrosPerMilli;
 
   Status Set(const std::string& key, const std::string& value) override {
@@ -39,9 +41,9 @@ class LighthouseRendezvousStore final : public RendezvousStore {
   }
   StatusOr<std::string> Get(const std::string& key, Micros timeout) override {
     if (!still_valid_ && abort_key_.empty()) return client_.StoreGet(key, timeout);
-    const Micros deadline = RealClock()->NowMicros() + timeout;
+    const Micros deadline = clock_.NowMicros() + timeout;
     while (true) {
-      const Micros left = deadline - RealClock()->NowMicros();
+      const Micros left = deadline - clock_.NowMicros();
       StatusOr<std::string> value =
           client_.StoreGet(key, std::max<Micros>(1, std::min(left, kCheckEvery)));
       if (value.ok() || left <= kCheckEvery) return value;
@@ -62,6 +64,7 @@ class LighthouseRendezvousStore final : public RendezvousStore {
 
  private:
   LighthouseClient& client_;
+  const Clock& clock_;
   std::function<bool()> still_valid_;
   std::string abort_key_;
 };

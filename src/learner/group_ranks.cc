@@ -1,0 +1,149 @@
+#include "learner/group_ranks.h"
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+#include <utility>
+
+#include "core/status_format.h"
+#include "fmt/format.h"
+#include "learner/lighthouse_rendezvous.h"
+
+namespace mend {
+namespace {
+
+// Pauses between tries of a store that is not up yet.
+constexpr Micros kMinRetry = 100 * kMicrosPerMilli;
+constexpr Micros kMaxRetry = 2 * kMicrosPerSecond;
+
+// Sets `key`, trying again while the store fails at once (the lighthouse is
+// not up yet) and `deadline` is not passed.
+Status SetWhenStoreIsUp(RendezvousStore& store, const Clock& clock, const std::string& key,
+                        const std::string& value, Micros deadline) {
+  Micros retry = kMinRetry;
+  while (true) {
+    Status set = store.Set(key, value);
+    if (set.ok() || set.code() != StatusCode::kUnavailable ||
+        clock.NowMicros() + retry > deadline) {
+      return set;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(retry));
+    retry = std::min(retry * 2, kMaxRetry);
+  }
+}
+
+// Gets `key`, waiting for it until `deadline`. NOT_FOUND or
+// DEADLINE_EXCEEDED when it did not come in time, however the last Get put it.
+StatusOr<std::string> GetByDeadline(RendezvousStore& store, const Clock& clock,
+                                    const std::string& key, Micros deadline) {
+  StatusOr<std::string> value = std::string();
+  Micros retry = kMinRetry;
+  while (true) {
+    value = store.Get(key, std::clamp<Micros>(deadline - clock.NowMicros(), 1, kMaxRetry));
+    if (value.ok() || clock.NowMicros() >= deadline) return value;
+    // An unreachable store fails at once, and a Get whose wait rounds down
+    // to 0 ms answers NOT_FOUND at once: both mean "not yet".
+    if (value.status().code() == StatusCode::kUnavailable ||
+        value.status().code() == StatusCode::kNotFound) {
+      std::this_thread::sleep_for(std::chrono::microseconds(retry));
+      retry = std::min(retry * 2, kMaxRetry);
+    } else if (value.status().code() != StatusCode::kDeadlineExceeded) {
+      return value;
+    }
+  }
+}
+
+class GroupRankAgent final : public LearnerAgent {
+ public:
+  GroupRankAgent(std::string id, int64_t rank, const Clock& clock,
+                 std::unique_ptr<LighthouseClient> client, GroupStoreOpener group_store)
+      : id_(std::move(id)),
+        rank_(rank),
+        clock_(clock),
+        client_(std::move(client)),
+        group_store_(std::move(group_store)) {}
+
+  void RecordStep(uint64_t, uint64_t, Micros) override {}
+  StatusOr<QuorumResult> Quorum(uint64_t, uint64_t, Micros, bool, uint64_t) override {
+    return FailedPreconditionError(fmt::format(
+        "learner '{}' group rank {}: only group rank 0 joins rounds; the others learn them from it",
+        id_, rank_));
+  }
+  void Interrupt() override {}
+  Status Leave(const std::string&) override { return OkStatus(); }
+  void Stop() override {}
+  void WithholdHeartbeats(bool) override {}
+  const std::string& id() const override { return id_; }
+  bool slow() const override { return false; }
+  double slow_zscore() const override { return 0; }
+  uint64_t latest_round_id() const override { return 0; }
+  uint64_t latest_round_step() const override { return 0; }
+  bool lighthouse_lost() const override { return false; }
+  bool short_of_quorum() const override { return false; }
+  uint64_t registrations() const override { return 1; }
+  Status fatal_status() const override { return OkStatus(); }
+  const Clock& clock() const override { return clock_; }
+  LighthouseClient& client() override { return *client_; }
+  StatusOr<std::unique_ptr<RendezvousStore>> OpenGroupStore() override {
+    return OpenGroupOrLighthouseStore(group_store_, *client_, clock_);
+  }
+
+ private:
+  const std::string id_;
+  const int64_t rank_;
+  const Clock& clock_;
+  std::unique_ptr<LighthouseClient> client_;
+  const GroupStoreOpener group_store_;
+};
+
+}  // namespace
+
+StatusOr<std::vector<std::string>> ShareWithGroupRanks(
+    RendezvousStore& store, const Clock& clock, const Config& config, const std::string& learner_id,
+    const std::string& prefix, const std::string& mine, bool only_rank0_waits,
+    std::string_view missing) {
+  const Micros deadline = clock.NowMicros() + config.quorum_timeout_ms * kMicrosPerMilli;
+  const auto give_up = [&](int64_t rank, const Status& why) {
+    return Status(
+        why.code(),
+        fmt::format("learner '{}' group rank {}: group rank {}{} within quorum_timeout_ms = {}: {}",
+                    learner_id, config.group_rank, rank, missing, config.quorum_timeout_ms,
+                    why.message()));
+  };
+  Status set = SetWhenStoreIsUp(store, clock, fmt::format("{}{}", prefix, config.group_rank), mine,
+                                deadline);
+  if (!set.ok()) return give_up(config.group_rank, set);
+  if (only_rank0_waits && config.group_rank != 0) return std::vector<std::string>{};
+  std::vector<std::string> values;
+  for (int64_t r = 0; r < config.group_size; ++r) {
+    if (r == config.group_rank) {
+      values.push_back(mine);
+      continue;
+    }
+    StatusOr<std::string> value =
+        GetByDeadline(store, clock, fmt::format("{}{}", prefix, r), deadline);
+    if (!value.ok()) {
+      const Status& why = value.status();
+      return give_up(
+          r, why.code() == StatusCode::kNotFound ? DeadlineExceededError(why.message()) : why);
+    }
+    values.push_back(*std::move(value));
+  }
+  return values;
+}
+
+StatusOr<std::unique_ptr<RendezvousStore>> OpenGroupOrLighthouseStore(
+    const GroupStoreOpener& group_store, LighthouseClient& client, const Clock& clock) {
+  if (group_store) return group_store();
+  return std::unique_ptr<RendezvousStore>(
+      std::make_unique<LighthouseRendezvousStore>(client, clock));
+}
+
+std::unique_ptr<LearnerAgent> NewGroupRankAgent(std::string id, int64_t rank, const Clock& clock,
+                                                std::unique_ptr<LighthouseClient> client,
+                                                GroupStoreOpener group_store) {
+  return std::make_unique<GroupRankAgent>(std::move(id), rank, clock, std::move(client),
+                                          std::move(group_store));
+}
+
+}  // namespace mend

@@ -1,0 +1,189 @@
+// LearnerAgentImpl's heartbeat thread and the channels it feeds: the gRPC
+// heartbeat stream, or the datagram link when the agent speaks UDP to its
+// lighthouse; and what their acknowledgements tell.
+#include <algorithm>
+#include <utility>
+
+#include "core/status_format.h"
+#include "core/text.h"
+#include "learner/learner_agent_impl.h"
+#include "spdlog/spdlog.h"
+
+namespace mend {
+
+void LearnerAgentImpl::HeartbeatLoop() {
+  Micros retry = kMinRetry;
+  Micros next_registration = 0;
+  MutexLock lock(mu_);
+  while (!stopping_) {
+    if (!fatal_.ok()) {
+      while (!stopping_) wake_.Wait(mu_);
+      break;
+    }
+    if (register_now_) {
+      register_now_ = false;
+      next_registration = 0;
+    }
+    Micros now = clock_.NowMicros();
+    if (!registered_ && now >= next_registration) {
+      lock.Unlock();
+      stream_.reset();
+      TryRegister();
+      lock.Lock();
+      if (!registered_) {
+        next_registration = clock_.NowMicros() + retry;
+        retry = std::min(retry * 2, kMaxRetry);
+      } else {
+        retry = kMinRetry;
+      }
+    }
+    if (registered_) {
+      lock.Unlock();
+      PumpStream();
+      lock.Lock();
+    }
+    const Micros next_beat = clock_.NowMicros() + heartbeat_interval_;
+    while (!stopping_ && !register_now_ && WaitOnce(next_beat)) {
+    }
+  }
+}
+
+void LearnerAgentImpl::PumpStream() {
+  if (stream_ && stream_->done()) {
+    Status ended = stream_->status();
+    stream_.reset();
+    if (IsFatal(ended.code())) {
+      SetFatal(ended);
+      return;
+    }
+    MutexLock lock(mu_);
+    if (NeedsRegistration(ended.code())) {
+      spdlog::warn("{}; registering again", ended.message());
+      registered_ = false;
+      register_now_ = true;
+      return;
+    }
+    CallFailed();
+    spdlog::debug("heartbeat stream ended: {}", ended.message());
+  }
+  HeartbeatUpdate update;
+  LearnerRef session;
+  bool restart = false;
+  Micros ack_timeout = 0;
+  Micros resumed_at = 0;
+  {
+    MutexLock lock(mu_);
+    if (!registered_ || withhold_) return;
+    ack_timeout = heartbeat_timeout_;
+    resumed_at = resumed_at_;
+    session = session_;
+    restart = stream_restart_;
+    stream_restart_ = false;
+    update.step = step_;
+    update.tokens_total = tokens_total_;
+    update.tokens_since_last_round = tokens_since_round_;
+    update.step_time_us.swap(step_times_);
+  }
+  Micros now = clock_.NowMicros();
+  // No acknowledgement is due for heartbeats withheld (WithholdHeartbeats).
+  const auto silent_since = [&](Micros last_ack) { return now - std::max(last_ack, resumed_at); };
+  if (coordinator::DatagramLink* link = Link()) {
+    if (silent_since(link->last_ack_at()) > ack_timeout) {
+      OnUdpSilence(silent_since(link->last_ack_at()));
+      return;
+    }
+    link->SendHeartbeat(update);
+    return;
+  }
+  if (stream_ && silent_since(stream_->last_ack_at()) > ack_timeout) {
+    spdlog::warn("lighthouse {} has not acknowledged heartbeats for {} ms; reconnecting", address_,
+                 silent_since(stream_->last_ack_at()) / kMicrosPerMilli);
+    stream_.reset();
+  }
+  if (restart) stream_.reset();
+  if (!stream_) {
+    stream_ =
+        client_->OpenHeartbeat(session, clock_, [this](const HeartbeatAck& ack) { OnAck(ack); });
+  }
+  stream_->Send(std::move(update));
+}
+
+void LearnerAgentImpl::OnAck(const HeartbeatAck& ack) {
+  Heard();
+  {
+    MutexLock lock(mu_);
+    udp_silences_ = 0;
+  }
+  if (ack.slow != slow_.load()) {
+    spdlog::info("lighthouse {} this learner as fail-slow (z = {:.1f})",
+                 ack.slow ? "flagged" : "cleared", ack.slow_zscore);
+  }
+  slow_ = ack.slow;
+  zscore_ = ack.slow_zscore;
+  RaiseTo(latest_round_id_, ack.latest_round_id);
+  RaiseTo(latest_round_step_, ack.latest_round_step);
+  if (!ack.short_of_quorum) {
+    short_of_quorum_since_.store(0);
+  } else {
+    Micros unset = 0;  // (kept from the first such acknowledgement)
+    short_of_quorum_since_.compare_exchange_strong(unset, clock_.NowMicros());
+  }
+}
+
+void LearnerAgentImpl::OnUdpSilence(Micros silent) {
+  MutexLock lock(mu_);
+  if (++udp_silences_ >= kMaxUdpSilences) {
+    spdlog::warn("lighthouse {} acknowledged no datagram {} times in a row; using gRPC", address_,
+                 udp_silences_);
+    link_disabled_ = true;
+  } else {
+    spdlog::warn("lighthouse {} has not acknowledged heartbeats for {} ms; registering again",
+                 address_, silent / kMicrosPerMilli);
+  }
+  registered_ = false;
+  register_now_ = true;
+  wake_.NotifyAll();
+}
+
+void LearnerAgentImpl::OnUnknownSession(uint64_t session_id) {
+  MutexLock lock(mu_);
+  if (registered_ && session_.session_id == session_id) {
+    spdlog::warn("lighthouse {} does not know this learner's session; registering again", address_);
+    registered_ = false;
+    register_now_ = true;
+    wake_.NotifyAll();
+  }
+}
+
+void LearnerAgentImpl::MaybeOpenLink(int udp_port) {
+  if (!use_udp_) return;
+  if (udp_port <= 0) {
+    spdlog::warn(
+        "control_transport = udp, but lighthouse {} serves no datagram channel; "
+        "using gRPC",
+        address_);
+    return;
+  }
+  MutexLock lock(mu_);
+  if (link_disabled_) return;
+  if (link_) {
+    if (link_->port() != udp_port) {
+      if (Status moved = link_->Retarget(udp_port); !moved.ok()) {
+        spdlog::warn("datagram channel: {}", moved.message());
+      }
+    }
+    return;
+  }
+  coordinator::DatagramLink::Hooks hooks;
+  hooks.on_ack = [this](const HeartbeatAck& ack) { OnAck(ack); };
+  hooks.on_unknown_session = [this](uint64_t session) { OnUnknownSession(session); };
+  auto link = coordinator::DatagramLink::Open(SplitHostPort(address_).first, udp_port, token_,
+                                              clock_, std::move(hooks));
+  if (!link.ok()) {
+    spdlog::warn("cannot open the datagram channel, using gRPC: {}", link.status().message());
+    return;
+  }
+  link_ = std::move(*link);
+}
+
+}  // namespace mend

@@ -1,0 +1,205 @@
+#include "reducer/group_policy.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "fmt/format.h"
+#include "nlohmann/json.hpp"
+#include "reducer/fragment_checkpoint.h"
+
+namespace mend::reducer {
+namespace {
+
+class SingleRank final : public RoundPolicy {
+ public:
+  bool group() const override { return false; }
+  std::unique_ptr<RoundServices> Services(std::unique_ptr<RoundServices> own) override {
+    return own;
+  }
+  uint64_t LearnerTokens(uint64_t tokens) const override { return tokens; }
+  Micros ReportedStepTime(Micros step_time) override { return step_time; }
+  StatusOr<uint64_t> AgreeTau(uint64_t tau) override { return tau; }
+  StatusOr<Verdict> AgreeVerdict(const std::function<std::optional<Verdict>()>& decide) override {
+    while (true) {
+      if (std::optional<Verdict> verdict = decide()) return *verdict;
+    }
+  }
+  StatusOr<std::pair<bool, bool>> AllArrived(bool arrived, bool formed) override {
+    return std::pair{arrived, formed};
+  }
+  Status AwaitAllSlices(const std::function<bool()>&) override { return OkStatus(); }
+  StatusOr<bool> AllOk(InFlight& flight) override { return flight.outcome.ok(); }
+  Status ShareCommitted(bool) override { return OkStatus(); }
+  Status AgreeOnRestored(uint64_t, std::string_view, std::string_view) override {
+    return OkStatus();
+  }
+  StatusOr<std::shared_ptr<Checkpoint>> Snapshot(const FragmentBook& book,
+                                                 Checkpoint described) override {
+    auto checkpoint = std::make_shared<Checkpoint>(std::move(described));
+    AddFragmentTensors(book.parameters(), book.fragments(), checkpoint.get());
+    return checkpoint;
+  }
+  std::string SlicePrefix(const std::string& round_prefix) const override { return round_prefix; }
+  uint64_t MergeWeight(uint64_t tokens) const override { return tokens; }
+  std::string DiagnosticsName(const std::string& id) const override { return id; }
+  void AddToRecord(nlohmann::json&) const override {}
+  void Stop(bool) override {}
+  void Forget() override {}
+};
+
+class ManyRanks final : public RoundPolicy {
+ public:
+  ManyRanks(std::unique_ptr<LearnerGroup> group, std::unique_ptr<FlatParameters> whole,
+            std::unique_ptr<FlatMoments> whole_moments)
+      : whole_(std::move(whole)),
+        whole_moments_(std::move(whole_moments)),
+        group_(std::move(group)) {}
+
+  bool group() const override { return true; }
+  std::unique_ptr<RoundServices> Services(std::unique_ptr<RoundServices> own) override {
+    return group_->RoundServicesOver(std::move(own));
+  }
+  // Each rank passes its own tokens; the group trained R times as many
+  // (DDP: the same batch size on every rank).
+  uint64_t LearnerTokens(uint64_t tokens) const override {
+    return tokens * static_cast<uint64_t>(group_->size());
+  }
+  // The slowest rank's step time, so that a slow rank makes its group
+  // fail-slow even where nothing inside the group waits for it.
+  Micros ReportedStepTime(Micros step_time) override {
+    if (step_time > 0) {
+      step_sum_ += step_time;
+      steps_++;
+    }
+    return std::max(step_time, slowest_step_);
+  }
+  StatusOr<uint64_t> AgreeTau(uint64_t tau) override { return group_->AgreeTau(tau); }
+
+  // Rank 0's verdict: 0 while undecided, else 1 + the Verdict. The ranks
+  // meet every poll interval while rank 0 has not decided, so no group
+  // collective waits on a rank that waits for its slice.
+  StatusOr<Verdict> AgreeVerdict(const std::function<std::optional<Verdict>()>& decide) override {
+    constexpr uint64_t kUndecided = 0;
+    while (true) {
+      uint64_t verdict = kUndecided;
+      if (group_->rank() == 0) {
+        if (std::optional<Verdict> decided = decide())
+          verdict = 1 + static_cast<uint64_t>(*decided);
+      }
+      MEND_ASSIGN_OR_RETURN(auto rank0, group_->Compare(verdict));
+      if (rank0.first == kUndecided) continue;
+      if (rank0.first - 1 > static_cast<uint64_t>(Verdict::kShortOfQuorum)) {
+        return InternalError(
+            fmt::format("group: rank 0's round verdict {} is unknown", rank0.first));
+      }
+      return static_cast<Verdict>(rank0.first - 1);
+    }
+  }
+  StatusOr<std::pair<bool, bool>> AllArrived(bool arrived, bool formed) override {
+    return group_->AllArrived(arrived, formed);
+  }
+  // The ranks' slices end at different times (a failing rendezvous may take
+  // a collective timeout on one rank and none on another).
+  Status AwaitAllSlices(const std::function<bool()>& poll_done) override {
+    while (true) {
+      MEND_ASSIGN_OR_RETURN(auto all, group_->AllArrived(poll_done(), false));
+      if (all.first) return OkStatus();
+    }
+  }
+  StatusOr<bool> AllOk(InFlight& flight) override {
+    uint64_t step_us = steps_ == 0 ? 0 : static_cast<uint64_t>(step_sum_) / steps_;
+    MEND_ASSIGN_OR_RETURN(bool all_ok,
+                          group_->AllOk(flight.outcome.ok(), &flight.formed_step, &step_us));
+    slowest_step_ = static_cast<Micros>(step_us);
+    step_sum_ = 0;
+    steps_ = 0;
+    return all_ok;
+  }
+  Status ShareCommitted(bool moments_changed) override {
+    // Each rank changed its slice of the moments: into every replica.
+    if (whole_moments_ && moments_changed)
+      MEND_RETURN_IF_ERROR(group_->ShareMoments(*whole_moments_));
+    return group_->ShareParameters();
+  }
+  Status AgreeOnRestored(uint64_t round_id, std::string_view what, std::string_view rule) override {
+    MEND_ASSIGN_OR_RETURN(auto restored, group_->Compare(round_id));
+    if (!restored.second) {
+      return FailedPreconditionError(
+          fmt::format("learner '{}' group rank {}: the group's ranks {} different states (rank "
+                      "0: round {}, this rank: round {}); {}",
+                      group_->learner_id(), group_->rank(), what, restored.first, round_id, rule));
+    }
+    return group_->ShareParameters();
+  }
+  StatusOr<std::shared_ptr<Checkpoint>> Snapshot(const FragmentBook& book,
+                                                 Checkpoint described) override;
+  std::string SlicePrefix(const std::string& round_prefix) const override {
+    return group_->SlicePrefix(round_prefix);
+  }
+  uint64_t MergeWeight(uint64_t tokens) const override {
+    return tokens / static_cast<uint64_t>(group_->size());
+  }
+  std::string DiagnosticsName(const std::string& id) const override {
+    return fmt::format("{}.rank{}", id, group_->rank());
+  }
+  // The whole replica's digest: the same on every rank of the group.
+  void AddToRecord(nlohmann::json& record) const override {
+    record["group_rank"] = group_->rank();
+    record["parameters_sha256"] = ParametersDigest(*whole_);
+  }
+  void Stop(bool done) override { group_->StopPulse(done); }
+  void Forget() override { group_->Forget(); }
+
+ private:
+  // The whole model and the group go last: the slices refer to them.
+  const std::unique_ptr<FlatParameters> whole_;
+  const std::unique_ptr<FlatMoments> whole_moments_;
+  const std::unique_ptr<LearnerGroup> group_;
+  // This rank's step times since the last round, and the slowest rank's
+  // mean step as of it (what rank 0's heartbeats carry).
+  Micros step_sum_ = 0;
+  uint64_t steps_ = 0;
+  Micros slowest_step_ = 0;
+};
+
+// Each rank puts its fragments' pieces back in slice order, the slices are
+// gathered, and rank 0 gets the whole model as one fragment of its
+// parameters, by parameter name.
+StatusOr<std::shared_ptr<Checkpoint>> ManyRanks::Snapshot(const FragmentBook& book,
+                                                          Checkpoint described) {
+  const FlatParameters& slice = book.parameters();
+  std::vector<size_t> at(slice.count() + 1, 0);
+  for (size_t i = 0; i < slice.count(); ++i) at[i + 1] = at[i] + slice.numel(i);
+  std::vector<float> slice_global(at.back()), slice_momentum(at.back());
+  for (const Fragment& fragment : book.fragments()) {
+    book.ForEachPiece(fragment, [&](size_t i, size_t from, size_t n) {
+      std::copy_n(fragment.state->global().begin() + static_cast<long>(from), n,
+                  slice_global.begin() + static_cast<long>(at[i]));
+      std::copy_n(fragment.state->momentum().begin() + static_cast<long>(from), n,
+                  slice_momentum.begin() + static_cast<long>(at[i]));
+    });
+  }
+  std::vector<float> global(group_->total()), momentum(group_->total());
+  MEND_RETURN_IF_ERROR(group_->GatherWhole(slice_global, global));
+  MEND_RETURN_IF_ERROR(group_->GatherWhole(slice_momentum, momentum));
+  if (group_->rank() != 0) return std::shared_ptr<Checkpoint>();
+  std::vector<Fragment> whole_model(1);
+  for (size_t i = 0; i < whole_->count(); ++i) whole_model[0].parameters.push_back(i);
+  whole_model[0].state = std::make_unique<FragmentState>(global);
+  whole_model[0].state->Assign(global, momentum);
+  auto checkpoint = std::make_shared<Checkpoint>(std::move(described));
+  AddFragmentTensors(*whole_, whole_model, checkpoint.get());
+  return checkpoint;
+}
+
+}  // namespace
+
+std::unique_ptr<RoundPolicy> SingleRankPolicy() { return std::make_unique<SingleRank>(); }
+
+std::unique_ptr<RoundPolicy> GroupPolicy(std::unique_ptr<LearnerGroup> group,
+                                         std::unique_ptr<FlatParameters> whole,
+                                         std::unique_ptr<FlatMoments> whole_moments) {
+  return std::make_unique<ManyRanks>(std::move(group), std::move(whole), std::move(whole_moments));
+}
+
+}  // namespace mend::reducer

@@ -1,0 +1,96 @@
+// What differs between a learner of one rank and a learner of several
+// (learner_group.h), in one place: the round driver asks its policy and
+// never tests which kind it has.
+//
+// SingleRankPolicy: the process is the learner; every answer is its own.
+// GroupPolicy over a LearnerGroup: the ranks run the driver on their slices
+// and agree, through group collectives at the same step on every rank, on
+// tau, on whether a round is applied, and on its success; they then share
+// the committed slices into every replica. A failed group collective breaks
+// the group (the caller stops; the group restarts as a whole).
+//
+// Thread-safety: the training thread only, except SlicePrefix and
+// MergeWeight (the round's thread; they read constants).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "mend/checkpoint.h"
+#include "mend/clock.h"
+#include "mend/status.h"
+#include "nlohmann/json_fwd.hpp"
+#include "reducer/flat_state.h"
+#include "reducer/fragment_book.h"
+#include "reducer/learner_group.h"
+#include "reducer/round_flight.h"
+#include "reducer/round_plan.h"
+#include "reducer/round_services.h"
+
+namespace mend::reducer {
+
+class RoundPolicy {
+ public:
+  virtual ~RoundPolicy() = default;
+  // A learner of several ranks (what Next() is told).
+  virtual bool group() const = 0;
+  // The services the rounds go through, given this rank's own: as they are
+  // for one rank; in a group, rank 0's joins shared with the other ranks
+  // (GroupRoundServices). Once, before the first round.
+  virtual std::unique_ptr<RoundServices> Services(std::unique_ptr<RoundServices> own) = 0;
+  // The learner's tokens for a rank's step of `tokens`.
+  virtual uint64_t LearnerTokens(uint64_t tokens) const = 0;
+  // The step time the learner reports for this rank's `step_time` (0: the
+  // first step): a group reports its slowest rank's, as of the last round.
+  virtual Micros ReportedStepTime(Micros step_time) = 0;
+  // The learner's tau: this rank's, or rank 0's on every rank.
+  [[nodiscard]] virtual StatusOr<uint64_t> AgreeTau(uint64_t tau) = 0;
+  // The verdict of a wait for a round that may be passed over: `decide` is
+  // asked (it waits up to a poll interval; nullopt: undecided) until it
+  // decides; in a group only rank 0 decides, and every rank gets its answer.
+  [[nodiscard]] virtual StatusOr<Verdict> AgreeVerdict(
+      const std::function<std::optional<Verdict>()>& decide) = 0;
+  // For a join passed over: whether every rank's slice arrived, and whether
+  // rank 0's join formed a round (a group collective; never asked of one rank).
+  [[nodiscard]] virtual StatusOr<std::pair<bool, bool>> AllArrived(bool arrived, bool formed) = 0;
+  // Before the round's thread is joined: waits until every rank's slice
+  // ended (`poll_done` waits up to a poll interval for this rank's).
+  [[nodiscard]] virtual Status AwaitAllSlices(const std::function<bool()>& poll_done) = 0;
+  // After it is joined: whether every rank's slice succeeded (the flight's
+  // formed_step becomes rank 0's).
+  [[nodiscard]] virtual StatusOr<bool> AllOk(InFlight& flight) = 0;
+  // After a round was committed: the slices into every replica (the
+  // moments too, when `moments_changed`).
+  [[nodiscard]] virtual Status ShareCommitted(bool moments_changed) = 0;
+  // After a restore or import: every rank must have restored `round_id`;
+  // then every replica takes the restored parameters.
+  [[nodiscard]] virtual Status AgreeOnRestored(uint64_t round_id, std::string_view what,
+                                               std::string_view rule) = 0;
+  // The whole model's global state and momentum as a checkpoint described
+  // by `described`; in a group a collective whose checkpoint is rank 0's
+  // (null on the others).
+  [[nodiscard]] virtual StatusOr<std::shared_ptr<Checkpoint>> Snapshot(const FragmentBook& book,
+                                                                       Checkpoint described) = 0;
+  // Where a round's slice rendezvouses, and the weight of `tokens` in its
+  // merge (a rank's share: every group of the job has the same size).
+  virtual std::string SlicePrefix(const std::string& round_prefix) const = 0;
+  virtual uint64_t MergeWeight(uint64_t tokens) const = 0;
+  // The diagnostics' name for learner `id`, and a round record's group part.
+  virtual std::string DiagnosticsName(const std::string& id) const = 0;
+  virtual void AddToRecord(nlohmann::json& record) const = 0;
+  // At shutdown: the pulse stops (`done`: normally), and the group's keys go.
+  virtual void Stop(bool done) = 0;
+  virtual void Forget() = 0;
+};
+
+std::unique_ptr<RoundPolicy> SingleRankPolicy();
+// `whole` and `whole_moments` (may be null): this replica's whole model.
+std::unique_ptr<RoundPolicy> GroupPolicy(std::unique_ptr<LearnerGroup> group,
+                                         std::unique_ptr<FlatParameters> whole,
+                                         std::unique_ptr<FlatMoments> whole_moments);
+
+}  // namespace mend::reducer

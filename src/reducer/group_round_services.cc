@@ -1,0 +1,178 @@
+#include "reducer/group_round_services.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <thread>
+#include <utility>
+
+#include "fmt/format.h"
+#include "nlohmann/json.hpp"
+
+namespace mend::reducer {
+namespace {
+
+// How often a rank waiting for rank 0's decision looks whether it was
+// interrupted.
+constexpr Micros kDecisionPoll = 250 * kMicrosPerMilli;
+
+nlohmann::json MemberJson(const RoundMember& m) {
+  return {{"id", m.id},
+          {"step", m.step},
+          {"tokens", m.tokens_since_last_round},
+          {"last_round", m.last_round_id},
+          {"heal_from", m.heal_from},
+          {"rack", m.rack},
+          {"address", m.address}};
+}
+
+RoundMember MemberFrom(const nlohmann::json& j) {
+  RoundMember m;
+  m.id = j.at("id").get<std::string>();
+  m.step = j.at("step").get<uint64_t>();
+  m.tokens_since_last_round = j.at("tokens").get<uint64_t>();
+  m.last_round_id = j.at("last_round").get<uint64_t>();
+  m.heal_from = j.at("heal_from").get<std::string>();
+  m.rack = j.at("rack").get<std::string>();
+  m.address = j.at("address").get<std::string>();
+  return m;
+}
+
+class GroupServices final : public RoundServices {
+ public:
+  GroupServices(std::unique_ptr<RoundServices> inner, std::unique_ptr<RendezvousStore> decisions,
+                std::string base, int rank, Micros margin, std::string learner_id)
+      : inner_(std::move(inner)),
+        decisions_(std::move(decisions)),
+        base_(std::move(base)),
+        rank_(rank),
+        margin_(margin),
+        learner_id_(std::move(learner_id)) {}
+
+  const Clock& clock() const override { return inner_->clock(); }
+
+  // The n-th call on every rank is the same round: rank 0 joins it and
+  // publishes what came of it; the others wait for that.
+  StatusOr<QuorumResult> Quorum(uint64_t last_round_id, uint64_t tokens, Micros timeout,
+                                uint64_t boundary_step) override {
+    const uint64_t seq = ++seq_;
+    const std::string key = fmt::format("{}decision/{}", base_, seq);
+    if (rank_ == 0) {
+      StatusOr<QuorumResult> result = inner_->Quorum(last_round_id, tokens, timeout, boundary_step);
+      MEND_RETURN_IF_ERROR(decisions_->Set(key, EncodeDecision(result)));
+      if (seq > 2) (void)decisions_->Delete(fmt::format("{}decision/{}", base_, seq - 2), false);
+      return result;
+    }
+    return AwaitDecision(key, clock().NowMicros() + timeout + margin_);
+  }
+  std::unique_ptr<RendezvousStore> OpenRendezvous(const QuorumResult& round) override {
+    return inner_->OpenRendezvous(round);
+  }
+  StatusOr<std::unique_ptr<Communicator>> Connect(RendezvousStore& store,
+                                                  const CommunicatorOptions& options,
+                                                  bool rack_aware) override {
+    return inner_->Connect(store, options, rack_aware);
+  }
+  void WatchAbort(const QuorumResult& round, Communicator* comm) override {
+    inner_->WatchAbort(round, comm);
+  }
+  void Unwatch() override { inner_->Unwatch(); }
+  void Interrupt() override {
+    interrupted_ = true;
+    inner_->Interrupt();
+  }
+
+ private:
+  StatusOr<QuorumResult> AwaitDecision(const std::string& key, Micros deadline) {
+    while (true) {
+      if (interrupted_.load())
+        return AbortedError("group: interrupted while waiting for rank 0's round decision");
+      const Micros left = deadline - clock().NowMicros();
+      if (left <= 0) {
+        return DeadlineExceededError(fmt::format(
+            "group rank {}: rank 0 of learner '{}' published no round decision ({}) in time", rank_,
+            learner_id_, key));
+      }
+      StatusOr<std::string> value = decisions_->Get(key, std::min(left, kDecisionPoll));
+      if (value.ok()) return DecodeDecision(*value);
+      if (value.status().code() == StatusCode::kUnavailable) {
+        // The store is unreachable (it fails at once): look again in a while.
+        std::this_thread::sleep_for(std::chrono::microseconds(std::min(left, kDecisionPoll)));
+      } else if (value.status().code() != StatusCode::kDeadlineExceeded) {
+        return value.status();
+      }
+    }
+  }
+
+  const std::unique_ptr<RoundServices> inner_;
+  const std::unique_ptr<RendezvousStore> decisions_;
+  const std::string base_;
+  const int rank_;
+  const Micros margin_;  // what a rank waits beyond rank 0's own timeout
+  const std::string learner_id_;
+  std::atomic<uint64_t> seq_{0};
+  std::atomic<bool> interrupted_{false};
+};
+
+}  // namespace
+
+std::string EncodeDecision(const StatusOr<QuorumResult>& result) {
+  if (!result.ok()) {
+    return nlohmann::json{{"code", static_cast<int>(result.status().code())},
+                          {"message", std::string(result.status().message())}}
+        .dump();
+  }
+  const QuorumResult& r = *result;
+  nlohmann::json j = {{"code", 0},
+                      {"round_id", r.round_id},
+                      {"rank", r.rank},
+                      {"world_size", r.world_size},
+                      {"total_tokens", r.total_tokens},
+                      {"prefix", r.rendezvous_prefix},
+                      {"closed_by", r.closed_by},
+                      {"waited_ms", r.waited_ms},
+                      {"heal_round_id", r.heal_round_id},
+                      {"step", r.step},
+                      {"heal_to", r.heal_to},
+                      {"members", nlohmann::json::array()}};
+  if (r.heal_from) j["heal_from"] = MemberJson(*r.heal_from);
+  for (const RoundMember& m : r.members) j["members"].push_back(MemberJson(m));
+  return j.dump();
+}
+
+StatusOr<QuorumResult> DecodeDecision(const std::string& text) {
+  try {
+    const nlohmann::json j = nlohmann::json::parse(text);
+    const int code = j.at("code").get<int>();
+    if (code != 0) {
+      return Status(static_cast<StatusCode>(code), j.at("message").get<std::string>());
+    }
+    QuorumResult r;
+    r.round_id = j.at("round_id").get<uint64_t>();
+    r.rank = j.at("rank").get<uint32_t>();
+    r.world_size = j.at("world_size").get<uint32_t>();
+    r.total_tokens = j.at("total_tokens").get<uint64_t>();
+    r.rendezvous_prefix = j.at("prefix").get<std::string>();
+    r.closed_by = j.at("closed_by").get<std::string>();
+    r.waited_ms = j.at("waited_ms").get<uint32_t>();
+    r.heal_round_id = j.at("heal_round_id").get<uint64_t>();
+    r.step = j.at("step").get<uint64_t>();
+    r.heal_to = j.at("heal_to").get<std::vector<std::string>>();
+    if (j.contains("heal_from")) r.heal_from = MemberFrom(j.at("heal_from"));
+    for (const nlohmann::json& m : j.at("members")) r.members.push_back(MemberFrom(m));
+    return r;
+  } catch (const nlohmann::json::exception& error) {
+    return InternalError(
+        fmt::format("group: a round decision in the store does not parse: {}", error.what()));
+  }
+}
+
+std::unique_ptr<RoundServices> GroupRoundServices(std::unique_ptr<RoundServices> inner,
+                                                  std::unique_ptr<RendezvousStore> decisions,
+                                                  std::string base, int rank, Micros margin,
+                                                  std::string learner_id) {
+  return std::make_unique<GroupServices>(std::move(inner), std::move(decisions), std::move(base),
+                                         rank, margin, std::move(learner_id));
+}
+
+}  // namespace mend::reducer

@@ -1,0 +1,109 @@
+// A round in flight: what the training thread snapshot at the boundary, the
+// background thread that runs the round (round_runner.h), and what that
+// thread reports back (Outcome). The training thread does not touch the
+// fragments' global state until it has joined the thread.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/buffer_pool.h"
+#include "mend/clock.h"
+#include "mend/outer_sync.h"
+#include "mend/status.h"
+#include "reducer/round_plan.h"
+
+namespace mend::reducer {
+
+// What a round's thread brings back.
+struct Outcome {
+  RoundResult result;
+  std::vector<float> healed;  // every fragment's global + momentum, when this learner healed
+  uint64_t round_id = 0;
+  uint32_t rank = 0;
+  uint32_t members = 0;
+  std::vector<float> averaged_moments[2];  // DES-LOC: the members' averages, when synced
+  double heal_seconds = 0;                 // time in healing (every member takes part)
+  uint64_t heal_bytes = 0;                 // bytes this learner received when it healed
+  std::string heal_source;                 // whom it healed from
+  uint64_t heal_step = 0;                  // the source's step at its boundary (the job's step)
+  // The fragment the round exchanged: this learner's own (the flight's),
+  // or, for a join passed over in streaming mode that healed into another
+  // fragment's round, the source's (this learner then abstained).
+  int fragment = 0;
+  bool fresh_join = false;    // healed with nothing of the job's state: its progress is dropped
+  bool outer_warmup = false;  // an outer warm-up round: averaged, momentum untouched
+  bool final_merge = false;   // the job's final merge: averaged (fp32), momentum untouched
+  std::vector<float> healed_moments[2];  // heal_inner_optimizer: the source's moments
+  // sync_buffers: the members' averages; the first member's.
+  std::vector<float> synced_buffers[2];
+  uint64_t cross_rack_bytes = 0;  // sent to other racks in this round (healing included)
+};
+
+struct InFlight {
+  int fragment = 0;
+  uint64_t boundary_step = 0;
+  uint64_t apply_at_step = 0;
+  uint64_t tokens = 0;
+  uint64_t previous_round_id = 0;  // the learner's last round at launch
+  Micros launched = 0;
+  Micros finished = 0;            // set by the thread before `done`
+  std::vector<float> base;        // the fragment's global state at the boundary
+  std::vector<float> delta;       // this learner's pseudo-gradient at the boundary
+  std::vector<float> moments[2];  // the optimizer's moments at the boundary (when it has them)
+  std::vector<float> buffers[2];  // sync_buffers: the model's buffers at the boundary
+  std::thread thread;
+  std::atomic<bool> done{false};  // set by the thread when `outcome` is final
+  ~InFlight() {
+    GiveBack(std::move(base));
+    GiveBack(std::move(delta));
+  }
+  StatusOr<Outcome> outcome = AbortedError("not finished");
+  // Set by the thread when the lighthouse answered (under `mu`; `done`
+  // is signalled on `changed`): the round formed at this learner's step
+  // `formed_step`.
+  std::mutex mu;
+  std::condition_variable changed;
+  bool formed = false;
+  uint64_t formed_step = 0;
+  bool passed_over = false;  // training thread only: not waited for at tau
+  bool final_merge = false;  // launched at shutdown after the job's last step
+  bool checkpoint = false;   // write a checkpoint after it, whatever checkpoint_every_rounds says
+  bool called_off = false;   // at shutdown: its join was interrupted on purpose
+
+  // What the thread has reported so far (`done` as of `arrived`, when given:
+  // the view a planned step took).
+  FlightStatus Status(const bool* arrived = nullptr) {
+    std::lock_guard lock(mu);
+    FlightStatus status;
+    status.launched = true;
+    status.formed = formed;
+    status.done = arrived ? *arrived : done.load(std::memory_order_acquire);
+    status.ok = status.done && outcome.ok();
+    status.passed_over = passed_over;
+    return status;
+  }
+  // The round formed; the learner is at `step`. From the round's thread.
+  void Formed(uint64_t step) {
+    std::lock_guard lock(mu);
+    formed = true;
+    formed_step = step;
+  }
+  // The thread's last act: `result` is final.
+  void Finish(StatusOr<Outcome> result, Micros now) {
+    outcome = std::move(result);
+    finished = now;
+    {
+      std::lock_guard lock(mu);
+      done.store(true, std::memory_order_release);
+    }
+    changed.notify_all();
+  }
+};
+
+}  // namespace mend::reducer

@@ -1,0 +1,234 @@
+#include "reducer/round_runner.h"
+
+#include <utility>
+
+#include "fmt/format.h"
+#include "learner/lighthouse_rendezvous.h"
+#include "reducer/healing.h"
+#include "spdlog/spdlog.h"
+
+namespace mend::reducer {
+
+uint64_t FinalMergeStep(const Config& config) {
+  return config.final_merge && config.total_steps > 0 ? static_cast<uint64_t>(config.total_steps)
+                                                      : 0;
+}
+
+bool IsFinalMerge(const Config& config, const FragmentSchedule& schedule, uint64_t step,
+                  int fragment) {
+  const uint64_t total = FinalMergeStep(config);
+  return total > 0 && step >= total &&
+         (config.concurrent_outer_step ||
+          !schedule.StartsAt(fragment, static_cast<int64_t>(total)));
+}
+
+uint64_t CrossRackBytes(const CommunicatorStats& before, const CommunicatorStats& after,
+                        const std::vector<std::string>& racks, uint32_t me) {
+  if (racks.size() <= me || racks[me].empty()) return after.bytes_sent - before.bytes_sent;
+  uint64_t bytes = 0;
+  for (size_t p = 0; p < after.bytes_sent_to.size(); ++p) {
+    if (p < racks.size() && racks[p] == racks[me]) continue;
+    bytes +=
+        after.bytes_sent_to[p] - (p < before.bytes_sent_to.size() ? before.bytes_sent_to[p] : 0);
+  }
+  return bytes;
+}
+
+RoundRunner::RoundRunner(const Config& config, const FragmentSchedule& schedule,
+                         RoundServices& services, const FragmentBook& book,
+                         const RoundPolicy& policy, const OuterSyncOptions& options,
+                         size_t moment_values)
+    : config_(config),
+      schedule_(schedule),
+      services_(services),
+      book_(book),
+      policy_(policy),
+      options_(options),
+      moment_values_(moment_values) {}
+
+StatusOr<Outcome> RoundRunner::Run(InFlight& flight, const std::function<uint64_t()>& step_now) {
+  MEND_ASSIGN_OR_RETURN(
+      QuorumResult round,
+      services_.Quorum(flight.previous_round_id, flight.tokens,
+                       config_.quorum_timeout_ms * kMicrosPerMilli, flight.boundary_step));
+  flight.Formed(step_now());
+  std::unique_ptr<RendezvousStore> store = services_.OpenRendezvous(round);
+  CommunicatorOptions options;
+  MEND_ASSIGN_OR_RETURN(auto comm, Connect(*store, round, &options));
+  const CommunicatorStats connected = comm->stats();
+  services_.WatchAbort(round, comm.get());
+  struct Unwatch {
+    RoundServices& services;
+    ~Unwatch() { services.Unwatch(); }
+  } unwatch{services_};
+  Outcome outcome;
+  outcome.fragment = flight.fragment;
+  outcome.round_id = round.round_id;
+  outcome.rank = round.rank;
+  outcome.members = round.world_size;
+  MEND_RETURN_IF_ERROR(HealOrAgree(*comm, *store, round, flight, options.timeout, &outcome));
+  MEND_RETURN_IF_ERROR(Merge(*comm, round, flight, &outcome));
+  MEND_RETURN_IF_ERROR(AverageMoments(*comm, round.round_id, flight, &outcome));
+  MEND_RETURN_IF_ERROR(SyncBuffers(*comm, round.rank, flight, &outcome));
+  outcome.cross_rack_bytes =
+      CrossRackBytes(connected, comm->stats(), options.member_racks, round.rank);
+  return outcome;
+}
+
+// The round's options: the lighthouse's prefix (its abort key is there),
+// this slice's own rendezvous in a group; the fp32 merge sums by rack, as
+// the rack-aware one does: the same bits with rack_aware or without.
+StatusOr<std::unique_ptr<Communicator>> RoundRunner::Connect(RendezvousStore& store,
+                                                             const QuorumResult& round,
+                                                             CommunicatorOptions* options) {
+  *options = CommunicatorOptionsForRound(config_, round);
+  options->prefix = policy_.SlicePrefix(round.rendezvous_prefix);
+  options->member_racks.clear();
+  for (const RoundMember& member : round.members) options->member_racks.push_back(member.rack);
+  return services_.Connect(store, *options, config_.rack_aware);
+}
+
+// On a fresh start (no round of the job completed yet) every member takes
+// rank 0's state, unless all of them hold it already (the usual case: the
+// same seed or checkpoint), which they learn through the round's store: then
+// no model crosses the link. Otherwise the lighthouse named a source when a
+// member is behind.
+Status RoundRunner::HealOrAgree(Communicator& comm, RendezvousStore& store,
+                                const QuorumResult& round, const InFlight& flight, Micros timeout,
+                                Outcome* outcome) {
+  if (round.heal_round_id == 0 && !config_.heal_inner_optimizer) {
+    MEND_ASSIGN_OR_RETURN(bool agree, StatesAgree(store, round, flight, timeout));
+    if (agree) return OkStatus();
+  }
+  HealOffer offer;
+  offer.boundary_step = flight.boundary_step;
+  offer.fragment = flight.fragment;
+  offer.send_moments = config_.heal_inner_optimizer;
+  offer.moment_values = moment_values_;
+  offer.moments[0] = &flight.moments[0];
+  offer.moments[1] = &flight.moments[1];
+  MEND_ASSIGN_OR_RETURN(Healed healed,
+                        HealRound(comm, round, book_.fragments(), offer, services_.clock()));
+  outcome->heal_seconds = healed.seconds;
+  if (healed.state.empty()) return OkStatus();
+  outcome->healed = std::move(healed.state);
+  outcome->heal_bytes = healed.bytes;
+  outcome->heal_source = healed.source;
+  outcome->heal_step = healed.step;
+  outcome->fragment = healed.fragment;
+  outcome->healed_moments[0] = std::move(healed.moments[0]);
+  outcome->healed_moments[1] = std::move(healed.moments[1]);
+  // A learner that joined with nothing of the job's state (a new or
+  // restarted process, no checkpoint) trained from its own initial
+  // parameters: its pseudo-gradient is not one the job can use.
+  outcome->fresh_join = flight.previous_round_id == 0 && round.heal_round_id > 0;
+  return OkStatus();
+}
+
+// Whether every member of `round` holds the same global state at the same
+// boundary step and fragment: each publishes its digest under the round's
+// prefix and reads all the others' (so all decide alike).
+StatusOr<bool> RoundRunner::StatesAgree(RendezvousStore& store, const QuorumResult& round,
+                                        const InFlight& flight, Micros timeout) const {
+  const std::string prefix = policy_.SlicePrefix(round.rendezvous_prefix);
+  auto key = [&](uint32_t rank) { return fmt::format("{}state/{}", prefix, rank); };
+  const std::string mine =
+      fmt::format("{} {} {}", book_.GlobalDigest(), flight.boundary_step, flight.fragment);
+  MEND_RETURN_IF_ERROR(store.Set(key(round.rank), mine));
+  bool agree = true;
+  for (uint32_t r = 0; r < round.world_size; ++r) {
+    if (r == round.rank) continue;
+    MEND_ASSIGN_OR_RETURN(std::string theirs, store.Get(key(r), timeout));
+    agree = agree && theirs == mine;
+  }
+  return agree;
+}
+
+// The pseudo-gradient exchange and outer step. The round's step is the
+// lighthouse's (its members' largest), the same for every member, so all
+// take the same kind of outer step. A join passed over in streaming mode
+// may form a round of the others' next fragment (the lighthouse does not
+// know fragments): it healed (it was behind), takes part in that
+// fragment's round without a pseudo-gradient, and keeps its own fragment's
+// progress for that fragment's next round.
+Status RoundRunner::Merge(Communicator& comm, const QuorumResult& round, const InFlight& flight,
+                          Outcome* outcome) {
+  const bool adopted = outcome->fragment != flight.fragment;
+  OuterSyncOptions sync_options = options_;
+  sync_options.contributes = !outcome->fresh_join && !adopted;
+  sync_options.warmup =
+      round.step > 0 && round.step <= static_cast<uint64_t>(config_.outer_warmup_steps);
+  outcome->outer_warmup = sync_options.warmup;
+  outcome->final_merge = IsFinalMerge(config_, schedule_, round.step, outcome->fragment);
+  if (outcome->final_merge) {
+    // The members' models averaged exactly: lossless, and no error
+    // feedback (what a sparse codec held back stays this learner's).
+    sync_options.warmup = true;
+    sync_options.codec = nullptr;
+  }
+  // The merge runs on the healed base when this learner was behind.
+  const FragmentState* state = book_.at(outcome->fragment).state.get();
+  std::unique_ptr<FragmentState> healed_state;
+  if (!outcome->healed.empty()) {
+    auto [global, momentum] =
+        HealSlice(book_.fragments(), outcome->healed, static_cast<size_t>(outcome->fragment));
+    healed_state = std::make_unique<FragmentState>(global);
+    healed_state->Assign(global, momentum);
+    state = healed_state.get();
+  }
+  std::span<const float> delta = flight.delta;
+  std::vector<float> no_delta;
+  if (adopted) {
+    no_delta.assign(state->size(), 0.0f);
+    delta = no_delta;
+    spdlog::info(
+        "round {}: exchanges fragment {}, not this learner's fragment {} (its join was passed "
+        "over); taking part without a pseudo-gradient",
+        round.round_id, outcome->fragment, flight.fragment);
+  }
+  const auto weight = static_cast<double>(policy_.MergeWeight(flight.tokens));
+  MEND_ASSIGN_OR_RETURN(outcome->result,
+                        OuterRound::Exchange(comm, *state, delta, weight, sync_options));
+  return OkStatus();
+}
+
+// DES-LOC: every (K_u / H)-th round the first moments, every (K_v / H)-th
+// the second, averaged with the round's weights. The round id decides, so
+// every member of a round agrees. A learner without optimizer state yet
+// takes part with weight 0.
+Status RoundRunner::AverageMoments(Communicator& comm, uint64_t round_id, const InFlight& flight,
+                                   Outcome* outcome) {
+  if (!config_.desloc) return OkStatus();
+  for (auto which : {FlatMoments::kFirst, FlatMoments::kSecond}) {
+    if (round_id % desloc_rounds[which] != 0) continue;
+    std::vector<float>& average = outcome->averaged_moments[which];
+    const bool have = !flight.moments[which].empty();
+    average = have ? flight.moments[which] : std::vector<float>(moment_values_, 0.0f);
+    const double weight =
+        have ? (options_.token_weighted ? static_cast<double>(flight.tokens) : 1.0) : 0.0;
+    MEND_RETURN_IF_ERROR(comm.WeightedAllReduce(average, weight));
+  }
+  return OkStatus();
+}
+
+// sync_buffers: the model's floating-point buffers averaged with the
+// round's weights, its integer ones (carried as floats) taken from the
+// round's first member; every member then holds the same values.
+Status RoundRunner::SyncBuffers(Communicator& comm, uint32_t rank, const InFlight& flight,
+                                Outcome* outcome) {
+  constexpr int kAveraged = 0, kFirstMembers = 1;
+  if (!flight.buffers[kAveraged].empty()) {
+    outcome->synced_buffers[kAveraged] = flight.buffers[kAveraged];
+    const double weight =
+        options_.token_weighted ? static_cast<double>(std::max<uint64_t>(flight.tokens, 1)) : 1.0;
+    MEND_RETURN_IF_ERROR(comm.WeightedAllReduce(outcome->synced_buffers[kAveraged], weight));
+  }
+  if (!flight.buffers[kFirstMembers].empty()) {
+    outcome->synced_buffers[kFirstMembers] = flight.buffers[kFirstMembers];
+    MEND_RETURN_IF_ERROR(
+        comm.WeightedAllReduce(outcome->synced_buffers[kFirstMembers], rank == 0 ? 1.0 : 0.0));
+  }
+  return OkStatus();
+}
+
+}  // namespace mend::reducer

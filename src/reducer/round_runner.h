@@ -1,0 +1,84 @@
+// The round runner: the background part of one round, on the round's own
+// thread, over injected round services (round_services.h):
+//
+//   quorum -> rendezvous store -> communicator (abort watch on)
+//     -> heal from the source, or agree that every member holds the same state
+//     -> the pseudo-gradient exchange and outer step (OuterRound::Exchange)
+//     -> DES-LOC moments, model buffers
+//
+// It reads the fragments' global state (the training thread leaves it alone
+// while a round is in flight) and writes only the flight's formed status
+// and the Outcome it returns; the driver applies that on the training thread.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "mend/communicator.h"
+#include "mend/config.h"
+#include "mend/lighthouse_client.h"
+#include "mend/outer.h"
+#include "mend/outer_sync.h"
+#include "mend/status.h"
+#include "reducer/fragment_book.h"
+#include "reducer/group_policy.h"
+#include "reducer/round_flight.h"
+#include "reducer/round_services.h"
+
+namespace mend::reducer {
+
+// The step of the job's final merge: total_steps with final_merge on; 0: none.
+uint64_t FinalMergeStep(const Config& config);
+
+// Whether a round of (the lighthouse's) step `step` that exchanges
+// `fragment` is the job's final merge: total_steps known and reached, and
+// not the fragment's own boundary round there (synchronous mode launches
+// that one; concurrent mode none in the last fragment period). Every member
+// decides alike, from the round and the job's configuration.
+bool IsFinalMerge(const Config& config, const FragmentSchedule& schedule, uint64_t step,
+                  int fragment);
+
+class RoundRunner {
+ public:
+  // Nothing is owned; all must outlive the runner. `moment_values`: the
+  // inner optimizer's moments' size (0: none).
+  RoundRunner(const Config& config, const FragmentSchedule& schedule, RoundServices& services,
+              const FragmentBook& book, const RoundPolicy& policy, const OuterSyncOptions& options,
+              size_t moment_values);
+
+  // DES-LOC: rounds between two first-moment and two second-moment syncs.
+  uint64_t desloc_rounds[2] = {3, 6};
+
+  // Runs `flight`'s round; `step_now` is the learner's step (for the
+  // flight's formed_step).
+  StatusOr<Outcome> Run(InFlight& flight, const std::function<uint64_t()>& step_now);
+
+ private:
+  StatusOr<std::unique_ptr<Communicator>> Connect(RendezvousStore& store, const QuorumResult& round,
+                                                  CommunicatorOptions* options);
+  Status HealOrAgree(Communicator& comm, RendezvousStore& store, const QuorumResult& round,
+                     const InFlight& flight, Micros timeout, Outcome* outcome);
+  StatusOr<bool> StatesAgree(RendezvousStore& store, const QuorumResult& round,
+                             const InFlight& flight, Micros timeout) const;
+  Status Merge(Communicator& comm, const QuorumResult& round, const InFlight& flight,
+               Outcome* outcome);
+  Status AverageMoments(Communicator& comm, uint64_t round_id, const InFlight& flight,
+                        Outcome* outcome);
+  Status SyncBuffers(Communicator& comm, uint32_t rank, const InFlight& flight, Outcome* outcome);
+
+  const Config& config_;
+  const FragmentSchedule& schedule_;
+  RoundServices& services_;
+  const FragmentBook& book_;
+  const RoundPolicy& policy_;
+  const OuterSyncOptions& options_;
+  const size_t moment_values_;
+};
+
+// What this member sent to members of other racks (or of no rack, or when
+// the member list is unknown: everything) between two stats.
+uint64_t CrossRackBytes(const CommunicatorStats& before, const CommunicatorStats& after,
+                        const std::vector<std::string>& racks, uint32_t me);
+
+}  // namespace mend::reducer

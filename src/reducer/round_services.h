@@ -1,0 +1,60 @@
+// What a round's background part needs from outside the process, in one
+// place: the clock, the lighthouse's quorum, the store the round's members
+// rendezvous through, the communicator among them, and the abort watch that
+// calls the round off when the lighthouse does. The round runner
+// (round_runner.h) sees nothing else of the control plane.
+//
+// LighthouseRoundServices is the one implementation in production: it goes
+// through the learner's agent. A multi-rank learner's ranks see the rounds
+// through GroupRoundServices (group_round_services.h) over it. Tests give
+// the runner and the driver fakes: a scripted quorum, an in-process store
+// and a communicator of one member (tests/reducer/round_fakes.h).
+//
+// Thread-safety: Quorum, OpenRendezvous, Connect, WatchAbort and Unwatch
+// from the round's thread (one round at a time); Interrupt from any.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "mend/clock.h"
+#include "mend/communicator.h"
+#include "mend/learner_agent.h"
+#include "mend/lighthouse_client.h"
+#include "mend/rendezvous_store.h"
+#include "mend/status.h"
+
+namespace mend::reducer {
+
+class RoundServices {
+ public:
+  virtual ~RoundServices() = default;
+  virtual const Clock& clock() const = 0;
+  // Joins a round: this learner's last round and its tokens since then;
+  // the round with its members, or the error (timeout, interrupted).
+  [[nodiscard]] virtual StatusOr<QuorumResult> Quorum(uint64_t last_round_id, uint64_t tokens,
+                                                      Micros timeout, uint64_t boundary_step) = 0;
+  // The store `round`'s members rendezvous through. Its waits end early
+  // (ABORTED) when the round is called off or the lighthouse that formed it
+  // is gone.
+  [[nodiscard]] virtual std::unique_ptr<RendezvousStore> OpenRendezvous(
+      const QuorumResult& round) = 0;
+  // The round's communicator over `store`; with `rack_aware`, merging by
+  // rack first (dataplane/hierarchy.h) among `options.member_racks`.
+  [[nodiscard]] virtual StatusOr<std::unique_ptr<Communicator>> Connect(
+      RendezvousStore& store, const CommunicatorOptions& options, bool rack_aware) = 0;
+  // Aborts `comm` when the lighthouse calls `round` off, until Unwatch();
+  // `comm` must stay alive until then.
+  virtual void WatchAbort(const QuorumResult& round, Communicator* comm) = 0;
+  virtual void Unwatch() = 0;
+  // Makes a Quorum() in progress, and every later one, end with ABORTED: the
+  // round is called off (shutdown, a group gone). From any thread.
+  virtual void Interrupt() = 0;
+};
+
+// Over the learner's agent (its client for the store and the abort watch's
+// own thread). `agent` and `clock` are not owned and must outlive it.
+std::unique_ptr<RoundServices> LighthouseRoundServices(LearnerAgent& agent, const Clock& clock);
+
+}  // namespace mend::reducer

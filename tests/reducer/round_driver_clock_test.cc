@@ -1,0 +1,215 @@
+// The round driver (round_driver.h) on a fake clock, over fake round
+// services and a fake agent: tau tuned from the round's and the steps' times,
+// the wait at boundary + tau, a round passed over, an unreachable
+// lighthouse, too few learners, and a failed round. Time is the injected
+// clock's, moved by the test in microseconds; the round runs on the driver's
+// own thread, so the test waits on conditions (the fakes' and the driver's),
+// never for time to pass.
+#include <atomic>
+#include <memory>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "mend/clock.h"
+#include "reducer/round_driver.h"
+#include "reducer/round_fakes.h"
+#include "test_util/fake_agent.h"
+#include "test_util/job_config.h"
+#include "test_util/wait.h"
+
+namespace mend::reducer {
+namespace {
+
+constexpr int64_t kStepMs = 100;  // every inner step, on the fake clock
+constexpr uint64_t kTokens = 64;  // per step
+constexpr uint64_t kPeriod = 10;  // a round every 10 steps
+constexpr Micros kAwait = 60 * kMicrosPerSecond;
+
+class RoundDriverClockTest : public ::testing::Test {
+ protected:
+  // A learner of one rank with concurrent rounds; overlap_steps 0 tunes tau.
+  void Start(int64_t overlap_steps, bool train_through_outage = false) {
+    Config config = testing_util::ConcurrentJobConfig(1, static_cast<int>(kPeriod), overlap_steps);
+    config.train_through_lighthouse_outage = train_through_outage;
+    config.quorum_timeout_ms = 4321;
+    auto services = std::make_unique<fakes::FakeServices>(clock_);
+    services_ = services.get();
+    auto driver = RoundDriver::Create(config, agent_, clock_, std::make_unique<fakes::Values>(1.0f),
+                                      nullptr, 0, std::move(services));
+    ASSERT_TRUE(driver.ok()) << driver.status();
+    driver_ = std::move(*driver);
+  }
+  // One inner step: kStepMs of training on the fake clock, then the driver's step.
+  Status Step() {
+    clock_.AdvanceMillis(kStepMs);
+    return driver_->step(kTokens);
+  }
+  void StepTo(uint64_t step) {
+    while (driver_->stats().steps < step) {
+      Status status = Step();
+      ASSERT_TRUE(status.ok()) << status;
+    }
+  }
+  // Until the round in flight has ended (the next step, neither a boundary
+  // nor boundary + tau, takes it up).
+  bool AwaitArrival() {
+    return testing_util::WaitFor(kAwait, [&]() { return driver_->NextStepMayWait(); });
+  }
+  // Step `step` on a thread of its own; whether it has returned, and how.
+  void StepAside() {
+    clock_.AdvanceMillis(kStepMs);
+    aside_ = std::thread([this]() {
+      aside_status_ = driver_->step(kTokens);
+      aside_returned_ = true;
+    });
+  }
+  // Until the driver, waiting in step(), looks whether the lighthouse closed
+  // its round without it (it does at every poll while it waits).
+  bool AwaitWaiting() {
+    const int before = agent_.looked_at_rounds.load();
+    return testing_util::WaitFor(kAwait, [&]() { return agent_.looked_at_rounds > before + 2; });
+  }
+  void TearDown() override {
+    if (aside_.joinable()) {
+      services_->Release();
+      aside_.join();
+    }
+  }
+
+  FakeClock clock_;
+  testing_util::FakeAgent agent_{clock_};
+  fakes::FakeServices* services_ = nullptr;  // owned by the driver
+  std::unique_ptr<RoundDriver> driver_;
+  std::thread aside_;
+  Status aside_status_;
+  std::atomic<bool> aside_returned_{false};
+};
+
+TEST_F(RoundDriverClockTest, TauIsTunedFromTheRoundAndStepTimesOnTheInjectedClock) {
+  Start(/*overlap_steps=*/0);
+  services_->Hold();
+  ASSERT_NO_FATAL_FAILURE(StepTo(kPeriod));
+  ASSERT_TRUE(services_->AwaitAsks(1));
+  // Nothing measured yet: tau is the cap, a fragment period less one.
+  EXPECT_EQ(driver_->stats().overlap_steps, kPeriod - 1);
+  EXPECT_EQ(services_->last_ask().timeout, 4321 * kMicrosPerMilli);
+  EXPECT_EQ(services_->last_ask().boundary_step, kPeriod);
+  // The round takes three steps' time: 300 ms from its launch to its result.
+  ASSERT_NO_FATAL_FAILURE(StepTo(kPeriod + 3));
+  services_->Release();
+  ASSERT_TRUE(AwaitArrival());
+  ASSERT_TRUE(Step().ok());
+  EXPECT_EQ(driver_->stats().rounds, 1u);
+  // tau = ceil(1.25 * 300 ms / 100 ms) + 1 = 5 for the next round.
+  ASSERT_NO_FATAL_FAILURE(StepTo(2 * kPeriod));
+  EXPECT_EQ(driver_->stats().rounds_started, 2u);
+  EXPECT_EQ(driver_->stats().overlap_steps, 5u);
+  ASSERT_TRUE(driver_->shutdown().ok());
+  EXPECT_EQ(driver_->stats().rounds, 2u);
+  EXPECT_EQ(driver_->stats().passed_over, 0u);
+}
+
+TEST_F(RoundDriverClockTest, AtBoundaryPlusTauTheLearnerWaitsForItsRoundAndAppliesIt) {
+  Start(/*overlap_steps=*/3);
+  services_->Hold();
+  ASSERT_NO_FATAL_FAILURE(StepTo(kPeriod + 2));
+  EXPECT_EQ(driver_->stats().rounds, 0u);
+  StepAside();  // step 13 = boundary + tau
+  ASSERT_TRUE(AwaitWaiting());
+  EXPECT_FALSE(aside_returned_.load());  // it waits: nothing told it to train on
+  services_->Release();
+  aside_.join();
+  ASSERT_TRUE(aside_status_.ok()) << aside_status_;
+  EXPECT_EQ(driver_->stats().steps, kPeriod + 3);
+  EXPECT_EQ(driver_->stats().rounds, 1u);
+  EXPECT_EQ(driver_->stats().passed_over, 0u);
+  EXPECT_EQ(services_->asks().size(), 1u);
+  EXPECT_EQ(services_->last_ask().tokens, kPeriod * kTokens);
+}
+
+TEST_F(RoundDriverClockTest, ARoundThatClosedWithoutTheLearnerIsPassedOverAndAppliedOnArrival) {
+  Start(/*overlap_steps=*/3);
+  services_->Hold();
+  ASSERT_NO_FATAL_FAILURE(StepTo(kPeriod + 2));
+  agent_.ReportRound(/*round_id=*/5, /*step=*/kPeriod);  // the others' round for step 10
+  ASSERT_TRUE(Step().ok());                              // step 13: it trains on
+  EXPECT_EQ(driver_->stats().passed_over, 1u);
+  EXPECT_EQ(driver_->stats().rounds, 0u);
+  ASSERT_TRUE(Step().ok());
+  // Its join forms the next round; the result is applied when it arrives.
+  services_->Release();
+  ASSERT_TRUE(AwaitArrival());
+  ASSERT_TRUE(Step().ok());
+  EXPECT_EQ(driver_->stats().rounds, 1u);
+  EXPECT_EQ(driver_->stats().failed_rounds, 0u);
+  // The next boundary launches as usual.
+  ASSERT_NO_FATAL_FAILURE(StepTo(2 * kPeriod));
+  EXPECT_EQ(driver_->stats().rounds_started, 2u);
+  ASSERT_TRUE(driver_->shutdown().ok());
+}
+
+TEST_F(RoundDriverClockTest, AnUnreachableLighthouseIsWaitedForUnlessTrainingThroughIsOn) {
+  Start(/*overlap_steps=*/3, /*train_through_outage=*/false);
+  services_->Hold();
+  agent_.lost = true;
+  ASSERT_NO_FATAL_FAILURE(StepTo(kPeriod + 2));
+  StepAside();  // step 13: it waits for the lighthouse
+  ASSERT_TRUE(AwaitWaiting());
+  EXPECT_FALSE(aside_returned_.load());
+  services_->Release();
+  aside_.join();
+  EXPECT_EQ(driver_->stats().rounds, 1u);
+  EXPECT_EQ(driver_->stats().passed_over, 0u);
+}
+
+TEST_F(RoundDriverClockTest, AnUnreachableLighthouseLetsTheLearnerTrainOnWhenAllowed) {
+  Start(/*overlap_steps=*/3, /*train_through_outage=*/true);
+  services_->Hold();
+  agent_.lost = true;
+  ASSERT_NO_FATAL_FAILURE(StepTo(kPeriod + 3));  // step 13 returns
+  EXPECT_EQ(driver_->stats().passed_over, 1u);
+  EXPECT_EQ(driver_->stats().rounds, 0u);
+  agent_.lost = false;  // it is back; the round forms
+  services_->Release();
+  ASSERT_TRUE(AwaitArrival());
+  ASSERT_TRUE(Step().ok());
+  EXPECT_EQ(driver_->stats().rounds, 1u);
+}
+
+TEST_F(RoundDriverClockTest, FewerLearnersThanTheMinimumLetTheLearnerTrainOn) {
+  Start(/*overlap_steps=*/3);
+  services_->Hold();
+  agent_.short_of_minimum = true;
+  ASSERT_NO_FATAL_FAILURE(StepTo(kPeriod + 5));
+  EXPECT_EQ(driver_->stats().passed_over, 1u);
+  EXPECT_EQ(driver_->stats().rounds, 0u);
+  // At shutdown its join is called off: no round can form for it.
+  ASSERT_TRUE(driver_->shutdown().ok());
+  EXPECT_TRUE(services_->interrupted());
+  EXPECT_EQ(driver_->stats().rounds, 0u);
+  EXPECT_EQ(driver_->stats().failed_rounds, 0u);
+}
+
+TEST_F(RoundDriverClockTest, AFailedRoundChangesNothingAndItsTokensGoIntoTheNext) {
+  Start(/*overlap_steps=*/3);
+  services_->SetQuorum(DeadlineExceededError("quorum: no round within quorum_timeout_ms"));
+  ASSERT_NO_FATAL_FAILURE(StepTo(kPeriod));
+  ASSERT_TRUE(AwaitArrival());
+  ASSERT_TRUE(Step().ok());
+  EXPECT_EQ(driver_->stats().failed_rounds, 1u);
+  EXPECT_EQ(driver_->stats().rounds, 0u);
+  services_->SetQuorum(fakes::RoundOfOne(1, 2 * kPeriod));
+  ASSERT_NO_FATAL_FAILURE(StepTo(2 * kPeriod));
+  ASSERT_TRUE(services_->AwaitAsks(2));
+  const auto asks = services_->asks();
+  EXPECT_EQ(asks[0].tokens, kPeriod * kTokens);
+  EXPECT_EQ(asks[1].tokens, 2 * kPeriod * kTokens);  // the failed round's, and its own
+  EXPECT_EQ(asks[1].last_round_id, 0u);
+  ASSERT_TRUE(driver_->shutdown().ok());
+  EXPECT_EQ(driver_->stats().rounds, 1u);
+  EXPECT_EQ(agent_.steps_recorded.load(), 2 * kPeriod);
+  EXPECT_EQ(agent_.last_tokens.load(), 2 * kPeriod * kTokens);
+}
+
+}  // namespace
+}  // namespace mend::reducer

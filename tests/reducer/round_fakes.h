@@ -1,0 +1,209 @@
+// Fakes for the round's parts (round_runner.h, round_driver.h): a model of
+// one parameter, a communicator of one member, and round services with a
+// scripted quorum that a test may hold until it lets the round form.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dataplane/dataplane_fixture.h"
+#include "mend/clock.h"
+#include "reducer/flat_state.h"
+#include "reducer/round_services.h"
+
+namespace mend::reducer::fakes {
+
+// One parameter "w" of `n` values.
+class Values final : public FlatParameters {
+ public:
+  explicit Values(float start, size_t n = 4) : values_(n, start) {}
+  size_t count() const override { return 1; }
+  const std::string& name(size_t) const override { return name_; }
+  std::vector<int64_t> shape(size_t) const override {
+    return {static_cast<int64_t>(values_.size())};
+  }
+  size_t numel(size_t) const override { return values_.size(); }
+  void CopyOut(size_t, std::span<float> out) const override {
+    std::memcpy(out.data(), values_.data(), out.size_bytes());
+  }
+  void CopyIn(size_t, std::span<const float> in) override {
+    std::memcpy(values_.data(), in.data(), in.size_bytes());
+  }
+  std::vector<float>& values() { return values_; }
+
+ private:
+  std::vector<float> values_;
+  std::string name_ = "w";
+};
+
+// A round of one member: every reduction leaves the data as it is.
+class AloneCommunicator final : public Communicator {
+ public:
+  Status WeightedAllReduce(std::span<float>, double, const Codec*) override {
+    stats_.operations++;
+    return OkStatus();
+  }
+  Status WeightedAllGatherDecode(std::span<const std::byte> payload, double, const Codec& codec,
+                                 std::span<float> out) override {
+    codec.Decode(payload, out);
+    return OkStatus();
+  }
+  Status AllGather(std::span<const std::byte> mine, std::span<std::byte> out) override {
+    std::memcpy(out.data(), mine.data(), mine.size());
+    return OkStatus();
+  }
+  Status Broadcast(std::span<std::byte>, int) override { return OkStatus(); }
+  void Abort(const std::string&) override {}
+  int rank() const override { return 0; }
+  int world_size() const override { return 1; }
+  bool broken() const override { return false; }
+  CommunicatorStats stats() const override { return stats_; }
+
+ private:
+  CommunicatorStats stats_;
+};
+
+// What a round asked of the quorum.
+struct QuorumAsk {
+  uint64_t last_round_id = 0;
+  uint64_t tokens = 0;
+  Micros timeout = 0;
+  uint64_t boundary_step = 0;
+};
+
+// The round of one member that the fake quorum answers by default.
+inline QuorumResult RoundOfOne(uint64_t round_id, uint64_t step) {
+  QuorumResult round;
+  round.round_id = round_id;
+  round.rank = 0;
+  round.world_size = 1;
+  round.step = step;
+  round.rendezvous_prefix = "job/round/x/" + std::to_string(round_id) + "/";
+  round.members.push_back(RoundMember{});
+  return round;
+}
+
+// Round services on `clock`. The quorum answers `quorum` (or, when it is
+// not set, a round of one member numbered 1, 2, ... at the asked boundary);
+// while held (Hold), a quorum call waits until Release() or Interrupt().
+// Safe from any thread: the round's, and the test's.
+class FakeServices final : public RoundServices {
+ public:
+  explicit FakeServices(const Clock& clock) : clock_(clock) {}
+
+  const Clock& clock() const override { return clock_; }
+  StatusOr<QuorumResult> Quorum(uint64_t last_round_id, uint64_t tokens, Micros timeout,
+                                uint64_t boundary_step) override {
+    std::unique_lock lock(mu_);
+    asks_.push_back({last_round_id, tokens, timeout, boundary_step});
+    changed_.notify_all();
+    changed_.wait(lock, [&]() { return !held_ || interrupted_; });
+    if (interrupted_) return AbortedError("fake services: the round was interrupted");
+    if (quorum_) return *quorum_;
+    return RoundOfOne(++rounds_formed_, boundary_step);
+  }
+  std::unique_ptr<RendezvousStore> OpenRendezvous(const QuorumResult&) override {
+    std::lock_guard lock(mu_);
+    opened_++;
+    return std::make_unique<testing_util::InProcessStore>();
+  }
+  StatusOr<std::unique_ptr<Communicator>> Connect(RendezvousStore&,
+                                                  const CommunicatorOptions& options,
+                                                  bool) override {
+    std::lock_guard lock(mu_);
+    connected_prefix_ = options.prefix;
+    if (!connect_.ok()) return connect_;
+    return std::unique_ptr<Communicator>(std::make_unique<AloneCommunicator>());
+  }
+  void WatchAbort(const QuorumResult&, Communicator* comm) override {
+    std::lock_guard lock(mu_);
+    watched_++;
+    watching_ = comm != nullptr;
+  }
+  void Unwatch() override {
+    std::lock_guard lock(mu_);
+    watching_ = false;
+  }
+  void Interrupt() override {
+    std::lock_guard lock(mu_);
+    interrupted_ = true;
+    changed_.notify_all();
+  }
+
+  // Scripting.
+  void SetQuorum(StatusOr<QuorumResult> answer) {
+    std::lock_guard lock(mu_);
+    quorum_ = std::move(answer);
+  }
+  void SetConnect(Status status) {
+    std::lock_guard lock(mu_);
+    connect_ = std::move(status);
+  }
+  void Hold() {
+    std::lock_guard lock(mu_);
+    held_ = true;
+  }
+  void Release() {
+    std::lock_guard lock(mu_);
+    held_ = false;
+    changed_.notify_all();
+  }
+  // Waits (real time, up to `timeout`) until the quorum was asked `n` times.
+  bool AwaitAsks(size_t n, Micros timeout = 60 * kMicrosPerSecond) {
+    std::unique_lock lock(mu_);
+    return changed_.wait_for(lock, std::chrono::microseconds(timeout),
+                             [&]() { return asks_.size() >= n; });
+  }
+
+  // What was asked and done.
+  std::vector<QuorumAsk> asks() const {
+    std::lock_guard lock(mu_);
+    return asks_;
+  }
+  QuorumAsk last_ask() const {
+    std::lock_guard lock(mu_);
+    return asks_.empty() ? QuorumAsk{} : asks_.back();
+  }
+  int opened() const {
+    std::lock_guard lock(mu_);
+    return opened_;
+  }
+  int watched() const {
+    std::lock_guard lock(mu_);
+    return watched_;
+  }
+  bool watching() const {
+    std::lock_guard lock(mu_);
+    return watching_;
+  }
+  bool interrupted() const {
+    std::lock_guard lock(mu_);
+    return interrupted_;
+  }
+  std::string connected_prefix() const {
+    std::lock_guard lock(mu_);
+    return connected_prefix_;
+  }
+
+ private:
+  const Clock& clock_;
+  mutable std::mutex mu_;
+  std::condition_variable changed_;
+  std::optional<StatusOr<QuorumResult>> quorum_;
+  Status connect_ = OkStatus();
+  bool held_ = false;
+  bool interrupted_ = false;
+  uint64_t rounds_formed_ = 0;
+  std::vector<QuorumAsk> asks_;
+  int opened_ = 0, watched_ = 0;
+  bool watching_ = false;
+  std::string connected_prefix_;
+};
+
+}  // namespace mend::reducer::fakes

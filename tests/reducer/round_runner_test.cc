@@ -1,0 +1,118 @@
+// The round runner (reducer/round_runner.h) over fake round services: a
+// scripted quorum, an in-process store and a communicator of one member, on a
+// fake clock. No network and no thread: Run() is called on the test's own.
+#include "reducer/round_runner.h"
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "mend/clock.h"
+#include "reducer/round_fakes.h"
+#include "test_util/job_config.h"
+
+namespace mend::reducer {
+namespace {
+
+using fakes::FakeServices;
+using fakes::Values;
+
+class RoundRunnerTest : public ::testing::Test {
+ protected:
+  RoundRunnerTest() {
+    config_.quorum_timeout_ms = 1234;
+    services_.SetQuorum(fakes::RoundOfOne(7, 100));  // past the warm-up: a Nesterov step
+    flight_.fragment = 0;
+    flight_.boundary_step = 40;
+    flight_.tokens = 640;
+    flight_.previous_round_id = 6;
+    flight_.base.assign(4, 1.0f);
+    flight_.delta.assign(4, 0.5f);
+  }
+  StatusOr<Outcome> Run() {
+    RoundRunner runner(config_, schedule_, services_, book_, *policy_, options_, 0);
+    return runner.Run(flight_, []() { return uint64_t{43}; });
+  }
+
+  Config config_ = testing_util::ConcurrentJobConfig(1, 20, 2);
+  FragmentSchedule schedule_ = *FragmentSchedule::Make(1, 20);
+  Values parameters_{1.0f};
+  uint64_t copies_ = 0;
+  FragmentBook book_{parameters_, schedule_, &copies_};
+  std::unique_ptr<RoundPolicy> policy_ = SingleRankPolicy();
+  OuterSyncOptions options_;
+  FakeClock clock_;
+  FakeServices services_{clock_};
+  InFlight flight_;
+};
+
+TEST_F(RoundRunnerTest, ARoundAsksTheQuorumForTheFlightAndMergesItsPseudoGradient) {
+  StatusOr<Outcome> outcome = Run();
+  ASSERT_TRUE(outcome.ok()) << outcome.status();
+  const fakes::QuorumAsk ask = services_.last_ask();
+  EXPECT_EQ(ask.last_round_id, 6u);
+  EXPECT_EQ(ask.tokens, 640u);
+  EXPECT_EQ(ask.boundary_step, 40u);
+  EXPECT_EQ(ask.timeout, 1234 * kMicrosPerMilli);
+  EXPECT_EQ(outcome->round_id, 7u);
+  EXPECT_EQ(outcome->members, 1u);
+  EXPECT_TRUE(outcome->healed.empty());  // one member agrees with itself
+  EXPECT_FALSE(outcome->outer_warmup);
+  // The round formed at the learner's step then; the abort watch was armed
+  // for it and disarmed at the end.
+  EXPECT_TRUE(flight_.formed);
+  EXPECT_EQ(flight_.formed_step, 43u);
+  EXPECT_EQ(services_.opened(), 1);
+  EXPECT_EQ(services_.watched(), 1);
+  EXPECT_FALSE(services_.watching());
+  EXPECT_EQ(services_.connected_prefix(), "job/round/x/7/");
+  // theta_g' = base - lr * (momentum step of the merged delta): it moved.
+  ASSERT_EQ(outcome->result.global.size(), 4u);
+  EXPECT_NE(outcome->result.global[0], 1.0f);
+}
+
+TEST_F(RoundRunnerTest, AQuorumThatFailsEndsTheRoundBeforeAnythingConnects) {
+  services_.SetQuorum(DeadlineExceededError("quorum: no round in time"));
+  StatusOr<Outcome> outcome = Run();
+  ASSERT_FALSE(outcome.ok());
+  EXPECT_EQ(outcome.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_FALSE(flight_.formed);
+  EXPECT_EQ(services_.opened(), 0);
+  EXPECT_EQ(services_.watched(), 0);
+}
+
+TEST_F(RoundRunnerTest, ACommunicatorThatFailsToConnectEndsTheRoundUnwatched) {
+  services_.SetConnect(UnavailableError("rendezvous: member 1 did not come"));
+  StatusOr<Outcome> outcome = Run();
+  ASSERT_FALSE(outcome.ok());
+  EXPECT_EQ(outcome.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(flight_.formed);
+  EXPECT_EQ(services_.watched(), 0);
+}
+
+TEST_F(RoundRunnerTest, ARoundWithinTheOuterWarmUpIsAnAverage) {
+  services_.SetQuorum(fakes::RoundOfOne(7, 10));  // outer_warmup_steps is the period, 20
+  StatusOr<Outcome> outcome = Run();
+  ASSERT_TRUE(outcome.ok()) << outcome.status();
+  EXPECT_TRUE(outcome->outer_warmup);
+  // An average of one member: the base minus its own pseudo-gradient.
+  EXPECT_FLOAT_EQ(outcome->result.global[0], 0.5f);
+}
+
+TEST(FinalMergeTest, TheFinalMergeIsTheRoundOfTheLastStepThatNoBoundaryLaunched) {
+  Config config = testing_util::ConcurrentJobConfig(1, 20, 2);
+  config.total_steps = 100;
+  config.final_merge = true;
+  const FragmentSchedule schedule = *FragmentSchedule::Make(1, 20);
+  EXPECT_EQ(FinalMergeStep(config), 100u);
+  EXPECT_FALSE(IsFinalMerge(config, schedule, 99, 0));
+  EXPECT_TRUE(IsFinalMerge(config, schedule, 100, 0));
+  config.concurrent_outer_step = false;  // synchronous: step 100's own round is a boundary's
+  EXPECT_FALSE(IsFinalMerge(config, schedule, 100, 0));
+  config.final_merge = false;
+  EXPECT_EQ(FinalMergeStep(config), 0u);
+}
+
+}  // namespace
+}  // namespace mend::reducer
