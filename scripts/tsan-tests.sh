@@ -3,7 +3,8 @@
 # the coordinator (lighthouse core, server and agents over gRPC and UDP:
 # tests/coordinator), the data plane (the communicator among threads, and
 # peers SIGKILLed or SIGSTOPped in their own processes: tests/dataplane), and
-# the round driver, heal stream and learner groups (tests/reducer; its
+# the round driver (also on a fake clock over fake services), heal stream,
+# learner groups and their round services (tests/reducer; its
 # LibTorch tests are not built here). Builds only those tests, with
 # -DMEND_SANITIZE=thread, in build-tsan, and runs their unit, integration and
 # multiprocess tests.
@@ -26,7 +27,8 @@ cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE="${MEND_BUILD_TYPE:-RelWithDebI
   -DMEND_BUILD_BENCH=OFF -DMEND_BUILD_PYTHON=OFF -DMEND_SANITIZE=thread ${MEND_CMAKE_ARGS:-} > /dev/null
 # (dataplane_process_test brings mend-lighthouse and dataplane_member.)
 cmake --build "$dir" --target coordinator_state_test lighthouse_server_test communicator_test \
-  dataplane_process_test heal_stream_test round_driver_test learner_group_test group_pulse_test
+  dataplane_process_test heal_stream_test round_driver_test learner_group_test group_pulse_test \
+  round_driver_clock_test group_round_services_test
 
 reports=$(mktemp -d)
 trap 'rm -rf "$reports"' EXIT
