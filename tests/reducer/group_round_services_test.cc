@@ -28,12 +28,17 @@ std::unique_ptr<RoundServices> RankServices(RendezvousStore& store, const Clock&
                             kBase, rank, kMargin, "learner-a");
 }
 
-TEST(GroupRoundServicesTest, EveryRankSeesRankZerosRoundsInOrderAndOnlyRankZeroJoins) {
+// Ranks 0 and 1 of one group, each over its own fake services.
+class GroupRoundServicesTest : public ::testing::Test {
+ protected:
   testing_util::InProcessStore store;
   FakeClock clock;
   fakes::FakeServices *inner0 = nullptr, *inner1 = nullptr;
-  auto rank0 = RankServices(store, clock, 0, &inner0);
-  auto rank1 = RankServices(store, clock, 1, &inner1);
+  std::unique_ptr<RoundServices> rank0 = RankServices(store, clock, 0, &inner0);
+  std::unique_ptr<RoundServices> rank1 = RankServices(store, clock, 1, &inner1);
+};
+
+TEST_F(GroupRoundServicesTest, EveryRankSeesRankZerosRoundsInOrderAndOnlyRankZeroJoins) {
   for (uint64_t n = 1; n <= 3; ++n) {
     // Rank 1 may ask before rank 0 has published: it waits for the key.
     StatusOr<QuorumResult> seen;
@@ -51,12 +56,7 @@ TEST(GroupRoundServicesTest, EveryRankSeesRankZerosRoundsInOrderAndOnlyRankZeroJ
   EXPECT_TRUE(inner1->asks().empty());  // the lighthouse hears of the group once
 }
 
-TEST(GroupRoundServicesTest, RankZerosErrorIsEveryRanksAndAnInterruptEndsAWait) {
-  testing_util::InProcessStore store;
-  FakeClock clock;
-  fakes::FakeServices *inner0 = nullptr, *inner1 = nullptr;
-  auto rank0 = RankServices(store, clock, 0, &inner0);
-  auto rank1 = RankServices(store, clock, 1, &inner1);
+TEST_F(GroupRoundServicesTest, RankZerosErrorIsEveryRanksAndAnInterruptEndsAWait) {
   inner0->SetQuorum(DeadlineExceededError("quorum: no round within quorum_timeout_ms = 100"));
   EXPECT_EQ(rank0->Quorum(0, 1, kMicrosPerSecond, 10).status().code(),
             StatusCode::kDeadlineExceeded);
@@ -73,16 +73,13 @@ TEST(GroupRoundServicesTest, RankZerosErrorIsEveryRanksAndAnInterruptEndsAWait) 
   EXPECT_TRUE(inner1->interrupted());
 }
 
-TEST(GroupRoundServicesTest, ARankGivesUpOnAMissingDecisionNamingRankZeroAndTheKey) {
-  testing_util::InProcessStore store;
-  FakeClock clock;
-  fakes::FakeServices* inner = nullptr;
+TEST_F(GroupRoundServicesTest, ARankGivesUpOnAMissingDecisionNamingRankZeroAndTheKey) {
   auto own = std::make_unique<fakes::FakeServices>(clock);
-  inner = own.get();
-  auto rank1 =
+  fakes::FakeServices* inner = own.get();
+  auto impatient =
       GroupRoundServices(std::move(own), std::make_unique<testing_util::StoreConnection>(store),
                          kBase, 1, /*margin=*/0, "learner-a");
-  StatusOr<QuorumResult> seen = rank1->Quorum(0, 1, /*timeout=*/0, 10);
+  StatusOr<QuorumResult> seen = impatient->Quorum(0, 1, /*timeout=*/0, 10);
   EXPECT_EQ(seen.status().code(), StatusCode::kDeadlineExceeded);
   const std::string message(seen.status().message());
   EXPECT_NE(message.find("rank 0 of learner 'learner-a'"), std::string::npos) << message;
