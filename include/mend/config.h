@@ -69,6 +69,9 @@ struct Config {
   int64_t fragments = 1;
   bool concurrent_outer_step = true;
   int64_t overlap_steps = 0;  // 0: tuned from the measured round and step times
+  // The most rounds in flight at once, of different fragments; 0: one per
+  // fragment (tau then reaches H - 1 instead of H / fragments - 1).
+  int64_t rounds_in_flight = 0;
   // The job's length in inner steps (0: unknown). Known, a concurrent job
   // launches no round in its last fragment period, whose result could only
   // be taken up after the last step, and the job ends with a final merge.

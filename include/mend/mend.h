@@ -34,7 +34,7 @@ extern "C" {
 
 /* The version of this interface; mend_abi_version() returns the one the
  * loaded library implements. A front end refuses a library of another one. */
-#define MEND_ABI_VERSION 1
+#define MEND_ABI_VERSION 2
 
 typedef enum mend_status {
   MEND_OK = 0,
@@ -179,9 +179,11 @@ typedef struct mend_stats {
   uint64_t last_round_id;
   uint64_t checkpoints; /* written by this learner */
   uint64_t checkpoint_failures;
-  uint64_t resumed_from_round; /* the checkpoint's round when it resumed, else 0 */
-  uint64_t overlap_steps;      /* tau of the latest round launched */
-  uint64_t parameter_copies;   /* fragment-sized copies to or from the buffers (rounds only) */
+  uint64_t resumed_from_round;    /* the checkpoint's round when it resumed, else 0 */
+  uint64_t overlap_steps;         /* tau of the latest round launched */
+  uint64_t parameter_copies;      /* fragment-sized copies to or from the buffers (rounds only) */
+  uint64_t round_waits;           /* rounds a step waited for (ABI 2) */
+  uint64_t most_rounds_in_flight; /* the most rounds in flight at once (ABI 2) */
 } mend_stats;
 
 typedef struct mend_learner mend_learner;

@@ -24,6 +24,8 @@ struct ReducerStats {
   uint64_t overlap_steps = 0;     // tau of the latest round launched (tuned when overlap_steps = 0)
   uint64_t parameter_copies = 0;  // fragment-sized copies to or from the parameters (rounds only)
   uint64_t final_rounds = 0;      // rounds of the final merge at shutdown this learner completed
+  uint64_t round_waits = 0;  // rounds a step waited for (not arrived when due, or at a boundary)
+  uint64_t most_rounds_in_flight = 0;  // the most rounds in flight at once
 };
 
 }  // namespace mend

@@ -290,7 +290,9 @@ mend_status mend_learner_stats(const mend_learner* learner, mend_stats* out) {
             s.checkpoint_failures,
             s.resumed_from_round,
             s.overlap_steps,
-            s.parameter_copies};
+            s.parameter_copies,
+            s.round_waits,
+            s.most_rounds_in_flight};
     return MEND_OK;
   });
 }

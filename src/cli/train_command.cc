@@ -8,14 +8,17 @@
 #include <dlfcn.h>
 #include <malloc.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <system_error>
+#include <thread>
 
 #include "cli/commands.h"
 #include "cli/config_flags.h"
@@ -102,8 +105,23 @@ void KeepFreedMemoryForReuse() {
   }
 }
 
+// Started by a harness (--progress-json: mend demo, mend chaos, the
+// benchmarks), a learner stops when that harness is gone (killed, or a test
+// that gave up on it) instead of training on as an orphan that loads the
+// machine: SIGTERM (it leaves the job), and 30 s later it exits.
+void StopWhenOrphaned() {
+  std::thread([parent = getppid()]() {
+    while (getppid() == parent) std::this_thread::sleep_for(std::chrono::seconds(1));
+    spdlog::warn("mend train: the process that started it ({}) is gone; stopping", parent);
+    kill(getpid(), SIGTERM);
+    std::this_thread::sleep_for(std::chrono::seconds(30));
+    std::_Exit(kExitFailure);
+  }).detach();
+}
+
 int RunTrain(const TrainFlags& flags, const Config& config, const std::string& token) {
   KeepFreedMemoryForReuse();
+  if (flags.progress_json) StopWhenOrphaned();
   train::TrainSignals control;
   SignalThread signals({SIGINT, SIGTERM, SIGUSR1}, [&control](int signal) {
     (signal == SIGUSR1 ? control.checkpoint : control.stop).store(true);

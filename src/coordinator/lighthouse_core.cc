@@ -92,7 +92,8 @@ StatusOr<RegisterResult> LighthouseCore::Register(const RegisterArgs& args) {
     bool known = previous != nullptr;
     // A known learner registering again is a new process: the round its old
     // session was a member of will not see it.
-    const uint64_t old_round = previous ? previous->last_member_round : 0;
+    std::vector<uint64_t> old_rounds;
+    if (previous) old_rounds = MemberRoundsLocked(*previous);
     do {
       RAND_bytes(reinterpret_cast<unsigned char*>(&result.session_id), sizeof result.session_id);
     } while (result.session_id == 0);
@@ -106,9 +107,11 @@ StatusOr<RegisterResult> LighthouseCore::Register(const RegisterArgs& args) {
             "learner '{}' registered again; this Quorum call belongs to the old session", id)));
       });
     }
-    AbortRoundLocked(old_round,
-                     fmt::format("learner '{}' restarted (registered again)", args.learner_id),
-                     &completions);
+    for (uint64_t old_round : old_rounds) {
+      AbortRoundLocked(old_round,
+                       fmt::format("learner '{}' restarted (registered again)", args.learner_id),
+                       &completions);
+    }
     counters_.registrations++;
     events_.Add(now, known ? "re-registered" : "registered", args.learner_id,
                 fmt::format("step {}, last round {}{}", args.step, args.last_round_id,
@@ -381,10 +384,12 @@ void LighthouseCore::ScanLivenessLocked(Micros now, Completions* completions) {
                     AbortedError(fmt::format("learner '{}' declared dead: no heartbeat for {} ms",
                                              record->id, silent / kMicrosPerMilli)),
                     completions);
-    AbortRoundLocked(record->last_member_round,
-                     fmt::format("learner '{}' declared dead: no heartbeat for {} ms", record->id,
-                                 silent / kMicrosPerMilli),
-                     completions);
+    for (uint64_t round_id : MemberRoundsLocked(*record)) {
+      AbortRoundLocked(round_id,
+                       fmt::format("learner '{}' declared dead: no heartbeat for {} ms", record->id,
+                                   silent / kMicrosPerMilli),
+                       completions);
+    }
     quorum_.DoubtLatestRound(membership_, *record);
     membership_.MarkGone(*record, now, /*left=*/false);
     counters_.deaths++;
@@ -423,6 +428,19 @@ void LighthouseCore::MaybeCloseLocked(Micros now, Completions* completions) {
       store_.Delete(quorum_.RoundPrefix(round.id - options_.keep_round_prefixes), /*prefix=*/true);
     }
   }
+}
+
+// The rounds `record` was a member of that may still be running: its newest
+// and, of the earlier ones, those whose keys the store still holds.
+std::vector<uint64_t> LighthouseCore::MemberRoundsLocked(const LearnerRecord& record) const {
+  std::vector<uint64_t> rounds;
+  if (record.last_member_round != 0) rounds.push_back(record.last_member_round);
+  const uint64_t latest = quorum_.latest_round_id();
+  for (uint64_t round_id : record.earlier_member_rounds) {
+    if (round_id != 0 && round_id + options_.keep_round_prefixes > latest)
+      rounds.push_back(round_id);
+  }
+  return rounds;
 }
 
 void LighthouseCore::AbortRoundLocked(uint64_t round_id, const std::string& why,

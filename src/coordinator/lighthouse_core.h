@@ -162,6 +162,8 @@ class LighthouseCore {
   // Tells the members of round `round_id` (0: none) that it cannot
   // complete, through the key <round prefix>abort in the store, which their
   // rendezvous watches: a member died or restarted after the round closed.
+  std::vector<uint64_t> MemberRoundsLocked(const LearnerRecord& record) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AbortRoundLocked(uint64_t round_id, const std::string& why, Completions* completions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Completes `record`'s pending join, if any, with `status`; true if there was one.

@@ -26,15 +26,18 @@ LearnerRecord& Membership::Register(const std::string& id, uint64_t session_id, 
                                     Micros now, std::optional<PendingJoin>* replaced_join) {
   auto it = records_.find(id);
   uint64_t last_member_round = 0;
+  LearnerRecord::MemberRounds earlier_member_rounds{};
   if (it != records_.end()) {
     LearnerRecord& old = *it->second;
     last_member_round = old.last_member_round;
+    earlier_member_rounds = old.earlier_member_rounds;
     Mutate(old, [&](LearnerRecord& r) {
       if (r.join) *replaced_join = std::move(r.join);
       r.join.reset();
       r.alive = false;
       r.slow = false;
       r.last_member_round = 0;
+      r.earlier_member_rounds = {};
     });
     // The record is replaced below; its contribution to the counts is now zero.
     Erase(old);
@@ -50,6 +53,7 @@ LearnerRecord& Membership::Register(const std::string& id, uint64_t session_id, 
   record->window = StepTimeWindow(failslow_.window_steps);
   record->rate_sample_at = now;
   record->last_member_round = last_member_round;
+  record->earlier_member_rounds = earlier_member_rounds;
   LearnerRecord& ref = *record;
   ref.vitals_index = vitals_.size();
   vitals_.push_back({&ref, now});
@@ -230,6 +234,10 @@ std::vector<std::pair<LearnerRecord*, PendingJoin>> Membership::TakePendingForRo
     // this round's state: learners that are all behind it cannot form a
     // round of their own (the newest-state rule).
     record->last_round_id = round_id;
+    std::copy_backward(record->earlier_member_rounds.begin(),
+                       record->earlier_member_rounds.end() - 1,
+                       record->earlier_member_rounds.end());
+    record->earlier_member_rounds[0] = record->last_member_round;
     record->last_member_round = round_id;
     record->rounds_joined++;
     taken.emplace_back(record, std::move(*record->join));

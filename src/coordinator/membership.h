@@ -13,6 +13,7 @@
 // Thread-safety: none; LighthouseCore serializes access under its mutex.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -65,6 +66,11 @@ struct LearnerRecord {
   bool left = false;
   Micros gone_since = 0;           // when it died or left
   uint64_t last_member_round = 0;  // the newest round it was a member of
+  // The rounds it was a member of before that, newest first (0: none): with
+  // several rounds in flight (rounds_in_flight) they may still be running
+  // when it dies or restarts, and are called off with the newest.
+  using MemberRounds = std::array<uint64_t, 7>;
+  MemberRounds earlier_member_rounds{};
   std::optional<PendingJoin> join;
   size_t vitals_index = 0;  // this record's entry in Membership's vitals
 

@@ -213,6 +213,12 @@ Status CheckConfig(const Config& config) {
                     "ranks learn the rounds from the lighthouse's store, which a restart empties",
                     config.group_size));
   }
+  if (config.rounds_in_flight > config.fragments) {
+    return InvalidArgumentError(
+        fmt::format("rounds_in_flight = {}: must be at most fragments = {} (one round per "
+                    "fragment in flight; 0: as many as fragments)",
+                    config.rounds_in_flight, config.fragments));
+  }
   if (config.overlap_steps >= config.sync_period_steps && config.concurrent_outer_step) {
     return InvalidArgumentError(fmt::format(
         "overlap_steps = {}: must be below sync_period_steps = {} with concurrent_outer_step",

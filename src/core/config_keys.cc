@@ -123,11 +123,18 @@ std::vector<ConfigKey> BuildKeys() {
       Int("overlap_steps", &C::overlap_steps, 0, 1000,
           "tau: the most inner steps a round's result may arrive late; applied when it arrives, "
           "waited for at tau. "
-          "0: tuned, ceil(1.25 x round time / inner-step time) + 1, capped at H / fragments - 1."),
+          "0: tuned, ceil(1.25 x round time / inner-step time) + 1, capped at rounds_in_flight x H "
+          "/ "
+          "fragments - 1."),
+      Int("rounds_in_flight", &C::rounds_in_flight, 0, 1024,
+          "The most concurrent rounds in flight at once, each of another fragment: a fragment's "
+          "round may be applied up to H - 1 steps after its boundary while the other fragments' "
+          "rounds run. 1: one at a time (tau below H / fragments). 0: as many as fragments."),
       Int("total_steps", &C::total_steps, 0, 1000000000000,
           "The job's length in inner steps; 0: unknown. Known, a concurrent job launches no round "
           "in its last "
-          "fragment period (H / fragments steps): that round's result could only be taken up after "
+          "rounds_in_flight x H / fragments steps: that round's result could only be taken up "
+          "after "
           "the last step, "
           "so every learner would wait for it at shutdown. Every learner that reaches it ends with "
           "the final merge "

@@ -19,6 +19,7 @@ class SingleRank final : public RoundPolicy {
   uint64_t LearnerTokens(uint64_t tokens) const override { return tokens; }
   Micros ReportedStepTime(Micros step_time) override { return step_time; }
   StatusOr<uint64_t> AgreeTau(uint64_t tau) override { return tau; }
+  StatusOr<bool> AgreeLaunch(bool blocked) override { return blocked; }
   StatusOr<Verdict> AgreeVerdict(const std::function<std::optional<Verdict>()>& decide) override {
     while (true) {
       if (std::optional<Verdict> verdict = decide()) return *verdict;
@@ -74,6 +75,10 @@ class ManyRanks final : public RoundPolicy {
     return std::max(step_time, slowest_step_);
   }
   StatusOr<uint64_t> AgreeTau(uint64_t tau) override { return group_->AgreeTau(tau); }
+  StatusOr<bool> AgreeLaunch(bool blocked) override {
+    MEND_ASSIGN_OR_RETURN(auto rank0, group_->Compare(blocked ? 1 : 0));
+    return rank0.first != 0;
+  }
 
   // Rank 0's verdict: 0 while undecided, else 1 + the Verdict. The ranks
   // meet every poll interval while rank 0 has not decided, so no group

@@ -49,6 +49,9 @@ class RoundPolicy {
   virtual Micros ReportedStepTime(Micros step_time) = 0;
   // The learner's tau: this rank's, or rank 0's on every rank.
   [[nodiscard]] virtual StatusOr<uint64_t> AgreeTau(uint64_t tau) = 0;
+  // Whether a boundary must take up the oldest round in flight before it
+  // launches another: this rank's view, or rank 0's on every rank.
+  [[nodiscard]] virtual StatusOr<bool> AgreeLaunch(bool blocked) = 0;
   // The verdict of a wait for a round that may be passed over: `decide` is
   // asked (it waits up to a poll interval; nullopt: undecided) until it
   // decides; in a group only rank 0 decides, and every rank gets its answer.

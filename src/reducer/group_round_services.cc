@@ -76,7 +76,7 @@ class GroupServices final : public RoundServices {
   void WatchAbort(const QuorumResult& round, Communicator* comm) override {
     inner_->WatchAbort(round, comm);
   }
-  void Unwatch() override { inner_->Unwatch(); }
+  void Unwatch(Communicator* comm) override { inner_->Unwatch(comm); }
   void Interrupt() override {
     interrupted_ = true;
     inner_->Interrupt();

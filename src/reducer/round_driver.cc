@@ -21,30 +21,75 @@ constexpr auto kPassedOverPoll = std::chrono::milliseconds(20);
 }  // namespace
 
 RoundDriverImpl::~RoundDriverImpl() {
-  if (in_flight_) {
-    if (!in_flight_->done.load(std::memory_order_acquire)) services_->Interrupt();
-    in_flight_->thread.join();
-    in_flight_.reset();
-  }
+  CallOffAll();
   checkpoint_writer_.Join();
+}
+
+// Every round in flight called off and its thread joined; their results dropped.
+void RoundDriverImpl::CallOffAll() {
+  if (flights_.empty()) return;
+  services_->Interrupt();
+  runner_->order().Stop();
+  for (auto& flight : flights_) flight->thread.join();
+  flights_.clear();
 }
 
 RoundView RoundDriverImpl::View(uint64_t step, Phase phase) const {
   RoundView view;
   view.phase = phase;
   view.step = step;
-  view.apply_at_step = in_flight_ ? in_flight_->apply_at_step : 0;
+  view.apply_at_step = !flights_.empty() ? flights_.front()->apply_at_step : 0;
   view.group = policy_->group();
   view.concurrent = concurrent_;
+  view.launch_blocked = !flights_.empty();  // AtBoundary asks LaunchBlocked
+  view.join_waits = flights_.size() > 1 && flights_.back()->passed_over;
   return view;
+}
+
+// The newest round this learner holds or takes part in: its last round
+// taken up, then each round in flight that formed, oldest first, up to one
+// that failed (the lighthouse then heals it). What its next join reports.
+uint64_t RoundDriverImpl::HeldRoundId() const {
+  uint64_t held = last_round_id_;
+  for (const auto& flight : flights_) {
+    const FlightStatus status = flight->Status();
+    if (!status.formed || (status.done && !status.ok)) break;
+    held = status.round_id;
+  }
+  return held;
+}
+
+// Whether fragment f's boundary must take up the oldest round before it
+// launches: one round at a time, or as many in flight as allowed, or one of
+// the same fragment (its base would change under it), a join not formed (the
+// lighthouse holds one join per learner) or passed over, or a round that may
+// heal (its result rewrites every fragment). A group follows rank 0's view.
+StatusOr<bool> RoundDriverImpl::LaunchBlocked(int f) {
+  if (flights_.empty()) return false;
+  if (flights_.size() >= rounds_in_flight_) return true;
+  // What every rank of a group sees alike decides at once; its round threads' reports, rank 0.
+  bool blocked = false;
+  for (const auto& flight : flights_) {
+    if (flight->fragment == f || flight->final_merge || flight->passed_over) return true;
+    const FlightStatus status = flight->Status();
+    blocked = blocked || (!status.formed && !status.done) || status.may_heal;
+  }
+  return policy_->AgreeLaunch(blocked);
+}
+
+// A step that waits for `flight` (not arrived yet), counted once per round.
+void RoundDriverImpl::CountWait(InFlight& flight) {
+  if (flight.waited || flight.done.load(std::memory_order_acquire)) return;
+  flight.waited = true;
+  stats_.round_waits++;
 }
 
 // `arrived`: whether the round had arrived as a planned step saw it (so that
 // a front end that staged the parameters for the step's plan is not
 // overtaken by a late arrival); null: now.
 Phase RoundDriverImpl::CurrentPhase(const bool* arrived) const {
-  if (!in_flight_) return Phase::kIdle;
-  return PhaseOf(in_flight_->Status(arrived), policy_->group());
+  if (flights_.empty()) return Phase::kIdle;
+  return PhaseOf(flights_.front()->Status(arrived), policy_->group());
 }
 
 Status RoundDriverImpl::step(uint64_t tokens) {
@@ -89,23 +134,37 @@ void RoundDriverImpl::RecordStep(uint64_t tokens) {
 // boundary closed without this learner, or the lighthouse is unreachable:
 // then its join waits for the next round (or for the lighthouse) while it
 // trains on.
+// With several rounds in flight, they are taken up oldest first.
 Status RoundDriverImpl::TakeUpFlight() {
-  const bool* arrived = planned_step_ == stats_.steps ? &planned_arrival_ : nullptr;
-  const Decision decision = Next(View(stats_.steps, CurrentPhase(arrived)), {Event::kStep});
-  if (decision.action == Action::kApply) return FinishInFlight();
-  if (decision.action != Action::kAwait) return OkStatus();
-  StatusOr<Verdict> verdict =
-      AwaitVerdict(*in_flight_, in_flight_->boundary_step, config_.train_through_lighthouse_outage);
-  if (!verdict.ok()) return BreakGroup(verdict.status());
-  const Decision then = Next(View(stats_.steps, CurrentPhase()), VerdictEvent(*verdict));
-  if (then.action == Action::kApply) return FinishInFlight();
-  if (then.action == Action::kTrainOn && MarkPassedOver(*in_flight_)) SayTrainingOn(*verdict);
+  const bool planned = planned_step_ == stats_.steps;
+  for (size_t taken = 0; !flights_.empty(); ++taken) {
+    const bool arrived_then = taken < planned_arrivals_;
+    const Decision decision =
+        Next(View(stats_.steps, CurrentPhase(planned ? &arrived_then : nullptr)), {Event::kStep});
+    if (decision.action == Action::kApply) {
+      MEND_RETURN_IF_ERROR(FinishInFlight());
+      continue;
+    }
+    if (decision.action != Action::kAwait) return OkStatus();
+    InFlight& head = *flights_.front();
+    CountWait(head);
+    StatusOr<Verdict> verdict =
+        AwaitVerdict(head, head.boundary_step, config_.train_through_lighthouse_outage);
+    if (!verdict.ok()) return BreakGroup(verdict.status());
+    const Decision then = Next(View(stats_.steps, CurrentPhase()), VerdictEvent(*verdict));
+    if (then.action == Action::kApply) {
+      MEND_RETURN_IF_ERROR(FinishInFlight());
+      continue;
+    }
+    if (then.action == Action::kTrainOn && MarkPassedOver(head)) SayTrainingOn(*verdict);
+    return OkStatus();
+  }
   return OkStatus();
 }
 
 void RoundDriverImpl::SayTrainingOn(Verdict verdict) const {
-  const int f = in_flight_->fragment;
-  const uint64_t boundary = in_flight_->boundary_step;
+  const int f = flights_.front()->fragment;
+  const uint64_t boundary = flights_.front()->boundary_step;
   if (verdict == Verdict::kPassedOver) {
     spdlog::info(
         "fragment {}: the round for step {} closed without this learner; training on, its join "
@@ -130,7 +189,7 @@ void RoundDriverImpl::SayTrainingOn(Verdict verdict) const {
 Status RoundDriverImpl::LookAtGroupJoin(Phase* phase) {
   if (Next(View(stats_.steps, *phase), {Event::kStep}).action != Action::kAskGroup)
     return OkStatus();
-  const FlightStatus flight = in_flight_->Status();
+  const FlightStatus flight = flights_.front()->Status();
   StatusOr<std::pair<bool, bool>> answer =
       policy_->AllArrived(flight.done, flight.done || flight.formed);
   if (!answer.ok()) return BreakGroup(answer.status());
@@ -149,8 +208,15 @@ Status RoundDriverImpl::AtBoundary(int f, Phase* phase) {
     // one whose round it just took part in.
     const bool still_due = schedule_.StartsAt(f, static_cast<int64_t>(stats_.steps)) &&
                            stats_.steps > book_.at(f).last_round_boundary;
-    const Decision decision =
-        Next(View(stats_.steps, *phase), BoundaryEvent(InFinalPeriod(stats_.steps), still_due));
+    const Event event = BoundaryEvent(InFinalPeriod(stats_.steps), still_due);
+    RoundView view = View(stats_.steps, *phase);
+    if (!event.final_period && *phase != Phase::kIdle && *phase != Phase::kPassedOver &&
+        !view.join_waits) {
+      StatusOr<bool> blocked = LaunchBlocked(f);
+      if (!blocked.ok()) return BreakGroup(blocked.status());
+      view.launch_blocked = *blocked;
+    }
+    const Decision decision = Next(view, event);
     *phase = decision.next;
     switch (decision.action) {
       case Action::kSkipFinalPeriod:
@@ -164,10 +230,12 @@ Status RoundDriverImpl::AtBoundary(int f, Phase* phase) {
         spdlog::info(
             "fragment {}: boundary at step {} skipped; the join for step {} still waits for a "
             "round",
-            f, stats_.steps, in_flight_->boundary_step);
+            f, stats_.steps, flights_.back()->boundary_step);
         return OkStatus();
       case Action::kApply:
+        CountWait(*flights_.front());
         MEND_RETURN_IF_ERROR(FinishInFlight());
+        *phase = CurrentPhase();  // the next oldest (never one passed over: see LaunchBlocked)
         continue;
       case Action::kLaunch:
         return Launch(f);
@@ -183,8 +251,9 @@ Status RoundDriverImpl::AtBoundary(int f, Phase* phase) {
 // What the next step does with the round in flight, as it will see it.
 Action RoundDriverImpl::NextStepAction() const {
   const uint64_t next = stats_.steps + 1;
-  const bool* arrived = planned_step_ == next ? &planned_arrival_ : nullptr;
-  return Next(View(next, CurrentPhase(arrived)), {Event::kStep}).action;
+  const bool arrived = planned_arrivals_ > 0;
+  return Next(View(next, CurrentPhase(planned_step_ == next ? &arrived : nullptr)), {Event::kStep})
+      .action;
 }
 
 bool RoundDriverImpl::NextStepMayWait() const {
@@ -195,7 +264,11 @@ bool RoundDriverImpl::NextStepMayWait() const {
 StepPlan RoundDriverImpl::PlanStep() {
   const uint64_t next = stats_.steps + 1;
   planned_step_ = next;
-  planned_arrival_ = in_flight_ && in_flight_->done.load(std::memory_order_acquire);
+  planned_arrivals_ = 0;
+  for (const auto& flight : flights_) {
+    if (!flight->done.load(std::memory_order_acquire)) break;
+    planned_arrivals_++;
+  }
   const Action action = NextStepAction();
   StepPlan plan;
   plan.may_wait = action == Action::kApply || action == Action::kAwait || LaunchesAt(next);
@@ -226,7 +299,7 @@ bool RoundDriverImpl::LaunchesAt(uint64_t step) const {
 bool RoundDriverImpl::InFinalPeriod(uint64_t step) const {
   if (!concurrent_ || config_.total_steps <= 0) return false;
   const auto total = static_cast<uint64_t>(config_.total_steps);
-  return step <= total && step + book_.period() > total;
+  return step <= total && step + FinalPeriod() > total;
 }
 
 // Waits for the round in flight (kDone); a round that may be passed over (a
@@ -302,11 +375,14 @@ Status RoundDriverImpl::BreakGroup(Status status) {
 // background thread (one round in flight at a time). A final merge's is
 // taken up at once (shutdown waits for it).
 Status RoundDriverImpl::Launch(int f, bool final_merge) {
-  MEND_RETURN_IF_ERROR(FinishInFlight());
+  if (final_merge) MEND_RETURN_IF_ERROR(FinishAll());
   auto flight = std::make_unique<InFlight>();
+  // One at a time, a round is on its own; beside others, it joins in its turn.
+  if (rounds_in_flight_ > 1) flight->seq = ++launched_;
+  flight->in_flight = flights_.size() + 1;
   flight->fragment = f;
   flight->boundary_step = stats_.steps;
-  flight->previous_round_id = last_round_id_;
+  flight->previous_round_id = HeldRoundId();
   flight->launched = clock_.NowMicros();
   flight->final_merge = final_merge;
   if (!final_merge) {
@@ -318,6 +394,9 @@ Status RoundDriverImpl::Launch(int f, bool final_merge) {
     }
   }
   flight->apply_at_step = stats_.steps + (final_merge ? 0 : stats_.overlap_steps);
+  // Taken up in the order launched: never before an older round.
+  if (!flights_.empty())
+    flight->apply_at_step = std::max(flight->apply_at_step, flights_.back()->apply_at_step);
   Snap(book_.at(f), *flight);
   InFlight* raw = flight.get();
   flight->thread = std::thread([this, raw]() {
@@ -326,7 +405,8 @@ Status RoundDriverImpl::Launch(int f, bool final_merge) {
     raw->Finish(std::move(outcome), clock_.NowMicros());  // the time after the round
   });
   stats_.rounds_started++;
-  in_flight_ = std::move(flight);
+  flights_.push_back(std::move(flight));
+  stats_.most_rounds_in_flight = std::max<uint64_t>(stats_.most_rounds_in_flight, flights_.size());
   return OkStatus();
 }
 
@@ -360,8 +440,15 @@ void RoundDriverImpl::Snap(Fragment& fragment, InFlight& flight) {
 // error is the group's own (a rank is gone): the group is the unit of
 // failure.
 Status RoundDriverImpl::FinishInFlight() {
-  if (!in_flight_) return OkStatus();
-  std::unique_ptr<InFlight> flight = std::move(in_flight_);
+  if (flights_.empty()) return OkStatus();
+  std::unique_ptr<InFlight> flight = std::move(flights_.front());
+  flights_.pop_front();
+  // A later round that heals waits for this one to be taken up, whatever came of it.
+  struct TakenUp {
+    FlightOrder& order;
+    uint64_t seq;
+    ~TakenUp() { order.TakenUp(seq); }
+  } taken_up{runner_->order(), flight->seq};
   MEND_RETURN_IF_ERROR(JoinFlight(*flight));
   if (flight->outcome.ok()) return Commit(*flight);
   RecordRound(*flight);
@@ -370,6 +457,12 @@ Status RoundDriverImpl::FinishInFlight() {
   stats_.failed_rounds++;
   spdlog::warn("fragment {}: round failed, training on: {}", flight->fragment,
                flight->outcome.status());
+  return OkStatus();
+}
+
+// Every round in flight, oldest first.
+Status RoundDriverImpl::FinishAll() {
+  while (!flights_.empty()) MEND_RETURN_IF_ERROR(FinishInFlight());
   return OkStatus();
 }
 
@@ -433,121 +526,6 @@ Status RoundDriverImpl::Commit(InFlight& flight) {
     return BreakGroup(shared);
   RecordRound(flight);  // after the commit: its digest is of the new global state
   return MaybeCheckpoint(outcome.round_id, outcome.rank, outcome.members, flight.checkpoint);
-}
-
-Status RoundDriverImpl::shutdown() {
-  if (shut_down_) return OkStatus();
-  if (!group_broken_.ok()) return ShutdownBroken();
-  StatusOr<bool> called_off = SettleAtShutdown();
-  if (!called_off.ok()) {
-    (void)BreakGroup(called_off.status());
-    return ShutdownBroken();
-  }
-  Status finished = FinishInFlight();
-  // Nothing is in flight now: the shutdown event's Idle row, the final merge.
-  if (finished.ok() && group_broken_.ok() && !*called_off) finished = FinalMerge();
-  if (!group_broken_.ok()) return ShutdownBroken();
-  checkpoint_writer_.Join();
-  shut_down_ = true;
-  policy_->Stop(/*done=*/true);
-  Status left = agent_.Leave("training finished");
-  policy_->Forget();
-  MEND_RETURN_IF_ERROR(finished);
-  return left;
-}
-
-// A rank of this group is gone: no collective of the group can complete,
-// so the round in flight is called off, not waited for.
-Status RoundDriverImpl::ShutdownBroken() {
-  if (in_flight_) {
-    services_->Interrupt();
-    in_flight_->thread.join();
-    in_flight_.reset();
-  }
-  shut_down_ = true;
-  policy_->Stop(/*done=*/false);
-  (void)agent_.Leave(std::string(group_broken_.message()));
-  return group_broken_;
-}
-
-// The join in flight at shutdown waits for the round of the job's last
-// boundary (the last within a fragment period of this final step). Once
-// that closed without it, it would wait for a round that never comes: it is
-// called off, and the steps since its boundary are not merged, nor is there
-// a final merge for it (the others have merged, or will without it). So is
-// one that is short of a quorum: the others have left, and none may ever
-// come back. Whether it was called off.
-StatusOr<bool> RoundDriverImpl::SettleAtShutdown() {
-  if (Next(View(stats_.steps, CurrentPhase()), {Event::kShutdown}).action != Action::kAwaitLast)
-    return false;
-  // (None was launched in the job's last fragment period, when known.)
-  const auto total = static_cast<uint64_t>(config_.total_steps);
-  const uint64_t end =
-      !InFinalPeriod(stats_.steps) ? stats_.steps : total - std::min(total, book_.period());
-  const uint64_t last_boundary = end + 1 - std::min(end + 1, book_.period());
-  MEND_ASSIGN_OR_RETURN(
-      Verdict verdict,
-      AwaitVerdict(*in_flight_, std::max(in_flight_->boundary_step, last_boundary), false));
-  if (Next(View(stats_.steps, CurrentPhase()), VerdictEvent(verdict, /*ending=*/true)).action !=
-      Action::kCallOff) {
-    return false;
-  }
-  spdlog::warn("fragment {}: {}; its join for step {} is called off ({} step(s) not merged)",
-               in_flight_->fragment,
-               verdict == Verdict::kShortOfQuorum
-                   ? "too few learners are left to form its round"
-                   : "the job's last round closed without this learner",
-               in_flight_->boundary_step, stats_.steps - in_flight_->boundary_step);
-  CallOff(*in_flight_);
-  return true;
-}
-
-// The final merge (final_merge, at shutdown after the job's last step): one
-// round per fragment whose state is of an earlier step, taken up at once, so
-// that every member ends with the members' average model, global and local
-// alike. A join whose round closed without it (it came too late: the others
-// merged and left) is called off; it keeps its own model, and says so.
-Status RoundDriverImpl::FinalMerge() {
-  if (FinalMergeStep(config_) == 0 || stats_.steps != FinalMergeStep(config_)) return OkStatus();
-  std::vector<int> due;
-  for (int f = 0; f < static_cast<int>(book_.size()); ++f) {
-    // (A learner restored at this step from a checkpoint holds its merged state.)
-    if (std::max(book_.at(f).last_round_boundary, restored_step_) < stats_.steps) due.push_back(f);
-  }
-  const Micros begin = clock_.NowMicros();
-  int merged = 0;
-  for (int f : due) {
-    MEND_RETURN_IF_ERROR(Launch(f, /*final_merge=*/true));
-    // The job's last checkpoint (checkpoint_dir with checkpoint_every_rounds) holds the merged
-    // model.
-    in_flight_->checkpoint = f == due.back();
-    StatusOr<Verdict> verdict = AwaitVerdict(*in_flight_, stats_.steps, false);
-    if (!verdict.ok()) return BreakGroup(verdict.status());
-    if (Next(View(stats_.steps, CurrentPhase()), VerdictEvent(*verdict, /*ending=*/true)).action ==
-        Action::kCallOff) {
-      spdlog::warn("fragment {}: the final merge at step {} {}; it keeps its own parameters", f,
-                   stats_.steps,
-                   *verdict == Verdict::kShortOfQuorum
-                       ? "has too few learners left to form its round"
-                       : "closed without this learner (the others merged and left)");
-      CallOff(*in_flight_);
-      return FinishInFlight();
-    }
-    const uint64_t rounds = stats_.rounds;
-    MEND_RETURN_IF_ERROR(FinishInFlight());
-    if (stats_.rounds == rounds) {
-      spdlog::warn("fragment {}: the final merge failed; this learner keeps its own parameters", f);
-      return OkStatus();
-    }
-    stats_.final_rounds++;
-    merged++;
-  }
-  if (merged > 0) {
-    spdlog::info(
-        "final merge: {} round(s) at step {} in {:.3f} s; every member holds the same model",
-        merged, stats_.steps, static_cast<double>(clock_.NowMicros() - begin) / kMicrosPerSecond);
-  }
-  return OkStatus();
 }
 
 }  // namespace mend::reducer

@@ -1,7 +1,8 @@
-// The round driver's implementation, shared by its two files:
+// The round driver's implementation, shared by its files:
 //   round_driver.cc        the training thread's side of a round: each step
 //                          asks the round plan (round_plan.h) what to do and
-//                          does it (launch, await, apply, train on, shutdown)
+//                          does it (launch, await, apply, train on)
+//   round_driver_shutdown.cc  the end: what is in flight, the final merge
 //   round_driver_state.cc  the state around the rounds: fragment layout,
 //                          resume, restore, export and import, checkpoints,
 //                          diagnostics
@@ -12,6 +13,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -73,6 +75,11 @@ class RoundDriverImpl final : public RoundDriver {
   Phase CurrentPhase(const bool* arrived = nullptr) const;
   void RecordStep(uint64_t tokens);
   Action NextStepAction() const;
+  InFlight* Head() const { return flights_.empty() ? nullptr : flights_.front().get(); }
+  uint64_t FinalPeriod() const { return rounds_in_flight_ * book_.period(); }
+  uint64_t HeldRoundId() const;
+  StatusOr<bool> LaunchBlocked(int f);
+  void CountWait(InFlight& flight);
   Status TakeUpFlight();
   Status LookAtGroupJoin(Phase* phase);
   Status AtBoundary(int f, Phase* phase);
@@ -92,6 +99,8 @@ class RoundDriverImpl final : public RoundDriver {
   Status Launch(int f, bool final_merge = false);
   void Snap(Fragment& fragment, InFlight& flight);
   Status FinishInFlight();
+  Status FinishAll();
+  void CallOffAll();
   Status JoinFlight(InFlight& flight);
   Status Commit(InFlight& flight);
   Status BreakGroup(Status status);
@@ -122,17 +131,25 @@ class RoundDriverImpl final : public RoundDriver {
   const std::unique_ptr<FlatParameters> parameters_;
   const std::unique_ptr<FlatMoments> moments_;  // null without an Adam inner optimizer
   const bool concurrent_ = config_.concurrent_outer_step;
+  // The most rounds in flight at once (rounds_in_flight; 1 when synchronous).
+  const uint64_t rounds_in_flight_ =
+      !concurrent_ ? 1
+                   : static_cast<uint64_t>(config_.rounds_in_flight > 0 ? config_.rounds_in_flight
+                                                                        : schedule_.fragments());
   ReducerStats stats_;
   FragmentBook book_;
   std::unique_ptr<Codec> codec_;
   OuterSyncOptions options_;
   // tau: overlap_steps, or tuned from this learner's round and step times.
-  outer::OverlapTuner overlap_{config_.overlap_steps, std::max<uint64_t>(1, book_.period() - 1)};
+  outer::OverlapTuner overlap_{config_.overlap_steps,
+                               std::max<uint64_t>(1, rounds_in_flight_* book_.period() - 1)};
   const OuterApply apply_mode_ =
       config_.outer_apply == "mix" ? OuterApply::kMix : OuterApply::kExact;
-  std::unique_ptr<RoundServices> services_;  // before in_flight_: outlives its round
+  std::unique_ptr<RoundServices> services_;  // before flights_: outlives their rounds
   std::unique_ptr<RoundRunner> runner_;
-  std::unique_ptr<InFlight> in_flight_;
+  // The rounds in flight, oldest first: taken up in this order.
+  std::deque<std::unique_ptr<InFlight>> flights_;
+  uint64_t launched_ = 0;  // rounds launched (their FlightOrder numbers)
   std::unique_ptr<Diagnostics> diagnostics_;
   // The last round this learner completed (set when its result is applied).
   uint64_t last_round_id_ = 0;
@@ -149,7 +166,7 @@ class RoundDriverImpl final : public RoundDriver {
   std::unique_ptr<FlatParameters> buffers_[2];
   // PlanStep's view for the step it planned (0: none planned).
   uint64_t planned_step_ = 0;
-  bool planned_arrival_ = false;
+  size_t planned_arrivals_ = 0;  // the oldest rounds that had arrived then
   // The step the global state was started or last restored at (see StateStep).
   uint64_t restored_step_ = 0;
   Status group_broken_ = OkStatus();

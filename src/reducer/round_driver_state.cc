@@ -1,5 +1,6 @@
 // The state around the rounds: construction, resume and restore, export and
 // import, checkpoints, and the round records of the diagnostics.
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <utility>
@@ -227,12 +228,12 @@ void RoundDriverImpl::AddLearnerProgress(CheckpointMeta* meta) const {
 
 Status RoundDriverImpl::ImportState(std::string_view bytes, bool keep_parameters) {
   if (shut_down_) return FailedPreconditionError("reducer: import_state() after shutdown()");
-  if (in_flight_) {
+  if (!flights_.empty()) {
     return FailedPreconditionError(
         fmt::format("import_state: the round of fragment {} for step {} is in flight; import "
                     "between rounds (before the first step, or after shutdown of the job that "
                     "exported it)",
-                    in_flight_->fragment, in_flight_->boundary_step));
+                    flights_.front()->fragment, flights_.front()->boundary_step));
   }
   MEND_ASSIGN_OR_RETURN(Checkpoint checkpoint, DecodeCheckpoint(bytes, "(imported state)"));
   if (keep_parameters) {
@@ -305,7 +306,7 @@ Status RoundDriverImpl::MaybeCheckpoint(uint64_t round_id, uint32_t rank, uint32
 
 Status RoundDriverImpl::SetBuffers(bool from_first_member,
                                    std::unique_ptr<FlatParameters> buffers) {
-  if (stepped_ || in_flight_) {
+  if (stepped_ || !flights_.empty()) {
     return FailedPreconditionError(
         "reducer: the model's buffers are handed over before the first step");
   }
@@ -322,6 +323,11 @@ void RoundDriverImpl::RecordRound(const InFlight& flight) {
       {"tau", flight.apply_at_step - flight.boundary_step},
       {"tokens", flight.tokens},
       {"seconds", static_cast<double>(clock_.NowMicros() - flight.launched) / kMicrosPerSecond},
+      {"round_seconds",
+       static_cast<double>(std::max<Micros>(0, flight.finished - flight.launched)) /
+           kMicrosPerSecond},
+      {"in_flight", flight.in_flight},
+      {"waited", flight.waited},
       {"ok", flight.outcome.ok()},
       {"passed_over", flight.passed_over}};
   if (!flight.outcome.ok()) {

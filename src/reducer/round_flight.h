@@ -46,6 +46,8 @@ struct Outcome {
 };
 
 struct InFlight {
+  uint64_t seq = 0;        // its place in the order of launches (1, 2, ...); 0: on its own
+  uint64_t in_flight = 1;  // rounds in flight when it was launched, itself included
   int fragment = 0;
   uint64_t boundary_step = 0;
   uint64_t apply_at_step = 0;
@@ -71,7 +73,10 @@ struct InFlight {
   std::condition_variable changed;
   bool formed = false;
   uint64_t formed_step = 0;
+  uint64_t round_id = 0;     // the round it formed (under `mu`)
+  bool may_heal = false;     // ... may heal a member: no round is launched beside it (under `mu`)
   bool passed_over = false;  // training thread only: not waited for at tau
+  bool waited = false;       // training thread only: a step waited for it
   bool final_merge = false;  // launched at shutdown after the job's last step
   bool checkpoint = false;   // write a checkpoint after it, whatever checkpoint_every_rounds says
   bool called_off = false;   // at shutdown: its join was interrupted on purpose
@@ -86,13 +91,18 @@ struct InFlight {
     status.done = arrived ? *arrived : done.load(std::memory_order_acquire);
     status.ok = status.done && outcome.ok();
     status.passed_over = passed_over;
+    status.may_heal = may_heal;
+    status.round_id = round_id;
     return status;
   }
-  // The round formed; the learner is at `step`. From the round's thread.
-  void Formed(uint64_t step) {
+  // The round `id` formed; the learner is at `step`; whether a member of
+  // it may heal. From the round's thread.
+  void Formed(uint64_t step, uint64_t id, bool heals) {
     std::lock_guard lock(mu);
     formed = true;
     formed_step = step;
+    round_id = id;
+    may_heal = heals;
   }
   // The thread's last act: `result` is final.
   void Finish(StatusOr<Outcome> result, Micros now) {

@@ -125,14 +125,19 @@ Decision OnGroupAnswer(const Event& event) {
 }
 
 // A fragment's boundary. A round still in flight is applied first (waiting
-// for it), then the boundary is looked at again from Idle; a join passed over
-// that still has no round trains on instead (the others may be far ahead).
+// for it) unless another may be launched beside it, then the boundary is
+// looked at again; a join passed over that still has no round trains on
+// instead (the others may be far ahead).
 Decision OnBoundary(const RoundView& view, const Event& event) {
   if (event.final_period) return {Action::kSkipFinalPeriod, view.phase};
-  if (view.phase == Phase::kPassedOver) return {Action::kSkipJoinWaits, Phase::kPassedOver};
-  if (InFlight(view.phase)) return {Action::kApply, Phase::kIdle};
-  if (!event.still_due) return {Action::kSkipNotDue, Phase::kIdle};
-  if (view.concurrent) return {Action::kLaunch, Phase::kJoining};
+  if (view.phase == Phase::kPassedOver || view.join_waits)
+    return {Action::kSkipJoinWaits, view.phase};
+  if (InFlight(view.phase) && view.launch_blocked) return {Action::kApply, Phase::kIdle};
+  if (!event.still_due) return {Action::kSkipNotDue, view.phase};
+  if (view.concurrent) {
+    // Launched beside the rounds in flight, the oldest stays what the phase is.
+    return {Action::kLaunch, InFlight(view.phase) ? view.phase : Phase::kJoining};
+  }
   return {Action::kLaunchAndApply, Phase::kIdle};
 }
 

@@ -1,5 +1,7 @@
 // The round's life as the training thread sees it: a phase, the events that
-// happen to it at a step, and the action each calls for. One pure function,
+// happen to it at a step, and the action each calls for. With several rounds
+// in flight (rounds_in_flight), the phase is the oldest's: rounds are taken
+// up in the order they were launched. One pure function,
 // Next(), decides; the round driver observes the round, asks Next() and
 // carries out the action. docs/architecture.md ("The round as a state
 // machine") has the same table; tests/reducer/round_plan_test.cc checks it
@@ -36,6 +38,8 @@ struct FlightStatus {
   bool done = false;         // its thread ended
   bool ok = false;           // ... with a result (else an error)
   bool passed_over = false;  // the training thread gave up waiting for it
+  bool may_heal = false;     // formed with a member that may heal (or be healed)
+  uint64_t round_id = 0;     // the round it formed
 };
 
 // The phase of the flight. A group (`group`) acts on its ranks' joint view
@@ -78,6 +82,12 @@ struct RoundView {
   uint64_t apply_at_step = 0;  // the flight's boundary + tau
   bool group = false;          // a learner of several ranks
   bool concurrent = true;      // rounds overlap the steps (else: synchronous DiLoCo)
+  // With rounds in flight: whether a boundary must apply the oldest before it
+  // launches (one round at a time; or too many, one of the same fragment, a
+  // join not formed yet, or a round that heals in flight), and whether the
+  // newest join was passed over and still waits for a round.
+  bool launch_blocked = true;
+  bool join_waits = false;
 };
 
 enum class Action {

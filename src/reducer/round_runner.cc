@@ -1,5 +1,6 @@
 #include "reducer/round_runner.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "fmt/format.h"
@@ -46,21 +47,88 @@ RoundRunner::RoundRunner(const Config& config, const FragmentSchedule& schedule,
       options_(options),
       moment_values_(moment_values) {}
 
+Status FlightOrder::Await(const uint64_t& done, uint64_t seq, std::chrono::milliseconds timeout,
+                          const char* what) {
+  std::unique_lock lock(mu_);
+  if (!changed_.wait_for(lock, timeout, [&]() { return stopped_ || done + 1 >= seq; })) {
+    return DeadlineExceededError(
+        fmt::format("round launched {}th: the rounds launched before it {} within {} ms", seq, what,
+                    timeout.count()));
+  }
+  if (done + 1 < seq) return AbortedError("the rounds in flight were called off");
+  return OkStatus();
+}
+
+Status FlightOrder::AwaitJoinTurn(uint64_t seq, std::chrono::milliseconds timeout) {
+  return Await(joined_, seq, timeout, "did not join");
+}
+
+Status FlightOrder::AwaitEarlierTakenUp(uint64_t seq, std::chrono::milliseconds timeout) {
+  return Await(taken_up_, seq, timeout, "were not taken up");
+}
+
+void FlightOrder::Joined(uint64_t seq) {
+  {
+    std::lock_guard lock(mu_);
+    joined_ = std::max(joined_, seq);
+  }
+  changed_.notify_all();
+}
+
+void FlightOrder::TakenUp(uint64_t seq) {
+  {
+    std::lock_guard lock(mu_);
+    taken_up_ = std::max(taken_up_, seq);
+  }
+  changed_.notify_all();
+}
+
+void FlightOrder::Stop() {
+  {
+    std::lock_guard lock(mu_);
+    stopped_ = true;
+  }
+  changed_.notify_all();
+}
+
+// The flight's join, in its turn among the rounds in flight.
+StatusOr<QuorumResult> RoundRunner::Join(InFlight& flight) {
+  const Micros timeout = config_.quorum_timeout_ms * kMicrosPerMilli;
+  if (flight.seq == 0) {
+    return services_.Quorum(flight.previous_round_id, flight.tokens, timeout, flight.boundary_step);
+  }
+  struct Turn {
+    FlightOrder& order;
+    uint64_t seq;
+    ~Turn() { order.Joined(seq); }
+  } turn{order_, flight.seq};
+  // The earlier join's own timeout bounds the wait; twice it, to be safe.
+  MEND_RETURN_IF_ERROR(
+      order_.AwaitJoinTurn(flight.seq, std::chrono::milliseconds(2 * config_.quorum_timeout_ms)));
+  return services_.Quorum(flight.previous_round_id, flight.tokens, timeout, flight.boundary_step);
+}
+
 StatusOr<Outcome> RoundRunner::Run(InFlight& flight, const std::function<uint64_t()>& step_now) {
-  MEND_ASSIGN_OR_RETURN(
-      QuorumResult round,
-      services_.Quorum(flight.previous_round_id, flight.tokens,
-                       config_.quorum_timeout_ms * kMicrosPerMilli, flight.boundary_step));
-  flight.Formed(step_now());
+  MEND_ASSIGN_OR_RETURN(QuorumResult round, Join(flight));
+  // A round of no state yet (every member's first) may heal after comparing.
+  const bool may_heal =
+      round.heal_round_id == 0 || round.heal_from.has_value() || !round.heal_to.empty();
+  flight.Formed(step_now(), round.round_id, may_heal);
   std::unique_ptr<RendezvousStore> store = services_.OpenRendezvous(round);
   CommunicatorOptions options;
   MEND_ASSIGN_OR_RETURN(auto comm, Connect(*store, round, &options));
+  if (may_heal && flight.seq > 1) {
+    MEND_RETURN_IF_ERROR(order_.AwaitEarlierTakenUp(
+        flight.seq, std::chrono::milliseconds(
+                        2 * (config_.quorum_timeout_ms + options.timeout / kMicrosPerMilli))));
+  }
   const CommunicatorStats connected = comm->stats();
   services_.WatchAbort(round, comm.get());
   struct Unwatch {
     RoundServices& services;
-    ~Unwatch() { services.Unwatch(); }
-  } unwatch{services_};
+    Communicator* comm;
+    ~Unwatch() { services.Unwatch(comm); }
+  } unwatch{services_, comm.get()};
   Outcome outcome;
   outcome.fragment = flight.fragment;
   outcome.round_id = round.round_id;

@@ -7,12 +7,17 @@
 //     -> DES-LOC moments, model buffers
 //
 // It reads the fragments' global state (the training thread leaves it alone
-// while a round is in flight) and writes only the flight's formed status
-// and the Outcome it returns; the driver applies that on the training thread.
+// while a round is in flight: the fragment it exchanges has no other round in
+// flight, and a round that heals waits for the earlier ones to be taken up,
+// see FlightOrder) and writes only the flight's formed status and the
+// Outcome it returns; the driver applies that on the training thread.
 #pragma once
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <mutex>
 #include <vector>
 
 #include "mend/communicator.h"
@@ -39,6 +44,38 @@ uint64_t FinalMergeStep(const Config& config);
 bool IsFinalMerge(const Config& config, const FragmentSchedule& schedule, uint64_t step,
                   int fragment);
 
+// The order of the rounds in flight (rounds_in_flight > 1). The lighthouse
+// holds one join per learner, so the rounds join one at a time, in the order
+// they were launched. A round that may heal waits until every earlier one
+// was taken up by the training thread: a heal's source then sends a global
+// state that holds them, and a healed learner applies them before the heal.
+// Flights numbered 0 are on their own and wait for nothing.
+//
+// Thread-safety: any thread.
+class FlightOrder {
+ public:
+  // The round's thread: until every join launched before flight `seq`'s
+  // was answered (or ended); then Joined(seq) once its own was.
+  [[nodiscard]] Status AwaitJoinTurn(uint64_t seq, std::chrono::milliseconds timeout);
+  void Joined(uint64_t seq);
+  // The round's thread: until every flight before `seq` was taken up; the
+  // training thread calls TakenUp for each, in order.
+  [[nodiscard]] Status AwaitEarlierTakenUp(uint64_t seq, std::chrono::milliseconds timeout);
+  void TakenUp(uint64_t seq);
+  // Every wait, now and later, ends with ABORTED (shutdown, a group gone).
+  void Stop();
+
+ private:
+  Status Await(const uint64_t& done, uint64_t seq, std::chrono::milliseconds timeout,
+               const char* what);
+
+  std::mutex mu_;
+  std::condition_variable changed_;
+  uint64_t joined_ = 0;    // flights up to this one have joined
+  uint64_t taken_up_ = 0;  // ... were taken up
+  bool stopped_ = false;
+};
+
 class RoundRunner {
  public:
   // Nothing is owned; all must outlive the runner. `moment_values`: the
@@ -54,7 +91,10 @@ class RoundRunner {
   // flight's formed_step).
   StatusOr<Outcome> Run(InFlight& flight, const std::function<uint64_t()>& step_now);
 
+  FlightOrder& order() { return order_; }
+
  private:
+  StatusOr<QuorumResult> Join(InFlight& flight);
   StatusOr<std::unique_ptr<Communicator>> Connect(RendezvousStore& store, const QuorumResult& round,
                                                   CommunicatorOptions* options);
   Status HealOrAgree(Communicator& comm, RendezvousStore& store, const QuorumResult& round,
@@ -74,6 +114,7 @@ class RoundRunner {
   const RoundPolicy& policy_;
   const OuterSyncOptions& options_;
   const size_t moment_values_;
+  FlightOrder order_;
 };
 
 // What this member sent to members of other racks (or of no rack, or when

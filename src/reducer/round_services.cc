@@ -1,7 +1,9 @@
 #include "reducer/round_services.h"
 
+#include <deque>
 #include <utility>
 
+#include "core/mutex.h"
 #include "core/round_keys.h"
 #include "dataplane/hierarchy.h"
 #include "learner/lighthouse_rendezvous.h"
@@ -12,8 +14,10 @@ namespace {
 
 class LighthouseServices final : public RoundServices {
  public:
-  LighthouseServices(LearnerAgent& agent, const Clock& clock)
-      : agent_(agent), clock_(clock), abort_watch_(agent.client()) {}
+  LighthouseServices(LearnerAgent& agent, const Clock& clock) : agent_(agent), clock_(clock) {
+    MutexLock lock(mu_);
+    watches_.push_back({nullptr, std::make_unique<AbortWatch>(agent.client())});
+  }
 
   const Clock& clock() const override { return clock_; }
 
@@ -40,16 +44,40 @@ class LighthouseServices final : public RoundServices {
     return ConnectRackAware(store, options, std::move(comm), options.member_racks);
   }
 
+  // A watch (a thread of its own) per round in flight, kept for the next.
   void WatchAbort(const QuorumResult& round, Communicator* comm) override {
-    abort_watch_.Watch(round.rendezvous_prefix + kRoundAbortKey, comm);
+    MutexLock lock(mu_);
+    Watching* free = nullptr;
+    for (Watching& watching : watches_) {
+      if (watching.comm == nullptr) free = &watching;
+    }
+    if (free == nullptr) {
+      watches_.push_back({nullptr, std::make_unique<AbortWatch>(agent_.client())});
+      free = &watches_.back();
+    }
+    free->comm = comm;
+    free->watch->Watch(round.rendezvous_prefix + kRoundAbortKey, comm);
   }
-  void Unwatch() override { abort_watch_.Unwatch(); }
+  void Unwatch(Communicator* comm) override {
+    MutexLock lock(mu_);
+    for (Watching& watching : watches_) {
+      if (watching.comm != comm) continue;
+      watching.watch->Unwatch();
+      watching.comm = nullptr;
+    }
+  }
   void Interrupt() override { agent_.Interrupt(); }
 
  private:
+  struct Watching {
+    Communicator* comm = nullptr;  // null: free
+    std::unique_ptr<AbortWatch> watch;
+  };
+
   LearnerAgent& agent_;
   const Clock& clock_;
-  AbortWatch abort_watch_;
+  Mutex mu_;
+  std::deque<Watching> watches_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace

@@ -11,7 +11,8 @@
 // and a communicator of one member (tests/reducer/round_fakes.h).
 //
 // Thread-safety: Quorum, OpenRendezvous, Connect, WatchAbort and Unwatch
-// from the round's thread (one round at a time); Interrupt from any.
+// from the rounds' threads (the joins one at a time, see FlightOrder in
+// round_runner.h); Interrupt from any.
 #pragma once
 
 #include <memory>
@@ -44,10 +45,11 @@ class RoundServices {
   // rack first (dataplane/hierarchy.h) among `options.member_racks`.
   [[nodiscard]] virtual StatusOr<std::unique_ptr<Communicator>> Connect(
       RendezvousStore& store, const CommunicatorOptions& options, bool rack_aware) = 0;
-  // Aborts `comm` when the lighthouse calls `round` off, until Unwatch();
-  // `comm` must stay alive until then.
+  // Aborts `comm` when the lighthouse calls `round` off, until
+  // Unwatch(comm); `comm` must stay alive until then. Several rounds in
+  // flight are watched at once, each for its own communicator.
   virtual void WatchAbort(const QuorumResult& round, Communicator* comm) = 0;
-  virtual void Unwatch() = 0;
+  virtual void Unwatch(Communicator* comm) = 0;
   // Makes a Quorum() in progress, and every later one, end with ABORTED: the
   // round is called off (shutdown, a group gone). From any thread.
   virtual void Interrupt() = 0;

@@ -28,8 +28,14 @@ constexpr Micros kAwait = 60 * kMicrosPerSecond;
 class RoundDriverClockTest : public ::testing::Test {
  protected:
   // A learner of one rank with concurrent rounds; overlap_steps 0 tunes tau.
-  void Start(int64_t overlap_steps, bool train_through_outage = false) {
-    Config config = testing_util::ConcurrentJobConfig(1, static_cast<int>(kPeriod), overlap_steps);
+  // With `fragments`, a round every kPeriod steps still (H = fragments x
+  // kPeriod), of each fragment in turn, up to `rounds_in_flight` at once.
+  void Start(int64_t overlap_steps, bool train_through_outage = false, int64_t fragments = 1,
+             int64_t rounds_in_flight = 0) {
+    Config config = testing_util::ConcurrentJobConfig(
+        1, static_cast<int>(kPeriod * static_cast<uint64_t>(fragments)), overlap_steps);
+    config.fragments = fragments;
+    config.rounds_in_flight = rounds_in_flight;
     config.train_through_lighthouse_outage = train_through_outage;
     config.quorum_timeout_ms = 4321;
     auto services = std::make_unique<fakes::FakeServices>(clock_);
@@ -38,6 +44,13 @@ class RoundDriverClockTest : public ::testing::Test {
                                       nullptr, 0, std::move(services));
     ASSERT_TRUE(driver.ok()) << driver.status();
     driver_ = std::move(*driver);
+  }
+  // Steps until the driver launches its n-th round.
+  void StepToLaunch(uint64_t n) {
+    while (driver_->stats().rounds_started < n) {
+      Status status = Step();
+      ASSERT_TRUE(status.ok()) << status;
+    }
   }
   // One inner step: kStepMs of training on the fake clock, then the driver's step.
   Status Step() {
@@ -72,6 +85,7 @@ class RoundDriverClockTest : public ::testing::Test {
   void TearDown() override {
     if (aside_.joinable()) {
       services_->Release();
+      services_->ReleaseExchanges();
       aside_.join();
     }
   }
@@ -209,6 +223,106 @@ TEST_F(RoundDriverClockTest, AFailedRoundChangesNothingAndItsTokensGoIntoTheNext
   EXPECT_EQ(driver_->stats().rounds, 1u);
   EXPECT_EQ(agent_.steps_recorded.load(), 2 * kPeriod);
   EXPECT_EQ(agent_.last_tokens.load(), 2 * kPeriod * kTokens);
+}
+
+}  // namespace
+}  // namespace mend::reducer
+
+namespace mend::reducer {
+namespace {
+
+// Rounds in flight (rounds_in_flight). Two fragments, a round every 10 steps (1 s). Round 1 (the
+// job's first: its members compare their states, so nothing is launched beside it) is waited for
+// and takes about 1 s, so tau is tuned to about 14 (capped at 9 with one round at a time); round 2
+// takes 11 steps' time, longer than the time between rounds. One round at a time, a step waits for
+// it; two in flight, no step waits.
+class RoundsInFlightTest : public RoundDriverClockTest {
+ protected:
+  // Round 1 waited for and taken up; round 2 launched, formed and held in
+  // its exchange.
+  void FirstRoundsThenHold(int64_t rounds_in_flight) {
+    Start(/*overlap_steps=*/0, false, /*fragments=*/2, rounds_in_flight);
+    services_->HoldExchangesFrom(1);
+    ASSERT_NO_FATAL_FAILURE(StepToLaunch(1));
+    const uint64_t first = driver_->stats().steps;
+    ASSERT_TRUE(services_->AwaitConnects(1));
+    // One at a time, tau is at its cap (9): the step before the next boundary waits.
+    const bool one = rounds_in_flight == 1;
+    ASSERT_NO_FATAL_FAILURE(StepTo(first + kPeriod - (one ? 2 : 1)));
+    StepAside();  // waits at boundary + tau (one), or at the next boundary (two)
+    services_->HoldExchangesFrom(2);
+    aside_.join();
+    ASSERT_TRUE(aside_status_.ok()) << aside_status_;
+    ASSERT_EQ(driver_->stats().rounds, 1u);
+    ASSERT_NO_FATAL_FAILURE(StepTo(first + kPeriod));
+    ASSERT_EQ(driver_->stats().rounds_started, 2u);
+    boundary_ = driver_->stats().steps;
+    ASSERT_TRUE(services_->AwaitConnects(2));
+    waits_ = driver_->stats().round_waits;
+  }
+  uint64_t boundary_ = 0;  // round 2's
+  uint64_t waits_ = 0;     // before round 2
+};
+
+TEST_F(RoundsInFlightTest, ARoundLongerThanTheTimeBetweenRoundsMakesNoStepWait) {
+  ASSERT_NO_FATAL_FAILURE(FirstRoundsThenHold(/*rounds_in_flight=*/0));  // 0: one per fragment
+  // Round 1 took 1 s: tau = ceil(1.25 x 1 s / 0.1 s) + 1 = 14, below H - 1 = 19.
+  EXPECT_EQ(driver_->stats().overlap_steps, 14u);
+  // The other fragment's boundary launches round 3 beside round 2, which goes on.
+  ASSERT_NO_FATAL_FAILURE(StepTo(boundary_ + kPeriod));
+  EXPECT_EQ(driver_->stats().rounds_started, 3u);
+  EXPECT_EQ(driver_->stats().rounds, 1u);
+  EXPECT_EQ(driver_->stats().most_rounds_in_flight, 2u);
+  // Round 3 joins once round 2 formed, reporting round 2 as held.
+  ASSERT_TRUE(services_->AwaitAsks(3));
+  EXPECT_EQ(services_->last_ask().last_round_id, 2u);
+  EXPECT_EQ(services_->last_ask().boundary_step, boundary_ + kPeriod);
+  // Round 2 ends after 11 steps' time, applied at the next step; then round 3.
+  ASSERT_NO_FATAL_FAILURE(StepTo(boundary_ + 11));
+  EXPECT_FALSE(driver_->NextStepMayWait());  // round 2 is still held: nothing to wait for
+  services_->ReleaseExchanges();
+  while (driver_->stats().rounds < 3) {  // (both may arrive before one step)
+    ASSERT_TRUE(AwaitArrival());
+    ASSERT_TRUE(Step().ok());
+  }
+  EXPECT_EQ(driver_->stats().last_round_id, 3u);
+  EXPECT_EQ(driver_->stats().round_waits, waits_);  // no step waited for round 2 or 3
+  ASSERT_TRUE(driver_->shutdown().ok());
+}
+
+TEST_F(RoundsInFlightTest, OneRoundAtATimeAStepWaitsForARoundLongerThanTheTimeBetweenRounds) {
+  ASSERT_NO_FATAL_FAILURE(FirstRoundsThenHold(/*rounds_in_flight=*/1));
+  EXPECT_EQ(driver_->stats().overlap_steps, kPeriod - 1);  // the cap, H / fragments - 1
+  ASSERT_NO_FATAL_FAILURE(StepTo(boundary_ + kPeriod - 2));
+  // The next step is boundary + tau, and round 2 is held: that step must wait for it.
+  EXPECT_TRUE(driver_->NextStepMayWait());
+  services_->ReleaseExchanges();
+  ASSERT_TRUE(Step().ok());
+  EXPECT_EQ(driver_->stats().rounds, 2u);  // taken up at boundary + tau, before the next boundary
+  ASSERT_NO_FATAL_FAILURE(StepTo(boundary_ + kPeriod));
+  EXPECT_EQ(driver_->stats().rounds_started, 3u);
+  EXPECT_EQ(driver_->stats().most_rounds_in_flight, 1u);
+  ASSERT_TRUE(driver_->shutdown().ok());
+  EXPECT_EQ(driver_->stats().rounds, 3u);
+}
+
+// A round that may heal (here the job's first) has nothing launched beside
+// it: the next boundary takes it up first.
+TEST_F(RoundsInFlightTest, NothingIsLaunchedBesideARoundThatMayHeal) {
+  Start(/*overlap_steps=*/0, false, /*fragments=*/2, /*rounds_in_flight=*/2);
+  services_->HoldExchangesFrom(1);
+  ASSERT_NO_FATAL_FAILURE(StepToLaunch(1));
+  const uint64_t first = driver_->stats().steps;
+  ASSERT_TRUE(services_->AwaitConnects(1));
+  ASSERT_NO_FATAL_FAILURE(StepTo(first + kPeriod - 1));
+  StepAside();  // the next boundary
+  services_->ReleaseExchanges();
+  aside_.join();
+  ASSERT_TRUE(aside_status_.ok()) << aside_status_;
+  EXPECT_EQ(driver_->stats().rounds, 1u);  // taken up before round 2 was launched
+  EXPECT_EQ(driver_->stats().rounds_started, 2u);
+  EXPECT_EQ(driver_->stats().most_rounds_in_flight, 1u);
+  ASSERT_TRUE(driver_->shutdown().ok());
 }
 
 }  // namespace

@@ -3,8 +3,10 @@
 #include "reducer/round_driver.h"
 
 #include <cstring>
+#include <string>
 #include <thread>
 
+#include "fmt/format.h"
 #include "gtest/gtest.h"
 #include "mend/lighthouse.h"
 #include "test_util/job_config.h"
@@ -142,21 +144,29 @@ TEST(RoundDriverTest, ConcurrentRoundsReportTheirTau) {
 
 TEST(RoundDriverTest, AConcurrentJobOfKnownLengthLaunchesNoRoundInItsLastFragmentPeriod) {
   // P = 2, H = 8: fragment 1's boundaries at 4, 12, 20, 28; fragment 0's at
-  // 8, 16, 24, 32. The job's last fragment period is steps 29-32.
-  for (int64_t total : {0, 32}) {
+  // 8, 16, 24, 32. With one round in flight at a time the job's last period
+  // is steps 29-32 (tau < 4); with two (the default, one per fragment) it is
+  // steps 25-32 (tau < 8).
+  struct Case {
+    int64_t total, rounds_in_flight;
+    uint64_t rounds;
+  };
+  for (const Case& c : {Case{0, 1, 8}, Case{32, 1, 7}, Case{0, 0, 8}, Case{32, 0, 6}}) {
     Config config = testing_util::SynchronousJobConfig(2, 8);
     config.concurrent_outer_step = true;
     config.fragments = 2;
-    config.total_steps = total;
+    config.rounds_in_flight = c.rounds_in_flight;
+    config.total_steps = c.total;
     config.final_merge = false;  // (see the next test)
     LearnerRun a, b;
     RunPair(config, 32, &a, &b);
-    const uint64_t rounds = total == 0 ? 8u : 7u;  // known: none at step 32
-    EXPECT_EQ(a.stats.rounds_started, rounds) << total;
-    EXPECT_EQ(b.stats.rounds_started, rounds) << total;
-    EXPECT_EQ(a.stats.rounds, rounds) << total;
-    EXPECT_EQ(a.global, b.global) << total;
-    EXPECT_EQ(a.stats.failed_rounds + b.stats.failed_rounds, 0u) << total;
+    const std::string what =
+        fmt::format("total {}, rounds in flight {}", c.total, c.rounds_in_flight);
+    EXPECT_EQ(a.stats.rounds_started, c.rounds) << what;
+    EXPECT_EQ(b.stats.rounds_started, c.rounds) << what;
+    EXPECT_EQ(a.stats.rounds, c.rounds) << what;
+    EXPECT_EQ(a.global, b.global) << what;
+    EXPECT_EQ(a.stats.failed_rounds + b.stats.failed_rounds, 0u) << what;
   }
 }
 

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -106,7 +107,10 @@ class FakeServices final : public RoundServices {
     changed_.wait(lock, [&]() { return !held_ || interrupted_; });
     if (interrupted_) return AbortedError("fake services: the round was interrupted");
     if (quorum_) return *quorum_;
-    return RoundOfOne(++rounds_formed_, boundary_step);
+    // As the lighthouse: the newest state its one member reported.
+    QuorumResult round = RoundOfOne(++rounds_formed_, boundary_step);
+    round.heal_round_id = last_round_id;
+    return round;
   }
   std::unique_ptr<RendezvousStore> OpenRendezvous(const QuorumResult&) override {
     std::lock_guard lock(mu_);
@@ -116,8 +120,12 @@ class FakeServices final : public RoundServices {
   StatusOr<std::unique_ptr<Communicator>> Connect(RendezvousStore&,
                                                   const CommunicatorOptions& options,
                                                   bool) override {
-    std::lock_guard lock(mu_);
+    std::unique_lock lock(mu_);
     connected_prefix_ = options.prefix;
+    const size_t n = ++connects_;
+    changed_.notify_all();
+    changed_.wait(lock, [&]() { return n < hold_from_ || interrupted_; });
+    if (interrupted_) return AbortedError("fake services: the round was interrupted");
     if (!connect_.ok()) return connect_;
     return std::unique_ptr<Communicator>(std::make_unique<AloneCommunicator>());
   }
@@ -126,7 +134,7 @@ class FakeServices final : public RoundServices {
     watched_++;
     watching_ = comm != nullptr;
   }
-  void Unwatch() override {
+  void Unwatch(Communicator*) override {
     std::lock_guard lock(mu_);
     watching_ = false;
   }
@@ -153,6 +161,20 @@ class FakeServices final : public RoundServices {
     std::lock_guard lock(mu_);
     held_ = false;
     changed_.notify_all();
+  }
+  // The n-th round to form, and every later one, waits before its exchange
+  // (in Connect) until released; the earlier ones go on.
+  void HoldExchangesFrom(size_t n) {
+    std::lock_guard lock(mu_);
+    hold_from_ = n;
+    changed_.notify_all();
+  }
+  void ReleaseExchanges() { HoldExchangesFrom(SIZE_MAX); }
+  // Waits (real time, up to `timeout`) until `n` rounds came to connect.
+  bool AwaitConnects(size_t n, Micros timeout = 60 * kMicrosPerSecond) {
+    std::unique_lock lock(mu_);
+    return changed_.wait_for(lock, std::chrono::microseconds(timeout),
+                             [&]() { return connects_ >= n; });
   }
   // Waits (real time, up to `timeout`) until the quorum was asked `n` times.
   bool AwaitAsks(size_t n, Micros timeout = 60 * kMicrosPerSecond) {
@@ -198,6 +220,8 @@ class FakeServices final : public RoundServices {
   std::optional<StatusOr<QuorumResult>> quorum_;
   Status connect_ = OkStatus();
   bool held_ = false;
+  size_t hold_from_ = SIZE_MAX;
+  size_t connects_ = 0;
   bool interrupted_ = false;
   uint64_t rounds_formed_ = 0;
   std::vector<QuorumAsk> asks_;

@@ -20,6 +20,8 @@ struct Row {
   uint64_t step = 10;
   uint64_t apply_at = 12;
   bool concurrent = true;
+  bool launch_blocked = true;  // (as one round at a time: anything in flight blocks)
+  bool join_waits = false;
 };
 
 Event Make(Event::Kind kind) { return Event{kind}; }
@@ -32,6 +34,8 @@ void ExpectRows(const std::vector<Row>& rows) {
     view.apply_at_step = row.apply_at;
     view.group = row.group;
     view.concurrent = row.concurrent;
+    view.launch_blocked = row.launch_blocked;
+    view.join_waits = row.join_waits;
     const Decision got = Next(view, row.event);
     EXPECT_EQ(got, row.expected) << fmt::format(
         "row {}: {} (group {}, step {}, apply at {}): got {} -> {}, expected {} -> {}", i,
@@ -108,6 +112,29 @@ TEST(RoundPlanTest, ABoundaryAppliesWhatIsInFlightThenLaunches) {
       {kPassedOver, BoundaryEvent(false, true), {kSkipJoinWaits, kPassedOver}},
       {kPassedOver, BoundaryEvent(true, true), {kSkipFinalPeriod, kPassedOver}},
       {kExchanging, BoundaryEvent(true, true), {kSkipFinalPeriod, kExchanging}},
+  });
+}
+
+// Rounds in flight (rounds_in_flight): a boundary launches beside the
+// oldest unless the driver found the launch blocked; a newer join passed
+// over skips the boundary as the oldest's would.
+TEST(RoundPlanTest, ABoundaryLaunchesBesideTheRoundsInFlightUnlessBlocked) {
+  // A row whose rounds in flight do not block the launch.
+  auto beside = [](Phase phase, Event event, Decision expected, bool group = false,
+                   bool join_waits = false) {
+    Row row{phase, event, expected, group};
+    row.launch_blocked = false;
+    row.join_waits = join_waits;
+    return row;
+  };
+  ExpectRows({
+      beside(kExchanging, BoundaryEvent(false, true), {kLaunch, kExchanging}),
+      beside(kArrived, BoundaryEvent(false, true), {kLaunch, kArrived}),
+      {kJoining, BoundaryEvent(false, true), {kApply, kIdle}},
+      beside(kExchanging, BoundaryEvent(false, false), {kSkipNotDue, kExchanging}),
+      beside(kExchanging, BoundaryEvent(true, true), {kSkipFinalPeriod, kExchanging}),
+      beside(kExchanging, BoundaryEvent(false, true), {kSkipJoinWaits, kExchanging}, false, true),
+      beside(kExchanging, BoundaryEvent(false, true), {kLaunch, kExchanging}, true),
   });
 }
 

@@ -2,9 +2,22 @@
 // lighthouse on port 0 without HTTP, fast heartbeats, bounded waits.
 #pragma once
 
+#include <cstdint>
+
 #include "mend/config.h"
 
 namespace mend::testing_util {
+
+// How long a silent learner (or a group's rank without a pulse) lives: 2 s,
+// and 10 s under ThreadSanitizer, which runs the ranks' threads many times
+// slower (on 2 cores, a rank of a group test was starved past 2 s there and
+// its learner declared dead). No test's result depends on it but the ones
+// that kill a learner, whose waits it bounds.
+#if defined(__SANITIZE_THREAD__)
+inline constexpr int64_t kLoopbackHeartbeatTimeoutMs = 10000;
+#else
+inline constexpr int64_t kLoopbackHeartbeatTimeoutMs = 2000;
+#endif
 
 inline Config LoopbackJobConfig(int min_learners) {
   Config config;
@@ -12,7 +25,7 @@ inline Config LoopbackJobConfig(int min_learners) {
   config.bind = "127.0.0.1:0";
   config.http = "";
   config.heartbeat_ms = 50;
-  config.heartbeat_timeout_ms = 2000;
+  config.heartbeat_timeout_ms = kLoopbackHeartbeatTimeoutMs;
   config.quorum_min_learners = min_learners;
   config.grace_window_ms = 1000;
   config.quorum_timeout_ms = 20000;

@@ -1,0 +1,120 @@
+#!/usr/bin/python3
+"""The delay sweep: how much of local training's speed the overlapped
+(streaming) mode keeps as the latency per collective grows.
+
+For each delay it runs `mend demo --delay-ms D --sync-every H --steps N
+--modes streaming,local` (local measured side by side, in the same run),
+reads each learner's result file and round records, prints a table and
+writes a CSV: tokens/s of both modes and their ratio, streaming's held-out
+loss (and its change from the sweep's first delay), the final merge's time,
+the tau and rounds in flight chosen, and how many rounds a step waited for.
+
+    bench/delay_sweep.py                           # 0 500 1000 2000 4000 ms, H 100, 1200 steps
+    bench/delay_sweep.py --delays 8000 --steps 600 --set rounds_in_flight=1
+
+Needs a built tree (build/mend).
+"""
+import argparse
+import csv
+import glob
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+
+def learners(run_dir):
+    results = []
+    for path in sorted(glob.glob(os.path.join(run_dir, "learner-*.result.json"))):
+        with open(path) as f:
+            results.append(json.load(f))
+    return results
+
+
+def rounds(run_dir):
+    records = []
+    for path in sorted(glob.glob(os.path.join(run_dir, "diagnostics", "*.rounds.jsonl"))):
+        with open(path) as f:
+            records += [json.loads(line) for line in f if line.strip()]
+    return [r for r in records if not r.get("final_merge")]
+
+
+def run_dir(work, mode):
+    found = [d for d in glob.glob(os.path.join(work, "*-*")) if os.path.isdir(d)]
+    # mend demo numbers its modes' folders: 1-diloco (streaming), 2-local.
+    wanted = "diloco" if mode == "streaming" else mode
+    found = [d for d in found if d.endswith("-" + wanted)]
+    if len(found) != 1:
+        sys.exit(f"delay_sweep: no single {mode} run in {work}: {found}")
+    return found[0]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mend", default="build/mend")
+    parser.add_argument("--delays", default="0,500,1000,2000,4000")
+    parser.add_argument("--sync-every", type=int, default=100)
+    parser.add_argument("--steps", type=int, default=1200)
+    parser.add_argument("--set", action="append", default=[], help="KEY=VALUE for every learner")
+    parser.add_argument("--csv", default="bench-results/delay_sweep.csv")
+    parser.add_argument("--work-dir", default=None)
+    parser.add_argument("--reuse", action="store_true",
+                        help="read the runs already in --work-dir (delay-D) instead of running them")
+    args = parser.parse_args()
+
+    work_root = args.work_dir or tempfile.mkdtemp(prefix="mend-delay-sweep-")
+    rows = []
+    for delay in [int(d) for d in args.delays.split(",")]:
+        work = os.path.join(work_root, f"delay-{delay}")
+        command = [args.mend, "demo", "--delay-ms", str(delay), "--sync-every", str(args.sync_every),
+                   "--steps", str(args.steps), "--modes", "streaming,local", "--work-dir", work]
+        for setting in args.set:
+            command += ["--set", setting]
+        print("$", " ".join(command), flush=True)
+        if not args.reuse:
+            subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+        streaming, local = learners(run_dir(work, "streaming")), learners(run_dir(work, "local"))
+        records = rounds(run_dir(work, "streaming"))
+        taus = [r["tau"] for r in records if r.get("ok")]
+        row = {
+            "delay_ms": delay,
+            "streaming_tokens_per_s": round(sum(r["tokens_per_s"] for r in streaming)),
+            "local_tokens_per_s": round(sum(r["tokens_per_s"] for r in local)),
+            "streaming_eval_loss": statistics.mean(r["eval_loss"] for r in streaming),
+            "local_eval_loss": statistics.mean(r["eval_loss"] for r in local),
+            "final_merge_s": max(r.get("final_merge_seconds", 0.0) for r in streaming),
+            "inner_step_ms": statistics.mean(r["inner_step_ms"] for r in streaming),
+            "round_s_median": statistics.median(r["round_seconds"] for r in records) if records else 0,
+            "tau_median": statistics.median(taus) if taus else 0,
+            "most_in_flight": max((r.get("in_flight", 1) for r in records), default=0),
+            "rounds_waited": sum(1 for r in records if r.get("waited")),
+            "rounds": len(records),
+        }
+        row["ratio"] = row["streaming_tokens_per_s"] / row["local_tokens_per_s"]
+        rows.append(row)
+
+    base = rows[0]["streaming_eval_loss"]
+    for row in rows:
+        row["loss_vs_first"] = row["streaming_eval_loss"] / base - 1
+    os.makedirs(os.path.dirname(os.path.abspath(args.csv)), exist_ok=True)
+    with open(args.csv, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
+        writer.writeheader()
+        writer.writerows(rows)
+
+    print(f"\nH = {args.sync_every}, {args.steps} steps, settings {args.set or 'the defaults'}")
+    print("| delay | streaming tok/s | local tok/s | streaming / local | streaming loss | vs first "
+          "| final merge s | step ms | round s | tau | in flight | waited / rounds |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['delay_ms']} ms | {r['streaming_tokens_per_s']:,} | {r['local_tokens_per_s']:,} "
+              f"| **{r['ratio']:.3f}** | {r['streaming_eval_loss']:.4f} | {100 * r['loss_vs_first']:+.2f}% "
+              f"| {r['final_merge_s']:.1f} | {r['inner_step_ms']:.0f} | {r['round_s_median']:.2f} "
+              f"| {r['tau_median']:g} | {r['most_in_flight']} | {r['rounds_waited']} / {r['rounds']} |")
+    print(f"\nCSV: {args.csv}; runs in {work_root}")
+
+
+if __name__ == "__main__":
+    main()
