@@ -13,6 +13,14 @@ elseif(MEND_SANITIZE STREQUAL "thread")
 elseif(NOT MEND_SANITIZE STREQUAL "")
   message(FATAL_ERROR "MEND_SANITIZE='${MEND_SANITIZE}': must be '', 'address' or 'thread'")
 endif()
+# A sanitizer build optimises at -O1 with line tables only (-g1), after the
+# build type's flags so that these win: what both sanitizers recommend, full
+# stacks with file and line, and half the compile time of -O2 -g (measured:
+# service.cc under ASan+UBSan 59 s -> 28 s), which the test command's
+# sanitizer stages spend from a clean clone.
+if(NOT MEND_SANITIZE STREQUAL "")
+  add_compile_options(-O1 -g1)
+endif()
 
 # Every executable of a sanitizer build carries the runtime's default
 # options (tests/sanitizers/default_options.c: the suppression files for
