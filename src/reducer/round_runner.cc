@@ -47,48 +47,50 @@ RoundRunner::RoundRunner(const Config& config, const FragmentSchedule& schedule,
       options_(options),
       moment_values_(moment_values) {}
 
-Status FlightOrder::Await(const uint64_t& done, uint64_t seq, std::chrono::milliseconds timeout,
-                          const char* what) {
-  std::unique_lock lock(mu_);
-  if (!changed_.wait_for(lock, timeout, [&]() { return stopped_ || done + 1 >= seq; })) {
-    return DeadlineExceededError(
-        fmt::format("round launched {}th: the rounds launched before it {} within {} ms", seq, what,
-                    timeout.count()));
+Status FlightOrder::Await(bool join, uint64_t seq, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  MutexLock lock(mu_);
+  while (!stopped_ && Done(join) + 1 < seq) {
+    if (!changed_.WaitUntil(mu_, deadline) && !stopped_ && Done(join) + 1 < seq) {
+      return DeadlineExceededError(
+          fmt::format("round launched {}th: the rounds launched before it {} within {} ms", seq,
+                      join ? "did not join" : "were not taken up", timeout.count()));
+    }
   }
-  if (done + 1 < seq) return AbortedError("the rounds in flight were called off");
+  if (Done(join) + 1 < seq) return AbortedError("the rounds in flight were called off");
   return OkStatus();
 }
 
 Status FlightOrder::AwaitJoinTurn(uint64_t seq, std::chrono::milliseconds timeout) {
-  return Await(joined_, seq, timeout, "did not join");
+  return Await(/*join=*/true, seq, timeout);
 }
 
 Status FlightOrder::AwaitEarlierTakenUp(uint64_t seq, std::chrono::milliseconds timeout) {
-  return Await(taken_up_, seq, timeout, "were not taken up");
+  return Await(/*join=*/false, seq, timeout);
 }
 
 void FlightOrder::Joined(uint64_t seq) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     joined_ = std::max(joined_, seq);
   }
-  changed_.notify_all();
+  changed_.NotifyAll();
 }
 
 void FlightOrder::TakenUp(uint64_t seq) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     taken_up_ = std::max(taken_up_, seq);
   }
-  changed_.notify_all();
+  changed_.NotifyAll();
 }
 
 void FlightOrder::Stop() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     stopped_ = true;
   }
-  changed_.notify_all();
+  changed_.NotifyAll();
 }
 
 // The flight's join, in its turn among the rounds in flight.

@@ -14,12 +14,11 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <vector>
 
+#include "core/mutex.h"
 #include "mend/communicator.h"
 #include "mend/config.h"
 #include "mend/lighthouse_client.h"
@@ -66,14 +65,17 @@ class FlightOrder {
   void Stop();
 
  private:
-  Status Await(const uint64_t& done, uint64_t seq, std::chrono::milliseconds timeout,
-               const char* what);
+  // Until flights up to seq - 1 have joined (`join`) or were taken up.
+  Status Await(bool join, uint64_t seq, std::chrono::milliseconds timeout);
+  uint64_t Done(bool join) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return join ? joined_ : taken_up_;
+  }
 
-  std::mutex mu_;
-  std::condition_variable changed_;
-  uint64_t joined_ = 0;    // flights up to this one have joined
-  uint64_t taken_up_ = 0;  // ... were taken up
-  bool stopped_ = false;
+  Mutex mu_;
+  CondVar changed_;
+  uint64_t joined_ ABSL_GUARDED_BY(mu_) = 0;    // flights up to this one have joined
+  uint64_t taken_up_ ABSL_GUARDED_BY(mu_) = 0;  // ... were taken up
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 class RoundRunner {
