@@ -79,7 +79,7 @@ struct Config {
   // With total_steps known: a last round at shutdown averages the members' models.
   bool final_merge = true;
   bool train_through_lighthouse_outage = false;
-  std::string outer_apply = "exact";
+  std::string outer_apply = "eager";
   double mixing_alpha = 0.5;
   // Front ends: the model's buffers kept the same on every learner at every round.
   bool sync_buffers = true;

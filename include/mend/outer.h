@@ -44,6 +44,8 @@ void OuterAverageStep(std::span<float> theta_g, std::span<const float> delta);
 enum class OuterApply {
   kExact,  // keep the local progress made since the boundary exactly once
   kMix,    // Streaming DiLoCo: theta_i <- alpha theta_i + (1 - alpha) theta_g'
+  kEager,  // as kExact, after a provisional outer step at the boundary with the learner's own
+           // pseudo-gradient in place of the average, which the result then replaces exactly
 };
 
 // Brings a round's result into the local parameters, `late` inner steps

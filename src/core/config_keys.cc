@@ -121,11 +121,10 @@ std::vector<ConfigKey> BuildKeys() {
       Bool("concurrent_outer_step", &C::concurrent_outer_step,
            "Exchange in the background while inner steps continue (false: synchronous)."),
       Int("overlap_steps", &C::overlap_steps, 0, 1000,
-          "tau: the most inner steps a round's result may arrive late; applied when it arrives, "
-          "waited for at tau. "
-          "0: tuned, ceil(1.25 x round time / inner-step time) + 1, capped at rounds_in_flight x H "
-          "/ "
-          "fragments - 1."),
+          "tau: the most inner steps a round's result may arrive late; applied when it arrives "
+          "(a group: at tau), waited for at tau. 0: the cap, rounds_in_flight x H / fragments - "
+          "1, for a learner of one rank; for a group, tuned: ceil(1.25 x round time / inner-step "
+          "time) + 1, capped."),
       Int("rounds_in_flight", &C::rounds_in_flight, 0, 1024,
           "The most concurrent rounds in flight at once, each of another fragment: a fragment's "
           "round may be applied up to H - 1 steps after its boundary while the other fragments' "
@@ -151,8 +150,11 @@ std::vector<ConfigKey> BuildKeys() {
            "Concurrent mode: do not wait at tau for a round while the lighthouse is unreachable; "
            "train on and "
            "join when it is back (learners drift apart meanwhile)."),
-      Enum("outer_apply", &C::outer_apply, {"exact", "mix"},
-           "How a late update meets local progress: keep it exactly once, or mix by alpha."),
+      Enum("outer_apply", &C::outer_apply, {"eager", "exact", "mix"},
+           "How a late update meets local progress. eager: at the boundary the learner takes the "
+           "outer step with its own pseudo-gradient for the average, then the round's result "
+           "replaces it, keeping what was trained since exactly once; exact: no provisional "
+           "step; mix: theta_i <- alpha theta_i + (1 - alpha) theta_g."),
       Real("mixing_alpha", &C::mixing_alpha, 0, 1,
            "alpha for outer_apply = mix: theta_i <- alpha theta_i + (1 - alpha) theta_g."),
       Bool("sync_buffers", &C::sync_buffers,

@@ -31,7 +31,7 @@ void ApplyOuterResult(std::span<float> theta_i, std::span<const float> theta_g_n
                       std::span<const float> theta_base, std::span<const float> delta_i,
                       OuterApply mode, float alpha) {
   const size_t n = theta_i.size();
-  if (mode == OuterApply::kExact) {
+  if (mode != OuterApply::kMix) {
     for (size_t i = 0; i < n; ++i) {
       theta_i[i] += (theta_g_new[i] - theta_base[i]) + delta_i[i];
     }

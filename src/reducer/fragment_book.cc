@@ -146,10 +146,38 @@ void ApplyHeal(FragmentBook& book, const Outcome& outcome, const Fragment* excha
   }
 }
 
-void CommitRound(FragmentBook& book, Outcome& outcome, const InFlight& flight, uint64_t step,
+void EagerStep(std::span<const float> global, std::span<const float> momentum,
+               std::span<const float> delta, const OuterOptions& outer, std::span<float> local,
+               std::span<float> shift) {
+  const float lr = outer.lr;
+  const float mu = outer.momentum;
+  const size_t n = local.size();
+  for (size_t i = 0; i < n; ++i) {
+    // OuterNesterovStep's update with `delta` as the merged pseudo-gradient.
+    const float m = mu * momentum[i] + delta[i];
+    const float provisional = global[i] - lr * (delta[i] + mu * m);
+    shift[i] = local[i] - provisional;
+    local[i] = provisional;
+  }
+}
+
+void UndoEager(FragmentBook& book, InFlight& flight) {
+  if (flight.eager.empty()) return;
+  Fragment& fragment = book.at(flight.fragment);
+  std::vector<float> local = TakeFloats(fragment.state->size());
+  book.Gather(fragment, local);
+  for (size_t i = 0; i < local.size(); ++i) local[i] += flight.eager[i];
+  book.Scatter(local, fragment);
+  GiveBack(std::move(local));
+  GiveBack(std::move(flight.eager));
+  flight.eager.clear();
+}
+
+void CommitRound(FragmentBook& book, Outcome& outcome, InFlight& flight, uint64_t step,
                  OuterApply mode, float mixing_alpha) {
   Fragment& fragment = book.at(flight.fragment);
   if (outcome.fragment != flight.fragment) {
+    UndoEager(book, flight);
     Fragment& exchanged = book.at(outcome.fragment);
     book.KeepLocalProgress(exchanged, outcome.result.global);
     outcome.result.residual.clear();  // it sent nothing: its error feedback stays
@@ -166,6 +194,9 @@ void CommitRound(FragmentBook& book, Outcome& outcome, const InFlight& flight, u
   std::vector<float> local = TakeFloats(fragment.state->size());
   book.Gather(fragment, local);
   ApplyOuterResult(local, fragment.state->global(), flight.base, flight.delta, mode, mixing_alpha);
+  // The provisional step (outer_apply = eager) is replaced by the result:
+  // theta_i <- theta_g' + what was trained since it.
+  for (size_t i = 0; i < flight.eager.size(); ++i) local[i] += flight.eager[i];
   book.Scatter(local, fragment);
   GiveBack(std::move(local));
 }

@@ -97,8 +97,20 @@ void ApplyHeal(FragmentBook& book, const Outcome& outcome, const Fragment* excha
 // fragment's local parameters get the result (exact: plus the progress
 // since the boundary); a round of another fragment (`adopted`, see
 // Outcome::fragment) moves that fragment's parameters by the base change.
-void CommitRound(FragmentBook& book, Outcome& outcome, const InFlight& flight, uint64_t step,
+void CommitRound(FragmentBook& book, Outcome& outcome, InFlight& flight, uint64_t step,
                  OuterApply mode, float mixing_alpha);
+
+// outer_apply = eager, at a round's launch: the outer Nesterov step the
+// round would take if every member's pseudo-gradient were this learner's
+// (`delta`, from `global` with the fragment's `momentum`), taken on the
+// fragment's gathered `local` parameters; `shift` gets local - provisional,
+// what CommitRound (or UndoEager) adds back.
+void EagerStep(std::span<const float> global, std::span<const float> momentum,
+               std::span<const float> delta, const OuterOptions& outer, std::span<float> local,
+               std::span<float> shift);
+// A round that brings no result for its fragment (it failed, was called off,
+// or healed another): its provisional step is taken back.
+void UndoEager(FragmentBook& book, InFlight& flight);
 
 // DES-LOC's averaged moments and a heal's moments into `moments` (adjusted
 // by the progress since the boundary); the number of averaged ones, and

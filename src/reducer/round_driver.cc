@@ -398,6 +398,10 @@ Status RoundDriverImpl::Launch(int f, bool final_merge) {
   if (!flights_.empty())
     flight->apply_at_step = std::max(flight->apply_at_step, flights_.back()->apply_at_step);
   Snap(book_.at(f), *flight);
+  // A group's ranks each took the provisional step on their slice: into every replica.
+  if (!flight->eager.empty()) {
+    if (Status shared = policy_->ShareCommitted(false); !shared.ok()) return BreakGroup(shared);
+  }
   InFlight* raw = flight.get();
   flight->thread = std::thread([this, raw]() {
     StatusOr<Outcome> outcome =
@@ -412,6 +416,14 @@ Status RoundDriverImpl::Launch(int f, bool final_merge) {
 
 // The boundary snapshot: the fragment's tokens, base and pseudo-gradient,
 // the optimizer's moments and the model's buffers.
+// outer_apply = eager: a concurrent round past the outer warm-up (which
+// averages) takes the provisional step at launch. Its steps are the same on
+// every rank of a group (each takes it on its slice).
+bool RoundDriverImpl::EagerAt(const InFlight& flight) const {
+  return apply_mode_ == OuterApply::kEager && concurrent_ && !flight.final_merge &&
+         flight.boundary_step > static_cast<uint64_t>(config_.outer_warmup_steps);
+}
+
 void RoundDriverImpl::Snap(Fragment& fragment, InFlight& flight) {
   flight.tokens = fragment.tokens_since_round;
   fragment.tokens_since_round = 0;
@@ -422,6 +434,13 @@ void RoundDriverImpl::Snap(Fragment& fragment, InFlight& flight) {
   book_.Gather(fragment, local);
   flight.delta = TakeFloats(n);
   PseudoGradient(flight.base, local, flight.delta);
+  if (EagerAt(flight)) {
+    flight.eager = TakeFloats(n);
+    EagerStep(fragment.state->global(), fragment.state->momentum(), flight.delta,
+              {static_cast<float>(config_.outer_lr), static_cast<float>(config_.outer_momentum)},
+              local, flight.eager);
+    book_.Scatter(local, fragment);
+  }
   GiveBack(std::move(local));
   if (moments_) {
     for (auto which : {FlatMoments::kFirst, FlatMoments::kSecond}) {
@@ -453,6 +472,10 @@ Status RoundDriverImpl::FinishInFlight() {
   if (flight->outcome.ok()) return Commit(*flight);
   RecordRound(*flight);
   book_.at(flight->fragment).tokens_since_round += flight->tokens;
+  if (!flight->eager.empty()) {
+    UndoEager(book_, *flight);
+    if (Status shared = policy_->ShareCommitted(false); !shared.ok()) return BreakGroup(shared);
+  }
   if (flight->called_off) return OkStatus();  // (said when it was called off)
   stats_.failed_rounds++;
   spdlog::warn("fragment {}: round failed, training on: {}", flight->fragment,

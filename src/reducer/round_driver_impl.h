@@ -97,6 +97,7 @@ class RoundDriverImpl final : public RoundDriver {
   StatusOr<bool> SettleAtShutdown();
   Status FinalMerge();
   Status Launch(int f, bool final_merge = false);
+  bool EagerAt(const InFlight& flight) const;
   void Snap(Fragment& fragment, InFlight& flight);
   Status FinishInFlight();
   Status FinishAll();
@@ -140,11 +141,14 @@ class RoundDriverImpl final : public RoundDriver {
   FragmentBook book_;
   std::unique_ptr<Codec> codec_;
   OuterSyncOptions options_;
-  // tau: overlap_steps, or tuned from this learner's round and step times.
+  // tau: overlap_steps, or the cap (one rank: results are applied on
+  // arrival), or tuned from this learner's round and step times (a group).
   outer::OverlapTuner overlap_{config_.overlap_steps,
-                               std::max<uint64_t>(1, rounds_in_flight_* book_.period() - 1)};
-  const OuterApply apply_mode_ =
-      config_.outer_apply == "mix" ? OuterApply::kMix : OuterApply::kExact;
+                               std::max<uint64_t>(1, rounds_in_flight_* book_.period() - 1),
+                               /*applied_on_arrival=*/!policy_->group()};
+  const OuterApply apply_mode_ = config_.outer_apply == "mix"     ? OuterApply::kMix
+                                 : config_.outer_apply == "eager" ? OuterApply::kEager
+                                                                  : OuterApply::kExact;
   std::unique_ptr<RoundServices> services_;  // before flights_: outlives their rounds
   std::unique_ptr<RoundRunner> runner_;
   // The rounds in flight, oldest first: taken up in this order.

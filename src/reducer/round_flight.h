@@ -57,6 +57,8 @@ struct InFlight {
   Micros finished = 0;            // set by the thread before `done`
   std::vector<float> base;        // the fragment's global state at the boundary
   std::vector<float> delta;       // this learner's pseudo-gradient at the boundary
+  std::vector<float> eager;       // outer_apply = eager: the provisional step taken at the
+                                  // boundary (added back to undo it; empty: none)
   std::vector<float> moments[2];  // the optimizer's moments at the boundary (when it has them)
   std::vector<float> buffers[2];  // sync_buffers: the model's buffers at the boundary
   std::thread thread;
@@ -64,6 +66,7 @@ struct InFlight {
   ~InFlight() {
     GiveBack(std::move(base));
     GiveBack(std::move(delta));
+    GiveBack(std::move(eager));
   }
   StatusOr<Outcome> outcome = AbortedError("not finished");
   // Set by the thread when the lighthouse answered (under `mu`; `done`
@@ -103,6 +106,13 @@ struct InFlight {
     formed_step = step;
     round_id = id;
     may_heal = heals;
+  }
+  // The round healed no one through this learner and its result rewrites
+  // only its own fragment: a round may be launched beside it. From the
+  // round's thread.
+  void HealedNothing() {
+    std::lock_guard lock(mu);
+    may_heal = false;
   }
   // The thread's last act: `result` is final.
   void Finish(StatusOr<Outcome> result, Micros now) {

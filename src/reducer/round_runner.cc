@@ -137,6 +137,12 @@ StatusOr<Outcome> RoundRunner::Run(InFlight& flight, const std::function<uint64_
   outcome.rank = round.rank;
   outcome.members = round.world_size;
   MEND_RETURN_IF_ERROR(HealOrAgree(*comm, *store, round, flight, options.timeout, &outcome));
+  // Past the heal, a learner of one rank that took no state (it agreed, or
+  // only sent its state) has a round like any other: its merge touches its own
+  // fragment only. (A group's slices may differ: there it stays as formed,
+  // decided by rank 0's view.) The job's first round lets the next
+  // fragment's boundary launch beside it.
+  if (may_heal && outcome.healed.empty() && !policy_.group()) flight.HealedNothing();
   MEND_RETURN_IF_ERROR(Merge(*comm, round, flight, &outcome));
   MEND_RETURN_IF_ERROR(AverageMoments(*comm, round.round_id, flight, &outcome));
   MEND_RETURN_IF_ERROR(SyncBuffers(*comm, round.rank, flight, &outcome));

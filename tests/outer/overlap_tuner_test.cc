@@ -44,16 +44,38 @@ TEST(OverlapTunerTest, CappedByTheFragmentSchedule) {
   EXPECT_EQ(tuner.Tau(), 24u);
 }
 
-TEST(OverlapTunerTest, StepTimeIsSmoothedAndBadSamplesIgnored) {
+TEST(OverlapTunerTest, StepTimeIsTheMedianOfRecentStepsAndBadSamplesIgnored) {
   OverlapTuner tuner(0, 1000);
   tuner.RecordStep(0.1);
   tuner.RecordStep(-1);
   tuner.RecordStep(0.0);
   EXPECT_DOUBLE_EQ(tuner.step_seconds(), 0.1);
-  tuner.RecordStep(0.2);  // 0.9 * 0.1 + 0.1 * 0.2
-  EXPECT_NEAR(tuner.step_seconds(), 0.11, 1e-12);
+  tuner.RecordStep(0.2);  // two samples: their mean
+  EXPECT_NEAR(tuner.step_seconds(), 0.15, 1e-12);
+  for (int i = 0; i < 10; ++i) tuner.RecordStep(0.1);
+  // An evaluation between two steps: one long sample does not move the estimate, nor tau.
+  tuner.RecordRound(1.0);
+  const uint64_t tau = tuner.Tau();
+  EXPECT_EQ(tau, 14u);  // 1.25 x 1.0 / 0.1 -> 13, +1
+  tuner.RecordStep(5.0);
+  EXPECT_DOUBLE_EQ(tuner.step_seconds(), 0.1);
+  EXPECT_EQ(tuner.Tau(), tau);
+  // A lasting change does, once it is most of the kept steps.
+  for (size_t i = 0; i < OverlapTuner::kStepsKept / 2 + 1; ++i) tuner.RecordStep(0.04);
+  EXPECT_DOUBLE_EQ(tuner.step_seconds(), 0.04);
+  EXPECT_EQ(tuner.Tau(), 33u);  // 1.25 x 1.0 / 0.04 = 31.25 -> 32, +1
   tuner.RecordRound(-3);
-  EXPECT_EQ(tuner.round_seconds(), 0.0);
+  EXPECT_EQ(tuner.round_seconds(), 1.0);
+}
+
+TEST(OverlapTunerTest, AppliedOnArrivalTauIsTheCap) {
+  // A learner of one rank applies a result when it arrives: a tau below the
+  // cap would only make a step wait for a round a little late.
+  OverlapTuner tuner(0, 99, /*applied_on_arrival=*/true);
+  tuner.RecordStep(0.1);
+  tuner.RecordRound(1.0);
+  EXPECT_EQ(tuner.Tau(), 99u);
+  EXPECT_EQ(OverlapTuner(7, 99, true).Tau(), 7u);  // overlap_steps as given
 }
 
 }  // namespace

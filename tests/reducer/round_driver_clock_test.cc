@@ -1,5 +1,5 @@
 // The round driver (round_driver.h) on a fake clock, over fake round
-// services and a fake agent: tau tuned from the round's and the steps' times,
+// services and a fake agent: tau (the cap for a learner of one rank),
 // the wait at boundary + tau, a round passed over, an unreachable
 // lighthouse, too few learners, and a failed round. Time is the injected
 // clock's, moved by the test in microseconds; the round runs on the driver's
@@ -7,6 +7,7 @@
 // never for time to pass.
 #include <atomic>
 #include <memory>
+#include <string>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -40,8 +41,12 @@ class RoundDriverClockTest : public ::testing::Test {
     config.quorum_timeout_ms = 4321;
     auto services = std::make_unique<fakes::FakeServices>(clock_);
     services_ = services.get();
-    auto driver = RoundDriver::Create(config, agent_, clock_, std::make_unique<fakes::Values>(1.0f),
-                                      nullptr, 0, std::move(services));
+    config.outer_apply = outer_apply_;
+    if (outer_warmup_steps_ >= 0) config.outer_warmup_steps = outer_warmup_steps_;
+    auto values = std::make_unique<fakes::Values>(1.0f);
+    values_ = values.get();
+    auto driver = RoundDriver::Create(config, agent_, clock_, std::move(values), nullptr, 0,
+                                      std::move(services));
     ASSERT_TRUE(driver.ok()) << driver.status();
     driver_ = std::move(*driver);
   }
@@ -93,34 +98,41 @@ class RoundDriverClockTest : public ::testing::Test {
   FakeClock clock_;
   testing_util::FakeAgent agent_{clock_};
   fakes::FakeServices* services_ = nullptr;  // owned by the driver
+  fakes::Values* values_ = nullptr;          // the parameters, owned by the driver
+  std::string outer_apply_ = "eager";        // set before Start()
+  int64_t outer_warmup_steps_ = -1;          // set before Start(); -1: the config's
   std::unique_ptr<RoundDriver> driver_;
   std::thread aside_;
   Status aside_status_;
   std::atomic<bool> aside_returned_{false};
 };
 
-TEST_F(RoundDriverClockTest, TauIsTunedFromTheRoundAndStepTimesOnTheInjectedClock) {
+TEST_F(RoundDriverClockTest, TauOfALearnerOfOneRankIsTheCapItsRoundsAreAppliedOnArrival) {
   Start(/*overlap_steps=*/0);
   services_->Hold();
   ASSERT_NO_FATAL_FAILURE(StepTo(kPeriod));
   ASSERT_TRUE(services_->AwaitAsks(1));
-  // Nothing measured yet: tau is the cap, a fragment period less one.
+  // tau is the cap, a fragment period less one.
   EXPECT_EQ(driver_->stats().overlap_steps, kPeriod - 1);
   EXPECT_EQ(services_->last_ask().timeout, 4321 * kMicrosPerMilli);
   EXPECT_EQ(services_->last_ask().boundary_step, kPeriod);
-  // The round takes three steps' time: 300 ms from its launch to its result.
+  // The round takes three steps' time: 300 ms from its launch to its result,
+  // applied at the step after it arrived.
   ASSERT_NO_FATAL_FAILURE(StepTo(kPeriod + 3));
   services_->Release();
   ASSERT_TRUE(AwaitArrival());
   ASSERT_TRUE(Step().ok());
   EXPECT_EQ(driver_->stats().rounds, 1u);
-  // tau = ceil(1.25 * 300 ms / 100 ms) + 1 = 5 for the next round.
+  // Measured rounds do not lower it: a group would tune it to
+  // ceil(1.25 x 300 ms / 100 ms) + 1 = 5, but here that would only make a
+  // step wait for a round a little later than the last ones.
   ASSERT_NO_FATAL_FAILURE(StepTo(2 * kPeriod));
   EXPECT_EQ(driver_->stats().rounds_started, 2u);
-  EXPECT_EQ(driver_->stats().overlap_steps, 5u);
+  EXPECT_EQ(driver_->stats().overlap_steps, kPeriod - 1);
   ASSERT_TRUE(driver_->shutdown().ok());
   EXPECT_EQ(driver_->stats().rounds, 2u);
   EXPECT_EQ(driver_->stats().passed_over, 0u);
+  EXPECT_EQ(driver_->stats().round_waits, 0u);
 }
 
 TEST_F(RoundDriverClockTest, AtBoundaryPlusTauTheLearnerWaitsForItsRoundAndAppliesIt) {
@@ -231,9 +243,70 @@ TEST_F(RoundDriverClockTest, AFailedRoundChangesNothingAndItsTokensGoIntoTheNext
 namespace mend::reducer {
 namespace {
 
+// outer_apply: with `eager` the boundary takes the outer step with the
+// learner's own pseudo-gradient at once and the result replaces it; with
+// `exact` the parameters stay until the result comes. Either way the result
+// keeps what was trained since exactly once. One member: the merged
+// pseudo-gradient is the learner's own, so the provisional step is the
+// round's. theta 1 -> 0.5 by the boundary (delta 0.5, momentum 0): theta_g'
+// = 1 - 0.7 x (0.5 + 0.9 x 0.5) = 0.335.
+class OuterApplyTest : public RoundDriverClockTest,
+                       public ::testing::WithParamInterface<std::string> {
+ protected:
+  void StartAt(const std::string& mode) {
+    outer_apply_ = mode;
+    outer_warmup_steps_ = 0;  // the first round takes the outer Nesterov step
+    Start(/*overlap_steps=*/0);
+    values_->values().assign(values_->values().size(), 0.5f);  // trained to the boundary
+    services_->HoldExchangesFrom(1);
+    ASSERT_NO_FATAL_FAILURE(StepToLaunch(1));
+    ASSERT_TRUE(services_->AwaitConnects(1));
+  }
+  void TrainBy(float change) {
+    for (float& v : values_->values()) v += change;
+  }
+  float value() const { return values_->values()[0]; }
+};
+
+TEST_P(OuterApplyTest, TheResultKeepsWhatWasTrainedSinceTheBoundaryOrTheProvisionalStep) {
+  const bool eager = GetParam() == "eager";
+  ASSERT_NO_FATAL_FAILURE(StartAt(GetParam()));
+  EXPECT_NEAR(value(), eager ? 0.335f : 0.5f, 1e-6);
+  TrainBy(-0.1f);
+  services_->ReleaseExchanges();
+  ASSERT_TRUE(AwaitArrival());
+  ASSERT_TRUE(Step().ok());
+  ASSERT_EQ(driver_->stats().rounds, 1u);
+  EXPECT_NEAR(driver_->global(0)[0], 0.335f, 1e-6);
+  EXPECT_NEAR(value(), 0.235f, 1e-6);  // theta_g' and the -0.1 trained since
+  ASSERT_TRUE(driver_->shutdown().ok());
+}
+
+TEST_P(OuterApplyTest, AFailedRoundTakesTheProvisionalStepBack) {
+  ASSERT_NO_FATAL_FAILURE(StartAt(GetParam()));
+  TrainBy(-0.1f);
+  services_->SetConnect(UnavailableError("fake services: the link is down"));
+  services_->ReleaseExchanges();
+  ASSERT_TRUE(AwaitArrival());
+  ASSERT_TRUE(Step().ok());
+  EXPECT_EQ(driver_->stats().failed_rounds, 1u);
+  EXPECT_FLOAT_EQ(driver_->global(0)[0], 1.0f);  // the global state as it was
+  EXPECT_NEAR(value(), 0.4f, 1e-6);              // what was trained, and no outer step
+  ASSERT_TRUE(driver_->shutdown().ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, OuterApplyTest, ::testing::Values("eager", "exact"),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace mend::reducer
+
+namespace mend::reducer {
+namespace {
+
 // Rounds in flight (rounds_in_flight). Two fragments, a round every 10 steps (1 s). Round 1 (the
 // job's first: its members compare their states, so nothing is launched beside it) is waited for
-// and takes about 1 s, so tau is tuned to about 14 (capped at 9 with one round at a time); round 2
+// and takes about 1 s; tau is the cap (19, or 9 with one round at a time); round 2
 // takes 11 steps' time, longer than the time between rounds. One round at a time, a step waits for
 // it; two in flight, no step waits.
 class RoundsInFlightTest : public RoundDriverClockTest {
@@ -266,8 +339,8 @@ class RoundsInFlightTest : public RoundDriverClockTest {
 
 TEST_F(RoundsInFlightTest, ARoundLongerThanTheTimeBetweenRoundsMakesNoStepWait) {
   ASSERT_NO_FATAL_FAILURE(FirstRoundsThenHold(/*rounds_in_flight=*/0));  // 0: one per fragment
-  // Round 1 took 1 s: tau = ceil(1.25 x 1 s / 0.1 s) + 1 = 14, below H - 1 = 19.
-  EXPECT_EQ(driver_->stats().overlap_steps, 14u);
+  // tau is the cap, H - 1 = 19 (rounds_in_flight x H / fragments - 1).
+  EXPECT_EQ(driver_->stats().overlap_steps, 2 * kPeriod - 1);
   // The other fragment's boundary launches round 3 beside round 2, which goes on.
   ASSERT_NO_FATAL_FAILURE(StepTo(boundary_ + kPeriod));
   EXPECT_EQ(driver_->stats().rounds_started, 3u);
@@ -322,6 +395,28 @@ TEST_F(RoundsInFlightTest, NothingIsLaunchedBesideARoundThatMayHeal) {
   EXPECT_EQ(driver_->stats().rounds, 1u);  // taken up before round 2 was launched
   EXPECT_EQ(driver_->stats().rounds_started, 2u);
   EXPECT_EQ(driver_->stats().most_rounds_in_flight, 1u);
+  ASSERT_TRUE(driver_->shutdown().ok());
+}
+
+// The job's first round, once its members found their states equal (here:
+// held in its merge, past that), is a round like another: the next
+// fragment's boundary launches beside it, and no step waits.
+TEST_F(RoundsInFlightTest, TheFirstRoundOnceItsMembersAgreedHasTheNextLaunchedBesideIt) {
+  Start(/*overlap_steps=*/0, false, /*fragments=*/2, /*rounds_in_flight=*/2);
+  services_->HoldMergesFrom(1);
+  ASSERT_NO_FATAL_FAILURE(StepToLaunch(1));
+  const uint64_t first = driver_->stats().steps;
+  ASSERT_TRUE(services_->AwaitMerges(1));
+  ASSERT_NO_FATAL_FAILURE(StepTo(first + kPeriod));
+  EXPECT_EQ(driver_->stats().rounds_started, 2u);
+  EXPECT_EQ(driver_->stats().rounds, 0u);
+  EXPECT_EQ(driver_->stats().most_rounds_in_flight, 2u);
+  services_->ReleaseMerges();
+  while (driver_->stats().rounds < 2) {
+    ASSERT_TRUE(AwaitArrival());
+    ASSERT_TRUE(Step().ok());
+  }
+  EXPECT_EQ(driver_->stats().round_waits, 0u);
   ASSERT_TRUE(driver_->shutdown().ok());
 }
 

@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -43,15 +44,21 @@ class Values final : public FlatParameters {
   std::string name_ = "w";
 };
 
-// A round of one member: every reduction leaves the data as it is.
+// A round of one member: every reduction leaves the data as it is. A
+// `gate`, when given, is called before each weighted reduction (the merge)
+// and may hold it; its error is the reduction's.
 class AloneCommunicator final : public Communicator {
  public:
+  AloneCommunicator() = default;
+  explicit AloneCommunicator(std::function<Status()> gate) : gate_(std::move(gate)) {}
   Status WeightedAllReduce(std::span<float>, double, const Codec*) override {
+    if (gate_) MEND_RETURN_IF_ERROR(gate_());
     stats_.operations++;
     return OkStatus();
   }
   Status WeightedAllGatherDecode(std::span<const std::byte> payload, double, const Codec& codec,
                                  std::span<float> out) override {
+    if (gate_) MEND_RETURN_IF_ERROR(gate_());
     codec.Decode(payload, out);
     return OkStatus();
   }
@@ -67,6 +74,7 @@ class AloneCommunicator final : public Communicator {
   CommunicatorStats stats() const override { return stats_; }
 
  private:
+  std::function<Status()> gate_;
   CommunicatorStats stats_;
 };
 
@@ -127,7 +135,16 @@ class FakeServices final : public RoundServices {
     changed_.wait(lock, [&]() { return n < hold_from_ || interrupted_; });
     if (interrupted_) return AbortedError("fake services: the round was interrupted");
     if (!connect_.ok()) return connect_;
-    return std::unique_ptr<Communicator>(std::make_unique<AloneCommunicator>());
+    // The round's merge waits, from the n-th round on (HoldMergesFrom), after
+    // its members compared their states or healed.
+    return std::unique_ptr<Communicator>(std::make_unique<AloneCommunicator>([this, n]() {
+      std::unique_lock merge_lock(mu_);
+      merges_++;
+      changed_.notify_all();
+      changed_.wait(merge_lock, [&]() { return n < hold_merges_from_ || interrupted_; });
+      if (interrupted_) return AbortedError("fake services: the round was interrupted");
+      return OkStatus();
+    }));
   }
   void WatchAbort(const QuorumResult&, Communicator* comm) override {
     std::lock_guard lock(mu_);
@@ -170,6 +187,20 @@ class FakeServices final : public RoundServices {
     changed_.notify_all();
   }
   void ReleaseExchanges() { HoldExchangesFrom(SIZE_MAX); }
+  // The n-th round to form, and every later one, waits in its merge (past
+  // its heal or agreement) until released.
+  void HoldMergesFrom(size_t n) {
+    std::lock_guard lock(mu_);
+    hold_merges_from_ = n;
+    changed_.notify_all();
+  }
+  void ReleaseMerges() { HoldMergesFrom(SIZE_MAX); }
+  // Waits (real time, up to `timeout`) until `n` merges began.
+  bool AwaitMerges(size_t n, Micros timeout = 60 * kMicrosPerSecond) {
+    std::unique_lock lock(mu_);
+    return changed_.wait_for(lock, std::chrono::microseconds(timeout),
+                             [&]() { return merges_ >= n; });
+  }
   // Waits (real time, up to `timeout`) until `n` rounds came to connect.
   bool AwaitConnects(size_t n, Micros timeout = 60 * kMicrosPerSecond) {
     std::unique_lock lock(mu_);
@@ -222,6 +253,8 @@ class FakeServices final : public RoundServices {
   bool held_ = false;
   size_t hold_from_ = SIZE_MAX;
   size_t connects_ = 0;
+  size_t hold_merges_from_ = SIZE_MAX;
+  size_t merges_ = 0;
   bool interrupted_ = false;
   uint64_t rounds_formed_ = 0;
   std::vector<QuorumAsk> asks_;
