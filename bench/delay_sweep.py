@@ -7,6 +7,8 @@ For each delay it runs `mend demo --delay-ms D --sync-every H --steps N
 reads each learner's result file and round records, prints a table and
 writes a CSV: tokens/s of both modes and their ratio, streaming's held-out
 loss (and its change from the sweep's first delay), the final merge's time,
+both modes' inner-step times and the share of their training time outside
+the inner steps (the reducer and its waits: what the overlap itself costs),
 the tau and rounds in flight chosen, and how many rounds a step waited for.
 
     bench/delay_sweep.py                           # 0 500 1000 2000 4000 ms, H 100, 1200 steps
@@ -86,6 +88,12 @@ def main():
             "local_eval_loss": statistics.mean(r["eval_loss"] for r in local),
             "final_merge_s": max(r.get("final_merge_seconds", 0.0) for r in streaming),
             "inner_step_ms": statistics.mean(r["inner_step_ms"] for r in streaming),
+            "local_inner_step_ms": statistics.mean(r["inner_step_ms"] for r in local),
+            # The share of the training time outside the inner steps (the
+            # reducer's steps and any wait for a round), each mode's own:
+            # what the overlap costs, apart from how fast the steps computed.
+            "streaming_outside_steps": 1 - statistics.mean(r["compute_fraction"] for r in streaming),
+            "local_outside_steps": 1 - statistics.mean(r["compute_fraction"] for r in local),
             "round_s_median": statistics.median(r["round_seconds"] for r in records) if records else 0,
             "tau_median": statistics.median(taus) if taus else 0,
             "most_in_flight": max((r.get("in_flight", 1) for r in records), default=0),
@@ -106,13 +114,16 @@ def main():
 
     print(f"\nH = {args.sync_every}, {args.steps} steps, settings {args.set or 'the defaults'}")
     print("| delay | streaming tok/s | local tok/s | streaming / local | streaming loss | vs first "
-          "| final merge s | step ms | round s | tau | in flight | waited / rounds |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| final merge s | step ms (streaming / local) | outside steps (streaming / local) "
+          "| round s | tau | in flight | waited / rounds |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['delay_ms']} ms | {r['streaming_tokens_per_s']:,} | {r['local_tokens_per_s']:,} "
               f"| **{r['ratio']:.3f}** | {r['streaming_eval_loss']:.4f} | {100 * r['loss_vs_first']:+.2f}% "
-              f"| {r['final_merge_s']:.1f} | {r['inner_step_ms']:.0f} | {r['round_s_median']:.2f} "
-              f"| {r['tau_median']:g} | {r['most_in_flight']} | {r['rounds_waited']} / {r['rounds']} |")
+              f"| {r['final_merge_s']:.1f} | {r['inner_step_ms']:.1f} / {r['local_inner_step_ms']:.1f} "
+              f"| {100 * r['streaming_outside_steps']:.1f}% / {100 * r['local_outside_steps']:.1f}% "
+              f"| {r['round_s_median']:.2f} | {r['tau_median']:g} | {r['most_in_flight']} "
+              f"| {r['rounds_waited']} / {r['rounds']} |")
     print(f"\nCSV: {args.csv}; runs in {work_root}")
 
 
