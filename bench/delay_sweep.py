@@ -12,6 +12,7 @@ the inner steps (the reducer and its waits: what the overlap itself costs),
 the tau and rounds in flight chosen, and how many rounds a step waited for.
 
     bench/delay_sweep.py                           # 0 500 1000 2000 4000 ms, H 100, 1200 steps
+    bench/delay_sweep.py --repeat 3                # three runs of it, and their medians
     bench/delay_sweep.py --delays 8000 --steps 600 --set rounds_in_flight=1
 
 Needs a built tree (build/mend).
@@ -53,6 +54,43 @@ def run_dir(work, mode):
     return found[0]
 
 
+def measure(args, delay, work):
+    """One `mend demo` run at `delay` in `work` (or the one already there with
+    --reuse): its row."""
+    command = [args.mend, "demo", "--delay-ms", str(delay), "--sync-every", str(args.sync_every),
+               "--steps", str(args.steps), "--modes", "streaming,local", "--work-dir", work]
+    for setting in args.set:
+        command += ["--set", setting]
+    print("$", " ".join(command), flush=True)
+    if not args.reuse:
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    streaming, local = learners(run_dir(work, "streaming")), learners(run_dir(work, "local"))
+    records = rounds(run_dir(work, "streaming"))
+    taus = [r["tau"] for r in records if r.get("ok")]
+    row = {
+        "delay_ms": delay,
+        "streaming_tokens_per_s": round(sum(r["tokens_per_s"] for r in streaming)),
+        "local_tokens_per_s": round(sum(r["tokens_per_s"] for r in local)),
+        "streaming_eval_loss": statistics.mean(r["eval_loss"] for r in streaming),
+        "local_eval_loss": statistics.mean(r["eval_loss"] for r in local),
+        "final_merge_s": max(r.get("final_merge_seconds", 0.0) for r in streaming),
+        "inner_step_ms": statistics.mean(r["inner_step_ms"] for r in streaming),
+        "local_inner_step_ms": statistics.mean(r["inner_step_ms"] for r in local),
+        # The share of the training time outside the inner steps (the
+        # reducer's steps and any wait for a round), each mode's own:
+        # what the overlap costs, apart from how fast the steps computed.
+        "streaming_outside_steps": 1 - statistics.mean(r["compute_fraction"] for r in streaming),
+        "local_outside_steps": 1 - statistics.mean(r["compute_fraction"] for r in local),
+        "round_s_median": statistics.median(r["round_seconds"] for r in records) if records else 0,
+        "tau_median": statistics.median(taus) if taus else 0,
+        "most_in_flight": max((r.get("in_flight", 1) for r in records), default=0),
+        "rounds_waited": sum(1 for r in records if r.get("waited")),
+        "rounds": len(records),
+    }
+    row["ratio"] = row["streaming_tokens_per_s"] / row["local_tokens_per_s"]
+    return row
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mend", default="build/mend")
@@ -63,49 +101,30 @@ def main():
     parser.add_argument("--csv", default="bench-results/delay_sweep.csv")
     parser.add_argument("--work-dir", default=None)
     parser.add_argument("--reuse", action="store_true",
-                        help="read the runs already in --work-dir (delay-D) instead of running them")
+                        help="read the runs already in --work-dir (delay-D, or delay-D/run-K with "
+                             "--repeat) instead of running them")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="runs of the whole sweep; with more than one, the table ends with the "
+                             "median of the runs at each delay (the ratio moves by a few percent "
+                             "between runs on a small shared machine)")
     args = parser.parse_args()
 
     work_root = args.work_dir or tempfile.mkdtemp(prefix="mend-delay-sweep-")
-    rows = []
-    for delay in [int(d) for d in args.delays.split(",")]:
-        work = os.path.join(work_root, f"delay-{delay}")
-        command = [args.mend, "demo", "--delay-ms", str(delay), "--sync-every", str(args.sync_every),
-                   "--steps", str(args.steps), "--modes", "streaming,local", "--work-dir", work]
-        for setting in args.set:
-            command += ["--set", setting]
-        print("$", " ".join(command), flush=True)
-        if not args.reuse:
-            subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
-        streaming, local = learners(run_dir(work, "streaming")), learners(run_dir(work, "local"))
-        records = rounds(run_dir(work, "streaming"))
-        taus = [r["tau"] for r in records if r.get("ok")]
-        row = {
-            "delay_ms": delay,
-            "streaming_tokens_per_s": round(sum(r["tokens_per_s"] for r in streaming)),
-            "local_tokens_per_s": round(sum(r["tokens_per_s"] for r in local)),
-            "streaming_eval_loss": statistics.mean(r["eval_loss"] for r in streaming),
-            "local_eval_loss": statistics.mean(r["eval_loss"] for r in local),
-            "final_merge_s": max(r.get("final_merge_seconds", 0.0) for r in streaming),
-            "inner_step_ms": statistics.mean(r["inner_step_ms"] for r in streaming),
-            "local_inner_step_ms": statistics.mean(r["inner_step_ms"] for r in local),
-            # The share of the training time outside the inner steps (the
-            # reducer's steps and any wait for a round), each mode's own:
-            # what the overlap costs, apart from how fast the steps computed.
-            "streaming_outside_steps": 1 - statistics.mean(r["compute_fraction"] for r in streaming),
-            "local_outside_steps": 1 - statistics.mean(r["compute_fraction"] for r in local),
-            "round_s_median": statistics.median(r["round_seconds"] for r in records) if records else 0,
-            "tau_median": statistics.median(taus) if taus else 0,
-            "most_in_flight": max((r.get("in_flight", 1) for r in records), default=0),
-            "rounds_waited": sum(1 for r in records if r.get("waited")),
-            "rounds": len(records),
-        }
-        row["ratio"] = row["streaming_tokens_per_s"] / row["local_tokens_per_s"]
-        rows.append(row)
-
-    base = rows[0]["streaming_eval_loss"]
-    for row in rows:
-        row["loss_vs_first"] = row["streaming_eval_loss"] / base - 1
+    delays = [int(d) for d in args.delays.split(",")]
+    runs = []
+    for run in range(1, args.repeat + 1):
+        rows = []
+        for delay in delays:
+            work = os.path.join(work_root, f"delay-{delay}")
+            if args.repeat > 1:
+                work = os.path.join(work, f"run-{run}")
+            rows.append(measure(args, delay, work))
+        base = rows[0]["streaming_eval_loss"]
+        for row in rows:
+            row["run"] = run
+            row["loss_vs_first"] = row["streaming_eval_loss"] / base - 1
+        runs.append(rows)
+    rows = [row for rows_of_run in runs for row in rows_of_run]
     os.makedirs(os.path.dirname(os.path.abspath(args.csv)), exist_ok=True)
     with open(args.csv, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
@@ -113,17 +132,26 @@ def main():
         writer.writerows(rows)
 
     print(f"\nH = {args.sync_every}, {args.steps} steps, settings {args.set or 'the defaults'}")
-    print("| delay | streaming tok/s | local tok/s | streaming / local | streaming loss | vs first "
+    print("| run | delay | streaming tok/s | local tok/s | streaming / local | streaming loss | vs first "
           "| final merge s | step ms (streaming / local) | outside steps (streaming / local) "
           "| round s | tau | in flight | waited / rounds |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['delay_ms']} ms | {r['streaming_tokens_per_s']:,} | {r['local_tokens_per_s']:,} "
-              f"| **{r['ratio']:.3f}** | {r['streaming_eval_loss']:.4f} | {100 * r['loss_vs_first']:+.2f}% "
-              f"| {r['final_merge_s']:.1f} | {r['inner_step_ms']:.1f} / {r['local_inner_step_ms']:.1f} "
+        print(f"| {r['run']} | {r['delay_ms']} ms | {r['streaming_tokens_per_s']:,} "
+              f"| {r['local_tokens_per_s']:,} | **{r['ratio']:.3f}** | {r['streaming_eval_loss']:.4f} "
+              f"| {100 * r['loss_vs_first']:+.2f}% | {r['final_merge_s']:.1f} "
+              f"| {r['inner_step_ms']:.1f} / {r['local_inner_step_ms']:.1f} "
               f"| {100 * r['streaming_outside_steps']:.1f}% / {100 * r['local_outside_steps']:.1f}% "
               f"| {r['round_s_median']:.2f} | {r['tau_median']:g} | {r['most_in_flight']} "
               f"| {r['rounds_waited']} / {r['rounds']} |")
+    if len(runs) > 1:
+        print(f"\nThe median of the {len(runs)} runs at each delay:")
+        print("| delay | streaming / local | loss vs first |")
+        print("|---|---|---|")
+        for i, delay in enumerate(delays):
+            ratio = statistics.median(rows_of_run[i]["ratio"] for rows_of_run in runs)
+            loss = statistics.median(rows_of_run[i]["loss_vs_first"] for rows_of_run in runs)
+            print(f"| {delay} ms | **{ratio:.3f}** | {100 * loss:+.2f}% |")
     print(f"\nCSV: {args.csv}; runs in {work_root}")
 
 
