@@ -42,8 +42,9 @@ double OverlapTuner::round_seconds() const {
 
 uint64_t OverlapTuner::Tau() const {
   if (configured_ > 0) return static_cast<uint64_t>(configured_);
+  if (applied_on_arrival_ || rounds_.empty()) return cap_;
   const double step = step_seconds();
-  if (applied_on_arrival_ || rounds_.empty() || step <= 0) return cap_;
+  if (step <= 0) return cap_;
   const double steps = std::ceil(kMargin * round_seconds() / step) + 1;
   if (steps >= static_cast<double>(cap_)) return cap_;
   return std::max<uint64_t>(1, static_cast<uint64_t>(steps));

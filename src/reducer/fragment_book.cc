@@ -149,16 +149,20 @@ void ApplyHeal(FragmentBook& book, const Outcome& outcome, const Fragment* excha
 void EagerStep(std::span<const float> global, std::span<const float> momentum,
                std::span<const float> delta, const OuterOptions& outer, std::span<float> local,
                std::span<float> shift) {
-  const float lr = outer.lr;
-  const float mu = outer.momentum;
+  // The round's own outer step (OuterNesterovStep) on copies, with `delta`
+  // as the merged pseudo-gradient.
   const size_t n = local.size();
+  std::vector<float> provisional = TakeFloats(n);
+  std::vector<float> scratch_momentum = TakeFloats(n);
+  std::copy(global.begin(), global.end(), provisional.begin());
+  std::copy(momentum.begin(), momentum.end(), scratch_momentum.begin());
+  OuterNesterovStep(provisional, scratch_momentum, delta, outer);
   for (size_t i = 0; i < n; ++i) {
-    // OuterNesterovStep's update with `delta` as the merged pseudo-gradient.
-    const float m = mu * momentum[i] + delta[i];
-    const float provisional = global[i] - lr * (delta[i] + mu * m);
-    shift[i] = local[i] - provisional;
-    local[i] = provisional;
+    shift[i] = local[i] - provisional[i];
+    local[i] = provisional[i];
   }
+  GiveBack(std::move(provisional));
+  GiveBack(std::move(scratch_momentum));
 }
 
 void UndoEager(FragmentBook& book, InFlight& flight) {
