@@ -129,6 +129,32 @@ class HeartbeatStream {
   virtual void Cancel() = 0;
 };
 
+// Ends a blocking call early from another thread: Cancel() makes the call
+// made with it return CANCELLED at once, or at its start if it has not
+// started yet. One per call (a cancelled one stays cancelled).
+//
+// Thread-safety: Cancel from any thread, while the call runs on another.
+class CallCanceller {
+ public:
+  CallCanceller();
+  ~CallCanceller();
+  CallCanceller(const CallCanceller&) = delete;
+  CallCanceller& operator=(const CallCanceller&) = delete;
+
+  void Cancel();
+  [[nodiscard]] bool cancelled() const;
+
+  // For a LighthouseClient's implementation: from now until Release(),
+  // Cancel() runs `cancel` (which ends the call in progress). False, and
+  // nothing held, when it is already cancelled.
+  [[nodiscard]] bool Hold(std::function<void()> cancel);
+  void Release();
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
 class LighthouseClient {
  public:
   [[nodiscard]] static StatusOr<std::unique_ptr<LighthouseClient>> Connect(
@@ -147,6 +173,11 @@ class LighthouseClient {
   [[nodiscard]] virtual Status StoreSet(const std::string& key, const std::string& value) = 0;
   // Waits up to `timeout` for the key; NOT_FOUND at once when timeout is 0.
   [[nodiscard]] virtual StatusOr<std::string> StoreGet(const std::string& key, Micros timeout) = 0;
+  // As StoreGet, but `cancel` can end the wait early from another thread
+  // (CANCELLED): a long poll that its owner stops when it no longer cares.
+  [[nodiscard]] virtual StatusOr<std::string> StoreGetCancellable(const std::string& key,
+                                                                  Micros timeout,
+                                                                  CallCanceller& cancel) = 0;
   [[nodiscard]] virtual StatusOr<int64_t> StoreAdd(const std::string& key, int64_t delta) = 0;
   [[nodiscard]] virtual Status StoreWait(const std::vector<std::string>& keys, Micros timeout) = 0;
   [[nodiscard]] virtual StatusOr<uint64_t> StoreDelete(const std::string& key, bool prefix) = 0;

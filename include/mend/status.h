@@ -6,6 +6,7 @@
 //   FAILED_PRECONDITION fix the state first (e.g. a superseded session)
 //   INVALID_ARGUMENT   bad input; the message names the field and the value
 //   UNAUTHENTICATED    missing or wrong job token
+//   CANCELLED          its caller stopped the call (CallCanceller)
 //   NOT_FOUND          the lighthouse does not know the learner (register again)
 // Thread-safety: values, safe to copy between threads.
 #pragma once
@@ -25,6 +26,7 @@ using StatusCode = absl::StatusCode;
 
 using absl::AbortedError;
 using absl::AlreadyExistsError;
+using absl::CancelledError;
 using absl::DataLossError;
 using absl::DeadlineExceededError;
 using absl::FailedPreconditionError;

@@ -52,6 +52,44 @@ QuorumResult FromProto(const v1::QuorumResponse& response) {
   return result;
 }
 
+}  // namespace
+
+struct CallCanceller::State {
+  Mutex mu;
+  bool cancelled ABSL_GUARDED_BY(mu) = false;
+  std::function<void()> cancel ABSL_GUARDED_BY(mu);
+};
+
+CallCanceller::CallCanceller() : state_(std::make_unique<State>()) {}
+CallCanceller::~CallCanceller() = default;
+
+void CallCanceller::Cancel() {
+  MutexLock lock(state_->mu);
+  state_->cancelled = true;
+  // Under the lock, so the call cannot return and free what `cancel` uses.
+  if (state_->cancel) state_->cancel();
+  state_->cancel = nullptr;
+}
+
+bool CallCanceller::cancelled() const {
+  MutexLock lock(state_->mu);
+  return state_->cancelled;
+}
+
+bool CallCanceller::Hold(std::function<void()> cancel) {
+  MutexLock lock(state_->mu);
+  if (state_->cancelled) return false;
+  state_->cancel = std::move(cancel);
+  return true;
+}
+
+void CallCanceller::Release() {
+  MutexLock lock(state_->mu);
+  state_->cancel = nullptr;
+}
+
+namespace {
+
 class HeartbeatStreamImpl final
     : public HeartbeatStream,
       public grpc::ClientBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse> {
@@ -309,6 +347,23 @@ class LighthouseClientImpl final : public LighthouseClient {
     auto context = NewContext(timeout + kDeadlineMargin);
     MEND_RETURN_IF_ERROR(
         FromGrpc(stub_->StoreGet(context.get(), request, &response), "StoreGet", options_.address));
+    return response.value();
+  }
+
+  StatusOr<std::string> StoreGetCancellable(const std::string& key, Micros timeout,
+                                            CallCanceller& cancel) override {
+    v1::StoreGetRequest request;
+    request.set_key(key);
+    request.set_timeout_ms(static_cast<uint32_t>(timeout / kMicrosPerMilli));
+    v1::StoreGetResponse response;
+    auto context = NewContext(timeout + kDeadlineMargin);
+    grpc::ClientContext* raw = context.get();
+    if (!cancel.Hold([raw]() { raw->TryCancel(); })) {
+      return CancelledError(fmt::format("lighthouse {}: StoreGet: cancelled", options_.address));
+    }
+    const grpc::Status status = stub_->StoreGet(raw, request, &response);
+    cancel.Release();
+    MEND_RETURN_IF_ERROR(FromGrpc(status, "StoreGet", options_.address));
     return response.value();
   }
 

@@ -137,6 +137,34 @@ TEST(LighthouseServerTest, StoreSetGetAddWaitDeleteOverGrpc) {
   EXPECT_EQ(*client->StoreGet("blob", 0), binary);
 }
 
+// A long poll ends when its owner cancels it, not at its timeout (a minute
+// here: the test would outlast ctest's limit if the cancel were lost), and
+// the lighthouse keeps serving the key to others.
+TEST(LighthouseServerTest, StoreGetCancellableEndsWhenCancelled) {
+  auto server = StartServer(TestConfig());
+  auto client = Connect(server->grpc_address());
+  CallCanceller before;
+  before.Cancel();
+  EXPECT_EQ(client->StoreGetCancellable("k", 60 * kMicrosPerSecond, before).status().code(),
+            StatusCode::kCancelled);
+
+  CallCanceller poll;
+  StatusOr<std::string> polled = InternalError("not run");
+  std::thread poller(
+      [&]() { polled = client->StoreGetCancellable("k", 60 * kMicrosPerSecond, poll); });
+  poll.Cancel();
+  poller.join();
+  EXPECT_EQ(polled.status().code(), StatusCode::kCancelled) << polled.status();
+
+  CallCanceller unused;
+  std::thread setter(
+      [&]() { EXPECT_TRUE(Connect(server->grpc_address())->StoreSet("k", "v").ok()); });
+  auto got = client->StoreGetCancellable("k", 60 * kMicrosPerSecond, unused);
+  setter.join();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, "v");
+}
+
 // Runs `agents` through `rounds` rounds on threads; returns each agent's results.
 // A round that fails is a fatal failure (on its thread) and leaves that agent
 // short of results: callers check HasFatalFailure() before reading them.

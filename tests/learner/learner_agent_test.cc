@@ -66,6 +66,9 @@ class FakeLighthouseClient final : public LighthouseClient {
   }
   Status StoreSet(const std::string&, const std::string&) override { return Unsupported(); }
   StatusOr<std::string> StoreGet(const std::string&, Micros) override { return Unsupported(); }
+  StatusOr<std::string> StoreGetCancellable(const std::string&, Micros, CallCanceller&) override {
+    return Unsupported();
+  }
   StatusOr<int64_t> StoreAdd(const std::string&, int64_t) override { return Unsupported(); }
   Status StoreWait(const std::vector<std::string>&, Micros) override { return Unsupported(); }
   StatusOr<uint64_t> StoreDelete(const std::string&, bool) override { return Unsupported(); }
