@@ -12,7 +12,8 @@ the inner steps (the reducer and its waits: what the overlap itself costs),
 the tau and rounds in flight chosen, and how many rounds a step waited for.
 
     bench/delay_sweep.py                           # 0 500 1000 2000 4000 ms, H 100, 1200 steps
-    bench/delay_sweep.py --repeat 3                # three runs of it, and their medians
+    bench/delay_sweep.py --repeat 3                # three runs of it (the modes' order
+                                                   # alternating), and their medians
     bench/delay_sweep.py --delays 8000 --steps 600 --set rounds_in_flight=1
 
 Needs a built tree (build/mend).
@@ -54,11 +55,11 @@ def run_dir(work, mode):
     return found[0]
 
 
-def measure(args, delay, work):
+def measure(args, delay, work, order):
     """One `mend demo` run at `delay` in `work` (or the one already there with
-    --reuse): its row."""
+    --reuse), its modes in `order`: its row."""
     command = [args.mend, "demo", "--delay-ms", str(delay), "--sync-every", str(args.sync_every),
-               "--steps", str(args.steps), "--modes", "streaming,local", "--work-dir", work]
+               "--steps", str(args.steps), "--modes", order, "--work-dir", work]
     for setting in args.set:
         command += ["--set", setting]
     print("$", " ".join(command), flush=True)
@@ -69,6 +70,7 @@ def measure(args, delay, work):
     taus = [r["tau"] for r in records if r.get("ok")]
     row = {
         "delay_ms": delay,
+        "first": order.split(",")[0],
         "streaming_tokens_per_s": round(sum(r["tokens_per_s"] for r in streaming)),
         "local_tokens_per_s": round(sum(r["tokens_per_s"] for r in local)),
         "streaming_eval_loss": statistics.mean(r["eval_loss"] for r in streaming),
@@ -113,12 +115,16 @@ def main():
     delays = [int(d) for d in args.delays.split(",")]
     runs = []
     for run in range(1, args.repeat + 1):
+        # The two modes run one after the other, and this machine's speed
+        # drifts by a few percent over minutes: the repeats alternate which
+        # runs first, so a drift does not favour one mode in every run.
+        order = "streaming,local" if run % 2 == 1 else "local,streaming"
         rows = []
         for delay in delays:
             work = os.path.join(work_root, f"delay-{delay}")
             if args.repeat > 1:
                 work = os.path.join(work, f"run-{run}")
-            rows.append(measure(args, delay, work))
+            rows.append(measure(args, delay, work, order))
         base = rows[0]["streaming_eval_loss"]
         for row in rows:
             row["run"] = run
@@ -132,12 +138,12 @@ def main():
         writer.writerows(rows)
 
     print(f"\nH = {args.sync_every}, {args.steps} steps, settings {args.set or 'the defaults'}")
-    print("| run | delay | streaming tok/s | local tok/s | streaming / local | streaming loss | vs first "
+    print("| run | first | delay | streaming tok/s | local tok/s | streaming / local | streaming loss | vs first "
           "| final merge s | step ms (streaming / local) | outside steps (streaming / local) "
           "| round s | tau | in flight | waited / rounds |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['run']} | {r['delay_ms']} ms | {r['streaming_tokens_per_s']:,} "
+        print(f"| {r['run']} | {r['first']} | {r['delay_ms']} ms | {r['streaming_tokens_per_s']:,} "
               f"| {r['local_tokens_per_s']:,} | **{r['ratio']:.3f}** | {r['streaming_eval_loss']:.4f} "
               f"| {100 * r['loss_vs_first']:+.2f}% | {r['final_merge_s']:.1f} "
               f"| {r['inner_step_ms']:.1f} / {r['local_inner_step_ms']:.1f} "
