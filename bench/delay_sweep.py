@@ -15,6 +15,8 @@ the tau and rounds in flight chosen, and how many rounds a step waited for.
     bench/delay_sweep.py --repeat 3                # three runs of it (the modes' order
                                                    # alternating), and their medians
     bench/delay_sweep.py --delays 8000 --steps 600 --set rounds_in_flight=1
+    bench/delay_sweep.py --noise 5 --csv bench-results/delay_sweep_noise.csv
+                                                   # local against itself, 5 times
 
 Needs a built tree (build/mend).
 """
@@ -93,6 +95,52 @@ def measure(args, delay, work, order):
     return row
 
 
+def write_csv(path, rows):
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def noise(args, work_root):
+    """Local training against itself, `--modes local,local` as often as
+    --noise says: how far the tokens/s ratio of two runs of the same thing,
+    one after the other, moves on this machine (what one streaming/local
+    row can resolve)."""
+    rows = []
+    for run in range(1, args.noise + 1):
+        work = os.path.join(work_root, "noise", f"run-{run}")
+        command = [args.mend, "demo", "--delay-ms", "0", "--steps", str(args.steps), "--modes",
+                   "local,local", "--work-dir", work]
+        print("$", " ".join(command), flush=True)
+        if not args.reuse:
+            subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+        found = sorted(d for d in glob.glob(os.path.join(work, "*-local")) if os.path.isdir(d))
+        if len(found) != 2:
+            sys.exit(f"delay_sweep: not two local runs in {work}: {found}")
+        first, second = learners(found[0]), learners(found[1])
+        rows.append({
+            "run": run,
+            "first_tokens_per_s": round(sum(r["tokens_per_s"] for r in first)),
+            "second_tokens_per_s": round(sum(r["tokens_per_s"] for r in second)),
+            "first_inner_step_ms": statistics.mean(r["inner_step_ms"] for r in first),
+            "second_inner_step_ms": statistics.mean(r["inner_step_ms"] for r in second),
+        })
+        rows[-1]["ratio"] = rows[-1]["first_tokens_per_s"] / rows[-1]["second_tokens_per_s"]
+    print(f"\nLocal against itself ({args.steps} steps), one run after the other:")
+    print("| run | first tok/s | second tok/s | first / second | step ms (first / second) |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['run']} | {r['first_tokens_per_s']:,} | {r['second_tokens_per_s']:,} "
+              f"| **{r['ratio']:.3f}** | {r['first_inner_step_ms']:.1f} / {r['second_inner_step_ms']:.1f} |")
+    ratios = [r["ratio"] for r in rows]
+    if len(ratios) > 1:
+        print(f"\nfirst / second: median {statistics.median(ratios):.3f}, from {min(ratios):.3f} to "
+              f"{max(ratios):.3f}, standard deviation {statistics.stdev(ratios):.3f}")
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mend", default="build/mend")
@@ -109,9 +157,16 @@ def main():
                         help="runs of the whole sweep; with more than one, the table ends with the "
                              "median of the runs at each delay (the ratio moves by a few percent "
                              "between runs on a small shared machine)")
+    parser.add_argument("--noise", type=int, default=0,
+                        help="instead of the sweep: local training against itself this many "
+                             "times (--modes local,local), the spread one row cannot resolve")
     args = parser.parse_args()
 
     work_root = args.work_dir or tempfile.mkdtemp(prefix="mend-delay-sweep-")
+    if args.noise > 0:
+        write_csv(args.csv, noise(args, work_root))
+        print(f"\nCSV: {args.csv}; runs in {work_root}")
+        return
     delays = [int(d) for d in args.delays.split(",")]
     runs = []
     for run in range(1, args.repeat + 1):
@@ -131,11 +186,7 @@ def main():
             row["loss_vs_first"] = row["streaming_eval_loss"] / base - 1
         runs.append(rows)
     rows = [row for rows_of_run in runs for row in rows_of_run]
-    os.makedirs(os.path.dirname(os.path.abspath(args.csv)), exist_ok=True)
-    with open(args.csv, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(args.csv, rows)
 
     print(f"\nH = {args.sync_every}, {args.steps} steps, settings {args.set or 'the defaults'}")
     print("| run | first | delay | streaming tok/s | local tok/s | streaming / local | streaming loss | vs first "
