@@ -6,14 +6,11 @@
 // Each pending receive and send has its own buffer object, so a failure is
 // always attributable to one peer.
 #include <signal.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <map>
-#include <memory>
 #include <numeric>
 #include <thread>
 
@@ -676,37 +673,6 @@ void IgnoreBrokenPipes() {
   }
 }
 
-// Gloo's TCP device runs an event loop thread that wakes every 10 ms
-// whether or not anything happens (its epoll_wait timeout). A device per
-// communicator meant one such thread per round in flight: with two rounds
-// of a slow link always in flight, 200 wake-ups a second on a learner's
-// cores, each taking the core from a training thread for a moment. The
-// communicators alive at once in this process share one device per bind
-// host instead (a device serves any number of contexts; each pair has its
-// own sockets), and the device goes when the last of them does, so nothing
-// ticks between rounds. Not shared across fork(): a child has no loop thread.
-struct DeviceCache {
-  Mutex mu;
-  pid_t pid ABSL_GUARDED_BY(mu) = 0;
-  std::map<std::string, std::weak_ptr<gloo::transport::Device>> devices ABSL_GUARDED_BY(mu);
-};
-
-std::shared_ptr<gloo::transport::Device> SharedDevice(const std::string& bind_host) {
-  static auto* cache = new DeviceCache();  // never destroyed: used up to exit
-  MutexLock lock(cache->mu);
-  if (cache->pid != getpid()) {
-    cache->devices.clear();
-    cache->pid = getpid();
-  }
-  std::weak_ptr<gloo::transport::Device>& slot = cache->devices[bind_host];
-  if (std::shared_ptr<gloo::transport::Device> device = slot.lock()) return device;
-  gloo::transport::tcp::attr attr;
-  attr.hostname = bind_host;
-  std::shared_ptr<gloo::transport::Device> device = gloo::transport::tcp::CreateDevice(attr);
-  slot = device;
-  return device;
-}
-
 }  // namespace
 
 CommunicatorOptions CommunicatorOptionsFrom(const Config& config) {
@@ -742,7 +708,9 @@ StatusOr<std::unique_ptr<Communicator>> Communicator::Connect(RendezvousStore& s
   std::shared_ptr<gloo::transport::Device> device;
   std::shared_ptr<gloo::rendezvous::Context> context;
   try {
-    device = SharedDevice(options.bind_host);
+    gloo::transport::tcp::attr attr;
+    attr.hostname = options.bind_host;
+    device = gloo::transport::tcp::CreateDevice(attr);
     context = std::make_shared<gloo::rendezvous::Context>(options.rank, options.world_size);
     // Gloo waits five times the context's timeout for a pair's initial
     // connection (and uses the context's timeout nowhere else here: every
