@@ -142,7 +142,6 @@ class CallCanceller {
   CallCanceller& operator=(const CallCanceller&) = delete;
 
   void Cancel();
-  [[nodiscard]] bool cancelled() const;
 
   // For a LighthouseClient's implementation: from now until Release(),
   // Cancel() runs `cancel` (which ends the call in progress). False, and

@@ -71,11 +71,6 @@ void CallCanceller::Cancel() {
   state_->cancel = nullptr;
 }
 
-bool CallCanceller::cancelled() const {
-  MutexLock lock(state_->mu);
-  return state_->cancelled;
-}
-
 bool CallCanceller::Hold(std::function<void()> cancel) {
   MutexLock lock(state_->mu);
   if (state_->cancelled) return false;
@@ -340,31 +335,12 @@ class LighthouseClientImpl final : public LighthouseClient {
   }
 
   StatusOr<std::string> StoreGet(const std::string& key, Micros timeout) override {
-    v1::StoreGetRequest request;
-    request.set_key(key);
-    request.set_timeout_ms(static_cast<uint32_t>(timeout / kMicrosPerMilli));
-    v1::StoreGetResponse response;
-    auto context = NewContext(timeout + kDeadlineMargin);
-    MEND_RETURN_IF_ERROR(
-        FromGrpc(stub_->StoreGet(context.get(), request, &response), "StoreGet", options_.address));
-    return response.value();
+    return CallStoreGet(key, timeout, nullptr);
   }
 
   StatusOr<std::string> StoreGetCancellable(const std::string& key, Micros timeout,
                                             CallCanceller& cancel) override {
-    v1::StoreGetRequest request;
-    request.set_key(key);
-    request.set_timeout_ms(static_cast<uint32_t>(timeout / kMicrosPerMilli));
-    v1::StoreGetResponse response;
-    auto context = NewContext(timeout + kDeadlineMargin);
-    grpc::ClientContext* raw = context.get();
-    if (!cancel.Hold([raw]() { raw->TryCancel(); })) {
-      return CancelledError(fmt::format("lighthouse {}: StoreGet: cancelled", options_.address));
-    }
-    const grpc::Status status = stub_->StoreGet(raw, request, &response);
-    cancel.Release();
-    MEND_RETURN_IF_ERROR(FromGrpc(status, "StoreGet", options_.address));
-    return response.value();
+    return CallStoreGet(key, timeout, &cancel);
   }
 
   StatusOr<int64_t> StoreAdd(const std::string& key, int64_t delta) override {
@@ -423,6 +399,24 @@ class LighthouseClientImpl final : public LighthouseClient {
     context->AddMetadata("authorization", "Bearer " + options_.token);
     context->set_deadline(DeadlineAfter(timeout));
     return context;
+  }
+
+  // StoreGet, which `cancel` (when given) can end early from another thread.
+  StatusOr<std::string> CallStoreGet(const std::string& key, Micros timeout,
+                                     CallCanceller* cancel) {
+    v1::StoreGetRequest request;
+    request.set_key(key);
+    request.set_timeout_ms(static_cast<uint32_t>(timeout / kMicrosPerMilli));
+    v1::StoreGetResponse response;
+    auto context = NewContext(timeout + kDeadlineMargin);
+    grpc::ClientContext* raw = context.get();
+    if (cancel != nullptr && !cancel->Hold([raw]() { raw->TryCancel(); })) {
+      return CancelledError(fmt::format("lighthouse {}: StoreGet: cancelled", options_.address));
+    }
+    const grpc::Status result = stub_->StoreGet(raw, request, &response);
+    if (cancel != nullptr) cancel->Release();
+    MEND_RETURN_IF_ERROR(FromGrpc(result, "StoreGet", options_.address));
+    return response.value();
   }
 
   static v1::QuorumRequest QuorumRequestProto(const QuorumRequestArgs& args) {
