@@ -9,7 +9,12 @@ writes a CSV: tokens/s of both modes and their ratio, streaming's held-out
 loss (and its change from the sweep's first delay), the final merge's time,
 both modes' inner-step times and the share of their training time outside
 the inner steps (the reducer and its waits: what the overlap itself costs),
-the tau and rounds in flight chosen, and how many rounds a step waited for.
+streaming's median step time with none of a learner's rounds in flight and
+with one (from the same run, so free of the machine's drift between runs),
+how much slower streaming's slowest learner stepped than its fastest and the
+largest share of a learner's time outside its steps (a round waits for its
+last member, so the faster learner waits once their lag outgrows the slack
+between a round's time and its fragment's period), the tau and rounds in flight chosen, and how many rounds a step waited for.
 
     bench/delay_sweep.py                           # 0 500 1000 2000 4000 ms, H 100, 1200 steps
     bench/delay_sweep.py --repeat 3                # three runs of it (the modes' order
@@ -47,6 +52,27 @@ def rounds(run_dir):
     return [r for r in records if not r.get("final_merge")]
 
 
+def steps_by_flight(run_dir):
+    """Each learner's inner-step times (steps.jsonl) split by whether one of
+    its own rounds was in flight during the step (rounds.jsonl: a round runs
+    from t_ms - seconds to t_ms): the median of each, over all learners. The
+    two come from the same run, so the machine's drift between runs does not
+    enter their ratio: what a round in flight costs the steps themselves."""
+    quiet, busy = [], []
+    for path in sorted(glob.glob(os.path.join(run_dir, "diagnostics", "*.steps.jsonl"))):
+        with open(path) as f:
+            steps = [json.loads(line) for line in f if line.strip()]
+        with open(path.replace(".steps.jsonl", ".rounds.jsonl")) as f:
+            spans = [(r["t_ms"] - 1000 * r["seconds"], r["t_ms"])
+                     for r in (json.loads(line) for line in f if line.strip())
+                     if not r.get("final_merge")]
+        for s in steps[2:]:  # the first steps warm up
+            middle = s["t_ms"] - s["step_ms"] / 2
+            (busy if any(a <= middle <= b for a, b in spans) else quiet).append(s["step_ms"])
+    median = lambda v: statistics.median(v) if v else float("nan")
+    return median(quiet), median(busy), len(busy) / max(1, len(quiet) + len(busy))
+
+
 def run_dir(work, mode):
     found = [d for d in glob.glob(os.path.join(work, "*-*")) if os.path.isdir(d)]
     # mend demo numbers its modes' folders: 1-diloco (streaming), 2-local.
@@ -80,6 +106,14 @@ def measure(args, delay, work, order):
         "final_merge_s": max(r.get("final_merge_seconds", 0.0) for r in streaming),
         "inner_step_ms": statistics.mean(r["inner_step_ms"] for r in streaming),
         "local_inner_step_ms": statistics.mean(r["inner_step_ms"] for r in local),
+        # How much slower the slowest learner's inner steps were than the
+        # fastest's: in a round every member waits for the last to reach
+        # the boundary, so the faster learner waits for the slower once
+        # their lag outgrows the slack between a round's time and its
+        # fragment's period. Local training has no such coupling.
+        "streaming_learner_spread": max(r["inner_step_ms"] for r in streaming)
+                                    / min(r["inner_step_ms"] for r in streaming) - 1,
+        "streaming_most_outside": max(1 - r["compute_fraction"] for r in streaming),
         # The share of the training time outside the inner steps (the
         # reducer's steps and any wait for a round), each mode's own:
         # what the overlap costs, apart from how fast the steps computed.
@@ -91,6 +125,10 @@ def measure(args, delay, work, order):
         "rounds_waited": sum(1 for r in records if r.get("waited")),
         "rounds": len(records),
     }
+    quiet, busy, busy_share = steps_by_flight(run_dir(work, "streaming"))
+    row["step_ms_no_round"] = quiet
+    row["step_ms_round_in_flight"] = busy
+    row["steps_with_round_in_flight"] = busy_share
     row["ratio"] = row["streaming_tokens_per_s"] / row["local_tokens_per_s"]
     return row
 
@@ -191,14 +229,20 @@ def main():
     print(f"\nH = {args.sync_every}, {args.steps} steps, settings {args.set or 'the defaults'}")
     print("| run | first | delay | streaming tok/s | local tok/s | streaming / local | streaming loss | vs first "
           "| final merge s | step ms (streaming / local) | outside steps (streaming / local) "
-          "| round s | tau | in flight | waited / rounds |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| learners' step spread, most outside | "
+          "step ms, no round / round in flight (share) | round s | tau | in flight "
+          "| waited / rounds |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['run']} | {r['first']} | {r['delay_ms']} ms | {r['streaming_tokens_per_s']:,} "
               f"| {r['local_tokens_per_s']:,} | **{r['ratio']:.3f}** | {r['streaming_eval_loss']:.4f} "
               f"| {100 * r['loss_vs_first']:+.2f}% | {r['final_merge_s']:.1f} "
               f"| {r['inner_step_ms']:.1f} / {r['local_inner_step_ms']:.1f} "
               f"| {100 * r['streaming_outside_steps']:.1f}% / {100 * r['local_outside_steps']:.1f}% "
+              f"| {100 * r['streaming_learner_spread']:.1f}%, "
+              f"{100 * r['streaming_most_outside']:.1f}% "
+              f"| {r['step_ms_no_round']:.1f} / {r['step_ms_round_in_flight']:.1f} "
+              f"({100 * r['steps_with_round_in_flight']:.0f}%) "
               f"| {r['round_s_median']:.2f} | {r['tau_median']:g} | {r['most_in_flight']} "
               f"| {r['rounds_waited']} / {r['rounds']} |")
     if len(runs) > 1:

@@ -17,7 +17,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev libgloo-dev iproute2
   libtorch-dev libopenblas0-pthread fortunes gnuplot-nox
   python3-torch python3-numpy python3-pytest python3-venv python3-pip patchelf
-  gdb stress-ng
+  gdb stress-ng linux-perf
 )
 
 missing=()
