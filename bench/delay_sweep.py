@@ -14,7 +14,8 @@ with one (from the same run, so free of the machine's drift between runs),
 how much slower streaming's slowest learner stepped than its fastest and the
 largest share of a learner's time outside its steps (a round waits for its
 last member, so the faster learner waits once their lag outgrows the slack
-between a round's time and its fragment's period), the tau and rounds in flight chosen, and how many rounds a step waited for.
+between a round's time and its fragment's period), the tau and rounds in
+flight chosen, and how many rounds a step waited for.
 
     bench/delay_sweep.py                           # 0 500 1000 2000 4000 ms, H 100, 1200 steps
     bench/delay_sweep.py --repeat 3                # three runs of it (the modes' order
@@ -93,8 +94,9 @@ def measure(args, delay, work, order):
     print("$", " ".join(command), flush=True)
     if not args.reuse:
         subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
-    streaming, local = learners(run_dir(work, "streaming")), learners(run_dir(work, "local"))
-    records = rounds(run_dir(work, "streaming"))
+    streaming_dir = run_dir(work, "streaming")
+    streaming, local = learners(streaming_dir), learners(run_dir(work, "local"))
+    records = rounds(streaming_dir)
     taus = [r["tau"] for r in records if r.get("ok")]
     row = {
         "delay_ms": delay,
@@ -125,7 +127,7 @@ def measure(args, delay, work, order):
         "rounds_waited": sum(1 for r in records if r.get("waited")),
         "rounds": len(records),
     }
-    quiet, busy, busy_share = steps_by_flight(run_dir(work, "streaming"))
+    quiet, busy, busy_share = steps_by_flight(streaming_dir)
     row["step_ms_no_round"] = quiet
     row["step_ms_round_in_flight"] = busy
     row["steps_with_round_in_flight"] = busy_share

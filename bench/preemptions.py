@@ -15,8 +15,8 @@ next switch back, and charges that time to the thread that took the CPU:
                        training thread: each round's thread and its Gloo
                        device's event loop (both short-lived), the
                        heartbeat and the abort watch
-  the other name  gRPC's threads (nexting_thread, grpc_global_tim, ...),
-                  the kernel's, other processes'
+  any other name       gRPC's threads (nexting_thread, grpc_global_tim,
+                       ...), the kernel's, other processes'
 
 Time counts from the kernel, not from a stopwatch around the steps, so the
 machine's drift between runs does not enter it; the modes compare directly.
@@ -30,7 +30,6 @@ Needs a built tree (build/mend) and perf (linux-perf, which scripts/setup.sh ins
 """
 import argparse
 import collections
-import csv
 import os
 import re
 import shutil
@@ -38,6 +37,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from delay_sweep import write_csv  # this folder's (the script's own directory is on sys.path)
 
 SWITCH = re.compile(r"\s*(\d+)\s+\[\d+\]\s+([\d.]+):\s+sched:sched_switch: prev_comm=(.*?) "
                     r"prev_pid=(\d+) prev_prio=\d+ prev_state=(\S+) ==> next_comm=(.*?) "
@@ -145,11 +146,7 @@ def main():
         for mode in args.modes.split(","):
             rows += measure(args, mode, delay, work_root)
 
-    os.makedirs(os.path.dirname(os.path.abspath(args.csv)), exist_ok=True)
-    with open(args.csv, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(args.csv, rows)
 
     print("\n| mode | delay | preempted (share of a training thread's time) | preemptions a second "
           "| by whom (share, times a second, ms each) |")
