@@ -44,12 +44,23 @@ uint64_t MakeSlot(uint64_t op, Phase phase, size_t segment) {
   return (op << 24) | (static_cast<uint64_t>(phase) << 20) | (segment & 0xFFFFF);
 }
 
+// Destroys a posted buffer whose send or receive may still be in flight: an
+// operation that failed, or that stopped after posting (weights summing to
+// 0). Gloo's destructor waits until its device thread has let go of the
+// buffer, but counts that reference inside libgloo, where TSan cannot see
+// it; tests/sanitizers/tsan.supp names this function. A buffer whose
+// transfer completed is deleted in Wait instead.
+[[gnu::noinline]] void DeleteInFlightBuffer(UnboundBuffer* buffer) { delete buffer; }
+struct InFlightRelease {
+  void operator()(UnboundBuffer* buffer) const { DeleteInFlightBuffer(buffer); }
+};
+
 // One posted send or receive with its peer. Gloo throws from send() and
 // recv() when the pair already failed; that error is kept here and reported
 // by the wait, so it is attributed to the peer like any other.
 struct Transfer {
   int peer = 0;
-  std::unique_ptr<UnboundBuffer> buffer;
+  std::unique_ptr<UnboundBuffer, InFlightRelease> buffer;
   bool is_send = false;
   std::string post_error;
 };
@@ -245,7 +256,11 @@ Status GlooCommunicator::End(Op& op, Status status) {
 
 Transfer GlooCommunicator::Post(Op& op, bool send, int peer, Phase phase, size_t segment, void* ptr,
                                 size_t bytes) {
-  Transfer transfer{peer, context_->createUnboundBuffer(ptr, bytes), send, {}};
+  Transfer transfer{peer,
+                    std::unique_ptr<UnboundBuffer, InFlightRelease>(
+                        context_->createUnboundBuffer(ptr, bytes).release()),
+                    send,
+                    {}};
   const uint64_t slot = MakeSlot(op.id, phase, segment);
   try {
     if (send) {
@@ -312,7 +327,7 @@ Status GlooCommunicator::Wait(Op& op, Transfer& transfer) {
     return AbortedError(fmt::format("round {}: {}: {} {}: {}", options_.round_id, op.name, what,
                                     PeerName(transfer.peer), error.what()));
   }
-  transfer.buffer.reset();
+  delete transfer.buffer.release();  // completed: no longer in flight
   return OkStatus();
 }
 
@@ -467,7 +482,19 @@ Status GlooCommunicator::WeightedAllReduceImpl(std::span<float> data, double wei
   Status weighed = WaitAll(op, weight_transfers);
   if (!weighed.ok()) return End(op, weighed);
   auto weights = NormalizeWeights(op, all_weights);
-  if (!weights.ok()) return End(op, weights.status());
+  if (!weights.ok()) {
+    // Every member refuses the same weights. The pieces already posted are
+    // let through first (every member posted all of its own), so that none
+    // is in flight, reading or writing the caller's buffer, once this
+    // returns; only the codecs' result receives stay posted, which no member
+    // will ever send to.
+    Status drained = OkStatus();
+    for (size_t s = 0; s < run.slicing.segments() && drained.ok(); ++s) {
+      drained = WaitAll(op, run.scatter[s]);
+      if (drained.ok()) drained = WaitAll(op, run.contributions_in[s]);
+    }
+    return End(op, drained.ok() ? weights.status() : drained);
+  }
   if (run.raw && (sum != Fp32Sum::kWeightedMean || sum_groups_.size() > 1)) {
     // fp32 across racks: (sum_r w_r x_r) * (1 / sum_r w_r), summed by rack
     // (WeightedSum), which the rack-aware merge can split at the racks.

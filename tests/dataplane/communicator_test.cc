@@ -1,8 +1,10 @@
 // The communicator among threads of one process: results against a reference,
 // bit-identical results on every member for every codec, deadlines when a
 // member hangs or vanishes, and nothing leaked after a failure.
+#include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -138,12 +140,24 @@ TEST(CommunicatorTest, AllGatherAndBroadcastMoveExactBytes) {
 }
 
 TEST(CommunicatorTest, ZeroTotalWeightIsRefusedOnEveryMember) {
-  RunMembers(2, [&](int rank, Communicator& comm) {
-    std::vector<float> data(10, 1.0f);
-    Status status = comm.WeightedAllReduce(data, 0.0);
-    EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << status;
-    EXPECT_NE(std::string(StatusMessage(status)).find("sum to 0"), std::string::npos);
-  });
+  // The weights travel beside the first pieces, so the refusal comes after
+  // those were posted: every member lets them through and returns, in fp32
+  // and with a codec (whose result receives are posted up front too), for a
+  // buffer of one segment and one of several; the caller's data is as it was.
+  auto int8 = MakeCodec({CodecKind::kInt8, 64, 4096, 64});
+  ASSERT_TRUE(int8.ok());
+  for (const Codec* codec : std::vector<const Codec*>{nullptr, int8->get()}) {
+    for (size_t n : {size_t{10}, size_t{1} << 20}) {
+      RunMembers(3, [&](int rank, Communicator& comm) {
+        std::vector<float> data(n, static_cast<float>(rank + 1));
+        Status status = comm.WeightedAllReduce(data, 0.0, codec);
+        EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << status;
+        EXPECT_NE(std::string(StatusMessage(status)).find("sum to 0"), std::string::npos);
+        EXPECT_EQ(std::count(data.begin(), data.end(), static_cast<float>(rank + 1)),
+                  static_cast<std::ptrdiff_t>(n));
+      });
+    }
+  }
 }
 
 TEST(CommunicatorTest, HungMemberFailsTheOthersWithDeadlineNamingIt) {
