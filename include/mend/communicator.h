@@ -102,7 +102,10 @@ class Communicator {
   // merge (w = tokens), or the mean (w = 1). `codec` must be dense; nullptr
   // means fp32: sum_r (w_r / sum_r w_r) * data_r, or, with members in
   // several racks (options.member_racks), (sum_r w_r * data_r) * (1 /
-  // sum_r w_r) summed by rack first.
+  // sum_r w_r) summed by rack first. A weight below 0 or not finite, or
+  // weights summing to 0: INVALID_ARGUMENT on every member, `data` as it
+  // was, no transfer left in flight; the communicator is then broken, as
+  // after any failure.
   [[nodiscard]] virtual Status WeightedAllReduce(std::span<float> data, double weight,
                                                  const Codec* codec = nullptr) = 0;
 

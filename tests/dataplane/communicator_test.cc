@@ -155,6 +155,7 @@ TEST(CommunicatorTest, ZeroTotalWeightIsRefusedOnEveryMember) {
         EXPECT_NE(std::string(StatusMessage(status)).find("sum to 0"), std::string::npos);
         EXPECT_EQ(std::count(data.begin(), data.end(), static_cast<float>(rank + 1)),
                   static_cast<std::ptrdiff_t>(n));
+        EXPECT_TRUE(comm.broken());
       });
     }
   }
