@@ -50,7 +50,23 @@ uint64_t MakeSlot(uint64_t op, Phase phase, size_t segment) {
 // buffer, but counts that reference inside libgloo, where TSan cannot see
 // it; tests/sanitizers/tsan.supp names this function. A buffer whose
 // transfer completed is deleted in Wait instead.
-[[gnu::noinline]] void DeleteInFlightBuffer(UnboundBuffer* buffer) { delete buffer; }
+//
+// TSan shows each of mend's frames at the call it made, and none of
+// libgloo's own: an access inside Gloo's destructor is shown in the function
+// that called the last of mend's frames. So the named function calls
+// DeleteBuffer, which calls the destructor, and both stay out of line.
+[[gnu::noinline]] void DeleteBuffer(UnboundBuffer* buffer) { delete buffer; }
+//
+// Its transfer may also have completed without a wait to see it (a wait on
+// another failed first). The aborts take the buffer's lock, which the device
+// thread released when it completed the transfer: what it did to the memory
+// before that is then ordered before the caller's next use, for TSan too
+// (it sees Gloo's pthread locks). The abort flags are never read again.
+[[gnu::noinline]] void DeleteInFlightBuffer(UnboundBuffer* buffer) {
+  buffer->abortWaitSend();
+  buffer->abortWaitRecv();
+  DeleteBuffer(buffer);
+}
 struct InFlightRelease {
   void operator()(UnboundBuffer* buffer) const { DeleteInFlightBuffer(buffer); }
 };
@@ -327,7 +343,7 @@ Status GlooCommunicator::Wait(Op& op, Transfer& transfer) {
     return AbortedError(fmt::format("round {}: {}: {} {}: {}", options_.round_id, op.name, what,
                                     PeerName(transfer.peer), error.what()));
   }
-  delete transfer.buffer.release();  // completed: no longer in flight
+  DeleteBuffer(transfer.buffer.release());  // completed: no longer in flight
   return OkStatus();
 }
 
