@@ -44,18 +44,17 @@ uint64_t MakeSlot(uint64_t op, Phase phase, size_t segment) {
   return (op << 24) | (static_cast<uint64_t>(phase) << 20) | (segment & 0xFFFFF);
 }
 
-// Destroys a posted buffer whose send or receive may still be in flight: an
+// Deletes a posted buffer. Out of line: TSan shows each of mend's frames at
+// the call it made, and none of libgloo's own, so an access inside Gloo's
+// destructor is shown in the function that called this one.
+[[gnu::noinline]] void DeleteBuffer(UnboundBuffer* buffer) { delete buffer; }
+
+// Deletes a posted buffer whose send or receive may still be in flight: an
 // operation that failed, or that stopped after posting (weights summing to
 // 0). Gloo's destructor waits until its device thread has let go of the
 // buffer, but counts that reference inside libgloo, where TSan cannot see
 // it; tests/sanitizers/tsan.supp names this function. A buffer whose
 // transfer completed is deleted in Wait instead.
-//
-// TSan shows each of mend's frames at the call it made, and none of
-// libgloo's own: an access inside Gloo's destructor is shown in the function
-// that called the last of mend's frames. So the named function calls
-// DeleteBuffer, which calls the destructor, and both stay out of line.
-[[gnu::noinline]] void DeleteBuffer(UnboundBuffer* buffer) { delete buffer; }
 //
 // Its transfer may also have completed without a wait to see it (a wait on
 // another failed first). The aborts take the buffer's lock, which the device
@@ -343,7 +342,15 @@ Status GlooCommunicator::Wait(Op& op, Transfer& transfer) {
     return AbortedError(fmt::format("round {}: {}: {} {}: {}", options_.round_id, op.name, what,
                                     PeerName(transfer.peer), error.what()));
   }
-  DeleteBuffer(transfer.buffer.release());  // completed: no longer in flight
+  // Completed: no longer in flight. Taken from Abort's reach first (it may be
+  // aborting this very wait from another thread), then deleted.
+  UnboundBuffer* completed = nullptr;
+  {
+    MutexLock lock(abort_mu_);
+    waiting_ = nullptr;
+    completed = transfer.buffer.release();
+  }
+  DeleteBuffer(completed);
   return OkStatus();
 }
 
