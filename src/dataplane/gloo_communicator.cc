@@ -312,13 +312,23 @@ Status GlooCommunicator::Wait(Op& op, Transfer& transfer) {
     }
     waiting_ = &transfer;
   }
+  // On every way out: the transfer leaves Abort's reach (Abort may be
+  // aborting this very wait from another thread); a completed one's buffer
+  // is taken out under the same lock and deleted after it.
   struct NotWaiting {
     GlooCommunicator* self;
+    Transfer& transfer;
+    bool completed = false;
     ~NotWaiting() {
-      MutexLock lock(self->abort_mu_);
-      self->waiting_ = nullptr;
+      UnboundBuffer* done = nullptr;
+      {
+        MutexLock lock(self->abort_mu_);
+        self->waiting_ = nullptr;
+        if (completed) done = transfer.buffer.release();
+      }
+      if (done != nullptr) DeleteBuffer(done);
     }
-  } not_waiting{this};
+  } not_waiting{this, transfer};
   try {
     bool done =
         transfer.is_send ? transfer.buffer->waitSend(left) : transfer.buffer->waitRecv(left);
@@ -342,15 +352,7 @@ Status GlooCommunicator::Wait(Op& op, Transfer& transfer) {
     return AbortedError(fmt::format("round {}: {}: {} {}: {}", options_.round_id, op.name, what,
                                     PeerName(transfer.peer), error.what()));
   }
-  // Completed: no longer in flight. Taken from Abort's reach first (it may be
-  // aborting this very wait from another thread), then deleted.
-  UnboundBuffer* completed = nullptr;
-  {
-    MutexLock lock(abort_mu_);
-    waiting_ = nullptr;
-    completed = transfer.buffer.release();
-  }
-  DeleteBuffer(completed);
+  not_waiting.completed = true;
   return OkStatus();
 }
 
