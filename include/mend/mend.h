@@ -34,7 +34,7 @@ extern "C" {
 
 /* The version of this interface; mend_abi_version() returns the one the
  * loaded library implements. A front end refuses a library of another one. */
-#define MEND_ABI_VERSION 2
+#define MEND_ABI_VERSION 3
 
 typedef enum mend_status {
   MEND_OK = 0,
@@ -204,6 +204,18 @@ mend_status mend_learner_create(const mend_config* config, const char* token,
  * for both: none (yet). */
 mend_status mend_learner_set_moments(mend_learner* learner, size_t index, float* first,
                                      float* second);
+
+/* The inner optimizer's Adam betas and its step count (Adam's t, the
+ * exponent of its bias correction; caller-owned, NULL: none), for desloc
+ * and heal_inner_optimizer: the betas weigh what a round brings against the
+ * progress made since its boundary, and a heal writes the source's step
+ * count into *step with its moments, so that the healed learner takes the
+ * same next step as the source. *step is read at a round's boundary and
+ * written when a heal is applied (MEND_STEP_READS / MEND_STEP_WROTE cover
+ * it). Without this call the betas are torch's defaults (0.9, 0.999) and
+ * no step count is kept. Betas outside [0, 1) are INVALID_ARGUMENT. (ABI 3) */
+mend_status mend_learner_set_optimizer(mend_learner* learner, double beta1, double beta2,
+                                       uint64_t* step);
 
 /* The model's buffers (BatchNorm's running statistics), synchronised at
  * every round so that every member ends it with the same values: with

@@ -167,6 +167,7 @@ class Learner:
         self.config = config
         self.learner_id = str(learner_id or os.environ.get("MEND_LEARNER_ID") or default_learner_id())
         self._keep = keep
+        self._optimizer_step: Optional[ctypes.c_uint64] = None
         self._pid = os.getpid()
         self._closed = False
         token = token or read_token(config)
@@ -219,6 +220,29 @@ class Learner:
         b, count_b, _, view_b = _address_of(f"{self.names[index]} (second moment)", second)
         self._set_moment_addresses(index, a, b, (first, second, view_a, view_b))
 
+    def set_optimizer(self, beta1: float, beta2: float) -> None:
+        """The inner optimizer's Adam betas, for desloc and
+        heal_inner_optimizer (torch's defaults, 0.9 and 0.999, until set);
+        from then on ``optimizer_step`` is its step count (Adam's t): set it
+        before a step that reads the buffers; a heal writes the source's
+        into it with the moments."""
+        self._check_process()
+        counter = ctypes.c_uint64(self._optimizer_step.value if self._optimizer_step is not None else 0)
+        _native.check(lib.mend_learner_set_optimizer(self._pointer, float(beta1), float(beta2),
+                                                     ctypes.byref(counter)))
+        self._optimizer_step = counter  # the library holds its address from now on
+
+    @property
+    def optimizer_step(self) -> int:
+        """The inner optimizer's step count as mend holds it (0 before set_optimizer)."""
+        return self._optimizer_step.value if self._optimizer_step is not None else 0
+
+    @optimizer_step.setter
+    def optimizer_step(self, step: int) -> None:
+        if self._optimizer_step is None:
+            raise _native.ERRORS[9]("mend: optimizer_step before set_optimizer(beta1, beta2)")
+        self._optimizer_step.value = int(step)
+
     def set_buffers(self, buffers: Sequence[Tuple[str, Any]], from_first_member: bool = False) -> None:
         """The model's buffers (float32 memory, like the parameters), kept the
         same on every member: averaged at every round with its weights, or
@@ -241,7 +265,8 @@ class Learner:
     def _set_moment_addresses(self, index: int, first: int, second: int, keep: Any) -> None:
         self._check_process()
         _native.check(lib.mend_learner_set_moments(self._pointer, index, first, second))
-        self._keep = (self._keep, keep)
+        if keep:
+            self._keep = (self._keep, keep)
 
     # -- state -----------------------------------------------------------
     def stats(self) -> Dict[str, int]:
@@ -314,6 +339,17 @@ class Learner:
     def interrupt(self) -> None:
         """Calls off the round a step waits for (from any thread)."""
         lib.mend_learner_interrupt(self._pointer)
+
+    def leave(self) -> None:
+        """Leaves the job without its final merge: calls every later join
+        off, then shuts down (what that returns is not an error here)."""
+        if self._closed or os.getpid() != self._pid:
+            return
+        self.interrupt()
+        try:
+            self.shutdown()
+        except _native.MendError:
+            pass
 
     def _check_process(self) -> None:
         if os.getpid() != self._pid:

@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional
 
 from mend import _build_info
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 PENDING = 100
 
 # mend_learner_plan_step / mend_learner_last_flags.
@@ -141,6 +141,7 @@ _SIGNATURES = {
     "mend_group_store_stop": (None, [_p]),
     "mend_learner_create": (_status, [_p, _s, _s, ctypes.POINTER(Buffer), ctypes.c_size_t, _u64, _PP]),
     "mend_learner_set_moments": (_status, [_p, ctypes.c_size_t, _p, _p]),
+    "mend_learner_set_optimizer": (_status, [_p, ctypes.c_double, ctypes.c_double, ctypes.POINTER(_u64)]),
     "mend_learner_set_buffers": (_status, [_p, ctypes.POINTER(Buffer), ctypes.c_size_t, _u32]),
     "mend_learner_plan_step": (_u32, [_p]),
     "mend_learner_step": (_status, [_p, _u64, _i64]),

@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from mend import _attach as attach
+from mend import _bindings as bindings
 from mend import _native
 from mend._config import MendConfig
 from mend._learner import GroupStore, Learner, default_learner_id, read_token
@@ -117,7 +118,10 @@ class Runtime:
         self._always_stage = config.host_staging == "always"
         self._staging = _Staging()
         self._moment_staging = _Staging()
-        self._moments_missing = set(range(len(self._parameters)))
+        # Each parameter's Adam moments as handed over (None: none yet).
+        self._moments: List[Optional[Tuple[torch.Tensor, torch.Tensor]]] = [None] * len(self._parameters)
+        self._optimizer_tracked = False  # its betas and step count handed over
+        self._step_handed = 0            # the step count last put into the learner
         self._pid = os.getpid()
         self._tokens: Optional[int] = None
         self._counted_tokens = 0
@@ -128,14 +132,16 @@ class Runtime:
         self._attachment: Optional[attach.StepAttachment] = None
         self._later: Optional[attach.LaterOptimizer] = None
         self._hooks = []
-        entries = []
+        self._attached = [bindings.Attached("parameter", name, p) for name, p in named]
+        entries, storages = [], []
         with torch.no_grad():
             for name, p in named:
-                data = p.detach()
+                data = p.detach()  # keeps this storage alive whatever later replaces p's
                 tensor = data if _in_place(data, self._always_stage) else self._staging.add(data)
                 entries.append((name, tensor.data_ptr(), tensor.numel(), tuple(p.shape)))
+                storages.append(data)
         self._learner = Learner._from_addresses(config, entries, learner_id, read_token(config), 0,
-                                                keep=[p for _, p in named])
+                                                keep=storages)
         self._buffer_staging = _Staging()
         if config.sync_buffers:
             self._hand_over_buffers(model)
@@ -200,37 +206,54 @@ class Runtime:
                 tensor = data if _in_place(data, self._always_stage) else self._buffer_staging.add(data)
                 kinds[not buffer.is_floating_point()].append((name, tensor.data_ptr(), tensor.numel(),
                                                               tuple(buffer.shape)))
-                keep.append(buffer)
+                keep.append(data)
+                self._attached.append(bindings.Attached("buffer", name, buffer))
         for from_first_member, entries in kinds.items():
             if entries:
                 self._learner._set_buffer_addresses(entries, from_first_member, keep)
 
     def _hand_over_moments(self) -> None:
-        """Gives the reducer each parameter's Adam moments once the optimizer has made them
-        (at its first step); nothing is left to do on later steps."""
-        if self._optimizer is None or not self._moments_missing:
+        """Gives the reducer each parameter's Adam moments once the optimizer
+        has made them (at its first step), with its betas, and again when
+        the optimizer replaced them (its load_state_dict); cheap when
+        nothing changed."""
+        if self._optimizer is None:
             return
-        state = self._optimizer.state
-        for index in list(self._moments_missing):
-            s = state.get(self._parameters[index])
-            if not (s and "exp_avg" in s and "exp_avg_sq" in s):
+        now = [bindings.adam_moments(self._optimizer, p) for p in self._parameters]
+        if all(bindings.same_moments(a, b) for a, b in zip(now, self._moments)):
+            return
+        if not self._optimizer_tracked and any(m is not None for m in now):
+            self._learner.set_optimizer(*bindings.adam_betas(self._optimizer, self._parameters))
+            self._optimizer_tracked = True
+        # Every parameter's anew, into new host copies where staged: the
+        # library holds the old addresses until each is replaced here.
+        staging = _Staging()
+        for index, moments in enumerate(now):
+            if moments is None:
+                self._learner._set_moment_addresses(index, None, None, ())
                 continue
-            moments = []
-            for moment in (s["exp_avg"], s["exp_avg_sq"]):
-                moment = moment.detach()
-                moments.append(moment if _in_place(moment, self._always_stage) else self._moment_staging.add(moment))
-            self._learner._set_moment_addresses(index, moments[0].data_ptr(), moments[1].data_ptr(),
-                                                (s["exp_avg"], s["exp_avg_sq"]))
-            self._moments_missing.discard(index)
+            views = [m.detach() for m in moments]
+            views = [v if _in_place(v, self._always_stage) else staging.add(v) for v in views]
+            self._learner._set_moment_addresses(index, views[0].data_ptr(), views[1].data_ptr(), ())
+        staging.copies, staging.seconds = self._moment_staging.copies, self._moment_staging.seconds
+        self._moment_staging = staging
+        self._moments = now
 
     def _before_call(self) -> None:
         for staging in (self._staging, self._moment_staging, self._buffer_staging):
             staging.copy_in()
+        if self._optimizer_tracked:
+            self._step_handed = bindings.optimizer_step(self._optimizer, self._parameters)
+            self._learner.optimizer_step = self._step_handed
 
     def _after_call(self) -> None:
         if self._learner.last_flags & STEP_WROTE:
             for staging in (self._staging, self._moment_staging, self._buffer_staging):
                 staging.copy_out()
+            if self._optimizer_tracked and self._learner.optimizer_step != self._step_handed:
+                # A heal brought its source's step count with the moments.
+                self._step_handed = self._learner.optimizer_step
+                bindings.set_optimizer_step(self._optimizer, self._parameters, self._step_handed)
 
     # -- the user's calls -----------------------------------------------
     def report_tokens(self, tokens: int) -> None:
@@ -267,10 +290,14 @@ class Runtime:
                 tokens = 1
         self._tokens = None
         self._counted_tokens = 0
-        if self._moments_missing and (self.config.desloc or self.config.heal_inner_optimizer):
-            self._hand_over_moments()
         learner = self._learner
-        if learner.plan_step() & STEP_READS:
+        reads = learner.plan_step() & STEP_READS
+        # The moments once the optimizer has made them, and before a step
+        # that reads them (they may have been replaced since).
+        if (self.config.desloc or self.config.heal_inner_optimizer) and (reads or not self._optimizer_tracked):
+            self._hand_over_moments()
+        if reads:
+            bindings.check_attached(self.model, self._attached)
             self._before_call()
             learner.step(int(tokens))
             self._after_call()
@@ -306,6 +333,7 @@ class Runtime:
         """Makes exported bytes (or a checkpoint file's) the global state and
         the model's parameters; the step becomes the state's."""
         self._check_process()
+        bindings.check_attached(self.model, self._attached)
         self._learner.import_state(state)
         self._after_call()
 
@@ -350,6 +378,12 @@ class Runtime:
         self._attachment = self._later = None
         if self._learner.closed:
             return
+        try:
+            bindings.check_attached(self.model, self._attached)
+        except _native.MendError:
+            # Leave without a final merge: its values would not be the model's.
+            self._learner.leave()
+            raise
         self._before_call()
         try:
             self._learner.shutdown()
@@ -435,7 +469,8 @@ def _join_group(config: MendConfig, learner_id: Optional[str]) -> Tuple[MendConf
 
 
 _runtimes: "weakref.WeakKeyDictionary[torch.nn.Module, Runtime]" = weakref.WeakKeyDictionary()
-_lock = threading.Lock()
+_starting: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()  # mend_init under way
+_lock = threading.Lock()  # guards both; never held across a call that waits for peers
 
 
 def mend_init(model: torch.nn.Module, config: Optional[MendConfig] = None,
@@ -477,9 +512,12 @@ def mend_init(model: torch.nn.Module, config: Optional[MendConfig] = None,
         raise TypeError("mend_init: model must be a torch.nn.Module")
     config = _with_group(config or MendConfig())
     with _lock:
-        if model in _runtimes and not _runtimes[model].closed:
+        if (model in _runtimes and not _runtimes[model].closed) or model in _starting:
             raise _native.ERRORS[9](
                 "mend_init: this model already has a mend runtime; call mend_shutdown(model) first")
+        _starting.add(model)
+    # Joining a group waits for its other ranks (threads of this process, too).
+    try:
         config, learner_id, server = _join_group(config, rank_id or os.environ.get("MEND_LEARNER_ID"))
         try:
             runtime = Runtime(model, config, learner_id, optimizer, server, manual)
@@ -487,7 +525,11 @@ def mend_init(model: torch.nn.Module, config: Optional[MendConfig] = None,
             if server is not None:
                 server.stop()
             raise
-        _runtimes[model] = runtime
+        with _lock:
+            _runtimes[model] = runtime
+    finally:
+        with _lock:
+            _starting.discard(model)
     if config.group_size > 1:
         _native.log("info", f"mend_init: this process is group rank {config.group_rank} of {config.group_size} of "
                             f"learner {learner_id!r} (group store {config.group_store})")

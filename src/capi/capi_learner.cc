@@ -201,6 +201,22 @@ mend_status mend_learner_set_moments(mend_learner* learner, size_t index, float*
   });
 }
 
+mend_status mend_learner_set_optimizer(mend_learner* learner, double beta1, double beta2,
+                                       uint64_t* step) {
+  return Guarded([&] {
+    if (mend::Status usable = Usable(learner, "mend_learner_set_optimizer"); !usable.ok())
+      return Return(usable);
+    for (double beta : {beta1, beta2}) {
+      if (!(beta >= 0.0 && beta < 1.0)) {
+        return Fail(mend::InvalidArgumentError(fmt::format(
+            "mend_learner_set_optimizer: betas ({}, {}): each must be in [0, 1)", beta1, beta2)));
+      }
+    }
+    if (learner->moments != nullptr) learner->moments->SetOptimizer(beta1, beta2, step);
+    return MEND_OK;
+  });
+}
+
 mend_status mend_learner_set_buffers(mend_learner* learner, const mend_buffer* buffers,
                                      size_t count, uint32_t kind) {
   return Guarded([&] {

@@ -45,7 +45,8 @@ class RawParameters final : public reducer::FlatParameters {
   uint64_t writes_ = 0;
 };
 
-// Adam's two moments of each parameter, handed over as they appear.
+// Adam's two moments of each parameter, handed over as they appear, with
+// the optimizer's betas and its step count (a caller-owned counter).
 class RawMoments final : public reducer::FlatMoments {
  public:
   explicit RawMoments(std::vector<size_t> numels)
@@ -54,6 +55,11 @@ class RawMoments final : public reducer::FlatMoments {
   }
 
   void Set(size_t index, float* first, float* second) { moments_[index] = {first, second}; }
+  // `step` (may be null: none) is read at boundaries and written by heals.
+  void SetOptimizer(double beta1, double beta2, uint64_t* step) {
+    betas_ = {beta1, beta2};
+    step_ = step;
+  }
 
   size_t size() const override { return size_; }
   bool Read(Which which, std::span<float> out) const override {
@@ -66,16 +72,24 @@ class RawMoments final : public reducer::FlatMoments {
     }
     return true;
   }
-  void Adjust(Which which, std::span<const float> average,
-              std::span<const float> snapshot) override {
+  void Adjust(Which which, std::span<const float> target, std::span<const float> snapshot,
+              float weight) override {
     ForEach(which, [&](float* m, size_t offset, size_t n) {
-      for (size_t k = 0; k < n; ++k) m[k] += average[offset + k] - snapshot[offset + k];
+      reducer::AdjustMoment(which, std::span(m, n), target.subspan(offset, n),
+                            snapshot.subspan(offset, n), weight);
     });
   }
-  void Replace(Which which, std::span<const float> average) override {
+  void Replace(Which which, std::span<const float> target) override {
     ForEach(which, [&](float* m, size_t offset, size_t n) {
-      std::memcpy(m, average.data() + offset, n * sizeof(float));
+      std::memcpy(m, target.data() + offset, n * sizeof(float));
     });
+  }
+  double beta(Which which) const override { return betas_[which]; }
+  uint64_t step() const override { return step_ != nullptr ? *step_ : 0; }
+  void set_step(uint64_t step) override {
+    if (step_ == nullptr) return;
+    *step_ = step;
+    ++writes_;
   }
   uint64_t writes() const { return writes_; }
 
@@ -94,6 +108,8 @@ class RawMoments final : public reducer::FlatMoments {
   const std::vector<size_t> numels_;
   std::vector<std::array<float*, 2>> moments_;
   size_t size_ = 0;
+  std::array<double, 2> betas_ = {0.9, 0.999};  // torch's defaults until the front end says
+  uint64_t* step_ = nullptr;                    // caller-owned; null: none
   uint64_t writes_ = 0;
 };
 

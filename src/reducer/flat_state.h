@@ -31,7 +31,8 @@ class FlatParameters {
 };
 
 // The inner optimizer's Adam moments of those parameters, as one flat
-// buffer each (DES-LOC's averaging, and the moments a heal carries).
+// buffer each (DES-LOC's averaging, and the moments a heal carries), with
+// its betas and its step count.
 class FlatMoments {
  public:
   enum Which { kFirst = 0, kSecond = 1 };
@@ -40,12 +41,33 @@ class FlatMoments {
   // Copies the moment into `out`; false when some parameter has no state yet
   // (before the optimizer's first step).
   virtual bool Read(Which which, std::span<float> out) const = 0;
-  // moment += average - snapshot: the average the members agreed on, plus
-  // what this learner's optimizer added since the snapshot.
-  virtual void Adjust(Which which, std::span<const float> average,
-                      std::span<const float> snapshot) = 0;
-  // moment <- average (nothing was added since the snapshot).
-  virtual void Replace(Which which, std::span<const float> average) = 0;
+  // moment += weight * (target - snapshot) (AdjustMoment): the moment as if
+  // it had been `target` instead of `snapshot` at the boundary, with what
+  // this learner's optimizer added since kept. After k steps Adam keeps
+  // beta^k of a moment's start (its update m <- beta m + (1 - beta) g is
+  // linear in it), so weight = beta^k, and a second moment stays >= 0.
+  virtual void Adjust(Which which, std::span<const float> target, std::span<const float> snapshot,
+                      float weight) = 0;
+  // moment <- target (nothing was added since the snapshot).
+  virtual void Replace(Which which, std::span<const float> target) = 0;
+  // Adam's beta for `which` (beta1, beta2): the share of a moment one step keeps.
+  virtual double beta(Which which) const = 0;
+  // The optimizer's step count (Adam's t, the exponent of its bias
+  // correction); 0 when it has none (yet) or keeps none mend can see.
+  virtual uint64_t step() const = 0;
+  // Sets it (a heal brings the source's); ignored where it keeps none.
+  virtual void set_step(uint64_t step) = 0;
 };
+
+// FlatMoments::Adjust's arithmetic on one moment's values: the second
+// moment is kept >= 0 against rounding (Adam takes its square root).
+inline void AdjustMoment(FlatMoments::Which which, std::span<float> moment,
+                         std::span<const float> target, std::span<const float> snapshot,
+                         float weight) {
+  for (size_t k = 0; k < moment.size(); ++k) {
+    const float value = moment[k] + weight * (target[k] - snapshot[k]);
+    moment[k] = which == FlatMoments::kSecond && value < 0.0f ? 0.0f : value;
+  }
+}
 
 }  // namespace mend::reducer

@@ -1,6 +1,7 @@
 #include "reducer/fragment_book.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "fmt/format.h"
 #include "openssl/evp.h"
@@ -207,31 +208,37 @@ void CommitRound(FragmentBook& book, Outcome& outcome, InFlight& flight, uint64_
 
 MomentsApplied ApplyMoments(FlatMoments* moments, const Outcome& outcome, InFlight& flight,
                             uint64_t step) {
-  MomentsApplied applied;
-  const bool at_boundary = step == flight.boundary_step;
-  for (auto which : {FlatMoments::kFirst, FlatMoments::kSecond}) {
-    const std::vector<float>& boundary = flight.moments[which];
-    const std::vector<float>& averaged = outcome.averaged_moments[which];
-    if (!averaged.empty() && !boundary.empty()) {
-      if (at_boundary) {
-        moments->Replace(which, averaged);
-      } else {
-        moments->Adjust(which, averaged, boundary);
-      }
-      applied.synced++;
-      applied.changed = true;
-    }
-  }
-  for (auto which : {FlatMoments::kFirst, FlatMoments::kSecond}) {
-    const std::vector<float>& healed = outcome.healed_moments[which];
-    if (healed.empty()) continue;
-    applied.changed = true;
-    if (at_boundary || flight.moments[which].empty()) {
-      moments->Replace(which, healed);
+  // The optimizer's steps since the boundary: its own count where it keeps
+  // one, else the reducer's (one optimizer step per reducer step).
+  const uint64_t now = moments->step();
+  const uint64_t since = flight.moment_step > 0 && now >= flight.moment_step
+                             ? now - flight.moment_step
+                             : step - flight.boundary_step;
+  const bool snapshot = !flight.moments[0].empty() && !flight.moments[1].empty();
+  // `target` as the moment at the boundary, with the progress since kept.
+  auto bring = [&](FlatMoments::Which which, const std::vector<float>& target) {
+    if (since == 0 || !snapshot) {
+      moments->Replace(which, target);
     } else {
-      moments->Adjust(which, healed, flight.moments[which]);
+      moments->Adjust(which, target, flight.moments[which],
+                      static_cast<float>(std::pow(moments->beta(which), since)));
     }
+  };
+  MomentsApplied applied;
+  for (auto which : {FlatMoments::kFirst, FlatMoments::kSecond}) {
+    if (outcome.averaged_moments[which].empty() || flight.moments[which].empty()) continue;
+    bring(which, outcome.averaged_moments[which]);
+    applied.synced++;
+    applied.changed = true;
   }
+  if (outcome.healed_moments[0].empty() || outcome.healed_moments[1].empty()) return applied;
+  for (auto which : {FlatMoments::kFirst, FlatMoments::kSecond})
+    bring(which, outcome.healed_moments[which]);
+  // The source's step count as of its boundary, plus the steps this
+  // learner's moments kept since (none where they were replaced).
+  if (outcome.healed_moment_step > 0)
+    moments->set_step(outcome.healed_moment_step + (since == 0 || !snapshot ? 0 : since));
+  applied.changed = true;
   return applied;
 }
 

@@ -112,9 +112,10 @@ void EagerStep(std::span<const float> global, std::span<const float> momentum,
 // or healed another): its provisional step is taken back.
 void UndoEager(FragmentBook& book, InFlight& flight);
 
-// DES-LOC's averaged moments and a heal's moments into `moments` (adjusted
-// by the progress since the boundary); the number of averaged ones, and
-// whether any moment changed.
+// DES-LOC's averaged moments, and a heal's moments with the source's step
+// count, into `moments`: as the moments at the boundary, with the progress
+// the optimizer made since kept (FlatMoments::Adjust); the number of
+// averaged ones, and whether any moment changed.
 struct MomentsApplied {
   uint64_t synced = 0;
   bool changed = false;

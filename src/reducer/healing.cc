@@ -91,8 +91,10 @@ StatusOr<Healed> HealRound(Communicator& comm, const QuorumResult& round,
     const std::string& source_id = round.members[static_cast<size_t>(source)].id;
     // With the state: the source's step at its boundary (the healed learner
     // continues the job's schedule, learning rate and fragment boundaries,
-    // from there) and the fragment the source exchanges in this round.
-    uint64_t boundary[2] = {offer.boundary_step, static_cast<uint64_t>(offer.fragment)};
+    // from there), the fragment the source exchanges in this round, and
+    // its optimizer's step count (with the moments, when they follow).
+    uint64_t boundary[3] = {offer.boundary_step, static_cast<uint64_t>(offer.fragment),
+                            offer.moment_step};
     MEND_RETURN_IF_ERROR(StreamState(comm, std::as_writable_bytes(std::span(buffer)), source,
                                      source_id, kHealChunkBytes,
                                      std::as_writable_bytes(std::span(boundary))));
@@ -113,6 +115,7 @@ StatusOr<Healed> HealRound(Communicator& comm, const QuorumResult& round,
         const long m = static_cast<long>(offer.moment_values);
         healed.moments[0].assign(moments.begin(), moments.begin() + m);
         healed.moments[1].assign(moments.begin() + m, moments.begin() + 2 * m);
+        healed.moment_step = boundary[2];
       }
     }
   }

@@ -2,8 +2,9 @@
 // member list (each member that is behind heals from the source the
 // lighthouse named; on a fresh start everyone from rank 0), and each source
 // streams every fragment's global state and outer momentum in checked
-// chunks (heal_stream.h), then its boundary step and the fragment it
-// exchanges, then by option its inner optimizer's moments.
+// chunks (heal_stream.h), then its boundary step, the fragment it
+// exchanges and its optimizer's step count, then by option its inner
+// optimizer's moments.
 #pragma once
 
 #include <cstdint>
@@ -32,10 +33,11 @@ struct HealOffer {
   uint64_t boundary_step = 0;  // its step at the boundary (the job's step)
   int fragment = 0;            // the fragment it exchanges in this round
   // heal_inner_optimizer: its moments at the boundary (empty: none yet),
-  // each of `moment_values` values.
+  // each of `moment_values` values, and its optimizer's step count then.
   bool send_moments = false;
   size_t moment_values = 0;
   const std::vector<float>* moments[2] = {nullptr, nullptr};
+  uint64_t moment_step = 0;
 };
 
 // What this member received, when it healed.
@@ -47,6 +49,7 @@ struct Healed {
   uint64_t bytes = 0;             // received
   double seconds = 0;             // in healing (every member takes part)
   std::vector<float> moments[2];  // the source's, when it sent them
+  uint64_t moment_step = 0;       // the source's optimizer step count with them (0: none)
 };
 
 // Runs the round's heals on `comm` (every member must call it).

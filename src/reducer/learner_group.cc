@@ -87,20 +87,23 @@ class SlicedMoments final : public FlatMoments {
     std::copy_n(scratch_.begin() + static_cast<long>(range_.begin), range_.size(), out.begin());
     return true;
   }
-  void Adjust(Which which, std::span<const float> average,
-              std::span<const float> snapshot) override {
+  void Adjust(Which which, std::span<const float> target, std::span<const float> snapshot,
+              float weight) override {
     scratch_.resize(whole_.size());
     if (!whole_.Read(which, scratch_)) return;
-    for (size_t i = 0; i < range_.size(); ++i)
-      scratch_[range_.begin + i] += average[i] - snapshot[i];
+    AdjustMoment(which, std::span(scratch_).subspan(range_.begin, range_.size()), target, snapshot,
+                 weight);
     whole_.Replace(which, scratch_);
   }
-  void Replace(Which which, std::span<const float> average) override {
+  void Replace(Which which, std::span<const float> target) override {
     scratch_.resize(whole_.size());
     if (!whole_.Read(which, scratch_)) std::fill(scratch_.begin(), scratch_.end(), 0.0f);
-    std::copy(average.begin(), average.end(), scratch_.begin() + static_cast<long>(range_.begin));
+    std::copy(target.begin(), target.end(), scratch_.begin() + static_cast<long>(range_.begin));
     whole_.Replace(which, scratch_);
   }
+  double beta(Which which) const override { return whole_.beta(which); }
+  uint64_t step() const override { return whole_.step(); }
+  void set_step(uint64_t step) override { whole_.set_step(step); }
 
  private:
   FlatMoments& whole_;

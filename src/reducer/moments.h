@@ -21,9 +21,12 @@ class AdamMoments final : public FlatMoments {
 
   size_t size() const override { return size_; }
   bool Read(Which which, std::span<float> out) const override;
-  void Adjust(Which which, std::span<const float> average,
-              std::span<const float> snapshot) override;
-  void Replace(Which which, std::span<const float> average) override;
+  void Adjust(Which which, std::span<const float> target, std::span<const float> snapshot,
+              float weight) override;
+  void Replace(Which which, std::span<const float> target) override;
+  double beta(Which which) const override;
+  uint64_t step() const override;
+  void set_step(uint64_t step) override;
 
  private:
   // Parameter i's moment if it is a contiguous fp32 tensor of the right size,

@@ -443,6 +443,7 @@ void RoundDriverImpl::Snap(Fragment& fragment, InFlight& flight) {
   }
   GiveBack(std::move(local));
   if (moments_) {
+    flight.moment_step = moments_->step();
     for (auto which : {FlatMoments::kFirst, FlatMoments::kSecond}) {
       flight.moments[which].resize(moments_->size());
       if (!moments_->Read(which, flight.moments[which])) flight.moments[which].clear();

@@ -40,6 +40,7 @@ struct Outcome {
   bool outer_warmup = false;  // an outer warm-up round: averaged, momentum untouched
   bool final_merge = false;   // the job's final merge: averaged (fp32), momentum untouched
   std::vector<float> healed_moments[2];  // heal_inner_optimizer: the source's moments
+  uint64_t healed_moment_step = 0;       // ... and its optimizer's step count (0: none)
   // sync_buffers: the members' averages; the first member's.
   std::vector<float> synced_buffers[2];
   uint64_t cross_rack_bytes = 0;  // sent to other racks in this round (healing included)
@@ -60,6 +61,7 @@ struct InFlight {
   std::vector<float> eager;       // outer_apply = eager: the provisional step taken at the
                                   // boundary (added back to undo it; empty: none)
   std::vector<float> moments[2];  // the optimizer's moments at the boundary (when it has them)
+  uint64_t moment_step = 0;       // the optimizer's step count at the boundary (0: none)
   std::vector<float> buffers[2];  // sync_buffers: the model's buffers at the boundary
   std::thread thread;
   std::atomic<bool> done{false};  // set by the thread when `outcome` is final

@@ -172,7 +172,7 @@ StatusOr<std::unique_ptr<Communicator>> RoundRunner::Connect(RendezvousStore& st
 Status RoundRunner::HealOrAgree(Communicator& comm, RendezvousStore& store,
                                 const QuorumResult& round, const InFlight& flight, Micros timeout,
                                 Outcome* outcome) {
-  if (round.heal_round_id == 0 && !config_.heal_inner_optimizer) {
+  if (round.heal_round_id == 0) {
     MEND_ASSIGN_OR_RETURN(bool agree, StatesAgree(store, round, flight, timeout));
     if (agree) return OkStatus();
   }
@@ -183,6 +183,7 @@ Status RoundRunner::HealOrAgree(Communicator& comm, RendezvousStore& store,
   offer.moment_values = moment_values_;
   offer.moments[0] = &flight.moments[0];
   offer.moments[1] = &flight.moments[1];
+  offer.moment_step = flight.moment_step;
   MEND_ASSIGN_OR_RETURN(Healed healed,
                         HealRound(comm, round, book_.fragments(), offer, services_.clock()));
   outcome->heal_seconds = healed.seconds;
@@ -194,6 +195,7 @@ Status RoundRunner::HealOrAgree(Communicator& comm, RendezvousStore& store,
   outcome->fragment = healed.fragment;
   outcome->healed_moments[0] = std::move(healed.moments[0]);
   outcome->healed_moments[1] = std::move(healed.moments[1]);
+  outcome->healed_moment_step = healed.moment_step;
   // A learner that joined with nothing of the job's state (a new or
   // restarted process, no checkpoint) trained from its own initial
   // parameters: its pseudo-gradient is not one the job can use.

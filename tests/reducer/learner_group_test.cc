@@ -80,15 +80,19 @@ class VectorMoments final : public FlatMoments {
     std::copy(values_[which].begin(), values_[which].end(), out.begin());
     return true;
   }
-  void Adjust(Which which, std::span<const float> average,
-              std::span<const float> snapshot) override {
-    for (size_t i = 0; i < size(); ++i) values_[which][i] += average[i] - snapshot[i];
+  void Adjust(Which which, std::span<const float> target, std::span<const float> snapshot,
+              float weight) override {
+    AdjustMoment(which, values_[which], target, snapshot, weight);
   }
-  void Replace(Which which, std::span<const float> average) override {
-    std::copy(average.begin(), average.end(), values_[which].begin());
+  void Replace(Which which, std::span<const float> target) override {
+    std::copy(target.begin(), target.end(), values_[which].begin());
   }
+  double beta(Which which) const override { return which == kFirst ? 0.9 : 0.95; }
+  uint64_t step() const override { return step_; }
+  void set_step(uint64_t step) override { step_ = step; }
   void Train(int learner, int s) {
     stepped_ = true;
+    ++step_;
     for (size_t i = 0; i < size(); ++i) {
       const float g =
           0.01f * static_cast<float>((learner + 1) * ((static_cast<int>(i) * 5 + s) % 7) - 3);
@@ -96,15 +100,18 @@ class VectorMoments final : public FlatMoments {
       values_[1][i] = 0.95f * values_[1][i] + 0.05f * g * g;
     }
   }
+  // Both moments, then the step count.
   std::vector<float> All() const {
     std::vector<float> all = values_[0];
     all.insert(all.end(), values_[1].begin(), values_[1].end());
+    all.push_back(static_cast<float>(step_));
     return all;
   }
 
  private:
   std::vector<std::vector<float>> values_;
   bool stepped_ = false;
+  uint64_t step_ = 0;
 };
 
 struct RankRun {
@@ -119,11 +126,11 @@ struct RankRun {
 // With `save_dir`, every rank asks for a checkpoint on demand after step
 // steps / 2 (collective in a group): <save_dir>/learner-<learner>.mend.
 // `before_step(s)` runs before the driver's step s + 1; `steps_done`, when
-// given, follows the driver's step.
+// given, follows the driver's step; every value starts at `start`.
 void TrainRank(Config config, int learner, int rank, int steps, RankRun* run, size_t w = 10,
                const std::string& save_dir = "", const std::function<void(int)>& before_step = {},
                std::atomic<uint64_t>* steps_done = nullptr, int step_ms = 50,
-               GroupStoreOpener group_store = nullptr) {
+               GroupStoreOpener group_store = nullptr, float start = 1.0f) {
   config.group_rank = rank;
   auto agent = LearnerAgent::Start(config, kToken, {fmt::format("learner-{}", learner), "", "", ""},
                                    *RealClock(), std::move(group_store));
@@ -132,7 +139,7 @@ void TrainRank(Config config, int learner, int rank, int steps, RankRun* run, si
     return;
   }
   FakeClock clock;
-  auto parameters = std::make_unique<VectorParameters>(1.0f, w);
+  auto parameters = std::make_unique<VectorParameters>(start, w);
   VectorParameters* view = parameters.get();
   std::unique_ptr<VectorMoments> moments;
   VectorMoments* moments_view = nullptr;
@@ -201,10 +208,10 @@ std::string LearnerState(LighthouseServer& server, const std::string& id) {
 }
 
 // `learners` learners of `ranks` ranks each (learner l in racks[l], when
-// given); runs[learner][rank].
+// given, its values starting at 1 + l * spread); runs[learner][rank].
 std::vector<std::vector<RankRun>> RunJob(Config config, int learners, int ranks, int steps,
                                          const std::vector<std::string>& racks = {}, size_t w = 10,
-                                         const std::string& save_dir = "") {
+                                         const std::string& save_dir = "", float spread = 0) {
   auto server = StartGroupJob(config, ranks);
   std::vector<std::vector<RankRun>> runs(static_cast<size_t>(learners),
                                          std::vector<RankRun>(static_cast<size_t>(ranks)));
@@ -213,9 +220,9 @@ std::vector<std::vector<RankRun>> RunJob(Config config, int learners, int ranks,
     for (int r = 0; r < ranks; ++r) {
       Config mine = config;
       if (!racks.empty()) mine.rack = racks[static_cast<size_t>(l)];
-      threads.emplace_back([&runs, mine, l, r, steps, w, save_dir]() {
+      threads.emplace_back([&runs, mine, l, r, steps, w, save_dir, spread]() {
         TrainRank(mine, l, r, steps, &runs[static_cast<size_t>(l)][static_cast<size_t>(r)], w,
-                  save_dir);
+                  save_dir, {}, nullptr, 50, nullptr, 1.0f + static_cast<float>(l) * spread);
       });
     }
   }
@@ -866,14 +873,15 @@ TEST(LearnerGroupTest, DeslocMomentsAveragedBySliceEqualTheFlatOnes) {
   }
 }
 
-// heal_inner_optimizer in a group: the first round heals every learner from
-// rank 0's (the moments with it), slice by slice; the moments and the
-// parameters end exactly as with single-rank learners.
+// heal_inner_optimizer in a group: the learners start apart, so the first
+// round heals learner 1 from rank 0's state (the moments and the step count
+// with it), slice by slice; the moments, step counts and parameters end
+// exactly as with single-rank learners.
 TEST(LearnerGroupTest, HealedMomentsArriveBySliceAsTheFlatOnesDo) {
   Config config = testing_util::SynchronousJobConfig(2, 5);
   config.heal_inner_optimizer = true;
-  auto flat = RunJob(config, 2, 1, 20);
-  auto grouped = RunJob(config, 2, 2, 20);
+  auto flat = RunJob(config, 2, 1, 20, {}, 10, "", /*spread=*/0.5f);
+  auto grouped = RunJob(config, 2, 2, 20, {}, 10, "", /*spread=*/0.5f);
   uint64_t heals = 0;
   for (int l = 0; l < 2; ++l) {
     ASSERT_TRUE(flat[static_cast<size_t>(l)][0].error.ok())
