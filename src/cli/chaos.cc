@@ -13,6 +13,7 @@
 #include <set>
 #include <thread>
 
+#include "cli/json_fields.h"
 #include "core/free_ports.h"
 #include "core/status_format.h"
 #include "fmt/format.h"
@@ -461,11 +462,11 @@ class Harness {
         std::vector<json> rounds =
             ReadJsonLines(fmt::format("{}/{}.rounds.jsonl", diagnostics, DiagnosticsName(l, rank)));
         for (const json& round : rounds) {
-          if (!round.value("ok", false) || !round.contains("global_sha256")) continue;
-          const uint64_t id = round.value("round_id", uint64_t{0});
-          digests[id][rank][l] = round.value("global_sha256", "");
+          if (!Field(round, "ok", false) || !round.contains("global_sha256")) continue;
+          const uint64_t id = Field(round, "round_id", uint64_t{0});
+          digests[id][rank][l] = Field(round, "global_sha256", std::string());
           if (round.contains("parameters_sha256"))
-            replicas[{id, l}].insert(round.value("parameters_sha256", ""));
+            replicas[{id, l}].insert(Field(round, "parameters_sha256", std::string()));
         }
         if (rank == 0) rounds_of[l] = std::move(rounds);
       }
@@ -501,12 +502,12 @@ class Harness {
     for (FaultRecord& f : report_.faults) {
       if (f.kind != "kill") continue;
       for (const json& round : rounds_of[f.learner]) {
-        if (round.value("t_ms", int64_t{0}) < f.end_ms || !round.value("ok", false)) continue;
+        if (Field(round, "t_ms", int64_t{0}) < f.end_ms || !Field(round, "ok", false)) continue;
         f.restart_to_healed_s =
-            static_cast<double>(round.value("t_ms", int64_t{0}) - f.end_ms) / 1000;
-        if (round.value("healed", false)) {
-          f.heal_transfer_s = round.value("heal_seconds", 0.0);
-          f.heal_bytes = round.value("heal_bytes", uint64_t{0});
+            static_cast<double>(Field(round, "t_ms", int64_t{0}) - f.end_ms) / 1000;
+        if (Field(round, "healed", false)) {
+          f.heal_transfer_s = Field(round, "heal_seconds", 0.0);
+          f.heal_bytes = Field(round, "heal_bytes", uint64_t{0});
         }
         break;
       }
@@ -521,8 +522,8 @@ class Harness {
         const std::vector<json> steps =
             ReadJsonLines(fmt::format("{}/{}.steps.jsonl", diagnostics, DiagnosticsName(l, rank)));
         for (const json& step : steps) {
-          const double wait_s = step.value("step_ms", 0.0) / 1000;
-          const int64_t end = step.value("t_ms", int64_t{0});
+          const double wait_s = Field(step, "step_ms", 0.0) / 1000;
+          const int64_t end = Field(step, "t_ms", int64_t{0});
           const int64_t begin = end - static_cast<int64_t>(1000 * wait_s);
           const FaultRecord* during = nullptr;
           bool own = false;
@@ -547,7 +548,7 @@ class Harness {
           if (wait_s > report_.stall_bound_s) {
             report_.stalls++;
             json wait = {{"learner", l + 1},
-                         {"step", step.value("step", 0)},
+                         {"step", Field(step, "step", 0)},
                          {"wait_s", wait_s},
                          {"fault", during->kind}};
             if (GroupedJob(spec_)) wait["rank"] = rank;
@@ -564,11 +565,11 @@ class Harness {
       json result = json::parse(in, nullptr, /*allow_exceptions=*/false);
       if (!result.is_object())
         return InternalError(fmt::format("chaos: no result in {}", ResultFile(slot)));
-      const double eval = result.value("eval_loss", std::nan(""));
+      const double eval = Field(result, "eval_loss", std::nan(""));
       if (!std::isfinite(eval) || slots_[i].nonfinite) report_.losses_finite = false;
       eval_sum += eval;
       // A join is its learner's (rank 0 makes it for the group).
-      if (slot % Ranks() == 0) report_.passed_over += result.value("passed_over", uint64_t{0});
+      if (slot % Ranks() == 0) report_.passed_over += Field(result, "passed_over", uint64_t{0});
       report_.json["results"].push_back(result);
     }
     report_.eval_loss = eval_sum / static_cast<double>(slots_.size());
@@ -612,6 +613,8 @@ class Harness {
     if (r.rounds_checked == 0) r.violations.push_back("no round had two members to compare");
     if (GroupedJob(spec_) && r.rank_rounds_checked == 0)
       r.violations.push_back("no round had a group's ranks to compare");
+    if (o_.reference && !std::isfinite(r.reference_eval_loss))
+      r.violations.push_back("the fault-free run's final eval loss was not finite");
     if (r.reference_eval_loss > 0 &&
         r.eval_loss > (1 + o_.loss_tolerance) * r.reference_eval_loss) {
       r.violations.push_back(fmt::format(

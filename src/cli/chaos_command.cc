@@ -28,6 +28,7 @@ struct ChaosFlags {
   int64_t batch = 16;
   int64_t dim = 64;
   int64_t layers = 2;
+  double lr = 0;  // the learners' peak inner learning rate (0: mend train's default)
   std::string faults = "kill,stop,slow,lighthouse";
   std::vector<std::string> settings;
   std::string corpus;
@@ -179,6 +180,8 @@ int RunChaosCommand(ChaosFlags& flags) {
                     "5"};
   if (!flags.corpus.empty())
     job.train_args.insert(job.train_args.end(), {"--corpus", flags.corpus});
+  if (flags.lr > 0)
+    job.train_args.insert(job.train_args.end(), {"--lr", fmt::format("{}", flags.lr)});
   job.settings = {fmt::format("sync_period_steps={}", o.sync_period_steps)};
   job.settings.insert(job.settings.end(), flags.settings.begin(), flags.settings.end());
   o.reference = !flags.no_reference;
@@ -262,6 +265,8 @@ void AddChaosCommand(CLI::App& app, int* exit_code) {
   command->add_option("--batch", flags->batch, "Sequences per inner step")->capture_default_str();
   command->add_option("--dim", flags->dim, "Model width")->capture_default_str();
   command->add_option("--layers", flags->layers, "Transformer blocks")->capture_default_str();
+  command->add_option("--lr", flags->lr, "Peak inner AdamW learning rate (default: mend train's)")
+      ->check(CLI::PositiveNumber);
   command->add_option("--seed", o.seed, "Seed of the fault times, kinds and targets")
       ->capture_default_str();
   command->add_option("--faults", flags->faults, "Comma-separated: kill, stop, slow, lighthouse")

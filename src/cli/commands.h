@@ -3,6 +3,11 @@
 // in *exit_code.
 #pragma once
 
+#include <exception>
+#include <functional>
+#include <optional>
+#include <string>
+
 #include "CLI/CLI.hpp"
 
 namespace mend::cli {
@@ -23,10 +28,22 @@ void AddCheckpointCommand(CLI::App& app, int* exit_code);
 void AddConfigCommand(CLI::App& app, int* exit_code);
 void AddStatusCommand(CLI::App& app, int* exit_code);
 
-// Exit codes shared by the commands.
+// Exit codes shared by the commands (README, "Exit status").
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailure = 1;
 inline constexpr int kExitBadConfig = 2;
 inline constexpr int kExitRefused = 3;
+inline constexpr int kExitInternal = 4;  // an exception escaped a command: a bug
+
+// A main(): parses the command line into `app` (whose chosen command sets
+// `exit_code`) and returns the process's exit status: `exit_code`, CLI11's
+// own for a command-line error, or, for an exception that escaped the
+// command, kExitInternal after one line on stderr, "<app> <command>:
+// internal error: <the first line of the message>". `message`, when given,
+// renders an exception of its own kinds (LibTorch's without its backtrace);
+// nullopt leaves it to what().
+int RunCommandLine(
+    CLI::App& app, int argc, char** argv, const int& exit_code,
+    const std::function<std::optional<std::string>(const std::exception&)>& message = {});
 
 }  // namespace mend::cli

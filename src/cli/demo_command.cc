@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -20,6 +21,7 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "cli/json_fields.h"
 #include "cli/signals.h"
 #include "cli/training_job.h"
 #include "core/status_format.h"
@@ -141,11 +143,14 @@ std::vector<CurvePoint> JobCurve(const TrainingJobResult& job) {
   for (const auto& learner : job.results) {
     if (!learner.contains("eval_curve")) continue;
     for (const auto& point : learner["eval_curve"]) {
+      // [step, loss, seconds]; a non-finite loss is null (NaN here).
+      if (!point.is_array() || point.size() < 2 || !point[0].is_number_integer()) continue;
       const int64_t step = point[0].get<int64_t>();
       CurvePoint& p = by_step[step];
       p.step = step;
-      p.loss += point[1].get<double>();
-      if (point.size() > 2) p.seconds = std::max(p.seconds, point[2].get<double>());
+      p.loss += point[1].is_number() ? point[1].get<double>() : std::nan("");
+      if (point.size() > 2 && point[2].is_number())
+        p.seconds = std::max(p.seconds, point[2].get<double>());
       count[step]++;
     }
   }
@@ -202,7 +207,7 @@ void PrintTable(const std::vector<TrainingJobResult>& results,
     }
     double seconds = 0;
     for (const auto& learner : r.results)
-      seconds = std::max(seconds, learner.value("seconds", 0.0));
+      seconds = std::max(seconds, Field(learner, "seconds", 0.0));
     fmt::print("{:<40} {:>9.0f} {:>8} {:>13.4f} {:>8} {:>10.1f} {:>10.3f} {:>9} {:>13} {:>6}\n",
                r.name, r.tokens_per_s, vs_local, r.eval_loss, vs_ddp, seconds, sent(r) / 1e6, bytes,
                to_ddp, r.mode == "diloco" ? std::to_string(r.rounds) : "-");
@@ -216,7 +221,7 @@ void PrintTable(const std::vector<TrainingJobResult>& results,
   }
   if (ddp && local && local->eval_loss > ddp->eval_loss) {
     auto steps = [](const TrainingJobResult& r) {
-      return r.results.empty() ? int64_t{0} : r.results.front().value("steps", int64_t{0});
+      return r.results.empty() ? int64_t{0} : Field(r.results.front(), "steps", int64_t{0});
     };
     for (const auto& r : results) {
       if (&r == ddp || &r == local || steps(r) != steps(*ddp)) continue;  // at equal steps only

@@ -20,10 +20,5 @@ int main(int argc, char** argv) {
   std::vector<char*> args(argv, argv + argc);
   static char kCommand[] = "lighthouse";
   if (argc < 2 || std::strcmp(argv[1], kCommand) != 0) args.insert(args.begin() + 1, kCommand);
-  try {
-    app.parse(static_cast<int>(args.size()), args.data());
-  } catch (const CLI::ParseError& error) {
-    return app.exit(error);
-  }
-  return exit_code;
+  return mend::cli::RunCommandLine(app, static_cast<int>(args.size()), args.data(), exit_code);
 }

@@ -3,10 +3,13 @@
 
 #include <cerrno>
 #include <cstring>
+#include <exception>
 #include <filesystem>
+#include <optional>
 #include <string>
 
 #include "CLI/CLI.hpp"
+#include "c10/util/Exception.h"
 #include "cli/commands.h"
 #include "core/status_format.h"
 #include "fmt/format.h"
@@ -47,10 +50,11 @@ int main(int argc, char** argv) {
   mend::cli::AddCheckpointCommand(app, &exit_code);
   mend::cli::AddConfigCommand(app, &exit_code);
   mend::cli::AddStatusCommand(app, &exit_code);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& error) {
-    return app.exit(error);
-  }
-  return exit_code;
+  // LibTorch's errors without their backtrace.
+  return mend::cli::RunCommandLine(
+      app, argc, argv, exit_code, [](const std::exception& error) -> std::optional<std::string> {
+        if (const auto* torch = dynamic_cast<const c10::Error*>(&error))
+          return torch->what_without_backtrace();
+        return std::nullopt;
+      });
 }

@@ -18,6 +18,7 @@
 #include <sstream>
 #include <thread>
 
+#include "cli/json_fields.h"
 #include "core/free_ports.h"
 #include "core/status_format.h"
 #include "core/subprocess.h"
@@ -57,17 +58,18 @@ void ReadLearnerProgress(Subprocess& child, std::mutex& mu, std::condition_varia
     json parsed = json::parse(*line, nullptr, /*allow_exceptions=*/false);
     if (!parsed.is_object() || !parsed.contains("step")) continue;
     std::lock_guard lock(mu);
-    view.step = parsed.value("step", int64_t{0});
-    view.steps = parsed.value("steps", int64_t{0});
-    view.loss = parsed.value("loss", 0.0);
-    // JSON has no NaN or Inf: a non-finite loss arrives as null.
-    if (!parsed.contains("loss") || !parsed["loss"].is_number() || !std::isfinite(view.loss)) {
-      view.nonfinite_loss = true;
+    view.step = Field(parsed, "step", int64_t{0});
+    view.steps = Field(parsed, "steps", int64_t{0});
+    // A missing loss, and a non-finite one (null in JSON), is not finite.
+    view.loss = Field(parsed, "loss", std::nan(""));
+    view.nonfinite_loss |= !std::isfinite(view.loss);
+    view.tokens_per_s = Field(parsed, "tokens_per_s", 0.0);
+    view.bytes_sent = Field(parsed, "bytes_sent", uint64_t{0});
+    view.rounds = Field(parsed, "rounds", uint64_t{0});
+    if (parsed.contains("eval_loss")) {
+      view.eval_loss = Field(parsed, "eval_loss", std::nan(""));
+      view.nonfinite_loss |= !std::isfinite(*view.eval_loss);
     }
-    view.tokens_per_s = parsed.value("tokens_per_s", 0.0);
-    view.bytes_sent = parsed.value("bytes_sent", uint64_t{0});
-    view.rounds = parsed.value("rounds", uint64_t{0});
-    if (parsed.contains("eval_loss")) view.eval_loss = parsed["eval_loss"].get<double>();
     changed.notify_all();
   }
   std::lock_guard lock(mu);
@@ -297,18 +299,19 @@ StatusOr<TrainingJobResult> RunTrainingJob(
     json parsed = json::parse(in, nullptr, /*allow_exceptions=*/false);
     if (!parsed.is_object())
       return InternalError(fmt::format("{}: no result in {}", spec.name, path));
-    result.tokens_per_s += parsed.value("tokens_per_s", 0.0);
-    result.eval_loss += parsed.value("eval_loss", 0.0) / processes;
-    result.bytes_per_learner += parsed.value("bytes_sent", 0.0) / JobLearners(spec);
-    result.bytes_per_process += parsed.value("bytes_sent", 0.0) / processes;
-    result.tokens += parsed.value("tokens", uint64_t{0});
-    result.inner_step_ms += parsed.value("inner_step_ms", 0.0) / processes;
-    result.compute_fraction += parsed.value("compute_fraction", 0.0) / processes;
-    result.reducer_step_us += parsed.value("reducer_step_us_median", 0.0) / processes;
-    result.rounds = std::min(result.rounds, parsed.value("rounds", uint64_t{0}));
-    result.failed_rounds += parsed.value("failed_rounds", uint64_t{0});
-    result.final_merge_s = std::max(result.final_merge_s, parsed.value("final_merge_seconds", 0.0));
-    result.final_rounds = std::min(result.final_rounds, parsed.value("final_rounds", uint64_t{0}));
+    result.tokens_per_s += Field(parsed, "tokens_per_s", 0.0);
+    result.eval_loss += Field(parsed, "eval_loss", std::nan("")) / processes;
+    result.bytes_per_learner += Field(parsed, "bytes_sent", 0.0) / JobLearners(spec);
+    result.bytes_per_process += Field(parsed, "bytes_sent", 0.0) / processes;
+    result.tokens += Field(parsed, "tokens", uint64_t{0});
+    result.inner_step_ms += Field(parsed, "inner_step_ms", 0.0) / processes;
+    result.compute_fraction += Field(parsed, "compute_fraction", 0.0) / processes;
+    result.reducer_step_us += Field(parsed, "reducer_step_us_median", 0.0) / processes;
+    result.rounds = std::min(result.rounds, Field(parsed, "rounds", uint64_t{0}));
+    result.failed_rounds += Field(parsed, "failed_rounds", uint64_t{0});
+    result.final_merge_s =
+        std::max(result.final_merge_s, Field(parsed, "final_merge_seconds", 0.0));
+    result.final_rounds = std::min(result.final_rounds, Field(parsed, "final_rounds", uint64_t{0}));
     result.results.push_back(std::move(parsed));
   }
   return result;

@@ -1,0 +1,102 @@
+// The chaos harness (cli/chaos.h) reading what its learners report, with
+// stand-in learners: a shell script in place of `mend train` that prints
+// the progress lines and writes the result file a real learner would. A
+// learner whose loss goes NaN (JSON's null) is a failed invariant in the
+// report, never an abort, whatever field holds it. No fault is injected
+// (the learners are done long before the first).
+#include <algorithm>
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "cli/chaos.h"
+#include "gtest/gtest.h"
+#include "test_util/wait.h"
+
+namespace mend::cli {
+namespace {
+
+// A stand-in for `mend train`: learner-2 prints `bad_progress` as its
+// progress lines' loss and writes `bad_eval` as its eval loss; learner-1
+// reports finite values.
+std::string WriteStandIn(const std::string& dir, const std::string& bad_progress,
+                         const std::string& bad_eval) {
+  const std::string path = dir + "/stand-in-learner";
+  std::ofstream(path) << R"(#!/bin/sh
+id=""; result=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --id) id="$2"; shift ;;
+    --result-file) result="$2"; shift ;;
+  esac
+  shift
+done
+loss=2.5; eval=2.4
+if [ "$id" = learner-2 ]; then loss=')"
+                      << bad_progress << "'; eval='" << bad_eval << R"('; fi
+for step in 5 10 15 20; do
+  echo "{\"step\":$step,\"steps\":20,\"loss\":$loss,\"tokens_per_s\":100,\"rounds\":0}"
+done
+echo "{\"steps\":20,\"eval_loss\":$eval,\"tokens\":320,\"rounds\":0}" > "$result"
+)";
+  std::filesystem::permissions(path, std::filesystem::perms::owner_all);
+  return path;
+}
+
+StatusOr<ChaosReport> RunWithStandIns(const std::string& bad_progress,
+                                      const std::string& bad_eval) {
+  const std::string dir = testing_util::MakeTempDir();
+  ChaosOptions options;
+  options.steps = 20;
+  options.sync_period_steps = 10;
+  options.job.learners = 2;
+  options.job.timeout = 60 * kMicrosPerSecond;
+  options.faults = {"slow"};
+  options.mean_gap_s = 3600;  // no fault before the learners are done
+  options.min_gap_s = 3600;
+  options.reference = false;
+  std::atomic<bool> interrupted{false};
+  return RunChaos(
+      options, WriteStandIn(dir, bad_progress, bad_eval), dir + "/work", [](const std::string&) {},
+      interrupted);
+}
+
+void ExpectTheNanReportedAsAFailedInvariant(const std::string& bad_progress,
+                                            const std::string& bad_eval) {
+  StatusOr<ChaosReport> report = RunWithStandIns(bad_progress, bad_eval);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_FALSE(report->losses_finite);
+  EXPECT_FALSE(report->passed);
+  EXPECT_NE(
+      std::find(report->violations.begin(), report->violations.end(), "a loss was not finite"),
+      report->violations.end());
+  EXPECT_FALSE(report->json.dump().empty());  // the report file's JSON is written whole
+}
+
+TEST(ChaosHarnessTest, ANullLossInProgressIsAFailedInvariantNotAnAbort) {
+  ExpectTheNanReportedAsAFailedInvariant("null", "2.4");
+}
+
+TEST(ChaosHarnessTest, ANullEvalLossIsAFailedInvariantNotAnAbort) {
+  ExpectTheNanReportedAsAFailedInvariant("2.5", "null");
+}
+
+TEST(ChaosHarnessTest, ALossOfAnotherTypeIsAFailedInvariantNotAnAbort) {
+  ExpectTheNanReportedAsAFailedInvariant("\"nan\"", "[1]");
+}
+
+TEST(ChaosHarnessTest, FiniteLossesPassThatInvariant) {
+  // The same stand-ins with every loss finite: only the rounds (none here)
+  // fail the run.
+  StatusOr<ChaosReport> report = RunWithStandIns("2.5", "2.4");
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_TRUE(report->losses_finite);
+  EXPECT_EQ(
+      std::find(report->violations.begin(), report->violations.end(), "a loss was not finite"),
+      report->violations.end());
+  EXPECT_DOUBLE_EQ(report->eval_loss, 2.4);
+}
+
+}  // namespace
+}  // namespace mend::cli

@@ -1,0 +1,76 @@
+// What a mend executable's main() does with what escapes a command
+// (cli/commands.h, RunCommandLine): one line on stderr naming the command
+// and the error, and the documented exit status, instead of an abort.
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "gtest/gtest.h"
+
+namespace mend::cli {
+namespace {
+
+struct Outcome {
+  int status = -1;
+  std::string err;
+};
+
+// `mend ARGS` on an app whose "boom" command throws `thrown` and whose "ok"
+// command sets the exit code 7.
+template <typename Thrown>
+Outcome RunApp(
+    std::vector<std::string> args, Thrown thrown,
+    const std::function<std::optional<std::string>(const std::exception&)>& message = {}) {
+  CLI::App app{"test", "mend"};
+  int exit_code = kExitOk;
+  app.add_subcommand("boom", "throws")->callback([thrown]() { throw thrown; });
+  app.add_subcommand("ok", "succeeds")->callback([&exit_code]() { exit_code = 7; });
+  args.insert(args.begin(), "mend");
+  std::vector<char*> argv;
+  for (std::string& arg : args) argv.push_back(arg.data());
+  testing::internal::CaptureStderr();
+  Outcome run;
+  run.status = RunCommandLine(app, static_cast<int>(argv.size()), argv.data(), exit_code, message);
+  run.err = testing::internal::GetCapturedStderr();
+  return run;
+}
+
+TEST(CommandLineTest, AnEscapedExceptionIsOneLineNamingTheCommandAndExitStatus4) {
+  Outcome run = RunApp({"boom"}, std::runtime_error("type must be number, but is null\nmore"));
+  EXPECT_EQ(run.status, kExitInternal);
+  EXPECT_EQ(run.status, 4);
+  EXPECT_EQ(run.err,
+            "mend boom: internal error: type must be number, but is null (a bug in mend: please "
+            "report it)\n");
+}
+
+TEST(CommandLineTest, AnExceptionOfAnotherKindIsReportedToo) {
+  Outcome run = RunApp({"boom"}, 42);
+  EXPECT_EQ(run.status, kExitInternal);
+  EXPECT_NE(run.err.find("mend boom: internal error: an exception that is not a std::exception"),
+            std::string::npos)
+      << run.err;
+}
+
+TEST(CommandLineTest, AFrontEndRendersItsOwnExceptions) {
+  Outcome run = RunApp({"boom"}, std::logic_error("with a backtrace"),
+                       [](const std::exception& error) -> std::optional<std::string> {
+                         if (dynamic_cast<const std::logic_error*>(&error)) return "without it";
+                         return std::nullopt;
+                       });
+  EXPECT_EQ(run.status, kExitInternal);
+  EXPECT_NE(run.err.find("mend boom: internal error: without it"), std::string::npos) << run.err;
+}
+
+TEST(CommandLineTest, ACommandsOwnExitCodeAndCommandLineErrorsAreUnchanged) {
+  Outcome ok = RunApp({"ok"}, 0);
+  EXPECT_EQ(ok.status, 7);
+  EXPECT_EQ(ok.err, "");
+  Outcome bad = RunApp({"nonsense"}, 0);
+  EXPECT_NE(bad.status, kExitOk);
+  EXPECT_NE(bad.status, kExitInternal);
+}
+
+}  // namespace
+}  // namespace mend::cli
