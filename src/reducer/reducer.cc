@@ -17,11 +17,47 @@
 namespace mend {
 namespace {
 
-// The parameters' tensors, shared with the caller, copied whole.
+// Why a parameter tensor cannot be used in place ("" when it can): mend
+// needs dense, contiguous fp32 CPU tensors.
+std::string Unusable(const at::Tensor& p) {
+  if (!p.defined()) return "an undefined tensor";
+  if (p.is_sparse() || p.scalar_type() != at::kFloat || !p.device().is_cpu() ||
+      !p.is_contiguous()) {
+    return fmt::format("{} {} on {} ({}contiguous)", p.is_sparse() ? "sparse" : "dense",
+                       c10::toString(p.scalar_type()), p.device().str(),
+                       p.is_contiguous() ? "" : "not ");
+  }
+  return "";
+}
+
+// The parameters' tensors, shared with the caller, copied whole. A tensor
+// whose storage the caller replaced (set_data) is used in its new storage.
 class TensorParameters final : public reducer::FlatParameters {
  public:
   TensorParameters(std::vector<at::Tensor> tensors, std::vector<std::string> names)
-      : tensors_(std::move(tensors)), names_(std::move(names)) {}
+      : tensors_(std::move(tensors)), names_(std::move(names)) {
+    for (const at::Tensor& t : tensors_) numels_.push_back(t.numel());
+  }
+
+  // FAILED_PRECONDITION naming the first parameter that is no longer a
+  // dense, contiguous fp32 CPU tensor of the size it had at Create.
+  Status Check() const {
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+      std::string why = Unusable(tensors_[i]);
+      if (!why.empty()) {
+        why = "it is " + why + " now";
+      } else if (tensors_[i].numel() != numels_[i]) {
+        why = fmt::format("it holds {} values instead of {}", tensors_[i].numel(), numels_[i]);
+      } else {
+        continue;
+      }
+      return FailedPreconditionError(fmt::format(
+          "reducer: parameter '{}' changed after Reducer::Create: {}; mend reads and writes it in "
+          "place, so convert, move or resize the model before Create",
+          names_[i], why));
+    }
+    return OkStatus();
+  }
 
   size_t count() const override { return tensors_.size(); }
   const std::string& name(size_t i) const override { return names_[i]; }
@@ -37,14 +73,23 @@ class TensorParameters final : public reducer::FlatParameters {
  private:
   std::vector<at::Tensor> tensors_;
   std::vector<std::string> names_;
+  std::vector<int64_t> numels_;  // at Create
 };
 
 class ReducerImpl final : public Reducer {
  public:
-  explicit ReducerImpl(std::unique_ptr<reducer::RoundDriver> driver) : driver_(std::move(driver)) {}
+  // `parameters` is owned by `driver`.
+  ReducerImpl(std::unique_ptr<reducer::RoundDriver> driver, const TensorParameters* parameters)
+      : driver_(std::move(driver)), parameters_(parameters) {}
 
-  Status step(uint64_t tokens) override { return driver_->step(tokens); }
-  Status shutdown() override { return driver_->shutdown(); }
+  Status step(uint64_t tokens) override {
+    MEND_RETURN_IF_ERROR(parameters_->Check());
+    return driver_->step(tokens);
+  }
+  Status shutdown() override {
+    MEND_RETURN_IF_ERROR(parameters_->Check());
+    return driver_->shutdown();
+  }
   bool NextStepMayWait() const override { return driver_->NextStepMayWait(); }
   ReducerStats stats() const override { return driver_->stats(); }
   std::span<const float> global(int fragment) const override { return driver_->global(fragment); }
@@ -53,6 +98,7 @@ class ReducerImpl final : public Reducer {
 
  private:
   std::unique_ptr<reducer::RoundDriver> driver_;
+  const TensorParameters* parameters_;
 };
 
 }  // namespace
@@ -69,14 +115,10 @@ StatusOr<std::unique_ptr<Reducer>> Reducer::Create(const Config& config, NamedPa
       return InvalidArgumentError(
           fmt::format("reducer: parameter '{}' is an undefined tensor", name));
     }
-    if (p.is_sparse() || p.scalar_type() != at::kFloat || !p.device().is_cpu() ||
-        !p.is_contiguous()) {
-      return InvalidArgumentError(
-          fmt::format("reducer: parameter '{}' is {} {} on {} ({}contiguous); mend needs dense, "
-                      "contiguous fp32 "
-                      "CPU parameters",
-                      name, p.is_sparse() ? "sparse" : "dense", c10::toString(p.scalar_type()),
-                      p.device().str(), p.is_contiguous() ? "" : "not "));
+    if (const std::string why = Unusable(p); !why.empty()) {
+      return InvalidArgumentError(fmt::format(
+          "reducer: parameter '{}' is {}; mend needs dense, contiguous fp32 CPU parameters", name,
+          why));
     }
     if (!seen.insert(name).second) {
       return InvalidArgumentError(fmt::format("reducer: two parameters are named '{}'", name));
@@ -88,12 +130,12 @@ StatusOr<std::unique_ptr<Reducer>> Reducer::Create(const Config& config, NamedPa
   std::unique_ptr<reducer::FlatMoments> flat_moments;
   if (moments)
     flat_moments = std::make_unique<reducer::AdamMoments>(std::move(moments), std::move(numels));
+  auto flat = std::make_unique<TensorParameters>(std::move(tensors), std::move(names));
+  const TensorParameters* view = flat.get();
   MEND_ASSIGN_OR_RETURN(std::unique_ptr<reducer::RoundDriver> driver,
-                        reducer::RoundDriver::Create(config, agent, agent.clock(),
-                                                     std::make_unique<TensorParameters>(
-                                                         std::move(tensors), std::move(names)),
+                        reducer::RoundDriver::Create(config, agent, agent.clock(), std::move(flat),
                                                      std::move(flat_moments), start_step));
-  return std::unique_ptr<Reducer>(std::make_unique<ReducerImpl>(std::move(driver)));
+  return std::unique_ptr<Reducer>(std::make_unique<ReducerImpl>(std::move(driver), view));
 }
 
 StatusOr<std::unique_ptr<Reducer>> Reducer::Create(const Config& config, torch::nn::Module& module,

@@ -117,6 +117,45 @@ TEST(NamedParametersTest, TheCallersTensorsAreWrittenInPlaceAndTheirMomentsAvera
   EXPECT_EQ(a.first_moment, b.first_moment);
 }
 
+TEST(NamedParametersTest, ParametersGivenOtherStorageAreFollowedAndChangedOnesRefusedByName) {
+  Config config = JobConfig();
+  config.desloc = false;
+  config.quorum_min_learners = 1;
+  auto server = LighthouseServer::Start(config, kToken, *RealClock());
+  ASSERT_TRUE(server.ok()) << server.status();
+  config.lighthouse = (*server)->grpc_address();
+  auto agent = LearnerAgent::Start(config, kToken, {"learner-a", "", "", ""}, *RealClock());
+  ASSERT_TRUE(agent.ok()) << agent.status();
+  at::Tensor weight = torch::zeros({1, 4});
+  at::Tensor bias = torch::zeros({1});
+  auto reducer = Reducer::Create(config, {{"weight", weight}, {"bias", bias}}, nullptr, **agent);
+  ASSERT_TRUE(reducer.ok()) << reducer.status();
+  // New storage of the same kind and size (set_data, as a load does): the
+  // round reads and writes the new storage.
+  weight.set_data(torch::full({1, 4}, 2.0f));
+  for (int step = 1; step <= kPeriod; ++step) ASSERT_TRUE((*reducer)->step(8).ok());
+  ASSERT_EQ((*reducer)->stats().rounds, 1u);
+  EXPECT_EQ((*reducer)->global(0)[0], 2.0f);
+  EXPECT_EQ(weight[0][0].item<float>(), 2.0f);
+  // Another size or type: refused by name before any copy.
+  bias.set_data(torch::zeros({3}));
+  Status status = (*reducer)->step(8);
+  EXPECT_EQ(status.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(status.message().find("parameter 'bias' changed after Reducer::Create: it holds 3 "
+                                  "values instead of 1"),
+            std::string::npos)
+      << status;
+  bias.set_data(torch::zeros({1}, torch::kDouble));
+  status = (*reducer)->shutdown();
+  EXPECT_EQ(status.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(status.message().find("parameter 'bias' changed after Reducer::Create: it is dense "
+                                  "Double on cpu"),
+            std::string::npos)
+      << status;
+  bias.set_data(torch::zeros({1}));
+  EXPECT_TRUE((*reducer)->shutdown().ok());
+}
+
 TEST(NamedParametersTest, BadParametersAreRefusedByName) {
   Config config = JobConfig();
   config.desloc = false;
