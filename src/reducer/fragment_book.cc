@@ -214,10 +214,11 @@ MomentsApplied ApplyMoments(FlatMoments* moments, const Outcome& outcome, InFlig
   const uint64_t since = flight.moment_step > 0 && now >= flight.moment_step
                              ? now - flight.moment_step
                              : step - flight.boundary_step;
-  const bool snapshot = !flight.moments[0].empty() && !flight.moments[1].empty();
+  // Nothing added since the boundary, or nothing to tell it from.
+  const bool replace = since == 0 || flight.moments[0].empty() || flight.moments[1].empty();
   // `target` as the moment at the boundary, with the progress since kept.
   auto bring = [&](FlatMoments::Which which, const std::vector<float>& target) {
-    if (since == 0 || !snapshot) {
+    if (replace) {
       moments->Replace(which, target);
     } else {
       moments->Adjust(which, target, flight.moments[which],
@@ -237,7 +238,7 @@ MomentsApplied ApplyMoments(FlatMoments* moments, const Outcome& outcome, InFlig
   // The source's step count as of its boundary, plus the steps this
   // learner's moments kept since (none where they were replaced).
   if (outcome.healed_moment_step > 0)
-    moments->set_step(outcome.healed_moment_step + (since == 0 || !snapshot ? 0 : since));
+    moments->set_step(outcome.healed_moment_step + (replace ? 0 : since));
   applied.changed = true;
   return applied;
 }
