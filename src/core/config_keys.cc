@@ -165,7 +165,8 @@ std::vector<ConfigKey> BuildKeys() {
            "taken from its first member (as DDP broadcasts them)."),
       Bool("desloc", &C::desloc, "DES-LOC: also average the inner AdamW moments."),
       Bool("heal_inner_optimizer", &C::heal_inner_optimizer,
-           "A healing learner also takes its source's inner Adam/AdamW moments."),
+           "A healing learner also takes its source's inner Adam/AdamW moments and step count "
+           "(off by default: docs/tuning.md says why)."),
       Int("momentum_sync_period_steps", &C::momentum_sync_period_steps, 0, 100000000,
           "K_u: first-moment averaging period; 0 means 3 x sync_period_steps."),
       Int("second_moment_sync_period_steps", &C::second_moment_sync_period_steps, 0, 100000000,
