@@ -3,6 +3,7 @@ its source's global state, Adam moments and step count, so that its next
 optimizer step on the same batch is the source's, bit for bit; for learners
 of one rank and of a group of two (threads of this process)."""
 import os
+import threading
 import time
 
 import pytest
@@ -58,6 +59,9 @@ def test_a_learner_healed_with_its_sources_moments_takes_the_sources_next_step(r
                 config = mend.MendConfig(**base, group_size=ranks)
                 stores.append(mend.GroupStore(config, TOKEN, "127.0.0.1:0"))
         rounds_of_0 = [0]
+        # Once a rank of learner 0 saw learner 1 waiting in round 2, the
+        # round may form and learner 1 stop waiting: the other rank goes on.
+        learner_1_waits = threading.Event()
         logs = {}
 
         def train(learner, rank):
@@ -86,7 +90,9 @@ def test_a_learner_healed_with_its_sources_moments_takes_the_sources_next_step(r
 
             for s in range(1, (2 if learner == 0 else 1) * PERIOD + 1):
                 if learner == 0 and s == 2 * PERIOD:
-                    assert wait_for(lambda: learner_state(lighthouse, "learner-1") == "waiting")
+                    assert wait_for(lambda: learner_1_waits.is_set()
+                                    or learner_state(lighthouse, "learner-1") == "waiting")
+                    learner_1_waits.set()
                 step(learner, s)
                 runtime.step(16)
                 if rank == 0 and learner == 0:

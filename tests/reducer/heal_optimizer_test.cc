@@ -127,14 +127,19 @@ std::vector<std::vector<RankLog>> JoinBehind(int ranks) {
     return "";
   };
   std::atomic<uint64_t> rounds_of_0{0};
+  // Once a rank of learner 0 saw learner 1 waiting in round 2, the round may
+  // form and learner 1 stop waiting: the other rank goes on.
+  std::atomic<bool> learner_1_waits{false};
   std::vector<std::vector<RankLog>> logs(2, std::vector<RankLog>(static_cast<size_t>(ranks)));
   std::vector<std::thread> threads;
   for (int r = 0; r < ranks; ++r) {
     threads.emplace_back([&, r]() {
       auto gate = [&](int s) {  // round 2 forms once learner 1 waits in it
         if (s == 2 * kPeriod) {
-          EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond,
-                                            [&]() { return state("learner-1") == "waiting"; }));
+          EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond, [&]() {
+            return learner_1_waits.load() || state("learner-1") == "waiting";
+          }));
+          learner_1_waits = true;
         }
       };
       Train(config, 0, r, 2 * kPeriod, gate, r == 0 ? &rounds_of_0 : nullptr, &logs[0][r]);

@@ -117,18 +117,32 @@ TEST(NamedParametersTest, TheCallersTensorsAreWrittenInPlaceAndTheirMomentsAvera
   EXPECT_EQ(a.first_moment, b.first_moment);
 }
 
-TEST(NamedParametersTest, ParametersGivenOtherStorageAreFollowedAndChangedOnesRefusedByName) {
+// A lighthouse and learner-a's agent, for tests of one learner (quorum
+// minimum 1, no DES-LOC).
+struct OneLearner {
   Config config = JobConfig();
-  config.desloc = false;
-  config.quorum_min_learners = 1;
-  auto server = LighthouseServer::Start(config, kToken, *RealClock());
-  ASSERT_TRUE(server.ok()) << server.status();
-  config.lighthouse = (*server)->grpc_address();
-  auto agent = LearnerAgent::Start(config, kToken, {"learner-a", "", "", ""}, *RealClock());
-  ASSERT_TRUE(agent.ok()) << agent.status();
+  std::unique_ptr<LighthouseServer> server;
+  std::unique_ptr<LearnerAgent> agent;
+
+  Status Start() {
+    config.desloc = false;
+    config.quorum_min_learners = 1;
+    MEND_ASSIGN_OR_RETURN(server, LighthouseServer::Start(config, kToken, *RealClock()));
+    config.lighthouse = server->grpc_address();
+    MEND_ASSIGN_OR_RETURN(
+        agent, LearnerAgent::Start(config, kToken, {"learner-a", "", "", ""}, *RealClock()));
+    return OkStatus();
+  }
+};
+
+TEST(NamedParametersTest, ParametersGivenOtherStorageAreFollowedAndChangedOnesRefusedByName) {
+  OneLearner job;
+  const Status started = job.Start();
+  ASSERT_TRUE(started.ok()) << started;
+  Config& config = job.config;
   at::Tensor weight = torch::zeros({1, 4});
   at::Tensor bias = torch::zeros({1});
-  auto reducer = Reducer::Create(config, {{"weight", weight}, {"bias", bias}}, nullptr, **agent);
+  auto reducer = Reducer::Create(config, {{"weight", weight}, {"bias", bias}}, nullptr, *job.agent);
   ASSERT_TRUE(reducer.ok()) << reducer.status();
   // New storage of the same kind and size (set_data, as a load does): the
   // round reads and writes the new storage.
@@ -157,16 +171,12 @@ TEST(NamedParametersTest, ParametersGivenOtherStorageAreFollowedAndChangedOnesRe
 }
 
 TEST(NamedParametersTest, BadParametersAreRefusedByName) {
-  Config config = JobConfig();
-  config.desloc = false;
-  config.quorum_min_learners = 1;
-  auto server = LighthouseServer::Start(config, kToken, *RealClock());
-  ASSERT_TRUE(server.ok()) << server.status();
-  config.lighthouse = (*server)->grpc_address();
-  auto agent = LearnerAgent::Start(config, kToken, {"learner-a", "", "", ""}, *RealClock());
-  ASSERT_TRUE(agent.ok()) << agent.status();
+  OneLearner job;
+  const Status started = job.Start();
+  ASSERT_TRUE(started.ok()) << started;
+  Config& config = job.config;
   auto refused = [&](NamedParameters parameters, const Config& with) {
-    auto reducer = Reducer::Create(with, std::move(parameters), nullptr, **agent);
+    auto reducer = Reducer::Create(with, std::move(parameters), nullptr, *job.agent);
     EXPECT_FALSE(reducer.ok());
     return reducer.ok() ? std::string() : std::string(StatusMessage(reducer.status()));
   };
@@ -185,7 +195,7 @@ TEST(NamedParametersTest, BadParametersAreRefusedByName) {
   Config desloc = config;
   desloc.desloc = true;
   EXPECT_NE(refused({{"w", torch::zeros({2})}}, desloc).find("desloc = true"), std::string::npos);
-  (void)(*agent)->Leave("test over");
+  (void)job.agent->Leave("test over");
 }
 
 }  // namespace
