@@ -20,3 +20,12 @@ def run_in_threads(work, count, timeout=120):
         thread.join(timeout=timeout)
     assert all(not thread.is_alive() for thread in threads), f"a learner's thread ran past {timeout} s"
     return errors
+
+
+def assert_same_moments(models, optimizers):
+    """Both learners' Adam optimizers hold equal moments, parameter by parameter."""
+    import torch
+    for p0, p1 in zip(models[0].parameters(), models[1].parameters()):
+        s0, s1 = optimizers[0].state[p0], optimizers[1].state[p1]
+        assert torch.equal(s0["exp_avg"], s1["exp_avg"])
+        assert torch.equal(s0["exp_avg_sq"], s1["exp_avg_sq"])

@@ -9,6 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")  # python3-torch; the torch-less tests are the numpy ones
 
 import mend
+from job_threads import assert_same_moments
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOKEN = "python-test-token-0123456789"
@@ -301,10 +302,7 @@ def test_desloc_averages_the_python_optimizers_own_moments():
             t.join(timeout=60)
         assert not errors
         assert all(r.stats()["moment_syncs"] == 4 for r in runtimes)  # 2 rounds x 2 moments
-        for p0, p1 in zip(models[0].parameters(), models[1].parameters()):
-            s0, s1 = optimizers[0].state[p0], optimizers[1].state[p1]
-            assert torch.equal(s0["exp_avg"], s1["exp_avg"])
-            assert torch.equal(s0["exp_avg_sq"], s1["exp_avg_sq"])
+        assert_same_moments(models, optimizers)
         for m in models:
             mend.mend_shutdown(m)
 

@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import mend
-from job_threads import run_in_threads
+from job_threads import assert_same_moments, run_in_threads
 
 TOKEN = "python-replaced-storage-token-0123456789"
 PERIOD = 5
@@ -135,9 +135,6 @@ def test_an_optimizers_replaced_moments_are_handed_over_again():
 
         errors = run_in_threads(learn, 2)
         assert not errors, errors
-        for p0, p1 in zip(models[0].parameters(), models[1].parameters()):
-            s0, s1 = optimizers[0].state[p0], optimizers[1].state[p1]
-            assert torch.equal(s0["exp_avg"], s1["exp_avg"])
-            assert torch.equal(s0["exp_avg_sq"], s1["exp_avg_sq"])
+        assert_same_moments(models, optimizers)
         for m in models:
             mend.mend_shutdown(m)

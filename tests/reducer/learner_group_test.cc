@@ -23,6 +23,7 @@
 #include "reducer/round_driver.h"
 #include "test_util/job_config.h"
 #include "test_util/lighthouse_outage.h"
+#include "test_util/vector_moments.h"
 #include "test_util/wait.h"
 
 namespace mend::reducer {
@@ -69,51 +70,6 @@ class VectorParameters final : public FlatParameters {
   std::vector<std::string> names_{"w", "b"};
 };
 
-// Adam-like moments of those 13 values, moved by every step.
-class VectorMoments final : public FlatMoments {
- public:
-  explicit VectorMoments(size_t n)
-      : values_{std::vector<float>(n, 0.0f), std::vector<float>(n, 0.0f)} {}
-  size_t size() const override { return values_[0].size(); }
-  bool Read(Which which, std::span<float> out) const override {
-    if (!stepped_) return false;
-    std::copy(values_[which].begin(), values_[which].end(), out.begin());
-    return true;
-  }
-  void Adjust(Which which, std::span<const float> target, std::span<const float> snapshot,
-              float weight) override {
-    AdjustMoment(which, values_[which], target, snapshot, weight);
-  }
-  void Replace(Which which, std::span<const float> target) override {
-    std::copy(target.begin(), target.end(), values_[which].begin());
-  }
-  double beta(Which which) const override { return which == kFirst ? 0.9 : 0.95; }
-  uint64_t step() const override { return step_; }
-  void set_step(uint64_t step) override { step_ = step; }
-  void Train(int learner, int s) {
-    stepped_ = true;
-    ++step_;
-    for (size_t i = 0; i < size(); ++i) {
-      const float g =
-          0.01f * static_cast<float>((learner + 1) * ((static_cast<int>(i) * 5 + s) % 7) - 3);
-      values_[0][i] = 0.9f * values_[0][i] + 0.1f * g;
-      values_[1][i] = 0.95f * values_[1][i] + 0.05f * g * g;
-    }
-  }
-  // Both moments, then the step count.
-  std::vector<float> All() const {
-    std::vector<float> all = values_[0];
-    all.insert(all.end(), values_[1].begin(), values_[1].end());
-    all.push_back(static_cast<float>(step_));
-    return all;
-  }
-
- private:
-  std::vector<std::vector<float>> values_;
-  bool stepped_ = false;
-  uint64_t step_ = 0;
-};
-
 struct RankRun {
   ReducerStats stats;
   std::vector<float> local;                              // the replica's parameters at the end
@@ -156,7 +112,11 @@ void TrainRank(Config config, int learner, int rank, int steps, RankRun* run, si
   for (int s = 0; s < steps; ++s) {
     clock.AdvanceMillis(step_ms);
     view->Train(learner, s);
-    if (moments_view) moments_view->Train(learner, s);
+    if (moments_view) {
+      moments_view->Step([learner, s](size_t i) {
+        return 0.01f * static_cast<float>((learner + 1) * ((static_cast<int>(i) * 5 + s) % 7) - 3);
+      });
+    }
     const uint64_t rounds = (*driver)->stats().rounds;
     if (before_step) before_step(s);
     if (Status status = (*driver)->step(16); !status.ok()) {

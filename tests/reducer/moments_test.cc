@@ -10,50 +10,18 @@
 #include "reducer/flat_state.h"
 #include "reducer/fragment_book.h"
 #include "reducer/round_flight.h"
+#include "test_util/vector_moments.h"
 
 namespace mend::reducer {
 namespace {
 
-constexpr double kBeta1 = 0.9;
-constexpr double kBeta2 = 0.95;
-
-// An optimizer's two moments over n values, moved by Adam's update rule,
-// with its step count.
-class AdamLikeMoments final : public FlatMoments {
- public:
-  AdamLikeMoments(std::vector<float> first, std::vector<float> second, uint64_t step)
-      : values_{std::move(first), std::move(second)}, step_(step) {}
-  size_t size() const override { return values_[0].size(); }
-  bool Read(Which which, std::span<float> out) const override {
-    std::copy(values_[which].begin(), values_[which].end(), out.begin());
-    return true;
-  }
-  void Adjust(Which which, std::span<const float> target, std::span<const float> snapshot,
-              float weight) override {
-    AdjustMoment(which, values_[which], target, snapshot, weight);
-  }
-  void Replace(Which which, std::span<const float> target) override {
-    values_[which].assign(target.begin(), target.end());
-  }
-  double beta(Which which) const override { return which == kFirst ? kBeta1 : kBeta2; }
-  uint64_t step() const override { return step_; }
-  void set_step(uint64_t step) override { step_ = step; }
-
-  // One optimizer step with gradient `g` (the same for every value).
-  void Step(float g) {
-    for (float& m : values_[0]) m = static_cast<float>(kBeta1) * m + (1 - kBeta1) * g;
-    for (float& v : values_[1]) v = static_cast<float>(kBeta2) * v + (1 - kBeta2) * g * g;
-    ++step_;
-  }
-  const std::vector<float>& values(Which which) const { return values_[which]; }
-
- private:
-  std::vector<float> values_[2];
-  uint64_t step_;
-};
+// One optimizer step of `moments` with gradient g for every value.
+void Step(VectorMoments& moments, float g) {
+  moments.Step([g](size_t) { return g; });
+}
 
 // The moments `moments` holds at a boundary at `step`, snapshot as a round's flight does.
-void Snap(const AdamLikeMoments& moments, uint64_t step, InFlight& flight) {
+void Snap(const VectorMoments& moments, uint64_t step, InFlight& flight) {
   flight.boundary_step = step;
   flight.moment_step = moments.step();
   for (auto which : {FlatMoments::kFirst, FlatMoments::kSecond})
@@ -67,14 +35,14 @@ TEST(MomentsTest, AHealAppliedLaterStartsTheMomentsFromTheSourcesAndKeepsTheProg
   // moment, whose square root is NaN. Adam's moments after k steps keep
   // beta^k of where they started, so the result is the source's moments
   // moved by the same three steps, and the step count the source's plus 3.
-  AdamLikeMoments mine({0.5f, -0.5f}, {4.0f, 1.0f}, 20);
+  VectorMoments mine({0.5f, -0.5f}, {4.0f, 1.0f}, 20);
   InFlight flight;
   Snap(mine, 40, flight);
   const std::vector<float> source_first = {0.01f, 0.02f}, source_second = {0.001f, 0.002f};
-  AdamLikeMoments expected(source_first, source_second, 31);
+  VectorMoments expected(source_first, source_second, 31);
   for (float g : {0.1f, -0.2f, 0.05f}) {
-    mine.Step(g);
-    expected.Step(g);
+    Step(mine, g);
+    Step(expected, g);
   }
   Outcome outcome;
   outcome.healed_moments[0] = source_first;
@@ -94,7 +62,7 @@ TEST(MomentsTest, AHealAppliedLaterStartsTheMomentsFromTheSourcesAndKeepsTheProg
 }
 
 TEST(MomentsTest, AHealAtTheBoundaryTakesTheSourcesMomentsAndStepCountExactly) {
-  AdamLikeMoments mine({0.5f, -0.5f}, {4.0f, 1.0f}, 7);
+  VectorMoments mine({0.5f, -0.5f}, {4.0f, 1.0f}, 7);
   InFlight flight;
   Snap(mine, 40, flight);
   Outcome outcome;
@@ -110,15 +78,15 @@ TEST(MomentsTest, AHealAtTheBoundaryTakesTheSourcesMomentsAndStepCountExactly) {
 TEST(MomentsTest, WithoutTheOptimizersStepCountTheReducersStepsSinceTheBoundaryCount) {
   // An optimizer that keeps no step count mend can see (step() is 0): the
   // reducer's steps since the boundary (2) are the optimizer's.
-  AdamLikeMoments mine({1.0f}, {2.0f}, 0);
+  VectorMoments mine({1.0f}, {2.0f}, 0);
   InFlight flight;
   Snap(mine, 10, flight);
-  mine.Step(0.5f);
-  mine.Step(0.5f);
+  Step(mine, 0.5f);
+  Step(mine, 0.5f);
   mine.set_step(0);
-  AdamLikeMoments expected({0.0f}, {0.0f}, 0);
-  expected.Step(0.5f);
-  expected.Step(0.5f);
+  VectorMoments expected({0.0f}, {0.0f}, 0);
+  Step(expected, 0.5f);
+  Step(expected, 0.5f);
   Outcome outcome;
   outcome.healed_moments[0] = {0.0f};
   outcome.healed_moments[1] = {0.0f};
@@ -130,16 +98,16 @@ TEST(MomentsTest, WithoutTheOptimizersStepCountTheReducersStepsSinceTheBoundaryC
 }
 
 TEST(MomentsTest, DeslocAveragesAppliedLaterKeepTheProgressSinceAndTheStepCount) {
-  AdamLikeMoments mine({0.5f, 0.1f}, {3.0f, 0.2f}, 12);
+  VectorMoments mine({0.5f, 0.1f}, {3.0f, 0.2f}, 12);
   InFlight flight;
   Snap(mine, 12, flight);
   Outcome outcome;
   outcome.averaged_moments[0] = {0.3f, 0.0f};
   outcome.averaged_moments[1] = {0.5f, 0.1f};
-  AdamLikeMoments expected(outcome.averaged_moments[0], outcome.averaged_moments[1], 12);
+  VectorMoments expected(outcome.averaged_moments[0], outcome.averaged_moments[1], 12);
   for (float g : {0.3f, 0.01f}) {
-    mine.Step(g);
-    expected.Step(g);
+    Step(mine, g);
+    Step(expected, g);
   }
   const MomentsApplied applied = ApplyMoments(&mine, outcome, flight, 14);
   EXPECT_EQ(applied.synced, 2u);
