@@ -82,8 +82,10 @@ class ReducerImpl final : public Reducer {
   ReducerImpl(std::unique_ptr<reducer::RoundDriver> driver, const TensorParameters* parameters)
       : driver_(std::move(driver)), parameters_(parameters) {}
 
+  // The parameters are checked before a step that reads or writes them
+  // (planned at its start, as an unplanned step would be).
   Status step(uint64_t tokens) override {
-    MEND_RETURN_IF_ERROR(parameters_->Check());
+    if (driver_->PlanStep().touches_parameters) MEND_RETURN_IF_ERROR(parameters_->Check());
     return driver_->step(tokens);
   }
   Status shutdown() override {

@@ -151,9 +151,17 @@ TEST(NamedParametersTest, ParametersGivenOtherStorageAreFollowedAndChangedOnesRe
   ASSERT_EQ((*reducer)->stats().rounds, 1u);
   EXPECT_EQ((*reducer)->global(0)[0], 2.0f);
   EXPECT_EQ(weight[0][0].item<float>(), 2.0f);
-  // Another size or type: refused by name before any copy.
+  // Another size or type: refused by name at the next step that reads the
+  // parameters (the next boundary), before any copy; the steps before it
+  // copy nothing.
   bias.set_data(torch::zeros({3}));
-  Status status = (*reducer)->step(8);
+  Status status = OkStatus();
+  int steps = kPeriod;
+  while (status.ok() && steps < 3 * kPeriod) {
+    status = (*reducer)->step(8);
+    ++steps;
+  }
+  EXPECT_EQ(steps, 2 * kPeriod);
   EXPECT_EQ(status.code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(status.message().find("parameter 'bias' changed after Reducer::Create: it holds 3 "
                                   "values instead of 1"),
