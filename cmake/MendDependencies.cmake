@@ -11,6 +11,7 @@ find_package(fmt CONFIG REQUIRED)
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
 pkg_check_modules(TOMLPP REQUIRED IMPORTED_TARGET tomlplusplus)
+pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
 find_program(GRPC_CPP_PLUGIN grpc_cpp_plugin REQUIRED)
 # LibTorch (Debian's CPU build 1.13) for the reducer; found here, at the top,
 # so that its imported targets are visible to every directory.

@@ -14,7 +14,7 @@ packages=(
   build-essential cmake ninja-build pkg-config ccache git openssl clang clang-format
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev libssl-dev
   libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libcpp-httplib-dev libtomlplusplus-dev
-  libgtest-dev libgmock-dev libbenchmark-dev libgloo-dev iproute2
+  libgtest-dev libgmock-dev libbenchmark-dev libgloo-dev libxxhash-dev iproute2
   libtorch-dev libopenblas0-pthread fortunes gnuplot-nox
   python3-torch python3-numpy python3-pytest python3-venv python3-pip patchelf
   gdb stress-ng linux-perf

@@ -78,6 +78,14 @@ struct CommunicatorStats {
   // Bytes sent to each member, by rank (what crossed which link: with the
   // members' racks, the cross-rack share).
   std::vector<uint64_t> bytes_sent_to;
+  // Seconds spent encoding, waiting for transfers, and summing or decoding
+  // the members' pieces (the round's phases, RoundPhases).
+  double encode_seconds = 0;
+  double wait_seconds = 0;
+  double reduce_seconds = 0;
+  // The most scratch memory the reductions held at once: a few segments
+  // for fp32 (never a copy of the buffer), the encoded pieces for a codec.
+  uint64_t scratch_bytes = 0;
 };
 
 // Options with the configuration's part filled in (collective_timeout_ms, connect_timeout_ms,

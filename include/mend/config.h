@@ -72,6 +72,7 @@ struct Config {
   // The most rounds in flight at once, of different fragments; 0: one per
   // fragment (tau then reaches H - 1 instead of H / fragments - 1).
   int64_t rounds_in_flight = 0;
+  int64_t round_threads = 0;  // 0: ThreadPool::DefaultThreads()
   // The job's length in inner steps (0: unknown). Known, a concurrent job
   // launches no round in its last fragment period, whose result could only
   // be taken up after the last step, and the job ends with a final merge.

@@ -34,7 +34,7 @@ extern "C" {
 
 /* The version of this interface; mend_abi_version() returns the one the
  * loaded library implements. A front end refuses a library of another one. */
-#define MEND_ABI_VERSION 3
+#define MEND_ABI_VERSION 4
 
 typedef enum mend_status {
   MEND_OK = 0,
@@ -258,6 +258,21 @@ void mend_learner_interrupt(mend_learner* learner);
 uint32_t mend_learner_last_flags(const mend_learner* learner);
 
 mend_status mend_learner_stats(const mend_learner* learner, mend_stats* out);
+
+/* Where the rounds' time went: seconds summed over the rounds this learner
+ * completed; work on several threads adds up (ABI 4). */
+typedef struct mend_round_phases {
+  double snapshot;            /* the boundary's pseudo-gradient, on the calling thread */
+  double join;                /* the quorum, the rendezvous and the members' connections */
+  double agree_or_heal;       /* comparing the members' states, or healing */
+  double encode;              /* the codec's encoding */
+  double transfer;            /* waiting for the network */
+  double reduce;              /* summing and decoding the members' pieces */
+  double outer_step;          /* the outer step and the buffers' update, on the calling thread */
+  double moments_and_buffers; /* DES-LOC's moments, sync_buffers */
+  double round;               /* launch to the end of the round's thread (wall) */
+} mend_round_phases;
+mend_status mend_learner_round_phases(const mend_learner* learner, mend_round_phases* out);
 int mend_learner_fragments(const mend_learner* learner);
 /* The global parameters of `fragment` as of the last round (its
  * parameters' values in order): *count is set to their number; up to

@@ -27,6 +27,7 @@
 #include "mend/communicator.h"
 #include "mend/outer.h"
 #include "mend/status.h"
+#include "mend/zeroed_allocator.h"
 
 namespace mend {
 
@@ -56,9 +57,16 @@ class FragmentState {
  public:
   // theta_g = theta_base = `initial`, momentum 0.
   explicit FragmentState(std::span<const float> initial);
+  // `values` zeros (theta_g to be written by the caller), momentum 0.
+  // (Untouched until written: ZeroedFloats.)
+  explicit FragmentState(size_t values);
 
   std::span<const float> global() const { return global_; }
   std::span<const float> momentum() const { return momentum_; }
+  // For the round driver's fused commit (the outer step taken in place,
+  // chunk by chunk, beside the parameters' update): see OuterRound::Commit.
+  std::span<float> mutable_global() { return global_; }
+  std::span<float> mutable_momentum() { return momentum_; }
   size_t size() const { return global_.size(); }
   // Replaces the global state (healing from a peer).
   void Assign(std::span<const float> global, std::span<const float> momentum);
@@ -71,37 +79,48 @@ class FragmentState {
 
  private:
   friend class OuterRound;
-  std::vector<float> global_;
-  std::vector<float> momentum_;
+  ZeroedFloats global_;
+  ZeroedFloats momentum_;
   std::vector<float> residual_;  // error feedback (sparse codecs; empty until used)
 };
 
+// What a round's exchange brings: the members' merged pseudo-gradient is in
+// the caller's buffer (Exchange's `delta`); the outer step is taken by
+// Commit, which needs no more memory than the state and that buffer.
 struct RoundResult {
-  std::vector<float> global;    // theta_g' (bit-identical on every member)
-  std::vector<float> momentum;  // m'
+  // The outer step to take: the average (outer warm-up, the final merge:
+  // theta_g <- theta_g - delta, the momentum kept) or Nesterov's.
+  bool average = false;
   std::vector<float> residual;  // error feedback after this round (sparse codecs)
   // Ranks left out by the robust merge: the same on every member with three
   // or more; with fewer (no reports exchanged) a member lists only itself.
   std::vector<int> dropped;
-  double merged_norm = 0;  // ||delta||
+  double merged_norm = 0;  // ||delta||, set by the commit
   uint64_t bytes_sent = 0;
 };
 
 class OuterRound {
  public:
-  // Merges `delta_i` (this member's pseudo-gradient, state.size() values)
-  // with the other members' and computes the outer step. `tokens` is this
-  // member's weight under token weighting. One collective (the merge, the
+  // Merges `delta` (in: this member's pseudo-gradient, state.size() values;
+  // out: the members' merged pseudo-gradient, bit-identical on every member)
+  // with the other members', in place. `tokens` is this member's weight
+  // under token weighting; `norm`, when given, is ||delta|| already computed
+  // (the round driver's snapshot pass does). One collective (the merge, the
   // weights beside it) with fewer than three members, two with more (the
-  // members' norms first, for the robust rule). Errors: what the
+  // members' norms first, for the robust rule). The state is not touched
+  // (a round that fails changes nothing but `delta`). Errors: what the
   // communicator returns (with fewer than three members, INVALID_ARGUMENT
   // when the weights sum to 0), or ABORTED when every member was dropped.
   [[nodiscard]] static StatusOr<RoundResult> Exchange(Communicator& comm,
                                                       const FragmentState& state,
-                                                      std::span<const float> delta_i, double tokens,
-                                                      const OuterSyncOptions& options);
-  // The state becomes the result's.
-  static void Commit(FragmentState& state, RoundResult&& result);
+                                                      std::span<float> delta, double tokens,
+                                                      const OuterSyncOptions& options,
+                                                      std::optional<double> norm = std::nullopt);
+  // The outer step with the merged pseudo-gradient (Exchange's `delta`)
+  // on the state, in place, and the result's error feedback kept:
+  // theta_g' and m' are the same bits on every member.
+  static void Commit(FragmentState& state, RoundResult&& result, std::span<const float> merged,
+                     const OuterOptions& outer);
 };
 
 // The robust-merge rule on the members' pseudo-gradient norms (NaN or Inf =

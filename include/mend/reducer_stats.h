@@ -5,6 +5,21 @@
 
 namespace mend {
 
+// Where the rounds' time went, in seconds summed over the rounds this
+// learner completed (the work of a phase on several threads adds up, so
+// phases that overlap the transfer can add up to more than the round).
+struct RoundPhases {
+  double snapshot = 0;             // training thread: the boundary's pseudo-gradient (copy-out)
+  double join = 0;                 // the quorum, the rendezvous and the members' connections
+  double agree_or_heal = 0;        // comparing the members' states, or healing
+  double encode = 0;               // the codec's encoding (none for fp32)
+  double transfer = 0;             // waiting for the network (sends and receives)
+  double reduce = 0;               // summing and decoding the members' pieces
+  double outer_step = 0;           // training thread: the outer step with the parameters' update
+  double moments_and_buffers = 0;  // DES-LOC's moments, sync_buffers
+  double round = 0;                // launch to the end of the round's thread (wall)
+};
+
 struct ReducerStats {
   uint64_t steps = 0;           // the job's step as this learner knows it (see Create)
   uint64_t rounds_started = 0;  // rounds launched at a fragment boundary
@@ -26,6 +41,7 @@ struct ReducerStats {
   uint64_t final_rounds = 0;      // rounds of the final merge at shutdown this learner completed
   uint64_t round_waits = 0;  // rounds a step waited for (not arrived when due, or at a boundary)
   uint64_t most_rounds_in_flight = 0;  // the most rounds in flight at once
+  RoundPhases phases;
 };
 
 }  // namespace mend

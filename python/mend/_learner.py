@@ -275,6 +275,14 @@ class Learner:
         _native.check(lib.mend_learner_stats(self._pointer, ctypes.byref(stats)))
         return {name: getattr(stats, name) for name in _native.STAT_FIELDS}
 
+    def round_phases(self) -> Dict[str, float]:
+        """Where the rounds' time went: seconds by phase (snapshot, join, agree_or_heal,
+        encode, transfer, reduce, outer_step, moments_and_buffers, round), summed
+        over the rounds this learner completed; work on several threads adds up."""
+        phases = _native.RoundPhases()
+        _native.check(lib.mend_learner_round_phases(self._pointer, ctypes.byref(phases)))
+        return {name: getattr(phases, name) for name in _native.PHASE_FIELDS}
+
     @property
     def fragments(self) -> int:
         return lib.mend_learner_fragments(self._pointer)

@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional
 
 from mend import _build_info
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 PENDING = 100
 
 # mend_learner_plan_step / mend_learner_last_flags.
@@ -109,6 +109,14 @@ class Stats(ctypes.Structure):
     _fields_ = [(name, _u64) for name in STAT_FIELDS]
 
 
+PHASE_FIELDS = ["snapshot", "join", "agree_or_heal", "encode", "transfer", "reduce", "outer_step",
+                "moments_and_buffers", "round"]
+
+
+class RoundPhases(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_double) for name in PHASE_FIELDS]
+
+
 _PP = ctypes.POINTER(_p)
 _PS = ctypes.POINTER(ctypes.c_char_p)
 _SIGNATURES = {
@@ -142,6 +150,7 @@ _SIGNATURES = {
     "mend_learner_create": (_status, [_p, _s, _s, ctypes.POINTER(Buffer), ctypes.c_size_t, _u64, _PP]),
     "mend_learner_set_moments": (_status, [_p, ctypes.c_size_t, _p, _p]),
     "mend_learner_set_optimizer": (_status, [_p, ctypes.c_double, ctypes.c_double, ctypes.POINTER(_u64)]),
+    "mend_learner_round_phases": (_status, [_p, ctypes.POINTER(RoundPhases)]),
     "mend_learner_set_buffers": (_status, [_p, ctypes.POINTER(Buffer), ctypes.c_size_t, _u32]),
     "mend_learner_plan_step": (_u32, [_p]),
     "mend_learner_step": (_status, [_p, _u64, _i64]),

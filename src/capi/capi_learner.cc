@@ -313,6 +313,18 @@ mend_status mend_learner_stats(const mend_learner* learner, mend_stats* out) {
   });
 }
 
+mend_status mend_learner_round_phases(const mend_learner* learner, mend_round_phases* out) {
+  return Guarded([&] {
+    if (mend::Status usable = Usable(learner, "mend_learner_round_phases"); !usable.ok())
+      return Return(usable);
+    if (out == nullptr) return NullArgument("mend_learner_round_phases", "out");
+    const mend::RoundPhases p = learner->driver->stats().phases;
+    *out = {p.snapshot, p.join,       p.agree_or_heal,       p.encode, p.transfer,
+            p.reduce,   p.outer_step, p.moments_and_buffers, p.round};
+    return MEND_OK;
+  });
+}
+
 int mend_learner_fragments(const mend_learner* learner) {
   return Usable(learner, "mend_learner_fragments").ok() ? learner->driver->fragments() : 0;
 }

@@ -38,6 +38,8 @@ class RawParameters final : public reducer::FlatParameters {
     if (!in.empty()) std::memcpy(buffers_[i].data, in.data(), in.size_bytes());
     ++writes_;
   }
+  std::span<float> Values(size_t i) override { return {buffers_[i].data, buffers_[i].numel}; }
+  void Wrote() override { ++writes_; }
   uint64_t writes() const { return writes_; }
 
  private:

@@ -1,5 +1,6 @@
 #include "mend/logging.h"
 
+#include <mutex>
 #include <string>
 
 #include "core/status_format.h"
@@ -15,7 +16,12 @@ Status InitLogging(std::string_view level, std::string_view tag) {
     return InvalidArgumentError(fmt::format(
         "log_level = \"{}\": must be one of trace | debug | info | warn | error | off", level));
   }
-  // Called again (a second runtime in one Python process): replace the logger.
+  // Called again (a second runtime in one Python process): replace the
+  // logger. One call at a time: a group's ranks in one process start
+  // together, and spdlog refuses a second logger of a name (seen: "logger
+  // with name 'mend-learner-1' already exists").
+  static std::mutex* const mu = new std::mutex();  // never destroyed: used until exit
+  std::lock_guard lock(*mu);
   const std::string name = fmt::format("mend-{}", tag);
   spdlog::drop(name);
   auto logger = spdlog::stderr_logger_mt(name);

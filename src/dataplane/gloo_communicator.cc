@@ -16,6 +16,7 @@
 
 #include "core/buffer_pool.h"
 #include "core/mutex.h"
+#include "core/phase_timer.h"
 #include "core/status_format.h"
 #include "dataplane/gloo_store.h"
 #include "dataplane/hierarchy.h"
@@ -38,6 +39,10 @@ using gloo::transport::UnboundBuffer;
 using Clock = std::chrono::steady_clock;
 
 enum Phase : uint64_t { kWeights = 0, kScatter = 1, kGather = 2, kBroadcast = 3, kAllGather = 4 };
+
+// Segments of the others' fp32 pieces of our slice received at once (see
+// Reduction::window): 4 MiB per peer at the default segment size.
+constexpr size_t kReceiveWindow = 4;
 
 // Slot layout: op (40 bits) | phase (4 bits) | segment (20 bits).
 uint64_t MakeSlot(uint64_t op, Phase phase, size_t segment) {
@@ -203,6 +208,8 @@ class GlooCommunicator final : public Communicator {
   const std::byte* Mine(Reduction& run, int slice, size_t segment) const;
   std::byte* Contribution(Reduction& run, int peer, size_t segment) const;
   void PostScatter(Op& op, Reduction& run);
+  // The others' pieces of segment `s` of our slice (none past the last).
+  void PostContributions(Op& op, Reduction& run, size_t s);
   Status ReduceSegment(Op& op, Reduction& run, const std::vector<float>& weights, size_t segment);
   Status FinishGather(Op& op, Reduction& run);
 
@@ -297,6 +304,7 @@ Transfer GlooCommunicator::Post(Op& op, bool send, int peer, Phase phase, size_t
 
 Status GlooCommunicator::Wait(Op& op, Transfer& transfer) {
   if (!transfer.buffer) return OkStatus();
+  const PhaseTimer timer(&stats_.wait_seconds);
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(op.deadline - Clock::now());
   left = std::max(left, std::chrono::milliseconds(1));
   const char* what = transfer.is_send ? "sending to" : "receiving from";
@@ -454,6 +462,12 @@ struct GlooCommunicator::Reduction {
   const bool raw;  // fp32: pieces travel straight from and into `data`
   Slicing slicing;
   EncodedLayout layout;
+  // fp32: the others' pieces of our slice land in `window` slots per peer
+  // of `slot_bytes` each, segment s in slot s % window; segment s +
+  // window's receives are posted once segment s was summed. So the scratch
+  // is a few segments, not a slice, however large the buffer.
+  size_t window = 0;
+  size_t slot_bytes = 0;
   std::vector<std::vector<Transfer>> scatter;           // by segment
   std::vector<std::vector<Transfer>> contributions_in;  // by segment
   std::vector<Transfer> gather;
@@ -489,17 +503,25 @@ Status GlooCommunicator::WeightedAllReduceImpl(std::span<float> data, double wei
   PostGather(op, kWeights, std::as_bytes(std::span(&weight, 1)),
              std::as_writable_bytes(std::span(all_weights)), weight_transfers);
   // Segments of at most segment_bytes, but at least four per slice (of at
-  // least 256 KiB) so that a small buffer still pipelines.
+  // least 256 KiB, or segment_bytes if less) so that a small buffer still
+  // pipelines.
   const size_t slice_values = data.size() / options_.world_size + 1;
   const size_t segment_values =
-      std::clamp<size_t>(slice_values / 4, size_t{64} << 10,
-                         std::max<size_t>(options_.segment_bytes / sizeof(float), 1));
+      std::min(std::max<size_t>(slice_values / 4, size_t{64} << 10),
+               std::max<size_t>(options_.segment_bytes / sizeof(float), 1));
   Reduction run(data, *codec, options_.world_size, segment_values);
   const int me = options_.rank;
   const size_t slice_bytes = run.layout.slice_bytes(me);
+  if (run.raw) {
+    run.window = std::min<size_t>(run.slicing.segments(), kReceiveWindow);
+    run.slot_bytes = run.layout.piece_bytes(me, 0);
+  }
   Reserve(send_scratch_, run.raw ? 0 : run.layout.total_bytes());
-  Reserve(recv_scratch_,
-          slice_bytes * (options_.world_size - 1) + (run.raw ? 0 : run.layout.total_bytes()));
+  Reserve(recv_scratch_, run.raw
+                             ? run.window * run.slot_bytes * (options_.world_size - 1)
+                             : slice_bytes * (options_.world_size - 1) + run.layout.total_bytes());
+  stats_.scratch_bytes =
+      std::max<uint64_t>(stats_.scratch_bytes, send_scratch_.capacity() + recv_scratch_.capacity());
   run.encoded = send_scratch_.data();
   run.contributions = recv_scratch_.data();
   run.results = run.raw ? nullptr : recv_scratch_.data() + slice_bytes * (options_.world_size - 1);
@@ -513,11 +535,15 @@ Status GlooCommunicator::WeightedAllReduceImpl(std::span<float> data, double wei
     // is in flight, reading or writing the caller's buffer, once this
     // returns; only the codecs' result receives stay posted, which no member
     // will ever send to.
+    // (The others' pieces first, each window slot posted again as it
+    // frees: every member's sends then complete.)
     Status drained = OkStatus();
     for (size_t s = 0; s < run.slicing.segments() && drained.ok(); ++s) {
-      drained = WaitAll(op, run.scatter[s]);
-      if (drained.ok()) drained = WaitAll(op, run.contributions_in[s]);
+      drained = WaitAll(op, run.contributions_in[s]);
+      if (drained.ok() && run.raw) PostContributions(op, run, s + run.window);
     }
+    for (size_t s = 0; s < run.slicing.segments() && drained.ok(); ++s)
+      drained = WaitAll(op, run.scatter[s]);
     return End(op, drained.ok() ? weights.status() : drained);
   }
   if (run.raw && (sum != Fp32Sum::kWeightedMean || sum_groups_.size() > 1)) {
@@ -551,9 +577,23 @@ const std::byte* GlooCommunicator::Mine(Reduction& run, int slice, size_t segmen
 
 std::byte* GlooCommunicator::Contribution(Reduction& run, int peer, size_t segment) const {
   const int me = options_.rank;
-  const int index = peer < me ? peer : peer - 1;
+  const size_t index = static_cast<size_t>(peer < me ? peer : peer - 1);
+  if (run.raw)
+    return run.contributions + (index * run.window + segment % run.window) * run.slot_bytes;
   return run.contributions + index * run.layout.slice_bytes(me) +
          run.layout.offset_in_slice(me, segment);
+}
+
+void GlooCommunicator::PostContributions(Op& op, Reduction& run, size_t s) {
+  if (s >= run.slicing.segments()) return;
+  const int me = options_.rank;
+  auto [begin, end] = run.slicing.Piece(me, s);
+  if (begin == end) return;
+  for (int peer = 0; peer < options_.world_size; ++peer) {
+    if (peer == me) continue;
+    run.contributions_in[s].push_back(
+        PostRecv(op, peer, kScatter, s, Contribution(run, peer, s), run.layout.piece_bytes(me, s)));
+  }
 }
 
 void GlooCommunicator::PostScatter(Op& op, Reduction& run) {
@@ -564,6 +604,7 @@ void GlooCommunicator::PostScatter(Op& op, Reduction& run) {
       if (begin == end) continue;
       const size_t bytes = run.layout.piece_bytes(peer, s);
       if (!run.raw) {
+        const PhaseTimer timer(&stats_.encode_seconds);
         run.codec.Encode(run.data.subspan(begin, end - begin),
                          std::span(run.encoded + run.layout.offset(peer, s), bytes));
         // Codec results land in their own buffer: their receives can wait now.
@@ -575,13 +616,8 @@ void GlooCommunicator::PostScatter(Op& op, Reduction& run) {
       if (peer != me)
         run.scatter[s].push_back(PostSend(op, peer, kScatter, s, Mine(run, peer, s), bytes));
     }
-    auto [begin, end] = run.slicing.Piece(me, s);
-    if (begin == end) continue;
-    for (int peer = 0; peer < options_.world_size; ++peer) {
-      if (peer == me) continue;
-      run.contributions_in[s].push_back(PostRecv(op, peer, kScatter, s, Contribution(run, peer, s),
-                                                 run.layout.piece_bytes(me, s)));
-    }
+    // fp32: the first window's; the rest as slots free (ReduceSegment).
+    if (!run.raw || s < run.window) PostContributions(op, run, s);
   }
 }
 
@@ -595,6 +631,7 @@ Status GlooCommunicator::ReduceSegment(Op& op, Reduction& run, const std::vector
     const size_t len = end - begin;
     const size_t bytes = run.layout.piece_bytes(me, s);
     const std::byte* result;
+    const PhaseTimer timer(&stats_.reduce_seconds);
     if (run.raw) {
       std::vector<const float*> inputs(size);
       for (int r = 0; r < size; ++r) {
@@ -603,6 +640,7 @@ Status GlooCommunicator::ReduceSegment(Op& op, Reduction& run, const std::vector
       }
       WeightedSum(run.data.data() + begin, inputs, weights, sum_groups_, run.scale, len);
       result = reinterpret_cast<const std::byte*>(run.data.data() + begin);
+      PostContributions(op, run, s + run.window);  // into the slots just summed
     } else {
       accumulator_.assign(len, 0.0f);
       for (int r = 0; r < size; ++r) {
@@ -637,6 +675,7 @@ Status GlooCommunicator::FinishGather(Op& op, Reduction& run) {
   for (auto& sends : run.scatter) MEND_RETURN_IF_ERROR(WaitAll(op, sends));
   MEND_RETURN_IF_ERROR(WaitAll(op, run.results_in));
   if (!run.raw) {
+    const PhaseTimer timer(&stats_.reduce_seconds);
     for (int peer = 0; peer < options_.world_size; ++peer) {
       if (peer == options_.rank) continue;
       for (size_t s = 0; s < run.slicing.segments(); ++s) {

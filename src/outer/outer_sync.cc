@@ -63,6 +63,8 @@ std::vector<int> RobustDrops(std::span<const double> norms, double zscore_thresh
   return dropped;
 }
 
+FragmentState::FragmentState(size_t values) : global_(values), momentum_(values) {}
+
 FragmentState::FragmentState(std::span<const float> initial)
     : global_(initial.begin(), initial.end()), momentum_(initial.size(), 0.0f) {}
 
@@ -73,21 +75,23 @@ void FragmentState::Assign(std::span<const float> global, std::span<const float>
 }
 
 StatusOr<RoundResult> OuterRound::Exchange(Communicator& comm, const FragmentState& state,
-                                           std::span<const float> delta_i, double tokens,
-                                           const OuterSyncOptions& options) {
+                                           std::span<float> delta, double tokens,
+                                           const OuterSyncOptions& options,
+                                           std::optional<double> norm) {
   const size_t n = state.size();
-  if (delta_i.size() != n) {
+  if (delta.size() != n) {
     return InvalidArgumentError(
-        fmt::format("pseudo-gradient of {} values for a fragment of {}", delta_i.size(), n));
+        fmt::format("pseudo-gradient of {} values for a fragment of {}", delta.size(), n));
   }
   // 1. Everyone's norm and weight, so that every member drops the same ones.
   // The robust rule needs three contributing members; with fewer it drops
   // only a pseudo-gradient that is not finite, which its own member can tell,
   // so the reports (one collective, a link latency) are skipped: the member
   // goes silent, and the weights that travel with the merge leave it out.
-  MemberReport mine{options.contributes ? Norm(delta_i) : 0.0,
+  MemberReport mine{options.contributes ? (norm ? *norm : Norm(delta)) : 0.0,
                     options.token_weighted ? tokens : 1.0, options.contributes ? 0.0 : 1.0};
   RoundResult result;
+  result.average = options.warmup;
   bool dropped_me = false;
   if (comm.world_size() < 3) {
     dropped_me = options.contributes && !std::isfinite(mine.norm);
@@ -127,12 +131,7 @@ StatusOr<RoundResult> OuterRound::Exchange(Communicator& comm, const FragmentSta
   // still be NaN).
   const bool silent = dropped_me || !options.contributes;
   const double weight = silent ? 0.0 : mine.weight;
-  std::vector<float> delta = TakeFloats(n);
-  if (silent) {
-    std::fill(delta.begin(), delta.end(), 0.0f);
-  } else {
-    std::copy(delta_i.begin(), delta_i.end(), delta.begin());
-  }
+  if (silent) std::fill(delta.begin(), delta.end(), 0.0f);
 
   // 2. The merge, through the codec.
   const uint64_t sent_before = comm.stats().bytes_sent;
@@ -153,28 +152,17 @@ StatusOr<RoundResult> OuterRound::Exchange(Communicator& comm, const FragmentSta
     MEND_RETURN_IF_ERROR(comm.WeightedAllReduce(delta, weight, codec));
   }
   result.bytes_sent = comm.stats().bytes_sent - sent_before;
-  result.merged_norm = Norm(delta);
-
-  // 3. The outer step on a copy of the global state.
-  result.global = TakeFloats(n);
-  result.momentum = TakeFloats(n);
-  std::copy(state.global_.begin(), state.global_.end(), result.global.begin());
-  std::copy(state.momentum_.begin(), state.momentum_.end(), result.momentum.begin());
-  if (options.warmup) {
-    OuterAverageStep(result.global, delta);
-  } else {
-    OuterNesterovStep(result.global, result.momentum, delta, options.outer);
-  }
-  GiveBack(std::move(delta));
   return result;
 }
 
-void OuterRound::Commit(FragmentState& state, RoundResult&& result) {
-  // The old state's buffers go to the next round's result.
-  std::swap(state.global_, result.global);
-  std::swap(state.momentum_, result.momentum);
-  GiveBack(std::move(result.global));
-  GiveBack(std::move(result.momentum));
+void OuterRound::Commit(FragmentState& state, RoundResult&& result, std::span<const float> merged,
+                        const OuterOptions& outer) {
+  if (result.average) {
+    OuterAverageStep(state.global_, merged);
+  } else {
+    OuterNesterovStep(state.global_, state.momentum_, merged, outer);
+  }
+  result.merged_norm = Norm(merged);
   if (!result.residual.empty()) state.residual_ = std::move(result.residual);
 }
 

@@ -25,6 +25,14 @@ class FlatParameters {
   virtual size_t numel(size_t i) const = 0;
   virtual void CopyOut(size_t i, std::span<float> out) const = 0;  // out.size() == numel(i)
   virtual void CopyIn(size_t i, std::span<const float> in) = 0;
+  // Parameter i's values in place, when they are host fp32 memory that the
+  // round may read and write directly, from several threads at once (each
+  // its own range); empty: only through CopyOut and CopyIn. The round's
+  // fused passes (FragmentBook::Snapshot, CommitOuter) work in place, in
+  // chunks, on every thread of round_threads when every parameter has them.
+  virtual std::span<float> Values(size_t) { return {}; }
+  // Values were written through Values() (once per pass that wrote any).
+  virtual void Wrote() {}
   // The model's layer that parameter i is (or was cut from): what the
   // fragment schedule assigns to a fragment (FragmentOfLayer).
   virtual size_t layer(size_t i) const { return i; }

@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "fmt/format.h"
 #include "openssl/evp.h"
 #include "reducer/healing.h"
+#include "xxhash.h"
 
 namespace mend::reducer {
 namespace {
@@ -40,8 +42,8 @@ uint64_t FragmentPeriod(const FragmentSchedule& schedule) {
 }
 
 FragmentBook::FragmentBook(FlatParameters& parameters, const FragmentSchedule& schedule,
-                           uint64_t* copies)
-    : parameters_(parameters), copies_(copies), period_(FragmentPeriod(schedule)) {
+                           uint64_t* copies, ThreadPool& pool)
+    : parameters_(parameters), copies_(copies), pool_(pool), period_(FragmentPeriod(schedule)) {
   fragments_.resize(static_cast<size_t>(schedule.fragments()));
   for (size_t l = 0; l < parameters_.count(); ++l) {
     const int64_t f =
@@ -50,21 +52,72 @@ FragmentBook::FragmentBook(FlatParameters& parameters, const FragmentSchedule& s
   }
   for (Fragment& fragment : fragments_) {
     size_t values = 0;
-    for (size_t l : fragment.parameters) values += parameters_.numel(l);
-    std::vector<float> initial(values);
-    Gather(fragment, initial);
-    fragment.state = std::make_unique<FragmentState>(initial);
+    for (size_t l : fragment.parameters) {
+      fragment.starts.push_back(values);
+      values += parameters_.numel(l);
+    }
+    // theta_g = theta_i, copied on every processor (the training waits for
+    // mend_init); the momentum's zeros are untouched until StartPrefault.
+    fragment.state = std::make_unique<FragmentState>(values);
+  }
+  ThreadPool everyone(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  for (Fragment& fragment : fragments_) {
+    float* global = fragment.state->mutable_global().data();
+    ForEachChunk(fragment, /*writes=*/false, everyone,
+                 [&](size_t, size_t offset, std::span<float> theta) {
+                   std::memcpy(global + offset, theta.data(), theta.size_bytes());
+                 });
   }
 }
 
+FragmentBook::~FragmentBook() {
+  if (prefault_.joinable()) prefault_.join();
+}
+
+void FragmentBook::StartPrefault(bool own, bool step) {
+  if (prefault_.joinable()) return;
+  std::vector<std::span<float>> buffers;
+  for (Fragment& fragment : fragments_) {
+    const size_t n = fragment.state->size();
+    if (fragment.spare.empty()) fragment.spare = ZeroedFloats(n);
+    if (own && fragment.spare_own.empty()) fragment.spare_own = ZeroedFloats(n);
+    if (step && fragment.spare_step.empty()) fragment.spare_step = ZeroedFloats(n);
+    for (std::span<float> buffer : std::initializer_list<std::span<float>>{
+             fragment.spare, fragment.spare_own, fragment.spare_step,
+             fragment.state->mutable_momentum()})
+      buffers.push_back(buffer);
+  }
+  // A zero written into every page (zeros already: the values stay), on
+  // every processor: page faults scale with them.
+  prefault_ = std::thread([buffers = std::move(buffers)]() {
+    constexpr size_t kPageValues = 4096 / sizeof(float);
+    constexpr size_t kChunk = size_t{16} << 20;  // values: 64 MiB
+    std::vector<std::pair<float*, size_t>> chunks;
+    for (std::span<float> buffer : buffers) {
+      for (size_t at = 0; at < buffer.size(); at += kChunk)
+        chunks.emplace_back(buffer.data() + at, std::min(kChunk, buffer.size() - at));
+    }
+    ThreadPool everyone(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+    everyone.ParallelFor(chunks.size(), [&](size_t c) {
+      auto [values, n] = chunks[c];
+      for (size_t i = 0; i < n; i += kPageValues) values[i] = 0.0f;
+    });
+  });
+}
+
+void FragmentBook::AwaitPrefault() {
+  if (prefault_.joinable()) prefault_.join();
+}
+
 // Every copy between the parameters and the flat fragment state goes
-// through Gather and Scatter, each counted (a step that neither starts nor
-// applies a round makes none).
+// through Gather and Scatter or the fused passes, each counted (a step that
+// neither starts nor applies a round makes none).
 void FragmentBook::Gather(const Fragment& fragment, std::span<float> out) {
   ForEachPiece(fragment, [&](size_t l, size_t offset, size_t n) {
     parameters_.CopyOut(l, out.subspan(offset, n));
   });
   ++*copies_;
+  ++passes_;
 }
 
 void FragmentBook::Scatter(std::span<const float> in, const Fragment& fragment) {
@@ -72,6 +125,157 @@ void FragmentBook::Scatter(std::span<const float> in, const Fragment& fragment) 
     parameters_.CopyIn(l, in.subspan(offset, n));
   });
   ++*copies_;
+  ++passes_;
+}
+
+namespace {
+// A chunk of the fused passes: 1 MiB of fp32 values (a few chunks stay in a
+// core's cache while they are worked on).
+constexpr size_t kChunkValues = size_t{1} << 18;
+}  // namespace
+
+bool FragmentBook::InPlace(const Fragment& fragment) {
+  for (size_t l : fragment.parameters) {
+    if (parameters_.numel(l) > 0 && parameters_.Values(l).size() != parameters_.numel(l))
+      return false;
+  }
+  return true;
+}
+
+size_t FragmentBook::ChunkCount(const Fragment& fragment) const {
+  const size_t n = fragment.state->size();
+  return std::max((n + kChunkValues - 1) / kChunkValues, fragment.parameters.size());
+}
+
+template <typename Body>
+void FragmentBook::ForEachChunk(const Fragment& fragment, bool writes, ThreadPool& pool,
+                                Body&& body) {
+  const size_t n = fragment.state->size();
+  if (InPlace(fragment)) {
+    const size_t chunks = (n + kChunkValues - 1) / kChunkValues;
+    pool.ParallelFor(chunks, [&](size_t c) {
+      const size_t begin = c * kChunkValues;
+      const size_t end = std::min(n, begin + kChunkValues);
+      // The last parameter that starts at or before `begin`.
+      size_t p = static_cast<size_t>(
+          std::upper_bound(fragment.starts.begin(), fragment.starts.end(), begin) -
+          fragment.starts.begin() - 1);
+      for (size_t at = begin; at < end; ++p) {
+        const size_t l = fragment.parameters[p];
+        const size_t hi = std::min(end, fragment.starts[p] + parameters_.numel(l));
+        if (hi > at) body(c, at, parameters_.Values(l).subspan(at - fragment.starts[p], hi - at));
+        at = std::max(at, hi);
+      }
+    });
+    if (writes) parameters_.Wrote();
+    return;
+  }
+  // One parameter at a time, through a copy, on this thread.
+  std::vector<float> scratch;
+  for (size_t p = 0; p < fragment.parameters.size(); ++p) {
+    const size_t l = fragment.parameters[p];
+    scratch.resize(parameters_.numel(l));
+    parameters_.CopyOut(l, scratch);
+    body(p, fragment.starts[p], std::span<float>(scratch));
+    if (writes) parameters_.CopyIn(l, scratch);
+  }
+}
+
+double FragmentBook::Snapshot(const Fragment& fragment, std::span<float> delta,
+                              std::span<float> copy, std::span<float> step,
+                              const OuterOptions& outer) {
+  const float* global = fragment.state->global().data();
+  const float* momentum = fragment.state->momentum().data();
+  const float lr = outer.lr;
+  const float mu = outer.momentum;
+  std::vector<double> squares(ChunkCount(fragment), 0.0);
+  ForEachChunk(fragment, /*writes=*/!step.empty(), pool_,
+               [&](size_t c, size_t offset, std::span<float> theta) {
+                 float* d = delta.data() + offset;
+                 const float* g = global + offset;
+                 double sum = 0;
+                 for (size_t i = 0; i < theta.size(); ++i) {
+                   const float v = g[i] - theta[i];
+                   d[i] = v;
+                   sum += static_cast<double>(v) * v;
+                 }
+                 if (!copy.empty()) std::memcpy(copy.data() + offset, d, theta.size_bytes());
+                 if (!step.empty()) {
+                   // The provisional outer step (OuterNesterovStep with this learner's
+                   // pseudo-gradient as the merge): theta_i <- p, step <- theta_g - p.
+                   const float* m = momentum + offset;
+                   float* s = step.data() + offset;
+                   for (size_t i = 0; i < theta.size(); ++i) {
+                     const float mm = mu * m[i] + d[i];
+                     const float provisional = g[i] - lr * (d[i] + mu * mm);
+                     s[i] = g[i] - provisional;
+                     theta[i] = provisional;
+                   }
+                 }
+                 squares[c] += sum;
+               });
+  ++*copies_;
+  ++passes_;
+  double total = 0;
+  for (double s : squares) total += s;
+  return total;
+}
+
+double FragmentBook::CommitOuter(Fragment& fragment, const OuterCommit& commit) {
+  float* global = fragment.state->mutable_global().data();
+  float* momentum = fragment.state->mutable_momentum().data();
+  const float lr = commit.outer.lr;
+  const float mu = commit.outer.momentum;
+  const float keep = commit.alpha;
+  const float take = 1.0f - commit.alpha;
+  using Local = OuterCommit::Local;
+  std::vector<double> squares(ChunkCount(fragment), 0.0);
+  ForEachChunk(fragment, /*writes=*/true, pool_,
+               [&](size_t c, size_t offset, std::span<float> theta) {
+                 const float* d = commit.merged.data() + offset;
+                 float* g = global + offset;
+                 float* m = momentum + offset;
+                 const float* own = commit.own.empty() ? nullptr : commit.own.data() + offset;
+                 const float* eager = commit.eager.empty() ? nullptr : commit.eager.data() + offset;
+                 double sum = 0;
+                 for (size_t i = 0; i < theta.size(); ++i) {
+                   // OuterAverageStep and OuterNesterovStep, element by element.
+                   const float old = g[i];
+                   float next;
+                   if (commit.average) {
+                     next = old - d[i];
+                   } else {
+                     const float mm = mu * m[i] + d[i];
+                     m[i] = mm;
+                     next = old - lr * (d[i] + mu * mm);
+                   }
+                   g[i] = next;
+                   // ApplyOuterResult, with theta_base = the old theta_g.
+                   switch (commit.local) {
+                     case Local::kReplace:
+                       theta[i] = next;
+                       break;
+                     case Local::kProgress:
+                       theta[i] += next - old;
+                       break;
+                     case Local::kExact:
+                       // (With the provisional step taken, `eager` holds theta_g - p:
+                       // what the parameters were moved by at the launch, own included.)
+                       theta[i] += (next - old) + (eager != nullptr ? eager[i] : own[i]);
+                       break;
+                     case Local::kMix:
+                       theta[i] = keep * theta[i] + take * next;
+                       break;
+                   }
+                   sum += static_cast<double>(d[i]) * d[i];
+                 }
+                 squares[c] += sum;
+               });
+  ++*copies_;
+  ++passes_;
+  double total = 0;
+  for (double s : squares) total += s;
+  return total;
 }
 
 void FragmentBook::KeepLocalProgress(Fragment& fragment, std::span<const float> new_base) {
@@ -87,6 +291,20 @@ uint64_t FragmentBook::StateStep(uint64_t restored_step) const {
   uint64_t step = restored_step;
   for (const Fragment& fragment : fragments_) step = std::max(step, fragment.last_round_boundary);
   return step;
+}
+
+std::string FragmentBook::AgreementDigest() const {
+  XXH3_state_t* state = XXH3_createState();
+  XXH3_128bits_reset(state);
+  for (const Fragment& fragment : fragments_) {
+    XXH3_128bits_update(state, fragment.state->global().data(),
+                        fragment.state->global().size_bytes());
+    XXH3_128bits_update(state, fragment.state->momentum().data(),
+                        fragment.state->momentum().size_bytes());
+  }
+  const XXH128_hash_t hash = XXH3_128bits_digest(state);
+  XXH3_freeState(state);
+  return fmt::format("{:016x}{:016x}", hash.high64, hash.low64);
 }
 
 std::string FragmentBook::GlobalDigest() const {
@@ -129,12 +347,20 @@ void WriteAll(FlatParameters& values, std::span<const float> all) {
   }
 }
 
-void ApplyHeal(FragmentBook& book, const Outcome& outcome, const Fragment* exchanging) {
+void ApplyHeal(FragmentBook& book, const Outcome& outcome, const Fragment* exchanging,
+               std::span<float> exchanging_own) {
   std::vector<Fragment>& fragments = book.fragments();
   for (size_t f = 0; f < fragments.size(); ++f) {
     Fragment& fragment = fragments[f];
     auto [global, momentum] = HealSlice(fragments, outcome.healed, f);
-    if (&fragment != exchanging) book.KeepLocalProgress(fragment, global);
+    if (&fragment != exchanging) {
+      book.KeepLocalProgress(fragment, global);
+    } else if (!exchanging_own.empty()) {
+      // Its commit adds (theta_g' - theta_g) + own to the parameters, with
+      // theta_g the healed base now: own takes the base's change.
+      std::span<const float> old = fragment.state->global();
+      for (size_t i = 0; i < exchanging_own.size(); ++i) exchanging_own[i] += global[i] - old[i];
+    }
     fragment.state->Assign(global, momentum);
   }
   if (!outcome.fresh_join) return;
@@ -147,63 +373,53 @@ void ApplyHeal(FragmentBook& book, const Outcome& outcome, const Fragment* excha
   }
 }
 
-void EagerStep(std::span<const float> global, std::span<const float> momentum,
-               std::span<const float> delta, const OuterOptions& outer, std::span<float> local,
-               std::span<float> shift) {
-  // The round's own outer step (OuterNesterovStep) on copies, with `delta`
-  // as the merged pseudo-gradient.
-  const size_t n = local.size();
-  std::vector<float> provisional = TakeFloats(n);
-  std::vector<float> scratch_momentum = TakeFloats(n);
-  std::copy(global.begin(), global.end(), provisional.begin());
-  std::copy(momentum.begin(), momentum.end(), scratch_momentum.begin());
-  OuterNesterovStep(provisional, scratch_momentum, delta, outer);
-  for (size_t i = 0; i < n; ++i) {
-    shift[i] = local[i] - provisional[i];
-    local[i] = provisional[i];
-  }
-  GiveBack(std::move(provisional));
-  GiveBack(std::move(scratch_momentum));
-}
-
 void UndoEager(FragmentBook& book, InFlight& flight) {
   if (flight.eager.empty()) return;
+  // theta_i - p (what was trained since) + theta_i(boundary) = theta_i +
+  // (theta_g - p) - (theta_g - theta_i(boundary)) = theta_i + step - own.
   Fragment& fragment = book.at(flight.fragment);
   std::vector<float> local = TakeFloats(fragment.state->size());
   book.Gather(fragment, local);
-  for (size_t i = 0; i < local.size(); ++i) local[i] += flight.eager[i];
+  for (size_t i = 0; i < local.size(); ++i) local[i] += flight.eager[i] - flight.own[i];
   book.Scatter(local, fragment);
   GiveBack(std::move(local));
-  GiveBack(std::move(flight.eager));
-  flight.eager.clear();
+  GiveBackBuffer(fragment.spare_step, flight.eager);  // (empty: undone)
+}
+
+std::span<const float> Merged(const Outcome& outcome, const InFlight& flight) {
+  if (outcome.fragment != flight.fragment) return outcome.adopted_merged;
+  return flight.delta;
 }
 
 void CommitRound(FragmentBook& book, Outcome& outcome, InFlight& flight, uint64_t step,
-                 OuterApply mode, float mixing_alpha) {
+                 OuterApply mode, float mixing_alpha, const OuterOptions& outer) {
   Fragment& fragment = book.at(flight.fragment);
+  OuterCommit commit;
+  commit.merged = Merged(outcome, flight);
+  commit.average = outcome.result.average;
+  commit.outer = outer;
+  Fragment* target = &fragment;
   if (outcome.fragment != flight.fragment) {
     UndoEager(book, flight);
-    Fragment& exchanged = book.at(outcome.fragment);
-    book.KeepLocalProgress(exchanged, outcome.result.global);
+    target = &book.at(outcome.fragment);
     outcome.result.residual.clear();  // it sent nothing: its error feedback stays
-    OuterRound::Commit(*exchanged.state, std::move(outcome.result));
+    commit.local = OuterCommit::Local::kProgress;
     if (!outcome.fresh_join) fragment.tokens_since_round += flight.tokens;
-    return;
-  }
-  OuterRound::Commit(*fragment.state, std::move(outcome.result));
-  if (step == flight.boundary_step) {
+  } else if (step == flight.boundary_step) {
     // Nothing trained since the boundary (synchronous): exactly theta_g'.
-    book.Scatter(fragment.state->global(), fragment);
-    return;
+    commit.local = OuterCommit::Local::kReplace;
+  } else if (mode == OuterApply::kMix) {
+    commit.local = OuterCommit::Local::kMix;
+    commit.alpha = mixing_alpha;
+  } else {
+    // The provisional step (outer_apply = eager) is replaced by the result:
+    // theta_i <- theta_g' + what was trained since it.
+    commit.local = OuterCommit::Local::kExact;
+    commit.own = flight.own;
+    commit.eager = flight.eager;
   }
-  std::vector<float> local = TakeFloats(fragment.state->size());
-  book.Gather(fragment, local);
-  ApplyOuterResult(local, fragment.state->global(), flight.base, flight.delta, mode, mixing_alpha);
-  // The provisional step (outer_apply = eager) is replaced by the result:
-  // theta_i <- theta_g' + what was trained since it.
-  for (size_t i = 0; i < flight.eager.size(); ++i) local[i] += flight.eager[i];
-  book.Scatter(local, fragment);
-  GiveBack(std::move(local));
+  outcome.result.merged_norm = std::sqrt(book.CommitOuter(*target, commit));
+  if (!outcome.result.residual.empty()) target->state->AssignResidual(outcome.result.residual);
 }
 
 MomentsApplied ApplyMoments(FlatMoments* moments, const Outcome& outcome, InFlight& flight,

@@ -18,8 +18,10 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "core/parallel.h"
 #include "mend/outer.h"
 #include "reducer/flat_state.h"
 #include "reducer/fragments.h"
@@ -30,11 +32,44 @@ namespace mend::reducer {
 // Steps between two rounds (of consecutive fragments), from the schedule.
 uint64_t FragmentPeriod(const FragmentSchedule& schedule);
 
+// The outer step of a round, fused with what it does to the local
+// parameters (FragmentBook::CommitOuter).
+struct OuterCommit {
+  std::span<const float> merged;  // the members' pseudo-gradient
+  bool average = false;           // theta_g <- theta_g - merged, the momentum kept
+  OuterOptions outer;             // else Nesterov's step with these
+  enum class Local {
+    kReplace,   // theta_i <- theta_g' (nothing trained since the boundary)
+    kProgress,  // theta_i += theta_g' - theta_g (a round of another fragment, adopted)
+    kExact,     // theta_i += (theta_g' - theta_g) + own [+ eager]
+    kMix,       // theta_i <- alpha theta_i + (1 - alpha) theta_g'
+  } local = Local::kReplace;
+  std::span<const float> own;    // kExact: this learner's pseudo-gradient at the boundary
+  std::span<const float> eager;  // kExact: outer_apply = eager's shift (empty: none)
+  float alpha = 0;               // kMix
+};
+
 class FragmentBook {
  public:
   // Lays `parameters` (not owned) out in the schedule's fragments, each
-  // starting from the parameters' values. `*copies` counts every copy.
-  FragmentBook(FlatParameters& parameters, const FragmentSchedule& schedule, uint64_t* copies);
+  // starting from the parameters' values, with its pseudo-gradient buffer;
+  // every buffer is allocated and touched here, in parallel on `pool`
+  // (not owned; used from the training thread only). `*copies` counts
+  // every copy.
+  FragmentBook(FlatParameters& parameters, const FragmentSchedule& schedule, uint64_t* copies,
+               ThreadPool& pool);
+  ~FragmentBook();
+  FragmentBook(const FragmentBook&) = delete;
+  FragmentBook& operator=(const FragmentBook&) = delete;
+
+  // Faults in, on a thread of its own, the memory the first round writes:
+  // each fragment's round buffers (Fragment::spare; with `own`, spare_own;
+  // with `step`, spare_step) and momentum (zero pages until then), so that
+  // the first round costs what the later ones do. AwaitPrefault() before
+  // anything else reads or writes them (a round's launch, an export, a
+  // checkpoint, a restore).
+  void StartPrefault(bool own = false, bool step = false);
+  void AwaitPrefault();
 
   std::vector<Fragment>& fragments() { return fragments_; }
   const std::vector<Fragment>& fragments() const { return fragments_; }
@@ -47,6 +82,27 @@ class FragmentBook {
   // The fragment's local parameters, flat; and back.
   void Gather(const Fragment& fragment, std::span<float> out);
   void Scatter(std::span<const float> in, const Fragment& fragment);
+
+  // The round's two passes over a fragment, fused and in chunks on the
+  // pool (one parameter at a time through a copy where the parameters are
+  // not in place: FlatParameters::Values):
+  //
+  // The boundary snapshot: delta <- theta_g - theta_i (and into `copy`
+  // too, unless empty); returns ||delta||^2 (chunks' sums added in order).
+  // With `step` (outer_apply = eager), the provisional outer step too: p =
+  // the Nesterov step with `outer` that the round would take were every
+  // member's pseudo-gradient this one; theta_i <- p, step <- theta_g - p.
+  double Snapshot(const Fragment& fragment, std::span<float> delta, std::span<float> copy,
+                  std::span<float> step = {}, const OuterOptions& outer = {});
+  // The outer step on the fragment's state in place, and the local
+  // parameters with it (OuterCommit::Local); returns ||merged||^2. The
+  // state and parameters are written only here, after the round
+  // succeeded: a failed round changed nothing.
+  double CommitOuter(Fragment& fragment, const OuterCommit& commit);
+  // Full passes over a fragment's values the round's arithmetic made
+  // (Snapshot, CommitOuter, Gather, Scatter, each counted once per
+  // fragment): what tests count.
+  uint64_t passes() const { return passes_; }
   // `visit(l, offset, n)` for each of the fragment's parameters: its n
   // values lie at `offset` in the fragment's flat state.
   template <typename Visit>
@@ -70,10 +126,26 @@ class FragmentBook {
   // SHA-256 (hex) of every fragment's global parameters and momentum: equal
   // on every member after a shared round.
   std::string GlobalDigest() const;
+  // The same values' XXH3-128 (hex): a round's members compare their states
+  // with it (RoundRunner::StatesAgree), at memory speed rather than
+  // SHA-256's (about 2 GB/s: a second per 250 M parameters).
+  std::string AgreementDigest() const;
 
  private:
+  // body(chunk, offset, theta): theta are the parameters' values at
+  // `offset` in the flat fragment (several calls per chunk where the chunk
+  // spans parameters, all on one thread); `writes`: body changes theta.
+  // Chunks are fixed ranges of the fragment, whatever the threads.
+  template <typename Body>
+  void ForEachChunk(const Fragment& fragment, bool writes, ThreadPool& pool, Body&& body);
+  size_t ChunkCount(const Fragment& fragment) const;
+  bool InPlace(const Fragment& fragment);
+
   FlatParameters& parameters_;
   uint64_t* const copies_;
+  ThreadPool& pool_;
+  uint64_t passes_ = 0;
+  std::thread prefault_;
   const uint64_t period_;
   std::vector<Fragment> fragments_;
 };
@@ -91,23 +163,23 @@ void WriteAll(FlatParameters& values, std::span<const float> all);
 // than the one the round's result goes to (`exchanging`, nullptr: none)
 // keeps the learner's progress on top. A fresh join's progress is none of
 // the job's: every fragment but that one starts from the healed state.
-void ApplyHeal(FragmentBook& book, const Outcome& outcome, const Fragment* exchanging);
+// `exchanging_own`: the exchanging fragment's own pseudo-gradient, which its
+// commit adds to the parameters (empty: none), moved with its base.
+void ApplyHeal(FragmentBook& book, const Outcome& outcome, const Fragment* exchanging,
+               std::span<float> exchanging_own);
 
 // The round's theta_g' and momentum into the fragment it exchanged. Its own
 // fragment's local parameters get the result (exact: plus the progress
 // since the boundary); a round of another fragment (`adopted`, see
 // Outcome::fragment) moves that fragment's parameters by the base change.
+// The round's outer step (with `outer`, unless it averages) and the local
+// parameters with it, in one fused pass (FragmentBook::CommitOuter).
 void CommitRound(FragmentBook& book, Outcome& outcome, InFlight& flight, uint64_t step,
-                 OuterApply mode, float mixing_alpha);
+                 OuterApply mode, float mixing_alpha, const OuterOptions& outer);
+// The members' merged pseudo-gradient of the round: in the flight's buffer,
+// or, for a round of another fragment (adopted), in the outcome's.
+std::span<const float> Merged(const Outcome& outcome, const InFlight& flight);
 
-// outer_apply = eager, at a round's launch: the outer Nesterov step the
-// round would take if every member's pseudo-gradient were this learner's
-// (`delta`, from `global` with the fragment's `momentum`), taken on the
-// fragment's gathered `local` parameters; `shift` gets local - provisional,
-// what CommitRound (or UndoEager) adds back.
-void EagerStep(std::span<const float> global, std::span<const float> momentum,
-               std::span<const float> delta, const OuterOptions& outer, std::span<float> local,
-               std::span<float> shift);
 // A round that brings no result for its fragment (it failed, was called off,
 // or healed another): its provisional step is taken back.
 void UndoEager(FragmentBook& book, InFlight& flight);

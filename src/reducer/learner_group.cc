@@ -59,6 +59,12 @@ class SlicedParameters final : public FlatParameters {
     std::memcpy(scratch_.data() + piece.offset, in.data(), piece.values * sizeof(float));
     full_.CopyIn(piece.parameter, scratch_);
   }
+  std::span<float> Values(size_t i) override {
+    const Piece& piece = pieces_[i];
+    std::span<float> all = full_.Values(piece.parameter);
+    return all.empty() ? all : all.subspan(piece.offset, piece.values);
+  }
+  void Wrote() override { full_.Wrote(); }
 
  private:
   struct Piece {

@@ -69,6 +69,10 @@ class TensorParameters final : public reducer::FlatParameters {
   void CopyIn(size_t i, std::span<const float> in) override {
     std::memcpy(tensors_[i].data_ptr<float>(), in.data(), in.size() * sizeof(float));
   }
+  // Dense, contiguous fp32 CPU tensors (Check, before every step that touches them).
+  std::span<float> Values(size_t i) override {
+    return {tensors_[i].data_ptr<float>(), static_cast<size_t>(tensors_[i].numel())};
+  }
 
  private:
   std::vector<at::Tensor> tensors_;

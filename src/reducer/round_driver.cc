@@ -3,9 +3,11 @@
 // events call for (round_plan.h) and carries the action out.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <mutex>
 #include <utility>
 
+#include "core/phase_timer.h"
 #include "core/status_format.h"
 #include "fmt/format.h"
 #include "reducer/round_driver_impl.h"
@@ -71,7 +73,7 @@ StatusOr<bool> RoundDriverImpl::LaunchBlocked(int f) {
   bool blocked = false;
   for (const auto& flight : flights_) {
     if (flight->fragment == f || flight->final_merge || flight->passed_over) return true;
-    const FlightStatus status = flight->Status();
+    const FlightStatus status = PlannedStatus(*flight);
     blocked = blocked || (!status.formed && !status.done) || status.may_heal;
   }
   return policy_->AgreeLaunch(blocked);
@@ -261,10 +263,23 @@ bool RoundDriverImpl::NextStepMayWait() const {
   return action == Action::kApply || action == Action::kAwait || LaunchesAt(stats_.steps + 1);
 }
 
+// A planned step sees the rounds in flight as PlanStep saw them (a first
+// round that agreed since still holds the next launch back); else as they are.
+FlightStatus RoundDriverImpl::PlannedStatus(InFlight& flight) const {
+  if (planned_step_ == stats_.steps) {
+    for (const auto& [planned, status] : planned_status_) {
+      if (planned == &flight) return status;
+    }
+  }
+  return flight.Status();
+}
+
 StepPlan RoundDriverImpl::PlanStep() {
   const uint64_t next = stats_.steps + 1;
   planned_step_ = next;
   planned_arrivals_ = 0;
+  planned_status_.clear();
+  for (const auto& flight : flights_) planned_status_.emplace_back(flight.get(), flight->Status());
   for (const auto& flight : flights_) {
     if (!flight->done.load(std::memory_order_acquire)) break;
     planned_arrivals_++;
@@ -376,6 +391,7 @@ Status RoundDriverImpl::BreakGroup(Status status) {
 // taken up at once (shutdown waits for it).
 Status RoundDriverImpl::Launch(int f, bool final_merge) {
   if (final_merge) MEND_RETURN_IF_ERROR(FinishAll());
+  book_.AwaitPrefault();  // (before the round's thread reads the fragments' state)
   auto flight = std::make_unique<InFlight>();
   // One at a time, a round is on its own; beside others, it joins in its turn.
   if (rounds_in_flight_ > 1) flight->seq = ++launched_;
@@ -397,11 +413,11 @@ Status RoundDriverImpl::Launch(int f, bool final_merge) {
   // Taken up in the order launched: never before an older round.
   if (!flights_.empty())
     flight->apply_at_step = std::max(flight->apply_at_step, flights_.back()->apply_at_step);
-  Snap(book_.at(f), *flight);
-  // A group's ranks each took the provisional step on their slice: into every replica.
-  if (!flight->eager.empty()) {
-    if (Status shared = policy_->ShareCommitted(false); !shared.ok()) return BreakGroup(shared);
-  }
+  Fragment& fragment = book_.at(f);
+  flight->tokens = fragment.tokens_since_round;
+  fragment.tokens_since_round = 0;
+  // The round's thread asks for its quorum and connects while this one
+  // takes the snapshot; it reads the snapshot once told (Snapped).
   InFlight* raw = flight.get();
   flight->thread = std::thread([this, raw]() {
     StatusOr<Outcome> outcome =
@@ -411,6 +427,12 @@ Status RoundDriverImpl::Launch(int f, bool final_merge) {
   stats_.rounds_started++;
   flights_.push_back(std::move(flight));
   stats_.most_rounds_in_flight = std::max<uint64_t>(stats_.most_rounds_in_flight, flights_.size());
+  Snap(fragment, *raw);
+  raw->Snapped();
+  // A group's ranks each took the provisional step on their slice: into every replica.
+  if (!raw->eager.empty()) {
+    if (Status shared = policy_->ShareCommitted(false); !shared.ok()) return BreakGroup(shared);
+  }
   return OkStatus();
 }
 
@@ -425,23 +447,16 @@ bool RoundDriverImpl::EagerAt(const InFlight& flight) const {
 }
 
 void RoundDriverImpl::Snap(Fragment& fragment, InFlight& flight) {
-  flight.tokens = fragment.tokens_since_round;
-  fragment.tokens_since_round = 0;
   const size_t n = fragment.state->size();
-  flight.base = TakeFloats(n);
-  std::copy(fragment.state->global().begin(), fragment.state->global().end(), flight.base.begin());
-  std::vector<float> local = TakeFloats(n);
-  book_.Gather(fragment, local);
-  flight.delta = TakeFloats(n);
-  PseudoGradient(flight.base, local, flight.delta);
-  if (EagerAt(flight)) {
-    flight.eager = TakeFloats(n);
-    EagerStep(fragment.state->global(), fragment.state->momentum(), flight.delta,
-              {static_cast<float>(config_.outer_lr), static_cast<float>(config_.outer_momentum)},
-              local, flight.eager);
-    book_.Scatter(local, fragment);
-  }
-  GiveBack(std::move(local));
+  const PhaseTimer timer(&stats_.phases.snapshot);
+  // The fragment's own buffers (allocated after the start).
+  flight.delta = Borrow(fragment.spare, n);
+  // Taken up at a later step, the result keeps what was trained since: it
+  // needs its own part (and, with the provisional step, that step).
+  if (concurrent_) flight.own = Borrow(fragment.spare_own, n);
+  if (EagerAt(flight)) flight.eager = Borrow(fragment.spare_step, n);
+  flight.norm =
+      std::sqrt(book_.Snapshot(fragment, flight.delta, flight.own, flight.eager, options_.outer));
   if (moments_) {
     flight.moment_step = moments_->step();
     for (auto which : {FlatMoments::kFirst, FlatMoments::kSecond}) {
@@ -469,6 +484,16 @@ Status RoundDriverImpl::FinishInFlight() {
     uint64_t seq;
     ~TakenUp() { order.TakenUp(seq); }
   } taken_up{runner_->order(), flight->seq};
+  // Its buffers go back to its fragment for the next round.
+  struct GiveBackBuffers {
+    Fragment& fragment;
+    InFlight& flight;
+    ~GiveBackBuffers() {
+      GiveBackBuffer(fragment.spare, flight.delta);
+      GiveBackBuffer(fragment.spare_own, flight.own);
+      GiveBackBuffer(fragment.spare_step, flight.eager);
+    }
+  } give_back{book_.at(flight->fragment), *flight};
   MEND_RETURN_IF_ERROR(JoinFlight(*flight));
   if (flight->outcome.ok()) return Commit(*flight);
   RecordRound(*flight);
@@ -519,13 +544,27 @@ Status RoundDriverImpl::Commit(InFlight& flight) {
   Fragment& fragment = book_.at(flight.fragment);
   const bool adopted = outcome.fragment != flight.fragment;
   if (!outcome.healed.empty()) {
-    ApplyHeal(book_, outcome, adopted ? nullptr : &fragment);
+    // (The commit adds the provisional step where one was taken, else its own part.)
+    ApplyHeal(book_, outcome, adopted ? nullptr : &fragment,
+              flight.eager.empty() ? std::span<float>(flight.own) : std::span<float>(flight.eager));
     stats_.heals++;
   }
   stats_.bytes_sent += outcome.result.bytes_sent;
   stats_.cross_rack_bytes_sent += outcome.cross_rack_bytes;
-  CommitRound(book_, outcome, flight, stats_.steps, apply_mode_,
-              static_cast<float>(config_.mixing_alpha));
+  RoundPhases& phases = stats_.phases;
+  phases.join += outcome.phases.join;
+  phases.agree_or_heal += outcome.phases.agree_or_heal;
+  phases.encode += outcome.phases.encode;
+  phases.transfer += outcome.phases.transfer;
+  phases.reduce += outcome.phases.reduce;
+  phases.moments_and_buffers += outcome.phases.moments_and_buffers;
+  phases.round += static_cast<double>(std::max<Micros>(0, flight.finished - flight.launched)) /
+                  kMicrosPerSecond;
+  {
+    const PhaseTimer timer(&stats_.phases.outer_step);
+    CommitRound(book_, outcome, flight, stats_.steps, apply_mode_,
+                static_cast<float>(config_.mixing_alpha), options_.outer);
+  }
   MomentsApplied moments;
   if (moments_) moments = ApplyMoments(moments_.get(), outcome, flight, stats_.steps);
   stats_.moment_syncs += moments.synced;

@@ -79,6 +79,7 @@ class RoundDriverImpl final : public RoundDriver {
   uint64_t FinalPeriod() const { return rounds_in_flight_ * book_.period(); }
   uint64_t HeldRoundId() const;
   StatusOr<bool> LaunchBlocked(int f);
+  FlightStatus PlannedStatus(InFlight& flight) const;
   void CountWait(InFlight& flight);
   Status TakeUpFlight();
   Status LookAtGroupJoin(Phase* phase);
@@ -138,6 +139,9 @@ class RoundDriverImpl final : public RoundDriver {
                    : static_cast<uint64_t>(config_.rounds_in_flight > 0 ? config_.rounds_in_flight
                                                                         : schedule_.fragments());
   ReducerStats stats_;
+  // The round's arithmetic on the training thread (FragmentBook's passes).
+  ThreadPool pool_{config_.round_threads > 0 ? static_cast<int>(config_.round_threads)
+                                             : ThreadPool::DefaultThreads()};
   FragmentBook book_;
   std::unique_ptr<Codec> codec_;
   OuterSyncOptions options_;
@@ -171,6 +175,7 @@ class RoundDriverImpl final : public RoundDriver {
   // PlanStep's view for the step it planned (0: none planned).
   uint64_t planned_step_ = 0;
   size_t planned_arrivals_ = 0;  // the oldest rounds that had arrived then
+  std::vector<std::pair<const InFlight*, FlightStatus>> planned_status_;  // ... and each's status
   // The step the global state was started or last restored at (see StateStep).
   uint64_t restored_step_ = 0;
   Status group_broken_ = OkStatus();

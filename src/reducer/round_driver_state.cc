@@ -26,7 +26,7 @@ RoundDriverImpl::RoundDriverImpl(const Config& config, LearnerAgent& agent, cons
       schedule_(schedule),
       parameters_(std::move(parameters)),
       moments_(std::move(moments)),
-      book_(*parameters_, schedule_, &stats_.parameter_copies),
+      book_(*parameters_, schedule_, &stats_.parameter_copies, pool_),
       codec_(std::move(codec)) {
   options_.outer = {static_cast<float>(config.outer_lr), static_cast<float>(config.outer_momentum)};
   options_.token_weighted = config.token_weighted_merge;
@@ -62,6 +62,8 @@ Status RoundDriverImpl::Init(uint64_t start_step, std::unique_ptr<RoundServices>
     MEND_RETURN_IF_ERROR(AgreeOnRestoredState(
         "resumed from", "they must all see the same checkpoint_dir (or resume_from file)"));
   }
+  book_.StartPrefault(/*own=*/concurrent_,
+                      /*step=*/concurrent_ && apply_mode_ == OuterApply::kEager);
   return OkStatus();
 }
 
@@ -205,6 +207,7 @@ Status RoundDriverImpl::AgreeOnRestoredState(std::string_view what, std::string_
 // SaveCheckpoint: rank 0 gets the whole model, the other ranks nothing.
 StatusOr<std::string> RoundDriverImpl::ExportState() {
   if (shut_down_) return FailedPreconditionError("reducer: export_state() after shutdown()");
+  book_.AwaitPrefault();
   StatusOr<std::shared_ptr<Checkpoint>> whole = Snapshot(stats_.last_round_id, 0);
   if (!whole.ok()) {
     return Annotate(whole.status(),
@@ -228,6 +231,7 @@ void RoundDriverImpl::AddLearnerProgress(CheckpointMeta* meta) const {
 
 Status RoundDriverImpl::ImportState(std::string_view bytes, bool keep_parameters) {
   if (shut_down_) return FailedPreconditionError("reducer: import_state() after shutdown()");
+  book_.AwaitPrefault();
   if (!flights_.empty()) {
     return FailedPreconditionError(
         fmt::format("import_state: the round of fragment {} for step {} is in flight; import "
@@ -279,6 +283,7 @@ StatusOr<std::shared_ptr<Checkpoint>> RoundDriverImpl::Snapshot(uint64_t round_i
 // In a group a collective: every rank calls it at the same step (between
 // the same two step() calls), and rank 0 writes the whole model to its `path`.
 Status RoundDriverImpl::SaveCheckpoint(const std::string& path) {
+  book_.AwaitPrefault();
   StatusOr<std::shared_ptr<Checkpoint>> whole = Snapshot(stats_.last_round_id, 0);
   if (!whole.ok()) {
     return Annotate(whole.status(),

@@ -15,6 +15,7 @@
 #include "core/buffer_pool.h"
 #include "mend/clock.h"
 #include "mend/outer_sync.h"
+#include "mend/reducer_stats.h"
 #include "mend/status.h"
 #include "reducer/round_plan.h"
 
@@ -23,6 +24,9 @@ namespace mend::reducer {
 // What a round's thread brings back.
 struct Outcome {
   RoundResult result;
+  // A round of another fragment (adopted; see `fragment`): the members'
+  // merged pseudo-gradient (else it is in the flight's `delta`).
+  std::vector<float> adopted_merged;
   std::vector<float> healed;  // every fragment's global + momentum, when this learner healed
   uint64_t round_id = 0;
   uint32_t rank = 0;
@@ -44,6 +48,7 @@ struct Outcome {
   // sync_buffers: the members' averages; the first member's.
   std::vector<float> synced_buffers[2];
   uint64_t cross_rack_bytes = 0;  // sent to other racks in this round (healing included)
+  RoundPhases phases;             // the round thread's (agree_or_heal .. moments_and_buffers)
 };
 
 struct InFlight {
@@ -55,21 +60,23 @@ struct InFlight {
   uint64_t tokens = 0;
   uint64_t previous_round_id = 0;  // the learner's last round at launch
   Micros launched = 0;
-  Micros finished = 0;            // set by the thread before `done`
-  std::vector<float> base;        // the fragment's global state at the boundary
-  std::vector<float> delta;       // this learner's pseudo-gradient at the boundary
-  std::vector<float> eager;       // outer_apply = eager: the provisional step taken at the
-                                  // boundary (added back to undo it; empty: none)
+  Micros finished = 0;  // set by the thread before `done`
+  // This learner's pseudo-gradient at the boundary (theta_g - theta_i; the
+  // fragment's buffer, borrowed), merged in place by the round; its norm.
+  ZeroedFloats delta;
+  double norm = 0;
+  // A copy of it where the result is applied at a later step (concurrent:
+  // the parameters then keep what was trained since the boundary).
+  ZeroedFloats own;
+  // outer_apply = eager: the provisional step taken at the boundary, theta_g
+  // - p (the parameters became p; empty: none). The commit adds it where it
+  // would add `own`; undoing it adds it less `own`.
+  ZeroedFloats eager;
   std::vector<float> moments[2];  // the optimizer's moments at the boundary (when it has them)
   uint64_t moment_step = 0;       // the optimizer's step count at the boundary (0: none)
   std::vector<float> buffers[2];  // sync_buffers: the model's buffers at the boundary
   std::thread thread;
   std::atomic<bool> done{false};  // set by the thread when `outcome` is final
-  ~InFlight() {
-    GiveBack(std::move(base));
-    GiveBack(std::move(delta));
-    GiveBack(std::move(eager));
-  }
   StatusOr<Outcome> outcome = AbortedError("not finished");
   // Set by the thread when the lighthouse answered (under `mu`; `done`
   // is signalled on `changed`): the round formed at this learner's step
@@ -80,6 +87,7 @@ struct InFlight {
   uint64_t formed_step = 0;
   uint64_t round_id = 0;     // the round it formed (under `mu`)
   bool may_heal = false;     // ... may heal a member: no round is launched beside it (under `mu`)
+  bool snapped = false;      // the snapshot was taken (under `mu`; see Snapped)
   bool passed_over = false;  // training thread only: not waited for at tau
   bool waited = false;       // training thread only: a step waited for it
   bool final_merge = false;  // launched at shutdown after the job's last step
@@ -115,6 +123,20 @@ struct InFlight {
   void HealedNothing() {
     std::lock_guard lock(mu);
     may_heal = false;
+  }
+  // The training thread took the boundary's snapshot (delta, norm, own,
+  // eager, moments, buffers); the round's thread waits for it before it
+  // reads any of them (AwaitSnapped), after its join and connections.
+  void Snapped() {
+    {
+      std::lock_guard lock(mu);
+      snapped = true;
+    }
+    changed.notify_all();
+  }
+  void AwaitSnapped() {
+    std::unique_lock lock(mu);
+    changed.wait(lock, [&]() { return snapped; });
   }
   // The thread's last act: `result` is final.
   void Finish(StatusOr<Outcome> result, Micros now) {

@@ -1,8 +1,10 @@
 #include "reducer/round_runner.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
+#include "core/phase_timer.h"
 #include "fmt/format.h"
 #include "learner/lighthouse_rendezvous.h"
 #include "reducer/healing.h"
@@ -111,6 +113,8 @@ StatusOr<QuorumResult> RoundRunner::Join(InFlight& flight) {
 }
 
 StatusOr<Outcome> RoundRunner::Run(InFlight& flight, const std::function<uint64_t()>& step_now) {
+  Outcome outcome;
+  std::optional<PhaseTimer> joining(&outcome.phases.join);
   MEND_ASSIGN_OR_RETURN(QuorumResult round, Join(flight));
   // A round of no state yet (every member's first) may heal after comparing.
   const bool may_heal =
@@ -131,21 +135,33 @@ StatusOr<Outcome> RoundRunner::Run(InFlight& flight, const std::function<uint64_
     Communicator* comm;
     ~Unwatch() { services.Unwatch(comm); }
   } unwatch{services_, comm.get()};
-  Outcome outcome;
+  joining.reset();
+  flight.AwaitSnapped();  // (the training thread takes it while the round joins)
   outcome.fragment = flight.fragment;
   outcome.round_id = round.round_id;
   outcome.rank = round.rank;
   outcome.members = round.world_size;
-  MEND_RETURN_IF_ERROR(HealOrAgree(*comm, *store, round, flight, options.timeout, &outcome));
+  {
+    const PhaseTimer timer(&outcome.phases.agree_or_heal);
+    MEND_RETURN_IF_ERROR(HealOrAgree(*comm, *store, round, flight, options.timeout, &outcome));
+  }
   // Past the heal, a learner of one rank that took no state (it agreed, or
   // only sent its state) has a round like any other: its merge touches its own
   // fragment only. (A group's slices may differ: there it stays as formed,
   // decided by rank 0's view.) The job's first round lets the next
   // fragment's boundary launch beside it.
   if (may_heal && outcome.healed.empty() && !policy_.group()) flight.HealedNothing();
+  const CommunicatorStats before_merge = comm->stats();
   MEND_RETURN_IF_ERROR(Merge(*comm, round, flight, &outcome));
-  MEND_RETURN_IF_ERROR(AverageMoments(*comm, round.round_id, flight, &outcome));
-  MEND_RETURN_IF_ERROR(SyncBuffers(*comm, round.rank, flight, &outcome));
+  const CommunicatorStats merged = comm->stats();
+  outcome.phases.encode = merged.encode_seconds - before_merge.encode_seconds;
+  outcome.phases.transfer = merged.wait_seconds - before_merge.wait_seconds;
+  outcome.phases.reduce = merged.reduce_seconds - before_merge.reduce_seconds;
+  {
+    const PhaseTimer timer(&outcome.phases.moments_and_buffers);
+    MEND_RETURN_IF_ERROR(AverageMoments(*comm, round.round_id, flight, &outcome));
+    MEND_RETURN_IF_ERROR(SyncBuffers(*comm, round.rank, flight, &outcome));
+  }
   outcome.cross_rack_bytes =
       CrossRackBytes(connected, comm->stats(), options.member_racks, round.rank);
   return outcome;
@@ -208,10 +224,11 @@ Status RoundRunner::HealOrAgree(Communicator& comm, RendezvousStore& store,
 // prefix and reads all the others' (so all decide alike).
 StatusOr<bool> RoundRunner::StatesAgree(RendezvousStore& store, const QuorumResult& round,
                                         const InFlight& flight, Micros timeout) const {
+  if (round.world_size == 1) return true;  // one member agrees with itself
   const std::string prefix = policy_.SlicePrefix(round.rendezvous_prefix);
   auto key = [&](uint32_t rank) { return fmt::format("{}state/{}", prefix, rank); };
   const std::string mine =
-      fmt::format("{} {} {}", book_.GlobalDigest(), flight.boundary_step, flight.fragment);
+      fmt::format("{} {} {}", book_.AgreementDigest(), flight.boundary_step, flight.fragment);
   MEND_RETURN_IF_ERROR(store.Set(key(round.rank), mine));
   bool agree = true;
   for (uint32_t r = 0; r < round.world_size; ++r) {
@@ -229,7 +246,7 @@ StatusOr<bool> RoundRunner::StatesAgree(RendezvousStore& store, const QuorumResu
 // know fragments): it healed (it was behind), takes part in that
 // fragment's round without a pseudo-gradient, and keeps its own fragment's
 // progress for that fragment's next round.
-Status RoundRunner::Merge(Communicator& comm, const QuorumResult& round, const InFlight& flight,
+Status RoundRunner::Merge(Communicator& comm, const QuorumResult& round, InFlight& flight,
                           Outcome* outcome) {
   const bool adopted = outcome->fragment != flight.fragment;
   OuterSyncOptions sync_options = options_;
@@ -254,11 +271,14 @@ Status RoundRunner::Merge(Communicator& comm, const QuorumResult& round, const I
     healed_state->Assign(global, momentum);
     state = healed_state.get();
   }
-  std::span<const float> delta = flight.delta;
-  std::vector<float> no_delta;
+  // Merged in place: the flight's buffer, or the outcome's for a round of
+  // another fragment (taking part with zeros).
+  std::span<float> delta = flight.delta;
+  std::optional<double> norm = flight.norm;
   if (adopted) {
-    no_delta.assign(state->size(), 0.0f);
-    delta = no_delta;
+    outcome->adopted_merged.assign(state->size(), 0.0f);
+    delta = outcome->adopted_merged;
+    norm = 0.0;
     spdlog::info(
         "round {}: exchanges fragment {}, not this learner's fragment {} (its join was passed "
         "over); taking part without a pseudo-gradient",
@@ -266,7 +286,7 @@ Status RoundRunner::Merge(Communicator& comm, const QuorumResult& round, const I
   }
   const auto weight = static_cast<double>(policy_.MergeWeight(flight.tokens));
   MEND_ASSIGN_OR_RETURN(outcome->result,
-                        OuterRound::Exchange(comm, *state, delta, weight, sync_options));
+                        OuterRound::Exchange(comm, *state, delta, weight, sync_options, norm));
   return OkStatus();
 }
 

@@ -103,8 +103,7 @@ class RoundRunner {
                      const InFlight& flight, Micros timeout, Outcome* outcome);
   StatusOr<bool> StatesAgree(RendezvousStore& store, const QuorumResult& round,
                              const InFlight& flight, Micros timeout) const;
-  Status Merge(Communicator& comm, const QuorumResult& round, const InFlight& flight,
-               Outcome* outcome);
+  Status Merge(Communicator& comm, const QuorumResult& round, InFlight& flight, Outcome* outcome);
   Status AverageMoments(Communicator& comm, uint64_t round_id, const InFlight& flight,
                         Outcome* outcome);
   Status SyncBuffers(Communicator& comm, uint32_t rank, const InFlight& flight, Outcome* outcome);

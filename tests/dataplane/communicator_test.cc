@@ -144,20 +144,49 @@ TEST(CommunicatorTest, ZeroTotalWeightIsRefusedOnEveryMember) {
   // those were posted: every member lets them through and returns, in fp32
   // and with a codec (whose result receives are posted up front too), for a
   // buffer of one segment and one of several; the caller's data is as it was.
+  // With 4 KiB segments the fp32 pieces of 2^20 values come in far more
+  // segments than the receive window: its slots are posted again as the
+  // refusal drains them.
   auto int8 = MakeCodec({CodecKind::kInt8, 64, 4096, 64});
   ASSERT_TRUE(int8.ok());
   for (const Codec* codec : std::vector<const Codec*>{nullptr, int8->get()}) {
     for (size_t n : {size_t{10}, size_t{1} << 20}) {
-      RunMembers(3, [&](int rank, Communicator& comm) {
-        std::vector<float> data(n, static_cast<float>(rank + 1));
-        Status status = comm.WeightedAllReduce(data, 0.0, codec);
-        EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << status;
-        EXPECT_NE(std::string(StatusMessage(status)).find("sum to 0"), std::string::npos);
-        EXPECT_EQ(std::count(data.begin(), data.end(), static_cast<float>(rank + 1)),
-                  static_cast<std::ptrdiff_t>(n));
-        EXPECT_TRUE(comm.broken());
-      });
+      for (size_t segment_bytes : {size_t{1} << 20, size_t{4096}}) {
+        RunMembers(
+            3,
+            [&](int rank, Communicator& comm) {
+              std::vector<float> data(n, static_cast<float>(rank + 1));
+              Status status = comm.WeightedAllReduce(data, 0.0, codec);
+              EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << status;
+              EXPECT_NE(std::string(StatusMessage(status)).find("sum to 0"), std::string::npos);
+              EXPECT_EQ(std::count(data.begin(), data.end(), static_cast<float>(rank + 1)),
+                        static_cast<std::ptrdiff_t>(n));
+              EXPECT_TRUE(comm.broken());
+            },
+            "job/round/7/", [&](CommunicatorOptions& o) { o.segment_bytes = segment_bytes; });
+      }
     }
+  }
+}
+
+TEST(CommunicatorTest, AnFp32ReductionHoldsAFewSegmentsOfScratchNotASlice) {
+  // 2^23 values (32 MiB) between two members: slices of 16 MiB in 1 MiB
+  // segments. The scratch holds the receive window's 4 segments, not the
+  // other member's slice (as it did before the window), and the result is
+  // exact (small integers, equal weights: the mean of 1 and 3 is 2).
+  constexpr size_t kValues = size_t{1} << 23;
+  std::vector<uint64_t> scratch(2);
+  std::vector<size_t> wrong(2, 1);
+  RunMembers(2, [&](int rank, Communicator& comm) {
+    std::vector<float> data(kValues, rank == 0 ? 1.0f : 3.0f);
+    ASSERT_TRUE(comm.WeightedAllReduce(data, 1.0).ok());
+    wrong[rank] = kValues - static_cast<size_t>(std::count(data.begin(), data.end(), 2.0f));
+    scratch[rank] = comm.stats().scratch_bytes;
+  });
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(wrong[rank], 0u) << "member " << rank;
+    EXPECT_GT(scratch[rank], 0u);
+    EXPECT_LE(scratch[rank], 4u << 20) << "member " << rank;  // a slice: 16 MiB
   }
 }
 

@@ -57,12 +57,13 @@ std::vector<MemberRun> RunRounds(int members, int rounds, const OuterSyncOptions
       std::vector<float> delta(kSize);
       PseudoGradient(state.global(), theta, delta);
       if (rank == poison_rank && round == rounds - 1) delta[17] = std::nanf("");
+      const std::vector<float> own = delta;  // the exchange merges `delta` in place
       auto result = OuterRound::Exchange(comm, state, delta, Tokens(rank), options);
       ASSERT_TRUE(result.ok()) << result.status();
       runs[rank].last_dropped = result->dropped;
       std::vector<float> base(state.global().begin(), state.global().end());
-      OuterRound::Commit(state, std::move(*result));
-      ApplyOuterResult(theta, state.global(), base, delta, OuterApply::kExact, 0.5f);
+      OuterRound::Commit(state, std::move(*result), delta, options.outer);
+      ApplyOuterResult(theta, state.global(), base, own, OuterApply::kExact, 0.5f);
       runs[rank].globals_by_round.emplace_back(state.global().begin(), state.global().end());
     }
     runs[rank].global.assign(state.global().begin(), state.global().end());
@@ -127,7 +128,7 @@ TEST(OuterSyncTest, AWarmupRoundAveragesAndLeavesTheMomentumForTheNextRound) {
     options.warmup = true;
     auto first = OuterRound::Exchange(comm, state, delta, Tokens(rank), options);
     ASSERT_TRUE(first.ok()) << first.status();
-    OuterRound::Commit(state, std::move(*first));
+    OuterRound::Commit(state, std::move(*first), delta, options.outer);
     for (size_t i = 0; i < kSize; ++i) {
       ASSERT_NEAR(state.global()[i], mean(i), 1e-4) << i;
       ASSERT_EQ(state.momentum()[i], 0.0f) << i;
@@ -137,7 +138,7 @@ TEST(OuterSyncTest, AWarmupRoundAveragesAndLeavesTheMomentumForTheNextRound) {
     options.warmup = false;
     auto second = OuterRound::Exchange(comm, state, second_delta, Tokens(rank), options);
     ASSERT_TRUE(second.ok()) << second.status();
-    OuterRound::Commit(state, std::move(*second));
+    OuterRound::Commit(state, std::move(*second), second_delta, options.outer);
     momentum_after[rank].assign(state.momentum().begin(), state.momentum().end());
     global_after[rank].assign(state.global().begin(), state.global().end());
   });
@@ -178,15 +179,15 @@ TEST(OuterSyncTest, ARoundOfTwoMakesOneCollective) {
   std::vector<uint64_t> collectives(2), three(3);
   RunMembers(2, [&](int rank, Communicator& comm) {
     FragmentState state(std::vector<float>(kSize, 0.0f));
-    auto result =
-        OuterRound::Exchange(comm, state, std::vector<float>(kSize, 1.0f), 1, OuterSyncOptions{});
+    std::vector<float> delta(kSize, 1.0f);
+    auto result = OuterRound::Exchange(comm, state, delta, 1, OuterSyncOptions{});
     ASSERT_TRUE(result.ok()) << result.status();
     collectives[rank] = comm.stats().operations;
   });
   RunMembers(3, [&](int rank, Communicator& comm) {
     FragmentState state(std::vector<float>(kSize, 0.0f));
-    auto result =
-        OuterRound::Exchange(comm, state, std::vector<float>(kSize, 1.0f), 1, OuterSyncOptions{});
+    std::vector<float> delta(kSize, 1.0f);
+    auto result = OuterRound::Exchange(comm, state, delta, 1, OuterSyncOptions{});
     ASSERT_TRUE(result.ok()) << result.status();
     three[rank] = comm.stats().operations;
   });
@@ -220,18 +221,21 @@ TEST(OuterSyncTest, AnAbstainingMemberChangesNothingInTheMerge) {
     FragmentState state(std::vector<float>(kSize, 0.0f));
     OuterSyncOptions options;
     options.contributes = rank != 2;
-    auto result = OuterRound::Exchange(comm, state, delta_of(rank), Tokens(rank), options);
+    std::vector<float> delta = delta_of(rank);
+    auto result = OuterRound::Exchange(comm, state, delta, Tokens(rank), options);
     ASSERT_TRUE(result.ok()) << result.status();
     EXPECT_TRUE(result->dropped.empty());
-    globals[rank] = result->global;
+    OuterRound::Commit(state, std::move(*result), delta, options.outer);
+    globals[rank].assign(state.global().begin(), state.global().end());
   });
   std::vector<float> two;
   RunMembers(2, [&](int rank, Communicator& comm) {
     FragmentState state(std::vector<float>(kSize, 0.0f));
-    auto result =
-        OuterRound::Exchange(comm, state, delta_of(rank), Tokens(rank), OuterSyncOptions{});
+    std::vector<float> delta = delta_of(rank);
+    auto result = OuterRound::Exchange(comm, state, delta, Tokens(rank), OuterSyncOptions{});
     ASSERT_TRUE(result.ok()) << result.status();
-    if (rank == 0) two = result->global;
+    OuterRound::Commit(state, std::move(*result), delta, OuterSyncOptions{}.outer);
+    if (rank == 0) two.assign(state.global().begin(), state.global().end());
   });
   for (int rank = 1; rank < 3; ++rank) EXPECT_EQ(globals[rank], globals[0]) << "member " << rank;
   ASSERT_EQ(two.size(), kSize);

@@ -27,8 +27,9 @@ class RoundRunnerTest : public ::testing::Test {
     flight_.boundary_step = 40;
     flight_.tokens = 640;
     flight_.previous_round_id = 6;
-    flight_.base.assign(4, 1.0f);
     flight_.delta.assign(4, 0.5f);
+    flight_.norm = 1.0;
+    flight_.Snapped();
   }
   StatusOr<Outcome> Run() {
     RoundRunner runner(config_, schedule_, services_, book_, *policy_, options_, 0);
@@ -39,7 +40,8 @@ class RoundRunnerTest : public ::testing::Test {
   FragmentSchedule schedule_ = *FragmentSchedule::Make(1, 20);
   Values parameters_{1.0f};
   uint64_t copies_ = 0;
-  FragmentBook book_{parameters_, schedule_, &copies_};
+  ThreadPool pool_{1};
+  FragmentBook book_{parameters_, schedule_, &copies_, pool_};
   std::unique_ptr<RoundPolicy> policy_ = SingleRankPolicy();
   OuterSyncOptions options_;
   FakeClock clock_;
@@ -67,9 +69,11 @@ TEST_F(RoundRunnerTest, ARoundAsksTheQuorumForTheFlightAndMergesItsPseudoGradien
   EXPECT_EQ(services_.watched(), 1);
   EXPECT_FALSE(services_.watching());
   EXPECT_EQ(services_.connected_prefix(), "job/round/x/7/");
-  // theta_g' = base - lr * (momentum step of the merged delta): it moved.
-  ASSERT_EQ(outcome->result.global.size(), 4u);
-  EXPECT_NE(outcome->result.global[0], 1.0f);
+  // The merge of one member is its own pseudo-gradient, in the flight's
+  // buffer, for a Nesterov step at the commit.
+  EXPECT_FALSE(outcome->result.average);
+  EXPECT_EQ(std::vector<float>(flight_.delta.begin(), flight_.delta.end()),
+            std::vector<float>(4, 0.5f));
 }
 
 TEST_F(RoundRunnerTest, AQuorumThatFailsEndsTheRoundBeforeAnythingConnects) {
@@ -96,8 +100,8 @@ TEST_F(RoundRunnerTest, ARoundWithinTheOuterWarmUpIsAnAverage) {
   StatusOr<Outcome> outcome = Run();
   ASSERT_TRUE(outcome.ok()) << outcome.status();
   EXPECT_TRUE(outcome->outer_warmup);
-  // An average of one member: the base minus its own pseudo-gradient.
-  EXPECT_FLOAT_EQ(outcome->result.global[0], 0.5f);
+  // An average at the commit: theta_g - the merge.
+  EXPECT_TRUE(outcome->result.average);
 }
 
 TEST(FinalMergeTest, TheFinalMergeIsTheRoundOfTheLastStepThatNoBoundaryLaunched) {

@@ -1,0 +1,226 @@
+"""What a round costs at the size of real models, against torch.distributed's
+gloo all-reduce of the same tensors in the same processes.
+
+    /usr/bin/python3 bench/round_scale.py [--sizes 25,100,250] [--rounds 6]
+
+For each size (millions of parameters): two learner processes, each a
+mend.Learner over float32 numpy buffers of 64 MiB tensors (no torch model),
+an embedded lighthouse in this process; synchronous, fp32, a round every
+second step (so that the final merge at shutdown is a round of its own), no
+link emulation. Each process times Learner creation (mend_init's part), the
+first round, the later rounds, the final merge, and its peak resident memory
+over the parameters (the buffers' own 4 bytes included; the interpreter's
+and torch's own memory, measured before the buffers, left out). Then, in the
+same processes, torch.distributed over gloo all-reduces the same tensors
+(one all_reduce per tensor, as DDP's buckets would), `--rounds` times.
+
+A round's time is split into its phases as mend reports them
+(Learner.round_phases(): seconds summed over the phase's work, on every
+thread that did it, so phases that overlap the transfer can add up to more
+than the round). Prints a table and writes a CSV.
+"""
+import argparse
+import csv
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+TENSOR_VALUES = 16 << 20  # 64 MiB of float32
+TOKEN = "bench-token-0123456789"
+
+
+def rss_bytes(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def reset_peak():
+    # Linux >= 4.0: writing 5 to clear_refs resets VmHWM to the current RSS.
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def worker(args):
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+
+    import mend
+
+    torch.set_num_threads(1)
+    rank = args.rank
+    count = int(args.size * 1e6)
+    baseline = rss_bytes("VmRSS")
+    reset_peak()
+    # The same initial model on both (one seed or checkpoint, as a job
+    # starts), unless --distinct-init: the first round then heals learner 1.
+    rng = np.random.default_rng(rank + 1 if args.distinct_init else 1)
+    arrays = []
+    left = count
+    while left > 0:
+        n = min(TENSOR_VALUES, left)
+        a = np.empty(n, np.float32)
+        rng.standard_normal(n, dtype=np.float32, out=a)
+        arrays.append(a)
+        left -= n
+    steps = 2 * args.rounds + 1
+    config = mend.MendConfig(lighthouse=args.lighthouse, quorum_min_learners=2, sync_period_steps=2,
+                             concurrent_outer_step=False, total_steps=steps, final_merge=True,
+                             collective_timeout_ms=600_000, quorum_timeout_ms=600_000,
+                             heartbeat_timeout_ms=600_000, log_level="warn",
+                             **({"round_threads": args.round_threads} if args.round_threads >= 0 else {}))
+    t0 = time.perf_counter()
+    learner = mend.Learner(config, [(f"t{i}", a) for i, a in enumerate(arrays)], f"scale-{rank}", token=TOKEN)
+    init_s = time.perf_counter() - t0
+    has_phases = hasattr(learner, "round_phases")
+    rounds, phases = [], []
+    for step in range(1, steps + 1):
+        arrays[0][:1024] += np.float32(1e-3 * (rank + 1))  # a little training between rounds
+        if args.step_ms > 0:
+            time.sleep(args.step_ms / 1000)  # an inner step's compute, elsewhere (a GPU)
+        before = learner.round_phases() if has_phases else {}
+        t0 = time.perf_counter()
+        learner.step(1)
+        seconds = time.perf_counter() - t0
+        if step % 2 == 0:
+            rounds.append(seconds)
+            after = learner.round_phases() if has_phases else {}
+            phases.append({k: after[k] - before.get(k, 0.0) for k in after})
+    t0 = time.perf_counter()
+    learner.shutdown()
+    final_s = time.perf_counter() - t0
+    stats = learner.stats()
+    peak = rss_bytes("VmHWM")
+    assert stats["final_rounds"] == 1 if "final_rounds" in stats else True
+    # The reference: gloo all-reduce of the same tensors, between the same processes.
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=rank, world_size=2,
+                            timeout=__import__("datetime").timedelta(seconds=600))
+    tensors = [torch.from_numpy(a) for a in arrays]
+    gloo = []
+    for _ in range(args.rounds):
+        dist.barrier()
+        t0 = time.perf_counter()
+        for t in tensors:
+            dist.all_reduce(t)
+        gloo.append(time.perf_counter() - t0)
+    dist.destroy_process_group()
+    with open(args.out, "w") as f:
+        json.dump({"rank": rank, "init": init_s, "rounds": rounds, "final": final_s, "phases": phases,
+                   "gloo": gloo, "rss_per_param": (peak - baseline) / count, "stats": stats}, f)
+
+
+def run_size(size, args, lighthouse_address):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        outs = [os.path.join(tmp, f"r{r}.json") for r in range(2)]
+        env = dict(os.environ, MEND_JOB_TOKEN=TOKEN)
+        procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", "--rank", str(r),
+                                   "--size", str(size), "--rounds", str(args.rounds), "--lighthouse",
+                                   lighthouse_address, "--port", str(port), "--out", outs[r],
+                                   "--round-threads", str(args.round_threads)]
+                                  + (["--distinct-init"] if args.distinct_init else [])
+                                  + ["--step-ms", str(args.step_ms)], env=env)
+                 for r in range(2)]
+        for p in procs:
+            if p.wait(timeout=3600) != 0:
+                raise SystemExit(f"round_scale: a worker of the {size} M run failed ({p.returncode})")
+        results = []
+        for out in outs:
+            with open(out) as f:
+                results.append(json.load(f))
+    return results
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", default="25,100,250", help="millions of parameters, comma-separated")
+    p.add_argument("--rounds", type=int, default=6, help="rounds per size (the first included)")
+    p.add_argument("--round-threads", type=int, default=-1, help="round_threads (default: mend's default)")
+    p.add_argument("--step-ms", type=float, default=0,
+                   help="each inner step also waits this long, as if a GPU computed it (default 0: "
+                        "the rounds follow each other with nothing between)")
+    p.add_argument("--distinct-init", action="store_true",
+                   help="learners start from different values (the first round heals)")
+    p.add_argument("--csv", default="bench-results/round_scale.csv")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--size", type=float, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--lighthouse", default="", help=argparse.SUPPRESS)
+    p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--out", default="", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        return worker(args)
+    if args.rounds < 3:
+        raise SystemExit("round_scale: --rounds must be at least 3 (a first round and later ones)")
+    os.environ["MEND_JOB_TOKEN"] = TOKEN
+    import mend
+
+    lighthouse = mend.Lighthouse(mend.MendConfig(bind="127.0.0.1:0", http="", quorum_min_learners=2,
+                                                 heartbeat_timeout_ms=600_000, log_level="warn"), token=TOKEN)
+    rows, phase_rows = [], []
+    phase_names = []
+    for size in [float(s) for s in args.sizes.split(",")]:
+        results = run_size(size, args, lighthouse.address)
+        # Per size: the slower learner's time of each event (a round ends when both have it).
+        init = max(r["init"] for r in results)
+        first = max(r["rounds"][0] for r in results)
+        later = statistics.median(max(r["rounds"][i] for r in results) for i in range(1, args.rounds))
+        final = max(r["final"] for r in results)
+        gloo = statistics.median(max(r["gloo"][i] for r in results) for i in range(1, args.rounds))
+        rss = max(r["rss_per_param"] for r in results)
+        gib = size * 1e6 * 4 / 2**30
+        rows.append({"parameters_m": size, "init_s": init, "init_s_per_gib": init / gib, "first_round_s": first,
+                     "later_round_s": later, "final_merge_s": final, "gloo_allreduce_s": gloo,
+                     "later_over_gloo": later / gloo, "first_over_later": first / later,
+                     "final_over_later": final / later, "rss_bytes_per_param": rss})
+        if results[0]["phases"]:
+            phase_names = list(results[0]["phases"][0].keys())
+            for name in phase_names:
+                phase_rows.append((size, name, results[0]["phases"][0][name],
+                                   statistics.median(ph[name] for ph in results[0]["phases"][1:])))
+    lighthouse.shutdown()
+    print("round scale: 2 learners (processes), fp32, synchronous, no link emulation; "
+          "gloo = torch.distributed all_reduce of the same tensors in the same processes\n")
+    head = (f"{'params':>7} {'init s':>7} {'s/GiB':>6} {'first':>7} {'later':>7} {'final':>7} {'gloo':>7} "
+            f"{'later/gloo':>10} {'first/later':>11} {'final/later':>11} {'B/param':>8}")
+    print(head)
+    for r in rows:
+        print(f"{r['parameters_m']:>6.0f}M {r['init_s']:>7.2f} {r['init_s_per_gib']:>6.2f} {r['first_round_s']:>7.2f} "
+              f"{r['later_round_s']:>7.2f} {r['final_merge_s']:>7.2f} {r['gloo_allreduce_s']:>7.2f} "
+              f"{r['later_over_gloo']:>10.2f} {r['first_over_later']:>11.2f} {r['final_over_later']:>11.2f} "
+              f"{r['rss_bytes_per_param']:>8.1f}")
+    if phase_rows:
+        print("\nphases of learner 0's rounds, seconds (summed over threads):")
+        print(f"{'params':>7} {'phase':<16} {'first':>8} {'later':>8}")
+        for size, name, first, later in phase_rows:
+            print(f"{size:>6.0f}M {name:<16} {first:>8.3f} {later:>8.3f}")
+    os.makedirs(os.path.dirname(args.csv) or ".", exist_ok=True)
+    with open(args.csv, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
+        w.writeheader()
+        w.writerows(rows)
+    if phase_rows:
+        with open(os.path.splitext(args.csv)[0] + "_phases.csv", "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["parameters_m", "phase", "first_round_s", "later_round_s"])
+            w.writerows(phase_rows)
+    print(f"\nwrote {args.csv}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,234 @@
+// The round at scale, by counting work rather than timing it: the same bits
+// whatever the round's threads and whether the parameters are used in place
+// or through copies; two passes over a fragment per round; no model-sized
+// allocation after the start (no page faults in later rounds); the resident
+// memory of the reducer's state; what the start touches. Two learners on
+// loopback in this process (round_driver_test.cc's setup).
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "fmt/format.h"
+#include "gtest/gtest.h"
+#include "mend/lighthouse.h"
+#include "reducer/fragment_book.h"
+#include "reducer/round_driver.h"
+#include "test_util/job_config.h"
+
+namespace mend::reducer {
+namespace {
+
+constexpr char kToken[] = "round-scale-test-token-0123456789";
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kSanitized = true;  // shadow memory: resident sizes say nothing
+#else
+constexpr bool kSanitized = false;
+#endif
+
+// Parameters of the given sizes in vectors; in place (Values) or only
+// through CopyOut and CopyIn.
+class Parameters final : public FlatParameters {
+ public:
+  Parameters(const std::vector<size_t>& sizes, bool in_place, float start) : in_place_(in_place) {
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      values_.emplace_back(sizes[i], start);
+      names_.push_back(fmt::format("p{}", i));
+    }
+  }
+  size_t count() const override { return values_.size(); }
+  const std::string& name(size_t i) const override { return names_[i]; }
+  std::vector<int64_t> shape(size_t i) const override {
+    return {static_cast<int64_t>(values_[i].size())};
+  }
+  size_t numel(size_t i) const override { return values_[i].size(); }
+  void CopyOut(size_t i, std::span<float> out) const override {
+    std::memcpy(out.data(), values_[i].data(), out.size_bytes());
+  }
+  void CopyIn(size_t i, std::span<const float> in) override {
+    std::memcpy(values_[i].data(), in.data(), in.size_bytes());
+  }
+  std::span<float> Values(size_t i) override {
+    return in_place_ ? std::span<float>(values_[i]) : std::span<float>();
+  }
+  std::vector<std::vector<float>>& values() { return values_; }
+
+ private:
+  const bool in_place_;
+  std::vector<std::vector<float>> values_;
+  std::vector<std::string> names_;
+};
+
+struct Learner {
+  int threads = 1;
+  bool in_place = true;
+  float slope = 1.0f;
+};
+
+struct LearnerRun {
+  ReducerStats stats;
+  std::vector<float> global;  // every fragment's
+  std::vector<float> local;
+  // The process's minor faults in the steps after the first round was taken up.
+  long faults_after_first_round = 0;
+};
+
+long MinorFaults() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_minflt;
+}
+
+// A learner whose "training" moves value k by slope * ((k % 13) - 6) / 1024
+// each step: the same on every run.
+void Learn(Config config, const Learner& who, const std::string& id,
+           const std::vector<size_t>& sizes, int steps, LearnerRun* run) {
+  config.round_threads = who.threads;
+  auto agent = LearnerAgent::Start(config, kToken, {id, "", "", ""}, *RealClock());
+  ASSERT_TRUE(agent.ok()) << agent.status();
+  FakeClock clock;
+  auto parameters = std::make_unique<Parameters>(sizes, who.in_place, 0.5f);
+  Parameters* view = parameters.get();
+  auto driver = RoundDriver::Create(config, **agent, clock, std::move(parameters), nullptr, 0);
+  ASSERT_TRUE(driver.ok()) << driver.status();
+  for (int s = 0; s < steps; ++s) {
+    clock.AdvanceMillis(50);
+    for (std::vector<float>& values : view->values()) {
+      for (size_t k = 0; k < values.size(); ++k)
+        values[k] += who.slope * static_cast<float>(static_cast<int>(k % 13) - 6) / 1024.0f;
+    }
+    const bool later = (*driver)->stats().rounds >= 1;
+    const long faults = MinorFaults();
+    ASSERT_TRUE((*driver)->step(16).ok());
+    if (later) run->faults_after_first_round += MinorFaults() - faults;
+  }
+  ASSERT_TRUE((*driver)->shutdown().ok());
+  run->stats = (*driver)->stats();
+  for (int f = 0; f < (*driver)->fragments(); ++f) {
+    auto global = (*driver)->global(f);
+    run->global.insert(run->global.end(), global.begin(), global.end());
+  }
+  for (const std::vector<float>& values : view->values())
+    run->local.insert(run->local.end(), values.begin(), values.end());
+}
+
+void RunPair(Config config, const std::vector<size_t>& sizes, int steps, const Learner& a,
+             const Learner& b, LearnerRun* run_a, LearnerRun* run_b) {
+  auto server = LighthouseServer::Start(config, kToken, *RealClock());
+  ASSERT_TRUE(server.ok()) << server.status();
+  config.lighthouse = (*server)->grpc_address();
+  std::thread ta([&]() { Learn(config, a, "learner-a", sizes, steps, run_a); });
+  std::thread tb([&]() { Learn(config, b, "learner-b", sizes, steps, run_b); });
+  ta.join();
+  tb.join();
+}
+
+bool SameBits(const std::vector<float>& x, const std::vector<float>& y) {
+  return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+}
+
+// Four chunks and more, parameters that end inside chunks, one that spans several.
+const std::vector<size_t> kSizes = {300'001, 7, 700'003, 5, 262'144};
+
+TEST(RoundScaleTest, TheChunkedRoundGivesTheSameBitsOnAnyThreadsInPlaceOrThroughCopies) {
+  for (const std::string codec : {"fp32", "int8"}) {
+    for (const int fragments : {1, 2}) {
+      Config config = testing_util::SynchronousJobConfig(2, 4);
+      config.codec = codec;
+      config.fragments = fragments;
+      config.final_merge = true;
+      config.total_steps = 14;  // 3 rounds, and the final merge (1 fragment: the 4th's period)
+      // The reference: one thread, every pass through copies; then the
+      // pool's threads over the parameters in place, the learners mixed.
+      LearnerRun a1, b1, a4, b4;
+      RunPair(config, kSizes, 14, {1, false, 1.0f}, {1, false, 3.0f}, &a1, &b1);
+      RunPair(config, kSizes, 14, {4, true, 1.0f}, {3, false, 3.0f}, &a4, &b4);
+      const std::string what = fmt::format("{}, {} fragment(s)", codec, fragments);
+      ASSERT_GE(a1.stats.rounds, 3u) << what;
+      EXPECT_EQ(a1.stats.final_rounds, 1u) << what;
+      EXPECT_TRUE(SameBits(a1.global, b1.global)) << what << ": the members differ";
+      EXPECT_TRUE(SameBits(a1.local, b1.local)) << what << ": merged models differ";
+      EXPECT_TRUE(SameBits(a1.global, a4.global)) << what << ": the threads changed the bits";
+      EXPECT_TRUE(SameBits(a1.local, a4.local)) << what;
+      EXPECT_TRUE(SameBits(b1.local, b4.local)) << what;
+    }
+  }
+}
+
+TEST(RoundScaleTest, ConcurrentRoundsStayBitIdenticalAcrossMembersWithDifferentThreads) {
+  Config config = testing_util::ConcurrentJobConfig(2, 4, 2);
+  LearnerRun a, b;
+  RunPair(config, kSizes, 22, {4, true, 1.0f}, {1, false, 3.0f}, &a, &b);
+  ASSERT_GE(a.stats.rounds, 3u);
+  EXPECT_EQ(a.stats.rounds, b.stats.rounds);
+  EXPECT_TRUE(SameBits(a.global, b.global));
+}
+
+TEST(RoundScaleTest, ARoundMakesTwoPassesAndLaterRoundsFaultNoModelSizedMemoryIn) {
+  // 8 Mi values (32 MiB) per learner: a model-sized buffer allocated in a
+  // round would fault in 8192 pages; the rounds after the first fault in
+  // none of that size (the pseudo-gradient buffer, the momentum and the
+  // data plane's scratch are the start's). Snapshot and commit are the
+  // round's two passes over the parameters, in both modes.
+  const std::vector<size_t> sizes = {size_t{4} << 20, size_t{4} << 20};
+  for (const bool concurrent : {false, true}) {
+    Config config = concurrent ? testing_util::ConcurrentJobConfig(2, 4, 2)
+                               : testing_util::SynchronousJobConfig(2, 4);
+    LearnerRun a, b;
+    RunPair(config, sizes, 20, {2, true, 1.0f}, {1, true, 3.0f}, &a, &b);
+    const std::string mode = concurrent ? "concurrent" : "synchronous";
+    ASSERT_GE(a.stats.rounds, 3u) << mode;
+    EXPECT_EQ(a.stats.rounds, a.stats.rounds_started) << mode;
+    EXPECT_EQ(a.stats.parameter_copies, 2 * a.stats.rounds) << mode;
+    // (Sanitizers' allocators and shadow memory fault pages of their own.)
+    if (!kSanitized) {
+      EXPECT_LT(a.faults_after_first_round / static_cast<long>(a.stats.rounds - 1), 4096)
+          << mode << ": faults per later round, both learners";
+    }
+  }
+}
+
+long ResidentBytes() {
+  std::ifstream statm("/proc/self/statm");
+  long pages = 0, resident = 0;
+  statm >> pages >> resident;
+  return resident * sysconf(_SC_PAGESIZE);
+}
+
+TEST(RoundScaleTest, TheStartTouchesTheGlobalStateAndTheRestIsFaultedInBeforeTheFirstRound) {
+  if (kSanitized) GTEST_SKIP() << "resident sizes under a sanitizer include its shadow memory";
+  // 16 Mi values: the global state is 64 MiB. Making the book copies the
+  // parameters into it (4 bytes a value); the momentum and the
+  // pseudo-gradient buffer (8 more) are faulted in by StartPrefault, in the
+  // background; 12 bytes a value in all, beside the model's own 4.
+  constexpr size_t kValues = size_t{16} << 20;
+  Parameters parameters({kValues / 2, kValues / 2}, true, 0.25f);
+  const FragmentSchedule schedule = *FragmentSchedule::Make(1, 4);
+  uint64_t copies = 0;
+  ThreadPool pool(2);
+  const long before = ResidentBytes();
+  FragmentBook book(parameters, schedule, &copies, pool);
+  const double started = static_cast<double>(ResidentBytes() - before) / kValues;
+  book.StartPrefault();
+  book.AwaitPrefault();
+  const double prefaulted = static_cast<double>(ResidentBytes() - before) / kValues;
+  EXPECT_GT(started, 3.9);
+  EXPECT_LT(started, 4.5);
+  EXPECT_GT(prefaulted, 11.9);
+  EXPECT_LT(prefaulted, 12.5);
+  std::span<const float> global = book.at(0).state->global();
+  ASSERT_EQ(global.size(), kValues);
+  EXPECT_EQ(std::count(global.begin(), global.end(), 0.25f), static_cast<std::ptrdiff_t>(kValues));
+  std::span<const float> momentum = book.at(0).state->momentum();
+  EXPECT_EQ(std::count(momentum.begin(), momentum.end(), 0.0f),
+            static_cast<std::ptrdiff_t>(kValues));
+  EXPECT_EQ(book.at(0).spare.size(), kValues);
+}
+
+}  // namespace
+}  // namespace mend::reducer
