@@ -102,6 +102,7 @@ def Decoder(vocab, hidden, intermediate, layers, heads, kv_heads):
         def __init__(self):
             super().__init__()
             self.embed = torch.nn.Embedding(vocab, hidden)
+            torch.nn.init.normal_(self.embed.weight, std=0.02)  # tied to the head: small logits
             self.blocks = torch.nn.ModuleList(Block() for _ in range(layers))
             self.norm = torch.nn.LayerNorm(hidden)
 
@@ -140,6 +141,10 @@ def worker(args):
     import torch
 
     device = "cuda" if torch.cuda.is_available() and not args.cpu else "cpu"
+    if device == "cpu":
+        # Two learners share the processors with mend's threads: torch's
+        # spinning intra-op threads would starve the rounds.
+        torch.set_num_threads(1)
     torch.manual_seed(args.seed)  # the same initial model on both learners
     model, loss_of, kind = make_model(args.tiny, device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)

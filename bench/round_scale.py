@@ -60,6 +60,10 @@ def worker(args):
     torch.set_num_threads(1)
     rank = args.rank
     count = int(args.size * 1e6)
+    # The reference's process group first (idle until the end): its barrier
+    # starts both learners together, once both made their buffers.
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=rank, world_size=2,
+                            timeout=__import__("datetime").timedelta(seconds=600))
     baseline = rss_bytes("VmRSS")
     reset_peak()
     # The same initial model on both (one seed or checkpoint, as a job
@@ -79,6 +83,7 @@ def worker(args):
                              collective_timeout_ms=600_000, quorum_timeout_ms=600_000,
                              heartbeat_timeout_ms=600_000, log_level="warn",
                              **({"round_threads": args.round_threads} if args.round_threads >= 0 else {}))
+    dist.barrier()
     t0 = time.perf_counter()
     learner = mend.Learner(config, [(f"t{i}", a) for i, a in enumerate(arrays)], f"scale-{rank}", token=TOKEN)
     init_s = time.perf_counter() - t0
@@ -103,8 +108,6 @@ def worker(args):
     peak = rss_bytes("VmHWM")
     assert stats["final_rounds"] == 1 if "final_rounds" in stats else True
     # The reference: gloo all-reduce of the same tensors, between the same processes.
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=rank, world_size=2,
-                            timeout=__import__("datetime").timedelta(seconds=600))
     tensors = [torch.from_numpy(a) for a in arrays]
     gloo = []
     for _ in range(args.rounds):

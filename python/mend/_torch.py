@@ -312,6 +312,10 @@ class Runtime:
         stats["staging_seconds"] = self._staging.seconds + self._moment_staging.seconds
         return stats
 
+    def round_phases(self) -> Dict[str, float]:
+        """Where the rounds' time went, by phase (see Learner.round_phases)."""
+        return self._learner.round_phases()
+
     def global_state(self, fragment: int = 0) -> torch.Tensor:
         """The job's global parameters of ``fragment`` after the last round (flat, a copy)."""
         return self._learner.global_state_into(fragment, lambda n: torch.empty(n, dtype=torch.float32))

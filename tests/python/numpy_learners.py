@@ -44,12 +44,14 @@ def main():
     for t in threads:
         t.join(timeout=60)
     stats = [learner.stats() for learner in learners]
+    phases = [learner.round_phases() for learner in learners]
     globals_ = [learner.global_state().tobytes().hex() for learner in learners]
     state = learners[0].export_state()
     for learner in learners:
         learner.shutdown()
     lighthouse.shutdown()
-    print(json.dumps({"errors": errors, "stats": stats, "after_rounds": after_rounds, "globals": globals_,
+    print(json.dumps({"errors": errors, "stats": stats, "phases": phases, "after_rounds": after_rounds,
+                      "globals": globals_,
                       "state_bytes": len(state), "torch_loaded": sys.modules.get("torch") is not None,
                       "version": mend.__version__}))
 

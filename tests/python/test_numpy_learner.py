@@ -18,6 +18,15 @@ def test_two_numpy_learners_without_torch_end_bit_identical():
     for stats in seen["stats"]:
         assert stats["rounds"] == 3 and stats["failed_rounds"] == 0 and stats["steps"] == 12
     assert seen["after_rounds"][0] == seen["after_rounds"][1]  # every round: the same parameters
+    # Where the three rounds' time went, by phase; a round's wall time holds
+    # its thread's phases (fp32: nothing encoded).
+    for phases in seen["phases"]:
+        assert set(phases) == {"snapshot", "join", "agree_or_heal", "encode", "transfer", "reduce", "outer_step",
+                               "moments_and_buffers", "round"}
+        assert all(seconds >= 0 for seconds in phases.values())
+        assert phases["encode"] == 0
+        assert phases["round"] > 0 and phases["snapshot"] > 0 and phases["outer_step"] > 0
+        assert phases["round"] >= phases["join"] + phases["transfer"]
     assert seen["globals"][0] == seen["globals"][1]
     assert seen["state_bytes"] > 0
     assert seen["version"]
