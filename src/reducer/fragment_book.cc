@@ -117,7 +117,6 @@ void FragmentBook::Gather(const Fragment& fragment, std::span<float> out) {
     parameters_.CopyOut(l, out.subspan(offset, n));
   });
   ++*copies_;
-  ++passes_;
 }
 
 void FragmentBook::Scatter(std::span<const float> in, const Fragment& fragment) {
@@ -125,7 +124,6 @@ void FragmentBook::Scatter(std::span<const float> in, const Fragment& fragment) 
     parameters_.CopyIn(l, in.subspan(offset, n));
   });
   ++*copies_;
-  ++passes_;
 }
 
 namespace {
@@ -181,6 +179,13 @@ void FragmentBook::ForEachChunk(const Fragment& fragment, bool writes, ThreadPoo
   }
 }
 
+double FragmentBook::EndPass(const std::vector<double>& squares) {
+  ++*copies_;
+  double total = 0;
+  for (double s : squares) total += s;
+  return total;
+}
+
 double FragmentBook::Snapshot(const Fragment& fragment, std::span<float> delta,
                               std::span<float> copy, std::span<float> step,
                               const OuterOptions& outer) {
@@ -214,11 +219,7 @@ double FragmentBook::Snapshot(const Fragment& fragment, std::span<float> delta,
                  }
                  squares[c] += sum;
                });
-  ++*copies_;
-  ++passes_;
-  double total = 0;
-  for (double s : squares) total += s;
-  return total;
+  return EndPass(squares);
 }
 
 double FragmentBook::CommitOuter(Fragment& fragment, const OuterCommit& commit) {
@@ -271,11 +272,7 @@ double FragmentBook::CommitOuter(Fragment& fragment, const OuterCommit& commit) 
                  }
                  squares[c] += sum;
                });
-  ++*copies_;
-  ++passes_;
-  double total = 0;
-  for (double s : squares) total += s;
-  return total;
+  return EndPass(squares);
 }
 
 void FragmentBook::KeepLocalProgress(Fragment& fragment, std::span<const float> new_base) {

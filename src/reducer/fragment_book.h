@@ -52,10 +52,10 @@ struct OuterCommit {
 class FragmentBook {
  public:
   // Lays `parameters` (not owned) out in the schedule's fragments, each
-  // starting from the parameters' values, with its pseudo-gradient buffer;
-  // every buffer is allocated and touched here, in parallel on `pool`
-  // (not owned; used from the training thread only). `*copies` counts
-  // every copy.
+  // starting from the parameters' values (copied here on every processor;
+  // the rest of the fragment's memory is faulted in by StartPrefault).
+  // The round's passes run on `pool` (not owned; used from the training
+  // thread only). `*copies` counts every pass over the parameters.
   FragmentBook(FlatParameters& parameters, const FragmentSchedule& schedule, uint64_t* copies,
                ThreadPool& pool);
   ~FragmentBook();
@@ -99,10 +99,6 @@ class FragmentBook {
   // state and parameters are written only here, after the round
   // succeeded: a failed round changed nothing.
   double CommitOuter(Fragment& fragment, const OuterCommit& commit);
-  // Full passes over a fragment's values the round's arithmetic made
-  // (Snapshot, CommitOuter, Gather, Scatter, each counted once per
-  // fragment): what tests count.
-  uint64_t passes() const { return passes_; }
   // `visit(l, offset, n)` for each of the fragment's parameters: its n
   // values lie at `offset` in the fragment's flat state.
   template <typename Visit>
@@ -139,12 +135,13 @@ class FragmentBook {
   template <typename Body>
   void ForEachChunk(const Fragment& fragment, bool writes, ThreadPool& pool, Body&& body);
   size_t ChunkCount(const Fragment& fragment) const;
+  // A fused pass ended: counted (`copies`); its chunks' sums added in chunk order.
+  double EndPass(const std::vector<double>& squares);
   bool InPlace(const Fragment& fragment);
 
   FlatParameters& parameters_;
   uint64_t* const copies_;
   ThreadPool& pool_;
-  uint64_t passes_ = 0;
   std::thread prefault_;
   const uint64_t period_;
   std::vector<Fragment> fragments_;
