@@ -32,6 +32,8 @@ _STAGED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # Training forwards with no optimizer step seen before mend warns that it is
 # not attached to one (gradient accumulation runs several forwards a step).
 _FORWARDS_BEFORE_WARNING = 100
+# Batched copies between a staged tensor and its host copy where torch has them.
+_FOREACH_COPY = getattr(torch, "_foreach_copy_", None)
 
 
 class _Staging:
@@ -39,6 +41,7 @@ class _Staging:
 
     def __init__(self) -> None:
         self.pairs: List[Tuple[torch.Tensor, torch.Tensor]] = []  # (tensor, host copy)
+        self._shaped: List[torch.Tensor] = []  # each host copy, viewed in its tensor's shape
         self.devices = set()
         self.copies = 0
         self.seconds = 0.0
@@ -49,6 +52,7 @@ class _Staging:
         with torch.no_grad():
             host.copy_(tensor.detach().reshape(-1))
         self.pairs.append((tensor, host))
+        self._shaped.append(host.view(tensor.shape))
         if pin:
             self.devices.add(tensor.device)
         return host
@@ -65,14 +69,18 @@ class _Staging:
         if not self.pairs:
             return
         started = time.perf_counter()
+        tensors = [tensor.detach() for tensor, _ in self.pairs]
+        into, out_of = (self._shaped, tensors) if into_host else (tensors, self._shaped)
         with torch.no_grad():
-            for tensor, host in self.pairs:
-                if into_host:
-                    host.copy_(tensor.detach().reshape(-1), non_blocking=True)
-                else:
-                    tensor.detach().copy_(host.view(tensor.shape), non_blocking=True)
-        for device in self.devices:  # the copies are asynchronous on a GPU
-            torch.cuda.synchronize(device)
+            if _FOREACH_COPY is not None:  # one call for all of them (torch >= 2.2)
+                _FOREACH_COPY(into, out_of, non_blocking=True)
+            else:
+                for target, source in zip(into, out_of):
+                    target.copy_(source, non_blocking=True)
+        # The copies are asynchronous on a GPU: wait for the stream that made
+        # them, not for the whole device (other streams, a DDP's, go on).
+        for device in self.devices:
+            torch.cuda.current_stream(device).synchronize()
         self.copies += 1
         self.seconds += time.perf_counter() - started
 
