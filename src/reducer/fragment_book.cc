@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/buffer_pool.h"
 #include "fmt/format.h"
 #include "openssl/evp.h"
 #include "reducer/healing.h"

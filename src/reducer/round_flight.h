@@ -12,7 +12,6 @@
 #include <thread>
 #include <vector>
 
-#include "core/buffer_pool.h"
 #include "mend/clock.h"
 #include "mend/outer_sync.h"
 #include "mend/reducer_stats.h"
