@@ -454,6 +454,8 @@ class Harness {
     const std::string diagnostics = dir_ + "/diagnostics";
     // round -> rank -> learner -> digest of the global state (slice)
     std::map<uint64_t, std::map<int, std::map<int, std::string>>> digests;
+    // round -> what each member's record said (kept to tell a mismatch apart)
+    std::map<uint64_t, json> members_of;
     // (round, learner) -> rank -> digest of the whole replica (groups)
     std::map<std::pair<uint64_t, int>, std::set<std::string>> replicas;
     std::map<int, std::vector<json>> rounds_of;  // learner -> its rank 0's rounds
@@ -465,6 +467,14 @@ class Harness {
           if (!Field(round, "ok", false) || !round.contains("global_sha256")) continue;
           const uint64_t id = Field(round, "round_id", uint64_t{0});
           digests[id][rank][l] = Field(round, "global_sha256", std::string());
+          members_of[id].push_back(
+              {{"learner", l + 1},
+               {"rank", rank},
+               {"digest", Field(round, "global_sha256", std::string()).substr(0, 16)},
+               {"boundary_step", Field(round, "boundary_step", uint64_t{0})},
+               {"healed", Field(round, "healed", false)},
+               {"heal_source", Field(round, "heal_source", std::string())},
+               {"members", Field(round, "members", uint64_t{0})}});
           if (round.contains("parameters_sha256"))
             replicas[{id, l}].insert(Field(round, "parameters_sha256", std::string()));
         }
@@ -472,6 +482,7 @@ class Harness {
       }
     }
     json mismatches = json::array();
+    json mismatch_members = json::array();  // each mismatched round's members, as they said
     for (const auto& [round_id, by_rank] : digests) {
       report_.rounds++;
       bool checked = false, differ = false;
@@ -486,6 +497,7 @@ class Harness {
       if (differ) {
         report_.digest_mismatches++;
         mismatches.push_back(round_id);
+        mismatch_members.push_back({{"round_id", round_id}, {"members", members_of[round_id]}});
       }
     }
     json rank_mismatches = json::array();
@@ -574,6 +586,7 @@ class Harness {
     }
     report_.eval_loss = eval_sum / static_cast<double>(slots_.size());
     report_.json["digest_mismatch_rounds"] = mismatches;
+    report_.json["digest_mismatch_members"] = mismatch_members;
     report_.json["rank_digest_mismatches_at"] = rank_mismatches;
     report_.json["stalls"] = waits;
     report_.json["max_wait_by_kind_s"] = max_wait_by_kind;

@@ -77,7 +77,7 @@ void ExpectEveryFaultAndEveryInvariant(const json& report, const std::string& ou
   }
   EXPECT_GE(report["rounds_checked"].get<uint64_t>(), 10u) << out;
   EXPECT_EQ(report["digest_mismatches"].get<uint64_t>(), 0u)
-      << report["digest_mismatch_rounds"].dump();
+      << report["digest_mismatch_members"].dump();
   EXPECT_EQ(report["stall_count"].get<uint64_t>(), 0u) << report["stalls"].dump();
   EXPECT_TRUE(report["losses_finite"].get<bool>());
   EXPECT_TRUE(report["passed"].get<bool>()) << report["violations"].dump() << "\n" << out;

@@ -230,5 +230,33 @@ TEST(RoundScaleTest, TheStartTouchesTheGlobalStateAndTheRestIsFaultedInBeforeThe
   EXPECT_EQ(book.at(0).spare.size(), kValues);
 }
 
+// A learner resumed from a checkpoint holds its momentum before the
+// background faulting starts: the faulting leaves every value as it was (a
+// zero written into each page lost the resumed momentum's values there, and
+// the members' states then differed after the round).
+TEST(RoundScaleTest, FaultingInKeepsAResumedMomentum) {
+  constexpr size_t kValues = size_t{3} << 20;  // pages of several chunks, and a partial one
+  Parameters parameters({kValues / 3, kValues - kValues / 3}, true, 0.25f);
+  const FragmentSchedule schedule = *FragmentSchedule::Make(1, 4);
+  uint64_t copies = 0;
+  ThreadPool pool(2);
+  FragmentBook book(parameters, schedule, &copies, pool);
+  std::vector<float> global(kValues), momentum(kValues);
+  for (size_t i = 0; i < kValues; ++i) {
+    global[i] = 0.5f + static_cast<float>(i % 7);
+    momentum[i] = i % 5 == 0 ? -0.0f : 1.0f + static_cast<float>(i % 11);
+  }
+  book.at(0).state->Assign(global, momentum);
+  book.StartPrefault(/*own=*/true, /*step=*/true);
+  book.AwaitPrefault();
+  std::span<const float> kept = book.at(0).state->momentum();
+  ASSERT_EQ(kept.size(), kValues);
+  EXPECT_EQ(std::memcmp(kept.data(), momentum.data(), kValues * sizeof(float)), 0)
+      << "the momentum changed while its pages were faulted in";
+  EXPECT_TRUE(SameBits(
+      std::vector<float>(book.at(0).state->global().begin(), book.at(0).state->global().end()),
+      global));
+}
+
 }  // namespace
 }  // namespace mend::reducer
