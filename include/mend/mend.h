@@ -34,7 +34,7 @@ extern "C" {
 
 /* The version of this interface; mend_abi_version() returns the one the
  * loaded library implements. A front end refuses a library of another one. */
-#define MEND_ABI_VERSION 4
+#define MEND_ABI_VERSION 5
 
 typedef enum mend_status {
   MEND_OK = 0,
@@ -274,6 +274,26 @@ typedef struct mend_round_phases {
 } mend_round_phases;
 mend_status mend_learner_round_phases(const mend_learner* learner, mend_round_phases* out);
 int mend_learner_fragments(const mend_learner* learner);
+/* Staging by fragment (ABI 5). Parameter `index` belongs to fragment
+ * index mod fragments; mend_learner_parameter_fragment says which (-1: no
+ * such parameter). mend_learner_step_fragments fills `out` (one byte per
+ * fragment, `count` = mend_learner_fragments) with 1 where
+ *   MEND_FRAGMENTS_PLANNED  the next step may read or write that fragment's
+ *                           parameters, as mend_learner_plan_step fixed it
+ *                           (every fragment when no plan is fixed);
+ *   MEND_FRAGMENTS_READ     the last create, step, import or shutdown read them;
+ *   MEND_FRAGMENTS_WROTE    ... wrote them.
+ * A front end that stages its parameters copies in only the planned
+ * fragments before a step that READS, and copies back only those it WROTE.
+ * A concurrent round touches its own fragment (at its launch and when it is
+ * taken up); a heal, a synchronous round whose outcome is not known before
+ * the step, and a group's rounds touch every fragment. */
+#define MEND_FRAGMENTS_PLANNED 0u
+#define MEND_FRAGMENTS_READ 1u
+#define MEND_FRAGMENTS_WROTE 2u
+int mend_learner_parameter_fragment(const mend_learner* learner, uint64_t index);
+mend_status mend_learner_step_fragments(const mend_learner* learner, uint32_t which, uint8_t* out,
+                                        uint64_t count);
 /* The global parameters of `fragment` as of the last round (its
  * parameters' values in order): *count is set to their number; up to
  * `capacity` are copied into `out` (NULL with 0 asks for the count). */

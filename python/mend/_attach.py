@@ -13,16 +13,24 @@ what PyTorch users do with models and optimizers.
   first training-mode forward (one scan of the heap; never again).
 - The forward pre-hooks call the runtime through a weak reference; a copy of
   the model (``copy.deepcopy``, ``torch.save``, ``AveragedModel``) gets inert
-  ones, so it carries no runtime.
+  ones, so it carries no runtime. On torch >= 2.0 they see keyword arguments
+  too (``with_kwargs=True``: transformers models are called as
+  ``model(input_ids=..., attention_mask=...)``); on 1.13, positional ones only.
+- Tokens of a forward (``count_tokens``): the real tokens of an
+  ``attention_mask`` (its sum: padding is not counted) when one comes with
+  the input ids, else the input ids' elements, else the first integer
+  tensor's; on a GPU the sum is copied back without waiting for it
+  (``TokenCount``).
 """
 
 from __future__ import annotations
 
 import gc
+import inspect
 import types
 import warnings
 import weakref
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -35,16 +43,106 @@ class ForwardHook:
         self._runtime = weakref.ref(runtime) if runtime is not None else None
         self._method = method
 
-    def __call__(self, module: torch.nn.Module, inputs: Any) -> None:
+    def __call__(self, module: torch.nn.Module, inputs: Any, kwargs: Optional[Dict[str, Any]] = None) -> None:
         runtime = self._runtime() if self._runtime is not None else None
         if runtime is not None:
-            getattr(runtime, self._method)(module, inputs)
+            getattr(runtime, self._method)(module, inputs, kwargs or {})
 
     def __deepcopy__(self, memo: Dict[int, Any]) -> "ForwardHook":
         return ForwardHook(None, self._method)
 
     def __reduce__(self):
         return (ForwardHook, (None, self._method))
+
+
+HOOKS_SEE_KEYWORDS = "with_kwargs" in inspect.signature(torch.nn.Module.register_forward_pre_hook).parameters
+
+
+def register_forward_pre_hook(module: torch.nn.Module, hook: ForwardHook) -> Any:
+    """The hook with keyword arguments where torch passes them (>= 2.0; on
+    1.13 positional arguments only)."""
+    if HOOKS_SEE_KEYWORDS:
+        return module.register_forward_pre_hook(hook, with_kwargs=True)
+    return module.register_forward_pre_hook(hook)
+
+
+def _is_integer(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and not value.is_floating_point() and not value.is_complex()
+
+
+class TokenCount:
+    """The tokens of a step's forwards: host integers, and sums made on a
+    device, copied back (non_blocking, into pinned memory) when made and
+    read at the step, so that counting never waits for the device's queue."""
+
+    def __init__(self) -> None:
+        self.counted = 0
+        self._pending: List[Tuple[torch.Tensor, Any]] = []  # (pinned host int64, the copy's CUDA event)
+
+    def add(self, tokens: Any) -> None:
+        if not isinstance(tokens, torch.Tensor):
+            self.counted += int(tokens)
+        elif tokens.device.type == "cuda":
+            host = torch.empty((), dtype=torch.int64, pin_memory=True)
+            host.copy_(tokens, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+            self._pending.append((host, event))
+        else:
+            self.counted += int(tokens)
+
+    def take(self) -> int:
+        """The step's tokens, and starts over."""
+        total = self.counted
+        for host, event in self._pending:
+            event.synchronize()
+            total += int(host)
+        self.counted, self._pending = 0, []
+        return total
+
+
+_SIGNATURES: "weakref.WeakKeyDictionary[Any, Optional[inspect.Signature]]" = weakref.WeakKeyDictionary()
+
+
+def _arguments(module: torch.nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Dict[str, Any]:
+    """The forward's arguments by name (positional ones bound to its signature where it has one)."""
+    forward = getattr(module.forward, "__func__", module.forward)  # (an instance's own wrapper too)
+    try:
+        signature = _SIGNATURES[forward]
+    except (KeyError, TypeError):
+        try:
+            signature = inspect.signature(module.forward)
+        except (TypeError, ValueError):
+            signature = None
+        try:
+            _SIGNATURES[forward] = signature
+        except TypeError:
+            pass
+    named = dict(kwargs)
+    if signature is not None:
+        try:
+            named.update(signature.bind_partial(*args, **kwargs).arguments)
+        except TypeError:
+            pass
+    return named
+
+
+def count_tokens(module: torch.nn.Module, args: Any, kwargs: Dict[str, Any]) -> Any:
+    """The tokens of one forward call: an int, or a 0-d tensor on the inputs'
+    device (an attention mask's sum); 0 when nothing integer came in."""
+    args = args if isinstance(args, tuple) else (args,)
+    named = _arguments(module, args, kwargs)
+    ids, mask = named.get("input_ids"), named.get("attention_mask")
+    if _is_integer(ids):
+        # A 0/1 mask of the ids' shape (integer or bool, as tokenizers make
+        # it; a float one may be additive, 0 and -inf).
+        if _is_integer(mask) and mask.shape == ids.shape:
+            return mask.sum(dtype=torch.int64)
+        return int(ids.numel())
+    for value in list(args) + list(kwargs.values()):
+        if _is_integer(value):
+            return int(value.numel())
+    return 0
 
 
 def holds_any(optimizer: torch.optim.Optimizer, parameters) -> bool:

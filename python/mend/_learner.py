@@ -287,6 +287,23 @@ class Learner:
     def fragments(self) -> int:
         return lib.mend_learner_fragments(self._pointer)
 
+    def parameter_fragment(self, index: int) -> int:
+        """The fragment buffer ``index`` belongs to (index mod fragments)."""
+        fragment = lib.mend_learner_parameter_fragment(self._pointer, int(index))
+        if fragment < 0:
+            raise IndexError(f"mend: no buffer {index} (there are {len(self.names)})")
+        return fragment
+
+    def step_fragments(self, which: int) -> List[bool]:
+        """By fragment: whether the next step may read or write its buffers
+        (``which`` = mend._native.FRAGMENTS_PLANNED, as plan_step() fixed it;
+        all when none is fixed), or whether the last create, step, import or
+        shutdown read (FRAGMENTS_READ) or wrote (FRAGMENTS_WROTE) them."""
+        count = self.fragments
+        out = (ctypes.c_uint8 * count)()
+        _native.check(lib.mend_learner_step_fragments(self._pointer, int(which), out, count))
+        return [bool(v) for v in out]
+
     def global_state(self, fragment: int = 0) -> array.array:
         """The job's global parameters of ``fragment`` after the last round (flat, a copy)."""
         def allocate(count: int) -> array.array:

@@ -23,13 +23,17 @@ from typing import Any, Dict, List, Optional
 
 from mend import _build_info
 
-ABI_VERSION = 4
+ABI_VERSION = 5
 PENDING = 100
 
 # mend_learner_plan_step / mend_learner_last_flags.
 STEP_MAY_WAIT = 1
 STEP_READS = 2
 STEP_WROTE = 4
+# mend_learner_step_fragments.
+FRAGMENTS_PLANNED = 0
+FRAGMENTS_READ = 1
+FRAGMENTS_WROTE = 2
 # mend_learner_set_buffers.
 BUFFERS_AVERAGED = 0
 BUFFERS_FROM_FIRST_MEMBER = 1
@@ -159,6 +163,8 @@ _SIGNATURES = {
     "mend_learner_last_flags": (_u32, [_p]),
     "mend_learner_stats": (_status, [_p, ctypes.POINTER(Stats)]),
     "mend_learner_fragments": (_int, [_p]),
+    "mend_learner_parameter_fragment": (_int, [_p, _u64]),
+    "mend_learner_step_fragments": (_status, [_p, _u32, ctypes.POINTER(ctypes.c_uint8), _u64]),
     "mend_learner_global_state": (_status, [_p, _int, ctypes.POINTER(ctypes.c_float), _u64,
                                             ctypes.POINTER(_u64)]),
     "mend_learner_export_state": (_status, [_p, _PP, ctypes.POINTER(_u64)]),

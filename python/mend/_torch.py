@@ -26,51 +26,77 @@ from mend import _bindings as bindings
 from mend import _native
 from mend._config import MendConfig
 from mend._learner import GroupStore, Learner, default_learner_id, read_token
-from mend._native import STEP_READS, STEP_WROTE, lib
+from mend._native import FRAGMENTS_PLANNED, FRAGMENTS_WROTE, STEP_READS, STEP_WROTE, lib
 
 _STAGED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # Training forwards with no optimizer step seen before mend warns that it is
 # not attached to one (gradient accumulation runs several forwards a step).
 _FORWARDS_BEFORE_WARNING = 100
+# torch 1.13's forward pre-hooks see positional arguments only.
+_KEYWORDS_UNSEEN = "" if attach.HOOKS_SEE_KEYWORDS else " among its positional arguments; torch 1.13 shows mend no keyword ones"
 # Batched copies between a staged tensor and its host copy where torch has them.
 _FOREACH_COPY = getattr(torch, "_foreach_copy_", None)
 
 
 class _Staging:
-    """float32 host copies of the tensors that cannot be used in place."""
+    """float32 host copies of the tensors that cannot be used in place, by
+    fragment: copied in and out a fragment at a time (the ones a step
+    touches), each time in one batched copy. add_all() lays a fragment's
+    copies out in one flat host buffer (pinned for a GPU's tensors)."""
 
     def __init__(self) -> None:
-        self.pairs: List[Tuple[torch.Tensor, torch.Tensor]] = []  # (tensor, host copy)
-        self._shaped: List[torch.Tensor] = []  # each host copy, viewed in its tensor's shape
+        self.fragments: Dict[int, List[Tuple[torch.Tensor, torch.Tensor]]] = {}  # (tensor, host copy)
         self.devices = set()
         self.copies = 0
+        self.bytes = 0  # float32 bytes copied, both ways
         self.seconds = 0.0
 
+    @property
+    def pairs(self) -> List[Tuple[torch.Tensor, torch.Tensor]]:
+        return [pair for fragment in sorted(self.fragments) for pair in self.fragments[fragment]]
+
     def add(self, tensor: torch.Tensor) -> torch.Tensor:
-        pin = tensor.device.type == "cuda"
-        host = torch.empty(tensor.numel(), dtype=torch.float32, pin_memory=pin)
-        with torch.no_grad():
-            host.copy_(tensor.detach().reshape(-1))
-        self.pairs.append((tensor, host))
-        self._shaped.append(host.view(tensor.shape))
-        if pin:
-            self.devices.add(tensor.device)
-        return host
+        return self.add_all([(tensor, 0)])[0]
 
-    def copy_in(self) -> None:
-        """The tensors' values into the host copies (before mend reads them)."""
-        self._copy(into_host=True)
+    def add_all(self, tensors: List[Tuple[torch.Tensor, int]]) -> List[torch.Tensor]:
+        """Host copies of ``tensors`` (each with its fragment), holding their
+        values now; returns each one's copy, in its shape."""
+        hosts: List[Optional[torch.Tensor]] = [None] * len(tensors)
+        for fragment in sorted({f for _, f in tensors}):
+            members = [k for k, (_, f) in enumerate(tensors) if f == fragment]
+            pin = any(tensors[k][0].device.type == "cuda" for k in members)
+            flat = torch.empty(sum(tensors[k][0].numel() for k in members), dtype=torch.float32, pin_memory=pin)
+            at = 0
+            for k in members:
+                tensor = tensors[k][0]
+                host = flat[at:at + tensor.numel()].view(tensor.shape)
+                at += tensor.numel()
+                with torch.no_grad():
+                    host.copy_(tensor.detach())
+                self.fragments.setdefault(fragment, []).append((tensor, host))
+                if tensor.device.type == "cuda":
+                    self.devices.add(tensor.device)
+                hosts[k] = host
+        return hosts
 
-    def copy_out(self) -> None:
+    def copy_in(self, fragments: Optional[List[bool]] = None) -> None:
+        """The tensors' values into the host copies (before mend reads them):
+        of every fragment, or of those marked in ``fragments``."""
+        self._copy(True, fragments)
+
+    def copy_out(self, fragments: Optional[List[bool]] = None) -> None:
         """The host copies back into the tensors (after mend wrote them)."""
-        self._copy(into_host=False)
+        self._copy(False, fragments)
 
-    def _copy(self, into_host: bool) -> None:
-        if not self.pairs:
+    def _copy(self, into_host: bool, fragments: Optional[List[bool]]) -> None:
+        pairs = [pair for f, members in self.fragments.items()
+                 if fragments is None or (f < len(fragments) and fragments[f]) for pair in members]
+        if not pairs:
             return
         started = time.perf_counter()
-        tensors = [tensor.detach() for tensor, _ in self.pairs]
-        into, out_of = (self._shaped, tensors) if into_host else (tensors, self._shaped)
+        tensors = [tensor.detach() for tensor, _ in pairs]
+        hosts = [host for _, host in pairs]
+        into, out_of = (hosts, tensors) if into_host else (tensors, hosts)
         with torch.no_grad():
             if _FOREACH_COPY is not None:  # one call for all of them (torch >= 2.2)
                 _FOREACH_COPY(into, out_of, non_blocking=True)
@@ -82,6 +108,7 @@ class _Staging:
         for device in self.devices:
             torch.cuda.current_stream(device).synchronize()
         self.copies += 1
+        self.bytes += 4 * sum(host.numel() for host in hosts)
         self.seconds += time.perf_counter() - started
 
 
@@ -95,7 +122,7 @@ class Runtime:
 
     In the default (automatic) mode mend runs after every optimizer step by
     itself; ``report_tokens(n)`` sets the tokens of the current step (else
-    they are counted from the forward's first integer input). With
+    they are counted from the forward's inputs: see mend_init). With
     ``mend_init(..., manual=True)`` nothing is wrapped and ``step(tokens)``
     is the only step: call it once after each inner step. ``stats()`` (also
     after shutdown: the final ones), ``global_state(fragment)``,
@@ -132,7 +159,7 @@ class Runtime:
         self._step_handed = 0            # the step count last put into the learner
         self._pid = os.getpid()
         self._tokens: Optional[int] = None
-        self._counted_tokens = 0
+        self._counted_tokens = attach.TokenCount()  # of the forwards since the last step
         self._warned_no_tokens = False
         self._training_forwards = 0
         self._stepped = False
@@ -141,20 +168,28 @@ class Runtime:
         self._later: Optional[attach.LaterOptimizer] = None
         self._hooks = []
         self._attached = [bindings.Attached("parameter", name, p) for name, p in named]
-        entries, storages = [], []
-        with torch.no_grad():
-            for name, p in named:
-                data = p.detach()  # keeps this storage alive whatever later replaces p's
-                tensor = data if _in_place(data, self._always_stage) else self._staging.add(data)
-                entries.append((name, tensor.data_ptr(), tensor.numel(), tuple(p.shape)))
-                storages.append(data)
+        storages = [p.detach() for _, p in named]  # keep these alive whatever later replaces p's
+        # Parameter i is fragment i mod fragments's: the staged ones' host
+        # copies flat by fragment.
+        fragments = max(1, int(config.fragments))
+        staged = [i for i, data in enumerate(storages) if not _in_place(data, self._always_stage)]
+        tensors = list(storages)
+        for i, host in zip(staged, self._staging.add_all([(storages[i], i % fragments) for i in staged])):
+            tensors[i] = host
+        entries = [(name, tensor.data_ptr(), tensor.numel(), tuple(p.shape))
+                   for (name, p), tensor in zip(named, tensors)]
         self._learner = Learner._from_addresses(config, entries, learner_id, read_token(config), 0,
                                                 keep=storages)
+        for i in staged:
+            if self._learner.parameter_fragment(i) != i % fragments:
+                raise RuntimeError(f"mend: libmend puts parameter {i} in fragment "
+                                   f"{self._learner.parameter_fragment(i)}, not {i % fragments}: "
+                                   "install the matching libmend.so")
         self._buffer_staging = _Staging()
         if config.sync_buffers:
             self._hand_over_buffers(model)
         self._after_call()
-        self._hooks.append(model.register_forward_pre_hook(attach.ForwardHook(self, "_forward")))
+        self._hooks.append(attach.register_forward_pre_hook(model, attach.ForwardHook(self, "_forward")))
         if manual:
             self._optimizer = optimizer  # its moments, for desloc and heal_inner_optimizer
             return
@@ -179,14 +214,10 @@ class Runtime:
         self._optimizer = optimizer
         self._attachment = attach.StepAttachment(optimizer, self._stepped_callback)
 
-    def _forward(self, module: torch.nn.Module, inputs: Any) -> None:
+    def _forward(self, module: torch.nn.Module, inputs: Any, kwargs: Dict[str, Any]) -> None:
         if not module.training:
             return
-        for value in inputs if isinstance(inputs, tuple) else (inputs,):
-            if isinstance(value, torch.Tensor) and not value.is_floating_point() \
-                    and not value.is_complex():
-                self._counted_tokens += int(value.numel())
-                break
+        self._counted_tokens.add(attach.count_tokens(module, inputs, kwargs))
         if self._stepped or self.manual:
             return
         if self._later is not None:
@@ -247,8 +278,11 @@ class Runtime:
         self._moment_staging = staging
         self._moments = now
 
-    def _before_call(self) -> None:
-        for staging in (self._staging, self._moment_staging, self._buffer_staging):
+    def _before_call(self, fragments: Optional[List[bool]] = None) -> None:
+        """Staged copies current before a call that may read them: the
+        parameters of ``fragments`` (None: all), the moments and buffers."""
+        self._staging.copy_in(fragments)
+        for staging in (self._moment_staging, self._buffer_staging):
             staging.copy_in()
         if self._optimizer_tracked:
             self._step_handed = bindings.optimizer_step(self._optimizer, self._parameters)
@@ -256,7 +290,9 @@ class Runtime:
 
     def _after_call(self) -> None:
         if self._learner.last_flags & STEP_WROTE:
-            for staging in (self._staging, self._moment_staging, self._buffer_staging):
+            if self._staging.fragments:  # only the fragments it wrote
+                self._staging.copy_out(self._learner.step_fragments(FRAGMENTS_WROTE))
+            for staging in (self._moment_staging, self._buffer_staging):
                 staging.copy_out()
             if self._optimizer_tracked and self._learner.optimizer_step != self._step_handed:
                 # A heal brought its source's step count with the moments.
@@ -282,7 +318,8 @@ class Runtime:
     def _step(self, tokens: Optional[int]) -> None:
         self._stepped = True
         if tokens is None:
-            tokens = self._tokens if self._tokens is not None else self._counted_tokens
+            counted = self._counted_tokens.take()
+            tokens = self._tokens if self._tokens is not None else counted
             if tokens == 0:
                 # Nothing to count (the forward got no integer tensor, e.g. a
                 # float-input model) and nothing reported: a step counts as 1,
@@ -291,13 +328,15 @@ class Runtime:
                 if not self._warned_no_tokens:
                     self._warned_no_tokens = True
                     warnings.warn("mend: no token count for this inner step (the model's forward got no "
-                                  "integer tensor and report_tokens() was not called); counting 1 per step, "
+                                  "integer tensor" + _KEYWORDS_UNSEEN + " and report_tokens() was not called); "
+                                  "counting 1 per step, "
                                   "so learners are weighted by steps. Call runtime.report_tokens(n) before "
                                   "the optimizer step (or runtime.step(n) with manual=True) to weight them by "
                                   "tokens.", RuntimeWarning, stacklevel=3)
                 tokens = 1
+        else:
+            self._counted_tokens.take()  # (given: what the forwards counted is dropped)
         self._tokens = None
-        self._counted_tokens = 0
         learner = self._learner
         reads = learner.plan_step() & STEP_READS
         # The moments once the optimizer has made them, and before a step
@@ -306,7 +345,7 @@ class Runtime:
             self._hand_over_moments()
         if reads:
             bindings.check_attached(self.model, self._attached)
-            self._before_call()
+            self._before_call(learner.step_fragments(FRAGMENTS_PLANNED) if self._staging.fragments else None)
             learner.step(int(tokens))
             self._after_call()
         else:
@@ -317,6 +356,7 @@ class Runtime:
         stats: Dict[str, Any] = dict(self._learner.stats())
         stats["staged_parameters"] = len(self._staging.pairs)
         stats["staging_copies"] = self._staging.copies
+        stats["staging_bytes"] = self._staging.bytes
         stats["staging_seconds"] = self._staging.seconds + self._moment_staging.seconds
         return stats
 
@@ -500,9 +540,13 @@ def mend_init(model: torch.nn.Module, config: Optional[MendConfig] = None,
     after each inner step (a hand-written update, or your own loop);
     ``optimizer=`` then only names whose Adam moments DES-LOC averages.
     Tokens per step: ``runtime.report_tokens(n)`` (or ``runtime.step(n)``
-    in manual mode), else the element count of the first integer tensor the
-    model's forward gets, else (a float-input model) 1 per step, with a
-    warning.
+    in manual mode), else counted from the model's forward calls: with
+    ``input_ids`` and an ``attention_mask`` of their shape (a transformers
+    model's call, by keyword or position), the mask's sum (padding is not a
+    token); else the element count of the input ids or of the first integer
+    tensor; else (a float-input model) 1 per step, with a warning. torch
+    1.13's forward pre-hooks see positional arguments only: a keyword call
+    counts nothing there.
     The learner id is ``rank_id``, else MEND_LEARNER_ID, else HOST-PID.
 
     Parameters may live on any device and be float32, bfloat16 or float16:

@@ -18,7 +18,9 @@
 #include "mend/group_store.h"
 #include "mend/learner_agent.h"
 #include "mend/logging.h"
+#include "mend/outer.h"
 #include "reducer/round_driver.h"
+#include "spdlog/spdlog.h"
 
 struct mend_learner {
   pid_t owner = 0;
@@ -31,6 +33,10 @@ struct mend_learner {
   std::future<mend::Status> pending;           // a step waiting on the helper thread
   uint64_t writes_before = 0;                  // the buffers' writes when the last call began
   uint32_t last_flags = 0;
+  // By fragment: the next step's plan (empty: none fixed), and what the
+  // last call read and wrote of the parameters (MEND_FRAGMENTS_*).
+  std::vector<uint8_t> planned;
+  std::vector<uint8_t> touched[2];
   bool shut_down = false;
 };
 
@@ -69,9 +75,41 @@ mend::Status Usable(const mend_learner* learner, std::string_view function) {
   return mend::OkStatus();
 }
 
-void BeginCall(mend_learner& learner) { learner.writes_before = Writes(learner); }
+void BeginCall(mend_learner& learner) {
+  learner.writes_before = Writes(learner);
+  learner.parameters->ClearTouched();
+}
+
+// What the call read and wrote, by fragment; a step that touched a fragment
+// its plan left out is a defect of the plan (a front end that stages by
+// fragment would have had a stale copy there): said loudly.
+void RecordTouched(mend_learner& learner) {
+  const int fragments = learner.driver->fragments();
+  for (auto& touched : learner.touched) touched.assign(static_cast<size_t>(fragments), 0);
+  const mend::capi::RawParameters& parameters = *learner.parameters;
+  for (size_t i = 0; i < parameters.count(); ++i) {
+    const auto f = static_cast<size_t>(
+        mend::FragmentOfLayer(static_cast<int64_t>(parameters.layer(i)), fragments));
+    const uint8_t how = parameters.touched(i);
+    learner.touched[0][f] |= (how & mend::capi::RawParameters::kRead) != 0 ? 1 : 0;
+    learner.touched[1][f] |= (how & mend::capi::RawParameters::kWritten) != 0 ? 1 : 0;
+  }
+  if (learner.planned.empty()) return;
+  for (size_t f = 0; f < learner.planned.size(); ++f) {
+    if (learner.planned[f] == 0 && (learner.touched[0][f] | learner.touched[1][f]) != 0) {
+      spdlog::error(
+          "mend: step {} touched the parameters of fragment {}, which its plan left out: a "
+          "front end that stages by fragment copied them stale (a defect of mend's; please "
+          "report it)",
+          learner.driver->stats().steps, f);
+    }
+  }
+  learner.planned.clear();
+}
+
 void EndCall(mend_learner& learner) {
   learner.last_flags = Writes(learner) != learner.writes_before ? MEND_STEP_WROTE : 0;
+  RecordTouched(learner);
 }
 
 mend::StatusOr<std::vector<mend::capi::RawBuffer>> Buffers(
@@ -177,6 +215,7 @@ mend_status mend_learner_create(const mend_config* config, const char* token,
         Create(config->value, token, learner_id, std::move(*buffers), start_step, *learner);
     if (!created.ok()) return Return(created);
     learner->last_flags = Writes(*learner) != 0 ? MEND_STEP_WROTE : 0;
+    RecordTouched(*learner);
     *out = learner.release();
     return MEND_OK;
   });
@@ -243,7 +282,8 @@ mend_status mend_learner_set_buffers(mend_learner* learner, const mend_buffer* b
 
 uint32_t mend_learner_plan_step(mend_learner* learner) {
   if (!Usable(learner, "mend_learner_plan_step").ok() || learner->shut_down) return 0;
-  const mend::reducer::StepPlan plan = learner->driver->PlanStep();
+  mend::reducer::StepPlan plan = learner->driver->PlanStep();
+  learner->planned = std::move(plan.fragments);
   return (plan.may_wait ? MEND_STEP_MAY_WAIT : 0u) |
          (plan.touches_parameters ? MEND_STEP_READS : 0u);
 }
@@ -329,6 +369,49 @@ int mend_learner_fragments(const mend_learner* learner) {
   return Usable(learner, "mend_learner_fragments").ok() ? learner->driver->fragments() : 0;
 }
 
+int mend_learner_parameter_fragment(const mend_learner* learner, uint64_t index) {
+  if (!Usable(learner, "mend_learner_parameter_fragment").ok() ||
+      index >= learner->parameters->count())
+    return -1;
+  return static_cast<int>(mend::FragmentOfLayer(
+      static_cast<int64_t>(learner->parameters->layer(index)), learner->driver->fragments()));
+}
+
+mend_status mend_learner_step_fragments(const mend_learner* learner, uint32_t which, uint8_t* out,
+                                        uint64_t count) {
+  return Guarded([&] {
+    if (mend::Status usable = Usable(learner, "mend_learner_step_fragments"); !usable.ok())
+      return Return(usable);
+    const auto fragments = static_cast<uint64_t>(learner->driver->fragments());
+    if (out == nullptr) return NullArgument("mend_learner_step_fragments", "out");
+    if (count != fragments) {
+      return Fail(mend::InvalidArgumentError(fmt::format(
+          "mend_learner_step_fragments: count is {}; the learner has {} fragments (one byte each)",
+          count, fragments)));
+    }
+    const std::vector<uint8_t>* from = nullptr;
+    switch (which) {
+      case MEND_FRAGMENTS_PLANNED:
+        from = &learner->planned;
+        break;
+      case MEND_FRAGMENTS_READ:
+        from = &learner->touched[0];
+        break;
+      case MEND_FRAGMENTS_WROTE:
+        from = &learner->touched[1];
+        break;
+      default:
+        return Fail(mend::InvalidArgumentError(
+            fmt::format("mend_learner_step_fragments: unknown which {}", which)));
+    }
+    for (uint64_t f = 0; f < count; ++f) {
+      // No plan fixed: the step may touch every fragment.
+      out[f] = from->empty() ? (which == MEND_FRAGMENTS_PLANNED ? 1 : 0) : (*from)[f];
+    }
+    return MEND_OK;
+  });
+}
+
 mend_status mend_learner_global_state(const mend_learner* learner, int fragment, float* out,
                                       uint64_t capacity, uint64_t* count) {
   return Guarded([&] {
@@ -371,11 +454,11 @@ mend_status mend_learner_import_state(mend_learner* learner, const void* bytes, 
     if (mend::Status usable = Usable(learner, "mend_learner_import_state"); !usable.ok())
       return Return(usable);
     if (bytes == nullptr && size > 0) return NullArgument("mend_learner_import_state", "bytes");
-    BeginCall(*learner);
     if ((flags & ~MEND_IMPORT_KEEP_PARAMETERS) != 0) {
       return Fail(mend::InvalidArgumentError(
           fmt::format("mend_learner_import_state: unknown flags {:#x}", flags)));
     }
+    BeginCall(*learner);
     mend::Status status =
         learner->driver->ImportState(std::string_view(static_cast<const char*>(bytes), size),
                                      (flags & MEND_IMPORT_KEEP_PARAMETERS) != 0);

@@ -1,13 +1,17 @@
 // The round driver's view (reducer/flat_state.h) of caller-owned fp32
-// buffers: what a mend_learner attaches to. Each counts its writes, so that
-// a front end that stages its parameters learns when to copy them back.
+// buffers: what a mend_learner attaches to. Each counts its writes, and
+// records which buffers a call read and wrote, so that a front end that
+// stages its parameters learns when to copy them back, and which.
 //
-// Thread-safety: the thread that calls the learner (as the driver).
+// Thread-safety: the thread that calls the learner (as the driver); Values()
+// also from the round's pool while that thread waits for it.
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -25,26 +29,48 @@ struct RawBuffer {
 
 class RawParameters final : public reducer::FlatParameters {
  public:
-  explicit RawParameters(std::vector<RawBuffer> buffers) : buffers_(std::move(buffers)) {}
+  explicit RawParameters(std::vector<RawBuffer> buffers)
+      : buffers_(std::move(buffers)),
+        touched_(std::make_unique<std::atomic<uint8_t>[]>(buffers_.size())) {}
 
   size_t count() const override { return buffers_.size(); }
   const std::string& name(size_t i) const override { return buffers_[i].name; }
   std::vector<int64_t> shape(size_t i) const override { return buffers_[i].shape; }
   size_t numel(size_t i) const override { return buffers_[i].numel; }
   void CopyOut(size_t i, std::span<float> out) const override {
+    Touch(i, kRead);
     if (!out.empty()) std::memcpy(out.data(), buffers_[i].data, out.size_bytes());
   }
   void CopyIn(size_t i, std::span<const float> in) override {
     if (!in.empty()) std::memcpy(buffers_[i].data, in.data(), in.size_bytes());
+    Touch(i, kWritten);
     ++writes_;
   }
-  std::span<float> Values(size_t i) override { return {buffers_[i].data, buffers_[i].numel}; }
-  void Wrote() override { ++writes_; }
+  std::span<float> Values(size_t i) override {
+    Touch(i, kRead);
+    return {buffers_[i].data, buffers_[i].numel};
+  }
+  void Wrote(size_t i) override {
+    Touch(i, kWritten);
+    ++writes_;
+  }
   uint64_t writes() const { return writes_; }
 
+  // What the calls since ClearTouched() did to buffer i: kRead | kWritten.
+  static constexpr uint8_t kRead = 1;
+  static constexpr uint8_t kWritten = 2;
+  uint8_t touched(size_t i) const { return touched_[i].load(std::memory_order_relaxed); }
+  void ClearTouched() {
+    for (size_t i = 0; i < buffers_.size(); ++i) touched_[i].store(0, std::memory_order_relaxed);
+  }
+
  private:
+  void Touch(size_t i, uint8_t how) const { touched_[i].fetch_or(how, std::memory_order_relaxed); }
+
   const std::vector<RawBuffer> buffers_;
   uint64_t writes_ = 0;
+  // (Values() is called from the round's pool: several threads at once.)
+  const std::unique_ptr<std::atomic<uint8_t>[]> touched_;
 };
 
 // Adam's two moments of each parameter, handed over as they appear, with

@@ -31,8 +31,9 @@ class FlatParameters {
   // fused passes (FragmentBook::Snapshot, CommitOuter) work in place, in
   // chunks, on every thread of round_threads when every parameter has them.
   virtual std::span<float> Values(size_t) { return {}; }
-  // Values were written through Values() (once per pass that wrote any).
-  virtual void Wrote() {}
+  // Parameter i's values were written through Values() (once per pass
+  // that wrote them).
+  virtual void Wrote(size_t) {}
   // The model's layer that parameter i is (or was cut from): what the
   // fragment schedule assigns to a fragment (FragmentOfLayer).
   virtual size_t layer(size_t i) const { return i; }

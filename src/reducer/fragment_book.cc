@@ -188,7 +188,9 @@ void FragmentBook::ForEachChunk(const Fragment& fragment, bool writes, ThreadPoo
         at = std::max(at, hi);
       }
     });
-    if (writes) parameters_.Wrote();
+    if (writes) {
+      for (size_t l : fragment.parameters) parameters_.Wrote(l);
+    }
     return;
   }
   // One parameter at a time, through a copy, on this thread.

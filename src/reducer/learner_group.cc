@@ -64,7 +64,7 @@ class SlicedParameters final : public FlatParameters {
     std::span<float> all = full_.Values(piece.parameter);
     return all.empty() ? all : all.subspan(piece.offset, piece.values);
   }
-  void Wrote() override { full_.Wrote(); }
+  void Wrote(size_t i) override { full_.Wrote(pieces_[i].parameter); }
 
  private:
   struct Piece {

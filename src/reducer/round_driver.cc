@@ -250,48 +250,6 @@ Status RoundDriverImpl::AtBoundary(int f, Phase* phase) {
   }
 }
 
-// What the next step does with the round in flight, as it will see it.
-Action RoundDriverImpl::NextStepAction() const {
-  const uint64_t next = stats_.steps + 1;
-  const bool arrived = planned_arrivals_ > 0;
-  return Next(View(next, CurrentPhase(planned_step_ == next ? &arrived : nullptr)), {Event::kStep})
-      .action;
-}
-
-bool RoundDriverImpl::NextStepMayWait() const {
-  const Action action = NextStepAction();
-  return action == Action::kApply || action == Action::kAwait || LaunchesAt(stats_.steps + 1);
-}
-
-// A planned step sees the rounds in flight as PlanStep saw them (a first
-// round that agreed since still holds the next launch back); else as they are.
-FlightStatus RoundDriverImpl::PlannedStatus(InFlight& flight) const {
-  if (planned_step_ == stats_.steps) {
-    for (const auto& [planned, status] : planned_status_) {
-      if (planned == &flight) return status;
-    }
-  }
-  return flight.Status();
-}
-
-StepPlan RoundDriverImpl::PlanStep() {
-  const uint64_t next = stats_.steps + 1;
-  planned_step_ = next;
-  planned_arrivals_ = 0;
-  planned_status_.clear();
-  for (const auto& flight : flights_) planned_status_.emplace_back(flight.get(), flight->Status());
-  for (const auto& flight : flights_) {
-    if (!flight->done.load(std::memory_order_acquire)) break;
-    planned_arrivals_++;
-  }
-  const Action action = NextStepAction();
-  StepPlan plan;
-  plan.may_wait = action == Action::kApply || action == Action::kAwait || LaunchesAt(next);
-  // A group's join passed over is looked at (and maybe applied) at every step.
-  plan.touches_parameters = plan.may_wait || action == Action::kAskGroup;
-  return plan;
-}
-
 ReducerStats RoundDriverImpl::stats() const {
   ReducerStats stats = stats_;
   stats.checkpoints = checkpoint_writer_.written();

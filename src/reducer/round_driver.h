@@ -18,6 +18,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "mend/clock.h"
 #include "mend/config.h"
@@ -33,6 +34,9 @@ namespace mend::reducer {
 struct StepPlan {
   bool may_wait = false;            // it starts or applies a round (and may wait for one)
   bool touches_parameters = false;  // it may read or write the parameters and moments
+  // By fragment: 1 where the step may read or write that fragment's
+  // parameters (all 0 unless touches_parameters).
+  std::vector<uint8_t> fragments;
 };
 
 class RoundDriver {

@@ -75,6 +75,7 @@ class RoundDriverImpl final : public RoundDriver {
   Phase CurrentPhase(const bool* arrived = nullptr) const;
   void RecordStep(uint64_t tokens);
   Action NextStepAction() const;
+  std::vector<uint8_t> PlannedFragments(uint64_t next, bool touches) const;
   InFlight* Head() const { return flights_.empty() ? nullptr : flights_.front().get(); }
   uint64_t FinalPeriod() const { return rounds_in_flight_ * book_.period(); }
   uint64_t HeldRoundId() const;

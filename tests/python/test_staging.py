@@ -122,3 +122,48 @@ def test_a_group_with_staging_always_keeps_the_bits_of_in_place(tmp_path):
         assert len(staged[key]["rounds"]) == 3
     # Every replica of both learners holds the same model after each round.
     assert len({tuple(r["digest"] for r in s["rounds"]) for s in staged.values()}) == 1
+
+
+def test_concurrent_rounds_stage_only_their_own_fragment():
+    """fragments = 4, concurrent: a boundary copies in its fragment alone and
+    the round taken up copies back its fragment alone (staging by fragment,
+    mend_learner_step_fragments); the final merge makes both learners equal."""
+    os.environ["MEND_JOB_TOKEN"] = TOKEN
+    with mend.Lighthouse(mend.MendConfig(bind="127.0.0.1:0", http="", quorum_min_learners=2,
+                                         heartbeat_ms=50, heartbeat_timeout_ms=2000, log_level="warn")) as lighthouse:
+        config = mend.MendConfig(lighthouse=lighthouse.address, quorum_min_learners=2, sync_period_steps=8,
+                                 fragments=4, concurrent_outer_step=True, overlap_steps=1, total_steps=24,
+                                 heartbeat_ms=50, heartbeat_timeout_ms=2000, host_staging="always",
+                                 quorum_timeout_ms=20000, log_level="warn")
+        models, optimizers, runtimes = [], [], []
+        for seed in (1, 2):
+            torch.manual_seed(seed)
+            models.append(TinyLM())
+            optimizers.append(torch.optim.SGD(models[-1].parameters(), lr=0.05))
+            runtimes.append(mend.mend_init(models[-1], config, f"by-fragment-{seed}", optimizer=optimizers[-1]))
+
+        def learn(i):
+            generator = torch.Generator().manual_seed(10 + i)
+            for _ in range(24):
+                x, y = batch(generator)
+                loss = torch.nn.functional.cross_entropy(models[i](x), y)
+                optimizers[i].zero_grad()
+                loss.backward()
+                optimizers[i].step()
+
+        errors = run_in_threads(learn, 2)
+        assert not errors, errors
+        stats = [r.stats() for r in runtimes]
+        # The final merge is the learners' round: both shut down at once.
+        assert not run_in_threads(lambda i: mend.mend_shutdown(models[i]), 2)
+    sizes = [p.numel() for p in models[0].parameters()]
+    fragment_bytes = [4 * sum(n for i, n in enumerate(sizes) if i % 4 == f) for f in range(4)]
+    for s in stats:
+        assert s["rounds"] >= 8 and s["staged_parameters"] == 5
+        # Before the final merge (whole-model copies at shutdown, not in these stats'
+        # steps), every copy was of one fragment: at most the largest one's bytes.
+        assert 0 < s["staging_bytes"] <= s["staging_copies"] * max(fragment_bytes)
+        assert s["staging_bytes"] < s["staging_copies"] * sum(fragment_bytes)
+    for pa, pb in zip(models[0].parameters(), models[1].parameters()):
+        assert torch.isfinite(pa).all()
+        assert torch.equal(pa, pb)  # the final merge

@@ -325,7 +325,7 @@ class RoundsInFlightTest : public RoundDriverClockTest {
     // Planned while round 1 is held before its agreement (it may heal: the
     // next boundary takes it up first), so the step sees it so, however
     // soon round 1 agrees once released.
-    driver_->PlanStep();
+    first_plan_ = driver_->PlanStep();
     StepAside();  // waits at boundary + tau (one), or at the next boundary (two)
     services_->HoldExchangesFrom(2);
     aside_.join();
@@ -339,6 +339,7 @@ class RoundsInFlightTest : public RoundDriverClockTest {
   }
   uint64_t boundary_ = 0;  // round 2's
   uint64_t waits_ = 0;     // before round 2
+  StepPlan first_plan_;    // of the step that took round 1 up
 };
 
 TEST_F(RoundsInFlightTest, ARoundLongerThanTheTimeBetweenRoundsMakesNoStepWait) {
@@ -381,6 +382,33 @@ TEST_F(RoundsInFlightTest, OneRoundAtATimeAStepWaitsForARoundLongerThanTheTimeBe
   EXPECT_EQ(driver_->stats().most_rounds_in_flight, 1u);
   ASSERT_TRUE(driver_->shutdown().ok());
   EXPECT_EQ(driver_->stats().rounds, 3u);
+}
+
+// Staging by fragment (mend_learner_step_fragments): a round that formed
+// with no member to heal touches its own fragment only, so the step that
+// waits for it plans that fragment alone, and the next boundary's launch
+// the other; the job's first round, before its members agreed, may heal:
+// every fragment. A step that touches nothing plans none.
+TEST_F(RoundsInFlightTest, AStepPlansTheFragmentsItsRoundsMayTouch) {
+  ASSERT_NO_FATAL_FAILURE(FirstRoundsThenHold(/*rounds_in_flight=*/1));
+  EXPECT_EQ(first_plan_.fragments, (std::vector<uint8_t>{1, 1}));
+  const StepPlan quiet = driver_->PlanStep();
+  EXPECT_FALSE(quiet.touches_parameters);
+  EXPECT_EQ(quiet.fragments, (std::vector<uint8_t>{0, 0}));
+  ASSERT_NO_FATAL_FAILURE(StepTo(boundary_ + kPeriod - 2));
+  const StepPlan waits = driver_->PlanStep();  // boundary + tau: round 2, held, is waited for
+  EXPECT_TRUE(waits.may_wait);
+  ASSERT_EQ(waits.fragments.size(), 2u);
+  EXPECT_EQ(waits.fragments[0] + waits.fragments[1], 1);
+  services_->ReleaseExchanges();
+  ASSERT_TRUE(Step().ok());
+  EXPECT_EQ(driver_->stats().rounds, 2u);
+  const StepPlan launches = driver_->PlanStep();  // the other fragment's boundary
+  EXPECT_TRUE(launches.may_wait);
+  EXPECT_EQ(launches.fragments, (std::vector<uint8_t>{waits.fragments[1], waits.fragments[0]}));
+  ASSERT_TRUE(Step().ok());
+  EXPECT_EQ(driver_->stats().rounds_started, 3u);
+  ASSERT_TRUE(driver_->shutdown().ok());
 }
 
 // A round that may heal (here the job's first) has nothing launched beside
