@@ -84,6 +84,9 @@ struct Config {
   double mixing_alpha = 0.5;
   // Front ends: the model's buffers kept the same on every learner at every round.
   bool sync_buffers = true;
+  // Front ends: parameters with requires_grad = false at mend_init (a LoRA
+  // model's base weights, frozen embeddings) exchanged too (else left out).
+  bool exchange_frozen_parameters = false;
   bool desloc = false;
   bool heal_inner_optimizer = false;
   int64_t momentum_sync_period_steps = 0;

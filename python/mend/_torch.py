@@ -136,6 +136,13 @@ class Runtime:
         named = [(name, p) for name, p in model.named_parameters()]
         if not named:
             raise ValueError("mend_init: the model has no parameters")
+        # Frozen parameters (requires_grad = False now) are this learner's
+        # own: not exchanged, merged or checkpointed, unless asked for.
+        if not config.exchange_frozen_parameters:
+            named = [(name, p) for name, p in named if p.requires_grad]
+            if not named:
+                raise ValueError("mend_init: every parameter of the model is frozen (requires_grad=False): "
+                                 "nothing to exchange; set exchange_frozen_parameters=True to exchange them anyway")
         for name, p in named:
             if p.is_sparse or p.dtype not in _STAGED_DTYPES or not p.is_contiguous():
                 raise ValueError(

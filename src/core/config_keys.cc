@@ -163,6 +163,11 @@ std::vector<ConfigKey> BuildKeys() {
            "round floating-point buffers are averaged over the members with the round's weights "
            "and integer ones "
            "taken from its first member (as DDP broadcasts them)."),
+      Bool("exchange_frozen_parameters", &C::exchange_frozen_parameters,
+           "Front ends: also exchange, merge and checkpoint the parameters that do not require "
+           "grad when mend_init runs (a LoRA model's base weights, frozen embeddings); by "
+           "default they are left out: each learner keeps its own, and a round sends only the "
+           "trainable ones."),
       Bool("desloc", &C::desloc, "DES-LOC: also average the inner AdamW moments."),
       Bool("heal_inner_optimizer", &C::heal_inner_optimizer,
            "A healing learner also takes its source's inner Adam/AdamW moments and step count "

@@ -150,8 +150,15 @@ StatusOr<std::unique_ptr<Reducer>> Reducer::Create(const Config& config, torch::
   NamedParameters named;
   std::vector<at::Tensor> parameters;
   for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    // Frozen parameters are the learner's own unless asked for.
+    if (!item.value().requires_grad() && !config.exchange_frozen_parameters) continue;
     named.emplace_back(item.key(), item.value());
     parameters.push_back(item.value());
+  }
+  if (named.empty() && !module.named_parameters(/*recurse=*/true).is_empty()) {
+    return InvalidArgumentError(
+        "reducer: every parameter of the model is frozen (requires_grad = false): nothing to "
+        "exchange; set exchange_frozen_parameters = true to exchange them anyway");
   }
   StatusOr<std::unique_ptr<InnerMoments>> moments =
       TorchAdamMoments(optimizer, std::move(parameters));

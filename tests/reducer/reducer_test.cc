@@ -436,6 +436,36 @@ TEST(ReducerTest, ACheckpointOfAnotherModelIsRefused) {
   std::filesystem::remove_all(dir);
 }
 
+// Frozen parameters (requires_grad = false) are the learner's own unless
+// exchange_frozen_parameters: the reducer's state holds only the others,
+// and a model with nothing trainable is refused naming the key.
+TEST(ReducerTest, FrozenParametersAreLeftOutUnlessAskedFor) {
+  Config config = BaseConfig();
+  auto server = StartLighthouse(config);
+  config.lighthouse = server->grpc_address();
+  torch::nn::Linear model(8, 2);  // weight 16 values, bias 2
+  model->weight.set_requires_grad(false);
+  torch::optim::SGD inner(model->parameters(), torch::optim::SGDOptions(0.1));
+  for (const bool include : {false, true}) {
+    config.exchange_frozen_parameters = include;
+    auto agent = LearnerAgent::Start(config, kToken, {include ? "with" : "without", "", "", ""},
+                                     *RealClock());
+    ASSERT_TRUE(agent.ok());
+    auto reducer = Reducer::Create(config, *model, inner, **agent);
+    ASSERT_TRUE(reducer.ok()) << reducer.status();
+    EXPECT_EQ((*reducer)->global(0).size(), include ? 18u : 2u);
+    ASSERT_TRUE((*reducer)->shutdown().ok());
+  }
+  model->bias.set_requires_grad(false);
+  config.exchange_frozen_parameters = false;
+  auto agent = LearnerAgent::Start(config, kToken, {"none", "", "", ""}, *RealClock());
+  ASSERT_TRUE(agent.ok());
+  auto none = Reducer::Create(config, *model, inner, **agent);
+  ASSERT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(none.status().message().find("exchange_frozen_parameters"), std::string_view::npos)
+      << none.status();
+}
+
 // The lighthouse is killed and restarted (same address, no state) between
 // two rounds while the learners train: they register again, rounds resume
 // above the old round ids, and every round is shared with identical global

@@ -1,0 +1,90 @@
+"""Frozen parameters (requires_grad=False at mend_init: a LoRA model's base
+weights, frozen embeddings) are each learner's own by default: not
+exchanged, merged or checkpointed, so a round's bytes scale with the
+trainable parameters. exchange_frozen_parameters=True exchanges them too."""
+import os
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import mend  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from job_threads import run_in_threads  # noqa: E402
+
+TOKEN = "frozen-test-token-0123456789"
+
+
+class FrozenBase(torch.nn.Module):
+    """A large frozen base (as a LoRA model's) and a small trainable head."""
+
+    def __init__(self):
+        super().__init__()
+        self.base = torch.nn.Linear(64, 64)  # 4160 values, frozen
+        self.head = torch.nn.Linear(64, 4)   # 260 values, trained
+        for p in self.base.parameters():
+            p.requires_grad_(False)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.base(x)))
+
+
+def run_job(**keys):
+    """Two learners whose frozen bases differ (seeds), two synchronous rounds."""
+    os.environ["MEND_JOB_TOKEN"] = TOKEN
+    with mend.Lighthouse(mend.MendConfig(bind="127.0.0.1:0", http="", quorum_min_learners=2, heartbeat_ms=50,
+                                         heartbeat_timeout_ms=2000, log_level="warn")) as lighthouse:
+        config = mend.MendConfig(lighthouse=lighthouse.address, quorum_min_learners=2, sync_period_steps=3,
+                                 concurrent_outer_step=False, heartbeat_ms=50, heartbeat_timeout_ms=2000,
+                                 log_level="warn", **keys)
+        models, optimizers, frozen_before = [], [], []
+        for seed in (1, 2):
+            torch.manual_seed(seed)
+            models.append(FrozenBase())
+            frozen_before.append([p.detach().clone() for p in models[-1].base.parameters()])
+            optimizers.append(torch.optim.SGD([p for p in models[-1].parameters() if p.requires_grad], lr=0.1))
+            mend.mend_init(models[-1], config, f"frozen-{seed}", optimizer=optimizers[-1])
+
+        def learn(i):
+            generator = torch.Generator().manual_seed(10 + i)
+            for _ in range(6):
+                x = torch.randn(8, 64, generator=generator)
+                loss = models[i](x).square().mean()
+                optimizers[i].zero_grad()
+                loss.backward()
+                optimizers[i].step()
+
+        errors = run_in_threads(learn, 2)
+        assert not errors, errors
+        stats = [mend.get_runtime(m).stats() for m in models]
+        for m in models:
+            mend.mend_shutdown(m)
+    return models, frozen_before, stats
+
+
+def test_frozen_parameters_stay_each_learners_own_and_cost_no_bytes():
+    models, frozen_before, stats = run_job()
+    included, _, included_stats = run_job(exchange_frozen_parameters=True)
+    for s, t in zip(stats, included_stats):
+        assert s["rounds"] == 2 and t["rounds"] == 2
+        # A round sends the trainable 260 values, not the frozen 4160 too.
+        assert s["bytes_sent"] * 10 < t["bytes_sent"]
+    for model, before in zip(models, frozen_before):
+        for p, b in zip(model.base.parameters(), before):
+            assert torch.equal(p, b)  # never written
+    assert not torch.equal(models[0].base.weight, models[1].base.weight)
+    for pa, pb in zip(models[0].head.parameters(), models[1].head.parameters()):
+        assert torch.equal(pa, pb)  # the trainable ones: the job's, after the last round
+    # Included, the frozen ones are merged like the others.
+    for pa, pb in zip(included[0].parameters(), included[1].parameters()):
+        assert torch.equal(pa, pb)
+
+
+def test_a_model_with_nothing_trainable_is_refused():
+    model = FrozenBase()
+    for p in model.head.parameters():
+        p.requires_grad_(False)
+    with pytest.raises(ValueError, match="exchange_frozen_parameters"):
+        mend.mend_init(model, mend.MendConfig(lighthouse="127.0.0.1:1", log_level="error"), "frozen-none")
