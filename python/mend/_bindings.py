@@ -56,12 +56,28 @@ class Attached:
         return None
 
 
+def own_name(name: str) -> str:
+    """A parameter's or buffer's name as its module knows it: without the
+    ``_orig_mod`` components of torch.compile's wrapper (whole model or a
+    submodule), so that a compiled and an uncompiled learner, and their
+    checkpoints, name it alike."""
+    return ".".join(part for part in name.split(".") if part != "_orig_mod")
+
+
+def named_parameters(model: torch.nn.Module) -> List[Tuple[str, torch.nn.Parameter]]:
+    return [(own_name(name), p) for name, p in model.named_parameters()]
+
+
+def named_buffers(model: torch.nn.Module) -> List[Tuple[str, torch.Tensor]]:
+    return [(own_name(name), b) for name, b in model.named_buffers()]
+
+
 def check_attached(model: torch.nn.Module, attached: List[Attached]) -> None:
     """Raises FailedPreconditionError naming the first parameter or buffer
     of ``model`` that is no longer what mend_init attached to."""
-    current: Dict[str, Dict[str, torch.Tensor]] = {"parameter": dict(model.named_parameters())}
+    current: Dict[str, Dict[str, torch.Tensor]] = {"parameter": dict(named_parameters(model))}
     if any(a.kind == "buffer" for a in attached):
-        current["buffer"] = dict(model.named_buffers())
+        current["buffer"] = dict(named_buffers(model))
     for a in attached:
         what = a.change(current[a.kind].get(a.name))
         if what is not None:

@@ -133,7 +133,7 @@ class Runtime:
     def __init__(self, model: torch.nn.Module, config: MendConfig, learner_id: str,
                  optimizer: Optional[torch.optim.Optimizer], group_store: Optional[GroupStore] = None,
                  manual: bool = False) -> None:
-        named = [(name, p) for name, p in model.named_parameters()]
+        named = bindings.named_parameters(model)  # (a torch.compile'd model's: the module's own names)
         if not named:
             raise ValueError("mend_init: the model has no parameters")
         # Frozen parameters (requires_grad = False now) are this learner's
@@ -245,7 +245,7 @@ class Runtime:
         kinds: Dict[bool, list] = {False: [], True: []}
         keep = []
         with torch.no_grad():
-            for name, buffer in model.named_buffers():
+            for name, buffer in bindings.named_buffers(model):
                 if buffer is None or buffer.is_sparse or buffer.dtype == torch.bool or buffer.is_complex():
                     continue
                 data = buffer.detach()
