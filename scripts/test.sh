@@ -5,13 +5,17 @@
 #   2. format: clang-format --dry-run -Werror over the C and C++ sources;
 #   3. thread-safety: clang's thread-safety analysis over the LibTorch-free
 #      sources, findings are errors (scripts/thread-safety.sh, build-tsa);
-#   4. tests: the whole suite in build;
-#   5. asan: builds the LibTorch-free part (libmend.so with its C ABI,
+#   4. tests: the whole suite in build (the Python tests under Debian's
+#      torch 1.13 among them);
+#   5. torch2: the Python tests again under torch 2.x, in the venv of
+#      requirements/torch2.txt (scripts/torch2-venv.sh: made once, about
+#      5 GB from PyPI, cached outside the clone by the file's content);
+#   6. asan: builds the LibTorch-free part (libmend.so with its C ABI,
 #      mend-lighthouse and their tests) without LibTorch, with ASan and
 #      UBSan, in build-asan, and runs its unit, integration and
 #      multiprocess tests: nothing outside the LibTorch front ends may come
 #      to need LibTorch, and the sanitizers must report nothing;
-#   6. tsan: the coordinator, data plane, round driver and group tests
+#   7. tsan: the coordinator, data plane, round driver and group tests
 #      built with TSan (scripts/tsan-tests.sh, build-tsan): no report.
 # Environment: MEND_BUILD_DIR (build), MEND_ASAN_BUILD_DIR (build-asan),
 # MEND_BUILD_TYPE, MEND_CMAKE_ARGS (see scripts/setup.sh).
@@ -38,6 +42,12 @@ stage thread-safety
 
 ctest --test-dir "${MEND_BUILD_DIR:-build}" --output-on-failure -j2 --timeout 300
 stage tests
+
+torch2=$(scripts/torch2-venv.sh)
+stage torch2-venv
+PYTHONPATH="$PWD/${MEND_BUILD_DIR:-build}/python" PYTHONDONTWRITEBYTECODE=1 \
+  "$torch2/bin/python" -m pytest -q -p no:cacheprovider tests/python
+stage torch2-tests
 
 asan=${MEND_ASAN_BUILD_DIR:-build-asan}
 # shellcheck disable=SC2086

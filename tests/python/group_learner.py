@@ -4,6 +4,7 @@ mend_init / train / mend_shutdown. mend makes every rank of the torchrun one
 rank of the learner. Writes, per round, a digest of the whole model this
 rank holds, and the loss before and after."""
 import argparse
+import datetime
 import hashlib
 import json
 import os
@@ -37,7 +38,14 @@ def main():
     parser.add_argument("--host-staging", default="auto")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    # torchrun's store (its agent's, at MASTER_PORT) outlives a restart, and
+    # torch 2.x's gloo rendezvous may then read the address a rank of the
+    # dead attempt left there: each attempt's group gets keys of its own.
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                          timeout=datetime.timedelta(seconds=120))
+    dist.init_process_group("gloo", store=dist.PrefixStore(f"attempt-{restart}/", store),
+                            rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
     rank = dist.get_rank()
     torch.manual_seed(1)  # the same initial model everywhere
     model = TinyLM()
