@@ -48,13 +48,23 @@ def padded_batch(seed, real):
     return ids, mask
 
 
+def tiny_llama():
+    """A randomly initialised transformers LlamaForCausalLM (nothing downloaded)."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64)
+    return transformers.LlamaForCausalLM(config)
+
+
 def call(model, style, ids, mask):
     if style == "positional":
-        return model(ids, mask, ids)
-    return model(input_ids=ids, attention_mask=mask, labels=ids)
+        out = model(ids, mask, ids)
+    else:
+        out = model(input_ids=ids, attention_mask=mask, labels=ids)
+    return out.loss if hasattr(out, "loss") else out
 
 
-def trained_without_mend(model, style, ids, mask):
+def trained_without_mend(model, style, ids, mask):  # (a copy: the same start, no mend)
     local = copy.deepcopy(model)
     optimizer = torch.optim.SGD(local.parameters(), lr=0.5)
     call(local, style, ids, mask).backward()
@@ -62,9 +72,9 @@ def trained_without_mend(model, style, ids, mask):
     return [p.detach().clone() for p in local.parameters()]
 
 
-@pytest.mark.parametrize("style", ["keyword", "positional", "reported"])
+@pytest.mark.parametrize("style", ["keyword", "positional", "reported", "llama"])
 def test_the_merge_weighs_learners_by_their_real_tokens(style):
-    if style == "keyword" and not _attach.HOOKS_SEE_KEYWORDS:
+    if style in ("keyword", "llama") and not _attach.HOOKS_SEE_KEYWORDS:
         pytest.skip("torch 1.13's forward pre-hooks see no keyword arguments")
     os.environ["MEND_JOB_TOKEN"] = TOKEN
     real = (30, 10)  # of 40 positions each: the padding must not count
@@ -74,14 +84,14 @@ def test_the_merge_weighs_learners_by_their_real_tokens(style):
                                  concurrent_outer_step=False, outer_lr=1.0, outer_momentum=0.0,
                                  heartbeat_ms=50, heartbeat_timeout_ms=2000, log_level="warn")
         torch.manual_seed(3)
-        start = KeywordLM()
+        start = tiny_llama() if style == "llama" else KeywordLM()
         models = [copy.deepcopy(start), copy.deepcopy(start)]
         batches = [padded_batch(20 + i, real[i]) for i in range(2)]
         # "reported": the masks say 40 and 40 (no padding), report_tokens the real counts.
         if style == "reported":
             batches = [(ids, torch.ones_like(mask)) for ids, mask in batches]
-        locals_ = [trained_without_mend(models[i], "keyword" if style == "reported" else style, *batches[i])
-                   for i in range(2)]
+        how = "positional" if style == "positional" else "keyword"
+        locals_ = [trained_without_mend(models[i], how, *batches[i]) for i in range(2)]
         optimizers = [torch.optim.SGD(m.parameters(), lr=0.5) for m in models]
         for i in range(2):
             mend.mend_init(models[i], config, f"tokens-{i}", optimizer=optimizers[i])
@@ -90,7 +100,7 @@ def test_the_merge_weighs_learners_by_their_real_tokens(style):
             runtime = mend.get_runtime(models[i])
             with warnings.catch_warnings():
                 warnings.simplefilter("error")  # no "no token count" warning
-                loss = call(models[i], "positional" if style == "positional" else "keyword", *batches[i])
+                loss = call(models[i], how, *batches[i])
                 if style == "reported":
                     runtime.report_tokens(real[i])
                 optimizers[i].zero_grad()
