@@ -22,6 +22,18 @@ def run_in_threads(work, count, timeout=120):
     return errors
 
 
+def train_then_leave(models, learn, timeout=120):
+    """Runs learn(i) for every model at once (run_in_threads), then returns
+    each one's runtime stats and shuts each down (mend_shutdown)."""
+    import mend
+    errors = run_in_threads(learn, len(models), timeout)
+    assert not errors, errors
+    stats = [mend.get_runtime(m).stats() for m in models]
+    for m in models:
+        mend.mend_shutdown(m)
+    return stats
+
+
 def assert_same_moments(models, optimizers):
     """Both learners' Adam optimizers hold equal moments, parameter by parameter."""
     import torch

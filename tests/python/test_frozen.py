@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 import mend  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from job_threads import run_in_threads  # noqa: E402
+from job_threads import train_then_leave  # noqa: E402
 
 TOKEN = "frozen-test-token-0123456789"
 
@@ -56,11 +56,7 @@ def run_job(**keys):
                 loss.backward()
                 optimizers[i].step()
 
-        errors = run_in_threads(learn, 2)
-        assert not errors, errors
-        stats = [mend.get_runtime(m).stats() for m in models]
-        for m in models:
-            mend.mend_shutdown(m)
+        stats = train_then_leave(models, learn)
     return models, frozen_before, stats
 
 

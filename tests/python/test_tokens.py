@@ -18,7 +18,7 @@ import mend  # noqa: E402
 from mend import _attach  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from job_threads import run_in_threads  # noqa: E402
+from job_threads import train_then_leave  # noqa: E402
 
 TOKEN = "tokens-test-token-0123456789"
 VOCAB, LENGTH = 32, 20
@@ -107,11 +107,7 @@ def test_the_merge_weighs_learners_by_their_real_tokens(style):
                 loss.backward()
                 optimizers[i].step()
 
-        errors = run_in_threads(learn, 2)
-        assert not errors, errors
-        stats = [mend.get_runtime(m).stats() for m in models]
-        for m in models:
-            mend.mend_shutdown(m)
+        stats = train_then_leave(models, learn)
     assert all(s["rounds"] == 1 for s in stats)
     total = sum(real)
     for p0, p1, a, b in zip(models[0].parameters(), models[1].parameters(), *locals_):
