@@ -80,6 +80,12 @@ void BeginCall(mend_learner& learner) {
   learner.parameters->ClearTouched();
 }
 
+// The fragment buffer i belongs to (FragmentOfLayer: i mod fragments).
+size_t FragmentOf(const mend_learner& learner, size_t i) {
+  return static_cast<size_t>(mend::FragmentOfLayer(
+      static_cast<int64_t>(learner.parameters->layer(i)), learner.driver->fragments()));
+}
+
 // What the call read and wrote, by fragment; a step that touched a fragment
 // its plan left out is a defect of the plan (a front end that stages by
 // fragment would have had a stale copy there): said loudly.
@@ -88,8 +94,7 @@ void RecordTouched(mend_learner& learner) {
   for (auto& touched : learner.touched) touched.assign(static_cast<size_t>(fragments), 0);
   const mend::capi::RawParameters& parameters = *learner.parameters;
   for (size_t i = 0; i < parameters.count(); ++i) {
-    const auto f = static_cast<size_t>(
-        mend::FragmentOfLayer(static_cast<int64_t>(parameters.layer(i)), fragments));
+    const size_t f = FragmentOf(learner, i);
     const uint8_t how = parameters.touched(i);
     learner.touched[0][f] |= (how & mend::capi::RawParameters::kRead) != 0 ? 1 : 0;
     learner.touched[1][f] |= (how & mend::capi::RawParameters::kWritten) != 0 ? 1 : 0;
@@ -373,8 +378,7 @@ int mend_learner_parameter_fragment(const mend_learner* learner, uint64_t index)
   if (!Usable(learner, "mend_learner_parameter_fragment").ok() ||
       index >= learner->parameters->count())
     return -1;
-  return static_cast<int>(mend::FragmentOfLayer(
-      static_cast<int64_t>(learner->parameters->layer(index)), learner->driver->fragments()));
+  return static_cast<int>(FragmentOf(*learner, index));
 }
 
 mend_status mend_learner_step_fragments(const mend_learner* learner, uint32_t which, uint8_t* out,

@@ -80,6 +80,8 @@ def test_a_concurrent_round_plans_and_touches_its_own_fragment_only():
     assert [learners[0].parameter_fragment(i) for i in range(len(SHAPES))] == [0, 1, 2, 3, 0, 1, 2, 3]
     with pytest.raises(IndexError):
         learners[0].parameter_fragment(len(SHAPES))
+    with pytest.raises(mend.MendError, match="unknown which 7"):
+        learners[0].step_fragments(7)
     seen = [Seen(), Seen()]
     errors = run_in_threads(lambda i: learn(learners[i], params[i], 40, 10 + i, seen[i]), 2)
     assert not errors, errors
