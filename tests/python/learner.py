@@ -44,6 +44,18 @@ def batch(generator, n=32):
     return x, y
 
 
+def train_steps(model, optimizer, steps, seed):
+    """`steps` inner steps of cross-entropy on batch()es drawn with `seed`
+    (the loss in float32 whatever the model's dtype)."""
+    generator = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        x, y = batch(generator)
+        loss = torch.nn.functional.cross_entropy(model(x).float(), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--lighthouse", required=True)

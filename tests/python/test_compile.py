@@ -16,7 +16,7 @@ import mend  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from job_threads import run_in_threads  # noqa: E402
-from learner import TinyLM, batch  # noqa: E402
+from learner import TinyLM, train_steps  # noqa: E402
 
 TOKEN = "compile-test-token-0123456789"
 
@@ -40,13 +40,7 @@ def test_a_compiled_and_an_uncompiled_learner_share_names_rounds_and_state():
         assert names[0] == names[1] == [name for name, _ in plain.named_parameters()]
 
         def learn(i):
-            generator = torch.Generator().manual_seed(10 + i)
-            for _ in range(6):
-                x, y = batch(generator)
-                loss = torch.nn.functional.cross_entropy(models[i](x), y)
-                optimizers[i].zero_grad()
-                loss.backward()
-                optimizers[i].step()
+            train_steps(models[i], optimizers[i], 6, 10 + i)
 
         errors = run_in_threads(learn, 2, timeout=600)
         assert not errors, errors

@@ -15,7 +15,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TOKEN = "staging-test-token-0123456789"
 sys.path.insert(0, HERE)
 from job_threads import run_in_threads  # noqa: E402
-from learner import TinyLM, batch  # noqa: E402
+from learner import TinyLM, train_steps  # noqa: E402
 
 
 def run_job(staging, dtype=torch.float32, desloc=True):
@@ -37,13 +37,7 @@ def run_job(staging, dtype=torch.float32, desloc=True):
             optimizers.append(torch.optim.AdamW(models[-1].parameters(), lr=0.02))
             runtimes.append(mend.mend_init(models[-1], config, f"staging-{seed}", optimizer=optimizers[-1]))
         def learn(i):
-            generator = torch.Generator().manual_seed(10 + i)
-            for _ in range(12):
-                x, y = batch(generator)
-                loss = torch.nn.functional.cross_entropy(models[i](x).float(), y)
-                optimizers[i].zero_grad()
-                loss.backward()
-                optimizers[i].step()
+            train_steps(models[i], optimizers[i], 12, 10 + i)
 
         errors = run_in_threads(learn, 2)
         assert not errors, errors
@@ -143,13 +137,7 @@ def test_concurrent_rounds_stage_only_their_own_fragment():
             runtimes.append(mend.mend_init(models[-1], config, f"by-fragment-{seed}", optimizer=optimizers[-1]))
 
         def learn(i):
-            generator = torch.Generator().manual_seed(10 + i)
-            for _ in range(24):
-                x, y = batch(generator)
-                loss = torch.nn.functional.cross_entropy(models[i](x), y)
-                optimizers[i].zero_grad()
-                loss.backward()
-                optimizers[i].step()
+            train_steps(models[i], optimizers[i], 24, 10 + i)
 
         errors = run_in_threads(learn, 2)
         assert not errors, errors
