@@ -30,6 +30,7 @@ import inspect
 import types
 import warnings
 import weakref
+from collections.abc import Mapping
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -91,6 +92,10 @@ class TokenCount:
         else:
             self.counted += int(tokens)
 
+    def drop(self) -> None:
+        """Forgets what was counted (a step that was not taken), without waiting."""
+        self.counted, self._pending = 0, []
+
     def take(self) -> int:
         """The step's tokens, and starts over."""
         total = self.counted
@@ -132,14 +137,33 @@ def count_tokens(module: torch.nn.Module, args: Any, kwargs: Dict[str, Any]) -> 
     device (an attention mask's sum); 0 when nothing integer came in."""
     args = args if isinstance(args, tuple) else (args,)
     named = _arguments(module, args, kwargs)
-    ids, mask = named.get("input_ids"), named.get("attention_mask")
-    if _is_integer(ids):
-        # A 0/1 mask of the ids' shape (integer or bool, as tokenizers make
-        # it; a float one may be additive, 0 and -inf).
-        if _is_integer(mask) and mask.shape == ids.shape:
-            return mask.sum(dtype=torch.int64)
-        return int(ids.numel())
+    if _is_integer(named.get("input_ids")):
+        return _real_tokens(named)
     for value in list(args) + list(kwargs.values()):
+        if _is_integer(value):
+            return int(value.numel())
+    return 0
+
+
+def _real_tokens(named: Any) -> Any:
+    ids, mask = named["input_ids"], named.get("attention_mask")
+    # A 0/1 mask of the ids' shape (integer or bool, as tokenizers make it;
+    # a float one may be additive, 0 and -inf).
+    if _is_integer(mask) and mask.shape == ids.shape:
+        return mask.sum(dtype=torch.int64)
+    return int(ids.numel())
+
+
+def batch_tokens(batch: Any) -> Any:
+    """The tokens of a training batch as a data loader gives it (for a
+    trainer whose module's forward mend does not see): a mapping's
+    ``input_ids`` (its ``attention_mask``'s sum when it has one), else the
+    first integer tensor's elements (in a mapping, tuple or list, or the
+    batch itself); 0 when it holds none."""
+    if isinstance(batch, Mapping) and _is_integer(batch.get("input_ids")):
+        return _real_tokens(batch)
+    values = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (tuple, list)) else [batch]
+    for value in values:
         if _is_integer(value):
             return int(value.numel())
     return 0
@@ -148,6 +172,52 @@ def count_tokens(module: torch.nn.Module, args: Any, kwargs: Dict[str, Any]) -> 
 def holds_any(optimizer: torch.optim.Optimizer, parameters) -> bool:
     wanted = {id(p) for p in parameters}
     return any(id(p) in wanted for group in optimizer.param_groups for p in group["params"])
+
+
+def unwrap_optimizer(optimizer: Any) -> Tuple[Any, Any]:
+    """The torch optimizer inside a trainer's wrapper (Accelerate's
+    ``AcceleratedOptimizer``, Lightning's ``LightningOptimizer``), and the
+    wrapper's GradScaler (None without one); a plain optimizer is its own."""
+    scaler = None
+    for _ in range(4):  # (wrappers of wrappers; never a cycle)
+        inner = getattr(optimizer, "optimizer", None)
+        if not isinstance(inner, torch.optim.Optimizer):
+            inner = getattr(optimizer, "_optimizer", None)
+        if not isinstance(inner, torch.optim.Optimizer) or inner is optimizer:
+            break
+        if scaler is None:
+            scaler = getattr(optimizer, "scaler", None)
+        optimizer = inner
+    return optimizer, scaler
+
+
+class ScalerAttachment:
+    """Calls ``skipped()`` when ``scaler.step(optimizer)`` (torch.amp's
+    GradScaler, or one with its ``step``) did not step an optimizer holding
+    ``parameters``: it found inf or NaN gradients. ``taken()`` counts the
+    steps mend saw; ``scaler.step`` becomes a bound method of the scaler
+    until detached."""
+
+    def __init__(self, scaler: Any, parameters, taken: Callable[[], int], skipped: Callable[[], None]) -> None:
+        self.scaler = scaler
+        self._parameters = list(parameters)
+        original = scaler.step
+
+        def step(owner: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            before = taken()
+            result = original(optimizer, *args, **kwargs)
+            if taken() == before and holds_any(unwrap_optimizer(optimizer)[0], self._parameters):
+                skipped()
+            return result
+
+        self._original = original
+        self._ours = types.MethodType(step, scaler)
+        scaler.step = self._ours
+
+    def detach(self) -> None:
+        if self._original is not None and self.scaler.__dict__.get("step") is self._ours:
+            self.scaler.step = self._original
+        self._original = None
 
 
 def find_optimizer(parameters) -> Optional[torch.optim.Optimizer]:

@@ -132,7 +132,7 @@ class Runtime:
 
     def __init__(self, model: torch.nn.Module, config: MendConfig, learner_id: str,
                  optimizer: Optional[torch.optim.Optimizer], group_store: Optional[GroupStore] = None,
-                 manual: bool = False) -> None:
+                 manual: bool = False, scaler: Any = None) -> None:
         named = bindings.named_parameters(model)  # (a torch.compile'd model's: the module's own names)
         if not named:
             raise ValueError("mend_init: the model has no parameters")
@@ -149,6 +149,9 @@ class Runtime:
                     f"mend_init: parameter {name!r} is {'sparse ' if p.is_sparse else ''}"
                     f"{p.dtype} on {p.device}{'' if p.is_contiguous() else ', not contiguous'}; "
                     f"mend needs dense, contiguous float32, bfloat16 or float16 parameters")
+        if optimizer is not None:
+            optimizer, wrapper_scaler = attach.unwrap_optimizer(optimizer)
+            scaler = scaler if scaler is not None else wrapper_scaler
         if optimizer is not None and not attach.holds_any(optimizer, [p for _, p in named]):
             raise ValueError("mend_init: the optimizer holds none of the model's parameters")
         self.model = model
@@ -168,6 +171,10 @@ class Runtime:
         self._tokens: Optional[int] = None
         self._counted_tokens = attach.TokenCount()  # of the forwards since the last step
         self._warned_no_tokens = False
+        self._count_forwards = True      # (a trainer integration counts its batches instead)
+        self._steps_taken = 0            # the optimizer steps mend ran after
+        self._skipped_steps = 0          # and those a GradScaler skipped
+        self._scaler: Optional[attach.ScalerAttachment] = None
         self._training_forwards = 0
         self._stepped = False
         self._optimizer: Optional[torch.optim.Optimizer] = None
@@ -208,6 +215,9 @@ class Runtime:
                 runtime._step(None)
 
         self._stepped_callback = stepped
+        if scaler is not None:
+            self._scaler = attach.ScalerAttachment(scaler, self._parameters, lambda: self._steps_taken,
+                                                   self._skipped)
         optimizer = optimizer or attach.find_optimizer(self._parameters)
         if optimizer is not None:
             self._attach(optimizer)
@@ -224,7 +234,8 @@ class Runtime:
     def _forward(self, module: torch.nn.Module, inputs: Any, kwargs: Dict[str, Any]) -> None:
         if not module.training:
             return
-        self._counted_tokens.add(attach.count_tokens(module, inputs, kwargs))
+        if self._count_forwards:
+            self._counted_tokens.add(attach.count_tokens(module, inputs, kwargs))
         if self._stepped or self.manual:
             return
         if self._later is not None:
@@ -322,8 +333,22 @@ class Runtime:
                 "tokens, or use mend_init(..., manual=True) to call runtime.step(tokens) yourself.")
         self._step(tokens)
 
+    def _skipped(self) -> None:
+        """A step the GradScaler skipped (inf/NaN gradients): no inner step,
+        and the tokens of its forwards (or reported for it) are dropped."""
+        self._skipped_steps += 1
+        self._counted_tokens.drop()
+        self._tokens = None
+
+    def _count_batch(self, batch: Any) -> None:
+        """A trainer integration's batch: its tokens (attach.batch_tokens)
+        count for the step, instead of the forward calls'."""
+        self._count_forwards = False
+        self._counted_tokens.add(attach.batch_tokens(batch))
+
     def _step(self, tokens: Optional[int]) -> None:
         self._stepped = True
+        self._steps_taken += 1
         if tokens is None:
             counted = self._counted_tokens.take()
             tokens = self._tokens if self._tokens is not None else counted
@@ -361,6 +386,7 @@ class Runtime:
     def stats(self) -> Dict[str, Any]:
         """The learner's counters (rounds, bytes, heals, ...); after shutdown, the final ones."""
         stats: Dict[str, Any] = dict(self._learner.stats())
+        stats["skipped_steps"] = self._skipped_steps
         stats["staged_parameters"] = len(self._staging.pairs)
         stats["staging_copies"] = self._staging.copies
         stats["staging_bytes"] = self._staging.bytes
@@ -431,10 +457,10 @@ class Runtime:
         for hook in self._hooks:
             hook.remove()
         self._hooks.clear()
-        for attachment in (self._attachment, self._later):
+        for attachment in (self._attachment, self._later, self._scaler):
             if attachment is not None:
                 attachment.detach()
-        self._attachment = self._later = None
+        self._attachment = self._later = self._scaler = None
         if self._learner.closed:
             return
         try:
@@ -534,7 +560,8 @@ _lock = threading.Lock()  # guards both; never held across a call that waits for
 
 def mend_init(model: torch.nn.Module, config: Optional[MendConfig] = None,
               rank_id: Optional[str] = None, *,
-              optimizer: Optional[torch.optim.Optimizer] = None, manual: bool = False) -> Runtime:
+              optimizer: Optional[torch.optim.Optimizer] = None, manual: bool = False,
+              scaler: Any = None) -> Runtime:
     """Makes ``model``'s process a learner of the job and returns its Runtime.
 
     By default mend runs once after every inner optimizer step, by itself:
@@ -546,6 +573,17 @@ def mend_init(model: torch.nn.Module, config: Optional[MendConfig] = None,
     ``manual=True`` nothing is wrapped: call ``runtime.step(tokens)`` once
     after each inner step (a hand-written update, or your own loop);
     ``optimizer=`` then only names whose Adam moments DES-LOC averages.
+    A trainer's wrapper of the optimizer (Accelerate's
+    ``AcceleratedOptimizer``, Lightning's ``LightningOptimizer``) may be
+    given: mend attaches to the torch optimizer inside it.
+
+    Mixed precision: an inner step is an optimizer step that was taken. A
+    step that a ``GradScaler`` skipped (it found inf or NaN gradients and
+    left the parameters as they were) is not one: mend's step count does
+    not advance (the next boundary comes one iteration later), and, when
+    mend knows the scaler (``scaler=``, or the one inside an Accelerate
+    optimizer), the tokens counted or reported for the skipped step are
+    dropped. Without ``scaler=`` they count with the next step taken.
     Tokens per step: ``runtime.report_tokens(n)`` (or ``runtime.step(n)``
     in manual mode), else counted from the model's forward calls: with
     ``input_ids`` and an ``attention_mask`` of their shape (a transformers
@@ -573,6 +611,9 @@ def mend_init(model: torch.nn.Module, config: Optional[MendConfig] = None,
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError("mend_init: model must be a torch.nn.Module")
+    if manual and scaler is not None:
+        raise ValueError("mend_init: scaler= with manual=True; in manual mode call runtime.step(tokens) only "
+                         "after the steps the GradScaler took (its skipped steps are no inner steps)")
     config = _with_group(config or MendConfig())
     with _lock:
         if (model in _runtimes and not _runtimes[model].closed) or model in _starting:
@@ -583,7 +624,7 @@ def mend_init(model: torch.nn.Module, config: Optional[MendConfig] = None,
     try:
         config, learner_id, server = _join_group(config, rank_id or os.environ.get("MEND_LEARNER_ID"))
         try:
-            runtime = Runtime(model, config, learner_id, optimizer, server, manual)
+            runtime = Runtime(model, config, learner_id, optimizer, server, manual, scaler)
         except BaseException:
             if server is not None:
                 server.stop()

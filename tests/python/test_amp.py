@@ -1,0 +1,163 @@
+"""Mixed precision: a step that a GradScaler skipped (inf or NaN gradients:
+the parameters stay as they were) is no inner step for mend. Its step count
+does not advance, and the skipped step's tokens are dropped when mend knows
+the scaler (``scaler=``, or the one inside an Accelerate optimizer).
+Learners that skip different steps still meet at every round's boundary
+and leave it bit-identical. torch >= 2.3: torch.amp.GradScaler("cpu")."""
+import copy
+import os
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not hasattr(torch, "amp") or not hasattr(torch.amp, "GradScaler"):
+    pytest.skip("this torch has no device-generic torch.amp.GradScaler", allow_module_level=True)
+
+import mend  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from job_threads import train_then_leave  # noqa: E402
+
+TOKEN = "amp-test-token-0123456789"
+
+
+def cpu_scaler():
+    try:
+        return torch.amp.GradScaler("cpu", init_scale=2.0 ** 8)
+    except (RuntimeError, TypeError) as error:  # (a torch whose CPU has no GradScaler)
+        pytest.skip(f"no CPU GradScaler here: {error}")
+
+
+def lighthouse():
+    os.environ["MEND_JOB_TOKEN"] = TOKEN
+    return mend.Lighthouse(mend.MendConfig(bind="127.0.0.1:0", http="", quorum_min_learners=2, heartbeat_ms=50,
+                                           heartbeat_timeout_ms=2000, log_level="warn"))
+
+
+def job_config(address, period):
+    # outer lr 1, no momentum: a round's result is the token-weighted mean of the learners' models.
+    return mend.MendConfig(lighthouse=address, quorum_min_learners=2, sync_period_steps=period,
+                           concurrent_outer_step=False, outer_lr=1.0, outer_momentum=0.0, heartbeat_ms=50,
+                           heartbeat_timeout_ms=2000, log_level="warn")
+
+
+def batch(learner, iteration, rows):
+    """Token ids (rows x 5) and their regression target."""
+    generator = torch.Generator().manual_seed(100 * learner + iteration)
+    ids = torch.randint(0, 16, (rows, 5), generator=generator)
+    return ids, ids.float().sum(1, keepdim=True) / 40
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.EmbeddingBag(16, 4)
+        self.out = torch.nn.Linear(4, 1)
+
+    def forward(self, ids):
+        return self.out(self.embed(ids))
+
+
+def iteration(model, optimizer, scaler, ids, target, poisoned):
+    """One AMP iteration; a poisoned one has an infinite loss, so the scaler skips its step."""
+    loss = (model(ids) - target).pow(2).mean()
+    if poisoned:
+        loss = loss * float("inf")
+    optimizer.zero_grad()
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+
+
+def flat(model):
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def test_learners_that_skip_different_steps_meet_at_every_round_bit_identically():
+    period, rounds = 3, 3
+    skips = ({1}, {2, 4, 7})  # by iteration, per learner
+    after = [{}, {}]
+    with lighthouse() as house:
+        torch.manual_seed(5)
+        start = Model()
+        models = [copy.deepcopy(start) for _ in range(2)]
+        optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in models]
+        scalers = [cpu_scaler() for _ in range(2)]
+        for i in range(2):
+            mend.mend_init(models[i], job_config(house.address, period), f"amp-{i}", optimizer=optimizers[i],
+                           scaler=scalers[i])
+
+        def learn(i):
+            runtime = mend.get_runtime(models[i])
+            n = 0
+            while runtime.stats()["steps"] < period * rounds:
+                before = runtime.stats()["steps"]
+                iteration(models[i], optimizers[i], scalers[i], *batch(i, n, 4), poisoned=n in skips[i])
+                steps = runtime.stats()["steps"]
+                assert steps == before + (0 if n in skips[i] else 1), (i, n, before, steps)
+                if steps % period == 0 and steps != before:
+                    after[i][steps] = flat(models[i])
+                n += 1
+
+        stats = train_then_leave(models, learn)
+    for i in range(2):
+        assert stats[i]["skipped_steps"] == len(skips[i])
+        assert stats[i]["rounds"] == rounds
+        assert sorted(after[i]) == [period * r for r in range(1, rounds + 1)]
+    for step in after[0]:
+        assert torch.equal(after[0][step], after[1][step]), step
+
+
+@pytest.mark.parametrize("told", [True, False], ids=["scaler-given", "scaler-unknown"])
+def test_a_skipped_steps_tokens_are_dropped_when_mend_knows_the_scaler(told):
+    # Learner 0 skips one step of a 20-row batch, then takes one of 2 rows;
+    # learner 1 takes one step of 6 rows. The round weighs them 2:6 when the
+    # scaler is known (the skipped batch moved nothing), else (2+20):6.
+    rows = {0: (20, 2), 1: (6,)}
+    with lighthouse() as house:
+        torch.manual_seed(9)
+        start = Model()
+        models = [copy.deepcopy(start) for _ in range(2)]
+        optimizers = [torch.optim.SGD(m.parameters(), lr=0.5) for m in models]
+        scalers = [cpu_scaler() for _ in range(2)]
+        # What each learner's step does alone: the same scaler arithmetic, no mend.
+        alone = []
+        for i in range(2):
+            model, optimizer, scaler = copy.deepcopy(start), None, cpu_scaler()
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+            for n, count in enumerate(rows[i]):
+                iteration(model, optimizer, scaler, *batch(i, n, count), poisoned=len(rows[i]) > 1 and n == 0)
+            alone.append(flat(model))
+        for i in range(2):
+            mend.mend_init(models[i], job_config(house.address, 1), f"amp-tokens-{i}", optimizer=optimizers[i],
+                           scaler=scalers[i] if told else None)
+
+        def learn(i):
+            for n, count in enumerate(rows[i]):
+                iteration(models[i], optimizers[i], scalers[i], *batch(i, n, count),
+                          poisoned=len(rows[i]) > 1 and n == 0)
+
+        stats = train_then_leave(models, learn)
+    assert [s["rounds"] for s in stats] == [1, 1]
+    assert [s["skipped_steps"] for s in stats] == ([1, 0] if told else [0, 0])
+    tokens = (2 * 5, 6 * 5) if told else ((20 + 2) * 5, 6 * 5)
+    expected = (tokens[0] * alone[0] + tokens[1] * alone[1]) / sum(tokens)
+    assert torch.equal(flat(models[0]), flat(models[1]))
+    assert torch.allclose(flat(models[0]), expected, rtol=0, atol=1e-6), (flat(models[0]) - expected).abs().max()
+
+
+def test_an_accelerate_optimizer_brings_its_scaler_and_manual_mode_refuses_one():
+    model = Model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    class Wrapper(torch.optim.Optimizer):  # what Accelerate's AcceleratedOptimizer holds
+        def __init__(self, inner, scaler):
+            self.optimizer, self.scaler = inner, scaler
+
+    scaler = cpu_scaler()
+    inner, found = mend._attach.unwrap_optimizer(Wrapper(optimizer, scaler))
+    assert inner is optimizer and found is scaler
+    assert mend._attach.unwrap_optimizer(optimizer) == (optimizer, None)
+    with pytest.raises(ValueError, match="scaler= with manual=True"):
+        mend.mend_init(model, mend.MendConfig(), manual=True, scaler=scaler)
