@@ -27,6 +27,8 @@ trap 'rm -rf "$stage"' EXIT
 package="$stage/mend"
 mkdir -p "$package/_lib"
 cp python/mend/*.py python/mend/*.pyi python/mend/py.typed "$package/"
+mkdir -p "$package/integrations"
+cp python/mend/integrations/*.py "$package/integrations/"
 cat > "$package/_build_info.py" <<EOF
 # Written by scripts/wheel.sh: libmend.so is in _lib/ beside this file.
 VERSION = "$version"

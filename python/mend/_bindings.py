@@ -72,6 +72,17 @@ def named_buffers(model: torch.nn.Module) -> List[Tuple[str, torch.Tensor]]:
     return [(own_name(name), b) for name, b in model.named_buffers()]
 
 
+def state_buffers(model: torch.nn.Module) -> List[Tuple[str, torch.Tensor]]:
+    """The buffers of the model's state_dict: not the non-persistent ones
+    (``register_buffer(..., persistent=False)``: a rotary embedding's
+    ``inv_freq``, a cached mask), which are derived from the configuration,
+    not trained, and which no checkpoint restores."""
+    derived = {f"{prefix}.{name}" if prefix else name
+               for prefix, module in model.named_modules()
+               for name in getattr(module, "_non_persistent_buffers_set", ())}
+    return [(own_name(name), b) for name, b in model.named_buffers() if name not in derived]
+
+
 def check_attached(model: torch.nn.Module, attached: List[Attached]) -> None:
     """Raises FailedPreconditionError naming the first parameter or buffer
     of ``model`` that is no longer what mend_init attached to."""

@@ -174,6 +174,7 @@ class Runtime:
         self._count_forwards = True      # (a trainer integration counts its batches instead)
         self._steps_taken = 0            # the optimizer steps mend ran after
         self._skipped_steps = 0          # and those a GradScaler skipped
+        self._tokens_stepped = 0         # the tokens of the steps mend ran
         self._scaler: Optional[attach.ScalerAttachment] = None
         self._training_forwards = 0
         self._stepped = False
@@ -249,14 +250,14 @@ class Runtime:
                 "after each inner step.", RuntimeWarning, stacklevel=2)
 
     def _hand_over_buffers(self, model: torch.nn.Module) -> None:
-        """sync_buffers: floating-point buffers (BatchNorm's running
-        statistics) averaged at every round, integer ones (its batch count)
+        """sync_buffers: the state_dict's floating-point buffers (BatchNorm's
+        running statistics) averaged at every round, integer ones (its batch count)
         taken from the round's first member; CPU float32 ones in place, the
         others through float32 host copies."""
         kinds: Dict[bool, list] = {False: [], True: []}
         keep = []
         with torch.no_grad():
-            for name, buffer in bindings.named_buffers(model):
+            for name, buffer in bindings.state_buffers(model):
                 if buffer is None or buffer.is_sparse or buffer.dtype == torch.bool or buffer.is_complex():
                     continue
                 data = buffer.detach()
@@ -369,6 +370,7 @@ class Runtime:
         else:
             self._counted_tokens.take()  # (given: what the forwards counted is dropped)
         self._tokens = None
+        self._tokens_stepped += int(tokens)
         learner = self._learner
         reads = learner.plan_step() & STEP_READS
         # The moments once the optimizer has made them, and before a step
@@ -387,6 +389,7 @@ class Runtime:
         """The learner's counters (rounds, bytes, heals, ...); after shutdown, the final ones."""
         stats: Dict[str, Any] = dict(self._learner.stats())
         stats["skipped_steps"] = self._skipped_steps
+        stats["tokens"] = self._tokens_stepped
         stats["staged_parameters"] = len(self._staging.pairs)
         stats["staging_copies"] = self._staging.copies
         stats["staging_bytes"] = self._staging.bytes

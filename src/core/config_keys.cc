@@ -159,10 +159,9 @@ std::vector<ConfigKey> BuildKeys() {
            "alpha for outer_apply = mix: theta_i <- alpha theta_i + (1 - alpha) theta_g."),
       Bool("sync_buffers", &C::sync_buffers,
            "Python: keep the model's buffers (BatchNorm's running statistics) the same on every "
-           "learner: at every "
-           "round floating-point buffers are averaged over the members with the round's weights "
-           "and integer ones "
-           "taken from its first member (as DDP broadcasts them)."),
+           "learner: at every round the state_dict's floating-point buffers are averaged over the "
+           "members with the round's weights and integer ones taken from its first member (as DDP "
+           "broadcasts them); non-persistent buffers (derived, such as inv_freq) are left alone."),
       Bool("exchange_frozen_parameters", &C::exchange_frozen_parameters,
            "Front ends: also exchange, merge and checkpoint the parameters that do not require "
            "grad when mend_init runs (a LoRA model's base weights, frozen embeddings); by "

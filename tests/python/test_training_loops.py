@@ -170,6 +170,8 @@ class Net(torch.nn.Module):
         self.linear = torch.nn.Linear(4, 8)
         self.norm = torch.nn.BatchNorm1d(8)
         self.head = torch.nn.Linear(8, 1)
+        # Derived, not trained (like a rotary embedding's inv_freq): no checkpoint holds it.
+        self.register_buffer("cache", torch.zeros(8), persistent=False)
 
     def forward(self, x):
         return self.head(torch.relu(self.norm(self.linear(x))))
@@ -189,6 +191,9 @@ def test_batchnorm_statistics_are_the_same_on_every_learner_after_a_round(sync_b
             models.append(Net())
         optimizers = [torch.optim.SGD(m.parameters(), lr=0.05) for m in models]
         runtimes = [mend.mend_init(m, config, f"bn-{i}", optimizer=o) for i, (m, o) in enumerate(zip(models, optimizers))]
+        for i, m in enumerate(models):
+            m.cache.fill_(i)
+
         def learn(i):
             generator = torch.Generator().manual_seed(20 + i)
             for _ in range(10):
@@ -207,6 +212,8 @@ def test_batchnorm_statistics_are_the_same_on_every_learner_after_a_round(sync_b
     assert a["norm.num_batches_tracked"].item() == 10
     same = all(torch.equal(a[name], b[name]) for name in ("norm.running_mean", "norm.running_var"))
     assert same == sync_buffers
+    # A non-persistent buffer is each learner's own: never averaged.
+    assert [m.cache.tolist() for m in models] == [[0.0] * 8, [1.0] * 8]
     if sync_buffers:
         for m in models:
             m.eval()
