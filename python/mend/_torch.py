@@ -215,10 +215,15 @@ class Runtime:
             if runtime is not None and not runtime.closed:
                 runtime._step(None)
 
+        def skipped() -> None:
+            runtime = runtime_ref()
+            if runtime is not None and not runtime.closed:
+                runtime._skipped()
+
         self._stepped_callback = stepped
         if scaler is not None:
-            self._scaler = attach.ScalerAttachment(scaler, self._parameters, lambda: self._steps_taken,
-                                                   self._skipped)
+            self._scaler = attach.ScalerAttachment(
+                scaler, self._parameters, lambda: getattr(runtime_ref(), "_steps_taken", 0), skipped)
         optimizer = optimizer or attach.find_optimizer(self._parameters)
         if optimizer is not None:
             self._attach(optimizer)
@@ -335,11 +340,13 @@ class Runtime:
         self._step(tokens)
 
     def _skipped(self) -> None:
-        """A step the GradScaler skipped (inf/NaN gradients): no inner step,
-        and the tokens of its forwards (or reported for it) are dropped."""
+        """A step the GradScaler skipped (inf/NaN gradients): an inner step
+        that moved nothing, so it counts with no tokens (those of its
+        forwards, or reported for it, are dropped)."""
         self._skipped_steps += 1
         self._counted_tokens.drop()
         self._tokens = None
+        self._step(0)
 
     def _count_batch(self, batch: Any) -> None:
         """A trainer integration's batch: its tokens (attach.batch_tokens)
@@ -580,13 +587,14 @@ def mend_init(model: torch.nn.Module, config: Optional[MendConfig] = None,
     ``AcceleratedOptimizer``, Lightning's ``LightningOptimizer``) may be
     given: mend attaches to the torch optimizer inside it.
 
-    Mixed precision: an inner step is an optimizer step that was taken. A
-    step that a ``GradScaler`` skipped (it found inf or NaN gradients and
-    left the parameters as they were) is not one: mend's step count does
-    not advance (the next boundary comes one iteration later), and, when
-    mend knows the scaler (``scaler=``, or the one inside an Accelerate
-    optimizer), the tokens counted or reported for the skipped step are
-    dropped. Without ``scaler=`` they count with the next step taken.
+    Mixed precision: give mend the ``GradScaler`` (``scaler=``; the one
+    inside an Accelerate optimizer is found). A step it skipped (inf or NaN
+    gradients: the parameters stay as they were) is still an inner step,
+    so every learner's boundaries stay at the same iterations as the
+    trainer's step count and ``total_steps``, but it counts no tokens: those
+    counted or reported for it are dropped, since its batch moved nothing.
+    Without ``scaler=`` mend never sees a skipped step: its step count falls
+    behind the iterations and its tokens count with the next step taken.
     Tokens per step: ``runtime.report_tokens(n)`` (or ``runtime.step(n)``
     in manual mode), else counted from the model's forward calls: with
     ``input_ids`` and an ``attention_mask`` of their shape (a transformers

@@ -1,9 +1,11 @@
 """Mixed precision: a step that a GradScaler skipped (inf or NaN gradients:
-the parameters stay as they were) is no inner step for mend. Its step count
-does not advance, and the skipped step's tokens are dropped when mend knows
-the scaler (``scaler=``, or the one inside an Accelerate optimizer).
-Learners that skip different steps still meet at every round's boundary
-and leave it bit-identical. torch >= 2.3: torch.amp.GradScaler("cpu")."""
+the parameters stay as they were) is still an inner step for mend when mend
+knows the scaler (``scaler=``, or the one inside an Accelerate optimizer),
+so boundaries stay at the same iterations on every learner, but it counts
+no tokens. Learners that skip different steps meet at every round's
+boundary and leave it bit-identical; the merge weighs them by the tokens of
+the steps that moved their models. Without the scaler mend never sees the
+skipped step. torch >= 2.3: torch.amp.GradScaler("cpu")."""
 import copy
 import os
 import sys
@@ -76,7 +78,7 @@ def flat(model):
 
 def test_learners_that_skip_different_steps_meet_at_every_round_bit_identically():
     period, rounds = 3, 3
-    skips = ({1}, {2, 4, 7})  # by iteration, per learner
+    skips = ({1}, {3, 4, 5, 7})  # by iteration, per learner (learner 1 skips every step of round 2: weight 0)
     after = [{}, {}]
     with lighthouse() as house:
         torch.manual_seed(5)
@@ -90,61 +92,77 @@ def test_learners_that_skip_different_steps_meet_at_every_round_bit_identically(
 
         def learn(i):
             runtime = mend.get_runtime(models[i])
-            n = 0
-            while runtime.stats()["steps"] < period * rounds:
-                before = runtime.stats()["steps"]
+            for n in range(period * rounds):
+                before = flat(models[i])
                 iteration(models[i], optimizers[i], scalers[i], *batch(i, n, 4), poisoned=n in skips[i])
                 steps = runtime.stats()["steps"]
-                assert steps == before + (0 if n in skips[i] else 1), (i, n, before, steps)
-                if steps % period == 0 and steps != before:
+                assert steps == n + 1, (i, n, steps)  # a skipped step is a step
+                if n in skips[i] and steps % period:
+                    assert torch.equal(flat(models[i]), before)  # (and moved nothing)
+                if steps % period == 0:
                     after[i][steps] = flat(models[i])
-                n += 1
 
         stats = train_then_leave(models, learn)
     for i in range(2):
         assert stats[i]["skipped_steps"] == len(skips[i])
         assert stats[i]["rounds"] == rounds
+        assert stats[i]["tokens"] == (period * rounds - len(skips[i])) * 4 * 5
         assert sorted(after[i]) == [period * r for r in range(1, rounds + 1)]
     for step in after[0]:
         assert torch.equal(after[0][step], after[1][step]), step
 
 
-@pytest.mark.parametrize("told", [True, False], ids=["scaler-given", "scaler-unknown"])
-def test_a_skipped_steps_tokens_are_dropped_when_mend_knows_the_scaler(told):
-    # Learner 0 skips one step of a 20-row batch, then takes one of 2 rows;
-    # learner 1 takes one step of 6 rows. The round weighs them 2:6 when the
-    # scaler is known (the skipped batch moved nothing), else (2+20):6.
-    rows = {0: (20, 2), 1: (6,)}
+def test_a_skipped_step_counts_no_tokens_in_the_merge():
+    # One round of two steps each: learner 0 skips a step of a 20-row batch
+    # and takes one of 2 rows; learner 1 takes steps of 6 and 3 rows. The
+    # round weighs them 2:9 (the skipped batch moved nothing), not 22:9.
+    rows = ((20, 2), (6, 3))
     with lighthouse() as house:
         torch.manual_seed(9)
         start = Model()
         models = [copy.deepcopy(start) for _ in range(2)]
         optimizers = [torch.optim.SGD(m.parameters(), lr=0.5) for m in models]
         scalers = [cpu_scaler() for _ in range(2)]
-        # What each learner's step does alone: the same scaler arithmetic, no mend.
-        alone = []
-        for i in range(2):
-            model, optimizer, scaler = copy.deepcopy(start), None, cpu_scaler()
-            optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+
+        def steps(i, model, optimizer, scaler):
             for n, count in enumerate(rows[i]):
-                iteration(model, optimizer, scaler, *batch(i, n, count), poisoned=len(rows[i]) > 1 and n == 0)
+                iteration(model, optimizer, scaler, *batch(i, n, count), poisoned=(i, n) == (0, 0))
+
+        alone = []  # what each learner's steps do without mend: the same scaler arithmetic
+        for i in range(2):
+            model = copy.deepcopy(start)
+            steps(i, model, torch.optim.SGD(model.parameters(), lr=0.5), cpu_scaler())
             alone.append(flat(model))
         for i in range(2):
-            mend.mend_init(models[i], job_config(house.address, 1), f"amp-tokens-{i}", optimizer=optimizers[i],
-                           scaler=scalers[i] if told else None)
-
-        def learn(i):
-            for n, count in enumerate(rows[i]):
-                iteration(models[i], optimizers[i], scalers[i], *batch(i, n, count),
-                          poisoned=len(rows[i]) > 1 and n == 0)
-
-        stats = train_then_leave(models, learn)
+            mend.mend_init(models[i], job_config(house.address, 2), f"amp-tokens-{i}", optimizer=optimizers[i],
+                           scaler=scalers[i])
+        stats = train_then_leave(models, lambda i: steps(i, models[i], optimizers[i], scalers[i]))
     assert [s["rounds"] for s in stats] == [1, 1]
-    assert [s["skipped_steps"] for s in stats] == ([1, 0] if told else [0, 0])
-    tokens = (2 * 5, 6 * 5) if told else ((20 + 2) * 5, 6 * 5)
-    expected = (tokens[0] * alone[0] + tokens[1] * alone[1]) / sum(tokens)
+    assert [s["skipped_steps"] for s in stats] == [1, 0]
+    assert [s["tokens"] for s in stats] == [2 * 5, 9 * 5]
+    expected = (2 * alone[0] + 9 * alone[1]) / 11
     assert torch.equal(flat(models[0]), flat(models[1]))
     assert torch.allclose(flat(models[0]), expected, rtol=0, atol=1e-6), (flat(models[0]) - expected).abs().max()
+
+
+def test_without_the_scaler_mend_does_not_see_a_skipped_step():
+    os.environ["MEND_JOB_TOKEN"] = TOKEN
+    with mend.Lighthouse(mend.MendConfig(bind="127.0.0.1:0", http="", quorum_min_learners=1,
+                                         log_level="warn")) as house:
+        model = Model()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler = cpu_scaler()
+        config = mend.MendConfig(lighthouse=house.address, quorum_min_learners=1, sync_period_steps=100,
+                                 log_level="warn")
+        runtime = mend.mend_init(model, config, "amp-untold", optimizer=optimizer)
+        try:
+            iteration(model, optimizer, scaler, *batch(0, 0, 3), poisoned=True)
+            iteration(model, optimizer, scaler, *batch(0, 1, 2), poisoned=False)
+            stats = runtime.stats()
+        finally:
+            mend.mend_shutdown(model)
+    # One step seen, with both forwards' tokens.
+    assert (stats["steps"], stats["skipped_steps"], stats["tokens"]) == (1, 0, (3 + 2) * 5)
 
 
 def test_an_accelerate_optimizer_brings_its_scaler_and_manual_mode_refuses_one():

@@ -1,0 +1,88 @@
+"""What the trainer callbacks share: one learner attached at the start of
+training, its outer state in the trainer's checkpoints, its counters in the
+trainer's logs, and the final merge at the end."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+import mend
+from mend._config import MendConfig
+
+# The counters a trainer's logs get, as "mend/<name>".
+LOGGED_STATS = ("steps", "tokens", "rounds", "failed_rounds", "passed_over", "heals", "bytes_sent",
+                "round_waits", "skipped_steps")
+
+
+class Attachment:
+    """One training run's learner: ``start`` at the beginning of training
+    (mend_init, then the saved outer state if there is one), ``state_dict``
+    for a checkpoint, ``logged`` for the logs, ``finish`` at the end (the
+    final merge). A trainer that trains again starts a new learner."""
+
+    def __init__(self, config: Optional[MendConfig], rank_id: Optional[str]) -> None:
+        if config is not None and not isinstance(config, MendConfig):
+            raise TypeError(f"MendCallback: config must be a mend.MendConfig, not {type(config).__name__}")
+        self.config = config
+        self.rank_id = rank_id
+        self.runtime: Any = None
+        self._model: Any = None
+        self._saved: Optional[Dict[str, Any]] = None  # loaded before the learner started
+
+    @property
+    def resuming(self) -> bool:
+        """Whether a checkpoint's mend state waits to be loaded at the start."""
+        return self._saved is not None
+
+    @property
+    def running(self) -> bool:
+        return self.runtime is not None and not self.runtime.closed
+
+    def start(self, model: Any, optimizer: Any, scaler: Any = None, total_steps: int = 0) -> Any:
+        """mend_init, and the saved state if one was loaded. ``total_steps``:
+        the inner steps mend will see in this run, from the trainer, so that
+        training ends with the final merge; a config's own total_steps wins."""
+        if self.running:
+            raise mend.FailedPreconditionError(
+                "MendCallback: training began again while mend's learner of the last run is still attached")
+        config = self.config if self.config is not None else MendConfig()
+        if config.total_steps == 0 and total_steps > 0:
+            config = config.replace(total_steps=int(total_steps))
+        self.runtime = mend.mend_init(model, config, self.rank_id, optimizer=optimizer, scaler=scaler)
+        self._model = model
+        if self._saved is not None:
+            saved, self._saved = self._saved, None
+            self.runtime.load_state_dict(saved)
+        return self.runtime
+
+    def state_dict(self) -> Dict[str, Any]:
+        """mend's outer state (collective for a learner of several ranks);
+        empty when no learner is attached (before training, after its end)."""
+        return self.runtime.state_dict() if self.running else {}
+
+    def load_state_dict(self, state: Optional[Dict[str, Any]]) -> None:
+        """A checkpoint's outer state: loaded at once into a running
+        learner, else when the learner starts."""
+        if not state:
+            return
+        if self.running:
+            self.runtime.load_state_dict(state)
+        else:
+            self._saved = state
+
+    def logged(self) -> Dict[str, float]:
+        if self.runtime is None:
+            return {}
+        stats = self.runtime.stats()
+        return {f"mend/{name}": float(stats[name]) for name in LOGGED_STATS}
+
+    def finish(self) -> None:
+        """The final merge, and the learner leaves the job (idempotent)."""
+        if self._model is not None:
+            mend.mend_shutdown(self._model)
+
+    def leave(self) -> None:
+        """Training failed: leave the job without a final merge."""
+        if self.running:
+            self.runtime._learner.leave()
+            self.runtime.shutdown()  # (its hooks; it has left)

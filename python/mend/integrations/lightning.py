@@ -1,0 +1,102 @@
+"""mend in a Lightning ``Trainer``::
+
+    from mend import MendConfig
+    from mend.integrations.lightning import MendCallback
+    trainer = Trainer(max_steps=1000, callbacks=[MendCallback(MendConfig(lighthouse="10.0.0.1:29510"))])
+    trainer.fit(module, data)          # or trainer.fit(module, data, ckpt_path="last")
+
+When fitting begins the callback makes the process a learner of the job
+(``mend_init`` on the LightningModule and its optimizer; a ``16-mixed``
+precision plugin's GradScaler is watched for skipped steps). Tokens are
+counted from each training batch (``input_ids`` and its attention mask's
+sum, else the first integer tensor), since a LightningModule's
+``training_step`` need not call its own forward. mend's outer state is part
+of every checkpoint Lightning saves (the callback's ``state_dict``), so
+``ckpt_path=`` resumes mend too; the counters are logged as ``mend/...``;
+the job's length (``total_steps``) is the Trainer's ``max_steps`` (or what
+its epochs make) unless the config sets it, so training ends with the
+final merge.
+
+The callback derives from the Lightning package already imported
+(``lightning.pytorch`` or ``pytorch_lightning``), else from whichever is
+installed: a Trainer accepts callbacks of its own package only.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Any, Dict, Optional
+
+from mend._config import MendConfig
+from mend.integrations._common import Attachment
+
+
+def _lightning() -> Any:
+    for name in ("lightning.pytorch", "pytorch_lightning"):
+        if name in sys.modules:
+            return sys.modules[name]
+    for name in ("lightning.pytorch", "pytorch_lightning"):
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            continue
+    raise ImportError("mend.integrations.lightning needs Lightning: pip install lightning (or pytorch-lightning)")
+
+
+_pl = _lightning()
+
+
+class MendCallback(_pl.Callback):
+    """A Lightning ``Callback`` that trains the LightningModule as one
+    learner of a mend job. ``config``: the job's ``MendConfig`` (None: the
+    defaults and ``MEND_*`` variables); ``rank_id``: the learner id (else
+    MEND_LEARNER_ID, else HOST-PID); ``log_stats``: log mend's counters
+    at each training step's end (Lightning's ``log_every_n_steps`` applies).
+    ``runtime`` is the learner's Runtime once fitting began (its ``stats()``
+    stay readable after the end). The module must have one optimizer.
+    """
+
+    def __init__(self, config: Optional[MendConfig] = None, rank_id: Optional[str] = None, *,
+                 log_stats: bool = True) -> None:
+        super().__init__()
+        self._mend = Attachment(config, rank_id)
+        self.log_stats = log_stats
+
+    @property
+    def runtime(self) -> Any:
+        return self._mend.runtime
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        optimizers = trainer.optimizers
+        if len(optimizers) != 1:
+            raise ValueError(f"MendCallback: the LightningModule has {len(optimizers)} optimizers; mend runs "
+                             "after the inner steps of one (use mend_init(..., manual=True) and "
+                             "runtime.step(tokens) for anything else)")
+        scaler = getattr(trainer.precision_plugin, "scaler", None)
+        # The job's length, for the final merge: max_steps, else what the
+        # epochs make (the loops are restored after this hook, so a resumed
+        # run counts from the step of mend's restored state).
+        total = trainer.max_steps if trainer.max_steps is not None and trainer.max_steps > 0 else \
+            trainer.estimated_stepping_batches
+        self._mend.start(pl_module, optimizers[0], scaler, int(total) if total != float("inf") else 0)
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if self._mend.running:
+            self.runtime._count_batch(batch)
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.log_stats and self._mend.running:
+            pl_module.log_dict(self._mend.logged(), on_step=True, on_epoch=False)
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        self._mend.finish()
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self._mend.leave()
+
+    def state_dict(self) -> Dict[str, Any]:
+        return self._mend.state_dict()
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        self._mend.load_state_dict(state_dict)

@@ -1,0 +1,123 @@
+"""The trainer integrations, each with two learner processes on the CPU and
+a tiny random LlamaForCausalLM (tests/python/trainer_job.py): the
+transformers Trainer with MendCallback, a plain Accelerate loop (its
+wrapped optimizer, gradient accumulation, accelerator.save_state), and a
+Lightning Trainer with MendCallback. Each job's learners leave every round
+and the final merge bit-identical, count the real tokens (padding is not
+one), log mend's counters, and a run resumed from the checkpoint saved
+mid-period goes on exactly as the uninterrupted one did."""
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import mend  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TOKEN = "integrations-test-token-0123456789"
+STEPS, PERIOD, SAVE_AT = 14, 4, 6  # (the last round at 12, the final merge at 14)
+FRAMEWORKS = {"transformers": "transformers", "accelerate": "accelerate", "lightning": "pytorch_lightning"}
+
+
+def run_job(framework, address, root, resume=False):
+    """Both learners' processes at once; what each wrote."""
+    env = dict(os.environ, MEND_JOB_TOKEN=TOKEN, PYTHONDONTWRITEBYTECODE="1", TOKENIZERS_PARALLELISM="false")
+    processes, results = [], []
+    for i in range(2):
+        out = os.path.join(root, f"learner-{i}")
+        os.makedirs(out, exist_ok=True)
+        results.append(os.path.join(root, f"result-{i}.pt"))
+        command = [sys.executable, os.path.join(HERE, "trainer_job.py"), framework, "--learner", str(i),
+                   "--lighthouse", address, "--out", out, "--result", results[-1], "--steps", str(STEPS),
+                   "--period", str(PERIOD), "--save-at", str(SAVE_AT)] + (["--resume"] if resume else [])
+        processes.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    outputs = []
+    try:
+        for process in processes:
+            outputs.append(process.communicate(timeout=300)[0].decode(errors="replace"))
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    for i, process in enumerate(processes):
+        assert process.returncode == 0, f"learner {i} exited {process.returncode}:\n{outputs[i][-6000:]}"
+    return [torch.load(path, weights_only=False) for path in results]
+
+
+def saved_state(framework, learner):
+    """What the uninterrupted run saved at SAVE_AT, by path under the learner's folder."""
+    return {"transformers": f"checkpoint-{SAVE_AT}", "accelerate": "saved",
+            "lightning": f"step={SAVE_AT}.ckpt"}[framework]
+
+
+@pytest.mark.parametrize("framework", sorted(FRAMEWORKS))
+def test_two_learners_stay_identical_count_real_tokens_and_resume_exactly(framework, tmp_path):
+    pytest.importorskip(FRAMEWORKS[framework])
+    os.environ["MEND_JOB_TOKEN"] = TOKEN
+    with mend.Lighthouse(mend.MendConfig(bind="127.0.0.1:0", http="", quorum_min_learners=2, heartbeat_ms=50,
+                                         heartbeat_timeout_ms=3000, log_level="warn")) as lighthouse:
+        whole = run_job(framework, lighthouse.address, str(tmp_path / "whole"))
+        for i in range(2):
+            name = saved_state(framework, i)
+            source = tmp_path / "whole" / f"learner-{i}" / name
+            target = tmp_path / "resumed" / f"learner-{i}" / name
+            target.parent.mkdir(parents=True)
+            (shutil.copytree if source.is_dir() else shutil.copy)(source, target)
+        resumed = run_job(framework, lighthouse.address, str(tmp_path / "resumed"), resume=True)
+
+    rounds = list(range(PERIOD, STEPS + 1, PERIOD))
+    for run in (whole, resumed):
+        # Every round and the final merge leave the learners bit-identical.
+        for step in run[0]["after_rounds"]:
+            assert torch.equal(run[0]["after_rounds"][step], run[1]["after_rounds"][step]), step
+        assert torch.equal(run[0]["final"], run[1]["final"])
+        for result in run:
+            # The tokens mend gave its steps are the forwards' real tokens, fewer than their positions.
+            assert result["stats"]["tokens"] == result["tokens"] > 0
+            assert result["stats"]["skipped_steps"] == 0
+            assert any("rounds" in str(entry) for entry in result["logged"]) or framework == "accelerate"
+    for result in whole:
+        assert sorted(result["after_rounds"]) == rounds
+        assert result["stats"]["steps"] == STEPS
+        assert result["tokens"] < STEPS * 4 * 12  # (BATCH x LENGTH positions a step)
+        assert result["stats"]["rounds"] == len(rounds) + 1  # (and the final merge)
+    # The resumed run: the rounds after SAVE_AT and the final merge, as the uninterrupted run had them.
+    for i in range(2):
+        later = [step for step in rounds if step > SAVE_AT]
+        assert sorted(resumed[i]["after_rounds"]) == later
+        for step in later:
+            assert torch.equal(resumed[i]["after_rounds"][step], whole[i]["after_rounds"][step]), (i, step)
+        assert torch.equal(resumed[i]["final"], whole[i]["final"]), i
+        assert resumed[i]["stats"]["steps"] == STEPS
+
+
+def test_the_integrations_import_their_framework_only_when_used():
+    code = ("import sys, mend, mend.integrations, mend.integrations._common; "
+            "print(sorted(m for m in ('transformers', 'pytorch_lightning', 'lightning', 'accelerate') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_a_resumed_trainer_is_told_where_mends_state_was_looked_for(tmp_path):
+    from types import SimpleNamespace
+
+    from mend.integrations.transformers import STATE_FILE, MendCallback
+    args = SimpleNamespace(output_dir=str(tmp_path))
+    with pytest.raises(FileNotFoundError, match=r"resumes at step 8, but .*checkpoint-8/mend_state\.pt does not "
+                                                r"exist.*MendCallback\(resume_from="):
+        MendCallback()._saved_state_file(args, 8)
+    assert MendCallback(resume_from=False)._saved_state_file(args, 8) is None
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / STATE_FILE).write_bytes(b"")
+    assert MendCallback(resume_from=str(elsewhere))._saved_state_file(args, 8) == str(elsewhere / STATE_FILE)
+    with pytest.raises(TypeError, match="config must be a mend.MendConfig, not dict"):
+        MendCallback({"lighthouse": "x"})

@@ -1,0 +1,190 @@
+"""One learner process of a job trained by a framework's own loop, as a user
+writes it from docs/python.md: the transformers Trainer with
+mend.integrations.transformers.MendCallback, a plain Accelerate loop, or a
+Lightning Trainer with mend.integrations.lightning.MendCallback. The model
+is a tiny randomly initialised LlamaForCausalLM, the same for every
+learner; the data are each learner's own, padded.
+
+    trainer_job.py FRAMEWORK --learner I --lighthouse ADDR --out DIR --result FILE
+                   [--steps N] [--period H] [--save-at S] [--resume]
+
+Writes to FILE (torch.save): the parameters after each round (by mend
+step), after the end (the final merge), mend's stats, the real tokens of
+the training forwards (counted here, without mend) and what the
+framework logged of mend's counters.
+"""
+import argparse
+import json
+import os
+import sys
+
+import torch
+import transformers
+
+import mend
+
+VOCAB, LENGTH, EXAMPLES, BATCH = 48, 12, 64, 4
+
+
+def tiny_llama():
+    torch.manual_seed(0)  # the same start for every learner
+    config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32)
+    return transformers.LlamaForCausalLM(config)
+
+
+class Padded(torch.utils.data.Dataset):
+    """Learner ``learner``'s examples: LENGTH ids, of which the first 3..LENGTH are real."""
+
+    def __init__(self, learner, count=EXAMPLES):
+        generator = torch.Generator().manual_seed(100 + learner)
+        self.ids = torch.randint(0, VOCAB, (count, LENGTH), generator=generator)
+        real = torch.randint(3, LENGTH + 1, (count,), generator=generator)
+        self.mask = (torch.arange(LENGTH)[None, :] < real[:, None]).long()
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        labels = self.ids[i].masked_fill(self.mask[i] == 0, -100)
+        return {"input_ids": self.ids[i], "attention_mask": self.mask[i], "labels": labels}
+
+
+class Watch:
+    """Counts the real tokens of the model's training forwards (independently
+    of mend) and keeps the parameters after each of mend's rounds."""
+
+    def __init__(self, model, period):
+        self.model, self.period = model, period
+        self.tokens = 0
+        self.after_rounds = {}
+        model.register_forward_pre_hook(self._forward, with_kwargs=True)
+
+    def _forward(self, module, args, kwargs):
+        if module.training:
+            self.tokens += int(kwargs["attention_mask"].sum())
+
+    def flat(self):
+        return torch.cat([p.detach().reshape(-1).clone() for p in self.model.parameters()])
+
+    def stepped(self):
+        runtime = mend.get_runtime(self.model) or mend.get_runtime(getattr(self, "outer", self.model))
+        steps = runtime.stats()["steps"]
+        if steps and steps % self.period == 0 and steps not in self.after_rounds:
+            self.after_rounds[steps] = self.flat()
+
+
+def mend_config(args):
+    return mend.MendConfig(lighthouse=args.lighthouse, quorum_min_learners=2, sync_period_steps=args.period,
+                           concurrent_outer_step=False, heartbeat_ms=50, heartbeat_timeout_ms=3000,
+                           quorum_timeout_ms=60000, log_level="warn", dataplane_host="127.0.0.1")
+
+
+def with_transformers(args, model, watch):
+    from mend.integrations.transformers import MendCallback
+
+    class AfterStep(transformers.TrainerCallback):
+        def on_step_end(self, *unused, **kwargs):
+            watch.stepped()
+
+    training = transformers.TrainingArguments(
+        output_dir=args.out, max_steps=args.steps, per_device_train_batch_size=BATCH, learning_rate=3e-3,
+        lr_scheduler_type="constant", save_strategy="steps", save_steps=args.save_at, logging_steps=2,
+        report_to="none", use_cpu=True, seed=11 + args.learner, disable_tqdm=True, dataloader_num_workers=0)
+    callback = MendCallback(mend_config(args), f"learner-{args.learner}")
+    trainer = transformers.Trainer(model=model, args=training, train_dataset=Padded(args.learner),
+                                   callbacks=[callback, AfterStep()])
+    trainer.train(resume_from_checkpoint=True if args.resume else None)
+    logged = [entry for entry in trainer.state.log_history if "mend/rounds" in entry]
+    return callback.runtime.stats(), logged
+
+
+def with_accelerate(args, model, watch):
+    import accelerate
+    accelerator = accelerate.Accelerator(cpu=True, gradient_accumulation_steps=2)
+    loader = torch.utils.data.DataLoader(Padded(args.learner), batch_size=BATCH // 2, shuffle=False)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    config = mend_config(args).replace(total_steps=args.steps)  # (the callbacks set it from the trainer)
+    runtime = mend.mend_init(model, config, f"learner-{args.learner}", optimizer=optimizer)
+    accelerator.register_for_checkpointing(runtime)
+    done = 0
+    if args.resume:
+        accelerator.load_state(os.path.join(args.out, "saved"))
+        done = runtime.stats()["steps"]
+        loader = accelerator.skip_first_batches(loader, 2 * done)
+    for batch in loader:
+        with accelerator.accumulate(model):
+            loss = model(**batch).loss
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+        watch.stepped()
+        if accelerator.sync_gradients and runtime.stats()["steps"] == args.save_at and not args.resume:
+            accelerator.save_state(os.path.join(args.out, "saved"))
+        if runtime.stats()["steps"] == args.steps:
+            break
+    mend.mend_shutdown(model)
+    return runtime.stats(), []
+
+
+def with_lightning(args, model, watch):
+    import pytorch_lightning as pl
+    from mend.integrations.lightning import MendCallback
+
+    class Module(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def training_step(self, batch, batch_idx):
+            return self.model(**batch).loss
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=3e-3)
+
+        def on_train_batch_end(self, outputs, batch, batch_idx):
+            watch.stepped()
+
+    module = Module()
+    watch.outer = module
+    callback = MendCallback(mend_config(args), f"learner-{args.learner}")
+    checkpoints = pl.callbacks.ModelCheckpoint(dirpath=args.out, every_n_train_steps=args.save_at, save_top_k=-1,
+                                               filename="{step}")
+    logger = pl.loggers.CSVLogger(args.out, name="logs", version=0)
+    trainer = pl.Trainer(max_steps=args.steps, accelerator="cpu", devices=1, callbacks=[callback, checkpoints],
+                         logger=logger, log_every_n_steps=1, enable_progress_bar=False,
+                         enable_model_summary=False, num_sanity_val_steps=0)
+    loader = torch.utils.data.DataLoader(Padded(args.learner, args.save_at * BATCH), batch_size=BATCH,
+                                         shuffle=False)
+    resume = os.path.join(args.out, f"step={args.save_at}.ckpt") if args.resume else None
+    trainer.fit(module, loader, ckpt_path=resume)
+    logger.save()
+    with open(os.path.join(args.out, "logs", "version_0", "metrics.csv")) as f:
+        header = f.readline().strip().split(",")
+    return callback.runtime.stats(), [name for name in header if name.startswith("mend/")]
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("framework", choices=["transformers", "accelerate", "lightning"])
+    parser.add_argument("--learner", type=int, required=True)
+    parser.add_argument("--lighthouse", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--result", required=True)
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--period", type=int, default=4)
+    parser.add_argument("--save-at", type=int, default=6)
+    parser.add_argument("--resume", action="store_true")
+    args = parser.parse_args()
+    model = tiny_llama()
+    watch = Watch(model, args.period)
+    run = {"transformers": with_transformers, "accelerate": with_accelerate, "lightning": with_lightning}
+    stats, logged = run[args.framework](args, model, watch)
+    torch.save({"after_rounds": watch.after_rounds, "final": watch.flat(), "stats": dict(stats),
+                "tokens": watch.tokens, "logged": logged}, args.result)
+    print(json.dumps({"learner": args.learner, "stats": dict(stats)}), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
