@@ -25,6 +25,10 @@ _REPLACED_BY = ("model.to(...), .half(), `p.data = ...`, load_state_dict(..., as
 
 
 def _describe(tensor: torch.Tensor) -> str:
+    data = tensor.data if isinstance(tensor, torch.nn.Parameter) else tensor
+    kind = type(data).__name__
+    if kind not in ("Tensor", "Parameter"):  # a tensor subclass (FSDP2's DTensor) holds no storage of its own
+        return f"a {kind} of {tensor.dtype} {list(tensor.shape)} on {tensor.device}"
     return f"{tensor.dtype} {list(tensor.shape)} on {tensor.device} at {tensor.data_ptr():#x}"
 
 
