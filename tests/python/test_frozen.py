@@ -84,3 +84,47 @@ def test_a_model_with_nothing_trainable_is_refused():
         p.requires_grad_(False)
     with pytest.raises(ValueError, match="exchange_frozen_parameters"):
         mend.mend_init(model, mend.MendConfig(lighthouse="127.0.0.1:1", log_level="error"), "frozen-none")
+
+
+def test_a_peft_lora_models_rounds_send_its_adapters_only():
+    """A peft LoRA LlamaForCausalLM: a round's bytes are 4 per trainable
+    (adapter) value, and the learners' adapters leave it identical."""
+    peft = pytest.importorskip("peft")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    base = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=2, max_position_embeddings=32))
+    start = peft.get_peft_model(base, peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0,
+                                                      target_modules=["q_proj", "v_proj"]))
+    trainable = sum(p.numel() for p in start.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in start.parameters())
+    assert trainable * 50 < total
+    os.environ["MEND_JOB_TOKEN"] = TOKEN
+    with mend.Lighthouse(mend.MendConfig(bind="127.0.0.1:0", http="", quorum_min_learners=2,
+                                         log_level="warn")) as lighthouse:
+        config = mend.MendConfig(lighthouse=lighthouse.address, quorum_min_learners=2, sync_period_steps=2,
+                                 concurrent_outer_step=False, log_level="warn", dataplane_host="127.0.0.1")
+        import copy
+        models = [copy.deepcopy(start) for _ in range(2)]
+        optimizers = [torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=1e-3) for m in models]
+        for i in range(2):
+            mend.mend_init(models[i], config, f"lora-{i}", optimizer=optimizers[i])
+
+        def learn(i):
+            generator = torch.Generator().manual_seed(i)
+            for _ in range(4):
+                ids = torch.randint(0, 256, (2, 16), generator=generator)
+                loss = models[i](input_ids=ids, labels=ids).loss
+                optimizers[i].zero_grad()
+                loss.backward()
+                optimizers[i].step()
+
+        stats = train_then_leave(models, learn)
+    for s in stats:
+        assert s["rounds"] == 2
+        # fp32 over two members: each sends about its half of the values twice (reduce-scatter, all-gather).
+        assert 4 * trainable * 0.9 <= s["bytes_sent"] / s["rounds"] <= 4 * trainable * 1.1 + 4096, s
+    adapters = [{n: p for n, p in m.named_parameters() if p.requires_grad} for m in models]
+    assert adapters[0].keys() == adapters[1].keys()
+    assert all(torch.equal(adapters[0][n], adapters[1][n]) for n in adapters[0])
