@@ -143,6 +143,15 @@ def write_csv(path, rows):
         writer.writerows(rows)
 
 
+def print_table(rows, columns):
+    """``columns``: (key, heading, format spec); right-aligned to the wider of the two."""
+    cells = [[format(r[key], spec) for key, _, spec in columns] for r in rows]
+    widths = [max([len(heading)] + [len(c[i]) for c in cells]) for i, (_, heading, _) in enumerate(columns)]
+    print(" ".join(heading.rjust(w) for (_, heading, _), w in zip(columns, widths)))
+    for c in cells:
+        print(" ".join(text.rjust(w) for text, w in zip(c, widths)))
+
+
 def noise(args, work_root):
     """Local training against itself, `--modes local,local` as often as
     --noise says: how far the tokens/s ratio of two runs of the same thing,

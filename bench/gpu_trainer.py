@@ -18,13 +18,14 @@ bench-results/gpu_trainer.csv. It needs torch 2.x with transformers and
 accelerate; carry the wheel from scripts/wheel.sh to the GPU machine.
 """
 import argparse
-import csv
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
+
+from delay_sweep import print_table, write_csv  # this folder's (the script's own directory is on sys.path)
 
 TOKEN = "gpu-trainer-bench-token-0123456789"
 
@@ -154,16 +155,10 @@ def main():
         r["of_local"] = r["tokens_per_s"] / rows[0]["tokens_per_s"]
     print(f"{rows[0]['device']}; Trainer bf16={args.bf16} torch_compile={args.compile}; {args.steps} steps, "
           f"H={args.period}, 2 learners x {args.batch} x {args.length} tokens a step")
-    print(f"{'mode':<6} {'tokens/s':>10} {'of local':>8} {'loss 0':>7} {'loss 1':>7} {'peak GiB':>8} "
-          f"{'rounds':>6} {'identical':>9}")
-    for r in rows:
-        print(f"{r['mode']:<6} {r['tokens_per_s']:>10.0f} {r['of_local']:>8.3f} {r['loss_0']:>7.3f} "
-              f"{r['loss_1']:>7.3f} {r['peak_gib']:>8.2f} {r['rounds']:>6} {str(r['identical']):>9}")
-    os.makedirs(os.path.dirname(os.path.abspath(args.csv)), exist_ok=True)
-    with open(args.csv, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
-        writer.writeheader()
-        writer.writerows(rows)
+    print_table(rows, [("mode", "mode", ""), ("tokens_per_s", "tokens/s", ".0f"), ("of_local", "of local", ".3f"),
+                       ("loss_0", "loss 0", ".3f"), ("loss_1", "loss 1", ".3f"), ("peak_gib", "peak GiB", ".2f"),
+                       ("rounds", "rounds", ""), ("identical", "identical", "")])
+    write_csv(args.csv, rows)
     print(f"wrote {args.csv}")
 
 

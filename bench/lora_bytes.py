@@ -30,7 +30,7 @@ import torch
 import transformers
 
 import mend
-from delay_sweep import write_csv  # this folder's (the script's own directory is on sys.path)
+from delay_sweep import print_table, write_csv  # this folder's (the script's own directory is on sys.path)
 
 TOKEN = "lora-bytes-bench-token-0123456789"
 
@@ -125,14 +125,13 @@ def main():
     for r in rows:
         r["bytes_vs_full"] = r["bytes_per_round"] / full
         r["trainable_vs_full"] = r["trainable"] / rows[0]["trainable"]
+        r["mb_per_round"] = r["bytes_per_round"] / 1e6
     print(f"LlamaForCausalLM hidden {args.hidden}, {args.layers} layers, vocab {args.vocab}; LoRA r={args.rank} "
           f"on q,k,v,o; 2 learners, H={args.period}, {args.rounds} rounds, fp32 codec")
-    print(f"{'setup':<12} {'parameters':>11} {'trainable':>10} {'exchanged':>10} {'MB/round':>9} "
-          f"{'B/exchanged':>11} {'bytes/full':>10} {'trainable/full':>14} {'round s':>8}")
-    for r in rows:
-        print(f"{r['setup']:<12} {r['parameters']:>11,} {r['trainable']:>10,} {r['exchanged']:>10,} "
-              f"{r['bytes_per_round'] / 1e6:>9.2f} {r['bytes_per_exchanged']:>11.2f} {r['bytes_vs_full']:>10.4f} "
-              f"{r['trainable_vs_full']:>14.4f} {r['round_s']:>8.3f}")
+    print_table(rows, [("setup", "setup", ""), ("parameters", "parameters", ","), ("trainable", "trainable", ","),
+                       ("exchanged", "exchanged", ","), ("mb_per_round", "MB/round", ".2f"),
+                       ("bytes_per_exchanged", "B/exchanged", ".2f"), ("bytes_vs_full", "bytes/full", ".4f"),
+                       ("trainable_vs_full", "trainable/full", ".4f"), ("round_s", "round s", ".3f")])
     write_csv(args.csv, rows)
     print(f"wrote {args.csv}")
 

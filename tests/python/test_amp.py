@@ -61,6 +61,14 @@ class Model(torch.nn.Module):
         return self.out(self.embed(ids))
 
 
+def learners(seed, lr):
+    """The start and two learners' copies of it, each with SGD and a CPU GradScaler."""
+    torch.manual_seed(seed)
+    start = Model()
+    models = [copy.deepcopy(start) for _ in range(2)]
+    return start, models, [torch.optim.SGD(m.parameters(), lr=lr) for m in models], [cpu_scaler() for _ in models]
+
+
 def iteration(model, optimizer, scaler, ids, target, poisoned):
     """One AMP iteration; a poisoned one has an infinite loss, so the scaler skips its step."""
     loss = (model(ids) - target).pow(2).mean()
@@ -81,11 +89,7 @@ def test_learners_that_skip_different_steps_meet_at_every_round_bit_identically(
     skips = ({1}, {3, 4, 5, 7})  # by iteration, per learner (learner 1 skips every step of round 2: weight 0)
     after = [{}, {}]
     with lighthouse() as house:
-        torch.manual_seed(5)
-        start = Model()
-        models = [copy.deepcopy(start) for _ in range(2)]
-        optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in models]
-        scalers = [cpu_scaler() for _ in range(2)]
+        _, models, optimizers, scalers = learners(5, 0.1)
         for i in range(2):
             mend.mend_init(models[i], job_config(house.address, period), f"amp-{i}", optimizer=optimizers[i],
                            scaler=scalers[i])
@@ -118,11 +122,7 @@ def test_a_skipped_step_counts_no_tokens_in_the_merge():
     # round weighs them 2:9 (the skipped batch moved nothing), not 22:9.
     rows = ((20, 2), (6, 3))
     with lighthouse() as house:
-        torch.manual_seed(9)
-        start = Model()
-        models = [copy.deepcopy(start) for _ in range(2)]
-        optimizers = [torch.optim.SGD(m.parameters(), lr=0.5) for m in models]
-        scalers = [cpu_scaler() for _ in range(2)]
+        start, models, optimizers, scalers = learners(9, 0.5)
 
         def steps(i, model, optimizer, scaler):
             for n, count in enumerate(rows[i]):

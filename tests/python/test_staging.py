@@ -18,6 +18,20 @@ from job_threads import run_in_threads  # noqa: E402
 from learner import TinyLM, train_steps  # noqa: E402
 
 
+def train_two(config, make_optimizer, steps, name, dtype=torch.float32):
+    """Two learners (threads) of ``config``'s job, TinyLMs of seeds 1 and 2,
+    ``steps`` inner steps each; their models, optimizers and runtimes."""
+    models, optimizers, runtimes = [], [], []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        models.append(TinyLM().to(dtype))
+        optimizers.append(make_optimizer(models[-1].parameters()))
+        runtimes.append(mend.mend_init(models[-1], config, f"{name}-{seed}", optimizer=optimizers[-1]))
+    errors = run_in_threads(lambda i: train_steps(models[i], optimizers[i], steps, 10 + i), 2)
+    assert not errors, errors
+    return models, optimizers, runtimes
+
+
 def run_job(staging, dtype=torch.float32, desloc=True):
     """Two learners (threads) of one synchronous job, AdamW with DES-LOC's
     moment averaging: returns their models, optimizers and runtimes' stats."""
@@ -30,17 +44,8 @@ def run_job(staging, dtype=torch.float32, desloc=True):
         if desloc:
             keys.update(momentum_sync_period_steps=3, second_moment_sync_period_steps=6)
         config = mend.MendConfig(**keys)
-        models, optimizers, runtimes = [], [], []
-        for seed in (1, 2):
-            torch.manual_seed(seed)
-            models.append(TinyLM().to(dtype))
-            optimizers.append(torch.optim.AdamW(models[-1].parameters(), lr=0.02))
-            runtimes.append(mend.mend_init(models[-1], config, f"staging-{seed}", optimizer=optimizers[-1]))
-        def learn(i):
-            train_steps(models[i], optimizers[i], 12, 10 + i)
-
-        errors = run_in_threads(learn, 2)
-        assert not errors, errors
+        models, optimizers, runtimes = train_two(config, lambda p: torch.optim.AdamW(p, lr=0.02), 12, "staging",
+                                                 dtype)
         stats = [r.stats() for r in runtimes]
         for m in models:
             mend.mend_shutdown(m)
@@ -129,18 +134,7 @@ def test_concurrent_rounds_stage_only_their_own_fragment():
                                  fragments=4, concurrent_outer_step=True, overlap_steps=1, total_steps=24,
                                  heartbeat_ms=50, heartbeat_timeout_ms=2000, host_staging="always",
                                  quorum_timeout_ms=20000, log_level="warn")
-        models, optimizers, runtimes = [], [], []
-        for seed in (1, 2):
-            torch.manual_seed(seed)
-            models.append(TinyLM())
-            optimizers.append(torch.optim.SGD(models[-1].parameters(), lr=0.05))
-            runtimes.append(mend.mend_init(models[-1], config, f"by-fragment-{seed}", optimizer=optimizers[-1]))
-
-        def learn(i):
-            train_steps(models[i], optimizers[i], 24, 10 + i)
-
-        errors = run_in_threads(learn, 2)
-        assert not errors, errors
+        models, _, runtimes = train_two(config, lambda p: torch.optim.SGD(p, lr=0.05), 24, "by-fragment")
         stats = [r.stats() for r in runtimes]
         # The final merge is the learners' round: both shut down at once.
         assert not run_in_threads(lambda i: mend.mend_shutdown(models[i]), 2)
