@@ -155,43 +155,14 @@ def test_an_optimizers_replaced_moments_are_handed_over_again():
 
 
 def test_fsdp2_fully_shard_after_mend_init_is_refused_by_name():
-    try:
-        from torch.distributed import fsdp
-    except Exception as error:  # noqa: BLE001 (torch 1.13's fails to import on Python 3.11)
-        pytest.skip(f"torch.distributed.fsdp does not import here: {error}")
-    if not hasattr(fsdp, "fully_shard"):
-        pytest.skip("this torch has no FSDP2 (fully_shard)")
-    import socket
-
-    import torch.distributed as dist
-    os.environ["MEND_JOB_TOKEN"] = TOKEN
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    try:
-        with mend.Lighthouse(mend.MendConfig(bind="127.0.0.1:0", http="", quorum_min_learners=1,
-                                             log_level="warn")) as lighthouse:
-            torch.manual_seed(0)
-            model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
-            # (group_size=1: the process group is FSDP's, not a learner's ranks)
-            config = mend.MendConfig(lighthouse=lighthouse.address, quorum_min_learners=1, sync_period_steps=2,
-                                     group_size=1, log_level="warn")
-            # manual=True: the optimizer made for the sharded parameters is
-            # not the one mend_init saw, and each step is the loop's call.
-            runtime = mend.mend_init(model, config, "fsdp2", manual=True)
-            fsdp.fully_shard(model)  # every parameter becomes a DTensor of new storage
-            optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-            with pytest.raises(mend.FailedPreconditionError, match="parameter '0.weight'.*a DTensor.*mend_init"):
-                for s in range(2):
-                    x = torch.sin(torch.arange(32, dtype=torch.float32) + s).reshape(4, 8)
-                    loss = (model(x) - 1).pow(2).mean()
-                    optimizer.zero_grad()
-                    loss.backward()
-                    optimizer.step()
-                    runtime.step(4)
-            assert runtime.stats()["steps"] == 1  # (the boundary's step was refused)
-            with pytest.raises(mend.FailedPreconditionError, match="parameter '0.weight'"):
-                mend.mend_shutdown(model)
-    finally:
-        dist.destroy_process_group()
+    """In a process of its own (fsdp_replaced.py): FSDP2 in a process where
+    other tests compiled with dynamo can crash in torch's fake tensors."""
+    import subprocess
+    import sys
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fsdp_replaced.py")
+    out = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, MEND_JOB_TOKEN=TOKEN))
+    if out.returncode == 77:
+        pytest.skip(out.stdout.strip())
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "refused: parameter '0.weight'" in out.stdout
