@@ -402,12 +402,12 @@ class Driver {
     request.set_value(in_.ConsumeRandomLengthString(1100));
     Status check = CheckStoreSet(request, core_.options().store.max_value_bytes);
     if (!check.ok()) return Reject(check);
-    Status set = core_.StoreSet(request.key(), request.value());
+    Status set = core_.store().Set(request.key(), request.value());
     if (!set.ok()) {
       MEND_FUZZ_CHECK(set.code() == StatusCode::kResourceExhausted);
       return;
     }
-    MEND_FUZZ_CHECK(core_.StoreGet(request.key()) == request.value());
+    MEND_FUZZ_CHECK(core_.store().Get(request.key()) == request.value());
   }
 
   void StoreGet() {
@@ -416,7 +416,7 @@ class Driver {
     request.set_timeout_ms(in_.ConsumeBool() ? 0 : TimeoutMs());
     if (Status check = CheckStoreGet(request); !check.ok()) return Reject(check);
     if (request.timeout_ms() == 0) {
-      (void)core_.StoreGet(request.key());
+      (void)core_.store().Get(request.key());
       return;
     }
     Wait({request.key()}, request.timeout_ms());
@@ -428,14 +428,14 @@ class Driver {
     request.set_delta(in_.ConsumeBool() ? in_.ConsumeIntegralInRange<int64_t>(-3, 3)
                                         : in_.ConsumeIntegral<int64_t>());
     if (Status check = CheckStoreAdd(request); !check.ok()) return Reject(check);
-    auto sum = core_.StoreAdd(request.key(), request.delta());
+    auto sum = core_.store().Add(request.key(), request.delta());
     if (!sum.ok()) {
       StatusCode code = sum.status().code();
       MEND_FUZZ_CHECK(code == StatusCode::kFailedPrecondition || code == StatusCode::kOutOfRange ||
                       code == StatusCode::kResourceExhausted);
       return;
     }
-    MEND_FUZZ_CHECK(core_.StoreGet(request.key()) == std::to_string(*sum));
+    MEND_FUZZ_CHECK(core_.store().Get(request.key()) == std::to_string(*sum));
   }
 
   void StoreWait() {
@@ -451,7 +451,7 @@ class Driver {
     auto waiter = std::make_shared<StoreWaiter>();
     waiter->keys = keys.size();
     store_waiters_.push_back(waiter);
-    uint64_t id = core_.StoreWait(
+    uint64_t id = core_.store().Wait(
         std::move(keys), Micros{timeout_ms} * kMicrosPerMilli,
         [this, waiter](Status status, std::vector<std::string> values) {
           (void)core_.NextDeadline();  // deadlocks if called under the core's mutex
@@ -468,7 +468,7 @@ class Driver {
     if (in_.ConsumeBool() && !store_wait_ids_.empty()) {
       id = store_wait_ids_[in_.ConsumeIntegralInRange<size_t>(0, store_wait_ids_.size() - 1)];
     }
-    core_.StoreCancel(id);
+    core_.store().Cancel(id);
   }
 
   void StoreDelete() {
@@ -476,8 +476,8 @@ class Driver {
     request.set_key(Key());
     request.set_prefix(in_.ConsumeBool());
     if (Status check = CheckStoreDelete(request); !check.ok()) return Reject(check);
-    (void)core_.StoreDelete(request.key(), request.prefix());
-    MEND_FUZZ_CHECK(!core_.StoreGet(request.key()).has_value());
+    (void)core_.store().Delete(request.key(), request.prefix());
+    MEND_FUZZ_CHECK(!core_.store().Get(request.key()).has_value());
   }
 
   void GetStatus() {

@@ -3,10 +3,11 @@
 // decision, so that only rank 0 talks to the lighthouse about rounds (the
 // lighthouse's store is still where the slices of different learners meet).
 //
-// Group rank 0 serves it: the lighthouse's key-value store service (the same
-// gRPC service and code), bound to the group's address, with the job token,
-// in plaintext (it is reached inside the rack); every rank connects with a
-// lighthouse client. Under torchrun the Python package serves it on rank 0
+// Group rank 0 serves it: a store-only server (src/store/store_server.h:
+// the store's calls of the lighthouse's gRPC service, the same code as the
+// lighthouse's store, and nothing of the lighthouse else), bound to the
+// group's address, with the job token, in plaintext (it is reached inside
+// the rack); every rank connects with a lighthouse client. Under torchrun the Python package serves it on rank 0
 // at mend_init and passes its address to the other ranks through torch's
 // public API; `mend train` groups are given a free port by their launcher.
 //

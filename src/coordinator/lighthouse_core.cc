@@ -53,9 +53,9 @@ LighthouseCore::LighthouseCore(LighthouseOptions options, const Clock* clock, ui
       clock_(clock),
       instance_id_(instance_id),
       started_at_(clock->NowMicros()),
+      store_(options_.store, clock),
       membership_(options_.failslow),
       quorum_(options_.quorum),
-      store_(options_.store),
       events_(options_.event_capacity) {}
 
 void LighthouseCore::Finish(Completions& completions) {
@@ -261,68 +261,6 @@ void LighthouseCore::CancelQuorum(const std::string& learner_id, uint64_t waiter
   if (wake && wakeup_) wakeup_();
 }
 
-Status LighthouseCore::StoreSet(const std::string& key, std::string value) {
-  Completions completions;
-  Status status;
-  {
-    MutexLock lock(mu_);
-    counters_.store_ops++;
-    status = store_.Set(key, std::move(value), &completions);
-  }
-  Finish(completions);
-  return status;
-}
-
-std::optional<std::string> LighthouseCore::StoreGet(const std::string& key) {
-  MutexLock lock(mu_);
-  counters_.store_ops++;
-  return store_.Get(key);
-}
-
-uint64_t LighthouseCore::StoreWait(std::vector<std::string> keys, Micros timeout,
-                                   KvStore::WaitCallback done) {
-  Completions completions;
-  uint64_t id = 0;
-  bool wake = false;
-  {
-    MutexLock lock(mu_);
-    Micros before = NextDeadlineLocked();
-    counters_.store_ops++;
-    id = store_.Wait(std::move(keys), clock_->NowMicros() + timeout, std::move(done), &completions);
-    wake = NextDeadlineLocked() < before;
-  }
-  Finish(completions);
-  if (wake && wakeup_) wakeup_();
-  return id;
-}
-
-void LighthouseCore::StoreCancel(uint64_t wait_id) {
-  Completions completions;
-  {
-    MutexLock lock(mu_);
-    store_.Cancel(wait_id, &completions);
-  }
-  Finish(completions);
-}
-
-StatusOr<int64_t> LighthouseCore::StoreAdd(const std::string& key, int64_t delta) {
-  Completions completions;
-  StatusOr<int64_t> result;
-  {
-    MutexLock lock(mu_);
-    counters_.store_ops++;
-    result = store_.Add(key, delta, &completions);
-  }
-  Finish(completions);
-  return result;
-}
-
-size_t LighthouseCore::StoreDelete(const std::string& key, bool prefix) {
-  MutexLock lock(mu_);
-  counters_.store_ops++;
-  return store_.Delete(key, prefix);
-}
-
 void LighthouseCore::Tick() {
   Completions completions;
   {
@@ -338,12 +276,12 @@ void LighthouseCore::Tick() {
                                             waited / kMicrosPerMilli, QuorumShortfallLocked())),
           &completions);
     }
-    store_.ExpireWaits(now, &completions);
     if (now >= next_liveness_scan_) ScanLivenessLocked(now, &completions);
     if (now >= next_failslow_scan_) ScanFailSlowLocked(now);
     MaybeCloseLocked(now, &completions);
   }
   Finish(completions);
+  store_.Tick();
 }
 
 Micros LighthouseCore::NextDeadline() {
@@ -446,7 +384,7 @@ std::vector<uint64_t> LighthouseCore::MemberRoundsLocked(const LearnerRecord& re
 void LighthouseCore::AbortRoundLocked(uint64_t round_id, const std::string& why,
                                       Completions* completions) {
   if (round_id == 0) return;
-  (void)store_.Set(quorum_.RoundPrefix(round_id) + kRoundAbortKey, why, completions);
+  (void)store_.Set(quorum_.RoundPrefix(round_id) + kRoundAbortKey, std::string(why), completions);
 }
 
 bool LighthouseCore::AbortJoinLocked(LearnerRecord& record, Status status,
@@ -490,9 +428,10 @@ StatusSnapshot LighthouseCore::Snapshot(size_t max_learners, size_t max_rounds) 
   snap.learners_waiting = counts.pending;
   snap.latest_round_id = quorum_.latest_round_id();
   if (auto reached = quorum_.quorum_reached_at()) snap.quorum_reached_ms_ago = ms(now - *reached);
-  snap.store_keys = store_.key_count();
-  snap.store_bytes = store_.total_bytes();
-  snap.store_waiters = store_.waiter_count();
+  const store::StoreStats store = store_.Stats();
+  snap.store_keys = store.keys;
+  snap.store_bytes = store.bytes;
+  snap.store_waiters = store.waiters;
   snap.events_total = events_.total();
 
   std::vector<const LearnerRecord*> records;
@@ -539,6 +478,7 @@ StatusSnapshot LighthouseCore::Snapshot(size_t max_learners, size_t max_rounds) 
         EventView{event.seq, ms(now - event.at), event.kind, event.learner_id, event.message});
   }
   snap.counters = counters_;
+  snap.counters.store_ops = store.ops;
   return snap;
 }
 

@@ -1,6 +1,7 @@
 // LighthouseCore: the whole state of the coordinator (membership, quorum
-// rules, fail-slow detector, rendezvous store, events, counters) behind one
-// mutex, driven by calls and by Tick(). It knows nothing of gRPC or HTTP; the
+// rules, fail-slow detector, events, counters) behind one mutex, and the
+// rendezvous store (a store::StoreCore, locked after it), driven by calls
+// and by Tick(). It knows nothing of gRPC or HTTP; the
 // service and the HTTP side are thin shells over it, and tests drive it with
 // a FakeClock.
 //
@@ -24,7 +25,6 @@
 
 #include "absl/base/thread_annotations.h"
 #include "coordinator/event_log.h"
-#include "coordinator/kv_store.h"
 #include "coordinator/membership.h"
 #include "coordinator/quorum.h"
 #include "coordinator/status_snapshot.h"
@@ -32,8 +32,12 @@
 #include "mend/clock.h"
 #include "mend/config.h"
 #include "mend/status.h"
+#include "store/store_core.h"
 
 namespace mend::coordinator {
+
+using store::Completions;
+using store::KvStoreLimits;
 
 struct LighthouseOptions {
   std::string job_id = "mend";
@@ -127,13 +131,8 @@ class LighthouseCore {
   uint64_t Quorum(const QuorumArgs& args, QuorumCallback done);
   void CancelQuorum(const std::string& learner_id, uint64_t waiter_id);
 
-  [[nodiscard]] Status StoreSet(const std::string& key, std::string value);
-  std::optional<std::string> StoreGet(const std::string& key);
-  // `done` gets the values once all keys exist, or DEADLINE_EXCEEDED.
-  uint64_t StoreWait(std::vector<std::string> keys, Micros timeout, KvStore::WaitCallback done);
-  void StoreCancel(uint64_t wait_id);
-  [[nodiscard]] StatusOr<int64_t> StoreAdd(const std::string& key, int64_t delta);
-  size_t StoreDelete(const std::string& key, bool prefix);
+  // The rendezvous store (the gRPC store service answers over it).
+  store::StoreCore& store() { return store_; }
 
   // Advances the time-based rules to the clock's now.
   void Tick();
@@ -141,7 +140,10 @@ class LighthouseCore {
   Micros NextDeadline();
   // `wakeup` is called, without the mutex, when NextDeadline may have moved
   // earlier. Set once, before any other call.
-  void SetWakeup(std::function<void()> wakeup) { wakeup_ = std::move(wakeup); }
+  void SetWakeup(std::function<void()> wakeup) {
+    wakeup_ = wakeup;
+    store_.SetWakeup(std::move(wakeup));
+  }
   // Records a refused call (bad token, bad request) in the events and counters.
   void RecordRejection(std::string_view code, std::string_view peer, std::string_view why);
 
@@ -177,11 +179,11 @@ class LighthouseCore {
   const uint64_t instance_id_;
   const Micros started_at_;
   std::function<void()> wakeup_;
+  store::StoreCore store_;  // locked after mu_ where both are
 
   Mutex mu_;
   Membership membership_ ABSL_GUARDED_BY(mu_);
   QuorumMachine quorum_ ABSL_GUARDED_BY(mu_);
-  KvStore store_ ABSL_GUARDED_BY(mu_);
   EventLog events_ ABSL_GUARDED_BY(mu_);
   Micros next_liveness_scan_ ABSL_GUARDED_BY(mu_) = 0;
   Micros next_failslow_scan_ ABSL_GUARDED_BY(mu_) = 0;

@@ -5,7 +5,6 @@
 #include <fstream>
 #include <random>
 #include <sstream>
-#include <thread>
 
 #include "coordinator/datagram_server.h"
 #include "coordinator/http_side.h"
@@ -17,15 +16,13 @@
 #include "fmt/format.h"
 #include "mend/lighthouse.h"
 #include "spdlog/spdlog.h"
+#include "store/deadline_timer.h"
+#include "store/store_server.h"
 
 namespace mend {
 namespace {
 
 using coordinator::LighthouseCore;
-
-constexpr int kMaxMessageBytes = 8 << 20;
-// The timer thread wakes at least this often even with nothing scheduled.
-constexpr Micros kMaxTimerSleep = 200 * kMicrosPerMilli;
 
 StatusOr<std::string> ReadPem(const std::string& path, std::string_view key) {
   std::ifstream in(path);
@@ -57,24 +54,15 @@ class LighthouseServerImpl final : public LighthouseServer {
 
   Status Init(const Config& config) {
     MEND_ASSIGN_OR_RETURN(auto credentials, ServerCredentials(config));
+    // The timer first: a call may come as soon as the server listens.
+    timer_ = std::make_unique<store::DeadlineTimer>(
+        clock_, [this]() { core_.Tick(); }, [this]() { return core_.NextDeadline(); },
+        store::kMaxTimerSleep);
+    core_.SetWakeup([timer = timer_.get()]() { timer->Wake(); });
     auto [host, requested] = SplitHostPort(config.bind);
-    grpc::ServerBuilder builder;
     int port = 0;
-    builder.AddListeningPort(config.bind, credentials, &port);
-    builder.RegisterService(&service_);
-    builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
-    builder.SetMaxSendMessageSize(kMaxMessageBytes);
-    // No SO_REUSEPORT: a second lighthouse on the same port must fail to
-    // bind, not silently take half of the learners.
-    builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-    builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
-    builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
-    server_ = builder.BuildAndStart();
-    if (!server_ || port == 0) {
-      return UnavailableError(fmt::format(
-          "bind = \"{}\": cannot listen for gRPC (address in use or not local?)", config.bind));
-    }
+    MEND_ASSIGN_OR_RETURN(
+        server_, store::StartGrpcServer("bind", config.bind, credentials, &service_, &port));
     grpc_address_ = fmt::format(
         "{}:{}", host.find(':') != std::string::npos ? fmt::format("[{}]", host) : host, port);
     if (config.udp_control) {
@@ -92,12 +80,6 @@ class LighthouseServerImpl final : public LighthouseServer {
     if (!config.http.empty()) {
       MEND_ASSIGN_OR_RETURN(http_, coordinator::StatusHttpServer::Start(config.http, &core_));
     }
-    core_.SetWakeup([this]() {
-      MutexLock lock(mu_);
-      woken_ = true;
-      wake_.NotifyOne();
-    });
-    timer_ = std::thread([this]() { RunTimer(); });
     service_.set_ready();
     spdlog::info("lighthouse for job '{}' serving gRPC on {}{}{}{}", config.job_id, grpc_address_,
                  config.tls_cert_file.empty() ? "" : " (TLS)",
@@ -115,9 +97,8 @@ class LighthouseServerImpl final : public LighthouseServer {
       MutexLock lock(mu_);
       if (stopping_) return;
       stopping_ = true;
-      wake_.NotifyAll();
     }
-    if (timer_.joinable()) timer_.join();
+    if (timer_) timer_->Stop();
     if (http_) http_->Stop();
     if (datagrams_) datagrams_->Stop();
     if (server_) {
@@ -138,22 +119,6 @@ class LighthouseServerImpl final : public LighthouseServer {
   }
 
  private:
-  void RunTimer() {
-    MutexLock lock(mu_);
-    while (!stopping_) {
-      lock.Unlock();
-      core_.Tick();
-      Micros next = core_.NextDeadline();
-      lock.Lock();
-      Micros now = clock_.NowMicros();
-      Micros sleep = std::clamp<Micros>(next - now, 0, kMaxTimerSleep);
-      const auto wake_at = std::chrono::steady_clock::now() + std::chrono::microseconds(sleep);
-      while (!stopping_ && !woken_ && wake_.WaitUntil(mu_, wake_at)) {
-      }
-      woken_ = false;
-    }
-  }
-
   const std::string token_;
   const Clock& clock_;
   LighthouseCore core_;
@@ -162,12 +127,10 @@ class LighthouseServerImpl final : public LighthouseServer {
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<coordinator::StatusHttpServer> http_;
   std::string grpc_address_;
-  std::thread timer_;
+  std::unique_ptr<store::DeadlineTimer> timer_;
 
   Mutex mu_;
-  CondVar wake_;
   CondVar stopped_cv_;
-  bool woken_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
 };

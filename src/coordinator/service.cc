@@ -1,8 +1,5 @@
 #include "coordinator/service.h"
 
-#include <openssl/crypto.h>
-#include <openssl/evp.h>
-
 #include "coordinator/status_snapshot.h"
 #include "coordinator/validation.h"
 #include "core/mutex.h"
@@ -13,56 +10,8 @@
 namespace mend::coordinator {
 namespace {
 
-constexpr std::string_view kBearer = "Bearer ";
 constexpr size_t kDefaultStatusLearners = 200;
 constexpr size_t kDefaultStatusRounds = 50;
-
-std::array<unsigned char, 32> Sha256(std::string_view data) {
-  std::array<unsigned char, 32> digest{};
-  unsigned int length = 0;
-  EVP_Digest(data.data(), data.size(), digest.data(), &length, EVP_sha256(), nullptr);
-  return digest;
-}
-
-// A unary call that waits inside the core and is finished by the core's
-// callback. OnCancel withdraws the wait. Deletes itself in OnDone.
-class WaitingReactor final : public grpc::ServerUnaryReactor {
- public:
-  using Cancel = std::function<void(uint64_t wait_id)>;
-
-  // Runs `start`, which registers the wait and returns its id; the callback
-  // it registered may already have finished this reactor (gRPC keeps it alive
-  // until the handler returns).
-  void Begin(const std::function<uint64_t()>& start, Cancel cancel) {
-    cancel_ = std::move(cancel);
-    uint64_t id = start();
-    bool cancel_now = false;
-    {
-      MutexLock lock(mu_);
-      wait_id_ = id;
-      cancel_now = cancelled_;
-    }
-    if (cancel_now && id != 0) cancel_(id);
-  }
-
-  void OnCancel() override {
-    uint64_t id = 0;
-    {
-      MutexLock lock(mu_);
-      cancelled_ = true;
-      id = wait_id_;
-    }
-    if (id != 0) cancel_(id);
-  }
-
-  void OnDone() override { delete this; }
-
- private:
-  Mutex mu_;
-  Cancel cancel_;
-  uint64_t wait_id_ ABSL_GUARDED_BY(mu_) = 0;
-  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
-};
 
 void FillMember(const MemberInfo& member, v1::Member* out) {
   out->set_learner_id(member.id);
@@ -167,12 +116,6 @@ class HeartbeatReactor final
 
 }  // namespace
 
-grpc::Status ToGrpcStatus(const Status& status) {
-  if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
-                      std::string(status.message().data(), status.message().size()));
-}
-
 void FillQuorumResponse(const RoundAssignment& assignment, bool include_members,
                         v1::QuorumResponse* response) {
   const Round& round = *assignment.round;
@@ -199,37 +142,11 @@ void FillQuorumResponse(const RoundAssignment& assignment, bool include_members,
 
 LighthouseService::LighthouseService(LighthouseCore* core, const std::string& token,
                                      size_t max_value_bytes)
-    : core_(core), max_value_bytes_(max_value_bytes), token_digest_(Sha256(token)) {}
+    : StoreService(&core->store(), token, max_value_bytes), core_(core) {}
 
-Status LighthouseService::Authenticate(const grpc::CallbackServerContext& context) {
-  const auto& metadata = context.client_metadata();
-  auto it = metadata.find("authorization");
-  std::string_view presented;
-  if (it != metadata.end()) presented = std::string_view(it->second.data(), it->second.size());
-  bool well_formed = presented.substr(0, kBearer.size()) == kBearer;
-  auto digest = Sha256(well_formed ? presented.substr(kBearer.size()) : std::string_view());
-  if (well_formed && CRYPTO_memcmp(digest.data(), token_digest_.data(), digest.size()) == 0) {
-    return OkStatus();
-  }
-  Status status = UnauthenticatedError(
-      it == metadata.end() ? "no job token: send metadata \"authorization: Bearer <token>\""
-                           : "wrong job token");
-  core_->RecordRejection("UNAUTHENTICATED", context.peer(), StatusMessage(status));
-  return status;
-}
-
-grpc::Status LighthouseService::Refuse(const grpc::CallbackServerContext& context,
-                                       const Status& status) {
-  core_->RecordRejection(absl::StatusCodeToString(status.code()), context.peer(),
-                         StatusMessage(status));
-  return ToGrpcStatus(status);
-}
-
-grpc::ServerUnaryReactor* LighthouseService::Answer(grpc::CallbackServerContext* context,
-                                                    const std::function<grpc::Status()>& body) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(body());
-  return reactor;
+void LighthouseService::Rejected(std::string_view code, std::string_view peer,
+                                 std::string_view why) {
+  core_->RecordRejection(code, peer, why);
 }
 
 grpc::ServerUnaryReactor* LighthouseService::Register(grpc::CallbackServerContext* context,
@@ -277,7 +194,7 @@ grpc::ServerBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse>* Lighthouse
 grpc::ServerUnaryReactor* LighthouseService::Quorum(grpc::CallbackServerContext* context,
                                                     const v1::QuorumRequest* request,
                                                     v1::QuorumResponse* response) {
-  auto* reactor = new WaitingReactor();
+  auto* reactor = new store::WaitingReactor();
   if (Status auth = Authenticate(*context); !auth.ok()) {
     reactor->Finish(ToGrpcStatus(auth));
     return reactor;
@@ -312,95 +229,6 @@ grpc::ServerUnaryReactor* LighthouseService::Leave(grpc::CallbackServerContext* 
     return ToGrpcStatus(core_->Leave(request->learner().learner_id(),
                                      request->learner().session_id(), request->reason()));
   });
-}
-
-grpc::ServerUnaryReactor* LighthouseService::StoreSet(grpc::CallbackServerContext* context,
-                                                      const v1::StoreSetRequest* request,
-                                                      v1::StoreSetResponse* response) {
-  return Answer(context, [&]() {
-    if (Status auth = Authenticate(*context); !auth.ok()) return ToGrpcStatus(auth);
-    if (Status check = CheckStoreSet(*request, max_value_bytes_); !check.ok()) {
-      return Refuse(*context, check);
-    }
-    return ToGrpcStatus(core_->StoreSet(request->key(), request->value()));
-  });
-}
-
-grpc::ServerUnaryReactor* LighthouseService::StoreAdd(grpc::CallbackServerContext* context,
-                                                      const v1::StoreAddRequest* request,
-                                                      v1::StoreAddResponse* response) {
-  return Answer(context, [&]() {
-    if (Status auth = Authenticate(*context); !auth.ok()) return ToGrpcStatus(auth);
-    if (Status check = CheckStoreAdd(*request); !check.ok()) return Refuse(*context, check);
-    auto sum = core_->StoreAdd(request->key(), request->delta());
-    if (sum.ok()) response->set_value(*sum);
-    return ToGrpcStatus(sum.status());
-  });
-}
-
-grpc::ServerUnaryReactor* LighthouseService::StoreDelete(grpc::CallbackServerContext* context,
-                                                         const v1::StoreDeleteRequest* request,
-                                                         v1::StoreDeleteResponse* response) {
-  return Answer(context, [&]() {
-    if (Status auth = Authenticate(*context); !auth.ok()) return ToGrpcStatus(auth);
-    if (Status check = CheckStoreDelete(*request); !check.ok()) return Refuse(*context, check);
-    response->set_deleted(core_->StoreDelete(request->key(), request->prefix()));
-    return grpc::Status::OK;
-  });
-}
-
-grpc::ServerUnaryReactor* LighthouseService::StoreGet(grpc::CallbackServerContext* context,
-                                                      const v1::StoreGetRequest* request,
-                                                      v1::StoreGetResponse* response) {
-  Status check = Authenticate(*context);
-  if (check.ok()) check = CheckStoreGet(*request);
-  if (check.ok() && request->timeout_ms() == 0) {
-    return Answer(context, [&]() {
-      std::optional<std::string> value = core_->StoreGet(request->key());
-      if (!value) {
-        return ToGrpcStatus(NotFoundError(fmt::format("store has no key '{}'", request->key())));
-      }
-      response->set_value(std::move(*value));
-      return grpc::Status::OK;
-    });
-  }
-  return WaitForKeys(context, check, {request->key()}, request->timeout_ms(),
-                     [response](std::vector<std::string>& values) {
-                       response->set_value(std::move(values.at(0)));
-                     });
-}
-
-grpc::ServerUnaryReactor* LighthouseService::StoreWait(grpc::CallbackServerContext* context,
-                                                       const v1::StoreWaitRequest* request,
-                                                       v1::StoreWaitResponse* response) {
-  Status check = Authenticate(*context);
-  if (check.ok()) check = CheckStoreWait(*request);
-  std::vector<std::string> keys(request->keys().begin(), request->keys().end());
-  return WaitForKeys(context, check, std::move(keys), request->timeout_ms(),
-                     [](std::vector<std::string>&) {});
-}
-
-grpc::ServerUnaryReactor* LighthouseService::WaitForKeys(
-    grpc::CallbackServerContext* context, const Status& check, std::vector<std::string> keys,
-    uint32_t timeout_ms, std::function<void(std::vector<std::string>&)> on_values) {
-  auto* reactor = new WaitingReactor();
-  if (!check.ok()) {
-    reactor->Finish(check.code() == StatusCode::kUnauthenticated ? ToGrpcStatus(check)
-                                                                 : Refuse(*context, check));
-    return reactor;
-  }
-  LighthouseCore* core = core_;
-  reactor->Begin(
-      [&]() {
-        return core->StoreWait(std::move(keys), Micros{timeout_ms} * kMicrosPerMilli,
-                               [reactor, on_values = std::move(on_values)](
-                                   Status status, std::vector<std::string> values) {
-                                 if (status.ok()) on_values(values);
-                                 reactor->Finish(ToGrpcStatus(status));
-                               });
-      },
-      [core](uint64_t wait_id) { core->StoreCancel(wait_id); });
-  return reactor;
 }
 
 grpc::ServerUnaryReactor* LighthouseService::GetStatus(grpc::CallbackServerContext* context,

@@ -2,7 +2,9 @@
 // is authenticated (job token, constant-time comparison), validated, handed to
 // the core, and answered. Waiting calls (Quorum, StoreGet, StoreWait) keep
 // their reactor and finish later from the core's callback; they never block a
-// gRPC thread. A cancelled call withdraws its wait from the core.
+// gRPC thread. A cancelled call withdraws its wait from the core. The store's
+// calls are store::StoreService's (over the core's store), which this derives
+// from.
 //
 // Thread-safety: gRPC calls the handlers from its own threads; all shared
 // state lives in LighthouseCore.
@@ -16,10 +18,13 @@
 
 #include "coordinator/lighthouse_core.h"
 #include "mend/v1/lighthouse.grpc.pb.h"
+#include "store/store_service.h"
 
 namespace mend::coordinator {
 
-class LighthouseService final : public v1::Lighthouse::CallbackService {
+using store::ToGrpcStatus;
+
+class LighthouseService final : public store::StoreService {
  public:
   // `core` is not owned and must outlive the service and its server.
   LighthouseService(LighthouseCore* core, const std::string& token, size_t max_value_bytes);
@@ -35,30 +40,10 @@ class LighthouseService final : public v1::Lighthouse::CallbackService {
   grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* context,
                                   const v1::LeaveRequest* request,
                                   v1::LeaveResponse* response) override;
-  grpc::ServerUnaryReactor* StoreSet(grpc::CallbackServerContext* context,
-                                     const v1::StoreSetRequest* request,
-                                     v1::StoreSetResponse* response) override;
-  grpc::ServerUnaryReactor* StoreGet(grpc::CallbackServerContext* context,
-                                     const v1::StoreGetRequest* request,
-                                     v1::StoreGetResponse* response) override;
-  grpc::ServerUnaryReactor* StoreAdd(grpc::CallbackServerContext* context,
-                                     const v1::StoreAddRequest* request,
-                                     v1::StoreAddResponse* response) override;
-  grpc::ServerUnaryReactor* StoreWait(grpc::CallbackServerContext* context,
-                                      const v1::StoreWaitRequest* request,
-                                      v1::StoreWaitResponse* response) override;
-  grpc::ServerUnaryReactor* StoreDelete(grpc::CallbackServerContext* context,
-                                        const v1::StoreDeleteRequest* request,
-                                        v1::StoreDeleteResponse* response) override;
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* context,
                                       const v1::GetStatusRequest* request,
                                       v1::GetStatusResponse* response) override;
 
-  // OK when `context` carries "authorization: Bearer <token>" with the job's
-  // token; UNAUTHENTICATED otherwise (and the refusal is recorded).
-  Status Authenticate(const grpc::CallbackServerContext& context);
-  // Records a refused request and turns `status` into a gRPC status.
-  grpc::Status Refuse(const grpc::CallbackServerContext& context, const Status& status);
   LighthouseCore* core() { return core_; }
   // The datagram channel's UDP port that Register tells learners (0: none).
   void set_udp_port(int port) { udp_port_ = port; }
@@ -70,22 +55,16 @@ class LighthouseService final : public v1::Lighthouse::CallbackService {
   void HeartbeatStreamOpened();
   void HeartbeatStreamClosed();
 
- private:
-  // Finishes `context`'s default reactor at once with what `body` returns.
-  grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* context,
-                                   const std::function<grpc::Status()>& body);
-  // Waits in the core for `keys` (after `check` passed) and finishes the call.
-  grpc::ServerUnaryReactor* WaitForKeys(grpc::CallbackServerContext* context, const Status& check,
-                                        std::vector<std::string> keys, uint32_t timeout_ms,
-                                        std::function<void(std::vector<std::string>&)> on_values);
+ protected:
+  // In the core's events and counters.
+  void Rejected(std::string_view code, std::string_view peer, std::string_view why) override;
 
+ private:
   LighthouseCore* const core_;
-  const size_t max_value_bytes_;
   std::atomic<int> udp_port_{0};
   std::atomic<bool> ready_{false};
   std::atomic<size_t> heartbeat_streams_{0};
   std::atomic<bool> warned_{false};
-  const std::array<unsigned char, 32> token_digest_;
 };
 
 // The most learners the gRPC control path serves with round decisions under
@@ -93,9 +72,6 @@ class LighthouseService final : public v1::Lighthouse::CallbackService {
 // (36 ms; 1,500 gave 52 ms, 2,000 64 ms, 4,000 279 ms, and at 10,000 streams
 // time out; docs/benchmarks.md, "Lighthouse under load").
 inline constexpr size_t kGrpcLearnersHeld = 1000;
-
-// absl::Status -> grpc::Status; the codes are the same numbers.
-grpc::Status ToGrpcStatus(const Status& status);
 
 // Fills `response` with what member `assignment.rank` of the round learns;
 // the member list only when `include_members` and the round is small enough.

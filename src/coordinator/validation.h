@@ -12,6 +12,7 @@
 #include "mend/lighthouse_client.h"
 #include "mend/status.h"
 #include "mend/v1/lighthouse.pb.h"
+#include "store/store_checks.h"
 
 namespace mend::coordinator {
 
@@ -19,23 +20,23 @@ inline constexpr size_t kMaxAddressLength = 256;
 inline constexpr uint32_t kMaxGroupSize = 1024;
 inline constexpr size_t kMaxReasonLength = 512;
 inline constexpr uint32_t kMaxStepTimeUs = 3'600'000'000u;
-inline constexpr uint32_t kMaxTimeoutMs = 3'600'000;
 inline constexpr uint64_t kMaxCounter = uint64_t{1} << 62;
-inline constexpr int kMaxStoreWaitKeys = 1024;
 inline constexpr uint32_t kMaxStatusItems = 100'000;
 
-// Store keys: 1..512 printable ASCII characters.
-[[nodiscard]] Status CheckStoreKey(std::string_view key, std::string_view field);
+// The store's requests are checked by store/store_checks.h.
+using store::CheckStoreAdd;
+using store::CheckStoreDelete;
+using store::CheckStoreGet;
+using store::CheckStoreKey;
+using store::CheckStoreSet;
+using store::CheckStoreWait;
+using store::kMaxStoreWaitKeys;
+using store::kMaxTimeoutMs;
 
 [[nodiscard]] StatusOr<RegisterArgs> ParseRegister(const v1::RegisterRequest& request);
 [[nodiscard]] StatusOr<HeartbeatArgs> ParseHeartbeat(const v1::HeartbeatRequest& request);
 [[nodiscard]] StatusOr<QuorumArgs> ParseQuorum(const v1::QuorumRequest& request);
 [[nodiscard]] Status CheckLeave(const v1::LeaveRequest& request);
-[[nodiscard]] Status CheckStoreSet(const v1::StoreSetRequest& request, size_t max_value_bytes);
-[[nodiscard]] Status CheckStoreGet(const v1::StoreGetRequest& request);
-[[nodiscard]] Status CheckStoreAdd(const v1::StoreAddRequest& request);
-[[nodiscard]] Status CheckStoreWait(const v1::StoreWaitRequest& request);
-[[nodiscard]] Status CheckStoreDelete(const v1::StoreDeleteRequest& request);
 [[nodiscard]] Status CheckGetStatus(const v1::GetStatusRequest& request);
 
 }  // namespace mend::coordinator

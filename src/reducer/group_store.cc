@@ -11,9 +11,9 @@
 #include "core/text.h"
 #include "fmt/format.h"
 #include "learner/lighthouse_rendezvous.h"
-#include "mend/lighthouse.h"
 #include "mend/lighthouse_client.h"
 #include "spdlog/spdlog.h"
+#include "store/store_server.h"
 
 namespace mend {
 namespace {
@@ -24,14 +24,13 @@ constexpr Micros kMaxRetry = 500 * kMicrosPerMilli;
 
 class GroupStoreServerImpl final : public GroupStoreServer {
  public:
-  GroupStoreServerImpl(std::unique_ptr<LighthouseServer> server, std::string address)
-      : server_(std::move(server)), address_(std::move(address)) {}
+  explicit GroupStoreServerImpl(std::unique_ptr<store::StoreServer> server)
+      : server_(std::move(server)) {}
   ~GroupStoreServerImpl() override;
-  const std::string& address() const override { return address_; }
+  const std::string& address() const override { return server_->address(); }
 
  private:
-  const std::unique_ptr<LighthouseServer> server_;
-  const std::string address_;
+  const std::unique_ptr<store::StoreServer> server_;
 };
 
 // The servers of this process, by the address they bound.
@@ -45,7 +44,6 @@ ServerRegistry& Registry() {
 }
 
 GroupStoreServerImpl::~GroupStoreServerImpl() {
-  server_->Shutdown(0);
   ServerRegistry& registry = Registry();
   MutexLock lock(registry.mutex);
   for (auto it = registry.servers.begin(); it != registry.servers.end();) {
@@ -115,18 +113,13 @@ StatusOr<std::shared_ptr<GroupStoreServer>> GroupStoreServer::Serve(const Config
                                                                     const std::string& address,
                                                                     const Clock& clock) {
   MEND_RETURN_IF_ERROR(CheckHostPort(address, "group_store"));
-  Config served = config;  // the store alone: no HTTP side, no datagram channel, plaintext
-  served.bind = address;
-  served.http = "";
-  served.udp_control = false;
-  served.tls_cert_file = "";
-  served.tls_key_file = "";
-  served.log_level = config.log_level;
-  StatusOr<std::unique_ptr<LighthouseServer>> server =
-      LighthouseServer::Start(served, token, clock);
-  if (!server.ok()) return Annotate(server.status(), fmt::format("group store {}", address));
-  std::string bound = (*server)->grpc_address();
-  auto store = std::make_shared<GroupStoreServerImpl>(std::move(*server), bound);
+  // The store alone (plaintext: it is reached inside the rack), with the
+  // lighthouse's limits.
+  StatusOr<std::unique_ptr<store::StoreServer>> server =
+      store::StoreServer::Start(address, token, store::KvStoreLimits{}, clock);
+  if (!server.ok()) return server.status();
+  auto store = std::make_shared<GroupStoreServerImpl>(std::move(*server));
+  const std::string bound = store->address();
   {
     ServerRegistry& registry = Registry();
     MutexLock lock(registry.mutex);

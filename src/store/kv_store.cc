@@ -1,4 +1,4 @@
-#include "coordinator/kv_store.h"
+#include "store/kv_store.h"
 
 #include <climits>
 
@@ -6,7 +6,7 @@
 #include "core/text.h"
 #include "fmt/format.h"
 
-namespace mend::coordinator {
+namespace mend::store {
 
 Status KvStore::Set(const std::string& key, std::string value, Completions* done) {
   auto it = values_.find(key);
@@ -143,4 +143,4 @@ void KvStore::WakeWaitersOf(const std::string& key, Completions* done) {
   for (uint64_t id : ready) Complete(id, OkStatus(), done);
 }
 
-}  // namespace mend::coordinator
+}  // namespace mend::store

@@ -6,7 +6,7 @@
 // `Completions` once every key exists or the deadline passes, and the owner
 // runs the queued callbacks after releasing its mutex.
 //
-// Thread-safety: none; LighthouseCore serializes access under its mutex.
+// Thread-safety: none; StoreCore serializes access under its mutex.
 #pragma once
 
 #include <cstdint>
@@ -20,7 +20,7 @@
 #include "mend/clock.h"
 #include "mend/status.h"
 
-namespace mend::coordinator {
+namespace mend::store {
 
 // Callbacks to run once the owner's mutex is released.
 using Completions = std::vector<std::function<void()>>;
@@ -82,4 +82,4 @@ class KvStore {
   std::multimap<Micros, uint64_t> deadlines_;
 };
 
-}  // namespace mend::coordinator
+}  // namespace mend::store

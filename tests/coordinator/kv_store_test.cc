@@ -1,10 +1,10 @@
-#include "coordinator/kv_store.h"
+#include "store/kv_store.h"
 
 #include <optional>
 
 #include "gtest/gtest.h"
 
-namespace mend::coordinator {
+namespace mend::store {
 namespace {
 
 struct WaitResult {
@@ -127,4 +127,4 @@ TEST(KvStoreTest, ByteBudgetIsEnforced) {
 }
 
 }  // namespace
-}  // namespace mend::coordinator
+}  // namespace mend::store

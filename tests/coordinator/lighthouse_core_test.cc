@@ -266,17 +266,17 @@ TEST(LighthouseCoreTest, StoreGetWaitsForSetAndTimesOut) {
   CoreHarness h(CoreHarness::Options(2, 1000));
   std::optional<Status> got;
   std::vector<std::string> values;
-  h.core().StoreWait({"k"}, 500 * kMicrosPerMilli, [&](Status s, std::vector<std::string> v) {
+  h.core().store().Wait({"k"}, 500 * kMicrosPerMilli, [&](Status s, std::vector<std::string> v) {
     got = s;
     values = std::move(v);
   });
   EXPECT_FALSE(got);
-  ASSERT_TRUE(h.core().StoreSet("k", "v").ok());
+  ASSERT_TRUE(h.core().store().Set("k", "v").ok());
   ASSERT_TRUE(got && got->ok());
   EXPECT_EQ(values[0], "v");
   got.reset();
-  h.core().StoreWait({"never"}, 500 * kMicrosPerMilli,
-                     [&](Status s, std::vector<std::string>) { got = s; });
+  h.core().store().Wait({"never"}, 500 * kMicrosPerMilli,
+                        [&](Status s, std::vector<std::string>) { got = s; });
   h.AdvanceMs(499);
   EXPECT_FALSE(got);
   h.AdvanceMs(1);
@@ -295,7 +295,7 @@ TEST(LighthouseCoreTest, OldRoundsRendezvousKeysAreCollected) {
     // The core's rounds carry its instance in their prefixes.
     const std::string incarnation = InstanceText(h.core().instance_id());
     ASSERT_TRUE(
-        h.core().StoreSet(RendezvousPrefix("job", incarnation, round + 1) + "rank0", "x").ok());
+        h.core().store().Set(RendezvousPrefix("job", incarnation, round + 1) + "rank0", "x").ok());
     h.Join("a", round);
     auto b = h.Join("b", round);
     ASSERT_TRUE(b->ok());

@@ -289,13 +289,13 @@ TEST(QuorumRulesTest, RoundIsCalledOffWhenAMemberDiesOrRestartsAfterItClosed) {
   auto c = h.Join("c");
   ASSERT_TRUE(c->ok());
   const std::string abort_key = c->round().rendezvous_prefix + kRoundAbortKey;
-  EXPECT_FALSE(h.core().StoreGet(abort_key).has_value());
+  EXPECT_FALSE(h.core().store().Get(abort_key).has_value());
   // c dies before the members have met: its round is called off, naming it.
   for (int i = 0; i < 12; ++i) {
     h.HeartbeatAll({"a", "b"});
     h.AdvanceMs(100);
   }
-  auto why = h.core().StoreGet(abort_key);
+  auto why = h.core().store().Get(abort_key);
   ASSERT_TRUE(why.has_value());
   EXPECT_THAT(*why, HasSubstr("learner 'c' declared dead"));
   // A member that registers again (a new process) calls its round off too.
@@ -304,7 +304,7 @@ TEST(QuorumRulesTest, RoundIsCalledOffWhenAMemberDiesOrRestartsAfterItClosed) {
   ASSERT_TRUE(next->ok());
   const std::string next_key = next->round().rendezvous_prefix + kRoundAbortKey;
   h.Register("b");
-  why = h.core().StoreGet(next_key);
+  why = h.core().store().Get(next_key);
   ASSERT_TRUE(why.has_value());
   EXPECT_THAT(*why, HasSubstr("learner 'b' restarted"));
 }

@@ -1,0 +1,120 @@
+// The store-only server a learner group's rank 0 serves (no lighthouse):
+// StoreCore's waits on a fake clock, the store's gRPC calls with the job
+// token, the other calls of the service refused, and GroupStoreServer on it.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "mend/clock.h"
+#include "mend/config.h"
+#include "mend/group_store.h"
+#include "mend/lighthouse_client.h"
+#include "store/store_core.h"
+#include "store/store_server.h"
+
+namespace mend::store {
+namespace {
+
+constexpr char kToken[] = "store-test-token-0123456789abcdef";
+
+TEST(StoreCoreTest, AWaitEndsWhenItsKeysAreSetOrAtItsDeadlineOnTick) {
+  FakeClock clock;
+  StoreCore store(KvStoreLimits{}, &clock);
+  int wakeups = 0;
+  store.SetWakeup([&]() { wakeups++; });
+  std::optional<Status> first, second;
+  std::vector<std::string> values;
+  store.Wait({"a", "b"}, 500 * kMicrosPerMilli, [&](Status s, std::vector<std::string> v) {
+    first = s;
+    values = std::move(v);
+  });
+  EXPECT_EQ(wakeups, 1);  // the earliest deadline moved
+  EXPECT_EQ(store.NextDeadline(), clock.NowMicros() + 500 * kMicrosPerMilli);
+  store.Wait({"never"}, 100 * kMicrosPerMilli,
+             [&](Status s, std::vector<std::string>) { second = s; });
+  EXPECT_EQ(wakeups, 2);
+  ASSERT_TRUE(store.Set("a", "1").ok());
+  EXPECT_FALSE(first.has_value());
+  ASSERT_TRUE(store.Set("b", "2").ok());
+  ASSERT_TRUE(first.has_value());
+  EXPECT_TRUE(first->ok());
+  EXPECT_EQ(values, (std::vector<std::string>{"1", "2"}));
+  store.Tick();
+  EXPECT_FALSE(second.has_value());  // not yet due
+  clock.AdvanceMillis(100);
+  store.Tick();
+  ASSERT_TRUE(second.has_value());
+  EXPECT_EQ(second->code(), StatusCode::kDeadlineExceeded);
+  const StoreStats stats = store.Stats();
+  EXPECT_EQ(stats.keys, 2u);
+  EXPECT_EQ(stats.waiters, 0u);
+  EXPECT_EQ(stats.ops, 4u);  // two waits, two sets
+}
+
+TEST(StoreServerTest, ServesTheStoresCallsWithTheTokenAndNothingElse) {
+  auto server = StoreServer::Start("127.0.0.1:0", kToken, KvStoreLimits{}, *RealClock());
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto client = LighthouseClient::Connect({(*server)->address(), kToken, "", kMicrosPerSecond * 5});
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE((*client)->StoreSet("k", "v").ok());
+  auto value = (*client)->StoreGet("k", 0);
+  ASSERT_TRUE(value.ok()) << value.status();
+  EXPECT_EQ(*value, "v");
+  auto sum = (*client)->StoreAdd("n", 3);
+  ASSERT_TRUE(sum.ok()) << sum.status();
+  EXPECT_EQ(*sum, 3);
+  // A wait that nothing ends is ended by the server's timer at its deadline.
+  auto missing = (*client)->StoreGet("missing", 50 * kMicrosPerMilli);
+  EXPECT_EQ(missing.status().code(), StatusCode::kDeadlineExceeded) << missing.status();
+  // A bad key is refused naming the field.
+  Status bad = (*client)->StoreSet("", "x");
+  EXPECT_EQ(bad.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(bad.message()).find("key"), std::string::npos) << bad;
+  // A store is not a lighthouse.
+  auto registered = (*client)->Register(LearnerIdentity{"l", "mend", "", ""}, 0, 0);
+  EXPECT_EQ(registered.status().code(), StatusCode::kUnimplemented) << registered.status();
+  // Another token is not the job's.
+  auto stranger = LighthouseClient::Connect(
+      {(*server)->address(), "another-token-0123456789abcdefgh", "", kMicrosPerSecond * 5});
+  ASSERT_TRUE(stranger.ok());
+  EXPECT_EQ((*stranger)->StoreSet("k", "w").code(), StatusCode::kUnauthenticated);
+}
+
+TEST(StoreServerTest, AnAddressInUseIsRefusedNamingTheKey) {
+  auto first = StoreServer::Start("127.0.0.1:0", kToken, KvStoreLimits{}, *RealClock());
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto second = StoreServer::Start((*first)->address(), kToken, KvStoreLimits{}, *RealClock());
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(std::string(second.status().message()).find("group_store = \"" + (*first)->address()),
+            std::string::npos)
+      << second.status();
+}
+
+TEST(GroupStoreTest, RankZeroServesTheGroupsStoreAndEveryRankMeetsThere) {
+  Config rank0;
+  rank0.group_size = 2;
+  rank0.group_rank = 0;
+  rank0.group_store = "127.0.0.1:0";
+  auto server = GroupStoreServer::Serve(rank0, kToken, rank0.group_store, *RealClock());
+  ASSERT_TRUE(server.ok()) << server.status();
+  rank0.group_store = (*server)->address();
+  Config rank1 = rank0;
+  rank1.group_rank = 1;
+  auto open0 = GroupStoreFromConfig(rank0, kToken, *RealClock());
+  auto open1 = GroupStoreFromConfig(rank1, kToken, *RealClock());
+  ASSERT_TRUE(open0.ok() && open1.ok());
+  auto store0 = (*open0)();
+  auto store1 = (*open1)();
+  ASSERT_TRUE(store0.ok() && store1.ok()) << store0.status() << store1.status();
+  ASSERT_TRUE((*store1)->Set("group/rank1", "here").ok());
+  auto seen = (*store0)->Get("group/rank1", kMicrosPerSecond);
+  ASSERT_TRUE(seen.ok()) << seen.status();
+  EXPECT_EQ(*seen, "here");
+}
+
+}  // namespace
+}  // namespace mend::store
