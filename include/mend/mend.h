@@ -34,7 +34,7 @@ extern "C" {
 
 /* The version of this interface; mend_abi_version() returns the one the
  * loaded library implements. A front end refuses a library of another one. */
-#define MEND_ABI_VERSION 5
+#define MEND_ABI_VERSION 6
 
 typedef enum mend_status {
   MEND_OK = 0,
@@ -104,6 +104,15 @@ mend_status mend_config_check(const mend_config* config);
 mend_status mend_config_get(const mend_config* config, const char* key, char** value);
 /* The whole configuration as TOML that mend_config_load_file accepts. */
 mend_status mend_config_to_toml(const mend_config* config, char** toml);
+/* Many keys at once (ABI 6): `json` is an object of key -> text, each set as
+ * mend_config_set sets it, in the object's order, with `source` followed by
+ * the key in an error ("keyword" -> "keyword outer_lr"; NULL:
+ * "mend_config_set_json"). All or nothing: on an error (a key that is not a
+ * string of text, an unknown key, a bad value) `config` is left as it was. */
+mend_status mend_config_set_json(mend_config* config, const char* json, const char* source);
+/* Every key's text (what mend_config_get gives) as one JSON object, in
+ * documentation order (ABI 6). */
+mend_status mend_config_to_json(const mend_config* config, char** json);
 /* The key table as JSON: [{"name", "type" (int|float|bool|str|enum),
  * "default", "help", "min", "max" (numbers only), "choices"}...], in
  * documentation order. */

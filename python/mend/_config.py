@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any, Dict
 
@@ -64,8 +65,7 @@ class NativeConfig(_native.Handle):
         pointer = _native._p()
         _native.check(lib.mend_config_new(pointer))
         super().__init__(pointer, lib.mend_config_free)
-        for name, text in values.items():
-            _native.check(lib.mend_config_set(pointer, name.encode(), text.encode(), b"MendConfig"))
+        _native.check(lib.mend_config_set_json(pointer, json.dumps(values).encode(), b"MendConfig"))
 
 
 def _resolve(file: str, given: Dict[str, str], environment: bool = True) -> Dict[str, str]:
@@ -78,11 +78,10 @@ def _resolve(file: str, given: Dict[str, str], environment: bool = True) -> Dict
             _raise_as_value_error(lib.mend_config_load_file(pointer, file.encode()))
         if environment:
             _raise_as_value_error(lib.mend_config_apply_environment(pointer))
-        for name, text in given.items():
-            _raise_as_value_error(lib.mend_config_set(pointer, name.encode(), text.encode(),
-                                                      f"keyword {name}".encode()))
+        if given:
+            _raise_as_value_error(lib.mend_config_set_json(pointer, json.dumps(given).encode(), b"keyword"))
         _raise_as_value_error(lib.mend_config_check(pointer))
-        return {name: _native.take_string(lib.mend_config_get, pointer, name.encode()) for name in _KEYS}
+        return json.loads(_native.take_string(lib.mend_config_to_json, pointer))
     finally:
         handle.close()
 

@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional
 
 from mend import _build_info
 
-ABI_VERSION = 5
+ABI_VERSION = 6
 PENDING = 100
 
 # mend_learner_plan_step / mend_learner_last_flags.
@@ -139,6 +139,8 @@ _SIGNATURES = {
     "mend_config_check": (_status, [_p]),
     "mend_config_get": (_status, [_p, _s, _PP]),
     "mend_config_to_toml": (_status, [_p, _PP]),
+    "mend_config_set_json": (_status, [_p, _s, _s]),
+    "mend_config_to_json": (_status, [_p, _PP]),
     "mend_config_keys_json": (_status, [_PP]),
     "mend_config_suggest_key": (_status, [_s, _PP]),
     "mend_config_read_token": (_status, [_p, _PP]),

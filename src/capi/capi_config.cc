@@ -128,6 +128,48 @@ mend_status mend_config_to_toml(const mend_config* config, char** toml) {
   });
 }
 
+mend_status mend_config_set_json(mend_config* config, const char* json, const char* source) {
+  return Guarded([&] {
+    if (config == nullptr) return NullArgument("mend_config_set_json", "config");
+    if (json == nullptr) return NullArgument("mend_config_set_json", "json");
+    const std::string from = source != nullptr ? source : "mend_config_set_json";
+    const nlohmann::ordered_json keys = nlohmann::ordered_json::parse(json, nullptr, false);
+    if (keys.is_discarded() || !keys.is_object()) {
+      return mend::capi::Fail(mend::InvalidArgumentError(
+          fmt::format("{}: the keys must be a JSON object of key -> text", from)));
+    }
+    mend::Config changed = config->value;  // all or nothing
+    for (const auto& [key, value] : keys.items()) {
+      if (mend::FindConfigKey(key) == nullptr) {
+        const std::string suggestion = mend::SuggestConfigKey(key);
+        return mend::capi::Fail(mend::NotFoundError(fmt::format(
+            "{}: unknown configuration key '{}'{}", from, key,
+            suggestion.empty() ? "" : fmt::format("; did you mean '{}'?", suggestion))));
+      }
+      if (!value.is_string()) {
+        return mend::capi::Fail(mend::InvalidArgumentError(
+            fmt::format("{} {}: the value must be text, not {}", from, key, value.dump())));
+      }
+      const mend::Status set = mend::SetConfigValue(changed, key, value.get<std::string>(),
+                                                    fmt::format("{} {}", from, key));
+      if (!set.ok()) return Return(set);
+    }
+    config->value = std::move(changed);
+    return MEND_OK;
+  });
+}
+
+mend_status mend_config_to_json(const mend_config* config, char** json) {
+  return Guarded([&] {
+    if (config == nullptr) return NullArgument("mend_config_to_json", "config");
+    nlohmann::ordered_json values = nlohmann::ordered_json::object();
+    for (const mend::ConfigKey& key : mend::ConfigKeys()) {
+      values[std::string(key.name)] = mend::FormatConfigValue(config->value, key);
+    }
+    return Hand("mend_config_to_json", json, values.dump());
+  });
+}
+
 mend_status mend_config_keys_json(char** json) {
   return Guarded([&] {
     static const char* const kTypes[] = {"int", "float", "bool", "str", "enum"};

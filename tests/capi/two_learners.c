@@ -60,6 +60,23 @@ static void CheckErrors(void) {
   CHECK(mend_config_get(config, "grace_window_ms", &value));
   EXPECT(strcmp(value, "2000") == 0); /* the default, untouched by the refused value */
   mend_string_free(value);
+  /* Many keys at once: all or nothing, the key named. */
+  EXPECT(mend_config_set_json(config, "{\"grace_window_ms\": \"300\", \"outer_lr\": \"-1\"}",
+                              "test") == MEND_INVALID_ARGUMENT);
+  EXPECT(strstr(mend_last_error(), "test outer_lr") != NULL);
+  EXPECT(mend_config_set_json(config, "{\"grace_window_ms\": 300}", NULL) == MEND_INVALID_ARGUMENT);
+  EXPECT(mend_config_set_json(config, "[1]", NULL) == MEND_INVALID_ARGUMENT);
+  EXPECT(mend_config_set_json(config, "{\"grace_windw_ms\": \"1\"}", NULL) == MEND_NOT_FOUND);
+  char* all = NULL;
+  CHECK(mend_config_to_json(config, &all));
+  EXPECT(strstr(all, "\"grace_window_ms\":\"2000\"") != NULL); /* untouched */
+  mend_string_free(all);
+  CHECK(
+      mend_config_set_json(config, "{\"grace_window_ms\": \"300\", \"codec\": \"int8\"}", "test"));
+  CHECK(mend_config_to_json(config, &all));
+  EXPECT(strstr(all, "\"grace_window_ms\":\"300\"") != NULL &&
+         strstr(all, "\"codec\":\"int8\"") != NULL);
+  mend_string_free(all);
   char* keys = NULL;
   CHECK(mend_config_keys_json(&keys));
   EXPECT(strstr(keys, "\"host_staging\"") != NULL);

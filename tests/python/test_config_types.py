@@ -41,3 +41,22 @@ def test_the_stub_matches_the_key_table():
     with open(os.path.join(HERE, "..", "..", "python", "mend", "_config.pyi")) as f:
         assert f.read() == _config.stub(), "regenerate python/mend/_config.pyi with mend._config.stub()"
     assert os.path.exists(os.path.join(HERE, "..", "..", "python", "mend", "py.typed"))
+
+
+def test_a_config_is_built_and_read_in_one_call_each(monkeypatch):
+    # Every key in one mend_config_set_json call and out in one
+    # mend_config_to_json call: never a call per key.
+    calls = {}
+    for name in ("mend_config_set", "mend_config_get", "mend_config_set_json", "mend_config_to_json"):
+        real = getattr(_config.lib, name)
+
+        def counted(*args, _real=real, _name=name):
+            calls[_name] = calls.get(_name, 0) + 1
+            return _real(*args)
+
+        monkeypatch.setattr(_config.lib, name, counted)
+    config = mend.MendConfig(sync_period_steps=64, outer_lr=1.0, codec="int8")
+    config.native()
+    assert calls == {"mend_config_set_json": 2, "mend_config_to_json": 1}
+    with pytest.raises(ValueError, match="keyword outer_lr"):
+        mend.MendConfig(outer_lr=-1.0)
