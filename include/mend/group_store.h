@@ -7,9 +7,10 @@
 // the store's calls of the lighthouse's gRPC service, the same code as the
 // lighthouse's store, and nothing of the lighthouse else), bound to the
 // group's address, with the job token, in plaintext (it is reached inside
-// the rack); every rank connects with a lighthouse client. Under torchrun the Python package serves it on rank 0
-// at mend_init and passes its address to the other ranks through torch's
-// public API; `mend train` groups are given a free port by their launcher.
+// the rack); every rank connects with a lighthouse client. Under torchrun
+// the Python package serves it on rank 0 at mend_init and passes its
+// address to the other ranks through torch's public API; `mend train`
+// groups are given a free port by their launcher.
 //
 // Thread-safety: GroupStoreServer and the openers may be used from any
 // thread; each opened store is used by one thread at a time.
