@@ -165,6 +165,27 @@ std::string FormatConfigValue(const Config& config, const ConfigKey& key) {
   return "";
 }
 
+// DES-LOC's moments travel with a round of the one fragment.
+Status CheckDesloc(const Config& config) {
+  if (!config.desloc) return OkStatus();
+  if (config.fragments != 1) {
+    return InvalidArgumentError(fmt::format(
+        "desloc = true with fragments = {}: DES-LOC runs with one fragment", config.fragments));
+  }
+  const int64_t h = config.sync_period_steps;
+  const std::pair<const char*, int64_t> periods[] = {
+      {"momentum_sync_period_steps", config.momentum_sync_period_steps},
+      {"second_moment_sync_period_steps", config.second_moment_sync_period_steps}};
+  for (const auto& [key, period] : periods) {
+    if (period > 0 && period % h != 0) {
+      return InvalidArgumentError(fmt::format(
+          "{} = {}: must be a multiple of sync_period_steps = {} (moments travel with a round)",
+          key, period, h));
+    }
+  }
+  return OkStatus();
+}
+
 Status CheckConfig(const Config& config) {
   // Every value once more through the per-key checks (a Config may be built in code).
   for (const ConfigKey& key : ConfigKeys()) {
@@ -213,6 +234,12 @@ Status CheckConfig(const Config& config) {
                     "ranks learn the rounds from the lighthouse's store, which a restart empties",
                     config.group_size));
   }
+  if (config.fragments > config.sync_period_steps) {
+    return InvalidArgumentError(fmt::format(
+        "fragments = {}: must be in [1, sync_period_steps = {}] (each fragment needs its own step)",
+        config.fragments, config.sync_period_steps));
+  }
+  MEND_RETURN_IF_ERROR(CheckDesloc(config));
   if (config.rounds_in_flight > config.fragments) {
     return InvalidArgumentError(
         fmt::format("rounds_in_flight = {}: must be at most fragments = {} (one round per "

@@ -304,6 +304,8 @@ StatusOr<std::unique_ptr<LearnerAgent>> LearnerAgent::Start(const Config& config
                                                             const LearnerIdentity& identity,
                                                             const Clock& clock,
                                                             GroupStoreOpener group_store) {
+  // Every rule that ties keys together, before anything reaches the lighthouse.
+  MEND_RETURN_IF_ERROR(CheckConfig(config));
   LighthouseClientOptions options;
   options.address = config.lighthouse;
   options.token = token;

@@ -109,6 +109,39 @@ TEST(ConfigTest, CrossKeyRulesAreChecked) {
   EXPECT_THAT(std::string(CheckConfig(config).message()), HasSubstr("[0, 65535]"));
 }
 
+// The rules the round driver used to find only after the learner registered.
+TEST(ConfigTest, FragmentAndDeslocRulesAreCheckedWithTheConfig) {
+  Config config;
+  config.sync_period_steps = 4;
+  config.fragments = 5;
+  config.rounds_in_flight = 1;
+  EXPECT_THAT(std::string(CheckConfig(config).message()),
+              HasSubstr("fragments = 5: must be in [1, sync_period_steps = 4]"));
+  config = Config{};
+  config.desloc = true;
+  config.fragments = 2;
+  config.rounds_in_flight = 1;
+  EXPECT_THAT(std::string(CheckConfig(config).message()),
+              HasSubstr("desloc = true with fragments = 2: DES-LOC runs with one fragment"));
+  config = Config{};
+  config.desloc = true;
+  config.sync_period_steps = 10;
+  config.overlap_steps = 1;
+  config.momentum_sync_period_steps = 25;
+  EXPECT_THAT(std::string(CheckConfig(config).message()),
+              HasSubstr("momentum_sync_period_steps = 25: must be a multiple of sync_period_steps "
+                        "= 10"));
+  config.momentum_sync_period_steps = 30;
+  config.second_moment_sync_period_steps = 15;
+  EXPECT_THAT(std::string(CheckConfig(config).message()),
+              HasSubstr("second_moment_sync_period_steps = 15"));
+  config.second_moment_sync_period_steps = 60;
+  EXPECT_TRUE(CheckConfig(config).ok()) << CheckConfig(config);
+  config.desloc = false;  // (the periods mean nothing without it)
+  config.momentum_sync_period_steps = 25;
+  EXPECT_TRUE(CheckConfig(config).ok()) << CheckConfig(config);
+}
+
 TEST(ConfigTest, JobIdAndRackMustBeIdentifiersTheLighthouseAccepts) {
   Config config;
   config.job_id = "my job";

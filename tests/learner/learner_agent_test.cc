@@ -205,3 +205,26 @@ TEST_F(LearnerAgentTest, EachJoinStartsTheShortOfQuorumTimeAfresh) {
 
 }  // namespace
 }  // namespace mend
+
+namespace mend {
+namespace {
+
+// Keys that do not go together are refused before anything reaches the
+// lighthouse (here an address where none listens: it would be UNAVAILABLE).
+TEST(LearnerAgentStartTest, RefusesABadConfigurationBeforeContactingTheLighthouse) {
+  Config config;
+  config.lighthouse = "127.0.0.1:1";
+  config.desloc = true;
+  config.fragments = 2;
+  config.rounds_in_flight = 1;
+  auto agent = LearnerAgent::Start(config, "learner-agent-test-token-0123456789",
+                                   LearnerIdentity{"bad-config", "", "", ""}, *RealClock());
+  ASSERT_FALSE(agent.ok());
+  EXPECT_EQ(agent.status().code(), StatusCode::kInvalidArgument) << agent.status();
+  EXPECT_NE(std::string(agent.status().message()).find("desloc = true with fragments = 2"),
+            std::string::npos)
+      << agent.status();
+}
+
+}  // namespace
+}  // namespace mend
