@@ -98,7 +98,7 @@ int RunWorker(const WorkerArgs& args) {
   Config config;
   config.job_id = "bench";
   config.lighthouse = args.lighthouse;
-  config.log_level = "warn";
+  config.log_level = LogLevel::kWarn;
   config.group_size = args.ranks;
   config.group_rank = args.rank;
   config.sync_period_steps = 1;
@@ -106,7 +106,10 @@ int RunWorker(const WorkerArgs& args) {
   config.quorum_min_learners = args.learners;
   config.quorum_timeout_ms = 300000;
   config.collective_timeout_ms = 300000;
-  config.codec = args.codec;
+  if (Status codec = SetConfigValue(config, "codec", args.codec, "--codec"); !codec.ok()) {
+    fmt::print(stderr, "{}\n", codec.message());
+    return 2;
+  }
   config.dataplane_host = args.host;
   config.link_rate_mbit = args.link_rate_mbit;
   config.rack = args.rack;

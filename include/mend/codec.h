@@ -32,8 +32,7 @@
 
 namespace mend {
 
-enum class CodecKind { kFp32, kBf16, kInt8, kInt4, kTopK };
-
+// (CodecKind is config.h's: the `codec` key's values.)
 std::string_view CodecName(CodecKind kind);
 // "fp32", "bf16", "int8", "int4" or "topk"; INVALID_ARGUMENT otherwise.
 [[nodiscard]] StatusOr<CodecKind> ParseCodecKind(std::string_view name);

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -20,6 +21,21 @@
 #include "mend/status.h"
 
 namespace mend {
+
+// The enum keys' values, each in the order of its key's choices in the key
+// table, which is their one parser and printer (SetConfigValue,
+// FormatConfigValue, EnumText).
+enum class ControlTransport { kGrpc, kUdp };
+// How a late round's result meets local progress (ApplyOuterResult):
+enum class OuterApply {
+  kEager,  // as kExact, after a provisional outer step at the boundary with the learner's own
+           // pseudo-gradient in place of the average, which the result then replaces exactly
+  kExact,  // keep the local progress made since the boundary exactly once
+  kMix,    // Streaming DiLoCo: theta_i <- alpha theta_i + (1 - alpha) theta_g'
+};
+enum class CodecKind { kFp32, kBf16, kInt8, kInt4, kTopK };
+enum class HostStaging { kAuto, kAlways };
+enum class LogLevel { kTrace, kDebug, kInfo, kWarn, kError, kOff };
 
 struct Config {
   // Job and security.
@@ -56,7 +72,7 @@ struct Config {
   // ranks share round decisions and meet. Empty: the lighthouse's store.
   std::string group_store;
   bool udp_control = true;
-  std::string control_transport = "grpc";
+  ControlTransport control_transport = ControlTransport::kGrpc;
 
   // Outer synchronizer.
   int64_t sync_period_steps = 100;
@@ -80,7 +96,7 @@ struct Config {
   // With total_steps known: a last round at shutdown averages the members' models.
   bool final_merge = true;
   bool train_through_lighthouse_outage = false;
-  std::string outer_apply = "eager";
+  OuterApply outer_apply = OuterApply::kEager;
   double mixing_alpha = 0.5;
   // Front ends: the model's buffers kept the same on every learner at every round.
   bool sync_buffers = true;
@@ -93,16 +109,16 @@ struct Config {
   int64_t second_moment_sync_period_steps = 0;
 
   // Codec and data plane.
-  std::string codec = "fp32";
+  CodecKind codec = CodecKind::kFp32;
   int64_t codec_block_size = 64;
   int64_t topk_chunk_size = 4096;
   int64_t topk_k = 64;
   double error_feedback_beta = 0.95;
   int64_t collective_timeout_ms = 30000;
   int64_t connect_timeout_ms = 5000;
-  // Front ends: which parameters go through host buffers ("auto": those
-  // that are not CPU float32; "always": all).
-  std::string host_staging = "auto";
+  // Front ends: which parameters go through host buffers (auto: those that
+  // are not CPU float32; always: all).
+  HostStaging host_staging = HostStaging::kAuto;
   std::string dataplane_host = "127.0.0.1";
   int64_t link_latency_ms = 0;
   double link_rate_mbit = 0;
@@ -117,7 +133,7 @@ struct Config {
 
   // Diagnostics.
   std::string diagnostics_dir;
-  std::string log_level = "info";
+  LogLevel log_level = LogLevel::kInfo;
 };
 
 enum class ConfigType { kInt, kDouble, kBool, kString, kEnum };
@@ -130,9 +146,16 @@ struct ConfigKey {
   // Inclusive bounds for kInt and kDouble.
   double min = 0;
   double max = 0;
-  // Allowed values for kEnum.
+  // Allowed values for kEnum, in the order of the enum's values.
   std::vector<std::string_view> choices;
-  std::variant<int64_t Config::*, double Config::*, bool Config::*, std::string Config::*> field;
+  // An enum key's member, as the index of its value in `choices`.
+  struct EnumField {
+    std::function<int(const Config&)> get;
+    std::function<void(Config&, int)> set;
+  };
+  std::variant<int64_t Config::*, double Config::*, bool Config::*, std::string Config::*,
+               EnumField>
+      field;
 };
 
 // Every known key, in documentation order.
@@ -152,6 +175,15 @@ std::string SuggestConfigKey(std::string_view unknown);
 
 // The value of `key` in `config` as the text SetConfigValue would accept.
 std::string FormatConfigValue(const Config& config, const ConfigKey& key);
+
+// An enum key's text for `value` ("udp", "int8", "warn"): the key table's.
+std::string_view EnumText(std::string_view key, int value);
+template <typename E>
+std::string_view EnumText(std::string_view key, E value) {
+  return EnumText(key, static_cast<int>(value));
+}
+// `text` as a value of enum key `key`; INVALID_ARGUMENT naming the choices.
+[[nodiscard]] StatusOr<int> ParseEnumText(std::string_view key, std::string_view text);
 
 // Checks every value's range and the rules that tie keys together
 // (e.g. heartbeat_timeout_ms >= 2 * heartbeat_ms).

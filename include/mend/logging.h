@@ -5,12 +5,15 @@
 
 #include <string_view>
 
+#include "mend/config.h"
 #include "mend/status.h"
 
 namespace mend {
 
 // Sets the default logger's level ("trace" ... "off") and the tag shown in
 // front of every line (the process's role, e.g. "lighthouse" or a learner id).
+[[nodiscard]] Status InitLogging(LogLevel level, std::string_view tag);
+// `level` as the log_level key's text (trace | debug | info | warn | error | off).
 [[nodiscard]] Status InitLogging(std::string_view level, std::string_view tag);
 
 }  // namespace mend

@@ -41,12 +41,7 @@ void OuterNesterovStep(std::span<float> theta_g, std::span<float> momentum,
 // would leave delta in it).
 void OuterAverageStep(std::span<float> theta_g, std::span<const float> delta);
 
-enum class OuterApply {
-  kExact,  // keep the local progress made since the boundary exactly once
-  kMix,    // Streaming DiLoCo: theta_i <- alpha theta_i + (1 - alpha) theta_g'
-  kEager,  // as kExact, after a provisional outer step at the boundary with the learner's own
-           // pseudo-gradient in place of the average, which the result then replaces exactly
-};
+// (OuterApply is config.h's: the `outer_apply` key's values.)
 
 // Brings a round's result into the local parameters, `late` inner steps
 // after the boundary (0: synchronous). `theta_base` is the global state the

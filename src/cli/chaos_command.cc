@@ -316,7 +316,7 @@ void AddChaosCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   command->callback([flags, exit_code]() {
     // The embedded lighthouse's errors only: the harness reports the faults.
-    (void)InitLogging("error", "chaos");
+    (void)InitLogging(LogLevel::kError, "chaos");
     *exit_code = RunChaosCommand(*flags);
   });
 }

@@ -390,7 +390,7 @@ void AddDemoCommand(CLI::App& app, int* exit_code) {
   command->add_option("--plot", options->plot,
                       "The PNG of held-out loss against time (default: in the work dir)");
   command->callback([options, exit_code]() {
-    (void)InitLogging("warn", "demo");
+    (void)InitLogging(LogLevel::kWarn, "demo");
     std::atomic<bool> interrupted{false};
     SignalThread signals({SIGINT, SIGTERM}, [&interrupted](int) { interrupted = true; });
     auto dir = MakeWorkDir(options->work_dir, "/tmp/mend-demo-XXXXXX");

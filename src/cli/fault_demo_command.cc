@@ -245,7 +245,7 @@ void AddFaultDemoCommand(CLI::App& app, int* exit_code) {
   command->add_option("--work-dir", options->work_dir,
                       "Where logs go (default: a new directory under /tmp)");
   command->callback([options, exit_code]() {
-    (void)InitLogging("error", "demo");  // the demo prints the lighthouse's events itself
+    (void)InitLogging(LogLevel::kError, "demo");  // the demo prints the lighthouse's events itself
     std::atomic<bool> interrupted{false};
     SignalThread signals({SIGINT, SIGTERM}, [&interrupted](int) { interrupted = true; });
     auto dir = MakeWorkDir(options->work_dir, "/tmp/mend-fault-demo-XXXXXX");

@@ -11,14 +11,6 @@
 namespace mend {
 namespace {
 
-constexpr std::array<std::pair<CodecKind, std::string_view>, 5> kNames = {{
-    {CodecKind::kFp32, "fp32"},
-    {CodecKind::kBf16, "bf16"},
-    {CodecKind::kInt8, "int8"},
-    {CodecKind::kInt4, "int4"},
-    {CodecKind::kTopK, "topk"},
-}};
-
 constexpr size_t kMinBlock = 8;
 constexpr size_t kMaxBlock = 65536;
 constexpr size_t kMinChunk = 64;
@@ -26,19 +18,12 @@ constexpr size_t kMaxChunk = 1 << 20;
 
 }  // namespace
 
-std::string_view CodecName(CodecKind kind) {
-  for (const auto& [k, name] : kNames) {
-    if (k == kind) return name;
-  }
-  return "?";
-}
+// The key table's choices of `codec` are the codecs' names.
+std::string_view CodecName(CodecKind kind) { return EnumText("codec", kind); }
 
 StatusOr<CodecKind> ParseCodecKind(std::string_view name) {
-  for (const auto& [kind, known] : kNames) {
-    if (known == name) return kind;
-  }
-  return InvalidArgumentError(
-      fmt::format("codec = \"{}\": must be one of fp32, bf16, int8, int4, topk", name));
+  MEND_ASSIGN_OR_RETURN(int kind, ParseEnumText("codec", name));
+  return static_cast<CodecKind>(kind);
 }
 
 StatusOr<std::unique_ptr<Codec>> MakeCodec(const CodecOptions& options) {
@@ -72,8 +57,7 @@ StatusOr<std::unique_ptr<Codec>> MakeCodec(const CodecOptions& options) {
 }
 
 StatusOr<std::unique_ptr<Codec>> MakeCodec(const Config& config) {
-  MEND_ASSIGN_OR_RETURN(CodecKind kind, ParseCodecKind(config.codec));
-  return MakeCodec({kind, static_cast<size_t>(config.codec_block_size),
+  return MakeCodec({config.codec, static_cast<size_t>(config.codec_block_size),
                     static_cast<size_t>(config.topk_chunk_size),
                     static_cast<size_t>(config.topk_k)});
 }

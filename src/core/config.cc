@@ -126,9 +126,9 @@ Status SetConfigValue(Config& config, std::string_view name, std::string_view te
       return OkStatus();
     }
     case ConfigType::kEnum: {
-      for (std::string_view choice : key->choices) {
-        if (choice == text) {
-          config.*std::get<std::string Config::*>(key->field) = std::string(text);
+      for (size_t i = 0; i < key->choices.size(); ++i) {
+        if (key->choices[i] == text) {
+          std::get<ConfigKey::EnumField>(key->field).set(config, static_cast<int>(i));
           return OkStatus();
         }
       }
@@ -159,10 +159,33 @@ std::string FormatConfigValue(const Config& config, const ConfigKey& key) {
     case ConfigType::kBool:
       return config.*std::get<bool Config::*>(key.field) ? "true" : "false";
     case ConfigType::kEnum:
+      return std::string(key.choices.at(
+          static_cast<size_t>(std::get<ConfigKey::EnumField>(key.field).get(config))));
     case ConfigType::kString:
       return config.*std::get<std::string Config::*>(key.field);
   }
   return "";
+}
+
+std::string_view EnumText(std::string_view key, int value) {
+  const ConfigKey* row = FindConfigKey(key);
+  if (row == nullptr || row->type != ConfigType::kEnum || value < 0 ||
+      static_cast<size_t>(value) >= row->choices.size()) {
+    return "?";
+  }
+  return row->choices[static_cast<size_t>(value)];
+}
+
+StatusOr<int> ParseEnumText(std::string_view key, std::string_view text) {
+  const ConfigKey* row = FindConfigKey(key);
+  if (row == nullptr || row->type != ConfigType::kEnum) {
+    return InternalError(fmt::format("'{}' is not an enum key", key));
+  }
+  for (size_t i = 0; i < row->choices.size(); ++i) {
+    if (row->choices[i] == text) return static_cast<int>(i);
+  }
+  return InvalidArgumentError(
+      fmt::format("{} = \"{}\": must be one of {}", key, text, fmt::join(row->choices, " | ")));
 }
 
 // DES-LOC's moments travel with a round of the one fragment.

@@ -21,9 +21,12 @@ ConfigKey Bool(std::string_view name, bool Config::*field, std::string_view help
 ConfigKey Text(std::string_view name, std::string Config::*field, std::string_view help) {
   return ConfigKey{name, ConfigType::kString, help, 0, 0, {}, field};
 }
-ConfigKey Enum(std::string_view name, std::string Config::*field,
-               std::vector<std::string_view> choices, std::string_view help) {
-  return ConfigKey{name, ConfigType::kEnum, help, 0, 0, std::move(choices), field};
+template <typename E>
+ConfigKey Enum(std::string_view name, E Config::*field, std::vector<std::string_view> choices,
+               std::string_view help) {
+  ConfigKey::EnumField access{[field](const Config& c) { return static_cast<int>(c.*field); },
+                              [field](Config& c, int v) { c.*field = static_cast<E>(v); }};
+  return ConfigKey{name, ConfigType::kEnum, help, 0, 0, std::move(choices), std::move(access)};
 }
 
 std::vector<ConfigKey> BuildKeys() {

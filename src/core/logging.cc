@@ -11,11 +11,15 @@
 namespace mend {
 
 Status InitLogging(std::string_view level, std::string_view tag) {
-  spdlog::level::level_enum parsed = spdlog::level::from_str(std::string(level));
-  if (parsed == spdlog::level::off && level != "off") {
-    return InvalidArgumentError(fmt::format(
-        "log_level = \"{}\": must be one of trace | debug | info | warn | error | off", level));
-  }
+  MEND_ASSIGN_OR_RETURN(int parsed, ParseEnumText("log_level", level));
+  return InitLogging(static_cast<LogLevel>(parsed), tag);
+}
+
+Status InitLogging(LogLevel level, std::string_view tag) {
+  static constexpr spdlog::level::level_enum kLevels[] = {
+      spdlog::level::trace, spdlog::level::debug, spdlog::level::info,
+      spdlog::level::warn,  spdlog::level::err,   spdlog::level::off};
+  const spdlog::level::level_enum parsed = kLevels[static_cast<int>(level)];
   // Called again (a second runtime in one Python process): replace the
   // logger. One call at a time: a group's ranks in one process start
   // together, and spdlog refuses a second logger of a name (seen: "logger

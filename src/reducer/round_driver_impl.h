@@ -151,9 +151,7 @@ class RoundDriverImpl final : public RoundDriver {
   outer::OverlapTuner overlap_{config_.overlap_steps,
                                std::max<uint64_t>(1, rounds_in_flight_* book_.period() - 1),
                                /*applied_on_arrival=*/!policy_->group()};
-  const OuterApply apply_mode_ = config_.outer_apply == "mix"     ? OuterApply::kMix
-                                 : config_.outer_apply == "eager" ? OuterApply::kEager
-                                                                  : OuterApply::kExact;
+  const OuterApply apply_mode_ = config_.outer_apply;
   std::unique_ptr<RoundServices> services_;  // before flights_: outlives their rounds
   std::unique_ptr<RoundRunner> runner_;
   // The rounds in flight, oldest first: taken up in this order.

@@ -258,7 +258,7 @@ TEST(CodecTest, OptionsOutOfRangeNameTheKey) {
 
 TEST(CodecTest, ConfigurationNamesTheCodec) {
   Config config;
-  config.codec = "int4";
+  config.codec = CodecKind::kInt4;
   config.codec_block_size = 32;
   auto codec = MakeCodec(config);
   ASSERT_TRUE(codec.ok()) << codec.status();

@@ -205,7 +205,7 @@ class AgentTransportTest : public ::testing::TestWithParam<std::string> {
  protected:
   Config AgentConfig() {
     Config config = TestConfig();
-    config.control_transport = GetParam();
+    EXPECT_TRUE(SetConfigValue(config, "control_transport", GetParam(), "test").ok());
     return config;
   }
 };

@@ -76,7 +76,7 @@ TEST(ConfigTest, EnumListsItsChoices) {
   Status status = SetConfigValue(config, "codec", "fp16", "t");
   EXPECT_THAT(std::string(status.message()), HasSubstr("fp32 | bf16 | int8 | int4 | topk"));
   EXPECT_TRUE(SetConfigValue(config, "codec", "int4", "t").ok());
-  EXPECT_EQ(config.codec, "int4");
+  EXPECT_EQ(config.codec, CodecKind::kInt4);
 }
 
 TEST(ConfigTest, UnknownKeySuggestsClosestKey) {
@@ -164,7 +164,7 @@ TEST(ConfigTest, TomlFileIsApplied) {
   ASSERT_TRUE(status.ok()) << status;
   EXPECT_EQ(config.quorum_min_learners, 3);
   EXPECT_DOUBLE_EQ(config.outer_lr, 1.0);
-  EXPECT_EQ(config.codec, "int8");
+  EXPECT_EQ(config.codec, CodecKind::kInt8);
   EXPECT_TRUE(config.rack_aware);
 }
 

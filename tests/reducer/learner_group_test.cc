@@ -599,14 +599,14 @@ TEST(LearnerGroupTest, RackAwareMergeSendsHalfTheCrossRackBytesAndAgreesEverywhe
   }
   config.rack_aware = true;
   // Through a lossy codec too, every member ends with the same bits.
-  config.codec = "int8";
+  config.codec = CodecKind::kInt8;
   auto coded = RunJob(config, 4, 1, 20, racks);
   for (const auto& learner : coded) {
     ASSERT_TRUE(learner[0].error.ok()) << learner[0].error;
     EXPECT_EQ(learner[0].global, coded[0][0].global);
   }
   // And with learners of 2 ranks: each slice merges by rack.
-  config.codec = "fp32";
+  config.codec = CodecKind::kFp32;
   auto grouped = RunJob(config, 4, 2, 20, racks);
   for (const auto& learner : grouped) {
     for (size_t r = 0; r < 2; ++r) {

@@ -284,7 +284,7 @@ class CodecModeTest : public ::testing::TestWithParam<std::tuple<std::string, bo
 TEST_P(CodecModeTest, GlobalParametersStayBitIdentical) {
   Config config = BaseConfig();
   config.quorum_min_learners = 2;
-  config.codec = std::get<0>(GetParam());
+  ASSERT_TRUE(SetConfigValue(config, "codec", std::get<0>(GetParam()), "test").ok());
   config.concurrent_outer_step = std::get<1>(GetParam());
   config.codec_block_size = 8;
   config.topk_chunk_size = 64;

@@ -41,7 +41,7 @@ class RoundDriverClockTest : public ::testing::Test {
     config.quorum_timeout_ms = 4321;
     auto services = std::make_unique<fakes::FakeServices>(clock_);
     services_ = services.get();
-    config.outer_apply = outer_apply_;
+    ASSERT_TRUE(SetConfigValue(config, "outer_apply", outer_apply_, "test").ok());
     if (outer_warmup_steps_ >= 0) config.outer_warmup_steps = outer_warmup_steps_;
     auto values = std::make_unique<fakes::Values>(1.0f);
     values_ = values.get();

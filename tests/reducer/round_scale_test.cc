@@ -139,7 +139,7 @@ TEST(RoundScaleTest, TheChunkedRoundGivesTheSameBitsOnAnyThreadsInPlaceOrThrough
   for (const std::string codec : {"fp32", "int8"}) {
     for (const int fragments : {1, 2}) {
       Config config = testing_util::SynchronousJobConfig(2, 4);
-      config.codec = codec;
+      ASSERT_TRUE(SetConfigValue(config, "codec", codec, "test").ok());
       config.fragments = fragments;
       config.final_merge = true;
       config.total_steps = 14;  // 3 rounds, and the final merge (1 fragment: the 4th's period)

@@ -30,7 +30,7 @@ inline Config LoopbackJobConfig(int min_learners) {
   config.grace_window_ms = 1000;
   config.quorum_timeout_ms = 20000;
   config.collective_timeout_ms = 10000;
-  config.log_level = "warn";
+  config.log_level = LogLevel::kWarn;
   return config;
 }
 
