@@ -13,6 +13,42 @@ namespace {
 
 constexpr int kMaxMessageBytes = 8 << 20;
 
+// The store's calls, and the lighthouse's unary calls answered UNIMPLEMENTED
+// with what this server is (through the same reactors as the store's calls).
+class StoreOnlyService final : public StoreService {
+ public:
+  using StoreService::StoreService;
+
+  grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
+                                     const v1::RegisterRequest*, v1::RegisterResponse*) override {
+    return NotALighthouse(context, "Register");
+  }
+  grpc::ServerUnaryReactor* Quorum(grpc::CallbackServerContext* context, const v1::QuorumRequest*,
+                                   v1::QuorumResponse*) override {
+    return NotALighthouse(context, "Quorum");
+  }
+  grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* context, const v1::LeaveRequest*,
+                                  v1::LeaveResponse*) override {
+    return NotALighthouse(context, "Leave");
+  }
+  grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* context,
+                                      const v1::GetStatusRequest*,
+                                      v1::GetStatusResponse*) override {
+    return NotALighthouse(context, "GetStatus");
+  }
+
+ private:
+  static grpc::ServerUnaryReactor* NotALighthouse(grpc::CallbackServerContext* context,
+                                                  std::string_view call) {
+    return Answer(context, [call]() {
+      return ToGrpcStatus(absl::UnimplementedError(
+          fmt::format("{}: this is a learner group's store, which serves the store's calls "
+                      "only; the lighthouse is elsewhere (config key lighthouse)",
+                      call)));
+    });
+  }
+};
+
 class StoreServerImpl final : public StoreServer {
  public:
   StoreServerImpl(const std::string& token, KvStoreLimits limits, const Clock& clock)
@@ -44,7 +80,7 @@ class StoreServerImpl final : public StoreServer {
 
  private:
   StoreCore store_;
-  StoreService service_;
+  StoreOnlyService service_;
   DeadlineTimer timer_;
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
