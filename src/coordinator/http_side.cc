@@ -62,8 +62,7 @@ StatusOr<std::unique_ptr<StatusHttpServer>> StatusHttpServer::Start(const std::s
     return UnavailableError(
         fmt::format("http = \"{}\": cannot bind (address in use or not local?)", address));
   }
-  http->address_ = fmt::format(
-      "{}:{}", host.find(':') != std::string::npos ? fmt::format("[{}]", host) : host, bound);
+  http->address_ = JoinHostPort(host, bound);
   http->thread_ = std::thread([&server, finished = &http->finished_]() {
     server.listen_after_bind();
     finished->store(true);

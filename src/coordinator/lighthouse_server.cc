@@ -63,8 +63,7 @@ class LighthouseServerImpl final : public LighthouseServer {
     int port = 0;
     MEND_ASSIGN_OR_RETURN(
         server_, store::StartGrpcServer("bind", config.bind, credentials, &service_, &port));
-    grpc_address_ = fmt::format(
-        "{}:{}", host.find(':') != std::string::npos ? fmt::format("[{}]", host) : host, port);
+    grpc_address_ = JoinHostPort(host, port);
     if (config.udp_control) {
       // The datagram channel takes the gRPC port's number (TCP and UDP ports
       // are separate), so it is found again at the same place after a restart.

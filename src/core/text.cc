@@ -114,6 +114,11 @@ std::pair<std::string, int> SplitHostPort(std::string_view address) {
   return {host, static_cast<int>(*ParseInt64(address.substr(colon + 1)))};
 }
 
+std::string JoinHostPort(std::string_view host, int port) {
+  return host.find(':') != std::string_view::npos ? fmt::format("[{}]:{}", host, port)
+                                                  : fmt::format("{}:{}", host, port);
+}
+
 std::string ShowValue(std::string_view value) {
   std::string out;
   for (char c : value.substr(0, 40)) {

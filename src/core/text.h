@@ -29,6 +29,8 @@ bool IsValidUtf8(std::string_view text);
 
 // Splits "HOST:PORT"; requires CheckHostPort to pass.
 std::pair<std::string, int> SplitHostPort(std::string_view address);
+// SplitHostPort's inverse: "HOST:PORT", an IPv6 host in brackets.
+std::string JoinHostPort(std::string_view host, int port);
 
 inline constexpr size_t kMaxIdLength = 128;
 

@@ -70,9 +70,7 @@ class StoreServerImpl final : public StoreServer {
     MEND_ASSIGN_OR_RETURN(server_,
                           StartGrpcServer("group_store", address, grpc::InsecureServerCredentials(),
                                           &service_, &port));
-    auto [host, requested] = SplitHostPort(address);
-    address_ = fmt::format(
-        "{}:{}", host.find(':') != std::string::npos ? fmt::format("[{}]", host) : host, port);
+    address_ = JoinHostPort(SplitHostPort(address).first, port);
     return OkStatus();
   }
 

@@ -38,6 +38,8 @@ TEST(TextTest, HostPortChecks) {
   auto [host, port] = SplitHostPort("[::1]:29510");
   EXPECT_EQ(host, "::1");
   EXPECT_EQ(port, 29510);
+  EXPECT_EQ(JoinHostPort(host, port), "[::1]:29510");
+  EXPECT_EQ(JoinHostPort("127.0.0.1", 80), "127.0.0.1:80");
 }
 
 TEST(TextTest, FormatDoubleRoundTrips) {
