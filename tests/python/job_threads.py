@@ -41,3 +41,24 @@ def assert_same_moments(models, optimizers):
         s0, s1 = optimizers[0].state[p0], optimizers[1].state[p1]
         assert torch.equal(s0["exp_avg"], s1["exp_avg"])
         assert torch.equal(s0["exp_avg_sq"], s1["exp_avg_sq"])
+
+
+def run_processes(commands, timeout=300):
+    """Starts every (argv, Popen keywords) at once, stdout and stderr
+    together; waits for all (killing any still running after `timeout` s)
+    and returns each one's output, asserting that each exited 0."""
+    import subprocess
+    processes = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **keywords)
+                 for argv, keywords in commands]
+    outputs = []
+    try:
+        for process in processes:
+            outputs.append(process.communicate(timeout=timeout)[0].decode(errors="replace"))
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    for i, (process, output) in enumerate(zip(processes, outputs)):
+        assert process.returncode == 0, f"process {i} exited {process.returncode}:\n{output[-6000:]}"
+    return outputs

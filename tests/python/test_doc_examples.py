@@ -5,7 +5,6 @@ with the lighthouse's address, the token and the learner id in the
 environment as the docs say."""
 import os
 import re
-import subprocess
 import sys
 
 import pytest
@@ -14,6 +13,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import mend  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from job_threads import run_processes  # noqa: E402
 
 DOCS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs", "python.md")
 TOKEN = "doc-examples-token-0123456789"
@@ -41,20 +43,11 @@ def test_a_docs_example_trains_two_learners_to_the_same_model(name, tmp_path):
         env = dict(os.environ, MEND_LIGHTHOUSE=lighthouse.address, MEND_JOB_TOKEN=TOKEN,
                    MEND_DATAPLANE_HOST="127.0.0.1", MEND_LOG_LEVEL="warn", ACCELERATE_USE_CPU="1",
                    PYTHONDONTWRITEBYTECODE="1")
-        processes = [subprocess.Popen([sys.executable, str(script)], cwd=tmp_path,
-                                      env=dict(env, MEND_LEARNER_ID=learner), stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT)
-                     for learner in ("a", "b")]
-        try:
-            outputs = [p.communicate(timeout=300)[0].decode(errors="replace") for p in processes]
-        finally:
-            for p in processes:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
+        outputs = run_processes([([sys.executable, str(script)],
+                                  {"cwd": tmp_path, "env": dict(env, MEND_LEARNER_ID=learner)})
+                                 for learner in ("a", "b")])
     stats = []
-    for learner, process, output in zip("ab", processes, outputs):
-        assert process.returncode == 0, f"learner {learner}:\n{output[-6000:]}"
+    for output in outputs:
         line = [text for text in output.splitlines() if text.startswith("mend: ")]
         assert line, output[-3000:]
         stats.append(eval(line[-1][len("mend: "):], {}))  # (a dict of numbers, as printed)

@@ -18,6 +18,9 @@ pytest.importorskip("transformers")
 
 import mend  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from job_threads import run_processes  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOKEN = "integrations-test-token-0123456789"
 STEPS, PERIOD, SAVE_AT = 14, 4, 6  # (the last round at 12, the final merge at 14)
@@ -27,26 +30,16 @@ FRAMEWORKS = {"transformers": "transformers", "accelerate": "accelerate", "light
 def run_job(framework, address, root, resume=False):
     """Both learners' processes at once; what each wrote."""
     env = dict(os.environ, MEND_JOB_TOKEN=TOKEN, PYTHONDONTWRITEBYTECODE="1", TOKENIZERS_PARALLELISM="false")
-    processes, results = [], []
+    commands, results = [], []
     for i in range(2):
         out = os.path.join(root, f"learner-{i}")
         os.makedirs(out, exist_ok=True)
         results.append(os.path.join(root, f"result-{i}.pt"))
-        command = [sys.executable, os.path.join(HERE, "trainer_job.py"), framework, "--learner", str(i),
-                   "--lighthouse", address, "--out", out, "--result", results[-1], "--steps", str(STEPS),
-                   "--period", str(PERIOD), "--save-at", str(SAVE_AT)] + (["--resume"] if resume else [])
-        processes.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-    outputs = []
-    try:
-        for process in processes:
-            outputs.append(process.communicate(timeout=300)[0].decode(errors="replace"))
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-    for i, process in enumerate(processes):
-        assert process.returncode == 0, f"learner {i} exited {process.returncode}:\n{outputs[i][-6000:]}"
+        commands.append(([sys.executable, os.path.join(HERE, "trainer_job.py"), framework, "--learner", str(i),
+                          "--lighthouse", address, "--out", out, "--result", results[-1], "--steps", str(STEPS),
+                          "--period", str(PERIOD), "--save-at", str(SAVE_AT)] + (["--resume"] if resume else []),
+                         {"env": env}))
+    run_processes(commands)
     return [torch.load(path, weights_only=False) for path in results]
 
 
