@@ -27,8 +27,10 @@ learner's), mend_init, the first round's step and the final merge
 """
 import argparse
 import csv
+import hashlib
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -53,13 +55,15 @@ def make_model(tiny, device):
                              intermediate_size=shape["intermediate"], num_hidden_layers=shape["layers"],
                              num_attention_heads=shape["heads"], num_key_value_heads=shape["kv_heads"],
                              max_position_embeddings=4096, tie_word_embeddings=True)
-        model = Qwen2ForCausalLM(config).to(device=device, dtype=dtype)
+        with torch.device(device):  # initialised where it trains: no 6 GB of float32 on the host
+            model = Qwen2ForCausalLM(config).to(dtype=dtype)
         kind = "transformers Qwen2ForCausalLM"
 
         def loss_of(tokens):
             return model(input_ids=tokens, labels=tokens).loss
     except ImportError:
-        model = Decoder(**shape).to(device=device, dtype=dtype)
+        with torch.device(device):
+            model = Decoder(**shape).to(dtype=dtype)
         kind = "bench Decoder (transformers not installed)"
 
         def loss_of(tokens):
@@ -117,24 +121,27 @@ def Decoder(vocab, hidden, intermediate, layers, heads, kv_heads):
 
 class Language:
     """A fixed random Markov chain over VOCAB_USED tokens (each token has 8
-    likely successors): streams of it differ by seed, the chain does not."""
+    likely successors): streams of it differ by seed, the chain does not.
+    Drawn with Python's random on lists (a few milliseconds a batch: the
+    chain is sequential, and small tensor operations would cost more)."""
 
     def __init__(self, device):
-        import torch
-
-        g = torch.Generator().manual_seed(12345)
-        self.successors = torch.randint(0, VOCAB_USED, (VOCAB_USED, 8), generator=g)
+        chain = random.Random(12345)
+        self.successors = [[chain.randrange(VOCAB_USED) for _ in range(8)] for _ in range(VOCAB_USED)]
         self.device = device
 
     def batch(self, generator, batch, length):
         import torch
 
-        tokens = torch.empty(batch, length, dtype=torch.long)
-        tokens[:, 0] = torch.randint(0, VOCAB_USED, (batch,), generator=generator)
-        for t in range(1, length):
-            pick = torch.randint(0, 8, (batch,), generator=generator)
-            tokens[:, t] = self.successors[tokens[:, t - 1], pick]
-        return tokens.to(self.device)
+        rows = []
+        for _ in range(batch):
+            token = generator.randrange(VOCAB_USED)
+            row = [token]
+            for pick in generator.choices(range(8), k=length - 1):
+                token = self.successors[token][pick]
+                row.append(token)
+            rows.append(row)
+        return torch.tensor(rows, dtype=torch.long).to(self.device, non_blocking=True)
 
 
 def worker(args):
@@ -149,8 +156,8 @@ def worker(args):
     model, loss_of, kind = make_model(args.tiny, device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
     language = Language(device)
-    data = torch.Generator().manual_seed(1000 * args.seed + args.rank)
-    held_out = torch.Generator().manual_seed(999_999)
+    data = random.Random(1000 * args.seed + args.rank)
+    held_out = random.Random(999_999)
     runtime = None
     init_s = 0.0
     if args.mode != "local":
@@ -183,27 +190,39 @@ def worker(args):
         tokens += batch.numel()
     train_s = time.perf_counter() - started
     final_s = 0.0
-    stats = {}
+    stats, phases = {}, {}
     if runtime is not None:
         import mend
 
         t0 = time.perf_counter()
-        stats = runtime.stats()
         mend.mend_shutdown(model)
         final_s = time.perf_counter() - t0
+        stats = runtime.stats()  # the final ones
+        phases = runtime.round_phases()
     with torch.no_grad():
         losses = [loss_of(language.batch(held_out, args.batch, args.seq)).item() for _ in range(args.eval_batches)]
     peak = torch.cuda.max_memory_allocated() if device == "cuda" else 0
+    digest = None
+    with torch.no_grad():  # the parameters' bits, to compare mend's learners
+        digest = hashlib.sha256() if runtime is not None else None
+        for p in model.parameters() if digest is not None else ():
+            bits = p.detach().view(torch.int16 if p.element_size() == 2 else torch.int32)
+            digest.update(bits.cpu().numpy().tobytes())
+        digest = digest.hexdigest() if digest is not None else None
     with open(args.out, "w") as f:
         json.dump({"rank": args.rank, "kind": kind, "device": device,
                    "parameters": sum(p.numel() for p in model.parameters()), "init_s": init_s,
                    "train_s": train_s, "tokens": tokens, "step_median_s": statistics.median(steps),
                    "first_boundary_s": boundary[0] if boundary else 0.0, "final_s": final_s,
                    "held_out_loss": statistics.mean(losses), "peak_gpu_bytes": peak,
-                   "rounds": stats.get("rounds", 0), "round_waits": stats.get("round_waits", 0)}, f)
+                   "rounds": stats.get("rounds", 0), "round_waits": stats.get("round_waits", 0),
+                   "staging_s": stats.get("staging_seconds", 0.0), "round_phases": phases,
+                   "digest": digest}, f)
 
 
 def run(args, mode, delay, seed, lighthouse):
+    """One (mode, delay, seed): two learner processes; their results merged
+    into a row, or a row that says why there is none."""
     with tempfile.TemporaryDirectory() as tmp:
         outs = [os.path.join(tmp, f"r{r}.json") for r in range(2)]
         env = dict(os.environ, MEND_JOB_TOKEN=TOKEN)
@@ -214,13 +233,29 @@ def run(args, mode, delay, seed, lighthouse):
         common += ["--cpu"] if args.cpu else []
         procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", "--rank", str(r),
                                    "--out", outs[r]] + common, env=env) for r in range(2)]
+        deadline = time.monotonic() + args.run_timeout
+        failure = ""
         for p in procs:
-            if p.wait(timeout=7200) != 0:
-                raise SystemExit(f"gpu_delay_sweep: a learner of {mode} at {delay} ms failed ({p.returncode})")
+            try:
+                if p.wait(timeout=max(1.0, deadline - time.monotonic())) != 0:
+                    failure = failure or f"a learner exited with {p.returncode}"
+            except subprocess.TimeoutExpired:
+                failure = failure or f"not done in {args.run_timeout} s"
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        if failure:
+            print(f"gpu_delay_sweep: {mode} at {delay} ms, seed {seed}: {failure}", flush=True)
+            return {"mode": mode, "delay_ms": delay, "seed": seed, "error": failure}
         results = []
         for out in outs:
             with open(out) as f:
                 results.append(json.load(f))
+    phases = {}
+    for r in results:
+        for name, seconds in r.get("round_phases", {}).items():
+            phases[name] = max(phases.get(name, 0.0), seconds)
     return {
         "mode": mode, "delay_ms": delay, "seed": seed,
         "tokens_per_s": sum(r["tokens"] / r["train_s"] for r in results),
@@ -230,21 +265,64 @@ def run(args, mode, delay, seed, lighthouse):
         "init_s": max(r["init_s"] for r in results),
         "first_boundary_s": max(r["first_boundary_s"] for r in results),
         "final_merge_s": max(r["final_s"] for r in results),
+        "rounds": max(r["rounds"] for r in results),
         "round_waits": sum(r["round_waits"] for r in results),
+        "staging_s": max(r.get("staging_s", 0.0) for r in results),
+        "round_phases": json.dumps({k: round(v, 3) for k, v in sorted(phases.items())}),
+        "identical": mode != "local" and all(r["digest"] == results[0]["digest"] for r in results),
         "kind": results[0]["kind"], "device": results[0]["device"], "parameters": results[0]["parameters"],
     }
+
+
+def planned_runs(args):
+    """(mode, delay, seed) in the order they run: --runs as given
+    (mode@delay#seed, comma-separated), else for each seed local and both
+    modes at every delay."""
+    if args.runs:
+        runs = []
+        for item in args.runs.split(","):
+            rest, _, seed = item.partition("#")
+            mode, _, delay = rest.partition("@")
+            if mode not in ("local", "synchronous", "concurrent"):
+                raise SystemExit(f"gpu_delay_sweep: --runs item {item!r}: the mode is local, synchronous or concurrent")
+            runs.append((mode, int(delay or 0), int(seed or 1)))
+        return runs
+    runs = []
+    for seed in (int(s) for s in args.seeds.split(",")):
+        runs.append(("local", 0, seed))
+        for delay in (int(d) for d in args.delays.split(",")):
+            runs += [("synchronous", delay, seed), ("concurrent", delay, seed)]
+    return runs
+
+
+HEADER = (f"{'mode':<12} {'delay':>6} {'seed':>4} {'tokens/s':>10} {'of local':>8} {'loss':>7} {'vs sync':>8} "
+          f"{'step s':>7} {'peak GiB':>8} {'init s':>7} {'1st bdry s':>10} {'final s':>8} {'waits':>5} {'same':>4}")
+
+
+def row_text(r):
+    if "error" in r:
+        return f"{r['mode']:<12} {r['delay_ms']:>6} {r['seed']:>4}  failed: {r['error']}"
+    vs_sync = "" if r.get("loss_vs_sync") is None else f"{100 * r['loss_vs_sync']:>+7.2f}%"
+    of_local = "" if r.get("of_local") is None else f"{r['of_local']:>8.3f}"
+    same = "-" if r["mode"] == "local" else "yes" if r["identical"] else "NO"
+    return (f"{r['mode']:<12} {r['delay_ms']:>6} {r['seed']:>4} {r['tokens_per_s']:>10.0f} {of_local:>8} "
+            f"{r['held_out_loss']:>7.4f} {vs_sync:>8} {r['step_median_s']:>7.3f} "
+            f"{r['peak_gpu_gib']:>8.2f} {r['init_s']:>7.2f} {r['first_boundary_s']:>10.2f} "
+            f"{r['final_merge_s']:>8.2f} {r['round_waits']:>5} {same:>4}")
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--delays", default="0,500,1000,2000", help="link_latency_ms values, comma-separated")
     p.add_argument("--seeds", default="1,2")
+    p.add_argument("--runs", default="", help="the runs in order instead, e.g. local#1,concurrent@2000#1")
     p.add_argument("--steps", type=int, default=160)
     p.add_argument("--sync-every", type=int, default=40)
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--seq", type=int, default=2048)
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--eval-batches", type=int, default=4)
+    p.add_argument("--run-timeout", type=float, default=7200, help="seconds a run may take before it is stopped")
     p.add_argument("--tiny", action="store_true", help="a model of a few million parameters (a CPU check)")
     p.add_argument("--cpu", action="store_true", help="run on the CPU even where a GPU is")
     p.add_argument("--csv", default="bench-results/gpu_delay_sweep.csv")
@@ -260,44 +338,38 @@ def main():
         return worker(args)
     import mend
 
+    runs = planned_runs(args)
     os.environ["MEND_JOB_TOKEN"] = TOKEN
     lighthouse = mend.Lighthouse(mend.MendConfig(bind="127.0.0.1:0", http="", quorum_min_learners=2,
                                                  log_level="warn"), token=TOKEN)
-    delays = [int(d) for d in args.delays.split(",")]
-    seeds = [int(s) for s in args.seeds.split(",")]
+    print(f"gpu delay sweep: 2 learners on one device, {args.batch} x {args.seq} tokens a step each, "
+          f"H = {args.sync_every}, {args.steps} steps, {len(runs)} runs\n", flush=True)
+    print(HEADER, flush=True)
     rows = []
-    for seed in seeds:
-        local = run(args, "local", 0, seed, lighthouse.address)
-        local["of_local"] = 1.0
-        local["loss_vs_sync"] = 0.0
-        rows.append(local)
-        for delay in delays:
-            sync = None
-            for mode in ("synchronous", "concurrent"):
-                row = run(args, mode, delay, seed, lighthouse.address)
-                row["of_local"] = row["tokens_per_s"] / local["tokens_per_s"]
-                if mode == "synchronous":
-                    sync = row
-                row["loss_vs_sync"] = row["held_out_loss"] / sync["held_out_loss"] - 1
-                rows.append(row)
-    lighthouse.shutdown()
-    first = rows[0]
-    print(f"gpu delay sweep: {first['kind']}, {first['parameters'] / 1e9:.3f} B parameters on {first['device']}, "
-          f"2 learners on one device, {args.batch} x {args.seq} tokens a step each, H = {args.sync_every}, "
-          f"{args.steps} steps, seeds {args.seeds}\n")
-    print(f"{'mode':<12} {'delay':>6} {'seed':>4} {'tokens/s':>10} {'of local':>8} {'loss':>7} {'vs sync':>8} "
-          f"{'step s':>7} {'peak GiB':>8} {'init s':>7} {'1st bdry s':>10} {'final s':>8} {'waits':>5}")
-    for r in rows:
-        print(f"{r['mode']:<12} {r['delay_ms']:>6} {r['seed']:>4} {r['tokens_per_s']:>10.0f} {r['of_local']:>8.3f} "
-              f"{r['held_out_loss']:>7.4f} {100 * r['loss_vs_sync']:>+7.2f}% {r['step_median_s']:>7.3f} "
-              f"{r['peak_gpu_gib']:>8.2f} {r['init_s']:>7.2f} {r['first_boundary_s']:>10.2f} "
-              f"{r['final_merge_s']:>8.2f} {r['round_waits']:>5}")
     os.makedirs(os.path.dirname(args.csv) or ".", exist_ok=True)
-    with open(args.csv, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
-        w.writeheader()
-        w.writerows(rows)
-    print(f"\nwrote {args.csv}")
+    for mode, delay, seed in runs:
+        row = run(args, mode, delay, seed, lighthouse.address)
+        if "error" not in row:
+            local = next((r for r in rows if r["mode"] == "local" and r["seed"] == seed and "error" not in r), None)
+            sync = next((r for r in rows if r["mode"] == "synchronous" and r["seed"] == seed
+                         and r["delay_ms"] == delay and "error" not in r), None)
+            row["of_local"] = row["tokens_per_s"] / local["tokens_per_s"] if local else None
+            row["loss_vs_sync"] = row["held_out_loss"] / sync["held_out_loss"] - 1 if sync else None
+        rows.append(row)
+        print(row_text(row), flush=True)
+        # Written after every run: a run cut short keeps the rows before it.
+        fields = []
+        for r in rows:
+            fields += [k for k in r if k not in fields]
+        with open(args.csv, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=fields)
+            w.writeheader()
+            w.writerows(rows)
+    lighthouse.shutdown()
+    done = [r for r in rows if "error" not in r]
+    if done:
+        print(f"\n{done[0]['kind']}, {done[0]['parameters'] / 1e9:.3f} B parameters on {done[0]['device']}")
+    print(f"wrote {args.csv}")
 
 
 if __name__ == "__main__":
