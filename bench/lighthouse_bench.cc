@@ -114,14 +114,31 @@ StatusOr<Result> RunOne(const std::string& mend, const std::string& self,
   std::ofstream(token_file) << kToken << "\n";
   MEND_ASSIGN_OR_RETURN(
       auto lighthouse,
-      Subprocess::Spawn(
-          {{mend, "--bind", "127.0.0.1:0", "--http", "", "--token-file", token_file,
-            "--min-learners", "2", "--heartbeat-ms", "100", "--heartbeat-timeout-ms", "10000",
-            "--grace-window-ms", "5000", "--grace-window-adaptive", "false", "--log-level", "warn"},
-           {},
-           "pipe",
-           dir + "/lighthouse.log",
-           false}));
+      Subprocess::Spawn({{mend,
+                          "--bind",
+                          "127.0.0.1:0",
+                          "--http",
+                          "",
+                          "--token-file",
+                          token_file,
+                          "--min-learners",
+                          "2",
+                          "--heartbeat-ms",
+                          "100",
+                          "--heartbeat-timeout-ms",
+                          "10000",
+                          "--grace-window-ms",
+                          "5000",
+                          "--grace-window-adaptive",
+                          "false",
+                          "--log-level",
+                          "warn",
+                          "--control-plane",
+                          "udp"},  // served in every run, as the gRPC runs were measured
+                         {},
+                         "pipe",
+                         dir + "/lighthouse.log",
+                         false}));
   MEND_ASSIGN_OR_RETURN(std::string line, lighthouse->ReadLine(30 * kMicrosPerSecond));
   std::string address = line.substr(line.find("grpc=") + 5);
   address = address.substr(0, address.find(' '));

@@ -14,6 +14,7 @@
 #include "core/status_format.h"
 #include "core/text.h"
 #include "fmt/format.h"
+#include "learner/control_proto.h"
 #include "learner/datagram_client.h"
 #include "mend/lighthouse_client.h"
 #include "nlohmann/json.hpp"
@@ -147,7 +148,7 @@ class Swarm {
     for (auto& learner : learners_) {
       coordinator::DatagramClient::Callbacks callbacks;
       SimLearner* who = &learner;
-      callbacks.on_decision = [this, who](const coordinator::datagram::Decision& decision) {
+      callbacks.on_decision = [this, who](const v1::DatagramDecision& decision) {
         OnDecision(*who, decision);
       };
       socket_->Attach(learner.ref.session_id, std::move(callbacks));
@@ -163,7 +164,7 @@ class Swarm {
     while (now >= next_beat) {
       size_t begin = cursor * kLearnersPerChannel;
       size_t end = std::min(begin + kLearnersPerChannel, learners_.size());
-      std::vector<std::pair<uint64_t, coordinator::datagram::Heartbeat>> beats;
+      std::vector<std::pair<uint64_t, v1::HeartbeatRequest>> beats;
       for (size_t i = begin; i < end; ++i) {
         SimLearner& learner = learners_[i];
         uint64_t step = 0;
@@ -171,10 +172,12 @@ class Swarm {
           std::lock_guard lock(mu_);
           step = learner.step;
         }
+        HeartbeatUpdate update{step, step * 1024, 0, {50'000}};
         if (udp()) {
-          beats.push_back({learner.ref.session_id, {step, step * 1024, 0, {50'000}}});
+          beats.emplace_back(learner.ref.session_id, v1::HeartbeatRequest());
+          FillHeartbeatRequest({}, update, &beats.back().second);  // the session says who
         } else {
-          learner.stream->Send(HeartbeatUpdate{step, step * 1024, 0, {50'000}});
+          learner.stream->Send(std::move(update));
         }
       }
       if (udp() && !beats.empty()) socket_->SendHeartbeats(beats);
@@ -187,7 +190,7 @@ class Swarm {
   // when the next one is. False once the run is over.
   bool JoinDue(Micros now, Micros* next_event) {
     std::vector<SimLearner*> due;
-    std::vector<std::pair<uint64_t, coordinator::datagram::Join>> joins;
+    std::vector<std::pair<uint64_t, v1::DatagramJoin>> joins;
     {
       std::lock_guard lock(mu_);
       if (finished_ == learners_.size() || now >= end_) return false;
@@ -211,8 +214,14 @@ class Swarm {
         if (!start && !resend) continue;
         learner.sent_at = now;
         if (udp()) {
-          joins.push_back({learner.ref.session_id,
-                           {learner.join_id, learner.last_round, learner.step, 10 * 1024, 30'000}});
+          QuorumRequestArgs args;
+          args.last_round_id = learner.last_round;
+          args.step = learner.step;
+          args.tokens_since_last_round = 10 * 1024;
+          args.timeout = 30 * kMicrosPerSecond;
+          joins.emplace_back(learner.ref.session_id, v1::DatagramJoin());
+          joins.back().second.set_join_id(learner.join_id);
+          *joins.back().second.mutable_request() = QuorumRequestProto(args);
         } else {
           due.push_back(&learner);
         }
@@ -241,15 +250,16 @@ class Swarm {
     });
   }
 
-  void OnDecision(SimLearner& learner, const coordinator::datagram::Decision& decision) {
+  void OnDecision(SimLearner& learner, const v1::DatagramDecision& decision) {
     {
       std::lock_guard lock(mu_);
-      if (!learner.in_flight || decision.join_id != learner.join_id) return;  // a resend
+      if (!learner.in_flight || decision.join_id() != learner.join_id) return;  // a resend
     }
     Complete(learner,
-             decision.code == 0 ? OkStatus()
-                                : Status(static_cast<StatusCode>(decision.code), decision.message),
-             decision.round_id);
+             decision.code() == 0
+                 ? OkStatus()
+                 : Status(static_cast<StatusCode>(decision.code()), decision.message()),
+             decision.round().round_id());
   }
 
   void Complete(SimLearner& learner, const Status& status, uint64_t round_id) {

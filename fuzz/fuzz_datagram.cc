@@ -1,69 +1,140 @@
-// Fuzz target: the datagram channel's wire format (wire/datagram.h).
-// Arbitrary bytes go through ParseHeader, Verify and every Decode*; nothing
-// may crash, a datagram that was not sealed with the key must never verify,
-// and whatever decodes must encode and decode back to the same fields.
+// Fuzz target: the datagram control channel on the lighthouse's side, its
+// envelope and its bodies. The first byte picks what the rest is:
+//  - even: a whole datagram. ParseHeader, Verify and every body decoder;
+//    nothing may crash, a datagram that was not sealed with the key never
+//    verifies, and a body that decodes encodes and decodes back the same.
+//  - odd: the body of a heartbeat or a join, sealed with the job's key (what
+//    a holder of the token could send). It is decoded and handed, as the
+//    datagram server hands it, to the ControlHandler over a LighthouseCore on
+//    a fake clock with one registered learner: nothing may crash, a refusal
+//    is INVALID_ARGUMENT naming a field or one of the core's own answers, and
+//    an accepted join gets exactly one decision once the clock passes its
+//    timeout; that decision fits one datagram.
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 
+#include "coordinator/control_handler.h"
+#include "coordinator/lighthouse_core.h"
 #include "fuzz_check.h"
+#include "mend/clock.h"
+#include "mend/config.h"
+#include "mend/lighthouse_client.h"
+#include "mend/v1/lighthouse.pb.h"
+#include "spdlog/spdlog.h"
 #include "wire/datagram.h"
 
-namespace mend::coordinator::datagram {
+namespace mend::coordinator {
 namespace {
 
-Signer& TheSigner() {
-  static Signer* signer = new Signer(DeriveKey("fuzz-job-token-0123"));
+using datagram::Kind;
+
+datagram::Signer& TheSigner() {
+  static datagram::Signer* signer =
+      new datagram::Signer(datagram::DeriveKey("fuzz-job-token-0123"));
   return *signer;
 }
 
-void RoundTripHeartbeat(const Header& header, const Heartbeat& body) {
-  auto again = DecodeHeartbeat(Encode(header, body, TheSigner()));
+template <typename Message>
+void RoundTrips(const datagram::Header& header, std::string_view bytes) {
+  auto body = datagram::DecodeMessage<Message>(bytes);
+  if (!body.ok()) return;
+  std::string again_bytes = datagram::EncodeMessage(header, *body, TheSigner());
+  auto again = datagram::DecodeMessage<Message>(again_bytes);
   MEND_FUZZ_CHECK(again.ok());
-  MEND_FUZZ_CHECK(again->step == body.step && again->tokens_total == body.tokens_total &&
-                  again->tokens_since_last_round == body.tokens_since_last_round &&
-                  again->step_time_us == body.step_time_us);
+  MEND_FUZZ_CHECK(again->SerializeAsString() == body->SerializeAsString());
 }
 
-void RoundTripDecision(const Header& header, const Decision& body) {
-  auto again = DecodeDecision(Encode(header, body, TheSigner()));
-  MEND_FUZZ_CHECK(again.ok());
-  MEND_FUZZ_CHECK(again->join_id == body.join_id && again->code == body.code &&
-                  again->message == body.message && again->round_id == body.round_id &&
-                  again->rank == body.rank && again->world_size == body.world_size &&
-                  again->closed_by == body.closed_by &&
-                  again->rendezvous_prefix == body.rendezvous_prefix &&
-                  again->heal_from_id == body.heal_from_id && again->heal_to == body.heal_to);
-}
-
-}  // namespace
-}  // namespace mend::coordinator::datagram
-
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  using namespace mend::coordinator::datagram;
-  std::string_view bytes(reinterpret_cast<const char*>(data), size);
-  auto header = ParseHeader(bytes);
-  bool verified = TheSigner().Verify(bytes);
-  if (verified) {
-    // Only a datagram sealed with the key verifies; the fuzzer cannot forge one
-    // except by copying a MAC it computed itself, which it does not have.
-    std::string resealed(bytes.substr(0, bytes.size() - kMacBytes));
+void Envelope(std::string_view bytes) {
+  auto header = datagram::ParseHeader(bytes);
+  if (TheSigner().Verify(bytes)) {
+    // Only a datagram sealed with the key verifies; the fuzzer cannot forge
+    // one except by copying a MAC it computed itself, which it does not have.
+    std::string resealed(bytes.substr(0, bytes.size() - datagram::kMacBytes));
     TheSigner().Seal(resealed);
     MEND_FUZZ_CHECK(resealed == bytes);
   }
-  if (!header.ok()) return 0;
-  if (auto body = DecodeHeartbeat(bytes); body.ok()) RoundTripHeartbeat(*header, *body);
-  if (auto body = DecodeDecision(bytes); body.ok()) RoundTripDecision(*header, *body);
-  if (auto body = DecodeJoin(bytes); body.ok()) {
-    auto again = DecodeJoin(Encode(*header, *body, TheSigner()));
-    MEND_FUZZ_CHECK(again.ok() && again->join_id == body->join_id &&
-                    again->timeout_ms == body->timeout_ms);
+  if (!header.ok()) return;
+  RoundTrips<v1::HeartbeatRequest>(*header, bytes);
+  RoundTrips<v1::DatagramJoin>(*header, bytes);
+  RoundTrips<v1::HeartbeatResponse>(*header, bytes);
+  RoundTrips<v1::DatagramDecision>(*header, bytes);
+}
+
+bool RefusalIsClear(const Status& status) {
+  if (status.code() == StatusCode::kInvalidArgument) {
+    return StatusMessage(status).find(':') != std::string_view::npos;  // "field: why"
   }
-  if (auto body = DecodeAck(bytes); body.ok()) {
-    auto again = DecodeAck(Encode(*header, *body, TheSigner()));
-    MEND_FUZZ_CHECK(again.ok() && again->slow == body->slow &&
-                    again->latest_round_id == body->latest_round_id);
+  return NeedsRegistration(status.code());
+}
+
+void Body(bool join, std::string_view body) {
+  static FakeClock* clock = new FakeClock(1'000'000);
+  Config config;
+  config.quorum_min_learners = 2;  // a lone learner's join waits until its timeout
+  LighthouseCore core(LighthouseOptionsFromConfig(config), clock, 7);
+  RegisterArgs who;
+  who.learner_id = "fuzzed";
+  auto registered = core.Register(who);
+  MEND_FUZZ_CHECK(registered.ok());
+  ControlHandler handler(&core);
+  std::string bytes = datagram::Encode(
+      {join ? Kind::kJoin : Kind::kHeartbeat, registered->session_id, 1}, body, TheSigner());
+  MEND_FUZZ_CHECK(datagram::ParseHeader(bytes).ok() && TheSigner().Verify(bytes));
+  if (!join) {
+    auto request = datagram::DecodeMessage<v1::HeartbeatRequest>(bytes);
+    if (!request.ok()) return;
+    request->mutable_learner()->set_learner_id("fuzzed");
+    request->mutable_learner()->set_session_id(registered->session_id);
+    auto result = handler.Heartbeat(*request);
+    if (!result.ok()) {
+      MEND_FUZZ_CHECK(RefusalIsClear(result.status()));
+      return;
+    }
+    ControlHandler::AckState state;
+    MEND_FUZZ_CHECK(handler.AckDue(state, *result).has_value());  // the first is always due
+    return;
+  }
+  auto message = datagram::DecodeMessage<v1::DatagramJoin>(bytes);
+  if (!message.ok()) return;
+  v1::QuorumRequest& request = *message->mutable_request();
+  request.mutable_learner()->set_learner_id("fuzzed");
+  request.mutable_learner()->set_session_id(registered->session_id);
+  int decisions = 0;
+  size_t decision_bytes = 0;
+  auto waiting = handler.Quorum(request, [&](StatusOr<RoundAssignment> result) {
+    ++decisions;
+    decision_bytes =
+        MakeDatagramDecision(message->join_id(), result, datagram::kMaxBodyBytes).ByteSizeLong();
+  });
+  if (!waiting.ok()) {
+    MEND_FUZZ_CHECK(RefusalIsClear(waiting.status()) && decisions == 0);
+    return;
+  }
+  clock->Advance(Micros{request.timeout_ms()} * kMicrosPerMilli + kMicrosPerSecond);
+  core.Tick();
+  MEND_FUZZ_CHECK(decisions == 1);
+  MEND_FUZZ_CHECK(decision_bytes <= datagram::kMaxBodyBytes);
+}
+
+}  // namespace
+}  // namespace mend::coordinator
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static const bool quiet = [] {
+    spdlog::set_level(spdlog::level::off);
+    return true;
+  }();
+  (void)quiet;
+  if (size == 0) return 0;
+  std::string_view rest(reinterpret_cast<const char*>(data) + 1, size - 1);
+  if (data[0] % 2 == 0) {
+    mend::coordinator::Envelope(rest);
+  } else {
+    mend::coordinator::Body(data[0] % 4 == 3,
+                            rest.substr(0, mend::coordinator::datagram::kMaxBodyBytes));
   }
   return 0;
 }

@@ -25,7 +25,12 @@ namespace mend {
 // The enum keys' values, each in the order of its key's choices in the key
 // table, which is their one parser and printer (SetConfigValue,
 // FormatConfigValue, EnumText).
-enum class ControlTransport { kGrpc, kUdp };
+// The control plane's channel for heartbeats and quorum joins (registration,
+// the store and status are always gRPC):
+enum class ControlPlane {
+  kGrpc,  // gRPC streams and calls only
+  kUdp,   // the lighthouse serves the datagram channel too, and learners use it
+};
 // How a late round's result meets local progress (ApplyOuterResult):
 enum class OuterApply {
   kEager,  // as kExact, after a provisional outer step at the boundary with the learner's own
@@ -71,8 +76,7 @@ struct Config {
   // The group's own store (HOST:PORT, served by group rank 0): where its
   // ranks share round decisions and meet. Empty: the lighthouse's store.
   std::string group_store;
-  bool udp_control = true;
-  ControlTransport control_transport = ControlTransport::kGrpc;
+  ControlPlane control_plane = ControlPlane::kGrpc;
 
   // Outer synchronizer.
   int64_t sync_period_steps = 100;
@@ -166,6 +170,9 @@ const ConfigKey* FindConfigKey(std::string_view name);
 
 // The known key closest to `unknown` by edit distance, or "" when none is close.
 std::string SuggestConfigKey(std::string_view unknown);
+// A key that was replaced by another: setting it is refused with a message
+// that names what to set instead (udp_control and control_transport).
+bool IsRetiredConfigKey(std::string_view name);
 
 // Parses `text` for `key` and stores it in `config`. `source` names where the
 // text came from ("flag --min-learners", "env MEND_HEARTBEAT_MS", "a.toml:3")

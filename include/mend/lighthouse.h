@@ -35,7 +35,7 @@ class LighthouseServer {
   virtual std::string grpc_address() const = 0;
   // The HTTP address with the port actually bound; empty when HTTP is off.
   virtual std::string http_address() const = 0;
-  // The UDP port of the datagram control channel; 0 when udp_control is off.
+  // The UDP port of the datagram control channel; 0 unless control_plane = "udp".
   virtual int udp_port() const = 0;
   // Stops accepting calls, fails the waiting ones with UNAVAILABLE, and joins
   // every thread. Returns within `grace_ms` plus a little.

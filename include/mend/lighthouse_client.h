@@ -77,6 +77,7 @@ struct QuorumResult {
   uint32_t waited_ms = 0;
   uint64_t heal_round_id = 0;
   uint64_t step = 0;  // the round's boundary step (its members' largest), the same for all
+  uint32_t grace_window_ms = 0;          // the grace window in force when it formed
   std::optional<RoundMember> heal_from;  // set when this learner is behind
   std::vector<std::string> heal_to;      // behind members healing from this learner
   std::vector<RoundMember> members;      // all, sorted, when asked for (<= 1024 members)
@@ -112,6 +113,13 @@ struct HeartbeatAck {
   // minimum: it cannot form a round until learners come back.
   bool short_of_quorum = false;
 };
+
+// The lighthouse answers NOT_FOUND or FAILED_PRECONDITION to a call that
+// names a learner or session it does not know (it restarted, or declared the
+// learner dead): the learner must register again. Both ends decide by this.
+inline bool NeedsRegistration(StatusCode code) {
+  return code == StatusCode::kNotFound || code == StatusCode::kFailedPrecondition;
+}
 
 // A learner's heartbeat stream (gRPC bidirectional stream, callback API).
 class HeartbeatStream {

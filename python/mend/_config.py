@@ -42,6 +42,16 @@ def _key_doc() -> str:
     return "\n".join(lines)
 
 
+def _refuse_retired(name: str, value: Any) -> None:
+    """Raises ValueError with libmend's message when ``name`` is a key that
+    was replaced (it names what to set instead); returns for other unknown keys."""
+    try:
+        NativeConfig({name: _text(value)})
+    except Exception as error:  # libmend's error for the key, whatever its class
+        if "was replaced by" in str(error):
+            raise ValueError(str(error)) from None
+
+
 def _given_texts(keys: Dict[str, Any]) -> Dict[str, str]:
     """Keywords as (key, text): aliases mapped, refused keys and unknown ones
     (with the closest known key) raised."""
@@ -51,6 +61,7 @@ def _given_texts(keys: Dict[str, Any]) -> Dict[str, str]:
             raise ValueError(_REFUSED[name])
         name = _ALIASES.get(name, name)
         if name not in _KEYS:
+            _refuse_retired(name, value)
             suggestion = _native.take_string(lib.mend_config_suggest_key, name.encode())
             raise TypeError(f"MendConfig() got an unexpected keyword argument '{name}'"
                             + (f"; did you mean '{suggestion}'?" if suggestion else ""))

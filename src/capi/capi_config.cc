@@ -140,7 +140,7 @@ mend_status mend_config_set_json(mend_config* config, const char* json, const ch
     }
     mend::Config changed = config->value;  // all or nothing
     for (const auto& [key, value] : keys.items()) {
-      if (mend::FindConfigKey(key) == nullptr) {
+      if (mend::FindConfigKey(key) == nullptr && !mend::IsRetiredConfigKey(key)) {
         const std::string suggestion = mend::SuggestConfigKey(key);
         return mend::capi::Fail(mend::NotFoundError(fmt::format(
             "{}: unknown configuration key '{}'{}", from, key,

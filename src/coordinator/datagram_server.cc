@@ -26,9 +26,6 @@ constexpr int kMaxBatchesPerTurn = 32;
 constexpr size_t kYieldBacklog = 512;
 constexpr auto kMaxYieldToSenders = std::chrono::milliseconds(50);
 constexpr int kSocketBufferBytes = 16 << 20;
-constexpr uint64_t kMaxCounter = uint64_t{1} << 62;
-constexpr uint32_t kMaxStepTimeUs = 3'600'000'000u;
-constexpr uint32_t kMaxTimeoutMs = 3'600'000;
 // How often state of sessions the core no longer knows is dropped.
 constexpr Micros kSweepInterval = 10 * kMicrosPerSecond;
 
@@ -56,45 +53,10 @@ std::string AddressText(const sockaddr_storage& address) {
   return fmt::format("udp:{}:{}", host, port);
 }
 
-bool NeedsRegistration(StatusCode code) {
-  return code == StatusCode::kNotFound || code == StatusCode::kFailedPrecondition;
-}
-
 }  // namespace
 
-datagram::Decision MakeDecision(uint64_t join_id, const StatusOr<RoundAssignment>& result) {
-  datagram::Decision decision;
-  decision.join_id = join_id;
-  if (!result.ok()) {
-    decision.code = static_cast<uint8_t>(result.status().code());
-    decision.message = std::string(StatusMessage(result.status()));
-    return decision;
-  }
-  const Round& round = *result->round;
-  const MemberInfo& me = round.members[result->rank];
-  decision.round_id = round.id;
-  decision.rank = result->rank;
-  decision.world_size = static_cast<uint32_t>(round.members.size());
-  decision.total_tokens = round.total_tokens;
-  decision.heal_round_id = round.heal_round_id;
-  decision.step = round.step;
-  decision.waited_ms = static_cast<uint32_t>(round.waited() / kMicrosPerMilli);
-  decision.closed_by = round.closed_by;
-  decision.rendezvous_prefix = round.rendezvous_prefix;
-  if (const MemberInfo* source = FindMember(round, me.heal_from)) {
-    decision.heal_from_id = source->id;
-    decision.heal_from_address = source->address;
-  }
-  if (auto it = round.heal_to.find(me.id); it != round.heal_to.end()) {
-    size_t n = std::min(it->second.size(), datagram::kMaxHealTo);
-    decision.heal_to.assign(it->second.begin(), it->second.begin() + static_cast<long>(n));
-    decision.heal_to_truncated = n < it->second.size();
-  }
-  return decision;
-}
-
 DatagramServer::DatagramServer(LighthouseCore* core, const std::string& token)
-    : core_(core), key_(datagram::DeriveKey(token)), signer_(key_) {}
+    : core_(core), handler_(core), key_(datagram::DeriveKey(token)), signer_(key_) {}
 
 StatusOr<std::unique_ptr<DatagramServer>> DatagramServer::Start(const std::string& host, int port,
                                                                 LighthouseCore* core,
@@ -274,44 +236,30 @@ void DatagramServer::Handle(std::string_view bytes, const Address& from) {
     peer.address = from;
   }
   if (header->kind == datagram::Kind::kHeartbeat) {
-    auto body = datagram::DecodeHeartbeat(bytes);
-    if (!body.ok()) {
-      counters_.dropped_malformed++;
-      return;
-    }
-    HandleHeartbeat(session, learner_id, *body, from);
+    auto body = datagram::DecodeMessage<v1::HeartbeatRequest>(bytes);
+    if (!body.ok()) return Refused(from, "a heartbeat datagram whose body is no HeartbeatRequest");
+    HandleHeartbeat(session, learner_id, std::move(*body), from);
   } else {
-    auto body = datagram::DecodeJoin(bytes);
-    if (!body.ok()) {
-      counters_.dropped_malformed++;
-      return;
-    }
-    HandleJoin(session, learner_id, *body, from);
+    auto body = datagram::DecodeMessage<v1::DatagramJoin>(bytes);
+    if (!body.ok()) return Refused(from, "a join datagram whose body is no DatagramJoin");
+    HandleJoin(session, learner_id, std::move(*body), from);
   }
 }
 
+void DatagramServer::Refused(const Address& from, std::string_view why) {
+  counters_.dropped_malformed++;
+  core_->RecordRejection("INVALID_ARGUMENT", AddressText(from.storage), why);
+}
+
 void DatagramServer::HandleHeartbeat(uint64_t session_id, const std::string& learner_id,
-                                     const datagram::Heartbeat& body, const Address& from) {
-  HeartbeatArgs args;
-  args.learner_id = learner_id;
-  args.session_id = session_id;
-  args.step = body.step;
-  args.tokens_total = body.tokens_total;
-  args.tokens_since_last_round = body.tokens_since_last_round;
-  if (body.step > kMaxCounter || body.tokens_total > kMaxCounter ||
-      body.tokens_since_last_round > kMaxCounter) {
-    counters_.dropped_malformed++;
-    return;
+                                     v1::HeartbeatRequest body, const Address& from) {
+  // The session says who: whatever the body says of the learner is replaced.
+  body.mutable_learner()->set_learner_id(learner_id);
+  body.mutable_learner()->set_session_id(session_id);
+  auto result = handler_.Heartbeat(body);
+  if (!result.ok() && result.status().code() == StatusCode::kInvalidArgument) {
+    return Refused(from, StatusMessage(result.status()));
   }
-  for (uint32_t us : body.step_time_us) {
-    if (us == 0 || us > kMaxStepTimeUs) {
-      counters_.dropped_malformed++;
-      return;
-    }
-    args.step_ms.push_back(us / 1000.0);
-  }
-  auto result = core_->Heartbeat(args);
-  Micros now = core_->clock()->NowMicros();
   MutexLock lock(mu_);
   auto it = peers_.find(session_id);
   if (it == peers_.end()) return;
@@ -327,60 +275,46 @@ void DatagramServer::HandleHeartbeat(uint64_t session_id, const std::string& lea
     }
     return;
   }
-  // Answer at once only when the slow flag changed, or a round closed while
-  // this learner's join waits (it was passed over, and trains on once it
-  // knows): a new round id alone waits for the periodic acknowledgement, or
-  // every learner would be acknowledged right after each round closes.
-  bool changed = !peer.acked || result->slow != peer.last_ack.slow ||
-                 (result->waiting && result->latest_round_id != peer.last_ack.latest_round_id) ||
-                 result->short_of_quorum != peer.last_ack.short_of_quorum;
-  if (!changed && now - peer.last_ack_at < core_->options().ack_interval) return;
-  peer.acked = true;
-  peer.last_ack_at = now;
-  peer.last_ack = {result->slow,         result->slow_zscore,       result->latest_round_id,
-                   core_->instance_id(), result->latest_round_step, result->short_of_quorum};
+  auto ack = handler_.AckDue(peer.ack, *result);
+  if (!ack) return;
   Outgoing reply;
   reply.session_id = session_id;
   reply.address = peer.address;
   reply.kind = datagram::Kind::kAck;
-  reply.ack = peer.last_ack;
+  reply.ack = std::move(*ack);
   Enqueue(std::move(reply));
 }
 
 void DatagramServer::HandleJoin(uint64_t session_id, const std::string& learner_id,
-                                const datagram::Join& body, const Address& from) {
-  if (body.timeout_ms == 0 || body.timeout_ms > kMaxTimeoutMs || body.step > kMaxCounter ||
-      body.last_round_id > kMaxCounter || body.tokens_since_last_round > kMaxCounter) {
-    counters_.dropped_malformed++;
-    return;
-  }
+                                v1::DatagramJoin body, const Address& from) {
+  const uint64_t join_id = body.join_id();
   {
     MutexLock lock(mu_);
     Peer& peer = peers_[session_id];
-    if (body.join_id == peer.pending_join) return;  // a resend; still waiting
-    if (body.join_id == peer.decided_join) {        // a resend; the decision was lost
+    if (join_id == peer.pending_join) return;  // a resend; still waiting
+    if (join_id == peer.decided_join) {        // a resend; the decision was lost
       Outgoing reply;
       reply.session_id = session_id;
       reply.address = peer.address;
       reply.kind = datagram::Kind::kDecision;
-      reply.join_id = body.join_id;
+      reply.join_id = join_id;
       reply.decision = peer.decision;
       Enqueue(std::move(reply));
       return;
     }
-    peer.pending_join = body.join_id;
+    peer.pending_join = join_id;
   }
-  QuorumArgs args;
-  args.learner_id = learner_id;
-  args.session_id = session_id;
-  args.last_round_id = body.last_round_id;
-  args.step = body.step;
-  args.tokens_since_last_round = body.tokens_since_last_round;
-  args.timeout = Micros{body.timeout_ms} * kMicrosPerMilli;
-  uint64_t join_id = body.join_id;
-  core_->Quorum(args, [this, session_id, join_id, from](StatusOr<RoundAssignment> result) {
-    OnDecision(session_id, join_id, from, std::move(result));
-  });
+  v1::QuorumRequest& request = *body.mutable_request();
+  request.mutable_learner()->set_learner_id(learner_id);
+  request.mutable_learner()->set_session_id(session_id);
+  auto waiting =
+      handler_.Quorum(request, [this, session_id, join_id, from](StatusOr<RoundAssignment> result) {
+        OnDecision(session_id, join_id, from, std::move(result));
+      });
+  if (!waiting.ok()) {  // refused: the learner gets the reason, not a silence
+    Refused(from, StatusMessage(waiting.status()));
+    OnDecision(session_id, join_id, from, waiting.status());
+  }
 }
 
 void DatagramServer::OnDecision(uint64_t session_id, uint64_t join_id, const Address& to,
@@ -460,14 +394,16 @@ void DatagramServer::Send(std::vector<Outgoing>& batch, datagram::Signer& signer
     datagram::Header header{batch[i].kind, batch[i].session_id, first_seq + i};
     switch (batch[i].kind) {
       case datagram::Kind::kAck:
-        encoded[i] = datagram::Encode(header, batch[i].ack, signer);
+        encoded[i] = datagram::EncodeMessage(header, batch[i].ack, signer);
         break;
       case datagram::Kind::kDecision:
-        encoded[i] =
-            datagram::Encode(header, MakeDecision(batch[i].join_id, batch[i].decision), signer);
+        encoded[i] = datagram::EncodeMessage(
+            header,
+            MakeDatagramDecision(batch[i].join_id, batch[i].decision, datagram::kMaxBodyBytes),
+            signer);
         break;
       default:
-        encoded[i] = datagram::EncodeUnknownSession(header, signer);
+        encoded[i] = datagram::Encode(header, {}, signer);
         break;
     }
     vectors[i] = {encoded[i].data(), encoded[i].size()};

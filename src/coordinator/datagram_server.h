@@ -1,7 +1,10 @@
 // The lighthouse's end of the datagram control channel (see datagram.h): one
 // UDP socket, one thread. It reads datagrams in batches (recvmmsg), checks
-// their MAC and sequence number, hands heartbeats and joins to the core, and
-// sends acknowledgements and round decisions back in batches (sendmmsg).
+// their MAC and sequence number, hands heartbeats and joins to the
+// ControlHandler (the gRPC service's too: the checks, the acknowledgement
+// rule and the decisions are its), and sends acknowledgements and round
+// decisions back in batches (sendmmsg). What is this channel's own: sessions
+// instead of streams, and resending a lost decision when its join comes again.
 //
 // Replies (acknowledgements, and the decisions the core's callbacks produce
 // on whatever thread closed a round) are queued to sender threads, which
@@ -24,8 +27,10 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "coordinator/control_handler.h"
 #include "coordinator/lighthouse_core.h"
 #include "core/mutex.h"
+#include "mend/lighthouse_client.h"
 #include "wire/datagram.h"
 
 namespace mend::coordinator {
@@ -66,9 +71,7 @@ class DatagramServer {
     std::string learner_id;
     Address address;
     uint64_t last_seq = 0;
-    bool acked = false;
-    datagram::Ack last_ack;
-    Micros last_ack_at = 0;
+    ControlHandler::AckState ack;
     uint64_t pending_join = 0;
     uint64_t decided_join = 0;
     StatusOr<RoundAssignment> decision = AbortedError("no decision");
@@ -79,7 +82,7 @@ class DatagramServer {
     uint64_t session_id = 0;
     Address address;
     datagram::Kind kind = datagram::Kind::kAck;
-    datagram::Ack ack;
+    v1::HeartbeatResponse ack;
     uint64_t join_id = 0;
     StatusOr<RoundAssignment> decision = AbortedError("no decision");
   };
@@ -88,9 +91,11 @@ class DatagramServer {
   void Run();
   void Handle(std::string_view bytes, const Address& from);
   void HandleHeartbeat(uint64_t session_id, const std::string& learner_id,
-                       const datagram::Heartbeat& body, const Address& from);
-  void HandleJoin(uint64_t session_id, const std::string& learner_id, const datagram::Join& body,
+                       v1::HeartbeatRequest body, const Address& from);
+  void HandleJoin(uint64_t session_id, const std::string& learner_id, v1::DatagramJoin body,
                   const Address& from);
+  // A malformed or refused datagram: counted, and in the core's rejections.
+  void Refused(const Address& from, std::string_view why);
   void OnDecision(uint64_t session_id, uint64_t join_id, const Address& to,
                   StatusOr<RoundAssignment> result);
   // Records sent decisions so that a resent join gets them again.
@@ -109,6 +114,7 @@ class DatagramServer {
   void Send(std::vector<Outgoing>& batch, datagram::Signer& signer);
 
   LighthouseCore* const core_;
+  ControlHandler handler_;
   const datagram::Key key_;
   datagram::Signer signer_;  // used by the receiving thread only
   int socket_ = -1;
@@ -132,8 +138,5 @@ class DatagramServer {
   // Peer is kept across an insertion.
   absl::flat_hash_map<uint64_t, Peer> peers_ ABSL_GUARDED_BY(mu_);
 };
-
-// Fills the decision a member of `assignment`'s round is sent.
-datagram::Decision MakeDecision(uint64_t join_id, const StatusOr<RoundAssignment>& result);
 
 }  // namespace mend::coordinator

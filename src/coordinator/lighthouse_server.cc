@@ -64,13 +64,13 @@ class LighthouseServerImpl final : public LighthouseServer {
     MEND_ASSIGN_OR_RETURN(
         server_, store::StartGrpcServer("bind", config.bind, credentials, &service_, &port));
     grpc_address_ = JoinHostPort(host, port);
-    if (config.udp_control) {
+    if (config.control_plane == ControlPlane::kUdp) {
       // The datagram channel takes the gRPC port's number (TCP and UDP ports
       // are separate), so it is found again at the same place after a restart.
       auto datagrams = coordinator::DatagramServer::Start(host, port, &core_, token_);
       if (!datagrams.ok()) {
         return Status(datagrams.status().code(),
-                      fmt::format("{} (udp_control = false runs without the datagram channel)",
+                      fmt::format("{} (control_plane = \"grpc\" runs without the datagram channel)",
                                   datagrams.status().message()));
       }
       datagrams_ = std::move(*datagrams);

@@ -13,28 +13,13 @@ namespace {
 constexpr size_t kDefaultStatusLearners = 200;
 constexpr size_t kDefaultStatusRounds = 50;
 
-void FillMember(const MemberInfo& member, v1::Member* out) {
-  out->set_learner_id(member.id);
-  out->set_step(member.step);
-  out->set_tokens_since_last_round(member.tokens_since_last_round);
-  out->set_last_round_id(member.last_round_id);
-  out->set_heal_from(member.heal_from);
-  out->set_rack(member.rack);
-  out->set_address(member.address);
-}
-
-constexpr size_t kMaxMembersInReply = 1024;
-
 // One learner's heartbeat stream. Reads continuously; answers when the
 // learner's view changed or ack_interval passed. Deletes itself in OnDone.
 class HeartbeatReactor final
     : public grpc::ServerBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse> {
  public:
   HeartbeatReactor(LighthouseService* service, grpc::CallbackServerContext* context)
-      : service_(service),
-        context_(context),
-        clock_(service->core()->clock()),
-        ack_interval_(service->core()->options().ack_interval) {
+      : service_(service), context_(context), handler_(service->handler()) {
     Status auth = service_->Authenticate(*context);
     if (!auth.ok()) {
       Finish(ToGrpcStatus(auth));
@@ -50,14 +35,11 @@ class HeartbeatReactor final
       Finish(grpc::Status::OK);
       return;
     }
-    auto args = ParseHeartbeat(request_);
-    if (!args.ok()) {
-      Finish(service_->Refuse(*context_, args.status()));
-      return;
-    }
-    auto result = service_->core()->Heartbeat(*args);
+    auto result = handler_.Heartbeat(request_);
     if (!result.ok()) {
-      Finish(ToGrpcStatus(result.status()));
+      const Status& status = result.status();
+      Finish(status.code() == StatusCode::kInvalidArgument ? service_->Refuse(*context_, status)
+                                                           : ToGrpcStatus(status));
       return;
     }
     MaybeAnswer(*result);
@@ -76,73 +58,35 @@ class HeartbeatReactor final
 
  private:
   void MaybeAnswer(const HeartbeatResult& result) {
-    Micros now = clock_->NowMicros();
     {
       MutexLock lock(mu_);
-      // Answered at once: a slow-flag change, and a round that closed while
-      // this learner waits (see DatagramServer).
-      bool changed = result.slow != response_.slow() ||
-                     (result.waiting && result.latest_round_id != response_.latest_round_id()) ||
-                     result.short_of_quorum != response_.short_of_quorum();
-      bool due = now - last_write_at_ >= ack_interval_;
-      if (writing_ || !(changed || due || first_)) return;
-      first_ = false;
+      if (writing_) return;  // the next heartbeat answers
+      auto ack = handler_.AckDue(ack_, result);
+      if (!ack) return;
       writing_ = true;
-      last_write_at_ = now;
       // response_ is not touched again until OnWriteDone clears writing_.
-      response_.set_slow(result.slow);
-      response_.set_slow_zscore(result.slow_zscore);
-      response_.set_latest_round_id(result.latest_round_id);
-      response_.set_latest_round_step(result.latest_round_step);
-      response_.set_short_of_quorum(result.short_of_quorum);
-      response_.set_lighthouse_instance(service_->core()->instance_id());
+      response_ = std::move(*ack);
     }
     StartWrite(&response_);
   }
 
   LighthouseService* const service_;
   grpc::CallbackServerContext* const context_;
-  const Clock* const clock_;
-  const Micros ack_interval_;
+  ControlHandler& handler_;
   bool counted_ = false;          // in the service's stream count
   v1::HeartbeatRequest request_;  // touched only by the read chain
 
   Mutex mu_;
   v1::HeartbeatResponse response_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  bool first_ ABSL_GUARDED_BY(mu_) = true;
-  Micros last_write_at_ ABSL_GUARDED_BY(mu_) = 0;
+  ControlHandler::AckState ack_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace
 
-void FillQuorumResponse(const RoundAssignment& assignment, bool include_members,
-                        v1::QuorumResponse* response) {
-  const Round& round = *assignment.round;
-  const MemberInfo& me = round.members[assignment.rank];
-  response->set_round_id(round.id);
-  response->set_rank(assignment.rank);
-  response->set_world_size(static_cast<uint32_t>(round.members.size()));
-  response->set_total_tokens(round.total_tokens);
-  response->set_rendezvous_prefix(round.rendezvous_prefix);
-  response->set_closed_by(round.closed_by);
-  response->set_waited_ms(static_cast<uint32_t>(round.waited() / kMicrosPerMilli));
-  response->set_heal_round_id(round.heal_round_id);
-  response->set_step(round.step);
-  if (const MemberInfo* source = FindMember(round, me.heal_from)) {
-    FillMember(*source, response->mutable_heal_from());
-  }
-  if (auto it = round.heal_to.find(me.id); it != round.heal_to.end()) {
-    for (const std::string& id : it->second) response->add_heal_to(id);
-  }
-  if (include_members && round.members.size() <= kMaxMembersInReply) {
-    for (const MemberInfo& member : round.members) FillMember(member, response->add_members());
-  }
-}
-
 LighthouseService::LighthouseService(LighthouseCore* core, const std::string& token,
                                      size_t max_value_bytes)
-    : StoreService(&core->store(), token, max_value_bytes), core_(core) {}
+    : StoreService(&core->store(), token, max_value_bytes), core_(core), handler_(core) {}
 
 void LighthouseService::Rejected(std::string_view code, std::string_view peer,
                                  std::string_view why) {
@@ -179,8 +123,8 @@ void LighthouseService::HeartbeatStreamOpened() {
   spdlog::warn(
       "{} learners heartbeat over gRPC; on a 2-core lighthouse gRPC holds about {} (round "
       "decisions under 50 ms at p99), past that rounds slow down and at 10,000 heartbeat streams "
-      "time out. Learners of large jobs should set control_transport = \"udp\" (served on the "
-      "lighthouse's bind port; docs/tuning.md)",
+      "time out. Large jobs should set control_plane = \"udp\" (the lighthouse and its learners; "
+      "docs/tuning.md)",
       open, kGrpcLearnersHeld);
 }
 
@@ -199,24 +143,23 @@ grpc::ServerUnaryReactor* LighthouseService::Quorum(grpc::CallbackServerContext*
     reactor->Finish(ToGrpcStatus(auth));
     return reactor;
   }
-  auto args = ParseQuorum(*request);
-  if (!args.ok()) {
-    reactor->Finish(Refuse(*context, args.status()));
-    return reactor;
-  }
-  LighthouseCore* core = core_;
-  std::string learner_id = args->learner_id;
+  ControlHandler* handler = &handler_;
+  std::string learner_id = request->learner().learner_id();
+  bool include_members = request->include_members();
+  Status refused;
   reactor->Begin(
-      [&]() {
-        bool include_members = request->include_members();
-        return core->Quorum(*args,
-                            [reactor, response, include_members](StatusOr<RoundAssignment> result) {
-                              if (result.ok())
-                                FillQuorumResponse(*result, include_members, response);
-                              reactor->Finish(ToGrpcStatus(result.status()));
-                            });
+      [&]() -> uint64_t {
+        auto waiting = handler->Quorum(
+            *request, [reactor, response, include_members](StatusOr<RoundAssignment> result) {
+              if (result.ok()) FillQuorumResponse(*result, include_members, response);
+              reactor->Finish(ToGrpcStatus(result.status()));
+            });
+        if (waiting.ok()) return *waiting;
+        refused = waiting.status();
+        return 0;
       },
-      [core, learner_id](uint64_t wait_id) { core->CancelQuorum(learner_id, wait_id); });
+      [handler, learner_id](uint64_t wait_id) { handler->CancelQuorum(learner_id, wait_id); });
+  if (!refused.ok()) reactor->Finish(Refuse(*context, refused));
   return reactor;
 }
 

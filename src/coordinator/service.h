@@ -1,6 +1,7 @@
 // The lighthouse's gRPC service: a thin shell over LighthouseCore. Each call
-// is authenticated (job token, constant-time comparison), validated, handed to
-// the core, and answered. Waiting calls (Quorum, StoreGet, StoreWait) keep
+// is authenticated (job token, constant-time comparison), then checked and
+// handed to the core by ControlHandler (the datagram server's handler too),
+// and answered. Waiting calls (Quorum, StoreGet, StoreWait) keep
 // their reactor and finish later from the core's callback; they never block a
 // gRPC thread. A cancelled call withdraws its wait from the core. The store's
 // calls are store::StoreService's (over the core's store), which this derives
@@ -16,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "coordinator/control_handler.h"
 #include "coordinator/lighthouse_core.h"
 #include "mend/v1/lighthouse.grpc.pb.h"
 #include "store/store_service.h"
@@ -45,6 +47,7 @@ class LighthouseService final : public store::StoreService {
                                       v1::GetStatusResponse* response) override;
 
   LighthouseCore* core() { return core_; }
+  ControlHandler& handler() { return handler_; }
   // The datagram channel's UDP port that Register tells learners (0: none).
   void set_udp_port(int port) { udp_port_ = port; }
   // Until called, Register answers UNAVAILABLE (the server is still starting).
@@ -61,6 +64,7 @@ class LighthouseService final : public store::StoreService {
 
  private:
   LighthouseCore* const core_;
+  ControlHandler handler_;
   std::atomic<int> udp_port_{0};
   std::atomic<bool> ready_{false};
   std::atomic<size_t> heartbeat_streams_{0};
@@ -72,10 +76,5 @@ class LighthouseService final : public store::StoreService {
 // (36 ms; 1,500 gave 52 ms, 2,000 64 ms, 4,000 279 ms, and at 10,000 streams
 // time out; docs/benchmarks.md, "Lighthouse under load").
 inline constexpr size_t kGrpcLearnersHeld = 1000;
-
-// Fills `response` with what member `assignment.rank` of the round learns;
-// the member list only when `include_members` and the round is small enough.
-void FillQuorumResponse(const RoundAssignment& assignment, bool include_members,
-                        v1::QuorumResponse* response);
 
 }  // namespace mend::coordinator

@@ -56,7 +56,25 @@ Status ValueError(const ConfigKey& key, std::string_view text, std::string_view 
       fmt::format("{} = \"{}\" (from {}): {}", key.name, text, source, why));
 }
 
+// Keys that were replaced: refused with what to set instead.
+struct RetiredKey {
+  std::string_view name;
+  std::string_view instead;
+};
+constexpr RetiredKey kRetiredKeys[] = {
+    {"udp_control",
+     "control_plane: \"udp\" (the lighthouse serves datagrams, learners use them) or \"grpc\""},
+    {"control_transport",
+     "control_plane: \"udp\" or \"grpc\", set alike on the lighthouse and the learners"},
+};
+
 Status UnknownKeyError(std::string_view name, std::string_view source) {
+  for (const RetiredKey& retired : kRetiredKeys) {
+    if (retired.name == name) {
+      return InvalidArgumentError(fmt::format("configuration key '{}' (from {}) was replaced by {}",
+                                              name, source, retired.instead));
+    }
+  }
   std::string suggestion = SuggestConfigKey(name);
   std::string hint = suggestion.empty() ? "run 'mend config keys' for the list"
                                         : fmt::format("did you mean '{}'?", suggestion);
@@ -73,6 +91,13 @@ std::string ReadWholeFile(const std::string& path, bool* ok) {
 }
 
 }  // namespace
+
+bool IsRetiredConfigKey(std::string_view name) {
+  for (const RetiredKey& retired : kRetiredKeys) {
+    if (retired.name == name) return true;
+  }
+  return false;
+}
 
 const ConfigKey* FindConfigKey(std::string_view name) {
   for (const ConfigKey& key : ConfigKeys()) {
@@ -327,7 +352,7 @@ Status ApplyConfigEnvironment(Config& config, const char* const* environ) {
     std::string name(variable.substr(kEnvPrefix.size()));
     for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
     std::string source = fmt::format("environment {}", variable);
-    if (FindConfigKey(name) == nullptr) {
+    if (FindConfigKey(name) == nullptr && !IsRetiredConfigKey(name)) {
       std::string suggestion = SuggestConfigKey(name);
       for (char& c : suggestion) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
       return InvalidArgumentError(fmt::format(

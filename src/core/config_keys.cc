@@ -99,15 +99,13 @@ std::vector<ConfigKey> BuildKeys() {
            "address to "
            "the other ranks; mend train's launcher gives each group a free port. Empty: the "
            "lighthouse's store."),
-      Bool("udp_control", &C::udp_control,
-           "Lighthouse: also serve heartbeats and quorum joins as UDP datagrams (on the "
-           "bind port number)."),
-      Enum("control_transport", &C::control_transport, {"grpc", "udp"},
-           "Learner: heartbeats and quorum joins over gRPC, or over the lighthouse's UDP "
-           "datagram channel. gRPC holds about 1,000 learners on a 2-core lighthouse (round "
-           "decisions under 50 ms at p99); use udp above that (10,000 measured on 2 vCPUs shared "
-           "with the simulated learners: p99 53.4-94.1 ms across runs, under half a core; see "
-           "docs/benchmarks.md)."),
+      Enum("control_plane", &C::control_plane, {"grpc", "udp"},
+           "Heartbeats and quorum joins over gRPC, or as signed UDP datagrams: with udp the "
+           "lighthouse serves them on its bind port number as well, and learners use them when "
+           "their lighthouse does (else gRPC, with a warning). Set it alike for the whole job. "
+           "gRPC holds about 1,000 learners on a 2-core lighthouse (round decisions under 50 ms "
+           "at p99); use udp above that (10,000 measured on 2 vCPUs shared with the simulated "
+           "learners: p99 53.4-94.1 ms across runs, under half a core; see docs/benchmarks.md)."),
       Int("sync_period_steps", &C::sync_period_steps, 1, 1000000,
           "H: inner steps between outer rounds."),
       Bool("token_weighted_merge", &C::token_weighted_merge,

@@ -102,24 +102,24 @@ void DatagramClient::Detach(uint64_t session_id) {
 }
 
 void DatagramClient::SendHeartbeats(
-    const std::vector<std::pair<uint64_t, datagram::Heartbeat>>& beats) {
+    const std::vector<std::pair<uint64_t, v1::HeartbeatRequest>>& beats) {
   MutexLock lock(send_mu_);
   std::vector<std::string> datagrams;
   datagrams.reserve(beats.size());
   for (const auto& [session, body] : beats) {
-    datagrams.push_back(
-        datagram::Encode({datagram::Kind::kHeartbeat, session, next_seq_++}, body, send_signer_));
+    datagrams.push_back(datagram::EncodeMessage({datagram::Kind::kHeartbeat, session, next_seq_++},
+                                                body, send_signer_));
   }
   SendAll(datagrams);
 }
 
-void DatagramClient::SendJoins(const std::vector<std::pair<uint64_t, datagram::Join>>& joins) {
+void DatagramClient::SendJoins(const std::vector<std::pair<uint64_t, v1::DatagramJoin>>& joins) {
   MutexLock lock(send_mu_);
   std::vector<std::string> datagrams;
   datagrams.reserve(joins.size());
   for (const auto& [session, body] : joins) {
     datagrams.push_back(
-        datagram::Encode({datagram::Kind::kJoin, session, next_seq_++}, body, send_signer_));
+        datagram::EncodeMessage({datagram::Kind::kJoin, session, next_seq_++}, body, send_signer_));
   }
   SendAll(datagrams);
 }
@@ -180,12 +180,13 @@ void DatagramClient::Receive() {
         }
         switch (header->kind) {
           case datagram::Kind::kAck:
-            if (auto ack = datagram::DecodeAck(bytes); ack.ok() && callbacks->on_ack) {
+            if (auto ack = datagram::DecodeMessage<v1::HeartbeatResponse>(bytes);
+                ack.ok() && callbacks->on_ack) {
               callbacks->on_ack(*ack);
             }
             break;
           case datagram::Kind::kDecision:
-            if (auto decision = datagram::DecodeDecision(bytes);
+            if (auto decision = datagram::DecodeMessage<v1::DatagramDecision>(bytes);
                 decision.ok() && callbacks->on_decision) {
               callbacks->on_decision(*decision);
             }

@@ -19,6 +19,7 @@
 #include "absl/base/thread_annotations.h"
 #include "core/mutex.h"
 #include "mend/status.h"
+#include "mend/v1/lighthouse.pb.h"
 #include "wire/datagram.h"
 
 namespace mend::coordinator {
@@ -26,8 +27,8 @@ namespace mend::coordinator {
 class DatagramClient {
  public:
   struct Callbacks {
-    std::function<void(const datagram::Ack&)> on_ack;
-    std::function<void(const datagram::Decision&)> on_decision;
+    std::function<void(const v1::HeartbeatResponse&)> on_ack;
+    std::function<void(const v1::DatagramDecision&)> on_decision;
     // The lighthouse does not know the session: register again.
     std::function<void()> on_unknown_session;
   };
@@ -49,8 +50,9 @@ class DatagramClient {
   void Detach(uint64_t session_id);
 
   // Each sends one datagram per entry (sendmmsg for several); best effort.
-  void SendHeartbeats(const std::vector<std::pair<uint64_t, datagram::Heartbeat>>& beats);
-  void SendJoins(const std::vector<std::pair<uint64_t, datagram::Join>>& joins);
+  // The requests' learner fields may be left unset: the session says who.
+  void SendHeartbeats(const std::vector<std::pair<uint64_t, v1::HeartbeatRequest>>& beats);
+  void SendJoins(const std::vector<std::pair<uint64_t, v1::DatagramJoin>>& joins);
 
  private:
   DatagramClient(const std::string& token, int socket);

@@ -4,6 +4,7 @@
 
 #include "core/status_format.h"
 #include "fmt/format.h"
+#include "learner/control_proto.h"
 
 namespace mend::coordinator {
 
@@ -41,19 +42,16 @@ void DatagramLink::Attach(uint64_t session_id) {
   }
   if (previous != 0) client_->Detach(previous);
   DatagramClient::Callbacks callbacks;
-  callbacks.on_ack = [this](const datagram::Ack& ack) {
+  callbacks.on_ack = [this](const v1::HeartbeatResponse& ack) {
     {
       MutexLock lock(mu_);
       last_ack_at_ = clock_.NowMicros();
     }
-    if (hooks_.on_ack) {
-      hooks_.on_ack({ack.slow, ack.slow_zscore, ack.latest_round_id, ack.lighthouse_instance,
-                     ack.latest_round_step, ack.short_of_quorum});
-    }
+    if (hooks_.on_ack) hooks_.on_ack(HeartbeatAckFromProto(ack));
   };
-  callbacks.on_decision = [this](const datagram::Decision& decision) {
+  callbacks.on_decision = [this](const v1::DatagramDecision& decision) {
     MutexLock lock(mu_);
-    if (decision.join_id != waiting_for_ || waiting_for_ == 0) return;  // a stale resend
+    if (decision.join_id() != waiting_for_ || waiting_for_ == 0) return;  // a stale resend
     decision_ = decision;
     decided_.NotifyAll();
   };
@@ -62,10 +60,10 @@ void DatagramLink::Attach(uint64_t session_id) {
       // A join waiting on this session will never be decided: end it.
       MutexLock lock(mu_);
       if (waiting_for_ != 0 && session_id_ == session_id) {
-        datagram::Decision lost;
-        lost.join_id = waiting_for_;
-        lost.code = static_cast<uint8_t>(StatusCode::kNotFound);
-        lost.message = "the lighthouse does not know this session (restarted?); register again";
+        v1::DatagramDecision lost;
+        lost.set_join_id(waiting_for_);
+        lost.set_code(static_cast<uint32_t>(StatusCode::kNotFound));
+        lost.set_message("the lighthouse does not know this session (restarted?); register again");
         decision_ = std::move(lost);
         decided_.NotifyAll();
       }
@@ -82,25 +80,21 @@ void DatagramLink::SendHeartbeat(const HeartbeatUpdate& update) {
     session = session_id_;
   }
   if (session == 0) return;
-  datagram::Heartbeat body;
-  body.step = update.step;
-  body.tokens_total = update.tokens_total;
-  body.tokens_since_last_round = update.tokens_since_last_round;
-  body.step_time_us = update.step_time_us;
+  v1::HeartbeatRequest body;
+  FillHeartbeatRequest({}, update, &body);  // the session says who
   client_->SendHeartbeats({{session, std::move(body)}});
 }
 
 StatusOr<QuorumResult> DatagramLink::Join(const QuorumRequestArgs& args, Micros resend) {
   Micros deadline = clock_.NowMicros() + args.timeout;
-  datagram::Join join;
-  join.last_round_id = args.last_round_id;
-  join.step = args.step;
-  join.tokens_since_last_round = args.tokens_since_last_round;
-  join.timeout_ms =
-      static_cast<uint32_t>(std::clamp<Micros>(args.timeout / kMicrosPerMilli, 1, 3'600'000));
+  v1::DatagramJoin join;
+  QuorumRequestArgs sent = args;
+  sent.learner = {};  // the session says who
+  sent.include_members = false;
+  *join.mutable_request() = QuorumRequestProto(sent);
   MutexLock lock(mu_);
-  join.join_id = next_join_id_++;
-  waiting_for_ = join.join_id;
+  join.set_join_id(next_join_id_++);
+  waiting_for_ = join.join_id();
   decision_.reset();
   while (!decision_ && !interrupted_) {
     Micros now = clock_.NowMicros();
@@ -120,32 +114,10 @@ StatusOr<QuorumResult> DatagramLink::Join(const QuorumRequestArgs& args, Micros 
     return DeadlineExceededError(
         fmt::format("{}: no round decision within {} ms", Where(), args.timeout / kMicrosPerMilli));
   }
-  datagram::Decision decision = std::move(*decision_);
+  v1::DatagramDecision decision = std::move(*decision_);
   decision_.reset();
   lock.Unlock();
-  if (decision.code != 0) {
-    return Status(static_cast<StatusCode>(decision.code),
-                  fmt::format("{}: Quorum: {}", Where(), decision.message));
-  }
-  QuorumResult result;
-  result.round_id = decision.round_id;
-  result.rank = decision.rank;
-  result.world_size = decision.world_size;
-  result.total_tokens = decision.total_tokens;
-  result.rendezvous_prefix = decision.rendezvous_prefix;
-  result.closed_by = decision.closed_by;
-  result.waited_ms = decision.waited_ms;
-  result.heal_round_id = decision.heal_round_id;
-  result.step = decision.step;
-  if (!decision.heal_from_id.empty()) {
-    RoundMember source;
-    source.id = decision.heal_from_id;
-    source.address = decision.heal_from_address;
-    source.last_round_id = decision.heal_round_id;
-    result.heal_from = std::move(source);
-  }
-  result.heal_to = std::move(decision.heal_to);
-  return result;
+  return DecisionFromProto(decision, fmt::format("{}: Quorum", Where()));
 }
 
 void DatagramLink::Interrupt() {

@@ -1,6 +1,6 @@
 // One learner's use of the datagram control channel: heartbeats, and quorum
 // joins that are resent until their decision arrives. LearnerAgent uses it
-// when control_transport = "udp" and the lighthouse serves the channel.
+// when control_plane = "udp" and the lighthouse serves the channel.
 //
 // Thread-safety: every method may be called from any thread; the hooks run
 // on the channel's receiving thread.
@@ -66,7 +66,7 @@ class DatagramLink {
   uint64_t session_id_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_join_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t waiting_for_ ABSL_GUARDED_BY(mu_) = 0;
-  std::optional<datagram::Decision> decision_ ABSL_GUARDED_BY(mu_);
+  std::optional<v1::DatagramDecision> decision_ ABSL_GUARDED_BY(mu_);
   bool interrupted_ ABSL_GUARDED_BY(mu_) = false;
   Micros last_ack_at_ ABSL_GUARDED_BY(mu_);
 };

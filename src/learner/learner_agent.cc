@@ -24,7 +24,7 @@ LearnerAgentImpl::LearnerAgentImpl(const Config& config, const std::string& toke
       clock_(clock),
       address_(config.lighthouse),
       token_(token),
-      use_udp_(config.control_transport == ControlTransport::kUdp),
+      use_udp_(config.control_plane == ControlPlane::kUdp),
       client_(std::move(client)),
       heartbeat_interval_(config.heartbeat_ms * kMicrosPerMilli),
       heartbeat_timeout_(config.heartbeat_timeout_ms * kMicrosPerMilli) {}

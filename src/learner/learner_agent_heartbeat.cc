@@ -159,7 +159,7 @@ void LearnerAgentImpl::MaybeOpenLink(int udp_port) {
   if (!use_udp_) return;
   if (udp_port <= 0) {
     spdlog::warn(
-        "control_transport = udp, but lighthouse {} serves no datagram channel; "
+        "control_plane = udp, but lighthouse {} serves no datagram channel; "
         "using gRPC",
         address_);
     return;

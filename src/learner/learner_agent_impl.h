@@ -93,10 +93,6 @@ class LearnerAgentImpl final : public LearnerAgent {
     return code == StatusCode::kUnauthenticated || code == StatusCode::kInvalidArgument ||
            code == StatusCode::kPermissionDenied;
   }
-  // The lighthouse no longer knows this session: register again.
-  static bool NeedsRegistration(StatusCode code) {
-    return code == StatusCode::kNotFound || code == StatusCode::kFailedPrecondition;
-  }
   // value = max(value, candidate), atomically (acks and Quorum answers race).
   static void RaiseTo(std::atomic<uint64_t>& value, uint64_t candidate) {
     uint64_t seen = value.load();

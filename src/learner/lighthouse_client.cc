@@ -9,6 +9,7 @@
 #include "core/status_format.h"
 #include "core/text.h"
 #include "fmt/format.h"
+#include "learner/control_proto.h"
 #include "mend/v1/lighthouse.grpc.pb.h"
 
 namespace mend {
@@ -27,29 +28,6 @@ Status FromGrpc(const grpc::Status& status, std::string_view call, const std::st
 
 std::chrono::system_clock::time_point DeadlineAfter(Micros timeout) {
   return std::chrono::system_clock::now() + std::chrono::microseconds(timeout);
-}
-
-RoundMember FromProto(const v1::Member& member) {
-  return RoundMember{member.learner_id(),    member.step(),      member.tokens_since_last_round(),
-                     member.last_round_id(), member.heal_from(), member.rack(),
-                     member.address()};
-}
-
-QuorumResult FromProto(const v1::QuorumResponse& response) {
-  QuorumResult result;
-  result.round_id = response.round_id();
-  result.rank = response.rank();
-  result.world_size = response.world_size();
-  result.total_tokens = response.total_tokens();
-  result.rendezvous_prefix = response.rendezvous_prefix();
-  result.closed_by = response.closed_by();
-  result.waited_ms = response.waited_ms();
-  result.heal_round_id = response.heal_round_id();
-  result.step = response.step();
-  if (response.has_heal_from()) result.heal_from = FromProto(response.heal_from());
-  result.heal_to.assign(response.heal_to().begin(), response.heal_to().end());
-  for (const auto& member : response.members()) result.members.push_back(FromProto(member));
-  return result;
 }
 
 }  // namespace
@@ -190,12 +168,7 @@ class HeartbeatStreamImpl final
       if (release) RemoveHold();
       return;
     }
-    HeartbeatAck ack{ack_.slow(),
-                     ack_.slow_zscore(),
-                     ack_.latest_round_id(),
-                     ack_.lighthouse_instance(),
-                     ack_.latest_round_step(),
-                     ack_.short_of_quorum()};
+    HeartbeatAck ack = HeartbeatAckFromProto(ack_);
     {
       MutexLock lock(mu_);
       last_ack_at_ = clock_.NowMicros();
@@ -223,13 +196,7 @@ class HeartbeatStreamImpl final
   }
 
   void Fill(const HeartbeatUpdate& update) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    request_.Clear();
-    request_.mutable_learner()->set_learner_id(learner_.learner_id);
-    request_.mutable_learner()->set_session_id(learner_.session_id);
-    request_.set_step(update.step);
-    request_.set_tokens_total(update.tokens_total);
-    request_.set_tokens_since_last_round(update.tokens_since_last_round);
-    for (uint32_t us : update.step_time_us) request_.add_step_time_us(us);
+    FillHeartbeatRequest(learner_, update, &request_);
   }
 
   const std::string address_;
@@ -300,7 +267,7 @@ class LighthouseClientImpl final : public LighthouseClient {
     auto context = NewContext(args.timeout + kDeadlineMargin);
     MEND_RETURN_IF_ERROR(
         FromGrpc(stub_->Quorum(context.get(), request, &response), "Quorum", options_.address));
-    return FromProto(response);
+    return QuorumResultFromProto(response);
   }
 
   void QuorumAsync(const QuorumRequestArgs& args,
@@ -319,7 +286,7 @@ class LighthouseClientImpl final : public LighthouseClient {
           if (!result.ok()) {
             done(result);
           } else {
-            done(FromProto(owned->response));
+            done(QuorumResultFromProto(owned->response));
           }
         });
   }
@@ -417,19 +384,6 @@ class LighthouseClientImpl final : public LighthouseClient {
     if (cancel != nullptr) cancel->Release();
     MEND_RETURN_IF_ERROR(FromGrpc(result, "StoreGet", options_.address));
     return response.value();
-  }
-
-  static v1::QuorumRequest QuorumRequestProto(const QuorumRequestArgs& args) {
-    v1::QuorumRequest request;
-    request.mutable_learner()->set_learner_id(args.learner.learner_id);
-    request.mutable_learner()->set_session_id(args.learner.session_id);
-    request.set_last_round_id(args.last_round_id);
-    request.set_step(args.step);
-    request.set_tokens_since_last_round(args.tokens_since_last_round);
-    request.set_include_members(args.include_members);
-    request.set_timeout_ms(
-        static_cast<uint32_t>(std::clamp<Micros>(args.timeout / kMicrosPerMilli, 1, 3'600'000)));
-    return request;
   }
 
   const LighthouseClientOptions options_;

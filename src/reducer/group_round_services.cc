@@ -7,7 +7,7 @@
 #include <utility>
 
 #include "fmt/format.h"
-#include "nlohmann/json.hpp"
+#include "learner/control_proto.h"
 
 namespace mend::reducer {
 namespace {
@@ -15,28 +15,6 @@ namespace {
 // How often a rank waiting for rank 0's decision looks whether it was
 // interrupted.
 constexpr Micros kDecisionPoll = 250 * kMicrosPerMilli;
-
-nlohmann::json MemberJson(const RoundMember& m) {
-  return {{"id", m.id},
-          {"step", m.step},
-          {"tokens", m.tokens_since_last_round},
-          {"last_round", m.last_round_id},
-          {"heal_from", m.heal_from},
-          {"rack", m.rack},
-          {"address", m.address}};
-}
-
-RoundMember MemberFrom(const nlohmann::json& j) {
-  RoundMember m;
-  m.id = j.at("id").get<std::string>();
-  m.step = j.at("step").get<uint64_t>();
-  m.tokens_since_last_round = j.at("tokens").get<uint64_t>();
-  m.last_round_id = j.at("last_round").get<uint64_t>();
-  m.heal_from = j.at("heal_from").get<std::string>();
-  m.rack = j.at("rack").get<std::string>();
-  m.address = j.at("address").get<std::string>();
-  return m;
-}
 
 class GroupServices final : public RoundServices {
  public:
@@ -117,54 +95,15 @@ class GroupServices final : public RoundServices {
 }  // namespace
 
 std::string EncodeDecision(const StatusOr<QuorumResult>& result) {
-  if (!result.ok()) {
-    return nlohmann::json{{"code", static_cast<int>(result.status().code())},
-                          {"message", std::string(result.status().message())}}
-        .dump();
-  }
-  const QuorumResult& r = *result;
-  nlohmann::json j = {{"code", 0},
-                      {"round_id", r.round_id},
-                      {"rank", r.rank},
-                      {"world_size", r.world_size},
-                      {"total_tokens", r.total_tokens},
-                      {"prefix", r.rendezvous_prefix},
-                      {"closed_by", r.closed_by},
-                      {"waited_ms", r.waited_ms},
-                      {"heal_round_id", r.heal_round_id},
-                      {"step", r.step},
-                      {"heal_to", r.heal_to},
-                      {"members", nlohmann::json::array()}};
-  if (r.heal_from) j["heal_from"] = MemberJson(*r.heal_from);
-  for (const RoundMember& m : r.members) j["members"].push_back(MemberJson(m));
-  return j.dump();
+  return DecisionToProto(result).SerializeAsString();
 }
 
-StatusOr<QuorumResult> DecodeDecision(const std::string& text) {
-  try {
-    const nlohmann::json j = nlohmann::json::parse(text);
-    const int code = j.at("code").get<int>();
-    if (code != 0) {
-      return Status(static_cast<StatusCode>(code), j.at("message").get<std::string>());
-    }
-    QuorumResult r;
-    r.round_id = j.at("round_id").get<uint64_t>();
-    r.rank = j.at("rank").get<uint32_t>();
-    r.world_size = j.at("world_size").get<uint32_t>();
-    r.total_tokens = j.at("total_tokens").get<uint64_t>();
-    r.rendezvous_prefix = j.at("prefix").get<std::string>();
-    r.closed_by = j.at("closed_by").get<std::string>();
-    r.waited_ms = j.at("waited_ms").get<uint32_t>();
-    r.heal_round_id = j.at("heal_round_id").get<uint64_t>();
-    r.step = j.at("step").get<uint64_t>();
-    r.heal_to = j.at("heal_to").get<std::vector<std::string>>();
-    if (j.contains("heal_from")) r.heal_from = MemberFrom(j.at("heal_from"));
-    for (const nlohmann::json& m : j.at("members")) r.members.push_back(MemberFrom(m));
-    return r;
-  } catch (const nlohmann::json::exception& error) {
-    return InternalError(
-        fmt::format("group: a round decision in the store does not parse: {}", error.what()));
+StatusOr<QuorumResult> DecodeDecision(const std::string& bytes) {
+  v1::DatagramDecision decision;
+  if (!decision.ParseFromString(bytes)) {
+    return InternalError("group: a round decision in the store does not parse");
   }
+  return DecisionFromProto(decision, "");
 }
 
 std::unique_ptr<RoundServices> GroupRoundServices(std::unique_ptr<RoundServices> inner,

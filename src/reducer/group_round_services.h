@@ -28,8 +28,10 @@ std::unique_ptr<RoundServices> GroupRoundServices(std::unique_ptr<RoundServices>
                                                   std::string learner_id);
 
 // A round decision (or the error rank 0's join ended with) as the group's
-// store carries it, and back (INTERNAL when the text does not parse).
+// store carries it: the protocol's own decision message (v1::DatagramDecision,
+// read by learner/control_proto.h), and back (INTERNAL when the bytes do not
+// parse).
 std::string EncodeDecision(const StatusOr<QuorumResult>& result);
-StatusOr<QuorumResult> DecodeDecision(const std::string& text);
+StatusOr<QuorumResult> DecodeDecision(const std::string& bytes);
 
 }  // namespace mend::reducer

@@ -7,7 +7,10 @@
 //
 // Wire format, little-endian:
 //   u32 magic "MND1" | u8 kind | u8 version (kVersion) | u16 reserved (0)
-//   u64 session_id | u64 seq | body (per kind) | 16-byte MAC
+//   u64 session_id | u64 seq | body | 16-byte MAC
+// The body is the protocol's own protobuf message for the kind (see Kind):
+// the same messages as the gRPC calls, so one handler on each side serves
+// both channels (coordinator/control_handler.h, learner/control_proto.h).
 // The MAC is HMAC-SHA256, truncated to 16 bytes, over everything before it,
 // keyed by DeriveKey(job token): only holders of the job token can speak on
 // the channel. `seq` grows with every datagram a sender sends in a session;
@@ -24,7 +27,6 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
-#include <vector>
 
 #include "mend/status.h"
 
@@ -34,13 +36,12 @@ namespace mend::coordinator::datagram {
 
 inline constexpr uint32_t kMagic = 0x31444E4D;  // "MND1" in little-endian order
 // 2: acks carry the latest round's step; 3: decisions the round's step;
-// 4: acks whether the learner's join is short of a quorum.
-inline constexpr uint8_t kVersion = 4;
+// 4: acks whether the learner's join is short of a quorum; 5: the bodies are
+// the protocol's protobuf messages.
+inline constexpr uint8_t kVersion = 5;
 inline constexpr size_t kHeaderBytes = 24;
 inline constexpr size_t kMacBytes = 16;
 inline constexpr size_t kMaxDatagramBytes = 8192;
-inline constexpr size_t kMaxStepTimes = 256;
-inline constexpr size_t kMaxHealTo = 64;
 
 using Key = std::array<uint8_t, 32>;
 
@@ -66,12 +67,14 @@ class Signer {
   EVP_MAC_CTX* context_;
 };
 
+// What each kind carries: the control protocol's own messages
+// (proto/mend/v1/lighthouse.proto), serialized.
 enum class Kind : uint8_t {
-  kHeartbeat = 1,       // learner -> lighthouse
-  kJoin = 2,            // learner -> lighthouse
-  kAck = 3,             // lighthouse -> learner
-  kDecision = 4,        // lighthouse -> learner
-  kUnknownSession = 5,  // lighthouse -> learner: register again (over gRPC)
+  kHeartbeat = 1,       // learner -> lighthouse: v1::HeartbeatRequest
+  kJoin = 2,            // learner -> lighthouse: v1::DatagramJoin
+  kAck = 3,             // lighthouse -> learner: v1::HeartbeatResponse
+  kDecision = 4,        // lighthouse -> learner: v1::DatagramDecision
+  kUnknownSession = 5,  // lighthouse -> learner, no body: register again (over gRPC)
 };
 
 struct Header {
@@ -80,65 +83,34 @@ struct Header {
   uint64_t seq = 0;
 };
 
-struct Heartbeat {
-  uint64_t step = 0;
-  uint64_t tokens_total = 0;
-  uint64_t tokens_since_last_round = 0;
-  std::vector<uint32_t> step_time_us;  // at most kMaxStepTimes
-};
+// The most body bytes one datagram holds.
+inline constexpr size_t kMaxBodyBytes = kMaxDatagramBytes - kHeaderBytes - kMacBytes;
 
-struct Join {
-  uint64_t join_id = 0;  // chosen by the learner; resends reuse it
-  uint64_t last_round_id = 0;
-  uint64_t step = 0;
-  uint64_t tokens_since_last_round = 0;
-  uint32_t timeout_ms = 0;
-};
-
-struct Ack {
-  bool slow = false;
-  double slow_zscore = 0;
-  uint64_t latest_round_id = 0;
-  uint64_t lighthouse_instance = 0;
-  uint64_t latest_round_step = 0;
-  bool short_of_quorum = false;
-};
-
-struct Decision {
-  uint64_t join_id = 0;
-  uint8_t code = 0;  // a StatusCode; 0 is a round
-  std::string message;
-  uint64_t round_id = 0;
-  uint32_t rank = 0;
-  uint32_t world_size = 0;
-  uint64_t total_tokens = 0;
-  uint64_t heal_round_id = 0;
-  uint64_t step = 0;
-  uint32_t waited_ms = 0;
-  std::string closed_by;
-  std::string rendezvous_prefix;
-  std::string heal_from_id;
-  std::string heal_from_address;
-  std::vector<std::string> heal_to;  // at most kMaxHealTo
-  bool heal_to_truncated = false;
-};
-
-// Each Encode builds header + body and seals it with `signer`.
-std::string Encode(const Header& header, const Heartbeat& body, Signer& signer);
-std::string Encode(const Header& header, const Join& body, Signer& signer);
-std::string Encode(const Header& header, const Ack& body, Signer& signer);
-std::string Encode(const Header& header, const Decision& body, Signer& signer);
-// kUnknownSession carries no body.
-std::string EncodeUnknownSession(const Header& header, Signer& signer);
+// Builds header + body and seals it with `signer`. The body must fit
+// (kMaxBodyBytes); a longer one is a programming error and is cut.
+std::string Encode(const Header& header, std::string_view body, Signer& signer);
 
 // Checks size, magic and version and reads the header. It does not check the
 // MAC: call Signer::Verify before trusting anything.
 [[nodiscard]] StatusOr<Header> ParseHeader(std::string_view datagram);
 
-// Decode the body of a verified datagram; INVALID_ARGUMENT when malformed.
-[[nodiscard]] StatusOr<Heartbeat> DecodeHeartbeat(std::string_view datagram);
-[[nodiscard]] StatusOr<Join> DecodeJoin(std::string_view datagram);
-[[nodiscard]] StatusOr<Ack> DecodeAck(std::string_view datagram);
-[[nodiscard]] StatusOr<Decision> DecodeDecision(std::string_view datagram);
+// The body of a datagram whose header parsed: the bytes between header and MAC.
+std::string_view Body(std::string_view datagram);
+
+// A message as a datagram's body, and back (INVALID_ARGUMENT when the body
+// is not one). `Message` is a protobuf message type.
+template <typename Message>
+std::string EncodeMessage(const Header& header, const Message& body, Signer& signer) {
+  return Encode(header, body.SerializeAsString(), signer);
+}
+template <typename Message>
+[[nodiscard]] StatusOr<Message> DecodeMessage(std::string_view datagram) {
+  std::string_view body = Body(datagram);
+  Message message;
+  if (!message.ParseFromArray(body.data(), static_cast<int>(body.size()))) {
+    return InvalidArgumentError("malformed datagram body");
+  }
+  return message;
+}
 
 }  // namespace mend::coordinator::datagram

@@ -163,15 +163,17 @@ TEST_F(LighthouseProcessTest, WrongTokenIsRefusedWithAReason) {
 // Learners on the UDP control channel: the same rounds, and a lighthouse
 // restart they ride over.
 TEST_F(LighthouseProcessTest, UdpLearnersFormRoundsAndSurviveALighthouseRestart) {
-  StartLighthouse(LighthouseFlags("2000", "2000"));
+  std::vector<std::string> lighthouse = LighthouseFlags("2000", "2000");
+  lighthouse.insert(lighthouse.end(), {"--control-plane", "udp"});
+  StartLighthouse(lighthouse);
   std::vector<std::string> flags = kFastLearner;
-  flags.insert(flags.end(), {"--control-transport", "udp"});
+  flags.insert(flags.end(), {"--control-plane", "udp"});
   uint64_t before = StartThreeAndAwaitFullRound(flags);
   ASSERT_GT(before, 0u);
   std::string address = grpc_address_;
   ASSERT_TRUE(lighthouse_->Signal(SIGKILL).ok());
   ASSERT_TRUE(lighthouse_->Wait(kWait).ok());
-  StartLighthouse(LighthouseFlags("2000", "2000"), address);
+  StartLighthouse(lighthouse, address);
   AwaitStatus(
       kWait,
       [&](const json& s) {

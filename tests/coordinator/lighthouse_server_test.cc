@@ -205,7 +205,7 @@ class AgentTransportTest : public ::testing::TestWithParam<std::string> {
  protected:
   Config AgentConfig() {
     Config config = TestConfig();
-    EXPECT_TRUE(SetConfigValue(config, "control_transport", GetParam(), "test").ok());
+    EXPECT_TRUE(SetConfigValue(config, "control_plane", GetParam(), "test").ok());
     return config;
   }
 };
@@ -236,6 +236,11 @@ TEST_P(AgentTransportTest, AgentsFormRoundsWithRanksAndTokenTotals) {
               "job/round/" + instance + "/" + std::to_string(r + 1) + "/");
     EXPECT_EQ(results[2][static_cast<size_t>(r)].rank, 0u);  // "a"
     EXPECT_EQ(results[1][static_cast<size_t>(r)].rank, 2u);  // "c"
+    // A decision field reaches every member over either channel: the
+    // adaptive grace window, between its floor and the configured window.
+    EXPECT_GE(from_b.grace_window_ms, config.grace_window_min_ms);
+    EXPECT_LE(from_b.grace_window_ms, config.grace_window_ms);
+    EXPECT_EQ(results[1][static_cast<size_t>(r)].grace_window_ms, from_b.grace_window_ms);
   }
   for (auto& agent : agents) EXPECT_TRUE(agent->Leave("done").ok());
 }
@@ -369,12 +374,17 @@ TEST(LighthouseServerTest, TlsServesClientsThatTrustItsCertificate) {
 }
 
 TEST(LighthouseServerTest, DatagramsWithAWrongTokenAreDroppedAndRecorded) {
-  auto server = StartServer(TestConfig());
+  Config config = TestConfig();
+  config.control_plane = ControlPlane::kUdp;
+  auto server = StartServer(config);
   ASSERT_GT(server->udp_port(), 0);
   auto intruder =
       coordinator::DatagramClient::Open("127.0.0.1", server->udp_port(), "not-the-token-at-all");
   ASSERT_TRUE(intruder.ok());
-  (*intruder)->SendJoins({{12345, coordinator::datagram::Join{1, 0, 0, 0, 1000}}});
+  v1::DatagramJoin join;
+  join.set_join_id(1);
+  join.mutable_request()->set_timeout_ms(1000);
+  (*intruder)->SendJoins({{12345, join}});
   auto client = Connect(server->grpc_address());
   bool recorded = testing_util::WaitFor(10 * kMicrosPerSecond, [&]() {
     auto doc = nlohmann::json::parse(*client->StatusJson());

@@ -215,6 +215,27 @@ TEST(ConfigTest, UnknownEnvironmentVariableIsAnErrorWithSuggestion) {
   EXPECT_THAT(std::string(config.status().message()), HasSubstr("MEND_GRACE_WINDOW_MS"));
 }
 
+// udp_control (the lighthouse's) and control_transport (the learners') became
+// one key; the old names say what to set instead, from every source.
+TEST(ConfigTest, ReplacedKeysNameTheirReplacement) {
+  Config config;
+  for (const char* old_name : {"udp_control", "control_transport"}) {
+    Status status = SetConfigValue(config, old_name, "udp", "a.toml:4");
+    EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(status.message()), HasSubstr(old_name));
+    EXPECT_THAT(std::string(status.message()), HasSubstr("replaced by control_plane"));
+    EXPECT_THAT(std::string(status.message()), HasSubstr("a.toml:4"));
+  }
+  Env env({"MEND_CONTROL_TRANSPORT=udp"});
+  ConfigSources sources;
+  sources.environ = env.get();
+  auto loaded = LoadConfig(sources);
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_THAT(std::string(loaded.status().message()), HasSubstr("replaced by control_plane"));
+  ASSERT_TRUE(SetConfigValue(config, "control_plane", "udp", "test").ok());
+  EXPECT_EQ(config.control_plane, ControlPlane::kUdp);
+}
+
 TEST(ConfigTest, MissingFileIsNamed) {
   ConfigSources sources;
   sources.file = "/nonexistent/mend.toml";

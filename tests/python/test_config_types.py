@@ -60,3 +60,14 @@ def test_a_config_is_built_and_read_in_one_call_each(monkeypatch):
     assert calls == {"mend_config_set_json": 2, "mend_config_to_json": 1}
     with pytest.raises(ValueError, match="keyword outer_lr"):
         mend.MendConfig(outer_lr=-1.0)
+
+
+def test_replaced_keys_say_what_to_set_instead():
+    # udp_control and control_transport became control_plane: the old names
+    # are refused with libmend's message, not as unknown keywords.
+    for old in ("udp_control", "control_transport"):
+        with pytest.raises(ValueError, match="replaced by control_plane"):
+            mend.MendConfig(**{old: "udp"})
+    with pytest.raises(TypeError, match="did you mean 'control_plane'"):
+        mend.MendConfig(control_plan="udp")
+    assert mend.MendConfig(control_plane="udp").control_plane == "udp"

@@ -87,11 +87,12 @@ TEST_F(GroupRoundServicesTest, ARankGivesUpOnAMissingDecisionNamingRankZeroAndTh
   EXPECT_TRUE(inner->asks().empty());
 }
 
-TEST(GroupRoundDecisionTest, ARoundSurvivesItsTextAndABadTextIsNamed) {
+TEST(GroupRoundDecisionTest, ARoundSurvivesItsBytesAndBadBytesAreNamed) {
   QuorumResult round = fakes::RoundOfOne(9, 40);
   round.world_size = 2;
   round.total_tokens = 1280;
   round.heal_to = {"learner-b"};
+  round.grace_window_ms = 120;
   RoundMember source;
   source.id = "learner-c";
   source.step = 40;
@@ -105,6 +106,7 @@ TEST(GroupRoundDecisionTest, ARoundSurvivesItsTextAndABadTextIsNamed) {
   EXPECT_EQ(back->world_size, 2u);
   EXPECT_EQ(back->total_tokens, 1280u);
   EXPECT_EQ(back->heal_to, round.heal_to);
+  EXPECT_EQ(back->grace_window_ms, 120u);
   ASSERT_TRUE(back->heal_from.has_value());
   EXPECT_EQ(back->heal_from->address, "10.0.0.3:5000");
   ASSERT_EQ(back->members.size(), 2u);
@@ -114,7 +116,7 @@ TEST(GroupRoundDecisionTest, ARoundSurvivesItsTextAndABadTextIsNamed) {
   EXPECT_EQ(error.status().code(), StatusCode::kAborted);
   EXPECT_EQ(error.status().message(), "called off");
 
-  StatusOr<QuorumResult> bad = DecodeDecision("{\"code\": 0, \"round_id\": ");
+  StatusOr<QuorumResult> bad = DecodeDecision(std::string("\x00\x01", 2));  // field number 0
   EXPECT_EQ(bad.status().code(), StatusCode::kInternal);
   EXPECT_NE(std::string(bad.status().message()).find("does not parse"), std::string::npos);
 }

@@ -1,0 +1,35 @@
+// The learner's side of the control messages, once for both channels: the
+// gRPC client (lighthouse_client.cc) and the datagram link
+// (datagram_link.cc) build their requests and read their answers with
+// these, and a group's ranks share rank 0's decisions as the same message
+// (reducer/group_round_services.cc). So a field added to a decision or an
+// acknowledgement is read in one place: here.
+//
+// Thread-safety: pure functions.
+#pragma once
+
+#include "mend/lighthouse_client.h"
+#include "mend/v1/lighthouse.pb.h"
+
+namespace mend {
+
+// The most a join may wait, as the lighthouse bounds it (timeout_ms).
+inline constexpr Micros kMaxJoinTimeout = 3'600'000 * kMicrosPerMilli;
+
+void FillHeartbeatRequest(const LearnerRef& learner, const HeartbeatUpdate& update,
+                          v1::HeartbeatRequest* request);
+v1::QuorumRequest QuorumRequestProto(const QuorumRequestArgs& args);
+
+QuorumResult QuorumResultFromProto(const v1::QuorumResponse& response);
+v1::QuorumResponse QuorumResultToProto(const QuorumResult& result);
+HeartbeatAck HeartbeatAckFromProto(const v1::HeartbeatResponse& response);
+
+// A decision (a round, or the status the join failed with) as the message a
+// datagram carries, and back; `where` prefixes an error's message (e.g.
+// "lighthouse HOST:PORT (udp): Quorum"). A code outside the known ones
+// reads as UNKNOWN.
+v1::DatagramDecision DecisionToProto(const StatusOr<QuorumResult>& result);
+StatusOr<QuorumResult> DecisionFromProto(const v1::DatagramDecision& decision,
+                                         std::string_view where);
+
+}  // namespace mend
