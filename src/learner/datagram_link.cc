@@ -10,8 +10,9 @@ namespace mend::coordinator {
 
 StatusOr<std::unique_ptr<DatagramLink>> DatagramLink::Open(const std::string& host, int port,
                                                            const std::string& token,
-                                                           const Clock& clock, Hooks hooks) {
-  std::unique_ptr<DatagramLink> link(new DatagramLink(host, port, clock, std::move(hooks)));
+                                                           const Clock& clock, Hooks hooks,
+                                                           Micros resend) {
+  std::unique_ptr<DatagramLink> link(new DatagramLink(host, port, clock, std::move(hooks), resend));
   MEND_ASSIGN_OR_RETURN(link->client_, DatagramClient::Open(host, port, token));
   return link;
 }
@@ -32,11 +33,13 @@ Status DatagramLink::Retarget(int port) {
   return OkStatus();
 }
 
-void DatagramLink::Attach(uint64_t session_id) {
+void DatagramLink::Attach(const LearnerRef& session) {
+  const uint64_t session_id = session.session_id;
   uint64_t previous = 0;
   {
     MutexLock lock(mu_);
     previous = session_id_;
+    if (previous == session_id) return;  // the same session: nothing changes
     session_id_ = session_id;
     last_ack_at_ = clock_.NowMicros();
   }
@@ -73,19 +76,21 @@ void DatagramLink::Attach(uint64_t session_id) {
   client_->Attach(session_id, std::move(callbacks));
 }
 
-void DatagramLink::SendHeartbeat(const HeartbeatUpdate& update) {
+Status DatagramLink::SendHeartbeat(const HeartbeatUpdate& update) {
   uint64_t session = 0;
   {
     MutexLock lock(mu_);
     session = session_id_;
   }
-  if (session == 0) return;
+  if (session == 0) return OkStatus();
   v1::HeartbeatRequest body;
   FillHeartbeatRequest({}, update, &body);  // the session says who
   client_->SendHeartbeats({{session, std::move(body)}});
+  return OkStatus();
 }
 
-StatusOr<QuorumResult> DatagramLink::Join(const QuorumRequestArgs& args, Micros resend) {
+StatusOr<QuorumResult> DatagramLink::Join(const QuorumRequestArgs& args) {
+  const Micros resend = resend_;
   Micros deadline = clock_.NowMicros() + args.timeout;
   v1::DatagramJoin join;
   QuorumRequestArgs sent = args;

@@ -1,6 +1,7 @@
 // One learner's use of the datagram control channel: heartbeats, and quorum
-// joins that are resent until their decision arrives. LearnerAgent uses it
-// when control_plane = "udp" and the lighthouse serves the channel.
+// joins that are resent until their decision arrives. It is the datagram
+// ControlChannel (control_channel.h); LearnerAgent uses it when
+// control_plane = "udp" and the lighthouse serves the channel.
 //
 // Thread-safety: every method may be called from any thread; the hooks run
 // on the channel's receiving thread.
@@ -13,13 +14,14 @@
 
 #include "absl/base/thread_annotations.h"
 #include "core/mutex.h"
+#include "learner/control_channel.h"
 #include "learner/datagram_client.h"
 #include "mend/clock.h"
 #include "mend/lighthouse_client.h"
 
 namespace mend::coordinator {
 
-class DatagramLink {
+class DatagramLink final : public ControlChannel {
  public:
   struct Hooks {
     std::function<void(const HeartbeatAck&)> on_ack;
@@ -28,29 +30,35 @@ class DatagramLink {
   };
 
   // `clock` (not owned; it must outlive the link) times the
-  // acknowledgements and the joins' timeouts.
-  [[nodiscard]] static StatusOr<std::unique_ptr<DatagramLink>> Open(
-      const std::string& host, int port, const std::string& token, const Clock& clock, Hooks hooks);
+  // acknowledgements and the joins' timeouts; a join is sent again every
+  // `resend` until its decision comes.
+  [[nodiscard]] static StatusOr<std::unique_ptr<DatagramLink>> Open(const std::string& host,
+                                                                    int port,
+                                                                    const std::string& token,
+                                                                    const Clock& clock, Hooks hooks,
+                                                                    Micros resend);
 
-  // Speaks for `session_id` from now on (a new registration); restarts the
-  // acknowledgement clock.
-  void Attach(uint64_t session_id);
+  // ControlChannel. Attach speaks for the session's id (the lighthouse
+  // knows the learner by it); a heartbeat never fails here (a lost one is
+  // covered by the next); Restart has nothing to drop.
+  void Attach(const LearnerRef& session) override;
+  Status SendHeartbeat(const HeartbeatUpdate& update) override;
+  Micros last_ack_at() const override;
+  void Restart() override {}
+  // Sends the join every `resend` until the decision comes, args.timeout
+  // passes (DEADLINE_EXCEEDED) or Interrupt() (ABORTED).
+  [[nodiscard]] StatusOr<QuorumResult> Join(const QuorumRequestArgs& args) override;
+  void Interrupt() override;
   // Sends to another port of the same host from now on.
   [[nodiscard]] Status Retarget(int port);
   int port() const;
-  void SendHeartbeat(const HeartbeatUpdate& update);
-  // Joins a round: sends the join every `resend` until the decision comes,
-  // args.timeout passes (DEADLINE_EXCEEDED) or Interrupt() (ABORTED).
-  [[nodiscard]] StatusOr<QuorumResult> Join(const QuorumRequestArgs& args, Micros resend);
-  // Ends a Join in progress, and every later one, with ABORTED.
-  void Interrupt();
-  Micros last_ack_at() const;
 
  private:
-  DatagramLink(std::string host, int port, const Clock& clock, Hooks hooks)
+  DatagramLink(std::string host, int port, const Clock& clock, Hooks hooks, Micros resend)
       : host_(std::move(host)),
         clock_(clock),
         hooks_(std::move(hooks)),
+        resend_(resend),
         port_(port),
         last_ack_at_(clock.NowMicros()) {}
   std::string Where() const;
@@ -58,6 +66,7 @@ class DatagramLink {
   const std::string host_;
   const Clock& clock_;
   const Hooks hooks_;
+  const Micros resend_;
   std::unique_ptr<DatagramClient> client_;
 
   mutable Mutex mu_;

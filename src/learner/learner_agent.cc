@@ -27,7 +27,9 @@ LearnerAgentImpl::LearnerAgentImpl(const Config& config, const std::string& toke
       use_udp_(config.control_plane == ControlPlane::kUdp),
       client_(std::move(client)),
       heartbeat_interval_(config.heartbeat_ms * kMicrosPerMilli),
-      heartbeat_timeout_(config.heartbeat_timeout_ms * kMicrosPerMilli) {}
+      heartbeat_timeout_(config.heartbeat_timeout_ms * kMicrosPerMilli),
+      grpc_(NewGrpcControlChannel(*client_, clock_,
+                                  [this](const HeartbeatAck& ack) { OnAck(ack); })) {}
 
 Status LearnerAgentImpl::FirstRegistration(Micros wait) {
   TryRegister();
@@ -145,18 +147,12 @@ Status LearnerAgentImpl::AfterFailedJoin(const Status& failure, uint64_t session
 }
 
 void LearnerAgentImpl::Interrupt() {
-  std::shared_ptr<PendingCall> call;
   {
     MutexLock lock(mu_);
     interrupted_ = true;
-    call = current_call_;
     wake_.NotifyAll();
   }
-  if (call) {
-    MutexLock lock(call->mu);
-    call->interrupted = true;
-    call->done.NotifyAll();
-  }
+  grpc_->Interrupt();
   if (coordinator::DatagramLink* link = Link()) link->Interrupt();
 }
 
@@ -186,7 +182,7 @@ void LearnerAgentImpl::Stop() {
     wake_.NotifyAll();
   }
   if (thread_.joinable()) thread_.join();
-  stream_.reset();
+  grpc_->Restart();  // closes the heartbeat stream
 }
 
 bool LearnerAgentImpl::lighthouse_lost() const {
@@ -206,29 +202,7 @@ bool LearnerAgentImpl::short_of_quorum() const {
 }
 
 StatusOr<QuorumResult> LearnerAgentImpl::CallQuorum(const QuorumRequestArgs& args) {
-  if (coordinator::DatagramLink* link = Link(); link && !args.include_members) {
-    return link->Join(args, kJoinResend);
-  }
-  auto call = std::make_shared<PendingCall>();
-  {
-    MutexLock lock(mu_);
-    if (interrupted_) return AbortedError("learner agent is stopping");
-    current_call_ = call;
-  }
-  client_->QuorumAsync(args, [call](StatusOr<QuorumResult> result) {
-    MutexLock lock(call->mu);
-    call->result = std::move(result);
-    call->done.NotifyAll();
-  });
-  StatusOr<QuorumResult> result = AbortedError("learner agent is stopping");
-  {
-    MutexLock lock(call->mu);
-    while (!call->result && !call->interrupted) call->done.Wait(call->mu);
-    if (call->result) result = std::move(*call->result);
-  }
-  MutexLock lock(mu_);
-  current_call_.reset();
-  return result;
+  return Channel(args.include_members).Join(args);
 }
 
 bool LearnerAgentImpl::WaitOnce(Micros deadline) {
@@ -248,14 +222,12 @@ void LearnerAgentImpl::SetFatal(const Status& status) {
 }
 
 void LearnerAgentImpl::TryRegister() {
-  uint64_t session_before = 0;
   uint64_t step = 0;
   uint64_t last_round = 0;
   {
     MutexLock lock(mu_);
     step = step_;
     last_round = last_round_id_;
-    session_before = session_.session_id;
   }
   StatusOr<Registration> registration = client_->Register(identity_, step, last_round);
   {
@@ -283,14 +255,12 @@ void LearnerAgentImpl::TryRegister() {
   session_ = LearnerRef{identity_.id, registration->session_id};
   registered_ = true;
   registrations_++;
-  stream_restart_ = true;
+  const LearnerRef session = session_;
   wake_.NotifyAll();
   lock.Unlock();
+  grpc_->Attach(session);  // a new stream for every registration
   MaybeOpenLink(registration->udp_port);
-  if (coordinator::DatagramLink* link = Link();
-      link && registration->session_id != session_before) {
-    link->Attach(registration->session_id);
-  }
+  if (coordinator::DatagramLink* link = Link()) link->Attach(session);
 }
 
 std::string GroupStorePrefix(const Config& config, const std::string& learner_id) {

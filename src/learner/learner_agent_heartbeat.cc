@@ -1,6 +1,6 @@
-// LearnerAgentImpl's heartbeat thread and the channels it feeds: the gRPC
-// heartbeat stream, or the datagram link when the agent speaks UDP to its
-// lighthouse; and what their acknowledgements tell.
+// LearnerAgentImpl's heartbeat thread, the choice of control channel
+// (Channel: gRPC, or the datagram link when the agent speaks UDP to its
+// lighthouse), and what the acknowledgements tell.
 #include <algorithm>
 #include <utility>
 
@@ -27,7 +27,7 @@ void LearnerAgentImpl::HeartbeatLoop() {
     Micros now = clock_.NowMicros();
     if (!registered_ && now >= next_registration) {
       lock.Unlock();
-      stream_.reset();
+      grpc_->Restart();
       TryRegister();
       lock.Lock();
       if (!registered_) {
@@ -39,7 +39,7 @@ void LearnerAgentImpl::HeartbeatLoop() {
     }
     if (registered_) {
       lock.Unlock();
-      PumpStream();
+      PumpHeartbeat();
       lock.Lock();
     }
     const Micros next_beat = clock_.NowMicros() + heartbeat_interval_;
@@ -48,27 +48,13 @@ void LearnerAgentImpl::HeartbeatLoop() {
   }
 }
 
-void LearnerAgentImpl::PumpStream() {
-  if (stream_ && stream_->done()) {
-    Status ended = stream_->status();
-    stream_.reset();
-    if (IsFatal(ended.code())) {
-      SetFatal(ended);
-      return;
-    }
-    MutexLock lock(mu_);
-    if (NeedsRegistration(ended.code())) {
-      spdlog::warn("{}; registering again", ended.message());
-      registered_ = false;
-      register_now_ = true;
-      return;
-    }
-    CallFailed();
-    spdlog::debug("heartbeat stream ended: {}", ended.message());
-  }
+ControlChannel& LearnerAgentImpl::Channel(bool members) {
+  if (coordinator::DatagramLink* link = Link(); link && !members) return *link;
+  return *grpc_;
+}
+
+void LearnerAgentImpl::PumpHeartbeat() {
   HeartbeatUpdate update;
-  LearnerRef session;
-  bool restart = false;
   Micros ack_timeout = 0;
   Micros resumed_at = 0;
   {
@@ -76,36 +62,41 @@ void LearnerAgentImpl::PumpStream() {
     if (!registered_ || withhold_) return;
     ack_timeout = heartbeat_timeout_;
     resumed_at = resumed_at_;
-    session = session_;
-    restart = stream_restart_;
-    stream_restart_ = false;
     update.step = step_;
     update.tokens_total = tokens_total_;
     update.tokens_since_last_round = tokens_since_round_;
     update.step_time_us.swap(step_times_);
   }
-  Micros now = clock_.NowMicros();
+  ControlChannel& channel = Channel(/*members=*/false);
+  const bool datagrams = &channel != grpc_.get();
   // No acknowledgement is due for heartbeats withheld (WithholdHeartbeats).
-  const auto silent_since = [&](Micros last_ack) { return now - std::max(last_ack, resumed_at); };
-  if (coordinator::DatagramLink* link = Link()) {
-    if (silent_since(link->last_ack_at()) > ack_timeout) {
-      OnUdpSilence(silent_since(link->last_ack_at()));
+  const Micros silent = clock_.NowMicros() - std::max(channel.last_ack_at(), resumed_at);
+  if (silent > ack_timeout) {
+    if (datagrams) {
+      OnUdpSilence(silent);
       return;
     }
-    link->SendHeartbeat(update);
+    spdlog::warn("lighthouse {} has not acknowledged heartbeats for {} ms; reconnecting", address_,
+                 silent / kMicrosPerMilli);
+    channel.Restart();
+  }
+  Status sent = channel.SendHeartbeat(update);
+  if (sent.ok()) return;
+  // The heartbeat stream ended.
+  if (IsFatal(sent.code())) {
+    SetFatal(sent);
     return;
   }
-  if (stream_ && silent_since(stream_->last_ack_at()) > ack_timeout) {
-    spdlog::warn("lighthouse {} has not acknowledged heartbeats for {} ms; reconnecting", address_,
-                 silent_since(stream_->last_ack_at()) / kMicrosPerMilli);
-    stream_.reset();
+  if (NeedsRegistration(sent.code())) {
+    spdlog::warn("{}; registering again", sent.message());
+    MutexLock lock(mu_);
+    registered_ = false;
+    register_now_ = true;
+    return;
   }
-  if (restart) stream_.reset();
-  if (!stream_) {
-    stream_ =
-        client_->OpenHeartbeat(session, clock_, [this](const HeartbeatAck& ack) { OnAck(ack); });
-  }
-  stream_->Send(std::move(update));
+  CallFailed();
+  spdlog::debug("heartbeat stream ended: {}", sent.message());
+  (void)channel.SendHeartbeat(update);  // on a new stream
 }
 
 void LearnerAgentImpl::OnAck(const HeartbeatAck& ack) {
@@ -178,7 +169,7 @@ void LearnerAgentImpl::MaybeOpenLink(int udp_port) {
   hooks.on_ack = [this](const HeartbeatAck& ack) { OnAck(ack); };
   hooks.on_unknown_session = [this](uint64_t session) { OnUnknownSession(session); };
   auto link = coordinator::DatagramLink::Open(SplitHostPort(address_).first, udp_port, token_,
-                                              clock_, std::move(hooks));
+                                              clock_, std::move(hooks), kJoinResend);
   if (!link.ok()) {
     spdlog::warn("cannot open the datagram channel, using gRPC: {}", link.status().message());
     return;

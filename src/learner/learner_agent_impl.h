@@ -3,8 +3,9 @@
 // group_ranks.h). LearnerAgent::Start builds it.
 //
 // learner_agent.cc holds registration and joins; learner_agent_heartbeat.cc
-// the heartbeat thread and the channels it feeds (the gRPC heartbeat stream
-// or the datagram link) and what their acknowledgements tell.
+// the heartbeat thread, what the acknowledgements tell, and which control
+// channel (control_channel.h: gRPC, or the datagram link) carries the
+// heartbeats and joins: Channel(), the one place of that rule.
 //
 // Thread-safety: as LearnerAgent. One mutex, mu_, guards the mutable state;
 // what the accessors read without it is atomic.
@@ -20,6 +21,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "core/mutex.h"
+#include "learner/control_channel.h"
 #include "learner/datagram_link.h"
 #include "learner/group_ranks.h"
 #include "mend/clock.h"
@@ -79,15 +81,6 @@ class LearnerAgentImpl final : public LearnerAgent {
   static constexpr Micros kJoinResend = 200 * kMicrosPerMilli;
   static constexpr int kMaxUdpSilences = 3;
 
-  // A Quorum call in flight; shared with its completion callback, which may
-  // run after the agent is gone.
-  struct PendingCall {
-    Mutex mu;
-    CondVar done;
-    std::optional<StatusOr<QuorumResult>> result ABSL_GUARDED_BY(mu);
-    bool interrupted ABSL_GUARDED_BY(mu) = false;
-  };
-
   // A refusal that retrying cannot fix (wrong token, bad identity).
   static bool IsFatal(StatusCode code) {
     return code == StatusCode::kUnauthenticated || code == StatusCode::kInvalidArgument ||
@@ -115,8 +108,7 @@ class LearnerAgentImpl final : public LearnerAgent {
   // doubles up to kMaxRetry.
   Status AfterFailedJoin(const Status& failure, uint64_t session_id, Micros deadline, Micros* retry)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // One Quorum call that Interrupt() can abandon: a datagram join when the
-  // link is up (and no member list is wanted), else a gRPC call.
+  // One join that Interrupt() can abandon, on Channel(args.include_members).
   StatusOr<QuorumResult> CallQuorum(const QuorumRequestArgs& args) ABSL_LOCKS_EXCLUDED(mu_);
   // Registers once; on success starts a new session.
   void TryRegister() ABSL_LOCKS_EXCLUDED(mu_);
@@ -138,8 +130,14 @@ class LearnerAgentImpl final : public LearnerAgent {
   // The heartbeat thread: registers when not registered (backing off while
   // that fails), and feeds the heartbeat channel every heartbeat interval.
   void HeartbeatLoop() ABSL_LOCKS_EXCLUDED(mu_);
-  // Opens, checks and feeds the heartbeat stream.
-  void PumpStream() ABSL_LOCKS_EXCLUDED(mu_);
+  // Sends the heartbeat on Channel(), after checking that the channel is
+  // still acknowledged, and handles a channel that broke.
+  void PumpHeartbeat() ABSL_LOCKS_EXCLUDED(mu_);
+  // The channel for heartbeats and joins: the datagram link when this agent
+  // speaks UDP, its lighthouse serves the channel (the link opened) and the
+  // link was not given up (kMaxUdpSilences); gRPC otherwise, and always for
+  // a join that wants the member list (`members`).
+  ControlChannel& Channel(bool members) ABSL_LOCKS_EXCLUDED(mu_);
   // An acknowledgement of either channel: what the lighthouse says of this
   // learner and of the rounds.
   void OnAck(const HeartbeatAck& ack) ABSL_LOCKS_EXCLUDED(mu_);
@@ -165,8 +163,6 @@ class LearnerAgentImpl final : public LearnerAgent {
   const bool use_udp_;
   const std::unique_ptr<LighthouseClient> client_;
 
-  // Owned by the heartbeat thread (and Stop after the join).
-  std::unique_ptr<HeartbeatStream> stream_;
   std::thread thread_;
 
   std::atomic<bool> slow_{false};
@@ -184,10 +180,8 @@ class LearnerAgentImpl final : public LearnerAgent {
   CondVar wake_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool registered_ ABSL_GUARDED_BY(mu_) = false;
-  bool stream_restart_ ABSL_GUARDED_BY(mu_) = false;
   bool register_now_ ABSL_GUARDED_BY(mu_) = false;
   bool interrupted_ ABSL_GUARDED_BY(mu_) = false;
-  std::shared_ptr<PendingCall> current_call_ ABSL_GUARDED_BY(mu_);
   // Created once, destroyed with the agent (after its threads).
   std::unique_ptr<coordinator::DatagramLink> link_ ABSL_GUARDED_BY(mu_);
   bool link_disabled_ ABSL_GUARDED_BY(mu_) = false;
@@ -207,6 +201,10 @@ class LearnerAgentImpl final : public LearnerAgent {
   uint64_t tokens_since_round_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t last_round_id_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<uint32_t> step_times_ ABSL_GUARDED_BY(mu_);
+
+  // The gRPC channel (over client_). Last, so that it goes first: its
+  // acknowledgements call OnAck, which uses the members above.
+  const std::unique_ptr<ControlChannel> grpc_;
 };
 
 }  // namespace mend

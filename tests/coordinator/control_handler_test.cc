@@ -13,8 +13,8 @@
 namespace mend::coordinator {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::CoreHarness;
+using ::testing::HasSubstr;
 
 v1::HeartbeatRequest Beat(CoreHarness& harness, const std::string& id) {
   v1::HeartbeatRequest request;

@@ -3,8 +3,11 @@
 // agents, TLS, and a restart that agents ride over.
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
+#include <optional>
 #include <thread>
 
 #include "core/subprocess.h"
@@ -112,6 +115,65 @@ TEST(LighthouseServerTest, UnknownSessionIsNotFound) {
   args.learner = {"ghost", 42};
   args.timeout = kMicrosPerSecond;
   EXPECT_EQ(client->Quorum(args).status().code(), StatusCode::kNotFound);
+}
+
+// The datagram channel's side of the two tests above: the same checks (the
+// handler's), answered on the channel.
+TEST(LighthouseServerTest, ADatagramJoinOutOfBoundsIsRefusedNamingTheFieldAndRecorded) {
+  Config config = TestConfig();
+  config.control_plane = ControlPlane::kUdp;
+  auto server = StartServer(config);
+  auto client = Connect(server->grpc_address());
+  auto registered = client->Register({"a", "job", "", ""}, 0, 0);
+  ASSERT_TRUE(registered.ok()) << registered.status();
+  auto channel = coordinator::DatagramClient::Open("127.0.0.1", server->udp_port(), kToken);
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  std::mutex mu;
+  std::optional<v1::DatagramDecision> decision;
+  coordinator::DatagramClient::Callbacks callbacks;
+  callbacks.on_decision = [&](const v1::DatagramDecision& d) {
+    std::lock_guard lock(mu);
+    decision = d;
+  };
+  (*channel)->Attach(registered->session_id, std::move(callbacks));
+  v1::DatagramJoin join;
+  join.set_join_id(1);
+  join.mutable_request()->set_step(uint64_t{1} << 63);  // above the counters' bound
+  join.mutable_request()->set_timeout_ms(1000);
+  // Sent again until answered, as a learner does (a datagram may be lost).
+  ASSERT_TRUE(testing_util::WaitFor(10 * kMicrosPerSecond, [&]() {
+    (*channel)->SendJoins({{registered->session_id, join}});
+    std::lock_guard lock(mu);
+    return decision.has_value();
+  }));
+  EXPECT_EQ(decision->join_id(), 1u);
+  EXPECT_EQ(decision->code(), static_cast<uint32_t>(StatusCode::kInvalidArgument));
+  EXPECT_THAT(decision->message(), HasSubstr("step"));
+  const auto doc = nlohmann::json::parse(server->StatusJson());
+  bool recorded = false;
+  for (const auto& event : doc["events"]) {
+    recorded |= event["kind"] == "rejected" &&
+                event["message"].get<std::string>().find("step") != std::string::npos;
+  }
+  EXPECT_TRUE(recorded);
+}
+
+TEST(LighthouseServerTest, AnUnknownDatagramSessionIsToldToRegisterAgain) {
+  Config config = TestConfig();
+  config.control_plane = ControlPlane::kUdp;
+  auto server = StartServer(config);
+  auto channel = coordinator::DatagramClient::Open("127.0.0.1", server->udp_port(), kToken);
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  std::atomic<bool> told{false};
+  coordinator::DatagramClient::Callbacks callbacks;
+  callbacks.on_unknown_session = [&]() { told = true; };
+  (*channel)->Attach(42, std::move(callbacks));
+  v1::HeartbeatRequest beat;
+  beat.set_step(1);
+  EXPECT_TRUE(testing_util::WaitFor(10 * kMicrosPerSecond, [&]() {
+    (*channel)->SendHeartbeats({{42, beat}});
+    return told.load();
+  }));
 }
 
 TEST(LighthouseServerTest, StoreSetGetAddWaitDeleteOverGrpc) {
@@ -289,8 +351,10 @@ TEST_P(AgentTransportTest, AJoinLeftAloneIsReportedShortOfAQuorum) {
   EXPECT_TRUE(agents[0]->Leave("done").ok());
 }
 
-TEST(LighthouseServerTest, MemberListsComeOverGrpcOnRequest) {
-  Config config = TestConfig();
+// Member lists are gRPC's: a join that asks for one takes that channel
+// whatever the learner's control plane.
+TEST_P(AgentTransportTest, MemberListsComeOverGrpcOnRequest) {
+  Config config = AgentConfig();
   auto server = StartServer(config);
   config.lighthouse = server->grpc_address();
   auto agents = StartAgents(config, {"b", "a"});
@@ -345,6 +409,21 @@ TEST_P(AgentTransportTest, AgentsReRegisterAfterLighthouseRestartAndRoundIdsKeep
   EXPECT_EQ(after[0][0].round_id, 3u);
   EXPECT_EQ(after[0][0].world_size, 2u);
   for (auto& agent : agents) EXPECT_GE(agent->registrations(), 2u);
+}
+
+// The fallback rule: a learner on the datagram plane whose lighthouse
+// serves none (control_plane = "grpc" there) speaks gRPC.
+TEST(LighthouseServerTest, AUdpLearnerOfAGrpcOnlyLighthouseFormsRoundsOverGrpc) {
+  Config config = TestConfig();
+  auto server = StartServer(config);
+  ASSERT_EQ(server->udp_port(), 0);
+  config.lighthouse = server->grpc_address();
+  config.control_plane = ControlPlane::kUdp;
+  auto agents = StartAgents(config, {"a", "b"});
+  auto results = RunRounds(agents, 2, /*include_members=*/false);
+  ASSERT_FALSE(HasFatalFailure());
+  EXPECT_EQ(results[0][1].round_id, 2u);
+  for (auto& agent : agents) EXPECT_TRUE(agent->Leave("done").ok());
 }
 
 TEST(LighthouseServerTest, TlsServesClientsThatTrustItsCertificate) {
