@@ -2,21 +2,9 @@
 
 #include "coordinator/validation.h"
 #include "core/status_format.h"
+#include "wire/member_proto.h"
 
 namespace mend::coordinator {
-namespace {
-
-void FillMember(const MemberInfo& member, v1::Member* out) {
-  out->set_learner_id(member.id);
-  out->set_step(member.step);
-  out->set_tokens_since_last_round(member.tokens_since_last_round);
-  out->set_last_round_id(member.last_round_id);
-  out->set_heal_from(member.heal_from);
-  out->set_rack(member.rack);
-  out->set_address(member.address);
-}
-
-}  // namespace
 
 StatusOr<HeartbeatResult> ControlHandler::Heartbeat(const v1::HeartbeatRequest& request) {
   MEND_ASSIGN_OR_RETURN(HeartbeatArgs args, ParseHeartbeat(request));
@@ -62,13 +50,13 @@ void FillQuorumResponse(const RoundAssignment& assignment, bool include_members,
   response->set_step(round.step);
   response->set_grace_window_ms(static_cast<uint32_t>(round.grace_window / kMicrosPerMilli));
   if (const MemberInfo* source = FindMember(round, me.heal_from)) {
-    FillMember(*source, response->mutable_heal_from());
+    FillMemberProto(*source, response->mutable_heal_from());
   }
   if (auto it = round.heal_to.find(me.id); it != round.heal_to.end()) {
     for (const std::string& id : it->second) response->add_heal_to(id);
   }
   if (include_members && round.members.size() <= kMaxMembersInReply) {
-    for (const MemberInfo& member : round.members) FillMember(member, response->add_members());
+    for (const MemberInfo& member : round.members) FillMemberProto(member, response->add_members());
   }
 }
 

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "wire/member_proto.h"
+
 namespace mend {
 namespace {
 
@@ -9,16 +11,6 @@ RoundMember MemberFromProto(const v1::Member& member) {
   return RoundMember{member.learner_id(),    member.step(),      member.tokens_since_last_round(),
                      member.last_round_id(), member.heal_from(), member.rack(),
                      member.address()};
-}
-
-void MemberToProto(const RoundMember& member, v1::Member* out) {
-  out->set_learner_id(member.id);
-  out->set_step(member.step);
-  out->set_tokens_since_last_round(member.tokens_since_last_round);
-  out->set_last_round_id(member.last_round_id);
-  out->set_heal_from(member.heal_from);
-  out->set_rack(member.rack);
-  out->set_address(member.address);
 }
 
 }  // namespace
@@ -81,9 +73,9 @@ v1::QuorumResponse QuorumResultToProto(const QuorumResult& result) {
   response.set_heal_round_id(result.heal_round_id);
   response.set_step(result.step);
   response.set_grace_window_ms(result.grace_window_ms);
-  if (result.heal_from) MemberToProto(*result.heal_from, response.mutable_heal_from());
+  if (result.heal_from) FillMemberProto(*result.heal_from, response.mutable_heal_from());
   for (const std::string& id : result.heal_to) response.add_heal_to(id);
-  for (const RoundMember& member : result.members) MemberToProto(member, response.add_members());
+  for (const RoundMember& member : result.members) FillMemberProto(member, response.add_members());
   return response;
 }
 
