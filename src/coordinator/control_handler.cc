@@ -11,6 +11,13 @@ StatusOr<HeartbeatResult> ControlHandler::Heartbeat(const v1::HeartbeatRequest& 
   return core_->Heartbeat(args);
 }
 
+StatusOr<HeartbeatResult> ControlHandler::HeartbeatOf(std::string learner_id, uint64_t session_id,
+                                                      const v1::HeartbeatRequest& request) {
+  MEND_ASSIGN_OR_RETURN(HeartbeatArgs args,
+                        ParseHeartbeatOf(std::move(learner_id), session_id, request));
+  return core_->Heartbeat(args);
+}
+
 std::optional<v1::HeartbeatResponse> ControlHandler::AckDue(AckState& state,
                                                             const HeartbeatResult& result) const {
   const Micros now = core_->clock()->NowMicros();
@@ -60,26 +67,26 @@ void FillQuorumResponse(const RoundAssignment& assignment, bool include_members,
   }
 }
 
-v1::DatagramDecision MakeDatagramDecision(uint64_t join_id, const StatusOr<RoundAssignment>& result,
-                                          size_t max_bytes) {
-  v1::DatagramDecision decision;
-  decision.set_join_id(join_id);
+void FillDatagramDecision(uint64_t join_id, const StatusOr<RoundAssignment>& result,
+                          size_t max_bytes, v1::DatagramDecision* decision) {
+  decision->Clear();
+  decision->set_join_id(join_id);
   if (!result.ok()) {
-    decision.set_code(static_cast<uint32_t>(result.status().code()));
-    decision.set_message(std::string(StatusMessage(result.status())).substr(0, max_bytes / 2));
-    return decision;
+    decision->set_code(static_cast<uint32_t>(result.status().code()));
+    decision->set_message(std::string(StatusMessage(result.status())).substr(0, max_bytes / 2));
+    return;
   }
-  FillQuorumResponse(*result, /*include_members=*/false, decision.mutable_round());
+  FillQuorumResponse(*result, /*include_members=*/false, decision->mutable_round());
+  auto* heal_to = decision->mutable_round()->mutable_heal_to();
+  if (heal_to->empty()) return;  // (nothing to cut: most decisions)
   // The behind members this one serves are a hint (they fetch from it
   // anyway): cut from the end until the decision fits.
-  size_t bytes = decision.ByteSizeLong();
-  auto* heal_to = decision.mutable_round()->mutable_heal_to();
+  size_t bytes = decision->ByteSizeLong();
   while (bytes > max_bytes && !heal_to->empty()) {
     // At least its bytes, a tag and a length: the estimate stays above the size.
     bytes -= std::min(bytes, heal_to->at(heal_to->size() - 1).size() + 2);
     heal_to->RemoveLast();
   }
-  return decision;
 }
 
 }  // namespace mend::coordinator

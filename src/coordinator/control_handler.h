@@ -36,6 +36,10 @@ class ControlHandler {
   // answer: INVALID_ARGUMENT naming the field, or what the core said
   // (NeedsRegistration: the learner must register again).
   [[nodiscard]] StatusOr<HeartbeatResult> Heartbeat(const v1::HeartbeatRequest& request);
+  // The same for a learner the channel knows by its session (a datagram's):
+  // the request's `learner` is not read.
+  [[nodiscard]] StatusOr<HeartbeatResult> HeartbeatOf(std::string learner_id, uint64_t session_id,
+                                                      const v1::HeartbeatRequest& request);
   // The acknowledgement to send now for `result`, or nullopt when none is
   // due; records it in `state`. One is due for the first heartbeat, when the
   // slow flag or the quorum shortfall changed, when a round closed while the
@@ -66,7 +70,15 @@ inline constexpr size_t kMaxMembersInReply = 1024;
 
 // The decision a datagram carries: the round without its member list, or
 // the error's code and message; heal_to cut to what fits in `max_bytes`.
-v1::DatagramDecision MakeDatagramDecision(uint64_t join_id, const StatusOr<RoundAssignment>& result,
-                                          size_t max_bytes);
+// Fill reuses what `decision` holds (a sending thread's own).
+void FillDatagramDecision(uint64_t join_id, const StatusOr<RoundAssignment>& result,
+                          size_t max_bytes, v1::DatagramDecision* decision);
+inline v1::DatagramDecision MakeDatagramDecision(uint64_t join_id,
+                                                 const StatusOr<RoundAssignment>& result,
+                                                 size_t max_bytes) {
+  v1::DatagramDecision decision;
+  FillDatagramDecision(join_id, result, max_bytes, &decision);
+  return decision;
+}
 
 }  // namespace mend::coordinator

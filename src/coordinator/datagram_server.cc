@@ -236,13 +236,15 @@ void DatagramServer::Handle(std::string_view bytes, const Address& from) {
     peer.address = from;
   }
   if (header->kind == datagram::Kind::kHeartbeat) {
-    auto body = datagram::DecodeMessage<v1::HeartbeatRequest>(bytes);
-    if (!body.ok()) return Refused(from, "a heartbeat datagram whose body is no HeartbeatRequest");
-    HandleHeartbeat(session, learner_id, std::move(*body), from);
+    if (!datagram::DecodeInto(bytes, &heartbeat_in_)) {
+      return Refused(from, "a heartbeat datagram whose body is no HeartbeatRequest");
+    }
+    HandleHeartbeat(session, learner_id, heartbeat_in_, from);
   } else {
-    auto body = datagram::DecodeMessage<v1::DatagramJoin>(bytes);
-    if (!body.ok()) return Refused(from, "a join datagram whose body is no DatagramJoin");
-    HandleJoin(session, learner_id, std::move(*body), from);
+    if (!datagram::DecodeInto(bytes, &join_in_)) {
+      return Refused(from, "a join datagram whose body is no DatagramJoin");
+    }
+    HandleJoin(session, learner_id, join_in_, from);
   }
 }
 
@@ -252,11 +254,9 @@ void DatagramServer::Refused(const Address& from, std::string_view why) {
 }
 
 void DatagramServer::HandleHeartbeat(uint64_t session_id, const std::string& learner_id,
-                                     v1::HeartbeatRequest body, const Address& from) {
-  // The session says who: whatever the body says of the learner is replaced.
-  body.mutable_learner()->set_learner_id(learner_id);
-  body.mutable_learner()->set_session_id(session_id);
-  auto result = handler_.Heartbeat(body);
+                                     const v1::HeartbeatRequest& body, const Address& from) {
+  // The session says who: whatever the body says of the learner is not read.
+  auto result = handler_.HeartbeatOf(learner_id, session_id, body);
   if (!result.ok() && result.status().code() == StatusCode::kInvalidArgument) {
     return Refused(from, StatusMessage(result.status()));
   }
@@ -281,12 +281,12 @@ void DatagramServer::HandleHeartbeat(uint64_t session_id, const std::string& lea
   reply.session_id = session_id;
   reply.address = peer.address;
   reply.kind = datagram::Kind::kAck;
-  reply.ack = std::move(*ack);
+  reply.ack = ack->SerializeAsString();
   Enqueue(std::move(reply));
 }
 
 void DatagramServer::HandleJoin(uint64_t session_id, const std::string& learner_id,
-                                v1::DatagramJoin body, const Address& from) {
+                                v1::DatagramJoin& body, const Address& from) {
   const uint64_t join_id = body.join_id();
   {
     MutexLock lock(mu_);
@@ -388,19 +388,19 @@ void DatagramServer::RunSender(Sender& sender) {
 void DatagramServer::Send(std::vector<Outgoing>& batch, datagram::Signer& signer) {
   uint64_t first_seq = next_seq_.fetch_add(batch.size());
   std::vector<std::string> encoded(batch.size());
+  v1::DatagramDecision decision;  // reused: its strings keep their storage
   std::vector<mmsghdr> messages(batch.size());
   std::vector<iovec> vectors(batch.size());
   for (size_t i = 0; i < batch.size(); ++i) {
     datagram::Header header{batch[i].kind, batch[i].session_id, first_seq + i};
     switch (batch[i].kind) {
       case datagram::Kind::kAck:
-        encoded[i] = datagram::EncodeMessage(header, batch[i].ack, signer);
+        encoded[i] = datagram::Encode(header, batch[i].ack, signer);
         break;
       case datagram::Kind::kDecision:
-        encoded[i] = datagram::EncodeMessage(
-            header,
-            MakeDatagramDecision(batch[i].join_id, batch[i].decision, datagram::kMaxBodyBytes),
-            signer);
+        FillDatagramDecision(batch[i].join_id, batch[i].decision, datagram::kMaxBodyBytes,
+                             &decision);
+        encoded[i] = datagram::EncodeMessage(header, decision, signer);
         break;
       default:
         encoded[i] = datagram::Encode(header, {}, signer);

@@ -82,7 +82,7 @@ class DatagramServer {
     uint64_t session_id = 0;
     Address address;
     datagram::Kind kind = datagram::Kind::kAck;
-    v1::HeartbeatResponse ack;
+    std::string ack;  // serialized v1::HeartbeatResponse
     uint64_t join_id = 0;
     StatusOr<RoundAssignment> decision = AbortedError("no decision");
   };
@@ -91,8 +91,8 @@ class DatagramServer {
   void Run();
   void Handle(std::string_view bytes, const Address& from);
   void HandleHeartbeat(uint64_t session_id, const std::string& learner_id,
-                       v1::HeartbeatRequest body, const Address& from);
-  void HandleJoin(uint64_t session_id, const std::string& learner_id, v1::DatagramJoin body,
+                       const v1::HeartbeatRequest& body, const Address& from);
+  void HandleJoin(uint64_t session_id, const std::string& learner_id, v1::DatagramJoin& body,
                   const Address& from);
   // A malformed or refused datagram: counted, and in the core's rejections.
   void Refused(const Address& from, std::string_view why);
@@ -117,6 +117,9 @@ class DatagramServer {
   ControlHandler handler_;
   const datagram::Key key_;
   datagram::Signer signer_;  // used by the receiving thread only
+  // The receiving thread's messages, parsed into again and again.
+  v1::HeartbeatRequest heartbeat_in_;
+  v1::DatagramJoin join_in_;
   int socket_ = -1;
   int wake_fd_ = -1;  // eventfd: Stop
   int port_ = 0;

@@ -22,11 +22,12 @@ Status CheckCounter(uint64_t value, std::string_view field) {
   return OkStatus();
 }
 
-StatusOr<std::pair<std::string, uint64_t>> ParseLearnerRef(const v1::LearnerRef& ref,
-                                                           std::string_view field) {
-  MEND_RETURN_IF_ERROR(CheckIdentifier(ref.learner_id(), fmt::format("{}.learner_id", field),
-                                       /*allow_empty=*/false));
-  if (ref.session_id() == 0) return Invalid(fmt::format("{}.session_id", field), "must be set");
+// Every request names its learner in the field `learner` (constant names:
+// this runs for every heartbeat).
+StatusOr<std::pair<std::string, uint64_t>> ParseLearnerRef(const v1::LearnerRef& ref) {
+  MEND_RETURN_IF_ERROR(
+      CheckIdentifier(ref.learner_id(), "learner.learner_id", /*allow_empty=*/false));
+  if (ref.session_id() == 0) return Invalid("learner.session_id", "must be set");
   return std::make_pair(ref.learner_id(), ref.session_id());
 }
 
@@ -77,8 +78,13 @@ StatusOr<RegisterArgs> ParseRegister(const v1::RegisterRequest& request) {
 }
 
 StatusOr<HeartbeatArgs> ParseHeartbeat(const v1::HeartbeatRequest& request) {
+  MEND_ASSIGN_OR_RETURN(auto ref, ParseLearnerRef(request.learner()));
+  return ParseHeartbeatOf(std::move(ref.first), ref.second, request);
+}
+
+StatusOr<HeartbeatArgs> ParseHeartbeatOf(std::string learner_id, uint64_t session_id,
+                                         const v1::HeartbeatRequest& request) {
   HeartbeatArgs args;
-  MEND_ASSIGN_OR_RETURN(auto ref, ParseLearnerRef(request.learner(), "learner"));
   MEND_RETURN_IF_ERROR(CheckCounter(request.step(), "step"));
   MEND_RETURN_IF_ERROR(CheckCounter(request.tokens_total(), "tokens_total"));
   MEND_RETURN_IF_ERROR(CheckCounter(request.tokens_since_last_round(), "tokens_since_last_round"));
@@ -94,8 +100,8 @@ StatusOr<HeartbeatArgs> ParseHeartbeat(const v1::HeartbeatRequest& request) {
     }
     args.step_ms.push_back(us / 1000.0);
   }
-  args.learner_id = std::move(ref.first);
-  args.session_id = ref.second;
+  args.learner_id = std::move(learner_id);
+  args.session_id = session_id;
   args.step = request.step();
   args.tokens_total = request.tokens_total();
   args.tokens_since_last_round = request.tokens_since_last_round();
@@ -104,7 +110,7 @@ StatusOr<HeartbeatArgs> ParseHeartbeat(const v1::HeartbeatRequest& request) {
 
 StatusOr<QuorumArgs> ParseQuorum(const v1::QuorumRequest& request) {
   QuorumArgs args;
-  MEND_ASSIGN_OR_RETURN(auto ref, ParseLearnerRef(request.learner(), "learner"));
+  MEND_ASSIGN_OR_RETURN(auto ref, ParseLearnerRef(request.learner()));
   MEND_RETURN_IF_ERROR(CheckCounter(request.last_round_id(), "last_round_id"));
   MEND_RETURN_IF_ERROR(CheckCounter(request.step(), "step"));
   MEND_RETURN_IF_ERROR(CheckCounter(request.tokens_since_last_round(), "tokens_since_last_round"));
@@ -119,7 +125,7 @@ StatusOr<QuorumArgs> ParseQuorum(const v1::QuorumRequest& request) {
 }
 
 Status CheckLeave(const v1::LeaveRequest& request) {
-  MEND_RETURN_IF_ERROR(ParseLearnerRef(request.learner(), "learner").status());
+  MEND_RETURN_IF_ERROR(ParseLearnerRef(request.learner()).status());
   if (request.reason().size() > kMaxReasonLength) {
     return Invalid("reason", fmt::format("longer than {} characters", kMaxReasonLength));
   }

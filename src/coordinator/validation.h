@@ -35,6 +35,10 @@ using store::kMaxTimeoutMs;
 
 [[nodiscard]] StatusOr<RegisterArgs> ParseRegister(const v1::RegisterRequest& request);
 [[nodiscard]] StatusOr<HeartbeatArgs> ParseHeartbeat(const v1::HeartbeatRequest& request);
+// The same for a heartbeat whose learner the channel already knows (a
+// datagram's session): every field but `learner`.
+[[nodiscard]] StatusOr<HeartbeatArgs> ParseHeartbeatOf(std::string learner_id, uint64_t session_id,
+                                                       const v1::HeartbeatRequest& request);
 [[nodiscard]] StatusOr<QuorumArgs> ParseQuorum(const v1::QuorumRequest& request);
 [[nodiscard]] Status CheckLeave(const v1::LeaveRequest& request);
 [[nodiscard]] Status CheckGetStatus(const v1::GetStatusRequest& request);

@@ -5,6 +5,7 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/status_format.h"
@@ -58,10 +59,9 @@ bool Signer::Verify(std::string_view datagram) {
   return CRYPTO_memcmp(mac.data(), datagram.data() + datagram.size() - kMacBytes, kMacBytes) == 0;
 }
 
-std::string Encode(const Header& header, std::string_view body, Signer& signer) {
+std::string EncodeHeader(const Header& header, size_t body_bytes) {
   std::string out;
-  body = body.substr(0, kMaxBodyBytes);
-  out.reserve(kHeaderBytes + body.size() + kMacBytes);
+  out.reserve(kHeaderBytes + std::min(body_bytes, kMaxBodyBytes) + kMacBytes);
   auto raw = [&out](const void* p, size_t n) { out.append(static_cast<const char*>(p), n); };
   const uint32_t magic = kMagic;
   const uint8_t kind_and_version[2] = {static_cast<uint8_t>(header.kind), kVersion};
@@ -71,7 +71,17 @@ std::string Encode(const Header& header, std::string_view body, Signer& signer) 
   raw(&reserved, 2);
   raw(&header.session_id, 8);
   raw(&header.seq, 8);
-  out.append(body);
+  return out;
+}
+
+void Seal(std::string& datagram, Signer& signer) {
+  if (datagram.size() > kHeaderBytes + kMaxBodyBytes) datagram.resize(kHeaderBytes + kMaxBodyBytes);
+  signer.Seal(datagram);
+}
+
+std::string Encode(const Header& header, std::string_view body, Signer& signer) {
+  std::string out = EncodeHeader(header, body.size());
+  out.append(body.substr(0, kMaxBodyBytes));
   signer.Seal(out);
   return out;
 }

@@ -89,6 +89,11 @@ inline constexpr size_t kMaxBodyBytes = kMaxDatagramBytes - kHeaderBytes - kMacB
 // Builds header + body and seals it with `signer`. The body must fit
 // (kMaxBodyBytes); a longer one is a programming error and is cut.
 std::string Encode(const Header& header, std::string_view body, Signer& signer);
+// The header alone, with room reserved for a body of `body_bytes` and the
+// MAC: a message is appended to it, then Seal (EncodeMessage does both).
+std::string EncodeHeader(const Header& header, size_t body_bytes);
+// Seals a datagram of header and body (a body past kMaxBodyBytes is cut).
+void Seal(std::string& datagram, Signer& signer);
 
 // Checks size, magic and version and reads the header. It does not check the
 // MAC: call Signer::Verify before trusting anything.
@@ -101,15 +106,22 @@ std::string_view Body(std::string_view datagram);
 // is not one). `Message` is a protobuf message type.
 template <typename Message>
 std::string EncodeMessage(const Header& header, const Message& body, Signer& signer) {
-  return Encode(header, body.SerializeAsString(), signer);
+  std::string out = EncodeHeader(header, body.ByteSizeLong());
+  body.AppendToString(&out);  // serialized in place, after the header
+  Seal(out, signer);
+  return out;
+}
+// Into `message`, reusing what it holds (a receiving thread's own): false
+// when the body is not one.
+template <typename Message>
+[[nodiscard]] bool DecodeInto(std::string_view datagram, Message* message) {
+  std::string_view body = Body(datagram);
+  return message->ParseFromArray(body.data(), static_cast<int>(body.size()));
 }
 template <typename Message>
 [[nodiscard]] StatusOr<Message> DecodeMessage(std::string_view datagram) {
-  std::string_view body = Body(datagram);
   Message message;
-  if (!message.ParseFromArray(body.data(), static_cast<int>(body.size()))) {
-    return InvalidArgumentError("malformed datagram body");
-  }
+  if (!DecodeInto(datagram, &message)) return InvalidArgumentError("malformed datagram body");
   return message;
 }
 
