@@ -36,6 +36,15 @@ void ConfigFlags::Map(const std::string& flag, std::string_view key) {
       help);
 }
 
+void ConfigFlags::Retired(const std::string& flag, std::string_view key) {
+  app_->add_option_function<std::string>(
+          flag,
+          [this, flag, key = std::string(key)](const std::string& value) {
+            overrides_.push_back({key, value, fmt::format("flag {}", flag)});
+          })
+      ->group("");  // hidden
+}
+
 StatusOr<Config> ConfigFlags::Load() const {
   ConfigSources sources;
   sources.file = file_;

@@ -19,6 +19,9 @@ class ConfigFlags {
 
   // Adds `flag` (e.g. "--min-learners") as a setter of config key `key`.
   void Map(const std::string& flag, std::string_view key);
+  // Keeps the flag of a replaced key (IsRetiredConfigKey), out of the help:
+  // Load() refuses it with what to set instead.
+  void Retired(const std::string& flag, std::string_view key);
   // defaults < --config file < MEND_* environment < flags (in command-line order).
   [[nodiscard]] StatusOr<Config> Load() const;
 

@@ -45,6 +45,7 @@ void AddLighthouseCommand(CLI::App& app, int* exit_code) {
   flags->Map("--failslow-window-steps", "failslow_window_steps");
   flags->Map("--rack-aware", "rack_aware");
   flags->Map("--control-plane", "control_plane");
+  flags->Retired("--udp-control", "udp_control");
   flags->Map("--tls-cert-file", "tls_cert_file");
   flags->Map("--tls-key-file", "tls_key_file");
   flags->Map("--log-level", "log_level");

@@ -176,6 +176,7 @@ void AddSimLearnerCommand(CLI::App& app, int* exit_code) {
   flags->Map("--rpc-timeout-ms", "rpc_timeout_ms");
   flags->Map("--tls-ca-file", "tls_ca_file");
   flags->Map("--control-plane", "control_plane");
+  flags->Retired("--control-transport", "control_transport");
   flags->Map("--log-level", "log_level");
   command->callback([options, flags, exit_code]() {
     auto config = flags->Load();

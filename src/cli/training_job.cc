@@ -98,6 +98,15 @@ Config JobLighthouseConfig(const TrainingJobSpec& spec, const std::string& token
   config.heartbeat_ms = spec.heartbeat_ms;
   config.heartbeat_timeout_ms = spec.heartbeat_timeout_ms;
   config.token_file = token_file;
+  // The job's control plane is its lighthouse's too: learners given
+  // --set control_plane=udp find a lighthouse that serves datagrams. (A bad
+  // value is the learners' error to report, with the key named.)
+  for (const std::string& setting : spec.settings) {
+    const size_t equals = setting.find('=');
+    if (equals != std::string::npos && setting.substr(0, equals) == "control_plane") {
+      (void)SetConfigValue(config, "control_plane", setting.substr(equals + 1), "--set");
+    }
+  }
   return config;
 }
 

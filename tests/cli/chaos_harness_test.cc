@@ -11,6 +11,7 @@
 #include <string>
 
 #include "cli/chaos.h"
+#include "cli/training_job.h"
 #include "gtest/gtest.h"
 #include "test_util/wait.h"
 
@@ -96,6 +97,15 @@ TEST(ChaosHarnessTest, FiniteLossesPassThatInvariant) {
       std::find(report->violations.begin(), report->violations.end(), "a loss was not finite"),
       report->violations.end());
   EXPECT_DOUBLE_EQ(report->eval_loss, 2.4);
+}
+
+// A job's lighthouse (mend train's, mend chaos's) takes the control plane
+// its learners are given, so that --set control_plane=udp reaches both ends.
+TEST(TrainingJobTest, TheJobsControlPlaneIsItsLighthousesToo) {
+  TrainingJobSpec spec;
+  EXPECT_EQ(JobLighthouseConfig(spec, "token").control_plane, ControlPlane::kGrpc);
+  spec.settings = {"link_latency_ms=20", "control_plane=udp"};
+  EXPECT_EQ(JobLighthouseConfig(spec, "token").control_plane, ControlPlane::kUdp);
 }
 
 }  // namespace

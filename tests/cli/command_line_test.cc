@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/config_flags.h"
 #include "gtest/gtest.h"
 
 namespace mend::cli {
@@ -70,6 +71,22 @@ TEST(CommandLineTest, ACommandsOwnExitCodeAndCommandLineErrorsAreUnchanged) {
   Outcome bad = RunApp({"nonsense"}, 0);
   EXPECT_NE(bad.status, kExitOk);
   EXPECT_NE(bad.status, kExitInternal);
+}
+
+// A replaced key's old flag is still understood, to say what replaced it.
+TEST(ConfigFlagsTest, AReplacedKeysFlagIsRefusedNamingItsReplacement) {
+  CLI::App app{"test", "mend"};
+  ConfigFlags flags(&app);
+  flags.Map("--control-plane", "control_plane");
+  flags.Retired("--udp-control", "udp_control");
+  app.parse(std::vector<std::string>{"true", "--udp-control"});  // (CLI11 takes them reversed)
+  auto config = flags.Load();
+  ASSERT_FALSE(config.ok());
+  EXPECT_NE(std::string(config.status().message()).find("replaced by control_plane"),
+            std::string::npos)
+      << config.status();
+  EXPECT_NE(std::string(config.status().message()).find("flag --udp-control"), std::string::npos);
+  EXPECT_EQ(app.help().find("--udp-control"), std::string::npos);  // not offered in the help
 }
 
 }  // namespace
