@@ -212,8 +212,7 @@ Status RoundDriverImpl::AtBoundary(int f, Phase* phase) {
                            stats_.steps > book_.at(f).last_round_boundary;
     const Event event = BoundaryEvent(InFinalPeriod(stats_.steps), still_due);
     RoundView view = View(stats_.steps, *phase);
-    if (!event.final_period && *phase != Phase::kIdle && *phase != Phase::kPassedOver &&
-        !view.join_waits) {
+    if (ReadsLaunchBlocked(view, event)) {
       StatusOr<bool> blocked = LaunchBlocked(f);
       if (!blocked.ok()) return BreakGroup(blocked.status());
       view.launch_blocked = *blocked;

@@ -132,7 +132,7 @@ Decision OnBoundary(const RoundView& view, const Event& event) {
   if (event.final_period) return {Action::kSkipFinalPeriod, view.phase};
   if (view.phase == Phase::kPassedOver || view.join_waits)
     return {Action::kSkipJoinWaits, view.phase};
-  if (InFlight(view.phase) && view.launch_blocked) return {Action::kApply, Phase::kIdle};
+  if (ReadsLaunchBlocked(view, event) && view.launch_blocked) return {Action::kApply, Phase::kIdle};
   if (!event.still_due) return {Action::kSkipNotDue, view.phase};
   if (view.concurrent) {
     // Launched beside the rounds in flight, the oldest stays what the phase is.
@@ -142,6 +142,11 @@ Decision OnBoundary(const RoundView& view, const Event& event) {
 }
 
 }  // namespace
+
+bool ReadsLaunchBlocked(const RoundView& view, const Event& event) {
+  return event.kind == Event::kBoundary && !event.final_period &&
+         view.phase != Phase::kPassedOver && !view.join_waits && InFlight(view.phase);
+}
 
 Decision Next(const RoundView& view, const Event& event) {
   switch (event.kind) {

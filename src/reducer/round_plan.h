@@ -116,4 +116,9 @@ struct Decision {
 // The transition function: what `event` calls for in `view`. Pure.
 Decision Next(const RoundView& view, const Event& event);
 
+// Whether Next reads view.launch_blocked for `event` (a boundary): the
+// driver works that out only when it is read, since it may ask a group's
+// ranks. Elsewhere Next decides the same whatever launch_blocked says.
+bool ReadsLaunchBlocked(const RoundView& view, const Event& event);
+
 }  // namespace mend::reducer

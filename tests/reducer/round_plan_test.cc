@@ -192,5 +192,45 @@ TEST(RoundPlanTest, ARoundsLifeRunsThroughThePhasesInOrder) {
   EXPECT_EQ(d, (Decision{kApply, kIdle}));
 }
 
+// The driver works out launch_blocked only where the table says it reads it
+// (ReadsLaunchBlocked): everywhere else the decision must not depend on it.
+TEST(RoundPlanTest, TheDecisionDependsOnLaunchBlockedOnlyWhereTheTableSaysItReadsIt) {
+  const std::vector<Event> events = {Make(Event::kStep),
+                                     VerdictEvent(Verdict::kDone),
+                                     VerdictEvent(Verdict::kPassedOver, true),
+                                     GroupAnswerEvent(true, true),
+                                     GroupAnswerEvent(false, false),
+                                     BoundaryEvent(false, true),
+                                     BoundaryEvent(false, false),
+                                     BoundaryEvent(true, true),
+                                     Make(Event::kShutdown)};
+  int read = 0;
+  for (Phase phase : {kIdle, kJoining, kExchanging, kArrived, kFailed, kPassedOver, kCatchingUp}) {
+    for (const Event& event : events) {
+      for (bool group : {false, true}) {
+        for (bool concurrent : {false, true}) {
+          for (bool join_waits : {false, true}) {
+            RoundView view;
+            view.phase = phase;
+            view.group = group;
+            view.concurrent = concurrent;
+            view.join_waits = join_waits;
+            view.launch_blocked = true;
+            const Decision blocked = Next(view, event);
+            view.launch_blocked = false;
+            const Decision free = Next(view, event);
+            if (ReadsLaunchBlocked(view, event)) {
+              ++read;
+            } else {
+              EXPECT_EQ(blocked, free) << PhaseName(phase) << " event " << event.kind;
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(read, 0);  // (and where it is read, the boundary tests above show it matters)
+}
+
 }  // namespace
 }  // namespace mend::reducer
