@@ -18,10 +18,7 @@ RoundMember MemberFromProto(const v1::Member& member) {
 void FillHeartbeatRequest(const LearnerRef& learner, const HeartbeatUpdate& update,
                           v1::HeartbeatRequest* request) {
   request->Clear();
-  if (!learner.learner_id.empty()) {  // a datagram's session says who instead
-    request->mutable_learner()->set_learner_id(learner.learner_id);
-    request->mutable_learner()->set_session_id(learner.session_id);
-  }
+  FillLearnerRef(learner, request);
   request->set_step(update.step);
   request->set_tokens_total(update.tokens_total);
   request->set_tokens_since_last_round(update.tokens_since_last_round);
@@ -30,10 +27,7 @@ void FillHeartbeatRequest(const LearnerRef& learner, const HeartbeatUpdate& upda
 
 v1::QuorumRequest QuorumRequestProto(const QuorumRequestArgs& args) {
   v1::QuorumRequest request;
-  if (!args.learner.learner_id.empty()) {
-    request.mutable_learner()->set_learner_id(args.learner.learner_id);
-    request.mutable_learner()->set_session_id(args.learner.session_id);
-  }
+  FillLearnerRef(args.learner, &request);
   request.set_last_round_id(args.last_round_id);
   request.set_step(args.step);
   request.set_tokens_since_last_round(args.tokens_since_last_round);

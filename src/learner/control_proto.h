@@ -16,6 +16,15 @@ namespace mend {
 // The most a join may wait, as the lighthouse bounds it (timeout_ms).
 inline constexpr Micros kMaxJoinTimeout = 3'600'000 * kMicrosPerMilli;
 
+// A request's `learner` field; left unset for an empty reference (a
+// datagram's session says who instead).
+template <typename Request>
+void FillLearnerRef(const LearnerRef& learner, Request* request) {
+  if (learner.learner_id.empty()) return;
+  request->mutable_learner()->set_learner_id(learner.learner_id);
+  request->mutable_learner()->set_session_id(learner.session_id);
+}
+
 void FillHeartbeatRequest(const LearnerRef& learner, const HeartbeatUpdate& update,
                           v1::HeartbeatRequest* request);
 v1::QuorumRequest QuorumRequestProto(const QuorumRequestArgs& args);

@@ -253,8 +253,7 @@ class LighthouseClientImpl final : public LighthouseClient {
 
   Status Leave(const LearnerRef& learner, const std::string& reason) override {
     v1::LeaveRequest request;
-    request.mutable_learner()->set_learner_id(learner.learner_id);
-    request.mutable_learner()->set_session_id(learner.session_id);
+    FillLearnerRef(learner, &request);
     request.set_reason(reason);
     v1::LeaveResponse response;
     auto context = NewContext(options_.rpc_timeout);
