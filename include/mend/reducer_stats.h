@@ -22,6 +22,7 @@ struct RoundPhases {
 
 struct ReducerStats {
   uint64_t steps = 0;           // the job's step as this learner knows it (see Create)
+  uint64_t tokens = 0;          // tokens the learner trained on (all its ranks'), this process
   uint64_t rounds_started = 0;  // rounds launched at a fragment boundary
   uint64_t rounds = 0;          // rounds this learner completed
   uint64_t failed_rounds = 0;   // rounds that failed or formed without it

@@ -1,5 +1,6 @@
 #include "reducer/diagnostics.h"
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 
@@ -41,6 +42,47 @@ void Diagnostics::Write(std::FILE* file, nlohmann::json& record) {
     warned_ = true;
   }
   std::fflush(file);
+}
+
+nlohmann::json RoundRecord(const InFlight& flight, uint64_t applied_step, Micros now) {
+  const auto seconds = [](Micros from, Micros to) {
+    return static_cast<double>(std::max<Micros>(0, to - from)) / kMicrosPerSecond;
+  };
+  nlohmann::json record = {
+      {"fragment", flight.fragment},
+      {"boundary_step", flight.boundary_step},
+      {"applied_step", applied_step},
+      {"tau", flight.apply_at_step - flight.boundary_step},
+      {"tokens", flight.tokens},
+      {"seconds", static_cast<double>(now - flight.launched) / kMicrosPerSecond},
+      {"round_seconds", seconds(flight.launched, flight.finished)},
+      {"in_flight", flight.in_flight},
+      {"waited", flight.waited},
+      {"ok", flight.outcome.ok()},
+      {"passed_over", flight.passed_over}};
+  if (!flight.outcome.ok()) {
+    record["error"] = flight.outcome.status().ToString();
+    return record;
+  }
+  const Outcome& outcome = *flight.outcome;
+  record["round_id"] = outcome.round_id;
+  record["rank"] = outcome.rank;
+  record["members"] = outcome.members;
+  record["bytes_sent"] = outcome.result.bytes_sent;
+  record["cross_rack_bytes"] = outcome.cross_rack_bytes;
+  record["dropped"] = outcome.result.dropped;
+  record["merged_norm"] = outcome.result.merged_norm;
+  record["outer_step"] = outcome.outer_warmup || outcome.final_merge ? "average" : "nesterov";
+  record["final_merge"] = outcome.final_merge;
+  record["healed"] = !outcome.healed.empty();
+  if (!outcome.healed.empty()) {
+    record["heal_step"] = outcome.heal_step;
+    record["fresh_join"] = outcome.fresh_join;
+    record["heal_seconds"] = outcome.heal_seconds;
+    record["heal_bytes"] = outcome.heal_bytes;
+    record["heal_source"] = outcome.heal_source;
+  }
+  return record;
 }
 
 }  // namespace mend::reducer

@@ -16,7 +16,9 @@
 #include <memory>
 #include <string>
 
+#include "mend/clock.h"
 #include "nlohmann/json.hpp"
+#include "reducer/round_flight.h"
 
 namespace mend::reducer {
 
@@ -39,5 +41,10 @@ class Diagnostics {
   std::unique_ptr<std::FILE, Closer> rounds_;
   bool warned_ = false;
 };
+
+// A round's record (its rounds.jsonl line, without t_ms): the round as
+// launched and taken up at the learner's `applied_step`, at `now`, and what
+// came of it.
+nlohmann::json RoundRecord(const InFlight& flight, uint64_t applied_step, Micros now);
 
 }  // namespace mend::reducer

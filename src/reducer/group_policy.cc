@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <vector>
 
+#include "core/status_format.h"
 #include "fmt/format.h"
 #include "nlohmann/json.hpp"
 #include "reducer/fragment_checkpoint.h"
+#include "spdlog/spdlog.h"
 
 namespace mend::reducer {
 namespace {
@@ -13,6 +15,9 @@ namespace {
 class SingleRank final : public RoundPolicy {
  public:
   bool group() const override { return false; }
+  bool AppliedOnArrival() const override { return true; }
+  std::vector<uint8_t> TouchedFragments(std::vector<uint8_t> own) const override { return own; }
+  Status broken() const override { return OkStatus(); }
   std::unique_ptr<RoundServices> Services(std::unique_ptr<RoundServices> own) override {
     return own;
   }
@@ -40,6 +45,9 @@ class SingleRank final : public RoundPolicy {
     AddFragmentTensors(book.parameters(), book.fragments(), checkpoint.get());
     return checkpoint;
   }
+  void AddOwnState(const FragmentBook& book, Checkpoint* checkpoint) const override {
+    AddResidualTensors(book.parameters(), book.fragments(), checkpoint);
+  }
   std::string SlicePrefix(const std::string& round_prefix) const override { return round_prefix; }
   uint64_t MergeWeight(uint64_t tokens) const override { return tokens; }
   std::string DiagnosticsName(const std::string& id) const override { return id; }
@@ -57,6 +65,11 @@ class ManyRanks final : public RoundPolicy {
         group_(std::move(group)) {}
 
   bool group() const override { return true; }
+  bool AppliedOnArrival() const override { return false; }
+  std::vector<uint8_t> TouchedFragments(std::vector<uint8_t> own) const override {
+    return std::vector<uint8_t>(own.size(), 1);
+  }
+  Status broken() const override { return broken_; }
   std::unique_ptr<RoundServices> Services(std::unique_ptr<RoundServices> own) override {
     return group_->RoundServicesOver(std::move(own));
   }
@@ -74,9 +87,9 @@ class ManyRanks final : public RoundPolicy {
     }
     return std::max(step_time, slowest_step_);
   }
-  StatusOr<uint64_t> AgreeTau(uint64_t tau) override { return group_->AgreeTau(tau); }
+  StatusOr<uint64_t> AgreeTau(uint64_t tau) override { return Break(group_->AgreeTau(tau)); }
   StatusOr<bool> AgreeLaunch(bool blocked) override {
-    MEND_ASSIGN_OR_RETURN(auto rank0, group_->Compare(blocked ? 1 : 0));
+    MEND_ASSIGN_OR_RETURN(auto rank0, Break(group_->Compare(blocked ? 1 : 0)));
     return rank0.first != 0;
   }
 
@@ -91,30 +104,30 @@ class ManyRanks final : public RoundPolicy {
         if (std::optional<Verdict> decided = decide())
           verdict = 1 + static_cast<uint64_t>(*decided);
       }
-      MEND_ASSIGN_OR_RETURN(auto rank0, group_->Compare(verdict));
+      MEND_ASSIGN_OR_RETURN(auto rank0, Break(group_->Compare(verdict)));
       if (rank0.first == kUndecided) continue;
       if (rank0.first - 1 > static_cast<uint64_t>(Verdict::kShortOfQuorum)) {
-        return InternalError(
-            fmt::format("group: rank 0's round verdict {} is unknown", rank0.first));
+        return Break(
+            InternalError(fmt::format("group: rank 0's round verdict {} is unknown", rank0.first)));
       }
       return static_cast<Verdict>(rank0.first - 1);
     }
   }
   StatusOr<std::pair<bool, bool>> AllArrived(bool arrived, bool formed) override {
-    return group_->AllArrived(arrived, formed);
+    return Break(group_->AllArrived(arrived, formed));
   }
   // The ranks' slices end at different times (a failing rendezvous may take
   // a collective timeout on one rank and none on another).
   Status AwaitAllSlices(const std::function<bool()>& poll_done) override {
     while (true) {
-      MEND_ASSIGN_OR_RETURN(auto all, group_->AllArrived(poll_done(), false));
+      MEND_ASSIGN_OR_RETURN(auto all, Break(group_->AllArrived(poll_done(), false)));
       if (all.first) return OkStatus();
     }
   }
   StatusOr<bool> AllOk(InFlight& flight) override {
     uint64_t step_us = steps_ == 0 ? 0 : static_cast<uint64_t>(step_sum_) / steps_;
     MEND_ASSIGN_OR_RETURN(bool all_ok,
-                          group_->AllOk(flight.outcome.ok(), &flight.formed_step, &step_us));
+                          Break(group_->AllOk(flight.outcome.ok(), &flight.formed_step, &step_us)));
     slowest_step_ = static_cast<Micros>(step_us);
     step_sum_ = 0;
     steps_ = 0;
@@ -123,8 +136,8 @@ class ManyRanks final : public RoundPolicy {
   Status ShareCommitted(bool moments_changed) override {
     // Each rank changed its slice of the moments: into every replica.
     if (whole_moments_ && moments_changed)
-      MEND_RETURN_IF_ERROR(group_->ShareMoments(*whole_moments_));
-    return group_->ShareParameters();
+      MEND_RETURN_IF_ERROR(Break(group_->ShareMoments(*whole_moments_)));
+    return Break(group_->ShareParameters());
   }
   Status AgreeOnRestored(uint64_t round_id, std::string_view what, std::string_view rule) override {
     MEND_ASSIGN_OR_RETURN(auto restored, group_->Compare(round_id));
@@ -137,7 +150,10 @@ class ManyRanks final : public RoundPolicy {
     return group_->ShareParameters();
   }
   StatusOr<std::shared_ptr<Checkpoint>> Snapshot(const FragmentBook& book,
-                                                 Checkpoint described) override;
+                                                 Checkpoint described) override {
+    return Break(Gather(book, std::move(described)));
+  }
+  void AddOwnState(const FragmentBook&, Checkpoint*) const override {}
   std::string SlicePrefix(const std::string& round_prefix) const override {
     return group_->SlicePrefix(round_prefix);
   }
@@ -156,6 +172,24 @@ class ManyRanks final : public RoundPolicy {
   void Forget() override { group_->Forget(); }
 
  private:
+  StatusOr<std::shared_ptr<Checkpoint>> Gather(const FragmentBook& book, Checkpoint described);
+  // A group collective's result: its failure breaks the group (the first one said).
+  template <typename T>
+  T Break(T result) {
+    const Status status = StatusOf(result);
+    if (!status.ok() && broken_.ok()) {
+      spdlog::error("{}; this rank stops (the group is restarted as a whole)", status);
+      broken_ = status;
+    }
+    return result;
+  }
+  static Status StatusOf(const Status& status) { return status; }
+  template <typename T>
+  static Status StatusOf(const StatusOr<T>& result) {
+    return result.status();
+  }
+
+  Status broken_ = OkStatus();
   // The whole model and the group go last: the slices refer to them.
   const std::unique_ptr<FlatParameters> whole_;
   const std::unique_ptr<FlatMoments> whole_moments_;
@@ -170,8 +204,8 @@ class ManyRanks final : public RoundPolicy {
 // Each rank puts its fragments' pieces back in slice order, the slices are
 // gathered, and rank 0 gets the whole model as one fragment of its
 // parameters, by parameter name.
-StatusOr<std::shared_ptr<Checkpoint>> ManyRanks::Snapshot(const FragmentBook& book,
-                                                          Checkpoint described) {
+StatusOr<std::shared_ptr<Checkpoint>> ManyRanks::Gather(const FragmentBook& book,
+                                                        Checkpoint described) {
   const FlatParameters& slice = book.parameters();
   std::vector<size_t> at(slice.count() + 1, 0);
   for (size_t i = 0; i < slice.count(); ++i) at[i + 1] = at[i] + slice.numel(i);

@@ -7,7 +7,7 @@
 // and agree, through group collectives at the same step on every rank, on
 // tau, on whether a round is applied, and on its success; they then share
 // the committed slices into every replica. A failed group collective breaks
-// the group (the caller stops; the group restarts as a whole).
+// the group (broken(): the caller stops; the group restarts as a whole).
 //
 // Thread-safety: the training thread only, except SlicePrefix and
 // MergeWeight (the round's thread; they read constants).
@@ -19,6 +19,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "mend/checkpoint.h"
 #include "mend/clock.h"
@@ -36,8 +37,19 @@ namespace mend::reducer {
 class RoundPolicy {
  public:
   virtual ~RoundPolicy() = default;
-  // A learner of several ranks (what Next() is told).
+  // A learner of several ranks: what the phase table (Next()) is told. The
+  // driver passes it on and branches on nothing else.
   virtual bool group() const = 0;
+  // Whether a round's result is taken up as soon as it arrives, and a
+  // boundary looks at the join in flight as it is now (one rank); or only
+  // where the ranks agreed to, on what they saw at the step's start (a group).
+  virtual bool AppliedOnArrival() const = 0;
+  // The fragments a step may touch, given those its own rounds touch: those
+  // (one rank), or every one (a group: each commit goes into the whole replica).
+  virtual std::vector<uint8_t> TouchedFragments(std::vector<uint8_t> own) const = 0;
+  // Why this rank must stop: the first group collective that failed (the
+  // group is restarted as a whole); OK while none has. Never for one rank.
+  virtual Status broken() const = 0;
   // The services the rounds go through, given this rank's own: as they are
   // for one rank; in a group, rank 0's joins shared with the other ranks
   // (GroupRoundServices). Once, before the first round.
@@ -78,6 +90,9 @@ class RoundPolicy {
   // (null on the others).
   [[nodiscard]] virtual StatusOr<std::shared_ptr<Checkpoint>> Snapshot(const FragmentBook& book,
                                                                        Checkpoint described) = 0;
+  // An export's state of this rank alone: one rank's error feedback; none
+  // in a group (its ranks' residuals are of their slices).
+  virtual void AddOwnState(const FragmentBook& book, Checkpoint* checkpoint) const = 0;
   // Where a round's slice rendezvouses, and the weight of `tokens` in its
   // merge (a rank's share: every group of the job has the same size).
   virtual std::string SlicePrefix(const std::string& round_prefix) const = 0;

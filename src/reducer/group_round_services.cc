@@ -59,6 +59,14 @@ class GroupServices final : public RoundServices {
     interrupted_ = true;
     inner_->Interrupt();
   }
+  // The learner's side is this rank's own.
+  void RecordStep(uint64_t step, uint64_t tokens, Micros step_time) override {
+    inner_->RecordStep(step, tokens, step_time);
+  }
+  LighthouseNews News() const override { return inner_->News(); }
+  Status fatal_status() const override { return inner_->fatal_status(); }
+  Status Leave(const std::string& reason) override { return inner_->Leave(reason); }
+  const std::string& learner_id() const override { return inner_->learner_id(); }
 
  private:
   StatusOr<QuorumResult> AwaitDecision(const std::string& key, Micros deadline) {

@@ -68,6 +68,17 @@ class LighthouseServices final : public RoundServices {
   }
   void Interrupt() override { agent_.Interrupt(); }
 
+  void RecordStep(uint64_t step, uint64_t tokens, Micros step_time) override {
+    agent_.RecordStep(step, tokens, step_time);
+  }
+  LighthouseNews News() const override {
+    return {agent_.latest_round_id(), agent_.latest_round_step(), agent_.lighthouse_lost(),
+            agent_.short_of_quorum()};
+  }
+  Status fatal_status() const override { return agent_.fatal_status(); }
+  Status Leave(const std::string& reason) override { return agent_.Leave(reason); }
+  const std::string& learner_id() const override { return agent_.id(); }
+
  private:
   struct Watching {
     Communicator* comm = nullptr;  // null: free

@@ -1,8 +1,10 @@
 // What a round's background part needs from outside the process, in one
 // place: the clock, the lighthouse's quorum, the store the round's members
 // rendezvous through, the communicator among them, and the abort watch that
-// calls the round off when the lighthouse does. The round runner
-// (round_runner.h) sees nothing else of the control plane.
+// calls the round off when the lighthouse does; and, for the training
+// thread, the learner's side of the control plane (its step reports, what
+// the lighthouse last said, its leave). The round runner (round_runner.h)
+// and the round driver see nothing else of the control plane.
 //
 // LighthouseRoundServices is the one implementation in production: it goes
 // through the learner's agent. A multi-rank learner's ranks see the rounds
@@ -12,7 +14,7 @@
 //
 // Thread-safety: Quorum, OpenRendezvous, Connect, WatchAbort and Unwatch
 // from the rounds' threads (the joins one at a time, see FlightOrder in
-// round_runner.h); Interrupt from any.
+// round_runner.h); Interrupt and the learner's side from any.
 #pragma once
 
 #include <memory>
@@ -27,6 +29,14 @@
 #include "mend/status.h"
 
 namespace mend::reducer {
+
+// What the lighthouse last told this learner, as its heartbeats learned it.
+struct LighthouseNews {
+  uint64_t latest_round_id = 0;    // the newest round it formed or closed
+  uint64_t latest_round_step = 0;  // ... and that round's step
+  bool lost = false;               // unreachable beyond its timeout
+  bool short_of_quorum = false;    // fewer learners alive than the quorum's minimum
+};
 
 class RoundServices {
  public:
@@ -53,6 +63,16 @@ class RoundServices {
   // Makes a Quorum() in progress, and every later one, end with ABORTED: the
   // round is called off (shutdown, a group gone). From any thread.
   virtual void Interrupt() = 0;
+
+  // The learner's side, for the training thread.
+  // Its step, tokens in all and step time, for its heartbeats.
+  virtual void RecordStep(uint64_t step, uint64_t tokens, Micros step_time) = 0;
+  virtual LighthouseNews News() const = 0;
+  // Why training cannot go on (the learner was refused for good); OK if it can.
+  virtual Status fatal_status() const = 0;
+  // Leaves the job, telling the lighthouse why.
+  virtual Status Leave(const std::string& reason) = 0;
+  virtual const std::string& learner_id() const = 0;
 };
 
 // Over the learner's agent (its client for the store and the abort watch's

@@ -39,7 +39,7 @@ class RoundDriverClockTest : public ::testing::Test {
     config.rounds_in_flight = rounds_in_flight;
     config.train_through_lighthouse_outage = train_through_outage;
     config.quorum_timeout_ms = 4321;
-    auto services = std::make_unique<fakes::FakeServices>(clock_);
+    auto services = std::make_unique<fakes::FakeServices>(clock_, &agent_);
     services_ = services.get();
     ASSERT_TRUE(SetConfigValue(config, "outer_apply", outer_apply_, "test").ok());
     if (outer_warmup_steps_ >= 0) config.outer_warmup_steps = outer_warmup_steps_;

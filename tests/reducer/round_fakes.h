@@ -101,10 +101,13 @@ inline QuorumResult RoundOfOne(uint64_t round_id, uint64_t step) {
 // Round services on `clock`. The quorum answers `quorum` (or, when it is
 // not set, a round of one member numbered 1, 2, ... at the asked boundary);
 // while held (Hold), a quorum call waits until Release() or Interrupt().
+// The learner's side is `agent`'s (a fake one; null: a learner the
+// lighthouse says nothing of).
 // Safe from any thread: the round's, and the test's.
 class FakeServices final : public RoundServices {
  public:
-  explicit FakeServices(const Clock& clock) : clock_(clock) {}
+  explicit FakeServices(const Clock& clock, LearnerAgent* agent = nullptr)
+      : clock_(clock), agent_(agent) {}
 
   const Clock& clock() const override { return clock_; }
   StatusOr<QuorumResult> Quorum(uint64_t last_round_id, uint64_t tokens, Micros timeout,
@@ -160,6 +163,19 @@ class FakeServices final : public RoundServices {
     interrupted_ = true;
     changed_.notify_all();
   }
+  void RecordStep(uint64_t step, uint64_t tokens, Micros step_time) override {
+    if (agent_) agent_->RecordStep(step, tokens, step_time);
+  }
+  LighthouseNews News() const override {
+    if (!agent_) return {};
+    return {agent_->latest_round_id(), agent_->latest_round_step(), agent_->lighthouse_lost(),
+            agent_->short_of_quorum()};
+  }
+  Status fatal_status() const override { return agent_ ? agent_->fatal_status() : OkStatus(); }
+  Status Leave(const std::string& reason) override {
+    return agent_ ? agent_->Leave(reason) : OkStatus();
+  }
+  const std::string& learner_id() const override { return agent_ ? agent_->id() : id_; }
 
   // Scripting.
   void SetQuorum(StatusOr<QuorumResult> answer) {
@@ -246,6 +262,8 @@ class FakeServices final : public RoundServices {
 
  private:
   const Clock& clock_;
+  LearnerAgent* const agent_;
+  const std::string id_ = "fake-learner";
   mutable std::mutex mu_;
   std::condition_variable changed_;
   std::optional<StatusOr<QuorumResult>> quorum_;

@@ -1,0 +1,230 @@
+#include "reducer/outer_state.h"
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <utility>
+#include <vector>
+
+#include "core/status_format.h"
+#include "fmt/format.h"
+#include "fmt/ranges.h"
+#include "spdlog/spdlog.h"
+
+namespace mend::reducer {
+
+OuterState::OuterState(CheckpointOptions options, FlatParameters& parameters,
+                       const FragmentSchedule& schedule, uint64_t* copies, ThreadPool& pool,
+                       RoundPolicy& policy, std::string learner_id)
+    : options_(std::move(options)),
+      parameters_(parameters),
+      policy_(policy),
+      learner_id_(std::move(learner_id)),
+      book_(parameters, schedule, copies, pool),
+      writer_(options_.dir, options_.keep) {}
+
+OuterState::~OuterState() { writer_.Join(); }
+
+StatusOr<std::optional<Restored>> OuterState::Start(uint64_t start_step) {
+  restored_step_ = start_step;
+  std::optional<Restored> restored;
+  if (!options_.resume_from.empty()) {
+    StatusOr<Checkpoint> checkpoint = ReadCheckpoint(options_.resume_from);
+    if (!checkpoint.ok()) {
+      return Annotate(checkpoint.status(),
+                      fmt::format("resume_from = \"{}\"", options_.resume_from));
+    }
+    MEND_ASSIGN_OR_RETURN(restored, ResumeWith(*checkpoint, options_.resume_from));
+  } else if (!options_.dir.empty() && options_.resume) {
+    MEND_RETURN_IF_ERROR(Resume(&restored));
+  }
+  if (options_.dir.empty() && options_.resume_from.empty()) return restored;
+  // A group's ranks each resumed their slice (from the same file, shared by
+  // the rack's hosts): the same checkpoint everywhere, then into every replica.
+  MEND_RETURN_IF_ERROR(
+      policy_.AgreeOnRestored(restored ? restored->round_id : 0, "resumed from",
+                              "they must all see the same checkpoint_dir (or resume_from file)"));
+  return restored;
+}
+
+// The newest checkpoint in checkpoint_dir that verifies; none is a fresh start.
+Status OuterState::Resume(std::optional<Restored>* restored) {
+  CheckpointDirectory directory(options_.dir, options_.keep);
+  std::vector<std::string> skipped;
+  StatusOr<Checkpoint> checkpoint = directory.LoadLatest(&skipped);
+  for (const std::string& why : skipped) spdlog::error("skipping a damaged checkpoint: {}", why);
+  if (!checkpoint.ok()) {
+    if (checkpoint.status().code() != absl::StatusCode::kNotFound) return checkpoint.status();
+    WarnOfOtherFiles();
+    return OkStatus();
+  }
+  MEND_ASSIGN_OR_RETURN(*restored, ResumeWith(*checkpoint, options_.dir));
+  return OkStatus();
+}
+
+// A checkpoint (from `where`) becomes the state this learner resumes at.
+StatusOr<Restored> OuterState::ResumeWith(const Checkpoint& checkpoint, const std::string& where) {
+  MEND_ASSIGN_OR_RETURN(Restored restored, Restore(checkpoint, where));
+  spdlog::info("resumed from {}: round {} (step {}, written by {})", where,
+               checkpoint.meta.round_id, checkpoint.meta.step, checkpoint.meta.written_by);
+  return restored;
+}
+
+// No checkpoint in checkpoint_dir: a fresh start, said louder when the
+// directory holds other files (one saved under a name of the user's?).
+void OuterState::WarnOfOtherFiles() const {
+  std::vector<std::string> others;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator(options_.dir, error)) {
+    if (others.size() == 5) break;
+    others.push_back(entry.path().filename().string());
+  }
+  if (others.empty()) {
+    spdlog::info("no checkpoint in {}: starting fresh", options_.dir);
+    return;
+  }
+  spdlog::warn(
+      "checkpoint_dir {} holds no checkpoint named ckpt-<round, 12 digits>.mend (it has {}{}); "
+      "starting fresh. To resume from a file of another name, set resume_from = PATH",
+      options_.dir, fmt::join(others, ", "), others.size() == 5 ? ", ..." : "");
+}
+
+// `checkpoint` becomes every fragment's global state and momentum, the
+// local parameters, the last round and the step. `where` names it in errors.
+StatusOr<Restored> OuterState::Restore(const Checkpoint& checkpoint, const std::string& where) {
+  MEND_ASSIGN_OR_RETURN(auto states,
+                        FragmentStates(checkpoint, parameters_, book_.fragments(), where));
+  for (size_t f = 0; f < book_.size(); ++f) {
+    Fragment& fragment = book_.at(static_cast<int>(f));
+    fragment.state->Assign(states[f].first, states[f].second);
+    book_.Scatter(fragment.state->global(), fragment);
+  }
+  return RestoredAt(checkpoint.meta.round_id, checkpoint.meta.step, checkpoint.meta.step);
+}
+
+// An exported state as the exporting learner left it: the global state,
+// momentum and error feedback, the round, its step and tokens since each
+// fragment's round; the parameters stay the caller's (restored with the
+// model's own state).
+StatusOr<Restored> OuterState::RestoreOuter(const Checkpoint& checkpoint) {
+  const CheckpointMeta& meta = checkpoint.meta;
+  if (meta.learner_step == 0 || meta.tokens_since_round.size() != book_.size()) {
+    return InvalidArgumentError(fmt::format(
+        "import_state(keep_parameters): the state of round {} holds no learner's progress for {} "
+        "fragment(s) (a checkpoint file, or another fragment count?); import it with its "
+        "parameters instead",
+        meta.round_id, book_.size()));
+  }
+  const std::vector<Fragment>& fragments = book_.fragments();
+  MEND_ASSIGN_OR_RETURN(auto states,
+                        FragmentStates(checkpoint, parameters_, fragments, "(imported state)"));
+  const auto residuals = FragmentResiduals(checkpoint, parameters_, fragments);
+  for (size_t f = 0; f < book_.size(); ++f) {
+    Fragment& fragment = book_.at(static_cast<int>(f));
+    fragment.state->Assign(states[f].first, states[f].second);
+    if (!residuals[f].empty()) fragment.state->AssignResidual(residuals[f]);
+    fragment.tokens_since_round = meta.tokens_since_round[f];
+  }
+  return RestoredAt(meta.round_id, meta.learner_step, meta.step);
+}
+
+// After a restore: the last round is `round_id`, the learner is at `step`,
+// and the global state is of `state_step` (see FragmentBook::StateStep).
+Restored OuterState::RestoredAt(uint64_t round_id, uint64_t step, uint64_t state_step) {
+  restored_step_ = state_step;
+  for (Fragment& fragment : book_.fragments()) fragment.last_round_boundary = 0;
+  return {round_id, step};
+}
+
+// The whole model's outer state now, for the caller's `call` (of a `what`:
+// in a group a collective of its ranks, null on ranks other than 0).
+StatusOr<std::shared_ptr<Checkpoint>> OuterState::Whole(const Progress& progress,
+                                                        std::string_view call,
+                                                        std::string_view what) {
+  book_.AwaitPrefault();
+  StatusOr<std::shared_ptr<Checkpoint>> whole = Snapshot(progress, 0);
+  if (whole.ok()) return whole;
+  return Annotate(whole.status(),
+                  fmt::format("{}: a multi-rank learner's {} is collective (every rank of the "
+                              "group calls it at the same step)",
+                              call, what));
+}
+
+StatusOr<std::string> OuterState::Export(const Progress& progress) {
+  MEND_ASSIGN_OR_RETURN(std::shared_ptr<Checkpoint> whole,
+                        Whole(progress, "export_state", "export"));
+  if (!whole) return std::string();
+  Checkpoint& checkpoint = *whole;
+  policy_.AddOwnState(book_, &checkpoint);
+  // This learner's own step and tokens since each fragment's round.
+  checkpoint.meta.learner_step = std::max<uint64_t>(progress.step, 1);
+  checkpoint.meta.tokens_since_round.clear();
+  for (const Fragment& fragment : book_.fragments())
+    checkpoint.meta.tokens_since_round.push_back(fragment.tokens_since_round);
+  return EncodeCheckpoint(checkpoint);
+}
+
+StatusOr<Restored> OuterState::Import(std::string_view bytes, bool keep_parameters) {
+  book_.AwaitPrefault();
+  MEND_ASSIGN_OR_RETURN(Checkpoint checkpoint, DecodeCheckpoint(bytes, "(imported state)"));
+  MEND_ASSIGN_OR_RETURN(Restored restored, keep_parameters
+                                               ? RestoreOuter(checkpoint)
+                                               : Restore(checkpoint, "(imported state)"));
+  spdlog::info(
+      "imported the outer state of round {} (step {}, written by {}){}", checkpoint.meta.round_id,
+      checkpoint.meta.step, checkpoint.meta.written_by,
+      keep_parameters ? fmt::format("; going on at its learner's step {}", restored.step) : "");
+  MEND_RETURN_IF_ERROR(policy_.AgreeOnRestored(restored.round_id, "imported",
+                                               "every rank must import the same state"));
+  return restored;
+}
+
+// A checkpoint's description, without tensors.
+Checkpoint OuterState::Described(const Progress& progress, uint32_t members) const {
+  Checkpoint checkpoint;
+  checkpoint.meta.job_id = options_.job_id;
+  checkpoint.meta.round_id = progress.round_id;
+  checkpoint.meta.step = book_.StateStep(restored_step_);
+  checkpoint.meta.tokens = progress.tokens;
+  checkpoint.meta.fragments = static_cast<int64_t>(book_.size());
+  checkpoint.meta.learners = members;
+  checkpoint.meta.written_by = learner_id_;
+  checkpoint.meta.created_unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                        std::chrono::system_clock::now().time_since_epoch())
+                                        .count();
+  checkpoint.meta.config_toml = options_.config_toml;
+  return checkpoint;
+}
+
+// Every fragment's global state and momentum, by parameter name; in a group
+// a collective (null on ranks other than 0; its failure breaks the group).
+StatusOr<std::shared_ptr<Checkpoint>> OuterState::Snapshot(const Progress& progress,
+                                                           uint32_t members) {
+  return policy_.Snapshot(book_, Described(progress, members));
+}
+
+// In a group a collective: every rank calls it at the same step (between
+// the same two step() calls), and rank 0 writes the whole model to its `path`.
+Status OuterState::Save(const std::string& path, const Progress& progress) {
+  MEND_ASSIGN_OR_RETURN(std::shared_ptr<Checkpoint> whole,
+                        Whole(progress, "SaveCheckpoint", "checkpoint"));
+  return whole ? WriteCheckpoint(path, *whole) : OkStatus();
+}
+
+// Rank 0 of a round whose id is a multiple of checkpoint_every_rounds (or
+// `always`: the final merge's last round) writes one, on a background
+// thread (one write at a time). In a group every rank of that learner
+// gathers the slices and its rank 0 writes the whole model, by parameter
+// name: one file, which any group size and fragment count reads.
+Status OuterState::MaybeCheckpoint(const Progress& progress, uint32_t rank, uint32_t members,
+                                   bool always) {
+  if (options_.dir.empty() || options_.every_rounds == 0 || rank != 0 ||
+      (!always && progress.round_id % options_.every_rounds != 0)) {
+    return OkStatus();
+  }
+  MEND_ASSIGN_OR_RETURN(std::shared_ptr<Checkpoint> whole, Snapshot(progress, members));
+  if (whole) writer_.Write(std::move(whole));
+  return OkStatus();
+}
+
+}  // namespace mend::reducer

@@ -1,0 +1,39 @@
+// RoundDriver::Create: the policy of a learner of one rank or of a group
+// (which joins its LearnerGroup and takes this rank's slice of the
+// parameters and moments), the round services, and the driver over them.
+#include <utility>
+
+#include "core/status_format.h"
+#include "reducer/round_driver_impl.h"
+
+namespace mend::reducer {
+
+StatusOr<std::unique_ptr<RoundDriver>> RoundDriver::Create(
+    const Config& config, LearnerAgent& agent, const Clock& clock,
+    std::unique_ptr<FlatParameters> parameters, std::unique_ptr<FlatMoments> moments,
+    uint64_t start_step, std::unique_ptr<RoundServices> services) {
+  MEND_RETURN_IF_ERROR(CheckConfig(config));
+  MEND_ASSIGN_OR_RETURN(FragmentSchedule schedule,
+                        FragmentSchedule::Make(config.fragments, config.sync_period_steps));
+  MEND_ASSIGN_OR_RETURN(std::unique_ptr<Codec> codec, MakeCodec(config));
+  std::unique_ptr<RoundPolicy> policy = SingleRankPolicy();
+  if (config.group_size > 1) {
+    if (parameters->count() == 0)
+      return InvalidArgumentError("reducer: the model has no parameters");
+    MEND_ASSIGN_OR_RETURN(std::unique_ptr<LearnerGroup> group,
+                          LearnerGroup::Join(config, agent, *parameters));
+    std::unique_ptr<FlatParameters> slice = group->Slice();
+    std::unique_ptr<FlatMoments> moment_slice = moments ? group->Slice(*moments) : nullptr;
+    policy = GroupPolicy(std::move(group), std::move(parameters), std::move(moments));
+    parameters = std::move(slice);
+    moments = std::move(moment_slice);
+  }
+  auto driver = std::make_unique<RoundDriverImpl>(config, clock, agent.id(), schedule,
+                                                  std::move(codec), std::move(policy),
+                                                  std::move(parameters), std::move(moments));
+  if (!services) services = LighthouseRoundServices(agent, clock);
+  MEND_RETURN_IF_ERROR(driver->Init(start_step, std::move(services)));
+  return std::unique_ptr<RoundDriver>(std::move(driver));
+}
+
+}  // namespace mend::reducer

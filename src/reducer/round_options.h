@@ -1,0 +1,75 @@
+// What the round driver and the outer state read of a learner's config,
+// built once from it (MakeRoundOptions) after CheckConfig accepted it: the
+// derived values (the most rounds in flight, the round threads, DES-LOC's
+// sync intervals in rounds, the final merge's step) are worked out here,
+// not where they are used.
+//
+// Thread-safety: immutable once made.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "mend/config.h"
+#include "mend/outer_sync.h"
+#include "mend/status.h"
+#include "reducer/fragments.h"
+
+namespace mend::reducer {
+
+// Where checkpoints go, and what a learner resumes from.
+struct CheckpointOptions {
+  std::string dir;            // checkpoint_dir (empty: none)
+  int keep = 0;               // checkpoint_keep
+  uint64_t every_rounds = 0;  // checkpoint_every_rounds (0: never)
+  std::string resume_from;    // a file to start from (empty: none)
+  bool resume = false;        // the newest checkpoint in `dir`, when there is one
+  std::string job_id;
+  std::string config_toml;  // the learner's config, as each checkpoint records it
+};
+
+struct RoundOptions {
+  bool concurrent = false;        // concurrent_outer_step
+  uint64_t rounds_in_flight = 1;  // the most at once (1: synchronous, or rounds_in_flight = 1)
+  int64_t overlap_steps = 0;      // tau as configured (0: tuned)
+  OuterApply apply = OuterApply::kEager;
+  float mixing_alpha = 0.5f;
+  uint64_t outer_warmup_steps = 0;
+  uint64_t total_steps = 0;       // 0: not known
+  uint64_t final_merge_step = 0;  // 0: no final merge (FinalMergeStep)
+  uint64_t fragment_period = 1;   // steps between two rounds (of consecutive fragments)
+  // The job's last fragment periods, as many as rounds may be in flight (0:
+  // none; see InFinalPeriod).
+  uint64_t final_period = 0;
+  bool train_through_lighthouse_outage = false;
+  int round_threads = 1;  // the training thread's pool for the round's arithmetic
+  // The outer optimizer, the merge's weights and the error feedback (the
+  // codec is the driver's own).
+  OuterSyncOptions sync;
+  bool desloc = false;
+  uint64_t desloc_rounds[2] = {3, 6};  // rounds between two syncs of each moment
+  bool heal_inner_optimizer = false;
+  std::string diagnostics_dir;
+  CheckpointOptions checkpoints;
+
+  // Whether `step` lies in the job's final period (total_steps known,
+  // concurrent rounds): a round launched there could be taken up only after
+  // the last step (the tuned tau is below a fragment period), so every
+  // learner would wait for it at shutdown; none is launched. The rule
+  // follows from the configuration alone, so that every learner skips the
+  // same boundaries.
+  bool InFinalPeriod(uint64_t step) const {
+    return final_period > 0 && step <= total_steps && step + final_period > total_steps;
+  }
+  // The job's last boundary as a learner at `step` at shutdown knows it:
+  // the last within a fragment period of its step, or (none is launched in
+  // the final period) of the period's start.
+  uint64_t LastBoundary(uint64_t step) const;
+  // INVALID_ARGUMENT when desloc or heal_inner_optimizer needs the inner
+  // optimizer's moments and the reducer was given none.
+  Status CheckMoments(bool given) const;
+};
+
+RoundOptions MakeRoundOptions(const Config& config, const FragmentSchedule& schedule);
+
+}  // namespace mend::reducer
