@@ -372,6 +372,61 @@ TEST(LearnerGroupTest, ConcurrentRoundsApplyAtTheSameStepOnEveryRank) {
 // would leave both stuck until the quorum timeout). Then the third round
 // has both: learner 1's slices heal from learner 0's and its replicas stay
 // equal.
+// A rank gone (its driver and agent ended without shutdown, as when its
+// process dies) fails the other rank's next group collective: the group is
+// broken for good. Every later step and the shutdown return that first
+// error, and the rank left waits for nothing more.
+TEST(LearnerGroupTest, ARankGoneBreaksItsGroupForGood) {
+  Config config = testing_util::SynchronousJobConfig(1, 4);
+  auto server = StartGroupJob(config, 2);
+  ASSERT_NE(server, nullptr);
+  struct Rank {
+    std::unique_ptr<LearnerAgent> agent;
+    std::unique_ptr<RoundDriver> driver;
+    Status error = OkStatus();
+  };
+  FakeClock clock;
+  Rank ranks[2];
+  // Both ranks join the group together and take its first round (step 4).
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r]() {
+      Config mine = config;
+      mine.group_rank = r;
+      Rank& rank = ranks[r];
+      auto agent = LearnerAgent::Start(mine, kToken, {"learner-0", "", "", ""}, *RealClock());
+      if (!agent.ok()) {
+        rank.error = agent.status();
+        return;
+      }
+      rank.agent = std::move(*agent);
+      auto driver = RoundDriver::Create(mine, *rank.agent, clock,
+                                        std::make_unique<VectorParameters>(1.0f), nullptr, 0);
+      if (!driver.ok()) {
+        rank.error = driver.status();
+        return;
+      }
+      rank.driver = std::move(*driver);
+      for (int s = 0; s < 4 && rank.error.ok(); ++s) rank.error = rank.driver->step(16);
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (const Rank& rank : ranks) ASSERT_TRUE(rank.error.ok()) << rank.error;
+  ASSERT_EQ(ranks[0].driver->stats().rounds, 1u);
+  ranks[1].driver.reset();
+  ranks[1].agent.reset();
+  // Rank 0's next round (step 8) needs rank 1's slice.
+  Status error = OkStatus();
+  for (int s = 4; s < 12 && error.ok(); ++s) error = ranks[0].driver->step(16);
+  ASSERT_FALSE(error.ok()) << "rank 0 went on without its group's other rank";
+  EXPECT_EQ(ranks[0].driver->stats().rounds, 1u);
+  const Status again = ranks[0].driver->step(16);
+  EXPECT_EQ(again.code(), error.code());
+  EXPECT_EQ(again.message(), error.message());
+  const Status shutdown = ranks[0].driver->shutdown();
+  EXPECT_EQ(shutdown.message(), error.message());
+}
+
 TEST(LearnerGroupTest, AGroupPassedOverTrainsOnAsOneAndJoinsTheNextRound) {
   Config config = testing_util::ConcurrentJobConfig(1, 4, /*overlap_steps=*/1);
   config.grace_window_ms = 5000;
