@@ -92,30 +92,25 @@ class OuterStateTest : public ::testing::Test {
   const FragmentSchedule schedule_ = Schedule(1, 10);
 };
 
-TEST_F(OuterStateTest, AnExportImportedWithItsParametersMakesThemTheGlobalState) {
-  auto a = Make(2.0f);
-  StatusOr<std::string> bytes = a->outer->Export({30, 3, 640});
-  ASSERT_TRUE(bytes.ok()) << bytes.status();
-  auto b = Make(5.0f);
-  StatusOr<Restored> restored = b->outer->Import(*bytes, /*keep_parameters=*/false);
-  ASSERT_TRUE(restored.ok()) << restored.status();
-  EXPECT_EQ(restored->round_id, 3u);
-  for (float v : b->values->values()) EXPECT_EQ(v, 2.0f);
-  for (float v : b->outer->book().at(0).state->global()) EXPECT_EQ(v, 2.0f);
-}
-
-TEST_F(OuterStateTest, AnExportImportedKeepingTheParametersBringsTheLearnersProgressBack) {
+// Imported with its parameters, an export's global state becomes the
+// parameters too; keeping them, the exporting learner's step and tokens
+// since its round come back and the parameters stay the caller's.
+TEST_F(OuterStateTest, AnExportImportsWithItsParametersOrKeepingTheCallers) {
   auto a = Make(2.0f);
   a->outer->book().at(0).tokens_since_round = 123;
   StatusOr<std::string> bytes = a->outer->Export({37, 3, 640});
   ASSERT_TRUE(bytes.ok()) << bytes.status();
-  auto b = Make(5.0f);
-  StatusOr<Restored> restored = b->outer->Import(*bytes, /*keep_parameters=*/true);
-  ASSERT_TRUE(restored.ok()) << restored.status();
-  EXPECT_EQ(restored->step, 37u);
-  EXPECT_EQ(b->outer->book().at(0).tokens_since_round, 123u);
-  for (float v : b->values->values()) EXPECT_EQ(v, 5.0f);  // the caller's
-  for (float v : b->outer->book().at(0).state->global()) EXPECT_EQ(v, 2.0f);
+  for (bool keep : {false, true}) {
+    SCOPED_TRACE(keep ? "keep_parameters" : "with its parameters");
+    auto b = Make(5.0f);
+    StatusOr<Restored> restored = b->outer->Import(*bytes, keep);
+    ASSERT_TRUE(restored.ok()) << restored.status();
+    EXPECT_EQ(restored->round_id, 3u);
+    if (keep) EXPECT_EQ(restored->step, 37u);
+    EXPECT_EQ(b->outer->book().at(0).tokens_since_round, keep ? 123u : 0u);
+    for (float v : b->values->values()) EXPECT_EQ(v, keep ? 5.0f : 2.0f);
+    for (float v : b->outer->book().at(0).state->global()) EXPECT_EQ(v, 2.0f);
+  }
 }
 
 TEST_F(OuterStateTest, BadBytesAndAMissingResumeFileAreErrorsThatSayWhat) {
