@@ -13,6 +13,9 @@ over the parameters (the buffers' own 4 bytes included; the interpreter's
 and torch's own memory, measured before the buffers, left out). Then, in the
 same processes, torch.distributed over gloo all-reduces the same tensors
 (one all_reduce per tensor, as DDP's buckets would), `--rounds` times.
+Both are also timed in CPU seconds (the two processes' together, every
+thread, user and system): on a host whose cores the learners fill, a round
+cannot be shorter than its CPU time over the cores.
 
 A round's time is split into its phases as mend reports them
 (Learner.round_phases(): seconds summed over the phase's work, on every
@@ -39,6 +42,12 @@ def rss_bytes(field):
             if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def cpu_seconds():
+    # The process's CPU time, every thread's, user and system.
+    t = os.times()
+    return t.user + t.system
 
 
 def reset_peak():
@@ -88,17 +97,19 @@ def worker(args):
     learner = mend.Learner(config, [(f"t{i}", a) for i, a in enumerate(arrays)], f"scale-{rank}", token=TOKEN)
     init_s = time.perf_counter() - t0
     has_phases = hasattr(learner, "round_phases")
-    rounds, phases = [], []
+    rounds, phases, round_cpu = [], [], []
     for step in range(1, steps + 1):
         arrays[0][:1024] += np.float32(1e-3 * (rank + 1))  # a little training between rounds
         if args.step_ms > 0:
             time.sleep(args.step_ms / 1000)  # an inner step's compute, elsewhere (a GPU)
         before = learner.round_phases() if has_phases else {}
+        c0 = cpu_seconds()
         t0 = time.perf_counter()
         learner.step(1)
         seconds = time.perf_counter() - t0
         if step % 2 == 0:
             rounds.append(seconds)
+            round_cpu.append(cpu_seconds() - c0)
             after = learner.round_phases() if has_phases else {}
             phases.append({k: after[k] - before.get(k, 0.0) for k in after})
     t0 = time.perf_counter()
@@ -109,17 +120,20 @@ def worker(args):
     assert stats["final_rounds"] == 1 if "final_rounds" in stats else True
     # The reference: gloo all-reduce of the same tensors, between the same processes.
     tensors = [torch.from_numpy(a) for a in arrays]
-    gloo = []
+    gloo, gloo_cpu = [], []
     for _ in range(args.rounds):
         dist.barrier()
+        c0 = cpu_seconds()
         t0 = time.perf_counter()
         for t in tensors:
             dist.all_reduce(t)
         gloo.append(time.perf_counter() - t0)
+        gloo_cpu.append(cpu_seconds() - c0)
     dist.destroy_process_group()
     with open(args.out, "w") as f:
         json.dump({"rank": rank, "init": init_s, "rounds": rounds, "final": final_s, "phases": phases,
-                   "gloo": gloo, "rss_per_param": (peak - baseline) / count, "stats": stats}, f)
+                   "gloo": gloo, "round_cpu": round_cpu, "gloo_cpu": gloo_cpu,
+                   "rss_per_param": (peak - baseline) / count, "stats": stats}, f)
 
 
 def run_size(size, args, lighthouse_address):
@@ -186,11 +200,16 @@ def main():
         final = max(r["final"] for r in results)
         gloo = statistics.median(max(r["gloo"][i] for r in results) for i in range(1, args.rounds))
         rss = max(r["rss_per_param"] for r in results)
+        # CPU seconds of both processes (every thread, user and system) per
+        # later round and per all-reduce: what the two share of the host.
+        cpu = statistics.median(sum(r["round_cpu"][i] for r in results) for i in range(1, args.rounds))
+        gloo_cpu = statistics.median(sum(r["gloo_cpu"][i] for r in results) for i in range(1, args.rounds))
         gib = size * 1e6 * 4 / 2**30
         rows.append({"parameters_m": size, "init_s": init, "init_s_per_gib": init / gib, "first_round_s": first,
                      "later_round_s": later, "final_merge_s": final, "gloo_allreduce_s": gloo,
                      "later_over_gloo": later / gloo, "first_over_later": first / later,
-                     "final_over_later": final / later, "rss_bytes_per_param": rss})
+                     "final_over_later": final / later, "rss_bytes_per_param": rss,
+                     "later_round_cpu_s": cpu, "gloo_allreduce_cpu_s": gloo_cpu})
         if results[0]["phases"]:
             phase_names = list(results[0]["phases"][0].keys())
             for name in phase_names:
@@ -200,13 +219,13 @@ def main():
     print("round scale: 2 learners (processes), fp32, synchronous, no link emulation; "
           "gloo = torch.distributed all_reduce of the same tensors in the same processes\n")
     head = (f"{'params':>7} {'init s':>7} {'s/GiB':>6} {'first':>7} {'later':>7} {'final':>7} {'gloo':>7} "
-            f"{'later/gloo':>10} {'first/later':>11} {'final/later':>11} {'B/param':>8}")
+            f"{'later/gloo':>10} {'first/later':>11} {'final/later':>11} {'B/param':>8} {'cpu s':>6} {'gloo cpu':>8}")
     print(head)
     for r in rows:
         print(f"{r['parameters_m']:>6.0f}M {r['init_s']:>7.2f} {r['init_s_per_gib']:>6.2f} {r['first_round_s']:>7.2f} "
               f"{r['later_round_s']:>7.2f} {r['final_merge_s']:>7.2f} {r['gloo_allreduce_s']:>7.2f} "
               f"{r['later_over_gloo']:>10.2f} {r['first_over_later']:>11.2f} {r['final_over_later']:>11.2f} "
-              f"{r['rss_bytes_per_param']:>8.1f}")
+              f"{r['rss_bytes_per_param']:>8.1f} {r['later_round_cpu_s']:>6.2f} {r['gloo_allreduce_cpu_s']:>8.2f}")
     if phase_rows:
         print("\nphases of learner 0's rounds, seconds (summed over threads):")
         print(f"{'params':>7} {'phase':<16} {'first':>8} {'later':>8}")

@@ -21,6 +21,7 @@
 #include "dataplane/gloo_store.h"
 #include "dataplane/hierarchy.h"
 #include "dataplane/slicing.h"
+#include "dataplane/weighted_sum.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
 #include "gloo/common/error.h"
@@ -410,41 +411,6 @@ StatusOr<std::vector<float>> GlooCommunicator::NormalizeWeights(
   return normalized;
 }
 
-// The fp32 sum's arithmetic: out = scale * (G_0 + G_1 + ...), where group
-// G_k = w_a x_a + w_b x_b + ... over its members in order, every operation
-// in fp32 from left to right (x_r may be `out` itself). Element by element,
-// in blocks that stay in L1: one pass over each input and one over the
-// output. The rack-aware merge computes each G_k in its rack and the rest
-// across racks with the same operations, hence the same bits.
-void WeightedSum(float* out, const std::vector<const float*>& inputs,
-                 const std::vector<float>& weights, const std::vector<std::vector<int>>& groups,
-                 float scale, size_t n) {
-  constexpr size_t kBlock = 1024;
-  float block[kBlock], group[kBlock];
-  for (size_t start = 0; start < n; start += kBlock) {
-    const size_t len = std::min(kBlock, n - start);
-    for (size_t g = 0; g < groups.size(); ++g) {
-      float* sum = g == 0 ? block : group;
-      const std::vector<int>& members = groups[g];
-      const float* x0 = inputs[static_cast<size_t>(members[0])] + start;
-      const float w0 = weights[static_cast<size_t>(members[0])];
-      for (size_t i = 0; i < len; ++i) sum[i] = w0 * x0[i];
-      for (size_t m = 1; m < members.size(); ++m) {
-        const float* x = inputs[static_cast<size_t>(members[m])] + start;
-        const float w = weights[static_cast<size_t>(members[m])];
-        for (size_t i = 0; i < len; ++i) sum[i] += w * x[i];
-      }
-      if (g > 0) {
-        for (size_t i = 0; i < len; ++i) block[i] += group[i];
-      }
-    }
-    if (scale != 1.0f) {
-      for (size_t i = 0; i < len; ++i) block[i] *= scale;
-    }
-    std::memcpy(out + start, block, len * sizeof(float));
-  }
-}
-
 // The state of one reduction: how the buffer is cut, where each encoded piece
 // lives, and the transfers in flight.
 struct GlooCommunicator::Reduction {
@@ -638,7 +604,7 @@ Status GlooCommunicator::ReduceSegment(Op& op, Reduction& run, const std::vector
         inputs[r] =
             reinterpret_cast<const float*>(r == me ? Mine(run, me, s) : Contribution(run, r, s));
       }
-      WeightedSum(run.data.data() + begin, inputs, weights, sum_groups_, run.scale, len);
+      dataplane::WeightedSum(run.data.data() + begin, inputs, weights, sum_groups_, run.scale, len);
       result = reinterpret_cast<const std::byte*>(run.data.data() + begin);
       PostContributions(op, run, s + run.window);  // into the slots just summed
     } else {

@@ -216,33 +216,19 @@ double FragmentBook::Snapshot(const Fragment& fragment, std::span<float> delta,
                               const OuterOptions& outer) {
   const float* global = fragment.state->global().data();
   const float* momentum = fragment.state->momentum().data();
-  const float lr = outer.lr;
-  const float mu = outer.momentum;
   std::vector<double> squares(ChunkCount(fragment), 0.0);
   ForEachChunk(fragment, /*writes=*/!step.empty(), pool_,
                [&](size_t c, size_t offset, std::span<float> theta) {
                  float* d = delta.data() + offset;
-                 const float* g = global + offset;
-                 double sum = 0;
-                 for (size_t i = 0; i < theta.size(); ++i) {
-                   const float v = g[i] - theta[i];
-                   d[i] = v;
-                   sum += static_cast<double>(v) * v;
-                 }
+                 squares[c] += kernels::Difference(global + offset, theta.data(), d, theta.size());
                  if (!copy.empty()) std::memcpy(copy.data() + offset, d, theta.size_bytes());
+                 // The provisional outer step (this learner's pseudo-gradient as
+                 // the merge): theta_i <- p, step <- theta_g - p.
                  if (!step.empty()) {
-                   // The provisional outer step (OuterNesterovStep with this learner's
-                   // pseudo-gradient as the merge): theta_i <- p, step <- theta_g - p.
-                   const float* m = momentum + offset;
-                   float* s = step.data() + offset;
-                   for (size_t i = 0; i < theta.size(); ++i) {
-                     const float mm = mu * m[i] + d[i];
-                     const float provisional = g[i] - lr * (d[i] + mu * mm);
-                     s[i] = g[i] - provisional;
-                     theta[i] = provisional;
-                   }
+                   kernels::ProvisionalStep(global + offset, momentum + offset, d, theta.data(),
+                                            step.data() + offset, theta.size(), outer.lr,
+                                            outer.momentum);
                  }
-                 squares[c] += sum;
                });
   return EndPass(squares);
 }
@@ -250,53 +236,22 @@ double FragmentBook::Snapshot(const Fragment& fragment, std::span<float> delta,
 double FragmentBook::CommitOuter(Fragment& fragment, const OuterCommit& commit) {
   float* global = fragment.state->mutable_global().data();
   float* momentum = fragment.state->mutable_momentum().data();
-  const float lr = commit.outer.lr;
-  const float mu = commit.outer.momentum;
-  const float keep = commit.alpha;
-  const float take = 1.0f - commit.alpha;
-  using Local = OuterCommit::Local;
+  kernels::CommitArgs args;
+  args.average = commit.average;
+  args.lr = commit.outer.lr;
+  args.mu = commit.outer.momentum;
+  args.local = commit.local;
+  args.alpha = commit.alpha;
+  // kExact adds the provisional step's shift where one was taken, else this
+  // learner's own pseudo-gradient.
+  const std::span<const float> add = !commit.eager.empty() ? commit.eager : commit.own;
   std::vector<double> squares(ChunkCount(fragment), 0.0);
-  ForEachChunk(fragment, /*writes=*/true, pool_,
-               [&](size_t c, size_t offset, std::span<float> theta) {
-                 const float* d = commit.merged.data() + offset;
-                 float* g = global + offset;
-                 float* m = momentum + offset;
-                 const float* own = commit.own.empty() ? nullptr : commit.own.data() + offset;
-                 const float* eager = commit.eager.empty() ? nullptr : commit.eager.data() + offset;
-                 double sum = 0;
-                 for (size_t i = 0; i < theta.size(); ++i) {
-                   // OuterAverageStep and OuterNesterovStep, element by element.
-                   const float old = g[i];
-                   float next;
-                   if (commit.average) {
-                     next = old - d[i];
-                   } else {
-                     const float mm = mu * m[i] + d[i];
-                     m[i] = mm;
-                     next = old - lr * (d[i] + mu * mm);
-                   }
-                   g[i] = next;
-                   // ApplyOuterResult, with theta_base = the old theta_g.
-                   switch (commit.local) {
-                     case Local::kReplace:
-                       theta[i] = next;
-                       break;
-                     case Local::kProgress:
-                       theta[i] += next - old;
-                       break;
-                     case Local::kExact:
-                       // (With the provisional step taken, `eager` holds theta_g - p:
-                       // what the parameters were moved by at the launch, own included.)
-                       theta[i] += (next - old) + (eager != nullptr ? eager[i] : own[i]);
-                       break;
-                     case Local::kMix:
-                       theta[i] = keep * theta[i] + take * next;
-                       break;
-                   }
-                   sum += static_cast<double>(d[i]) * d[i];
-                 }
-                 squares[c] += sum;
-               });
+  ForEachChunk(
+      fragment, /*writes=*/true, pool_, [&](size_t c, size_t offset, std::span<float> theta) {
+        squares[c] += kernels::Commit(args, commit.merged.data() + offset, global + offset,
+                                      momentum + offset, theta.data(),
+                                      add.empty() ? nullptr : add.data() + offset, theta.size());
+      });
   return EndPass(squares);
 }
 

@@ -23,6 +23,7 @@
 
 #include "core/parallel.h"
 #include "mend/outer.h"
+#include "outer/round_kernels.h"
 #include "reducer/flat_state.h"
 #include "reducer/fragments.h"
 #include "reducer/round_flight.h"
@@ -38,12 +39,12 @@ struct OuterCommit {
   std::span<const float> merged;  // the members' pseudo-gradient
   bool average = false;           // theta_g <- theta_g - merged, the momentum kept
   OuterOptions outer;             // else Nesterov's step with these
-  enum class Local {
-    kReplace,   // theta_i <- theta_g' (nothing trained since the boundary)
-    kProgress,  // theta_i += theta_g' - theta_g (a round of another fragment, adopted)
-    kExact,     // theta_i += (theta_g' - theta_g) + own [+ eager]
-    kMix,       // theta_i <- alpha theta_i + (1 - alpha) theta_g'
-  } local = Local::kReplace;
+  // kReplace: theta_i <- theta_g' (nothing trained since the boundary);
+  // kProgress: theta_i += theta_g' - theta_g (a round of another fragment,
+  // adopted); kExact: theta_i += (theta_g' - theta_g) + own [+ eager];
+  // kMix: theta_i <- alpha theta_i + (1 - alpha) theta_g'.
+  using Local = kernels::LocalUpdate;
+  Local local = Local::kReplace;
   std::span<const float> own;    // kExact: this learner's pseudo-gradient at the boundary
   std::span<const float> eager;  // kExact: outer_apply = eager's shift (empty: none)
   float alpha = 0;               // kMix
