@@ -2,7 +2,9 @@
 torch.optim.AdamW, mend_init / train normally / mend_shutdown. Writes what it
 saw (the global parameters after every round, the held-out loss) as JSON."""
 import argparse
+import faulthandler
 import json
+import signal
 import sys
 import time
 
@@ -70,6 +72,8 @@ def main():
     parser.add_argument("--step-sleep", type=float, default=0.0)
     parser.add_argument("--one-hot", action="store_true", help="a float-input model (no token count)")
     args = parser.parse_args()
+    # SIGUSR1 prints every thread's Python stack (a test that waits too long asks).
+    faulthandler.register(signal.SIGUSR1)
 
     torch.manual_seed(args.seed)
     model = OneHot() if args.one_hot else TinyLM()

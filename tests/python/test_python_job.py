@@ -153,15 +153,23 @@ def test_ctrl_c_while_waiting_for_a_round_raises_keyboard_interrupt(tmp_path):
         proc = subprocess.Popen(
             [sys.executable, os.path.join(HERE, "learner.py"), "--lighthouse", lighthouse.address,
              "--id", "lonely", "--out", str(tmp_path / "x.json"), "--period", "2"],
-            env=env, stdout=subprocess.PIPE, text=True)
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 60
         while not any(l["id"] == "lonely" and l["state"] == "waiting"
                       for l in lighthouse.status()["learners"]):
             assert time.monotonic() < deadline and proc.poll() is None
             time.sleep(0.05)
         proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=10)
-        assert proc.returncode == 3 and "interrupted" in out
+        try:
+            out, err = proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            # Where it is stuck: its threads' Python stacks, then its log.
+            proc.send_signal(signal.SIGUSR1)
+            time.sleep(1)
+            proc.kill()
+            out, err = proc.communicate()
+            pytest.fail(f"the learner did not exit within 20 s of SIGINT; its stderr:\n{err[-6000:]}")
+        assert proc.returncode == 3 and "interrupted" in out, err[-3000:]
         deadline = time.monotonic() + 10
         while not any(l["id"] == "lonely" and l["state"] == "left"
                       for l in lighthouse.status()["learners"]):
