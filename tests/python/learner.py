@@ -74,6 +74,10 @@ def main():
     args = parser.parse_args()
     # SIGUSR1 prints every thread's Python stack (a test that waits too long asks).
     faulthandler.register(signal.SIGUSR1)
+    # Ctrl-C raises KeyboardInterrupt, as in a terminal, even when this
+    # process inherited SIGINT ignored (a test suite started in the
+    # background by a non-interactive shell: Python then keeps it ignored).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     torch.manual_seed(args.seed)
     model = OneHot() if args.one_hot else TinyLM()

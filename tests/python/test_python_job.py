@@ -163,12 +163,14 @@ def test_ctrl_c_while_waiting_for_a_round_raises_keyboard_interrupt(tmp_path):
         try:
             out, err = proc.communicate(timeout=20)
         except subprocess.TimeoutExpired:
-            # Where it is stuck: its threads' Python stacks, then its log.
+            # Where it is stuck: its signal masks, its threads' Python stacks, its log.
+            with open(f"/proc/{proc.pid}/status") as f:
+                masks = "".join(line for line in f if line.startswith(("SigPnd", "ShdPnd", "SigBlk", "SigIgn")))
             proc.send_signal(signal.SIGUSR1)
             time.sleep(1)
             proc.kill()
             out, err = proc.communicate()
-            pytest.fail(f"the learner did not exit within 20 s of SIGINT; its stderr:\n{err[-6000:]}")
+            pytest.fail(f"the learner did not exit within 20 s of SIGINT; {masks}its stderr:\n{err[-6000:]}")
         assert proc.returncode == 3 and "interrupted" in out, err[-3000:]
         deadline = time.monotonic() + 10
         while not any(l["id"] == "lonely" and l["state"] == "left"
