@@ -161,7 +161,7 @@ def test_ctrl_c_while_waiting_for_a_round_raises_keyboard_interrupt(tmp_path):
             time.sleep(0.05)
         proc.send_signal(signal.SIGINT)
         try:
-            out, err = proc.communicate(timeout=20)
+            out, err = proc.communicate(timeout=10)
         except subprocess.TimeoutExpired:
             # Where it is stuck: its signal masks, its threads' Python stacks, its log.
             with open(f"/proc/{proc.pid}/status") as f:
@@ -170,7 +170,7 @@ def test_ctrl_c_while_waiting_for_a_round_raises_keyboard_interrupt(tmp_path):
             time.sleep(1)
             proc.kill()
             out, err = proc.communicate()
-            pytest.fail(f"the learner did not exit within 20 s of SIGINT; {masks}its stderr:\n{err[-6000:]}")
+            pytest.fail(f"the learner did not exit within 10 s of SIGINT; {masks}its stderr:\n{err[-6000:]}")
         assert proc.returncode == 3 and "interrupted" in out, err[-3000:]
         deadline = time.monotonic() + 10
         while not any(l["id"] == "lonely" and l["state"] == "left"
