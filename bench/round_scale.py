@@ -91,6 +91,7 @@ def worker(args):
                              concurrent_outer_step=False, total_steps=steps, final_merge=True,
                              collective_timeout_ms=600_000, quorum_timeout_ms=600_000,
                              heartbeat_timeout_ms=600_000, log_level="warn",
+                             link_latency_ms=args.link_latency_ms,
                              **({"round_threads": args.round_threads} if args.round_threads >= 0 else {}))
     dist.barrier()
     t0 = time.perf_counter()
@@ -150,7 +151,8 @@ def run_size(size, args, lighthouse_address):
                                    lighthouse_address, "--port", str(port), "--out", outs[r],
                                    "--round-threads", str(args.round_threads)]
                                   + (["--distinct-init"] if args.distinct_init else [])
-                                  + ["--step-ms", str(args.step_ms)], env=env)
+                                  + ["--step-ms", str(args.step_ms),
+                                     "--link-latency-ms", str(args.link_latency_ms)], env=env)
                  for r in range(2)]
         for p in procs:
             if p.wait(timeout=3600) != 0:
@@ -172,6 +174,9 @@ def main():
                         "the rounds follow each other with nothing between)")
     p.add_argument("--distinct-init", action="store_true",
                    help="learners start from different values (the first round heals)")
+    p.add_argument("--link-latency-ms", type=int, default=0,
+                   help="link_latency_ms: each collective of a round takes at least this long (a far "
+                        "link, emulated); the gloo reference has none")
     p.add_argument("--csv", default="bench-results/round_scale.csv")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
@@ -216,7 +221,9 @@ def main():
                 phase_rows.append((size, name, results[0]["phases"][0][name],
                                    statistics.median(ph[name] for ph in results[0]["phases"][1:])))
     lighthouse.shutdown()
-    print("round scale: 2 learners (processes), fp32, synchronous, no link emulation; "
+    link = (f"link_latency_ms = {args.link_latency_ms} (emulated; not in the gloo reference)"
+            if args.link_latency_ms else "no link emulation")
+    print(f"round scale: 2 learners (processes), fp32, synchronous, {link}; "
           "gloo = torch.distributed all_reduce of the same tensors in the same processes\n")
     head = (f"{'params':>7} {'init s':>7} {'s/GiB':>6} {'first':>7} {'later':>7} {'final':>7} {'gloo':>7} "
             f"{'later/gloo':>10} {'first/later':>11} {'final/later':>11} {'B/param':>8} {'cpu s':>6} {'gloo cpu':>8}")

@@ -26,6 +26,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -125,6 +126,20 @@ class Communicator {
   // members. Only kWeightedMean unless the implementation says otherwise.
   enum class Fp32Sum { kWeightedMean, kWeightedSum, kPreWeighted };
   [[nodiscard]] virtual Status Fp32AllReduce(std::span<float> data, double weight, Fp32Sum sum);
+
+  // WeightedAllReduce(data, weight) of fp32 values this member makes as the
+  // reduction reaches them (a round's pseudo-gradient, computed while the
+  // pieces before it travel). make(begin, end) writes data[begin, end) and
+  // returns the sum of their squares (not finite when a value is not);
+  // it is called on this thread, for ranges that cover `data` once, each
+  // before anything reads it. A member any of whose values is not finite
+  // takes part with zeros and weight 0, as a caller of WeightedAllReduce
+  // would leave it out, with the same bits: the members learn it beside
+  // the last pieces, and then reduce again (made again: `make` must write
+  // the same values each time). Returns this member's sum of squares.
+  using MakeValues = std::function<double(size_t begin, size_t end)>;
+  [[nodiscard]] virtual StatusOr<double> MadeAllReduce(std::span<float> data, double weight,
+                                                       const MakeValues& make);
 
   // The same for a sparse codec (top-k): every member's `payload` (of
   // codec.EncodedBytes(out.size()) bytes, e.g. from ErrorFeedback) is

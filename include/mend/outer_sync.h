@@ -95,7 +95,8 @@ struct RoundResult {
   // Ranks left out by the robust merge: the same on every member with three
   // or more; with fewer (no reports exchanged) a member lists only itself.
   std::vector<int> dropped;
-  double merged_norm = 0;  // ||delta||, set by the commit
+  double merged_norm = 0;      // ||delta||, set by the commit
+  bool made_in_merge = false;  // `make` made delta as the merge reached each piece
   uint64_t bytes_sent = 0;
 };
 
@@ -111,11 +112,16 @@ class OuterRound {
   // (a round that fails changes nothing but `delta`). Errors: what the
   // communicator returns (with fewer than three members, INVALID_ARGUMENT
   // when the weights sum to 0), or ABORTED when every member was dropped.
-  [[nodiscard]] static StatusOr<RoundResult> Exchange(Communicator& comm,
-                                                      const FragmentState& state,
-                                                      std::span<float> delta, double tokens,
-                                                      const OuterSyncOptions& options,
-                                                      std::optional<double> norm = std::nullopt);
+  //
+  // `make`, when given, writes `delta` (Communicator::MakeValues) instead of
+  // the caller: with fewer than three members, fp32 and a contributing
+  // member, as the merge reaches each piece (MadeAllReduce: a piece is
+  // sent while the next is made); else whole, before the round. The same
+  // bits either way.
+  [[nodiscard]] static StatusOr<RoundResult> Exchange(
+      Communicator& comm, const FragmentState& state, std::span<float> delta, double tokens,
+      const OuterSyncOptions& options, std::optional<double> norm = std::nullopt,
+      const Communicator::MakeValues* make = nullptr);
   // The outer step with the merged pseudo-gradient (Exchange's `delta`)
   // on the state, in place, and the result's error feedback kept:
   // theta_g' and m' are the same bits on every member.

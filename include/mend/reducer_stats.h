@@ -9,7 +9,9 @@ namespace mend {
 // learner completed (the work of a phase on several threads adds up, so
 // phases that overlap the transfer can add up to more than the round).
 struct RoundPhases {
-  double snapshot = 0;             // training thread: the boundary's pseudo-gradient (copy-out)
+  // The boundary's pseudo-gradient (copy-out): the training thread's, or
+  // a synchronous round's, made as its merge reaches each piece.
+  double snapshot = 0;
   double join = 0;                 // the quorum, the rendezvous and the members' connections
   double agree_or_heal = 0;        // comparing the members' states, or healing
   double encode = 0;               // the codec's encoding (none for fp32)
@@ -42,6 +44,9 @@ struct ReducerStats {
   uint64_t final_rounds = 0;      // rounds of the final merge at shutdown this learner completed
   uint64_t round_waits = 0;  // rounds a step waited for (not arrived when due, or at a boundary)
   uint64_t most_rounds_in_flight = 0;  // the most rounds in flight at once
+  // Rounds whose pseudo-gradient was made as the merge reached each piece
+  // (synchronous, fp32, fewer than three members, parameters in place).
+  uint64_t rounds_made_in_merge = 0;
   RoundPhases phases;
 };
 

@@ -39,7 +39,14 @@ using dataplane::Slicing;
 using gloo::transport::UnboundBuffer;
 using Clock = std::chrono::steady_clock;
 
-enum Phase : uint64_t { kWeights = 0, kScatter = 1, kGather = 2, kBroadcast = 3, kAllGather = 4 };
+enum Phase : uint64_t {
+  kWeights = 0,
+  kScatter = 1,
+  kGather = 2,
+  kBroadcast = 3,
+  kAllGather = 4,
+  kVerdict = 5,  // MadeAllReduce: whether each member's made values were finite
+};
 
 // Segments of the others' fp32 pieces of our slice received at once (see
 // Reduction::window): 4 MiB per peer at the default segment size.
@@ -122,6 +129,8 @@ class GlooCommunicator final : public Communicator {
     return Guarded("all-reduce",
                    [&]() { return WeightedAllReduceImpl(data, weight, nullptr, sum); });
   }
+  StatusOr<double> MadeAllReduce(std::span<float> data, double weight,
+                                 const MakeValues& make) override;
   Status WeightedAllGatherDecode(std::span<const std::byte> payload, double weight,
                                  const Codec& codec, std::span<float> out) override {
     return Guarded("all-gather-decode",
@@ -161,8 +170,16 @@ class GlooCommunicator final : public Communicator {
     uint64_t sent = 0;
   };
 
+  // What a reduction of made values (MadeAllReduce) found: this member's
+  // sum of squares, and whether a member's values were not finite.
+  struct Made {
+    double squares = 0;
+    bool again = false;
+  };
+  // `make`: the values are made as the reduction reaches them (fp32 only);
+  // what it found goes to `made`.
   Status WeightedAllReduceImpl(std::span<float> data, double weight, const Codec* codec,
-                               Fp32Sum sum);
+                               Fp32Sum sum, const MakeValues* make = nullptr, Made* made = nullptr);
   Status WeightedAllGatherDecodeImpl(std::span<const std::byte> payload, double weight,
                                      const Codec& codec, std::span<float> out);
   Status AllGatherImpl(std::span<const std::byte> mine, std::span<std::byte> out);
@@ -209,6 +226,11 @@ class GlooCommunicator final : public Communicator {
   const std::byte* Mine(Reduction& run, int slice, size_t segment) const;
   std::byte* Contribution(Reduction& run, int peer, size_t segment) const;
   void PostScatter(Op& op, Reduction& run);
+  // Segment s's pieces of the other slices sent (encoded first for a codec).
+  void PostPieces(Op& op, Reduction& run, size_t s);
+  // Made values: every segment before `segments` made and its pieces sent;
+  // after the last, this member's verdict (finite or not) to everyone.
+  void MakeThrough(Op& op, Reduction& run, size_t segments);
   // The others' pieces of segment `s` of our slice (none past the last).
   void PostContributions(Op& op, Reduction& run, size_t s);
   Status ReduceSegment(Op& op, Reduction& run, const std::vector<float>& weights, size_t segment);
@@ -442,10 +464,20 @@ struct GlooCommunicator::Reduction {
   std::byte* encoded = nullptr;        // our pieces of every slice (codecs)
   std::byte* contributions = nullptr;  // the others' pieces of our slice
   std::byte* results = nullptr;        // every slice's reduced piece (codecs)
+  // Made values (MadeAllReduce): segments before `made` are made and sent;
+  // the sum of their squares; this member's verdict (1: every value
+  // finite) and every member's, gathered after the last segment.
+  const MakeValues* make = nullptr;
+  size_t made = 0;
+  double squares = 0;
+  double verdict = 1;
+  std::vector<double> verdicts;
+  std::vector<Transfer> verdicts_in;
 };
 
 Status GlooCommunicator::WeightedAllReduceImpl(std::span<float> data, double weight,
-                                               const Codec* codec, Fp32Sum sum) {
+                                               const Codec* codec, Fp32Sum sum,
+                                               const MakeValues* make, Made* made) {
   Op op;
   MEND_RETURN_IF_ERROR(Begin("all-reduce", &op));
   std::unique_ptr<Codec> fp32;
@@ -476,6 +508,11 @@ Status GlooCommunicator::WeightedAllReduceImpl(std::span<float> data, double wei
       std::min(std::max<size_t>(slice_values / 4, size_t{64} << 10),
                std::max<size_t>(options_.segment_bytes / sizeof(float), 1));
   Reduction run(data, *codec, options_.world_size, segment_values);
+  if (make != nullptr && !run.raw) {
+    return InvalidArgumentError(
+        fmt::format("round {}: all-reduce: made values are fp32 only", options_.round_id));
+  }
+  run.make = make;
   const int me = options_.rank;
   const size_t slice_bytes = run.layout.slice_bytes(me);
   if (run.raw) {
@@ -503,13 +540,16 @@ Status GlooCommunicator::WeightedAllReduceImpl(std::span<float> data, double wei
     // will ever send to.
     // (The others' pieces first, each window slot posted again as it
     // frees: every member's sends then complete.)
+    // (Made values: every member makes and sends the rest as it drains.)
     Status drained = OkStatus();
     for (size_t s = 0; s < run.slicing.segments() && drained.ok(); ++s) {
+      MakeThrough(op, run, s + run.window + 1);
       drained = WaitAll(op, run.contributions_in[s]);
       if (drained.ok() && run.raw) PostContributions(op, run, s + run.window);
     }
     for (size_t s = 0; s < run.slicing.segments() && drained.ok(); ++s)
       drained = WaitAll(op, run.scatter[s]);
+    if (drained.ok()) drained = WaitAll(op, run.verdicts_in);
     return End(op, drained.ok() ? weights.status() : drained);
   }
   if (run.raw && (sum != Fp32Sum::kWeightedMean || sum_groups_.size() > 1)) {
@@ -527,10 +567,42 @@ Status GlooCommunicator::WeightedAllReduceImpl(std::span<float> data, double wei
     }
   }
   for (size_t s = 0; s < run.slicing.segments(); ++s) {
+    // Made values: the segments `window` ahead made and sent (the others
+    // post their receives for them as this one's slots free).
+    MakeThrough(op, run, s + run.window + 1);
     Status status = ReduceSegment(op, run, *weights, s);
     if (!status.ok()) return End(op, status);
   }
-  return End(op, FinishGather(op, run));
+  Status finished = FinishGather(op, run);
+  if (finished.ok() && make != nullptr) {
+    MakeThrough(op, run, run.slicing.segments());  // (a buffer of no segments)
+    finished = WaitAll(op, run.verdicts_in);
+    made->squares = run.squares;
+    for (double verdict : run.verdicts) made->again = made->again || verdict != 1;
+  }
+  return End(op, finished);
+}
+
+StatusOr<double> GlooCommunicator::MadeAllReduce(std::span<float> data, double weight,
+                                                 const MakeValues& make) {
+  if (options_.world_size < 2) return Communicator::MadeAllReduce(data, weight, make);
+  Made made;
+  MEND_RETURN_IF_ERROR(Guarded("all-reduce", [&]() {
+    return WeightedAllReduceImpl(data, weight, nullptr, Fp32Sum::kWeightedMean, &make, &made);
+  }));
+  if (!made.again) return made.squares;
+  // A member's values were not finite, and the result is not the merge:
+  // every member reduces again, that one with zeros and weight 0 (the
+  // others' values made again: the result overwrote them).
+  const bool finite = std::isfinite(made.squares);
+  if (finite) {
+    make(0, data.size());
+  } else {
+    std::fill(data.begin(), data.end(), 0.0f);
+    weight = 0;
+  }
+  MEND_RETURN_IF_ERROR(WeightedAllReduce(data, weight, nullptr));
+  return made.squares;
 }
 
 const std::byte* GlooCommunicator::Mine(Reduction& run, int slice, size_t segment) const {
@@ -563,27 +635,56 @@ void GlooCommunicator::PostContributions(Op& op, Reduction& run, size_t s) {
 }
 
 void GlooCommunicator::PostScatter(Op& op, Reduction& run) {
-  const int me = options_.rank;
+  if (run.make != nullptr) {
+    // The first window's made and sent, and their pieces of our slice
+    // awaited; the rest as the reduction reaches them.
+    MakeThrough(op, run, run.window);
+    for (size_t s = 0; s < run.window; ++s) PostContributions(op, run, s);
+    return;
+  }
   for (size_t s = 0; s < run.slicing.segments(); ++s) {
-    for (int peer = 0; peer < options_.world_size; ++peer) {
-      auto [begin, end] = run.slicing.Piece(peer, s);
-      if (begin == end) continue;
-      const size_t bytes = run.layout.piece_bytes(peer, s);
-      if (!run.raw) {
-        const PhaseTimer timer(&stats_.encode_seconds);
-        run.codec.Encode(run.data.subspan(begin, end - begin),
-                         std::span(run.encoded + run.layout.offset(peer, s), bytes));
-        // Codec results land in their own buffer: their receives can wait now.
-        if (peer != me) {
-          run.results_in.push_back(
-              PostRecv(op, peer, kGather, s, run.results + run.layout.offset(peer, s), bytes));
-        }
-      }
-      if (peer != me)
-        run.scatter[s].push_back(PostSend(op, peer, kScatter, s, Mine(run, peer, s), bytes));
-    }
+    PostPieces(op, run, s);
     // fp32: the first window's; the rest as slots free (ReduceSegment).
     if (!run.raw || s < run.window) PostContributions(op, run, s);
+  }
+}
+
+void GlooCommunicator::MakeThrough(Op& op, Reduction& run, size_t segments) {
+  if (run.make == nullptr || run.made == run.slicing.segments()) return;
+  for (const size_t last = std::min(segments, run.slicing.segments()); run.made < last;
+       ++run.made) {
+    for (int slice = 0; slice < options_.world_size; ++slice) {
+      auto [begin, end] = run.slicing.Piece(slice, run.made);
+      if (begin != end) run.squares += (*run.make)(begin, end);
+    }
+    PostPieces(op, run, run.made);
+  }
+  if (run.made == run.slicing.segments()) {
+    run.verdict = std::isfinite(run.squares) ? 1 : 0;
+    run.verdicts.assign(static_cast<size_t>(options_.world_size), 0.0);
+    PostGather(op, kVerdict, std::as_bytes(std::span(&run.verdict, 1)),
+               std::as_writable_bytes(std::span(run.verdicts)), run.verdicts_in);
+  }
+}
+
+void GlooCommunicator::PostPieces(Op& op, Reduction& run, size_t s) {
+  const int me = options_.rank;
+  for (int peer = 0; peer < options_.world_size; ++peer) {
+    auto [begin, end] = run.slicing.Piece(peer, s);
+    if (begin == end) continue;
+    const size_t bytes = run.layout.piece_bytes(peer, s);
+    if (!run.raw) {
+      const PhaseTimer timer(&stats_.encode_seconds);
+      run.codec.Encode(run.data.subspan(begin, end - begin),
+                       std::span(run.encoded + run.layout.offset(peer, s), bytes));
+      // Codec results land in their own buffer: their receives can wait now.
+      if (peer != me) {
+        run.results_in.push_back(
+            PostRecv(op, peer, kGather, s, run.results + run.layout.offset(peer, s), bytes));
+      }
+    }
+    if (peer != me)
+      run.scatter[s].push_back(PostSend(op, peer, kScatter, s, Mine(run, peer, s), bytes));
   }
 }
 
@@ -740,6 +841,17 @@ CommunicatorOptions CommunicatorOptionsFrom(const Config& config) {
   options.link.latency = config.link_latency_ms * kMicrosPerMilli;
   options.link.bytes_per_s = config.link_rate_mbit * 1e6 / 8;
   return options;
+}
+
+StatusOr<double> Communicator::MadeAllReduce(std::span<float> data, double weight,
+                                             const MakeValues& make) {
+  const double squares = make(0, data.size());
+  if (!std::isfinite(squares)) {
+    std::fill(data.begin(), data.end(), 0.0f);
+    weight = 0;
+  }
+  MEND_RETURN_IF_ERROR(WeightedAllReduce(data, weight, nullptr));
+  return squares;
 }
 
 Status Communicator::Fp32AllReduce(std::span<float> data, double weight, Fp32Sum sum) {

@@ -32,6 +32,11 @@ double Median(std::vector<double> values) {
   return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
 }
 
+void WarnDroppedMe() {
+  spdlog::warn(
+      "robust merge: this member's pseudo-gradient is not finite; it is left out of this round");
+}
+
 }  // namespace
 
 std::vector<int> RobustDrops(std::span<const double> norms, double zscore_threshold) {
@@ -77,11 +82,37 @@ void FragmentState::Assign(std::span<const float> global, std::span<const float>
 StatusOr<RoundResult> OuterRound::Exchange(Communicator& comm, const FragmentState& state,
                                            std::span<float> delta, double tokens,
                                            const OuterSyncOptions& options,
-                                           std::optional<double> norm) {
+                                           std::optional<double> norm,
+                                           const Communicator::MakeValues* make) {
   const size_t n = state.size();
   if (delta.size() != n) {
     return InvalidArgumentError(
         fmt::format("pseudo-gradient of {} values for a fragment of {}", delta.size(), n));
+  }
+  // With fewer than three members in fp32, every member merges through
+  // MadeAllReduce (its protocol is not WeightedAllReduce's: the members'
+  // verdicts travel beside the last pieces), whether this one's
+  // pseudo-gradient is made in the merge or was made before it.
+  const bool made_merge = comm.world_size() < 3 &&
+                          (options.codec == nullptr || options.codec->kind() == CodecKind::kFp32);
+  if (make != nullptr && options.contributes) {
+    if (made_merge) {
+      // No reports: the merge itself leaves a member out whose values are
+      // not finite (zeros, weight 0), as the path below does.
+      RoundResult result;
+      result.average = options.warmup;
+      result.made_in_merge = true;
+      const uint64_t sent_before = comm.stats().bytes_sent;
+      MEND_ASSIGN_OR_RETURN(
+          double squares, comm.MadeAllReduce(delta, options.token_weighted ? tokens : 1.0, *make));
+      if (!std::isfinite(squares)) {
+        result.dropped.push_back(comm.rank());
+        WarnDroppedMe();
+      }
+      result.bytes_sent = comm.stats().bytes_sent - sent_before;
+      return result;
+    }
+    norm = std::sqrt((*make)(0, n));
   }
   // 1. Everyone's norm and weight, so that every member drops the same ones.
   // The robust rule needs three contributing members; with fewer it drops
@@ -97,9 +128,7 @@ StatusOr<RoundResult> OuterRound::Exchange(Communicator& comm, const FragmentSta
     dropped_me = options.contributes && !std::isfinite(mine.norm);
     if (dropped_me) {
       result.dropped.push_back(comm.rank());
-      spdlog::warn(
-          "robust merge: this member's pseudo-gradient is not finite; it is left out of this "
-          "round");
+      WarnDroppedMe();
     }
   } else {
     std::vector<MemberReport> reports(comm.world_size());
@@ -148,6 +177,10 @@ StatusOr<RoundResult> OuterRound::Exchange(Communicator& comm, const FragmentSta
       codec->Encode(delta, payload);  // zeros
     }
     MEND_RETURN_IF_ERROR(comm.WeightedAllGatherDecode(payload, weight, *codec, delta));
+  } else if (made_merge) {
+    // Made already (and a member not finite is silent above): nothing to make.
+    MEND_RETURN_IF_ERROR(
+        comm.MadeAllReduce(delta, weight, [](size_t, size_t) { return 0.0; }).status());
   } else {
     MEND_RETURN_IF_ERROR(comm.WeightedAllReduce(delta, weight, codec));
   }

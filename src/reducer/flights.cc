@@ -26,7 +26,9 @@ double Seconds(Micros from, Micros to) {
 void Count(const InFlight& flight, const Outcome& outcome, ReducerStats* stats) {
   stats->bytes_sent += outcome.result.bytes_sent;
   stats->cross_rack_bytes_sent += outcome.cross_rack_bytes;
+  if (outcome.result.made_in_merge) stats->rounds_made_in_merge++;
   RoundPhases& phases = stats->phases;
+  phases.snapshot += outcome.phases.snapshot;  // (made in the merge: DeferredSnapshot)
   phases.join += outcome.phases.join;
   phases.agree_or_heal += outcome.phases.agree_or_heal;
   phases.encode += outcome.phases.encode;
@@ -197,8 +199,18 @@ void Flights::Snap(Fragment& fragment, InFlight& flight) {
   // needs its own part (and, with the provisional step, that step).
   if (options_.concurrent) flight.own = Borrow(fragment.spare_own, n);
   if (EagerAt(flight)) flight.eager = Borrow(fragment.spare_step, n);
-  flight.norm = std::sqrt(context_.outer.book().Snapshot(fragment, flight.delta, flight.own,
-                                                         flight.eager, options_.sync.outer));
+  FragmentBook& book = context_.outer.book();
+  // A synchronous round's pseudo-gradient is made by the round as its merge
+  // reaches each piece: this thread waits for the round meanwhile (and a
+  // final merge's call-off joins it), so the parameters stay as they are.
+  if (options_.made_in_merge && !options_.concurrent && !policy_.group() && flight.own.empty() &&
+      flight.eager.empty()) {
+    flight.deferred = book.DeferSnapshot(fragment, flight.delta);
+  }
+  if (!flight.deferred) {
+    flight.norm = std::sqrt(
+        book.Snapshot(fragment, flight.delta, flight.own, flight.eager, options_.sync.outer));
+  }
   if (FlatMoments* moments = context_.moments) {
     flight.moment_step = moments->step();
     for (auto which : {FlatMoments::kFirst, FlatMoments::kSecond}) {
@@ -279,6 +291,7 @@ Status Flights::TakeUp() {
     }
   } give_back{context_.outer.book().at(flight->fragment), *flight};
   MEND_RETURN_IF_ERROR(Join(*flight));
+  if (flight->made) context_.outer.book().CountDeferred();
   return flight->outcome.ok() ? Commit(*flight) : GiveBack(*flight);
 }
 

@@ -233,6 +233,38 @@ double FragmentBook::Snapshot(const Fragment& fragment, std::span<float> delta,
   return EndPass(squares);
 }
 
+std::optional<DeferredSnapshot> FragmentBook::DeferSnapshot(const Fragment& fragment,
+                                                            std::span<float> delta) {
+  if (!InPlace(fragment)) return std::nullopt;
+  DeferredSnapshot deferred;
+  deferred.global_ = fragment.state->global().data();
+  deferred.delta_ = delta.data();
+  deferred.size_ = fragment.state->size();
+  for (size_t p = 0; p < fragment.parameters.size(); ++p) {
+    deferred.theta_.push_back(parameters_.Values(fragment.parameters[p]).data());
+    deferred.starts_.push_back(fragment.starts[p]);
+  }
+  return deferred;
+}
+
+double DeferredSnapshot::Make(size_t begin, size_t end) const {
+  end = std::min(end, size_);
+  if (begin >= end) return 0;
+  // The last parameter that starts at or before `begin`.
+  size_t p = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), begin) -
+                                 starts_.begin() - 1);
+  double squares = 0;
+  for (size_t at = begin; at < end; ++p) {
+    const size_t hi = std::min(end, p + 1 < starts_.size() ? starts_[p + 1] : size_);
+    if (hi > at) {
+      squares +=
+          kernels::Difference(global_ + at, theta_[p] + (at - starts_[p]), delta_ + at, hi - at);
+    }
+    at = std::max(at, hi);
+  }
+  return squares;
+}
+
 double FragmentBook::CommitOuter(Fragment& fragment, const OuterCommit& commit) {
   float* global = fragment.state->mutable_global().data();
   float* momentum = fragment.state->mutable_momentum().data();

@@ -95,6 +95,11 @@ class FragmentBook {
   // member's pseudo-gradient this one; theta_i <- p, step <- theta_g - p.
   double Snapshot(const Fragment& fragment, std::span<float> delta, std::span<float> copy,
                   std::span<float> step = {}, const OuterOptions& outer = {});
+  // The snapshot's pseudo-gradient left to be made into `delta` by the
+  // round (DeferredSnapshot); nullopt where the parameters are not in
+  // place. Made, it counts as a pass (CountDeferred).
+  std::optional<DeferredSnapshot> DeferSnapshot(const Fragment& fragment, std::span<float> delta);
+  void CountDeferred() { ++*copies_; }
   // The outer step on the fragment's state in place, and the local
   // parameters with it (OuterCommit::Local); returns ||merged||^2. The
   // state and parameters are written only here, after the round

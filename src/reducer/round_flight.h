@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "mend/outer_sync.h"
 #include "mend/reducer_stats.h"
 #include "mend/status.h"
+#include "reducer/deferred_snapshot.h"
 #include "reducer/round_plan.h"
 
 namespace mend::reducer {
@@ -64,6 +66,10 @@ struct InFlight {
   // fragment's buffer, borrowed), merged in place by the round; its norm.
   ZeroedFloats delta;
   double norm = 0;
+  // Or, in a synchronous round, `delta` is made by the round's thread as
+  // its merge reaches each piece (norm unset); `made` once it was.
+  std::optional<DeferredSnapshot> deferred;
+  bool made = false;
   // A copy of it where the result is applied at a later step (concurrent:
   // the parameters then keep what was trained since the boundary).
   ZeroedFloats own;

@@ -285,8 +285,18 @@ Status RoundRunner::Merge(Communicator& comm, const QuorumResult& round, InFligh
         round.round_id, outcome->fragment, flight.fragment);
   }
   const auto weight = static_cast<double>(policy_.MergeWeight(flight.tokens));
+  // A deferred snapshot's pieces are made as the merge reaches them.
+  Communicator::MakeValues make;
+  if (flight.deferred && !adopted) {
+    make = [&](size_t begin, size_t end) {
+      const PhaseTimer timer(&outcome->phases.snapshot);
+      flight.made = true;
+      return flight.deferred->Make(begin, end);
+    };
+  }
   MEND_ASSIGN_OR_RETURN(outcome->result,
-                        OuterRound::Exchange(comm, *state, delta, weight, sync_options, norm));
+                        OuterRound::Exchange(comm, *state, delta, weight, sync_options,
+                                             make ? std::nullopt : norm, make ? &make : nullptr));
   return OkStatus();
 }
 

@@ -44,8 +44,9 @@ struct MemberRun {
   std::vector<int> last_dropped;
 };
 
+// `made`: the exchange makes the pseudo-gradient itself (Exchange's `make`).
 std::vector<MemberRun> RunRounds(int members, int rounds, const OuterSyncOptions& options,
-                                 int poison_rank = -1) {
+                                 int poison_rank = -1, bool made = false) {
   std::vector<MemberRun> runs(members);
   RunMembers(members, [&](int rank, Communicator& comm) {
     std::vector<float> initial(kSize, 0.0f);
@@ -58,7 +59,17 @@ std::vector<MemberRun> RunRounds(int members, int rounds, const OuterSyncOptions
       PseudoGradient(state.global(), theta, delta);
       if (rank == poison_rank && round == rounds - 1) delta[17] = std::nanf("");
       const std::vector<float> own = delta;  // the exchange merges `delta` in place
-      auto result = OuterRound::Exchange(comm, state, delta, Tokens(rank), options);
+      Communicator::MakeValues make = [&](size_t begin, size_t end) {
+        double squares = 0;
+        for (size_t i = begin; i < end; ++i) {
+          delta[i] = own[i];
+          squares += static_cast<double>(own[i]) * own[i];
+        }
+        return squares;
+      };
+      if (made) std::fill(delta.begin(), delta.end(), 1e30f);  // to be made by the exchange
+      auto result = OuterRound::Exchange(comm, state, delta, Tokens(rank), options, std::nullopt,
+                                         made ? &make : nullptr);
       ASSERT_TRUE(result.ok()) << result.status();
       runs[rank].last_dropped = result->dropped;
       std::vector<float> base(state.global().begin(), state.global().end());
@@ -172,6 +183,31 @@ TEST(OuterSyncTest, WithTwoMembersANaNPseudoGradientIsLeftOutWithoutReports) {
     for (float v : run.global) ASSERT_TRUE(std::isfinite(v));
   }
   ExpectBitIdentical(runs);
+}
+
+TEST(OuterSyncTest, APseudoGradientMadeByTheExchangeGivesTheSameBits) {
+  // Made as the merge reaches each piece (two members), or whole first
+  // (three: the reports need the norms); a member not finite is dropped
+  // alike.
+  for (int members : {2, 3}) {
+    for (int poison : {-1, 1}) {
+      OuterSyncOptions options;
+      auto whole = RunRounds(members, 4, options, poison);
+      auto made = RunRounds(members, 4, options, poison, /*made=*/true);
+      for (int r = 0; r < members; ++r) {
+        ASSERT_EQ(made[r].globals_by_round.size(), whole[r].globals_by_round.size());
+        for (size_t k = 0; k < whole[r].globals_by_round.size(); ++k) {
+          ASSERT_EQ(std::memcmp(made[r].globals_by_round[k].data(),
+                                whole[r].globals_by_round[k].data(), kSize * sizeof(float)),
+                    0)
+              << members << " members, poison " << poison << ": member " << r << ", round "
+              << k + 1;
+        }
+        EXPECT_EQ(made[r].last_dropped, whole[r].last_dropped);
+      }
+      if (poison >= 0) EXPECT_EQ(made[1].last_dropped, std::vector<int>{1});
+    }
+  }
 }
 
 TEST(OuterSyncTest, ARoundOfTwoMakesOneCollective) {

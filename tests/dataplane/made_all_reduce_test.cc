@@ -1,0 +1,312 @@
+// MadeAllReduce (values made as the reduction reaches them) against
+// WeightedAllReduce of the same values: the same bits on every member, each
+// value made once and pieces sent before the last is made; a member whose
+// values are not finite is left out with the bits of zeros and weight 0;
+// refusals and a hung member end the call without a hang.
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <thread>
+#include <tuple>
+
+#include "dataplane/dataplane_fixture.h"
+#include "dataplane/hierarchy.h"
+#include "test_util/wait.h"
+
+namespace mend {
+namespace {
+
+using testing_util::InProcessStore;
+using testing_util::MemberOptions;
+using testing_util::RunMembers;
+
+std::vector<float> MemberData(int rank, size_t n) {
+  std::mt19937_64 random(2000 + rank);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> values(n);
+  for (float& v : values) v = normal(random);
+  return values;
+}
+
+double MemberWeight(int rank) { return 100.0 * (rank + 1); }
+
+// What one member's MadeAllReduce saw: its result, the sum of squares it
+// returned, how often each value was made, and the bytes it had sent when
+// it made its last range (posted to go).
+struct Made {
+  std::vector<float> result;
+  double squares = 0;
+  std::vector<int> made;
+  size_t calls = 0;
+  uint64_t sent_before_last = 0;
+  bool reduced_before_last = false;  // a segment was summed before the last range was made
+  uint64_t operations = 0;
+};
+
+// `make` for `source`: copies the range into `data`, counts it, and returns
+// its sum of squares (each call notes the bytes posted to go so far).
+Communicator::MakeValues Maker(const std::vector<float>& source, std::vector<float>& data,
+                               Communicator& comm, Made& seen) {
+  seen.made.assign(source.size(), 0);
+  return [&source, &data, &comm, &seen](size_t begin, size_t end) {
+    double squares = 0;
+    for (size_t i = begin; i < end; ++i) {
+      data[i] = source[i];
+      squares += static_cast<double>(source[i]) * source[i];
+      seen.made[i]++;
+    }
+    seen.calls++;
+    // (bytes_sent_to counts a piece when its send is posted.)
+    const CommunicatorStats stats = comm.stats();
+    seen.sent_before_last = 0;
+    for (uint64_t bytes : stats.bytes_sent_to) seen.sent_before_last += bytes;
+    seen.reduced_before_last = stats.reduce_seconds > 0;
+    return squares;
+  };
+}
+
+// Each member's WeightedAllReduce of `inputs[rank]` with `weights[rank]`.
+std::vector<std::vector<float>> Reference(const std::vector<std::vector<float>>& inputs,
+                                          const std::vector<double>& weights,
+                                          const std::vector<std::string>& racks = {}) {
+  std::vector<std::vector<float>> results(inputs.size());
+  RunMembers(
+      static_cast<int>(inputs.size()),
+      [&](int rank, Communicator& comm) {
+        std::vector<float> data = inputs[rank];
+        Status status = comm.WeightedAllReduce(data, weights[rank]);
+        ASSERT_TRUE(status.ok()) << status;
+        results[rank] = std::move(data);
+      },
+      "job/round/7/",
+      [&](CommunicatorOptions& o) {
+        o.segment_bytes = 4096;
+        o.member_racks = racks;
+      });
+  return results;
+}
+
+// Each member's MadeAllReduce of `inputs[rank]`, made into a buffer of
+// garbage (so a value read before it was made shows).
+std::vector<Made> RunMade(const std::vector<std::vector<float>>& inputs,
+                          const std::vector<double>& weights,
+                          const std::vector<std::string>& racks = {}) {
+  std::vector<Made> seen(inputs.size());
+  RunMembers(
+      static_cast<int>(inputs.size()),
+      [&](int rank, Communicator& comm) {
+        std::vector<float> data(inputs[rank].size(), std::numeric_limits<float>::quiet_NaN());
+        auto squares =
+            comm.MadeAllReduce(data, weights[rank], Maker(inputs[rank], data, comm, seen[rank]));
+        ASSERT_TRUE(squares.ok()) << squares.status();
+        seen[rank].squares = *squares;
+        seen[rank].result = std::move(data);
+        seen[rank].operations = comm.stats().operations;
+      },
+      "job/round/7/",
+      [&](CommunicatorOptions& o) {
+        o.segment_bytes = 4096;
+        o.member_racks = racks;
+      });
+  return seen;
+}
+
+void ExpectSameBits(const std::vector<float>& got, const std::vector<float>& want,
+                    const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  if (!want.empty()) {
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0) << what;
+  }
+}
+
+class MadeAllReduceTest
+    : public ::testing::TestWithParam<std::tuple<int, size_t, std::vector<std::string>>> {};
+
+TEST_P(MadeAllReduceTest, GivesWeightedAllReducesBitsAndMakesEachValueOnceWhileSending) {
+  auto [members, n, racks] = GetParam();
+  if (!racks.empty()) racks.resize(static_cast<size_t>(members), "b");
+  std::vector<std::vector<float>> inputs;
+  std::vector<double> weights;
+  for (int r = 0; r < members; ++r) {
+    inputs.push_back(MemberData(r, n));
+    weights.push_back(MemberWeight(r));
+  }
+  const auto want = Reference(inputs, weights, racks);
+  const auto seen = RunMade(inputs, weights, racks);
+  for (int r = 0; r < members; ++r) {
+    const std::string what = "member " + std::to_string(r) + " of " + std::to_string(members);
+    ExpectSameBits(seen[r].result, want[r], what);
+    EXPECT_EQ(std::count(seen[r].made.begin(), seen[r].made.end(), 1),
+              static_cast<std::ptrdiff_t>(n))
+        << what << ": every value made exactly once";
+    double squares = 0;
+    for (float v : inputs[r]) squares += static_cast<double>(v) * v;
+    EXPECT_NEAR(seen[r].squares, squares, 1e-9 * std::max(1.0, squares)) << what;
+    EXPECT_EQ(seen[r].operations, 1u) << what;
+    // 20,000 values in 4 KiB segments: far more segments than the receive
+    // window. The pieces of the first segments left, and were summed,
+    // before the last was made.
+    if (n >= 20'000) {
+      EXPECT_GT(seen[r].calls, 16u) << what;
+      EXPECT_GT(seen[r].sent_before_last, 0u) << what << ": made whole before anything was sent";
+      EXPECT_TRUE(seen[r].reduced_before_last) << what << ": made whole before the reduction";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, MadeAllReduceTest,
+                         ::testing::Combine(::testing::Values(2, 3),
+                                            ::testing::Values(size_t{0}, size_t{3}, size_t{1001},
+                                                              size_t{20'000}),
+                                            // No racks; the members in two racks (the sum by rack).
+                                            ::testing::Values(std::vector<std::string>{},
+                                                              std::vector<std::string>{"a"})));
+
+TEST(MadeAllReduceTest, OneMemberMakesItsValuesAndKeepsThem) {
+  const std::vector<std::vector<float>> inputs{MemberData(0, 1001)};
+  const auto want = Reference(inputs, {5.0});
+  const auto seen = RunMade(inputs, {5.0});
+  ExpectSameBits(seen[0].result, want[0], "one member");
+  EXPECT_EQ(std::count(seen[0].made.begin(), seen[0].made.end(), 1), 1001);
+}
+
+TEST(MadeAllReduceTest, AMemberWhoseValuesAreNotFiniteIsLeftOutWithTheBitsOfZeros) {
+  // Member 1's values hold a NaN (or an infinity) far into the buffer, made
+  // after its first pieces left: every member ends with WeightedAllReduce's
+  // bits for member 1 passing zeros with weight 0, in a second reduction.
+  for (float poison :
+       {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {
+    for (int members : {2, 3}) {
+      const size_t n = 20'000;
+      std::vector<std::vector<float>> inputs, zeroed;
+      std::vector<double> weights, zero_weights;
+      for (int r = 0; r < members; ++r) {
+        inputs.push_back(MemberData(r, n));
+        weights.push_back(MemberWeight(r));
+      }
+      inputs[1][n - 7] = poison;
+      zeroed = inputs;
+      zeroed[1].assign(n, 0.0f);
+      zero_weights = weights;
+      zero_weights[1] = 0;
+      const auto want = Reference(zeroed, zero_weights);
+      const auto seen = RunMade(inputs, weights);
+      for (int r = 0; r < members; ++r) {
+        const std::string what = "member " + std::to_string(r) + " of " + std::to_string(members) +
+                                 ", poison " + std::to_string(poison);
+        ExpectSameBits(seen[r].result, want[r], what);
+        EXPECT_EQ(std::isfinite(seen[r].squares), r != 1) << what;
+        EXPECT_EQ(seen[r].operations, 2u) << what;
+        for (float v : seen[r].result) ASSERT_TRUE(std::isfinite(v)) << what;
+      }
+    }
+  }
+}
+
+TEST(MadeAllReduceTest, EveryMemberNotFiniteIsRefusedOnEveryMember) {
+  std::vector<StatusCode> codes(2, StatusCode::kOk);
+  RunMembers(
+      2,
+      [&](int rank, Communicator& comm) {
+        std::vector<float> source = MemberData(rank, 20'000);
+        source[rank * 100] = std::numeric_limits<float>::quiet_NaN();
+        std::vector<float> data(source.size());
+        Made seen;
+        auto squares = comm.MadeAllReduce(data, 1.0, Maker(source, data, comm, seen));
+        codes[rank] = squares.status().code();
+        EXPECT_NE(std::string(StatusMessage(squares.status())).find("sum to 0"), std::string::npos)
+            << squares.status();
+      },
+      "job/round/7/", [](CommunicatorOptions& o) { o.segment_bytes = 4096; });
+  EXPECT_EQ(codes, std::vector<StatusCode>(2, StatusCode::kInvalidArgument));
+}
+
+TEST(MadeAllReduceTest, WeightsSummingToZeroAreRefusedAfterEveryPieceWasMadeAndDrained) {
+  // The refusal comes once the weights arrived, with most pieces not made
+  // yet: every member makes and sends the rest as it drains the others', so
+  // none waits for a piece that will not come (that would end in the 20 s
+  // deadline, not INVALID_ARGUMENT).
+  std::vector<StatusCode> codes(2, StatusCode::kOk);
+  std::vector<std::ptrdiff_t> made(2);
+  RunMembers(
+      2,
+      [&](int rank, Communicator& comm) {
+        std::vector<float> source = MemberData(rank, 100'000);
+        std::vector<float> data(source.size());
+        Made seen;
+        auto squares = comm.MadeAllReduce(data, 0.0, Maker(source, data, comm, seen));
+        codes[rank] = squares.status().code();
+        made[rank] = std::count(seen.made.begin(), seen.made.end(), 1);
+        EXPECT_TRUE(comm.broken());
+      },
+      "job/round/7/", [](CommunicatorOptions& o) { o.segment_bytes = 4096; });
+  EXPECT_EQ(codes, std::vector<StatusCode>(2, StatusCode::kInvalidArgument));
+  EXPECT_EQ(made, std::vector<std::ptrdiff_t>(2, 100'000));
+}
+
+TEST(MadeAllReduceTest, AHungMemberFailsTheOtherWithADeadlineNamingIt) {
+  const Micros timeout = 1500 * kMicrosPerMilli;
+  InProcessStore store;
+  std::atomic<bool> done{false};
+  std::thread hung([&]() {
+    auto comm = Communicator::Connect(store, MemberOptions(1, 2, "job/round/7/", timeout));
+    ASSERT_TRUE(comm.ok()) << comm.status();
+    EXPECT_TRUE(testing_util::WaitFor(30 * kMicrosPerSecond, [&]() { return done.load(); }));
+  });
+  auto comm = Communicator::Connect(store, MemberOptions(0, 2, "job/round/7/", timeout));
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  std::vector<float> source = MemberData(0, 100'000);
+  std::vector<float> data(source.size());
+  Made seen;
+  auto squares = (*comm)->MadeAllReduce(data, 1.0, Maker(source, data, **comm, seen));
+  done = true;
+  hung.join();
+  EXPECT_EQ(squares.status().code(), StatusCode::kDeadlineExceeded) << squares.status();
+  EXPECT_NE(std::string(StatusMessage(squares.status())).find("member 1 ('learner-1')"),
+            std::string::npos)
+      << squares.status();
+  EXPECT_TRUE((*comm)->broken());
+}
+
+TEST(MadeAllReduceTest, TheRackAwareMergeMakesTheValuesFirstWithTheSameBits) {
+  // Four members in two racks: the rack-aware communicator (no pipelined
+  // path of its own) makes every value first, then reduces as
+  // WeightedAllReduce does, with the flat merge's bits.
+  const std::vector<std::string> racks{"a", "b", "a", "b"};
+  std::vector<std::vector<float>> inputs;
+  std::vector<double> weights;
+  for (int r = 0; r < 4; ++r) {
+    inputs.push_back(MemberData(r, 5000));
+    weights.push_back(MemberWeight(r));
+  }
+  const auto want = Reference(inputs, weights, racks);
+  std::vector<std::vector<float>> got(4);
+  InProcessStore store;
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 4; ++rank) {
+    threads.emplace_back([&, rank]() {
+      CommunicatorOptions options = MemberOptions(rank, 4, "job/round/7/");
+      options.segment_bytes = 4096;
+      options.member_racks = racks;
+      auto flat = Communicator::Connect(store, options);
+      ASSERT_TRUE(flat.ok()) << flat.status();
+      auto comm = ConnectRackAware(store, options, std::move(*flat), racks);
+      ASSERT_TRUE(comm.ok()) << comm.status();
+      std::vector<float> data(inputs[rank].size());
+      Made seen;
+      auto squares =
+          (*comm)->MadeAllReduce(data, weights[rank], Maker(inputs[rank], data, **comm, seen));
+      ASSERT_TRUE(squares.ok()) << squares.status();
+      EXPECT_EQ(seen.calls, 1u);
+      got[rank] = std::move(data);
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (int r = 0; r < 4; ++r) ExpectSameBits(got[r], want[r], "member " + std::to_string(r));
+}
+
+}  // namespace
+}  // namespace mend
