@@ -201,10 +201,11 @@ void Flights::Snap(Fragment& fragment, InFlight& flight) {
   if (EagerAt(flight)) flight.eager = Borrow(fragment.spare_step, n);
   FragmentBook& book = context_.outer.book();
   // A synchronous round's pseudo-gradient is made by the round as its merge
-  // reaches each piece: this thread waits for the round meanwhile (and a
-  // final merge's call-off joins it), so the parameters stay as they are.
-  if (options_.made_in_merge && !options_.concurrent && !policy_.group() && flight.own.empty() &&
-      flight.eager.empty()) {
+  // reaches each piece, where the parameters are in place: this thread
+  // waits for the round meanwhile (and a final merge's call-off joins it),
+  // so the parameters stay as they are. (A group's ranks take their
+  // slices' snapshots here.)
+  if (!options_.concurrent && !policy_.group() && flight.own.empty() && flight.eager.empty()) {
     flight.deferred = book.DeferSnapshot(fragment, flight.delta);
   }
   if (!flight.deferred) {

@@ -43,11 +43,6 @@ struct RoundOptions {
   uint64_t final_period = 0;
   bool train_through_lighthouse_outage = false;
   int round_threads = 1;  // the training thread's pool for the round's arithmetic
-  // A synchronous round of a learner of one rank makes its pseudo-gradient
-  // as its merge reaches each piece (DeferredSnapshot) where the parameters
-  // are in place; false: the boundary's snapshot makes it whole (the same
-  // bits: tests compare the two).
-  bool made_in_merge = true;
   // The outer optimizer, the merge's weights and the error feedback (the
   // codec is the driver's own).
   OuterSyncOptions sync;
