@@ -190,8 +190,9 @@ std::vector<ConfigKey> BuildKeys() {
           "How long a round's members wait for their connections once all have shown up."),
       Int("round_threads", &C::round_threads, 0, 256,
           "Threads of a round's arithmetic (the boundary snapshot, the outer step and the "
-          "parameters' update, in 1 MiB chunks), the calling thread included. 0: a quarter of "
-          "the host's processors, 1 to 8."),
+          "parameters' update, in 1 MiB chunks), the calling thread included (a synchronous "
+          "round over parameters in place makes its snapshot in its merge, from its own thread). "
+          "0: a quarter of the host's processors, 1 to 8."),
       Enum("host_staging", &C::host_staging, {"auto", "always"},
            "Python: which parameters go through float32 host buffers at round boundaries. auto: "
            "those that are "

@@ -204,8 +204,11 @@ void Flights::Snap(Fragment& fragment, InFlight& flight) {
   // reaches each piece, where the parameters are in place: this thread
   // waits for the round meanwhile (and a final merge's call-off joins it),
   // so the parameters stay as they are. (A group's ranks take their
-  // slices' snapshots here.)
-  if (!options_.concurrent && !policy_.group() && flight.own.empty() && flight.eager.empty()) {
+  // slices' snapshots here; so does a learner's first round, which compares
+  // the members' states or heals before its merge: the snapshot is taken
+  // meanwhile.)
+  if (!options_.concurrent && !policy_.group() && flight.own.empty() && flight.eager.empty() &&
+      flight.previous_round_id != 0) {
     flight.deferred = book.DeferSnapshot(fragment, flight.delta);
   }
   if (!flight.deferred) {

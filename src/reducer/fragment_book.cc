@@ -237,6 +237,7 @@ std::optional<DeferredSnapshot> FragmentBook::DeferSnapshot(const Fragment& frag
                                                             std::span<float> delta) {
   if (!InPlace(fragment)) return std::nullopt;
   DeferredSnapshot deferred;
+  deferred.pool_ = &pool_;
   deferred.global_ = fragment.state->global().data();
   deferred.delta_ = delta.data();
   deferred.size_ = fragment.state->size();
@@ -250,6 +251,22 @@ std::optional<DeferredSnapshot> FragmentBook::DeferSnapshot(const Fragment& frag
 double DeferredSnapshot::Make(size_t begin, size_t end) const {
   end = std::min(end, size_);
   if (begin >= end) return 0;
+  // A segment's piece (1 MiB at the data plane's default) in parts of 256
+  // KiB, so that a few threads share it.
+  constexpr size_t kPartValues = size_t{1} << 16;
+  const size_t parts = (end - begin + kPartValues - 1) / kPartValues;
+  if (parts == 1 || pool_->threads() == 1) return MakePart(begin, end);
+  std::vector<double> squares(parts, 0.0);
+  pool_->ParallelFor(parts, [&](size_t c) {
+    const size_t from = begin + c * kPartValues;
+    squares[c] = MakePart(from, std::min(end, from + kPartValues));
+  });
+  double total = 0;
+  for (double s : squares) total += s;
+  return total;
+}
+
+double DeferredSnapshot::MakePart(size_t begin, size_t end) const {
   // The last parameter that starts at or before `begin`.
   size_t p = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), begin) -
                                  starts_.begin() - 1);

@@ -56,7 +56,8 @@ class FragmentBook {
   // starting from the parameters' values (copied here on every processor;
   // the rest of the fragment's memory is faulted in by StartPrefault).
   // The round's passes run on `pool` (not owned; used from the training
-  // thread only). `*copies` counts every pass over the parameters.
+  // thread, and by a deferred snapshot from the round's thread while the
+  // training thread waits for that round). `*copies` counts every pass over the parameters.
   FragmentBook(FlatParameters& parameters, const FragmentSchedule& schedule, uint64_t* copies,
                ThreadPool& pool);
   ~FragmentBook();
