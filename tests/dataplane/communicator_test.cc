@@ -6,7 +6,6 @@
 #include <cmath>
 #include <cstddef>
 #include <cstring>
-#include <random>
 #include <thread>
 
 #include "dataplane/dataplane_fixture.h"
@@ -23,11 +22,7 @@ using testing_util::MemberOptions;
 using testing_util::RunMembers;
 
 std::vector<float> MemberData(int rank, size_t n) {
-  std::mt19937_64 random(1000 + rank);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> values(n);
-  for (float& v : values) v = normal(random);
-  return values;
+  return testing_util::NormalValues(1000 + rank, n);
 }
 
 double MemberWeight(int rank) { return 100.0 * (rank + 1); }  // tokens

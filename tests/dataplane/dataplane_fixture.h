@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -87,6 +88,15 @@ inline void RunMembers(int size, const std::function<void(int, Communicator&)>& 
     });
   }
   for (auto& thread : threads) thread.join();
+}
+
+// `n` standard normal floats from `seed`: a member's data in the tests.
+inline std::vector<float> NormalValues(uint64_t seed, size_t n) {
+  std::mt19937_64 random(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> values(n);
+  for (float& v : values) v = normal(random);
+  return values;
 }
 
 // Entries in a /proc directory (this process's threads or open files).

@@ -8,7 +8,6 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <random>
 #include <thread>
 #include <tuple>
 
@@ -24,11 +23,7 @@ using testing_util::MemberOptions;
 using testing_util::RunMembers;
 
 std::vector<float> MemberData(int rank, size_t n) {
-  std::mt19937_64 random(2000 + rank);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> values(n);
-  for (float& v : values) v = normal(random);
-  return values;
+  return testing_util::NormalValues(2000 + rank, n);
 }
 
 double MemberWeight(int rank) { return 100.0 * (rank + 1); }
