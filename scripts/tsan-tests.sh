@@ -28,7 +28,8 @@ cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE="${MEND_BUILD_TYPE:-RelWithDebI
 # (dataplane_process_test brings mend-lighthouse and dataplane_member.)
 cmake --build "$dir" --target coordinator_state_test lighthouse_server_test communicator_test \
   dataplane_process_test heal_stream_test round_driver_test learner_group_test group_pulse_test \
-  round_driver_clock_test group_round_services_test store_test control_handler_test
+  round_driver_clock_test group_round_services_test store_test control_handler_test \
+  made_all_reduce_test round_scale_test
 
 reports=$(mktemp -d)
 trap 'rm -rf "$reports"' EXIT
