@@ -168,6 +168,28 @@ size_t FragmentBook::ChunkCount(const Fragment& fragment) const {
   return std::max((n + kChunkValues - 1) / kChunkValues, fragment.parameters.size());
 }
 
+namespace {
+
+// part(p, at, hi) for each parameter p that [begin, end) of a fragment
+// overlaps: values [at, hi) of the fragment, which parameter p (starting
+// at starts[p]; the last ends at `total`) holds. Empty parameters are
+// skipped.
+template <typename Part>
+void ForEachPart(const std::vector<size_t>& starts, size_t total, size_t begin, size_t end,
+                 Part&& part) {
+  // The last parameter that starts at or before `begin`.
+  size_t p =
+      static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), begin) - starts.begin()) -
+      1;
+  for (size_t at = begin; at < end; ++p) {
+    const size_t hi = std::min(end, p + 1 < starts.size() ? starts[p + 1] : total);
+    if (hi > at) part(p, at, hi);
+    at = std::max(at, hi);
+  }
+}
+
+}  // namespace
+
 template <typename Body>
 void FragmentBook::ForEachChunk(const Fragment& fragment, bool writes, ThreadPool& pool,
                                 Body&& body) {
@@ -177,16 +199,10 @@ void FragmentBook::ForEachChunk(const Fragment& fragment, bool writes, ThreadPoo
     pool.ParallelFor(chunks, [&](size_t c) {
       const size_t begin = c * kChunkValues;
       const size_t end = std::min(n, begin + kChunkValues);
-      // The last parameter that starts at or before `begin`.
-      size_t p = static_cast<size_t>(
-          std::upper_bound(fragment.starts.begin(), fragment.starts.end(), begin) -
-          fragment.starts.begin() - 1);
-      for (size_t at = begin; at < end; ++p) {
-        const size_t l = fragment.parameters[p];
-        const size_t hi = std::min(end, fragment.starts[p] + parameters_.numel(l));
-        if (hi > at) body(c, at, parameters_.Values(l).subspan(at - fragment.starts[p], hi - at));
-        at = std::max(at, hi);
-      }
+      ForEachPart(fragment.starts, n, begin, end, [&](size_t p, size_t at, size_t hi) {
+        body(c, at,
+             parameters_.Values(fragment.parameters[p]).subspan(at - fragment.starts[p], hi - at));
+      });
     });
     if (writes) {
       for (size_t l : fragment.parameters) parameters_.Wrote(l);
@@ -267,18 +283,11 @@ double DeferredSnapshot::Make(size_t begin, size_t end) const {
 }
 
 double DeferredSnapshot::MakePart(size_t begin, size_t end) const {
-  // The last parameter that starts at or before `begin`.
-  size_t p = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), begin) -
-                                 starts_.begin() - 1);
   double squares = 0;
-  for (size_t at = begin; at < end; ++p) {
-    const size_t hi = std::min(end, p + 1 < starts_.size() ? starts_[p + 1] : size_);
-    if (hi > at) {
-      squares +=
-          kernels::Difference(global_ + at, theta_[p] + (at - starts_[p]), delta_ + at, hi - at);
-    }
-    at = std::max(at, hi);
-  }
+  ForEachPart(starts_, size_, begin, end, [&](size_t p, size_t at, size_t hi) {
+    squares +=
+        kernels::Difference(global_ + at, theta_[p] + (at - starts_[p]), delta_ + at, hi - at);
+  });
   return squares;
 }
 
