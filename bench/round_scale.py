@@ -214,7 +214,8 @@ def main():
                      "later_round_s": later, "final_merge_s": final, "gloo_allreduce_s": gloo,
                      "later_over_gloo": later / gloo, "first_over_later": first / later,
                      "final_over_later": final / later, "rss_bytes_per_param": rss,
-                     "later_round_cpu_s": cpu, "gloo_allreduce_cpu_s": gloo_cpu})
+                     "later_round_cpu_s": cpu, "gloo_allreduce_cpu_s": gloo_cpu,
+                     "link_latency_ms": args.link_latency_ms, "step_ms": args.step_ms})
         if results[0]["phases"]:
             phase_names = list(results[0]["phases"][0].keys())
             for name in phase_names:
