@@ -87,6 +87,10 @@ struct CommunicatorStats {
   // The most scratch memory the reductions held at once: a few segments
   // for fp32 (never a copy of the buffer), the encoded pieces for a codec.
   uint64_t scratch_bytes = 0;
+  // The most bytes of its own values a member kept to reduce them again: a
+  // member whose fp32 values were given in a reduction where another member
+  // made its own (MergeAllReduce); 0 otherwise.
+  uint64_t kept_bytes = 0;
 };
 
 // Options with the configuration's part filled in (collective_timeout_ms, connect_timeout_ms,
@@ -115,6 +119,8 @@ class Communicator {
   // weights summing to 0: INVALID_ARGUMENT on every member, `data` as it
   // was, no transfer left in flight; the communicator is then broken, as
   // after any failure.
+  // In fp32 it is MergeAllReduce of values given, nobody left out for
+  // them: one protocol, so that members of one reduction may call either.
   [[nodiscard]] virtual Status WeightedAllReduce(std::span<float> data, double weight,
                                                  const Codec* codec = nullptr) = 0;
 
@@ -127,19 +133,45 @@ class Communicator {
   enum class Fp32Sum { kWeightedMean, kWeightedSum, kPreWeighted };
   [[nodiscard]] virtual Status Fp32AllReduce(std::span<float> data, double weight, Fp32Sum sum);
 
-  // WeightedAllReduce(data, weight) of fp32 values this member makes as the
-  // reduction reaches them (a round's pseudo-gradient, computed while the
-  // pieces before it travel). make(begin, end) writes data[begin, end) and
-  // returns the sum of their squares (not finite when a value is not);
-  // it is called on this thread, for ranges that cover `data` once, each
-  // before anything reads it. A member any of whose values is not finite
-  // takes part with zeros and weight 0, as a caller of WeightedAllReduce
-  // would leave it out, with the same bits: the members learn it beside
-  // the last pieces, and then reduce again (made again: `make` must write
-  // the same values each time). Returns this member's sum of squares.
+  // A round's merge: WeightedAllReduce(data, weight) in fp32, leaving out
+  // (with zeros and weight 0, the bits a caller of WeightedAllReduce gets
+  // by passing those) the members `leave_out` names from what each member
+  // said of its values, alike on every member. The values are given in
+  // `data` with their sum of squares, or made as the reduction reaches them
+  // (a round's pseudo-gradient, computed while the pieces before it
+  // travel): make(begin, end) writes data[begin, end) and returns the sum
+  // of their squares (not finite when a value is not); it is called on
+  // this thread, for ranges that cover `data` once, each before anything
+  // reads it.
+  //
+  // When every member's values are given, each member's sum of squares
+  // travels beside its weight and the first pieces, and the members left
+  // out are left out of the sums as they are made. When a member makes its
+  // values, the sums of squares travel beside the last pieces; when then a
+  // member is left out, every member reduces again (the makers make again:
+  // `make` must write the same values each time; the others reduce the copy
+  // of their values they kept: kept_bytes).
   using MakeValues = std::function<double(size_t begin, size_t end)>;
-  [[nodiscard]] virtual StatusOr<double> MadeAllReduce(std::span<float> data, double weight,
-                                                       const MakeValues& make);
+  // The members to leave out (ascending ranks), from every member's sum of
+  // squares and weight.
+  using LeaveOut = std::function<std::vector<int>(std::span<const double> squares,
+                                                  std::span<const double> weights)>;
+  struct MergeValues {
+    const MakeValues* make = nullptr;  // nullptr: given in `data`, ...
+    double squares = 0;                // ... with this sum of squares
+    // nullptr: the members whose sum of squares is not finite.
+    const LeaveOut* leave_out = nullptr;
+  };
+  struct Merged {
+    double squares = 0;         // this member's (made or given)
+    std::vector<int> left_out;  // every member's view alike
+  };
+  [[nodiscard]] virtual StatusOr<Merged> MergeAllReduce(std::span<float> data, double weight,
+                                                        const MergeValues& values);
+  // MergeAllReduce of values made by `make`, the members not finite left
+  // out; returns this member's sum of squares.
+  [[nodiscard]] StatusOr<double> MadeAllReduce(std::span<float> data, double weight,
+                                               const MakeValues& make);
 
   // The same for a sparse codec (top-k): every member's `payload` (of
   // codec.EncodedBytes(out.size()) bytes, e.g. from ErrorFeedback) is

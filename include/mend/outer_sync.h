@@ -106,18 +106,20 @@ class OuterRound {
   // out: the members' merged pseudo-gradient, bit-identical on every member)
   // with the other members', in place. `tokens` is this member's weight
   // under token weighting; `norm`, when given, is ||delta|| already computed
-  // (the round driver's snapshot pass does). One collective (the merge, the
-  // weights beside it) with fewer than three members, two with more (the
-  // members' norms first, for the robust rule). The state is not touched
-  // (a round that fails changes nothing but `delta`). Errors: what the
-  // communicator returns (with fewer than three members, INVALID_ARGUMENT
-  // when the weights sum to 0), or ABORTED when every member was dropped.
+  // (the round driver's snapshot pass does). In fp32, one collective: the
+  // members' norms travel beside the weights and the pieces
+  // (Communicator::MergeAllReduce), and the robust rule leaves out the same
+  // members on every member. With a codec, two with three members or more
+  // (the norms first, for the rule), one with fewer. The state is not
+  // touched (a round that fails changes nothing but `delta`). Errors: what
+  // the communicator returns (INVALID_ARGUMENT when the weights of the
+  // members not left out sum to 0), or, with a codec, ABORTED when every
+  // member was dropped.
   //
   // `make`, when given, writes `delta` (Communicator::MakeValues) instead of
-  // the caller: with fewer than three members, fp32 and a contributing
-  // member, as the merge reaches each piece (MadeAllReduce: a piece is
-  // sent while the next is made); else whole, before the round. The same
-  // bits either way.
+  // the caller: in fp32, for a contributing member, as the merge reaches
+  // each piece (a piece is sent while the next is made); with a codec,
+  // whole, before the round. The same bits either way.
   [[nodiscard]] static StatusOr<RoundResult> Exchange(
       Communicator& comm, const FragmentState& state, std::span<float> delta, double tokens,
       const OuterSyncOptions& options, std::optional<double> norm = std::nullopt,

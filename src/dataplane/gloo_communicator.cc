@@ -8,6 +8,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -45,7 +46,7 @@ enum Phase : uint64_t {
   kGather = 2,
   kBroadcast = 3,
   kAllGather = 4,
-  kVerdict = 5,  // MadeAllReduce: whether each member's made values were finite
+  kVerdict = 5,  // MergeAllReduce: each member's sum of squares, after its made values
 };
 
 // Segments of the others' fp32 pieces of our slice received at once (see
@@ -102,6 +103,22 @@ std::vector<std::vector<int>> SumGroups(const std::vector<std::string>& racks, i
   return {all};
 }
 
+// The members `leave_out` names (ascending), or without it those whose sum
+// of squares is not finite.
+std::vector<int> LeftOut(const Communicator::LeaveOut* leave_out, std::span<const double> squares,
+                         std::span<const double> weights) {
+  std::vector<int> left;
+  if (leave_out != nullptr) {
+    left = (*leave_out)(squares, weights);
+  } else {
+    for (size_t r = 0; r < squares.size(); ++r)
+      if (!std::isfinite(squares[r])) left.push_back(static_cast<int>(r));
+  }
+  std::sort(left.begin(), left.end());
+  left.erase(std::unique(left.begin(), left.end()), left.end());
+  return left;
+}
+
 class GlooCommunicator final : public Communicator {
  public:
   GlooCommunicator(CommunicatorOptions options, std::shared_ptr<gloo::transport::Device> device,
@@ -121,6 +138,9 @@ class GlooCommunicator final : public Communicator {
   }
 
   Status WeightedAllReduce(std::span<float> data, double weight, const Codec* codec) override {
+    // fp32: one protocol with MergeAllReduce (whose members may make theirs).
+    if (options_.world_size > 1 && (codec == nullptr || codec->kind() == CodecKind::kFp32))
+      return MergeAllReduce(data, weight, MergeValues{}).status();
     return Guarded("all-reduce", [&]() {
       return WeightedAllReduceImpl(data, weight, codec, Fp32Sum::kWeightedMean);
     });
@@ -129,8 +149,8 @@ class GlooCommunicator final : public Communicator {
     return Guarded("all-reduce",
                    [&]() { return WeightedAllReduceImpl(data, weight, nullptr, sum); });
   }
-  StatusOr<double> MadeAllReduce(std::span<float> data, double weight,
-                                 const MakeValues& make) override;
+  StatusOr<Merged> MergeAllReduce(std::span<float> data, double weight,
+                                  const MergeValues& values) override;
   Status WeightedAllGatherDecode(std::span<const std::byte> payload, double weight,
                                  const Codec& codec, std::span<float> out) override {
     return Guarded("all-gather-decode",
@@ -170,16 +190,24 @@ class GlooCommunicator final : public Communicator {
     uint64_t sent = 0;
   };
 
-  // What a reduction of made values (MadeAllReduce) found: this member's
-  // sum of squares, and whether a member's values were not finite.
+  // A merge (MergeAllReduce): this member's values (made, or given with
+  // their sum of squares) and whom to leave out (nullptr: the members not
+  // finite); what it found: this member's sum of squares, the members left
+  // out, whether every member must reduce again (a member made its values
+  // and one was left out), and (when this member's were given) their copy.
   struct Made {
+    const MakeValues* make = nullptr;
+    double given_squares = 0;
+    const LeaveOut* leave_out = nullptr;
     double squares = 0;
+    std::vector<int> left_out;
     bool again = false;
+    std::vector<float> kept;
   };
-  // `make`: the values are made as the reduction reaches them (fp32 only);
-  // what it found goes to `made`.
+  // `made`: a merge's (fp32 weighted means only); nullptr: a plain
+  // reduction (sums, codecs), in which no member may make its values.
   Status WeightedAllReduceImpl(std::span<float> data, double weight, const Codec* codec,
-                               Fp32Sum sum, const MakeValues* make = nullptr, Made* made = nullptr);
+                               Fp32Sum sum, Made* made = nullptr);
   Status WeightedAllGatherDecodeImpl(std::span<const std::byte> payload, double weight,
                                      const Codec& codec, std::span<float> out);
   Status AllGatherImpl(std::span<const std::byte> mine, std::span<std::byte> out);
@@ -231,6 +259,8 @@ class GlooCommunicator final : public Communicator {
   // Made values: every segment before `segments` made and its pieces sent;
   // after the last, this member's verdict (finite or not) to everyone.
   void MakeThrough(Op& op, Reduction& run, size_t segments);
+  // Given values: keeps segment s of every slice in run.kept.
+  static void Keep(Reduction& run, size_t s);
   // The others' pieces of segment `s` of our slice (none past the last).
   void PostContributions(Op& op, Reduction& run, size_t s);
   Status ReduceSegment(Op& op, Reduction& run, const std::vector<float>& weights, size_t segment);
@@ -464,20 +494,29 @@ struct GlooCommunicator::Reduction {
   std::byte* encoded = nullptr;        // our pieces of every slice (codecs)
   std::byte* contributions = nullptr;  // the others' pieces of our slice
   std::byte* results = nullptr;        // every slice's reduced piece (codecs)
-  // Made values (MadeAllReduce): segments before `made` are made and sent;
-  // the sum of their squares; this member's verdict (1: every value
-  // finite) and every member's, gathered after the last segment.
+  // Made values (MergeAllReduce): segments before `made` are made and sent;
+  // the sum of their squares; this member's verdict (its sum of squares)
+  // and every member's, gathered after its last segment (when any member
+  // makes its values: `any_made`; a member whose values are given sends
+  // its verdict at once, and keeps segment s of its values in `kept`
+  // before the reduction writes it).
   const MakeValues* make = nullptr;
   size_t made = 0;
   double squares = 0;
-  double verdict = 1;
+  double verdict = 0;
+  bool any_made = false;
+  std::vector<float>* kept = nullptr;
   std::vector<double> verdicts;
   std::vector<Transfer> verdicts_in;
+  // Members left out before the sums (every member's values given): their
+  // pieces summed as `zeros`.
+  std::vector<char> zeroed;
+  std::vector<float> zeros;
 };
 
 Status GlooCommunicator::WeightedAllReduceImpl(std::span<float> data, double weight,
-                                               const Codec* codec, Fp32Sum sum,
-                                               const MakeValues* make, Made* made) {
+                                               const Codec* codec, Fp32Sum sum, Made* made) {
+  const MakeValues* make = made != nullptr ? made->make : nullptr;
   Op op;
   MEND_RETURN_IF_ERROR(Begin("all-reduce", &op));
   std::unique_ptr<Codec> fp32;
@@ -495,11 +534,14 @@ Status GlooCommunicator::WeightedAllReduceImpl(std::span<float> data, double wei
         "round {}: all-reduce: a weighted sum without the mean is fp32 only", options_.round_id));
   }
   // The weights travel beside the first pieces rather than a round trip
-  // ahead of them.
-  std::vector<double> all_weights(options_.world_size);
+  // ahead of them, each with whether its member makes its values, and the
+  // sum of squares of values given.
+  const std::array<double, 3> mine{weight, make != nullptr ? 1.0 : 0.0,
+                                   made != nullptr && make == nullptr ? made->given_squares : 0.0};
+  std::vector<double> gathered(mine.size() * static_cast<size_t>(options_.world_size));
   std::vector<Transfer> weight_transfers;
-  PostGather(op, kWeights, std::as_bytes(std::span(&weight, 1)),
-             std::as_writable_bytes(std::span(all_weights)), weight_transfers);
+  PostGather(op, kWeights, std::as_bytes(std::span(mine)),
+             std::as_writable_bytes(std::span(gathered)), weight_transfers);
   // Segments of at most segment_bytes, but at least four per slice (of at
   // least 256 KiB, or segment_bytes if less) so that a small buffer still
   // pipelines.
@@ -531,6 +573,45 @@ Status GlooCommunicator::WeightedAllReduceImpl(std::span<float> data, double wei
   PostScatter(op, run);
   Status weighed = WaitAll(op, weight_transfers);
   if (!weighed.ok()) return End(op, weighed);
+  std::vector<double> all_weights(options_.world_size), all_squares(options_.world_size);
+  for (size_t r = 0; r < all_weights.size(); ++r) {
+    all_weights[r] = gathered[mine.size() * r];
+    run.any_made = run.any_made || gathered[mine.size() * r + 1] != 0;
+    all_squares[r] = gathered[mine.size() * r + 2];
+  }
+  if (run.any_made && (made == nullptr || !run.raw)) {
+    // Every member of a reduction runs one protocol; a maker's is fp32's mean.
+    return End(op, InvalidArgumentError(fmt::format(
+                       "round {}: all-reduce: a member made its fp32 values while this one {}",
+                       options_.round_id,
+                       run.raw ? "sums them without the mean"
+                               : fmt::format("encodes with {}", CodecName(codec->kind())))));
+  }
+  if (run.any_made && make == nullptr) {
+    // Given values: kept (segment by segment, before the reduction writes
+    // each) in case every member reduces again; the verdict at once.
+    made->kept = TakeFloats(data.size());
+    run.kept = &made->kept;
+    stats_.kept_bytes = std::max<uint64_t>(stats_.kept_bytes, data.size_bytes());
+    run.verdict = made->given_squares;
+    run.verdicts.assign(static_cast<size_t>(options_.world_size), 0.0);
+    PostGather(op, kVerdict, std::as_bytes(std::span(&run.verdict, 1)),
+               std::as_writable_bytes(std::span(run.verdicts)), run.verdicts_in);
+  }
+  if (made != nullptr && !run.any_made) {
+    // Every member's values given: whom to leave out is known now, and
+    // their pieces are summed as zeros with weight 0.
+    made->squares = made->given_squares;
+    made->left_out = LeftOut(made->leave_out, all_squares, all_weights);
+    if (!made->left_out.empty()) {
+      run.zeroed.assign(static_cast<size_t>(options_.world_size), 0);
+      run.zeros.assign(run.slot_bytes / sizeof(float), 0.0f);
+      for (int r : made->left_out) {
+        run.zeroed[static_cast<size_t>(r)] = 1;
+        all_weights[static_cast<size_t>(r)] = 0;
+      }
+    }
+  }
   auto weights = NormalizeWeights(op, all_weights);
   if (!weights.ok()) {
     // Every member refuses the same weights. The pieces already posted are
@@ -570,39 +651,67 @@ Status GlooCommunicator::WeightedAllReduceImpl(std::span<float> data, double wei
     // Made values: the segments `window` ahead made and sent (the others
     // post their receives for them as this one's slots free).
     MakeThrough(op, run, s + run.window + 1);
+    if (run.kept != nullptr) Keep(run, s);
     Status status = ReduceSegment(op, run, *weights, s);
     if (!status.ok()) return End(op, status);
   }
   Status finished = FinishGather(op, run);
-  if (finished.ok() && make != nullptr) {
+  if (finished.ok() && run.any_made) {
     // (The last segment's sum made them all, and posted the verdicts.)
     finished = WaitAll(op, run.verdicts_in);
-    made->squares = run.squares;
-    for (double verdict : run.verdicts) made->again = made->again || verdict != 1;
+    made->squares = make != nullptr ? run.squares : made->given_squares;
+    made->left_out = LeftOut(made->leave_out, run.verdicts, all_weights);
+    made->again = !made->left_out.empty();
   }
   return End(op, finished);
 }
 
-StatusOr<double> GlooCommunicator::MadeAllReduce(std::span<float> data, double weight,
-                                                 const MakeValues& make) {
-  if (options_.world_size < 2) return Communicator::MadeAllReduce(data, weight, make);
+StatusOr<Communicator::Merged> GlooCommunicator::MergeAllReduce(std::span<float> data,
+                                                                double weight,
+                                                                const MergeValues& values) {
+  if (options_.world_size < 2) return Communicator::MergeAllReduce(data, weight, values);
   Made made;
-  MEND_RETURN_IF_ERROR(Guarded("all-reduce", [&]() {
-    return WeightedAllReduceImpl(data, weight, nullptr, Fp32Sum::kWeightedMean, &make, &made);
-  }));
-  if (!made.again) return made.squares;
-  // A member's values were not finite, and the result is not the merge:
-  // every member reduces again, that one with zeros and weight 0 (the
-  // others' values made again: the result overwrote them).
-  const bool finite = std::isfinite(made.squares);
-  if (finite) {
-    make(0, data.size());
-  } else {
-    std::fill(data.begin(), data.end(), 0.0f);
-    weight = 0;
+  made.make = values.make;
+  made.given_squares = values.squares;
+  made.leave_out = values.leave_out;
+  Status status = Guarded("all-reduce", [&]() {
+    return WeightedAllReduceImpl(data, weight, nullptr, Fp32Sum::kWeightedMean, &made);
+  });
+  if (status.ok() && made.again) {
+    // A member made its values, and one was left out, so the result is not
+    // the merge: every member reduces again, those left out with zeros and
+    // weight 0 (the others' values made again, or their kept copy: the
+    // result overwrote them), and nobody makes its values or is left out
+    // this time.
+    if (std::binary_search(made.left_out.begin(), made.left_out.end(), options_.rank)) {
+      std::fill(data.begin(), data.end(), 0.0f);
+      weight = 0;
+    } else if (values.make == nullptr) {
+      std::copy(made.kept.begin(), made.kept.end(), data.begin());
+    } else {
+      (*values.make)(0, data.size());
+    }
+    static const LeaveOut kNobody = [](std::span<const double>, std::span<const double>) {
+      return std::vector<int>{};
+    };
+    Made again;
+    again.leave_out = &kNobody;
+    status = Guarded("all-reduce", [&]() {
+      return WeightedAllReduceImpl(data, weight, nullptr, Fp32Sum::kWeightedMean, &again);
+    });
   }
-  MEND_RETURN_IF_ERROR(WeightedAllReduce(data, weight, nullptr));
-  return made.squares;
+  if (!made.kept.empty()) GiveBack(std::move(made.kept));
+  MEND_RETURN_IF_ERROR(status);
+  return Merged{made.squares, std::move(made.left_out)};
+}
+
+void GlooCommunicator::Keep(Reduction& run, size_t s) {
+  for (int slice = 0; slice < run.slicing.members(); ++slice) {
+    auto [begin, end] = run.slicing.Piece(slice, s);
+    std::copy(run.data.begin() + static_cast<ptrdiff_t>(begin),
+              run.data.begin() + static_cast<ptrdiff_t>(end),
+              run.kept->begin() + static_cast<ptrdiff_t>(begin));
+  }
 }
 
 const std::byte* GlooCommunicator::Mine(Reduction& run, int slice, size_t segment) const {
@@ -660,7 +769,7 @@ void GlooCommunicator::MakeThrough(Op& op, Reduction& run, size_t segments) {
     PostPieces(op, run, run.made);
   }
   if (run.made == run.slicing.segments()) {
-    run.verdict = std::isfinite(run.squares) ? 1 : 0;
+    run.verdict = run.squares;
     run.verdicts.assign(static_cast<size_t>(options_.world_size), 0.0);
     PostGather(op, kVerdict, std::as_bytes(std::span(&run.verdict, 1)),
                std::as_writable_bytes(std::span(run.verdicts)), run.verdicts_in);
@@ -702,8 +811,10 @@ Status GlooCommunicator::ReduceSegment(Op& op, Reduction& run, const std::vector
     if (run.raw) {
       std::vector<const float*> inputs(size);
       for (int r = 0; r < size; ++r) {
-        inputs[r] =
-            reinterpret_cast<const float*>(r == me ? Mine(run, me, s) : Contribution(run, r, s));
+        inputs[r] = !run.zeroed.empty() && run.zeroed[static_cast<size_t>(r)] != 0
+                        ? run.zeros.data()
+                        : reinterpret_cast<const float*>(r == me ? Mine(run, me, s)
+                                                                 : Contribution(run, r, s));
       }
       dataplane::WeightedSum(run.data.data() + begin, inputs, weights, sum_groups_, run.scale, len);
       result = reinterpret_cast<const std::byte*>(run.data.data() + begin);
@@ -843,15 +954,40 @@ CommunicatorOptions CommunicatorOptionsFrom(const Config& config) {
   return options;
 }
 
-StatusOr<double> Communicator::MadeAllReduce(std::span<float> data, double weight,
-                                             const MakeValues& make) {
-  const double squares = make(0, data.size());
-  if (!std::isfinite(squares)) {
+// Made first, then every member's sum of squares and weight (one small
+// collective), then the merge, those left out with zeros and weight 0.
+StatusOr<Communicator::Merged> Communicator::MergeAllReduce(std::span<float> data, double weight,
+                                                            const MergeValues& values) {
+  Merged merged;
+  merged.squares = values.make != nullptr ? (*values.make)(0, data.size()) : values.squares;
+  const std::array<double, 2> mine{merged.squares, weight};
+  std::vector<double> gathered(mine.size() * static_cast<size_t>(world_size()));
+  if (world_size() > 1) {
+    MEND_RETURN_IF_ERROR(
+        AllGather(std::as_bytes(std::span(mine)), std::as_writable_bytes(std::span(gathered))));
+  } else {
+    std::copy(mine.begin(), mine.end(), gathered.begin());
+  }
+  std::vector<double> squares(static_cast<size_t>(world_size())), weights(squares.size());
+  for (size_t r = 0; r < squares.size(); ++r) {
+    squares[r] = gathered[2 * r];
+    weights[r] = gathered[2 * r + 1];
+  }
+  merged.left_out = LeftOut(values.leave_out, squares, weights);
+  if (std::binary_search(merged.left_out.begin(), merged.left_out.end(), rank())) {
     std::fill(data.begin(), data.end(), 0.0f);
     weight = 0;
   }
   MEND_RETURN_IF_ERROR(WeightedAllReduce(data, weight, nullptr));
-  return squares;
+  return merged;
+}
+
+StatusOr<double> Communicator::MadeAllReduce(std::span<float> data, double weight,
+                                             const MakeValues& make) {
+  MergeValues values;
+  values.make = &make;
+  MEND_ASSIGN_OR_RETURN(Merged merged, MergeAllReduce(data, weight, values));
+  return merged.squares;
 }
 
 Status Communicator::Fp32AllReduce(std::span<float> data, double weight, Fp32Sum sum) {

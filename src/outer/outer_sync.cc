@@ -79,6 +79,63 @@ void FragmentState::Assign(std::span<const float> global, std::span<const float>
   residual_.clear();
 }
 
+namespace {
+
+// fp32: one collective, the members' sums of squares beside it
+// (Communicator::MergeAllReduce), the robust rule deciding whom it leaves
+// out on every member alike: before the sums when every member's
+// pseudo-gradient was made before the round, after them (and a second
+// reduction when it leaves someone out) when a member makes its own as the
+// merge reaches each piece.
+StatusOr<RoundResult> MergeFp32(Communicator& comm, std::span<float> delta, double tokens,
+                                const OuterSyncOptions& options, std::optional<double> norm,
+                                const Communicator::MakeValues* make) {
+  RoundResult result;
+  result.average = options.warmup;
+  Communicator::MergeValues values;
+  if (!options.contributes) {
+    // Taking part with zeros and weight 0: out of the rule's statistics.
+    std::fill(delta.begin(), delta.end(), 0.0f);
+  } else if (make != nullptr) {
+    values.make = make;
+    result.made_in_merge = true;
+  } else {
+    const double given = norm ? *norm : Norm(delta);
+    values.squares = given * given;
+  }
+  // The rule looks at the contributing members (weight > 0) only.
+  std::vector<double> norms;
+  const Communicator::LeaveOut robust = [&](std::span<const double> squares,
+                                            std::span<const double> weights) {
+    std::vector<int> contributing, left;
+    norms.clear();
+    for (size_t r = 0; r < squares.size(); ++r) {
+      if (!(weights[r] > 0)) continue;
+      norms.push_back(std::sqrt(squares[r]));
+      contributing.push_back(static_cast<int>(r));
+    }
+    for (int i : RobustDrops(norms, options.robust_zscore))
+      left.push_back(contributing[static_cast<size_t>(i)]);
+    return left;
+  };
+  values.leave_out = &robust;
+  const double weight = options.contributes ? (options.token_weighted ? tokens : 1.0) : 0.0;
+  const uint64_t sent_before = comm.stats().bytes_sent;
+  MEND_ASSIGN_OR_RETURN(Communicator::Merged merged, comm.MergeAllReduce(delta, weight, values));
+  result.bytes_sent = comm.stats().bytes_sent - sent_before;
+  result.dropped = std::move(merged.left_out);
+  if (std::find(result.dropped.begin(), result.dropped.end(), comm.rank()) !=
+      result.dropped.end()) {
+    WarnDroppedMe();
+  } else if (!result.dropped.empty()) {
+    spdlog::warn("robust merge: member(s) {} left out of this round (norms {})",
+                 fmt::join(result.dropped, ", "), fmt::join(norms, ", "));
+  }
+  return result;
+}
+
+}  // namespace
+
 StatusOr<RoundResult> OuterRound::Exchange(Communicator& comm, const FragmentState& state,
                                            std::span<float> delta, double tokens,
                                            const OuterSyncOptions& options,
@@ -89,31 +146,9 @@ StatusOr<RoundResult> OuterRound::Exchange(Communicator& comm, const FragmentSta
     return InvalidArgumentError(
         fmt::format("pseudo-gradient of {} values for a fragment of {}", delta.size(), n));
   }
-  // With fewer than three members in fp32, every member merges through
-  // MadeAllReduce (its protocol is not WeightedAllReduce's: the members'
-  // verdicts travel beside the last pieces), whether this one's
-  // pseudo-gradient is made in the merge or was made before it.
-  const bool made_merge = comm.world_size() < 3 &&
-                          (options.codec == nullptr || options.codec->kind() == CodecKind::kFp32);
-  if (make != nullptr && options.contributes) {
-    if (made_merge) {
-      // No reports: the merge itself leaves a member out whose values are
-      // not finite (zeros, weight 0), as the path below does.
-      RoundResult result;
-      result.average = options.warmup;
-      result.made_in_merge = true;
-      const uint64_t sent_before = comm.stats().bytes_sent;
-      MEND_ASSIGN_OR_RETURN(
-          double squares, comm.MadeAllReduce(delta, options.token_weighted ? tokens : 1.0, *make));
-      if (!std::isfinite(squares)) {
-        result.dropped.push_back(comm.rank());
-        WarnDroppedMe();
-      }
-      result.bytes_sent = comm.stats().bytes_sent - sent_before;
-      return result;
-    }
-    norm = std::sqrt((*make)(0, n));
-  }
+  if (options.codec == nullptr || options.codec->kind() == CodecKind::kFp32)
+    return MergeFp32(comm, delta, tokens, options, norm, make);
+  if (make != nullptr && options.contributes) norm = std::sqrt((*make)(0, n));
   // 1. Everyone's norm and weight, so that every member drops the same ones.
   // The robust rule needs three contributing members; with fewer it drops
   // only a pseudo-gradient that is not finite, which its own member can tell,
@@ -177,10 +212,6 @@ StatusOr<RoundResult> OuterRound::Exchange(Communicator& comm, const FragmentSta
       codec->Encode(delta, payload);  // zeros
     }
     MEND_RETURN_IF_ERROR(comm.WeightedAllGatherDecode(payload, weight, *codec, delta));
-  } else if (made_merge) {
-    // Made already (and a member not finite is silent above): nothing to make.
-    MEND_RETURN_IF_ERROR(
-        comm.MadeAllReduce(delta, weight, [](size_t, size_t) { return 0.0; }).status());
   } else {
     MEND_RETURN_IF_ERROR(comm.WeightedAllReduce(delta, weight, codec));
   }

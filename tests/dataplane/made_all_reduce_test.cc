@@ -2,7 +2,8 @@
 // WeightedAllReduce of the same values: the same bits on every member, each
 // value made once and pieces sent before the last is made; a member whose
 // values are not finite is left out with the bits of zeros and weight 0;
-// refusals and a hung member end the call without a hang.
+// refusals and a hung member end the call without a hang; members that
+// give their values (WeightedAllReduce) beside members that make them.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -13,6 +14,7 @@
 
 #include "dataplane/dataplane_fixture.h"
 #include "dataplane/hierarchy.h"
+#include "fmt/format.h"
 #include "test_util/wait.h"
 
 namespace mend {
@@ -39,6 +41,7 @@ struct Made {
   uint64_t sent_before_last = 0;
   bool reduced_before_last = false;  // a segment was summed before the last range was made
   uint64_t operations = 0;
+  uint64_t kept_bytes = 0;
 };
 
 // `make` for `source`: copies the range into `data`, counts it, and returns
@@ -85,21 +88,30 @@ std::vector<std::vector<float>> Reference(const std::vector<std::vector<float>>&
 }
 
 // Each member's MadeAllReduce of `inputs[rank]`, made into a buffer of
-// garbage (so a value read before it was made shows).
+// garbage (so a value read before it was made shows); the members not in
+// `makers` (a bit each) pass theirs to WeightedAllReduce instead.
 std::vector<Made> RunMade(const std::vector<std::vector<float>>& inputs,
                           const std::vector<double>& weights,
-                          const std::vector<std::string>& racks = {}) {
+                          const std::vector<std::string>& racks = {}, unsigned makers = ~0u) {
   std::vector<Made> seen(inputs.size());
   RunMembers(
       static_cast<int>(inputs.size()),
       [&](int rank, Communicator& comm) {
-        std::vector<float> data(inputs[rank].size(), std::numeric_limits<float>::quiet_NaN());
-        auto squares =
-            comm.MadeAllReduce(data, weights[rank], Maker(inputs[rank], data, comm, seen[rank]));
-        ASSERT_TRUE(squares.ok()) << squares.status();
-        seen[rank].squares = *squares;
-        seen[rank].result = std::move(data);
+        if ((makers >> rank & 1) == 0) {
+          std::vector<float> data = inputs[rank];
+          Status status = comm.WeightedAllReduce(data, weights[rank]);
+          ASSERT_TRUE(status.ok()) << status;
+          seen[rank].result = std::move(data);
+        } else {
+          std::vector<float> data(inputs[rank].size(), std::numeric_limits<float>::quiet_NaN());
+          auto squares =
+              comm.MadeAllReduce(data, weights[rank], Maker(inputs[rank], data, comm, seen[rank]));
+          ASSERT_TRUE(squares.ok()) << squares.status();
+          seen[rank].squares = *squares;
+          seen[rank].result = std::move(data);
+        }
         seen[rank].operations = comm.stats().operations;
+        seen[rank].kept_bytes = comm.stats().kept_bytes;
       },
       "job/round/7/",
       [&](CommunicatorOptions& o) {
@@ -198,6 +210,67 @@ TEST(MadeAllReduceTest, AMemberWhoseValuesAreNotFiniteIsLeftOutWithTheBitsOfZero
         for (float v : seen[r].result) ASSERT_TRUE(std::isfinite(v)) << what;
       }
     }
+  }
+}
+
+TEST(MadeAllReduceTest, MembersThatMakeTheirValuesAndMembersThatGiveThemMeetInOneReduction) {
+  // One fp32 protocol: any members make their values, the others give
+  // theirs (WeightedAllReduce), with WeightedAllReduce's bits; a member that
+  // gives keeps a copy only when another makes.
+  const size_t n = 20'000;
+  for (int members : {2, 3}) {
+    for (unsigned makers : {0u, 1u, 2u, 5u}) {
+      if (makers >> members != 0) continue;
+      std::vector<std::vector<float>> inputs;
+      std::vector<double> weights;
+      for (int r = 0; r < members; ++r) {
+        inputs.push_back(MemberData(r, n));
+        weights.push_back(MemberWeight(r));
+      }
+      const auto want = Reference(inputs, weights);
+      const auto seen = RunMade(inputs, weights, {}, makers);
+      for (int r = 0; r < members; ++r) {
+        const bool makes = (makers >> r & 1) != 0;
+        const std::string what = fmt::format("member {} of {}, makers {}", r, members, makers);
+        ExpectSameBits(seen[r].result, want[r], what);
+        EXPECT_EQ(seen[r].operations, 1u) << what;
+        EXPECT_EQ(seen[r].kept_bytes, !makes && makers != 0 ? n * sizeof(float) : 0) << what;
+        if (makes) {
+          EXPECT_EQ(std::count(seen[r].made.begin(), seen[r].made.end(), 1),
+                    static_cast<std::ptrdiff_t>(n))
+              << what;
+        }
+      }
+    }
+  }
+}
+
+TEST(MadeAllReduceTest, AMakerNotFiniteIsLeftOutBesideMembersThatGaveTheirValues) {
+  // Member 1 makes its values, a NaN among the last; the others gave theirs,
+  // which the first reduction overwrote: the second reduces their kept
+  // copies, with the bits of member 1's zeros and weight 0.
+  const size_t n = 20'000;
+  for (int members : {2, 3}) {
+    std::vector<std::vector<float>> inputs;
+    std::vector<double> weights;
+    for (int r = 0; r < members; ++r) {
+      inputs.push_back(MemberData(r, n));
+      weights.push_back(MemberWeight(r));
+    }
+    inputs[1][n - 7] = std::numeric_limits<float>::quiet_NaN();
+    auto zeroed = inputs;
+    zeroed[1].assign(n, 0.0f);
+    auto zero_weights = weights;
+    zero_weights[1] = 0;
+    const auto want = Reference(zeroed, zero_weights);
+    const auto seen = RunMade(inputs, weights, {}, /*makers=*/2u);
+    for (int r = 0; r < members; ++r) {
+      const std::string what = fmt::format("member {} of {}", r, members);
+      ExpectSameBits(seen[r].result, want[r], what);
+      EXPECT_EQ(seen[r].operations, 2u) << what;
+      for (float v : seen[r].result) ASSERT_TRUE(std::isfinite(v)) << what;
+    }
+    EXPECT_FALSE(std::isfinite(seen[1].squares));
   }
 }
 

@@ -6,8 +6,11 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
+#include <tuple>
 
 #include "dataplane/dataplane_fixture.h"
+#include "fmt/format.h"
 #include "test_util/wait.h"
 
 namespace mend {
@@ -44,9 +47,10 @@ struct MemberRun {
   std::vector<int> last_dropped;
 };
 
-// `made`: the exchange makes the pseudo-gradient itself (Exchange's `make`).
+// `made`: the members (a bit each) whose exchange makes the pseudo-gradient
+// itself (Exchange's `make`); the others' was made before the exchange.
 std::vector<MemberRun> RunRounds(int members, int rounds, const OuterSyncOptions& options,
-                                 int poison_rank = -1, bool made = false) {
+                                 int poison_rank = -1, unsigned made = 0) {
   std::vector<MemberRun> runs(members);
   RunMembers(members, [&](int rank, Communicator& comm) {
     std::vector<float> initial(kSize, 0.0f);
@@ -67,9 +71,10 @@ std::vector<MemberRun> RunRounds(int members, int rounds, const OuterSyncOptions
         }
         return squares;
       };
-      if (made) std::fill(delta.begin(), delta.end(), 1e30f);  // to be made by the exchange
+      const bool makes = (made >> rank & 1) != 0;
+      if (makes) std::fill(delta.begin(), delta.end(), 1e30f);  // to be made by the exchange
       auto result = OuterRound::Exchange(comm, state, delta, Tokens(rank), options, std::nullopt,
-                                         made ? &make : nullptr);
+                                         makes ? &make : nullptr);
       ASSERT_TRUE(result.ok()) << result.status();
       runs[rank].last_dropped = result->dropped;
       std::vector<float> base(state.global().begin(), state.global().end());
@@ -172,13 +177,13 @@ TEST(OuterSyncTest, NaNPseudoGradientIsDroppedOnEveryMember) {
   ExpectBitIdentical(runs);
 }
 
-TEST(OuterSyncTest, WithTwoMembersANaNPseudoGradientIsLeftOutWithoutReports) {
-  // No reports travel with two members: the poisoned member goes silent on
-  // its own, and the survivor's merge is its own pseudo-gradient.
+TEST(OuterSyncTest, WithTwoMembersANaNPseudoGradientIsLeftOutOnBoth) {
+  // The norms travel beside the weights: both members leave the poisoned
+  // one out, and the survivor's merge is its own pseudo-gradient.
   OuterSyncOptions options;
   auto runs = RunRounds(2, 3, options, /*poison_rank=*/1);
   EXPECT_EQ(runs[1].last_dropped, std::vector<int>{1});
-  EXPECT_TRUE(runs[0].last_dropped.empty());
+  EXPECT_EQ(runs[0].last_dropped, std::vector<int>{1});
   for (const MemberRun& run : runs) {
     for (float v : run.global) ASSERT_TRUE(std::isfinite(v));
   }
@@ -186,32 +191,38 @@ TEST(OuterSyncTest, WithTwoMembersANaNPseudoGradientIsLeftOutWithoutReports) {
 }
 
 TEST(OuterSyncTest, APseudoGradientMadeByTheExchangeGivesTheSameBits) {
-  // Made as the merge reaches each piece (two members), or whole first
-  // (three: the reports need the norms); a member not finite is dropped
-  // alike.
+  // Made as the merge reaches each piece, by every member or by some (the
+  // others' made before the exchange: they keep a copy for a second
+  // reduction); a member not finite is dropped alike, whichever made it.
   for (int members : {2, 3}) {
     for (int poison : {-1, 1}) {
-      OuterSyncOptions options;
-      auto whole = RunRounds(members, 4, options, poison);
-      auto made = RunRounds(members, 4, options, poison, /*made=*/true);
-      for (int r = 0; r < members; ++r) {
-        ASSERT_EQ(made[r].globals_by_round.size(), whole[r].globals_by_round.size());
-        for (size_t k = 0; k < whole[r].globals_by_round.size(); ++k) {
-          ASSERT_EQ(std::memcmp(made[r].globals_by_round[k].data(),
-                                whole[r].globals_by_round[k].data(), kSize * sizeof(float)),
-                    0)
-              << members << " members, poison " << poison << ": member " << r << ", round "
-              << k + 1;
+      for (unsigned makers : {~0u, 1u, 2u}) {
+        const std::string what = fmt::format("{} members, poison {}, makers {}", members, poison,
+                                             makers == ~0u ? "all" : std::to_string(makers));
+        OuterSyncOptions options;
+        auto whole = RunRounds(members, 4, options, poison);
+        auto made = RunRounds(members, 4, options, poison, makers);
+        for (int r = 0; r < members; ++r) {
+          ASSERT_EQ(made[r].globals_by_round.size(), whole[r].globals_by_round.size()) << what;
+          for (size_t k = 0; k < whole[r].globals_by_round.size(); ++k) {
+            ASSERT_EQ(std::memcmp(made[r].globals_by_round[k].data(),
+                                  whole[r].globals_by_round[k].data(), kSize * sizeof(float)),
+                      0)
+                << what << ": member " << r << ", round " << k + 1;
+          }
+          EXPECT_EQ(made[r].last_dropped, whole[r].last_dropped) << what;
         }
-        EXPECT_EQ(made[r].last_dropped, whole[r].last_dropped);
+        if (poison >= 0) {
+          EXPECT_EQ(made[1].last_dropped, std::vector<int>{1}) << what;
+        }
       }
-      if (poison >= 0) EXPECT_EQ(made[1].last_dropped, std::vector<int>{1});
     }
   }
 }
 
-TEST(OuterSyncTest, ARoundOfTwoMakesOneCollective) {
-  // Counted on the communicator: the merge only (the reports are skipped).
+TEST(OuterSyncTest, AnFp32RoundMakesOneCollective) {
+  // Counted on the communicator: the merge only (the norms travel beside
+  // the weights), with two members or three.
   std::vector<uint64_t> collectives(2), three(3);
   RunMembers(2, [&](int rank, Communicator& comm) {
     FragmentState state(std::vector<float>(kSize, 0.0f));
@@ -228,7 +239,62 @@ TEST(OuterSyncTest, ARoundOfTwoMakesOneCollective) {
     three[rank] = comm.stats().operations;
   });
   EXPECT_EQ(collectives, (std::vector<uint64_t>{1, 1}));
-  EXPECT_EQ(three, (std::vector<uint64_t>{2, 2, 2}));
+  EXPECT_EQ(three, (std::vector<uint64_t>{1, 1, 1}));
+}
+
+TEST(OuterSyncTest, AnOutlierIsLeftOutAlikeWhetherItsPseudoGradientWasMadeBeforeOrInTheMerge) {
+  // Four members, member 3's pseudo-gradient 1000x the others' (finite):
+  // the robust rule leaves it out on every member, with the bits of a round
+  // it sat out (contributes = false). Made before the round by everyone, it
+  // is left out of the sums as they are made (one reduction); made in the
+  // merge by any member, after them, and every member reduces again.
+  constexpr int kMembers = 4;
+  auto delta_of = [](int rank) {
+    std::vector<float> delta = testing_util::NormalValues(50 + rank, kSize);
+    if (rank == 3)
+      for (float& v : delta) v *= 1000.0f;
+    return delta;
+  };
+  auto run = [&](unsigned makers, bool sits_out) {
+    std::vector<std::vector<float>> merged(kMembers);
+    std::vector<std::vector<int>> dropped(kMembers);
+    std::vector<uint64_t> operations(kMembers);
+    RunMembers(kMembers, [&](int rank, Communicator& comm) {
+      FragmentState state(std::vector<float>(kSize, 0.0f));
+      OuterSyncOptions options;
+      options.contributes = !(sits_out && rank == 3);
+      const std::vector<float> own = delta_of(rank);
+      std::vector<float> delta = own;
+      Communicator::MakeValues make = [&](size_t begin, size_t end) {
+        double squares = 0;
+        for (size_t i = begin; i < end; ++i) {
+          delta[i] = own[i];
+          squares += static_cast<double>(own[i]) * own[i];
+        }
+        return squares;
+      };
+      const bool makes = (makers >> rank & 1) != 0;
+      if (makes) std::fill(delta.begin(), delta.end(), 1e30f);
+      auto result = OuterRound::Exchange(comm, state, delta, Tokens(rank), options, std::nullopt,
+                                         makes ? &make : nullptr);
+      ASSERT_TRUE(result.ok()) << result.status();
+      merged[rank] = delta;
+      dropped[rank] = result->dropped;
+      operations[rank] = comm.stats().operations;
+    });
+    return std::make_tuple(merged, dropped, operations);
+  };
+  const auto [want, none, once] = run(0u, /*sits_out=*/true);
+  for (int r = 0; r < kMembers; ++r) EXPECT_TRUE(none[r].empty()) << r;
+  for (unsigned makers : {0u, 1u << 3, 1u, 0xFu}) {
+    const auto [merged, dropped, operations] = run(makers, /*sits_out=*/false);
+    for (int r = 0; r < kMembers; ++r) {
+      const std::string what = fmt::format("makers {:#x}, member {}", makers, r);
+      EXPECT_EQ(dropped[r], std::vector<int>{3}) << what;
+      ASSERT_EQ(std::memcmp(merged[r].data(), want[r].data(), kSize * sizeof(float)), 0) << what;
+      EXPECT_EQ(operations[r], makers == 0 ? 1u : 2u) << what;
+    }
+  }
 }
 
 TEST(OuterSyncTest, CompressedRoundsStayBitIdentical) {

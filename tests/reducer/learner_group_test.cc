@@ -649,7 +649,11 @@ TEST(LearnerGroupTest, RackAwareMergeSendsHalfTheCrossRackBytesAndAgreesEverywhe
     }
     EXPECT_GT(hierarchical_cross, 0u) << which;
     if (layout == racks) {
-      EXPECT_LE(2 * hierarchical_cross, flat_cross) << hierarchical_cross << " vs " << flat_cross;
+      // (Less 1 KiB: the rack-aware merge gathers the members' norms in a
+      // small collective of its own, 16 bytes a member a round, which the
+      // flat merge carries beside its weights.)
+      EXPECT_LE(2 * hierarchical_cross, flat_cross + 1024)
+          << hierarchical_cross << " vs " << flat_cross;
     }
   }
   config.rack_aware = true;
