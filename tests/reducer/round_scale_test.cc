@@ -117,15 +117,30 @@ void Learn(Config config, const Learner& who, const std::string& id,
     run->local.insert(run->local.end(), values.begin(), values.end());
 }
 
+// Each learner on a thread of its own, with one lighthouse.
+std::vector<LearnerRun> RunLearners(Config config, const std::vector<size_t>& sizes, int steps,
+                                    const std::vector<Learner>& learners) {
+  std::vector<LearnerRun> runs(learners.size());
+  auto server = LighthouseServer::Start(config, kToken, *RealClock());
+  EXPECT_TRUE(server.ok()) << server.status();
+  if (!server.ok()) return runs;
+  config.lighthouse = (*server)->grpc_address();
+  std::vector<std::thread> threads;
+  for (size_t l = 0; l < learners.size(); ++l) {
+    threads.emplace_back([&, l]() {
+      Learn(config, learners[l], fmt::format("learner-{}", static_cast<char>('a' + l)), sizes,
+            steps, &runs[l]);
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  return runs;
+}
+
 void RunPair(Config config, const std::vector<size_t>& sizes, int steps, const Learner& a,
              const Learner& b, LearnerRun* run_a, LearnerRun* run_b) {
-  auto server = LighthouseServer::Start(config, kToken, *RealClock());
-  ASSERT_TRUE(server.ok()) << server.status();
-  config.lighthouse = (*server)->grpc_address();
-  std::thread ta([&]() { Learn(config, a, "learner-a", sizes, steps, run_a); });
-  std::thread tb([&]() { Learn(config, b, "learner-b", sizes, steps, run_b); });
-  ta.join();
-  tb.join();
+  auto runs = RunLearners(config, sizes, steps, {a, b});
+  *run_a = std::move(runs[0]);
+  *run_b = std::move(runs[1]);
 }
 
 bool SameBits(const std::vector<float>& x, const std::vector<float>& y) {
@@ -165,6 +180,29 @@ TEST(RoundScaleTest, TheChunkedRoundGivesTheSameBitsOnAnyThreadsInPlaceOrThrough
           << what;
       EXPECT_EQ(b4.stats.rounds_made_in_merge, 0u) << what;
     }
+  }
+}
+
+TEST(RoundScaleTest, WithThreeMembersTheLearnersInPlaceMakeThePseudoGradientInTheMerge) {
+  // Three learners, two over their parameters in place and one through
+  // copies: the robust rule's norms travel beside the merge, so the
+  // learners in place make their pseudo-gradients in it (all rounds but
+  // the first), with the bits of every learner snapshotting at the boundary.
+  Config config = testing_util::SynchronousJobConfig(3, 4);
+  config.final_merge = true;
+  config.total_steps = 14;
+  const auto copies =
+      RunLearners(config, kSizes, 14, {{1, false, 1.0f}, {1, false, 3.0f}, {1, false, -2.0f}});
+  const auto mixed =
+      RunLearners(config, kSizes, 14, {{2, true, 1.0f}, {1, false, 3.0f}, {2, true, -2.0f}});
+  for (size_t l = 0; l < 3; ++l) {
+    const std::string what = fmt::format("learner {}", l);
+    ASSERT_GE(copies[l].stats.rounds, 3u) << what;
+    EXPECT_TRUE(SameBits(copies[l].global, copies[0].global)) << what << ": the members differ";
+    EXPECT_TRUE(SameBits(mixed[l].global, copies[l].global)) << what;
+    EXPECT_TRUE(SameBits(mixed[l].local, copies[l].local)) << what;
+    EXPECT_EQ(copies[l].stats.rounds_made_in_merge, 0u) << what;
+    EXPECT_EQ(mixed[l].stats.rounds_made_in_merge, l == 1 ? 0u : mixed[l].stats.rounds - 1) << what;
   }
 }
 
