@@ -3,7 +3,7 @@ gloo all-reduce of the same tensors in the same processes.
 
     /usr/bin/python3 bench/round_scale.py [--sizes 25,100,250] [--rounds 6]
 
-For each size (millions of parameters): two learner processes, each a
+For each size (millions of parameters): two learner processes (--learners), each a
 mend.Learner over float32 numpy buffers of 64 MiB tensors (no torch model),
 an embedded lighthouse in this process; synchronous, fp32, a round every
 second step (so that the final merge at shutdown is a round of its own), no
@@ -20,7 +20,9 @@ cannot be shorter than its CPU time over the cores.
 A round's time is split into its phases as mend reports them
 (Learner.round_phases(): seconds summed over the phase's work, on every
 thread that did it, so phases that overlap the transfer can add up to more
-than the round). Prints a table and writes a CSV.
+than the round). `made`: learner 0's rounds whose pseudo-gradient was made
+as the merge reached each piece (Learner.stats()["rounds_made_in_merge"]),
+of all its rounds. Prints a table and writes a CSV.
 """
 import argparse
 import csv
@@ -70,12 +72,12 @@ def worker(args):
     rank = args.rank
     count = int(args.size * 1e6)
     # The reference's process group first (idle until the end): its barrier
-    # starts both learners together, once both made their buffers.
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=rank, world_size=2,
+    # starts the learners together, once each made its buffers.
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=rank, world_size=args.learners,
                             timeout=__import__("datetime").timedelta(seconds=600))
     baseline = rss_bytes("VmRSS")
     reset_peak()
-    # The same initial model on both (one seed or checkpoint, as a job
+    # The same initial model on every learner (one seed or checkpoint, as a job
     # starts), unless --distinct-init: the first round then heals learner 1.
     rng = np.random.default_rng(rank + 1 if args.distinct_init else 1)
     arrays = []
@@ -87,7 +89,8 @@ def worker(args):
         arrays.append(a)
         left -= n
     steps = 2 * args.rounds + 1
-    config = mend.MendConfig(lighthouse=args.lighthouse, quorum_min_learners=2, sync_period_steps=2,
+    config = mend.MendConfig(lighthouse=args.lighthouse, quorum_min_learners=args.learners,
+                             sync_period_steps=2,
                              concurrent_outer_step=False, total_steps=steps, final_merge=True,
                              collective_timeout_ms=600_000, quorum_timeout_ms=600_000,
                              heartbeat_timeout_ms=600_000, log_level="warn",
@@ -144,16 +147,16 @@ def run_size(size, args, lighthouse_address):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as tmp:
-        outs = [os.path.join(tmp, f"r{r}.json") for r in range(2)]
+        outs = [os.path.join(tmp, f"r{r}.json") for r in range(args.learners)]
         env = dict(os.environ, MEND_JOB_TOKEN=TOKEN)
         procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", "--rank", str(r),
                                    "--size", str(size), "--rounds", str(args.rounds), "--lighthouse",
                                    lighthouse_address, "--port", str(port), "--out", outs[r],
-                                   "--round-threads", str(args.round_threads)]
+                                   "--round-threads", str(args.round_threads), "--learners", str(args.learners)]
                                   + (["--distinct-init"] if args.distinct_init else [])
                                   + ["--step-ms", str(args.step_ms),
                                      "--link-latency-ms", str(args.link_latency_ms)], env=env)
-                 for r in range(2)]
+                 for r in range(args.learners)]
         for p in procs:
             if p.wait(timeout=3600) != 0:
                 raise SystemExit(f"round_scale: a worker of the {size} M run failed ({p.returncode})")
@@ -168,6 +171,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", default="25,100,250", help="millions of parameters, comma-separated")
     p.add_argument("--rounds", type=int, default=6, help="rounds per size (the first included)")
+    p.add_argument("--learners", type=int, default=2, help="learner processes (at least 2)")
     p.add_argument("--round-threads", type=int, default=-1, help="round_threads (default: mend's default)")
     p.add_argument("--step-ms", type=float, default=0,
                    help="each inner step also waits this long, as if a GPU computed it (default 0: "
@@ -187,25 +191,27 @@ def main():
     args = p.parse_args()
     if args.worker:
         return worker(args)
+    if args.learners < 2:
+        raise SystemExit("round_scale: --learners must be at least 2")
     if args.rounds < 3:
         raise SystemExit("round_scale: --rounds must be at least 3 (a first round and later ones)")
     os.environ["MEND_JOB_TOKEN"] = TOKEN
     import mend
 
-    lighthouse = mend.Lighthouse(mend.MendConfig(bind="127.0.0.1:0", http="", quorum_min_learners=2,
+    lighthouse = mend.Lighthouse(mend.MendConfig(bind="127.0.0.1:0", http="", quorum_min_learners=args.learners,
                                                  heartbeat_timeout_ms=600_000, log_level="warn"), token=TOKEN)
     rows, phase_rows = [], []
     phase_names = []
     for size in [float(s) for s in args.sizes.split(",")]:
         results = run_size(size, args, lighthouse.address)
-        # Per size: the slower learner's time of each event (a round ends when both have it).
+        # Per size: the slower learner's time of each event (a round ends when every one has it).
         init = max(r["init"] for r in results)
         first = max(r["rounds"][0] for r in results)
         later = statistics.median(max(r["rounds"][i] for r in results) for i in range(1, args.rounds))
         final = max(r["final"] for r in results)
         gloo = statistics.median(max(r["gloo"][i] for r in results) for i in range(1, args.rounds))
         rss = max(r["rss_per_param"] for r in results)
-        # CPU seconds of both processes (every thread, user and system) per
+        # CPU seconds of the processes together (every thread, user and system) per
         # later round and per all-reduce: what the two share of the host.
         cpu = statistics.median(sum(r["round_cpu"][i] for r in results) for i in range(1, args.rounds))
         gloo_cpu = statistics.median(sum(r["gloo_cpu"][i] for r in results) for i in range(1, args.rounds))
@@ -215,7 +221,12 @@ def main():
                      "later_over_gloo": later / gloo, "first_over_later": first / later,
                      "final_over_later": final / later, "rss_bytes_per_param": rss,
                      "later_round_cpu_s": cpu, "gloo_allreduce_cpu_s": gloo_cpu,
-                     "link_latency_ms": args.link_latency_ms, "step_ms": args.step_ms})
+                     "link_latency_ms": args.link_latency_ms, "step_ms": args.step_ms,
+                     "learners": args.learners,
+                     # Learner 0's rounds (the final merge's included), and those whose
+                     # pseudo-gradient was made in the merge (-1: a package without the count).
+                     "rounds": results[0]["stats"]["rounds"],
+                     "rounds_made_in_merge": results[0]["stats"].get("rounds_made_in_merge", -1)})
         if results[0]["phases"]:
             phase_names = list(results[0]["phases"][0].keys())
             for name in phase_names:
@@ -224,16 +235,18 @@ def main():
     lighthouse.shutdown()
     link = (f"link_latency_ms = {args.link_latency_ms} (emulated; not in the gloo reference)"
             if args.link_latency_ms else "no link emulation")
-    print(f"round scale: 2 learners (processes), fp32, synchronous, {link}; "
+    print(f"round scale: {args.learners} learners (processes), fp32, synchronous, {link}; "
           "gloo = torch.distributed all_reduce of the same tensors in the same processes\n")
     head = (f"{'params':>7} {'init s':>7} {'s/GiB':>6} {'first':>7} {'later':>7} {'final':>7} {'gloo':>7} "
-            f"{'later/gloo':>10} {'first/later':>11} {'final/later':>11} {'B/param':>8} {'cpu s':>6} {'gloo cpu':>8}")
+            f"{'later/gloo':>10} {'first/later':>11} {'final/later':>11} {'B/param':>8} {'cpu s':>6} {'gloo cpu':>8} "
+            f"{'made':>6}")
     print(head)
     for r in rows:
         print(f"{r['parameters_m']:>6.0f}M {r['init_s']:>7.2f} {r['init_s_per_gib']:>6.2f} {r['first_round_s']:>7.2f} "
               f"{r['later_round_s']:>7.2f} {r['final_merge_s']:>7.2f} {r['gloo_allreduce_s']:>7.2f} "
               f"{r['later_over_gloo']:>10.2f} {r['first_over_later']:>11.2f} {r['final_over_later']:>11.2f} "
-              f"{r['rss_bytes_per_param']:>8.1f} {r['later_round_cpu_s']:>6.2f} {r['gloo_allreduce_cpu_s']:>8.2f}")
+              f"{r['rss_bytes_per_param']:>8.1f} {r['later_round_cpu_s']:>6.2f} {r['gloo_allreduce_cpu_s']:>8.2f} "
+              f"{str(r['rounds_made_in_merge']) + '/' + str(r['rounds']):>6}")
     if phase_rows:
         print("\nphases of learner 0's rounds, seconds (summed over threads):")
         print(f"{'params':>7} {'phase':<16} {'first':>8} {'later':>8}")

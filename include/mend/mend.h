@@ -34,7 +34,7 @@ extern "C" {
 
 /* The version of this interface; mend_abi_version() returns the one the
  * loaded library implements. A front end refuses a library of another one. */
-#define MEND_ABI_VERSION 6
+#define MEND_ABI_VERSION 7
 
 typedef enum mend_status {
   MEND_OK = 0,
@@ -193,6 +193,9 @@ typedef struct mend_stats {
   uint64_t parameter_copies;      /* fragment-sized copies to or from the buffers (rounds only) */
   uint64_t round_waits;           /* rounds a step waited for (ABI 2) */
   uint64_t most_rounds_in_flight; /* the most rounds in flight at once (ABI 2) */
+  /* synchronous rounds whose pseudo-gradient was made as their merge
+   * reached each piece, not at the boundary (ABI 7) */
+  uint64_t rounds_made_in_merge;
 } mend_stats;
 
 typedef struct mend_learner mend_learner;

@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional
 
 from mend import _build_info
 
-ABI_VERSION = 6
+ABI_VERSION = 7
 PENDING = 100
 
 # mend_learner_plan_step / mend_learner_last_flags.
@@ -106,7 +106,7 @@ class Buffer(ctypes.Structure):
 STAT_FIELDS = ["steps", "rounds_started", "rounds", "failed_rounds", "passed_over", "heals", "moment_syncs",
                "bytes_sent", "cross_rack_bytes_sent", "last_round_id", "checkpoints", "checkpoint_failures",
                "resumed_from_round", "overlap_steps", "parameter_copies", "round_waits",
-               "most_rounds_in_flight"]
+               "most_rounds_in_flight", "rounds_made_in_merge"]
 
 
 class Stats(ctypes.Structure):

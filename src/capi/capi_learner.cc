@@ -353,7 +353,8 @@ mend_status mend_learner_stats(const mend_learner* learner, mend_stats* out) {
             s.overlap_steps,
             s.parameter_copies,
             s.round_waits,
-            s.most_rounds_in_flight};
+            s.most_rounds_in_flight,
+            s.rounds_made_in_merge};
     return MEND_OK;
   });
 }

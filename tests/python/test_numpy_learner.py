@@ -17,6 +17,9 @@ def test_two_numpy_learners_without_torch_end_bit_identical():
     assert seen["torch_loaded"] is False
     for stats in seen["stats"]:
         assert stats["rounds"] == 3 and stats["failed_rounds"] == 0 and stats["steps"] == 12
+        # Synchronous over buffers in place: each round but the first (which
+        # compares the states) made its pseudo-gradient as the merge reached it.
+        assert stats["rounds_made_in_merge"] == 2
     assert seen["after_rounds"][0] == seen["after_rounds"][1]  # every round: the same parameters
     # Where the three rounds' time went, by phase; a round's wall time holds
     # its thread's phases (fp32: nothing encoded).
