@@ -47,6 +47,18 @@ struct MemberRun {
   std::vector<int> last_dropped;
 };
 
+// An Exchange's `make` that copies `own` into `delta`, range by range.
+Communicator::MakeValues CopiesInto(const std::vector<float>& own, std::vector<float>& delta) {
+  return [&own, &delta](size_t begin, size_t end) {
+    double squares = 0;
+    for (size_t i = begin; i < end; ++i) {
+      delta[i] = own[i];
+      squares += static_cast<double>(own[i]) * own[i];
+    }
+    return squares;
+  };
+}
+
 // `made`: the members (a bit each) whose exchange makes the pseudo-gradient
 // itself (Exchange's `make`); the others' was made before the exchange.
 std::vector<MemberRun> RunRounds(int members, int rounds, const OuterSyncOptions& options,
@@ -63,14 +75,7 @@ std::vector<MemberRun> RunRounds(int members, int rounds, const OuterSyncOptions
       PseudoGradient(state.global(), theta, delta);
       if (rank == poison_rank && round == rounds - 1) delta[17] = std::nanf("");
       const std::vector<float> own = delta;  // the exchange merges `delta` in place
-      Communicator::MakeValues make = [&](size_t begin, size_t end) {
-        double squares = 0;
-        for (size_t i = begin; i < end; ++i) {
-          delta[i] = own[i];
-          squares += static_cast<double>(own[i]) * own[i];
-        }
-        return squares;
-      };
+      const Communicator::MakeValues make = CopiesInto(own, delta);
       const bool makes = (made >> rank & 1) != 0;
       if (makes) std::fill(delta.begin(), delta.end(), 1e30f);  // to be made by the exchange
       auto result = OuterRound::Exchange(comm, state, delta, Tokens(rank), options, std::nullopt,
@@ -265,14 +270,7 @@ TEST(OuterSyncTest, AnOutlierIsLeftOutAlikeWhetherItsPseudoGradientWasMadeBefore
       options.contributes = !(sits_out && rank == 3);
       const std::vector<float> own = delta_of(rank);
       std::vector<float> delta = own;
-      Communicator::MakeValues make = [&](size_t begin, size_t end) {
-        double squares = 0;
-        for (size_t i = begin; i < end; ++i) {
-          delta[i] = own[i];
-          squares += static_cast<double>(own[i]) * own[i];
-        }
-        return squares;
-      };
+      const Communicator::MakeValues make = CopiesInto(own, delta);
       const bool makes = (makers >> rank & 1) != 0;
       if (makes) std::fill(delta.begin(), delta.end(), 1e30f);
       auto result = OuterRound::Exchange(comm, state, delta, Tokens(rank), options, std::nullopt,
