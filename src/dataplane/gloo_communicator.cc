@@ -257,7 +257,7 @@ class GlooCommunicator final : public Communicator {
   // Segment s's pieces of the other slices sent (encoded first for a codec).
   void PostPieces(Op& op, Reduction& run, size_t s);
   // Made values: every segment before `segments` made and its pieces sent;
-  // after the last, this member's verdict (finite or not) to everyone.
+  // after the last, this member's verdict (its sum of squares) to everyone.
   void MakeThrough(Op& op, Reduction& run, size_t segments);
   // Given values: keeps segment s of every slice in run.kept.
   static void Keep(Reduction& run, size_t s);
