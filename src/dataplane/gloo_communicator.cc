@@ -196,9 +196,7 @@ class GlooCommunicator final : public Communicator {
   // out, whether every member must reduce again (a member made its values
   // and one was left out), and (when this member's were given) their copy.
   struct Made {
-    const MakeValues* make = nullptr;
-    double given_squares = 0;
-    const LeaveOut* leave_out = nullptr;
+    MergeValues in;
     double squares = 0;
     std::vector<int> left_out;
     bool again = false;
@@ -516,7 +514,7 @@ struct GlooCommunicator::Reduction {
 
 Status GlooCommunicator::WeightedAllReduceImpl(std::span<float> data, double weight,
                                                const Codec* codec, Fp32Sum sum, Made* made) {
-  const MakeValues* make = made != nullptr ? made->make : nullptr;
+  const MakeValues* make = made != nullptr ? made->in.make : nullptr;
   Op op;
   MEND_RETURN_IF_ERROR(Begin("all-reduce", &op));
   std::unique_ptr<Codec> fp32;
@@ -537,7 +535,7 @@ Status GlooCommunicator::WeightedAllReduceImpl(std::span<float> data, double wei
   // ahead of them, each with whether its member makes its values, and the
   // sum of squares of values given.
   const std::array<double, 3> mine{weight, make != nullptr ? 1.0 : 0.0,
-                                   made != nullptr && make == nullptr ? made->given_squares : 0.0};
+                                   made != nullptr && make == nullptr ? made->in.squares : 0.0};
   std::vector<double> gathered(mine.size() * static_cast<size_t>(options_.world_size));
   std::vector<Transfer> weight_transfers;
   PostGather(op, kWeights, std::as_bytes(std::span(mine)),
@@ -593,7 +591,7 @@ Status GlooCommunicator::WeightedAllReduceImpl(std::span<float> data, double wei
     made->kept = TakeFloats(data.size());
     run.kept = &made->kept;
     stats_.kept_bytes = std::max<uint64_t>(stats_.kept_bytes, data.size_bytes());
-    run.verdict = made->given_squares;
+    run.verdict = made->in.squares;
     run.verdicts.assign(static_cast<size_t>(options_.world_size), 0.0);
     PostGather(op, kVerdict, std::as_bytes(std::span(&run.verdict, 1)),
                std::as_writable_bytes(std::span(run.verdicts)), run.verdicts_in);
@@ -601,8 +599,8 @@ Status GlooCommunicator::WeightedAllReduceImpl(std::span<float> data, double wei
   if (made != nullptr && !run.any_made) {
     // Every member's values given: whom to leave out is known now, and
     // their pieces are summed as zeros with weight 0.
-    made->squares = made->given_squares;
-    made->left_out = LeftOut(made->leave_out, all_squares, all_weights);
+    made->squares = made->in.squares;
+    made->left_out = LeftOut(made->in.leave_out, all_squares, all_weights);
     if (!made->left_out.empty()) {
       run.zeroed.assign(static_cast<size_t>(options_.world_size), 0);
       run.zeros.assign(run.slot_bytes / sizeof(float), 0.0f);
@@ -659,8 +657,8 @@ Status GlooCommunicator::WeightedAllReduceImpl(std::span<float> data, double wei
   if (finished.ok() && run.any_made) {
     // (The last segment's sum made them all, and posted the verdicts.)
     finished = WaitAll(op, run.verdicts_in);
-    made->squares = make != nullptr ? run.squares : made->given_squares;
-    made->left_out = LeftOut(made->leave_out, run.verdicts, all_weights);
+    made->squares = make != nullptr ? run.squares : made->in.squares;
+    made->left_out = LeftOut(made->in.leave_out, run.verdicts, all_weights);
     made->again = !made->left_out.empty();
   }
   return End(op, finished);
@@ -671,9 +669,7 @@ StatusOr<Communicator::Merged> GlooCommunicator::MergeAllReduce(std::span<float>
                                                                 const MergeValues& values) {
   if (options_.world_size < 2) return Communicator::MergeAllReduce(data, weight, values);
   Made made;
-  made.make = values.make;
-  made.given_squares = values.squares;
-  made.leave_out = values.leave_out;
+  made.in = values;
   Status status = Guarded("all-reduce", [&]() {
     return WeightedAllReduceImpl(data, weight, nullptr, Fp32Sum::kWeightedMean, &made);
   });
@@ -691,13 +687,9 @@ StatusOr<Communicator::Merged> GlooCommunicator::MergeAllReduce(std::span<float>
     } else {
       (*values.make)(0, data.size());
     }
-    static const LeaveOut kNobody = [](std::span<const double>, std::span<const double>) {
-      return std::vector<int>{};
-    };
-    Made again;
-    again.leave_out = &kNobody;
+    // (A plain reduction: every member's values given, nobody left out.)
     status = Guarded("all-reduce", [&]() {
-      return WeightedAllReduceImpl(data, weight, nullptr, Fp32Sum::kWeightedMean, &again);
+      return WeightedAllReduceImpl(data, weight, nullptr, Fp32Sum::kWeightedMean);
     });
   }
   if (!made.kept.empty()) GiveBack(std::move(made.kept));
