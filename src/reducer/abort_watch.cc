@@ -9,8 +9,8 @@ namespace mend::reducer {
 void AbortWatch::Run() {
   MutexLock lock(mu_);
   while (!stopping_) {
-    if (comm_ == nullptr) {
-      while (!stopping_ && comm_ == nullptr) changed_.Wait(mu_);
+    if (abort_ == nullptr) {
+      while (!stopping_ && abort_ == nullptr) changed_.Wait(mu_);
       continue;
     }
     const std::string key = key_;
@@ -24,8 +24,8 @@ void AbortWatch::Run() {
     poll_ = nullptr;
     if (generation != generation_) continue;  // that round is over
     if (why.ok()) {
-      comm_->Abort(*why);
-      comm_ = nullptr;
+      abort_(*why);
+      abort_ = nullptr;
     } else if (why.status().code() != absl::StatusCode::kDeadlineExceeded &&
                why.status().code() != absl::StatusCode::kCancelled) {
       // The lighthouse is unreachable (restarting): ask again a little later.

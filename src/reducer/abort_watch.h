@@ -5,24 +5,25 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "core/mutex.h"
-#include "mend/communicator.h"
 #include "mend/lighthouse_client.h"
 
 namespace mend::reducer {
 
-// Calls a round's collective off when the lighthouse sets the round's abort
-// key (a member was declared dead, or restarted, after the round formed):
-// the survivors stop waiting for it at once instead of at the collective's
-// deadline. One thread for the reducer's life, long-polling the key of the
-// round whose communicator is watched. A poll lasts kPoll, or until the
-// watch moves on (Unwatch, Watch, destruction), which cancels it: a round in
-// flight costs the lighthouse one call per kPoll, not one per few hundred
-// milliseconds (each call wakes threads on both sides, which the training
-// threads beside them feel on a machine with few cores).
+// Calls a round off when the lighthouse sets the round's abort key (a member
+// was declared dead, or restarted, after the round formed): its connect or
+// its collective, so that the survivors stop waiting for the member at once
+// instead of at the connect's or the collective's deadline. One thread for
+// the reducer's life, long-polling the key of the round watched. A poll lasts
+// kPoll, or until the watch moves on (Unwatch, Watch, destruction), which
+// cancels it: a round in flight costs the lighthouse one call per kPoll, not
+// one per few hundred milliseconds (each call wakes threads on both sides,
+// which the training threads beside them feel on a machine with few cores).
 class AbortWatch {
  public:
   explicit AbortWatch(LighthouseClient& client) : client_(client), thread_([this]() { Run(); }) {}
@@ -36,12 +37,14 @@ class AbortWatch {
     thread_.join();
   }
 
-  // Watches `key` for `comm` until Unwatch(); `comm` must stay alive until then.
-  void Watch(const std::string& key, Communicator* comm) {
+  // Watches `key` until Unwatch(): `abort(reason)` is called (on the
+  // watch's thread, at most once) when it is set; what it touches must stay
+  // alive until Unwatch() returns.
+  void Watch(const std::string& key, std::function<void(const std::string&)> abort) {
     {
       MutexLock lock(mu_);
       key_ = key;
-      comm_ = comm;
+      abort_ = std::move(abort);
       ++generation_;
       CancelPoll();
     }
@@ -49,7 +52,7 @@ class AbortWatch {
   }
   void Unwatch() {
     MutexLock lock(mu_);
-    comm_ = nullptr;
+    abort_ = nullptr;
     ++generation_;
     CancelPoll();
   }
@@ -68,7 +71,7 @@ class AbortWatch {
   Mutex mu_;
   CondVar changed_;
   std::string key_ ABSL_GUARDED_BY(mu_);
-  Communicator* comm_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::function<void(const std::string&)> abort_ ABSL_GUARDED_BY(mu_);  // null: none watched
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // The poll in progress (owned by Run's frame), null between polls.

@@ -59,7 +59,7 @@ Flights::~Flights() { CallOffAll(); }
 void Flights::CallOffAll() {
   if (flights_.empty()) return;
   services_->Interrupt();
-  runner_.order().Stop();
+  runner_.Stop();
   for (auto& flight : flights_) flight->thread.join();
   flights_.clear();
 }

@@ -51,10 +51,11 @@ class GroupServices final : public RoundServices {
                                                   bool rack_aware) override {
     return inner_->Connect(store, options, rack_aware);
   }
-  void WatchAbort(const QuorumResult& round, Communicator* comm) override {
-    inner_->WatchAbort(round, comm);
+  void WatchAbort(const QuorumResult& round, const void* owner,
+                  std::function<void(const std::string&)> abort) override {
+    inner_->WatchAbort(round, owner, std::move(abort));
   }
-  void Unwatch(Communicator* comm) override { inner_->Unwatch(comm); }
+  void Unwatch(const void* owner) override { inner_->Unwatch(owner); }
   void Interrupt() override {
     interrupted_ = true;
     inner_->Interrupt();

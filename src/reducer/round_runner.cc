@@ -120,16 +120,17 @@ StatusOr<Outcome> RoundRunner::Run(InFlight& flight, const std::function<uint64_
   const bool may_heal =
       round.heal_round_id == 0 || round.heal_from.has_value() || !round.heal_to.empty();
   flight.Formed(step_now(), round.round_id, may_heal);
-  std::unique_ptr<RendezvousStore> store = services_.OpenRendezvous(round);
+  const std::shared_ptr<RendezvousStore> store = services_.OpenRendezvous(round);
   CommunicatorOptions options;
-  MEND_ASSIGN_OR_RETURN(auto comm, Connect(*store, round, &options));
+  MEND_ASSIGN_OR_RETURN(auto comm, Connect(store, round, &options));
   if (may_heal && flight.seq > 1) {
     MEND_RETURN_IF_ERROR(order_.AwaitEarlierTakenUp(
         flight.seq, std::chrono::milliseconds(
                         2 * (config_.quorum_timeout_ms + options.timeout / kMicrosPerMilli))));
   }
   const CommunicatorStats connected = comm->stats();
-  services_.WatchAbort(round, comm.get());
+  services_.WatchAbort(round, comm.get(),
+                       [c = comm.get()](const std::string& why) { c->Abort(why); });
   struct Unwatch {
     RoundServices& services;
     Communicator* comm;
@@ -169,15 +170,35 @@ StatusOr<Outcome> RoundRunner::Run(InFlight& flight, const std::function<uint64_
 
 // The round's options: the lighthouse's prefix (its abort key is there),
 // this slice's own rendezvous in a group; the fp32 merge sums by rack, as
-// the rack-aware one does: the same bits with rack_aware or without.
-StatusOr<std::unique_ptr<Communicator>> RoundRunner::Connect(RendezvousStore& store,
-                                                             const QuorumResult& round,
-                                                             CommunicatorOptions* options) {
+// the rack-aware one does: the same bits with rack_aware or without. The
+// connect runs on a thread of its own (ConnectThreads), watched from the
+// start: a member that died after the rendezvous holds the others in Gloo's
+// connect until connect_timeout_ms, but the lighthouse calls the round off
+// once it declares that member dead, and the round ends then.
+StatusOr<std::unique_ptr<Communicator>> RoundRunner::Connect(
+    const std::shared_ptr<RendezvousStore>& store, const QuorumResult& round,
+    CommunicatorOptions* options) {
   *options = CommunicatorOptionsForRound(config_, round);
   options->prefix = policy_.SlicePrefix(round.rendezvous_prefix);
   options->member_racks.clear();
   for (const RoundMember& member : round.members) options->member_racks.push_back(member.rack);
-  return services_.Connect(store, *options, config_.rack_aware);
+  const std::shared_ptr<ConnectThreads::Pending> pending = connects_.Start(
+      [&services = services_, store, options = *options, rack_aware = config_.rack_aware]() {
+        return services.Connect(*store, options, rack_aware);
+      });
+  services_.WatchAbort(round, pending.get(),
+                       [pending](const std::string& why) { pending->CallOff(why); });
+  StatusOr<std::unique_ptr<Communicator>> comm = pending->Await();
+  services_.Unwatch(pending.get());
+  if (!comm.ok() && comm.status().code() == StatusCode::kAborted) {
+    return Annotate(comm.status(), fmt::format("round {}", round.round_id));
+  }
+  return comm;
+}
+
+void RoundRunner::Stop() {
+  order_.Stop();
+  connects_.Stop("the learner's rounds were called off");
 }
 
 // On a fresh start (no round of the job completed yet) every member takes

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "core/mutex.h"
@@ -25,6 +26,7 @@
 #include "mend/outer.h"
 #include "mend/outer_sync.h"
 #include "mend/status.h"
+#include "reducer/connect_threads.h"
 #include "reducer/fragment_book.h"
 #include "reducer/group_policy.h"
 #include "reducer/round_flight.h"
@@ -94,10 +96,15 @@ class RoundRunner {
   StatusOr<Outcome> Run(InFlight& flight, const std::function<uint64_t()>& step_now);
 
   FlightOrder& order() { return order_; }
+  // Every round's waits, now and later, end with ABORTED: its join's turn,
+  // the earlier rounds' take-up, its connect (shutdown, a group gone).
+  void Stop();
+  const ConnectThreads& connects() const { return connects_; }
 
  private:
   StatusOr<QuorumResult> Join(InFlight& flight);
-  StatusOr<std::unique_ptr<Communicator>> Connect(RendezvousStore& store, const QuorumResult& round,
+  StatusOr<std::unique_ptr<Communicator>> Connect(const std::shared_ptr<RendezvousStore>& store,
+                                                  const QuorumResult& round,
                                                   CommunicatorOptions* options);
   Status HealOrAgree(Communicator& comm, RendezvousStore& store, const QuorumResult& round,
                      const InFlight& flight, Micros timeout, Outcome* outcome);
@@ -116,6 +123,7 @@ class RoundRunner {
   const OuterSyncOptions& options_;
   const size_t moment_values_;
   FlightOrder order_;
+  ConnectThreads connects_;  // last: joins its connects (which use the above) first
 };
 
 // What this member sent to members of other racks (or of no rack, or when

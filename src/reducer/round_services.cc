@@ -45,25 +45,26 @@ class LighthouseServices final : public RoundServices {
   }
 
   // A watch (a thread of its own) per round in flight, kept for the next.
-  void WatchAbort(const QuorumResult& round, Communicator* comm) override {
+  void WatchAbort(const QuorumResult& round, const void* owner,
+                  std::function<void(const std::string&)> abort) override {
     MutexLock lock(mu_);
     Watching* free = nullptr;
     for (Watching& watching : watches_) {
-      if (watching.comm == nullptr) free = &watching;
+      if (watching.owner == nullptr) free = &watching;
     }
     if (free == nullptr) {
       watches_.push_back({nullptr, std::make_unique<AbortWatch>(agent_.client())});
       free = &watches_.back();
     }
-    free->comm = comm;
-    free->watch->Watch(round.rendezvous_prefix + kRoundAbortKey, comm);
+    free->owner = owner;
+    free->watch->Watch(round.rendezvous_prefix + kRoundAbortKey, std::move(abort));
   }
-  void Unwatch(Communicator* comm) override {
+  void Unwatch(const void* owner) override {
     MutexLock lock(mu_);
     for (Watching& watching : watches_) {
-      if (watching.comm != comm) continue;
+      if (watching.owner != owner) continue;
       watching.watch->Unwatch();
-      watching.comm = nullptr;
+      watching.owner = nullptr;
     }
   }
   void Interrupt() override { agent_.Interrupt(); }
@@ -81,7 +82,7 @@ class LighthouseServices final : public RoundServices {
 
  private:
   struct Watching {
-    Communicator* comm = nullptr;  // null: free
+    const void* owner = nullptr;  // null: free
     std::unique_ptr<AbortWatch> watch;
   };
 

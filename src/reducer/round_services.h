@@ -17,6 +17,7 @@
 // round_runner.h); Interrupt and the learner's side from any.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -55,11 +56,14 @@ class RoundServices {
   // rack first (dataplane/hierarchy.h) among `options.member_racks`.
   [[nodiscard]] virtual StatusOr<std::unique_ptr<Communicator>> Connect(
       RendezvousStore& store, const CommunicatorOptions& options, bool rack_aware) = 0;
-  // Aborts `comm` when the lighthouse calls `round` off, until
-  // Unwatch(comm); `comm` must stay alive until then. Several rounds in
-  // flight are watched at once, each for its own communicator.
-  virtual void WatchAbort(const QuorumResult& round, Communicator* comm) = 0;
-  virtual void Unwatch(Communicator* comm) = 0;
+  // Calls `abort(reason)` (once, from another thread) when the lighthouse
+  // calls `round` off, until Unwatch(owner): `owner` names the watch (the
+  // round's connect in progress, then its communicator); what `abort`
+  // touches must stay alive until then. Several rounds in flight are
+  // watched at once, each for its own owner.
+  virtual void WatchAbort(const QuorumResult& round, const void* owner,
+                          std::function<void(const std::string&)> abort) = 0;
+  virtual void Unwatch(const void* owner) = 0;
   // Makes a Quorum() in progress, and every later one, end with ABORTED: the
   // round is called off (shutdown, a group gone). From any thread.
   virtual void Interrupt() = 0;

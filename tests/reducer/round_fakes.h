@@ -136,6 +136,7 @@ class FakeServices final : public RoundServices {
     const size_t n = ++connects_;
     changed_.notify_all();
     changed_.wait(lock, [&]() { return n < hold_from_ || interrupted_; });
+    connects_returned_++;
     if (interrupted_) return AbortedError("fake services: the round was interrupted");
     if (!connect_.ok()) return connect_;
     // The round's merge waits, from the n-th round on (HoldMergesFrom), after
@@ -149,14 +150,28 @@ class FakeServices final : public RoundServices {
       return OkStatus();
     }));
   }
-  void WatchAbort(const QuorumResult&, Communicator* comm) override {
+  // One watch at a time (one round in flight): its abort is CallOffRound's.
+  void WatchAbort(const QuorumResult&, const void* owner,
+                  std::function<void(const std::string&)> abort) override {
     std::lock_guard lock(mu_);
     watched_++;
-    watching_ = comm != nullptr;
+    watching_ = owner;
+    abort_ = std::move(abort);
   }
-  void Unwatch(Communicator*) override {
+  void Unwatch(const void* owner) override {
     std::lock_guard lock(mu_);
-    watching_ = false;
+    if (watching_ != owner) return;
+    watching_ = nullptr;
+    abort_ = nullptr;
+  }
+  // As the lighthouse setting the round's abort key: the watch in place (if
+  // any) is called, once; whether there was one.
+  bool CallOffRound(const std::string& why) {
+    std::lock_guard lock(mu_);
+    if (!abort_) return false;
+    abort_(why);
+    abort_ = nullptr;
+    return true;
   }
   void Interrupt() override {
     std::lock_guard lock(mu_);
@@ -249,7 +264,12 @@ class FakeServices final : public RoundServices {
   }
   bool watching() const {
     std::lock_guard lock(mu_);
-    return watching_;
+    return watching_ != nullptr;
+  }
+  // Connects that returned (held ones return once released).
+  size_t connects_returned() const {
+    std::lock_guard lock(mu_);
+    return connects_returned_;
   }
   bool interrupted() const {
     std::lock_guard lock(mu_);
@@ -277,7 +297,9 @@ class FakeServices final : public RoundServices {
   uint64_t rounds_formed_ = 0;
   std::vector<QuorumAsk> asks_;
   int opened_ = 0, watched_ = 0;
-  bool watching_ = false;
+  size_t connects_returned_ = 0;
+  const void* watching_ = nullptr;
+  std::function<void(const std::string&)> abort_;
   std::string connected_prefix_;
 };
 

@@ -1,14 +1,18 @@
 // The round runner (reducer/round_runner.h) over fake round services: a
 // scripted quorum, an in-process store and a communicator of one member, on a
-// fake clock. No network and no thread: Run() is called on the test's own.
+// fake clock. No network: Run() is called on the test's own thread (its
+// connect runs on one of the runner's).
 #include "reducer/round_runner.h"
 
 #include <cstring>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "mend/clock.h"
+#include "reducer/connect_threads.h"
 #include "reducer/round_fakes.h"
 #include "test_util/job_config.h"
 
@@ -62,11 +66,11 @@ TEST_F(RoundRunnerTest, ARoundAsksTheQuorumForTheFlightAndMergesItsPseudoGradien
   EXPECT_TRUE(outcome->healed.empty());  // one member agrees with itself
   EXPECT_FALSE(outcome->outer_warmup);
   // The round formed at the learner's step then; the abort watch was armed
-  // for it and disarmed at the end.
+  // for its connect, then for its communicator, and disarmed at the end.
   EXPECT_TRUE(flight_.formed);
   EXPECT_EQ(flight_.formed_step, 43u);
   EXPECT_EQ(services_.opened(), 1);
-  EXPECT_EQ(services_.watched(), 1);
+  EXPECT_EQ(services_.watched(), 2);
   EXPECT_FALSE(services_.watching());
   EXPECT_EQ(services_.connected_prefix(), "job/round/x/7/");
   // The merge of one member is its own pseudo-gradient, in the flight's
@@ -92,7 +96,82 @@ TEST_F(RoundRunnerTest, ACommunicatorThatFailsToConnectEndsTheRoundUnwatched) {
   ASSERT_FALSE(outcome.ok());
   EXPECT_EQ(outcome.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_TRUE(flight_.formed);
-  EXPECT_EQ(services_.watched(), 0);
+  EXPECT_EQ(services_.watched(), 1);  // the connect only
+  EXPECT_FALSE(services_.watching());
+}
+
+// A member that died after the rendezvous holds the others in Gloo's
+// connect until connect_timeout_ms; the lighthouse calls the round off when
+// it declares that member dead, and the round ends then, its connect left to
+// run out in the background.
+TEST_F(RoundRunnerTest, ARoundCalledOffWhileItsMembersConnectEndsWithoutWaitingForTheConnect) {
+  services_.HoldExchangesFrom(1);  // the connect does not return until released
+  auto runner =
+      std::make_unique<RoundRunner>(config_, schedule_, services_, book_, *policy_, options_, 0);
+  std::thread lighthouse([&]() {
+    ASSERT_TRUE(services_.AwaitConnects(1));
+    EXPECT_TRUE(services_.CallOffRound("learner 'b' is dead (no heartbeat for 2000 ms)"));
+  });
+  StatusOr<Outcome> outcome = runner->Run(flight_, []() { return uint64_t{43}; });
+  lighthouse.join();
+  ASSERT_FALSE(outcome.ok());
+  EXPECT_EQ(outcome.status().code(), absl::StatusCode::kAborted);
+  EXPECT_NE(outcome.status().message().find("round 7"), std::string_view::npos) << outcome.status();
+  EXPECT_NE(outcome.status().message().find("learner 'b' is dead"), std::string_view::npos)
+      << outcome.status();
+  EXPECT_FALSE(services_.watching());
+  // The connect is still held: the round did not wait for it.
+  EXPECT_EQ(services_.connects_returned(), 0u);
+  EXPECT_EQ(runner->connects().threads(), 1u);
+  // The next round goes on beside it; released, the connect returns, and
+  // the runner's end joins its thread.
+  services_.ReleaseExchanges();
+  services_.SetQuorum(fakes::RoundOfOne(8, 120));
+  flight_.previous_round_id = 7;
+  outcome = runner->Run(flight_, []() { return uint64_t{63}; });
+  ASSERT_TRUE(outcome.ok()) << outcome.status();
+  EXPECT_EQ(outcome->round_id, 8u);
+  runner.reset();
+  EXPECT_EQ(services_.connects_returned(), 2u);
+}
+
+// Shutdown calls off a connect in progress too, and any later one before it starts.
+TEST_F(RoundRunnerTest, StoppingTheRunnerEndsAConnectInProgressAndStartsNoOther) {
+  services_.HoldExchangesFrom(1);
+  RoundRunner runner(config_, schedule_, services_, book_, *policy_, options_, 0);
+  std::thread shutdown([&]() {
+    ASSERT_TRUE(services_.AwaitConnects(1));
+    runner.Stop();
+  });
+  StatusOr<Outcome> outcome = runner.Run(flight_, []() { return uint64_t{43}; });
+  shutdown.join();
+  ASSERT_FALSE(outcome.ok());
+  EXPECT_EQ(outcome.status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(services_.connects_returned(), 0u);
+  outcome = runner.Run(flight_, []() { return uint64_t{43}; });
+  ASSERT_FALSE(outcome.ok());
+  EXPECT_EQ(outcome.status().code(), absl::StatusCode::kAborted);
+  ASSERT_FALSE(services_.AwaitConnects(2, 0));  // the second round connected to nobody
+  services_.ReleaseExchanges();                 // (the runner's end joins the first)
+}
+
+// A connect that returned before the call-off gives its communicator: the
+// abort watch then calls that off (the key stays set at the lighthouse).
+TEST(ConnectThreadsTest, AConnectThatReturnedBeforeTheCallOffGivesItsCommunicator) {
+  ConnectThreads threads;
+  std::shared_ptr<ConnectThreads::Pending> pending = threads.Start([]() {
+    return StatusOr<std::unique_ptr<Communicator>>(std::make_unique<fakes::AloneCommunicator>());
+  });
+  StatusOr<std::unique_ptr<Communicator>> comm = pending->Await();
+  pending->CallOff("too late");
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  EXPECT_EQ((*comm)->world_size(), 1);
+  // A connect's error is the round's, as it was.
+  pending = threads.Start([]() -> StatusOr<std::unique_ptr<Communicator>> {
+    return DeadlineExceededError("round 3: connecting to the members: Connect timeout");
+  });
+  EXPECT_EQ(pending->Await().status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(threads.threads(), 1u);  // the first (it had returned) was joined at the second's start
 }
 
 TEST_F(RoundRunnerTest, ARoundWithinTheOuterWarmUpIsAnAverage) {
