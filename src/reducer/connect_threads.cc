@@ -27,7 +27,7 @@ void ConnectThreads::Pending::Return(StatusOr<std::unique_ptr<Communicator>> res
   changed_.NotifyAll();
 }
 
-StatusOr<std::unique_ptr<Communicator>> ConnectThreads::Pending::Await() {
+StatusOr<std::unique_ptr<Communicator>> ConnectThreads::Pending::Await(const std::string& what) {
   StatusOr<std::unique_ptr<Communicator>> result = InternalError("connect: given up");
   {
     MutexLock lock(mu_);
@@ -35,7 +35,9 @@ StatusOr<std::unique_ptr<Communicator>> ConnectThreads::Pending::Await() {
     awaited_ = true;
     // A connect that returned wins over a call-off that came after it: the
     // round's abort watch then calls off its communicator.
-    if (!returned_) return AbortedError("called off while its members connected: " + *called_off_);
+    if (!returned_) {
+      return AbortedError(what + ": called off while its members connected: " + *called_off_);
+    }
     result = std::move(result_);
   }
   return result;

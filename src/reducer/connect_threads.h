@@ -34,8 +34,9 @@ class ConnectThreads {
    public:
     // Ends Await() with ABORTED and `why`, unless the connect returned first.
     void CallOff(const std::string& why);
-    // Until the connect returned (its result) or was called off.
-    [[nodiscard]] StatusOr<std::unique_ptr<Communicator>> Await();
+    // Until the connect returned (its result) or was called off (ABORTED,
+    // "<what>: called off while its members connected: <why>").
+    [[nodiscard]] StatusOr<std::unique_ptr<Communicator>> Await(const std::string& what);
 
    private:
     friend class ConnectThreads;

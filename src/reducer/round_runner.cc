@@ -188,11 +188,9 @@ StatusOr<std::unique_ptr<Communicator>> RoundRunner::Connect(
       });
   services_.WatchAbort(round, pending.get(),
                        [pending](const std::string& why) { pending->CallOff(why); });
-  StatusOr<std::unique_ptr<Communicator>> comm = pending->Await();
+  StatusOr<std::unique_ptr<Communicator>> comm =
+      pending->Await(fmt::format("round {}", round.round_id));
   services_.Unwatch(pending.get());
-  if (!comm.ok() && comm.status().code() == StatusCode::kAborted) {
-    return Annotate(comm.status(), fmt::format("round {}", round.round_id));
-  }
   return comm;
 }
 

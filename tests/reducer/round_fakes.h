@@ -136,7 +136,17 @@ class FakeServices final : public RoundServices {
     const size_t n = ++connects_;
     changed_.notify_all();
     changed_.wait(lock, [&]() { return n < hold_from_ || interrupted_; });
+    if (connect_through_) {
+      const ConnectThrough through = connect_through_;
+      lock.unlock();
+      StatusOr<std::unique_ptr<Communicator>> comm = through(options);
+      lock.lock();
+      connects_returned_++;
+      changed_.notify_all();
+      return comm;
+    }
     connects_returned_++;
+    changed_.notify_all();
     if (interrupted_) return AbortedError("fake services: the round was interrupted");
     if (!connect_.ok()) return connect_;
     // The round's merge waits, from the n-th round on (HoldMergesFrom), after
@@ -157,6 +167,7 @@ class FakeServices final : public RoundServices {
     watched_++;
     watching_ = owner;
     abort_ = std::move(abort);
+    changed_.notify_all();
   }
   void Unwatch(const void* owner) override {
     std::lock_guard lock(mu_);
@@ -200,6 +211,13 @@ class FakeServices final : public RoundServices {
   void SetConnect(Status status) {
     std::lock_guard lock(mu_);
     connect_ = std::move(status);
+  }
+  // Connects through `through` (a real communicator) instead.
+  using ConnectThrough =
+      std::function<StatusOr<std::unique_ptr<Communicator>>(const CommunicatorOptions&)>;
+  void SetConnectThrough(ConnectThrough through) {
+    std::lock_guard lock(mu_);
+    connect_through_ = std::move(through);
   }
   void Hold() {
     std::lock_guard lock(mu_);
@@ -266,6 +284,12 @@ class FakeServices final : public RoundServices {
     std::lock_guard lock(mu_);
     return watching_ != nullptr;
   }
+  // Waits (real time, up to `timeout`) until a watch is armed.
+  bool AwaitWatching(Micros timeout = 60 * kMicrosPerSecond) {
+    std::unique_lock lock(mu_);
+    return changed_.wait_for(lock, std::chrono::microseconds(timeout),
+                             [&]() { return watching_ != nullptr; });
+  }
   // Connects that returned (held ones return once released).
   size_t connects_returned() const {
     std::lock_guard lock(mu_);
@@ -288,6 +312,7 @@ class FakeServices final : public RoundServices {
   std::condition_variable changed_;
   std::optional<StatusOr<QuorumResult>> quorum_;
   Status connect_ = OkStatus();
+  ConnectThrough connect_through_;
   bool held_ = false;
   size_t hold_from_ = SIZE_MAX;
   size_t connects_ = 0;

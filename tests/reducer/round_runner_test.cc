@@ -6,6 +6,8 @@
 
 #include <cstring>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -135,6 +137,73 @@ TEST_F(RoundRunnerTest, ARoundCalledOffWhileItsMembersConnectEndsWithoutWaitingF
   EXPECT_EQ(services_.connects_returned(), 2u);
 }
 
+// The same over Gloo: member 1 publishes its addresses at the rendezvous
+// and dies (its port closes) before the connections are up. The lighthouse
+// calls the round off while member 0 connects; the round ends with ABORTED
+// at once, and the Gloo connect left behind ends on its own (refused, or
+// connect_timeout_ms without the peer) and is joined when the runner goes.
+TEST_F(RoundRunnerTest, AGlooConnectLeftBehindByACalledOffRoundEndsOnItsOwnAndIsJoined) {
+  config_.connect_timeout_ms = 1000;
+  QuorumResult round = fakes::RoundOfOne(7, 100);
+  round.world_size = 2;
+  round.members.push_back(RoundMember{});
+  services_.SetQuorum(round);
+  testing_util::InProcessStore shared;
+  std::mutex mu;
+  std::optional<Status> left_behind;  // the real connect's own result
+  services_.SetConnectThrough([&](const CommunicatorOptions& options) {
+    // Called off as it begins (its watch is armed by then).
+    EXPECT_TRUE(services_.AwaitWatching());
+    EXPECT_TRUE(services_.CallOffRound("learner 'b' is dead"));
+    testing_util::StoreConnection store(shared);
+    StatusOr<std::unique_ptr<Communicator>> comm = Communicator::Connect(store, options);
+    std::lock_guard lock(mu);
+    left_behind = comm.status();
+    return comm;
+  });
+  // Member 1 reads the others' host names but not their addresses: it
+  // publishes its own and gives up before it connects, closing its port.
+  class PublishOnly final : public RendezvousStore {
+   public:
+    explicit PublishOnly(RendezvousStore& store) : store_(store) {}
+    Status Set(const std::string& key, const std::string& value) override {
+      return store_.Set(key, value);
+    }
+    StatusOr<std::string> Get(const std::string& key, Micros timeout) override {
+      if (key.find("/rank_") != std::string::npos) return store_.Get(key, timeout);
+      return UnavailableError("member 1 died");
+    }
+
+   private:
+    RendezvousStore& store_;
+  };
+  std::thread dying([&]() {
+    PublishOnly store(shared);
+    CommunicatorOptions options = testing_util::MemberOptions(1, 2, round.rendezvous_prefix);
+    EXPECT_FALSE(Communicator::Connect(store, options).ok());
+  });
+
+  auto runner =
+      std::make_unique<RoundRunner>(config_, schedule_, services_, book_, *policy_, options_, 0);
+  StatusOr<Outcome> outcome = runner->Run(flight_, []() { return uint64_t{43}; });
+  ASSERT_FALSE(outcome.ok());
+  EXPECT_EQ(outcome.status().code(), absl::StatusCode::kAborted) << outcome.status();
+  EXPECT_NE(outcome.status().message().find("learner 'b' is dead"), std::string_view::npos)
+      << outcome.status();
+  dying.join();
+  runner.reset();  // joins the connect, which ends within connect_timeout_ms
+  std::lock_guard lock(mu);
+  // It returned. Mostly it failed; when member 0 reached member 1's
+  // listener before that closed, it connected to the dead member, and the
+  // communicator nobody took closed on the connect's thread.
+  ASSERT_TRUE(left_behind.has_value());
+  if (!left_behind->ok()) {
+    EXPECT_NE(left_behind->message().find("round 7: connecting to the members"),
+              std::string_view::npos)
+        << *left_behind;
+  }
+}
+
 // Shutdown calls off a connect in progress too, and any later one before it starts.
 TEST_F(RoundRunnerTest, StoppingTheRunnerEndsAConnectInProgressAndStartsNoOther) {
   services_.HoldExchangesFrom(1);
@@ -162,7 +231,7 @@ TEST(ConnectThreadsTest, AConnectThatReturnedBeforeTheCallOffGivesItsCommunicato
   std::shared_ptr<ConnectThreads::Pending> pending = threads.Start([]() {
     return StatusOr<std::unique_ptr<Communicator>>(std::make_unique<fakes::AloneCommunicator>());
   });
-  StatusOr<std::unique_ptr<Communicator>> comm = pending->Await();
+  StatusOr<std::unique_ptr<Communicator>> comm = pending->Await("round 3");
   pending->CallOff("too late");
   ASSERT_TRUE(comm.ok()) << comm.status();
   EXPECT_EQ((*comm)->world_size(), 1);
@@ -170,7 +239,7 @@ TEST(ConnectThreadsTest, AConnectThatReturnedBeforeTheCallOffGivesItsCommunicato
   pending = threads.Start([]() -> StatusOr<std::unique_ptr<Communicator>> {
     return DeadlineExceededError("round 3: connecting to the members: Connect timeout");
   });
-  EXPECT_EQ(pending->Await().status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(pending->Await("round 3").status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_EQ(threads.threads(), 1u);  // the first (it had returned) was joined at the second's start
 }
 
