@@ -3,7 +3,8 @@
 # the coordinator (lighthouse core, server and agents over gRPC and UDP:
 # tests/coordinator), the data plane (the communicator among threads, and
 # peers SIGKILLed or SIGSTOPped in their own processes: tests/dataplane), and
-# the round driver (also on a fake clock over fake services), heal stream,
+# the round driver and its runner (also on a fake clock over fake services;
+# a connect called off and left behind), heal stream,
 # learner groups and their round services (tests/reducer; its
 # LibTorch tests are not built here). Builds only those tests, with
 # -DMEND_SANITIZE=thread, in build-tsan, and runs their unit, integration and
@@ -29,7 +30,7 @@ cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE="${MEND_BUILD_TYPE:-RelWithDebI
 cmake --build "$dir" --target coordinator_state_test lighthouse_server_test communicator_test \
   dataplane_process_test heal_stream_test round_driver_test learner_group_test group_pulse_test \
   round_driver_clock_test group_round_services_test store_test control_handler_test \
-  made_all_reduce_test round_scale_test
+  made_all_reduce_test round_scale_test round_runner_test
 
 reports=$(mktemp -d)
 trap 'rm -rf "$reports"' EXIT

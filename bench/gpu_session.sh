@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# One session on a GPU machine (the device tool), prepared here and run
+# there once: the wheel from scripts/wheel.sh unpacked beside the machine's
+# own Python and torch (pip --target, on PYTHONPATH; the machine has no
+# package registry: the wheel travels in the working tree, carry "dist"),
+# then the runs of
+# bench/gpu_delay_sweep.py in order of value until the budget is spent. The
+# sweep writes its CSV after every run, so a budget cut short keeps the runs
+# before it.
+#
+#   scripts/wheel.sh                                   # here: dist/mend-*.whl
+#   BUDGET=500 bash bench/gpu_session.sh               # there (OUT: where results go)
+#   BUDGET=120 SWEEP_ARGS="--tiny --cpu --steps 24 --sync-every 8" bash bench/gpu_session.sh   # a check here
+#
+# Environment: BUDGET (seconds for the sweep, default 500), OUT (default
+# bench-results/gpu), RUNS (the sweep's --runs, default below), SWEEP_ARGS
+# (more arguments for the sweep), PYTHON (default python3).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+budget=${BUDGET:-500}
+out=${OUT:-bench-results/gpu}
+python=${PYTHON:-python3}
+# The issue's headline first (local, then both modes at 2000 ms), then the
+# other delays, then a second seed.
+runs=${RUNS:-local#1,concurrent@2000#1,synchronous@2000#1,concurrent@0#1,concurrent@1000#1,concurrent@500#1,local#2,concurrent@2000#2,synchronous@2000#2}
+mkdir -p "$out"
+
+wheel=$(ls dist/mend-*.whl 2>/dev/null | head -1)
+if [[ -z "$wheel" ]]; then
+  echo "gpu_session: no dist/mend-*.whl: run scripts/wheel.sh first and carry dist" >&2
+  exit 2
+fi
+site=$(mktemp -d)
+if ! "$python" -m pip install -q --no-index --no-deps --target "$site" "$wheel"; then
+  # No pip: a wheel is a zip archive of the package.
+  "$python" -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' \
+    "$wheel" "$site" || exit 2
+fi
+export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+{
+  nvidia-smi 2>&1 || echo "nvidia-smi: none"
+  "$python" - <<'EOF'
+import platform, torch, mend
+print("python", platform.python_version(), "torch", torch.__version__, "cuda", torch.version.cuda,
+      "device", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none")
+print("mend", mend.__version__ if hasattr(mend, "__version__") else "?", mend.__file__)
+try:
+    import transformers
+    print("transformers", transformers.__version__)
+except ImportError:
+    print("transformers: none (the sweep's own decoder)")
+EOF
+} > "$out/machine.txt" 2>&1
+cat "$out/machine.txt"
+
+# shellcheck disable=SC2086
+timeout --kill-after=10 "$budget" "$python" bench/gpu_delay_sweep.py --runs "$runs" \
+  --csv "$out/gpu_delay_sweep.csv" ${SWEEP_ARGS:-} 2>&1 | tee "$out/gpu_delay_sweep.log"
+status=${PIPESTATUS[0]}
+# What the budget cut short leaves behind.
+pkill -f "gpu_delay_sweep.py --worker" 2> /dev/null || true
+if [[ $status == 124 ]]; then
+  echo "gpu_session: the budget ($budget s) ended the sweep; the CSV holds the runs before it"
+fi
+exit 0
