@@ -28,19 +28,15 @@ void ConnectThreads::Pending::Return(StatusOr<std::unique_ptr<Communicator>> res
 }
 
 StatusOr<std::unique_ptr<Communicator>> ConnectThreads::Pending::Await(const std::string& what) {
-  StatusOr<std::unique_ptr<Communicator>> result = InternalError("connect: given up");
-  {
-    MutexLock lock(mu_);
-    while (!returned_ && !called_off_) changed_.Wait(mu_);
-    awaited_ = true;
-    // A connect that returned wins over a call-off that came after it: the
-    // round's abort watch then calls off its communicator.
-    if (!returned_) {
-      return AbortedError(what + ": called off while its members connected: " + *called_off_);
-    }
-    result = std::move(result_);
+  MutexLock lock(mu_);
+  while (!returned_ && !called_off_) changed_.Wait(mu_);
+  awaited_ = true;
+  // A connect that returned wins over a call-off that came after it: the
+  // round's abort watch then calls off its communicator.
+  if (!returned_) {
+    return AbortedError(what + ": called off while its members connected: " + *called_off_);
   }
-  return result;
+  return std::move(result_);
 }
 
 ConnectThreads::~ConnectThreads() {

@@ -1,8 +1,9 @@
 // A round's connect, on a thread of its own, so that it can be called off.
 //
 // Gloo's connect cannot be interrupted: when a member died after the
-// rendezvous (its address in the store, its port closed), the others retry
-// it until connect_timeout_ms. Called off (the lighthouse's abort key, or
+// rendezvous (its addresses in the store) and before it connected, the
+// side of each of its pairs that waits for it to connect waits until
+// connect_timeout_ms. Called off (the lighthouse's abort key, or
 // shutdown), the round's wait ends at once with ABORTED, and the connect
 // runs out its own timeouts in the background; its thread is joined at the
 // next start or at destruction.
