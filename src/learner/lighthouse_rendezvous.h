@@ -18,18 +18,19 @@ namespace mend {
 
 class LighthouseRendezvousStore final : public RendezvousStore {
  public:
-  // `client` and `clock` are not owned and must outlive this object. `still_valid`
-  // (optional) is asked at least every kCheckEvery while a Get waits; when it
-  // turns false (the lighthouse that formed the round restarted, so its keys
-  // are gone) the Get ends with ABORTED instead of waiting out its timeout.
-  // `abort_key` (optional) is looked up at the same times: the lighthouse
-  // sets it (to the reason) when a member of the round died or restarted
-  // after the round closed, and the Get ends with ABORTED and that reason.
+  // `client` and `clock` are not owned and must outlive this object. `check`
+  // (optional) is asked at least every kCheckEvery while a Get waits; a status
+  // not OK (the lighthouse that formed the round restarted, so its keys are
+  // gone; the learner's rounds were called off) ends the Get with it instead
+  // of its waiting out its timeout. `abort_key` (optional) is looked up at the
+  // same times: the lighthouse sets it (to the reason) when a member of the
+  // round died or restarted after the round closed, and the Get ends with
+  // ABORTED and that reason.
   LighthouseRendezvousStore(LighthouseClient& client, const Clock& clock,
-                            std::function<bool()> still_valid = nullptr, std::string abort_key = "")
+                            std::function<Status()> check = nullptr, std::string abort_key = "")
       : client_(client),
         clock_(clock),
-        still_valid_(std::move(still_valid)),
+        check_(std::move(check)),
         abort_key_(std::move(abort_key)) {}
   static constexpr Micros kCheckEvery = 250 * kMicrosPerMilli;
 
@@ -40,17 +41,14 @@ class LighthouseRendezvousStore final : public RendezvousStore {
     return client_.StoreDelete(key, prefix).status();
   }
   StatusOr<std::string> Get(const std::string& key, Micros timeout) override {
-    if (!still_valid_ && abort_key_.empty()) return client_.StoreGet(key, timeout);
+    if (!check_ && abort_key_.empty()) return client_.StoreGet(key, timeout);
     const Micros deadline = clock_.NowMicros() + timeout;
     while (true) {
       const Micros left = deadline - clock_.NowMicros();
       StatusOr<std::string> value =
           client_.StoreGet(key, std::max<Micros>(1, std::min(left, kCheckEvery)));
       if (value.ok() || left <= kCheckEvery) return value;
-      if (still_valid_ && !still_valid_()) {
-        return AbortedError(
-            "rendezvous: the lighthouse restarted after the round was formed; its keys are gone");
-      }
+      if (check_) MEND_RETURN_IF_ERROR(check_());
       if (!abort_key_.empty()) {
         StatusOr<std::string> why = client_.StoreGet(abort_key_, 1);
         if (why.ok()) return AbortedError("rendezvous: the round was called off: " + *why);
@@ -65,7 +63,7 @@ class LighthouseRendezvousStore final : public RendezvousStore {
  private:
   LighthouseClient& client_;
   const Clock& clock_;
-  std::function<bool()> still_valid_;
+  std::function<Status()> check_;
   std::string abort_key_;
 };
 

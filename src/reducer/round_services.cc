@@ -1,5 +1,6 @@
 #include "reducer/round_services.h"
 
+#include <atomic>
 #include <deque>
 #include <utility>
 
@@ -27,12 +28,24 @@ class LighthouseServices final : public RoundServices {
   }
 
   // A round formed by a lighthouse that has since restarted (the agent
-  // registered again) cannot rendezvous: its keys died with it.
+  // registered again) cannot rendezvous: its keys died with it. Once the
+  // learner's rounds are called off (Interrupt: shutdown), a wait in the
+  // store ends too (a connect left behind is joined without waiting out
+  // collective_timeout_ms).
   std::unique_ptr<RendezvousStore> OpenRendezvous(const QuorumResult& round) override {
     const uint64_t registrations = agent_.registrations();
     return std::make_unique<LighthouseRendezvousStore>(
         agent_.client(), clock_,
-        [this, registrations]() { return agent_.registrations() == registrations; },
+        [this, registrations]() -> Status {
+          if (interrupted_.load(std::memory_order_relaxed))
+            return AbortedError("rendezvous: the learner's rounds were called off");
+          if (agent_.registrations() != registrations) {
+            return AbortedError(
+                "rendezvous: the lighthouse restarted after the round was formed; its keys are "
+                "gone");
+          }
+          return OkStatus();
+        },
         round.rendezvous_prefix + kRoundAbortKey);
   }
 
@@ -67,7 +80,10 @@ class LighthouseServices final : public RoundServices {
       watching.owner = nullptr;
     }
   }
-  void Interrupt() override { agent_.Interrupt(); }
+  void Interrupt() override {
+    interrupted_.store(true, std::memory_order_relaxed);
+    agent_.Interrupt();
+  }
 
   void RecordStep(uint64_t step, uint64_t tokens, Micros step_time) override {
     agent_.RecordStep(step, tokens, step_time);
@@ -88,6 +104,7 @@ class LighthouseServices final : public RoundServices {
 
   LearnerAgent& agent_;
   const Clock& clock_;
+  std::atomic<bool> interrupted_{false};  // Interrupt(): for good
   Mutex mu_;
   std::deque<Watching> watches_ ABSL_GUARDED_BY(mu_);
 };

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "learner/lighthouse_rendezvous.h"
 #include "mend/clock.h"
 #include "mend/config.h"
 #include "mend/group_store.h"
@@ -81,6 +82,43 @@ TEST(StoreServerTest, ServesTheStoresCallsWithTheTokenAndNothingElse) {
       << registered.status();
   // (A wrong token: StoreService::Authenticate, the lighthouse's, is
   // tested by LighthouseServerTest.WrongOrMissingTokenIsUnauthenticated....)
+}
+
+// A round's rendezvous waits in the store as long as its timeout allows,
+// unless its check says stop (the learner's rounds called off at shutdown,
+// the lighthouse restarted) or the round's abort key is set: then it ends
+// with that reason, not at the timeout (600 s here: the test would hang).
+TEST(RendezvousStoreTest, AWaitEndsAtItsChecksStatusOrItsRoundsAbortKey) {
+  auto server = StoreServer::Start("127.0.0.1:0", kToken, KvStoreLimits{}, *RealClock());
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto client = LighthouseClient::Connect({(*server)->address(), kToken, "", kMicrosPerSecond * 5});
+  ASSERT_TRUE(client.ok()) << client.status();
+  constexpr Micros kForever = 600 * kMicrosPerSecond;
+
+  std::atomic<int> checks{0};
+  LighthouseRendezvousStore checked(**client, *RealClock(), [&]() -> Status {
+    if (++checks < 3) return OkStatus();
+    return AbortedError("rendezvous: the learner's rounds were called off");
+  });
+  auto value = checked.Get("never", kForever);
+  EXPECT_EQ(value.status().code(), StatusCode::kAborted) << value.status();
+  EXPECT_NE(std::string(value.status().message()).find("called off"), std::string::npos)
+      << value.status();
+  EXPECT_EQ(checks.load(), 3);
+  // A key that is there is returned without a check.
+  ASSERT_TRUE((*client)->StoreSet("there", "v").ok());
+  auto there = checked.Get("there", kForever);
+  ASSERT_TRUE(there.ok()) << there.status();
+  EXPECT_EQ(*there, "v");
+  EXPECT_EQ(checks.load(), 3);
+
+  LighthouseRendezvousStore watched(**client, *RealClock(), nullptr, "round/7/abort");
+  ASSERT_TRUE((*client)->StoreSet("round/7/abort", "learner 'b' declared dead").ok());
+  auto aborted = watched.Get("round/7/never", kForever);
+  EXPECT_EQ(aborted.status().code(), StatusCode::kAborted) << aborted.status();
+  EXPECT_NE(std::string(aborted.status().message()).find("learner 'b' declared dead"),
+            std::string::npos)
+      << aborted.status();
 }
 
 TEST(StoreServerTest, AnAddressInUseIsRefusedNamingTheKey) {

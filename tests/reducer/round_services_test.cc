@@ -1,0 +1,58 @@
+// The learner's round services over a real lighthouse and agent
+// (reducer/round_services.h): what ends a wait in a round's store.
+#include "reducer/round_services.h"
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "mend/clock.h"
+#include "mend/learner_agent.h"
+#include "mend/lighthouse.h"
+#include "test_util/job_config.h"
+
+namespace mend::reducer {
+namespace {
+
+constexpr char kToken[] = "round-services-test-token-0123456789";
+
+// A round's connect left behind at shutdown may be waiting in the round's
+// store for a member that never publishes (it died after the round formed).
+// Calling the learner's rounds off (Interrupt, as shutdown does) ends that
+// wait with ABORTED instead of letting it run out collective_timeout_ms
+// (600 s here: without it the test would hang until ctest's timeout).
+TEST(LighthouseRoundServicesTest, CallingTheRoundsOffEndsAWaitInTheRoundsStore) {
+  Config config = testing_util::LoopbackJobConfig(1);
+  auto server = LighthouseServer::Start(config, kToken, *RealClock());
+  ASSERT_TRUE(server.ok()) << server.status();
+  config.lighthouse = (*server)->grpc_address();
+  auto agent = LearnerAgent::Start(config, kToken, {"learner-0", "", "", ""}, *RealClock());
+  ASSERT_TRUE(agent.ok()) << agent.status();
+  std::unique_ptr<RoundServices> services = LighthouseRoundServices(**agent, *RealClock());
+
+  QuorumResult round;
+  round.round_id = 1;
+  round.rendezvous_prefix = "job/round/1/";
+  std::unique_ptr<RendezvousStore> store = services->OpenRendezvous(round);
+  // A key that is there is read as it is.
+  ASSERT_TRUE(store->Set("job/round/1/there", "v").ok());
+  auto there = store->Get("job/round/1/there", 600 * kMicrosPerSecond);
+  ASSERT_TRUE(there.ok()) << there.status();
+  EXPECT_EQ(*there, "v");
+
+  std::optional<StatusOr<std::string>> waited;
+  std::thread waiter(
+      [&]() { waited.emplace(store->Get("job/round/1/never", 600 * kMicrosPerSecond)); });
+  services->Interrupt();
+  waiter.join();
+  ASSERT_TRUE(waited.has_value());
+  EXPECT_EQ(waited->status().code(), StatusCode::kAborted) << waited->status();
+  EXPECT_NE(std::string(waited->status().message()).find("called off"), std::string::npos)
+      << waited->status();
+  (*server)->Shutdown();
+}
+
+}  // namespace
+}  // namespace mend::reducer
