@@ -94,7 +94,7 @@ def worker(args):
                              concurrent_outer_step=False, total_steps=steps, final_merge=True,
                              collective_timeout_ms=600_000, quorum_timeout_ms=600_000,
                              heartbeat_timeout_ms=600_000, log_level="warn",
-                             link_latency_ms=args.link_latency_ms,
+                             link_latency_ms=args.link_latency_ms, codec=args.codec,
                              **({"round_threads": args.round_threads} if args.round_threads >= 0 else {}))
     dist.barrier()
     t0 = time.perf_counter()
@@ -154,7 +154,7 @@ def run_size(size, args, lighthouse_address):
                                    lighthouse_address, "--port", str(port), "--out", outs[r],
                                    "--round-threads", str(args.round_threads), "--learners", str(args.learners)]
                                   + (["--distinct-init"] if args.distinct_init else [])
-                                  + ["--step-ms", str(args.step_ms),
+                                  + ["--step-ms", str(args.step_ms), "--codec", args.codec,
                                      "--link-latency-ms", str(args.link_latency_ms)], env=env)
                  for r in range(args.learners)]
         for p in procs:
@@ -181,6 +181,8 @@ def main():
     p.add_argument("--link-latency-ms", type=int, default=0,
                    help="link_latency_ms: each collective of a round takes at least this long (a far "
                         "link, emulated); the gloo reference has none")
+    p.add_argument("--codec", default="fp32", choices=["fp32", "bf16", "int8", "int4", "topk"],
+                   help="the merge's codec (default fp32; the gloo reference is fp32 always)")
     p.add_argument("--csv", default="bench-results/round_scale.csv")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
@@ -221,7 +223,7 @@ def main():
                      "later_over_gloo": later / gloo, "first_over_later": first / later,
                      "final_over_later": final / later, "rss_bytes_per_param": rss,
                      "later_round_cpu_s": cpu, "gloo_allreduce_cpu_s": gloo_cpu,
-                     "link_latency_ms": args.link_latency_ms, "step_ms": args.step_ms,
+                     "link_latency_ms": args.link_latency_ms, "step_ms": args.step_ms, "codec": args.codec,
                      "learners": args.learners,
                      # Learner 0's rounds (the final merge's included), and those whose
                      # pseudo-gradient was made in the merge (-1: a package without the count).
@@ -235,7 +237,7 @@ def main():
     lighthouse.shutdown()
     link = (f"link_latency_ms = {args.link_latency_ms} (emulated; not in the gloo reference)"
             if args.link_latency_ms else "no link emulation")
-    print(f"round scale: {args.learners} learners (processes), fp32, synchronous, {link}; "
+    print(f"round scale: {args.learners} learners (processes), {args.codec}, synchronous, {link}; "
           "gloo = torch.distributed all_reduce of the same tensors in the same processes\n")
     head = (f"{'params':>7} {'init s':>7} {'s/GiB':>6} {'first':>7} {'later':>7} {'final':>7} {'gloo':>7} "
             f"{'later/gloo':>10} {'first/later':>11} {'final/later':>11} {'B/param':>8} {'cpu s':>6} {'gloo cpu':>8} "

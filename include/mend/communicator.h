@@ -133,7 +133,7 @@ class Communicator {
   enum class Fp32Sum { kWeightedMean, kWeightedSum, kPreWeighted };
   [[nodiscard]] virtual Status Fp32AllReduce(std::span<float> data, double weight, Fp32Sum sum);
 
-  // A round's merge: WeightedAllReduce(data, weight) in fp32, leaving out
+  // A round's merge: WeightedAllReduce(data, weight, values.codec), leaving out
   // (with zeros and weight 0, the bits a caller of WeightedAllReduce gets
   // by passing those) the members `leave_out` names from what each member
   // said of its values, alike on every member. The values are given in
@@ -161,6 +161,9 @@ class Communicator {
     double squares = 0;                // ... with this sum of squares
     // nullptr: the members whose sum of squares is not finite.
     const LeaveOut* leave_out = nullptr;
+    // A dense codec to merge through (WeightedAllReduce's); nullptr: fp32.
+    // With a codec every member's values are given (make is fp32 only).
+    const Codec* codec = nullptr;
   };
   struct Merged {
     double squares = 0;         // this member's (made or given)

@@ -507,9 +507,11 @@ struct GlooCommunicator::Reduction {
   std::vector<double> verdicts;
   std::vector<Transfer> verdicts_in;
   // Members left out before the sums (every member's values given): their
-  // pieces summed as `zeros`.
+  // pieces summed as `zeros` (fp32), or as `zeros` encoded (a codec's:
+  // `zero_piece`, a segment's).
   std::vector<char> zeroed;
   std::vector<float> zeros;
+  std::vector<std::byte> zero_piece;
 };
 
 Status GlooCommunicator::WeightedAllReduceImpl(std::span<float> data, double weight,
@@ -603,7 +605,7 @@ Status GlooCommunicator::WeightedAllReduceImpl(std::span<float> data, double wei
     made->left_out = LeftOut(made->in.leave_out, all_squares, all_weights);
     if (!made->left_out.empty()) {
       run.zeroed.assign(static_cast<size_t>(options_.world_size), 0);
-      run.zeros.assign(run.slot_bytes / sizeof(float), 0.0f);
+      run.zeros.assign(run.raw ? run.slot_bytes / sizeof(float) : 0, 0.0f);
       for (int r : made->left_out) {
         run.zeroed[static_cast<size_t>(r)] = 1;
         all_weights[static_cast<size_t>(r)] = 0;
@@ -671,7 +673,7 @@ StatusOr<Communicator::Merged> GlooCommunicator::MergeAllReduce(std::span<float>
   Made made;
   made.in = values;
   Status status = Guarded("all-reduce", [&]() {
-    return WeightedAllReduceImpl(data, weight, nullptr, Fp32Sum::kWeightedMean, &made);
+    return WeightedAllReduceImpl(data, weight, values.codec, Fp32Sum::kWeightedMean, &made);
   });
   if (status.ok() && made.again) {
     // A member made its values, and one was left out, so the result is not
@@ -812,9 +814,19 @@ Status GlooCommunicator::ReduceSegment(Op& op, Reduction& run, const std::vector
       result = reinterpret_cast<const std::byte*>(run.data.data() + begin);
       PostContributions(op, run, s + run.window);  // into the slots just summed
     } else {
+      if (!run.zeroed.empty()) {
+        // A member left out: its piece is zeros, encoded (what it would have
+        // sent with weight 0), here as on every member.
+        run.zeros.assign(len, 0.0f);
+        run.zero_piece.resize(bytes);
+        run.codec.Encode(run.zeros, run.zero_piece);
+      }
       accumulator_.assign(len, 0.0f);
       for (int r = 0; r < size; ++r) {
-        const std::byte* piece = r == me ? Mine(run, me, s) : Contribution(run, r, s);
+        const bool left_out = !run.zeroed.empty() && run.zeroed[static_cast<size_t>(r)] != 0;
+        const std::byte* piece = left_out  ? run.zero_piece.data()
+                                 : r == me ? Mine(run, me, s)
+                                           : Contribution(run, r, s);
         run.codec.DecodeAccumulate(std::span(piece, bytes), weights[r], accumulator_);
       }
       std::byte* out = run.results + run.layout.offset(me, s);
@@ -950,6 +962,10 @@ CommunicatorOptions CommunicatorOptionsFrom(const Config& config) {
 // collective), then the merge, those left out with zeros and weight 0.
 StatusOr<Communicator::Merged> Communicator::MergeAllReduce(std::span<float> data, double weight,
                                                             const MergeValues& values) {
+  if (values.make != nullptr && values.codec != nullptr &&
+      values.codec->kind() != CodecKind::kFp32) {
+    return InvalidArgumentError("all-reduce: made values are fp32 only");
+  }
   Merged merged;
   merged.squares = values.make != nullptr ? (*values.make)(0, data.size()) : values.squares;
   const std::array<double, 2> mine{merged.squares, weight};
@@ -970,7 +986,7 @@ StatusOr<Communicator::Merged> Communicator::MergeAllReduce(std::span<float> dat
     std::fill(data.begin(), data.end(), 0.0f);
     weight = 0;
   }
-  MEND_RETURN_IF_ERROR(WeightedAllReduce(data, weight, nullptr));
+  MEND_RETURN_IF_ERROR(WeightedAllReduce(data, weight, values.codec));
   return merged;
 }
 

@@ -81,15 +81,21 @@ void FragmentState::Assign(std::span<const float> global, std::span<const float>
 
 namespace {
 
-// fp32: one collective, the members' sums of squares beside it
-// (Communicator::MergeAllReduce), the robust rule deciding whom it leaves
-// out on every member alike: before the sums when every member's
+// fp32, or a dense codec: one collective, the members' sums of squares
+// beside it (Communicator::MergeAllReduce), the robust rule deciding whom it
+// leaves out on every member alike: before the sums when every member's
 // pseudo-gradient was made before the round, after them (and a second
 // reduction when it leaves someone out) when a member makes its own as the
-// merge reaches each piece.
-StatusOr<RoundResult> MergeFp32(Communicator& comm, std::span<float> delta, double tokens,
-                                const OuterSyncOptions& options, std::optional<double> norm,
-                                const Communicator::MakeValues* make) {
+// merge reaches each piece (fp32 only: a codec's are made first).
+StatusOr<RoundResult> Merge(Communicator& comm, std::span<float> delta, double tokens,
+                            const OuterSyncOptions& options, std::optional<double> norm,
+                            const Communicator::MakeValues* make) {
+  const Codec* codec = options.codec;
+  if (codec != nullptr && codec->kind() == CodecKind::kFp32) codec = nullptr;
+  if (codec != nullptr && make != nullptr && options.contributes) {
+    norm = std::sqrt((*make)(0, delta.size()));
+    make = nullptr;
+  }
   RoundResult result;
   result.average = options.warmup;
   Communicator::MergeValues values;
@@ -119,6 +125,7 @@ StatusOr<RoundResult> MergeFp32(Communicator& comm, std::span<float> delta, doub
     return left;
   };
   values.leave_out = &robust;
+  values.codec = codec;
   const double weight = options.contributes ? (options.token_weighted ? tokens : 1.0) : 0.0;
   const uint64_t sent_before = comm.stats().bytes_sent;
   MEND_ASSIGN_OR_RETURN(Communicator::Merged merged, comm.MergeAllReduce(delta, weight, values));
@@ -146,8 +153,14 @@ StatusOr<RoundResult> OuterRound::Exchange(Communicator& comm, const FragmentSta
     return InvalidArgumentError(
         fmt::format("pseudo-gradient of {} values for a fragment of {}", delta.size(), n));
   }
-  if (options.codec == nullptr || options.codec->kind() == CodecKind::kFp32)
-    return MergeFp32(comm, delta, tokens, options, norm, make);
+  // fp32, and a dense codec among three or more (where the robust rule
+  // needs every member's norm): the norms beside the merge's first pieces.
+  // A dense codec between two, and a sparse one: below (with three or more,
+  // a sparse codec's members gather their norms in a collective first).
+  if (options.codec == nullptr || options.codec->kind() == CodecKind::kFp32 ||
+      (options.codec->dense() && comm.world_size() >= 3)) {
+    return Merge(comm, delta, tokens, options, norm, make);
+  }
   if (make != nullptr && options.contributes) norm = std::sqrt((*make)(0, n));
   // 1. Everyone's norm and weight, so that every member drops the same ones.
   // The robust rule needs three contributing members; with fewer it drops

@@ -295,6 +295,66 @@ TEST(OuterSyncTest, AnOutlierIsLeftOutAlikeWhetherItsPseudoGradientWasMadeBefore
   }
 }
 
+TEST(OuterSyncTest, ADenseCodecsRoundLeavesAnOutlierOutInOneCollective) {
+  // Four members merging through int8, member 3's pseudo-gradient 1000x the
+  // others': the norms travel beside the merge's first pieces (one
+  // collective, not a gather of norms first), every member leaves member 3
+  // out, with the bits of a round it sat out (zeros, weight 0), whether its
+  // pseudo-gradient was made before the exchange or by it.
+  constexpr int kMembers = 4;
+  auto codec = MakeCodec({CodecKind::kInt8, 64, 256, 16});
+  ASSERT_TRUE(codec.ok());
+  auto run = [&](bool sits_out, unsigned makers) {
+    std::vector<std::vector<float>> merged(kMembers);
+    std::vector<std::vector<int>> dropped(kMembers);
+    std::vector<uint64_t> operations(kMembers);
+    RunMembers(kMembers, [&](int rank, Communicator& comm) {
+      FragmentState state(std::vector<float>(kSize, 0.0f));
+      OuterSyncOptions options;
+      options.codec = codec->get();
+      options.contributes = !(sits_out && rank == 3);
+      std::vector<float> own = testing_util::NormalValues(70 + rank, kSize);
+      if (rank == 3)
+        for (float& v : own) v *= 1000.0f;
+      std::vector<float> delta = own;
+      const Communicator::MakeValues make = CopiesInto(own, delta);
+      const bool makes = (makers >> rank & 1) != 0;
+      if (makes) std::fill(delta.begin(), delta.end(), 1e30f);
+      auto result = OuterRound::Exchange(comm, state, delta, Tokens(rank), options, std::nullopt,
+                                         makes ? &make : nullptr);
+      ASSERT_TRUE(result.ok()) << result.status();
+      merged[rank] = delta;
+      dropped[rank] = result->dropped;
+      operations[rank] = comm.stats().operations;
+    });
+    return std::make_tuple(merged, dropped, operations);
+  };
+  const auto [want, none, sat_out_ops] = run(/*sits_out=*/true, 0u);
+  for (int r = 0; r < kMembers; ++r) {
+    EXPECT_TRUE(none[r].empty()) << r;
+    EXPECT_EQ(sat_out_ops[r], 1u) << r;
+  }
+  for (unsigned makers : {0u, 1u << 3, 0xFu}) {
+    const auto [merged, dropped, operations] = run(/*sits_out=*/false, makers);
+    for (int r = 0; r < kMembers; ++r) {
+      const std::string what = fmt::format("makers {:#x}, member {}", makers, r);
+      EXPECT_EQ(dropped[r], std::vector<int>{3}) << what;
+      EXPECT_EQ(operations[r], 1u) << what;
+      ASSERT_EQ(std::memcmp(merged[r].data(), want[r].data(), kSize * sizeof(float)), 0) << what;
+      for (float v : merged[r]) ASSERT_TRUE(std::isfinite(v)) << what;
+    }
+  }
+  // Not finite: left out alike, the others' rounds finite and identical.
+  OuterSyncOptions options;
+  options.codec = codec->get();
+  auto poisoned = RunRounds(3, 3, options, /*poison_rank=*/1);
+  for (const MemberRun& member : poisoned) {
+    EXPECT_EQ(member.last_dropped, std::vector<int>{1});
+    for (float v : member.global) ASSERT_TRUE(std::isfinite(v));
+  }
+  ExpectBitIdentical(poisoned);
+}
+
 TEST(OuterSyncTest, CompressedRoundsStayBitIdentical) {
   for (CodecKind kind : {CodecKind::kInt4, CodecKind::kTopK}) {
     auto codec = MakeCodec({kind, 64, 256, 16});
