@@ -182,6 +182,18 @@ class Communicator {
   [[nodiscard]] virtual Status WeightedAllGatherDecode(std::span<const std::byte> payload,
                                                        double weight, const Codec& codec,
                                                        std::span<float> out) = 0;
+  // A sparse codec's round merge: WeightedAllGatherDecode with every
+  // member's sum of squares (of the values it encoded) beside its weight;
+  // the members `leave_out` names (nullptr: those whose sum is not finite),
+  // alike on every member, are decoded as the codec's encoding of zeros
+  // with weight 0 (the bits of a member that sent those). Returns them
+  // (ascending). Every member of one gather calls this, or every member
+  // WeightedAllGatherDecode. Here: the sums of squares and weights in a
+  // collective of their own first; implementations send them beside the
+  // payloads.
+  [[nodiscard]] virtual StatusOr<std::vector<int>> MergeAllGatherDecode(
+      std::span<const std::byte> payload, double weight, double squares, const LeaveOut* leave_out,
+      const Codec& codec, std::span<float> out);
 
   // out[r * mine.size() ...] <- member r's `mine` (all the same size).
   [[nodiscard]] virtual Status AllGather(std::span<const std::byte> mine,

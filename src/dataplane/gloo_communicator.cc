@@ -153,8 +153,19 @@ class GlooCommunicator final : public Communicator {
                                   const MergeValues& values) override;
   Status WeightedAllGatherDecode(std::span<const std::byte> payload, double weight,
                                  const Codec& codec, std::span<float> out) override {
-    return Guarded("all-gather-decode",
-                   [&]() { return WeightedAllGatherDecodeImpl(payload, weight, codec, out); });
+    return Guarded("all-gather-decode", [&]() {
+      return WeightedAllGatherDecodeImpl(payload, weight, codec, out, nullptr);
+    });
+  }
+  StatusOr<std::vector<int>> MergeAllGatherDecode(std::span<const std::byte> payload, double weight,
+                                                  double squares, const LeaveOut* leave_out,
+                                                  const Codec& codec,
+                                                  std::span<float> out) override {
+    GatherMerge merge{squares, leave_out, {}};
+    MEND_RETURN_IF_ERROR(Guarded("all-gather-decode", [&]() {
+      return WeightedAllGatherDecodeImpl(payload, weight, codec, out, &merge);
+    }));
+    return std::move(merge.left_out);
   }
   Status AllGather(std::span<const std::byte> mine, std::span<std::byte> out) override {
     return Guarded("all-gather", [&]() { return AllGatherImpl(mine, out); });
@@ -206,8 +217,16 @@ class GlooCommunicator final : public Communicator {
   // reduction (sums, codecs), in which no member may make its values.
   Status WeightedAllReduceImpl(std::span<float> data, double weight, const Codec* codec,
                                Fp32Sum sum, Made* made = nullptr);
+  // A sparse codec's merge (MergeAllGatherDecode): this member's sum of
+  // squares and whom to leave out; the members left out.
+  struct GatherMerge {
+    double squares = 0;
+    const LeaveOut* leave_out = nullptr;
+    std::vector<int> left_out;
+  };
+  // `merge`: MergeAllGatherDecode's; nullptr: nobody left out.
   Status WeightedAllGatherDecodeImpl(std::span<const std::byte> payload, double weight,
-                                     const Codec& codec, std::span<float> out);
+                                     const Codec& codec, std::span<float> out, GatherMerge* merge);
   Status AllGatherImpl(std::span<const std::byte> mine, std::span<std::byte> out);
   Status BroadcastImpl(std::span<std::byte> data, int root);
 
@@ -874,7 +893,7 @@ Status GlooCommunicator::FinishGather(Op& op, Reduction& run) {
 
 Status GlooCommunicator::WeightedAllGatherDecodeImpl(std::span<const std::byte> payload,
                                                      double weight, const Codec& codec,
-                                                     std::span<float> out) {
+                                                     std::span<float> out, GatherMerge* merge) {
   Op op;
   MEND_RETURN_IF_ERROR(Begin("all-gather-decode", &op));
   if (payload.size() != codec.EncodedBytes(out.size())) {
@@ -883,20 +902,43 @@ Status GlooCommunicator::WeightedAllGatherDecodeImpl(std::span<const std::byte> 
                     options_.round_id, payload.size(), out.size(), CodecName(codec.kind()),
                     codec.EncodedBytes(out.size())));
   }
-  std::vector<double> all_weights(options_.world_size);
+  // Each member's weight and sum of squares beside the payloads (one
+  // protocol whether or not its members leave anyone out).
+  const std::array<double, 2> mine{weight, merge != nullptr ? merge->squares : 0.0};
+  std::vector<double> gathered(mine.size() * static_cast<size_t>(options_.world_size));
   std::vector<Transfer> transfers;
-  PostGather(op, kWeights, std::as_bytes(std::span(&weight, 1)),
-             std::as_writable_bytes(std::span(all_weights)), transfers);
+  PostGather(op, kWeights, std::as_bytes(std::span(mine)),
+             std::as_writable_bytes(std::span(gathered)), transfers);
   Reserve(recv_scratch_, payload.size() * options_.world_size);
   PostGather(op, kAllGather, payload, recv_scratch_, transfers);
-  Status gathered = WaitAll(op, transfers);
-  if (!gathered.ok()) return End(op, gathered);
+  Status gathered_all = WaitAll(op, transfers);
+  if (!gathered_all.ok()) return End(op, gathered_all);
+  std::vector<double> all_weights(options_.world_size), all_squares(options_.world_size);
+  for (size_t r = 0; r < all_weights.size(); ++r) {
+    all_weights[r] = gathered[mine.size() * r];
+    all_squares[r] = gathered[mine.size() * r + 1];
+  }
+  std::vector<char> left(all_weights.size(), 0);
+  std::vector<std::byte> zeros;  // the codec's encoding of zeros
+  if (merge != nullptr) {
+    merge->left_out = LeftOut(merge->leave_out, all_squares, all_weights);
+    for (int r : merge->left_out) {
+      left[static_cast<size_t>(r)] = 1;
+      all_weights[static_cast<size_t>(r)] = 0;
+    }
+    if (!merge->left_out.empty()) {
+      zeros.resize(payload.size());
+      codec.Encode(std::vector<float>(out.size(), 0.0f), zeros);
+    }
+  }
   auto weights = NormalizeWeights(op, all_weights);
   if (!weights.ok()) return End(op, weights.status());
   std::fill(out.begin(), out.end(), 0.0f);
   for (int r = 0; r < options_.world_size; ++r) {
-    codec.DecodeAccumulate(std::span(recv_scratch_.data() + r * payload.size(), payload.size()),
-                           (*weights)[r], out);
+    const std::byte* piece = left[static_cast<size_t>(r)] != 0
+                                 ? zeros.data()
+                                 : recv_scratch_.data() + r * payload.size();
+    codec.DecodeAccumulate(std::span(piece, payload.size()), (*weights)[r], out);
   }
   return End(op, OkStatus());
 }
@@ -988,6 +1030,38 @@ StatusOr<Communicator::Merged> Communicator::MergeAllReduce(std::span<float> dat
   }
   MEND_RETURN_IF_ERROR(WeightedAllReduce(data, weight, values.codec));
   return merged;
+}
+
+// Every member's sum of squares and weight (one small collective), then the
+// gather, those left out sending the codec's zeros with weight 0.
+StatusOr<std::vector<int>> Communicator::MergeAllGatherDecode(std::span<const std::byte> payload,
+                                                              double weight, double squares,
+                                                              const LeaveOut* leave_out,
+                                                              const Codec& codec,
+                                                              std::span<float> out) {
+  const std::array<double, 2> mine{squares, weight};
+  std::vector<double> gathered(mine.size() * static_cast<size_t>(world_size()));
+  if (world_size() > 1) {
+    MEND_RETURN_IF_ERROR(
+        AllGather(std::as_bytes(std::span(mine)), std::as_writable_bytes(std::span(gathered))));
+  } else {
+    std::copy(mine.begin(), mine.end(), gathered.begin());
+  }
+  std::vector<double> all_squares(static_cast<size_t>(world_size())),
+      all_weights(all_squares.size());
+  for (size_t r = 0; r < all_squares.size(); ++r) {
+    all_squares[r] = gathered[2 * r];
+    all_weights[r] = gathered[2 * r + 1];
+  }
+  std::vector<int> left_out = LeftOut(leave_out, all_squares, all_weights);
+  if (std::binary_search(left_out.begin(), left_out.end(), rank())) {
+    std::vector<std::byte> zeros(payload.size());
+    codec.Encode(std::vector<float>(out.size(), 0.0f), zeros);
+    MEND_RETURN_IF_ERROR(WeightedAllGatherDecode(zeros, 0, codec, out));
+  } else {
+    MEND_RETURN_IF_ERROR(WeightedAllGatherDecode(payload, weight, codec, out));
+  }
+  return left_out;
 }
 
 StatusOr<double> Communicator::MadeAllReduce(std::span<float> data, double weight,

@@ -100,6 +100,12 @@ class RackAwareCommunicator final : public Communicator {
                                  const Codec& codec, std::span<float> out) override {
     return flat_->WeightedAllGatherDecode(payload, weight, codec, out);
   }
+  StatusOr<std::vector<int>> MergeAllGatherDecode(std::span<const std::byte> payload, double weight,
+                                                  double squares, const LeaveOut* leave_out,
+                                                  const Codec& codec,
+                                                  std::span<float> out) override {
+    return flat_->MergeAllGatherDecode(payload, weight, squares, leave_out, codec, out);
+  }
   // The same three steps: the rack's pieces, the racks' blocks (padded to
   // the widest rack) between the representatives, all of it in the rack;
   // then into flat rank order.

@@ -13,13 +13,6 @@
 namespace mend {
 namespace {
 
-// What each member tells the others before the merge.
-struct MemberReport {
-  double norm = 0;  // ||delta_i||, NaN when any value is not finite
-  double weight = 0;
-  double abstains = 0;  // 1: takes part with weight 0 (OuterSyncOptions::contributes)
-};
-
 double Norm(std::span<const float> values) {
   double sum = 0;
   for (float v : values) sum += static_cast<double>(v) * v;
@@ -34,7 +27,36 @@ double Median(std::vector<double> values) {
 
 void WarnDroppedMe() {
   spdlog::warn(
-      "robust merge: this member's pseudo-gradient is not finite; it is left out of this round");
+      "robust merge: this member's pseudo-gradient is left out of this round (not finite, or its "
+      "norm an outlier among the members')");
+}
+
+// The robust rule as a merge's LeaveOut: over the contributing members
+// (weight > 0) only; their norms into `norms` (for the warning).
+Communicator::LeaveOut RobustRule(const OuterSyncOptions& options, std::vector<double>& norms) {
+  return [&options, &norms](std::span<const double> squares, std::span<const double> weights) {
+    std::vector<int> contributing, left;
+    norms.clear();
+    for (size_t r = 0; r < squares.size(); ++r) {
+      if (!(weights[r] > 0)) continue;
+      norms.push_back(std::sqrt(squares[r]));
+      contributing.push_back(static_cast<int>(r));
+    }
+    for (int i : RobustDrops(norms, options.robust_zscore))
+      left.push_back(contributing[static_cast<size_t>(i)]);
+    return left;
+  };
+}
+
+// Says whom the merge left out.
+void WarnLeftOut(const Communicator& comm, const std::vector<int>& dropped,
+                 const std::vector<double>& norms) {
+  if (std::find(dropped.begin(), dropped.end(), comm.rank()) != dropped.end()) {
+    WarnDroppedMe();
+  } else if (!dropped.empty()) {
+    spdlog::warn("robust merge: member(s) {} left out of this round (norms {})",
+                 fmt::join(dropped, ", "), fmt::join(norms, ", "));
+  }
 }
 
 }  // namespace
@@ -109,21 +131,8 @@ StatusOr<RoundResult> Merge(Communicator& comm, std::span<float> delta, double t
     const double given = norm ? *norm : Norm(delta);
     values.squares = given * given;
   }
-  // The rule looks at the contributing members (weight > 0) only.
   std::vector<double> norms;
-  const Communicator::LeaveOut robust = [&](std::span<const double> squares,
-                                            std::span<const double> weights) {
-    std::vector<int> contributing, left;
-    norms.clear();
-    for (size_t r = 0; r < squares.size(); ++r) {
-      if (!(weights[r] > 0)) continue;
-      norms.push_back(std::sqrt(squares[r]));
-      contributing.push_back(static_cast<int>(r));
-    }
-    for (int i : RobustDrops(norms, options.robust_zscore))
-      left.push_back(contributing[static_cast<size_t>(i)]);
-    return left;
-  };
+  const Communicator::LeaveOut robust = RobustRule(options, norms);
   values.leave_out = &robust;
   values.codec = codec;
   const double weight = options.contributes ? (options.token_weighted ? tokens : 1.0) : 0.0;
@@ -131,13 +140,54 @@ StatusOr<RoundResult> Merge(Communicator& comm, std::span<float> delta, double t
   MEND_ASSIGN_OR_RETURN(Communicator::Merged merged, comm.MergeAllReduce(delta, weight, values));
   result.bytes_sent = comm.stats().bytes_sent - sent_before;
   result.dropped = std::move(merged.left_out);
+  WarnLeftOut(comm, result.dropped, norms);
+  return result;
+}
+
+// A sparse codec among three or more: one collective too
+// (Communicator::MergeAllGatherDecode), each member's payload encoded with
+// its error feedback before the gather and its norm beside it; a member the
+// rule leaves out is decoded as zeros with weight 0 on every member, and
+// keeps its residual as it was (the round did not take its values).
+StatusOr<RoundResult> MergeSparse(Communicator& comm, std::span<const float> residual,
+                                  std::span<float> delta, double tokens,
+                                  const OuterSyncOptions& options, std::optional<double> norm,
+                                  const Communicator::MakeValues* make) {
+  const size_t n = delta.size();
+  const Codec& codec = *options.codec;
+  RoundResult result;
+  result.average = options.warmup;
+  double squares = 0;
+  if (options.contributes) {
+    if (make != nullptr) norm = std::sqrt((*make)(0, n));
+    const double given = norm ? *norm : Norm(delta);
+    squares = given * given;
+  } else {
+    std::fill(delta.begin(), delta.end(), 0.0f);
+  }
+  result.residual.assign(residual.begin(), residual.end());
+  result.residual.resize(n, 0.0f);
+  std::vector<std::byte> payload(codec.EncodedBytes(n));
+  if (options.contributes) {
+    std::vector<float> decoded(n);
+    EncodeWithErrorFeedback(codec, options.error_feedback_beta, result.residual, delta, payload,
+                            decoded);
+  } else {
+    codec.Encode(delta, payload);  // zeros
+  }
+  std::vector<double> norms;
+  const Communicator::LeaveOut robust = RobustRule(options, norms);
+  const double weight = options.contributes ? (options.token_weighted ? tokens : 1.0) : 0.0;
+  const uint64_t sent_before = comm.stats().bytes_sent;
+  MEND_ASSIGN_OR_RETURN(result.dropped,
+                        comm.MergeAllGatherDecode(payload, weight, squares, &robust, codec, delta));
+  result.bytes_sent = comm.stats().bytes_sent - sent_before;
   if (std::find(result.dropped.begin(), result.dropped.end(), comm.rank()) !=
       result.dropped.end()) {
-    WarnDroppedMe();
-  } else if (!result.dropped.empty()) {
-    spdlog::warn("robust merge: member(s) {} left out of this round (norms {})",
-                 fmt::join(result.dropped, ", "), fmt::join(norms, ", "));
+    result.residual.assign(residual.begin(), residual.end());
+    result.residual.resize(n, 0.0f);
   }
+  WarnLeftOut(comm, result.dropped, norms);
   return result;
 }
 
@@ -153,64 +203,33 @@ StatusOr<RoundResult> OuterRound::Exchange(Communicator& comm, const FragmentSta
     return InvalidArgumentError(
         fmt::format("pseudo-gradient of {} values for a fragment of {}", delta.size(), n));
   }
-  // fp32, and a dense codec among three or more (where the robust rule
-  // needs every member's norm): the norms beside the merge's first pieces.
-  // A dense codec between two, and a sparse one: below (with three or more,
-  // a sparse codec's members gather their norms in a collective first).
+  // Among three or more (where the robust rule needs every member's norm),
+  // each member's norm travels beside its weight in the merge: fp32 and a
+  // dense codec through MergeAllReduce, a sparse one through
+  // MergeAllGatherDecode; fp32 between two as well (both members then leave
+  // out a pseudo-gradient that is not finite).
   if (options.codec == nullptr || options.codec->kind() == CodecKind::kFp32 ||
       (options.codec->dense() && comm.world_size() >= 3)) {
     return Merge(comm, delta, tokens, options, norm, make);
   }
+  if (comm.world_size() >= 3)
+    return MergeSparse(comm, state.residual(), delta, tokens, options, norm, make);
+  // A codec between two: the rule drops only a pseudo-gradient that is not
+  // finite, which its own member can tell: it goes silent (zeros with
+  // weight 0: 0 x NaN would still be NaN).
   if (make != nullptr && options.contributes) norm = std::sqrt((*make)(0, n));
-  // 1. Everyone's norm and weight, so that every member drops the same ones.
-  // The robust rule needs three contributing members; with fewer it drops
-  // only a pseudo-gradient that is not finite, which its own member can tell,
-  // so the reports (one collective, a link latency) are skipped: the member
-  // goes silent, and the weights that travel with the merge leave it out.
-  MemberReport mine{options.contributes ? (norm ? *norm : Norm(delta)) : 0.0,
-                    options.token_weighted ? tokens : 1.0, options.contributes ? 0.0 : 1.0};
   RoundResult result;
   result.average = options.warmup;
-  bool dropped_me = false;
-  if (comm.world_size() < 3) {
-    dropped_me = options.contributes && !std::isfinite(mine.norm);
-    if (dropped_me) {
-      result.dropped.push_back(comm.rank());
-      WarnDroppedMe();
-    }
-  } else {
-    std::vector<MemberReport> reports(comm.world_size());
-    MEND_RETURN_IF_ERROR(comm.AllGather(std::as_bytes(std::span(&mine, 1)),
-                                        std::as_writable_bytes(std::span(reports))));
-    // The robust rule looks at the contributing members only.
-    std::vector<double> norms;
-    std::vector<int> contributing;
-    for (size_t r = 0; r < reports.size(); ++r) {
-      if (reports[r].abstains != 0) continue;
-      norms.push_back(reports[r].norm);
-      contributing.push_back(static_cast<int>(r));
-    }
-    for (int i : RobustDrops(norms, options.robust_zscore))
-      result.dropped.push_back(contributing[static_cast<size_t>(i)]);
-    if (contributing.empty())
-      return AbortedError("no member of the round had a pseudo-gradient to merge");
-    if (result.dropped.size() == contributing.size()) {
-      return AbortedError("every member's pseudo-gradient was dropped by the robust merge");
-    }
-    dropped_me = std::find(result.dropped.begin(), result.dropped.end(), comm.rank()) !=
-                 result.dropped.end();
-    if (!result.dropped.empty()) {
-      spdlog::warn("robust merge: member(s) {} left out of this round (norms {})",
-                   fmt::join(result.dropped, ", "), fmt::join(norms, ", "));
-    }
+  const bool dropped_me = options.contributes && !std::isfinite(norm ? *norm : Norm(delta));
+  if (dropped_me) {
+    result.dropped.push_back(comm.rank());
+    WarnDroppedMe();
   }
-  // A dropped or abstaining member sends zeros with weight 0 (0 x NaN would
-  // still be NaN).
   const bool silent = dropped_me || !options.contributes;
-  const double weight = silent ? 0.0 : mine.weight;
+  const double weight = silent ? 0.0 : (options.token_weighted ? tokens : 1.0);
   if (silent) std::fill(delta.begin(), delta.end(), 0.0f);
 
-  // 2. The merge, through the codec.
+  // The merge, through the codec.
   const uint64_t sent_before = comm.stats().bytes_sent;
   const Codec* codec = options.codec;
   if (codec != nullptr && !codec->dense()) {

@@ -355,6 +355,60 @@ TEST(OuterSyncTest, ADenseCodecsRoundLeavesAnOutlierOutInOneCollective) {
   ExpectBitIdentical(poisoned);
 }
 
+TEST(OuterSyncTest, ASparseCodecsRoundLeavesAnOutlierOutInOneCollective) {
+  // The same through top-k among four: each member's norm beside its
+  // payload, member 3 left out on every member with the bits of a round it
+  // sat out, and its error feedback as it was before the round (the round
+  // did not take its values); the others' residuals as in that round.
+  constexpr int kMembers = 4;
+  auto codec = MakeCodec({CodecKind::kTopK, 64, 256, 16});
+  ASSERT_TRUE(codec.ok());
+  auto run = [&](bool sits_out) {
+    std::vector<std::vector<float>> merged(kMembers), residual(kMembers);
+    std::vector<std::vector<int>> dropped(kMembers);
+    std::vector<uint64_t> operations(kMembers);
+    RunMembers(kMembers, [&](int rank, Communicator& comm) {
+      FragmentState state(std::vector<float>(kSize, 0.0f));
+      state.AssignResidual(testing_util::NormalValues(90 + rank, kSize));
+      OuterSyncOptions options;
+      options.codec = codec->get();
+      options.contributes = !(sits_out && rank == 3);
+      std::vector<float> delta = testing_util::NormalValues(80 + rank, kSize);
+      if (rank == 3)
+        for (float& v : delta) v *= 1000.0f;
+      auto result = OuterRound::Exchange(comm, state, delta, Tokens(rank), options);
+      ASSERT_TRUE(result.ok()) << result.status();
+      merged[rank] = delta;
+      dropped[rank] = result->dropped;
+      residual[rank] = result->residual;
+      operations[rank] = comm.stats().operations;
+    });
+    return std::make_tuple(merged, dropped, residual, operations);
+  };
+  const auto [want, none, want_residual, sat_out_ops] = run(/*sits_out=*/true);
+  const auto [merged, dropped, residual, operations] = run(/*sits_out=*/false);
+  for (int r = 0; r < kMembers; ++r) {
+    EXPECT_TRUE(none[r].empty()) << r;
+    EXPECT_EQ(sat_out_ops[r], 1u) << r;
+    EXPECT_EQ(dropped[r], std::vector<int>{3}) << r;
+    EXPECT_EQ(operations[r], 1u) << r;
+    ASSERT_EQ(std::memcmp(merged[r].data(), want[r].data(), kSize * sizeof(float)), 0) << r;
+    EXPECT_EQ(residual[r], want_residual[r]) << r;
+  }
+  EXPECT_EQ(residual[3], testing_util::NormalValues(93, kSize));  // as before the round
+  EXPECT_NE(residual[0], testing_util::NormalValues(90, kSize));  // fed back
+  // Not finite: left out alike, every member's rounds finite and identical.
+  OuterSyncOptions options;
+  options.codec = codec->get();
+  options.outer = {1.0f, 0.0f};
+  auto poisoned = RunRounds(3, 3, options, /*poison_rank=*/1);
+  for (const MemberRun& member : poisoned) {
+    EXPECT_EQ(member.last_dropped, std::vector<int>{1});
+    for (float v : member.global) ASSERT_TRUE(std::isfinite(v));
+  }
+  ExpectBitIdentical(poisoned);
+}
+
 TEST(OuterSyncTest, CompressedRoundsStayBitIdentical) {
   for (CodecKind kind : {CodecKind::kInt4, CodecKind::kTopK}) {
     auto codec = MakeCodec({kind, 64, 256, 16});
