@@ -1000,6 +1000,31 @@ CommunicatorOptions CommunicatorOptionsFrom(const Config& config) {
   return options;
 }
 
+namespace {
+
+// Every member's sum of squares and weight (one small collective): the
+// members `leave_out` names (LeftOut), alike on every member.
+StatusOr<std::vector<int>> GatherLeftOut(Communicator& comm, double squares, double weight,
+                                         const Communicator::LeaveOut* leave_out) {
+  const std::array<double, 2> mine{squares, weight};
+  std::vector<double> gathered(mine.size() * static_cast<size_t>(comm.world_size()));
+  if (comm.world_size() > 1) {
+    MEND_RETURN_IF_ERROR(comm.AllGather(std::as_bytes(std::span(mine)),
+                                        std::as_writable_bytes(std::span(gathered))));
+  } else {
+    std::copy(mine.begin(), mine.end(), gathered.begin());
+  }
+  std::vector<double> all_squares(static_cast<size_t>(comm.world_size())),
+      all_weights(all_squares.size());
+  for (size_t r = 0; r < all_squares.size(); ++r) {
+    all_squares[r] = gathered[2 * r];
+    all_weights[r] = gathered[2 * r + 1];
+  }
+  return LeftOut(leave_out, all_squares, all_weights);
+}
+
+}  // namespace
+
 // Made first, then every member's sum of squares and weight (one small
 // collective), then the merge, those left out with zeros and weight 0.
 StatusOr<Communicator::Merged> Communicator::MergeAllReduce(std::span<float> data, double weight,
@@ -1010,20 +1035,8 @@ StatusOr<Communicator::Merged> Communicator::MergeAllReduce(std::span<float> dat
   }
   Merged merged;
   merged.squares = values.make != nullptr ? (*values.make)(0, data.size()) : values.squares;
-  const std::array<double, 2> mine{merged.squares, weight};
-  std::vector<double> gathered(mine.size() * static_cast<size_t>(world_size()));
-  if (world_size() > 1) {
-    MEND_RETURN_IF_ERROR(
-        AllGather(std::as_bytes(std::span(mine)), std::as_writable_bytes(std::span(gathered))));
-  } else {
-    std::copy(mine.begin(), mine.end(), gathered.begin());
-  }
-  std::vector<double> squares(static_cast<size_t>(world_size())), weights(squares.size());
-  for (size_t r = 0; r < squares.size(); ++r) {
-    squares[r] = gathered[2 * r];
-    weights[r] = gathered[2 * r + 1];
-  }
-  merged.left_out = LeftOut(values.leave_out, squares, weights);
+  MEND_ASSIGN_OR_RETURN(merged.left_out,
+                        GatherLeftOut(*this, merged.squares, weight, values.leave_out));
   if (std::binary_search(merged.left_out.begin(), merged.left_out.end(), rank())) {
     std::fill(data.begin(), data.end(), 0.0f);
     weight = 0;
@@ -1039,21 +1052,8 @@ StatusOr<std::vector<int>> Communicator::MergeAllGatherDecode(std::span<const st
                                                               const LeaveOut* leave_out,
                                                               const Codec& codec,
                                                               std::span<float> out) {
-  const std::array<double, 2> mine{squares, weight};
-  std::vector<double> gathered(mine.size() * static_cast<size_t>(world_size()));
-  if (world_size() > 1) {
-    MEND_RETURN_IF_ERROR(
-        AllGather(std::as_bytes(std::span(mine)), std::as_writable_bytes(std::span(gathered))));
-  } else {
-    std::copy(mine.begin(), mine.end(), gathered.begin());
-  }
-  std::vector<double> all_squares(static_cast<size_t>(world_size())),
-      all_weights(all_squares.size());
-  for (size_t r = 0; r < all_squares.size(); ++r) {
-    all_squares[r] = gathered[2 * r];
-    all_weights[r] = gathered[2 * r + 1];
-  }
-  std::vector<int> left_out = LeftOut(leave_out, all_squares, all_weights);
+  MEND_ASSIGN_OR_RETURN(std::vector<int> left_out,
+                        GatherLeftOut(*this, squares, weight, leave_out));
   if (std::binary_search(left_out.begin(), left_out.end(), rank())) {
     std::vector<std::byte> zeros(payload.size());
     codec.Encode(std::vector<float>(out.size(), 0.0f), zeros);

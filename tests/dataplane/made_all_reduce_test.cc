@@ -376,5 +376,95 @@ TEST(MadeAllReduceTest, TheRackAwareMergeMakesTheValuesFirstWithTheSameBits) {
   for (int r = 0; r < 4; ++r) ExpectSameBits(got[r], want[r], "member " + std::to_string(r));
 }
 
+// Forwards every operation to `flat` but the merges, which are then the
+// base class's: the sums of squares in a collective of their own first.
+class NormsApart final : public Communicator {
+ public:
+  explicit NormsApart(Communicator& flat) : flat_(flat) {}
+  Status WeightedAllReduce(std::span<float> data, double weight, const Codec* codec) override {
+    return flat_.WeightedAllReduce(data, weight, codec);
+  }
+  Status WeightedAllGatherDecode(std::span<const std::byte> payload, double weight,
+                                 const Codec& codec, std::span<float> out) override {
+    return flat_.WeightedAllGatherDecode(payload, weight, codec, out);
+  }
+  Status AllGather(std::span<const std::byte> mine, std::span<std::byte> out) override {
+    return flat_.AllGather(mine, out);
+  }
+  Status Broadcast(std::span<std::byte> data, int root) override {
+    return flat_.Broadcast(data, root);
+  }
+  void Abort(const std::string& reason) override { flat_.Abort(reason); }
+  int rank() const override { return flat_.rank(); }
+  int world_size() const override { return flat_.world_size(); }
+  bool broken() const override { return flat_.broken(); }
+  CommunicatorStats stats() const override { return flat_.stats(); }
+
+ private:
+  Communicator& flat_;
+};
+
+TEST(MadeAllReduceTest, ACodecsMergeLeavesOutAlikeWithTheNormsBesideThePiecesOrApart) {
+  // Four members, member 3's values 1000x the others': through int8
+  // (MergeAllReduce) and top-k (MergeAllGatherDecode), the rule leaves
+  // member 3 out on every member with the same bits whether the norms
+  // travel beside the pieces (Gloo's: one collective) or in a collective
+  // of their own first (the base class's: two).
+  constexpr size_t kValues = 5000;
+  const Communicator::LeaveOut outlier = [](std::span<const double> squares,
+                                            std::span<const double>) {
+    return squares[3] > 100 * squares[0] ? std::vector<int>{3} : std::vector<int>{};
+  };
+  for (CodecKind kind : {CodecKind::kInt8, CodecKind::kTopK}) {
+    auto codec = MakeCodec({kind, 64, 256, 16});
+    ASSERT_TRUE(codec.ok());
+    auto run = [&](bool apart) {
+      std::vector<std::vector<float>> results(4);
+      std::vector<std::vector<int>> left(4);
+      std::vector<uint64_t> operations(4);
+      RunMembers(4, [&](int rank, Communicator& flat) {
+        NormsApart wrapped(flat);
+        Communicator& comm = apart ? static_cast<Communicator&>(wrapped) : flat;
+        std::vector<float> data = MemberData(rank, kValues);
+        if (rank == 3)
+          for (float& v : data) v *= 1000.0f;
+        double squares = 0;
+        for (float v : data) squares += static_cast<double>(v) * v;
+        if ((*codec)->dense()) {
+          Communicator::MergeValues values;
+          values.squares = squares;
+          values.leave_out = &outlier;
+          values.codec = codec->get();
+          auto merged = comm.MergeAllReduce(data, MemberWeight(rank), values);
+          ASSERT_TRUE(merged.ok()) << merged.status();
+          left[rank] = merged->left_out;
+        } else {
+          std::vector<std::byte> payload((*codec)->EncodedBytes(kValues));
+          (*codec)->Encode(data, payload);
+          auto left_out = comm.MergeAllGatherDecode(payload, MemberWeight(rank), squares, &outlier,
+                                                    **codec, data);
+          ASSERT_TRUE(left_out.ok()) << left_out.status();
+          left[rank] = *left_out;
+        }
+        results[rank] = std::move(data);
+        operations[rank] = flat.stats().operations;
+      });
+      return std::make_tuple(results, left, operations);
+    };
+    const auto [beside, beside_left, beside_ops] = run(false);
+    const auto [apart, apart_left, apart_ops] = run(true);
+    for (int r = 0; r < 4; ++r) {
+      const std::string what = fmt::format("{}, member {}", CodecName(kind), r);
+      EXPECT_EQ(beside_left[r], std::vector<int>{3}) << what;
+      EXPECT_EQ(apart_left[r], std::vector<int>{3}) << what;
+      EXPECT_EQ(beside_ops[r], 1u) << what;
+      EXPECT_EQ(apart_ops[r], 2u) << what;
+      ExpectSameBits(beside[r], apart[r], what);
+      ExpectSameBits(beside[r], beside[0], what);
+      for (float v : beside[r]) ASSERT_LT(std::fabs(v), 100.0f) << what;  // member 3's not in it
+    }
+  }
+}
+
 }  // namespace
 }  // namespace mend
