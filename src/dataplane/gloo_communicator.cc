@@ -470,7 +470,8 @@ StatusOr<std::vector<float>> GlooCommunicator::NormalizeWeights(
   }
   if (!(total > 0)) {
     return InvalidArgumentError(
-        fmt::format("round {}: {}: the members' weights sum to 0; nothing to average",
+        fmt::format("round {}: {}: the members' weights sum to 0 (those left out of a merge count "
+                    "0); nothing to average",
                     options_.round_id, op.name));
   }
   std::vector<float> normalized(options_.world_size);

@@ -130,6 +130,10 @@ StatusOr<RoundResult> Merge(Communicator& comm, std::span<float> delta, double t
   } else {
     const double given = norm ? *norm : Norm(delta);
     values.squares = given * given;
+    // Not finite: every member leaves it out, and a codec's encoding of
+    // values not finite is undefined (a float NaN to an integer): zeros go.
+    if (codec != nullptr && !std::isfinite(values.squares))
+      std::fill(delta.begin(), delta.end(), 0.0f);
   }
   std::vector<double> norms;
   const Communicator::LeaveOut robust = RobustRule(options, norms);
@@ -168,7 +172,12 @@ StatusOr<RoundResult> MergeSparse(Communicator& comm, std::span<const float> res
   result.residual.assign(residual.begin(), residual.end());
   result.residual.resize(n, 0.0f);
   std::vector<std::byte> payload(codec.EncodedBytes(n));
-  if (options.contributes) {
+  if (!std::isfinite(squares)) {
+    // Every member leaves it out (RobustDrops); its zeros are encoded
+    // instead of values a codec cannot encode.
+    std::fill(delta.begin(), delta.end(), 0.0f);
+    codec.Encode(delta, payload);
+  } else if (options.contributes) {
     std::vector<float> decoded(n);
     EncodeWithErrorFeedback(codec, options.error_feedback_beta, result.residual, delta, payload,
                             decoded);
