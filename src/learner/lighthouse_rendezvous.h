@@ -5,8 +5,10 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <functional>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "mend/clock.h"
@@ -25,17 +27,32 @@ class LighthouseRendezvousStore final : public RendezvousStore {
   // of its waiting out its timeout. `abort_key` (optional) is looked up at the
   // same times: the lighthouse sets it (to the reason) when a member of the
   // round died or restarted after the round closed, and the Get ends with
-  // ABORTED and that reason.
+  // ABORTED and that reason. A Set that finds the lighthouse unreachable
+  // (UNAVAILABLE: its channel reconnecting after a restart or a stall, which
+  // fails calls at once while it backs off) is tried again, at most every
+  // kCheckEvery, for up to `set_retry` (the round's timeout: the others wait
+  // that long for this member's keys) while `check` and the abort key allow.
   LighthouseRendezvousStore(LighthouseClient& client, const Clock& clock,
-                            std::function<Status()> check = nullptr, std::string abort_key = "")
+                            std::function<Status()> check = nullptr, std::string abort_key = "",
+                            Micros set_retry = 0)
       : client_(client),
         clock_(clock),
         check_(std::move(check)),
-        abort_key_(std::move(abort_key)) {}
+        abort_key_(std::move(abort_key)),
+        set_retry_(set_retry) {}
   static constexpr Micros kCheckEvery = 250 * kMicrosPerMilli;
 
   Status Set(const std::string& key, const std::string& value) override {
-    return client_.StoreSet(key, value);
+    const Micros deadline = clock_.NowMicros() + set_retry_;
+    Micros pause = 10 * kMicrosPerMilli;
+    while (true) {
+      Status status = client_.StoreSet(key, value);
+      const Micros left = deadline - clock_.NowMicros();
+      if (status.code() != absl::StatusCode::kUnavailable || left <= 0) return status;
+      MEND_RETURN_IF_ERROR(StillOn());
+      std::this_thread::sleep_for(std::chrono::microseconds(std::min(pause, left)));
+      pause = std::min(2 * pause, kCheckEvery);
+    }
   }
   Status Delete(const std::string& key, bool prefix) override {
     return client_.StoreDelete(key, prefix).status();
@@ -48,11 +65,7 @@ class LighthouseRendezvousStore final : public RendezvousStore {
       StatusOr<std::string> value =
           client_.StoreGet(key, std::max<Micros>(1, std::min(left, kCheckEvery)));
       if (value.ok() || left <= kCheckEvery) return value;
-      if (check_) MEND_RETURN_IF_ERROR(check_());
-      if (!abort_key_.empty()) {
-        StatusOr<std::string> why = client_.StoreGet(abort_key_, 1);
-        if (why.ok()) return AbortedError("rendezvous: the round was called off: " + *why);
-      }
+      MEND_RETURN_IF_ERROR(StillOn());
       if (value.status().code() != absl::StatusCode::kDeadlineExceeded &&
           value.status().code() != absl::StatusCode::kUnavailable) {
         return value;
@@ -61,10 +74,22 @@ class LighthouseRendezvousStore final : public RendezvousStore {
   }
 
  private:
+  // OK while the round may still rendezvous: `check` says so and the
+  // lighthouse has not called the round off.
+  Status StillOn() {
+    if (check_) MEND_RETURN_IF_ERROR(check_());
+    if (!abort_key_.empty()) {
+      StatusOr<std::string> why = client_.StoreGet(abort_key_, 1);
+      if (why.ok()) return AbortedError("rendezvous: the round was called off: " + *why);
+    }
+    return OkStatus();
+  }
+
   LighthouseClient& client_;
   const Clock& clock_;
   std::function<Status()> check_;
   std::string abort_key_;
+  Micros set_retry_;
 };
 
 // The options of a round's communicator: the configuration's part

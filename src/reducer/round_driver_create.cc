@@ -31,7 +31,10 @@ StatusOr<std::unique_ptr<RoundDriver>> RoundDriver::Create(
   auto driver = std::make_unique<RoundDriverImpl>(config, clock, agent.id(), schedule,
                                                   std::move(codec), std::move(policy),
                                                   std::move(parameters), std::move(moments));
-  if (!services) services = LighthouseRoundServices(agent, clock);
+  if (!services) {
+    services =
+        LighthouseRoundServices(agent, clock, config.collective_timeout_ms * kMicrosPerMilli);
+  }
   MEND_RETURN_IF_ERROR(driver->Init(start_step, std::move(services)));
   return std::unique_ptr<RoundDriver>(std::move(driver));
 }

@@ -15,7 +15,8 @@ namespace {
 
 class LighthouseServices final : public RoundServices {
  public:
-  LighthouseServices(LearnerAgent& agent, const Clock& clock) : agent_(agent), clock_(clock) {
+  LighthouseServices(LearnerAgent& agent, const Clock& clock, Micros rendezvous_timeout)
+      : agent_(agent), clock_(clock), rendezvous_timeout_(rendezvous_timeout) {
     MutexLock lock(mu_);
     watches_.push_back({nullptr, std::make_unique<AbortWatch>(agent.client())});
   }
@@ -46,7 +47,7 @@ class LighthouseServices final : public RoundServices {
           }
           return OkStatus();
         },
-        round.rendezvous_prefix + kRoundAbortKey);
+        round.rendezvous_prefix + kRoundAbortKey, rendezvous_timeout_);
   }
 
   StatusOr<std::unique_ptr<Communicator>> Connect(RendezvousStore& store,
@@ -104,6 +105,7 @@ class LighthouseServices final : public RoundServices {
 
   LearnerAgent& agent_;
   const Clock& clock_;
+  const Micros rendezvous_timeout_;
   std::atomic<bool> interrupted_{false};  // Interrupt(): for good
   Mutex mu_;
   std::deque<Watching> watches_ ABSL_GUARDED_BY(mu_);
@@ -111,8 +113,9 @@ class LighthouseServices final : public RoundServices {
 
 }  // namespace
 
-std::unique_ptr<RoundServices> LighthouseRoundServices(LearnerAgent& agent, const Clock& clock) {
-  return std::make_unique<LighthouseServices>(agent, clock);
+std::unique_ptr<RoundServices> LighthouseRoundServices(LearnerAgent& agent, const Clock& clock,
+                                                       Micros rendezvous_timeout) {
+  return std::make_unique<LighthouseServices>(agent, clock, rendezvous_timeout);
 }
 
 }  // namespace mend::reducer

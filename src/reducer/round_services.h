@@ -81,6 +81,9 @@ class RoundServices {
 
 // Over the learner's agent (its client for the store and the abort watch's
 // own thread). `agent` and `clock` are not owned and must outlive it.
-std::unique_ptr<RoundServices> LighthouseRoundServices(LearnerAgent& agent, const Clock& clock);
+// `rendezvous_timeout` (collective_timeout_ms): how long a round's store
+// write is tried again while the lighthouse is unreachable.
+std::unique_ptr<RoundServices> LighthouseRoundServices(LearnerAgent& agent, const Clock& clock,
+                                                       Micros rendezvous_timeout);
 
 }  // namespace mend::reducer

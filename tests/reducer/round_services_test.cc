@@ -30,7 +30,8 @@ TEST(LighthouseRoundServicesTest, CallingTheRoundsOffEndsAWaitInTheRoundsStore) 
   config.lighthouse = (*server)->grpc_address();
   auto agent = LearnerAgent::Start(config, kToken, {"learner-0", "", "", ""}, *RealClock());
   ASSERT_TRUE(agent.ok()) << agent.status();
-  std::unique_ptr<RoundServices> services = LighthouseRoundServices(**agent, *RealClock());
+  std::unique_ptr<RoundServices> services =
+      LighthouseRoundServices(**agent, *RealClock(), 10 * kMicrosPerSecond);
 
   QuorumResult round;
   round.round_id = 1;

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/free_ports.h"
 #include "learner/lighthouse_rendezvous.h"
 #include "mend/clock.h"
 #include "mend/config.h"
@@ -119,6 +120,57 @@ TEST(RendezvousStoreTest, AWaitEndsAtItsChecksStatusOrItsRoundsAbortKey) {
   EXPECT_NE(std::string(aborted.status().message()).find("learner 'b' declared dead"),
             std::string::npos)
       << aborted.status();
+}
+
+// A round's store write that finds the lighthouse unreachable (its
+// channel failing calls at once while it reconnects) is tried again within
+// its retry time, so that a brief outage does not leave the round's other
+// members waiting out their timeout for keys that never come; a write
+// still refused when the check says the round is over ends with that.
+TEST(RendezvousStoreTest, AWriteIsTriedAgainWhileTheLighthouseIsUnreachable) {
+  auto port = FreeLoopbackPorts(1);
+  ASSERT_TRUE(port.ok()) << port.status();
+  const std::string address = "127.0.0.1:" + std::to_string((*port)[0]);
+  auto client = LighthouseClient::Connect({address, kToken, "", kMicrosPerSecond * 5});
+  ASSERT_TRUE(client.ok()) << client.status();
+  // Nothing listens yet: the first write fails, and the check (asked after
+  // each failed write) starts the server on that address.
+  std::unique_ptr<StoreServer> server;
+  int checks = 0;
+  LighthouseRendezvousStore store(
+      **client, *RealClock(),
+      [&]() -> Status {
+        if (++checks == 1) {
+          auto started = StoreServer::Start(address, kToken, KvStoreLimits{}, *RealClock());
+          if (!started.ok()) return started.status();
+          server = std::move(*started);
+        }
+        return OkStatus();
+      },
+      "", 600 * kMicrosPerSecond);
+  ASSERT_TRUE(store.Set("round/1/k", "v").ok());
+  EXPECT_GE(checks, 1);
+  ASSERT_NE(server, nullptr);
+  auto value = (*client)->StoreGet("round/1/k", 0);
+  ASSERT_TRUE(value.ok()) << value.status();
+  EXPECT_EQ(*value, "v");
+
+  // Unreachable for good: the check ends the retries with its status.
+  server.reset();
+  int refusals = 0;
+  LighthouseRendezvousStore ended(
+      **client, *RealClock(),
+      [&]() -> Status {
+        if (++refusals < 3) return OkStatus();
+        return AbortedError("rendezvous: the learner's rounds were called off");
+      },
+      "", 600 * kMicrosPerSecond);
+  Status refused = ended.Set("round/1/k2", "v");
+  EXPECT_EQ(refused.code(), StatusCode::kAborted) << refused;
+  EXPECT_EQ(refusals, 3);
+  // Without a retry time, the refusal at once.
+  LighthouseRendezvousStore once(**client, *RealClock());
+  EXPECT_EQ(once.Set("round/1/k3", "v").code(), StatusCode::kUnavailable);
 }
 
 TEST(StoreServerTest, AnAddressInUseIsRefusedNamingTheKey) {
