@@ -128,6 +128,14 @@ TEST(RendezvousStoreTest, AWaitEndsAtItsChecksStatusOrItsRoundsAbortKey) {
 // members waiting out their timeout for keys that never come; a write
 // still refused when the check says the round is over ends with that.
 TEST(RendezvousStoreTest, AWriteIsTriedAgainWhileTheLighthouseIsUnreachable) {
+#if defined(__SANITIZE_THREAD__)
+  // A client channel that reconnects to a server started after it failed
+  // frees, on one of gRPC's threads, an object whose string another of its
+  // threads copied: an order inside Debian's uninstrumented gRPC that TSan
+  // cannot see, reported in libstdc++ code inlined into this binary (so
+  // tests/sanitizers/tsan.supp's called_from_lib does not cover it).
+  GTEST_SKIP() << "gRPC's reconnect, ordered where TSan cannot see";
+#endif
   auto port = FreeLoopbackPorts(1);
   ASSERT_TRUE(port.ok()) << port.status();
   const std::string address = "127.0.0.1:" + std::to_string((*port)[0]);
