@@ -31,7 +31,8 @@ class LighthouseRendezvousStore final : public RendezvousStore {
   // (UNAVAILABLE: its channel reconnecting after a restart or a stall, which
   // fails calls at once while it backs off) is tried again, at most every
   // kCheckEvery, for up to `set_retry` (the round's timeout: the others wait
-  // that long for this member's keys) while `check` and the abort key allow.
+  // that long for this member's keys) while `check` and the abort key allow;
+  // a watched Get so refused asks again after the same pauses.
   LighthouseRendezvousStore(LighthouseClient& client, const Clock& clock,
                             std::function<Status()> check = nullptr, std::string abort_key = "",
                             Micros set_retry = 0)
@@ -41,10 +42,13 @@ class LighthouseRendezvousStore final : public RendezvousStore {
         abort_key_(std::move(abort_key)),
         set_retry_(set_retry) {}
   static constexpr Micros kCheckEvery = 250 * kMicrosPerMilli;
+  // The first pause after the lighthouse refused a call (UNAVAILABLE); each
+  // next one twice as long, up to kCheckEvery.
+  static constexpr Micros kFirstPause = 10 * kMicrosPerMilli;
 
   Status Set(const std::string& key, const std::string& value) override {
     const Micros deadline = clock_.NowMicros() + set_retry_;
-    Micros pause = 10 * kMicrosPerMilli;
+    Micros pause = kFirstPause;
     while (true) {
       Status status = client_.StoreSet(key, value);
       const Micros left = deadline - clock_.NowMicros();
@@ -60,15 +64,26 @@ class LighthouseRendezvousStore final : public RendezvousStore {
   StatusOr<std::string> Get(const std::string& key, Micros timeout) override {
     if (!check_ && abort_key_.empty()) return client_.StoreGet(key, timeout);
     const Micros deadline = clock_.NowMicros() + timeout;
+    Micros pause = kFirstPause;
     while (true) {
-      const Micros left = deadline - clock_.NowMicros();
+      Micros left = deadline - clock_.NowMicros();
       StatusOr<std::string> value =
           client_.StoreGet(key, std::max<Micros>(1, std::min(left, kCheckEvery)));
       if (value.ok() || left <= kCheckEvery) return value;
       MEND_RETURN_IF_ERROR(StillOn());
-      if (value.status().code() != absl::StatusCode::kDeadlineExceeded &&
-          value.status().code() != absl::StatusCode::kUnavailable) {
+      const absl::StatusCode code = value.status().code();
+      if (code != absl::StatusCode::kDeadlineExceeded && code != absl::StatusCode::kUnavailable) {
         return value;
+      }
+      // A channel that is reconnecting fails calls at once: ask again after
+      // a pause, as Set does, rather than at once.
+      if (code == absl::StatusCode::kUnavailable) {
+        left = deadline - clock_.NowMicros();
+        if (left <= 0) return value;
+        std::this_thread::sleep_for(std::chrono::microseconds(std::min(pause, left)));
+        pause = std::min(2 * pause, kCheckEvery);
+      } else {
+        pause = kFirstPause;
       }
     }
   }

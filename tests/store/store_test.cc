@@ -181,6 +181,30 @@ TEST(RendezvousStoreTest, AWriteIsTriedAgainWhileTheLighthouseIsUnreachable) {
   EXPECT_EQ(once.Set("round/1/k3", "v").code(), StatusCode::kUnavailable);
 }
 
+// A round's wait in the store on a lighthouse that refuses every call at
+// once (UNAVAILABLE: nothing listens) asks again after pauses that grow to
+// the check's period, not in a tight loop: counted over a second of real
+// time (a slower machine asks less often, never more).
+TEST(RendezvousStoreTest, AWaitOnAnUnreachableLighthouseAsksAgainAfterAPause) {
+  auto port = FreeLoopbackPorts(1);
+  ASSERT_TRUE(port.ok()) << port.status();
+  auto client = LighthouseClient::Connect(
+      {"127.0.0.1:" + std::to_string((*port)[0]), kToken, "", kMicrosPerSecond * 5});
+  ASSERT_TRUE(client.ok()) << client.status();
+  const Micros started = RealClock()->NowMicros();
+  int checks = 0;
+  LighthouseRendezvousStore store(**client, *RealClock(), [&]() -> Status {
+    ++checks;
+    if (RealClock()->NowMicros() - started < kMicrosPerSecond) return OkStatus();
+    return AbortedError("rendezvous: the learner's rounds were called off");
+  });
+  auto value = store.Get("round/1/never", 600 * kMicrosPerSecond);
+  EXPECT_EQ(value.status().code(), StatusCode::kAborted) << value.status();
+  // Pauses of 10, 20, 40, 80, 160 ms and then 250 ms: 8 asks fill a second.
+  EXPECT_GE(checks, 2);
+  EXPECT_LE(checks, 9);
+}
+
 TEST(StoreServerTest, AnAddressInUseIsRefusedNamingTheKey) {
   auto first = StoreServer::Start("127.0.0.1:0", kToken, KvStoreLimits{}, *RealClock());
   ASSERT_TRUE(first.ok()) << first.status();
