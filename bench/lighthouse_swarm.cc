@@ -244,10 +244,11 @@ class Swarm {
     }
     args.tokens_since_last_round = 10 * 1024;
     args.timeout = 30 * kMicrosPerSecond;
-    clients_[learner.channel]->QuorumAsync(args, [this, &learner](StatusOr<QuorumResult> result) {
-      Complete(learner, result.ok() ? OkStatus() : result.status(),
-               result.ok() ? result->round_id : 0);
-    });
+    clients_[learner.channel]->QuorumAsync(
+        args, uncancelled_, [this, &learner](StatusOr<QuorumResult> result) {
+          Complete(learner, result.ok() ? OkStatus() : result.status(),
+                   result.ok() ? result->round_id : 0);
+        });
   }
 
   void OnDecision(SimLearner& learner, const v1::DatagramDecision& decision) {
@@ -297,6 +298,7 @@ class Swarm {
 
   const SwarmOptions options_;
   std::vector<std::unique_ptr<LighthouseClient>> clients_;
+  CallCanceller uncancelled_;  // the joins', which the swarm never cancels
   std::unique_ptr<coordinator::DatagramClient> socket_;
   Micros start_ = 0;
   Micros end_ = 0;

@@ -173,8 +173,11 @@ class LighthouseClient {
   [[nodiscard]] virtual Status Leave(const LearnerRef& learner, const std::string& reason) = 0;
   // Blocks until this learner is a member of a closed round or args.timeout.
   [[nodiscard]] virtual StatusOr<QuorumResult> Quorum(const QuorumRequestArgs& args) = 0;
-  // As Quorum, but `done` runs on a gRPC thread when the call completes.
-  virtual void QuorumAsync(const QuorumRequestArgs& args,
+  // As Quorum, but `done` runs on a gRPC thread when the call completes;
+  // `cancel` ends it early with CANCELLED (`done` still runs, once the call
+  // is over: nothing is left in flight). `cancel` holds the call's context
+  // until it is cancelled or destroyed.
+  virtual void QuorumAsync(const QuorumRequestArgs& args, CallCanceller& cancel,
                            std::function<void(StatusOr<QuorumResult>)> done) = 0;
 
   [[nodiscard]] virtual Status StoreSet(const std::string& key, const std::string& value) = 0;

@@ -60,16 +60,18 @@ class GrpcControlChannel final : public ControlChannel {
       if (interrupted_) return AbortedError("learner agent is stopping");
       current_call_ = call;
     }
-    client_.QuorumAsync(args, [call](StatusOr<QuorumResult> result) {
+    client_.QuorumAsync(args, call->cancel, [call](StatusOr<QuorumResult> result) {
       MutexLock lock(call->mu);
       call->result = std::move(result);
       call->done.NotifyAll();
     });
+    // An Interrupt() cancels the call; it is waited for even then, so that
+    // no call is left in flight to complete while the learner shuts down.
     StatusOr<QuorumResult> result = AbortedError("learner agent is stopping");
     {
       MutexLock lock(call->mu);
-      while (!call->result && !call->interrupted) call->done.Wait(call->mu);
-      if (call->result) result = std::move(*call->result);
+      while (!call->result) call->done.Wait(call->mu);
+      if (!call->interrupted) result = std::move(*call->result);
     }
     MutexLock lock(mu_);
     current_call_.reset();
@@ -84,16 +86,18 @@ class GrpcControlChannel final : public ControlChannel {
       call = current_call_;
     }
     if (call) {
-      MutexLock lock(call->mu);
-      call->interrupted = true;
-      call->done.NotifyAll();
+      {
+        MutexLock lock(call->mu);
+        call->interrupted = true;
+      }
+      call->cancel.Cancel();
     }
   }
 
  private:
-  // A Quorum call in flight; shared with its completion callback, which may
-  // run after the channel is gone (an interrupted call is abandoned).
+  // A Quorum call in flight; shared with its completion callback.
   struct PendingCall {
+    CallCanceller cancel;
     Mutex mu;
     CondVar done;
     std::optional<StatusOr<QuorumResult>> result ABSL_GUARDED_BY(mu);

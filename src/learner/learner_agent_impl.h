@@ -107,7 +107,7 @@ class LearnerAgentImpl final : public LearnerAgent {
   // doubles up to kMaxRetry.
   Status AfterFailedJoin(const Status& failure, uint64_t session_id, Micros deadline, Micros* retry)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // One join that Interrupt() can abandon, on Channel(args.include_members).
+  // One join that Interrupt() cancels, on Channel(args.include_members).
   StatusOr<QuorumResult> CallQuorum(const QuorumRequestArgs& args) ABSL_LOCKS_EXCLUDED(mu_);
   // Registers once; on success starts a new session.
   void TryRegister() ABSL_LOCKS_EXCLUDED(mu_);

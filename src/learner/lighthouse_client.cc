@@ -269,23 +269,30 @@ class LighthouseClientImpl final : public LighthouseClient {
     return QuorumResultFromProto(response);
   }
 
-  void QuorumAsync(const QuorumRequestArgs& args,
+  void QuorumAsync(const QuorumRequestArgs& args, CallCanceller& cancel,
                    std::function<void(StatusOr<QuorumResult>)> done) override {
     struct Call {
       std::unique_ptr<grpc::ClientContext> context;
       v1::QuorumRequest request;
       v1::QuorumResponse response;
     };
-    auto* call = new Call{NewContext(args.timeout + kDeadlineMargin), QuorumRequestProto(args), {}};
+    // Shared with `cancel`, whose TryCancel may come after the call ended
+    // (harmless then): `done` does not touch `cancel`, so it may run on any
+    // thread, even inside Cancel().
+    auto call = std::make_shared<Call>(
+        Call{NewContext(args.timeout + kDeadlineMargin), QuorumRequestProto(args), {}});
+    if (!cancel.Hold([call]() { call->context->TryCancel(); })) {
+      done(CancelledError(fmt::format("lighthouse {}: Quorum: cancelled", options_.address)));
+      return;
+    }
     stub_->async()->Quorum(
         call->context.get(), &call->request, &call->response,
         [call, done = std::move(done), address = options_.address](grpc::Status status) {
-          std::unique_ptr<Call> owned(call);
           Status result = FromGrpc(status, "Quorum", address);
           if (!result.ok()) {
             done(result);
           } else {
-            done(QuorumResultFromProto(owned->response));
+            done(QuorumResultFromProto(call->response));
           }
         });
   }

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -60,8 +61,28 @@ class FakeLighthouseClient final : public LighthouseClient {
   StatusOr<QuorumResult> Quorum(const QuorumRequestArgs&) override {
     return DeadlineExceededError("no round in the fake lighthouse");
   }
-  void QuorumAsync(const QuorumRequestArgs& args,
+  // At once, or, once HoldJoins() was called, when the join is cancelled.
+  void QuorumAsync(const QuorumRequestArgs& args, CallCanceller& cancel,
                    std::function<void(StatusOr<QuorumResult>)> done) override {
+    {
+      std::lock_guard lock(mu_);
+      if (hold_joins_) {
+        ++joins_in_flight_;
+        auto shared = std::make_shared<std::function<void(StatusOr<QuorumResult>)>>(done);
+        if (cancel.Hold([this, shared]() {
+              {
+                std::lock_guard lock(mu_);
+                --joins_in_flight_;
+              }
+              (*shared)(CancelledError("the fake join was cancelled"));
+            })) {
+          return;
+        }
+        --joins_in_flight_;
+        done(CancelledError("the fake join was cancelled before it started"));
+        return;
+      }
+    }
     done(Quorum(args));
   }
   Status StoreSet(const std::string&, const std::string&) override { return Unsupported(); }
@@ -96,6 +117,16 @@ class FakeLighthouseClient final : public LighthouseClient {
     }
     on_ack(ack);
   }
+  // From now on a join is answered only when it is cancelled.
+  void HoldJoins() {
+    std::lock_guard lock(mu_);
+    hold_joins_ = true;
+  }
+  // Joins sent and not yet answered.
+  int joins_in_flight() {
+    std::lock_guard lock(mu_);
+    return joins_in_flight_;
+  }
   // Every stream open so far ends (UNAVAILABLE): a call that failed.
   void EndStreams() {
     std::lock_guard lock(mu_);
@@ -109,6 +140,8 @@ class FakeLighthouseClient final : public LighthouseClient {
   std::mutex mu_;
   std::vector<std::shared_ptr<FakeStream::Shared>> streams_;
   std::function<void(const HeartbeatAck&)> on_ack_;
+  bool hold_joins_ = false;
+  int joins_in_flight_ = 0;
 };
 
 class LearnerAgentTest : public ::testing::Test {
@@ -201,6 +234,25 @@ TEST_F(LearnerAgentTest, EachJoinStartsTheShortOfQuorumTimeAfresh) {
   EXPECT_FALSE(agent_->short_of_quorum());
   clock_.Advance(1);
   EXPECT_TRUE(agent_->short_of_quorum());
+}
+
+// A join that Interrupt() ends is cancelled and its answer awaited, not
+// left in flight: an abandoned call would complete on a gRPC thread while
+// the learner's process shuts down.
+TEST_F(LearnerAgentTest, AnInterruptedJoinIsCancelledNotLeftInFlight) {
+  Register();
+  client_->HoldJoins();
+  StatusOr<QuorumResult> round = AbortedError("not run");
+  std::thread join([&]() { round = agent_->Quorum(0, 0, 600 * kMicrosPerSecond, false, 0); });
+  ASSERT_TRUE(testing_util::WaitFor(kAwait, [&] { return client_->joins_in_flight() == 1; }));
+  agent_->Interrupt();
+  join.join();
+  EXPECT_EQ(round.status().code(), StatusCode::kAborted) << round.status();
+  EXPECT_EQ(client_->joins_in_flight(), 0);
+  // And a join after it does not reach the lighthouse.
+  StatusOr<QuorumResult> later = agent_->Quorum(0, 0, 600 * kMicrosPerSecond, false, 0);
+  EXPECT_EQ(later.status().code(), StatusCode::kAborted) << later.status();
+  EXPECT_EQ(client_->joins_in_flight(), 0);
 }
 
 }  // namespace
