@@ -5,7 +5,7 @@
 // of --learners / --per-rack racks, one rank each).
 //
 //   mend_group_bench [--learners 2] [--ranks 1,2] [--mib 64] [--rounds 5]
-//                    [--codec fp32] [--link-rate-mbit 200] [--netns]
+//                    [--codec fp32] [--link-rate-mbit 200] [--link-latency-ms 0] [--netns]
 //                    [--hierarchy --per-rack 2] [--csv bench-results/group.csv]
 //
 // Each run starts a lighthouse (mend-lighthouse) and learners x R worker
@@ -90,6 +90,7 @@ struct WorkerArgs {
   int rounds = 5;
   std::string codec = "fp32";
   double link_rate_mbit = 0;
+  int64_t link_latency_ms = 0;
   std::string rack;
   bool rack_aware = false;
 };
@@ -112,6 +113,7 @@ int RunWorker(const WorkerArgs& args) {
   }
   config.dataplane_host = args.host;
   config.link_rate_mbit = args.link_rate_mbit;
+  config.link_latency_ms = args.link_latency_ms;
   config.rack = args.rack;
   config.rack_aware = args.rack_aware;
   (void)InitLogging(config.log_level,
@@ -169,6 +171,7 @@ struct DriverArgs {
   int rounds = 5;
   std::string codec = "fp32";
   double link_rate_mbit = 200;
+  int64_t link_latency_ms = 0;
   bool netns = false;
   bool hierarchy = false;
   int per_rack = 1;
@@ -238,7 +241,8 @@ StatusOr<RunResult> Run(const DriverArgs& args, int ranks, bool rack_aware, cons
         argv.insert(argv.end(), {"--host", Env("HOST_ADDR_" + host)});
         argv.insert(argv.begin(), {"/usr/bin/env", "ip", "netns", "exec", ns});
       } else {
-        argv.insert(argv.end(), {"--link-rate-mbit", fmt::format("{}", args.link_rate_mbit)});
+        argv.insert(argv.end(), {"--link-rate-mbit", fmt::format("{}", args.link_rate_mbit),
+                                 "--link-latency-ms", fmt::format("{}", args.link_latency_ms)});
       }
       MEND_ASSIGN_OR_RETURN(auto worker,
                             Subprocess::Spawn({argv, {}, "pipe", dir + "/worker.log", false}));
@@ -319,8 +323,8 @@ int RunDriver(const DriverArgs& args) {
       args.netns
           ? fmt::format("a namespace per host, cross-rack traffic shaped to {} per host (htb)",
                         Env("RACK_RATE"))
-          : fmt::format("loopback, each rank's cross-rack link emulated at {} Mbit/s",
-                        args.link_rate_mbit);
+          : fmt::format("loopback, each rank's cross-rack link emulated at {} Mbit/s, {} ms",
+                        args.link_rate_mbit, args.link_latency_ms);
   fmt::print(
       "group bench: {} learners ({} per rack), {} MiB model, codec {}, {} rounds after a "
       "warm-up;\n{}; "
@@ -381,6 +385,9 @@ int main(int argc, char** argv) {
   app.add_option("--codec", d.codec, "The cross-rack codec");
   app.add_option("--link-rate-mbit", d.link_rate_mbit,
                  "Without --netns: each rank's emulated link");
+  app.add_option("--link-latency-ms", d.link_latency_ms,
+                 "Emulated cross-rack latency (without --netns): each collective's least time")
+      ->check(CLI::Range(int64_t{0}, int64_t{60000}));
   app.add_flag("--netns", d.netns, "Place ranks in scripts/racks.sh's host namespaces");
   app.add_flag("--hierarchy", d.hierarchy,
                "Compare the flat merge with the rack-aware one (1 rank per learner)");
@@ -402,6 +409,7 @@ int main(int argc, char** argv) {
     w.rounds = d.rounds;
     w.codec = d.codec;
     w.link_rate_mbit = d.link_rate_mbit;
+    w.link_latency_ms = d.link_latency_ms;
     return mend::bench::RunWorker(w);
   }
   return mend::bench::RunDriver(d);
