@@ -6,7 +6,7 @@
 //
 //   mend_group_bench [--learners 2] [--ranks 1,2] [--mib 64] [--rounds 5]
 //                    [--codec fp32] [--link-rate-mbit 200] [--link-latency-ms 0] [--netns]
-//                    [--hierarchy --per-rack 2] [--csv bench-results/group.csv]
+//                    [--hierarchy --per-rack 2] [--in-place] [--csv bench-results/group.csv]
 //
 // Each run starts a lighthouse (mend-lighthouse) and learners x R worker
 // processes (this binary with --worker). A worker is one rank: it holds a
@@ -52,8 +52,8 @@ constexpr int kParameters = 8;
 // kParameters parameters of `values` / kParameters floats.
 class Model final : public reducer::FlatParameters {
  public:
-  explicit Model(size_t values)
-      : values_(kParameters, std::vector<float>(values / kParameters, 0.01f)) {
+  Model(size_t values, bool in_place)
+      : values_(kParameters, std::vector<float>(values / kParameters, 0.01f)), in_place_(in_place) {
     for (int i = 0; i < kParameters; ++i) names_.push_back(fmt::format("layer{}.weight", i));
   }
   size_t count() const override { return values_.size(); }
@@ -68,6 +68,12 @@ class Model final : public reducer::FlatParameters {
   void CopyIn(size_t i, std::span<const float> in) override {
     std::memcpy(values_[i].data(), in.data(), in.size_bytes());
   }
+  // With --in-place the round reads and writes the values where they are
+  // (as a model's CPU fp32 parameters); else through CopyOut and CopyIn (as
+  // parameters staged from a GPU).
+  std::span<float> Values(size_t i) override {
+    return in_place_ ? std::span<float>(values_[i]) : std::span<float>();
+  }
   void Train(float by) {
     for (auto& values : values_) {
       for (float& v : values) v += by;
@@ -77,6 +83,7 @@ class Model final : public reducer::FlatParameters {
  private:
   std::vector<std::vector<float>> values_;
   std::vector<std::string> names_;
+  const bool in_place_;
 };
 
 struct WorkerArgs {
@@ -93,6 +100,7 @@ struct WorkerArgs {
   int64_t link_latency_ms = 0;
   std::string rack;
   bool rack_aware = false;
+  bool in_place = false;
 };
 
 int RunWorker(const WorkerArgs& args) {
@@ -124,7 +132,7 @@ int RunWorker(const WorkerArgs& args) {
     fmt::print(stderr, "worker: {}\n", agent.status());
     return 1;
   }
-  auto model = std::make_unique<Model>(static_cast<size_t>(args.mib) << 18);
+  auto model = std::make_unique<Model>(static_cast<size_t>(args.mib) << 18, args.in_place);
   Model* view = model.get();
   auto driver =
       reducer::RoundDriver::Create(config, **agent, *RealClock(), std::move(model), nullptr, 0);
@@ -174,6 +182,7 @@ struct DriverArgs {
   int64_t link_latency_ms = 0;
   bool netns = false;
   bool hierarchy = false;
+  bool in_place = false;
   int per_rack = 1;
   std::string csv = "bench-results/group.csv";
 };
@@ -230,6 +239,7 @@ StatusOr<RunResult> Run(const DriverArgs& args, int ranks, bool rack_aware, cons
                                        "--codec",      args.codec,
                                        "--rack",       fmt::format("rack-{}", rack + 1)};
       if (rack_aware) argv.push_back("--rack-aware");
+      if (args.in_place) argv.push_back("--in-place");
       if (args.netns) {
         const std::string host = fmt::format("{}_{}", rack + 1, in_rack * ranks + r + 1);
         const std::string ns = Env("HOST_NS_" + host);
@@ -392,6 +402,9 @@ int main(int argc, char** argv) {
   app.add_flag("--hierarchy", d.hierarchy,
                "Compare the flat merge with the rack-aware one (1 rank per learner)");
   app.add_option("--per-rack", d.per_rack, "Learners per rack")->check(CLI::Range(1, 9));
+  app.add_flag("--in-place", d.in_place,
+               "The round works on the model's values in place (CPU fp32 parameters), not "
+               "through copies (parameters staged from a GPU)");
   app.add_option("--rack", w.rack);
   app.add_flag("--rack-aware", w.rack_aware);
   app.add_option("--csv", d.csv, "Where the CSV goes");
@@ -410,6 +423,7 @@ int main(int argc, char** argv) {
     w.codec = d.codec;
     w.link_rate_mbit = d.link_rate_mbit;
     w.link_latency_ms = d.link_latency_ms;
+    w.in_place = d.in_place;
     return mend::bench::RunWorker(w);
   }
   return mend::bench::RunDriver(d);

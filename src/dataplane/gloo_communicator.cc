@@ -21,6 +21,7 @@
 #include "core/status_format.h"
 #include "dataplane/gloo_store.h"
 #include "dataplane/hierarchy.h"
+#include "dataplane/left_out.h"
 #include "dataplane/slicing.h"
 #include "dataplane/weighted_sum.h"
 #include "fmt/format.h"
@@ -103,8 +104,8 @@ std::vector<std::vector<int>> SumGroups(const std::vector<std::string>& racks, i
   return {all};
 }
 
-// The members `leave_out` names (ascending), or without it those whose sum
-// of squares is not finite.
+}  // namespace
+
 std::vector<int> LeftOut(const Communicator::LeaveOut* leave_out, std::span<const double> squares,
                          std::span<const double> weights) {
   std::vector<int> left;
@@ -118,6 +119,8 @@ std::vector<int> LeftOut(const Communicator::LeaveOut* leave_out, std::span<cons
   left.erase(std::unique(left.begin(), left.end()), left.end());
   return left;
 }
+
+namespace {
 
 class GlooCommunicator final : public Communicator {
  public:

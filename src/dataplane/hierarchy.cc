@@ -1,10 +1,14 @@
 #include "dataplane/hierarchy.h"
 
 #include <algorithm>
+#include <array>
 #include <map>
+#include <mutex>
 #include <numeric>
+#include <thread>
 
 #include "core/status_format.h"
+#include "dataplane/left_out.h"
 #include "fmt/format.h"
 
 namespace mend {
@@ -99,6 +103,96 @@ class RackAwareCommunicator final : public Communicator {
   Status WeightedAllGatherDecode(std::span<const std::byte> payload, double weight,
                                  const Codec& codec, std::span<float> out) override {
     return flat_->WeightedAllGatherDecode(payload, weight, codec, out);
+  }
+  // A round's merge (Communicator::MergeAllReduce) through the racks, with
+  // every member's sum of squares, weight and whether it makes its values
+  // gathered directly between all the members on the flat communicator:
+  // one cross-rack collective, which for members that make their values
+  // (fp32) runs on a thread of its own beside the reduction rather than
+  // before it. The reduction counts every member in; when the rule then
+  // leaves one out, every member reduces again, those left out with zeros
+  // and weight 0 (the makers make again, a member that gave its values
+  // reduced zeros the first time, knowing then that a second reduction
+  // follows). When every member gives its values the gather comes first and
+  // those left out are left out of the one reduction. The bits are the base
+  // class's, whose gather and reduction both run through the racks, one
+  // after the other.
+  StatusOr<Merged> MergeAllReduce(std::span<float> data, double weight,
+                                  const MergeValues& values) override {
+    const bool fp32 = values.codec == nullptr || values.codec->kind() == CodecKind::kFp32;
+    if (values.make != nullptr && !fp32)
+      return InvalidArgumentError("all-reduce: made values are fp32 only");
+    const bool makes = values.make != nullptr;
+    Merged merged;
+    merged.squares = makes ? (*values.make)(0, data.size()) : values.squares;
+    const std::array<double, 3> mine{merged.squares, weight, makes ? 1.0 : 0.0};
+    std::vector<double> gathered(mine.size() * static_cast<size_t>(flat_->world_size()));
+    auto gather = [&]() {
+      return flat_->AllGather(std::as_bytes(std::span(mine)),
+                              std::as_writable_bytes(std::span(gathered)));
+    };
+    bool any_made = makes;
+    auto verdict = [&]() {
+      std::vector<double> squares(static_cast<size_t>(flat_->world_size())),
+          weights(squares.size());
+      for (size_t r = 0; r < squares.size(); ++r) {
+        squares[r] = gathered[mine.size() * r];
+        weights[r] = gathered[mine.size() * r + 1];
+        any_made = any_made || gathered[mine.size() * r + 2] != 0;
+      }
+      merged.left_out = LeftOut(values.leave_out, squares, weights);
+    };
+    // Zeros with weight 0 when the rule left this member out.
+    auto leave_me_out = [&]() {
+      if (!std::binary_search(merged.left_out.begin(), merged.left_out.end(), rank())) return false;
+      std::fill(data.begin(), data.end(), 0.0f);
+      weight = 0;
+      return true;
+    };
+    if (makes) {
+      // The gather beside the reduction; the first to fail ends the other,
+      // and its status is the merge's.
+      std::mutex failed_mu;
+      Status failed = OkStatus();
+      auto fail = [&](const Status& status, const std::vector<Communicator*>& others) {
+        {
+          std::lock_guard lock(failed_mu);
+          if (!failed.ok()) return;
+          failed = status;
+        }
+        for (Communicator* other : others)
+          if (other != nullptr) other->Abort(std::string(status.message()));
+      };
+      std::thread norms([&]() {
+        if (Status status = gather(); !status.ok()) fail(status, {rack_.get(), reps_.get()});
+      });
+      if (Status status = WeightedAllReduce(data, weight, values.codec); !status.ok())
+        fail(status, {flat_.get()});
+      norms.join();
+      MEND_RETURN_IF_ERROR(failed);
+      verdict();
+      if (merged.left_out.empty()) return merged;
+      if (!leave_me_out()) (*values.make)(0, data.size());
+      MEND_RETURN_IF_ERROR(WeightedAllReduce(data, weight, values.codec));
+      return merged;
+    }
+    MEND_RETURN_IF_ERROR(gather());
+    verdict();
+    if (any_made && !fp32) {
+      // Every member of a reduction runs one protocol; a maker's is fp32's.
+      return InvalidArgumentError(
+          fmt::format("all-reduce: a member made its fp32 values while this one encodes with {}",
+                      CodecName(values.codec->kind())));
+    }
+    if (any_made && !merged.left_out.empty()) {
+      // The makers' first reduction counts everyone in and is done again:
+      // this member's part in it is zeros, its values kept for the second.
+      std::vector<float> zeros(data.size(), 0.0f);
+      MEND_RETURN_IF_ERROR(WeightedAllReduce(zeros, weight, values.codec));
+    }
+    (void)leave_me_out();
+    MEND_RETURN_IF_ERROR(WeightedAllReduce(data, weight, values.codec));
+    return merged;
   }
   StatusOr<std::vector<int>> MergeAllGatherDecode(std::span<const std::byte> payload, double weight,
                                                   double squares, const LeaveOut* leave_out,

@@ -8,9 +8,12 @@
 //      through the round's codec;
 //   3. inside each rack, the representative's result to the others (its
 //      bytes: every member ends with the same bits, for every codec).
-// Cross-rack bytes fall by the number of learners per rack. AllGather (the
-// robust rule's reports) goes the same way; Broadcast (healing) and the
-// sparse codecs' all-gather run on the flat communicator unchanged.
+// Cross-rack bytes fall by the number of learners per rack. AllGather goes
+// the same way. A round's merge (MergeAllReduce) gathers the members' sums
+// of squares for the robust rule directly between all of them on the flat
+// communicator, beside the reduction when the member makes its values (one
+// cross-rack latency, not two); Broadcast (healing) and the sparse codecs'
+// all-gather run on the flat communicator unchanged.
 //
 // Thread-safety: as Communicator.
 #pragma once

@@ -376,6 +376,136 @@ TEST(MadeAllReduceTest, TheRackAwareMergeMakesTheValuesFirstWithTheSameBits) {
   for (int r = 0; r < 4; ++r) ExpectSameBits(got[r], want[r], "member " + std::to_string(r));
 }
 
+// The rack-aware merge gathers the members' norms in one collective on the
+// flat communicator (beside its reduction when the member makes its
+// values) and has the bits of the flat merge: whoever makes or gives its
+// values, with or without a member the rule leaves out.
+TEST(MadeAllReduceTest, TheRackAwareMergeGathersTheNormsInOneFlatCollectiveWithTheSameBits) {
+  const std::vector<std::string> racks{"a", "b", "a", "b"};
+  constexpr size_t kValues = 5000;
+  const Communicator::LeaveOut outlier = [](std::span<const double> squares,
+                                            std::span<const double>) {
+    return squares[3] > 100 * squares[0] ? std::vector<int>{3} : std::vector<int>{};
+  };
+  int run = 0;
+  for (const bool loud : {false, true}) {
+    std::vector<std::vector<float>> inputs;
+    std::vector<double> weights;
+    for (int r = 0; r < 4; ++r) {
+      inputs.push_back(MemberData(r, kValues));
+      if (loud && r == 3)
+        for (float& v : inputs.back()) v *= 1000;
+      weights.push_back(MemberWeight(r));
+    }
+    // The flat reduction's bits, member 3 as zeros with weight 0 when loud.
+    std::vector<std::vector<float>> reference_inputs = inputs;
+    std::vector<double> reference_weights = weights;
+    if (loud) {
+      std::fill(reference_inputs[3].begin(), reference_inputs[3].end(), 0.0f);
+      reference_weights[3] = 0;
+    }
+    const auto want = Reference(reference_inputs, reference_weights, racks);
+    for (const unsigned makers : {0xfu, 0x5u, 0x0u}) {
+      const std::string which = fmt::format("makers {:#x}{}", makers, loud ? ", 3 loud" : "");
+      std::vector<std::vector<float>> got(4);
+      std::vector<std::vector<int>> left_out(4);
+      std::vector<uint64_t> merge_operations(4), reduce_operations(4);
+      std::vector<size_t> makes(4, 0);
+      InProcessStore store;
+      std::vector<std::thread> threads;
+      const std::string prefix = fmt::format("job/round/{}/", ++run);
+      for (int rank = 0; rank < 4; ++rank) {
+        threads.emplace_back([&, rank]() {
+          CommunicatorOptions options = MemberOptions(rank, 4, prefix);
+          options.segment_bytes = 4096;
+          options.member_racks = racks;
+          auto flat = Communicator::Connect(store, options);
+          ASSERT_TRUE(flat.ok()) << flat.status();
+          auto comm = ConnectRackAware(store, options, std::move(*flat), racks);
+          ASSERT_TRUE(comm.ok()) << comm.status();
+          // A plain reduction first: what the merge adds to its operations.
+          std::vector<float> plain = inputs[rank];
+          const uint64_t before = (*comm)->stats().operations;
+          ASSERT_TRUE((*comm)->WeightedAllReduce(plain, weights[rank]).ok());
+          reduce_operations[rank] = (*comm)->stats().operations - before;
+          Communicator::MergeValues values;
+          std::vector<float> data(kValues, std::numeric_limits<float>::quiet_NaN());
+          Made seen;
+          const Communicator::MakeValues make = Maker(inputs[rank], data, **comm, seen);
+          double squares = 0;
+          if ((makers >> rank & 1) != 0) {
+            values.make = &make;
+          } else {
+            data = inputs[rank];
+            for (float v : data) squares += static_cast<double>(v) * v;
+            values.squares = squares;
+          }
+          values.leave_out = &outlier;
+          const uint64_t merge_before = (*comm)->stats().operations;
+          auto merged = (*comm)->MergeAllReduce(data, weights[rank], values);
+          ASSERT_TRUE(merged.ok()) << which << ": " << merged.status();
+          merge_operations[rank] = (*comm)->stats().operations - merge_before;
+          left_out[rank] = merged->left_out;
+          makes[rank] = seen.calls;
+          got[rank] = std::move(data);
+        });
+      }
+      for (auto& thread : threads) thread.join();
+      for (int r = 0; r < 4; ++r) {
+        const std::string member = which + ", member " + std::to_string(r);
+        ExpectSameBits(got[r], want[r], member);
+        EXPECT_EQ(left_out[r], loud ? std::vector<int>{3} : std::vector<int>{}) << member;
+        // One collective for the norms (three through the racks: the
+        // rack's gather, the columns', the rack's broadcast), and a second
+        // reduction only when a member made its values and one is left out.
+        const bool again = loud && makers != 0;
+        EXPECT_EQ(merge_operations[r], (again ? 2 : 1) * reduce_operations[r] + 1) << member;
+        // (The member left out sends zeros the second time, not its values.)
+        if ((makers >> r & 1) != 0) EXPECT_EQ(makes[r], again && r != 3 ? 2u : 1u) << member;
+      }
+    }
+  }
+}
+
+// A member of a rack-aware merge that never comes fails the others' merges
+// (the gather on the flat communicator and the reduction through the racks
+// both wait for it) with a deadline, once, and leaves them broken.
+TEST(MadeAllReduceTest, AHungMemberFailsTheRackAwareMergeWithADeadline) {
+  const std::vector<std::string> racks{"a", "b", "a", "b"};
+  const Micros timeout = 1500 * kMicrosPerMilli;
+  InProcessStore store;
+  std::atomic<bool> done{false};
+  std::vector<StatusCode> codes(3, StatusCode::kOk);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 4; ++rank) {
+    threads.emplace_back([&, rank]() {
+      CommunicatorOptions options = MemberOptions(rank, 4, "job/round/9/", timeout);
+      options.connect_timeout = 20 * kMicrosPerSecond;
+      options.member_racks = racks;
+      auto flat = Communicator::Connect(store, options);
+      ASSERT_TRUE(flat.ok()) << flat.status();
+      auto comm = ConnectRackAware(store, options, std::move(*flat), racks);
+      ASSERT_TRUE(comm.ok()) << comm.status();
+      if (rank == 3) {
+        EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond, [&]() { return done.load(); }));
+        return;
+      }
+      std::vector<float> source = MemberData(rank, 10'000);
+      std::vector<float> data(source.size());
+      Made seen;
+      auto squares = (*comm)->MadeAllReduce(data, 1.0, Maker(source, data, **comm, seen));
+      codes[static_cast<size_t>(rank)] = squares.status().code();
+      EXPECT_EQ(seen.calls, 1u);
+      EXPECT_TRUE((*comm)->broken());
+    });
+  }
+  // (Member 3 waits until the others' merges ended.)
+  for (int rank = 0; rank < 3; ++rank) threads[static_cast<size_t>(rank)].join();
+  done = true;
+  threads[3].join();
+  EXPECT_EQ(codes, std::vector<StatusCode>(3, StatusCode::kDeadlineExceeded));
+}
+
 // Forwards every operation to `flat` but the merges, which are then the
 // base class's: the sums of squares in a collective of their own first.
 class NormsApart final : public Communicator {
