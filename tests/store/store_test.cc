@@ -186,6 +186,12 @@ TEST(RendezvousStoreTest, AWriteIsTriedAgainWhileTheLighthouseIsUnreachable) {
 // the check's period, not in a tight loop: counted over a second of real
 // time (a slower machine asks less often, never more).
 TEST(RendezvousStoreTest, AWaitOnAnUnreachableLighthouseAsksAgainAfterAPause) {
+#if defined(__SANITIZE_THREAD__)
+  // As in the test above: a client channel whose connects fail, destroyed
+  // while one of gRPC's threads still reads its strings, ordered inside
+  // Debian's uninstrumented gRPC where TSan cannot see.
+  GTEST_SKIP() << "gRPC's reconnect, ordered where TSan cannot see";
+#endif
   auto port = FreeLoopbackPorts(1);
   ASSERT_TRUE(port.ok()) << port.status();
   auto client = LighthouseClient::Connect(
