@@ -339,6 +339,18 @@ TEST(MadeAllReduceTest, AHungMemberFailsTheOtherWithADeadlineNamingIt) {
   EXPECT_TRUE((*comm)->broken());
 }
 
+// Member `rank` of four in `racks`: its flat communicator, made rack-aware.
+StatusOr<std::unique_ptr<Communicator>> ConnectRackAwareMember(
+    InProcessStore& store, int rank, const std::string& prefix,
+    const std::vector<std::string>& racks, Micros timeout = 20 * kMicrosPerSecond) {
+  CommunicatorOptions options = MemberOptions(rank, 4, prefix, timeout);
+  options.connect_timeout = 20 * kMicrosPerSecond;
+  options.segment_bytes = 4096;
+  options.member_racks = racks;
+  MEND_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> flat, Communicator::Connect(store, options));
+  return ConnectRackAware(store, options, std::move(flat), racks);
+}
+
 TEST(MadeAllReduceTest, TheRackAwareMergeMakesTheValuesFirstWithTheSameBits) {
   // Four members in two racks: the rack-aware communicator (no pipelined
   // path of its own) makes every value first, then reduces as
@@ -356,12 +368,7 @@ TEST(MadeAllReduceTest, TheRackAwareMergeMakesTheValuesFirstWithTheSameBits) {
   std::vector<std::thread> threads;
   for (int rank = 0; rank < 4; ++rank) {
     threads.emplace_back([&, rank]() {
-      CommunicatorOptions options = MemberOptions(rank, 4, "job/round/7/");
-      options.segment_bytes = 4096;
-      options.member_racks = racks;
-      auto flat = Communicator::Connect(store, options);
-      ASSERT_TRUE(flat.ok()) << flat.status();
-      auto comm = ConnectRackAware(store, options, std::move(*flat), racks);
+      auto comm = ConnectRackAwareMember(store, rank, "job/round/7/", racks);
       ASSERT_TRUE(comm.ok()) << comm.status();
       std::vector<float> data(inputs[rank].size());
       Made seen;
@@ -416,12 +423,7 @@ TEST(MadeAllReduceTest, TheRackAwareMergeGathersTheNormsInOneFlatCollectiveWithT
       const std::string prefix = fmt::format("job/round/{}/", ++run);
       for (int rank = 0; rank < 4; ++rank) {
         threads.emplace_back([&, rank]() {
-          CommunicatorOptions options = MemberOptions(rank, 4, prefix);
-          options.segment_bytes = 4096;
-          options.member_racks = racks;
-          auto flat = Communicator::Connect(store, options);
-          ASSERT_TRUE(flat.ok()) << flat.status();
-          auto comm = ConnectRackAware(store, options, std::move(*flat), racks);
+          auto comm = ConnectRackAwareMember(store, rank, prefix, racks);
           ASSERT_TRUE(comm.ok()) << comm.status();
           // A plain reduction first: what the merge adds to its operations.
           std::vector<float> plain = inputs[rank];
@@ -479,12 +481,7 @@ TEST(MadeAllReduceTest, AHungMemberFailsTheRackAwareMergeWithADeadline) {
   std::vector<std::thread> threads;
   for (int rank = 0; rank < 4; ++rank) {
     threads.emplace_back([&, rank]() {
-      CommunicatorOptions options = MemberOptions(rank, 4, "job/round/9/", timeout);
-      options.connect_timeout = 20 * kMicrosPerSecond;
-      options.member_racks = racks;
-      auto flat = Communicator::Connect(store, options);
-      ASSERT_TRUE(flat.ok()) << flat.status();
-      auto comm = ConnectRackAware(store, options, std::move(*flat), racks);
+      auto comm = ConnectRackAwareMember(store, rank, "job/round/9/", racks, timeout);
       ASSERT_TRUE(comm.ok()) << comm.status();
       if (rank == 3) {
         EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond, [&]() { return done.load(); }));
