@@ -48,14 +48,13 @@ class LighthouseRendezvousStore final : public RendezvousStore {
 
   Status Set(const std::string& key, const std::string& value) override {
     const Micros deadline = clock_.NowMicros() + set_retry_;
-    Micros pause = kFirstPause;
+    Backoff backoff;
     while (true) {
       Status status = client_.StoreSet(key, value);
       const Micros left = deadline - clock_.NowMicros();
       if (status.code() != absl::StatusCode::kUnavailable || left <= 0) return status;
       MEND_RETURN_IF_ERROR(StillOn());
-      std::this_thread::sleep_for(std::chrono::microseconds(std::min(pause, left)));
-      pause = std::min(2 * pause, kCheckEvery);
+      backoff.Wait(left);
     }
   }
   Status Delete(const std::string& key, bool prefix) override {
@@ -64,7 +63,7 @@ class LighthouseRendezvousStore final : public RendezvousStore {
   StatusOr<std::string> Get(const std::string& key, Micros timeout) override {
     if (!check_ && abort_key_.empty()) return client_.StoreGet(key, timeout);
     const Micros deadline = clock_.NowMicros() + timeout;
-    Micros pause = kFirstPause;
+    Backoff backoff;
     while (true) {
       Micros left = deadline - clock_.NowMicros();
       StatusOr<std::string> value =
@@ -80,15 +79,24 @@ class LighthouseRendezvousStore final : public RendezvousStore {
       if (code == absl::StatusCode::kUnavailable) {
         left = deadline - clock_.NowMicros();
         if (left <= 0) return value;
-        std::this_thread::sleep_for(std::chrono::microseconds(std::min(pause, left)));
-        pause = std::min(2 * pause, kCheckEvery);
+        backoff.Wait(left);
       } else {
-        pause = kFirstPause;
+        backoff = Backoff{};
       }
     }
   }
 
  private:
+  // The pauses between calls the lighthouse refused: kFirstPause, each next
+  // one twice as long up to kCheckEvery, none past the time `left`.
+  struct Backoff {
+    Micros pause = kFirstPause;
+    void Wait(Micros left) {
+      std::this_thread::sleep_for(std::chrono::microseconds(std::min(pause, left)));
+      pause = std::min(2 * pause, kCheckEvery);
+    }
+  };
+
   // OK while the round may still rendezvous: `check` says so and the
   // lighthouse has not called the round off.
   Status StillOn() {
