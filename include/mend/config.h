@@ -183,6 +183,18 @@ bool IsRetiredConfigKey(std::string_view name);
 // The value of `key` in `config` as the text SetConfigValue would accept.
 std::string FormatConfigValue(const Config& config, const ConfigKey& key);
 
+// "key=value" of every key the learners of one job must agree on, sorted
+// by key: what shapes the rounds (sync_period_steps, fragments,
+// total_steps, final_merge), what they exchange and how (the codec and the
+// parameters its choice reads, exchange_frozen_parameters, sync_buffers,
+// rack_aware, DES-LOC's periods when it is on) and the outer step that
+// every member applies to the same global state (token_weighted_merge,
+// outer_lr, outer_momentum, outer_warmup_steps). A learner registers them;
+// the lighthouse refuses one whose settings differ from the alive
+// learners', naming the keys. Keys that only pace a learner
+// (concurrent_outer_step, overlap_steps, round_threads, ...) may differ.
+std::vector<std::string> SharedSettings(const Config& config);
+
 // An enum key's text for `value` ("udp", "int8", "warn"): the key table's.
 std::string_view EnumText(std::string_view key, int value);
 template <typename E>

@@ -40,6 +40,9 @@ struct LearnerIdentity {
   // Every rank's data-plane host, by group rank (empty, or group_size of
   // them); shown on the lighthouse's status page.
   std::vector<std::string> rank_addresses = {};
+  // SharedSettings(config): the lighthouse refuses a learner whose settings
+  // differ from the job's alive learners' (empty: not checked).
+  std::vector<std::string> job_settings = {};
 };
 
 struct Registration {

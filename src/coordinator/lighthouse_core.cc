@@ -4,10 +4,13 @@
 
 #include <algorithm>
 #include <climits>
+#include <map>
+#include <string_view>
 
 #include "core/round_keys.h"
 #include "core/status_format.h"
 #include "fmt/format.h"
+#include "fmt/ranges.h"
 #include "spdlog/spdlog.h"
 
 namespace mend::coordinator {
@@ -15,6 +18,47 @@ namespace {
 
 // The fail-slow detector looks at the step-time windows this often at most.
 constexpr Micros kFailSlowScanInterval = 200 * kMicrosPerMilli;
+
+// "key=value" entries by key.
+std::map<std::string_view, std::string_view> ByKey(const std::vector<std::string>& settings) {
+  std::map<std::string_view, std::string_view> by_key;
+  for (const std::string& setting : settings) {
+    const size_t equals = setting.find('=');
+    by_key.emplace(std::string_view(setting).substr(0, equals),
+                   std::string_view(setting).substr(equals + 1));
+  }
+  return by_key;
+}
+
+// Why a learner's shared settings cannot join the job's: each key whose
+// value differs, with the job's.
+std::string SettingsDiffer(const std::vector<std::string>& mine,
+                           const std::vector<std::string>& job, const std::string& set_by) {
+  const auto my_values = ByKey(mine);
+  const auto job_values = ByKey(job);
+  std::vector<std::string> differences;
+  auto value = [](const auto& values, std::string_view key) -> std::string {
+    auto it = values.find(key);
+    return it == values.end() ? std::string("(not sent)") : std::string(it->second);
+  };
+  std::vector<std::string_view> keys;
+  for (const auto& [key, _] : my_values) keys.push_back(key);
+  for (const auto& [key, _] : job_values)
+    if (my_values.count(key) == 0) keys.push_back(key);
+  std::sort(keys.begin(), keys.end());
+  for (std::string_view key : keys) {
+    const std::string mine_value = value(my_values, key);
+    const std::string job_value = value(job_values, key);
+    if (mine_value != job_value) {
+      differences.push_back(
+          fmt::format("{} = {} (this job's learners have {})", key, mine_value, job_value));
+    }
+  }
+  return fmt::format(
+      "{}: every learner of a job must agree on it (the rounds' schedule, merge and outer step); "
+      "the job's alive learners have the settings of '{}', the first of them to register",
+      fmt::join(differences, "; "), set_by);
+}
 
 }  // namespace
 
@@ -85,10 +129,24 @@ StatusOr<RegisterResult> LighthouseCore::Register(const RegisterArgs& args) {
       group_size_ = args.group_size;
       group_size_set_by_ = args.learner_id;
     }
+    const LearnerRecord* previous = membership_.FindAny(args.learner_id);
+    // The job's shared settings are the alive learners'; the first to
+    // register when no other is alive (a new job, or a job's learners all
+    // restarted with another configuration) sets them.
+    if (!args.job_settings.empty()) {
+      const size_t others_alive =
+          membership_.counts().alive - (previous != nullptr && previous->alive ? 1 : 0);
+      if (others_alive == 0 || job_settings_.empty()) {
+        job_settings_ = args.job_settings;
+        job_settings_set_by_ = args.learner_id;
+      } else if (args.job_settings != job_settings_) {
+        return InvalidArgumentError(
+            SettingsDiffer(args.job_settings, job_settings_, job_settings_set_by_));
+      }
+    }
     Micros before = NextDeadlineLocked();
     Micros now = clock_->NowMicros();
     std::optional<PendingJoin> replaced;
-    const LearnerRecord* previous = membership_.FindAny(args.learner_id);
     bool known = previous != nullptr;
     // A known learner registering again is a new process: the round its old
     // session was a member of will not see it.

@@ -66,6 +66,9 @@ struct RegisterArgs {
   uint64_t last_round_id = 0;
   uint32_t group_size = 1;
   std::vector<std::string> rank_addresses;  // by group rank; empty, or group_size
+  // "key=value" of the keys every learner of the job must agree on, sorted
+  // (SharedSettings); empty: not checked.
+  std::vector<std::string> job_settings;
 };
 
 struct RegisterResult {
@@ -194,6 +197,10 @@ class LighthouseCore {
   // The job's ranks per learner, and who registered first with it.
   uint32_t group_size_ ABSL_GUARDED_BY(mu_) = 1;
   std::string group_size_set_by_ ABSL_GUARDED_BY(mu_);
+  // The settings of the alive learners (RegisterArgs::job_settings), and the
+  // first of them to register since none was alive.
+  std::vector<std::string> job_settings_ ABSL_GUARDED_BY(mu_);
+  std::string job_settings_set_by_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace mend::coordinator

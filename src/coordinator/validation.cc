@@ -74,6 +74,19 @@ StatusOr<RegisterArgs> ParseRegister(const v1::RegisterRequest& request) {
       MEND_RETURN_IF_ERROR(CheckHostPort(address + ":0", field));
     args.rank_addresses.push_back(address);
   }
+  if (request.job_settings_size() > kMaxJobSettings) {
+    return Invalid("job_settings", fmt::format("{} entries, above {}", request.job_settings_size(),
+                                               kMaxJobSettings));
+  }
+  for (int i = 0; i < request.job_settings_size(); ++i) {
+    const std::string& setting = request.job_settings(i);
+    const size_t equals = setting.find('=');
+    if (setting.size() > kMaxJobSettingLength || equals == 0 || equals == std::string::npos) {
+      return Invalid(fmt::format("job_settings[{}]", i),
+                     fmt::format("must be key=value, at most {} characters", kMaxJobSettingLength));
+    }
+    args.job_settings.push_back(setting);
+  }
   return args;
 }
 

@@ -22,6 +22,8 @@ inline constexpr size_t kMaxReasonLength = 512;
 inline constexpr uint32_t kMaxStepTimeUs = 3'600'000'000u;
 inline constexpr uint64_t kMaxCounter = uint64_t{1} << 62;
 inline constexpr uint32_t kMaxStatusItems = 100'000;
+inline constexpr int kMaxJobSettings = 256;
+inline constexpr size_t kMaxJobSettingLength = 512;
 
 // The store's requests are checked by store/store_checks.h.
 using store::CheckStoreAdd;

@@ -1,5 +1,6 @@
 #include "mend/config.h"
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -190,6 +191,46 @@ std::string FormatConfigValue(const Config& config, const ConfigKey& key) {
       return config.*std::get<std::string Config::*>(key.field);
   }
   return "";
+}
+
+std::vector<std::string> SharedSettings(const Config& config) {
+  std::vector<std::string_view> keys = {"exchange_frozen_parameters",
+                                        "final_merge",
+                                        "fragments",
+                                        "outer_lr",
+                                        "outer_momentum",
+                                        "outer_warmup_steps",
+                                        "rack_aware",
+                                        "sync_buffers",
+                                        "sync_period_steps",
+                                        "token_weighted_merge",
+                                        "total_steps",
+                                        "codec",
+                                        "desloc"};
+  switch (config.codec) {
+    case CodecKind::kInt8:
+    case CodecKind::kInt4:
+      keys.push_back("codec_block_size");
+      break;
+    case CodecKind::kTopK:
+      keys.push_back("topk_chunk_size");
+      keys.push_back("topk_k");
+      break;
+    default:
+      break;
+  }
+  if (config.desloc) {
+    keys.push_back("momentum_sync_period_steps");
+    keys.push_back("second_moment_sync_period_steps");
+  }
+  std::sort(keys.begin(), keys.end());
+  std::vector<std::string> settings;
+  for (std::string_view name : keys) {
+    const ConfigKey* key = FindConfigKey(name);
+    if (key == nullptr) continue;  // (a test fails: every name is a key)
+    settings.push_back(fmt::format("{}={}", name, FormatConfigValue(config, *key)));
+  }
+  return settings;
 }
 
 std::string_view EnumText(std::string_view key, int value) {

@@ -286,6 +286,7 @@ StatusOr<std::unique_ptr<LearnerAgent>> LearnerAgent::Start(const Config& config
   if (full.job_id.empty()) full.job_id = config.job_id;
   if (full.rack.empty()) full.rack = config.rack;
   full.group_size = static_cast<uint32_t>(config.group_size);
+  if (full.job_settings.empty()) full.job_settings = SharedSettings(config);
   if (config.group_size > 1) {
     MEND_ASSIGN_OR_RETURN(std::unique_ptr<RendezvousStore> store,
                           OpenGroupOrLighthouseStore(group_store, *client, clock));

@@ -235,6 +235,7 @@ class LighthouseClientImpl final : public LighthouseClient {
     request.set_group_size(identity.group_size);
     request.set_address(identity.address);
     for (const std::string& address : identity.rank_addresses) request.add_rank_addresses(address);
+    for (const std::string& setting : identity.job_settings) request.add_job_settings(setting);
     request.set_step(step);
     request.set_last_round_id(last_round_id);
     v1::RegisterResponse response;

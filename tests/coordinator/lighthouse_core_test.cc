@@ -356,5 +356,43 @@ TEST(LighthouseCoreTest, MetricsUseMendPrefixAndCountRounds) {
   }
 }
 
+// The learners of a job must agree on what shapes its rounds: the first to
+// register while no other is alive sets the job's settings; another that
+// differs is refused, naming each key; once none is alive a new one may
+// start the job afresh with other settings.
+TEST(LighthouseCoreTest, ALearnerWhoseSharedSettingsDifferIsRefusedNamingTheKeys) {
+  CoreHarness h(CoreHarness::Options(2, 1000));
+  auto reg = [&](const std::string& id, std::vector<std::string> settings) {
+    RegisterArgs args;
+    args.learner_id = id;
+    args.job_settings = std::move(settings);
+    return h.core().Register(args);
+  };
+  ASSERT_TRUE(reg("a", {"fragments=1", "sync_period_steps=5"}).ok());
+  ASSERT_TRUE(reg("b", {"fragments=1", "sync_period_steps=5"}).ok());
+  auto other = reg("c", {"fragments=2", "sync_period_steps=10"});
+  ASSERT_EQ(other.status().code(), StatusCode::kInvalidArgument) << other.status();
+  const std::string message(other.status().message());
+  EXPECT_THAT(message, HasSubstr("fragments = 2 (this job's learners have 1)"));
+  EXPECT_THAT(message, HasSubstr("sync_period_steps = 10 (this job's learners have 5)"));
+  EXPECT_THAT(message, HasSubstr("'a'"));
+  auto missing = reg("c", {"fragments=1"});
+  ASSERT_FALSE(missing.ok());
+  EXPECT_THAT(std::string(missing.status().message()),
+              HasSubstr("sync_period_steps = (not sent) (this job's learners have 5)"));
+  // An older learner sends none: not checked.
+  EXPECT_TRUE(reg("d", {}).ok());
+  // "a" restarting with other settings while "b" and "d" are alive: refused.
+  EXPECT_FALSE(reg("a", {"fragments=1", "sync_period_steps=7"}).ok());
+  // Once every learner has left, the next one sets the job's settings.
+  for (const char* id : {"a", "b", "d"}) {
+    h.Register(id);  // (a fresh session to leave with)
+    ASSERT_TRUE(h.core().Leave(id, h.session(id), "done").ok()) << id;
+  }
+  EXPECT_TRUE(reg("a", {"fragments=1", "sync_period_steps=7"}).ok());
+  EXPECT_FALSE(reg("b", {"fragments=1", "sync_period_steps=5"}).ok());
+  EXPECT_TRUE(reg("b", {"fragments=1", "sync_period_steps=7"}).ok());
+}
+
 }  // namespace
 }  // namespace mend::coordinator

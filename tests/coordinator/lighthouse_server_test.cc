@@ -95,6 +95,11 @@ TEST(LighthouseServerTest, BadRequestsAreInvalidArgumentNamingTheField) {
   auto bad_rank_address = client->Register(group, 0, 0);
   EXPECT_EQ(bad_rank_address.status().code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(bad_rank_address.status().message()), HasSubstr("rank_addresses[1]"));
+  LearnerIdentity unkeyed{"k", "job", "", ""};
+  unkeyed.job_settings = {"fragments=1", "=2"};
+  auto bad_setting = client->Register(unkeyed, 0, 0);
+  EXPECT_EQ(bad_setting.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad_setting.status().message()), HasSubstr("job_settings[1]"));
   QuorumRequestArgs no_session;
   no_session.learner.learner_id = "a";
   no_session.timeout = kMicrosPerSecond;
@@ -279,6 +284,31 @@ class AgentTransportTest : public ::testing::TestWithParam<std::string> {
 };
 
 INSTANTIATE_TEST_SUITE_P(Transports, AgentTransportTest, ::testing::Values("grpc", "udp"));
+
+// A learner started with another round schedule than the job's is refused
+// at its start, the key named, rather than pairing its rounds with the
+// others' by number.
+TEST_P(AgentTransportTest, AnAgentWithAnotherRoundScheduleIsRefusedAtItsStart) {
+  Config config = AgentConfig();
+  auto server = StartServer(config);
+  config.lighthouse = server->grpc_address();
+  config.sync_period_steps = 5;
+  auto agents = StartAgents(config, {"a", "b"});
+  ASSERT_EQ(agents.size(), 2u);
+  Config other = config;
+  other.sync_period_steps = 10;
+  auto refused = LearnerAgent::Start(other, kToken, {"c", "", "", ""}, *RealClock());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("sync_period_steps = 10 (this job's learners have 5)"));
+  // What only paces a learner may differ.
+  Config paced = config;
+  paced.concurrent_outer_step = !config.concurrent_outer_step;
+  paced.round_threads = 3;
+  auto accepted = LearnerAgent::Start(paced, kToken, {"d", "", "", ""}, *RealClock());
+  EXPECT_TRUE(accepted.ok()) << accepted.status();
+}
 
 TEST_P(AgentTransportTest, AgentsFormRoundsWithRanksAndTokenTotals) {
   Config config = AgentConfig();

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -284,6 +285,29 @@ TEST(ConfigTest, JobTokenMustExistAndBeLongEnough) {
             StatusCode::kInvalidArgument);
   config.token_file = "/nonexistent/token";
   EXPECT_EQ(ReadJobToken(config, Env({}).get()).status().code(), StatusCode::kNotFound);
+}
+
+// The settings a learner registers: every name a key, sorted, the codec's
+// and DES-LOC's own keys only when they are in use.
+TEST(ConfigTest, SharedSettingsAreTheKeysThatShapeTheRounds) {
+  Config config;
+  std::vector<std::string> settings = SharedSettings(config);
+  EXPECT_TRUE(std::is_sorted(settings.begin(), settings.end()));
+  EXPECT_THAT(settings, ::testing::Contains("sync_period_steps=100"));
+  EXPECT_THAT(settings, ::testing::Contains("codec=fp32"));
+  for (const std::string& setting : settings) {
+    const std::string key = setting.substr(0, setting.find('='));
+    EXPECT_NE(FindConfigKey(key), nullptr) << key;
+    EXPECT_NE(key, "codec_block_size");
+    EXPECT_NE(key, "momentum_sync_period_steps");
+    EXPECT_NE(key, "concurrent_outer_step");
+  }
+  config.codec = CodecKind::kInt8;
+  config.desloc = true;
+  settings = SharedSettings(config);
+  EXPECT_THAT(settings, ::testing::Contains("codec_block_size=64"));
+  EXPECT_THAT(settings, ::testing::Contains("momentum_sync_period_steps=0"));
+  EXPECT_TRUE(std::is_sorted(settings.begin(), settings.end()));
 }
 
 }  // namespace

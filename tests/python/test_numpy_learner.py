@@ -49,3 +49,30 @@ def test_a_bad_buffer_is_refused_by_name():
     frozen.setflags(write=False)
     with pytest.raises(ValueError, match="'w' is read-only"):
         mend.Learner(config, [("w", frozen)], "x", token="numpy-test-token-0123456789")
+
+
+def test_a_learner_with_another_round_schedule_is_refused_naming_the_key():
+    import numpy as np
+    import pytest
+
+    import mend
+    token = "numpy-test-token-0123456789"
+    lighthouse = mend.Lighthouse(mend.MendConfig(bind="127.0.0.1:0", http="", quorum_min_learners=2,
+                                                 log_level="warn"), token=token)
+    try:
+        def config(**keys):
+            return mend.MendConfig(lighthouse=lighthouse.address, log_level="warn", **keys)
+
+        first = mend.Learner(config(sync_period_steps=5), [("w", np.zeros(4, np.float32))], "a", token=token)
+        try:
+            with pytest.raises(mend.InvalidArgumentError,
+                               match=r"sync_period_steps = 10 \(this job's learners have 5\)"):
+                mend.Learner(config(sync_period_steps=10), [("w", np.zeros(4, np.float32))], "b", token=token)
+            # Pacing may differ.
+            paced = mend.Learner(config(sync_period_steps=5, concurrent_outer_step=False),
+                                 [("w", np.zeros(4, np.float32))], "c", token=token)
+            paced.shutdown()
+        finally:
+            first.shutdown()
+    finally:
+        lighthouse.shutdown()
