@@ -157,12 +157,21 @@ StatusOr<Parsed> ParsePrefix(const std::string& path, std::string_view bytes_hea
 }
 
 StatusOr<std::string> ReadFile(const std::string& path, uint64_t limit) {
+  // A directory opens as a stream whose end cannot be told: refused first.
+  std::error_code error;
+  if (fs::is_directory(path, error)) {
+    return InvalidArgumentError(
+        fmt::format("checkpoint {}: is a directory, not a checkpoint file", path));
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in)
     return NotFoundError(fmt::format("checkpoint {}: cannot open: {}", path, std::strerror(errno)));
   std::string bytes;
   in.seekg(0, std::ios::end);
-  const auto size = static_cast<uint64_t>(in.tellg());
+  const std::streamoff end = in.tellg();
+  if (!in || end < 0)
+    return DataLossError(fmt::format("checkpoint {}: cannot tell its size", path));
+  const auto size = static_cast<uint64_t>(end);
   in.seekg(0);
   bytes.resize(std::min(size, limit));
   in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));

@@ -284,11 +284,16 @@ class Harness {
         say_(fmt::format("  {} stopped: its group lost a rank", Label(slot)));
         continue;
       }
-      return InternalError(fmt::format("chaos: {} failed on its own ({}); log {}:\n{}", Label(slot),
-                                       WIFEXITED(*status)
-                                           ? fmt::format("exit {}", WEXITSTATUS(*status))
-                                           : fmt::format("signal {}", WTERMSIG(*status)),
-                                       Log(slot), FileTail(Log(slot), 1500)));
+      // `mend train` exits 2 when it refuses its configuration or flags:
+      // the job's bad input (a --set, a model flag), not a fault's effect.
+      const bool bad_config = WIFEXITED(*status) && WEXITSTATUS(*status) == 2;
+      return Status(
+          bad_config ? absl::StatusCode::kInvalidArgument : absl::StatusCode::kInternal,
+          fmt::format("chaos: {} {} ({}); log {}:\n{}", Label(slot),
+                      bad_config ? "refused its configuration or flags" : "failed on its own",
+                      WIFEXITED(*status) ? fmt::format("exit {}", WEXITSTATUS(*status))
+                                         : fmt::format("signal {}", WTERMSIG(*status)),
+                      Log(slot), FileTail(Log(slot), 1500)));
     }
     return OkStatus();
   }

@@ -183,6 +183,10 @@ int RunChaosCommand(ChaosFlags& flags) {
   if (flags.lr > 0)
     job.train_args.insert(job.train_args.end(), {"--lr", fmt::format("{}", flags.lr)});
   job.settings = {fmt::format("sync_period_steps={}", o.sync_period_steps)};
+  if (Status settings = CheckSettings(flags.settings); !settings.ok()) {
+    fmt::print(stderr, "mend chaos: {}\n", settings.message());
+    return kExitBadConfig;
+  }
   job.settings.insert(job.settings.end(), flags.settings.begin(), flags.settings.end());
   o.reference = !flags.no_reference;
   auto dir = MakeWorkDir(flags.work_dir, "/tmp/mend-chaos-XXXXXX");

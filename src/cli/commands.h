@@ -9,6 +9,7 @@
 #include <string>
 
 #include "CLI/CLI.hpp"
+#include "mend/status.h"
 
 namespace mend::cli {
 
@@ -34,6 +35,13 @@ inline constexpr int kExitFailure = 1;
 inline constexpr int kExitBadConfig = 2;
 inline constexpr int kExitRefused = 3;
 inline constexpr int kExitInternal = 4;  // an exception escaped a command: a bug
+
+// A lighthouse's refusal of the job token (UNAUTHENTICATED,
+// PERMISSION_DENIED) is kExitRefused, whichever call met it.
+inline bool RefusedByTheLighthouse(const Status& status) {
+  return status.code() == absl::StatusCode::kUnauthenticated ||
+         status.code() == absl::StatusCode::kPermissionDenied;
+}
 
 // A main(): parses the command line into `app` (whose chosen command sets
 // `exit_code`) and returns the process's exit status: `exit_code`, CLI11's

@@ -58,6 +58,7 @@ std::vector<std::string> Concat(std::vector<std::string> a, const std::vector<st
 }
 
 StatusOr<std::vector<TrainingJobSpec>> DemoJobs(const DemoOptions& o) {
+  MEND_RETURN_IF_ERROR(CheckSettings(o.settings));
   auto train_args_for = [&o](int64_t steps) {
     std::vector<std::string> args = {
         "--steps",
@@ -277,6 +278,16 @@ int RunDemo(const DemoOptions& options, const std::string& dir,
     fmt::print(stderr, "mend demo: {}\n", jobs.status().message());
     return kExitBadConfig;
   }
+  if (!options.plot.empty()) {
+    // Refused before the jobs run rather than found after them.
+    const std::filesystem::path parent = std::filesystem::absolute(options.plot).parent_path();
+    std::error_code error;
+    if (!std::filesystem::is_directory(parent, error)) {
+      fmt::print(stderr, "mend demo: --plot {}: no directory {} to write it in\n", options.plot,
+                 parent.string());
+      return kExitBadConfig;
+    }
+  }
   fmt::print(
       "mend demo: {} learners{} train a byte-level GPT (dim {}, {} layers) on Debian's fortunes,\n"
       "           {} steps of {} x 64 bytes each (seed {}), over an emulated cross-rack link: {} "
@@ -301,7 +312,8 @@ int RunDemo(const DemoOptions& options, const std::string& dir,
         [&bars](const std::vector<LearnerProgressView>& v) { bars.Draw(v); }, interrupted);
     if (!result.ok()) {
       fmt::print(stderr, "mend demo: {}\n", result.status().message());
-      return kExitFailure;
+      return result.status().code() == absl::StatusCode::kInvalidArgument ? kExitBadConfig
+                                                                          : kExitFailure;
     }
     if (!result->http_address.empty())
       fmt::print("  status page was http://{}/\n", result->http_address);

@@ -132,6 +132,7 @@ int RunTrain(const TrainFlags& flags, const Config& config, const std::string& t
       [&flags](const train::TrainProgress& p) { PrintProgress(p, flags.progress_json); }, &control);
   if (!result.ok()) {
     fmt::print(stderr, "mend train {}: {}\n", flags.options.id, result.status().message());
+    if (RefusedByTheLighthouse(result.status())) return kExitRefused;
     return result.status().code() == absl::StatusCode::kInvalidArgument ||
                    result.status().code() == absl::StatusCode::kNotFound
                ? kExitBadConfig

@@ -110,6 +110,20 @@ Config JobLighthouseConfig(const TrainingJobSpec& spec, const std::string& token
   return config;
 }
 
+Status CheckSettings(const std::vector<std::string>& settings) {
+  Config config;
+  for (const std::string& setting : settings) {
+    const size_t equals = setting.find('=');
+    if (equals == std::string::npos || equals == 0) {
+      return InvalidArgumentError(fmt::format("--set {}: expected KEY=VALUE", setting));
+    }
+    MEND_RETURN_IF_ERROR(SetConfigValue(config, setting.substr(0, equals),
+                                        setting.substr(equals + 1),
+                                        fmt::format("flag --set {}", setting)));
+  }
+  return OkStatus();
+}
+
 std::vector<std::string> LearnerArgv(const TrainingJobSpec& spec, const std::string& mend,
                                      int index, const std::string& lighthouse,
                                      const std::string& token_file,
@@ -278,6 +292,9 @@ StatusOr<TrainingJobResult> RunTrainingJob(
   for (auto& reader : readers) reader.join();
   result.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   std::string failures;
+  // Every learner that failed refused its configuration or flags (`mend
+  // train`'s exit status 2): the job's bad input, not a failure of its run.
+  bool only_bad_config = true;
   for (size_t i = 0; i < children.size(); ++i) {
     StatusOr<int> status = children[i]->Wait(30 * kMicrosPerSecond);
     if (!status.ok()) {
@@ -285,6 +302,7 @@ StatusOr<TrainingJobResult> RunTrainingJob(
       status = W_EXITCODE(0, SIGKILL);
     }
     if (!WIFEXITED(*status) || WEXITSTATUS(*status) != 0) {
+      only_bad_config = only_bad_config && WIFEXITED(*status) && WEXITSTATUS(*status) == 2;
       failures +=
           fmt::format("\n{} {} (log {}):\n{}", labels[i],
                       WIFEXITED(*status) ? fmt::format("exited with {}", WEXITSTATUS(*status))
@@ -298,6 +316,10 @@ StatusOr<TrainingJobResult> RunTrainingJob(
                                              spec.timeout / kMicrosPerSecond, failures));
   }
   if (interrupted.load()) return AbortedError(fmt::format("{}: interrupted", spec.name));
+  if (!failures.empty() && only_bad_config && !timed_out) {
+    return InvalidArgumentError(
+        fmt::format("{}: a learner refused its configuration or flags{}", spec.name, failures));
+  }
   if (!failures.empty())
     return InternalError(fmt::format("{}: a learner failed{}", spec.name, failures));
 

@@ -96,6 +96,10 @@ struct TrainingJobResult {
 
 // The lighthouse configuration of a job (local address, port 0 picks).
 Config JobLighthouseConfig(const TrainingJobSpec& spec, const std::string& token_file);
+// Each KEY=VALUE of a harness's --set, as its learners will read it: an
+// unknown key or a bad value is INVALID_ARGUMENT naming it, before any
+// learner starts.
+[[nodiscard]] Status CheckSettings(const std::vector<std::string>& settings);
 
 // Whether the job's learners are groups of ranks (ranks_per_learner > 1,
 // not ddp), and how many processes it runs.

@@ -86,6 +86,18 @@ TEST_F(CheckpointTest, TruncatedFilesAreRefusedAtEveryLength) {
   EXPECT_THAT(ReadCheckpoint(dir_ + "/cut.mend").status().message(), HasSubstr("truncated"));
 }
 
+// A directory given for a checkpoint file is refused by name (it used to
+// read as a file of unknown size: std::bad_alloc).
+TEST_F(CheckpointTest, ADirectoryIsRefusedAsNotACheckpointFile) {
+  auto read = ReadCheckpoint(dir_);
+  ASSERT_FALSE(read.ok());
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kInvalidArgument) << read.status();
+  EXPECT_NE(std::string(read.status().message()).find("is a directory"), std::string::npos)
+      << read.status();
+  auto inspected = InspectCheckpoint(dir_);
+  EXPECT_FALSE(inspected.ok());
+}
+
 TEST_F(CheckpointTest, DamageIsNamed) {
   const std::string path = dir_ + "/a.mend";
   ASSERT_TRUE(WriteCheckpoint(path, Sample(1)).ok());

@@ -200,6 +200,27 @@ TEST_F(TrainProcessTest, BadInputIsRefusedWithWhatWasWrong) {
       RunMend({"chaos", "--faults", "kill,meteor", "--corpus", corpus_, "--work-dir", dir_ + "/c"});
   EXPECT_EQ(faults, 2);
   EXPECT_THAT(faults_text, HasSubstr("meteor"));
+  // A bad --set reaches the learners the demo and chaos start: their refusal
+  // is the command's bad input too (exit 2), the key named.
+  auto [demo_key, demo_key_text] =
+      RunMend({"demo", "--modes", "local", "--steps", "10", "--corpus", corpus_, "--set",
+               "sync_perod_steps=3", "--work-dir", dir_ + "/dk"});
+  EXPECT_EQ(demo_key, 2) << demo_key_text;
+  EXPECT_THAT(demo_key_text, HasSubstr("did you mean 'sync_period_steps'?"));
+  auto [chaos_key, chaos_key_text] =
+      RunMend({"chaos", "--steps", "10", "--no-reference", "--corpus", corpus_, "--set",
+               "sync_perod_steps=3", "--work-dir", dir_ + "/ck"});
+  EXPECT_EQ(chaos_key, 2) << chaos_key_text;
+  EXPECT_THAT(chaos_key_text, HasSubstr("did you mean 'sync_period_steps'?"));
+  // A model flag that every learner refuses (exit 2): the demo's bad input.
+  auto [dim, dim_text] = RunMend({"demo", "--modes", "local", "--steps", "10", "--corpus", corpus_,
+                                  "--dim", "4", "--work-dir", dir_ + "/dd"});
+  EXPECT_EQ(dim, 2) << dim_text;
+  EXPECT_THAT(dim_text, HasSubstr("refused its configuration or flags"));
+  auto [plot, plot_text] = RunMend({"demo", "--modes", "local", "--corpus", corpus_, "--plot",
+                                    dir_ + "/nowhere/x.png", "--work-dir", dir_ + "/dp"});
+  EXPECT_EQ(plot, 2);
+  EXPECT_THAT(plot_text, HasSubstr("no directory"));
   auto [rank, rank_text] = RunMend(
       {"train", "--mode", "local", "--group-size", "2", "--group-rank", "2", "--corpus", corpus_});
   EXPECT_EQ(rank, 2);
