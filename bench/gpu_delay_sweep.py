@@ -23,7 +23,10 @@ the same seed, the held-out loss after the last step (after the final merge
 with mend) and its change from synchronous at the same delay, the median
 inner step outside boundaries and local's, the peak GPU memory (the larger
 learner's), mend_init, the first round's step and the final merge
-(mend_shutdown). Prints a table and writes a CSV.
+(mend_shutdown). Prints a table and writes a CSV; exits 1 when a run failed.
+Needs torch >= 2.0 (the model is built on its device, and the decoder
+attends with scaled_dot_product_attention); Debian's torch 1.13 is refused
+at the start.
 """
 import argparse
 import csv
@@ -336,6 +339,13 @@ def main():
     args = p.parse_args()
     if args.worker:
         return worker(args)
+    import torch
+
+    # The model is built on its device (torch.device as a context manager) and
+    # attends with scaled_dot_product_attention: torch 2.0 and later.
+    if int(torch.__version__.split(".")[0]) < 2:
+        raise SystemExit(f"gpu_delay_sweep: needs torch >= 2.0 (this is {torch.__version__}): the model is "
+                         "built on its device with torch.device as a context manager")
     import mend
 
     runs = planned_runs(args)
@@ -347,17 +357,19 @@ def main():
     print(HEADER, flush=True)
     rows = []
     os.makedirs(os.path.dirname(args.csv) or ".", exist_ok=True)
-    for mode, delay, seed in runs:
-        row = run(args, mode, delay, seed, lighthouse.address)
-        if "error" not in row:
-            local = next((r for r in rows if r["mode"] == "local" and r["seed"] == seed and "error" not in r), None)
-            sync = next((r for r in rows if r["mode"] == "synchronous" and r["seed"] == seed
-                         and r["delay_ms"] == delay and "error" not in r), None)
-            row["of_local"] = row["tokens_per_s"] / local["tokens_per_s"] if local else None
-            row["loss_vs_sync"] = row["held_out_loss"] / sync["held_out_loss"] - 1 if sync else None
-        rows.append(row)
-        print(row_text(row), flush=True)
-        # Written after every run: a run cut short keeps the rows before it.
+    def compare(row):
+        # Against the local run and the synchronous one of its seed (and
+        # delay) among the rows so far.
+        if "error" in row:
+            return
+        seed, delay = row["seed"], row["delay_ms"]
+        local = next((r for r in rows if r["mode"] == "local" and r["seed"] == seed and "error" not in r), None)
+        sync = next((r for r in rows if r["mode"] == "synchronous" and r["seed"] == seed
+                     and r["delay_ms"] == delay and "error" not in r), None)
+        row["of_local"] = row["tokens_per_s"] / local["tokens_per_s"] if local else None
+        row["loss_vs_sync"] = row["held_out_loss"] / sync["held_out_loss"] - 1 if sync else None
+
+    def write_csv():
         fields = []
         for r in rows:
             fields += [k for k in r if k not in fields]
@@ -365,11 +377,26 @@ def main():
             w = csv.DictWriter(f, fieldnames=fields)
             w.writeheader()
             w.writerows(rows)
+
+    for mode, delay, seed in runs:
+        row = run(args, mode, delay, seed, lighthouse.address)
+        compare(row)
+        rows.append(row)
+        print(row_text(row), flush=True)
+        write_csv()  # after every run: a run cut short keeps the rows before it
     lighthouse.shutdown()
+    # The comparisons again with every row there (a run before its local or
+    # synchronous partner got none), into the CSV.
+    for row in rows:
+        compare(row)
+    write_csv()
     done = [r for r in rows if "error" not in r]
     if done:
         print(f"\n{done[0]['kind']}, {done[0]['parameters'] / 1e9:.3f} B parameters on {done[0]['device']}")
     print(f"wrote {args.csv}")
+    failed = len(rows) - len(done)
+    if failed:
+        raise SystemExit(f"gpu_delay_sweep: {failed} of {len(rows)} runs failed (their rows say why)")
 
 
 if __name__ == "__main__":

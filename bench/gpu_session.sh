@@ -60,6 +60,9 @@ status=${PIPESTATUS[0]}
 # What the budget cut short leaves behind.
 pkill -f "gpu_delay_sweep.py --worker" 2> /dev/null || true
 if [[ $status == 124 ]]; then
+  # A budget's end is the plan (the runs are ordered by what matters most).
   echo "gpu_session: the budget ($budget s) ended the sweep; the CSV holds the runs before it"
+  exit 0
 fi
-exit 0
+# Otherwise the sweep's own status: nonzero when a run failed (its row says why).
+exit "$status"

@@ -195,6 +195,12 @@ def main():
         return worker(args)
     if args.learners < 2:
         raise SystemExit("round_scale: --learners must be at least 2")
+    try:
+        sizes = [float(s) for s in args.sizes.split(",")]
+    except ValueError:
+        raise SystemExit(f"round_scale: --sizes {args.sizes!r}: millions of parameters, comma-separated (e.g. 25,100)")
+    if any(not 0 < s <= 100_000 for s in sizes):
+        raise SystemExit(f"round_scale: --sizes {args.sizes!r}: each size must be in (0, 100000] millions")
     if args.rounds < 3:
         raise SystemExit("round_scale: --rounds must be at least 3 (a first round and later ones)")
     os.environ["MEND_JOB_TOKEN"] = TOKEN
@@ -204,7 +210,7 @@ def main():
                                                  heartbeat_timeout_ms=600_000, log_level="warn"), token=TOKEN)
     rows, phase_rows = [], []
     phase_names = []
-    for size in [float(s) for s in args.sizes.split(",")]:
+    for size in sizes:
         results = run_size(size, args, lighthouse.address)
         # Per size: the slower learner's time of each event (a round ends when every one has it).
         init = max(r["init"] for r in results)
@@ -254,6 +260,11 @@ def main():
         print(f"{'params':>7} {'phase':<16} {'first':>8} {'later':>8}")
         for size, name, first, later in phase_rows:
             print(f"{size:>6.0f}M {name:<16} {first:>8.3f} {later:>8.3f}")
+        print("(snapshot: the copy-in and the pseudo-gradient, one fused pass, or made inside the merge as it "
+              "reaches each piece (still counted here); reduce: decode and merge; outer_step: "
+              "the outer step and the parameters' update, in place; no copy-in or copy-out of the numpy "
+              "buffers, which the round reads and writes in place; join and agree_or_heal: the quorum and, "
+              "in a job's first round, the members' state comparison)")
     os.makedirs(os.path.dirname(args.csv) or ".", exist_ok=True)
     with open(args.csv, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
@@ -264,7 +275,7 @@ def main():
             w = csv.writer(f)
             w.writerow(["parameters_m", "phase", "first_round_s", "later_round_s"])
             w.writerows(phase_rows)
-    print(f"\nwrote {args.csv}")
+    print(f"\nwrote {args.csv}" + (f" and {os.path.splitext(args.csv)[0]}_phases.csv" if phase_rows else ""))
 
 
 if __name__ == "__main__":

@@ -622,6 +622,9 @@ def mend_init(model: torch.nn.Module, config: Optional[MendConfig] = None,
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError("mend_init: model must be a torch.nn.Module")
+    if config is not None and not isinstance(config, MendConfig):
+        raise TypeError(f"mend_init: config must be a MendConfig, not {type(config).__name__}"
+                        + (" (MendConfig(**settings) makes one from a dict)" if isinstance(config, dict) else ""))
     if manual and scaler is not None:
         raise ValueError("mend_init: scaler= with manual=True; in manual mode call runtime.step(tokens) only "
                          "after the steps the GradScaler took (its skipped steps are no inner steps)")

@@ -231,6 +231,8 @@ def test_bad_input_gets_a_clear_error():
             mend.mend_init(torch.nn.Linear(2, 2).double(), config, "x1")
         with pytest.raises(ValueError, match="no parameters"):
             mend.mend_init(torch.nn.ReLU(), config, "x2")
+        with pytest.raises(TypeError, match=r"config must be a MendConfig, not dict \(MendConfig\(\*\*settings\)"):
+            mend.mend_init(torch.nn.Linear(2, 2), {"quorum_min_learners": 1}, "x2")
         model = torch.nn.Module()
         model.t = torch.nn.Parameter(torch.zeros(3, 2).t())
         with pytest.raises(ValueError, match="'t' is .*not contiguous"):
