@@ -111,15 +111,15 @@ Config JobLighthouseConfig(const TrainingJobSpec& spec, const std::string& token
 }
 
 Status CheckSettings(const std::vector<std::string>& settings) {
+  // Split as `mend train`'s --set splits them (ConfigFlags), so that the
+  // error is the one a learner would print.
   Config config;
   for (const std::string& setting : settings) {
     const size_t equals = setting.find('=');
-    if (equals == std::string::npos || equals == 0) {
-      return InvalidArgumentError(fmt::format("--set {}: expected KEY=VALUE", setting));
-    }
-    MEND_RETURN_IF_ERROR(SetConfigValue(config, setting.substr(0, equals),
-                                        setting.substr(equals + 1),
-                                        fmt::format("flag --set {}", setting)));
+    MEND_RETURN_IF_ERROR(
+        SetConfigValue(config, setting.substr(0, equals),
+                       equals == std::string::npos ? "" : setting.substr(equals + 1),
+                       fmt::format("flag --set {}", setting)));
   }
   return OkStatus();
 }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <climits>
 #include <map>
+#include <set>
 #include <string_view>
 
 #include "core/round_keys.h"
@@ -41,11 +42,9 @@ std::string SettingsDiffer(const std::vector<std::string>& mine,
     auto it = values.find(key);
     return it == values.end() ? std::string("(not sent)") : std::string(it->second);
   };
-  std::vector<std::string_view> keys;
-  for (const auto& [key, _] : my_values) keys.push_back(key);
-  for (const auto& [key, _] : job_values)
-    if (my_values.count(key) == 0) keys.push_back(key);
-  std::sort(keys.begin(), keys.end());
+  std::set<std::string_view> keys;
+  for (const auto& [key, _] : my_values) keys.insert(key);
+  for (const auto& [key, _] : job_values) keys.insert(key);
   for (std::string_view key : keys) {
     const std::string mine_value = value(my_values, key);
     const std::string job_value = value(job_values, key);
