@@ -227,7 +227,7 @@ std::vector<std::string> SharedSettings(const Config& config) {
   std::vector<std::string> settings;
   for (std::string_view name : keys) {
     const ConfigKey* key = FindConfigKey(name);
-    if (key == nullptr) continue;  // (a test fails: every name is a key)
+    if (key == nullptr) continue;  // (ConfigTest counts them: a name that is no key fails it)
     settings.push_back(fmt::format("{}={}", name, FormatConfigValue(config, *key)));
   }
   return settings;
