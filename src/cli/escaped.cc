@@ -26,7 +26,11 @@ int RunCommandLine(
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
-    return app.exit(error);
+    // --help and --version exit 0; a command line CLI11 cannot parse (an
+    // unknown flag, a bad value, a --config file that is not there) is a bad
+    // argument, exit 2, whatever CLI11's own code for it.
+    const int code = app.exit(error);
+    return code == kExitOk ? kExitOk : kExitBadConfig;
   } catch (const std::exception& error) {
     std::optional<std::string> text = message ? message(error) : std::nullopt;
     return ReportEscaped(app, text ? *text : error.what());

@@ -12,9 +12,11 @@
 int main(int argc, char** argv) {
   CLI::App app{"mend lighthouse: the coordinator of a mend job", "mend"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "mend 0.1.0");
   int exit_code = mend::cli::kExitOk;
   mend::cli::AddLighthouseCommand(app, &exit_code);
+  // On the command, where `mend-lighthouse --version` and `mend lighthouse
+  // --version` both arrive.
+  app.get_subcommand("lighthouse")->set_version_flag("--version", MEND_VERSION_TEXT);
   // Both `mend-lighthouse lighthouse ARGS` (as `mend lighthouse` runs it) and
   // `mend-lighthouse ARGS`.
   std::vector<char*> args(argv, argv + argc);

@@ -38,7 +38,7 @@ int main(int argc, char** argv) {
   if (argc >= 2 && std::strcmp(argv[1], "lighthouse") == 0) return ExecLighthouse(argv);
   CLI::App app{"mend: fault-tolerant, communication-efficient data-parallel training", "mend"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "mend 0.1.0");
+  app.set_version_flag("--version", MEND_VERSION_TEXT);
   int exit_code = mend::cli::kExitOk;
   // Listed for --help; main() has run mend-lighthouse before parsing.
   app.add_subcommand("lighthouse", mend::cli::kLighthouseDescription)->allow_extras();

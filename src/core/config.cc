@@ -441,6 +441,20 @@ std::string ConfigToToml(const Config& config) {
   return out;
 }
 
+namespace {
+
+// A markdown table's cell: a '|' in it (true | false) would end the cell.
+std::string TableCell(std::string_view text) {
+  std::string cell;
+  for (char c : text) {
+    if (c == '|') cell += '\\';
+    cell += c;
+  }
+  return cell;
+}
+
+}  // namespace
+
 std::string ConfigMarkdownTable() {
   Config defaults;
   std::string out = "| key | type | default | allowed | meaning |\n|---|---|---|---|---|\n";
@@ -465,8 +479,8 @@ std::string ConfigMarkdownTable() {
         type = "enum";
         break;
     }
-    out += fmt::format("| `{}` | {} | `{}` | {} | {} |\n", key.name, type, value, RangeText(key),
-                       key.help);
+    out += fmt::format("| `{}` | {} | `{}` | {} | {} |\n", key.name, type, value,
+                       TableCell(RangeText(key)), TableCell(key.help));
   }
   return out;
 }

@@ -32,7 +32,9 @@ ConfigKey Enum(std::string_view name, E Config::*field, std::vector<std::string_
 std::vector<ConfigKey> BuildKeys() {
   using C = Config;
   return {
-      Text("job_id", &C::job_id, "Name of the job; learners and lighthouse must agree."),
+      Text("job_id", &C::job_id,
+           "Name of the job; learners and lighthouse must agree. Letters, digits and . _ : @ + "
+           "-, at most 128 characters."),
       Text("token_file", &C::token_file,
            "File holding the job token (MEND_JOB_TOKEN overrides it; never on argv)."),
       Text("tls_cert_file", &C::tls_cert_file,
@@ -78,7 +80,9 @@ std::vector<ConfigKey> BuildKeys() {
            "steps: inside each rack, across racks between one learner per rack, back inside the "
            "rack (cross-rack "
            "bytes fall by the learners per rack)."),
-      Text("rack", &C::rack, "Learner: its failure domain (rack, zone)."),
+      Text("rack", &C::rack,
+           "Learner: its failure domain (rack, zone). Letters, digits and . _ : @ + -, at most "
+           "128 characters."),
       Int("group_size", &C::group_size, 1, 1024,
           "Learner: ranks per learner (the hosts of a rack, each training with DDP inside). Rank r "
           "owns "

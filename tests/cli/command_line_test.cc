@@ -64,13 +64,17 @@ TEST(CommandLineTest, AFrontEndRendersItsOwnExceptions) {
   EXPECT_NE(run.err.find("mend boom: internal error: without it"), std::string::npos) << run.err;
 }
 
-TEST(CommandLineTest, ACommandsOwnExitCodeAndCommandLineErrorsAreUnchanged) {
+TEST(CommandLineTest, ACommandsOwnExitCodeIsUnchangedAndACommandLineErrorIsExit2) {
   Outcome ok = RunApp({"ok"}, 0);
   EXPECT_EQ(ok.status, 7);
   EXPECT_EQ(ok.err, "");
   Outcome bad = RunApp({"nonsense"}, 0);
-  EXPECT_NE(bad.status, kExitOk);
-  EXPECT_NE(bad.status, kExitInternal);
+  EXPECT_EQ(bad.status, kExitBadConfig);  // CLI11's own code would be 109
+  EXPECT_NE(bad.err.find("nonsense"), std::string::npos) << bad.err;
+  Outcome flag = RunApp({"ok", "--no-such-flag"}, 0);
+  EXPECT_EQ(flag.status, kExitBadConfig);
+  Outcome help = RunApp({"--help"}, 0);
+  EXPECT_EQ(help.status, kExitOk);
 }
 
 // A replaced key's old flag is still understood, to say what replaced it.

@@ -253,12 +253,22 @@ TEST_F(LighthouseProcessTest, HelpListsEveryOptionWithItsDefault) {
     EXPECT_THAT(sim_text, HasSubstr(option));
   }
   EXPECT_THAT(sim_text, HasSubstr("=100"));  // --step-ms default
+  // --version, from mend and from the lighthouse (mend lighthouse runs it).
+  auto [version_code, version_text] = RunMend(dir_, {"--version"});
+  EXPECT_EQ(version_code, 0);
+  EXPECT_THAT(version_text, HasSubstr("mend 0."));
+  auto [lighthouse_code, lighthouse_text] = RunMend(dir_, {"lighthouse", "--version"});
+  EXPECT_EQ(lighthouse_code, 0);
+  EXPECT_EQ(lighthouse_text, version_text);
 }
 
 TEST_F(LighthouseProcessTest, BadArgumentsExitNonZeroNamingTheProblem) {
   auto [code, text] = RunMend(dir_, {"sim-learner", "--id", "x", "--step-ms", "-5"});
-  EXPECT_NE(code, 0);
+  EXPECT_EQ(code, 2);  // a command line CLI11 refuses is a bad argument too
   EXPECT_THAT(text, HasSubstr("--step-ms"));
+  auto [file_code, file_text] = RunMend(dir_, {"lighthouse", "--config", dir_ + "/nowhere.toml"});
+  EXPECT_EQ(file_code, 2);
+  EXPECT_THAT(file_text, HasSubstr("nowhere.toml"));
   auto [key_code, key_text] =
       RunMend(dir_, {"lighthouse", "--token-file", token_file_, "--set", "grace_window=5"});
   EXPECT_EQ(key_code, 2);
