@@ -116,25 +116,23 @@ StatusOr<RegisterResult> LighthouseCore::Register(const RegisterArgs& args) {
   bool wake = false;
   {
     MutexLock lock(mu_);
-    // The first learner sets the job's group size; a learner of another
-    // size could not take part in its rounds (slice r goes to rank r).
-    if (!group_size_set_by_.empty() && args.group_size != group_size_) {
-      return InvalidArgumentError(
-          fmt::format("group_size = {}: this job's learners are groups of {} rank(s) (set by the "
-                      "first learner, '{}')",
-                      args.group_size, group_size_, group_size_set_by_));
-    }
-    if (group_size_set_by_.empty()) {
+    const LearnerRecord* previous = membership_.FindAny(args.learner_id);
+    // The job's group size and shared settings are the alive learners'; the
+    // first to register when no other is alive (a new job, or a job's
+    // learners all restarted with another configuration) sets them. A
+    // learner of another group size could not take part in the rounds (slice
+    // r goes to rank r), nor one with another round schedule or merge.
+    const size_t others_alive =
+        membership_.counts().alive - (previous != nullptr && previous->alive ? 1 : 0);
+    if (others_alive == 0 || group_size_set_by_.empty()) {
       group_size_ = args.group_size;
       group_size_set_by_ = args.learner_id;
+    } else if (args.group_size != group_size_) {
+      return InvalidArgumentError(
+          fmt::format("group_size = {}: this job's learners are groups of {} rank(s) (set by '{}')",
+                      args.group_size, group_size_, group_size_set_by_));
     }
-    const LearnerRecord* previous = membership_.FindAny(args.learner_id);
-    // The job's shared settings are the alive learners'; the first to
-    // register when no other is alive (a new job, or a job's learners all
-    // restarted with another configuration) sets them.
-    if (!args.job_settings.empty()) {
-      const size_t others_alive =
-          membership_.counts().alive - (previous != nullptr && previous->alive ? 1 : 0);
+    if (!args.job_settings.empty()) {  // (an older learner sends none: not checked)
       if (others_alive == 0 || job_settings_.empty()) {
         job_settings_ = args.job_settings;
         job_settings_set_by_ = args.learner_id;

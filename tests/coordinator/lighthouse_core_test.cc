@@ -394,5 +394,32 @@ TEST(LighthouseCoreTest, ALearnerWhoseSharedSettingsDifferIsRefusedNamingTheKeys
   EXPECT_TRUE(reg("b", {"fragments=1", "sync_period_steps=7"}).ok());
 }
 
+// The group size follows the same rule: the alive learners' holds, and the
+// first learner of a new job on a standing lighthouse sets another.
+TEST(LighthouseCoreTest, ALearnerOfAnotherGroupSizeIsRefusedWhileTheJobsLearnersAreAlive) {
+  CoreHarness h(CoreHarness::Options(2, 1000));
+  auto reg = [&](const std::string& id, uint32_t group_size) {
+    RegisterArgs args;
+    args.learner_id = id;
+    args.group_size = group_size;
+    return h.core().Register(args);
+  };
+  auto a = reg("a", 2);
+  auto b = reg("b", 2);
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto other = reg("c", 4);
+  ASSERT_EQ(other.status().code(), StatusCode::kInvalidArgument) << other.status();
+  EXPECT_THAT(
+      std::string(other.status().message()),
+      HasSubstr("group_size = 4: this job's learners are groups of 2 rank(s) (set by 'a')"));
+  EXPECT_FALSE(reg("a", 1).ok());  // a restart of "a" while "b" is alive
+  ASSERT_TRUE(h.core().Leave("a", a->session_id, "done").ok());
+  ASSERT_TRUE(h.core().Leave("b", b->session_id, "done").ok());
+  // A new job, another size.
+  EXPECT_TRUE(reg("c", 4).ok());
+  EXPECT_FALSE(reg("a", 2).ok());
+  EXPECT_TRUE(reg("a", 4).ok());
+}
+
 }  // namespace
 }  // namespace mend::coordinator
