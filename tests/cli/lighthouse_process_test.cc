@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "cli/process_fixture.h"
+#include "fmt/format.h"
 #include "gmock/gmock.h"
 
 namespace mend::testing_util {
@@ -216,7 +217,9 @@ TEST_F(LighthouseProcessTest, LearnerLeavesOnSigterm) {
   ASSERT_TRUE(learners_["c"]->Signal(SIGTERM).ok());
   auto exited = learners_["c"]->Wait(kWait);
   ASSERT_TRUE(exited.ok());
-  EXPECT_TRUE(WIFEXITED(*exited) && WEXITSTATUS(*exited) == 0);
+  EXPECT_TRUE(WIFEXITED(*exited) && WEXITSTATUS(*exited) == 0)
+      << (WIFSIGNALED(*exited) ? fmt::format("killed by signal {}", WTERMSIG(*exited))
+                               : fmt::format("exit status {}", WEXITSTATUS(*exited)));
   AwaitStatus(
       kWait,
       [](const json& s) {
