@@ -59,6 +59,43 @@ Communicator::MakeValues CopiesInto(const std::vector<float>& own, std::vector<f
   };
 }
 
+// Four members exchange, member 3's pseudo-gradient 1000x the others'
+// (finite; from seed `seed` + rank), through `codec` (nullptr: fp32); the
+// members set in the bit mask `makers` make theirs in the merge; with
+// `sits_out` member 3 does not contribute. Each member's merged values, the
+// members it dropped and its collectives.
+struct OutlierRun {
+  std::vector<std::vector<float>> merged;
+  std::vector<std::vector<int>> dropped;
+  std::vector<uint64_t> operations;
+};
+constexpr int kOutlierMembers = 4;
+OutlierRun RunWithAnOutlier(const Codec* codec, uint64_t seed, bool sits_out, unsigned makers) {
+  OutlierRun run{std::vector<std::vector<float>>(kOutlierMembers),
+                 std::vector<std::vector<int>>(kOutlierMembers),
+                 std::vector<uint64_t>(kOutlierMembers)};
+  RunMembers(kOutlierMembers, [&](int rank, Communicator& comm) {
+    FragmentState state(std::vector<float>(kSize, 0.0f));
+    OuterSyncOptions options;
+    options.codec = codec;
+    options.contributes = !(sits_out && rank == 3);
+    std::vector<float> own = testing_util::NormalValues(seed + static_cast<uint64_t>(rank), kSize);
+    if (rank == 3)
+      for (float& v : own) v *= 1000.0f;
+    std::vector<float> delta = own;
+    const Communicator::MakeValues make = CopiesInto(own, delta);
+    const bool makes = (makers >> rank & 1) != 0;
+    if (makes) std::fill(delta.begin(), delta.end(), 1e30f);
+    auto result = OuterRound::Exchange(comm, state, delta, Tokens(rank), options, std::nullopt,
+                                       makes ? &make : nullptr);
+    ASSERT_TRUE(result.ok()) << result.status();
+    run.merged[rank] = delta;
+    run.dropped[rank] = result->dropped;
+    run.operations[rank] = comm.stats().operations;
+  });
+  return run;
+}
+
 // `made`: the members (a bit each) whose exchange makes the pseudo-gradient
 // itself (Exchange's `make`); the others' was made before the exchange.
 std::vector<MemberRun> RunRounds(int members, int rounds, const OuterSyncOptions& options,
@@ -253,43 +290,15 @@ TEST(OuterSyncTest, AnOutlierIsLeftOutAlikeWhetherItsPseudoGradientWasMadeBefore
   // it sat out (contributes = false). Made before the round by everyone, it
   // is left out of the sums as they are made (one reduction); made in the
   // merge by any member, after them, and every member reduces again.
-  constexpr int kMembers = 4;
-  auto delta_of = [](int rank) {
-    std::vector<float> delta = testing_util::NormalValues(50 + rank, kSize);
-    if (rank == 3)
-      for (float& v : delta) v *= 1000.0f;
-    return delta;
-  };
-  auto run = [&](unsigned makers, bool sits_out) {
-    std::vector<std::vector<float>> merged(kMembers);
-    std::vector<std::vector<int>> dropped(kMembers);
-    std::vector<uint64_t> operations(kMembers);
-    RunMembers(kMembers, [&](int rank, Communicator& comm) {
-      FragmentState state(std::vector<float>(kSize, 0.0f));
-      OuterSyncOptions options;
-      options.contributes = !(sits_out && rank == 3);
-      const std::vector<float> own = delta_of(rank);
-      std::vector<float> delta = own;
-      const Communicator::MakeValues make = CopiesInto(own, delta);
-      const bool makes = (makers >> rank & 1) != 0;
-      if (makes) std::fill(delta.begin(), delta.end(), 1e30f);
-      auto result = OuterRound::Exchange(comm, state, delta, Tokens(rank), options, std::nullopt,
-                                         makes ? &make : nullptr);
-      ASSERT_TRUE(result.ok()) << result.status();
-      merged[rank] = delta;
-      dropped[rank] = result->dropped;
-      operations[rank] = comm.stats().operations;
-    });
-    return std::make_tuple(merged, dropped, operations);
-  };
-  const auto [want, none, once] = run(0u, /*sits_out=*/true);
-  for (int r = 0; r < kMembers; ++r) EXPECT_TRUE(none[r].empty()) << r;
+  const OutlierRun want = RunWithAnOutlier(nullptr, 50, /*sits_out=*/true, 0u);
+  for (int r = 0; r < kOutlierMembers; ++r) EXPECT_TRUE(want.dropped[r].empty()) << r;
   for (unsigned makers : {0u, 1u << 3, 1u, 0xFu}) {
-    const auto [merged, dropped, operations] = run(makers, /*sits_out=*/false);
-    for (int r = 0; r < kMembers; ++r) {
+    const auto [merged, dropped, operations] = RunWithAnOutlier(nullptr, 50, false, makers);
+    for (int r = 0; r < kOutlierMembers; ++r) {
       const std::string what = fmt::format("makers {:#x}, member {}", makers, r);
       EXPECT_EQ(dropped[r], std::vector<int>{3}) << what;
-      ASSERT_EQ(std::memcmp(merged[r].data(), want[r].data(), kSize * sizeof(float)), 0) << what;
+      ASSERT_EQ(std::memcmp(merged[r].data(), want.merged[r].data(), kSize * sizeof(float)), 0)
+          << what;
       EXPECT_EQ(operations[r], makers == 0 ? 1u : 2u) << what;
     }
   }
@@ -301,46 +310,21 @@ TEST(OuterSyncTest, ADenseCodecsRoundLeavesAnOutlierOutInOneCollective) {
   // collective, not a gather of norms first), every member leaves member 3
   // out, with the bits of a round it sat out (zeros, weight 0), whether its
   // pseudo-gradient was made before the exchange or by it.
-  constexpr int kMembers = 4;
   auto codec = MakeCodec({CodecKind::kInt8, 64, 256, 16});
   ASSERT_TRUE(codec.ok());
-  auto run = [&](bool sits_out, unsigned makers) {
-    std::vector<std::vector<float>> merged(kMembers);
-    std::vector<std::vector<int>> dropped(kMembers);
-    std::vector<uint64_t> operations(kMembers);
-    RunMembers(kMembers, [&](int rank, Communicator& comm) {
-      FragmentState state(std::vector<float>(kSize, 0.0f));
-      OuterSyncOptions options;
-      options.codec = codec->get();
-      options.contributes = !(sits_out && rank == 3);
-      std::vector<float> own = testing_util::NormalValues(70 + rank, kSize);
-      if (rank == 3)
-        for (float& v : own) v *= 1000.0f;
-      std::vector<float> delta = own;
-      const Communicator::MakeValues make = CopiesInto(own, delta);
-      const bool makes = (makers >> rank & 1) != 0;
-      if (makes) std::fill(delta.begin(), delta.end(), 1e30f);
-      auto result = OuterRound::Exchange(comm, state, delta, Tokens(rank), options, std::nullopt,
-                                         makes ? &make : nullptr);
-      ASSERT_TRUE(result.ok()) << result.status();
-      merged[rank] = delta;
-      dropped[rank] = result->dropped;
-      operations[rank] = comm.stats().operations;
-    });
-    return std::make_tuple(merged, dropped, operations);
-  };
-  const auto [want, none, sat_out_ops] = run(/*sits_out=*/true, 0u);
-  for (int r = 0; r < kMembers; ++r) {
-    EXPECT_TRUE(none[r].empty()) << r;
-    EXPECT_EQ(sat_out_ops[r], 1u) << r;
+  const OutlierRun want = RunWithAnOutlier(codec->get(), 70, /*sits_out=*/true, 0u);
+  for (int r = 0; r < kOutlierMembers; ++r) {
+    EXPECT_TRUE(want.dropped[r].empty()) << r;
+    EXPECT_EQ(want.operations[r], 1u) << r;
   }
   for (unsigned makers : {0u, 1u << 3, 0xFu}) {
-    const auto [merged, dropped, operations] = run(/*sits_out=*/false, makers);
-    for (int r = 0; r < kMembers; ++r) {
+    const auto [merged, dropped, operations] = RunWithAnOutlier(codec->get(), 70, false, makers);
+    for (int r = 0; r < kOutlierMembers; ++r) {
       const std::string what = fmt::format("makers {:#x}, member {}", makers, r);
       EXPECT_EQ(dropped[r], std::vector<int>{3}) << what;
       EXPECT_EQ(operations[r], 1u) << what;
-      ASSERT_EQ(std::memcmp(merged[r].data(), want[r].data(), kSize * sizeof(float)), 0) << what;
+      ASSERT_EQ(std::memcmp(merged[r].data(), want.merged[r].data(), kSize * sizeof(float)), 0)
+          << what;
       for (float v : merged[r]) ASSERT_TRUE(std::isfinite(v)) << what;
     }
   }
