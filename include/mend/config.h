@@ -238,6 +238,9 @@ std::string ConfigToToml(const Config& config);
 // The key table as Markdown (key, type, default, range, meaning) for the README.
 std::string ConfigMarkdownTable();
 
+// The environment variable that holds the job token.
+inline constexpr std::string_view kJobTokenVariable = "MEND_JOB_TOKEN";
+
 // The job token: MEND_JOB_TOKEN when set, else the contents of token_file
 // (trailing newline stripped). Never from argv. Errors when neither is set or
 // the token is shorter than 8 characters.

@@ -291,9 +291,7 @@ class Harness {
           bad_config ? absl::StatusCode::kInvalidArgument : absl::StatusCode::kInternal,
           fmt::format("chaos: {} {} ({}); log {}:\n{}", Label(slot),
                       bad_config ? "refused its configuration or flags" : "failed on its own",
-                      WIFEXITED(*status) ? fmt::format("exit {}", WEXITSTATUS(*status))
-                                         : fmt::format("signal {}", WTERMSIG(*status)),
-                      Log(slot), FileTail(Log(slot), 1500)));
+                      DescribeWaitStatus(*status), Log(slot), FileTail(Log(slot), 1500)));
     }
     return OkStatus();
   }

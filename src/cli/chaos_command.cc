@@ -14,6 +14,7 @@
 
 #include "cli/chaos.h"
 #include "cli/commands.h"
+#include "cli/config_flags.h"
 #include "cli/signals.h"
 #include "core/status_format.h"
 #include "core/subprocess.h"
@@ -314,8 +315,10 @@ void AddChaosCommand(CLI::App& app, int* exit_code) {
   command->add_option("--corpus", flags->corpus, "Directory of fortune files");
   command->add_option("--work-dir", flags->work_dir,
                       "Where logs go (default: a new directory under /tmp)");
-  command->add_option("--report", flags->report_file, "Write the report as JSON here");
-  command->add_option("--csv", flags->csv_file, "Append the summary as a CSV row here");
+  command->add_option("--report", flags->report_file, "Write the report as JSON here")
+      ->check(WritableFile());
+  command->add_option("--csv", flags->csv_file, "Append the summary as a CSV row here")
+      ->check(WritableFile());
   command->add_option("--timeout-s", flags->timeout_s, "Give up after this long")
       ->capture_default_str();
   command->callback([flags, exit_code]() {

@@ -43,6 +43,19 @@ inline bool RefusedByTheLighthouse(const Status& status) {
          status.code() == absl::StatusCode::kPermissionDenied;
 }
 
+// The exit status of a command that failed with `status`: kExitRefused for
+// the lighthouse's refusal, kExitBadConfig for the command's bad input
+// (INVALID_ARGUMENT, NOT_FOUND: a wrong job id, a missing corpus), else
+// kExitFailure (a lighthouse that cannot be reached among them).
+inline int ExitCodeOf(const Status& status) {
+  if (RefusedByTheLighthouse(status)) return kExitRefused;
+  if (status.code() == absl::StatusCode::kInvalidArgument ||
+      status.code() == absl::StatusCode::kNotFound) {
+    return kExitBadConfig;
+  }
+  return kExitFailure;
+}
+
 // A main(): parses the command line into `app` (whose chosen command sets
 // `exit_code`) and returns the process's exit status: `exit_code`, CLI11's
 // own for a command-line error, or, for an exception that escaped the

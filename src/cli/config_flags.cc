@@ -1,5 +1,11 @@
 #include "cli/config_flags.h"
 
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <system_error>
+
 #include "core/status_format.h"
 #include "fmt/format.h"
 
@@ -54,5 +60,27 @@ StatusOr<Config> ConfigFlags::Load() const {
 }
 
 StatusOr<std::string> JobToken(const Config& config) { return ReadJobToken(config, environ); }
+
+CLI::Validator WritableFile() {
+  return CLI::Validator(
+      [](std::string& path) -> std::string {
+        namespace fs = std::filesystem;
+        std::error_code error;
+        const fs::path file(path);
+        if (fs::exists(file, error)) {
+          if (!fs::is_regular_file(file, error))
+            return fmt::format("{} is not a regular file", path);
+          if (::access(path.c_str(), W_OK) != 0)
+            return fmt::format("{} is not writable: {}", path, std::strerror(errno));
+          return "";
+        }
+        const fs::path dir = file.parent_path().empty() ? fs::path(".") : file.parent_path();
+        if (!fs::is_directory(dir, error)) return fmt::format("no directory {}", dir.string());
+        if (::access(dir.c_str(), W_OK) != 0)
+          return fmt::format("cannot create a file in {}: {}", dir.string(), std::strerror(errno));
+        return "";
+      },
+      "FILE");
+}
 
 }  // namespace mend::cli

@@ -31,6 +31,11 @@ class ConfigFlags {
   std::vector<ConfigSources::Override> overrides_;
 };
 
+// A CLI11 check for an output file: one this process can create or write
+// (its directory exists and is writable; an existing one is a writable
+// regular file), so a long run does not end unable to write its result.
+CLI::Validator WritableFile();
+
 // Reads the job token (MEND_JOB_TOKEN, else token_file) from this process's environment.
 [[nodiscard]] StatusOr<std::string> JobToken(const Config& config);
 

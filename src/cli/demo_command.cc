@@ -21,6 +21,7 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "cli/config_flags.h"
 #include "cli/json_fields.h"
 #include "cli/signals.h"
 #include "cli/training_job.h"
@@ -278,16 +279,6 @@ int RunDemo(const DemoOptions& options, const std::string& dir,
     fmt::print(stderr, "mend demo: {}\n", jobs.status().message());
     return kExitBadConfig;
   }
-  if (!options.plot.empty()) {
-    // Refused before the jobs run rather than found after them.
-    const std::filesystem::path parent = std::filesystem::absolute(options.plot).parent_path();
-    std::error_code error;
-    if (!std::filesystem::is_directory(parent, error)) {
-      fmt::print(stderr, "mend demo: --plot {}: no directory {} to write it in\n", options.plot,
-                 parent.string());
-      return kExitBadConfig;
-    }
-  }
   fmt::print(
       "mend demo: {} learners{} train a byte-level GPT (dim {}, {} layers) on Debian's fortunes,\n"
       "           {} steps of {} x 64 bytes each (seed {}), over an emulated cross-rack link: {} "
@@ -399,8 +390,10 @@ void AddDemoCommand(CLI::App& app, int* exit_code) {
                       "Lighthouse status page address while a mode runs (e.g. 127.0.0.1:0)");
   command->add_option("--work-dir", options->work_dir,
                       "Where logs go (default: a new directory under /tmp)");
-  command->add_option("--plot", options->plot,
-                      "The PNG of held-out loss against time (default: in the work dir)");
+  command
+      ->add_option("--plot", options->plot,
+                   "The PNG of held-out loss against time (default: in the work dir)")
+      ->check(WritableFile());
   command->callback([options, exit_code]() {
     (void)InitLogging(LogLevel::kWarn, "demo");
     std::atomic<bool> interrupted{false};

@@ -3,6 +3,7 @@
 // recovers, crashes and comes back), with a live status line and a summary.
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 
 #include <chrono>
 #include <cstdio>
@@ -17,6 +18,7 @@
 #include "cli/training_job.h"
 #include "core/status_format.h"
 #include "core/subprocess.h"
+#include "core/text.h"
 #include "fmt/format.h"
 #include "mend/lighthouse.h"
 #include "mend/logging.h"
@@ -52,6 +54,12 @@ class Demo {
       : options_(std::move(options)), dir_(std::move(work_dir)) {}
 
   int Run(std::atomic<bool>& interrupted) {
+    if (!options_.http.empty()) {
+      if (Status address = CheckHostPort(options_.http, "--http"); !address.ok()) {
+        fmt::print(stderr, "mend fault-demo: {}\n", address.message());
+        return kExitBadConfig;
+      }
+    }
     if (Status started = StartLighthouse(); !started.ok()) {
       fmt::print(stderr, "mend fault-demo: {}\n", started.message());
       return kExitFailure;
@@ -82,11 +90,27 @@ class Demo {
       std::this_thread::sleep_for(std::chrono::milliseconds(250));
     }
     for (auto& [index, learner] : learners_) (void)learner->Signal(SIGTERM);
+    // A learner leaves on SIGTERM and exits 0; one that exited otherwise
+    // (refused by the lighthouse, a failure) failed the demo.
+    std::vector<std::string> failed;
     for (auto& [index, learner] : learners_) {
-      if (!learner->Wait(10 * kMicrosPerSecond).ok()) learner->Kill();
+      auto exited = learner->Wait(10 * kMicrosPerSecond);
+      if (!exited.ok()) {
+        learner->Kill();
+        failed.push_back(fmt::format("{} did not leave within 10 s of SIGTERM", LearnerId(index)));
+      } else if (!WIFEXITED(*exited) || WEXITSTATUS(*exited) != 0) {
+        failed.push_back(fmt::format("{} {}", LearnerId(index), DescribeWaitStatus(*exited)));
+      }
     }
     Summary();
     server_->Shutdown();
+    if (interrupted.load()) return kExitOk;
+    if (rounds_.empty()) failed.insert(failed.begin(), "no round formed");
+    if (!failed.empty()) {
+      fmt::print(stderr, "mend fault-demo: {} (the learners' logs are in {})\n",
+                 fmt::join(failed, "; "), dir_);
+      return kExitFailure;
+    }
     return kExitOk;
   }
 
@@ -122,6 +146,7 @@ class Demo {
     child.stdout_to = fmt::format("{}/{}.rounds", dir_, id);
     child.stderr_to = fmt::format("{}/{}.log", dir_, id);
     child.new_process_group = true;  // Ctrl-C reaches the demo, which stops them in order
+    child.unset_env = {std::string(kJobTokenVariable)};  // (the token file's, not the caller's)
     MEND_ASSIGN_OR_RETURN(learners_[index], Subprocess::Spawn(child));
     return OkStatus();
   }

@@ -68,8 +68,9 @@ int RunSimLearner(const SimOptions& options, const Config& config, const std::st
   LearnerIdentity identity{options.id, config.job_id, config.rack, options.address};
   auto started = LearnerAgent::Start(config, token, identity, *RealClock());
   if (!started.ok()) {
-    fmt::print(stderr, "mend sim-learner {}: refused: {}\n", options.id, started.status());
-    return kExitRefused;
+    fmt::print(stderr, "mend sim-learner {}: cannot join the job: {}\n", options.id,
+               started.status());
+    return ExitCodeOf(started.status());
   }
   std::unique_ptr<LearnerAgent> agent = std::move(*started);
   {
@@ -108,8 +109,9 @@ int RunSimLearner(const SimOptions& options, const Config& config, const std::st
         if (control.stop) break;
       }
       if (!agent->fatal_status().ok()) {
-        fmt::print(stderr, "mend sim-learner {}: refused: {}\n", options.id, result.status());
-        return kExitRefused;
+        fmt::print(stderr, "mend sim-learner {}: the lighthouse ended its membership: {}\n",
+                   options.id, agent->fatal_status());
+        return ExitCodeOf(agent->fatal_status());
       }
       spdlog::warn("no round at step {}: {}", step, result.status().message());
       continue;

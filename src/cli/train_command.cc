@@ -132,11 +132,7 @@ int RunTrain(const TrainFlags& flags, const Config& config, const std::string& t
       [&flags](const train::TrainProgress& p) { PrintProgress(p, flags.progress_json); }, &control);
   if (!result.ok()) {
     fmt::print(stderr, "mend train {}: {}\n", flags.options.id, result.status().message());
-    if (RefusedByTheLighthouse(result.status())) return kExitRefused;
-    return result.status().code() == absl::StatusCode::kInvalidArgument ||
-                   result.status().code() == absl::StatusCode::kNotFound
-               ? kExitBadConfig
-               : kExitFailure;
+    return ExitCodeOf(result.status());
   }
   if (!flags.progress_json) {
     fmt::print(
@@ -212,7 +208,8 @@ void AddTrainCommand(CLI::App& app, int* exit_code) {
   command->add_option("--threads", flags->threads, "LibTorch intra-op threads")
       ->capture_default_str()
       ->check(CLI::Range(1, 256));
-  command->add_option("--result-file", flags->result_file, "Write the result as JSON here");
+  command->add_option("--result-file", flags->result_file, "Write the result as JSON here")
+      ->check(WritableFile());
   command->add_flag("--progress-json", flags->progress_json, "Progress as JSON lines on stdout");
   auto config_flags = std::make_shared<ConfigFlags>(command);
   config_flags->Map("--lighthouse", "lighthouse");

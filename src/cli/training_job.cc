@@ -174,6 +174,9 @@ StatusOr<std::unique_ptr<Subprocess>> SpawnLearner(std::vector<std::string> argv
   child.argv = std::move(argv);
   // One BLAS thread per learner from the start (no spinning pool).
   child.extra_env = {"OPENBLAS_NUM_THREADS=1", "OMP_NUM_THREADS=1"};
+  // The job's own token is in the token file its lighthouse wrote; the
+  // caller's MEND_JOB_TOKEN (of another job) would override it.
+  child.unset_env = {std::string(kJobTokenVariable)};
   child.stdout_to = "pipe";
   child.stderr_to = log;
   child.new_process_group = true;  // Ctrl-C reaches the caller, which stops them in order
@@ -303,11 +306,8 @@ StatusOr<TrainingJobResult> RunTrainingJob(
     }
     if (!WIFEXITED(*status) || WEXITSTATUS(*status) != 0) {
       only_bad_config = only_bad_config && WIFEXITED(*status) && WEXITSTATUS(*status) == 2;
-      failures +=
-          fmt::format("\n{} {} (log {}):\n{}", labels[i],
-                      WIFEXITED(*status) ? fmt::format("exited with {}", WEXITSTATUS(*status))
-                                         : fmt::format("killed by signal {}", WTERMSIG(*status)),
-                      logs[i], FileTail(logs[i], 1500));
+      failures += fmt::format("\n{} {} (log {}):\n{}", labels[i], DescribeWaitStatus(*status),
+                              logs[i], FileTail(logs[i], 1500));
     }
   }
   if (server) server->Shutdown();

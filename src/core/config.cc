@@ -15,7 +15,7 @@ namespace mend {
 namespace {
 
 constexpr std::string_view kEnvPrefix = "MEND_";
-constexpr std::string_view kTokenEnv = "MEND_JOB_TOKEN";
+constexpr std::string_view kTokenEnv = kJobTokenVariable;
 constexpr size_t kMaxStringValue = 4096;
 constexpr size_t kMinTokenLength = 8;
 

@@ -90,6 +90,7 @@ StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(const SubprocessOptions&
     std::string line(*entry);
     env[line.substr(0, line.find('='))] = line;
   }
+  for (const auto& name : options.unset_env) env.erase(name);
   for (const auto& line : options.extra_env) env[line.substr(0, line.find('='))] = line;
   std::vector<char*> envp;
   for (auto& [name, line] : env) envp.push_back(line.data());
@@ -180,6 +181,14 @@ void Subprocess::Kill() {
   if (pid_ <= 0 || exit_status_) return;
   kill(pid_, SIGKILL);
   (void)Wait(60 * kMicrosPerSecond);
+}
+
+std::string DescribeWaitStatus(int status) {
+  if (WIFEXITED(status)) return fmt::format("exited with {}", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    return fmt::format("killed by signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));
+  }
+  return fmt::format("stopped or continued (wait status {:#x})", status);
 }
 
 }  // namespace mend

@@ -30,6 +30,8 @@ struct SubprocessOptions {
   // Start the child in a new process group (so a signal can reach its
   // whole tree); it is also what keeps a terminal's Ctrl-C from the child.
   bool new_process_group = false;
+  // Names taken out of the parent's environment.
+  std::vector<std::string> unset_env = {};
 };
 
 class Subprocess {
@@ -67,5 +69,8 @@ class Subprocess {
 
 // The path of the running executable (/proc/self/exe resolved).
 std::string SelfExecutable();
+
+// A wait status in words: "exited with 3", "killed by signal 9 (Killed)".
+std::string DescribeWaitStatus(int status);
 
 }  // namespace mend

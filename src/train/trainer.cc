@@ -35,20 +35,26 @@ std::pair<at::Tensor, at::Tensor> MakeBatch(const std::string& text,
   return {window.slice(1, 0, context).contiguous(), window.slice(1, 1, context + 1).contiguous()};
 }
 
+// The mean loss over the windows at `starts`, a batch at a time. When
+// `stop` turns true it ends after the batch in hand: the mean of the windows
+// evaluated (a stopped learner leaves promptly, its loss on fewer windows).
 double Evaluate(Gpt& model, const std::string& text, const std::vector<size_t>& starts,
-                int64_t context, int64_t batch) {
+                int64_t context, int64_t batch, const std::function<bool()>& stop) {
   at::NoGradGuard no_grad;
   model->eval();
   double sum = 0;
+  size_t evaluated = 0;
   for (size_t first = 0; first < starts.size(); first += static_cast<size_t>(batch)) {
     const size_t last = std::min(starts.size(), first + static_cast<size_t>(batch));
     std::vector<size_t> chunk(starts.begin() + static_cast<long>(first),
                               starts.begin() + static_cast<long>(last));
     auto [x, y] = MakeBatch(text, chunk, context);
     sum += model->Loss(x, y).item<double>() * static_cast<double>(chunk.size());
+    evaluated = last;
+    if (stop()) break;
   }
   model->train();
-  return sum / static_cast<double>(starts.size());
+  return sum / static_cast<double>(evaluated);
 }
 
 double LearningRate(const TrainOptions& options, int64_t step) {
@@ -83,6 +89,18 @@ Status CheckTrainOptions(const TrainOptions& options) {
     return InvalidArgumentError(fmt::format("train: {} = {}: must be at least 1", name, value));
   };
   MEND_RETURN_IF_ERROR(positive("batch", options.batch));
+  if (options.batch > kMaxBatch) {
+    return InvalidArgumentError(
+        fmt::format("train: batch = {}: must be at most {}", options.batch, kMaxBatch));
+  }
+  if (options.eval_windows > kMaxEvalWindows) {
+    return InvalidArgumentError(fmt::format("train: eval_windows = {}: must be at most {}",
+                                            options.eval_windows, kMaxEvalWindows));
+  }
+  if (!(options.weight_decay >= 0 && options.weight_decay <= 1)) {
+    return InvalidArgumentError(
+        fmt::format("train: weight_decay = {}: must be in [0, 1]", options.weight_decay));
+  }
   MEND_RETURN_IF_ERROR(positive("steps", options.steps));
   MEND_RETURN_IF_ERROR(positive("eval_windows", options.eval_windows));
   MEND_RETURN_IF_ERROR(positive("progress_every", options.progress_every));
@@ -207,10 +225,11 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config,
   double quiet_sum = 0;
   const auto started = SteadyClock::now();
   auto elapsed = [&]() { return Seconds(SteadyClock::now() - started).count() - eval_seconds; };
+  auto stop_asked = [&]() { return signals && signals->stop.load(); };
   auto evaluate = [&](int64_t step) {
     const double at = elapsed();
     const auto begin = SteadyClock::now();
-    double loss = Evaluate(model, corpus.eval(), eval_starts, context, options.batch);
+    double loss = Evaluate(model, corpus.eval(), eval_starts, context, options.batch, stop_asked);
     eval_seconds += Seconds(SteadyClock::now() - begin).count();
     result.eval_curve.push_back({step, loss, at});
     return loss;
@@ -227,7 +246,6 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config,
   int64_t steps_run = 0;
   // A group's ranks stop together: a rank asked to stop tells the others
   // with its next gradient average, and all end after that step.
-  auto stop_asked = [&]() { return signals && signals->stop.load(); };
   while (step < options.steps &&
          (group_data_parallel ? !group_data_parallel->StopAgreed() : !stop_asked())) {
     if (group_data_parallel && stop_asked()) group_data_parallel->RequestStop();

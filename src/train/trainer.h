@@ -28,6 +28,10 @@
 
 namespace mend::train {
 
+// Bounds of TrainOptions that CheckTrainOptions enforces.
+inline constexpr int64_t kMaxBatch = 4096;         // sequences per inner step
+inline constexpr int64_t kMaxEvalWindows = 65536;  // held-out windows
+
 struct TrainOptions {
   std::string id = "learner";
   std::string mode = "diloco";  // diloco | ddp | local

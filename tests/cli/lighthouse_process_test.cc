@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "cli/process_fixture.h"
+#include "core/free_ports.h"
 #include "fmt/format.h"
 #include "gmock/gmock.h"
 
@@ -17,6 +18,19 @@ using ::testing::Not;
 using json = nlohmann::json;
 
 constexpr Micros kWait = 30 * kMicrosPerSecond;
+
+// Runs `mend ARGS...` to completion; returns (exit code, stdout + stderr).
+std::pair<int, std::string> RunMend(const std::string& dir, std::vector<std::string> args) {
+  args.insert(args.begin(), MEND_BINARY);
+  auto child = Subprocess::Spawn({args, {}, dir + "/run.txt", dir + "/run.txt", false});
+  EXPECT_TRUE(child.ok());
+  auto status = (*child)->Wait(kWait);
+  EXPECT_TRUE(status.ok());
+  std::ifstream in(dir + "/run.txt");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::remove((dir + "/run.txt").c_str());
+  return {WIFEXITED(*status) ? WEXITSTATUS(*status) : -1, text};
+}
 
 // Learners step every 20 ms and join a round every 5 steps.
 const std::vector<std::string> kFastLearner = {"--step-ms", "20",       "--sync-every",
@@ -141,6 +155,28 @@ TEST_F(LighthouseProcessTest, ThreeTimesSlowerLearnerIsFlaggedThenCleared) {
       "c cleared after it sped up");
 }
 
+// A job id the lighthouse does not serve is the learner's bad
+// configuration (2); a lighthouse that never answers is a failure (1), not
+// a refusal (3): the exit status says which to fix.
+TEST_F(LighthouseProcessTest, AnotherJobsIdIsBadConfigAndNoLighthouseIsAFailure) {
+  StartLighthouse(LighthouseFlags("2000", "2000"));
+  Subprocess& other = StartLearner("other", {"--job-id", "another-job"});
+  auto exited = other.Wait(kWait);
+  ASSERT_TRUE(exited.ok()) << exited.status();
+  EXPECT_EQ(DescribeWaitStatus(*exited), "exited with 2");
+  std::ifstream log(dir_ + "/other.log");
+  std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(text, HasSubstr("another-job"));
+
+  auto port = FreeLoopbackPorts(1);
+  ASSERT_TRUE(port.ok()) << port.status();
+  auto [code, out] =
+      RunMend(dir_, {"sim-learner", "--id", "alone", "--token-file", token_file_, "--lighthouse",
+                     fmt::format("127.0.0.1:{}", (*port)[0]), "--set", "lighthouse_wait_ms=300"});
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_THAT(out, HasSubstr(fmt::format("127.0.0.1:{}", (*port)[0])));
+}
+
 TEST_F(LighthouseProcessTest, WrongTokenIsRefusedWithAReason) {
   StartLighthouse(LighthouseFlags("2000", "2000"));
   std::string wrong = dir_ + "/wrong-token";
@@ -217,9 +253,7 @@ TEST_F(LighthouseProcessTest, LearnerLeavesOnSigterm) {
   ASSERT_TRUE(learners_["c"]->Signal(SIGTERM).ok());
   auto exited = learners_["c"]->Wait(kWait);
   ASSERT_TRUE(exited.ok());
-  EXPECT_TRUE(WIFEXITED(*exited) && WEXITSTATUS(*exited) == 0)
-      << (WIFSIGNALED(*exited) ? fmt::format("killed by signal {}", WTERMSIG(*exited))
-                               : fmt::format("exit status {}", WEXITSTATUS(*exited)));
+  EXPECT_TRUE(WIFEXITED(*exited) && WEXITSTATUS(*exited) == 0) << DescribeWaitStatus(*exited);
   AwaitStatus(
       kWait,
       [](const json& s) {
@@ -227,19 +261,6 @@ TEST_F(LighthouseProcessTest, LearnerLeavesOnSigterm) {
         return c && (*c)["state"] == "left" && FindRound(s, {"a", "b"});
       },
       "c left and rounds go on without waiting for it");
-}
-
-// Runs `mend ARGS...` to completion; returns (exit code, stdout + stderr).
-std::pair<int, std::string> RunMend(const std::string& dir, std::vector<std::string> args) {
-  args.insert(args.begin(), MEND_BINARY);
-  auto child = Subprocess::Spawn({args, {}, dir + "/run.txt", dir + "/run.txt", false});
-  EXPECT_TRUE(child.ok());
-  auto status = (*child)->Wait(kWait);
-  EXPECT_TRUE(status.ok());
-  std::ifstream in(dir + "/run.txt");
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::remove((dir + "/run.txt").c_str());
-  return {WIFEXITED(*status) ? WEXITSTATUS(*status) : -1, text};
 }
 
 TEST_F(LighthouseProcessTest, HelpListsEveryOptionWithItsDefault) {

@@ -32,11 +32,13 @@ class TrainProcessTest : public ::testing::Test {
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
   // Runs `mend ARGS...` to completion; returns (exit code, stdout + stderr).
-  std::pair<int, std::string> RunMend(std::vector<std::string> args) {
+  // `env`: "NAME=value" added to the test's environment.
+  std::pair<int, std::string> RunMend(std::vector<std::string> args,
+                                      std::vector<std::string> env = {}) {
     args.insert(args.begin(), MEND_BINARY);
     const std::string out = dir_ + "/run.txt";
     std::filesystem::remove(out);
-    auto child = Subprocess::Spawn({args, {}, out, out, false});
+    auto child = Subprocess::Spawn({args, std::move(env), out, out, false});
     EXPECT_TRUE(child.ok());
     auto status = (*child)->Wait(kWait);
     EXPECT_TRUE(status.ok()) << "mend did not finish";
@@ -49,9 +51,12 @@ class TrainProcessTest : public ::testing::Test {
 };
 
 TEST_F(TrainProcessTest, DemoTrainsEveryModeAndPrintsTheTable) {
-  auto [code, text] = RunMend({"demo", "--steps", "10", "--dim", "16", "--layers", "1", "--batch",
-                               "4", "--sync-every", "5", "--delay-ms", "0", "--eval-points", "5",
-                               "--corpus", corpus_, "--work-dir", dir_ + "/demo"});
+  // With MEND_JOB_TOKEN set (the README has users export it for their own
+  // jobs): the demo's learners still take its own job's token.
+  auto [code, text] = RunMend(
+      {"demo", "--steps", "10", "--dim", "16", "--layers", "1", "--batch", "4", "--sync-every", "5",
+       "--delay-ms", "0", "--eval-points", "5", "--corpus", corpus_, "--work-dir", dir_ + "/demo"},
+      {"MEND_JOB_TOKEN=the-token-of-another-job"});
   ASSERT_EQ(code, 0) << text;
   for (const char* row : {"DDP (gradients every step)", "mend DiLoCo, H=5, synchronous",
                           "mend streaming, H=5, 4-bit, overlapped", "Local only (no exchange)",
@@ -221,6 +226,28 @@ TEST_F(TrainProcessTest, BadInputIsRefusedWithWhatWasWrong) {
                                     dir_ + "/nowhere/x.png", "--work-dir", dir_ + "/dp"});
   EXPECT_EQ(plot, 2);
   EXPECT_THAT(plot_text, HasSubstr("no directory"));
+  // Output files are checked before the run, not found unwritable after it.
+  auto [report, report_text] =
+      RunMend({"chaos", "--steps", "10", "--no-reference", "--corpus", corpus_, "--report",
+               dir_ + "/nowhere/report.json", "--work-dir", dir_ + "/cr"});
+  EXPECT_EQ(report, 2) << report_text;
+  EXPECT_THAT(report_text, HasSubstr("--report"));
+  auto [result, result_text] = RunMend({"train", "--mode", "local", "--corpus", corpus_,
+                                        "--result-file", dir_ + "/nowhere/result.json"});
+  EXPECT_EQ(result, 2) << result_text;
+  EXPECT_THAT(result_text, HasSubstr("--result-file"));
+  // Inner-optimizer and size flags out of range: refused (2), not an
+  // internal error or an allocation failure.
+  for (const char* decay : {"-1", "nan", "inf"}) {
+    auto [code, text] =
+        RunMend({"train", "--mode", "local", "--corpus", corpus_, "--weight-decay", decay});
+    EXPECT_EQ(code, 2) << decay << ": " << text;
+    EXPECT_THAT(text, HasSubstr("weight")) << decay;
+  }
+  auto [batch, batch_text] =
+      RunMend({"train", "--mode", "local", "--corpus", corpus_, "--batch", "100000000"});
+  EXPECT_EQ(batch, 2) << batch_text;
+  EXPECT_THAT(batch_text, HasSubstr("batch = 100000000: must be at most"));
   auto [rank, rank_text] = RunMend(
       {"train", "--mode", "local", "--group-size", "2", "--group-rank", "2", "--corpus", corpus_});
   EXPECT_EQ(rank, 2);
