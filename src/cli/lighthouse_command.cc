@@ -75,7 +75,7 @@ void AddLighthouseCommand(CLI::App& app, int* exit_code) {
     auto started = LighthouseServer::Start(*config, *token, *RealClock());
     if (!started.ok()) {
       fmt::print(stderr, "mend lighthouse: {}\n", started.status().message());
-      *exit_code = kExitFailure;
+      *exit_code = ExitCodeOf(started.status());  // a bad TLS file: 2; a port in use: 1
       return;
     }
     std::unique_ptr<LighthouseServer> server = std::move(*started);

@@ -1,7 +1,12 @@
 // Assembles the lighthouse: core + gRPC service + HTTP side + timer thread.
 #include <grpcpp/grpcpp.h>
+#include <openssl/err.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -26,16 +31,56 @@ using coordinator::LighthouseCore;
 
 StatusOr<std::string> ReadPem(const std::string& path, std::string_view key) {
   std::ifstream in(path);
-  if (!in) return NotFoundError(fmt::format("{} = \"{}\": cannot be read", key, path));
+  if (!in) {
+    return InvalidArgumentError(
+        fmt::format("{} = \"{}\": cannot be read: {}", key, path, std::strerror(errno)));
+  }
   std::ostringstream text;
   text << in.rdbuf();
   return text.str();
+}
+
+// The certificate and key checked with OpenSSL before gRPC gets them: gRPC
+// only fails to listen, which reads like a port in use.
+Status CheckCertificateAndKey(const Config& config, const std::string& cert,
+                              const std::string& key) {
+  auto bio = [](const std::string& text) {
+    return std::unique_ptr<BIO, decltype(&BIO_free)>(
+        BIO_new_mem_buf(text.data(), static_cast<int>(text.size())), &BIO_free);
+  };
+  auto cert_bio = bio(cert);
+  std::unique_ptr<X509, decltype(&X509_free)> x509(
+      PEM_read_bio_X509(cert_bio.get(), nullptr, nullptr, nullptr), &X509_free);
+  if (!x509) {
+    ERR_clear_error();
+    return InvalidArgumentError(
+        fmt::format("tls_cert_file = \"{}\": no PEM certificate in it", config.tls_cert_file));
+  }
+  auto key_bio = bio(key);
+  // No passphrase callback: an encrypted key fails here rather than prompting.
+  std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)> pkey(
+      PEM_read_bio_PrivateKey(
+          key_bio.get(), nullptr, [](char*, int, int, void*) { return 0; }, nullptr),
+      &EVP_PKEY_free);
+  ERR_clear_error();
+  if (!pkey) {
+    return InvalidArgumentError(fmt::format(
+        "tls_key_file = \"{}\": no unencrypted PEM private key in it", config.tls_key_file));
+  }
+  if (X509_check_private_key(x509.get(), pkey.get()) != 1) {
+    ERR_clear_error();
+    return InvalidArgumentError(
+        fmt::format("tls_key_file = \"{}\" is not the private key of tls_cert_file = \"{}\"",
+                    config.tls_key_file, config.tls_cert_file));
+  }
+  return OkStatus();
 }
 
 StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const Config& config) {
   if (config.tls_cert_file.empty()) return grpc::InsecureServerCredentials();
   MEND_ASSIGN_OR_RETURN(std::string cert, ReadPem(config.tls_cert_file, "tls_cert_file"));
   MEND_ASSIGN_OR_RETURN(std::string key, ReadPem(config.tls_key_file, "tls_key_file"));
+  MEND_RETURN_IF_ERROR(CheckCertificateAndKey(config, cert, key));
   grpc::SslServerCredentialsOptions options;
   options.pem_key_cert_pairs.push_back({key, cert});
   return grpc::SslServerCredentials(options);

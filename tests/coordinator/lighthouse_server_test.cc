@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "core/subprocess.h"
+#include "fmt/format.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "learner/datagram_client.h"
@@ -485,6 +486,48 @@ TEST(LighthouseServerTest, TlsServesClientsThatTrustItsCertificate) {
   EXPECT_TRUE(trusted->StoreSet("k", "v").ok());
   auto plaintext = Connect(server->grpc_address());
   EXPECT_EQ(plaintext->StoreSet("k", "v").code(), StatusCode::kUnavailable);
+  std::filesystem::remove_all(dir);
+}
+
+// A TLS file that cannot be read, holds no PEM, or a key of another
+// certificate: refused with the key and the file named (not gRPC's failure
+// to listen, which reads like a port in use).
+TEST(LighthouseServerTest, BadTlsFilesAreRefusedNamingTheFile) {
+  std::string dir = testing_util::MakeTempDir();
+  auto openssl = [](std::vector<std::string> argv) {
+    argv.insert(argv.begin(), "/usr/bin/openssl");
+    auto child = Subprocess::Spawn({argv, {}, "/dev/null", "/dev/null", false});
+    ASSERT_TRUE(child.ok()) << child.status();
+    auto exited = (*child)->Wait(60 * kMicrosPerSecond);
+    ASSERT_TRUE(exited.ok() && *exited == 0) << fmt::format("{}", fmt::join(argv, " "));
+  };
+  const std::string cert = dir + "/cert.pem", key = dir + "/key.pem", other = dir + "/other.pem";
+  openssl({"req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+           "-days", "1", "-subj", "/CN=localhost", "-keyout", key, "-out", cert});
+  openssl({"genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", other});
+  ASSERT_FALSE(HasFatalFailure());
+  std::ofstream(dir + "/garbage.pem") << "this is not a certificate\n";
+  struct Case {
+    std::string cert, key, says;
+  };
+  for (const Case& c :
+       std::vector<Case>{{dir + "/missing.pem", key,
+                          "tls_cert_file = \"" + dir + "/missing.pem\": cannot be read"},
+                         {dir + "/garbage.pem", key, "no PEM certificate"},
+                         {cert, dir + "/garbage.pem", "no unencrypted PEM private key"},
+                         {cert, other, "is not the private key of tls_cert_file"}}) {
+    Config config = TestConfig();
+    config.tls_cert_file = c.cert;
+    config.tls_key_file = c.key;
+    auto server = LighthouseServer::Start(config, kToken, *RealClock());
+    ASSERT_FALSE(server.ok()) << c.says;
+    EXPECT_EQ(server.status().code(), StatusCode::kInvalidArgument) << server.status();
+    EXPECT_THAT(std::string(server.status().message()), HasSubstr(c.says));
+  }
+  Config config = TestConfig();  // the matching pair serves
+  config.tls_cert_file = cert;
+  config.tls_key_file = key;
+  EXPECT_TRUE(LighthouseServer::Start(config, kToken, *RealClock()).ok());
   std::filesystem::remove_all(dir);
 }
 
