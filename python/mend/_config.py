@@ -29,6 +29,11 @@ def _text(value: Any) -> str:
     return str(value)
 
 
+def _bound(row: dict, value: float) -> str:
+    """A range's end as the key's type writes it: 3600000, not 3.6e+06."""
+    return str(int(value)) if row["type"] == "int" else f"{value:g}"
+
+
 def _key_doc() -> str:
     lines = []
     for name, row in _KEYS.items():
@@ -36,8 +41,9 @@ def _key_doc() -> str:
         if row["choices"]:
             allowed = " (" + " | ".join(row["choices"]) + ")"
         elif "min" in row:
-            allowed = f" [{row['min']:g}, {row['max']:g}]"
-        lines.append(f"    {name} ({row['type']}, default {row['default']!r}{allowed}):\n"
+            allowed = f" [{_bound(row, row['min'])}, {_bound(row, row['max'])}]"
+        default = repr(row["default"]) if row["type"] == "str" else row["default"]
+        lines.append(f"    {name} ({row['type']}, default {default}{allowed}):\n"
                      f"        {row['help']}")
     return "\n".join(lines)
 
@@ -104,6 +110,13 @@ def _raise_as_value_error(code: int) -> None:
     _native.check(code)
 
 
+def _desloc_with_a_moment_period(given: Dict[str, str]) -> None:
+    """A moment period given as a keyword without ``desloc`` turns DES-LOC on."""
+    if ("momentum_sync_period_steps" in given or "second_moment_sync_period_steps" in given) \
+            and "desloc" not in given:
+        given["desloc"] = "true"
+
+
 class MendConfig:
     """A mend job's configuration: every key of the configuration table.
 
@@ -115,8 +128,9 @@ class MendConfig:
     ``MendConfig.from_file(path, **keys)`` starts from a TOML file.
 
     ``momentum_sync_period_steps`` (or ``second_moment_sync_period_steps``)
-    given without ``desloc`` turns DES-LOC on: averaging the inner Adam
-    moments only happens with it.
+    given as a keyword (here or to ``replace``) without ``desloc`` turns
+    DES-LOC on: averaging the inner Adam moments only happens with it. In a
+    file or the environment, set ``desloc = true`` with it.
 
     A MendConfig is a plain value (it can be copied and pickled).
 
@@ -126,9 +140,7 @@ class MendConfig:
 
     def __init__(self, _file: str = "", **keys: Any) -> None:
         given = _given_texts(keys)
-        if ("momentum_sync_period_steps" in given or "second_moment_sync_period_steps" in given) \
-                and "desloc" not in given:
-            given["desloc"] = "true"
+        _desloc_with_a_moment_period(given)
         self._values = _resolve(_file, given)
         self._typed = _typed(self._values)
         self._given = given
@@ -164,6 +176,7 @@ class MendConfig:
         copy = MendConfig.__new__(MendConfig)
         given = dict(self._given)
         given.update(_given_texts(keys))
+        _desloc_with_a_moment_period(given)
         values = dict(self._values)
         values.update(given)
         copy._values = _resolve("", values, environment=False)

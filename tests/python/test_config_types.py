@@ -35,12 +35,26 @@ def test_equality_repr_copies_and_replace():
     with pytest.raises(ValueError, match="grace_window_ms"):
         a.replace(grace_window_ms=-1)
     assert len({a, mend.MendConfig(outer_lr=1.0, sync_period_steps=64)}) == 1
+    # A moment period turns DES-LOC on in replace() as in the constructor,
+    # unless desloc was given.
+    assert a.replace(momentum_sync_period_steps=128).desloc is True
+    assert mend.MendConfig(desloc=False).replace(momentum_sync_period_steps=200).desloc is False
 
 
 def test_the_stub_matches_the_key_table():
     with open(os.path.join(HERE, "..", "..", "python", "mend", "_config.pyi")) as f:
         assert f.read() == _config.stub(), "regenerate python/mend/_config.pyi with mend._config.stub()"
     assert os.path.exists(os.path.join(HERE, "..", "..", "python", "mend", "py.typed"))
+
+
+def test_help_lists_every_key_with_its_default_and_range_as_written():
+    text = mend.MendConfig.__doc__
+    for name in _config._KEYS:
+        assert f"    {name} (" in text, name
+    assert "heartbeat_timeout_ms (int, default 2000 [20, 3600000])" in text  # not 3.6e+06
+    assert "outer_lr (float, default 0.7 [0, 100])" in text
+    assert "job_id (str, default 'mend')" in text
+    assert "codec (enum, default fp32 (fp32 | bf16 | int8 | int4 | topk))" in text
 
 
 def test_a_config_is_built_and_read_in_one_call_each(monkeypatch):
