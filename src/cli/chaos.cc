@@ -137,6 +137,10 @@ class Harness {
       return InvalidArgumentError(fmt::format("chaos: --ranks-per-learner {}: must be at least 1",
                                               o_.job.ranks_per_learner));
     }
+    if (o_.stop_min_s > o_.stop_max_s) {
+      return InvalidArgumentError(fmt::format("chaos: --stop-min-s {} is above --stop-max-s {}",
+                                              o_.stop_min_s, o_.stop_max_s));
+    }
     if (o_.faults.empty()) return InvalidArgumentError("chaos: no fault kinds given");
     for (const std::string& kind : o_.faults) {
       if (kind != "kill" && kind != "stop" && kind != "slow" && kind != "lighthouse") {

@@ -267,9 +267,15 @@ void AddChaosCommand(CLI::App& app, int* exit_code) {
   command->add_option("--sync-every", o.sync_period_steps, "H: inner steps between rounds")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{100'000}));
-  command->add_option("--batch", flags->batch, "Sequences per inner step")->capture_default_str();
-  command->add_option("--dim", flags->dim, "Model width")->capture_default_str();
-  command->add_option("--layers", flags->layers, "Transformer blocks")->capture_default_str();
+  command->add_option("--batch", flags->batch, "Sequences per inner step")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{4096}));
+  command->add_option("--dim", flags->dim, "Model width")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{8}, int64_t{8192}));
+  command->add_option("--layers", flags->layers, "Transformer blocks")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{64}));
   command->add_option("--lr", flags->lr, "Peak inner AdamW learning rate (default: mend train's)")
       ->check(CLI::PositiveNumber);
   command->add_option("--seed", o.seed, "Seed of the fault times, kinds and targets")
@@ -280,20 +286,28 @@ void AddChaosCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str()
       ->check(CLI::Range(0.1, 86400.0));
   command->add_option("--min-gap-s", o.min_gap_s, "Least seconds between faults")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 86400.0));
   command
       ->add_option("--restart-delay-s", o.restart_delay_s, "A killed learner restarts after this")
-      ->capture_default_str();
-  command->add_option("--stop-min-s", o.stop_min_s, "Shortest SIGSTOP")->capture_default_str();
-  command->add_option("--stop-max-s", o.stop_max_s, "Longest SIGSTOP")->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 3600.0));
+  command->add_option("--stop-min-s", o.stop_min_s, "Shortest SIGSTOP")
+      ->capture_default_str()
+      ->check(CLI::Range(0.1, 3600.0));
+  command->add_option("--stop-max-s", o.stop_max_s, "Longest SIGSTOP (at least --stop-min-s)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.1, 3600.0));
   command->add_option("--slow-s", o.slow_s, "How long a learner is throttled")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::Range(0.1, 3600.0));
   command
       ->add_option("--slow-duty", o.slow_duty, "Share of the time a throttled learner is stopped")
       ->capture_default_str()
       ->check(CLI::Range(0.05, 0.95));
   command->add_option("--lighthouse-down-s", o.lighthouse_down_s, "How long the lighthouse is down")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 3600.0));
   command->add_option("--grace-window-ms", o.job.grace_window_ms, "Lighthouse: quorum grace window")
       ->capture_default_str();
   command
@@ -303,7 +317,8 @@ void AddChaosCommand(CLI::App& app, int* exit_code) {
   command
       ->add_option("--stall-slack-s", o.stall_slack_s,
                    "Stall bound = grace window + heartbeat timeout + this")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 3600.0));
   command->add_flag("--no-reference", flags->no_reference, "Skip the fault-free run");
   command
       ->add_option("--loss-tolerance", o.loss_tolerance,
@@ -320,7 +335,8 @@ void AddChaosCommand(CLI::App& app, int* exit_code) {
   command->add_option("--csv", flags->csv_file, "Append the summary as a CSV row here")
       ->check(WritableFile());
   command->add_option("--timeout-s", flags->timeout_s, "Give up after this long")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::Range(1, 7 * 86400));
   command->callback([flags, exit_code]() {
     // The embedded lighthouse's errors only: the harness reports the faults.
     (void)InitLogging(LogLevel::kError, "chaos");

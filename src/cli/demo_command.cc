@@ -27,6 +27,7 @@
 #include "cli/training_job.h"
 #include "core/status_format.h"
 #include "core/subprocess.h"
+#include "core/text.h"
 #include "fmt/format.h"
 #include "mend/logging.h"
 
@@ -60,6 +61,7 @@ std::vector<std::string> Concat(std::vector<std::string> a, const std::vector<st
 
 StatusOr<std::vector<TrainingJobSpec>> DemoJobs(const DemoOptions& o) {
   MEND_RETURN_IF_ERROR(CheckSettings(o.settings));
+  if (!o.http.empty()) MEND_RETURN_IF_ERROR(CheckHostPort(o.http, "--http"));
   auto train_args_for = [&o](int64_t steps) {
     std::vector<std::string> args = {
         "--steps",

@@ -226,6 +226,15 @@ TEST_F(TrainProcessTest, BadInputIsRefusedWithWhatWasWrong) {
                                     dir_ + "/nowhere/x.png", "--work-dir", dir_ + "/dp"});
   EXPECT_EQ(plot, 2);
   EXPECT_THAT(plot_text, HasSubstr("no directory"));
+  auto [http, http_text] = RunMend({"demo", "--modes", "local", "--corpus", corpus_, "--http",
+                                    "notanaddress", "--work-dir", dir_ + "/dh"});
+  EXPECT_EQ(http, 2) << http_text;
+  EXPECT_THAT(http_text, HasSubstr("--http"));
+  auto [stops, stops_text] =
+      RunMend({"chaos", "--stop-min-s", "5", "--stop-max-s", "1", "--no-reference", "--corpus",
+               corpus_, "--work-dir", dir_ + "/cs"});
+  EXPECT_EQ(stops, 2) << stops_text;
+  EXPECT_THAT(stops_text, HasSubstr("--stop-min-s 5 is above --stop-max-s 1"));
   // Output files are checked before the run, not found unwritable after it.
   auto [report, report_text] =
       RunMend({"chaos", "--steps", "10", "--no-reference", "--corpus", corpus_, "--report",
