@@ -124,22 +124,25 @@ StatusOr<RegisterResult> LighthouseCore::Register(const RegisterArgs& args) {
     // r goes to rank r), nor one with another round schedule or merge.
     const size_t others_alive =
         membership_.counts().alive - (previous != nullptr && previous->alive ? 1 : 0);
-    if (others_alive == 0 || group_size_set_by_.empty()) {
+    // (An older learner sends no settings: it is not checked, nor sets them.)
+    if (others_alive == 0) {
+      if (args.group_size != group_size_ || ByKey(args.job_settings) != ByKey(job_settings_)) {
+        ++job_epoch_;  // the learners that were dead register again to come back
+      }
       group_size_ = args.group_size;
       group_size_set_by_ = args.learner_id;
+      job_settings_ = args.job_settings;
+      job_settings_set_by_ = args.learner_id;
     } else if (args.group_size != group_size_) {
       return InvalidArgumentError(
           fmt::format("group_size = {}: this job's learners are groups of {} rank(s) (set by '{}')",
                       args.group_size, group_size_, group_size_set_by_));
-    }
-    if (!args.job_settings.empty()) {  // (an older learner sends none: not checked)
-      if (others_alive == 0 || job_settings_.empty()) {
-        job_settings_ = args.job_settings;
-        job_settings_set_by_ = args.learner_id;
-      } else if (args.job_settings != job_settings_) {
-        return InvalidArgumentError(
-            SettingsDiffer(args.job_settings, job_settings_, job_settings_set_by_));
-      }
+    } else if (job_settings_.empty()) {
+      job_settings_ = args.job_settings;
+      job_settings_set_by_ = args.learner_id;
+    } else if (!args.job_settings.empty() && ByKey(args.job_settings) != ByKey(job_settings_)) {
+      return InvalidArgumentError(
+          SettingsDiffer(args.job_settings, job_settings_, job_settings_set_by_));
     }
     Micros before = NextDeadlineLocked();
     Micros now = clock_->NowMicros();
@@ -152,10 +155,11 @@ StatusOr<RegisterResult> LighthouseCore::Register(const RegisterArgs& args) {
     do {
       RAND_bytes(reinterpret_cast<unsigned char*>(&result.session_id), sizeof result.session_id);
     } while (result.session_id == 0);
-    membership_
-        .Register(args.learner_id, result.session_id, args.rack, args.address, args.step,
-                  args.last_round_id, now, &replaced)
-        .rank_addresses = args.rank_addresses;
+    LearnerRecord& record =
+        membership_.Register(args.learner_id, result.session_id, args.rack, args.address, args.step,
+                             args.last_round_id, now, &replaced);
+    record.rank_addresses = args.rank_addresses;
+    record.job_epoch = job_epoch_;
     if (replaced) {
       completions.push_back([done = std::move(replaced->done), id = args.learner_id]() {
         done(AbortedError(fmt::format(
@@ -190,7 +194,7 @@ StatusOr<HeartbeatResult> LighthouseCore::Heartbeat(const HeartbeatArgs& args) {
   {
     MutexLock lock(mu_);
     MEND_ASSIGN_OR_RETURN(LearnerRecord * record,
-                          membership_.Find(args.learner_id, args.session_id));
+                          FindCurrentLocked(args.learner_id, args.session_id));
     Micros before = NextDeadlineLocked();
     Micros now = clock_->NowMicros();
     bool was_dead = !record->alive;
@@ -255,6 +259,18 @@ void LighthouseCore::KeepEndedSessions(std::vector<uint64_t>& sessions) {
   });
 }
 
+StatusOr<LearnerRecord*> LighthouseCore::FindCurrentLocked(const std::string& learner_id,
+                                                           uint64_t session_id) {
+  MEND_ASSIGN_OR_RETURN(LearnerRecord * record, membership_.Find(learner_id, session_id));
+  if (record->job_epoch != job_epoch_) {
+    return NotFoundError(fmt::format(
+        "learner '{}': the job was started anew by '{}' while it was gone (group size {}); "
+        "register again",
+        learner_id, job_settings_set_by_, group_size_));
+  }
+  return record;
+}
+
 uint64_t LighthouseCore::Quorum(const QuorumArgs& args, QuorumCallback done) {
   Completions completions;
   uint64_t waiter_id = 0;
@@ -262,7 +278,7 @@ uint64_t LighthouseCore::Quorum(const QuorumArgs& args, QuorumCallback done) {
   {
     MutexLock lock(mu_);
     Micros before = NextDeadlineLocked();
-    auto found = membership_.Find(args.learner_id, args.session_id);
+    auto found = FindCurrentLocked(args.learner_id, args.session_id);
     if (!found.ok()) {
       completions.push_back([done = std::move(done), s = found.status()]() { done(s); });
     } else {

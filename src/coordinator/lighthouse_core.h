@@ -175,6 +175,12 @@ class LighthouseCore {
   bool AbortJoinLocked(LearnerRecord& record, Status status, Completions* completions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string QuorumShortfallLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // membership_.Find, and NOT_FOUND ("register again") for a learner
+  // registered under an earlier job configuration (job_epoch_): one that was
+  // dead while a learner of another group size or settings started the job
+  // anew comes back through Register, which checks it.
+  StatusOr<LearnerRecord*> FindCurrentLocked(const std::string& learner_id, uint64_t session_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Constant after construction.
   const LighthouseOptions options_;
@@ -201,6 +207,9 @@ class LighthouseCore {
   // first of them to register since none was alive.
   std::vector<std::string> job_settings_ ABSL_GUARDED_BY(mu_);
   std::string job_settings_set_by_ ABSL_GUARDED_BY(mu_);
+  // Counts the times the group size or the settings were set anew (no
+  // learner alive); each record holds the one it registered under.
+  uint64_t job_epoch_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace mend::coordinator

@@ -48,6 +48,7 @@ struct LearnerRecord {
   std::string rack;
   std::string address;
   std::vector<std::string> rank_addresses;  // every rank's data-plane host (groups)
+  uint64_t job_epoch = 0;                   // LighthouseCore's, when it registered
   Micros registered_at = 0;
   uint64_t step = 0;
   uint64_t tokens_total = 0;

@@ -190,11 +190,15 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config,
                     "(group_size = 1)",
                     config.group_size));
   }
+  // The job's length is --steps unless the configuration says otherwise: the
+  // lighthouse checks it among the shared settings at registration.
+  Config job = config;
+  if (options.mode == "diloco" && job.total_steps == 0) job.total_steps = options.steps;
   if (options.mode != "local" || grouped) {
     LearnerIdentity identity{options.id, config.job_id, config.rack, ""};
     MEND_ASSIGN_OR_RETURN(GroupStoreOpener group_store, GroupStoreFromConfig(config, token, clock));
-    MEND_ASSIGN_OR_RETURN(
-        agent, LearnerAgent::Start(config, token, identity, clock, std::move(group_store)));
+    MEND_ASSIGN_OR_RETURN(agent,
+                          LearnerAgent::Start(job, token, identity, clock, std::move(group_store)));
     // Before the reducer: every rank starts from group rank 0's parameters.
     if (grouped) {
       MEND_ASSIGN_OR_RETURN(group_data_parallel,
@@ -203,9 +207,6 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config,
     if (options.mode == "local") {
       // No cross-rack exchange.
     } else if (options.mode == "diloco") {
-      // The job's length is --steps unless the configuration says otherwise.
-      Config job = config;
-      if (job.total_steps == 0) job.total_steps = options.steps;
       MEND_ASSIGN_OR_RETURN(reducer, Reducer::Create(job, *model, optimizer, *agent,
                                                      static_cast<uint64_t>(options.start_step)));
     } else {

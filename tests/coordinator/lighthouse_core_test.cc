@@ -394,6 +394,51 @@ TEST(LighthouseCoreTest, ALearnerWhoseSharedSettingsDifferIsRefusedNamingTheKeys
   EXPECT_TRUE(reg("b", {"fragments=1", "sync_period_steps=7"}).ok());
 }
 
+// A learner declared dead while a learner of other settings started the
+// job anew does not come back into its rounds by heartbeating: it must
+// register again, which checks it. Settings compare by key, in any order;
+// an older learner (no settings) starting a job anew clears the old job's.
+TEST(LighthouseCoreTest, ALearnerDeadWhileTheJobWasStartedAnewMustRegisterAgain) {
+  CoreHarness h(CoreHarness::Options(1, 0));
+  auto reg = [&](const std::string& id, std::vector<std::string> settings) {
+    RegisterArgs args;
+    args.learner_id = id;
+    args.job_settings = std::move(settings);
+    return h.core().Register(args);
+  };
+  auto heartbeat = [&](const std::string& id, uint64_t session) {
+    HeartbeatArgs args;
+    args.learner_id = id;
+    args.session_id = session;
+    return h.core().Heartbeat(args);
+  };
+  auto a = reg("a", {"fragments=1", "sync_period_steps=5"});
+  ASSERT_TRUE(a.ok());
+  h.AdvanceMs(1100);  // "a" is silent past heartbeat_timeout: dead
+  ASSERT_EQ(h.core().Snapshot(10, 10).learners_alive, 0u);
+  auto b = reg("b", {"sync_period_steps=7", "fragments=1"});
+  ASSERT_TRUE(b.ok());
+  auto revived = heartbeat("a", a->session_id);
+  ASSERT_EQ(revived.status().code(), StatusCode::kNotFound) << revived.status();
+  EXPECT_THAT(std::string(revived.status().message()), HasSubstr("register again"));
+  EXPECT_EQ(reg("a", {"fragments=1", "sync_period_steps=5"}).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_TRUE(heartbeat("b", b->session_id).ok());
+  EXPECT_TRUE(reg("c", {"fragments=1", "sync_period_steps=7"}).ok());  // the order is no matter
+  // Every learner gone; an older learner starts the job: no settings stay.
+  h.AdvanceMs(1100);
+  ASSERT_EQ(h.core().Snapshot(10, 10).learners_alive, 0u);
+  ASSERT_TRUE(reg("old", {}).ok());
+  EXPECT_TRUE(reg("d", {"fragments=1", "sync_period_steps=5"}).ok());
+  EXPECT_FALSE(reg("e", {"fragments=1", "sync_period_steps=7"}).ok());
+  // A learner dead while the job restarted with the same settings heartbeats on.
+  auto f = reg("f", {"fragments=1", "sync_period_steps=5"});
+  ASSERT_TRUE(f.ok());
+  h.AdvanceMs(1100);
+  ASSERT_TRUE(reg("g", {"fragments=1", "sync_period_steps=5"}).ok());
+  EXPECT_TRUE(heartbeat("f", f->session_id).ok());
+}
+
 // The group size follows the same rule: the alive learners' holds, and the
 // first learner of a new job on a standing lighthouse sets another.
 TEST(LighthouseCoreTest, ALearnerOfAnotherGroupSizeIsRefusedWhileTheJobsLearnersAreAlive) {

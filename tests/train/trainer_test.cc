@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "fmt/format.h"
 #include "gtest/gtest.h"
 #include "mend/data_parallel.h"
 #include "mend/lighthouse.h"
@@ -113,6 +114,35 @@ TEST_F(TrainerTest, DiLoCoLearnersEndWithTheSameModel) {
   }
   // The last round ends on the last step: both models are the global one.
   EXPECT_EQ(results[0].eval_loss, results[1].eval_loss);
+}
+
+// --steps is the job's total_steps, one of the settings every learner of a
+// job shares: a learner of another length is refused, naming it (whichever
+// of the two registers first sets the job's).
+TEST_F(TrainerTest, ALearnerOfAnotherJobLengthIsRefused) {
+  Config config = testing_util::LoopbackJobConfig(2);
+  config.sync_period_steps = 4;
+  config.quorum_timeout_ms = 1000;  // the learner left alone waits this for each round
+  auto server = LighthouseServer::Start(config, kToken, *RealClock());
+  ASSERT_TRUE(server.ok()) << server.status();
+  config.lighthouse = (*server)->grpc_address();
+  std::vector<Status> statuses(2);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) {
+    threads.emplace_back([&, i]() {
+      TrainOptions o = Options("diloco", i, 2);
+      o.steps = 8 + i;
+      statuses[static_cast<size_t>(i)] =
+          Train(o, config, kToken, *RealClock(), nullptr, nullptr).status();
+    });
+  }
+  for (auto& t : threads) t.join();
+  const int refused = statuses[0].ok() ? 1 : 0;
+  ASSERT_TRUE(statuses[1 - refused].ok()) << statuses[1 - refused];
+  EXPECT_EQ(statuses[refused].code(), absl::StatusCode::kInvalidArgument) << statuses[refused];
+  EXPECT_NE(statuses[refused].message().find(fmt::format("total_steps = {}", 8 + refused)),
+            std::string_view::npos)
+      << statuses[refused];
 }
 
 TEST_F(TrainerTest, DdpLearnersStayIdenticalAndSendEveryStep) {
