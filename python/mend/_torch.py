@@ -626,8 +626,8 @@ def mend_init(model: torch.nn.Module, config: Optional[MendConfig] = None,
         raise TypeError(f"mend_init: config must be a MendConfig, not {type(config).__name__}"
                         + (" (MendConfig(**settings) makes one from a dict)" if isinstance(config, dict) else ""))
     if manual and scaler is not None:
-        raise ValueError("mend_init: scaler= with manual=True; in manual mode call runtime.step(tokens) only "
-                         "after the steps the GradScaler took (its skipped steps are no inner steps)")
+        raise ValueError("mend_init: scaler= with manual=True; in manual mode call runtime.step(tokens) after "
+                         "each step the GradScaler took and runtime.step(0) after each it skipped")
     config = _with_group(config or MendConfig())
     with _lock:
         if (model in _runtimes and not _runtimes[model].closed) or model in _starting:

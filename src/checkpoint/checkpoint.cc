@@ -354,10 +354,11 @@ StatusOr<Checkpoint> ReadCheckpoint(const std::string& path) {
 }
 
 StatusOr<CheckpointSummary> InspectCheckpoint(const std::string& path) {
+  // ReadFile first: it names a directory as such.
+  MEND_ASSIGN_OR_RETURN(std::string head, ReadFile(path, kPrefixBytes + kMaxHeaderBytes));
   std::error_code error;
   const uint64_t size = fs::file_size(path, error);
   if (error) return NotFoundError(fmt::format("checkpoint {}: {}", path, error.message()));
-  MEND_ASSIGN_OR_RETURN(std::string head, ReadFile(path, kPrefixBytes + kMaxHeaderBytes));
   MEND_ASSIGN_OR_RETURN(Parsed parsed, ParsePrefix(path, head, size));
   CheckpointSummary summary;
   summary.file_bytes = size;

@@ -13,6 +13,7 @@
 #include <set>
 #include <thread>
 
+#include "cli/commands.h"
 #include "cli/json_fields.h"
 #include "core/free_ports.h"
 #include "core/status_format.h"
@@ -290,7 +291,7 @@ class Harness {
       }
       // `mend train` exits 2 when it refuses its configuration or flags:
       // the job's bad input (a --set, a model flag), not a fault's effect.
-      const bool bad_config = WIFEXITED(*status) && WEXITSTATUS(*status) == 2;
+      const bool bad_config = WIFEXITED(*status) && WEXITSTATUS(*status) == kExitBadConfig;
       return Status(
           bad_config ? absl::StatusCode::kInvalidArgument : absl::StatusCode::kInternal,
           fmt::format("chaos: {} {} ({}); log {}:\n{}", Label(slot),

@@ -131,7 +131,8 @@ void PrintSummary(const ChaosReport& r, const ChaosOptions& o) {
   for (const std::string& v : r.violations) fmt::print("  VIOLATION: {}\n", v);
 }
 
-void AppendCsv(const std::string& path, const ChaosReport& r, const ChaosOptions& o) {
+// False when the row could not be written.
+bool AppendCsv(const std::string& path, const ChaosReport& r, const ChaosOptions& o) {
   const bool fresh = !std::filesystem::exists(path);
   std::ofstream out(path, std::ios::app);
   if (fresh) {
@@ -155,6 +156,8 @@ void AppendCsv(const std::string& path, const ChaosReport& r, const ChaosOptions
       Median(tally.healed), tally.max_healed(), Median(tally.transfer), r.eval_loss,
       r.reference_eval_loss, r.wall_s, r.reference_wall_s, r.passed ? 1 : 0, r.max_wait_no_fault_s,
       r.passed_over, o.job.ranks_per_learner, r.rank_rounds_checked, r.rank_digest_mismatches);
+  out.close();
+  return static_cast<bool>(out);
 }
 
 int RunChaosCommand(ChaosFlags& flags) {
@@ -195,6 +198,14 @@ int RunChaosCommand(ChaosFlags& flags) {
     fmt::print(stderr, "mend chaos: {}\n", dir.status().message());
     return kExitFailure;
   }
+  for (const auto& [path, flag] :
+       {std::pair{flags.report_file, "--report"}, std::pair{flags.csv_file, "--csv"}}) {
+    if (path.empty()) continue;
+    if (Status writable = CheckWritableFile(path, flag); !writable.ok()) {
+      fmt::print(stderr, "mend chaos: {}\n", writable.message());
+      return kExitBadConfig;
+    }
+  }
   fmt::print(
       "mend chaos: {} learners{} train the example GPT (dim {}, {} layers) for {} steps, H = {}, "
       "while\n"
@@ -219,15 +230,23 @@ int RunChaosCommand(ChaosFlags& flags) {
       interrupted);
   if (!report.ok()) {
     fmt::print(stderr, "mend chaos: {}\n", report.status().message());
-    return report.status().code() == absl::StatusCode::kInvalidArgument ? kExitBadConfig
-                                                                        : kExitFailure;
+    return ExitCodeOf(report.status());
   }
   PrintSummary(*report, o);
   const std::string report_file =
       flags.report_file.empty() ? *dir + "/chaos-report.json" : flags.report_file;
-  std::ofstream(report_file) << report->json.dump(2) << "\n";
+  std::ofstream out(report_file);
+  out << report->json.dump(2) << "\n";
+  out.close();
+  if (!out) {
+    fmt::print(stderr, "mend chaos: cannot write the report to {}\n", report_file);
+    return kExitFailure;
+  }
   fmt::print("  report            {}\n", report_file);
-  if (!flags.csv_file.empty()) AppendCsv(flags.csv_file, *report, o);
+  if (!flags.csv_file.empty() && !AppendCsv(flags.csv_file, *report, o)) {
+    fmt::print(stderr, "mend chaos: cannot append to {}\n", flags.csv_file);
+    return kExitFailure;
+  }
   return report->passed ? kExitOk : kExitFailure;
 }
 
@@ -330,10 +349,8 @@ void AddChaosCommand(CLI::App& app, int* exit_code) {
   command->add_option("--corpus", flags->corpus, "Directory of fortune files");
   command->add_option("--work-dir", flags->work_dir,
                       "Where logs go (default: a new directory under /tmp)");
-  command->add_option("--report", flags->report_file, "Write the report as JSON here")
-      ->check(WritableFile());
-  command->add_option("--csv", flags->csv_file, "Append the summary as a CSV row here")
-      ->check(WritableFile());
+  command->add_option("--report", flags->report_file, "Write the report as JSON here");
+  command->add_option("--csv", flags->csv_file, "Append the summary as a CSV row here");
   command->add_option("--timeout-s", flags->timeout_s, "Give up after this long")
       ->capture_default_str()
       ->check(CLI::Range(1, 7 * 86400));

@@ -16,7 +16,7 @@ int Inspect(const std::string& path) {
   auto summary = InspectCheckpoint(path);
   if (!summary.ok()) {
     fmt::print(stderr, "mend checkpoint inspect: {}\n", summary.status().message());
-    return kExitFailure;
+    return ExitCodeOf(summary.status());  // no file, a directory: 2; a damaged one: 1
   }
   const CheckpointMeta& m = summary->meta;
   uint64_t values = 0;

@@ -44,9 +44,12 @@ inline bool RefusedByTheLighthouse(const Status& status) {
 }
 
 // The exit status of a command that failed with `status`: kExitRefused for
-// the lighthouse's refusal, kExitBadConfig for the command's bad input
-// (INVALID_ARGUMENT, NOT_FOUND: a wrong job id, a missing corpus), else
-// kExitFailure (a lighthouse that cannot be reached among them).
+// the lighthouse's refusal of the token, kExitBadConfig for the command's
+// bad input (INVALID_ARGUMENT: a value out of range, another job's id or
+// settings the lighthouse refused; NOT_FOUND: a missing corpus or file),
+// else kExitFailure (a lighthouse that cannot be reached among them). An
+// INVALID_ARGUMENT that is a bug of mend's own (a malformed request the
+// lighthouse refused) reads as bad input too.
 inline int ExitCodeOf(const Status& status) {
   if (RefusedByTheLighthouse(status)) return kExitRefused;
   if (status.code() == absl::StatusCode::kInvalidArgument ||
@@ -57,8 +60,8 @@ inline int ExitCodeOf(const Status& status) {
 }
 
 // A main(): parses the command line into `app` (whose chosen command sets
-// `exit_code`) and returns the process's exit status: `exit_code`, CLI11's
-// own for a command-line error, or, for an exception that escaped the
+// `exit_code`) and returns the process's exit status: `exit_code`,
+// kExitBadConfig for a command line CLI11 refuses, or, for an exception that escaped the
 // command, kExitInternal after one line on stderr, "<app> <command>:
 // internal error: <the first line of the message>". `message`, when given,
 // renders an exception of its own kinds (LibTorch's without its backtrace);

@@ -60,7 +60,7 @@ void AddStatusCommand(CLI::App& app, int* exit_code) {
     auto json = client.ok() ? (*client)->StatusJson() : StatusOr<std::string>(client.status());
     if (!json.ok()) {
       fmt::print(stderr, "mend status: {}\n", json.status().message());
-      *exit_code = RefusedByTheLighthouse(json.status()) ? kExitRefused : kExitFailure;
+      *exit_code = ExitCodeOf(json.status());
       return;
     }
     fmt::print("{}\n", *json);

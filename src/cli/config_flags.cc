@@ -61,26 +61,31 @@ StatusOr<Config> ConfigFlags::Load() const {
 
 StatusOr<std::string> JobToken(const Config& config) { return ReadJobToken(config, environ); }
 
-CLI::Validator WritableFile() {
-  return CLI::Validator(
-      [](std::string& path) -> std::string {
-        namespace fs = std::filesystem;
-        std::error_code error;
-        const fs::path file(path);
-        if (fs::exists(file, error)) {
-          if (!fs::is_regular_file(file, error))
-            return fmt::format("{} is not a regular file", path);
-          if (::access(path.c_str(), W_OK) != 0)
-            return fmt::format("{} is not writable: {}", path, std::strerror(errno));
-          return "";
-        }
-        const fs::path dir = file.parent_path().empty() ? fs::path(".") : file.parent_path();
-        if (!fs::is_directory(dir, error)) return fmt::format("no directory {}", dir.string());
-        if (::access(dir.c_str(), W_OK) != 0)
-          return fmt::format("cannot create a file in {}: {}", dir.string(), std::strerror(errno));
-        return "";
-      },
-      "FILE");
+Status CheckWritableFile(const std::string& path, std::string_view flag) {
+  namespace fs = std::filesystem;
+  auto refuse = [&](const std::string& why) {
+    return InvalidArgumentError(fmt::format("{} {}: {}", flag, path, why));
+  };
+  std::error_code error;
+  const fs::path file(path);
+  const fs::file_status status = fs::status(file, error);
+  if (fs::exists(status)) {
+    if (fs::is_directory(status)) return refuse("is a directory");
+    if (::access(path.c_str(), W_OK) != 0) return refuse(std::strerror(errno));
+    return OkStatus();
+  }
+  if (error && error != std::errc::no_such_file_or_directory) return refuse(error.message());
+  const fs::path dir = file.parent_path().empty() ? fs::path(".") : file.parent_path();
+  if (!fs::is_directory(dir, error)) {
+    return refuse(error && error != std::errc::no_such_file_or_directory
+                      ? error.message()
+                      : fmt::format("no directory {} to write it in", dir.string()));
+  }
+  if (::access(dir.c_str(), W_OK) != 0) {
+    return refuse(
+        fmt::format("cannot create a file in {}: {}", dir.string(), std::strerror(errno)));
+  }
+  return OkStatus();
 }
 
 }  // namespace mend::cli

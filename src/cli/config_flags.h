@@ -31,10 +31,12 @@ class ConfigFlags {
   std::vector<ConfigSources::Override> overrides_;
 };
 
-// A CLI11 check for an output file: one this process can create or write
-// (its directory exists and is writable; an existing one is a writable
-// regular file), so a long run does not end unable to write its result.
-CLI::Validator WritableFile();
+// An output file this process can create or write: its directory exists
+// and is writable, and it is no directory (an existing file, /dev/stdout or
+// a FIFO must be writable). Checked before a long run (after its work dir
+// is made), so that run does not end unable to write its result.
+// INVALID_ARGUMENT naming `flag` and the path.
+[[nodiscard]] Status CheckWritableFile(const std::string& path, std::string_view flag);
 
 // Reads the job token (MEND_JOB_TOKEN, else token_file) from this process's environment.
 [[nodiscard]] StatusOr<std::string> JobToken(const Config& config);

@@ -281,6 +281,12 @@ int RunDemo(const DemoOptions& options, const std::string& dir,
     fmt::print(stderr, "mend demo: {}\n", jobs.status().message());
     return kExitBadConfig;
   }
+  if (!options.plot.empty()) {
+    if (Status writable = CheckWritableFile(options.plot, "--plot"); !writable.ok()) {
+      fmt::print(stderr, "mend demo: {}\n", writable.message());
+      return kExitBadConfig;
+    }
+  }
   fmt::print(
       "mend demo: {} learners{} train a byte-level GPT (dim {}, {} layers) on Debian's fortunes,\n"
       "           {} steps of {} x 64 bytes each (seed {}), over an emulated cross-rack link: {} "
@@ -305,8 +311,7 @@ int RunDemo(const DemoOptions& options, const std::string& dir,
         [&bars](const std::vector<LearnerProgressView>& v) { bars.Draw(v); }, interrupted);
     if (!result.ok()) {
       fmt::print(stderr, "mend demo: {}\n", result.status().message());
-      return result.status().code() == absl::StatusCode::kInvalidArgument ? kExitBadConfig
-                                                                          : kExitFailure;
+      return ExitCodeOf(result.status());
     }
     if (!result->http_address.empty())
       fmt::print("  status page was http://{}/\n", result->http_address);
@@ -392,10 +397,8 @@ void AddDemoCommand(CLI::App& app, int* exit_code) {
                       "Lighthouse status page address while a mode runs (e.g. 127.0.0.1:0)");
   command->add_option("--work-dir", options->work_dir,
                       "Where logs go (default: a new directory under /tmp)");
-  command
-      ->add_option("--plot", options->plot,
-                   "The PNG of held-out loss against time (default: in the work dir)")
-      ->check(WritableFile());
+  command->add_option("--plot", options->plot,
+                      "The PNG of held-out loss against time (default: in the work dir)");
   command->callback([options, exit_code]() {
     (void)InitLogging(LogLevel::kWarn, "demo");
     std::atomic<bool> interrupted{false};

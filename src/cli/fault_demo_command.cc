@@ -54,15 +54,9 @@ class Demo {
       : options_(std::move(options)), dir_(std::move(work_dir)) {}
 
   int Run(std::atomic<bool>& interrupted) {
-    if (!options_.http.empty()) {
-      if (Status address = CheckHostPort(options_.http, "--http"); !address.ok()) {
-        fmt::print(stderr, "mend fault-demo: {}\n", address.message());
-        return kExitBadConfig;
-      }
-    }
     if (Status started = StartLighthouse(); !started.ok()) {
       fmt::print(stderr, "mend fault-demo: {}\n", started.message());
-      return kExitFailure;
+      return ExitCodeOf(started);  // a malformed --http: 2
     }
     fmt::print("mend fault-demo: lighthouse on {} (status page: http://{}/)\n",
                server_->grpc_address(), server_->http_address());
@@ -104,7 +98,10 @@ class Demo {
     }
     Summary();
     server_->Shutdown();
-    if (interrupted.load()) return kExitOk;
+    if (interrupted.load()) {  // as mend demo: an interrupted run is no success
+      fmt::print(stderr, "mend fault-demo: interrupted\n");
+      return kExitFailure;
+    }
     if (rounds_.empty()) failed.insert(failed.begin(), "no round formed");
     if (!failed.empty()) {
       fmt::print(stderr, "mend fault-demo: {} (the learners' logs are in {})\n",

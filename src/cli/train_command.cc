@@ -208,8 +208,7 @@ void AddTrainCommand(CLI::App& app, int* exit_code) {
   command->add_option("--threads", flags->threads, "LibTorch intra-op threads")
       ->capture_default_str()
       ->check(CLI::Range(1, 256));
-  command->add_option("--result-file", flags->result_file, "Write the result as JSON here")
-      ->check(WritableFile());
+  command->add_option("--result-file", flags->result_file, "Write the result as JSON here");
   command->add_flag("--progress-json", flags->progress_json, "Progress as JSON lines on stdout");
   auto config_flags = std::make_shared<ConfigFlags>(command);
   config_flags->Map("--lighthouse", "lighthouse");
@@ -250,6 +249,14 @@ void AddTrainCommand(CLI::App& app, int* exit_code) {
                       config->group_size > 1
                           ? fmt::format("{}.{}", flags->options.id, config->group_rank)
                           : flags->options.id);
+    if (!flags->result_file.empty()) {
+      if (Status writable = CheckWritableFile(flags->result_file, "--result-file");
+          !writable.ok()) {
+        fmt::print(stderr, "mend train: {}\n", writable.message());
+        *exit_code = kExitBadConfig;
+        return;
+      }
+    }
     *exit_code = RunTrain(*flags, *config, token);
   });
 }

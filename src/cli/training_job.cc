@@ -18,6 +18,7 @@
 #include <sstream>
 #include <thread>
 
+#include "cli/commands.h"
 #include "cli/json_fields.h"
 #include "core/free_ports.h"
 #include "core/status_format.h"
@@ -305,7 +306,8 @@ StatusOr<TrainingJobResult> RunTrainingJob(
       status = W_EXITCODE(0, SIGKILL);
     }
     if (!WIFEXITED(*status) || WEXITSTATUS(*status) != 0) {
-      only_bad_config = only_bad_config && WIFEXITED(*status) && WEXITSTATUS(*status) == 2;
+      only_bad_config =
+          only_bad_config && WIFEXITED(*status) && WEXITSTATUS(*status) == kExitBadConfig;
       failures += fmt::format("\n{} {} (log {}):\n{}", labels[i], DescribeWaitStatus(*status),
                               logs[i], FileTail(logs[i], 1500));
     }
@@ -316,7 +318,7 @@ StatusOr<TrainingJobResult> RunTrainingJob(
                                              spec.timeout / kMicrosPerSecond, failures));
   }
   if (interrupted.load()) return AbortedError(fmt::format("{}: interrupted", spec.name));
-  if (!failures.empty() && only_bad_config && !timed_out) {
+  if (!failures.empty() && only_bad_config) {
     return InvalidArgumentError(
         fmt::format("{}: a learner refused its configuration or flags{}", spec.name, failures));
   }

@@ -95,7 +95,9 @@ TEST_F(CheckpointTest, ADirectoryIsRefusedAsNotACheckpointFile) {
   EXPECT_NE(std::string(read.status().message()).find("is a directory"), std::string::npos)
       << read.status();
   auto inspected = InspectCheckpoint(dir_);
-  EXPECT_FALSE(inspected.ok());
+  ASSERT_FALSE(inspected.ok());
+  EXPECT_NE(std::string(inspected.status().message()).find("is a directory"), std::string::npos)
+      << inspected.status();
 }
 
 TEST_F(CheckpointTest, DamageIsNamed) {

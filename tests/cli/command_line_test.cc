@@ -1,6 +1,8 @@
 // What a mend executable's main() does with what escapes a command
 // (cli/commands.h, RunCommandLine): one line on stderr naming the command
 // and the error, and the documented exit status, instead of an abort.
+#include <filesystem>
+#include <fstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -91,6 +93,25 @@ TEST(ConfigFlagsTest, AReplacedKeysFlagIsRefusedNamingItsReplacement) {
       << config.status();
   EXPECT_NE(std::string(config.status().message()).find("flag --udp-control"), std::string::npos);
   EXPECT_EQ(app.help().find("--udp-control"), std::string::npos);  // not offered in the help
+}
+
+// An output file is checked before a long run: a path whose directory is
+// missing or that is a directory is refused naming the flag; a new file in
+// a writable directory, an existing file and /dev/null pass.
+TEST(CheckWritableFileTest, RefusesWhatCannotBeWrittenNamingTheFlag) {
+  const std::string dir = ::testing::TempDir() + "/check-writable-file";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/existing.json") << "{}\n";
+  EXPECT_TRUE(CheckWritableFile(dir + "/new.json", "--report").ok());
+  EXPECT_TRUE(CheckWritableFile(dir + "/existing.json", "--report").ok());
+  EXPECT_TRUE(CheckWritableFile("/dev/null", "--report").ok());
+  auto missing = CheckWritableFile(dir + "/nowhere/r.json", "--report");
+  EXPECT_EQ(missing.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(missing.message()),
+            "--report " + dir + "/nowhere/r.json: no directory " + dir + "/nowhere to write it in");
+  auto directory = CheckWritableFile(dir, "--csv");
+  EXPECT_EQ(std::string(directory.message()), "--csv " + dir + ": is a directory");
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

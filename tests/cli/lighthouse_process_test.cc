@@ -1,12 +1,15 @@
 // The lighthouse and learners as separate processes on loopback: rounds,
 // crashes (SIGKILL), hangs (SIGSTOP), fail-slow, refusal, lighthouse restart.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <fstream>
 
 #include "cli/process_fixture.h"
-#include "core/free_ports.h"
 #include "fmt/format.h"
 #include "gmock/gmock.h"
 
@@ -168,13 +171,22 @@ TEST_F(LighthouseProcessTest, AnotherJobsIdIsBadConfigAndNoLighthouseIsAFailure)
   std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
   EXPECT_THAT(text, HasSubstr("another-job"));
 
-  auto port = FreeLoopbackPorts(1);
-  ASSERT_TRUE(port.ok()) << port.status();
-  auto [code, out] =
-      RunMend(dir_, {"sim-learner", "--id", "alone", "--token-file", token_file_, "--lighthouse",
-                     fmt::format("127.0.0.1:{}", (*port)[0]), "--set", "lighthouse_wait_ms=300"});
+  // A port held bound but not listening: a connection is refused there,
+  // and no other test can take it meanwhile.
+  const int held = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(held, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof address;
+  ASSERT_EQ(bind(held, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  ASSERT_EQ(getsockname(held, reinterpret_cast<sockaddr*>(&address), &length), 0);
+  const std::string nobody = fmt::format("127.0.0.1:{}", ntohs(address.sin_port));
+  auto [code, out] = RunMend(dir_, {"sim-learner", "--id", "alone", "--token-file", token_file_,
+                                    "--lighthouse", nobody, "--set", "lighthouse_wait_ms=300"});
+  close(held);
   EXPECT_EQ(code, 1) << out;
-  EXPECT_THAT(out, HasSubstr(fmt::format("127.0.0.1:{}", (*port)[0])));
+  EXPECT_THAT(out, HasSubstr(nobody));
 }
 
 TEST_F(LighthouseProcessTest, WrongTokenIsRefusedWithAReason) {

@@ -251,7 +251,7 @@ TEST_F(TrainProcessTest, BadInputIsRefusedWithWhatWasWrong) {
     auto [code, text] =
         RunMend({"train", "--mode", "local", "--corpus", corpus_, "--weight-decay", decay});
     EXPECT_EQ(code, 2) << decay << ": " << text;
-    EXPECT_THAT(text, HasSubstr("weight")) << decay;
+    EXPECT_THAT(text, HasSubstr("train: weight_decay = ")) << decay;
   }
   auto [batch, batch_text] =
       RunMend({"train", "--mode", "local", "--corpus", corpus_, "--batch", "100000000"});
