@@ -229,6 +229,10 @@ struct ConfigSources {
   std::vector<Override> overrides;
 };
 
+// "KEY=VALUE" as --set gives it (no '=': an empty value, which the key's
+// check refuses), its source "flag --set KEY=VALUE".
+ConfigSources::Override SetFlagOverride(const std::string& item);
+
 // defaults < file < environment < overrides, then CheckConfig.
 [[nodiscard]] StatusOr<Config> LoadConfig(const ConfigSources& sources);
 

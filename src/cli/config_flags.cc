@@ -19,12 +19,7 @@ ConfigFlags::ConfigFlags(CLI::App* app) : app_(app) {
   app_->add_option_function<std::vector<std::string>>(
       "--set",
       [this](const std::vector<std::string>& items) {
-        for (const std::string& item : items) {
-          size_t equals = item.find('=');
-          std::string key = item.substr(0, equals);
-          std::string value = equals == std::string::npos ? "" : item.substr(equals + 1);
-          overrides_.push_back({key, value, fmt::format("flag --set {}", item)});
-        }
+        for (const std::string& item : items) overrides_.push_back(SetFlagOverride(item));
       },
       "Set any configuration key: --set KEY=VALUE (repeatable)");
 }

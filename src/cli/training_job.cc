@@ -103,10 +103,8 @@ Config JobLighthouseConfig(const TrainingJobSpec& spec, const std::string& token
   // --set control_plane=udp find a lighthouse that serves datagrams. (A bad
   // value is the learners' error to report, with the key named.)
   for (const std::string& setting : spec.settings) {
-    const size_t equals = setting.find('=');
-    if (equals != std::string::npos && setting.substr(0, equals) == "control_plane") {
-      (void)SetConfigValue(config, "control_plane", setting.substr(equals + 1), "--set");
-    }
+    const ConfigSources::Override set = SetFlagOverride(setting);
+    if (set.key == "control_plane") (void)SetConfigValue(config, set.key, set.text, set.source);
   }
   return config;
 }
@@ -116,11 +114,8 @@ Status CheckSettings(const std::vector<std::string>& settings) {
   // error is the one a learner would print.
   Config config;
   for (const std::string& setting : settings) {
-    const size_t equals = setting.find('=');
-    MEND_RETURN_IF_ERROR(
-        SetConfigValue(config, setting.substr(0, equals),
-                       equals == std::string::npos ? "" : setting.substr(equals + 1),
-                       fmt::format("flag --set {}", setting)));
+    const ConfigSources::Override set = SetFlagOverride(setting);
+    MEND_RETURN_IF_ERROR(SetConfigValue(config, set.key, set.text, set.source));
   }
   return OkStatus();
 }

@@ -405,6 +405,12 @@ Status ApplyConfigEnvironment(Config& config, const char* const* environ) {
   return OkStatus();
 }
 
+ConfigSources::Override SetFlagOverride(const std::string& item) {
+  const size_t equals = item.find('=');
+  return {item.substr(0, equals), equals == std::string::npos ? "" : item.substr(equals + 1),
+          fmt::format("flag --set {}", item)};
+}
+
 StatusOr<Config> LoadConfig(const ConfigSources& sources) {
   Config config;
   if (!sources.file.empty()) {
