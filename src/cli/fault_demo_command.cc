@@ -18,7 +18,6 @@
 #include "cli/training_job.h"
 #include "core/status_format.h"
 #include "core/subprocess.h"
-#include "core/text.h"
 #include "fmt/format.h"
 #include "mend/lighthouse.h"
 #include "mend/logging.h"

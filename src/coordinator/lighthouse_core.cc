@@ -124,7 +124,8 @@ StatusOr<RegisterResult> LighthouseCore::Register(const RegisterArgs& args) {
     // r goes to rank r), nor one with another round schedule or merge.
     const size_t others_alive =
         membership_.counts().alive - (previous != nullptr && previous->alive ? 1 : 0);
-    // (An older learner sends no settings: it is not checked, nor sets them.)
+    // (An older learner sends no settings: it is not checked; starting a job
+    // anew, it clears the old job's.)
     if (others_alive == 0) {
       if (args.group_size != group_size_ || ByKey(args.job_settings) != ByKey(job_settings_)) {
         ++job_epoch_;  // the learners that were dead register again to come back
