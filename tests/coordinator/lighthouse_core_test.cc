@@ -356,42 +356,46 @@ TEST(LighthouseCoreTest, MetricsUseMendPrefixAndCountRounds) {
   }
 }
 
+// Registers `id` with its shared settings and group size, as a learner does.
+StatusOr<RegisterResult> RegisterWith(CoreHarness& h, const std::string& id,
+                                      std::vector<std::string> settings, uint32_t group_size = 1) {
+  RegisterArgs args;
+  args.learner_id = id;
+  args.job_settings = std::move(settings);
+  args.group_size = group_size;
+  return h.core().Register(args);
+}
+
 // The learners of a job must agree on what shapes its rounds: the first to
 // register while no other is alive sets the job's settings; another that
 // differs is refused, naming each key; once none is alive a new one may
 // start the job afresh with other settings.
 TEST(LighthouseCoreTest, ALearnerWhoseSharedSettingsDifferIsRefusedNamingTheKeys) {
   CoreHarness h(CoreHarness::Options(2, 1000));
-  auto reg = [&](const std::string& id, std::vector<std::string> settings) {
-    RegisterArgs args;
-    args.learner_id = id;
-    args.job_settings = std::move(settings);
-    return h.core().Register(args);
-  };
-  ASSERT_TRUE(reg("a", {"fragments=1", "sync_period_steps=5"}).ok());
-  ASSERT_TRUE(reg("b", {"fragments=1", "sync_period_steps=5"}).ok());
-  auto other = reg("c", {"fragments=2", "sync_period_steps=10"});
+  ASSERT_TRUE(RegisterWith(h, "a", {"fragments=1", "sync_period_steps=5"}).ok());
+  ASSERT_TRUE(RegisterWith(h, "b", {"fragments=1", "sync_period_steps=5"}).ok());
+  auto other = RegisterWith(h, "c", {"fragments=2", "sync_period_steps=10"});
   ASSERT_EQ(other.status().code(), StatusCode::kInvalidArgument) << other.status();
   const std::string message(other.status().message());
   EXPECT_THAT(message, HasSubstr("fragments = 2 (this job's learners have 1)"));
   EXPECT_THAT(message, HasSubstr("sync_period_steps = 10 (this job's learners have 5)"));
   EXPECT_THAT(message, HasSubstr("'a'"));
-  auto missing = reg("c", {"fragments=1"});
+  auto missing = RegisterWith(h, "c", {"fragments=1"});
   ASSERT_FALSE(missing.ok());
   EXPECT_THAT(std::string(missing.status().message()),
               HasSubstr("sync_period_steps = (not sent) (this job's learners have 5)"));
   // An older learner sends none: not checked.
-  EXPECT_TRUE(reg("d", {}).ok());
+  EXPECT_TRUE(RegisterWith(h, "d", {}).ok());
   // "a" restarting with other settings while "b" and "d" are alive: refused.
-  EXPECT_FALSE(reg("a", {"fragments=1", "sync_period_steps=7"}).ok());
+  EXPECT_FALSE(RegisterWith(h, "a", {"fragments=1", "sync_period_steps=7"}).ok());
   // Once every learner has left, the next one sets the job's settings.
   for (const char* id : {"a", "b", "d"}) {
     h.Register(id);  // (a fresh session to leave with)
     ASSERT_TRUE(h.core().Leave(id, h.session(id), "done").ok()) << id;
   }
-  EXPECT_TRUE(reg("a", {"fragments=1", "sync_period_steps=7"}).ok());
-  EXPECT_FALSE(reg("b", {"fragments=1", "sync_period_steps=5"}).ok());
-  EXPECT_TRUE(reg("b", {"fragments=1", "sync_period_steps=7"}).ok());
+  EXPECT_TRUE(RegisterWith(h, "a", {"fragments=1", "sync_period_steps=7"}).ok());
+  EXPECT_FALSE(RegisterWith(h, "b", {"fragments=1", "sync_period_steps=5"}).ok());
+  EXPECT_TRUE(RegisterWith(h, "b", {"fragments=1", "sync_period_steps=7"}).ok());
 }
 
 // A learner declared dead while a learner of other settings started the
@@ -400,42 +404,37 @@ TEST(LighthouseCoreTest, ALearnerWhoseSharedSettingsDifferIsRefusedNamingTheKeys
 // an older learner (no settings) starting a job anew clears the old job's.
 TEST(LighthouseCoreTest, ALearnerDeadWhileTheJobWasStartedAnewMustRegisterAgain) {
   CoreHarness h(CoreHarness::Options(1, 0));
-  auto reg = [&](const std::string& id, std::vector<std::string> settings) {
-    RegisterArgs args;
-    args.learner_id = id;
-    args.job_settings = std::move(settings);
-    return h.core().Register(args);
-  };
   auto heartbeat = [&](const std::string& id, uint64_t session) {
     HeartbeatArgs args;
     args.learner_id = id;
     args.session_id = session;
     return h.core().Heartbeat(args);
   };
-  auto a = reg("a", {"fragments=1", "sync_period_steps=5"});
+  auto a = RegisterWith(h, "a", {"fragments=1", "sync_period_steps=5"});
   ASSERT_TRUE(a.ok());
   h.AdvanceMs(1100);  // "a" is silent past heartbeat_timeout: dead
   ASSERT_EQ(h.core().Snapshot(10, 10).learners_alive, 0u);
-  auto b = reg("b", {"sync_period_steps=7", "fragments=1"});
+  auto b = RegisterWith(h, "b", {"sync_period_steps=7", "fragments=1"});
   ASSERT_TRUE(b.ok());
   auto revived = heartbeat("a", a->session_id);
   ASSERT_EQ(revived.status().code(), StatusCode::kNotFound) << revived.status();
   EXPECT_THAT(std::string(revived.status().message()), HasSubstr("register again"));
-  EXPECT_EQ(reg("a", {"fragments=1", "sync_period_steps=5"}).status().code(),
+  EXPECT_EQ(RegisterWith(h, "a", {"fragments=1", "sync_period_steps=5"}).status().code(),
             StatusCode::kInvalidArgument);
   EXPECT_TRUE(heartbeat("b", b->session_id).ok());
-  EXPECT_TRUE(reg("c", {"fragments=1", "sync_period_steps=7"}).ok());  // the order is no matter
+  EXPECT_TRUE(
+      RegisterWith(h, "c", {"fragments=1", "sync_period_steps=7"}).ok());  // the order is no matter
   // Every learner gone; an older learner starts the job: no settings stay.
   h.AdvanceMs(1100);
   ASSERT_EQ(h.core().Snapshot(10, 10).learners_alive, 0u);
-  ASSERT_TRUE(reg("old", {}).ok());
-  EXPECT_TRUE(reg("d", {"fragments=1", "sync_period_steps=5"}).ok());
-  EXPECT_FALSE(reg("e", {"fragments=1", "sync_period_steps=7"}).ok());
+  ASSERT_TRUE(RegisterWith(h, "old", {}).ok());
+  EXPECT_TRUE(RegisterWith(h, "d", {"fragments=1", "sync_period_steps=5"}).ok());
+  EXPECT_FALSE(RegisterWith(h, "e", {"fragments=1", "sync_period_steps=7"}).ok());
   // A learner dead while the job restarted with the same settings heartbeats on.
-  auto f = reg("f", {"fragments=1", "sync_period_steps=5"});
+  auto f = RegisterWith(h, "f", {"fragments=1", "sync_period_steps=5"});
   ASSERT_TRUE(f.ok());
   h.AdvanceMs(1100);
-  ASSERT_TRUE(reg("g", {"fragments=1", "sync_period_steps=5"}).ok());
+  ASSERT_TRUE(RegisterWith(h, "g", {"fragments=1", "sync_period_steps=5"}).ok());
   EXPECT_TRUE(heartbeat("f", f->session_id).ok());
 }
 
@@ -443,27 +442,21 @@ TEST(LighthouseCoreTest, ALearnerDeadWhileTheJobWasStartedAnewMustRegisterAgain)
 // first learner of a new job on a standing lighthouse sets another.
 TEST(LighthouseCoreTest, ALearnerOfAnotherGroupSizeIsRefusedWhileTheJobsLearnersAreAlive) {
   CoreHarness h(CoreHarness::Options(2, 1000));
-  auto reg = [&](const std::string& id, uint32_t group_size) {
-    RegisterArgs args;
-    args.learner_id = id;
-    args.group_size = group_size;
-    return h.core().Register(args);
-  };
-  auto a = reg("a", 2);
-  auto b = reg("b", 2);
+  auto a = RegisterWith(h, "a", {}, 2);
+  auto b = RegisterWith(h, "b", {}, 2);
   ASSERT_TRUE(a.ok() && b.ok());
-  auto other = reg("c", 4);
+  auto other = RegisterWith(h, "c", {}, 4);
   ASSERT_EQ(other.status().code(), StatusCode::kInvalidArgument) << other.status();
   EXPECT_THAT(
       std::string(other.status().message()),
       HasSubstr("group_size = 4: this job's learners are groups of 2 rank(s) (set by 'a')"));
-  EXPECT_FALSE(reg("a", 1).ok());  // a restart of "a" while "b" is alive
+  EXPECT_FALSE(RegisterWith(h, "a", {}, 1).ok());  // a restart of "a" while "b" is alive
   ASSERT_TRUE(h.core().Leave("a", a->session_id, "done").ok());
   ASSERT_TRUE(h.core().Leave("b", b->session_id, "done").ok());
   // A new job, another size.
-  EXPECT_TRUE(reg("c", 4).ok());
-  EXPECT_FALSE(reg("a", 2).ok());
-  EXPECT_TRUE(reg("a", 4).ok());
+  EXPECT_TRUE(RegisterWith(h, "c", {}, 4).ok());
+  EXPECT_FALSE(RegisterWith(h, "a", {}, 2).ok());
+  EXPECT_TRUE(RegisterWith(h, "a", {}, 4).ok());
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <thread>
 
 #include "fmt/format.h"
@@ -65,21 +66,34 @@ class TrainerTest : public ::testing::Test {
     return o;
   }
 
-  // Two learners side by side with an embedded lighthouse.
-  std::vector<TrainResult> RunTwo(const std::string& mode, Config config) {
+  // Two learners side by side with an embedded lighthouse; `change` may
+  // alter learner i's options.
+  std::vector<StatusOr<TrainResult>> TryTwo(
+      const std::string& mode, Config config,
+      const std::function<void(int, TrainOptions&)>& change = nullptr) {
     auto server = LighthouseServer::Start(config, kToken, *RealClock());
     EXPECT_TRUE(server.ok()) << server.status();
     config.lighthouse = (*server)->grpc_address();
-    std::vector<TrainResult> results(2);
+    std::vector<StatusOr<TrainResult>> results(2, InternalError("not run"));
     std::vector<std::thread> threads;
     for (int i = 0; i < 2; ++i) {
       threads.emplace_back([&, i]() {
-        auto result = Train(Options(mode, i, 2), config, kToken, *RealClock(), nullptr, nullptr);
-        ASSERT_TRUE(result.ok()) << result.status();
-        results[static_cast<size_t>(i)] = *result;
+        TrainOptions o = Options(mode, i, 2);
+        if (change) change(i, o);
+        results[static_cast<size_t>(i)] = Train(o, config, kToken, *RealClock(), nullptr, nullptr);
       });
     }
     for (auto& t : threads) t.join();
+    return results;
+  }
+
+  // TryTwo, both learners succeeding.
+  std::vector<TrainResult> RunTwo(const std::string& mode, Config config) {
+    std::vector<TrainResult> results;
+    for (auto& result : TryTwo(mode, std::move(config))) {
+      EXPECT_TRUE(result.ok()) << result.status();
+      results.push_back(result.ok() ? *std::move(result) : TrainResult{});
+    }
     return results;
   }
 
@@ -123,20 +137,11 @@ TEST_F(TrainerTest, ALearnerOfAnotherJobLengthIsRefused) {
   Config config = testing_util::LoopbackJobConfig(2);
   config.sync_period_steps = 4;
   config.quorum_timeout_ms = 1000;  // the learner left alone waits this for each round
-  auto server = LighthouseServer::Start(config, kToken, *RealClock());
-  ASSERT_TRUE(server.ok()) << server.status();
-  config.lighthouse = (*server)->grpc_address();
-  std::vector<Status> statuses(2);
-  std::vector<std::thread> threads;
-  for (int i = 0; i < 2; ++i) {
-    threads.emplace_back([&, i]() {
-      TrainOptions o = Options("diloco", i, 2);
-      o.steps = 8 + i;
-      statuses[static_cast<size_t>(i)] =
-          Train(o, config, kToken, *RealClock(), nullptr, nullptr).status();
-    });
+  std::vector<Status> statuses;
+  for (const auto& result :
+       TryTwo("diloco", config, [](int i, TrainOptions&o) { o.steps = 8 + i; })) {
+    statuses.push_back(result.status());
   }
-  for (auto& t : threads) t.join();
   const int refused = statuses[0].ok() ? 1 : 0;
   ASSERT_TRUE(statuses[1 - refused].ok()) << statuses[1 - refused];
   EXPECT_EQ(statuses[refused].code(), absl::StatusCode::kInvalidArgument) << statuses[refused];
