@@ -47,7 +47,10 @@ StatusOr<std::optional<Restored>> OuterState::Start(uint64_t start_step) {
   return restored;
 }
 
-// The newest checkpoint in checkpoint_dir that verifies; none is a fresh start.
+// The newest checkpoint in checkpoint_dir that verifies; none is a fresh
+// start. Checkpoints that are all damaged are refused, not passed over: a
+// fresh start would drop the job's progress, and checkpoint_keep would then
+// delete the damaged files (what a repair could start from).
 Status OuterState::Resume(std::optional<Restored>* restored) {
   CheckpointDirectory directory(options_.dir, options_.keep);
   std::vector<std::string> skipped;
@@ -55,6 +58,13 @@ Status OuterState::Resume(std::optional<Restored>* restored) {
   for (const std::string& why : skipped) spdlog::error("skipping a damaged checkpoint: {}", why);
   if (!checkpoint.ok()) {
     if (checkpoint.status().code() != absl::StatusCode::kNotFound) return checkpoint.status();
+    if (!skipped.empty()) {
+      return DataLossError(fmt::format(
+          "checkpoint_dir {}: none of its {} checkpoint(s) verifies ({}); they are left as they "
+          "are. To start the job fresh, move them away; to resume from another file, set "
+          "resume_from = PATH",
+          options_.dir, skipped.size(), fmt::join(skipped, "; ")));
+    }
     WarnOfOtherFiles();
     return OkStatus();
   }

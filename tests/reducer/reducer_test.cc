@@ -436,6 +436,37 @@ TEST(ReducerTest, ACheckpointOfAnotherModelIsRefused) {
   std::filesystem::remove_all(dir);
 }
 
+// A checkpoint_dir whose checkpoints are all damaged is refused (DATA_LOSS
+// naming each), not taken for a fresh start, and its files are kept.
+TEST(ReducerTest, ACheckpointDirOfOnlyDamagedCheckpointsIsRefusedAndKept) {
+  const std::string dir = testing_util::MakeTempDir();
+  Checkpoint saved;
+  saved.meta.round_id = 3;
+  saved.tensors.push_back({"global/weight", {1, 8}, std::vector<float>(8, 1)});
+  saved.tensors.push_back({"global/bias", {1}, {0}});
+  ASSERT_TRUE(CheckpointDirectory(dir, 3).Save(saved).ok());
+  const std::vector<std::string> files = CheckpointDirectory(dir, 3).List();
+  ASSERT_EQ(files.size(), 1u);
+  std::filesystem::resize_file(files[0], std::filesystem::file_size(files[0]) - 4);
+  Config config = BaseConfig();
+  config.checkpoint_dir = dir;
+  auto server = StartLighthouse(config);
+  config.lighthouse = server->grpc_address();
+  auto agent = LearnerAgent::Start(config, kToken, {"learner-a", "", "", ""}, *RealClock());
+  ASSERT_TRUE(agent.ok());
+  torch::nn::Linear model(8, 1);
+  torch::optim::SGD inner(model->parameters(), torch::optim::SGDOptions(0.1));
+  auto reducer = Reducer::Create(config, *model, inner, **agent);
+  ASSERT_EQ(reducer.status().code(), absl::StatusCode::kDataLoss) << reducer.status();
+  EXPECT_NE(reducer.status().message().find("none of its 1 checkpoint(s) verifies"),
+            std::string_view::npos)
+      << reducer.status();
+  EXPECT_NE(reducer.status().message().find("truncated"), std::string_view::npos)
+      << reducer.status();
+  EXPECT_TRUE(std::filesystem::exists(files[0]));
+  std::filesystem::remove_all(dir);
+}
+
 // Frozen parameters (requires_grad = false) are the learner's own unless
 // exchange_frozen_parameters: the reducer's state holds only the others,
 // and a model with nothing trainable is refused naming the key.
