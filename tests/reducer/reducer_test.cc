@@ -262,19 +262,26 @@ TEST(ReducerTest, DeslocAveragesTheInnerAdamMoments) {
   }
 }
 
-TEST(ReducerTest, DeslocNeedsAnAdamOptimizer) {
-  Config config = BaseConfig();
-  config.desloc = true;
+// The status of Reducer::Create for a learner of its own (a fresh
+// lighthouse) with a one-layer model, `inputs` -> 1, and SGD.
+Status CreateAlone(Config config, int64_t inputs) {
   auto server = StartLighthouse(config);
   config.lighthouse = server->grpc_address();
   auto agent = LearnerAgent::Start(config, kToken, {"learner-a", "", "", ""}, *RealClock());
-  ASSERT_TRUE(agent.ok());
-  torch::nn::Linear model(2, 1);
-  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
-  auto reducer = Reducer::Create(config, *model, sgd, **agent);
-  ASSERT_FALSE(reducer.ok());
-  EXPECT_NE(std::string(StatusMessage(reducer.status())).find("Adam"), std::string::npos);
+  if (!agent.ok()) return agent.status();
+  torch::nn::Linear model(inputs, 1);
+  torch::optim::SGD inner(model->parameters(), torch::optim::SGDOptions(0.1));
+  auto reducer = Reducer::Create(config, *model, inner, **agent);
   (void)(*agent)->Leave("test over");
+  return reducer.status();
+}
+
+TEST(ReducerTest, DeslocNeedsAnAdamOptimizer) {
+  Config config = BaseConfig();
+  config.desloc = true;
+  const Status created = CreateAlone(config, 2);
+  ASSERT_FALSE(created.ok());
+  EXPECT_NE(std::string(StatusMessage(created)).find("Adam"), std::string::npos);
 }
 
 // Every codec, synchronous and concurrent: after every round both learners
@@ -421,18 +428,11 @@ TEST(ReducerTest, ACheckpointOfAnotherModelIsRefused) {
   ASSERT_TRUE(CheckpointDirectory(dir, 3).Save(other).ok());
   Config config = BaseConfig();
   config.checkpoint_dir = dir;
-  auto server = StartLighthouse(config);
-  config.lighthouse = server->grpc_address();
-  auto agent = LearnerAgent::Start(config, kToken, {"learner-a", "", "", ""}, *RealClock());
-  ASSERT_TRUE(agent.ok());
-  torch::nn::Linear model(8, 1);
-  torch::optim::SGD inner(model->parameters(), torch::optim::SGDOptions(0.1));
-  auto reducer = Reducer::Create(config, *model, inner, **agent);
-  ASSERT_EQ(reducer.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(
-      reducer.status().message().find("'global/weight' has shape [1, 4], the model's is [1, 8]"),
-      std::string_view::npos)
-      << reducer.status();
+  const Status reducer = CreateAlone(config, 8);
+  ASSERT_EQ(reducer.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(reducer.message().find("'global/weight' has shape [1, 4], the model's is [1, 8]"),
+            std::string_view::npos)
+      << reducer;
   std::filesystem::remove_all(dir);
 }
 
@@ -450,19 +450,11 @@ TEST(ReducerTest, ACheckpointDirOfOnlyDamagedCheckpointsIsRefusedAndKept) {
   std::filesystem::resize_file(files[0], std::filesystem::file_size(files[0]) - 4);
   Config config = BaseConfig();
   config.checkpoint_dir = dir;
-  auto server = StartLighthouse(config);
-  config.lighthouse = server->grpc_address();
-  auto agent = LearnerAgent::Start(config, kToken, {"learner-a", "", "", ""}, *RealClock());
-  ASSERT_TRUE(agent.ok());
-  torch::nn::Linear model(8, 1);
-  torch::optim::SGD inner(model->parameters(), torch::optim::SGDOptions(0.1));
-  auto reducer = Reducer::Create(config, *model, inner, **agent);
-  ASSERT_EQ(reducer.status().code(), absl::StatusCode::kDataLoss) << reducer.status();
-  EXPECT_NE(reducer.status().message().find("none of its 1 checkpoint(s) verifies"),
-            std::string_view::npos)
-      << reducer.status();
-  EXPECT_NE(reducer.status().message().find("truncated"), std::string_view::npos)
-      << reducer.status();
+  const Status reducer = CreateAlone(config, 8);
+  ASSERT_EQ(reducer.code(), absl::StatusCode::kDataLoss) << reducer;
+  EXPECT_NE(reducer.message().find("none of its 1 checkpoint(s) verifies"), std::string_view::npos)
+      << reducer;
+  EXPECT_NE(reducer.message().find("truncated"), std::string_view::npos) << reducer;
   EXPECT_TRUE(std::filesystem::exists(files[0]));
   std::filesystem::remove_all(dir);
 }
