@@ -357,6 +357,13 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config,
   result.compute_fraction = inner_seconds / std::max(1e-9, result.seconds);
   if (reducer) {
     const ReducerStats stats = reducer->stats();
+    if (stats.checkpoint_failures > 0) {  // (each was logged when it failed)
+      spdlog::warn(
+          "{} of {} checkpoint writes failed in {}: the newest checkpoint there may be "
+          "older than the job's end",
+          stats.checkpoint_failures, stats.checkpoints + stats.checkpoint_failures,
+          config.checkpoint_dir);
+    }
     result.rounds = stats.rounds;
     result.final_rounds = stats.final_rounds;
     result.failed_rounds = stats.failed_rounds;
