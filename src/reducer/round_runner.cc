@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "core/phase_timer.h"
+#include "core/round_keys.h"
 #include "fmt/format.h"
 #include "learner/lighthouse_rendezvous.h"
 #include "reducer/healing.h"
@@ -191,6 +192,16 @@ StatusOr<std::unique_ptr<Communicator>> RoundRunner::Connect(
   StatusOr<std::unique_ptr<Communicator>> comm =
       pending->Await(fmt::format("round {}", round.round_id));
   services_.Unwatch(pending.get());
+  // Every member connects to every other: without this one the round cannot
+  // complete, and the others learn it from the round's abort key now, not
+  // when collective_timeout_ms runs out (a data plane that cannot come up
+  // would otherwise hold the whole job that long at every round). A round
+  // called off (ABORTED) has its abort key already.
+  if (!comm.ok() && comm.status().code() != absl::StatusCode::kAborted) {
+    (void)store->Set(round.rendezvous_prefix + kRoundAbortKey,
+                     fmt::format("learner '{}' could not connect: {}", services_.learner_id(),
+                                 std::string(comm.status().message())));
+  }
   return comm;
 }
 

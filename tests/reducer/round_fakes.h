@@ -47,6 +47,22 @@ class Values final : public FlatParameters {
 // A round of one member: every reduction leaves the data as it is. A
 // `gate`, when given, is called before each weighted reduction (the merge)
 // and may hold it; its error is the reduction's.
+// A connection to a store that keeps it alive (the test may read it after
+// the round let its connection go).
+class StoreOf final : public RendezvousStore {
+ public:
+  explicit StoreOf(std::shared_ptr<RendezvousStore> store) : store_(std::move(store)) {}
+  Status Set(const std::string& key, const std::string& value) override {
+    return store_->Set(key, value);
+  }
+  StatusOr<std::string> Get(const std::string& key, Micros timeout) override {
+    return store_->Get(key, timeout);
+  }
+
+ private:
+  const std::shared_ptr<RendezvousStore> store_;
+};
+
 class AloneCommunicator final : public Communicator {
  public:
   AloneCommunicator() = default;
@@ -126,7 +142,13 @@ class FakeServices final : public RoundServices {
   std::unique_ptr<RendezvousStore> OpenRendezvous(const QuorumResult&) override {
     std::lock_guard lock(mu_);
     opened_++;
-    return std::make_unique<testing_util::InProcessStore>();
+    rendezvous_ = std::make_shared<testing_util::InProcessStore>();  // a fresh one per round
+    return std::make_unique<StoreOf>(rendezvous_);
+  }
+  // The newest round's rendezvous store (null before the first).
+  std::shared_ptr<RendezvousStore> rendezvous() {
+    std::lock_guard lock(mu_);
+    return rendezvous_;
   }
   StatusOr<std::unique_ptr<Communicator>> Connect(RendezvousStore&,
                                                   const CommunicatorOptions& options,
@@ -326,6 +348,7 @@ class FakeServices final : public RoundServices {
   const void* watching_ = nullptr;
   std::function<void(const std::string&)> abort_;
   std::string connected_prefix_;
+  std::shared_ptr<RendezvousStore> rendezvous_;
 };
 
 }  // namespace mend::reducer::fakes

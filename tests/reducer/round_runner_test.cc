@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/round_keys.h"
 #include "gtest/gtest.h"
 #include "mend/clock.h"
 #include "reducer/connect_threads.h"
@@ -92,14 +93,23 @@ TEST_F(RoundRunnerTest, AQuorumThatFailsEndsTheRoundBeforeAnythingConnects) {
   EXPECT_EQ(services_.watched(), 0);
 }
 
+// A member that cannot connect calls the round off for the others (its
+// abort key, which their connects watch), so they do not wait out
+// collective_timeout_ms for it.
 TEST_F(RoundRunnerTest, ACommunicatorThatFailsToConnectEndsTheRoundUnwatched) {
-  services_.SetConnect(UnavailableError("rendezvous: member 1 did not come"));
+  services_.SetConnect(UnavailableError("bind(2) for [192.0.2.1] failed"));
   StatusOr<Outcome> outcome = Run();
   ASSERT_FALSE(outcome.ok());
   EXPECT_EQ(outcome.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_TRUE(flight_.formed);
   EXPECT_EQ(services_.watched(), 1);  // the connect only
   EXPECT_FALSE(services_.watching());
+  ASSERT_NE(services_.rendezvous(), nullptr);
+  auto why =
+      services_.rendezvous()->Get(fakes::RoundOfOne(7, 100).rendezvous_prefix + kRoundAbortKey,
+                                  kMicrosPerSecond);  // (the fixture's round)
+  ASSERT_TRUE(why.ok()) << why.status();
+  EXPECT_EQ(*why, "learner 'fake-learner' could not connect: bind(2) for [192.0.2.1] failed");
 }
 
 // A member that died after the rendezvous holds the others in Gloo's
