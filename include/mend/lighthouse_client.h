@@ -118,11 +118,18 @@ struct HeartbeatAck {
 };
 
 // The lighthouse answers NOT_FOUND or FAILED_PRECONDITION to a call that
-// names a learner or session it does not know (it restarted, or declared the
-// learner dead): the learner must register again. Both ends decide by this.
+// names a learner or session it does not know (it restarted, forgot the
+// learner, or the learner left): the learner must register again. Both ends
+// decide by this.
 inline bool NeedsRegistration(StatusCode code) {
   return code == StatusCode::kNotFound || code == StatusCode::kFailedPrecondition;
 }
+
+// The lighthouse answers ALREADY_EXISTS to a call of a session that a newer
+// registration of the same learner id replaced. When that is the caller's
+// current session, another process holds its id: registering again would
+// only replace that process in turn, so the caller stops.
+inline bool Superseded(StatusCode code) { return code == StatusCode::kAlreadyExists; }
 
 // A learner's heartbeat stream (gRPC bidirectional stream, callback API).
 class HeartbeatStream {

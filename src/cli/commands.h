@@ -46,14 +46,16 @@ inline bool RefusedByTheLighthouse(const Status& status) {
 // The exit status of a command that failed with `status`: kExitRefused for
 // the lighthouse's refusal of the token, kExitBadConfig for the command's
 // bad input (INVALID_ARGUMENT: a value out of range, another job's id or
-// settings the lighthouse refused; NOT_FOUND: a missing corpus or file),
+// settings the lighthouse refused; NOT_FOUND: a missing corpus or file;
+// ALREADY_EXISTS: another process registered under the learner's id),
 // else kExitFailure (a lighthouse that cannot be reached among them). An
 // INVALID_ARGUMENT that is a bug of mend's own (a malformed request the
 // lighthouse refused) reads as bad input too.
 inline int ExitCodeOf(const Status& status) {
   if (RefusedByTheLighthouse(status)) return kExitRefused;
   if (status.code() == absl::StatusCode::kInvalidArgument ||
-      status.code() == absl::StatusCode::kNotFound) {
+      status.code() == absl::StatusCode::kNotFound ||
+      status.code() == absl::StatusCode::kAlreadyExists) {
     return kExitBadConfig;
   }
   return kExitFailure;

@@ -53,6 +53,13 @@ std::string AddressText(const sockaddr_storage& address) {
   return fmt::format("udp:{}:{}", host, port);
 }
 
+// What a datagram tells a learner whose session ended with `code`: a newer
+// registration took its id (it must stop), or register again.
+datagram::Kind SessionEndedKind(StatusCode code) {
+  return Superseded(code) ? datagram::Kind::kSuperseded
+                                            : datagram::Kind::kUnknownSession;
+}
+
 }  // namespace
 
 DatagramServer::DatagramServer(LighthouseCore* core, const std::string& token)
@@ -220,13 +227,13 @@ void DatagramServer::Handle(std::string_view bytes, const Address& from) {
     }
   }
   if (learner_id.empty()) {
-    std::optional<std::string> known = core_->SessionLearner(session);
+    StatusOr<std::string> known = core_->SessionLearner(session);
     MutexLock lock(mu_);
-    if (!known) {
+    if (!known.ok()) {
       Outgoing reply;
       reply.session_id = session;
       reply.address = from;
-      reply.kind = datagram::Kind::kUnknownSession;
+      reply.kind = SessionEndedKind(known.status().code());
       Enqueue(std::move(reply));
       return;
     }
@@ -265,11 +272,12 @@ void DatagramServer::HandleHeartbeat(uint64_t session_id, const std::string& lea
   if (it == peers_.end()) return;
   Peer& peer = it->second;
   if (!result.ok()) {
-    if (NeedsRegistration(result.status().code())) {
+    const StatusCode code = result.status().code();
+    if (NeedsRegistration(code) || Superseded(code)) {
       Outgoing reply;
       reply.session_id = session_id;
       reply.address = from;
-      reply.kind = datagram::Kind::kUnknownSession;
+      reply.kind = SessionEndedKind(code);
       Enqueue(std::move(reply));
       peers_.erase(it);
     }

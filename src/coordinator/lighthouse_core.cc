@@ -245,11 +245,15 @@ Status LighthouseCore::Leave(const std::string& learner_id, uint64_t session_id,
   return OkStatus();
 }
 
-std::optional<std::string> LighthouseCore::SessionLearner(uint64_t session_id) {
+StatusOr<std::string> LighthouseCore::SessionLearner(uint64_t session_id) {
   MutexLock lock(mu_);
   LearnerRecord* record = membership_.FindSession(session_id);
-  if (record == nullptr || record->left) return std::nullopt;
-  return record->id;
+  if (record != nullptr && !record->left) return record->id;
+  if (membership_.WasSuperseded(session_id)) {
+    return AlreadyExistsError(fmt::format(
+        "session {:016x}: another process registered with its learner id", session_id));
+  }
+  return NotFoundError(fmt::format("session {:016x} is not known here", session_id));
 }
 
 void LighthouseCore::KeepEndedSessions(std::vector<uint64_t>& sessions) {

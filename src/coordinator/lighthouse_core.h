@@ -118,13 +118,15 @@ class LighthouseCore {
 
   // INVALID_ARGUMENT when job_id names another job.
   [[nodiscard]] StatusOr<RegisterResult> Register(const RegisterArgs& args);
-  // NOT_FOUND / FAILED_PRECONDITION for an unknown learner or stale session.
+  // NOT_FOUND for an unknown learner, ALREADY_EXISTS for a superseded
+  // session, FAILED_PRECONDITION for a learner that left.
   [[nodiscard]] StatusOr<HeartbeatResult> Heartbeat(const HeartbeatArgs& args);
   [[nodiscard]] Status Leave(const std::string& learner_id, uint64_t session_id,
                              const std::string& reason);
-  // The learner whose current session is `session_id` (not left); nullopt
-  // for an unknown or superseded session.
-  std::optional<std::string> SessionLearner(uint64_t session_id);
+  // The learner whose current session is `session_id` (not left);
+  // ALREADY_EXISTS for a session a newer registration replaced, NOT_FOUND for
+  // any other.
+  StatusOr<std::string> SessionLearner(uint64_t session_id);
   // Removes from `sessions` those SessionLearner would find (one lock for all).
   void KeepEndedSessions(std::vector<uint64_t>& sessions);
 

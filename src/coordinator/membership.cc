@@ -39,6 +39,12 @@ LearnerRecord& Membership::Register(const std::string& id, uint64_t session_id, 
       r.last_member_round = 0;
       r.earlier_member_rounds = {};
     });
+    superseded_.insert(old.session_id);
+    superseded_order_.push_back(old.session_id);
+    if (superseded_order_.size() > kMaxSupersededKept) {
+      superseded_.erase(superseded_order_.front());
+      superseded_order_.pop_front();
+    }
     // The record is replaced below; its contribution to the counts is now zero.
     Erase(old);
   }
@@ -77,8 +83,11 @@ StatusOr<LearnerRecord*> Membership::Find(const std::string& id, uint64_t sessio
   }
   LearnerRecord* record = it->second.get();
   if (record->session_id != session_id) {
-    return FailedPreconditionError(fmt::format(
-        "learner '{}': session {:016x} was superseded by a newer registration", id, session_id));
+    return AlreadyExistsError(fmt::format(
+        "another process registered as learner '{}'{} and replaced session {:016x}: two learners "
+        "were given one id, or this one was restarted elsewhere",
+        id, record->address.empty() ? "" : fmt::format(" (data plane host {})", record->address),
+        session_id));
   }
   if (record->left) {
     return FailedPreconditionError(fmt::format("learner '{}' has left the job", id));

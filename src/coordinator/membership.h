@@ -15,6 +15,7 @@
 
 #include <array>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -24,6 +25,7 @@
 
 #include "absl/container/btree_set.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "coordinator/failslow_detector.h"
 #include "coordinator/round.h"
 #include "mend/clock.h"
@@ -133,9 +135,15 @@ class Membership {
                           std::string address, uint64_t step, uint64_t last_round_id, Micros now,
                           std::optional<PendingJoin>* replaced_join);
 
-  // NOT_FOUND when the id is unknown, FAILED_PRECONDITION when `session_id`
-  // is not the current session, FAILED_PRECONDITION when the learner left.
+  // NOT_FOUND when the id is unknown, ALREADY_EXISTS when `session_id` is
+  // not the current session (a newer registration took the id: the process
+  // holding it must stop, not register again), FAILED_PRECONDITION when the
+  // learner left.
   [[nodiscard]] StatusOr<LearnerRecord*> Find(const std::string& id, uint64_t session_id);
+  // Whether `session_id` was replaced by a newer registration of its learner
+  // id (the newest kMaxSupersededKept such sessions are remembered).
+  bool WasSuperseded(uint64_t session_id) const { return superseded_.contains(session_id); }
+  static constexpr size_t kMaxSupersededKept = 4096;
   LearnerRecord* FindAny(const std::string& id);
   // The record whose current session is `session_id`, or nullptr.
   LearnerRecord* FindSession(uint64_t session_id);
@@ -231,6 +239,9 @@ class Membership {
   // largest user-space cost).
   absl::flat_hash_map<std::string, std::unique_ptr<LearnerRecord>> records_;
   absl::flat_hash_map<uint64_t, LearnerRecord*> by_session_;
+  // Sessions replaced by a newer registration, oldest first in the deque.
+  absl::flat_hash_set<uint64_t> superseded_;
+  std::deque<uint64_t> superseded_order_;
   // A B-tree: a join's insertion and a close's walk over 10,000 of them
   // touch a few hundred nodes, not one allocation each.
   absl::btree_set<LearnerRecord*, ById> pending_;

@@ -192,7 +192,18 @@ void DatagramClient::Receive() {
             }
             break;
           case datagram::Kind::kUnknownSession:
-            if (callbacks->on_unknown_session) callbacks->on_unknown_session();
+            if (callbacks->on_session_ended) {
+              callbacks->on_session_ended(NotFoundError(
+                  "the lighthouse does not know this session (restarted?); register again"));
+            }
+            break;
+          case datagram::Kind::kSuperseded:
+            if (callbacks->on_session_ended) {
+              callbacks->on_session_ended(AlreadyExistsError(
+                  "another process registered with the lighthouse under this learner's id and "
+                  "replaced its session: two learners were given one id, or this one was "
+                  "restarted elsewhere"));
+            }
             break;
           default:
             break;

@@ -29,8 +29,10 @@ class DatagramClient {
   struct Callbacks {
     std::function<void(const v1::HeartbeatResponse&)> on_ack;
     std::function<void(const v1::DatagramDecision&)> on_decision;
-    // The lighthouse does not know the session: register again.
-    std::function<void()> on_unknown_session;
+    // The session ended: NOT_FOUND when the lighthouse does not know it
+    // (register again), ALREADY_EXISTS when a newer registration took its
+    // learner id (stop).
+    std::function<void(const Status& why)> on_session_ended;
   };
 
   // Opens a socket towards host:port; `token` is the job token.

@@ -58,20 +58,20 @@ void DatagramLink::Attach(const LearnerRef& session) {
     decision_ = decision;
     decided_.NotifyAll();
   };
-  callbacks.on_unknown_session = [this, session_id]() {
+  callbacks.on_session_ended = [this, session_id](const Status& why) {
     {
       // A join waiting on this session will never be decided: end it.
       MutexLock lock(mu_);
       if (waiting_for_ != 0 && session_id_ == session_id) {
         v1::DatagramDecision lost;
         lost.set_join_id(waiting_for_);
-        lost.set_code(static_cast<uint32_t>(StatusCode::kNotFound));
-        lost.set_message("the lighthouse does not know this session (restarted?); register again");
+        lost.set_code(static_cast<uint32_t>(why.code()));
+        lost.set_message(std::string(StatusMessage(why)));
         decision_ = std::move(lost);
         decided_.NotifyAll();
       }
     }
-    if (hooks_.on_unknown_session) hooks_.on_unknown_session(session_id);
+    if (hooks_.on_session_ended) hooks_.on_session_ended(session_id, why);
   };
   client_->Attach(session_id, std::move(callbacks));
 }

@@ -25,8 +25,10 @@ class DatagramLink final : public ControlChannel {
  public:
   struct Hooks {
     std::function<void(const HeartbeatAck&)> on_ack;
-    // The lighthouse does not know `session_id`: register again.
-    std::function<void(uint64_t session_id)> on_unknown_session;
+    // `session_id` ended: NOT_FOUND when the lighthouse does not know it
+    // (register again), ALREADY_EXISTS when a newer registration took its
+    // learner id (stop).
+    std::function<void(uint64_t session_id, const Status& why)> on_session_ended;
   };
 
   // `clock` (not owned; it must outlive the link) times the

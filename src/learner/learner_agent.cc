@@ -124,6 +124,10 @@ Status LearnerAgentImpl::AfterFailedJoin(const Status& failure, uint64_t session
     SetFatal(failure);
     return failure;
   }
+  if (Superseded(code)) {
+    if (StopIfSuperseded(session_id, failure)) return fatal_status();
+    return OkStatus();  // an older session's call: join under the current one
+  }
   MutexLock lock(mu_);
   if (NeedsRegistration(code)) {
     if (registered_ && session_.session_id == session_id) {
@@ -209,6 +213,16 @@ bool LearnerAgentImpl::WaitOnce(Micros deadline) {
   Micros remaining = deadline - clock_.NowMicros();
   if (remaining <= 0) return false;
   wake_.WaitFor(mu_, std::chrono::microseconds(remaining));
+  return true;
+}
+
+bool LearnerAgentImpl::StopIfSuperseded(uint64_t session_id, const Status& why) {
+  {
+    MutexLock lock(mu_);
+    if (!registered_ || session_.session_id != session_id) return false;
+  }
+  SetFatal(AlreadyExistsError(
+      fmt::format("{}; this process stops (give every learner its own id)", why.message())));
   return true;
 }
 

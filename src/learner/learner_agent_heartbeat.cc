@@ -87,6 +87,16 @@ void LearnerAgentImpl::PumpHeartbeat() {
     SetFatal(sent);
     return;
   }
+  if (Superseded(sent.code())) {
+    // (The stream belongs to the current session: Attach replaces it.)
+    uint64_t session_id = 0;
+    {
+      MutexLock lock(mu_);
+      session_id = session_.session_id;
+    }
+    StopIfSuperseded(session_id, sent);
+    return;
+  }
   if (NeedsRegistration(sent.code())) {
     spdlog::warn("{}; registering again", sent.message());
     MutexLock lock(mu_);
@@ -136,7 +146,11 @@ void LearnerAgentImpl::OnUdpSilence(Micros silent) {
   wake_.NotifyAll();
 }
 
-void LearnerAgentImpl::OnUnknownSession(uint64_t session_id) {
+void LearnerAgentImpl::OnSessionEnded(uint64_t session_id, const Status& why) {
+  if (Superseded(why.code())) {
+    StopIfSuperseded(session_id, why);
+    return;
+  }
   MutexLock lock(mu_);
   if (registered_ && session_.session_id == session_id) {
     spdlog::warn("lighthouse {} does not know this learner's session; registering again", address_);
@@ -167,7 +181,9 @@ void LearnerAgentImpl::MaybeOpenLink(int udp_port) {
   }
   coordinator::DatagramLink::Hooks hooks;
   hooks.on_ack = [this](const HeartbeatAck& ack) { OnAck(ack); };
-  hooks.on_unknown_session = [this](uint64_t session) { OnUnknownSession(session); };
+  hooks.on_session_ended = [this](uint64_t session, const Status& why) {
+    OnSessionEnded(session, why);
+  };
   auto link = coordinator::DatagramLink::Open(SplitHostPort(address_).first, udp_port, token_,
                                               clock_, std::move(hooks), kJoinResend);
   if (!link.ok()) {

@@ -144,7 +144,13 @@ class LearnerAgentImpl final : public LearnerAgent {
   // (it may have restarted, perhaps elsewhere); after kMaxUdpSilences in a row
   // give up on the datagram channel (e.g. a firewall drops UDP) and use gRPC.
   void OnUdpSilence(Micros silent) ABSL_LOCKS_EXCLUDED(mu_);
-  void OnUnknownSession(uint64_t session_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // The lighthouse ended `session_id` (DatagramLink's on_session_ended).
+  void OnSessionEnded(uint64_t session_id, const Status& why) ABSL_LOCKS_EXCLUDED(mu_);
+  // A newer registration took this learner's id while `session_id` was the
+  // current session: the learner stops with `why` (true), as it would for a
+  // refused token. False for an older session (this process registered
+  // again itself).
+  bool StopIfSuperseded(uint64_t session_id, const Status& why) ABSL_LOCKS_EXCLUDED(mu_);
   // Opens the datagram link on the first registration that offers one.
   void MaybeOpenLink(int udp_port) ABSL_LOCKS_EXCLUDED(mu_);
   // The datagram link when this agent speaks UDP to its lighthouse, else nullptr.

@@ -99,7 +99,9 @@ StatusOr<Header> ParseHeader(std::string_view datagram) {
     return InvalidArgumentError(
         fmt::format("datagram version {}, this side speaks {}", version, kVersion));
   }
-  if (kind < 1 || kind > 5) return InvalidArgumentError(fmt::format("datagram kind {}", kind));
+  if (kind < 1 || kind > static_cast<uint8_t>(Kind::kSuperseded)) {
+    return InvalidArgumentError(fmt::format("datagram kind {}", kind));
+  }
   Header header;
   header.kind = static_cast<Kind>(kind);
   std::memcpy(&header.session_id, datagram.data() + 8, 8);

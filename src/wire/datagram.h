@@ -75,6 +75,8 @@ enum class Kind : uint8_t {
   kAck = 3,             // lighthouse -> learner: v1::HeartbeatResponse
   kDecision = 4,        // lighthouse -> learner: v1::DatagramDecision
   kUnknownSession = 5,  // lighthouse -> learner, no body: register again (over gRPC)
+  kSuperseded = 6,      // lighthouse -> learner, no body: a newer registration took the
+                        // learner's id; the session's process must stop
 };
 
 struct Header {

@@ -61,7 +61,12 @@ TEST(ControlHandlerTest, RefusesOutOfBoundsFieldsByNameAndUnknownSessionsForRegi
   EXPECT_THAT(std::string(refused.status().message()), HasSubstr("step_time_us"));
   v1::HeartbeatRequest stranger = Beat(harness, "a");
   stranger.mutable_learner()->set_session_id(harness.session("a") + 1);
-  EXPECT_TRUE(NeedsRegistration(handler.Heartbeat(stranger).status().code()));
+  // A session of a known id that is not its current one: another process
+  // holds the id (the caller stops), not "register again".
+  EXPECT_TRUE(Superseded(handler.Heartbeat(stranger).status().code()));
+  v1::HeartbeatRequest unknown = Beat(harness, "a");
+  unknown.mutable_learner()->set_learner_id("nobody");
+  EXPECT_TRUE(NeedsRegistration(handler.Heartbeat(unknown).status().code()));
 
   v1::QuorumRequest join;
   *join.mutable_learner() = Beat(harness, "a").learner();

@@ -82,7 +82,7 @@ TEST(DatagramTest, MalformedInputIsRefused) {
   wrong_version[5] = 4;  // the last version with hand-packed bodies
   EXPECT_FALSE(ParseHeader(wrong_version).ok());
   std::string wrong_kind = bytes;
-  wrong_kind[4] = 6;
+  wrong_kind[4] = 7;  // one past kSuperseded
   EXPECT_FALSE(ParseHeader(wrong_kind).ok());
   // A body that is no protobuf message (a field tag of number 0).
   std::string garbage = Encode({Kind::kJoin, 5, 1}, std::string("\x00\x01\x02", 3), signer);

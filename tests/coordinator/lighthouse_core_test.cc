@@ -3,6 +3,7 @@
 #include <map>
 
 #include "coordinator/core_harness.h"
+#include "mend/lighthouse_client.h"
 #include "coordinator/status_snapshot.h"
 #include "gmock/gmock.h"
 #include "nlohmann/json.hpp"
@@ -33,8 +34,14 @@ TEST(LighthouseCoreTest, UnknownLearnerMustRegisterAndStaleSessionIsRefused) {
   args.learner_id = "a";
   args.session_id = first;
   auto stale = h.core().Heartbeat(args);
-  EXPECT_EQ(stale.status().code(), StatusCode::kFailedPrecondition);
-  EXPECT_THAT(std::string(stale.status().message()), HasSubstr("superseded"));
+  // Not "register again" (that would replace the newer process in turn).
+  EXPECT_EQ(stale.status().code(), StatusCode::kAlreadyExists);
+  EXPECT_FALSE(NeedsRegistration(stale.status().code()));
+  EXPECT_THAT(std::string(stale.status().message()),
+              HasSubstr("another process registered as learner 'a'"));
+  EXPECT_EQ(h.core().SessionLearner(first).status().code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(h.core().SessionLearner(12345).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(*h.core().SessionLearner(second), "a");
   args.session_id = second;
   EXPECT_TRUE(h.core().Heartbeat(args).ok());
 }

@@ -178,7 +178,9 @@ TEST(LighthouseServerTest, AnUnknownDatagramSessionIsToldToRegisterAgain) {
   auto channel = coordinator::DatagramClient::Open("127.0.0.1", server->udp_port(), kToken);
   ASSERT_TRUE(channel.ok()) << channel.status();
   coordinator::DatagramClient::Callbacks callbacks;
-  callbacks.on_unknown_session = [&]() { told = true; };
+  callbacks.on_session_ended = [&](const Status& why) {
+    if (why.code() == StatusCode::kNotFound) told = true;
+  };
   (*channel)->Attach(42, std::move(callbacks));
   v1::HeartbeatRequest beat;
   beat.set_step(1);
@@ -186,6 +188,40 @@ TEST(LighthouseServerTest, AnUnknownDatagramSessionIsToldToRegisterAgain) {
     (*channel)->SendHeartbeats({{42, beat}});
     return told.load();
   }));
+}
+
+// A session that a newer registration of its id replaced is told so, on
+// either channel, and not told to register again (that would replace the
+// newer process in turn, without end).
+TEST(LighthouseServerTest, ASupersededSessionIsToldSoOnEitherChannel) {
+  Config config = TestConfig();
+  config.control_plane = ControlPlane::kUdp;
+  auto server = StartServer(config);
+  auto client = Connect(server->grpc_address());
+  auto first = client->Register({"a", "job", "", ""}, 0, 0);
+  auto second = client->Register({"a", "job", "", ""}, 0, 0);
+  ASSERT_TRUE(first.ok() && second.ok());
+  QuorumRequestArgs args;
+  args.learner = {"a", first->session_id};
+  args.timeout = kMicrosPerSecond;
+  auto stale = client->Quorum(args);
+  EXPECT_EQ(stale.status().code(), StatusCode::kAlreadyExists);
+  EXPECT_THAT(std::string(stale.status().message()),
+              HasSubstr("another process registered as learner 'a'"));
+
+  auto channel = coordinator::DatagramClient::Open("127.0.0.1", server->udp_port(), kToken);
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  std::atomic<int> code{-1};  // (outlives the channel's receiving thread)
+  coordinator::DatagramClient::Callbacks callbacks;
+  callbacks.on_session_ended = [&](const Status& why) { code = static_cast<int>(why.code()); };
+  (*channel)->Attach(first->session_id, std::move(callbacks));
+  v1::HeartbeatRequest beat;
+  beat.set_step(1);
+  EXPECT_TRUE(testing_util::WaitFor(10 * kMicrosPerSecond, [&]() {
+    (*channel)->SendHeartbeats({{first->session_id, beat}});
+    return code.load() >= 0;
+  }));
+  EXPECT_EQ(code.load(), static_cast<int>(StatusCode::kAlreadyExists));
 }
 
 TEST(LighthouseServerTest, StoreSetGetAddWaitDeleteOverGrpc) {
@@ -309,6 +345,33 @@ TEST_P(AgentTransportTest, AnAgentWithAnotherRoundScheduleIsRefusedAtItsStart) {
   paced.round_threads = 3;
   auto accepted = LearnerAgent::Start(paced, kToken, {"d", "", "", ""}, *RealClock());
   EXPECT_TRUE(accepted.ok()) << accepted.status();
+}
+
+// Two processes given one learner id: the newer registration keeps it and
+// the older agent stops with ALREADY_EXISTS, told by its heartbeats, rather
+// than registering again and replacing the newer one in turn (which went on
+// without end and aborted every round of the job). The job goes on.
+TEST_P(AgentTransportTest, TheOlderOfTwoAgentsOfOneIdStopsAndTheNewerTrains) {
+  Config config = AgentConfig();
+  auto server = StartServer(config);
+  config.lighthouse = server->grpc_address();
+  auto agents = StartAgents(config, {"a", "b"});
+  ASSERT_EQ(agents.size(), 2u);
+  auto newer = LearnerAgent::Start(config, kToken, {"a", "", "", ""}, *RealClock());
+  ASSERT_TRUE(newer.ok()) << newer.status();
+  ASSERT_TRUE(testing_util::WaitFor(20 * kMicrosPerSecond, [&]() {
+    return !agents[0]->fatal_status().ok();
+  }));
+  const Status stopped = agents[0]->fatal_status();
+  EXPECT_EQ(stopped.code(), StatusCode::kAlreadyExists) << stopped;
+  EXPECT_THAT(std::string(stopped.message()), HasSubstr("give every learner its own id"));
+  EXPECT_EQ(agents[0]->Quorum(0, 100, kMicrosPerSecond, false).status().code(),
+            StatusCode::kAlreadyExists);
+  agents[0] = std::move(*newer);
+  auto results = RunRounds(agents, 2, /*include_members=*/false);
+  ASSERT_FALSE(HasFatalFailure());
+  EXPECT_EQ(results[0][1].world_size, 2u);
+  EXPECT_TRUE(agents[0]->fatal_status().ok()) << agents[0]->fatal_status();
 }
 
 TEST_P(AgentTransportTest, AgentsFormRoundsWithRanksAndTokenTotals) {
