@@ -98,6 +98,12 @@ struct CommunicatorStats {
 // round's prefix, id, rank, size and member ids.
 CommunicatorOptions CommunicatorOptionsFrom(const Config& config);
 
+// INVALID_ARGUMENT naming dataplane_host when the data plane cannot listen
+// at `host` (not an address or name of this host): checked at a learner's
+// start, before it registers, since such a learner could connect in no round
+// and would hold every round it is a member of.
+[[nodiscard]] Status CheckDataPlaneHost(const std::string& host);
+
 class Communicator {
  public:
   // Rendezvous and full-mesh connect; DEADLINE_EXCEEDED naming the members

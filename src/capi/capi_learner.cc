@@ -15,6 +15,7 @@
 #include "capi/capi_common.h"
 #include "capi/raw_buffers.h"
 #include "fmt/format.h"
+#include "mend/communicator.h"
 #include "mend/group_store.h"
 #include "mend/learner_agent.h"
 #include "mend/logging.h"
@@ -172,6 +173,7 @@ mend::Status Create(const mend::Config& config, const char* token, const char* l
   learner.moments = moments.get();
   // The learner's one clock: its agent, group store and reducer run on it.
   const mend::Clock& clock = *mend::RealClock();
+  MEND_RETURN_IF_ERROR(mend::CheckDataPlaneHost(config.dataplane_host));
   MEND_ASSIGN_OR_RETURN(mend::GroupStoreOpener group_store,
                         mend::GroupStoreFromConfig(config, token, clock));
   MEND_ASSIGN_OR_RETURN(

@@ -204,7 +204,8 @@ std::vector<ConfigKey> BuildKeys() {
            "every one "
            "(CPU float32 parameters are otherwise used in place)."),
       Text("dataplane_host", &C::dataplane_host,
-           "Learner: the address the other learners reach its data plane at."),
+           "Learner: the address the other learners reach its data plane at: an address or name of "
+           "this host (checked at the learner's start)."),
       Int("link_latency_ms", &C::link_latency_ms, 0, 600000,
           "Link emulation: added to every data-plane operation (0: off)."),
       Real("link_rate_mbit", &C::link_rate_mbit, 0, 1e6,

@@ -1082,6 +1082,20 @@ Status Communicator::Fp32AllReduce(std::span<float> data, double weight, Fp32Sum
       "Fp32AllReduce: this communicator has no fp32 weighted sum but the mean");
 }
 
+Status CheckDataPlaneHost(const std::string& host) {
+  try {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = host;
+    (void)gloo::transport::tcp::CreateDevice(attr);  // binds a listening socket there
+  } catch (const std::exception& error) {
+    return InvalidArgumentError(fmt::format(
+        "dataplane_host = \"{}\": the data plane cannot listen there ({}); give an address or "
+        "name of this host that the other learners reach",
+        host, error.what()));
+  }
+  return OkStatus();
+}
+
 StatusOr<std::unique_ptr<Communicator>> Communicator::Connect(RendezvousStore& store,
                                                               const CommunicatorOptions& options) {
   if (options.world_size < 1 || options.rank < 0 || options.rank >= options.world_size) {

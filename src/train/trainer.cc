@@ -8,6 +8,7 @@
 #include "ATen/ATen.h"
 #include "core/status_format.h"
 #include "fmt/format.h"
+#include "mend/communicator.h"
 #include "mend/data_parallel.h"
 #include "mend/group_store.h"
 #include "mend/learner_agent.h"
@@ -195,6 +196,7 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config,
   Config job = config;
   if (options.mode == "diloco" && job.total_steps == 0) job.total_steps = options.steps;
   if (options.mode != "local" || grouped) {
+    MEND_RETURN_IF_ERROR(CheckDataPlaneHost(config.dataplane_host));
     LearnerIdentity identity{options.id, config.job_id, config.rack, ""};
     MEND_ASSIGN_OR_RETURN(GroupStoreOpener group_store, GroupStoreFromConfig(config, token, clock));
     MEND_ASSIGN_OR_RETURN(agent,

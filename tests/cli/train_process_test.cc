@@ -269,6 +269,14 @@ TEST_F(TrainProcessTest, BadInputIsRefusedWithWhatWasWrong) {
                "127.0.0.1:1", "--token-file", dir_ + "/token", "--corpus", corpus_});
   EXPECT_EQ(ddp, 2);
   EXPECT_THAT(ddp_text, HasSubstr("mode ddp with group_size = 2"));
+  // A data-plane host that is no address of this host (TEST-NET-1) is bad
+  // configuration at the start, before the lighthouse is asked (none
+  // listens at port 1): such a learner could connect in no round.
+  auto [host, host_text] = RunMend({"train", "--mode", "diloco", "--dataplane-host", "192.0.2.1",
+                                    "--lighthouse", "127.0.0.1:1", "--token-file", dir_ + "/token",
+                                    "--corpus", corpus_});
+  EXPECT_EQ(host, 2) << host_text;
+  EXPECT_THAT(host_text, HasSubstr("dataplane_host = \"192.0.2.1\": the data plane cannot listen"));
 }
 
 }  // namespace

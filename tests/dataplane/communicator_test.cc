@@ -91,6 +91,15 @@ INSTANTIATE_TEST_SUITE_P(
                        // the block, and several segments per slice.
                        ::testing::Values(size_t{0}, size_t{3}, size_t{1001}, size_t{20'000})));
 
+TEST(CommunicatorTest, ADataPlaneHostNotOfThisHostIsRefusedNamingTheKey) {
+  EXPECT_TRUE(CheckDataPlaneHost("127.0.0.1").ok());
+  const Status elsewhere = CheckDataPlaneHost("192.0.2.1");  // TEST-NET-1: no host's own
+  EXPECT_EQ(elsewhere.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(StatusMessage(elsewhere)).find("dataplane_host = \"192.0.2.1\""),
+            std::string::npos)
+      << elsewhere;
+}
+
 TEST(CommunicatorTest, SparseAllGatherDecodeIsBitIdenticalAndWeighted) {
   auto codec = MakeCodec({CodecKind::kTopK, 64, 512, 32});
   ASSERT_TRUE(codec.ok());

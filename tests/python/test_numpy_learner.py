@@ -49,6 +49,11 @@ def test_a_bad_buffer_is_refused_by_name():
     frozen.setflags(write=False)
     with pytest.raises(ValueError, match="'w' is read-only"):
         mend.Learner(config, [("w", frozen)], "x", token="numpy-test-token-0123456789")
+    # A data-plane host that is no address of this host (TEST-NET-1), before
+    # the lighthouse is asked (none listens at port 1).
+    elsewhere = mend.MendConfig(lighthouse="127.0.0.1:1", dataplane_host="192.0.2.1", log_level="warn")
+    with pytest.raises(mend.InvalidArgumentError, match='dataplane_host = "192.0.2.1": the data plane cannot listen'):
+        mend.Learner(elsewhere, [("w", np.zeros(3, np.float32))], "x", token="numpy-test-token-0123456789")
 
 
 def test_a_learner_with_another_round_schedule_is_refused_naming_the_key():
