@@ -6,10 +6,12 @@
 namespace mend::coordinator {
 
 void EventLog::Add(Micros at, std::string kind, std::string learner_id, std::string message) {
-  if (kind == "dead" || kind == "slow" || kind == "rejected") {
-    spdlog::warn("{} {}: {}", kind, learner_id, message);
+  // (An event of the lighthouse's own names no learner.)
+  const std::string who = learner_id.empty() ? kind : kind + " " + learner_id;
+  if (kind == "dead" || kind == "slow" || kind == "rejected" || kind == "stalled") {
+    spdlog::warn("{}: {}", who, message);
   } else {
-    spdlog::info("{} {}: {}", kind, learner_id, message);
+    spdlog::info("{}: {}", who, message);
   }
   events_.push_back(
       Event{next_seq_++, at, std::move(kind), std::move(learner_id), std::move(message)});

@@ -342,6 +342,7 @@ void LighthouseCore::Tick() {
   {
     MutexLock lock(mu_);
     Micros now = clock_->NowMicros();
+    NoticeStallLocked(now);
     for (const std::string& id : quorum_.ExpiredJoins(membership_, now)) {
       LearnerRecord& record = *membership_.FindAny(id);
       Micros waited = now - record.join->joined_at;
@@ -385,6 +386,26 @@ void LighthouseCore::RecordRejection(std::string_view code, std::string_view pee
   events_.Add(now, "rejected", std::string(peer), fmt::format("{}: {}{}", code, why, suppressed));
   last_rejection_event_ = now;
   suppressed_rejections_ = 0;
+}
+
+// Ticks come at least every liveness-scan interval (NextDeadline). A gap
+// of half a heartbeat timeout or more between two means the lighthouse
+// itself did not run (SIGSTOP, a paused VM, swapping): the learners' silence
+// over it is the lighthouse's, and their heartbeats may still sit unread in
+// its sockets. Each alive learner gets a fresh heartbeat timeout from now,
+// instead of all of them being declared dead on waking; one that really died
+// meanwhile is declared dead a timeout later.
+void LighthouseCore::NoticeStallLocked(Micros now) {
+  const Micros gap = last_tick_ == 0 ? 0 : now - last_tick_;
+  last_tick_ = now;
+  if (gap < options_.heartbeat_timeout / 2) return;
+  const size_t refreshed = membership_.TouchAlive(now);
+  counters_.stalls++;
+  events_.Add(now, "stalled", "",
+              fmt::format("the lighthouse did not run for {} ms (heartbeat timeout {} ms): {} "
+                          "learner(s) get a fresh heartbeat timeout",
+                          gap / kMicrosPerMilli, options_.heartbeat_timeout / kMicrosPerMilli,
+                          refreshed));
 }
 
 void LighthouseCore::ScanLivenessLocked(Micros now, Completions* completions) {

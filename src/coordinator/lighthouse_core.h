@@ -163,6 +163,9 @@ class LighthouseCore {
  private:
   void Finish(Completions& completions);
   void MaybeCloseLocked(Micros now, Completions* completions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives every alive learner a fresh heartbeat timeout after a gap in the
+  // lighthouse's own ticks (lighthouse_core.cc says when).
+  void NoticeStallLocked(Micros now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ScanLivenessLocked(Micros now, Completions* completions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ScanFailSlowLocked(Micros now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Micros NextDeadlineLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -197,6 +200,7 @@ class LighthouseCore {
   QuorumMachine quorum_ ABSL_GUARDED_BY(mu_);
   EventLog events_ ABSL_GUARDED_BY(mu_);
   Micros next_liveness_scan_ ABSL_GUARDED_BY(mu_) = 0;
+  Micros last_tick_ ABSL_GUARDED_BY(mu_) = 0;
   Micros next_failslow_scan_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_waiter_id_ ABSL_GUARDED_BY(mu_) = 1;
   Counters counters_ ABSL_GUARDED_BY(mu_);

@@ -95,6 +95,17 @@ StatusOr<LearnerRecord*> Membership::Find(const std::string& id, uint64_t sessio
   return record;
 }
 
+size_t Membership::TouchAlive(Micros now) {
+  records_visited_ += vitals_.size();
+  size_t touched = 0;
+  for (LearnerVitals& vitals : vitals_) {
+    if (!vitals.alive) continue;
+    vitals.last_heartbeat = std::max(vitals.last_heartbeat, now);
+    ++touched;
+  }
+  return touched;
+}
+
 LearnerRecord* Membership::FindSession(uint64_t session_id) {
   auto it = by_session_.find(session_id);
   return it == by_session_.end() ? nullptr : it->second;

@@ -164,6 +164,10 @@ class Membership {
     vitals_[record.vitals_index].last_heartbeat = now;
   }
 
+  // Every alive learner's last sign of life moved up to `now` (a fresh
+  // heartbeat timeout). Returns how many; a scan, counted.
+  size_t TouchAlive(Micros now);
+
   // A heartbeat: liveness (a dead learner comes back), progress, step times.
   void RecordHeartbeat(LearnerRecord& record, Micros now, uint64_t step, uint64_t tokens_total,
                        uint64_t tokens_since_last_round, const std::vector<double>& step_ms);

@@ -149,6 +149,10 @@ std::string PrometheusText(const StatusSnapshot& s) {
   out += fmt::format("mend_quorum_aborts_total {}\n", c.quorum_aborts);
   Metric(out, "mend_learner_deaths_total", "counter", "Learners declared dead by timeout.");
   out += fmt::format("mend_learner_deaths_total {}\n", c.deaths);
+  Metric(out, "mend_lighthouse_stalls_total", "counter",
+         "Times the lighthouse itself did not run for half a heartbeat timeout or more (stopped, "
+         "paused, swapped out); each gave every learner a fresh heartbeat timeout.");
+  out += fmt::format("mend_lighthouse_stalls_total {}\n", c.stalls);
   Metric(out, "mend_slow_flags_total", "counter", "Times a learner was flagged fail-slow.");
   out += fmt::format("mend_slow_flags_total {}\n", c.slow_flags);
   Metric(out, "mend_store_ops_total", "counter", "Rendezvous store operations.");

@@ -28,6 +28,7 @@ struct Counters {
   uint64_t quorum_timeouts = 0;
   uint64_t quorum_aborts = 0;
   uint64_t deaths = 0;
+  uint64_t stalls = 0;  // the lighthouse's own pauses that gave learners a fresh timeout
   uint64_t slow_flags = 0;
   uint64_t store_ops = 0;
   std::map<std::string, uint64_t> rounds_by_closed_by;

@@ -85,8 +85,22 @@ class CoreHarness {
     return outcome;
   }
 
-  // Advances the fake clock and runs the time-based rules.
+  // Advances the fake clock by `ms` and runs the time-based rules as the
+  // server's tick thread does: at each deadline on the way (NextDeadline),
+  // then at the end. (One jump past half a heartbeat timeout would read as
+  // the lighthouse itself stalled: StallMs.)
   void AdvanceMs(int64_t ms) {
+    const Micros target = clock_.NowMicros() + ms * kMicrosPerMilli;
+    for (Micros next = core_->NextDeadline(); next < target; next = core_->NextDeadline()) {
+      clock_.Advance(std::max<Micros>(next - clock_.NowMicros(), 1));
+      core_->Tick();
+    }
+    clock_.Advance(target - clock_.NowMicros());
+    core_->Tick();
+  }
+  // Advances the fake clock by `ms` with no tick on the way, as a
+  // lighthouse stopped that long sees it, then runs the time-based rules.
+  void StallMs(int64_t ms) {
     clock_.AdvanceMillis(ms);
     core_->Tick();
   }

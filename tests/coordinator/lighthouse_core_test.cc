@@ -81,6 +81,33 @@ TEST(LighthouseCoreTest, SilentLearnerIsDeclaredDeadAndRevivedByAHeartbeat) {
   EXPECT_EQ(EventKinds(h.core(), "b"), (std::vector<std::string>{"registered", "dead", "revived"}));
 }
 
+// A lighthouse that did not run (SIGSTOP, a paused VM) for longer than the
+// heartbeat timeout does not declare every learner dead on waking: their
+// silence was its own. Each gets a fresh timeout, and one that stays silent
+// after it is declared dead then.
+TEST(LighthouseCoreTest, ALighthouseThatDidNotRunGivesEveryLearnerAFreshTimeout) {
+  CoreHarness h(CoreHarness::Options(2, 1000));
+  h.Register("a");
+  h.Register("b");
+  h.HeartbeatAll({"a", "b"});
+  h.AdvanceMs(100);
+  h.StallMs(5000);
+  auto woken = h.core().Snapshot(10, 10);
+  EXPECT_EQ(woken.learners_alive, 2u);
+  EXPECT_EQ(woken.counters.deaths, 0u);
+  EXPECT_EQ(woken.counters.stalls, 1u);
+  EXPECT_EQ(EventKinds(h.core(), ""), (std::vector<std::string>{"stalled"}));
+  for (int i = 0; i < 11; ++i) {  // b stays silent
+    h.HeartbeatAll({"a"});
+    h.AdvanceMs(100);
+  }
+  auto later = h.core().Snapshot(10, 10);
+  EXPECT_EQ(later.learners_alive, 1u);
+  EXPECT_EQ(later.counters.deaths, 1u);
+  EXPECT_EQ(later.counters.stalls, 1u);  // ticks at their deadlines are no stall
+  EXPECT_EQ(EventKinds(h.core(), "b"), (std::vector<std::string>{"registered", "dead"}));
+}
+
 TEST(LighthouseCoreTest, ForgottenLearnerLeavesTheOthersStateIntact) {
   LighthouseOptions options = CoreHarness::Options(2, 1000);
   options.gone_retention = 5 * kMicrosPerSecond;
