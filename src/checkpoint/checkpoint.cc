@@ -103,8 +103,28 @@ Status MetaFromJson(const json& j, CheckpointMeta* m) {
   return OkStatus();
 }
 
+// A failed system call on a checkpoint file, by what the host said: a full
+// disk or quota is RESOURCE_EXHAUSTED, a read-only or forbidden place
+// FAILED_PRECONDITION, a missing directory NOT_FOUND; nothing of it is
+// mend's own INTERNAL error, except what no host explains.
 Status Errno(const std::string& what, const std::string& path) {
-  return InternalError(fmt::format("checkpoint {}: {}: {}", path, what, std::strerror(errno)));
+  const int error = errno;
+  std::string message = fmt::format("checkpoint {}: {}: {}", path, what, std::strerror(error));
+  switch (error) {
+    case ENOSPC:
+    case EDQUOT:
+    case EFBIG:
+      return ResourceExhaustedError(std::move(message));
+    case EACCES:
+    case EPERM:
+    case EROFS:
+      return FailedPreconditionError(std::move(message));
+    case ENOENT:
+    case ENOTDIR:
+      return NotFoundError(std::move(message));
+    default:
+      return InternalError(std::move(message));
+  }
 }
 
 Status WriteAll(int fd, const char* data, size_t size, const std::string& path) {

@@ -72,6 +72,15 @@ TEST_F(CheckpointTest, RoundTripsEverything) {
   EXPECT_EQ(std::distance(fs::directory_iterator(dir_), fs::directory_iterator()), 1);
 }
 
+// A write the host refuses is told by what the host said, not as mend's
+// own INTERNAL error (a full disk is RESOURCE_EXHAUSTED, by the same rule).
+TEST_F(CheckpointTest, AWriteIntoAMissingDirectoryIsNotFoundNamingThePath) {
+  const std::string path = dir_ + "/nowhere/a.mend";
+  const Status written = WriteCheckpoint(path, Sample(7));
+  EXPECT_EQ(written.code(), absl::StatusCode::kNotFound) << written;
+  EXPECT_NE(std::string(written.message()).find(path), std::string::npos) << written;
+}
+
 TEST_F(CheckpointTest, TruncatedFilesAreRefusedAtEveryLength) {
   const std::string path = dir_ + "/a.mend";
   ASSERT_TRUE(WriteCheckpoint(path, Sample(1)).ok());
