@@ -24,7 +24,13 @@ Status RoundDriverImpl::shutdown() {
   outer_.Join();
   shut_down_ = true;
   policy_->Stop(/*done=*/true);
-  Status left = flights_->services().Leave("training finished");
+  // (The lighthouse's event log says which: a learner stopped early, by a
+  // signal or its loop, did not finish the job.)
+  const std::string reason =
+      options_.total_steps > 0 && stats_.steps < options_.total_steps
+          ? fmt::format("stopped at step {} of {}", stats_.steps, options_.total_steps)
+          : "training finished";
+  Status left = flights_->services().Leave(reason);
   policy_->Forget();
   MEND_RETURN_IF_ERROR(finished);
   return left;

@@ -43,6 +43,7 @@ class RoundDriverClockTest : public ::testing::Test {
     services_ = services.get();
     ASSERT_TRUE(SetConfigValue(config, "outer_apply", outer_apply_, "test").ok());
     if (outer_warmup_steps_ >= 0) config.outer_warmup_steps = outer_warmup_steps_;
+    config.total_steps = total_steps_;
     auto values = std::make_unique<fakes::Values>(1.0f);
     values_ = values.get();
     auto driver = RoundDriver::Create(config, agent_, clock_, std::move(values), nullptr, 0,
@@ -101,6 +102,7 @@ class RoundDriverClockTest : public ::testing::Test {
   fakes::Values* values_ = nullptr;          // the parameters, owned by the driver
   std::string outer_apply_ = "eager";        // set before Start()
   int64_t outer_warmup_steps_ = -1;          // set before Start(); -1: the config's
+  int64_t total_steps_ = 0;                  // set before Start(); 0: not known
   std::unique_ptr<RoundDriver> driver_;
   std::thread aside_;
   Status aside_status_;
@@ -214,6 +216,16 @@ TEST_F(RoundDriverClockTest, FewerLearnersThanTheMinimumLetTheLearnerTrainOn) {
   EXPECT_TRUE(services_->interrupted());
   EXPECT_EQ(driver_->stats().rounds, 0u);
   EXPECT_EQ(driver_->stats().failed_rounds, 0u);
+}
+
+// The lighthouse's event log tells a learner that stopped early (a signal,
+// its loop) from one that finished the job.
+TEST_F(RoundDriverClockTest, ALearnerStoppedBeforeTheJobsLastStepLeavesSayingSo) {
+  total_steps_ = 100;
+  Start(0);
+  StepTo(3);
+  ASSERT_TRUE(driver_->shutdown().ok());
+  EXPECT_EQ(agent_.leave_reasons(), (std::vector<std::string>{"stopped at step 3 of 100"}));
 }
 
 TEST_F(RoundDriverClockTest, AFailedRoundChangesNothingAndItsTokensGoIntoTheNext) {

@@ -49,7 +49,15 @@ class FakeAgent final : public LearnerAgent {
     return FailedPreconditionError("fake agent: no lighthouse");
   }
   void Interrupt() override { interrupts++; }
-  Status Leave(const std::string&) override { return OkStatus(); }
+  Status Leave(const std::string& reason) override {
+    std::lock_guard lock(mu_);
+    leave_reasons_.push_back(reason);
+    return OkStatus();
+  }
+  std::vector<std::string> leave_reasons() const {
+    std::lock_guard lock(mu_);
+    return leave_reasons_;
+  }
   void Stop() override {}
   void WithholdHeartbeats(bool withhold) override {
     std::lock_guard lock(mu_);
@@ -82,6 +90,7 @@ class FakeAgent final : public LearnerAgent {
   std::atomic<uint64_t> round_id_{0};
   std::atomic<uint64_t> round_step_{0};
   mutable std::mutex mu_;
+  std::vector<std::string> leave_reasons_;
   std::vector<bool> withhold_calls_;
 };
 
