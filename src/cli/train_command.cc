@@ -135,10 +135,17 @@ int RunTrain(const TrainFlags& flags, const Config& config, const std::string& t
     return ExitCodeOf(result.status());
   }
   if (!flags.progress_json) {
+    // A stop during the last evaluation ends it early: its loss is of fewer windows.
+    const std::string partial =
+        result->eval_windows < flags.options.eval_windows
+            ? fmt::format(" (on {} of {} windows: stopped)", result->eval_windows,
+                          flags.options.eval_windows)
+            : "";
     fmt::print(
-        "{}: {} steps, {} tokens in {:.1f} s ({:.0f} tokens/s), eval loss {:.4f}, {:.2f} MB sent\n",
+        "{}: {} steps, {} tokens in {:.1f} s ({:.0f} tokens/s), eval loss {:.4f}{}, {:.2f} MB "
+        "sent\n",
         flags.options.id, result->steps, result->tokens, result->seconds, result->tokens_per_s,
-        result->eval_loss, static_cast<double>(result->bytes_sent) / 1e6);
+        result->eval_loss, partial, static_cast<double>(result->bytes_sent) / 1e6);
   }
   if (!flags.result_file.empty()) {
     std::ofstream out(flags.result_file);

@@ -56,7 +56,7 @@ Status RunFinalMerge(Flights& flights, const OuterState& outer, const RoundOptio
   }
   if (merged > 0) {
     spdlog::info(
-        "final merge: {} round(s) at step {} in {:.3f} s; every member holds the same model",
+        "final merge: {} round(s) at step {} in {:.3f} s; their members hold the same model",
         merged, stats.steps, static_cast<double>(clock.NowMicros() - begin) / kMicrosPerSecond);
   }
   return OkStatus();

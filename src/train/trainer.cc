@@ -39,8 +39,12 @@ std::pair<at::Tensor, at::Tensor> MakeBatch(const std::string& text,
 // The mean loss over the windows at `starts`, a batch at a time. When
 // `stop` turns true it ends after the batch in hand: the mean of the windows
 // evaluated (a stopped learner leaves promptly, its loss on fewer windows).
-double Evaluate(Gpt& model, const std::string& text, const std::vector<size_t>& starts,
-                int64_t context, int64_t batch, const std::function<bool()>& stop) {
+struct Evaluated {
+  double loss = 0;
+  size_t windows = 0;  // fewer than asked when `stop` ended it
+};
+Evaluated Evaluate(Gpt& model, const std::string& text, const std::vector<size_t>& starts,
+                   int64_t context, int64_t batch, const std::function<bool()>& stop) {
   at::NoGradGuard no_grad;
   model->eval();
   double sum = 0;
@@ -55,7 +59,7 @@ double Evaluate(Gpt& model, const std::string& text, const std::vector<size_t>& 
     if (stop()) break;
   }
   model->train();
-  return sum / static_cast<double>(evaluated);
+  return {sum / static_cast<double>(evaluated), evaluated};
 }
 
 double LearningRate(const TrainOptions& options, int64_t step) {
@@ -133,6 +137,7 @@ nlohmann::json TrainResult::ToJson() const {
           {"tokens_per_s", tokens_per_s},
           {"train_loss", train_loss},
           {"eval_loss", eval_loss},
+          {"eval_windows", eval_windows},
           {"bytes_sent", bytes_sent},
           {"rounds", rounds},
           {"failed_rounds", failed_rounds},
@@ -232,10 +237,12 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config,
   auto evaluate = [&](int64_t step) {
     const double at = elapsed();
     const auto begin = SteadyClock::now();
-    double loss = Evaluate(model, corpus.eval(), eval_starts, context, options.batch, stop_asked);
+    const Evaluated evaluated =
+        Evaluate(model, corpus.eval(), eval_starts, context, options.batch, stop_asked);
     eval_seconds += Seconds(SteadyClock::now() - begin).count();
-    result.eval_curve.push_back({step, loss, at});
-    return loss;
+    result.eval_curve.push_back({step, evaluated.loss, at});
+    result.eval_windows = static_cast<int64_t>(evaluated.windows);
+    return evaluated.loss;
   };
   auto bytes_sent = [&]() -> uint64_t {
     if (reducer) return reducer->stats().bytes_sent;

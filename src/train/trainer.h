@@ -82,6 +82,9 @@ struct TrainResult {
   double tokens_per_s = 0;
   double train_loss = 0;    // smoothed, at the end
   double eval_loss = 0;     // the final model on the held-out windows
+  // Held-out windows the last evaluation covered: fewer than eval_windows
+  // when a stop ended it early (a signal), and eval_loss is of those.
+  int64_t eval_windows = 0;
   uint64_t bytes_sent = 0;  // data plane, this learner
   uint64_t rounds = 0;
   uint64_t failed_rounds = 0;

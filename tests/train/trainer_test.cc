@@ -115,6 +115,23 @@ TEST_F(TrainerTest, LocalTrainingLowersTheHeldOutLoss) {
   EXPECT_EQ(result->bytes_sent, 0u);
 }
 
+// A stop asked for ends the last evaluation after the batch in hand: the
+// result says on how many windows its loss is (all of them otherwise).
+TEST_F(TrainerTest, AStoppedEvaluationSaysOnHowManyWindowsItsLossIs) {
+  TrainOptions o = Options("local", 0, 1);
+  o.steps = 2;
+  auto whole = Train(o, Config(), "", *RealClock(), nullptr, nullptr);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_EQ(whole->eval_windows, o.eval_windows);
+  EXPECT_EQ(whole->ToJson()["eval_windows"], o.eval_windows);
+  TrainSignals signals;
+  signals.stop = true;
+  auto stopped = Train(o, Config(), "", *RealClock(), nullptr, &signals);
+  ASSERT_TRUE(stopped.ok()) << stopped.status();
+  EXPECT_EQ(stopped->eval_windows, o.batch);  // one batch of the eight windows
+  EXPECT_TRUE(std::isfinite(stopped->eval_loss));
+}
+
 TEST_F(TrainerTest, DiLoCoLearnersEndWithTheSameModel) {
   Config config = testing_util::LoopbackJobConfig(2);
   config.sync_period_steps = 4;
