@@ -136,11 +136,10 @@ int RunTrain(const TrainFlags& flags, const Config& config, const std::string& t
   }
   if (!flags.progress_json) {
     // A stop during the last evaluation ends it early: its loss is of fewer windows.
-    const std::string partial =
-        result->eval_windows < flags.options.eval_windows
-            ? fmt::format(" (on {} of {} windows: stopped)", result->eval_windows,
-                          flags.options.eval_windows)
-            : "";
+    const std::string partial = result->eval_windows < flags.options.eval_windows
+                                    ? fmt::format(" (on {} of {} windows: stopped)",
+                                                  result->eval_windows, flags.options.eval_windows)
+                                    : "";
     fmt::print(
         "{}: {} steps, {} tokens in {:.1f} s ({:.0f} tokens/s), eval loss {:.4f}{}, {:.2f} MB "
         "sent\n",

@@ -56,8 +56,7 @@ std::string AddressText(const sockaddr_storage& address) {
 // What a datagram tells a learner whose session ended with `code`: a newer
 // registration took its id (it must stop), or register again.
 datagram::Kind SessionEndedKind(StatusCode code) {
-  return Superseded(code) ? datagram::Kind::kSuperseded
-                                            : datagram::Kind::kUnknownSession;
+  return Superseded(code) ? datagram::Kind::kSuperseded : datagram::Kind::kUnknownSession;
 }
 
 }  // namespace

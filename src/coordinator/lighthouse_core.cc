@@ -250,8 +250,8 @@ StatusOr<std::string> LighthouseCore::SessionLearner(uint64_t session_id) {
   LearnerRecord* record = membership_.FindSession(session_id);
   if (record != nullptr && !record->left) return record->id;
   if (membership_.WasSuperseded(session_id)) {
-    return AlreadyExistsError(fmt::format(
-        "session {:016x}: another process registered with its learner id", session_id));
+    return AlreadyExistsError(
+        fmt::format("session {:016x}: another process registered with its learner id", session_id));
   }
   return NotFoundError(fmt::format("session {:016x} is not known here", session_id));
 }
@@ -401,11 +401,11 @@ void LighthouseCore::NoticeStallLocked(Micros now) {
   if (gap < options_.heartbeat_timeout / 2) return;
   const size_t refreshed = membership_.TouchAlive(now);
   counters_.stalls++;
-  events_.Add(now, "stalled", "",
-              fmt::format("the lighthouse did not run for {} ms (heartbeat timeout {} ms): {} "
-                          "learner(s) get a fresh heartbeat timeout",
-                          gap / kMicrosPerMilli, options_.heartbeat_timeout / kMicrosPerMilli,
-                          refreshed));
+  events_.Add(
+      now, "stalled", "",
+      fmt::format("the lighthouse did not run for {} ms (heartbeat timeout {} ms): {} "
+                  "learner(s) get a fresh heartbeat timeout",
+                  gap / kMicrosPerMilli, options_.heartbeat_timeout / kMicrosPerMilli, refreshed));
 }
 
 void LighthouseCore::ScanLivenessLocked(Micros now, Completions* completions) {

@@ -272,9 +272,9 @@ TEST_F(TrainProcessTest, BadInputIsRefusedWithWhatWasWrong) {
   // A data-plane host that is no address of this host (TEST-NET-1) is bad
   // configuration at the start, before the lighthouse is asked (none
   // listens at port 1): such a learner could connect in no round.
-  auto [host, host_text] = RunMend({"train", "--mode", "diloco", "--dataplane-host", "192.0.2.1",
-                                    "--lighthouse", "127.0.0.1:1", "--token-file", dir_ + "/token",
-                                    "--corpus", corpus_});
+  auto [host, host_text] =
+      RunMend({"train", "--mode", "diloco", "--dataplane-host", "192.0.2.1", "--lighthouse",
+               "127.0.0.1:1", "--token-file", dir_ + "/token", "--corpus", corpus_});
   EXPECT_EQ(host, 2) << host_text;
   EXPECT_THAT(host_text, HasSubstr("dataplane_host = \"192.0.2.1\": the data plane cannot listen"));
 }

@@ -3,9 +3,9 @@
 #include <map>
 
 #include "coordinator/core_harness.h"
-#include "mend/lighthouse_client.h"
 #include "coordinator/status_snapshot.h"
 #include "gmock/gmock.h"
+#include "mend/lighthouse_client.h"
 #include "nlohmann/json.hpp"
 
 namespace mend::coordinator {

@@ -359,9 +359,8 @@ TEST_P(AgentTransportTest, TheOlderOfTwoAgentsOfOneIdStopsAndTheNewerTrains) {
   ASSERT_EQ(agents.size(), 2u);
   auto newer = LearnerAgent::Start(config, kToken, {"a", "", "", ""}, *RealClock());
   ASSERT_TRUE(newer.ok()) << newer.status();
-  ASSERT_TRUE(testing_util::WaitFor(20 * kMicrosPerSecond, [&]() {
-    return !agents[0]->fatal_status().ok();
-  }));
+  ASSERT_TRUE(testing_util::WaitFor(20 * kMicrosPerSecond,
+                                    [&]() { return !agents[0]->fatal_status().ok(); }));
   const Status stopped = agents[0]->fatal_status();
   EXPECT_EQ(stopped.code(), StatusCode::kAlreadyExists) << stopped;
   EXPECT_THAT(std::string(stopped.message()), HasSubstr("give every learner its own id"));
