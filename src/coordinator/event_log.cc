@@ -8,7 +8,8 @@ namespace mend::coordinator {
 void EventLog::Add(Micros at, std::string kind, std::string learner_id, std::string message) {
   // (An event of the lighthouse's own names no learner.)
   const std::string who = learner_id.empty() ? kind : kind + " " + learner_id;
-  if (kind == "dead" || kind == "slow" || kind == "rejected" || kind == "stalled") {
+  if (kind == "dead" || kind == "slow" || kind == "rejected" || kind == "stalled" ||
+      kind == "refused") {
     spdlog::warn("{}: {}", who, message);
   } else {
     spdlog::info("{}: {}", who, message);

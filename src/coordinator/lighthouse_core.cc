@@ -145,6 +145,15 @@ StatusOr<RegisterResult> LighthouseCore::Register(const RegisterArgs& args) {
       return InvalidArgumentError(
           SettingsDiffer(args.job_settings, job_settings_, job_settings_set_by_));
     }
+    // A loopback data-plane host works only while every learner runs on
+    // one host: a learner on another host could connect in no round.
+    if (!args.loopback_host.empty()) {
+      if (const LearnerRecord* other =
+              AliveOnAnotherHostLocked(args.peer_host, args.learner_id, /*loopback_only=*/false)) {
+        return InvalidArgumentError(
+            LoopbackRefusal(args.learner_id, args.peer_host, args.loopback_host, *other));
+      }
+    }
     Micros before = NextDeadlineLocked();
     Micros now = clock_->NowMicros();
     std::optional<PendingJoin> replaced;
@@ -161,6 +170,26 @@ StatusOr<RegisterResult> LighthouseCore::Register(const RegisterArgs& args) {
                              args.last_round_id, now, &replaced);
     record.rank_addresses = args.rank_addresses;
     record.job_epoch = job_epoch_;
+    membership_.Mutate(record, [&](LearnerRecord& r) {
+      r.peer_host = args.peer_host;
+      r.loopback_host = args.loopback_host;
+    });
+    // Learners on other hosts that gave a loopback data-plane host could
+    // connect in no round with this one: they are refused now (their join
+    // ends with the reason, or their next call finds them gone and their
+    // registration again is refused), not left to fail every round.
+    while (const LearnerRecord* stranded =
+               AliveOnAnotherHostLocked(args.peer_host, args.learner_id, /*loopback_only=*/true)) {
+      LearnerRecord& other = *membership_.FindAny(stranded->id);
+      const std::string why =
+          LoopbackRefusal(other.id, other.peer_host, other.loopback_host, record);
+      AbortJoinLocked(other, InvalidArgumentError(why), &completions);
+      for (uint64_t round_id : MemberRoundsLocked(other)) {
+        AbortRoundLocked(round_id, why, &completions);
+      }
+      membership_.MarkGone(other, now, /*left=*/true);
+      events_.Add(now, "refused", other.id, why);
+    }
     if (replaced) {
       completions.push_back([done = std::move(replaced->done), id = args.learner_id]() {
         done(AbortedError(fmt::format(
@@ -243,6 +272,31 @@ Status LighthouseCore::Leave(const std::string& learner_id, uint64_t session_id,
   Finish(completions);
   if (wake && wakeup_) wakeup_();
   return OkStatus();
+}
+
+const LearnerRecord* LighthouseCore::AliveOnAnotherHostLocked(const std::string& host,
+                                                              const std::string& except,
+                                                              bool loopback_only) const {
+  if (host.empty() || !membership_.AliveOnAnotherHost(host, except, loopback_only)) return nullptr;
+  for (const auto& [id, record] : membership_.records()) {  // (rare: a refusal follows)
+    if (id != except && record->alive && !record->peer_host.empty() &&
+        record->peer_host != host && (!loopback_only || !record->loopback_host.empty())) {
+      return record.get();
+    }
+  }
+  return nullptr;
+}
+
+std::string LighthouseCore::LoopbackRefusal(const std::string& learner_id,
+                                            const std::string& peer_host,
+                                            const std::string& loopback_host,
+                                            const LearnerRecord& other) {
+  return fmt::format(
+      "dataplane_host = \"{}\": learner '{}' (on {}) gave a loopback data-plane host, but "
+      "learner '{}' runs on another host ({}) and could not reach it; set dataplane_host to an "
+      "address of each learner's host that the others reach",
+      loopback_host, learner_id, peer_host == "local" ? "the lighthouse's host" : peer_host, other.id,
+      other.peer_host == "local" ? "the lighthouse's" : other.peer_host);
 }
 
 StatusOr<std::string> LighthouseCore::SessionLearner(uint64_t session_id) {

@@ -69,6 +69,11 @@ struct RegisterArgs {
   // "key=value" of the keys every learner of the job must agree on, sorted
   // (SharedSettings); empty: not checked.
   std::vector<std::string> job_settings;
+  // A data-plane host it gave (address, rank_addresses) that is loopback
+  // ("" none), and the host the registration came from (PeerHost; "" not
+  // known).
+  std::string loopback_host;
+  std::string peer_host;
 };
 
 struct RegisterResult {
@@ -166,6 +171,16 @@ class LighthouseCore {
   // Gives every alive learner a fresh heartbeat timeout after a gap in the
   // lighthouse's own ticks (lighthouse_core.cc says when).
   void NoticeStallLocked(Micros now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // An alive learner other than `except` registered from another host than
+  // `host` (with `loopback_only`, one that gave a loopback data-plane
+  // host); nullptr when none or `host` is not known.
+  const LearnerRecord* AliveOnAnotherHostLocked(const std::string& host, const std::string& except,
+                                                bool loopback_only) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Why a learner with a loopback data-plane host cannot be in a job with
+  // `other`, a learner on another host.
+  static std::string LoopbackRefusal(const std::string& learner_id, const std::string& peer_host,
+                                     const std::string& loopback_host, const LearnerRecord& other);
   void ScanLivenessLocked(Micros now, Completions* completions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ScanFailSlowLocked(Micros now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Micros NextDeadlineLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -289,6 +289,10 @@ void Membership::Tally(LearnerRecord& r, int sign, bool update_pending) {
   add(counts_.previous_joined, previous && r.join.has_value());
   add(counts_.previous_missing, previous && !r.join);
   if (r.alive) Histogram(alive_by_round_, r.last_round_id, sign);
+  if (r.alive && !r.peer_host.empty()) {
+    HostCount(alive_by_host_, r.peer_host, sign);
+    if (!r.loopback_host.empty()) HostCount(loopback_by_host_, r.peer_host, sign);
+  }
   if (r.join) Histogram(pending_by_round_, r.join->last_round_id, sign);
   if (sign > 0) {
     LearnerVitals& vitals = vitals_[r.vitals_index];
@@ -298,6 +302,30 @@ void Membership::Tally(LearnerRecord& r, int sign, bool update_pending) {
   if (!update_pending) return;
   if (sign > 0 && r.join) pending_.insert(&r);
   if (sign < 0 && r.join) pending_.erase(&r);
+}
+
+void Membership::HostCount(absl::flat_hash_map<std::string, size_t>& counts,
+                           const std::string& host, int sign) {
+  if (sign > 0) {
+    counts[host]++;
+    return;
+  }
+  auto it = counts.find(host);
+  if (--it->second == 0) counts.erase(it);
+}
+
+bool Membership::AliveOnAnotherHost(const std::string& host, const std::string& except,
+                                    bool loopback_only) const {
+  const LearnerRecord* excepted = nullptr;
+  if (auto it = records_.find(except); it != records_.end()) excepted = it->second.get();
+  for (const auto& [other, count] : loopback_only ? loopback_by_host_ : alive_by_host_) {
+    if (other == host) continue;
+    const bool counts_excepted = excepted != nullptr && excepted->alive &&
+                                 excepted->peer_host == other &&
+                                 (!loopback_only || !excepted->loopback_host.empty());
+    if (count > (counts_excepted ? 1u : 0u)) return true;
+  }
+  return false;
 }
 
 void Membership::Histogram(RoundHistogram& histogram, uint64_t round_id, int sign) {

@@ -50,6 +50,10 @@ struct LearnerRecord {
   std::string rack;
   std::string address;
   std::vector<std::string> rank_addresses;  // every rank's data-plane host (groups)
+  // The host its registration came from ("" unknown, "local" the
+  // lighthouse's own), and a data-plane host it gave that is loopback.
+  std::string peer_host;
+  std::string loopback_host;
   uint64_t job_epoch = 0;                   // LighthouseCore's, when it registered
   Micros registered_at = 0;
   uint64_t step = 0;
@@ -194,6 +198,11 @@ class Membership {
   }
 
   const MembershipCounts& counts() const { return counts_; }
+  // Whether an alive learner other than `except` (an id) registered from
+  // another host than `host`; with `loopback_only`, one that gave a loopback
+  // data-plane host. O(hosts).
+  bool AliveOnAnotherHost(const std::string& host, const std::string& except,
+                          bool loopback_only) const;
   // The newest global state known here: the highest last round id of an
   // alive learner (reported at registration and join, or the last round it
   // was made a member of), and of a pending join. O(1).
@@ -232,6 +241,8 @@ class Membership {
   // the maps hold as many keys as there are distinct round ids in play (a few).
   using RoundHistogram = std::map<uint64_t, size_t>;
   static void Histogram(RoundHistogram& histogram, uint64_t round_id, int sign);
+  static void HostCount(absl::flat_hash_map<std::string, size_t>& counts, const std::string& host,
+                        int sign);
   static uint64_t Highest(const RoundHistogram& histogram) {
     return histogram.empty() ? 0 : histogram.rbegin()->first;
   }
@@ -254,6 +265,10 @@ class Membership {
   MembershipCounts counts_;
   RoundHistogram alive_by_round_;    // alive learners, by last_round_id
   RoundHistogram pending_by_round_;  // pending joins, by the join's last_round_id
+  // Alive learners by the host they registered from (peer_host set), and
+  // those of them with a loopback data-plane host.
+  absl::flat_hash_map<std::string, size_t> alive_by_host_;
+  absl::flat_hash_map<std::string, size_t> loopback_by_host_;
   mutable uint64_t records_visited_ = 0;
 };
 

@@ -86,7 +86,10 @@ class HeartbeatReactor final
 
 LighthouseService::LighthouseService(LighthouseCore* core, const std::string& token,
                                      size_t max_value_bytes)
-    : StoreService(&core->store(), token, max_value_bytes), core_(core), handler_(core) {}
+    : StoreService(&core->store(), token, max_value_bytes),
+      core_(core),
+      handler_(core),
+      local_hosts_(LocalHosts()) {}
 
 void LighthouseService::Rejected(std::string_view code, std::string_view peer,
                                  std::string_view why) {
@@ -103,6 +106,7 @@ grpc::ServerUnaryReactor* LighthouseService::Register(grpc::CallbackServerContex
     }
     auto args = ParseRegister(*request);
     if (!args.ok()) return Refuse(*context, args.status());
+    args->peer_host = PeerHost(context->peer(), local_hosts_);
     auto result = core_->Register(*args);
     if (!result.ok()) return Refuse(*context, result.status());
     response->set_session_id(result->session_id);

@@ -69,6 +69,9 @@ class LighthouseService final : public store::StoreService {
   std::atomic<bool> ready_{false};
   std::atomic<size_t> heartbeat_streams_{0};
   std::atomic<bool> warned_{false};
+  // This host's interfaces' addresses: a registration from one of them is
+  // from the lighthouse's own host (PeerHost).
+  const std::vector<std::string> local_hosts_;
 };
 
 // The most learners the gRPC control path serves with round decisions under

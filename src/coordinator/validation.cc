@@ -1,5 +1,10 @@
 #include "coordinator/validation.h"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
+
+#include <algorithm>
 #include <cctype>
 
 #include "core/status_format.h"
@@ -32,6 +37,65 @@ StatusOr<std::pair<std::string, uint64_t>> ParseLearnerRef(const v1::LearnerRef&
 }
 
 }  // namespace
+
+bool IsLoopbackHost(std::string_view address) {
+  std::string host(address);
+  in6_addr v6{};
+  if (inet_pton(AF_INET6, host.c_str(), &v6) != 1 && CheckHostPort(address, "address").ok()) {
+    host = SplitHostPort(address).first;
+  }
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  if (host == "localhost") return true;
+  in_addr v4{};
+  if (inet_pton(AF_INET, host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  if (inet_pton(AF_INET6, host.c_str(), &v6) == 1) {
+    return IN6_IS_ADDR_LOOPBACK(&v6) || (IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127);
+  }
+  return false;
+}
+
+std::string PeerHost(std::string_view peer, const std::vector<std::string>& local_hosts) {
+  if (peer.starts_with("unix")) return "local";
+  std::string_view address;
+  if (peer.starts_with("ipv4:")) {
+    address = peer.substr(5);
+  } else if (peer.starts_with("ipv6:")) {
+    address = peer.substr(5);
+  } else {
+    return "";
+  }
+  if (!CheckHostPort(address, "peer").ok()) return "";
+  std::string host = SplitHostPort(address).first;
+  // An IPv4 peer of a dual-stack socket may read ::ffff:a.b.c.d.
+  if (host.starts_with("::ffff:") && host.find('.') != std::string::npos) host = host.substr(7);
+  if (IsLoopbackHost(host)) return "local";
+  if (std::find(local_hosts.begin(), local_hosts.end(), host) != local_hosts.end()) return "local";
+  return host;
+}
+
+std::vector<std::string> LocalHosts() {
+  std::vector<std::string> hosts;
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return hosts;
+  for (const ifaddrs* entry = list; entry != nullptr; entry = entry->ifa_next) {
+    if (entry->ifa_addr == nullptr) continue;
+    char text[INET6_ADDRSTRLEN] = {};
+    const int family = entry->ifa_addr->sa_family;
+    const void* where = nullptr;
+    if (family == AF_INET) {
+      where = &reinterpret_cast<const sockaddr_in*>(entry->ifa_addr)->sin_addr;
+    } else if (family == AF_INET6) {
+      where = &reinterpret_cast<const sockaddr_in6*>(entry->ifa_addr)->sin6_addr;
+    } else {
+      continue;
+    }
+    if (inet_ntop(family, where, text, sizeof text) != nullptr) hosts.emplace_back(text);
+  }
+  freeifaddrs(list);
+  return hosts;
+}
 
 StatusOr<RegisterArgs> ParseRegister(const v1::RegisterRequest& request) {
   RegisterArgs args;
@@ -73,7 +137,9 @@ StatusOr<RegisterArgs> ParseRegister(const v1::RegisterRequest& request) {
     if (!CheckHostPort(address, field).ok())
       MEND_RETURN_IF_ERROR(CheckHostPort(address + ":0", field));
     args.rank_addresses.push_back(address);
+    if (IsLoopbackHost(address)) args.loopback_host = address;
   }
+  if (!args.address.empty() && IsLoopbackHost(args.address)) args.loopback_host = args.address;
   if (request.job_settings_size() > kMaxJobSettings) {
     return Invalid("job_settings", fmt::format("{} entries, above {}", request.job_settings_size(),
                                                kMaxJobSettings));

@@ -36,6 +36,19 @@ using store::kMaxStoreWaitKeys;
 using store::kMaxTimeoutMs;
 
 [[nodiscard]] StatusOr<RegisterArgs> ParseRegister(const v1::RegisterRequest& request);
+
+// Whether `address` (HOST or HOST:PORT, an IPv6 host bare or in brackets)
+// names this host's loopback: localhost, 127.0.0.0/8, ::1 (names other than
+// localhost are not resolved).
+bool IsLoopbackHost(std::string_view address);
+// The host a gRPC call came from (`peer` as grpc::ServerContext::peer()
+// writes it: "ipv4:10.0.0.5:41234", "ipv6:[::1]:41234", "unix:..."):
+// "local" for the lighthouse's own host (loopback, a Unix socket, or one of
+// `local_hosts`, its interfaces' addresses), else the address; "" when it
+// cannot be told.
+std::string PeerHost(std::string_view peer, const std::vector<std::string>& local_hosts);
+// The addresses of this host's interfaces (getifaddrs), for PeerHost.
+std::vector<std::string> LocalHosts();
 [[nodiscard]] StatusOr<HeartbeatArgs> ParseHeartbeat(const v1::HeartbeatRequest& request);
 // The same for a heartbeat whose learner the channel already knows (a
 // datagram's session): every field but `learner`.

@@ -4,6 +4,7 @@
 #include <memory>
 #include <string>
 
+#include "coordinator/validation.h"
 #include "core_harness.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -102,6 +103,38 @@ TEST(ControlHandlerTest, ADatagramDecisionCutsHealToToFitAndKeepsTheRest) {
       MakeDatagramDecision(4, DeadlineExceededError("no round within 30000 ms"), 64);
   EXPECT_EQ(error.code(), static_cast<uint32_t>(StatusCode::kDeadlineExceeded));
   EXPECT_FALSE(error.has_round());
+}
+
+// What the lighthouse reads of a registration's hosts: which data-plane
+// hosts are loopback, and which host the call came from.
+TEST(ValidationTest, LoopbackDataPlaneHostsAndPeerHosts) {
+  for (const char* loopback : {"127.0.0.1", "127.1.2.3:5000", "localhost", "localhost:1", "::1",
+                               "[::1]:9", "::ffff:127.0.0.1"}) {
+    EXPECT_TRUE(IsLoopbackHost(loopback)) << loopback;
+  }
+  for (const char* routable : {"10.0.0.5", "10.0.0.5:80", "host.example", "::2", "[fe80::1]:9",
+                               "128.0.0.1", ""}) {
+    EXPECT_FALSE(IsLoopbackHost(routable)) << routable;
+  }
+  const std::vector<std::string> local = {"10.0.0.5"};
+  EXPECT_EQ(PeerHost("ipv4:127.0.0.1:41234", local), "local");
+  EXPECT_EQ(PeerHost("ipv6:[::1]:41234", local), "local");
+  EXPECT_EQ(PeerHost("ipv4:10.0.0.5:41234", local), "local");  // one of the lighthouse's own
+  EXPECT_EQ(PeerHost("ipv6:[::ffff:10.0.0.6]:41234", local), "10.0.0.6");
+  EXPECT_EQ(PeerHost("ipv4:10.0.0.6:41234", local), "10.0.0.6");
+  EXPECT_EQ(PeerHost("unix:/tmp/socket", local), "local");
+  EXPECT_EQ(PeerHost("something else", local), "");
+
+  v1::RegisterRequest request;
+  request.set_learner_id("a");
+  request.add_rank_addresses("10.0.0.5");
+  request.add_rank_addresses("127.0.0.1");
+  request.set_group_size(2);
+  auto args = ParseRegister(request);
+  ASSERT_TRUE(args.ok()) << args.status();
+  EXPECT_EQ(args->loopback_host, "127.0.0.1");
+  request.set_rank_addresses(1, "10.0.0.6");
+  EXPECT_EQ(ParseRegister(request)->loopback_host, "");
 }
 
 }  // namespace

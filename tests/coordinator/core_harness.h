@@ -24,6 +24,7 @@ struct JoinOutcome {
   const Round& round() const { return *(*result)->round; }
   uint32_t rank() const { return (*result)->rank; }
   StatusCode code() const { return result->status().code(); }
+  std::string message() const { return std::string(result->status().message()); }
 };
 
 class CoreHarness {
@@ -55,6 +56,13 @@ class CoreHarness {
     EXPECT_TRUE(result.ok()) << result.status();
     sessions_[id] = result->session_id;
     return result->session_id;
+  }
+
+  // Registers with `args` as given; the session is kept when it succeeds.
+  StatusOr<RegisterResult> RegisterWith(const RegisterArgs& args) {
+    auto result = core_->Register(args);
+    if (result.ok()) sessions_[args.learner_id] = result->session_id;
+    return result;
   }
 
   StatusOr<HeartbeatResult> Heartbeat(const std::string& id, std::vector<double> step_ms = {}) {

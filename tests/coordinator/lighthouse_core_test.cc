@@ -55,6 +55,46 @@ TEST(LighthouseCoreTest, ReRegistrationAbortsTheOldSessionsJoin) {
   EXPECT_EQ(old_join->code(), StatusCode::kAborted);
 }
 
+RegisterArgs FromHost(const std::string& id, const std::string& peer_host, bool loopback) {
+  RegisterArgs args;
+  args.learner_id = id;
+  args.peer_host = peer_host;
+  args.rank_addresses = {loopback ? "127.0.0.1" : "10.9.9.9"};
+  args.loopback_host = loopback ? "127.0.0.1" : "";
+  return args;
+}
+
+// The default dataplane_host (127.0.0.1) works while every learner runs on
+// one host. Learners on two hosts with a loopback one among them could
+// connect in no round: the lighthouse refuses the loopback one, whichever
+// registered first, naming the key, instead of every round failing.
+TEST(LighthouseCoreTest, ALoopbackDataPlaneHostIsRefusedOnceLearnersRunOnTwoHosts) {
+  CoreHarness h(CoreHarness::Options(2, 1000));
+  ASSERT_TRUE(h.RegisterWith(FromHost("a", "local", true)).ok());
+  ASSERT_TRUE(h.RegisterWith(FromHost("b", "local", true)).ok());  // one host: fine
+  ASSERT_TRUE(h.RegisterWith(FromHost("c", "", true)).ok());       // host not known: not judged
+  // A learner on another host with a loopback data-plane host is refused.
+  auto refused = h.core().Register(FromHost("d", "10.0.0.6", true));
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("dataplane_host = \"127.0.0.1\": learner 'd' (on 10.0.0.6) gave a "
+                        "loopback data-plane host, but learner '"));
+  // One with a routable host is taken, and the loopback ones on the other
+  // host are refused: a's join ends with the reason, b finds itself gone.
+  auto a_join = h.Join("a");
+  ASSERT_TRUE(h.RegisterWith(FromHost("e", "10.0.0.6", false)).ok());
+  ASSERT_TRUE(a_join->done());
+  EXPECT_EQ(a_join->code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(a_join->message(), HasSubstr("learner 'a' (on the lighthouse's host)"));
+  EXPECT_THAT(a_join->message(), HasSubstr("learner 'e' runs on another host (10.0.0.6)"));
+  EXPECT_EQ(h.Heartbeat("b").status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(h.Heartbeat("c").ok());
+  EXPECT_EQ(EventKinds(h.core(), "b"), (std::vector<std::string>{"registered", "refused"}));
+  // b registers again (as its agent does) and is refused now.
+  EXPECT_EQ(h.core().Register(FromHost("b", "local", true)).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
 TEST(LighthouseCoreTest, RegisterForAnotherJobIsRefused) {
   CoreHarness h(CoreHarness::Options(2, 1000));
   RegisterArgs args;
