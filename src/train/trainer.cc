@@ -373,6 +373,12 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config,
           stats.checkpoint_failures, stats.checkpoints + stats.checkpoint_failures,
           config.checkpoint_dir);
     }
+    if (stats.rounds == 0 && stats.failed_rounds > 0) {  // (each was logged when it failed)
+      spdlog::warn(
+          "none of this learner's {} rounds completed: it trained alone, its model merged with "
+          "no other learner's (the log says why each failed)",
+          stats.failed_rounds);
+    }
     result.rounds = stats.rounds;
     result.final_rounds = stats.final_rounds;
     result.failed_rounds = stats.failed_rounds;
