@@ -279,8 +279,8 @@ const LearnerRecord* LighthouseCore::AliveOnAnotherHostLocked(const std::string&
                                                               bool loopback_only) const {
   if (host.empty() || !membership_.AliveOnAnotherHost(host, except, loopback_only)) return nullptr;
   for (const auto& [id, record] : membership_.records()) {  // (rare: a refusal follows)
-    if (id != except && record->alive && !record->peer_host.empty() &&
-        record->peer_host != host && (!loopback_only || !record->loopback_host.empty())) {
+    if (id != except && record->alive && !record->peer_host.empty() && record->peer_host != host &&
+        (!loopback_only || !record->loopback_host.empty())) {
       return record.get();
     }
   }
@@ -295,8 +295,8 @@ std::string LighthouseCore::LoopbackRefusal(const std::string& learner_id,
       "dataplane_host = \"{}\": learner '{}' (on {}) gave a loopback data-plane host, but "
       "learner '{}' runs on another host ({}) and could not reach it; set dataplane_host to an "
       "address of each learner's host that the others reach",
-      loopback_host, learner_id, peer_host == "local" ? "the lighthouse's host" : peer_host, other.id,
-      other.peer_host == "local" ? "the lighthouse's" : other.peer_host);
+      loopback_host, learner_id, peer_host == "local" ? "the lighthouse's host" : peer_host,
+      other.id, other.peer_host == "local" ? "the lighthouse's" : other.peer_host);
 }
 
 StatusOr<std::string> LighthouseCore::SessionLearner(uint64_t session_id) {

@@ -54,7 +54,7 @@ struct LearnerRecord {
   // lighthouse's own), and a data-plane host it gave that is loopback.
   std::string peer_host;
   std::string loopback_host;
-  uint64_t job_epoch = 0;                   // LighthouseCore's, when it registered
+  uint64_t job_epoch = 0;  // LighthouseCore's, when it registered
   Micros registered_at = 0;
   uint64_t step = 0;
   uint64_t tokens_total = 0;

@@ -80,8 +80,8 @@ struct TrainResult {
   double final_merge_seconds = 0;
   uint64_t final_rounds = 0;  // rounds of the final merge
   double tokens_per_s = 0;
-  double train_loss = 0;    // smoothed, at the end
-  double eval_loss = 0;     // the final model on the held-out windows
+  double train_loss = 0;  // smoothed, at the end
+  double eval_loss = 0;   // the final model on the held-out windows
   // Held-out windows the last evaluation covered: fewer than eval_windows
   // when a stop ended it early (a signal), and eval_loss is of those.
   int64_t eval_windows = 0;

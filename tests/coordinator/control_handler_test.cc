@@ -112,8 +112,8 @@ TEST(ValidationTest, LoopbackDataPlaneHostsAndPeerHosts) {
                                "[::1]:9", "::ffff:127.0.0.1"}) {
     EXPECT_TRUE(IsLoopbackHost(loopback)) << loopback;
   }
-  for (const char* routable : {"10.0.0.5", "10.0.0.5:80", "host.example", "::2", "[fe80::1]:9",
-                               "128.0.0.1", ""}) {
+  for (const char* routable :
+       {"10.0.0.5", "10.0.0.5:80", "host.example", "::2", "[fe80::1]:9", "128.0.0.1", ""}) {
     EXPECT_FALSE(IsLoopbackHost(routable)) << routable;
   }
   const std::vector<std::string> local = {"10.0.0.5"};
