@@ -147,6 +147,41 @@ void DatagramClient::SendAll(std::vector<std::string>& datagrams) {
   }
 }
 
+// Hands one verified datagram of the session to its callbacks, by kind.
+void DatagramClient::Dispatch(const Callbacks& callbacks, datagram::Kind kind,
+                              std::string_view bytes) {
+  switch (kind) {
+    case datagram::Kind::kAck:
+      if (auto ack = datagram::DecodeMessage<v1::HeartbeatResponse>(bytes);
+          ack.ok() && callbacks.on_ack) {
+        callbacks.on_ack(*ack);
+      }
+      break;
+    case datagram::Kind::kDecision:
+      if (auto decision = datagram::DecodeMessage<v1::DatagramDecision>(bytes);
+          decision.ok() && callbacks.on_decision) {
+        callbacks.on_decision(*decision);
+      }
+      break;
+    case datagram::Kind::kUnknownSession:
+      if (callbacks.on_session_ended) {
+        callbacks.on_session_ended(NotFoundError(
+            "the lighthouse does not know this session (restarted?); register again"));
+      }
+      break;
+    case datagram::Kind::kSuperseded:
+      if (callbacks.on_session_ended) {
+        callbacks.on_session_ended(AlreadyExistsError(
+            "another process registered with the lighthouse under this learner's id and "
+            "replaced its session: two learners were given one id, or this one was restarted "
+            "elsewhere"));
+      }
+      break;
+    default:
+      break;
+  }
+}
+
 void DatagramClient::Receive() {
   datagram::Signer signer(key_);
   std::vector<char> buffers(kBatch * datagram::kMaxDatagramBytes);
@@ -178,36 +213,7 @@ void DatagramClient::Receive() {
           it->second.last_seq = header->seq;
           callbacks = it->second.callbacks;
         }
-        switch (header->kind) {
-          case datagram::Kind::kAck:
-            if (auto ack = datagram::DecodeMessage<v1::HeartbeatResponse>(bytes);
-                ack.ok() && callbacks->on_ack) {
-              callbacks->on_ack(*ack);
-            }
-            break;
-          case datagram::Kind::kDecision:
-            if (auto decision = datagram::DecodeMessage<v1::DatagramDecision>(bytes);
-                decision.ok() && callbacks->on_decision) {
-              callbacks->on_decision(*decision);
-            }
-            break;
-          case datagram::Kind::kUnknownSession:
-            if (callbacks->on_session_ended) {
-              callbacks->on_session_ended(NotFoundError(
-                  "the lighthouse does not know this session (restarted?); register again"));
-            }
-            break;
-          case datagram::Kind::kSuperseded:
-            if (callbacks->on_session_ended) {
-              callbacks->on_session_ended(AlreadyExistsError(
-                  "another process registered with the lighthouse under this learner's id and "
-                  "replaced its session: two learners were given one id, or this one was "
-                  "restarted elsewhere"));
-            }
-            break;
-          default:
-            break;
-        }
+        Dispatch(*callbacks, header->kind, bytes);
       }
       if (got < kBatch) break;
     }

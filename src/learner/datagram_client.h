@@ -59,6 +59,7 @@ class DatagramClient {
  private:
   DatagramClient(const std::string& token, int socket);
   void Receive();
+  static void Dispatch(const Callbacks& callbacks, datagram::Kind kind, std::string_view bytes);
   // Under send_mu_, so that datagrams leave in sequence order (the
   // lighthouse drops one whose number it has passed).
   void SendAll(std::vector<std::string>& datagrams) ABSL_EXCLUSIVE_LOCKS_REQUIRED(send_mu_);
