@@ -71,6 +71,8 @@ def _given_texts(keys: Dict[str, Any]) -> Dict[str, str]:
             suggestion = _native.take_string(lib.mend_config_suggest_key, name.encode())
             raise TypeError(f"MendConfig() got an unexpected keyword argument '{name}'"
                             + (f"; did you mean '{suggestion}'?" if suggestion else ""))
+        if value is None:  # not given (an argparse default): the key keeps its value
+            continue
         given[name] = _text(value)
     return given
 
@@ -131,6 +133,10 @@ class MendConfig:
     given as a keyword (here or to ``replace``) without ``desloc`` turns
     DES-LOC on: averaging the inner Adam moments only happens with it. In a
     file or the environment, set ``desloc = true`` with it.
+
+    A keyword given as ``None`` counts as not given: the key keeps its value
+    (default, file or environment), so ``checkpoint_dir=args.checkpoint_dir``
+    with an argparse default of None leaves checkpoints off, not in ./None.
 
     A MendConfig is a plain value (it can be copied and pickled).
 

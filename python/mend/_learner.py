@@ -6,6 +6,7 @@ from __future__ import annotations
 import array
 import ctypes
 import json
+import operator
 import os
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -95,6 +96,24 @@ class GroupStore:
         self._handle.close()
 
 
+# The most tokens one call may count: the lighthouse's bound on a learner's
+# tokens between rounds.
+MAX_TOKENS = 1 << 62
+
+
+def check_tokens(tokens: Any, where: str) -> int:
+    """``tokens`` as an int in [0, MAX_TOKENS]; TypeError / ValueError naming
+    ``where`` otherwise (a negative count would wrap to 2^64 - n)."""
+    try:
+        count = operator.index(tokens)
+    except TypeError:
+        raise TypeError(f"mend: {where}: tokens must be an integer, got {type(tokens).__name__} "
+                        f"{tokens!r}") from None
+    if not 0 <= count <= MAX_TOKENS:
+        raise ValueError(f"mend: {where}: tokens = {count}: must be in [0, 2^62]")
+    return count
+
+
 def _address_of(name: str, buffer: Any) -> Tuple[int, int, Tuple[int, ...], memoryview]:
     """(address, values, shape, view) of a writable, C-contiguous float32 buffer."""
     try:
@@ -179,6 +198,7 @@ class Learner:
         self._handle = _native.Handle(pointer, lib.mend_learner_free)
         self._pointer = pointer
         self.names = [name for name, _, _, _ in entries]
+        self.counts = [count for _, _, count, _ in entries]
 
     # -- steps -----------------------------------------------------------
     def plan_step(self) -> int:
@@ -189,9 +209,10 @@ class Learner:
     def step(self, tokens: int) -> None:
         """One inner step done, with the tokens it processed."""
         self._check_process()
+        tokens = check_tokens(tokens, "Learner.step")
         pointer = self._pointer
         try:
-            code = lib.mend_learner_step(pointer, int(tokens), _WAIT_SLICE_MS)
+            code = lib.mend_learner_step(pointer, tokens, _WAIT_SLICE_MS)
             while code == _native.PENDING:
                 code = lib.mend_learner_wait(pointer, _WAIT_SLICE_MS)
         except BaseException:
@@ -216,8 +237,16 @@ class Learner:
     def set_moments(self, index: int, first: Any, second: Any) -> None:
         """The inner optimizer's Adam moments of buffer ``index`` (float32
         buffers of its size), for desloc and heal_inner_optimizer."""
+        index = operator.index(index)
+        if not 0 <= index < len(self.names):
+            raise IndexError(f"mend: set_moments: no buffer {index} (there are {len(self.names)})")
         a, count_a, _, view_a = _address_of(f"{self.names[index]} (first moment)", first)
         b, count_b, _, view_b = _address_of(f"{self.names[index]} (second moment)", second)
+        # mend reads and writes the parameter's count of values through each.
+        for which, count in (("first", count_a), ("second", count_b)):
+            if count != self.counts[index]:
+                raise ValueError(f"mend: set_moments: the {which} moment of {self.names[index]!r} holds "
+                                 f"{count} values; the buffer holds {self.counts[index]}")
         self._set_moment_addresses(index, a, b, (first, second, view_a, view_b))
 
     def set_optimizer(self, beta1: float, beta2: float) -> None:

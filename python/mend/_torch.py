@@ -25,7 +25,7 @@ from mend import _attach as attach
 from mend import _bindings as bindings
 from mend import _native
 from mend._config import MendConfig
-from mend._learner import GroupStore, Learner, default_learner_id, read_token
+from mend._learner import GroupStore, Learner, check_tokens, default_learner_id, read_token
 from mend._native import FRAGMENTS_PLANNED, FRAGMENTS_WROTE, STEP_READS, STEP_WROTE, lib
 
 _STAGED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -326,7 +326,8 @@ class Runtime:
     # -- the user's calls -----------------------------------------------
     def report_tokens(self, tokens: int) -> None:
         """The tokens of the current inner step (else counted from the forward's input)."""
-        self._tokens = int(tokens)
+        self._check_process()
+        self._tokens = check_tokens(tokens, "report_tokens")
 
     def step(self, tokens: Optional[int] = None) -> None:
         """With mend_init(..., manual=True): one inner step done, with the
@@ -337,7 +338,7 @@ class Runtime:
                 "mend: runtime.step() with mend_init(manual=False): mend already runs after every optimizer "
                 "step, so this would count the step twice. Call runtime.report_tokens(n) to give the step's "
                 "tokens, or use mend_init(..., manual=True) to call runtime.step(tokens) yourself.")
-        self._step(tokens)
+        self._step(None if tokens is None else check_tokens(tokens, "runtime.step"))
 
     def _skipped(self) -> None:
         """A step the GradScaler skipped (inf/NaN gradients): an inner step
@@ -377,7 +378,6 @@ class Runtime:
         else:
             self._counted_tokens.take()  # (given: what the forwards counted is dropped)
         self._tokens = None
-        self._tokens_stepped += int(tokens)
         learner = self._learner
         reads = learner.plan_step() & STEP_READS
         # The moments once the optimizer has made them, and before a step
@@ -391,6 +391,7 @@ class Runtime:
             self._after_call()
         else:
             learner.step(int(tokens))
+        self._tokens_stepped += int(tokens)  # (a step refused is not counted)
 
     def stats(self) -> Dict[str, Any]:
         """The learner's counters (rounds, bytes, heals, ...); after shutdown, the final ones."""

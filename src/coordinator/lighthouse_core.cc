@@ -130,6 +130,12 @@ StatusOr<RegisterResult> LighthouseCore::Register(const RegisterArgs& args) {
       if (args.group_size != group_size_ || ByKey(args.job_settings) != ByKey(job_settings_)) {
         ++job_epoch_;  // the learners that were dead register again to come back
       }
+      // The rounds so far closed while no learner registering from now on
+      // was alive: none of them is news that a round left it out (a second
+      // job on a standing lighthouse, or a job restarted whole, would
+      // otherwise take the old job's last round for one that closed without
+      // it at every boundary, and never merge).
+      news_after_round_ = quorum_.latest_round_id();
       group_size_ = args.group_size;
       group_size_set_by_ = args.learner_id;
       job_settings_ = args.job_settings;
@@ -243,7 +249,9 @@ StatusOr<HeartbeatResult> LighthouseCore::Heartbeat(const HeartbeatArgs& args) {
     // Only a learner whose join is still pending can have been passed over.
     // A member of that round, whose answer may not have reached it yet, must
     // not read the round's step as news that the round left it out.
-    result.latest_round_step = result.waiting ? quorum_.latest_round_step() : 0;
+    result.latest_round_step =
+        result.waiting && quorum_.latest_round_id() > news_after_round_ ? quorum_.latest_round_step()
+                                                                         : 0;
     result.short_of_quorum = result.waiting && now - started_at_ >= options_.heartbeat_timeout &&
                              membership_.counts().alive < options_.quorum.min_learners;
   }

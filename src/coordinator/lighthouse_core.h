@@ -216,6 +216,9 @@ class LighthouseCore {
   EventLog events_ ABSL_GUARDED_BY(mu_);
   Micros next_liveness_scan_ ABSL_GUARDED_BY(mu_) = 0;
   Micros last_tick_ ABSL_GUARDED_BY(mu_) = 0;
+  // Rounds up to this id closed before the alive learners registered (the
+  // last time one registered with no other alive): not news to them.
+  uint64_t news_after_round_ ABSL_GUARDED_BY(mu_) = 0;
   Micros next_failslow_scan_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_waiter_id_ ABSL_GUARDED_BY(mu_) = 1;
   Counters counters_ ABSL_GUARDED_BY(mu_);

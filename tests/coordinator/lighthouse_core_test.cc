@@ -177,6 +177,31 @@ TEST(LighthouseCoreTest, ForgottenLearnerLeavesTheOthersStateIntact) {
   EXPECT_EQ(h.core().Snapshot(10, 10).counters.deaths, 4u);
 }
 
+// A second job on a standing lighthouse: the first job's rounds closed
+// before any of its learners registered, so they are no news that a round
+// left them out (a learner reads "a round of my boundary's step or later
+// closed without me" from it, and would never wait for its partner).
+TEST(LighthouseCoreTest, AnEarlierJobsRoundsAreNoNewsToTheNextJob) {
+  CoreHarness h(CoreHarness::Options(2, 1000));
+  for (const char* id : {"a", "b"}) h.Register(id);
+  auto a = h.Join("a", 0, 10, 60000, /*step=*/6);
+  auto b = h.Join("b", 0, 10, 60000, /*step=*/6);
+  ASSERT_TRUE(a->ok() && b->ok());
+  for (const char* id : {"a", "b"}) ASSERT_TRUE(h.core().Leave(id, h.session(id), "done").ok());
+  h.Register("c");
+  auto c = h.Join("c", 0, 10, 60000, /*step=*/3);
+  auto news = h.Heartbeat("c");
+  ASSERT_TRUE(news.ok());
+  EXPECT_EQ(news->latest_round_step, 0u);
+  // d registers while c is alive: the same job; the first round of it is news.
+  h.Register("d");
+  auto d = h.Join("d", 0, 10, 60000, /*step=*/3);
+  ASSERT_TRUE(c->ok() && d->ok());
+  EXPECT_EQ(c->round().id, 2u);
+  auto late = h.Join("d", 2, 10, 60000, /*step=*/6);
+  EXPECT_EQ(h.Heartbeat("d")->latest_round_step, 3u);
+}
+
 TEST(LighthouseCoreTest, JoinsOfClosedRoundsNeverExpireLater) {
   CoreHarness h(CoreHarness::Options(2, 0));
   for (const char* id : {"a", "b"}) h.Register(id);

@@ -85,3 +85,12 @@ def test_replaced_keys_say_what_to_set_instead():
     with pytest.raises(TypeError, match="did you mean 'control_plane'"):
         mend.MendConfig(control_plan="udp")
     assert mend.MendConfig(control_plane="udp").control_plane == "udp"
+
+
+def test_a_keyword_of_none_is_not_given():
+    # An argparse default of None leaves the key as it was: checkpoints off,
+    # not in a directory named "None".
+    config = mend.MendConfig(checkpoint_dir=None, rack=None, sync_period_steps=None)
+    assert config.checkpoint_dir == "" and config.rack == ""
+    assert config.sync_period_steps == mend.MendConfig().sync_period_steps
+    assert config.replace(checkpoint_dir="ckpt").replace(rack=None).checkpoint_dir == "ckpt"

@@ -81,3 +81,35 @@ def test_a_learner_with_another_round_schedule_is_refused_naming_the_key():
             first.shutdown()
     finally:
         lighthouse.shutdown()
+
+
+def test_moments_of_another_size_and_bad_token_counts_are_refused_at_the_call():
+    import numpy as np
+    import pytest
+
+    import mend
+    token = "numpy-test-token-0123456789"
+    lighthouse = mend.Lighthouse(mend.MendConfig(bind="127.0.0.1:0", http="", log_level="warn"), token=token)
+    try:
+        config = mend.MendConfig(lighthouse=lighthouse.address, log_level="warn", desloc=True)
+        learner = mend.Learner(config, [("w", np.zeros(8, np.float32))], "a", token=token)
+        try:
+            # mend reads and writes 8 values through each moment: 2 would let
+            # it write past the caller's memory.
+            memory = np.ones(16, np.float32)
+            with pytest.raises(ValueError, match="the first moment of 'w' holds 2 values; the buffer holds 8"):
+                learner.set_moments(0, memory[:2], memory[8:])
+            with pytest.raises(IndexError, match="no buffer 5"):
+                learner.set_moments(5, memory[:8], memory[8:])
+            learner.set_moments(0, memory[:8], memory[8:])
+            with pytest.raises(ValueError, match=r"Learner.step: tokens = -1: must be in \[0, 2\^62\]"):
+                learner.step(-1)
+            with pytest.raises(ValueError, match="tokens = 1180591620717411303424"):
+                learner.step(2 ** 70)
+            with pytest.raises(TypeError, match="tokens must be an integer, got float 2.7"):
+                learner.step(2.7)
+            assert learner.stats()["steps"] == 0
+        finally:
+            learner.shutdown()
+    finally:
+        lighthouse.shutdown()
