@@ -9,8 +9,10 @@ what PyTorch users do with models and optimizers.
 - torch 1.13 (no step hooks): ``optimizer.step`` becomes a bound method that
   calls the original and then mend; torch's LR schedulers accept it in
   either order (it keeps the ``_with_counter`` mark of a scheduler created
-  before). An optimizer created after mend_init is looked for once, at the
-  first training-mode forward (one scan of the heap; never again).
+  before). An optimizer created after mend_init is looked for at training-
+  mode forwards until found: the first 8, then the 16th, 32nd, 64th, ...
+  (one scan of the heap each; a forward before the optimizer exists, a shape
+  check say, does not make mend miss it).
 - The forward pre-hooks call the runtime through a weak reference; a copy of
   the model (``copy.deepcopy``, ``torch.save``, ``AveragedModel``) gets inert
   ones, so it carries no runtime. On torch >= 2.0 they see keyword arguments
@@ -276,8 +278,11 @@ class StepAttachment:
 class LaterOptimizer:
     """Finds the optimizer of ``parameters`` created after mend_init: on
     torch >= 2.0 at its first step (a global step post-hook, which then
-    runs ``stepped`` for it, this step included); on 1.13 by one scan at the
-    first training-mode forward (``found`` then attaches it)."""
+    runs ``stepped`` for it, this step included); on 1.13 by scans at
+    training-mode forwards (``found`` then attaches it)."""
+
+    # torch 1.13: scans at the first this many forwards, then at powers of two.
+    EVERY_FORWARD_UNTIL = 8
 
     def __init__(self, parameters, found: Callable[[torch.optim.Optimizer], None],
                  stepped: Callable[[], None]) -> None:
@@ -287,6 +292,7 @@ class LaterOptimizer:
         self._handle = None
         self._seen: Dict[int, bool] = {}
         self.looked = False
+        self._forwards = 0
         if _hooks_available():
             from torch.optim.optimizer import register_optimizer_step_post_hook
             self._handle = register_optimizer_step_post_hook(self._global_hook)
@@ -298,13 +304,18 @@ class LaterOptimizer:
         if ours:
             self._stepped()
 
-    def look_once(self) -> None:
-        """torch 1.13: the one scan, at the first training-mode forward."""
+    def look(self) -> None:
+        """torch 1.13, at a training-mode forward: a scan of the heap at the
+        first EVERY_FORWARD_UNTIL forwards, then at powers of two, until found."""
         if self._handle is not None or self.looked:
             return
-        self.looked = True
+        self._forwards += 1
+        n = self._forwards
+        if n > self.EVERY_FORWARD_UNTIL and n & (n - 1):
+            return
         optimizer = find_optimizer(self._parameters)
         if optimizer is not None:
+            self.looked = True
             self._found(optimizer)
 
     def detach(self) -> None:

@@ -245,7 +245,7 @@ class Runtime:
         if self._stepped or self.manual:
             return
         if self._later is not None:
-            self._later.look_once()
+            self._later.look()
         self._training_forwards += 1
         if self._training_forwards == _FORWARDS_BEFORE_WARNING:
             warnings.warn(
@@ -580,7 +580,7 @@ def mend_init(model: torch.nn.Module, config: Optional[MendConfig] = None,
     torch.optim optimizer that holds the model's parameters, found now or at
     its first step if it is created later (torch >= 2.0: step post-hooks;
     torch 1.13: ``optimizer.step`` wrapped in a way LR schedulers accept, and
-    one look for a later optimizer at the first training forward). With
+    looks for a later optimizer at training forwards until found). With
     ``manual=True`` nothing is wrapped: call ``runtime.step(tokens)`` once
     after each inner step (a hand-written update, or your own loop);
     ``optimizer=`` then only names whose Adam moments DES-LOC averages.
