@@ -47,17 +47,21 @@ std::vector<ConfigKey> BuildKeys() {
       Text("http", &C::http,
            "Lighthouse: status page and /metrics address, HOST:PORT; empty turns it off."),
       Int("quorum_min_learners", &C::quorum_min_learners, 1, 100000,
-          "K: a round never closes with fewer members."),
+          "Lighthouse: K: a round never closes with fewer members (the lighthouse's value "
+          "holds; a learner's is not read)."),
       Int("grace_window_ms", &C::grace_window_ms, 0, 600000,
-          "G: once K learners joined, wait at most this long for the other healthy ones."),
+          "Lighthouse: G: once K learners joined, wait at most this long for the other healthy "
+          "ones."),
       Bool("grace_window_adaptive", &C::grace_window_adaptive,
-           "Shrink the grace window to 2x the latest arrival after quorum in the last 8 rounds, "
+           "Lighthouse: shrink the grace window to 2x the latest arrival after quorum in the last 8 "
+           "rounds, "
            "within [grace_window_min_ms, grace_window_ms]."),
       Int("grace_window_min_ms", &C::grace_window_min_ms, 0, 600000,
-          "Floor of the adaptive grace window."),
-      Int("heartbeat_ms", &C::heartbeat_ms, 10, 60000, "Learner heartbeat period."),
+          "Lighthouse: floor of the adaptive grace window."),
+      Int("heartbeat_ms", &C::heartbeat_ms, 10, 60000, "Lighthouse: the learners' heartbeat period (it tells them at registration)."),
       Int("heartbeat_timeout_ms", &C::heartbeat_timeout_ms, 20, kMaxMs,
-          "A learner silent this long is dead and left out of rounds."),
+          "Lighthouse: a learner silent this long is dead and left out of rounds (it tells "
+          "the learners at registration)."),
       Int("quorum_timeout_ms", &C::quorum_timeout_ms, 1, kMaxMs,
           "How long a learner waits for a round before it trains on."),
       Int("lighthouse_wait_ms", &C::lighthouse_wait_ms, 0, kMaxMs,
@@ -71,9 +75,10 @@ std::vector<ConfigKey> BuildKeys() {
       Int("rpc_timeout_ms", &C::rpc_timeout_ms, 1, kMaxMs,
           "Deadline of every other call to the lighthouse."),
       Real("failslow_zscore_threshold", &C::failslow_zscore_threshold, 0.5, 1000,
-           "Robust z-score of a learner's median step time above which it is flagged slow."),
+           "Lighthouse: robust z-score of a learner's median step time above which it is flagged "
+           "slow."),
       Int("failslow_window_steps", &C::failslow_window_steps, 3, 10000,
-          "Inner-step times per learner in the fail-slow detector's sliding window."),
+          "Lighthouse: inner-step times per learner in the fail-slow detector's sliding window."),
       Bool("rack_aware", &C::rack_aware,
            "Prefer a heal source in the learner's own rack, and merge a round where learners share "
            "a rack in three "
