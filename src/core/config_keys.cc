@@ -52,13 +52,15 @@ std::vector<ConfigKey> BuildKeys() {
       Int("grace_window_ms", &C::grace_window_ms, 0, 600000,
           "Lighthouse: G: once K learners joined, wait at most this long for the other healthy "
           "ones."),
-      Bool("grace_window_adaptive", &C::grace_window_adaptive,
-           "Lighthouse: shrink the grace window to 2x the latest arrival after quorum in the last 8 "
-           "rounds, "
-           "within [grace_window_min_ms, grace_window_ms]."),
+      Bool(
+          "grace_window_adaptive", &C::grace_window_adaptive,
+          "Lighthouse: shrink the grace window to 2x the latest arrival after quorum in the last 8 "
+          "rounds, "
+          "within [grace_window_min_ms, grace_window_ms]."),
       Int("grace_window_min_ms", &C::grace_window_min_ms, 0, 600000,
           "Lighthouse: floor of the adaptive grace window."),
-      Int("heartbeat_ms", &C::heartbeat_ms, 10, 60000, "Lighthouse: the learners' heartbeat period (it tells them at registration)."),
+      Int("heartbeat_ms", &C::heartbeat_ms, 10, 60000,
+          "Lighthouse: the learners' heartbeat period (it tells them at registration)."),
       Int("heartbeat_timeout_ms", &C::heartbeat_timeout_ms, 20, kMaxMs,
           "Lighthouse: a learner silent this long is dead and left out of rounds (it tells "
           "the learners at registration)."),
