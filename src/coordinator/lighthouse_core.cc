@@ -249,9 +249,9 @@ StatusOr<HeartbeatResult> LighthouseCore::Heartbeat(const HeartbeatArgs& args) {
     // Only a learner whose join is still pending can have been passed over.
     // A member of that round, whose answer may not have reached it yet, must
     // not read the round's step as news that the round left it out.
-    result.latest_round_step =
-        result.waiting && quorum_.latest_round_id() > news_after_round_ ? quorum_.latest_round_step()
-                                                                         : 0;
+    result.latest_round_step = result.waiting && quorum_.latest_round_id() > news_after_round_
+                                   ? quorum_.latest_round_step()
+                                   : 0;
     result.short_of_quorum = result.waiting && now - started_at_ >= options_.heartbeat_timeout &&
                              membership_.counts().alive < options_.quorum.min_learners;
   }
