@@ -176,10 +176,15 @@ mend::Status Create(const mend::Config& config, const char* token, const char* l
   MEND_RETURN_IF_ERROR(mend::CheckDataPlaneHost(config.dataplane_host));
   MEND_ASSIGN_OR_RETURN(mend::GroupStoreOpener group_store,
                         mend::GroupStoreFromConfig(config, token, clock));
-  MEND_ASSIGN_OR_RETURN(
-      learner.agent,
-      mend::LearnerAgent::Start(config, token, {learner_id, config.job_id, config.rack, ""}, clock,
-                                std::move(group_store)));
+  // The job's settings and the model's layout: a learner of another model is
+  // refused at registration.
+  mend::LearnerIdentity identity{learner_id, config.job_id, config.rack, ""};
+  identity.job_settings = mend::SharedSettings(config);
+  std::vector<std::vector<int64_t>> shapes;
+  for (size_t i = 0; i < parameters->count(); ++i) shapes.push_back(parameters->shape(i));
+  identity.job_settings.push_back(mend::reducer::ParametersSetting(shapes));
+  MEND_ASSIGN_OR_RETURN(learner.agent, mend::LearnerAgent::Start(config, token, identity, clock,
+                                                                 std::move(group_store)));
   auto driver = mend::reducer::RoundDriver::Create(
       config, *learner.agent, clock, std::move(parameters), std::move(moments), start_step);
   if (!driver.ok()) {

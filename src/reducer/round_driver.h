@@ -30,6 +30,13 @@
 
 namespace mend::reducer {
 
+// The "parameters=..." entry of a learner's shared settings
+// (LearnerIdentity::job_settings): how many tensors and values it exchanges,
+// and a digest of their shapes in order (a merge pairs them by position).
+// The lighthouse refuses a learner of another model at registration, naming
+// both, instead of every round failing or healing from garbage.
+std::string ParametersSetting(const std::vector<std::vector<int64_t>>& shapes);
+
 // What the next step() does, as PlanStep() finds it.
 struct StepPlan {
   bool may_wait = false;            // it starts or applies a round (and may wait for one)

@@ -5,8 +5,24 @@
 
 #include "core/status_format.h"
 #include "reducer/round_driver_impl.h"
+#include "xxhash.h"
 
 namespace mend::reducer {
+
+std::string ParametersSetting(const std::vector<std::vector<int64_t>>& shapes) {
+  // Each shape's rank, then its sizes: [2, 3] then [6] differs from [2, 3, 6].
+  std::vector<int64_t> words;
+  uint64_t values = 0;
+  for (const std::vector<int64_t>& shape : shapes) {
+    words.push_back(static_cast<int64_t>(shape.size()));
+    words.insert(words.end(), shape.begin(), shape.end());
+    uint64_t numel = 1;
+    for (int64_t size : shape) numel *= static_cast<uint64_t>(size);
+    values += numel;
+  }
+  return fmt::format("parameters={} tensors, {} values, shapes {:016x}", shapes.size(), values,
+                     XXH3_64bits(words.data(), words.size() * sizeof(int64_t)));
+}
 
 StatusOr<std::unique_ptr<RoundDriver>> RoundDriver::Create(
     const Config& config, LearnerAgent& agent, const Clock& clock,

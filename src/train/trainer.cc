@@ -13,6 +13,7 @@
 #include "mend/group_store.h"
 #include "mend/learner_agent.h"
 #include "mend/reducer.h"
+#include "reducer/round_driver.h"
 #include "spdlog/spdlog.h"
 #include "torch/nn/utils/clip_grad.h"
 #include "torch/optim/adamw.h"
@@ -203,6 +204,12 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config,
   if (options.mode != "local" || grouped) {
     MEND_RETURN_IF_ERROR(CheckDataPlaneHost(config.dataplane_host));
     LearnerIdentity identity{options.id, config.job_id, config.rack, ""};
+    // The job's settings and the model's layout (--dim, --layers, ...): a
+    // learner of another model is refused at registration.
+    identity.job_settings = SharedSettings(job);
+    std::vector<std::vector<int64_t>> shapes;
+    for (const at::Tensor& p : model->parameters()) shapes.push_back(p.sizes().vec());
+    identity.job_settings.push_back(reducer::ParametersSetting(shapes));
     MEND_ASSIGN_OR_RETURN(GroupStoreOpener group_store, GroupStoreFromConfig(config, token, clock));
     MEND_ASSIGN_OR_RETURN(agent,
                           LearnerAgent::Start(job, token, identity, clock, std::move(group_store)));

@@ -73,6 +73,11 @@ def test_a_learner_with_another_round_schedule_is_refused_naming_the_key():
             with pytest.raises(mend.InvalidArgumentError,
                                match=r"sync_period_steps = 10 \(this job's learners have 5\)"):
                 mend.Learner(config(sync_period_steps=10), [("w", np.zeros(4, np.float32))], "b", token=token)
+            # A learner of another model is refused, both layouts named.
+            with pytest.raises(mend.InvalidArgumentError,
+                               match=r"parameters = 1 tensors, 5 values, shapes [0-9a-f]{16} \(this job's "
+                                     r"learners have 1 tensors, 4 values"):
+                mend.Learner(config(sync_period_steps=5), [("w", np.zeros(5, np.float32))], "e", token=token)
             # Pacing may differ.
             paced = mend.Learner(config(sync_period_steps=5, concurrent_outer_step=False),
                                  [("w", np.zeros(4, np.float32))], "c", token=token)

@@ -167,6 +167,26 @@ TEST_F(TrainerTest, ALearnerOfAnotherJobLengthIsRefused) {
       << statuses[refused];
 }
 
+// Learners of two models (another width) are refused at registration,
+// naming the parameters of both, instead of every round failing to merge.
+TEST_F(TrainerTest, ALearnerOfAnotherModelIsRefusedNamingTheParameters) {
+  Config config = testing_util::LoopbackJobConfig(2);
+  config.sync_period_steps = 4;
+  config.quorum_timeout_ms = 1000;  // the learner left alone waits this for each round
+  std::vector<Status> statuses;
+  for (const auto& result :
+       TryTwo("diloco", config, [](int i, TrainOptions&o) { o.model.dim = 16 + 8 * i; })) {
+    statuses.push_back(result.status());
+  }
+  const int refused = statuses[0].ok() ? 1 : 0;
+  ASSERT_TRUE(statuses[1 - refused].ok()) << statuses[1 - refused];
+  EXPECT_EQ(statuses[refused].code(), absl::StatusCode::kInvalidArgument) << statuses[refused];
+  EXPECT_NE(statuses[refused].message().find("parameters = "), std::string_view::npos)
+      << statuses[refused];
+  EXPECT_NE(statuses[refused].message().find("(this job's learners have "), std::string_view::npos)
+      << statuses[refused];
+}
+
 TEST_F(TrainerTest, DdpLearnersStayIdenticalAndSendEveryStep) {
   auto results = RunTwo("ddp", testing_util::LoopbackJobConfig(2));
   EXPECT_EQ(results[0].eval_loss, results[1].eval_loss);
