@@ -119,6 +119,13 @@ def _desloc_with_a_moment_period(given: Dict[str, str]) -> None:
         given["desloc"] = "true"
 
 
+def check_config(config: Any, where: str) -> None:
+    """TypeError naming ``where`` unless ``config`` is a MendConfig."""
+    if not isinstance(config, MendConfig):
+        raise TypeError(f"{where}: config must be a MendConfig, not {type(config).__name__}"
+                        + (" (MendConfig(**settings) makes one from a dict)" if isinstance(config, dict) else ""))
+
+
 class MendConfig:
     """A mend job's configuration: every key of the configuration table.
 
@@ -145,6 +152,11 @@ class MendConfig:
     """
 
     def __init__(self, _file: str = "", **keys: Any) -> None:
+        if not isinstance(_file, (str, os.PathLike)):
+            raise TypeError(f"MendConfig: the positional argument is a TOML file's path, not "
+                            f"{type(_file).__name__}"
+                            + (" (MendConfig(**settings) makes one from a dict)" if isinstance(_file, dict) else ""))
+        _file = os.fspath(_file)
         given = _given_texts(keys)
         _desloc_with_a_moment_period(given)
         self._values = _resolve(_file, given)

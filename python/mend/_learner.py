@@ -11,7 +11,7 @@ import os
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from mend import _native
-from mend._config import MendConfig
+from mend._config import MendConfig, check_config
 from mend._native import lib
 
 # How long one wait for a round lasts before Python gets a chance to run
@@ -40,6 +40,7 @@ class Lighthouse:
 
     def __init__(self, config: Optional[MendConfig] = None, token: Optional[str] = None) -> None:
         config = config or MendConfig()
+        check_config(config, "mend.Lighthouse")
         token = token or read_token(config)
         pointer = _native._p()
         native = config.native()  # alive until the call returns
@@ -132,6 +133,16 @@ def _address_of(name: str, buffer: Any) -> Tuple[int, int, Tuple[int, ...], memo
     return address, count, tuple(view.shape), view
 
 
+def _refuse_overlaps(entries: List[Tuple[str, int, int, Tuple[int, ...]]]) -> None:
+    """ValueError naming two buffers that share memory: mend would merge the
+    same values twice and write each result over the other."""
+    spans = sorted((address, address + 4 * count, name) for name, address, count, _ in entries if count)
+    for (_, end, first), (start, _, second) in zip(spans, spans[1:]):
+        if start < end:
+            raise ValueError(f"mend: buffers {first!r} and {second!r} share memory; give each parameter "
+                             f"once (tied weights: one name)")
+
+
 def _buffer_array(entries: List[Tuple[str, int, int, Tuple[int, ...]]]):
     """The C array of mend_buffer for (name, address, values, shape) entries,
     and what must stay alive while it is used (the names and shapes)."""
@@ -169,6 +180,7 @@ class Learner:
             address, count, shape, view = _address_of(name, buffer)
             entries.append((name, address, count, shape))
             keep.append((buffer, view))
+        _refuse_overlaps(entries)
         self._open(config, entries, learner_id, token, start_step, keep)
 
     @classmethod
@@ -181,6 +193,7 @@ class Learner:
         return learner
 
     def _open(self, config: MendConfig, entries, learner_id, token, start_step, keep) -> None:
+        check_config(config, "mend.Learner")
         if not entries:
             raise ValueError("mend: a learner needs at least one parameter")
         self.config = config

@@ -45,6 +45,15 @@ def test_a_bad_buffer_is_refused_by_name():
         mend.Learner(config, [("w", np.zeros(3))], "x", token="numpy-test-token-0123456789")
     with pytest.raises(ValueError, match="'w' is not C-contiguous"):
         mend.Learner(config, [("w", np.zeros((4, 4), np.float32).T)], "x", token="numpy-test-token-0123456789")
+    shared = np.zeros(8, np.float32)
+    with pytest.raises(ValueError, match="buffers 'a' and 'b' share memory"):
+        mend.Learner(config, [("a", shared[:5]), ("b", shared[4:])], "x", token="numpy-test-token-0123456789")
+    with pytest.raises(TypeError, match="mend.Learner: config must be a MendConfig, not dict"):
+        mend.Learner({"lighthouse": "127.0.0.1:1"}, [("w", shared)], "x", token="numpy-test-token-0123456789")
+    with pytest.raises(TypeError, match="mend.Lighthouse: config must be a MendConfig, not dict"):
+        mend.Lighthouse({"bind": "127.0.0.1:0"}, token="numpy-test-token-0123456789")
+    with pytest.raises(TypeError, match="MendConfig: the positional argument is a TOML file's path, not dict"):
+        mend.MendConfig({"lighthouse": "127.0.0.1:1"})
     frozen = np.zeros(3, np.float32)
     frozen.setflags(write=False)
     with pytest.raises(ValueError, match="'w' is read-only"):
