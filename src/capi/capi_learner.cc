@@ -14,6 +14,7 @@
 
 #include "capi/capi_common.h"
 #include "capi/raw_buffers.h"
+#include "core/job_token.h"
 #include "fmt/format.h"
 #include "mend/communicator.h"
 #include "mend/group_store.h"
@@ -219,6 +220,8 @@ mend_status mend_learner_create(const mend_config* config, const char* token,
     if (learner_id == nullptr || *learner_id == '\0')
       return NullArgument("mend_learner_create", "learner_id");
     if (out == nullptr) return NullArgument("mend_learner_create", "out");
+    if (mend::Status rule = mend::CheckJobToken(token, "the caller"); !rule.ok())
+      return Return(rule);
     auto buffers = Buffers(parameters, count);
     if (!buffers.ok()) return Return(buffers.status());
     auto learner = std::make_unique<mend_learner>();

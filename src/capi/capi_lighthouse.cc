@@ -4,6 +4,7 @@
 #include <string>
 
 #include "capi/capi_common.h"
+#include "core/job_token.h"
 #include "mend/group_store.h"
 #include "mend/lighthouse.h"
 #include "mend/lighthouse_client.h"
@@ -51,6 +52,8 @@ mend_status mend_lighthouse_start(const mend_config* config, const char* token,
     if (config == nullptr) return NullArgument("mend_lighthouse_start", "config");
     if (token == nullptr) return NullArgument("mend_lighthouse_start", "token");
     if (out == nullptr) return NullArgument("mend_lighthouse_start", "out");
+    if (mend::Status rule = mend::CheckJobToken(token, "the caller"); !rule.ok())
+      return Return(rule);
     if (mend::Status checked = mend::CheckConfig(config->value); !checked.ok())
       return Return(checked);
     if (mend::Status logging = mend::InitLogging(config->value.log_level, "lighthouse");

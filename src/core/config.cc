@@ -6,6 +6,7 @@
 #include <sstream>
 #include <utility>
 
+#include "core/job_token.h"
 #include "core/status_format.h"
 #include "core/text.h"
 #include "fmt/format.h"
@@ -516,6 +517,11 @@ StatusOr<std::string> ReadJobToken(const Config& config, const char* const* envi
     origin = fmt::format("token_file \"{}\"", config.token_file);
   }
   while (!token.empty() && (token.back() == '\n' || token.back() == '\r')) token.pop_back();
+  MEND_RETURN_IF_ERROR(CheckJobToken(token, origin));
+  return token;
+}
+
+Status CheckJobToken(std::string_view token, std::string_view origin) {
   if (token.size() < kMinTokenLength) {
     return InvalidArgumentError(fmt::format("job token from {}: {} characters, need at least {}",
                                             origin, token.size(), kMinTokenLength));
@@ -530,7 +536,7 @@ StatusOr<std::string> ReadJobToken(const Config& config, const char* const* envi
           fmt::format("job token from {}: only printable ASCII without spaces is allowed", origin));
     }
   }
-  return token;
+  return OkStatus();
 }
 
 }  // namespace mend

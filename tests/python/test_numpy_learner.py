@@ -52,6 +52,11 @@ def test_a_bad_buffer_is_refused_by_name():
         mend.Learner({"lighthouse": "127.0.0.1:1"}, [("w", shared)], "x", token="numpy-test-token-0123456789")
     with pytest.raises(TypeError, match="mend.Lighthouse: config must be a MendConfig, not dict"):
         mend.Lighthouse({"bind": "127.0.0.1:0"}, token="numpy-test-token-0123456789")
+    # The token's rule holds for a token given to the call as for MEND_JOB_TOKEN.
+    with pytest.raises(mend.InvalidArgumentError, match="job token from the caller: 3 characters, need at least 8"):
+        mend.Lighthouse(mend.MendConfig(bind="127.0.0.1:0", http=""), token="abc")
+    with pytest.raises(mend.InvalidArgumentError, match="job token from the caller: 3 characters"):
+        mend.Learner(config, [("w", shared)], "x", token="abc")
     with pytest.raises(TypeError, match="MendConfig: the positional argument is a TOML file's path, not dict"):
         mend.MendConfig({"lighthouse": "127.0.0.1:1"})
     frozen = np.zeros(3, np.float32)
