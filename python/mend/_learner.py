@@ -7,6 +7,7 @@ import array
 import ctypes
 import json
 import operator
+import threading
 import os
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -401,7 +402,28 @@ class Learner:
         if self._closed or os.getpid() != self._pid:
             return
         self._closed = True
-        _native.check(lib.mend_learner_shutdown(self._pointer))
+        # The call may wait for the round in flight and the final merge (up to
+        # quorum_timeout_ms): it runs on a thread of its own, so that Ctrl-C
+        # here calls them off (as in step) instead of waiting them out.
+        failed: List[BaseException] = []
+
+        def shut_down() -> None:
+            try:  # (the error's message is the calling thread's)
+                _native.check(lib.mend_learner_shutdown(self._pointer))
+            except BaseException as error:  # noqa: B902 - handed to the caller
+                failed.append(error)
+
+        worker = threading.Thread(target=shut_down, name="mend-shutdown", daemon=True)
+        worker.start()
+        try:
+            while worker.is_alive():
+                worker.join(0.05)
+        except BaseException:
+            lib.mend_learner_interrupt(self._pointer)
+            worker.join()
+            raise
+        if failed:
+            raise failed[0]
 
     def interrupt(self) -> None:
         """Calls off the round a step waits for (from any thread)."""
