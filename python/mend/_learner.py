@@ -207,8 +207,36 @@ class Learner:
         buffers, _ = _buffer_array(entries)
         pointer = _native._p()
         native = config.native()  # alive until the call returns
-        _native.check(lib.mend_learner_create(native.pointer, token.encode(), self.learner_id.encode(),
-                                              buffers, len(entries), int(start_step), ctypes.byref(pointer)))
+        # The call waits up to lighthouse_wait_ms for the lighthouse: on a
+        # thread of its own, so that Ctrl-C is answered at once. A learner
+        # created after the caller gave up leaves the job there and then.
+        state = {"abandoned": False, "error": None}
+        lock = threading.Lock()
+
+        def create() -> None:
+            try:  # (the error's message is the calling thread's)
+                _native.check(lib.mend_learner_create(native.pointer, token.encode(), self.learner_id.encode(),
+                                                      buffers, len(entries), int(start_step),
+                                                      ctypes.byref(pointer)))
+            except BaseException as error:  # noqa: B902 - handed to the caller
+                state["error"] = error
+            with lock:
+                if state["abandoned"] and pointer:
+                    lib.mend_learner_interrupt(pointer)
+                    lib.mend_learner_shutdown(pointer)
+                    lib.mend_learner_free(pointer)
+
+        worker = threading.Thread(target=create, name="mend-learner-create", daemon=True)
+        worker.start()
+        try:
+            while worker.is_alive():
+                worker.join(0.05)
+        except BaseException:
+            with lock:
+                state["abandoned"] = True
+            raise
+        if state["error"] is not None:
+            raise state["error"]
         self._handle = _native.Handle(pointer, lib.mend_learner_free)
         self._pointer = pointer
         self.names = [name for name, _, _, _ in entries]
