@@ -134,6 +134,36 @@ def _address_of(name: str, buffer: Any) -> Tuple[int, int, Tuple[int, ...], memo
     return address, count, tuple(view.shape), view
 
 
+def _call_aside(name: str, call: Callable[[], int], interrupted: Callable[[], None],
+                join_after_interrupt: bool = False) -> None:
+    """Runs ``call``, a C call that returns a mend_status and may block for
+    long, on a thread of its own and waits for it, so that Ctrl-C in the
+    wait is answered at once: ``interrupted()`` runs then (and, with
+    ``join_after_interrupt``, the wait for the call goes on, uninterruptible
+    by this one exception) and the exception goes on. The call's error is
+    raised here (its message is read on the thread that made the call)."""
+    failed: List[BaseException] = []
+
+    def run() -> None:
+        try:
+            _native.check(call())
+        except BaseException as error:  # noqa: B902 - handed to the caller
+            failed.append(error)
+
+    worker = threading.Thread(target=run, name=name, daemon=True)
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(0.05)
+    except BaseException:
+        interrupted()
+        if join_after_interrupt:
+            worker.join()
+        raise
+    if failed:
+        raise failed[0]
+
+
 def _refuse_overlaps(entries: List[Tuple[str, int, int, Tuple[int, ...]]]) -> None:
     """ValueError naming two buffers that share memory: mend would merge the
     same values twice and write each result over the other."""
@@ -207,36 +237,33 @@ class Learner:
         buffers, _ = _buffer_array(entries)
         pointer = _native._p()
         native = config.native()  # alive until the call returns
-        # The call waits up to lighthouse_wait_ms for the lighthouse: on a
-        # thread of its own, so that Ctrl-C is answered at once. A learner
-        # created after the caller gave up leaves the job there and then.
-        state = {"abandoned": False, "error": None}
+        # The call waits up to lighthouse_wait_ms for the lighthouse, aside
+        # (_call_aside). A learner created after the caller gave up leaves the
+        # job there and then.
         lock = threading.Lock()
+        state = {"done": False, "abandoned": False}
 
-        def create() -> None:
-            try:  # (the error's message is the calling thread's)
-                _native.check(lib.mend_learner_create(native.pointer, token.encode(), self.learner_id.encode(),
-                                                      buffers, len(entries), int(start_step),
-                                                      ctypes.byref(pointer)))
-            except BaseException as error:  # noqa: B902 - handed to the caller
-                state["error"] = error
+        def release() -> None:
+            lib.mend_learner_interrupt(pointer)
+            lib.mend_learner_shutdown(pointer)
+            lib.mend_learner_free(pointer)
+
+        def create() -> int:
+            code = lib.mend_learner_create(native.pointer, token.encode(), self.learner_id.encode(), buffers,
+                                           len(entries), int(start_step), ctypes.byref(pointer))
             with lock:
+                state["done"] = True
                 if state["abandoned"] and pointer:
-                    lib.mend_learner_interrupt(pointer)
-                    lib.mend_learner_shutdown(pointer)
-                    lib.mend_learner_free(pointer)
+                    release()
+            return code
 
-        worker = threading.Thread(target=create, name="mend-learner-create", daemon=True)
-        worker.start()
-        try:
-            while worker.is_alive():
-                worker.join(0.05)
-        except BaseException:
+        def give_up() -> None:
             with lock:
                 state["abandoned"] = True
-            raise
-        if state["error"] is not None:
-            raise state["error"]
+                if state["done"] and pointer:
+                    release()
+
+        _call_aside("mend-learner-create", create, give_up)
         self._handle = _native.Handle(pointer, lib.mend_learner_free)
         self._pointer = pointer
         self.names = [name for name, _, _, _ in entries]
@@ -431,27 +458,10 @@ class Learner:
             return
         self._closed = True
         # The call may wait for the round in flight and the final merge (up to
-        # quorum_timeout_ms): it runs on a thread of its own, so that Ctrl-C
-        # here calls them off (as in step) instead of waiting them out.
-        failed: List[BaseException] = []
-
-        def shut_down() -> None:
-            try:  # (the error's message is the calling thread's)
-                _native.check(lib.mend_learner_shutdown(self._pointer))
-            except BaseException as error:  # noqa: B902 - handed to the caller
-                failed.append(error)
-
-        worker = threading.Thread(target=shut_down, name="mend-shutdown", daemon=True)
-        worker.start()
-        try:
-            while worker.is_alive():
-                worker.join(0.05)
-        except BaseException:
-            lib.mend_learner_interrupt(self._pointer)
-            worker.join()
-            raise
-        if failed:
-            raise failed[0]
+        # quorum_timeout_ms), aside: Ctrl-C calls them off, as in step.
+        pointer = self._pointer
+        _call_aside("mend-shutdown", lambda: lib.mend_learner_shutdown(pointer),
+                    lambda: lib.mend_learner_interrupt(pointer), join_after_interrupt=True)
 
     def interrupt(self) -> None:
         """Calls off the round a step waits for (from any thread)."""

@@ -97,6 +97,21 @@ class TrainerTest : public ::testing::Test {
     return results;
   }
 
+  // Two diloco learners whose options `change` makes differ: one trains, the
+  // other is refused with INVALID_ARGUMENT (whichever registers first sets
+  // the job's settings). The refused one's status, and which it was (0, 1).
+  std::pair<Status, int> TheRefusedOfTwo(const std::function<void(int, TrainOptions&)>& change) {
+    Config config = testing_util::LoopbackJobConfig(2);
+    config.sync_period_steps = 4;
+    config.quorum_timeout_ms = 1000;  // the learner left alone waits this for each round
+    std::vector<Status> statuses;
+    for (const auto& result : TryTwo("diloco", config, change)) statuses.push_back(result.status());
+    const int refused = statuses[0].ok() ? 1 : 0;
+    EXPECT_TRUE(statuses[1 - refused].ok()) << statuses[1 - refused];
+    EXPECT_EQ(statuses[refused].code(), absl::StatusCode::kInvalidArgument) << statuses[refused];
+    return {statuses[refused], refused};
+  }
+
   std::string dir_;
 };
 
@@ -151,40 +166,19 @@ TEST_F(TrainerTest, DiLoCoLearnersEndWithTheSameModel) {
 // job shares: a learner of another length is refused, naming it (whichever
 // of the two registers first sets the job's).
 TEST_F(TrainerTest, ALearnerOfAnotherJobLengthIsRefused) {
-  Config config = testing_util::LoopbackJobConfig(2);
-  config.sync_period_steps = 4;
-  config.quorum_timeout_ms = 1000;  // the learner left alone waits this for each round
-  std::vector<Status> statuses;
-  for (const auto& result :
-       TryTwo("diloco", config, [](int i, TrainOptions&o) { o.steps = 8 + i; })) {
-    statuses.push_back(result.status());
-  }
-  const int refused = statuses[0].ok() ? 1 : 0;
-  ASSERT_TRUE(statuses[1 - refused].ok()) << statuses[1 - refused];
-  EXPECT_EQ(statuses[refused].code(), absl::StatusCode::kInvalidArgument) << statuses[refused];
-  EXPECT_NE(statuses[refused].message().find(fmt::format("total_steps = {}", 8 + refused)),
+  auto [status, refused] = TheRefusedOfTwo([](int i, TrainOptions& o) { o.steps = 8 + i; });
+  EXPECT_NE(status.message().find(fmt::format("total_steps = {}", 8 + refused)),
             std::string_view::npos)
-      << statuses[refused];
+      << status;
 }
 
 // Learners of two models (another width) are refused at registration,
 // naming the parameters of both, instead of every round failing to merge.
 TEST_F(TrainerTest, ALearnerOfAnotherModelIsRefusedNamingTheParameters) {
-  Config config = testing_util::LoopbackJobConfig(2);
-  config.sync_period_steps = 4;
-  config.quorum_timeout_ms = 1000;  // the learner left alone waits this for each round
-  std::vector<Status> statuses;
-  for (const auto& result :
-       TryTwo("diloco", config, [](int i, TrainOptions&o) { o.model.dim = 16 + 8 * i; })) {
-    statuses.push_back(result.status());
-  }
-  const int refused = statuses[0].ok() ? 1 : 0;
-  ASSERT_TRUE(statuses[1 - refused].ok()) << statuses[1 - refused];
-  EXPECT_EQ(statuses[refused].code(), absl::StatusCode::kInvalidArgument) << statuses[refused];
-  EXPECT_NE(statuses[refused].message().find("parameters = "), std::string_view::npos)
-      << statuses[refused];
-  EXPECT_NE(statuses[refused].message().find("(this job's learners have "), std::string_view::npos)
-      << statuses[refused];
+  auto [status, refused] =
+      TheRefusedOfTwo([](int i, TrainOptions& o) { o.model.dim = 16 + 8 * i; });
+  EXPECT_NE(status.message().find("parameters = "), std::string_view::npos) << status;
+  EXPECT_NE(status.message().find("(this job's learners have "), std::string_view::npos) << status;
 }
 
 TEST_F(TrainerTest, DdpLearnersStayIdenticalAndSendEveryStep) {
