@@ -176,8 +176,10 @@ StatusOr<RegisterResult> LighthouseCore::Register(const RegisterArgs& args) {
                              args.last_round_id, now, &replaced);
     record.rank_addresses = args.rank_addresses;
     record.job_epoch = job_epoch_;
+    const uint32_t host = membership_.HostIndex(args.peer_host);
     membership_.Mutate(record, [&](LearnerRecord& r) {
       r.peer_host = args.peer_host;
+      r.host = host;
       r.loopback_host = args.loopback_host;
     });
     // Learners on other hosts that gave a loopback data-plane host could

@@ -289,9 +289,9 @@ void Membership::Tally(LearnerRecord& r, int sign, bool update_pending) {
   add(counts_.previous_joined, previous && r.join.has_value());
   add(counts_.previous_missing, previous && !r.join);
   if (r.alive) Histogram(alive_by_round_, r.last_round_id, sign);
-  if (r.alive && !r.peer_host.empty()) {
-    HostCount(alive_by_host_, r.peer_host, sign);
-    if (!r.loopback_host.empty()) HostCount(loopback_by_host_, r.peer_host, sign);
+  if (r.alive && r.host != 0) {
+    HostCount(alive_by_host_[r.host], sign);
+    if (!r.loopback_host.empty()) HostCount(loopback_by_host_[r.host], sign);
   }
   if (r.join) Histogram(pending_by_round_, r.join->last_round_id, sign);
   if (sign > 0) {
@@ -304,26 +304,30 @@ void Membership::Tally(LearnerRecord& r, int sign, bool update_pending) {
   if (sign < 0 && r.join) pending_.erase(&r);
 }
 
-void Membership::HostCount(absl::flat_hash_map<std::string, size_t>& counts,
-                           const std::string& host, int sign) {
-  if (sign > 0) {
-    counts[host]++;
-    return;
+uint32_t Membership::HostIndex(const std::string& host) {
+  if (host.empty()) return 0;
+  auto [it, added] = host_index_.try_emplace(host, static_cast<uint32_t>(hosts_.size()));
+  if (added) {
+    hosts_.push_back(host);
+    alive_by_host_.push_back(0);
+    loopback_by_host_.push_back(0);
   }
-  auto it = counts.find(host);
-  if (--it->second == 0) counts.erase(it);
+  return it->second;
 }
 
 bool Membership::AliveOnAnotherHost(const std::string& host, const std::string& except,
                                     bool loopback_only) const {
+  const auto mine = host_index_.find(host);
+  const uint32_t own = mine == host_index_.end() ? 0 : mine->second;
   const LearnerRecord* excepted = nullptr;
   if (auto it = records_.find(except); it != records_.end()) excepted = it->second.get();
-  for (const auto& [other, count] : loopback_only ? loopback_by_host_ : alive_by_host_) {
-    if (other == host) continue;
+  const std::vector<size_t>& counts = loopback_only ? loopback_by_host_ : alive_by_host_;
+  for (uint32_t other = 1; other < counts.size(); ++other) {  // (hosts: a few)
+    if (other == own) continue;
     const bool counts_excepted = excepted != nullptr && excepted->alive &&
-                                 excepted->peer_host == other &&
+                                 excepted->host == other &&
                                  (!loopback_only || !excepted->loopback_host.empty());
-    if (count > (counts_excepted ? 1u : 0u)) return true;
+    if (counts[other] > (counts_excepted ? 1u : 0u)) return true;
   }
   return false;
 }

@@ -53,6 +53,7 @@ struct LearnerRecord {
   // The host its registration came from ("" unknown, "local" the
   // lighthouse's own), and a data-plane host it gave that is loopback.
   std::string peer_host;
+  uint32_t host = 0;  // peer_host interned (Membership::HostIndex); 0: not known
   std::string loopback_host;
   uint64_t job_epoch = 0;  // LighthouseCore's, when it registered
   Micros registered_at = 0;
@@ -203,6 +204,8 @@ class Membership {
   // data-plane host. O(hosts).
   bool AliveOnAnotherHost(const std::string& host, const std::string& except,
                           bool loopback_only) const;
+  // `host` interned: a small number for LearnerRecord::host (0 for "").
+  uint32_t HostIndex(const std::string& host);
   // The newest global state known here: the highest last round id of an
   // alive learner (reported at registration and join, or the last round it
   // was made a member of), and of a pending join. O(1).
@@ -241,8 +244,9 @@ class Membership {
   // the maps hold as many keys as there are distinct round ids in play (a few).
   using RoundHistogram = std::map<uint64_t, size_t>;
   static void Histogram(RoundHistogram& histogram, uint64_t round_id, int sign);
-  static void HostCount(absl::flat_hash_map<std::string, size_t>& counts, const std::string& host,
-                        int sign);
+  static void HostCount(size_t& count, int sign) {
+    count = static_cast<size_t>(static_cast<long>(count) + sign);
+  }
   static uint64_t Highest(const RoundHistogram& histogram) {
     return histogram.empty() ? 0 : histogram.rbegin()->first;
   }
@@ -267,8 +271,12 @@ class Membership {
   RoundHistogram pending_by_round_;  // pending joins, by the join's last_round_id
   // Alive learners by the host they registered from (peer_host set), and
   // those of them with a loopback data-plane host.
-  absl::flat_hash_map<std::string, size_t> alive_by_host_;
-  absl::flat_hash_map<std::string, size_t> loopback_by_host_;
+  // (By interned host: a round's close mutates every member, and these
+  // counts then cost two array updates each, not string hashes.)
+  absl::flat_hash_map<std::string, uint32_t> host_index_;
+  std::vector<std::string> hosts_ = {""};
+  std::vector<size_t> alive_by_host_ = {0};
+  std::vector<size_t> loopback_by_host_ = {0};
   mutable uint64_t records_visited_ = 0;
 };
 
