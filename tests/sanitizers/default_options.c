@@ -1,13 +1,19 @@
 /* The sanitizers' default options, compiled into every executable of a
  * sanitizer build (cmake/MendSanitizers.cmake), so that a test run by hand,
  * and every process a test starts, reads the same suppressions as CTest.
- * Options in the environment (UBSAN_OPTIONS, TSAN_OPTIONS) still win. */
+ * Options in the environment (UBSAN_OPTIONS, TSAN_OPTIONS, LSAN_OPTIONS)
+ * still win. */
 #ifndef MEND_SUPPRESSIONS
-#error "MEND_SUPPRESSIONS: the directory of ubsan.supp and tsan.supp"
+#error "MEND_SUPPRESSIONS: the directory of ubsan.supp, tsan.supp and lsan.supp"
 #endif
 
 const char* __ubsan_default_options(void);
 const char* __tsan_default_options(void);
+const char* __lsan_default_options(void);
+
+const char* __lsan_default_options(void) {
+  return "suppressions=" MEND_SUPPRESSIONS "/lsan.supp";
+}
 
 const char* __ubsan_default_options(void) {
   return "halt_on_error=1:print_stacktrace=1:suppressions=" MEND_SUPPRESSIONS "/ubsan.supp";
