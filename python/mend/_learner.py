@@ -7,8 +7,8 @@ import array
 import ctypes
 import json
 import operator
-import threading
 import os
+import threading
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from mend import _native

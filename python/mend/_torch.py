@@ -24,7 +24,7 @@ import torch
 from mend import _attach as attach
 from mend import _bindings as bindings
 from mend import _native
-from mend._config import MendConfig
+from mend._config import MendConfig, check_config
 from mend._learner import GroupStore, Learner, check_tokens, default_learner_id, read_token
 from mend._native import FRAGMENTS_PLANNED, FRAGMENTS_WROTE, STEP_READS, STEP_WROTE, lib
 
@@ -623,9 +623,8 @@ def mend_init(model: torch.nn.Module, config: Optional[MendConfig] = None,
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError("mend_init: model must be a torch.nn.Module")
-    if config is not None and not isinstance(config, MendConfig):
-        raise TypeError(f"mend_init: config must be a MendConfig, not {type(config).__name__}"
-                        + (" (MendConfig(**settings) makes one from a dict)" if isinstance(config, dict) else ""))
+    if config is not None:
+        check_config(config, "mend_init")
     if manual and scaler is not None:
         raise ValueError("mend_init: scaler= with manual=True; in manual mode call runtime.step(tokens) after "
                          "each step the GradScaler took and runtime.step(0) after each it skipped")
