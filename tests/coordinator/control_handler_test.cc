@@ -85,7 +85,9 @@ TEST(ControlHandlerTest, ADatagramDecisionCutsHealToToFitAndKeepsTheRest) {
   round->rendezvous_prefix = "job/round/0000000000000007/12/";
   round->closed_by = "all_joined";
   round->grace_window = 250 * kMicrosPerMilli;
-  round->members.push_back(MemberInfo{"source"});
+  MemberInfo source;
+  source.id = "source";
+  round->members.push_back(source);
   std::vector<std::string>& behind = round->heal_to["source"];
   for (int i = 0; i < 500; ++i) behind.push_back(std::string(100, 'b') + std::to_string(i));
   v1::DatagramDecision decision =

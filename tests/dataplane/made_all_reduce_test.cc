@@ -463,7 +463,9 @@ TEST(MadeAllReduceTest, TheRackAwareMergeGathersTheNormsInOneFlatCollectiveWithT
         const bool again = loud && makers != 0;
         EXPECT_EQ(merge_operations[r], (again ? 2 : 1) * reduce_operations[r] + 1) << member;
         // (The member left out sends zeros the second time, not its values.)
-        if ((makers >> r & 1) != 0) EXPECT_EQ(makes[r], again && r != 3 ? 2u : 1u) << member;
+        if ((makers >> r & 1) != 0) {
+          EXPECT_EQ(makes[r], again && r != 3 ? 2u : 1u) << member;
+        }
       }
     }
   }

@@ -71,7 +71,7 @@ class FakeLighthouseClient final : public LighthouseClient {
         auto shared = std::make_shared<std::function<void(StatusOr<QuorumResult>)>>(done);
         if (cancel.Hold([this, shared]() {
               {
-                std::lock_guard lock(mu_);
+                std::lock_guard held(mu_);
                 --joins_in_flight_;
               }
               (*shared)(CancelledError("the fake join was cancelled"));

@@ -55,7 +55,9 @@ TEST(MomentsTest, AHealAppliedLaterStartsTheMomentsFromTheSourcesAndKeepsTheProg
     for (size_t k = 0; k < 2; ++k) {
       EXPECT_NEAR(mine.values(which)[k], expected.values(which)[k], 2e-6)
           << "moment " << which << " value " << k;
-      if (which == FlatMoments::kSecond) EXPECT_GE(mine.values(which)[k], 0.0f);
+      if (which == FlatMoments::kSecond) {
+        EXPECT_GE(mine.values(which)[k], 0.0f);
+      }
     }
   }
   EXPECT_EQ(mine.step(), 34u);  // 31 + the 3 steps since the boundary

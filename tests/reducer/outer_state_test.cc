@@ -106,7 +106,9 @@ TEST_F(OuterStateTest, AnExportImportsWithItsParametersOrKeepingTheCallers) {
     StatusOr<Restored> restored = b->outer->Import(*bytes, keep);
     ASSERT_TRUE(restored.ok()) << restored.status();
     EXPECT_EQ(restored->round_id, 3u);
-    if (keep) EXPECT_EQ(restored->step, 37u);
+    if (keep) {
+      EXPECT_EQ(restored->step, 37u);
+    }
     EXPECT_EQ(b->outer->book().at(0).tokens_since_round, keep ? 123u : 0u);
     for (float v : b->values->values()) EXPECT_EQ(v, keep ? 5.0f : 2.0f);
     for (float v : b->outer->book().at(0).state->global()) EXPECT_EQ(v, 2.0f);

@@ -308,7 +308,7 @@ TEST_P(OuterApplyTest, AFailedRoundTakesTheProvisionalStepBack) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, OuterApplyTest, ::testing::Values("eager", "exact"),
-                         [](const auto& info) { return info.param; });
+                         [](const auto& mode) { return mode.param; });
 
 }  // namespace
 }  // namespace mend::reducer

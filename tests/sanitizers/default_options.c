@@ -11,9 +11,7 @@ const char* __ubsan_default_options(void);
 const char* __tsan_default_options(void);
 const char* __lsan_default_options(void);
 
-const char* __lsan_default_options(void) {
-  return "suppressions=" MEND_SUPPRESSIONS "/lsan.supp";
-}
+const char* __lsan_default_options(void) { return "suppressions=" MEND_SUPPRESSIONS "/lsan.supp"; }
 
 const char* __ubsan_default_options(void) {
   return "halt_on_error=1:print_stacktrace=1:suppressions=" MEND_SUPPRESSIONS "/ubsan.supp";
