@@ -12,6 +12,7 @@ runs on host memory.
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import time
@@ -327,12 +328,14 @@ class Runtime:
     def report_tokens(self, tokens: int) -> None:
         """The tokens of the current inner step (else counted from the forward's input)."""
         self._check_process()
+        self._check_open("runtime.report_tokens()")
         self._tokens = check_tokens(tokens, "report_tokens")
 
     def step(self, tokens: Optional[int] = None) -> None:
         """With mend_init(..., manual=True): one inner step done, with the
         tokens it processed; a round starts or is applied at its boundary."""
         self._check_process()
+        self._check_open("runtime.step()")
         if not self.manual:
             raise _native.ERRORS[9](
                 "mend: runtime.step() with mend_init(manual=False): mend already runs after every optimizer "
@@ -488,6 +491,12 @@ class Runtime:
             if self._group_store is not None:
                 self._group_store.stop()
 
+    def _check_open(self, call: str) -> None:
+        if self._learner.closed:
+            raise _native.ERRORS[9](
+                f"mend: {call} after mend_shutdown(model): this runtime has left its job, and the step "
+                "would count nowhere; call mend_init(model, config) again to train with mend")
+
     def _check_process(self) -> None:
         if os.getpid() != self._pid:
             raise _native.ERRORS[9](
@@ -515,30 +524,50 @@ def _with_group(config: MendConfig) -> MendConfig:
     return config.replace(**given) if given else config
 
 
+_group_shares = itertools.count()  # mend_init's shares in this process, in the same order on every rank
+
+
 def _share_from_rank0(config: MendConfig, values: Dict[str, str]) -> Dict[str, str]:
-    """Rank 0's `values` on every rank of the group, once, through torch's
-    public API: one collective on the default process group when it is the
-    group, else torchrun's store (MASTER_ADDR:MASTER_PORT)."""
+    """Rank 0's `values` on every rank of the group, once, through a store
+    of torch.distributed: the default process group's when it is the group,
+    else torchrun's (MASTER_ADDR:MASTER_PORT). A rank waits up to
+    quorum_timeout_ms for rank 0's: a rank that never calls mend_init (one
+    guarded by ``if rank == 0``) must not hold the others for ever."""
     import torch.distributed as dist
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() == config.group_size:
-        box = [values if config.group_rank == 0 else None]
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
-    host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
-    if not (host and port):
-        raise ValueError(
-            f"mend_init: a learner of group_size = {config.group_size} needs group_store (rank 0's address, on "
-            "every rank), or torch.distributed initialized over the group's ranks, or torchrun's MASTER_ADDR and "
-            "MASTER_PORT, to pass rank 0's store address and learner id to the other ranks")
     from datetime import timedelta
-    store = dist.TCPStore(host, int(port), is_master=False,
-                          timeout=timedelta(milliseconds=config.quorum_timeout_ms))
+    timeout = timedelta(milliseconds=config.quorum_timeout_ms)
+    store = None
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() == config.group_size:
+        default_store = getattr(dist.distributed_c10d, "_get_default_store", None)
+        store = default_store() if default_store is not None else None
+        if store is None:  # (a torch without it: one broadcast, which waits as the process group does)
+            box = [values if config.group_rank == 0 else None]
+            dist.broadcast_object_list(box, src=0)
+            return box[0]
+    else:
+        host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+        if not (host and port):
+            raise ValueError(
+                f"mend_init: a learner of group_size = {config.group_size} needs group_store (rank 0's address, "
+                "on every rank), or torch.distributed initialized over the group's ranks, or torchrun's "
+                "MASTER_ADDR and MASTER_PORT, to pass rank 0's store address and learner id to the other ranks")
+        store = dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    prefix = f"mend/{config.job_id}/group/{config.group_generation}.{restart}/"
+    prefix = f"mend/{config.job_id}/group/{config.group_generation}.{restart}/{next(_group_shares)}/"
+    keys = [prefix + key for key in values]
     if config.group_rank == 0:
-        for key, value in values.items():
-            store.set(prefix + key, value)
-    return {key: store.get(prefix + key).decode() for key in values}
+        for key, value in zip(keys, values.values()):
+            store.set(key, value)
+    else:
+        try:
+            store.wait(keys, timeout)
+        except RuntimeError as error:  # (torch's DistStoreError is one)
+            raise _native.ERRORS[4](
+                f"mend_init: group rank 0 of this learner (group_size = {config.group_size}) did not call "
+                f"mend_init within quorum_timeout_ms = {config.quorum_timeout_ms}. Every rank of a learner "
+                "calls mend_init (under torchrun every rank of the default process group is one, unless the "
+                f"config sets group_size). ({error})") from None
+    return {key: store.get(full).decode() for key, full in zip(values, keys)}
 
 
 def _join_group(config: MendConfig, learner_id: Optional[str]) -> Tuple[MendConfig, str, Optional[GroupStore]]:

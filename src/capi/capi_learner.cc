@@ -16,6 +16,7 @@
 #include "capi/raw_buffers.h"
 #include "core/job_token.h"
 #include "fmt/format.h"
+#include "learner/group_ranks.h"
 #include "mend/communicator.h"
 #include "mend/group_store.h"
 #include "mend/learner_agent.h"
@@ -159,11 +160,12 @@ mend::StatusOr<std::vector<mend::capi::RawBuffer>> Buffers(
   return buffers;
 }
 
-mend::Status Create(const mend::Config& config, const char* token, const char* learner_id,
-                    std::vector<mend::capi::RawBuffer> buffers, uint64_t start_step,
-                    mend_learner& learner) {
-  MEND_RETURN_IF_ERROR(mend::CheckConfig(config));
-  MEND_RETURN_IF_ERROR(mend::InitLogging(config.log_level, learner_id));
+// The learner's agent and reducer over `buffers`; `group_store` as
+// GroupStoreFromConfig made it.
+mend::Status Start(const mend::Config& config, const char* token, const char* learner_id,
+                   std::vector<mend::capi::RawBuffer> buffers, uint64_t start_step,
+                   const mend::Clock& clock, mend::GroupStoreOpener group_store,
+                   mend_learner& learner) {
   std::vector<size_t> numels;
   for (const auto& buffer : buffers) numels.push_back(buffer.numel);
   auto parameters = std::make_unique<mend::capi::RawParameters>(std::move(buffers));
@@ -172,11 +174,7 @@ mend::Status Create(const mend::Config& config, const char* token, const char* l
     moments = std::make_unique<mend::capi::RawMoments>(numels);
   learner.parameters = parameters.get();
   learner.moments = moments.get();
-  // The learner's one clock: its agent, group store and reducer run on it.
-  const mend::Clock& clock = *mend::RealClock();
   MEND_RETURN_IF_ERROR(mend::CheckDataPlaneHost(config.dataplane_host));
-  MEND_ASSIGN_OR_RETURN(mend::GroupStoreOpener group_store,
-                        mend::GroupStoreFromConfig(config, token, clock));
   // The job's settings and the model's layout: a learner of another model is
   // refused at registration.
   mend::LearnerIdentity identity{learner_id, config.job_id, config.rack, ""};
@@ -194,6 +192,22 @@ mend::Status Create(const mend::Config& config, const char* token, const char* l
   }
   learner.driver = std::move(*driver);
   return mend::OkStatus();
+}
+
+mend::Status Create(const mend::Config& config, const char* token, const char* learner_id,
+                    std::vector<mend::capi::RawBuffer> buffers, uint64_t start_step,
+                    mend_learner& learner) {
+  MEND_RETURN_IF_ERROR(mend::CheckConfig(config));
+  MEND_RETURN_IF_ERROR(mend::InitLogging(config.log_level, learner_id));
+  // The learner's one clock: its agent, group store and reducer run on it.
+  const mend::Clock& clock = *mend::RealClock();
+  MEND_ASSIGN_OR_RETURN(mend::GroupStoreOpener group_store,
+                        mend::GroupStoreFromConfig(config, token, clock));
+  // A rank that cannot start says why to the group's other ranks, which
+  // would otherwise wait for it until quorum_timeout_ms.
+  return mend::TellGroupRanks(config, token, clock, group_store, learner_id,
+                              Start(config, token, learner_id, std::move(buffers), start_step,
+                                    clock, group_store, learner));
 }
 
 // Waits up to `wait_ms` (< 0: no limit) for the pending step.

@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <thread>
 #include <utility>
 
 #include "core/status_format.h"
 #include "fmt/format.h"
 #include "learner/lighthouse_rendezvous.h"
+#include "spdlog/spdlog.h"
 
 namespace mend {
 namespace {
@@ -32,15 +34,48 @@ Status SetWhenStoreIsUp(RendezvousStore& store, const Clock& clock, const std::s
   }
 }
 
+// Where group rank `rank` tells why it could not start.
+std::string FailedKey(const Config& config, const std::string& learner_id, int64_t rank) {
+  return fmt::format("{}failed/{}", GroupStorePrefix(config, learner_id), rank);
+}
+
+// A rank's failure as its store value ("<code> <message>") and back.
+std::string FailureValue(const Status& why) {
+  return fmt::format("{} {}", static_cast<int>(why.code()), why.message());
+}
+
+Status FailureOf(const std::string& value) {
+  int code = static_cast<int>(StatusCode::kUnknown);
+  size_t used = 0;
+  const size_t space = value.find(' ');
+  if (space != std::string::npos) {
+    code = std::atoi(value.substr(0, space).c_str());
+    used = space + 1;
+  }
+  if (code <= 0 || code > static_cast<int>(StatusCode::kUnauthenticated)) {
+    code = static_cast<int>(StatusCode::kUnknown);
+  }
+  return Status(static_cast<StatusCode>(code), value.substr(used));
+}
+
 // Gets `key`, waiting for it until `deadline`. NOT_FOUND or
-// DEADLINE_EXCEEDED when it did not come in time, however the last Get put it.
+// DEADLINE_EXCEEDED when it did not come in time, however the last Get put
+// it; the waited-for rank's own error, and `*told` set, once it sets
+// `failed_key`, which is looked at between the waits (every kMaxRetry at
+// most).
 StatusOr<std::string> GetByDeadline(RendezvousStore& store, const Clock& clock,
-                                    const std::string& key, Micros deadline) {
+                                    const std::string& key, const std::string& failed_key,
+                                    Micros deadline, bool* told) {
   StatusOr<std::string> value = std::string();
   Micros retry = kMinRetry;
   while (true) {
     value = store.Get(key, std::clamp<Micros>(deadline - clock.NowMicros(), 1, kMaxRetry));
-    if (value.ok() || clock.NowMicros() >= deadline) return value;
+    if (value.ok()) return value;
+    if (StatusOr<std::string> failed = store.Get(failed_key, 1); failed.ok()) {
+      *told = true;
+      return FailureOf(*failed);
+    }
+    if (clock.NowMicros() >= deadline) return value;
     // An unreachable store fails at once, and a Get whose wait rounds down
     // to 0 ms answers NOT_FOUND at once: both mean "not yet".
     if (value.status().code() == StatusCode::kUnavailable ||
@@ -106,9 +141,10 @@ StatusOr<std::vector<std::string>> ShareWithGroupRanks(
   const auto give_up = [&](int64_t rank, const Status& why) {
     return Status(
         why.code(),
-        fmt::format("learner '{}' group rank {}: group rank {}{} within quorum_timeout_ms = {}: {}",
+        fmt::format("learner '{}' group rank {}: group rank {}{} within quorum_timeout_ms = {} "
+                    "(each of a learner's group_size = {} ranks must start: mend_init on each): {}",
                     learner_id, config.group_rank, rank, missing, config.quorum_timeout_ms,
-                    why.message()));
+                    config.group_size, why.message()));
   };
   Status set = SetWhenStoreIsUp(store, clock, fmt::format("{}{}", prefix, config.group_rank), mine,
                                 deadline);
@@ -120,16 +156,52 @@ StatusOr<std::vector<std::string>> ShareWithGroupRanks(
       values.push_back(mine);
       continue;
     }
-    StatusOr<std::string> value =
-        GetByDeadline(store, clock, fmt::format("{}{}", prefix, r), deadline);
+    bool told = false;
+    StatusOr<std::string> value = GetByDeadline(store, clock, fmt::format("{}{}", prefix, r),
+                                                FailedKey(config, learner_id, r), deadline, &told);
     if (!value.ok()) {
       const Status& why = value.status();
+      if (told) {
+        return Status(why.code(), fmt::format("learner '{}' group rank {}: group rank {} could "
+                                              "not start: {}",
+                                              learner_id, config.group_rank, r, why.message()));
+      }
       return give_up(
           r, why.code() == StatusCode::kNotFound ? DeadlineExceededError(why.message()) : why);
     }
     values.push_back(*std::move(value));
   }
   return values;
+}
+
+Status TellGroupRanks(const Config& config, const std::string& token, const Clock& clock,
+                      const GroupStoreOpener& group_store, const std::string& learner_id,
+                      Status why) {
+  if (config.group_size <= 1 || why.ok()) return why;
+  std::unique_ptr<LighthouseClient> client;
+  StatusOr<std::unique_ptr<RendezvousStore>> store = UnavailableError("no store");
+  if (group_store) {
+    store = group_store();
+  } else {
+    StatusOr<std::unique_ptr<LighthouseClient>> connected = LighthouseClient::Connect(
+        {config.lighthouse, token, config.tls_ca_file, config.rpc_timeout_ms * kMicrosPerMilli});
+    if (connected.ok()) {
+      client = *std::move(connected);
+      store = OpenGroupOrLighthouseStore(group_store, *client, clock);
+    } else {
+      store = connected.status();
+    }
+  }
+  Status told = store.ok() ? (*store)->Set(FailedKey(config, learner_id, config.group_rank),
+                                           FailureValue(why))
+                           : store.status();
+  if (!told.ok()) {
+    spdlog::warn(
+        "learner '{}' group rank {}: could not tell the group's other ranks why it did "
+        "not start ({}); they wait up to quorum_timeout_ms",
+        learner_id, config.group_rank, told);
+  }
+  return why;
 }
 
 StatusOr<std::unique_ptr<RendezvousStore>> OpenGroupOrLighthouseStore(

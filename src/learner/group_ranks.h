@@ -25,11 +25,23 @@ namespace mend {
 // and gets them by rank. The others get an empty list at once. A store that
 // fails at once (a lighthouse not up yet) is tried again. The error names
 // the rank that did not come: "group rank <r>" followed by `missing`, e.g.
-// " did not start".
+// " did not start"; or, when that rank told why it could not start
+// (TellGroupRanks), its error.
 [[nodiscard]] StatusOr<std::vector<std::string>> ShareWithGroupRanks(
     RendezvousStore& store, const Clock& clock, const Config& config, const std::string& learner_id,
     const std::string& prefix, const std::string& mine, bool only_rank0_waits,
     std::string_view missing);
+
+// Tells the other ranks of learner `learner_id`'s group that this rank
+// (config.group_rank) could not start, and why, at
+// <GroupStorePrefix>failed/<group_rank>: a rank waiting for this one in
+// ShareWithGroupRanks ends its wait with `why` (its code and message)
+// instead of at quorum_timeout_ms. Opens the group's store (or the
+// lighthouse's, with `token`) for it: best effort, each call bounded by
+// rpc_timeout_ms. Returns `why`; does nothing for a learner of one rank.
+Status TellGroupRanks(const Config& config, const std::string& token, const Clock& clock,
+                      const GroupStoreOpener& group_store, const std::string& learner_id,
+                      Status why);
 
 // A new connection to where the ranks of a group meet: the group's own store
 // when `group_store` is set, else the lighthouse's store over `client`

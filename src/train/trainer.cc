@@ -8,6 +8,7 @@
 #include "ATen/ATen.h"
 #include "core/status_format.h"
 #include "fmt/format.h"
+#include "learner/group_ranks.h"
 #include "mend/communicator.h"
 #include "mend/data_parallel.h"
 #include "mend/group_store.h"
@@ -202,7 +203,6 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config,
   Config job = config;
   if (options.mode == "diloco" && job.total_steps == 0) job.total_steps = options.steps;
   if (options.mode != "local" || grouped) {
-    MEND_RETURN_IF_ERROR(CheckDataPlaneHost(config.dataplane_host));
     LearnerIdentity identity{options.id, config.job_id, config.rack, ""};
     // The job's settings and the model's layout (--dim, --layers, ...): a
     // learner of another model is refused at registration.
@@ -211,8 +211,16 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config,
     for (const at::Tensor& p : model->parameters()) shapes.push_back(p.sizes().vec());
     identity.job_settings.push_back(reducer::ParametersSetting(shapes));
     MEND_ASSIGN_OR_RETURN(GroupStoreOpener group_store, GroupStoreFromConfig(config, token, clock));
-    MEND_ASSIGN_OR_RETURN(agent,
-                          LearnerAgent::Start(job, token, identity, clock, std::move(group_store)));
+    StatusOr<std::unique_ptr<LearnerAgent>> started =
+        [&]() -> StatusOr<std::unique_ptr<LearnerAgent>> {
+      MEND_RETURN_IF_ERROR(CheckDataPlaneHost(config.dataplane_host));
+      return LearnerAgent::Start(job, token, identity, clock, group_store);
+    }();
+    // A rank that cannot start says why to the group's other ranks.
+    if (!started.ok()) {
+      return TellGroupRanks(config, token, clock, group_store, options.id, started.status());
+    }
+    agent = *std::move(started);
     // Before the reducer: every rank starts from group rank 0's parameters.
     if (grouped) {
       MEND_ASSIGN_OR_RETURN(group_data_parallel,

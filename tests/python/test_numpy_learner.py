@@ -132,3 +132,44 @@ def test_moments_of_another_size_and_bad_token_counts_are_refused_at_the_call():
             learner.shutdown()
     finally:
         lighthouse.shutdown()
+
+
+def test_a_group_rank_that_cannot_start_tells_the_other_rank_why():
+    # Each rank of a two-rank learner, on a thread: the rank whose data plane
+    # cannot listen (192.0.2.1 is no address of this host) is refused at
+    # once; the other one learns that from it, instead of waiting a minute
+    # (quorum_timeout_ms) for a rank that will never come.
+    import threading
+
+    import numpy as np
+
+    import mend
+    token = "numpy-test-token-0123456789"
+    with mend.Lighthouse(mend.MendConfig(bind="127.0.0.1:0", http="", log_level="error"), token=token) as lighthouse:
+        for bad in (0, 1):
+            base = mend.MendConfig(lighthouse=lighthouse.address, group_size=2, quorum_timeout_ms=60000,
+                                   log_level="error")
+            store = mend.GroupStore(base, token, "127.0.0.1:0")
+            errors = {}
+
+            def start(rank):
+                config = base.replace(group_rank=rank, group_store=store.address, group_generation=bad,
+                                      dataplane_host="192.0.2.1" if rank == bad else "127.0.0.1")
+                try:
+                    mend.Learner(config, [("w", np.zeros(4, np.float32))], "grouped", token=token).shutdown()
+                except mend.MendError as error:
+                    errors[rank] = error
+
+            threads = [threading.Thread(target=start, args=(rank,)) for rank in (0, 1)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(timeout=120)
+            store.stop()
+            assert sorted(errors) == [0, 1], errors
+            assert isinstance(errors[bad], mend.InvalidArgumentError), errors
+            assert 'dataplane_host = "192.0.2.1"' in str(errors[bad])
+            other = errors[1 - bad]
+            assert isinstance(other, mend.InvalidArgumentError), errors
+            assert f"group rank {1 - bad}: group rank {bad} could not start: " in str(other)
+            assert 'dataplane_host = "192.0.2.1"' in str(other)

@@ -376,6 +376,31 @@ def test_two_torchrun_learners_of_two_ranks_keep_every_replica_identical(tmp_pat
     assert seen[2, 0]["learner_id"] == seen[2, 1]["learner_id"] != "learner-1"  # group rank 0's HOST-PID
 
 
+def test_a_rank_that_calls_mend_init_alone_gets_an_error_within_the_quorum_timeout(tmp_path):
+    # Under torchrun every rank of the process group is a rank of the learner;
+    # a mend_init called on one rank only must not wait for ever (in a
+    # collective) for the other: each ends after quorum_timeout_ms (3 s) with
+    # an error that names the rank that did not come.
+    with embedded_lighthouse() as lighthouse:
+        path = os.pathsep.join(os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)
+        env = dict(os.environ, MEND_JOB_TOKEN=TOKEN, OMP_NUM_THREADS="1", PYTHONPATH=path)
+        run = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--redirects", "1", "--tee", "1", "--nproc_per_node", "2",
+             "--master_addr", "127.0.0.1",
+             "--master_port", str(free_port()), os.path.join(HERE, "one_rank_calls.py"),
+             "--lighthouse", lighthouse.address, "--out", str(tmp_path / "r%r.json")],
+            env=env, cwd=HERE, capture_output=True, text=True, timeout=180)
+        assert run.returncode == 0, run.stderr[-4000:]
+    alone_0 = json.loads((tmp_path / "r0.json").read_text())["0"]
+    alone_1 = json.loads((tmp_path / "r1.json").read_text())["1"]
+    # Rank 0 waited for rank 1's data-plane address; rank 1 for rank 0's store address.
+    assert alone_0["error"] == "DeadlineExceededError", alone_0
+    assert "group rank 1's data-plane address did not come within quorum_timeout_ms = 3000" in alone_0["message"]
+    assert alone_1["error"] == "DeadlineExceededError", alone_1
+    assert ("group rank 0 of this learner (group_size = 2) did not call mend_init within quorum_timeout_ms = 3000"
+            in alone_1["message"])
+
+
 def test_a_torchrun_group_that_loses_a_rank_is_restarted_and_heals(tmp_path):
     # torchrun --max_restarts: rank 1 of learner 1 exits at its step 12; torchrun
     # restarts both ranks (its restart count keys the group's store entries

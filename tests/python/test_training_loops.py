@@ -173,6 +173,9 @@ def test_stats_after_shutdown_are_the_final_ones(lighthouse):
     assert isinstance(global_state, torch.Tensor) and global_state.dtype == torch.float32
     assert torch.equal(global_state, runtime.global_state())
     assert global_state.numel() == 5
+    # A step's tokens given after shutdown would count nowhere: an error, not silence.
+    with pytest.raises(mend.FailedPreconditionError, match=r"report_tokens\(\) after mend_shutdown"):
+        runtime.report_tokens(8)
 
 
 def test_an_unreachable_lighthouse_is_an_error_at_mend_init():

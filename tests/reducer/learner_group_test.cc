@@ -17,6 +17,7 @@
 #include "fmt/format.h"
 #include "fmt/ranges.h"
 #include "gtest/gtest.h"
+#include "learner/group_ranks.h"
 #include "mend/checkpoint.h"
 #include "mend/lighthouse.h"
 #include "nlohmann/json.hpp"
@@ -840,6 +841,46 @@ TEST(LearnerGroupTest, TheLighthouseRefusesALearnerOfAnotherGroupSize) {
             std::string::npos)
       << other.status();
   EXPECT_NE(other.status().message().find("learner-0"), std::string::npos) << other.status();
+}
+
+// A rank that cannot start tells the group's other ranks why
+// (TellGroupRanks, as the C ABI and `mend train` do on any failure of their
+// start): rank 1 ends its wait for rank 0 with rank 0's error, not at
+// quorum_timeout_ms (a minute here) with "did not start".
+TEST(LearnerGroupTest, ARankThatCannotStartTellsTheOtherRanksWhy) {
+  Config config = testing_util::SynchronousJobConfig(2, 5);
+  auto server = StartGroupJob(config, 2);
+  ASSERT_NE(server, nullptr);
+  config.quorum_timeout_ms = 60'000;
+  Config single = config;
+  single.group_size = 1;
+  auto other = LearnerAgent::Start(single, kToken, {"learner-1", "", "", ""}, *RealClock());
+  ASSERT_TRUE(other.ok()) << other.status();  // the job's learners are now of one rank
+
+  Config rank1 = config;
+  rank1.group_rank = 1;
+  Status waited;
+  std::thread second([&]() {
+    auto agent = LearnerAgent::Start(rank1, kToken, {"learner-0", "", "", ""}, *RealClock());
+    ASSERT_TRUE(agent.ok()) << agent.status();  // (rank 1 does not register)
+    FakeClock clock;
+    waited = RoundDriver::Create(rank1, **agent, clock, std::make_unique<VectorParameters>(1.0f),
+                                 nullptr, 0)
+                 .status();
+  });
+  auto first = LearnerAgent::Start(config, kToken, {"learner-0", "", "", ""}, *RealClock());
+  ASSERT_FALSE(first.ok());
+  EXPECT_EQ(first.status().code(), StatusCode::kInvalidArgument) << first.status();
+  const Status told =
+      TellGroupRanks(config, kToken, *RealClock(), nullptr, "learner-0", first.status());
+  EXPECT_EQ(told, first.status());
+  second.join();
+  EXPECT_EQ(waited.code(), StatusCode::kInvalidArgument) << waited;
+  EXPECT_NE(waited.message().find("group rank 1: group rank 0 could not start: "),
+            std::string::npos)
+      << waited;
+  EXPECT_NE(waited.message().find(std::string(first.status().message())), std::string::npos)
+      << waited;
 }
 
 TEST(LearnerGroupTest, RanksWithDifferentModelsAreRefusedByName) {
