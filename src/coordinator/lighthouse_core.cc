@@ -5,9 +5,11 @@
 #include <algorithm>
 #include <climits>
 #include <map>
+#include <optional>
 #include <set>
 #include <string_view>
 
+#include "absl/strings/str_split.h"
 #include "core/round_keys.h"
 #include "core/status_format.h"
 #include "fmt/format.h"
@@ -19,6 +21,10 @@ namespace {
 
 // The fail-slow detector looks at the step-time windows this often at most.
 constexpr Micros kFailSlowScanInterval = 200 * kMicrosPerMilli;
+// Reports that a member could not connect to another count for this many
+// rounds; a learner left out for it stays out for 1, 2, 4, ... rounds.
+constexpr uint64_t kSuspectRounds = 16;
+constexpr uint32_t kMaxLeftOutRounds = 64;
 
 // "key=value" entries by key.
 std::map<std::string_view, std::string_view> ByKey(const std::vector<std::string>& settings) {
@@ -357,23 +363,36 @@ uint64_t LighthouseCore::Quorum(const QuorumArgs& args, QuorumCallback done) {
                       AbortedError(fmt::format("learner '{}': replaced by a newer Quorum call",
                                                args.learner_id)),
                       &completions);
+      NoteUnreachableLocked(record, now, &completions);
       if (!record.alive) {
         membership_.RecordHeartbeat(record, now, args.step, record.tokens_total,
                                     args.tokens_since_last_round, {});
         events_.Add(now, "revived", record.id, "joined a round after being declared dead");
       }
       membership_.Touch(record, now);
-      waiter_id = next_waiter_id_++;
-      PendingJoin join;
-      join.waiter_id = waiter_id;
-      join.last_round_id = args.last_round_id;
-      join.step = args.step;
-      join.tokens_since_last_round = args.tokens_since_last_round;
-      join.joined_at = now;
-      join.deadline = now + args.timeout;
-      join.done = std::move(done);
-      quorum_.AddJoin(membership_, record, std::move(join));
-      counters_.joins++;
+      if (record.unreachable) {
+        // It trains on alone: its join ends at once, as one that no round
+        // took in time.
+        membership_.Mutate(record, [&](LearnerRecord& r) {
+          r.step = std::max(r.step, args.step);
+          r.last_round_id = args.last_round_id;
+        });
+        completions.push_back([done = std::move(done), why = suspects_[record.id].why]() {
+          done(DeadlineExceededError(why));
+        });
+      } else {
+        waiter_id = next_waiter_id_++;
+        PendingJoin join;
+        join.waiter_id = waiter_id;
+        join.last_round_id = args.last_round_id;
+        join.step = args.step;
+        join.tokens_since_last_round = args.tokens_since_last_round;
+        join.joined_at = now;
+        join.deadline = now + args.timeout;
+        join.done = std::move(done);
+        quorum_.AddJoin(membership_, record, std::move(join));
+        counters_.joins++;
+      }
       MaybeCloseLocked(now, &completions);
     }
     wake = NextDeadlineLocked() < before;
@@ -526,6 +545,94 @@ void LighthouseCore::MaybeCloseLocked(Micros now, Completions* completions) {
     if (round.id > options_.keep_round_prefixes) {
       store_.Delete(quorum_.RoundPrefix(round.id - options_.keep_round_prefixes), /*prefix=*/true);
     }
+  }
+  LetBackInLocked(now);
+}
+
+void LighthouseCore::NoteUnreachableLocked(const LearnerRecord& record, Micros now,
+                                           Completions* completions) {
+  if (record.last_member_round == 0) return;
+  const std::string key =
+      quorum_.RoundPrefix(record.last_member_round) + kRoundUnreachablePrefix + record.id;
+  std::optional<std::string> report = store_.Get(key);
+  if (!report) return;
+  store_.Delete(key, /*prefix=*/false);  // read once
+  if (record.unreachable) return;        // (it was the one out of reach)
+  const uint64_t latest = quorum_.latest_round_id();
+  const uint64_t round_id = record.last_member_round;
+  for (absl::string_view peer : absl::StrSplit(*report, '\n', absl::SkipEmpty())) {
+    if (peer == record.id || membership_.FindAny(std::string(peer)) == nullptr) continue;
+    suspects_[std::string(peer)].reports.emplace_back(round_id, record.id);
+  }
+  // Who is named by the most distinct others, in the recent rounds.
+  std::string worst;
+  std::vector<std::string> worst_reporters;
+  bool tie = false;
+  for (auto it = suspects_.begin(); it != suspects_.end();) {
+    Suspect& suspect = it->second;
+    std::erase_if(suspect.reports,
+                  [&](const auto& r) { return r.first + kSuspectRounds <= latest; });
+    if (suspect.reports.empty() && suspect.until_round == 0 && suspect.times_left_out == 0) {
+      it = suspects_.erase(it);
+      continue;
+    }
+    std::set<std::string> reporters;
+    for (const auto& [round, reporter] : suspect.reports) reporters.insert(reporter);
+    if (reporters.size() > worst_reporters.size()) {
+      worst = it->first;
+      worst_reporters.assign(reporters.begin(), reporters.end());
+      tie = false;
+    } else if (!reporters.empty() && reporters.size() == worst_reporters.size()) {
+      tie = true;
+    }
+    ++it;
+  }
+  if (worst_reporters.size() < 2 || tie) return;
+  LearnerRecord* culprit = membership_.FindAny(worst);
+  if (culprit == nullptr || !culprit->alive || culprit->unreachable) return;
+  LeaveOutLocked(*culprit, worst_reporters, now, completions);
+}
+
+void LighthouseCore::LeaveOutLocked(LearnerRecord& record,
+                                    const std::vector<std::string>& reporters, Micros now,
+                                    Completions* completions) {
+  Suspect& suspect = suspects_[record.id];
+  const uint64_t rounds =
+      std::min<uint64_t>(kMaxLeftOutRounds, uint64_t{1} << std::min(suspect.times_left_out, 6u));
+  suspect.times_left_out++;
+  suspect.until_round = quorum_.latest_round_id() + rounds;
+  suspect.reports.clear();
+  // What it said of others is discounted: it was the one out of reach.
+  for (auto& [id, other] : suspects_) {
+    std::erase_if(other.reports, [&](const auto& r) { return r.second == record.id; });
+  }
+  suspect.why = fmt::format(
+      "learner '{}' is left out of the next {} round(s) (until round {} closes): learners {} could "
+      "not connect to its data plane (dataplane_host {}). Is a firewall in the way, or is "
+      "dataplane_host an address the others cannot reach? It trains on alone meanwhile, and is "
+      "tried again after that",
+      record.id, rounds, suspect.until_round, fmt::join(reporters, ", "),
+      !record.rank_addresses.empty() ? fmt::format("{}", fmt::join(record.rank_addresses, ", "))
+      : !record.address.empty()      ? record.address
+                                     : std::string("not known"));
+  spdlog::warn("{}", suspect.why);
+  events_.Add(now, "unreachable", record.id,
+              fmt::format("{} could not connect to it; left out of {} round(s)",
+                          fmt::join(reporters, ", "), rounds));
+  counters_.left_out_unreachable++;
+  AbortJoinLocked(record, DeadlineExceededError(suspect.why), completions);
+  membership_.Mutate(record, [](LearnerRecord& r) { r.unreachable = true; });
+}
+
+void LighthouseCore::LetBackInLocked(Micros now) {
+  const uint64_t latest = quorum_.latest_round_id();
+  for (auto& [id, suspect] : suspects_) {
+    if (suspect.until_round == 0 || latest < suspect.until_round) continue;
+    suspect.until_round = 0;
+    LearnerRecord* record = membership_.FindAny(id);
+    if (record == nullptr || !record->unreachable) continue;
+    membership_.Mutate(*record, [](LearnerRecord& r) { r.unreachable = false; });
+    events_.Add(now, "reinstated", id, "in the rounds again after it was left out as unreachable");
   }
 }
 

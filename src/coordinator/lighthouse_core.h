@@ -195,6 +195,15 @@ class LighthouseCore {
   bool AbortJoinLocked(LearnerRecord& record, Status status, Completions* completions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string QuorumShortfallLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reads (once) which members `record` could not connect to in its last
+  // round (core/round_keys.h), and leaves out of the next rounds a learner
+  // that two or more others could not reach, more than any other.
+  void NoteUnreachableLocked(const LearnerRecord& record, Micros now, Completions* completions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void LeaveOutLocked(LearnerRecord& record, const std::vector<std::string>& reporters, Micros now,
+                      Completions* completions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Lets a learner left out back in once its rounds have closed without it.
+  void LetBackInLocked(Micros now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // membership_.Find, and NOT_FOUND ("register again") for a learner
   // registered under an earlier job configuration (job_epoch_): one that was
   // dead while a learner of another group size or settings started the job
@@ -234,6 +243,17 @@ class LighthouseCore {
   // Counts the times the group size or the settings were set anew (no
   // learner alive); each record holds the one it registered under.
   uint64_t job_epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  // Learners others could not connect to: (round, reporter) of each report
+  // in the last kSuspectRounds rounds; how often each was left out (its
+  // next time out is twice as long, up to 64 rounds); and, while it is,
+  // the round whose close lets it back in and what its joins are told.
+  struct Suspect {
+    std::vector<std::pair<uint64_t, std::string>> reports;
+    uint32_t times_left_out = 0;
+    uint64_t until_round = 0;  // 0: not left out
+    std::string why;
+  };
+  std::map<std::string, Suspect> suspects_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace mend::coordinator

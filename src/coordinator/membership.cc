@@ -17,6 +17,7 @@ constexpr double kRateSmoothing = 0.3;
 std::string_view LearnerRecord::state() const {
   if (left) return "left";
   if (!alive) return "dead";
+  if (unreachable) return "unreachable";
   if (join) return "waiting";
   return "training";
 }
@@ -246,7 +247,7 @@ std::vector<std::pair<LearnerRecord*, PendingJoin>> Membership::TakePendingForRo
   size_t alive_taken = 0;
   for (LearnerRecord* record : pending_) {
     if (record->eligible()) counts_.eligible_missing++;
-    if (record->alive) {
+    if (record->alive && !record->unreachable) {
       Histogram(alive_by_round_, record->last_round_id, -1);
       alive_taken++;
     }
@@ -288,7 +289,7 @@ void Membership::Tally(LearnerRecord& r, int sign, bool update_pending) {
   bool previous = InPreviousRound(r);
   add(counts_.previous_joined, previous && r.join.has_value());
   add(counts_.previous_missing, previous && !r.join);
-  if (r.alive) Histogram(alive_by_round_, r.last_round_id, sign);
+  if (r.alive && !r.unreachable) Histogram(alive_by_round_, r.last_round_id, sign);
   if (r.alive && r.host != 0) {
     HostCount(alive_by_host_[r.host], sign);
     if (!r.loopback_host.empty()) HostCount(loopback_by_host_[r.host], sign);

@@ -72,6 +72,10 @@ struct LearnerRecord {
 
   bool alive = true;
   bool left = false;
+  // Left out of rounds for a while: other learners could not connect to its
+  // data plane (LighthouseCore::NoteUnreachableLocked). Not eligible, and
+  // not counted for the newest-state rule, until it is let back in.
+  bool unreachable = false;
   Micros gone_since = 0;           // when it died or left
   uint64_t last_member_round = 0;  // the newest round it was a member of
   // The rounds it was a member of before that, newest first (0: none): with
@@ -82,7 +86,7 @@ struct LearnerRecord {
   std::optional<PendingJoin> join;
   size_t vitals_index = 0;  // this record's entry in Membership's vitals
 
-  bool eligible() const { return alive && !slow; }
+  bool eligible() const { return alive && !slow && !unreachable; }
   std::string_view state() const;
 };
 
@@ -267,7 +271,7 @@ class Membership {
   std::vector<LearnerVitals> vitals_;  // one per record, in no particular order
   uint64_t previous_round_id_ = 0;
   MembershipCounts counts_;
-  RoundHistogram alive_by_round_;    // alive learners, by last_round_id
+  RoundHistogram alive_by_round_;    // alive learners (not unreachable), by last_round_id
   RoundHistogram pending_by_round_;  // pending joins, by the join's last_round_id
   // Alive learners by the host they registered from (peer_host set), and
   // those of them with a loopback data-plane host.

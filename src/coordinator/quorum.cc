@@ -159,7 +159,11 @@ std::shared_ptr<Round> QuorumMachine::Close(Membership& membership, Micros now,
     member.tokens_since_last_round = join.tokens_since_last_round;
     member.last_round_id = join.last_round_id;
     member.rack = record.rack;
-    member.address = record.address;
+    // Where its data plane is reached: as registered, else its (group rank
+    // 0's) data-plane host, which a member's failed connect names.
+    member.address = !record.address.empty() || record.rank_addresses.empty()
+                         ? record.address
+                         : record.rank_addresses.front();
     round->members.push_back(std::move(member));
     // Each member's count is bounded by validation, their sum is not: saturate.
     if (__builtin_add_overflow(round->total_tokens, join.tokens_since_last_round,

@@ -153,6 +153,10 @@ std::string PrometheusText(const StatusSnapshot& s) {
          "Times the lighthouse itself did not run for half a heartbeat timeout or more (stopped, "
          "paused, swapped out); each gave every learner a fresh heartbeat timeout.");
   out += fmt::format("mend_lighthouse_stalls_total {}\n", c.stalls);
+  Metric(out, "mend_unreachable_left_out_total", "counter",
+         "Times a learner was left out of rounds because two or more others could not connect "
+         "to its data plane.");
+  out += fmt::format("mend_unreachable_left_out_total {}\n", c.left_out_unreachable);
   Metric(out, "mend_slow_flags_total", "counter", "Times a learner was flagged fail-slow.");
   out += fmt::format("mend_slow_flags_total {}\n", c.slow_flags);
   Metric(out, "mend_store_ops_total", "counter", "Rendezvous store operations.");

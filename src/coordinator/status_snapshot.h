@@ -30,6 +30,7 @@ struct Counters {
   uint64_t deaths = 0;
   uint64_t stalls = 0;  // the lighthouse's own pauses that gave learners a fresh timeout
   uint64_t slow_flags = 0;
+  uint64_t left_out_unreachable = 0;  // learners left out: others could not connect to them
   uint64_t store_ops = 0;
   std::map<std::string, uint64_t> rounds_by_closed_by;
   std::map<std::string, uint64_t> rejections_by_code;

@@ -9,4 +9,10 @@ namespace mend {
 // rendezvous (LighthouseRendezvousStore) watches it and gives up at once.
 inline constexpr char kRoundAbortKey[] = "abort";
 
+// <prefix>unreachable/<learner id>: set by a member whose connect failed, to
+// the ids (one a line) of the members its error named
+// (reducer/unreachable_peers.h); the lighthouse reads it at that learner's
+// next join and leaves out a learner that several others could not reach.
+inline constexpr char kRoundUnreachablePrefix[] = "unreachable/";
+
 }  // namespace mend

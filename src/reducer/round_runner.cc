@@ -7,8 +7,10 @@
 #include "core/phase_timer.h"
 #include "core/round_keys.h"
 #include "fmt/format.h"
+#include "fmt/ranges.h"
 #include "learner/lighthouse_rendezvous.h"
 #include "reducer/healing.h"
+#include "reducer/unreachable_peers.h"
 #include "spdlog/spdlog.h"
 
 namespace mend::reducer {
@@ -198,6 +200,13 @@ StatusOr<std::unique_ptr<Communicator>> RoundRunner::Connect(
   // would otherwise hold the whole job that long at every round). A round
   // called off (ABORTED) has its abort key already.
   if (!comm.ok() && comm.status().code() != absl::StatusCode::kAborted) {
+    // Whom it could not reach, for the lighthouse (read at the next join).
+    const std::vector<std::string> peers = UnreachableMembers(
+        std::string(comm.status().message()), round.members, services_.learner_id());
+    if (!peers.empty()) {
+      (void)store->Set(round.rendezvous_prefix + kRoundUnreachablePrefix + services_.learner_id(),
+                       fmt::format("{}", fmt::join(peers, "\n")));
+    }
     (void)store->Set(round.rendezvous_prefix + kRoundAbortKey,
                      fmt::format("learner '{}' could not connect: {}", services_.learner_id(),
                                  std::string(comm.status().message())));

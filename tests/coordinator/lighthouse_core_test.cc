@@ -4,6 +4,7 @@
 
 #include "coordinator/core_harness.h"
 #include "coordinator/status_snapshot.h"
+#include "core/round_keys.h"
 #include "gmock/gmock.h"
 #include "mend/lighthouse_client.h"
 #include "nlohmann/json.hpp"
@@ -200,6 +201,73 @@ TEST(LighthouseCoreTest, AnEarlierJobsRoundsAreNoNewsToTheNextJob) {
   EXPECT_EQ(c->round().id, 2u);
   auto late = h.Join("d", 2, 10, 60000, /*step=*/6);
   EXPECT_EQ(h.Heartbeat("d")->latest_round_step, 3u);
+}
+
+// A learner that two others could not connect to (a firewall in front of
+// its data plane: every round with it fails at the connect) is left out of
+// the next round, which closes without waiting for it; its joins end at
+// once, saying why. Once that round closed it is tried again, and when two
+// others again cannot reach it, it is left out twice as long.
+TEST(LighthouseCoreTest, ALearnerOthersCannotReachIsLeftOutThenTriedAgain) {
+  CoreHarness h(CoreHarness::Options(2, 5000));
+  for (const char* id : {"a", "b", "c"}) h.Register(id);
+  // Learner `id` could not connect to `peers` in `round` (RoundRunner::Connect).
+  const auto report = [&](const Round& round, const std::string& id, const std::string& peers) {
+    ASSERT_TRUE(
+        h.core().store().Set(round.rendezvous_prefix + kRoundUnreachablePrefix + id, peers).ok());
+  };
+  auto a = h.Join("a"), b = h.Join("b"), c = h.Join("c");
+  ASSERT_TRUE(a->ok() && b->ok() && c->ok());
+  ASSERT_EQ(a->round().members.size(), 3u);
+  report(a->round(), "b", "a");  // round 1 fails: b named a (c's connect was called off)
+  b = h.Join("b");
+  a = h.Join("a");
+  c = h.Join("c");
+  ASSERT_TRUE(a->ok() && b->ok() && c->ok());  // one report, one reporter: all three again
+  const Round& second = c->round();
+  EXPECT_EQ(second.members.size(), 3u);
+  report(second, "c", "a");
+  report(second, "a", "b");  // (its own failed connects name the others)
+  c = h.Join("c");           // b and c named a: a is left out
+  a = h.Join("a");
+  ASSERT_TRUE(a->done());
+  EXPECT_EQ(a->code(), StatusCode::kDeadlineExceeded);
+  EXPECT_NE(a->message().find("learner 'a' is left out of the next 1 round(s)"), std::string::npos)
+      << a->message();
+  EXPECT_NE(a->message().find("learners b, c could not connect to its data plane"),
+            std::string::npos)
+      << a->message();
+  b = h.Join("b");  // (a's report of b is not held against b)
+  ASSERT_TRUE(b->ok() && c->ok());
+  EXPECT_EQ(CoreHarness::MemberIds(b->round()), (std::vector<std::string>{"b", "c"}));
+  EXPECT_EQ(b->round().closed_by, "all_joined");  // no grace window spent waiting for a
+  const uint64_t third = b->round().id;
+
+  // That round closed: a is tried again, with b and c.
+  a = h.Join("a", 0);
+  b = h.Join("b", third);
+  c = h.Join("c", third);
+  ASSERT_TRUE(a->ok() && b->ok() && c->ok());
+  EXPECT_EQ(a->round().members.size(), 3u);
+  report(a->round(), "b", "a");
+  report(a->round(), "c", "a");
+  b = h.Join("b", third);
+  c = h.Join("c", third);
+  a = h.Join("a", 0);
+  ASSERT_TRUE(a->done());
+  EXPECT_NE(a->message().find("left out of the next 2 round(s)"), std::string::npos)
+      << a->message();
+  auto status = nlohmann::json::parse(StatusJson(h.core().Snapshot(100, 10)));
+  bool seen = false;
+  for (const auto& learner : status["learners"]) {
+    if (learner["id"] == "a") {
+      EXPECT_EQ(learner["state"], "unreachable");
+      seen = true;
+    }
+  }
+  EXPECT_TRUE(seen);
+  EXPECT_NE(PrometheusText(h.core().Snapshot(100, 10)).find("mend_unreachable_left_out_total 2"),
+            std::string::npos);
 }
 
 TEST(LighthouseCoreTest, JoinsOfClosedRoundsNeverExpireLater) {

@@ -17,6 +17,7 @@
 #include "mend/clock.h"
 #include "reducer/connect_threads.h"
 #include "reducer/round_fakes.h"
+#include "reducer/unreachable_peers.h"
 #include "test_util/job_config.h"
 
 namespace mend::reducer {
@@ -110,6 +111,40 @@ TEST_F(RoundRunnerTest, ACommunicatorThatFailsToConnectEndsTheRoundUnwatched) {
                                   kMicrosPerSecond);  // (the fixture's round)
   ASSERT_TRUE(why.ok()) << why.status();
   EXPECT_EQ(*why, "learner 'fake-learner' could not connect: bind(2) for [192.0.2.1] failed");
+}
+
+// A connect that failed on a member's address names that member for the
+// lighthouse (<round>/unreachable/<learner>), which leaves out a learner
+// that several others could not reach.
+TEST_F(RoundRunnerTest, AFailedConnectNamesTheMembersItCouldNotReach) {
+  QuorumResult round = fakes::RoundOfOne(7, 100);
+  round.world_size = 4;
+  round.members.clear();
+  for (const auto& [id, host] : std::vector<std::pair<std::string, std::string>>{
+           {"b", "10.0.0.2"}, {"c", "10.0.0.3"}, {"d", "10.0.0.3"}, {"fake-learner", "10.0.0.1"}}) {
+    RoundMember member;
+    member.id = id;
+    member.address = host;
+    round.members.push_back(member);
+  }
+  round.rank = 3;
+  services_.SetQuorum(round);
+  services_.SetConnect(DeadlineExceededError(
+      "round 7: connecting to the members: [pair.cc:123] Connect timeout [10.0.0.2]:41234; "
+      "[10.0.0.3]:5000 [10.0.0.1]:1 [10.0.0.9]:2"));
+  ASSERT_FALSE(Run().ok());
+  auto named = services_.rendezvous()->Get(
+      round.rendezvous_prefix + kRoundUnreachablePrefix + "fake-learner", kMicrosPerSecond);
+  ASSERT_TRUE(named.ok()) << named.status();
+  // 10.0.0.3 is c's and d's (which one cannot be told), 10.0.0.1 its own,
+  // 10.0.0.9 no member's: only b.
+  EXPECT_EQ(*named, "b");
+  EXPECT_EQ(UnreachableMembers("[10.0.0.3]:1 and [10.0.0.2]:2, [10.0.0.2]:3", round.members, "x"),
+            (std::vector<std::string>{"b"}));
+  round.members[3].address = "10.0.0.4";
+  EXPECT_EQ(UnreachableMembers("[10.0.0.4]:1 [10.0.0.2]:2 [", round.members, "x"),
+            (std::vector<std::string>{"b", "fake-learner"}));
+  EXPECT_TRUE(UnreachableMembers("no address here", round.members, "x").empty());
 }
 
 // A member that died after the rendezvous holds the others in Gloo's
