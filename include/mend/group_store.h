@@ -48,9 +48,12 @@ class GroupStoreServer {
 // already does; the server lives as long as the opener. Each connection
 // waits up to quorum_timeout_ms for the store to come up; an error names the
 // address. Those waits, and the server's, are on `clock` (the learner
-// agent's), which is not owned and must outlive the opener.
+// agent's), which is not owned and must outlive the opener. With
+// `learner_id`, a rank's wait for rank 0's store also ends when rank 0 told
+// the lighthouse it could not start (TellGroupRanks), with its error.
 [[nodiscard]] StatusOr<GroupStoreOpener> GroupStoreFromConfig(const Config& config,
                                                               const std::string& token,
-                                                              const Clock& clock);
+                                                              const Clock& clock,
+                                                              const std::string& learner_id = "");
 
 }  // namespace mend

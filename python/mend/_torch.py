@@ -12,7 +12,6 @@ runs on host memory.
 
 from __future__ import annotations
 
-import itertools
 import os
 import threading
 import time
@@ -524,7 +523,10 @@ def _with_group(config: MendConfig) -> MendConfig:
     return config.replace(**given) if given else config
 
 
-_group_shares = itertools.count()  # mend_init's shares in this process, in the same order on every rank
+# mend_init's shares completed in this process, by group rank (a share that
+# timed out is not counted, so that its retry meets rank 0's keys): the same
+# sequence on every rank keys each share apart.
+_group_shares: Dict[int, int] = {}
 
 
 def _share_from_rank0(config: MendConfig, values: Dict[str, str]) -> Dict[str, str]:
@@ -553,7 +555,7 @@ def _share_from_rank0(config: MendConfig, values: Dict[str, str]) -> Dict[str, s
                 "MASTER_ADDR and MASTER_PORT, to pass rank 0's store address and learner id to the other ranks")
         store = dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    prefix = f"mend/{config.job_id}/group/{config.group_generation}.{restart}/{next(_group_shares)}/"
+    prefix = f"mend/{config.job_id}/group/{config.group_generation}.{restart}/{_group_shares.get(config.group_rank, 0)}/"
     keys = [prefix + key for key in values]
     if config.group_rank == 0:
         for key, value in zip(keys, values.values()):
@@ -567,7 +569,9 @@ def _share_from_rank0(config: MendConfig, values: Dict[str, str]) -> Dict[str, s
                 f"mend_init within quorum_timeout_ms = {config.quorum_timeout_ms}. Every rank of a learner "
                 "calls mend_init (under torchrun every rank of the default process group is one, unless the "
                 f"config sets group_size). ({error})") from None
-    return {key: store.get(full).decode() for key, full in zip(values, keys)}
+    shared = {key: store.get(full).decode() for key, full in zip(values, keys)}
+    _group_shares[config.group_rank] = _group_shares.get(config.group_rank, 0) + 1
+    return shared
 
 
 def _join_group(config: MendConfig, learner_id: Optional[str]) -> Tuple[MendConfig, str, Optional[GroupStore]]:

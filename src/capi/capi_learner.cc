@@ -202,12 +202,12 @@ mend::Status Create(const mend::Config& config, const char* token, const char* l
   // The learner's one clock: its agent, group store and reducer run on it.
   const mend::Clock& clock = *mend::RealClock();
   MEND_ASSIGN_OR_RETURN(mend::GroupStoreOpener group_store,
-                        mend::GroupStoreFromConfig(config, token, clock));
+                        mend::GroupStoreFromConfig(config, token, clock, learner_id));
   // A rank that cannot start says why to the group's other ranks, which
   // would otherwise wait for it until quorum_timeout_ms.
-  return mend::TellGroupRanks(config, token, clock, group_store, learner_id,
+  return mend::TellGroupRanks(config, token, learner_id,
                               Start(config, token, learner_id, std::move(buffers), start_step,
-                                    clock, group_store, learner));
+                                    clock, std::move(group_store), learner));
 }
 
 // Waits up to `wait_ms` (< 0: no limit) for the pending step.

@@ -39,41 +39,31 @@ std::string FailedKey(const Config& config, const std::string& learner_id, int64
   return fmt::format("{}failed/{}", GroupStorePrefix(config, learner_id), rank);
 }
 
-// A rank's failure as its store value ("<code> <message>") and back.
+// A rank's failure as its store value ("<code> <unix ms> <message>").
 std::string FailureValue(const Status& why) {
-  return fmt::format("{} {}", static_cast<int>(why.code()), why.message());
-}
-
-Status FailureOf(const std::string& value) {
-  int code = static_cast<int>(StatusCode::kUnknown);
-  size_t used = 0;
-  const size_t space = value.find(' ');
-  if (space != std::string::npos) {
-    code = std::atoi(value.substr(0, space).c_str());
-    used = space + 1;
-  }
-  if (code <= 0 || code > static_cast<int>(StatusCode::kUnauthenticated)) {
-    code = static_cast<int>(StatusCode::kUnknown);
-  }
-  return Status(static_cast<StatusCode>(code), value.substr(used));
+  return fmt::format("{} {} {}", static_cast<int>(why.code()), UnixMillis(), why.message());
 }
 
 // Gets `key`, waiting for it until `deadline`. NOT_FOUND or
 // DEADLINE_EXCEEDED when it did not come in time, however the last Get put
-// it; the waited-for rank's own error, and `*told` set, once it sets
-// `failed_key`, which is looked at between the waits (every kMaxRetry at
+// it; the waited-for rank's own error, and `*told_failure` set, once that
+// rank told one in `told` (looked at between the waits, every kMaxRetry at
 // most).
-StatusOr<std::string> GetByDeadline(RendezvousStore& store, const Clock& clock,
-                                    const std::string& key, const std::string& failed_key,
-                                    Micros deadline, bool* told) {
+StatusOr<std::string> GetByDeadline(RendezvousStore& store, RendezvousStore* told,
+                                    const Clock& clock, const Config& config,
+                                    const std::string& learner_id, int64_t rank,
+                                    const std::string& key, Micros deadline, bool* told_failure) {
+  const int64_t since = UnixMillis();
   StatusOr<std::string> value = std::string();
   Micros retry = kMinRetry;
   while (true) {
     value = store.Get(key, std::clamp<Micros>(deadline - clock.NowMicros(), 1, kMaxRetry));
     if (value.ok()) return value;
-    if (StatusOr<std::string> failed = store.Get(failed_key, 1); failed.ok()) {
-      *told = true;
-      return FailureOf(*failed);
+    if (told != nullptr) {
+      if (std::optional<Status> failed = ToldFailure(*told, config, learner_id, rank, since)) {
+        *told_failure = true;
+        return *failed;
+      }
     }
     if (clock.NowMicros() >= deadline) return value;
     // An unreachable store fails at once, and a Get whose wait rounds down
@@ -134,9 +124,9 @@ class GroupRankAgent final : public LearnerAgent {
 }  // namespace
 
 StatusOr<std::vector<std::string>> ShareWithGroupRanks(
-    RendezvousStore& store, const Clock& clock, const Config& config, const std::string& learner_id,
-    const std::string& prefix, const std::string& mine, bool only_rank0_waits,
-    std::string_view missing) {
+    RendezvousStore& store, RendezvousStore* told, const Clock& clock, const Config& config,
+    const std::string& learner_id, const std::string& prefix, const std::string& mine,
+    bool only_rank0_waits, std::string_view missing) {
   const Micros deadline = clock.NowMicros() + config.quorum_timeout_ms * kMicrosPerMilli;
   const auto give_up = [&](int64_t rank, const Status& why) {
     return Status(
@@ -156,12 +146,13 @@ StatusOr<std::vector<std::string>> ShareWithGroupRanks(
       values.push_back(mine);
       continue;
     }
-    bool told = false;
-    StatusOr<std::string> value = GetByDeadline(store, clock, fmt::format("{}{}", prefix, r),
-                                                FailedKey(config, learner_id, r), deadline, &told);
+    bool told_failure = false;
+    StatusOr<std::string> value =
+        GetByDeadline(store, told, clock, config, learner_id, r, fmt::format("{}{}", prefix, r),
+                      deadline, &told_failure);
     if (!value.ok()) {
       const Status& why = value.status();
-      if (told) {
+      if (told_failure) {
         return Status(why.code(), fmt::format("learner '{}' group rank {}: group rank {} could "
                                               "not start: {}",
                                               learner_id, config.group_rank, r, why.message()));
@@ -174,27 +165,21 @@ StatusOr<std::vector<std::string>> ShareWithGroupRanks(
   return values;
 }
 
-Status TellGroupRanks(const Config& config, const std::string& token, const Clock& clock,
-                      const GroupStoreOpener& group_store, const std::string& learner_id,
+int64_t UnixMillis() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+Status TellGroupRanks(const Config& config, const std::string& token, const std::string& learner_id,
                       Status why) {
   if (config.group_size <= 1 || why.ok()) return why;
-  std::unique_ptr<LighthouseClient> client;
-  StatusOr<std::unique_ptr<RendezvousStore>> store = UnavailableError("no store");
-  if (group_store) {
-    store = group_store();
-  } else {
-    StatusOr<std::unique_ptr<LighthouseClient>> connected = LighthouseClient::Connect(
-        {config.lighthouse, token, config.tls_ca_file, config.rpc_timeout_ms * kMicrosPerMilli});
-    if (connected.ok()) {
-      client = *std::move(connected);
-      store = OpenGroupOrLighthouseStore(group_store, *client, clock);
-    } else {
-      store = connected.status();
-    }
-  }
-  Status told = store.ok() ? (*store)->Set(FailedKey(config, learner_id, config.group_rank),
-                                           FailureValue(why))
-                           : store.status();
+  StatusOr<std::unique_ptr<LighthouseClient>> client = LighthouseClient::Connect(
+      {config.lighthouse, token, config.tls_ca_file, config.rpc_timeout_ms * kMicrosPerMilli});
+  const Status told =
+      client.ok()
+          ? (*client)->StoreSet(FailedKey(config, learner_id, config.group_rank), FailureValue(why))
+          : client.status();
   if (!told.ok()) {
     spdlog::warn(
         "learner '{}' group rank {}: could not tell the group's other ranks why it did "
@@ -202,6 +187,28 @@ Status TellGroupRanks(const Config& config, const std::string& token, const Cloc
         learner_id, config.group_rank, told);
   }
   return why;
+}
+
+std::optional<Status> ToldFailure(RendezvousStore& told, const Config& config,
+                                  const std::string& learner_id, int64_t rank,
+                                  int64_t since_unix_ms) {
+  StatusOr<std::string> value = told.Get(FailedKey(config, learner_id, rank), 1);
+  if (!value.ok()) return std::nullopt;
+  // "<code> <unix ms> <message>"
+  const size_t first = value->find(' ');
+  const size_t second = first == std::string::npos ? first : value->find(' ', first + 1);
+  if (second == std::string::npos) return std::nullopt;
+  int code = std::atoi(value->substr(0, first).c_str());
+  const int64_t at = std::atoll(value->substr(first + 1, second - first - 1).c_str());
+  if (at < since_unix_ms - config.quorum_timeout_ms) return std::nullopt;  // an earlier start's
+  if (code <= 0 || code > static_cast<int>(StatusCode::kUnauthenticated)) {
+    code = static_cast<int>(StatusCode::kUnknown);
+  }
+  return Status(static_cast<StatusCode>(code), value->substr(second + 1));
+}
+
+void ForgetToldFailure(RendezvousStore& told, const Config& config, const std::string& learner_id) {
+  (void)told.Delete(FailedKey(config, learner_id, config.group_rank), /*prefix=*/false);
 }
 
 StatusOr<std::unique_ptr<RendezvousStore>> OpenGroupOrLighthouseStore(

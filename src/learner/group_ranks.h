@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -27,21 +28,35 @@ namespace mend {
 // the rank that did not come: "group rank <r>" followed by `missing`, e.g.
 // " did not start"; or, when that rank told why it could not start
 // (TellGroupRanks), its error.
+// `told` (optional) is the lighthouse's store, where a rank that could not
+// start tells why (TellGroupRanks).
 [[nodiscard]] StatusOr<std::vector<std::string>> ShareWithGroupRanks(
-    RendezvousStore& store, const Clock& clock, const Config& config, const std::string& learner_id,
-    const std::string& prefix, const std::string& mine, bool only_rank0_waits,
-    std::string_view missing);
+    RendezvousStore& store, RendezvousStore* told, const Clock& clock, const Config& config,
+    const std::string& learner_id, const std::string& prefix, const std::string& mine,
+    bool only_rank0_waits, std::string_view missing);
 
 // Tells the other ranks of learner `learner_id`'s group that this rank
 // (config.group_rank) could not start, and why, at
-// <GroupStorePrefix>failed/<group_rank>: a rank waiting for this one in
-// ShareWithGroupRanks ends its wait with `why` (its code and message)
-// instead of at quorum_timeout_ms. Opens the group's store (or the
-// lighthouse's, with `token`) for it: best effort, each call bounded by
-// rpc_timeout_ms. Returns `why`; does nothing for a learner of one rank.
-Status TellGroupRanks(const Config& config, const std::string& token, const Clock& clock,
-                      const GroupStoreOpener& group_store, const std::string& learner_id,
+// <GroupStorePrefix>failed/<group_rank> in the lighthouse's store (the
+// group's own store may be gone with rank 0): a rank waiting for this one
+// (ShareWithGroupRanks, or a group store that rank 0 never served) ends its
+// wait with `why` (its code and message) instead of at quorum_timeout_ms.
+// Best effort: one call, bounded by rpc_timeout_ms. Returns `why`; does
+// nothing for a learner of one rank.
+Status TellGroupRanks(const Config& config, const std::string& token, const std::string& learner_id,
                       Status why);
+
+// What group rank `rank` of learner `learner_id` told (TellGroupRanks) in
+// `told` (the lighthouse's store) since this start of the group could have
+// begun (quorum_timeout_ms before `since_unix_ms`): a told failure older
+// than that is an earlier start's and is passed over. Null when none.
+std::optional<Status> ToldFailure(RendezvousStore& told, const Config& config,
+                                  const std::string& learner_id, int64_t rank,
+                                  int64_t since_unix_ms);
+// Removes what this rank told at an earlier start of its group.
+void ForgetToldFailure(RendezvousStore& told, const Config& config, const std::string& learner_id);
+// The wall clock, for ToldFailure.
+int64_t UnixMillis();
 
 // A new connection to where the ranks of a group meet: the group's own store
 // when `group_store` is set, else the lighthouse's store over `client`

@@ -11,6 +11,7 @@
 #include "fmt/format.h"
 #include "learner/group_ranks.h"
 #include "learner/learner_agent_impl.h"
+#include "learner/lighthouse_rendezvous.h"
 #include "spdlog/spdlog.h"
 
 namespace mend {
@@ -302,12 +303,16 @@ StatusOr<std::unique_ptr<LearnerAgent>> LearnerAgent::Start(const Config& config
   full.group_size = static_cast<uint32_t>(config.group_size);
   if (full.job_settings.empty()) full.job_settings = SharedSettings(config);
   if (config.group_size > 1) {
+    // Where the ranks tell why they could not start: what this rank told at
+    // an earlier start of its group is not news.
+    LighthouseRendezvousStore told(*client, clock);
+    ForgetToldFailure(told, config, full.id);
     MEND_ASSIGN_OR_RETURN(std::unique_ptr<RendezvousStore> store,
                           OpenGroupOrLighthouseStore(group_store, *client, clock));
     // Rank 0 registers every rank's data-plane host, once all have started.
     MEND_ASSIGN_OR_RETURN(
         full.rank_addresses,
-        ShareWithGroupRanks(*store, clock, config, full.id,
+        ShareWithGroupRanks(*store, &told, clock, config, full.id,
                             GroupStorePrefix(config, full.id) + "address/", config.dataplane_host,
                             /*only_rank0_waits=*/true, "'s data-plane address did not come"));
   } else {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <thread>
 #include <utility>
@@ -10,6 +11,7 @@
 #include "core/status_format.h"
 #include "core/text.h"
 #include "fmt/format.h"
+#include "learner/group_ranks.h"
 #include "learner/lighthouse_rendezvous.h"
 #include "mend/lighthouse_client.h"
 #include "spdlog/spdlog.h"
@@ -83,10 +85,11 @@ class ClientGroupStore final : public RendezvousStore {
 // channel whose first attempts were refused keeps failing its handshakes
 // for seconds after the server came up (measured: about 5 s), where a new
 // one connects at once.
-StatusOr<std::unique_ptr<LighthouseClient>> ConnectWhenUp(const std::string& address,
-                                                          const std::string& token,
-                                                          Micros rpc_timeout, Micros timeout,
-                                                          const Clock& clock) {
+// `gave_up` (optional) is asked between the tries: an error from it (rank
+// 0 told that it could not start) ends the wait.
+StatusOr<std::unique_ptr<LighthouseClient>> ConnectWhenUp(
+    const std::string& address, const std::string& token, Micros rpc_timeout, Micros timeout,
+    const Clock& clock, const std::function<Status()>& gave_up = nullptr) {
   const Micros deadline = clock.NowMicros() + timeout;
   Micros pause = kFirstRetry;
   while (true) {
@@ -101,6 +104,7 @@ StatusOr<std::unique_ptr<LighthouseClient>> ConnectWhenUp(const std::string& add
                       fmt::format("group store {}: not reachable within quorum_timeout_ms = {}",
                                   address, timeout / kMicrosPerMilli));
     }
+    if (gave_up) MEND_RETURN_IF_ERROR(gave_up());
     std::this_thread::sleep_for(std::chrono::microseconds(std::min(pause, left)));
     pause = std::min(pause * 2, kMaxRetry);
   }
@@ -130,7 +134,7 @@ StatusOr<std::shared_ptr<GroupStoreServer>> GroupStoreServer::Serve(const Config
 }
 
 StatusOr<GroupStoreOpener> GroupStoreFromConfig(const Config& config, const std::string& token,
-                                                const Clock& clock) {
+                                                const Clock& clock, const std::string& learner_id) {
   if (config.group_store.empty()) return GroupStoreOpener();
   MEND_RETURN_IF_ERROR(CheckHostPort(config.group_store, "group_store"));
   std::shared_ptr<GroupStoreServer> server;
@@ -145,10 +149,31 @@ StatusOr<GroupStoreOpener> GroupStoreFromConfig(const Config& config, const std:
   }
   const Micros rpc_timeout = config.rpc_timeout_ms * kMicrosPerMilli;
   const Micros timeout = config.quorum_timeout_ms * kMicrosPerMilli;
-  return GroupStoreOpener([address, token, rpc_timeout, timeout, &clock,
-                           server]() -> StatusOr<std::unique_ptr<RendezvousStore>> {
+  // A rank other than 0 waits for rank 0's store; rank 0 may have told the
+  // lighthouse meanwhile that it could not start.
+  std::function<Status()> gave_up;
+  if (config.group_rank != 0 && !learner_id.empty() && !config.lighthouse.empty()) {
+    gave_up = [config, token, learner_id, &clock, since = UnixMillis(),
+               told = std::shared_ptr<LighthouseClient>()]() mutable -> Status {
+      if (!told) {
+        StatusOr<std::unique_ptr<LighthouseClient>> client =
+            LighthouseClient::Connect({config.lighthouse, token, config.tls_ca_file,
+                                       config.rpc_timeout_ms * kMicrosPerMilli});
+        if (!client.ok()) return OkStatus();
+        told = std::move(*client);
+      }
+      LighthouseRendezvousStore store(*told, clock);
+      std::optional<Status> failed = ToldFailure(store, config, learner_id, 0, since);
+      if (!failed) return OkStatus();
+      return Status(failed->code(),
+                    fmt::format("learner '{}' group rank {}: group rank 0 could not start: {}",
+                                learner_id, config.group_rank, failed->message()));
+    };
+  }
+  return GroupStoreOpener([address, token, rpc_timeout, timeout, &clock, server,
+                           gave_up]() -> StatusOr<std::unique_ptr<RendezvousStore>> {
     MEND_ASSIGN_OR_RETURN(std::unique_ptr<LighthouseClient> client,
-                          ConnectWhenUp(address, token, rpc_timeout, timeout, clock));
+                          ConnectWhenUp(address, token, rpc_timeout, timeout, clock, gave_up));
     return std::unique_ptr<RendezvousStore>(
         std::make_unique<ClientGroupStore>(std::move(client), clock, server));
   });

@@ -119,9 +119,10 @@ class SlicedMoments final : public FlatMoments {
 
 }  // namespace
 
-Status AwaitGroupRanks(RendezvousStore& store, const Clock& clock, const Config& config,
-                       const std::string& learner_id, const std::string& prefix) {
-  return ShareWithGroupRanks(store, clock, config, learner_id, prefix + "here/", "1",
+Status AwaitGroupRanks(RendezvousStore& store, RendezvousStore* told, const Clock& clock,
+                       const Config& config, const std::string& learner_id,
+                       const std::string& prefix) {
+  return ShareWithGroupRanks(store, told, clock, config, learner_id, prefix + "here/", "1",
                              /*only_rank0_waits=*/false, " did not start")
       .status();
 }
@@ -172,8 +173,9 @@ StatusOr<std::unique_ptr<LearnerGroup>> LearnerGroup::Join(const Config& config,
   options.world_size = group->size_;
   for (int r = 0; r < group->size_; ++r)
     options.member_ids.push_back(fmt::format("{} rank {}", agent.id(), r));
+  LighthouseRendezvousStore told(agent.client(), agent.clock());
   MEND_RETURN_IF_ERROR(
-      AwaitGroupRanks(*group->store_, agent.clock(), config, agent.id(), options.prefix));
+      AwaitGroupRanks(*group->store_, &told, agent.clock(), config, agent.id(), options.prefix));
   auto comm = Communicator::Connect(*group->store_, options);
   if (!comm.ok()) {
     return Status(comm.status().code(),

@@ -55,9 +55,11 @@ struct SliceRange {
 // has shown up under `prefix`, before a communicator among them connects
 // with its shorter collective timeout: the ranks of a group start apart
 // (process start, loading the model and data).
-[[nodiscard]] Status AwaitGroupRanks(RendezvousStore& store, const Clock& clock,
-                                     const Config& config, const std::string& learner_id,
-                                     const std::string& prefix);
+// `told` (optional): the lighthouse's store, where a rank that could not
+// start tells why (TellGroupRanks).
+[[nodiscard]] Status AwaitGroupRanks(RendezvousStore& store, RendezvousStore* told,
+                                     const Clock& clock, const Config& config,
+                                     const std::string& learner_id, const std::string& prefix);
 
 // Slice `rank` of `total` values cut into `size` contiguous, balanced parts.
 SliceRange SliceOf(size_t total, int size, int rank);

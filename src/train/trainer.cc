@@ -210,7 +210,8 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config,
     std::vector<std::vector<int64_t>> shapes;
     for (const at::Tensor& p : model->parameters()) shapes.push_back(p.sizes().vec());
     identity.job_settings.push_back(reducer::ParametersSetting(shapes));
-    MEND_ASSIGN_OR_RETURN(GroupStoreOpener group_store, GroupStoreFromConfig(config, token, clock));
+    MEND_ASSIGN_OR_RETURN(GroupStoreOpener group_store,
+                          GroupStoreFromConfig(config, token, clock, options.id));
     StatusOr<std::unique_ptr<LearnerAgent>> started =
         [&]() -> StatusOr<std::unique_ptr<LearnerAgent>> {
       MEND_RETURN_IF_ERROR(CheckDataPlaneHost(config.dataplane_host));
@@ -218,7 +219,7 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config,
     }();
     // A rank that cannot start says why to the group's other ranks.
     if (!started.ok()) {
-      return TellGroupRanks(config, token, clock, group_store, options.id, started.status());
+      return TellGroupRanks(config, token, options.id, started.status());
     }
     agent = *std::move(started);
     // Before the reducer: every rank starts from group rank 0's parameters.

@@ -137,8 +137,10 @@ def test_moments_of_another_size_and_bad_token_counts_are_refused_at_the_call():
 def test_a_group_rank_that_cannot_start_tells_the_other_rank_why():
     # Each rank of a two-rank learner, on a thread: the rank whose data plane
     # cannot listen (192.0.2.1 is no address of this host) is refused at
-    # once; the other one learns that from it, instead of waiting a minute
+    # once; the other one learns that from it (through the lighthouse: rank
+    # 0's group store goes with it), instead of waiting a minute
     # (quorum_timeout_ms) for a rank that will never come.
+    import socket
     import threading
 
     import numpy as np
@@ -149,11 +151,13 @@ def test_a_group_rank_that_cannot_start_tells_the_other_rank_why():
         for bad in (0, 1):
             base = mend.MendConfig(lighthouse=lighthouse.address, group_size=2, quorum_timeout_ms=60000,
                                    log_level="error")
-            store = mend.GroupStore(base, token, "127.0.0.1:0")
+            with socket.socket() as s:  # the port rank 0 serves the group's store on
+                s.bind(("127.0.0.1", 0))
+                store = f"127.0.0.1:{s.getsockname()[1]}"
             errors = {}
 
             def start(rank):
-                config = base.replace(group_rank=rank, group_store=store.address, group_generation=bad,
+                config = base.replace(group_rank=rank, group_store=store, group_generation=bad,
                                       dataplane_host="192.0.2.1" if rank == bad else "127.0.0.1")
                 try:
                     mend.Learner(config, [("w", np.zeros(4, np.float32))], "grouped", token=token).shutdown()
@@ -165,7 +169,6 @@ def test_a_group_rank_that_cannot_start_tells_the_other_rank_why():
                 thread.start()
             for thread in threads:
                 thread.join(timeout=120)
-            store.stop()
             assert sorted(errors) == [0, 1], errors
             assert isinstance(errors[bad], mend.InvalidArgumentError), errors
             assert 'dataplane_host = "192.0.2.1"' in str(errors[bad])

@@ -18,6 +18,7 @@
 #include "fmt/ranges.h"
 #include "gtest/gtest.h"
 #include "learner/group_ranks.h"
+#include "learner/lighthouse_rendezvous.h"
 #include "mend/checkpoint.h"
 #include "mend/lighthouse.h"
 #include "nlohmann/json.hpp"
@@ -871,8 +872,7 @@ TEST(LearnerGroupTest, ARankThatCannotStartTellsTheOtherRanksWhy) {
   auto first = LearnerAgent::Start(config, kToken, {"learner-0", "", "", ""}, *RealClock());
   ASSERT_FALSE(first.ok());
   EXPECT_EQ(first.status().code(), StatusCode::kInvalidArgument) << first.status();
-  const Status told =
-      TellGroupRanks(config, kToken, *RealClock(), nullptr, "learner-0", first.status());
+  const Status told = TellGroupRanks(config, kToken, "learner-0", first.status());
   EXPECT_EQ(told, first.status());
   second.join();
   EXPECT_EQ(waited.code(), StatusCode::kInvalidArgument) << waited;
@@ -881,6 +881,21 @@ TEST(LearnerGroupTest, ARankThatCannotStartTellsTheOtherRanksWhy) {
       << waited;
   EXPECT_NE(waited.message().find(std::string(first.status().message())), std::string::npos)
       << waited;
+
+  // What a rank told at an earlier start of its group (more than
+  // quorum_timeout_ms before this one could have begun) is passed over, and
+  // the rank forgets it when it starts again.
+  auto client = LighthouseClient::Connect({config.lighthouse, kToken, "", kMicrosPerSecond});
+  ASSERT_TRUE(client.ok()) << client.status();
+  LighthouseRendezvousStore lighthouse(**client, *RealClock());
+  const int64_t now = UnixMillis();
+  std::optional<Status> fresh = ToldFailure(lighthouse, config, "learner-0", 0, now);
+  ASSERT_TRUE(fresh.has_value());
+  EXPECT_EQ(*fresh, first.status());
+  EXPECT_FALSE(ToldFailure(lighthouse, config, "learner-0", 0, now + 61'000).has_value());
+  EXPECT_FALSE(ToldFailure(lighthouse, config, "learner-0", 1, now).has_value());
+  ForgetToldFailure(lighthouse, config, "learner-0");
+  EXPECT_FALSE(ToldFailure(lighthouse, config, "learner-0", 0, now).has_value());
 }
 
 TEST(LearnerGroupTest, RanksWithDifferentModelsAreRefusedByName) {
