@@ -182,6 +182,13 @@ StatusOr<RegisterResult> LighthouseCore::Register(const RegisterArgs& args) {
                              args.last_round_id, now, &replaced);
     record.rank_addresses = args.rank_addresses;
     record.job_epoch = job_epoch_;
+    // A new process: what others could not reach before is not held
+    // against it (a learner that restarted looked unreachable meanwhile).
+    if (auto it = suspects_.find(args.learner_id); it != suspects_.end()) {
+      it->second.reports.clear();
+      it->second.until_round = 0;
+      it->second.ignore_through_round = quorum_.latest_round_id();
+    }
     const uint32_t host = membership_.HostIndex(args.peer_host);
     membership_.Mutate(record, [&](LearnerRecord& r) {
       r.peer_host = args.peer_host;
@@ -370,6 +377,7 @@ uint64_t LighthouseCore::Quorum(const QuorumArgs& args, QuorumCallback done) {
         events_.Add(now, "revived", record.id, "joined a round after being declared dead");
       }
       membership_.Touch(record, now);
+      if (!suspects_.empty()) ForgiveLocked(record, args.last_round_id, now);
       if (record.unreachable) {
         // It trains on alone: its join ends at once, as one that no round
         // took in time.
@@ -562,7 +570,9 @@ void LighthouseCore::NoteUnreachableLocked(const LearnerRecord& record, Micros n
   const uint64_t round_id = record.last_member_round;
   for (absl::string_view peer : absl::StrSplit(*report, '\n', absl::SkipEmpty())) {
     if (peer == record.id || membership_.FindAny(std::string(peer)) == nullptr) continue;
-    suspects_[std::string(peer)].reports.emplace_back(round_id, record.id);
+    Suspect& suspect = suspects_[std::string(peer)];
+    // (Not a round it was already left out for, nor one of an earlier process.)
+    if (round_id > suspect.ignore_through_round) suspect.reports.emplace_back(round_id, record.id);
   }
   // Who is named by the most distinct others, in the recent rounds.
   std::string worst;
@@ -574,6 +584,10 @@ void LighthouseCore::NoteUnreachableLocked(const LearnerRecord& record, Micros n
                   [&](const auto& r) { return r.first + kSuspectRounds <= latest; });
     if (suspect.reports.empty() && suspect.until_round == 0 && suspect.times_left_out == 0) {
       it = suspects_.erase(it);
+      continue;
+    }
+    if (suspect.until_round != 0) {  // left out already
+      ++it;
       continue;
     }
     std::set<std::string> reporters;
@@ -601,6 +615,7 @@ void LighthouseCore::LeaveOutLocked(LearnerRecord& record,
       std::min<uint64_t>(kMaxLeftOutRounds, uint64_t{1} << std::min(suspect.times_left_out, 6u));
   suspect.times_left_out++;
   suspect.until_round = quorum_.latest_round_id() + rounds;
+  suspect.ignore_through_round = quorum_.latest_round_id();
   suspect.reports.clear();
   // What it said of others is discounted: it was the one out of reach.
   for (auto& [id, other] : suspects_) {
@@ -628,12 +643,36 @@ void LighthouseCore::LetBackInLocked(Micros now) {
   const uint64_t latest = quorum_.latest_round_id();
   for (auto& [id, suspect] : suspects_) {
     if (suspect.until_round == 0 || latest < suspect.until_round) continue;
-    suspect.until_round = 0;
-    LearnerRecord* record = membership_.FindAny(id);
-    if (record == nullptr || !record->unreachable) continue;
-    membership_.Mutate(*record, [](LearnerRecord& r) { r.unreachable = false; });
-    events_.Add(now, "reinstated", id, "in the rounds again after it was left out as unreachable");
+    if (LearnerRecord* record = membership_.FindAny(id)) {
+      ReinstateLocked(*record, now, "its rounds left out have closed");
+    } else {
+      suspect.until_round = 0;
+    }
   }
+}
+
+void LighthouseCore::ReinstateLocked(LearnerRecord& record, Micros now, std::string_view why) {
+  suspects_[record.id].until_round = 0;
+  if (!record.unreachable) return;
+  membership_.Mutate(record, [](LearnerRecord& r) { r.unreachable = false; });
+  events_.Add(now, "reinstated", record.id,
+              fmt::format("in the rounds again after it was left out as unreachable: {}", why));
+}
+
+void LighthouseCore::ForgiveLocked(LearnerRecord& record, uint64_t last_round_id, Micros now) {
+  auto it = suspects_.find(record.id);
+  if (it == suspects_.end()) return;
+  if (record.unreachable) {
+    // Left out while the others cannot form a round without it (some died
+    // or left since): it is tried at once.
+    if (membership_.counts().eligible < options_.quorum.min_learners) {
+      ReinstateLocked(record, now, "the others are too few for a round without it");
+    }
+    return;
+  }
+  // It completed its last round: reachable again, its next time out starts
+  // from one round.
+  if (last_round_id != 0 && last_round_id == record.last_member_round) suspects_.erase(it);
 }
 
 // The rounds `record` was a member of that may still be running: its newest

@@ -204,6 +204,13 @@ class LighthouseCore {
                       Completions* completions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Lets a learner left out back in once its rounds have closed without it.
   void LetBackInLocked(Micros now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReinstateLocked(LearnerRecord& record, Micros now, std::string_view why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // At `record`'s join (it completed `last_round_id`): a suspect that
+  // completed its last round is forgiven; one left out is let back in at
+  // once when the others cannot form a round without it.
+  void ForgiveLocked(LearnerRecord& record, uint64_t last_round_id, Micros now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // membership_.Find, and NOT_FOUND ("register again") for a learner
   // registered under an earlier job configuration (job_epoch_): one that was
   // dead while a learner of another group size or settings started the job
@@ -251,6 +258,9 @@ class LighthouseCore {
     std::vector<std::pair<uint64_t, std::string>> reports;
     uint32_t times_left_out = 0;
     uint64_t until_round = 0;  // 0: not left out
+    // Reports of rounds up to this one are not counted: it was left out
+    // for them already, or registered anew after them.
+    uint64_t ignore_through_round = 0;
     std::string why;
   };
   std::map<std::string, Suspect> suspects_ ABSL_GUARDED_BY(mu_);

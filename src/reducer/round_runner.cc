@@ -7,7 +7,6 @@
 #include "core/phase_timer.h"
 #include "core/round_keys.h"
 #include "fmt/format.h"
-#include "fmt/ranges.h"
 #include "learner/lighthouse_rendezvous.h"
 #include "reducer/healing.h"
 #include "reducer/unreachable_peers.h"
@@ -185,9 +184,18 @@ StatusOr<std::unique_ptr<Communicator>> RoundRunner::Connect(
   options->prefix = policy_.SlicePrefix(round.rendezvous_prefix);
   options->member_racks.clear();
   for (const RoundMember& member : round.members) options->member_racks.push_back(member.rack);
+  // Whom it could not reach goes to the lighthouse (read at the next join)
+  // from the connect's own thread: also when the round was called off
+  // (another member's connect failed first) and the connect ran on.
   const std::shared_ptr<ConnectThreads::Pending> pending = connects_.Start(
-      [&services = services_, store, options = *options, rack_aware = config_.rack_aware]() {
-        return services.Connect(*store, options, rack_aware);
+      [&services = services_, store, options = *options, rack_aware = config_.rack_aware,
+       members = round.members, prefix = round.rendezvous_prefix]() {
+        StatusOr<std::unique_ptr<Communicator>> comm =
+            services.Connect(*store, options, rack_aware);
+        if (!comm.ok()) {
+          ReportUnreachable(*store, prefix, members, services.learner_id(), comm.status());
+        }
+        return comm;
       });
   services_.WatchAbort(round, pending.get(),
                        [pending](const std::string& why) { pending->CallOff(why); });
@@ -200,13 +208,6 @@ StatusOr<std::unique_ptr<Communicator>> RoundRunner::Connect(
   // would otherwise hold the whole job that long at every round). A round
   // called off (ABORTED) has its abort key already.
   if (!comm.ok() && comm.status().code() != absl::StatusCode::kAborted) {
-    // Whom it could not reach, for the lighthouse (read at the next join).
-    const std::vector<std::string> peers = UnreachableMembers(
-        std::string(comm.status().message()), round.members, services_.learner_id());
-    if (!peers.empty()) {
-      (void)store->Set(round.rendezvous_prefix + kRoundUnreachablePrefix + services_.learner_id(),
-                       fmt::format("{}", fmt::join(peers, "\n")));
-    }
     (void)store->Set(round.rendezvous_prefix + kRoundAbortKey,
                      fmt::format("learner '{}' could not connect: {}", services_.learner_id(),
                                  std::string(comm.status().message())));

@@ -1,23 +1,86 @@
 #include "reducer/unreachable_peers.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+
 #include <algorithm>
+#include <map>
+#include <set>
+
+#include "core/round_keys.h"
+#include "fmt/format.h"
+#include "fmt/ranges.h"
 
 namespace mend::reducer {
+namespace {
+
+constexpr std::string_view kTimedOut = "Connect timeout [";
+
+// `host` in the form inet_ntop writes it, when it is a numeric address.
+std::string Canonical(const std::string& host) {
+  unsigned char bytes[sizeof(struct in6_addr)];
+  char text[INET6_ADDRSTRLEN];
+  for (int family : {AF_INET, AF_INET6}) {
+    if (inet_pton(family, host.c_str(), bytes) == 1 &&
+        inet_ntop(family, bytes, text, sizeof(text)) != nullptr) {
+      return text;
+    }
+  }
+  return "";
+}
+
+// The numeric addresses of a member's data-plane host: `address` without a
+// port, itself when numeric, else what it resolves to.
+std::set<std::string> NumericHosts(const std::string& address) {
+  std::string host = address;
+  if (!host.empty() && host.front() == '[') {
+    host = host.substr(1, host.find(']') - 1);  // [v6]:port
+  } else if (std::count(host.begin(), host.end(), ':') == 1) {
+    host = host.substr(0, host.find(':'));  // HOST:PORT
+  }
+  std::set<std::string> hosts;
+  if (std::string numeric = Canonical(host); !numeric.empty()) {
+    hosts.insert(numeric);
+    return hosts;
+  }
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (host.empty() || getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0) return hosts;
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    char text[NI_MAXHOST];
+    if (getnameinfo(a->ai_addr, a->ai_addrlen, text, sizeof(text), nullptr, 0, NI_NUMERICHOST) ==
+        0) {
+      hosts.insert(Canonical(text));
+    }
+  }
+  freeaddrinfo(found);
+  return hosts;
+}
+
+}  // namespace
 
 std::vector<std::string> UnreachableMembers(std::string_view error,
                                             const std::vector<RoundMember>& members,
                                             const std::string& self) {
   std::vector<std::string> ids;
+  std::map<std::string, std::set<std::string>> resolved;  // each address once
   size_t at = 0;
-  while ((at = error.find('[', at)) != std::string_view::npos) {
-    const size_t end = error.find(']', at + 1);
+  while ((at = error.find(kTimedOut, at)) != std::string_view::npos) {
+    at += kTimedOut.size();
+    const size_t end = error.find(']', at);
     if (end == std::string_view::npos) break;
-    const std::string_view host = error.substr(at + 1, end - at - 1);
+    const std::string host = Canonical(std::string(error.substr(at, end - at)));
     at = end + 1;
+    if (host.empty()) continue;
     const RoundMember* named = nullptr;
     int matches = 0;
     for (const RoundMember& member : members) {
-      if (member.address != host) continue;
+      auto [it, fresh] = resolved.try_emplace(member.address);
+      if (fresh) it->second = NumericHosts(member.address);
+      if (it->second.count(host) == 0) continue;
       ++matches;
       named = &member;
     }
@@ -26,6 +89,17 @@ std::vector<std::string> UnreachableMembers(std::string_view error,
   std::sort(ids.begin(), ids.end());
   ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
   return ids;
+}
+
+void ReportUnreachable(RendezvousStore& store, const std::string& prefix,
+                       const std::vector<RoundMember>& members, const std::string& self,
+                       const Status& failed) {
+  if (failed.ok()) return;
+  const std::vector<std::string> peers =
+      UnreachableMembers(std::string(failed.message()), members, self);
+  if (peers.empty()) return;
+  (void)store.Set(prefix + kRoundUnreachablePrefix + self,
+                  fmt::format("{}", fmt::join(peers, "\n")));
 }
 
 }  // namespace mend::reducer

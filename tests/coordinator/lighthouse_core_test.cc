@@ -268,6 +268,86 @@ TEST(LighthouseCoreTest, ALearnerOthersCannotReachIsLeftOutThenTriedAgain) {
   EXPECT_TRUE(seen);
   EXPECT_NE(PrometheusText(h.core().Snapshot(100, 10)).find("mend_unreachable_left_out_total 2"),
             std::string::npos);
+  // Two rounds of b and c (the first closed as a was left out: b and c had
+  // joined): in between, a's joins still end at once.
+  ASSERT_TRUE(b->ok() && c->ok());
+  const uint64_t fifth = b->round().id;
+  b = h.Join("b", fifth);
+  a = h.Join("a", 0);
+  ASSERT_TRUE(a->done());
+  EXPECT_EQ(a->code(), StatusCode::kDeadlineExceeded);
+  c = h.Join("c", fifth);
+  ASSERT_TRUE(b->ok() && c->ok());
+  EXPECT_EQ(CoreHarness::MemberIds(b->round()), (std::vector<std::string>{"b", "c"}));
+  const uint64_t sixth = b->round().id;
+  a = h.Join("a", 0);
+  EXPECT_FALSE(a->done());  // let back in: it waits for the next round
+  b = h.Join("b", sixth);
+  c = h.Join("c", sixth);
+  ASSERT_TRUE(a->ok() && b->ok() && c->ok());
+  EXPECT_EQ(a->round().members.size(), 3u);
+}
+
+// What does not count against a learner: reports of a round it was already
+// left out for (a third reporter's, read later), and those of the learner
+// that was left out. A learner left out that completes a round is forgiven.
+TEST(LighthouseCoreTest, LateReportsAndTheLeftOutLearnersOwnDoNotCount) {
+  CoreHarness h(CoreHarness::Options(2, 5000));
+  for (const char* id : {"a", "b", "c", "d"}) h.Register(id);
+  const auto report = [&](const Round& round, const std::string& id, const std::string& peers) {
+    ASSERT_TRUE(
+        h.core().store().Set(round.rendezvous_prefix + kRoundUnreachablePrefix + id, peers).ok());
+  };
+  std::map<std::string, std::shared_ptr<JoinOutcome>> join;
+  for (const char* id : {"a", "b", "c", "d"}) join[id] = h.Join(id);
+  ASSERT_TRUE(join["a"]->ok());
+  const Round first = join["a"]->round();
+  for (const char* id : {"b", "c", "d"}) report(first, id, "a");
+  report(first, "a", "b\nc");
+  join["b"] = h.Join("b");
+  join["c"] = h.Join("c");  // two reporters: a is left out
+  join["a"] = h.Join("a");  // (a's report, of b and c, is not counted)
+  EXPECT_EQ(join["a"]->code(), StatusCode::kDeadlineExceeded);
+  join["d"] = h.Join("d");  // (the third report, of the same round, is not counted)
+  ASSERT_TRUE(join["b"]->ok());
+  const Round second = join["b"]->round();
+  EXPECT_EQ(CoreHarness::MemberIds(second), (std::vector<std::string>{"b", "c", "d"}));
+  // A report of a by b alone, and of b by c alone, in the next round: were
+  // d's late report or a's counted, a or b would now have two reporters.
+  report(second, "b", "a");
+  report(second, "c", "b");
+  join["a"] = h.Join("a");  // let back in: the one round it was left out of closed
+  for (const char* id : {"b", "c", "d"}) join[id] = h.Join(id, second.id);
+  for (const char* id : {"a", "b", "c", "d"}) ASSERT_TRUE(join[id]->ok()) << id;
+  EXPECT_EQ(join["a"]->round().members.size(), 4u);
+  EXPECT_NE(PrometheusText(h.core().Snapshot(100, 10)).find("mend_unreachable_left_out_total 1"),
+            std::string::npos);
+}
+
+// A learner left out is let back in at once when the others are too few to
+// form a round without it (one died or left): otherwise no round would ever
+// close again to let it back in.
+TEST(LighthouseCoreTest, ALearnerLeftOutIsLetBackInWhenTheOthersAreTooFew) {
+  CoreHarness h(CoreHarness::Options(2, 5000));
+  for (const char* id : {"a", "b", "c", "d"}) h.Register(id);
+  std::map<std::string, std::shared_ptr<JoinOutcome>> join;
+  for (const char* id : {"a", "b", "c", "d"}) join[id] = h.Join(id);
+  ASSERT_TRUE(join["a"]->ok());
+  for (const char* id : {"b", "c"}) {
+    ASSERT_TRUE(h.core()
+                    .store()
+                    .Set(join["a"]->round().rendezvous_prefix + kRoundUnreachablePrefix + id, "a")
+                    .ok());
+  }
+  join["b"] = h.Join("b");
+  join["c"] = h.Join("c");  // a is left out; the round waits for d
+  join["a"] = h.Join("a");
+  EXPECT_EQ(join["a"]->code(), StatusCode::kDeadlineExceeded);
+  for (const char* id : {"c", "d"}) ASSERT_TRUE(h.core().Leave(id, h.session(id), "done").ok());
+  EXPECT_FALSE(join["b"]->done());
+  join["a"] = h.Join("a");  // b alone cannot form a round: a is tried again at once
+  ASSERT_TRUE(join["a"]->ok() && join["b"]->ok());
+  EXPECT_EQ(CoreHarness::MemberIds(join["a"]->round()), (std::vector<std::string>{"a", "b"}));
 }
 
 TEST(LighthouseCoreTest, JoinsOfClosedRoundsNeverExpireLater) {
