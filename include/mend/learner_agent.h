@@ -33,6 +33,10 @@ namespace mend {
 // keys.
 std::string GroupStorePrefix(const Config& config, const std::string& learner_id);
 
+// How a learner of `config` reaches its lighthouse (address, TLS, call
+// deadline) with `token`.
+LighthouseClientOptions LighthouseClientOptionsFor(const Config& config, const std::string& token);
+
 // Opens a new connection to a learner group's own store (Config::group_store):
 // each caller (thread) gets its own.
 using GroupStoreOpener = std::function<StatusOr<std::unique_ptr<RendezvousStore>>()>;

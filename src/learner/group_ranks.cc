@@ -174,8 +174,8 @@ int64_t UnixMillis() {
 Status TellGroupRanks(const Config& config, const std::string& token, const std::string& learner_id,
                       Status why) {
   if (config.group_size <= 1 || why.ok()) return why;
-  StatusOr<std::unique_ptr<LighthouseClient>> client = LighthouseClient::Connect(
-      {config.lighthouse, token, config.tls_ca_file, config.rpc_timeout_ms * kMicrosPerMilli});
+  StatusOr<std::unique_ptr<LighthouseClient>> client =
+      LighthouseClient::Connect(LighthouseClientOptionsFor(config, token));
   const Status told =
       client.ok()
           ? (*client)->StoreSet(FailedKey(config, learner_id, config.group_rank), FailureValue(why))

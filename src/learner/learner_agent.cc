@@ -284,6 +284,10 @@ std::string GroupStorePrefix(const Config& config, const std::string& learner_id
                      restarts != nullptr && *restarts != '\0' ? restarts : "0");
 }
 
+LighthouseClientOptions LighthouseClientOptionsFor(const Config& config, const std::string& token) {
+  return {config.lighthouse, token, config.tls_ca_file, config.rpc_timeout_ms * kMicrosPerMilli};
+}
+
 StatusOr<std::unique_ptr<LearnerAgent>> LearnerAgent::Start(const Config& config,
                                                             const std::string& token,
                                                             const LearnerIdentity& identity,
@@ -291,12 +295,8 @@ StatusOr<std::unique_ptr<LearnerAgent>> LearnerAgent::Start(const Config& config
                                                             GroupStoreOpener group_store) {
   // Every rule that ties keys together, before anything reaches the lighthouse.
   MEND_RETURN_IF_ERROR(CheckConfig(config));
-  LighthouseClientOptions options;
-  options.address = config.lighthouse;
-  options.token = token;
-  options.tls_ca_file = config.tls_ca_file;
-  options.rpc_timeout = config.rpc_timeout_ms * kMicrosPerMilli;
-  MEND_ASSIGN_OR_RETURN(auto client, LighthouseClient::Connect(options));
+  MEND_ASSIGN_OR_RETURN(auto client,
+                        LighthouseClient::Connect(LighthouseClientOptionsFor(config, token)));
   LearnerIdentity full = identity;
   if (full.job_id.empty()) full.job_id = config.job_id;
   if (full.rack.empty()) full.rack = config.rack;

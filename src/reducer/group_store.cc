@@ -157,8 +157,7 @@ StatusOr<GroupStoreOpener> GroupStoreFromConfig(const Config& config, const std:
                told = std::shared_ptr<LighthouseClient>()]() mutable -> Status {
       if (!told) {
         StatusOr<std::unique_ptr<LighthouseClient>> client =
-            LighthouseClient::Connect({config.lighthouse, token, config.tls_ca_file,
-                                       config.rpc_timeout_ms * kMicrosPerMilli});
+            LighthouseClient::Connect(LighthouseClientOptionsFor(config, token));
         if (!client.ok()) return OkStatus();
         told = std::move(*client);
       }
