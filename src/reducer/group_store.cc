@@ -153,15 +153,14 @@ StatusOr<GroupStoreOpener> GroupStoreFromConfig(const Config& config, const std:
   // lighthouse meanwhile that it could not start.
   std::function<Status()> gave_up;
   if (config.group_rank != 0 && !learner_id.empty() && !config.lighthouse.empty()) {
-    gave_up = [config, token, learner_id, &clock, since = UnixMillis(),
-               told = std::shared_ptr<LighthouseClient>()]() mutable -> Status {
-      if (!told) {
-        StatusOr<std::unique_ptr<LighthouseClient>> client =
-            LighthouseClient::Connect(LighthouseClientOptionsFor(config, token));
-        if (!client.ok()) return OkStatus();
-        told = std::move(*client);
-      }
-      LighthouseRendezvousStore store(*told, clock);
+    // (A connection of its own each time: the opener may be called from
+    // several threads at once, and this runs only while rank 0's store is
+    // not up.)
+    gave_up = [config, token, learner_id, &clock, since = UnixMillis()]() -> Status {
+      StatusOr<std::unique_ptr<LighthouseClient>> told =
+          LighthouseClient::Connect(LighthouseClientOptionsFor(config, token));
+      if (!told.ok()) return OkStatus();
+      LighthouseRendezvousStore store(**told, clock);
       std::optional<Status> failed = ToldFailure(store, config, learner_id, 0, since);
       if (!failed) return OkStatus();
       return Status(failed->code(),
