@@ -377,7 +377,7 @@ uint64_t LighthouseCore::Quorum(const QuorumArgs& args, QuorumCallback done) {
         events_.Add(now, "revived", record.id, "joined a round after being declared dead");
       }
       membership_.Touch(record, now);
-      if (!suspects_.empty()) ForgiveLocked(record, args.last_round_id, now);
+      if (record.unreachable) ReinstateIfNeededLocked(record, now);
       if (record.unreachable) {
         // It trains on alone: its join ends at once, as one that no round
         // took in time.
@@ -659,20 +659,20 @@ void LighthouseCore::ReinstateLocked(LearnerRecord& record, Micros now, std::str
               fmt::format("in the rounds again after it was left out as unreachable: {}", why));
 }
 
-void LighthouseCore::ForgiveLocked(LearnerRecord& record, uint64_t last_round_id, Micros now) {
-  auto it = suspects_.find(record.id);
-  if (it == suspects_.end()) return;
-  if (record.unreachable) {
-    // Left out while the others cannot form a round without it (some died
-    // or left since): it is tried at once.
-    if (membership_.counts().eligible < options_.quorum.min_learners) {
-      ReinstateLocked(record, now, "the others are too few for a round without it");
-    }
-    return;
+void LighthouseCore::ReinstateIfNeededLocked(LearnerRecord& record, Micros now) {
+  if (!record.unreachable) return;
+  // The learners that may join rounds without it (alive, not left out), as
+  // the quorum counts them: the minimum, and half of the alive ones.
+  size_t left_out = 0;
+  for (const auto& [id, suspect] : suspects_) {
+    const LearnerRecord* other = suspect.until_round != 0 ? membership_.FindAny(id) : nullptr;
+    if (other != nullptr && other->alive && other->unreachable) ++left_out;
   }
-  // It completed its last round: reachable again, its next time out starts
-  // from one round.
-  if (last_round_id != 0 && last_round_id == record.last_member_round) suspects_.erase(it);
+  const MembershipCounts& counts = membership_.counts();
+  const size_t others = counts.alive - std::min(counts.alive, left_out);
+  if (others < options_.quorum.min_learners || 2 * others < counts.alive) {
+    ReinstateLocked(record, now, "the others are too few for a round without it");
+  }
 }
 
 // The rounds `record` was a member of that may still be running: its newest

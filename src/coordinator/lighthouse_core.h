@@ -206,10 +206,9 @@ class LighthouseCore {
   void LetBackInLocked(Micros now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReinstateLocked(LearnerRecord& record, Micros now, std::string_view why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // At `record`'s join (it completed `last_round_id`): a suspect that
-  // completed its last round is forgiven; one left out is let back in at
-  // once when the others cannot form a round without it.
-  void ForgiveLocked(LearnerRecord& record, uint64_t last_round_id, Micros now)
+  // At the join of `record`, left out: it is let back in at once when the
+  // others (alive, not left out) cannot form a round without it.
+  void ReinstateIfNeededLocked(LearnerRecord& record, Micros now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // membership_.Find, and NOT_FOUND ("register again") for a learner
   // registered under an earlier job configuration (job_epoch_): one that was

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <functional>
 #include <thread>
 #include <utility>
 
@@ -19,15 +20,24 @@ constexpr Micros kMinRetry = 100 * kMicrosPerMilli;
 constexpr Micros kMaxRetry = 2 * kMicrosPerSecond;
 
 // Sets `key`, trying again while the store fails at once (the lighthouse is
-// not up yet) and `deadline` is not passed.
+// not up yet, or rank 0's store) and `deadline` is not passed, or until
+// `told_failure` (optional) gives rank 0's told failure: its store is gone
+// (returned, with `*told` set).
 Status SetWhenStoreIsUp(RendezvousStore& store, const Clock& clock, const std::string& key,
-                        const std::string& value, Micros deadline) {
+                        const std::string& value, Micros deadline,
+                        const std::function<std::optional<Status>()>& told_failure, bool* told) {
   Micros retry = kMinRetry;
   while (true) {
     Status set = store.Set(key, value);
     if (set.ok() || set.code() != StatusCode::kUnavailable ||
         clock.NowMicros() + retry > deadline) {
       return set;
+    }
+    if (told_failure) {
+      if (std::optional<Status> failed = told_failure()) {
+        *told = true;
+        return *failed;
+      }
     }
     std::this_thread::sleep_for(std::chrono::microseconds(retry));
     retry = std::min(retry * 2, kMaxRetry);
@@ -136,9 +146,21 @@ StatusOr<std::vector<std::string>> ShareWithGroupRanks(
                     learner_id, config.group_rank, rank, missing, config.quorum_timeout_ms,
                     config.group_size, why.message()));
   };
+  const int64_t since = UnixMillis();
+  std::function<std::optional<Status>()> rank0_failed;
+  if (told != nullptr && config.group_rank != 0) {
+    rank0_failed = [&]() -> std::optional<Status> {
+      std::optional<Status> failed = ToldFailure(*told, config, learner_id, 0, since);
+      if (!failed) return std::nullopt;
+      return Status(failed->code(), fmt::format("learner '{}' group rank {}: group rank 0 could "
+                                                "not start: {}",
+                                                learner_id, config.group_rank, failed->message()));
+    };
+  }
+  bool rank0_told = false;
   Status set = SetWhenStoreIsUp(store, clock, fmt::format("{}{}", prefix, config.group_rank), mine,
-                                deadline);
-  if (!set.ok()) return give_up(config.group_rank, set);
+                                deadline, rank0_failed, &rank0_told);
+  if (!set.ok()) return rank0_told ? set : give_up(config.group_rank, set);
   if (only_rank0_waits && config.group_rank != 0) return std::vector<std::string>{};
   std::vector<std::string> values;
   for (int64_t r = 0; r < config.group_size; ++r) {

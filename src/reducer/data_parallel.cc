@@ -41,7 +41,8 @@ class DataParallelImpl final : public DataParallel {
       options.prefix = GroupStorePrefix(config_, agent_.id()) + "ddp/";
       options.rank = static_cast<int>(config_.group_rank);
       options.world_size = static_cast<int>(config_.group_size);
-      MEND_RETURN_IF_ERROR(reducer::AwaitGroupRanks(*store, nullptr, agent_.clock(), config_,
+      LighthouseRendezvousStore told(agent_.client(), agent_.clock());
+      MEND_RETURN_IF_ERROR(reducer::AwaitGroupRanks(*store, &told, agent_.clock(), config_,
                                                     agent_.id(), options.prefix));
       MEND_ASSIGN_OR_RETURN(comm_, Communicator::Connect(*store, options));
       stats_.rank = static_cast<uint32_t>(options.rank);

@@ -222,19 +222,23 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config,
       return TellGroupRanks(config, token, options.id, started.status());
     }
     agent = *std::move(started);
-    // Before the reducer: every rank starts from group rank 0's parameters.
-    if (grouped) {
-      MEND_ASSIGN_OR_RETURN(group_data_parallel,
-                            DataParallel::CreateInGroup(config, *model, *agent));
-    }
-    if (options.mode == "local") {
-      // No cross-rack exchange.
-    } else if (options.mode == "diloco") {
-      MEND_ASSIGN_OR_RETURN(reducer, Reducer::Create(job, *model, optimizer, *agent,
-                                                     static_cast<uint64_t>(options.start_step)));
-    } else {
-      MEND_ASSIGN_OR_RETURN(data_parallel, DataParallel::Create(config, *model, *agent));
-    }
+    const Status built = [&]() -> Status {
+      // Before the reducer: every rank starts from group rank 0's parameters.
+      if (grouped) {
+        MEND_ASSIGN_OR_RETURN(group_data_parallel,
+                              DataParallel::CreateInGroup(config, *model, *agent));
+      }
+      if (options.mode == "local") {
+        // No cross-rack exchange.
+      } else if (options.mode == "diloco") {
+        MEND_ASSIGN_OR_RETURN(reducer, Reducer::Create(job, *model, optimizer, *agent,
+                                                       static_cast<uint64_t>(options.start_step)));
+      } else {
+        MEND_ASSIGN_OR_RETURN(data_parallel, DataParallel::Create(config, *model, *agent));
+      }
+      return OkStatus();
+    }();
+    if (!built.ok()) return TellGroupRanks(config, token, options.id, built);
   }
 
   TrainResult result;
