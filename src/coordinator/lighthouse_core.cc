@@ -670,7 +670,10 @@ void LighthouseCore::ReinstateIfNeededLocked(LearnerRecord& record, Micros now) 
   }
   const MembershipCounts& counts = membership_.counts();
   const size_t others = counts.alive - std::min(counts.alive, left_out);
-  if (others < options_.quorum.min_learners || 2 * others < counts.alive) {
+  // (With it they may: alone, or short even with it, it is left out still
+  // and trains on at once rather than wait for a round that cannot form.)
+  const bool too_few = others < options_.quorum.min_learners || 2 * others < counts.alive;
+  if (too_few && others + 1 >= options_.quorum.min_learners) {
     ReinstateLocked(record, now, "the others are too few for a round without it");
   }
 }

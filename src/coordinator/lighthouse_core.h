@@ -207,7 +207,8 @@ class LighthouseCore {
   void ReinstateLocked(LearnerRecord& record, Micros now, std::string_view why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // At the join of `record`, left out: it is let back in at once when the
-  // others (alive, not left out) cannot form a round without it.
+  // others (alive, not left out) cannot form a round without it but can
+  // with it.
   void ReinstateIfNeededLocked(LearnerRecord& record, Micros now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // membership_.Find, and NOT_FOUND ("register again") for a learner
