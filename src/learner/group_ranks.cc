@@ -152,9 +152,7 @@ StatusOr<std::vector<std::string>> ShareWithGroupRanks(
     rank0_failed = [&]() -> std::optional<Status> {
       std::optional<Status> failed = ToldFailure(*told, config, learner_id, 0, since);
       if (!failed) return std::nullopt;
-      return Status(failed->code(), fmt::format("learner '{}' group rank {}: group rank 0 could "
-                                                "not start: {}",
-                                                learner_id, config.group_rank, failed->message()));
+      return RankCouldNotStart(config, learner_id, 0, *failed);
     };
   }
   bool rank0_told = false;
@@ -175,9 +173,7 @@ StatusOr<std::vector<std::string>> ShareWithGroupRanks(
     if (!value.ok()) {
       const Status& why = value.status();
       if (told_failure) {
-        return Status(why.code(), fmt::format("learner '{}' group rank {}: group rank {} could "
-                                              "not start: {}",
-                                              learner_id, config.group_rank, r, why.message()));
+        return RankCouldNotStart(config, learner_id, r, why);
       }
       return give_up(
           r, why.code() == StatusCode::kNotFound ? DeadlineExceededError(why.message()) : why);
@@ -227,6 +223,13 @@ std::optional<Status> ToldFailure(RendezvousStore& told, const Config& config,
     code = static_cast<int>(StatusCode::kUnknown);
   }
   return Status(static_cast<StatusCode>(code), value->substr(second + 1));
+}
+
+Status RankCouldNotStart(const Config& config, const std::string& learner_id, int64_t rank,
+                         const Status& failed) {
+  return Status(failed.code(),
+                fmt::format("learner '{}' group rank {}: group rank {} could not start: {}",
+                            learner_id, config.group_rank, rank, failed.message()));
 }
 
 void ForgetToldFailure(RendezvousStore& told, const Config& config, const std::string& learner_id) {

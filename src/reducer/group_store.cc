@@ -163,9 +163,7 @@ StatusOr<GroupStoreOpener> GroupStoreFromConfig(const Config& config, const std:
       LighthouseRendezvousStore store(**told, clock);
       std::optional<Status> failed = ToldFailure(store, config, learner_id, 0, since);
       if (!failed) return OkStatus();
-      return Status(failed->code(),
-                    fmt::format("learner '{}' group rank {}: group rank 0 could not start: {}",
-                                learner_id, config.group_rank, failed->message()));
+      return RankCouldNotStart(config, learner_id, 0, *failed);
     };
   }
   return GroupStoreOpener([address, token, rpc_timeout, timeout, &clock, server,
