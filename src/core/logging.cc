@@ -1,7 +1,9 @@
 #include "mend/logging.h"
 
+#include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "core/status_format.h"
 #include "fmt/format.h"
@@ -20,15 +22,21 @@ Status InitLogging(LogLevel level, std::string_view tag) {
       spdlog::level::trace, spdlog::level::debug, spdlog::level::info,
       spdlog::level::warn,  spdlog::level::err,   spdlog::level::off};
   const spdlog::level::level_enum parsed = kLevels[static_cast<int>(level)];
-  // Called again (a second runtime in one Python process): replace the
-  // logger. One call at a time: a group's ranks in one process start
-  // together, and spdlog refuses a second logger of a name (seen: "logger
-  // with name 'mend-learner-1' already exists").
+  // Called again (a second runtime in one Python process, or the two ranks
+  // of a learner on threads of one process, at once): the default logger is
+  // replaced, never dropped, and the replaced ones stay alive until exit.
+  // Another thread may be inside spdlog::info, which reads the default
+  // logger by raw pointer: spdlog::drop of its name set it to null for a
+  // moment (seen: a crash in logger::log_ with this = 0), and destroying it
+  // would free it under that thread. One small logger kept per call.
   static std::mutex* const mu = new std::mutex();  // never destroyed: used until exit
+  static auto* const replaced = new std::vector<std::shared_ptr<spdlog::logger>>();
   std::lock_guard lock(*mu);
-  const std::string name = fmt::format("mend-{}", tag);
-  spdlog::drop(name);
-  auto logger = spdlog::stderr_logger_mt(name);
+  if (std::shared_ptr<spdlog::logger> current = spdlog::default_logger()) {
+    replaced->push_back(std::move(current));
+  }
+  auto logger = std::make_shared<spdlog::logger>(fmt::format("mend-{}", tag),
+                                                 std::make_shared<spdlog::sinks::stderr_sink_mt>());
   logger->set_pattern(fmt::format("%Y-%m-%d %H:%M:%S.%e %L {}] %v", tag));
   logger->set_level(parsed);
   logger->flush_on(spdlog::level::info);

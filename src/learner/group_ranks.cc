@@ -29,8 +29,7 @@ Status SetWhenStoreIsUp(RendezvousStore& store, const Clock& clock, const std::s
   Micros retry = kMinRetry;
   while (true) {
     Status set = store.Set(key, value);
-    if (set.ok() || set.code() != StatusCode::kUnavailable ||
-        clock.NowMicros() + retry > deadline) {
+    if (set.ok() || !StoreNotUpOrGone(set) || clock.NowMicros() + retry > deadline) {
       return set;
     }
     if (told_failure) {
@@ -78,8 +77,7 @@ StatusOr<std::string> GetByDeadline(RendezvousStore& store, RendezvousStore* tol
     if (clock.NowMicros() >= deadline) return value;
     // An unreachable store fails at once, and a Get whose wait rounds down
     // to 0 ms answers NOT_FOUND at once: both mean "not yet".
-    if (value.status().code() == StatusCode::kUnavailable ||
-        value.status().code() == StatusCode::kNotFound) {
+    if (StoreNotUpOrGone(value.status()) || value.status().code() == StatusCode::kNotFound) {
       std::this_thread::sleep_for(std::chrono::microseconds(retry));
       retry = std::min(retry * 2, kMaxRetry);
     } else if (value.status().code() != StatusCode::kDeadlineExceeded) {
@@ -187,6 +185,10 @@ int64_t UnixMillis() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::system_clock::now().time_since_epoch())
       .count();
+}
+
+bool StoreNotUpOrGone(const Status& status) {
+  return status.code() == StatusCode::kUnavailable || status.code() == StatusCode::kCancelled;
 }
 
 Status TellGroupRanks(const Config& config, const std::string& token, const std::string& learner_id,

@@ -62,6 +62,11 @@ Status RankCouldNotStart(const Config& config, const std::string& learner_id, in
 void ForgetToldFailure(RendezvousStore& told, const Config& config, const std::string& learner_id);
 // The wall clock, for ToldFailure.
 int64_t UnixMillis();
+// Whether a store call's error means the store is not up yet, or went away
+// under the call (its server shut down: gRPC answers CANCELLED), so that a
+// wait tries again: the rank that serves it may have told why it stopped
+// (ToldFailure), or come back.
+bool StoreNotUpOrGone(const Status& status);
 
 // A new connection to where the ranks of a group meet: the group's own store
 // when `group_store` is set, else the lighthouse's store over `client`

@@ -99,7 +99,7 @@ StatusOr<std::unique_ptr<LighthouseClient>> ConnectWhenUp(
     if (probe.ok()) return client;
     const Micros left = deadline - clock.NowMicros();
     spdlog::debug("group store {}: not up yet ({})", address, probe.status());
-    if (probe.status().code() != StatusCode::kUnavailable || left <= 0) {
+    if (!StoreNotUpOrGone(probe.status()) || left <= 0) {
       return Annotate(probe.status(),
                       fmt::format("group store {}: not reachable within quorum_timeout_ms = {}",
                                   address, timeout / kMicrosPerMilli));
