@@ -1,6 +1,9 @@
 // Process-wide logging on spdlog: one line per event on stderr,
 // "2026-11-22 10:00:00.123 I lighthouse] round 7 closed ...".
-// Thread-safety: spdlog's default logger is thread-safe.
+// Thread-safety: spdlog's default logger is thread-safe. InitLogging may be
+// called from several threads at once (two learners of one process), also
+// while others log: the default logger is replaced, never removed, and each
+// one replaced stays alive until exit.
 #pragma once
 
 #include <string_view>

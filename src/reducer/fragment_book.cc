@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -12,6 +13,7 @@
 #include "fmt/format.h"
 #include "openssl/evp.h"
 #include "reducer/healing.h"
+#include "spdlog/spdlog.h"
 #include "xxhash.h"
 
 namespace mend::reducer {
@@ -116,6 +118,7 @@ void FragmentBook::StartPrefault(bool own, bool step) {
   }
   // On every processor (page faults scale with them), the values left as
   // they are: the momentum may be a resumed checkpoint's.
+  prefault_started_ = std::chrono::steady_clock::now();
   prefault_ = std::thread([buffers = std::move(buffers)]() {
     constexpr size_t kChunk = size_t{16} << 20;  // values: 64 MiB
     std::vector<std::span<float>> chunks;
@@ -129,7 +132,20 @@ void FragmentBook::StartPrefault(bool own, bool step) {
 }
 
 void FragmentBook::AwaitPrefault() {
-  if (prefault_.joinable()) prefault_.join();
+  if (!prefault_.joinable()) return;
+  const auto waited_from = std::chrono::steady_clock::now();
+  prefault_.join();
+  const auto now = std::chrono::steady_clock::now();
+  const double waited = std::chrono::duration<double>(now - waited_from).count();
+  // (Once per learner: a first round, export or import that came sooner
+  // than the buffers were mapped, back to back with mend_init, pays the
+  // rest here.)
+  if (waited > 0.05) {
+    spdlog::info(
+        "waited {:.2f} s for mend's round buffers to be mapped (in the background since "
+        "mend_init: {:.2f} s in all)",
+        waited, std::chrono::duration<double>(now - prefault_started_).count());
+  }
 }
 
 // Every copy between the parameters and the flat fragment state goes

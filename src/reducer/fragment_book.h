@@ -14,6 +14,7 @@
 // Thread-safety: none; see above.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -150,6 +151,7 @@ class FragmentBook {
   uint64_t* const copies_;
   ThreadPool& pool_;
   std::thread prefault_;
+  std::chrono::steady_clock::time_point prefault_started_;
   const uint64_t period_;
   std::vector<Fragment> fragments_;
 };
