@@ -9,6 +9,7 @@ import json
 import operator
 import os
 import threading
+import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from mend import _native
@@ -28,6 +29,40 @@ def read_token(config: MendConfig) -> str:
 
 def default_learner_id() -> str:
     return f"{os.uname().nodename}-{os.getpid()}"
+
+
+# The learners open in this process, by (lighthouse, job, learner id, group
+# rank): a second one of the same key would register as the first's restart,
+# and the lighthouse would stop the first (ALREADY_EXISTS at its next round).
+_open_lock = threading.Lock()
+_open_learners: Dict[Tuple[str, str, str, int], "weakref.ref[Learner]"] = {}
+
+
+def _claim(learner: "Learner", key: Tuple[str, str, str, int]) -> None:
+    """Takes `key` for `learner`; AlreadyExistsError when a learner of this
+    process that was not shut down holds it."""
+    with _open_lock:
+        held = _open_learners.get(key)
+        other = held() if held is not None else None
+        if other is not None and other is not learner and not other._closed and other._pid == os.getpid():
+            lighthouse, job, learner_id, rank = key
+            raise _native.ERRORS[6](
+                f"mend: learner {learner_id!r}{f' group rank {rank}' if rank else ''} of job {job!r} "
+                f"(lighthouse {lighthouse}) is already open in this process, and not shut down: the "
+                "lighthouse would take the new one for a restart of the first and stop the first. Give each "
+                "its own learner id (rank_id=, or the learner_id argument), or shut the first down first "
+                "(mend_shutdown); a second model is a job of its own (its own job_id and lighthouse)")
+        _open_learners[key] = weakref.ref(learner)
+
+
+def _release(learner: "Learner") -> None:
+    key = learner.__dict__.get("_claimed")
+    if key is None:
+        return
+    with _open_lock:
+        held = _open_learners.get(key)
+        if held is not None and held() in (learner, None):
+            del _open_learners[key]
 
 
 class Lighthouse:
@@ -234,6 +269,15 @@ class Learner:
         self._pid = os.getpid()
         self._closed = False
         token = token or read_token(config)
+        self._claimed = (config.lighthouse, config.job_id, self.learner_id, int(config.group_rank))
+        _claim(self, self._claimed)
+        try:
+            self._create(config, entries, token, start_step)
+        except BaseException:
+            _release(self)
+            raise
+
+    def _create(self, config: MendConfig, entries, token, start_step) -> None:
         buffers, _ = _buffer_array(entries)
         pointer = _native._p()
         native = config.native()  # alive until the call returns
@@ -457,6 +501,7 @@ class Learner:
         if self._closed or os.getpid() != self._pid:
             return
         self._closed = True
+        _release(self)
         # The call may wait for the round in flight and the final merge (up to
         # quorum_timeout_ms), aside: Ctrl-C calls them off, as in step.
         pointer = self._pointer

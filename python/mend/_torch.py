@@ -637,7 +637,11 @@ def mend_init(model: torch.nn.Module, config: Optional[MendConfig] = None,
     tensor; else (a float-input model) 1 per step, with a warning. torch
     1.13's forward pre-hooks see positional arguments only: a keyword call
     counts nothing there.
-    The learner id is ``rank_id``, else MEND_LEARNER_ID, else HOST-PID.
+    The learner id is ``rank_id``, else MEND_LEARNER_ID, else HOST-PID. A
+    second learner of the same lighthouse, job, id and group rank in this
+    process (two models' mend_init with the default id) is refused with
+    AlreadyExistsError while the first is open: a second model is a job of
+    its own (its own job_id and lighthouse).
 
     Parameters may live on any device and be float32, bfloat16 or float16:
     those that are not CPU float32 go through float32 host buffers (pinned

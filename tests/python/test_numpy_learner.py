@@ -176,3 +176,29 @@ def test_a_group_rank_that_cannot_start_tells_the_other_rank_why():
             assert isinstance(other, mend.InvalidArgumentError), errors
             assert f"group rank {1 - bad}: group rank {bad} could not start: " in str(other)
             assert 'dataplane_host = "192.0.2.1"' in str(other)
+
+
+def test_a_second_learner_of_the_same_id_in_one_process_is_refused_until_the_first_shuts_down():
+    # The lighthouse would take the second for a restart of the first and
+    # stop the first at its next round (two models' mend_init in one process,
+    # both with the default HOST-PID id): refused here, at once, instead.
+    import numpy as np
+    import pytest
+
+    import mend
+    token = "numpy-test-token-0123456789"
+    with mend.Lighthouse(mend.MendConfig(bind="127.0.0.1:0", http="", log_level="error"), token=token) as lighthouse:
+        config = mend.MendConfig(lighthouse=lighthouse.address, log_level="error")
+        first = mend.Learner(config, [("w", np.zeros(4, np.float32))], "twice", token=token)
+        try:
+            with pytest.raises(mend.AlreadyExistsError,
+                               match=r"learner 'twice' of job 'mend' \(lighthouse .*\) is already open in this "
+                                     r"process, and not shut down"):
+                mend.Learner(config, [("v", np.zeros(2, np.float32))], "twice", token=token)
+            other = mend.Learner(config, [("w", np.zeros(4, np.float32))], "another", token=token)
+            other.shutdown()
+            assert first.stats()["steps"] == 0  # the first is untouched
+        finally:
+            first.shutdown()
+        again = mend.Learner(config, [("w", np.zeros(4, np.float32))], "twice", token=token)
+        again.shutdown()
