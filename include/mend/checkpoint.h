@@ -114,6 +114,8 @@ class CheckpointDirectory {
   [[nodiscard]] StatusOr<Checkpoint> LoadLatest(std::vector<std::string>* skipped = nullptr) const;
   // Checkpoint files, oldest first.
   std::vector<std::string> List() const;
+  // Where the checkpoint of round `round_id` is (ckpt-<round, 12 digits>.mend).
+  std::string PathOf(uint64_t round_id) const;
 
  private:
   std::string dir_;

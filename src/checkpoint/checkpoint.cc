@@ -406,13 +406,16 @@ std::vector<std::string> CheckpointDirectory::List() const {
   return files;
 }
 
+std::string CheckpointDirectory::PathOf(uint64_t round_id) const {
+  return (fs::path(dir_) / fmt::format("ckpt-{:012d}.mend", round_id)).string();
+}
+
 StatusOr<std::string> CheckpointDirectory::Save(const Checkpoint& checkpoint) {
   std::error_code error;
   fs::create_directories(dir_, error);
   if (error)
     return InternalError(fmt::format("checkpoint directory {}: {}", dir_, error.message()));
-  const std::string path =
-      (fs::path(dir_) / fmt::format("ckpt-{:012d}.mend", checkpoint.meta.round_id)).string();
+  const std::string path = PathOf(checkpoint.meta.round_id);
   MEND_RETURN_IF_ERROR(WriteCheckpoint(path, checkpoint));
   std::vector<std::string> files = List();
   for (size_t i = 0; i + static_cast<size_t>(keep_) < files.size(); ++i) {

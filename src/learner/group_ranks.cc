@@ -43,9 +43,14 @@ Status SetWhenStoreIsUp(RendezvousStore& store, const Clock& clock, const std::s
   }
 }
 
-// Where group rank `rank` tells why it could not start.
+// Where group rank `rank` tells why it could not start: under the group's
+// store address too, which tells one launch from the next wherever that
+// address changes with each launch (mend_init under torchrun serves it on a
+// port rank 0 picks; mend train's launcher picks a free one): a relaunch of
+// the group then never reads the failure of the launch before it.
 std::string FailedKey(const Config& config, const std::string& learner_id, int64_t rank) {
-  return fmt::format("{}failed/{}", GroupStorePrefix(config, learner_id), rank);
+  return fmt::format("{}failed/{}/{}", GroupStorePrefix(config, learner_id),
+                     config.group_store.empty() ? "-" : config.group_store, rank);
 }
 
 // A rank's failure as its store value ("<code> <unix ms> <message>").

@@ -37,7 +37,7 @@ namespace mend {
 
 // Tells the other ranks of learner `learner_id`'s group that this rank
 // (config.group_rank) could not start, and why, at
-// <GroupStorePrefix>failed/<group_rank> in the lighthouse's store (the
+// <GroupStorePrefix>failed/<group_store>/<group_rank> in the lighthouse's store (the
 // group's own store may be gone with rank 0): a rank waiting for this one
 // (ShareWithGroupRanks, or a group store that rank 0 never served) ends its
 // wait with `why` (its code and message) instead of at quorum_timeout_ms.

@@ -36,6 +36,7 @@ class SingleRank final : public RoundPolicy {
   Status AwaitAllSlices(const std::function<bool()>&) override { return OkStatus(); }
   StatusOr<bool> AllOk(InFlight& flight) override { return flight.outcome.ok(); }
   Status ShareCommitted(bool) override { return OkStatus(); }
+  StatusOr<uint64_t> ResumeRound(uint64_t newest) override { return newest; }
   Status AgreeOnRestored(uint64_t, std::string_view, std::string_view) override {
     return OkStatus();
   }
@@ -138,6 +139,10 @@ class ManyRanks final : public RoundPolicy {
     if (whole_moments_ && moments_changed)
       MEND_RETURN_IF_ERROR(Break(group_->ShareMoments(*whole_moments_)));
     return Break(group_->ShareParameters());
+  }
+  StatusOr<uint64_t> ResumeRound(uint64_t newest) override {
+    MEND_ASSIGN_OR_RETURN(auto rank0, Break(group_->Compare(newest)));
+    return rank0.first;
   }
   Status AgreeOnRestored(uint64_t round_id, std::string_view what, std::string_view rule) override {
     MEND_ASSIGN_OR_RETURN(auto restored, group_->Compare(round_id));

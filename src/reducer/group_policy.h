@@ -81,6 +81,11 @@ class RoundPolicy {
   // After a round was committed: the slices into every replica (the
   // moments too, when `moments_changed`).
   [[nodiscard]] virtual Status ShareCommitted(bool moments_changed) = 0;
+  // The round a resume from checkpoint_dir restores, given this rank's
+  // newest checkpoint there (0: none): that one (one rank), or rank 0's on
+  // every rank (a group: its ranks list the directory at different times,
+  // and another learner may write a newer checkpoint in between).
+  [[nodiscard]] virtual StatusOr<uint64_t> ResumeRound(uint64_t newest) = 0;
   // After a restore or import: every rank must have restored `round_id`;
   // then every replica takes the restored parameters.
   [[nodiscard]] virtual Status AgreeOnRestored(uint64_t round_id, std::string_view what,

@@ -47,10 +47,11 @@ StatusOr<std::optional<Restored>> OuterState::Start(uint64_t start_step) {
   return restored;
 }
 
-// The newest checkpoint in checkpoint_dir that verifies; none is a fresh
-// start. Checkpoints that are all damaged are refused, not passed over: a
-// fresh start would drop the job's progress, and checkpoint_keep would then
-// delete the damaged files (what a repair could start from).
+// The newest checkpoint in checkpoint_dir that verifies (in a group, the
+// one rank 0 found: ResumeRound); none is a fresh start. Checkpoints that
+// are all damaged are refused, not passed over: a fresh start would drop the
+// job's progress, and checkpoint_keep would then delete the damaged files
+// (what a repair could start from).
 Status OuterState::Resume(std::optional<Restored>* restored) {
   CheckpointDirectory directory(options_.dir, options_.keep);
   std::vector<std::string> skipped;
@@ -65,6 +66,22 @@ Status OuterState::Resume(std::optional<Restored>* restored) {
           "resume_from = PATH",
           options_.dir, skipped.size(), fmt::join(skipped, "; ")));
     }
+  }
+  const uint64_t newest = checkpoint.ok() ? checkpoint->meta.round_id : 0;
+  MEND_ASSIGN_OR_RETURN(const uint64_t round, policy_.ResumeRound(newest));
+  if (round != newest) {
+    spdlog::info("group rank 0 resumes from round {} where this rank found {}; so does this one",
+                 round, newest);
+    if (round == 0) return OkStatus();  // rank 0 found none: a fresh start, as on rank 0
+    checkpoint = ReadCheckpoint(directory.PathOf(round));
+    if (!checkpoint.ok()) {
+      return Annotate(checkpoint.status(),
+                      fmt::format("checkpoint_dir {}: group rank 0 resumes from round {}; this "
+                                  "rank cannot read it (every rank must see the same directory)",
+                                  options_.dir, round));
+    }
+  }
+  if (!checkpoint.ok()) {
     WarnOfOtherFiles();
     return OkStatus();
   }

@@ -9,6 +9,7 @@
 #include "core/status_format.h"
 #include "fmt/format.h"
 #include "learner/group_ranks.h"
+#include "mend/checkpoint.h"
 #include "mend/communicator.h"
 #include "mend/data_parallel.h"
 #include "mend/group_store.h"
@@ -338,8 +339,9 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config,
       if (config.checkpoint_dir.empty()) {
         spdlog::warn("checkpoint asked for, but checkpoint_dir is not set");
       } else {
-        const std::string path = fmt::format("{}/ckpt-{:012d}.mend", config.checkpoint_dir,
-                                             reducer->stats().last_round_id);
+        const std::string path =
+            CheckpointDirectory(config.checkpoint_dir, static_cast<int>(config.checkpoint_keep))
+                .PathOf(reducer->stats().last_round_id);
         std::error_code error;
         std::filesystem::create_directories(config.checkpoint_dir, error);
         if (Status saved = reducer->SaveCheckpoint(path); saved.ok()) {

@@ -171,9 +171,10 @@ std::string LearnerState(LighthouseServer& server, const std::string& id) {
 
 // `learners` learners of `ranks` ranks each (learner l in racks[l], when
 // given, its values starting at 1 + l * spread); runs[learner][rank].
-std::vector<std::vector<RankRun>> RunJob(Config config, int learners, int ranks, int steps,
-                                         const std::vector<std::string>& racks = {}, size_t w = 10,
-                                         const std::string& save_dir = "", float spread = 0) {
+std::vector<std::vector<RankRun>> RunJob(
+    Config config, int learners, int ranks, int steps, const std::vector<std::string>& racks = {},
+    size_t w = 10, const std::string& save_dir = "", float spread = 0,
+    const std::function<void(Config&, int, int)>& adjust = {}) {
   auto server = StartGroupJob(config, ranks);
   std::vector<std::vector<RankRun>> runs(static_cast<size_t>(learners),
                                          std::vector<RankRun>(static_cast<size_t>(ranks)));
@@ -182,6 +183,7 @@ std::vector<std::vector<RankRun>> RunJob(Config config, int learners, int ranks,
     for (int r = 0; r < ranks; ++r) {
       Config mine = config;
       if (!racks.empty()) mine.rack = racks[static_cast<size_t>(l)];
+      if (adjust) adjust(mine, l, r);
       threads.emplace_back([&runs, mine, l, r, steps, w, save_dir, spread]() {
         TrainRank(mine, l, r, steps, &runs[static_cast<size_t>(l)][static_cast<size_t>(r)], w,
                   save_dir, {}, nullptr, 50, nullptr, 1.0f + static_cast<float>(l) * spread);
@@ -716,6 +718,47 @@ TEST(LearnerGroupTest, AGroupsCheckpointIsOneFileThatAnyGroupSizeResumesFrom) {
   std::filesystem::remove_all(dir);
 }
 
+// A group's ranks list checkpoint_dir at different times, and another
+// learner may write a newer checkpoint in between (seen: a restarted group
+// failing with "resumed from different states (rank 0: round 46, this
+// rank: round 48)"). Every rank resumes from the round rank 0 found. Here
+// rank 1 sees round 4, which rank 0 did not (it listed before round 4 was
+// written): both resume from round 2.
+TEST(LearnerGroupTest, AGroupsRanksResumeFromTheCheckpointRank0Found) {
+  const std::string dir = testing_util::MakeTempDir();
+  Config config = testing_util::SynchronousJobConfig(2, 5);
+  config.checkpoint_dir = dir;
+  config.checkpoint_every_rounds = 2;
+  for (const auto& learner : RunJob(config, 2, 2, 20)) {
+    for (const RankRun& run : learner) ASSERT_TRUE(run.error.ok()) << run.error;
+  }
+  const std::string before = testing_util::MakeTempDir();  // rank 0's view: round 2 only
+  CheckpointDirectory written(dir, 3);
+  std::filesystem::copy_file(written.PathOf(2), CheckpointDirectory(before, 3).PathOf(2));
+  ASSERT_TRUE(std::filesystem::exists(written.PathOf(4)));
+  auto resumed = RunJob(config, 2, 2, 0, {}, 10, "", 0, [&](Config& mine, int, int rank) {
+    if (rank == 0) mine.checkpoint_dir = before;
+  });
+  for (const auto& learner : resumed) {
+    for (const RankRun& run : learner) {
+      ASSERT_TRUE(run.error.ok()) << run.error;
+      EXPECT_EQ(run.stats.resumed_from_round, 2u);
+    }
+  }
+  // Rank 0 found none: every rank starts fresh.
+  const std::string empty = testing_util::MakeTempDir();
+  auto fresh = RunJob(config, 2, 2, 0, {}, 10, "", 0, [&](Config& mine, int, int rank) {
+    if (rank == 0) mine.checkpoint_dir = empty;
+  });
+  for (const auto& learner : fresh) {
+    for (const RankRun& run : learner) {
+      ASSERT_TRUE(run.error.ok()) << run.error;
+      EXPECT_EQ(run.stats.resumed_from_round, 0u);
+    }
+  }
+  for (const std::string& d : {dir, before, empty}) std::filesystem::remove_all(d);
+}
+
 // Streaming (2 fragments) with checkpoints: the file a group of 2 ranks
 // writes (its ranks put each fragment's pieces back in slice order, then
 // gather the slices) holds what a learner of 1 rank writes, tensor for
@@ -894,6 +937,11 @@ TEST(LearnerGroupTest, ARankThatCannotStartTellsTheOtherRanksWhy) {
   EXPECT_EQ(*fresh, first.status());
   EXPECT_FALSE(ToldFailure(lighthouse, config, "learner-0", 0, now + 61'000).has_value());
   EXPECT_FALSE(ToldFailure(lighthouse, config, "learner-0", 1, now).has_value());
+  // A relaunch whose group store is elsewhere (rank 0 picked another port)
+  // never reads the launch before it, however soon.
+  Config relaunched = config;
+  relaunched.group_store = "127.0.0.1:1";
+  EXPECT_FALSE(ToldFailure(lighthouse, relaunched, "learner-0", 0, now).has_value());
   ForgetToldFailure(lighthouse, config, "learner-0");
   EXPECT_FALSE(ToldFailure(lighthouse, config, "learner-0", 0, now).has_value());
 }
