@@ -736,24 +736,19 @@ TEST(LearnerGroupTest, AGroupsRanksResumeFromTheCheckpointRank0Found) {
   CheckpointDirectory written(dir, 3);
   std::filesystem::copy_file(written.PathOf(2), CheckpointDirectory(before, 3).PathOf(2));
   ASSERT_TRUE(std::filesystem::exists(written.PathOf(4)));
-  auto resumed = RunJob(config, 2, 2, 0, {}, 10, "", 0, [&](Config& mine, int, int rank) {
-    if (rank == 0) mine.checkpoint_dir = before;
-  });
-  for (const auto& learner : resumed) {
-    for (const RankRun& run : learner) {
-      ASSERT_TRUE(run.error.ok()) << run.error;
-      EXPECT_EQ(run.stats.resumed_from_round, 2u);
-    }
-  }
-  // Rank 0 found none: every rank starts fresh.
+  // Rank 0 found round 2; then none (every rank starts fresh).
   const std::string empty = testing_util::MakeTempDir();
-  auto fresh = RunJob(config, 2, 2, 0, {}, 10, "", 0, [&](Config& mine, int, int rank) {
-    if (rank == 0) mine.checkpoint_dir = empty;
-  });
-  for (const auto& learner : fresh) {
-    for (const RankRun& run : learner) {
-      ASSERT_TRUE(run.error.ok()) << run.error;
-      EXPECT_EQ(run.stats.resumed_from_round, 0u);
+  for (const auto& seen : {std::pair{before, 2u}, std::pair{empty, 0u}}) {
+    const std::string& rank0_dir = seen.first;
+    const uint64_t round = seen.second;
+    auto resumed = RunJob(config, 2, 2, 0, {}, 10, "", 0, [&](Config& mine, int, int rank) {
+      if (rank == 0) mine.checkpoint_dir = rank0_dir;
+    });
+    for (const auto& learner : resumed) {
+      for (const RankRun& run : learner) {
+        ASSERT_TRUE(run.error.ok()) << run.error;
+        EXPECT_EQ(run.stats.resumed_from_round, round) << "rank 0 in " << rank0_dir;
+      }
     }
   }
   for (const std::string& d : {dir, before, empty}) std::filesystem::remove_all(d);
