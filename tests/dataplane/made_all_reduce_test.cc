@@ -502,7 +502,13 @@ TEST(MadeAllReduceTest, AHungMemberFailsTheRackAwareMergeWithADeadline) {
   for (int rank = 0; rank < 3; ++rank) threads[static_cast<size_t>(rank)].join();
   done = true;
   threads[3].join();
-  EXPECT_EQ(codes, std::vector<StatusCode>(3, StatusCode::kDeadlineExceeded));
+  // The first to give up does so at its deadline; a member still waiting on
+  // a peer that gave up before it may see that peer's connections end
+  // instead (ABORTED: seen under load).
+  EXPECT_GE(std::count(codes.begin(), codes.end(), StatusCode::kDeadlineExceeded), 1);
+  for (StatusCode code : codes) {
+    EXPECT_TRUE(code == StatusCode::kDeadlineExceeded || code == StatusCode::kAborted) << code;
+  }
 }
 
 // Forwards every operation to `flat` but the merges, which are then the
