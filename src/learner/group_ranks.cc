@@ -60,9 +60,9 @@ std::string FailureValue(const Status& why) {
 
 // Gets `key`, waiting for it until `deadline`. NOT_FOUND or
 // DEADLINE_EXCEEDED when it did not come in time, however the last Get put
-// it; the waited-for rank's own error, and `*told_failure` set, once that
-// rank told one in `told` (looked at between the waits, every kMaxRetry at
-// most).
+// it; the waited-for rank's own error (CouldNotStartAsTold), and
+// `*told_failure` set, once that rank told one in `told` (looked at between
+// the waits, every kMaxRetry at most).
 StatusOr<std::string> GetByDeadline(RendezvousStore& store, RendezvousStore* told,
                                     const Clock& clock, const Config& config,
                                     const std::string& learner_id, int64_t rank,
@@ -74,7 +74,8 @@ StatusOr<std::string> GetByDeadline(RendezvousStore& store, RendezvousStore* tol
     value = store.Get(key, std::clamp<Micros>(deadline - clock.NowMicros(), 1, kMaxRetry));
     if (value.ok()) return value;
     if (told != nullptr) {
-      if (std::optional<Status> failed = ToldFailure(*told, config, learner_id, rank, since)) {
+      if (std::optional<Status> failed =
+              CouldNotStartAsTold(*told, config, learner_id, rank, since)) {
         *told_failure = true;
         return *failed;
       }
@@ -152,11 +153,7 @@ StatusOr<std::vector<std::string>> ShareWithGroupRanks(
   const int64_t since = UnixMillis();
   std::function<std::optional<Status>()> rank0_failed;
   if (told != nullptr && config.group_rank != 0) {
-    rank0_failed = [&]() -> std::optional<Status> {
-      std::optional<Status> failed = ToldFailure(*told, config, learner_id, 0, since);
-      if (!failed) return std::nullopt;
-      return RankCouldNotStart(config, learner_id, 0, *failed);
-    };
+    rank0_failed = [&]() { return CouldNotStartAsTold(*told, config, learner_id, 0, since); };
   }
   bool rank0_told = false;
   Status set = SetWhenStoreIsUp(store, clock, fmt::format("{}{}", prefix, config.group_rank), mine,
@@ -175,9 +172,7 @@ StatusOr<std::vector<std::string>> ShareWithGroupRanks(
                       deadline, &told_failure);
     if (!value.ok()) {
       const Status& why = value.status();
-      if (told_failure) {
-        return RankCouldNotStart(config, learner_id, r, why);
-      }
+      if (told_failure) return why;
       return give_up(
           r, why.code() == StatusCode::kNotFound ? DeadlineExceededError(why.message()) : why);
     }
@@ -232,11 +227,14 @@ std::optional<Status> ToldFailure(RendezvousStore& told, const Config& config,
   return Status(static_cast<StatusCode>(code), value->substr(second + 1));
 }
 
-Status RankCouldNotStart(const Config& config, const std::string& learner_id, int64_t rank,
-                         const Status& failed) {
-  return Status(failed.code(),
+std::optional<Status> CouldNotStartAsTold(RendezvousStore& told, const Config& config,
+                                          const std::string& learner_id, int64_t rank,
+                                          int64_t since_unix_ms) {
+  std::optional<Status> failed = ToldFailure(told, config, learner_id, rank, since_unix_ms);
+  if (!failed) return std::nullopt;
+  return Status(failed->code(),
                 fmt::format("learner '{}' group rank {}: group rank {} could not start: {}",
-                            learner_id, config.group_rank, rank, failed.message()));
+                            learner_id, config.group_rank, rank, failed->message()));
 }
 
 void ForgetToldFailure(RendezvousStore& told, const Config& config, const std::string& learner_id) {

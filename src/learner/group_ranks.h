@@ -53,11 +53,13 @@ Status TellGroupRanks(const Config& config, const std::string& token, const std:
 std::optional<Status> ToldFailure(RendezvousStore& told, const Config& config,
                                   const std::string& learner_id, int64_t rank,
                                   int64_t since_unix_ms);
-// What group rank `rank` told (`failed`), as the error of this rank's
+// What group rank `rank` told (ToldFailure), as the error of this rank's
 // (config.group_rank's) wait for it: "learner '<id>' group rank <mine>:
-// group rank <rank> could not start: <its message>", with its code.
-Status RankCouldNotStart(const Config& config, const std::string& learner_id, int64_t rank,
-                         const Status& failed);
+// group rank <rank> could not start: <its message>", with its code. Null
+// when it told nothing.
+std::optional<Status> CouldNotStartAsTold(RendezvousStore& told, const Config& config,
+                                          const std::string& learner_id, int64_t rank,
+                                          int64_t since_unix_ms);
 // Removes what this rank told at an earlier start of its group.
 void ForgetToldFailure(RendezvousStore& told, const Config& config, const std::string& learner_id);
 // The wall clock, for ToldFailure.

@@ -161,9 +161,8 @@ StatusOr<GroupStoreOpener> GroupStoreFromConfig(const Config& config, const std:
           LighthouseClient::Connect(LighthouseClientOptionsFor(config, token));
       if (!told.ok()) return OkStatus();
       LighthouseRendezvousStore store(**told, clock);
-      std::optional<Status> failed = ToldFailure(store, config, learner_id, 0, since);
-      if (!failed) return OkStatus();
-      return RankCouldNotStart(config, learner_id, 0, *failed);
+      std::optional<Status> failed = CouldNotStartAsTold(store, config, learner_id, 0, since);
+      return failed ? *failed : OkStatus();
     };
   }
   return GroupStoreOpener([address, token, rpc_timeout, timeout, &clock, server,
