@@ -1,9 +1,9 @@
 #include "mend/logging.h"
 
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <vector>
 
 #include "core/status_format.h"
 #include "fmt/format.h"
@@ -28,18 +28,20 @@ Status InitLogging(LogLevel level, std::string_view tag) {
   // Another thread may be inside spdlog::info, which reads the default
   // logger by raw pointer: spdlog::drop of its name set it to null for a
   // moment (seen: a crash in logger::log_ with this = 0), and destroying it
-  // would free it under that thread. One small logger kept per call.
+  // would free it under that thread. One logger is kept per tag, and a tag
+  // seen before gets its logger back at the new level, so that a process
+  // that starts learners over and over keeps as many loggers as it had ids.
   static std::mutex* const mu = new std::mutex();  // never destroyed: used until exit
-  static auto* const replaced = new std::vector<std::shared_ptr<spdlog::logger>>();
+  static auto* const loggers = new std::map<std::string, std::shared_ptr<spdlog::logger>>();
   std::lock_guard lock(*mu);
-  if (std::shared_ptr<spdlog::logger> current = spdlog::default_logger()) {
-    replaced->push_back(std::move(current));
+  std::shared_ptr<spdlog::logger>& logger = (*loggers)[std::string(tag)];
+  if (logger == nullptr) {
+    logger = std::make_shared<spdlog::logger>(fmt::format("mend-{}", tag),
+                                              std::make_shared<spdlog::sinks::stderr_sink_mt>());
+    logger->set_pattern(fmt::format("%Y-%m-%d %H:%M:%S.%e %L {}] %v", tag));
+    logger->flush_on(spdlog::level::info);
   }
-  auto logger = std::make_shared<spdlog::logger>(fmt::format("mend-{}", tag),
-                                                 std::make_shared<spdlog::sinks::stderr_sink_mt>());
-  logger->set_pattern(fmt::format("%Y-%m-%d %H:%M:%S.%e %L {}] %v", tag));
   logger->set_level(parsed);
-  logger->flush_on(spdlog::level::info);
   spdlog::set_default_logger(logger);
   return OkStatus();
 }

@@ -1,6 +1,7 @@
 #include "reducer/group_policy.h"
 
 #include <algorithm>
+#include <string>
 #include <vector>
 
 #include "core/status_format.h"
@@ -145,12 +146,17 @@ class ManyRanks final : public RoundPolicy {
     return rank0.first;
   }
   Status AgreeOnRestored(uint64_t round_id, std::string_view what, std::string_view rule) override {
-    MEND_ASSIGN_OR_RETURN(auto restored, group_->Compare(round_id));
-    if (!restored.second) {
+    MEND_ASSIGN_OR_RETURN(std::vector<uint64_t> rounds, group_->ValuesByRank(round_id));
+    if (std::any_of(rounds.begin(), rounds.end(), [&](uint64_t r) { return r != rounds[0]; })) {
+      std::string each;
+      for (size_t rank = 0; rank < rounds.size(); ++rank) {
+        each += fmt::format(
+            "{}rank {}: {}", rank == 0 ? "" : ", ", rank,
+            rounds[rank] == 0 ? std::string("none") : fmt::format("round {}", rounds[rank]));
+      }
       return FailedPreconditionError(
-          fmt::format("learner '{}' group rank {}: the group's ranks {} different states (rank "
-                      "0: round {}, this rank: round {}); {}",
-                      group_->learner_id(), group_->rank(), what, restored.first, round_id, rule));
+          fmt::format("learner '{}' group rank {}: the group's ranks {} different states ({}); {}",
+                      group_->learner_id(), group_->rank(), what, each, rule));
     }
     return group_->ShareParameters();
   }

@@ -119,6 +119,10 @@ class LearnerGroup {
   size_t total() const { return total_; }
   // Rank 0's `value`, and whether every rank passed the same.
   [[nodiscard]] StatusOr<std::pair<uint64_t, bool>> Compare(uint64_t value);
+  // Every rank's `value`, by rank (one group collective, like Compare).
+  [[nodiscard]] StatusOr<std::vector<uint64_t>> ValuesByRank(uint64_t value) {
+    return GatherValues({value});
+  }
   // Removes the group's keys from the store (rank 0, when the group is done).
   void Forget();
   // Stops this rank's pulse (group_pulse.h); `done`: it shut down normally.

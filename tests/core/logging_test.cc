@@ -14,14 +14,20 @@ namespace {
 // Two ranks of one learner start on threads of one process, each setting the
 // default logger with the same tag while the other logs. The logger replaced
 // must stay alive (another thread may hold it by raw pointer inside
-// spdlog::info), and the default logger must never be missing.
+// spdlog::info), and the default logger must never be missing. One logger
+// is kept per tag: a tag seen before gets its own back, at the new level.
 TEST(LoggingTest, AReplacedLoggerStaysAliveAndTheDefaultIsNeverMissing) {
   ASSERT_TRUE(InitLogging(LogLevel::kError, "same").ok());
   const std::weak_ptr<spdlog::logger> first = spdlog::default_logger();
-  ASSERT_TRUE(InitLogging(LogLevel::kError, "same").ok());
+  ASSERT_TRUE(InitLogging(LogLevel::kWarn, "other").ok());
   EXPECT_FALSE(first.expired()) << "the replaced logger was destroyed";
   EXPECT_NE(spdlog::default_logger().get(), first.lock().get());
+  EXPECT_EQ(spdlog::default_logger()->name(), "mend-other");
+  ASSERT_TRUE(InitLogging(LogLevel::kInfo, "same").ok());
+  EXPECT_EQ(spdlog::default_logger().get(), first.lock().get()) << "a second logger for one tag";
   EXPECT_EQ(spdlog::default_logger()->name(), "mend-same");
+  EXPECT_EQ(spdlog::default_logger()->level(), spdlog::level::info);
+  ASSERT_TRUE(InitLogging(LogLevel::kError, "same").ok());
   EXPECT_EQ(spdlog::default_logger()->level(), spdlog::level::err);
 
   std::atomic<bool> done{false};
@@ -46,6 +52,7 @@ TEST(LoggingTest, AReplacedLoggerStaysAliveAndTheDefaultIsNeverMissing) {
   done = true;
   reader.join();
   EXPECT_EQ(missing.load(), 0);
+  EXPECT_EQ(spdlog::default_logger().get(), first.lock().get());
 }
 
 TEST(LoggingTest, AnUnknownLevelIsRefusedNamingTheKey) {

@@ -16,6 +16,7 @@
 #include "dataplane/dataplane_fixture.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "learner/group_ranks.h"
 #include "learner/lighthouse_rendezvous.h"
@@ -752,6 +753,33 @@ TEST(LearnerGroupTest, AGroupsRanksResumeFromTheCheckpointRank0Found) {
     }
   }
   for (const std::string& d : {dir, before, empty}) std::filesystem::remove_all(d);
+}
+
+// Ranks told to resume from different files (resume_from): every rank
+// fails, and the error names each rank's round, so that it says which rank
+// differed (rank 0's error used to give its own round twice).
+TEST(LearnerGroupTest, RanksResumingFromDifferentFilesFailNamingEachRanksRound) {
+  const std::string dir = testing_util::MakeTempDir();
+  Config config = testing_util::SynchronousJobConfig(2, 5);
+  config.checkpoint_dir = dir;
+  config.checkpoint_every_rounds = 2;
+  for (const auto& learner : RunJob(config, 2, 2, 20)) {
+    for (const RankRun& run : learner) ASSERT_TRUE(run.error.ok()) << run.error;
+  }
+  const CheckpointDirectory written(dir, 3);
+  config.checkpoint_dir.clear();
+  auto resumed = RunJob(config, 2, 2, 0, {}, 10, "", 0, [&](Config& mine, int, int rank) {
+    mine.resume_from = written.PathOf(rank == 0 ? 2 : 4);
+  });
+  for (const auto& learner : resumed) {
+    for (const RankRun& run : learner) {
+      EXPECT_EQ(run.error.code(), StatusCode::kFailedPrecondition) << run.error;
+      EXPECT_THAT(run.error.message(),
+                  testing::HasSubstr("resumed from different states (rank 0: round 2, rank 1: "
+                                     "round 4)"));
+    }
+  }
+  std::filesystem::remove_all(dir);
 }
 
 // Streaming (2 fragments) with checkpoints: the file a group of 2 ranks
