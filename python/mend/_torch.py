@@ -49,7 +49,8 @@ class _Staging:
         self.devices = set()
         self.copies = 0
         self.bytes = 0  # float32 bytes copied, both ways
-        self.seconds = 0.0
+        self.seconds = 0.0  # the training thread's time in the copies (a GPU's copies out: enqueuing them)
+        self.in_flight: List[Any] = []  # events of copies out that may still read the host copies
 
     @property
     def pairs(self) -> List[Tuple[torch.Tensor, torch.Tensor]]:
@@ -103,13 +104,43 @@ class _Staging:
             else:
                 for target, source in zip(into, out_of):
                     target.copy_(source, non_blocking=True)
-        # The copies are asynchronous on a GPU: wait for the stream that made
-        # them, not for the whole device (other streams, a DDP's, go on).
-        for device in self.devices:
-            torch.cuda.current_stream(device).synchronize()
+        # The copies are asynchronous on a GPU, on the current stream. Into
+        # the host copies, mend reads them next: wait for that stream (not
+        # for the whole device: other streams, a DDP's, go on). Back to the
+        # device, the stream runs them before its next kernels (the next
+        # forward reads the tensors after them), and the training thread
+        # goes on at once: settle() waits for them before anything writes the
+        # host copies again.
+        if into_host:
+            self.wait_streams()
+        else:
+            self.in_flight += self.record_events()
         self.copies += 1
         self.bytes += 4 * sum(host.numel() for host in hosts)
         self.seconds += time.perf_counter() - started
+
+
+    def settle(self) -> None:
+        """Waits until the copies out have read the host copies (their
+        events only), before mend or a copy in writes those."""
+        for event in self.in_flight:
+            event.synchronize()
+        self.in_flight.clear()
+
+    def wait_streams(self) -> None:
+        """Waits for every copy so far (the current stream of each device)."""
+        for device in self.devices:
+            torch.cuda.current_stream(device).synchronize()
+        self.in_flight.clear()
+
+    def record_events(self) -> List[Any]:
+        """An event after the copies just enqueued, on each device's current stream."""
+        events = []
+        for device in self.devices:
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(device))
+            events.append(event)
+        return events
 
 
 def _in_place(tensor: torch.Tensor, always_stage: bool) -> bool:
@@ -305,12 +336,19 @@ class Runtime:
     def _before_call(self, fragments: Optional[List[bool]] = None) -> None:
         """Staged copies current before a call that may read them: the
         parameters of ``fragments`` (None: all), the moments and buffers."""
+        self._settle()
         self._staging.copy_in(fragments)
         for staging in (self._moment_staging, self._buffer_staging):
             staging.copy_in()
         if self._optimizer_tracked:
             self._step_handed = bindings.optimizer_step(self._optimizer, self._parameters)
             self._learner.optimizer_step = self._step_handed
+
+    def _settle(self) -> None:
+        """The copies back to the device done reading the host copies: before
+        a call that may write them."""
+        for staging in (self._staging, self._moment_staging, self._buffer_staging):
+            staging.settle()
 
     def _after_call(self) -> None:
         if self._learner.last_flags & STEP_WROTE:
@@ -432,6 +470,7 @@ class Runtime:
         the model's parameters; the step becomes the state's."""
         self._check_process()
         bindings.check_attached(self.model, self._attached)
+        self._settle()
         self._learner.import_state(state)
         self._after_call()
 
@@ -457,6 +496,7 @@ class Runtime:
                              "format 'mend outer state')")
         if state_dict.get("version") != 1:
             raise ValueError(f"mend: a mend outer state of version {state_dict.get('version')!r}; this mend reads 1")
+        self._settle()
         self._learner.import_state(state_dict["state"], keep_parameters=True)
 
     @property

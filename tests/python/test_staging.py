@@ -85,6 +85,100 @@ def test_bfloat16_parameters_go_through_staging_and_agree():
         assert torch.equal(pa, pb)
 
 
+class FakeEvent:
+    """Stands for a GPU's event after a copy back to the device: done only
+    once something waited for it."""
+
+    def __init__(self):
+        self.done = False
+
+    def synchronize(self):
+        self.done = True
+
+
+def test_copies_back_are_not_waited_for_and_are_settled_before_the_host_copies_change(monkeypatch):
+    """On a GPU a copy back to the device (after a step that wrote) runs on
+    the current stream and the training thread goes on; mend may write the
+    host copies again only once it has read them. Here the CPU's copies stand
+    in, with fake events: every call that may write the host copies (a step
+    that reads them, an import, the shutdown) must find no copy back pending,
+    and after a step that wrote one must be left pending (not waited for)."""
+    from mend import _torch
+    from mend._native import STEP_READS
+    recorded = []
+
+    def record_events(staging):
+        recorded.append(FakeEvent())
+        return [recorded[-1]]
+
+    def wait_streams(staging):
+        for event in staging.in_flight:
+            event.done = True
+        staging.in_flight.clear()
+
+    monkeypatch.setattr(_torch._Staging, "record_events", record_events)
+    monkeypatch.setattr(_torch._Staging, "wait_streams", wait_streams)
+    seen = {"writes_checked": 0, "left_pending": 0}
+    broken = []
+
+    def watch(runtime):
+        learner = runtime._learner
+        stagings = lambda: (runtime._staging, runtime._moment_staging, runtime._buffer_staging)  # noqa: E731
+        planned = [0]
+
+        def pending():
+            return [e for st in stagings() for e in st.in_flight if not e.done]
+
+        def checked(call, writes):
+            def run(*args, **kwargs):
+                if writes(args):
+                    seen["writes_checked"] += 1
+                    if pending():
+                        broken.append(f"{call} with a copy back pending")
+                result = call_of[call](*args, **kwargs)
+                return result
+            return run
+
+        call_of = {name: getattr(learner, name) for name in ("plan_step", "step", "import_state", "shutdown")}
+
+        def plan_step():
+            planned[0] = call_of["plan_step"]()
+            if pending():
+                seen["left_pending"] += 1  # the last step's copies back were not waited for
+            return planned[0]
+
+        learner.plan_step = plan_step
+        learner.step = checked("step", lambda args: planned[0] & STEP_READS)
+        learner.import_state = checked("import_state", lambda args: True)
+        learner.shutdown = checked("shutdown", lambda args: True)
+
+    os.environ["MEND_JOB_TOKEN"] = TOKEN
+    with mend.Lighthouse(mend.MendConfig(bind="127.0.0.1:0", http="", quorum_min_learners=2,
+                                         heartbeat_ms=50, heartbeat_timeout_ms=2000, log_level="warn")) as lighthouse:
+        config = mend.MendConfig(lighthouse=lighthouse.address, quorum_min_learners=2, sync_period_steps=3,
+                                 concurrent_outer_step=False, heartbeat_ms=50, heartbeat_timeout_ms=2000,
+                                 host_staging="always", momentum_sync_period_steps=3, log_level="warn")
+        models, optimizers = [], []
+        for seed in (1, 2):
+            torch.manual_seed(seed)
+            models.append(TinyLM())
+            optimizers.append(torch.optim.AdamW(models[-1].parameters(), lr=0.02))
+            watch(mend.mend_init(models[-1], config, f"settle-{seed}", optimizer=optimizers[-1]))
+        errors = run_in_threads(lambda i: train_steps(models[i], optimizers[i], 12, 10 + i), 2)
+        assert not errors, errors
+        for model in models:
+            runtime = mend.get_runtime(model)
+            runtime.import_state(runtime.export_state())
+        assert not run_in_threads(lambda i: mend.mend_shutdown(models[i]), 2)
+    assert broken == []
+    assert recorded, "no copy back recorded an event"
+    # 4 boundaries each (their steps read), an import and a shutdown: every one checked.
+    assert seen["writes_checked"] >= 2 * (4 + 2)
+    assert seen["left_pending"] >= 2 * 3  # after the boundaries before the last, the copies back were left running
+    for pa, pb in zip(models[0].parameters(), models[1].parameters()):
+        assert torch.equal(pa, pb)
+
+
 def free_port():
     import socket
     with socket.socket() as s:
