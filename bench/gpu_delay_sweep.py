@@ -219,7 +219,8 @@ def worker(args):
                    "first_boundary_s": boundary[0] if boundary else 0.0, "final_s": final_s,
                    "held_out_loss": statistics.mean(losses), "peak_gpu_bytes": peak,
                    "rounds": stats.get("rounds", 0), "round_waits": stats.get("round_waits", 0),
-                   "staging_s": stats.get("staging_seconds", 0.0), "round_phases": phases,
+                   "staging_s": stats.get("staging_seconds", 0.0), "deferred_steps": stats.get("deferred_steps", 0),
+                   "round_phases": phases,
                    "digest": digest}, f)
 
 
@@ -271,6 +272,7 @@ def run(args, mode, delay, seed, lighthouse):
         "rounds": max(r["rounds"] for r in results),
         "round_waits": sum(r["round_waits"] for r in results),
         "staging_s": max(r.get("staging_s", 0.0) for r in results),
+        "deferred_steps": max(r.get("deferred_steps", 0) for r in results),
         "round_phases": json.dumps({k: round(v, 3) for k, v in sorted(phases.items())}),
         "identical": mode != "local" and all(r["digest"] == results[0]["digest"] for r in results),
         "kind": results[0]["kind"], "device": results[0]["device"], "parameters": results[0]["parameters"],

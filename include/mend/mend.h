@@ -34,7 +34,7 @@ extern "C" {
 
 /* The version of this interface; mend_abi_version() returns the one the
  * loaded library implements. A front end refuses a library of another one. */
-#define MEND_ABI_VERSION 7
+#define MEND_ABI_VERSION 8
 
 typedef enum mend_status {
   MEND_OK = 0,
@@ -244,15 +244,21 @@ mend_status mend_learner_set_buffers(mend_learner* learner, const mend_buffer* b
 
 /* What the next step does (mend_learner_plan_step), and what the last call
  * did (mend_learner_last_flags). */
-#define MEND_STEP_MAY_WAIT 1u /* it starts or applies a round, and may wait for one */
-#define MEND_STEP_READS 2u    /* it may read the parameter and moment buffers */
-#define MEND_STEP_WROTE 4u    /* it wrote the parameter or moment buffers */
+#define MEND_STEP_MAY_WAIT 1u  /* it starts or applies a round, and may wait for one */
+#define MEND_STEP_READS 2u     /* it may read the parameter and moment buffers */
+#define MEND_STEP_WROTE 4u     /* it wrote the parameter or moment buffers */
+#define MEND_STEP_MAY_WRITE 8u /* it may write them (ABI 8) */
 
 /* Fixes the plan of the next mend_learner_step and returns it (MAY_WAIT,
- * READS). A front end that stages its parameters (a GPU's, through host
- * buffers) copies them into the buffers before a step that READS, and
- * back after any call whose mend_learner_last_flags() has WROTE; with no
- * plan, a step behaves as if planned at its start. Cheap: call it every step. */
+ * READS, MAY_WRITE). A front end that stages its parameters (a GPU's,
+ * through host buffers) copies them into the buffers before a step that
+ * READS, and back after any call whose mend_learner_last_flags() has
+ * WROTE; with no plan, a step behaves as if planned at its start. A step
+ * that READS without MAY_WRITE (a concurrent round's launch with nothing in
+ * flight and no provisional step) only reads the buffers: the front end
+ * may make that mend_learner_step later, before the parameters change (the
+ * next optimizer step), once its copies into the buffers are done; it
+ * writes nothing then. Cheap: call it every step. */
 uint32_t mend_learner_plan_step(mend_learner* learner);
 /* One inner step done, with the tokens it processed: at a fragment boundary
  * it starts a round, and a round's result is applied at its apply step,

@@ -240,18 +240,23 @@ def _hooks_available() -> bool:
 
 
 class StepAttachment:
-    """Calls ``stepped()`` after every step of ``optimizer`` until detached."""
+    """Calls ``before()`` before and ``stepped()`` after every step of
+    ``optimizer`` until detached."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, stepped: Callable[[], None]) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, stepped: Callable[[], None],
+                 before: Callable[[], None]) -> None:
         self.optimizer = optimizer
         self._handle = None
+        self._pre_handle = None
         self._original = None
         if _hooks_available():
+            self._pre_handle = optimizer.register_step_pre_hook(lambda opt, args, kwargs: before())
             self._handle = optimizer.register_step_post_hook(lambda opt, args, kwargs: stepped())
             return
         original = optimizer.step
 
         def step(opt: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
+            before()
             result = original(*args, **kwargs)
             stepped()
             return result
@@ -265,7 +270,8 @@ class StepAttachment:
     def detach(self) -> None:
         if self._handle is not None:
             self._handle.remove()
-            self._handle = None
+            self._pre_handle.remove()
+            self._handle = self._pre_handle = None
         elif self._original is not None:
             # Put the original back unless something (a scheduler created
             # later) wrapped ours since: then ours stays and does nothing

@@ -26,7 +26,7 @@ from mend import _bindings as bindings
 from mend import _native
 from mend._config import MendConfig, check_config
 from mend._learner import GroupStore, Learner, check_tokens, default_learner_id, read_token
-from mend._native import FRAGMENTS_PLANNED, FRAGMENTS_WROTE, STEP_READS, STEP_WROTE, lib
+from mend._native import FRAGMENTS_PLANNED, FRAGMENTS_WROTE, STEP_MAY_WRITE, STEP_READS, STEP_WROTE, lib
 
 _STAGED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # Training forwards with no optimizer step seen before mend warns that it is
@@ -80,20 +80,21 @@ class _Staging:
                 hosts[k] = host
         return hosts
 
-    def copy_in(self, fragments: Optional[List[bool]] = None) -> None:
+    def copy_in(self, fragments: Optional[List[bool]] = None, wait: bool = True) -> List[Any]:
         """The tensors' values into the host copies (before mend reads them):
-        of every fragment, or of those marked in ``fragments``."""
-        self._copy(True, fragments)
+        of every fragment, or of those marked in ``fragments``. With ``wait``
+        False (a GPU's) the copies are left running: returns their events."""
+        return self._copy(True, fragments, wait)
 
     def copy_out(self, fragments: Optional[List[bool]] = None) -> None:
         """The host copies back into the tensors (after mend wrote them)."""
         self._copy(False, fragments)
 
-    def _copy(self, into_host: bool, fragments: Optional[List[bool]]) -> None:
+    def _copy(self, into_host: bool, fragments: Optional[List[bool]], wait: bool = True) -> List[Any]:
         pairs = [pair for f, members in self.fragments.items()
                  if fragments is None or (f < len(fragments) and fragments[f]) for pair in members]
         if not pairs:
-            return
+            return []
         started = time.perf_counter()
         tensors = [tensor.detach() for tensor, _ in pairs]
         hosts = [host for _, host in pairs]
@@ -110,14 +111,19 @@ class _Staging:
         # device, the stream runs them before its next kernels (the next
         # forward reads the tensors after them), and the training thread
         # goes on at once: settle() waits for them before anything writes the
-        # host copies again.
-        if into_host:
+        # host copies again. A copy in for a step made later (wait False) is
+        # waited for then, by its events.
+        events: List[Any] = []
+        if into_host and wait:
             self.wait_streams()
+        elif into_host:
+            events = self.record_events()
         else:
             self.in_flight += self.record_events()
         self.copies += 1
         self.bytes += 4 * sum(host.numel() for host in hosts)
         self.seconds += time.perf_counter() - started
+        return events
 
 
     def settle(self) -> None:
@@ -197,6 +203,12 @@ class Runtime:
         # Each parameter's Adam moments as handed over (None: none yet).
         self._moments: List[Optional[Tuple[torch.Tensor, torch.Tensor]]] = [None] * len(self._parameters)
         self._optimizer_tracked = False  # its betas and step count handed over
+        self._moments_in_place = False   # some moments handed over in place (CPU float32)
+        self._buffers_in_place = False   # some buffers likewise
+        # A step that only reads the staged copies, made at the next optimizer
+        # step (before it changes the parameters): (tokens, its copies' events).
+        self._deferred: Optional[Tuple[int, List[Any]]] = None
+        self._deferred_steps = 0
         self._step_handed = 0            # the step count last put into the learner
         self._pid = os.getpid()
         self._tokens: Optional[int] = None
@@ -219,6 +231,7 @@ class Runtime:
         # copies flat by fragment.
         fragments = max(1, int(config.fragments))
         staged = [i for i, data in enumerate(storages) if not _in_place(data, self._always_stage)]
+        self._all_parameters_staged = len(staged) == len(storages)
         tensors = list(storages)
         for i, host in zip(staged, self._staging.add_all([(storages[i], i % fragments) for i in staged])):
             tensors[i] = host
@@ -251,7 +264,13 @@ class Runtime:
             if runtime is not None and not runtime.closed:
                 runtime._skipped()
 
+        def before_step() -> None:
+            runtime = runtime_ref()
+            if runtime is not None and not runtime.closed:
+                runtime._finish_deferred()
+
         self._stepped_callback = stepped
+        self._before_step_callback = before_step
         if scaler is not None:
             self._scaler = attach.ScalerAttachment(
                 scaler, self._parameters, lambda: getattr(runtime_ref(), "_steps_taken", 0), skipped)
@@ -266,7 +285,7 @@ class Runtime:
         if self._optimizer is optimizer:
             return
         self._optimizer = optimizer
-        self._attachment = attach.StepAttachment(optimizer, self._stepped_callback)
+        self._attachment = attach.StepAttachment(optimizer, self._stepped_callback, self._before_step_callback)
 
     def _forward(self, module: torch.nn.Module, inputs: Any, kwargs: Dict[str, Any]) -> None:
         if not module.training:
@@ -298,6 +317,7 @@ class Runtime:
                     continue
                 data = buffer.detach()
                 tensor = data if _in_place(data, self._always_stage) else self._buffer_staging.add(data)
+                self._buffers_in_place = self._buffers_in_place or tensor is data
                 kinds[not buffer.is_floating_point()].append((name, tensor.data_ptr(), tensor.numel(),
                                                               tuple(buffer.shape)))
                 keep.append(data)
@@ -322,27 +342,34 @@ class Runtime:
         # Every parameter's anew, into new host copies where staged: the
         # library holds the old addresses until each is replaced here.
         staging = _Staging()
+        in_place = False
         for index, moments in enumerate(now):
             if moments is None:
                 self._learner._set_moment_addresses(index, None, None, ())
                 continue
             views = [m.detach() for m in moments]
             views = [v if _in_place(v, self._always_stage) else staging.add(v) for v in views]
+            in_place = in_place or any(_in_place(v, self._always_stage) for v in views)
             self._learner._set_moment_addresses(index, views[0].data_ptr(), views[1].data_ptr(), ())
         staging.copies, staging.seconds = self._moment_staging.copies, self._moment_staging.seconds
+        self._moment_staging.settle()  # (its host copies go: no copy may still read them)
         self._moment_staging = staging
+        self._moments_in_place = in_place
         self._moments = now
 
-    def _before_call(self, fragments: Optional[List[bool]] = None) -> None:
+    def _before_call(self, fragments: Optional[List[bool]] = None, wait: bool = True) -> List[Any]:
         """Staged copies current before a call that may read them: the
-        parameters of ``fragments`` (None: all), the moments and buffers."""
+        parameters of ``fragments`` (None: all), the moments and buffers.
+        With ``wait`` False the copies are left running (a GPU's): returns
+        their events, to wait for before the call."""
         self._settle()
-        self._staging.copy_in(fragments)
+        events = self._staging.copy_in(fragments, wait)
         for staging in (self._moment_staging, self._buffer_staging):
-            staging.copy_in()
+            events += staging.copy_in(None, wait)
         if self._optimizer_tracked:
             self._step_handed = bindings.optimizer_step(self._optimizer, self._parameters)
             self._learner.optimizer_step = self._step_handed
+        return events
 
     def _settle(self) -> None:
         """The copies back to the device done reading the host copies: before
@@ -396,6 +423,7 @@ class Runtime:
         self._counted_tokens.add(attach.batch_tokens(batch))
 
     def _step(self, tokens: Optional[int]) -> None:
+        self._finish_deferred()
         self._stepped = True
         self._steps_taken += 1
         if tokens is None:
@@ -419,25 +447,61 @@ class Runtime:
             self._counted_tokens.take()  # (given: what the forwards counted is dropped)
         self._tokens = None
         learner = self._learner
-        reads = learner.plan_step() & STEP_READS
+        plan = learner.plan_step()
+        reads = plan & STEP_READS
         # The moments once the optimizer has made them, and before a step
         # that reads them (they may have been replaced since).
         if (self.config.desloc or self.config.heal_inner_optimizer) and (reads or not self._optimizer_tracked):
             self._hand_over_moments()
-        if reads:
-            bindings.check_attached(self.model, self._attached)
-            self._before_call(learner.step_fragments(FRAGMENTS_PLANNED) if self._staging.fragments else None)
+        if not reads:
             learner.step(int(tokens))
-            self._after_call()
-        else:
-            learner.step(int(tokens))
-        self._tokens_stepped += int(tokens)  # (a step refused is not counted)
+            self._tokens_stepped += int(tokens)  # (a step refused is not counted)
+            return
+        bindings.check_attached(self.model, self._attached)
+        fragments = learner.step_fragments(FRAGMENTS_PLANNED) if self._staging.fragments else None
+        if not plan & STEP_MAY_WRITE and self._may_defer():
+            # It only reads the staged copies (a round's launch): copied now
+            # (left running on a GPU), made at the next optimizer step, before
+            # that changes the parameters, so that the copies and mend's
+            # snapshot of them overlap the next forward and backward.
+            self._deferred = (int(tokens), self._before_call(fragments, wait=False))
+            return
+        self._before_call(fragments)
+        learner.step(int(tokens))
+        self._after_call()
+        self._tokens_stepped += int(tokens)
+
+    def _may_defer(self) -> bool:
+        """Whether a step that only reads may be made at the next optimizer
+        step: automatic mode with the optimizer's steps seen, and every
+        parameter, moment and buffer mend reads staged (one used in place
+        could change before then: a BatchNorm buffer in the next forward)."""
+        return (not self.manual and self._attachment is not None and self._all_parameters_staged
+                and not self._moments_in_place and not self._buffers_in_place)
+
+    def _finish_deferred(self) -> None:
+        """Makes the step left for later, once its copies are in (before the
+        optimizer's next step, or any call that needs the learner up to date)."""
+        if self._deferred is None:
+            return
+        tokens, events = self._deferred
+        self._deferred = None
+        for event in events:
+            event.synchronize()
+        self._learner.step(tokens)
+        self._after_call()  # (it wrote nothing: libmend logs an error if it did)
+        self._tokens_stepped += tokens
+        self._deferred_steps += 1
 
     def stats(self) -> Dict[str, Any]:
         """The learner's counters (rounds, bytes, heals, ...); after shutdown, the final ones."""
         stats: Dict[str, Any] = dict(self._learner.stats())
         stats["skipped_steps"] = self._skipped_steps
         stats["tokens"] = self._tokens_stepped
+        if self._deferred is not None:  # (counted as done: it is, but for mend's part)
+            stats["steps"] += 1
+            stats["tokens"] += self._deferred[0]
+        stats["deferred_steps"] = self._deferred_steps
         stats["staged_parameters"] = len(self._staging.pairs)
         stats["staging_copies"] = self._staging.copies
         stats["staging_bytes"] = self._staging.bytes
@@ -458,17 +522,20 @@ class Runtime:
         torch.distributed.checkpoint.save: every rank calls it at the same
         step, and group rank 0 writes the file."""
         self._check_process()
+        self._finish_deferred()
         self._learner.save_checkpoint(path)
 
     def export_state(self) -> bytes:
         """The outer state as bytes (collective for a group: rank 0 gets them)."""
         self._check_process()
+        self._finish_deferred()
         return self._learner.export_state()
 
     def import_state(self, state: bytes) -> None:
         """Makes exported bytes (or a checkpoint file's) the global state and
         the model's parameters; the step becomes the state's."""
         self._check_process()
+        self._finish_deferred()
         bindings.check_attached(self.model, self._attached)
         self._settle()
         self._learner.import_state(state)
@@ -484,6 +551,7 @@ class Runtime:
         same step); rank 0's holds the whole model (the others' are empty), and
         every rank loads rank 0's."""
         self._check_process()
+        self._finish_deferred()
         return {"format": "mend outer state", "version": 1, "state": self._learner.export_state()}
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
@@ -496,6 +564,7 @@ class Runtime:
                              "format 'mend outer state')")
         if state_dict.get("version") != 1:
             raise ValueError(f"mend: a mend outer state of version {state_dict.get('version')!r}; this mend reads 1")
+        self._finish_deferred()
         self._settle()
         self._learner.import_state(state_dict["state"], keep_parameters=True)
 
@@ -518,8 +587,10 @@ class Runtime:
             return
         try:
             bindings.check_attached(self.model, self._attached)
+            self._finish_deferred()
         except _native.MendError:
-            # Leave without a final merge: its values would not be the model's.
+            # Leave without a final merge: its values would not be the model's
+            # (or the last step failed).
             self._learner.leave()
             raise
         self._before_call()

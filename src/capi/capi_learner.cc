@@ -39,6 +39,7 @@ struct mend_learner {
   // By fragment: the next step's plan (empty: none fixed), and what the
   // last call read and wrote of the parameters (MEND_FRAGMENTS_*).
   std::vector<uint8_t> planned;
+  uint32_t planned_flags = 0;  // the plan's MEND_STEP_* (when `planned` is not empty)
   std::vector<uint8_t> touched[2];
   bool shut_down = false;
 };
@@ -103,6 +104,13 @@ void RecordTouched(mend_learner& learner) {
     learner.touched[1][f] |= (how & mend::capi::RawParameters::kWritten) != 0 ? 1 : 0;
   }
   if (learner.planned.empty()) return;
+  if ((learner.planned_flags & MEND_STEP_MAY_WRITE) == 0 &&
+      Writes(learner) != learner.writes_before) {
+    spdlog::error(
+        "mend: step {} wrote the parameters, which its plan said it would only read: a front end "
+        "that made the step later had them overwritten (a defect of mend's; please report it)",
+        learner.driver->stats().steps);
+  }
   for (size_t f = 0; f < learner.planned.size(); ++f) {
     if (learner.planned[f] == 0 && (learner.touched[0][f] | learner.touched[1][f]) != 0) {
       spdlog::error(
@@ -313,8 +321,10 @@ uint32_t mend_learner_plan_step(mend_learner* learner) {
   if (!Usable(learner, "mend_learner_plan_step").ok() || learner->shut_down) return 0;
   mend::reducer::StepPlan plan = learner->driver->PlanStep();
   learner->planned = std::move(plan.fragments);
-  return (plan.may_wait ? MEND_STEP_MAY_WAIT : 0u) |
-         (plan.touches_parameters ? MEND_STEP_READS : 0u);
+  learner->planned_flags = (plan.may_wait ? MEND_STEP_MAY_WAIT : 0u) |
+                           (plan.touches_parameters ? MEND_STEP_READS : 0u) |
+                           (plan.may_write ? MEND_STEP_MAY_WRITE : 0u);
+  return learner->planned_flags;
 }
 
 mend_status mend_learner_step(mend_learner* learner, uint64_t tokens, int64_t wait_ms) {

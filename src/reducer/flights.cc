@@ -184,8 +184,12 @@ InFlight& Flights::Start(std::unique_ptr<InFlight> flight) {
 // averages) takes the provisional step at launch. Its steps are the same on
 // every rank of a group (each takes it on its slice).
 bool Flights::EagerAt(const InFlight& flight) const {
-  return options_.apply == OuterApply::kEager && options_.concurrent && !flight.final_merge &&
-         flight.boundary_step > options_.outer_warmup_steps;
+  return !flight.final_merge && EagerAtBoundary(flight.boundary_step);
+}
+
+bool Flights::EagerAtBoundary(uint64_t step) const {
+  return options_.apply == OuterApply::kEager && options_.concurrent &&
+         step > options_.outer_warmup_steps;
 }
 
 // The boundary snapshot: the fragment's tokens, base and pseudo-gradient,
@@ -441,6 +445,11 @@ void Flights::Plan(uint64_t step) {
     if (!flight->done.load(std::memory_order_acquire)) break;
     planned_arrivals_++;
   }
+}
+
+bool Flights::LaunchOnlyReads(uint64_t next, Action action) const {
+  return options_.concurrent && flights_.empty() && action == Action::kNone &&
+         !EagerAtBoundary(next);
 }
 
 // The fragments whose parameters step `next` may read or write: those it

@@ -60,6 +60,10 @@ class Flights {
 
   RoundServices& services() { return *services_; }
   bool empty() const { return flights_.empty(); }
+  // Whether step `next`, doing `action` (the plan's), with a launch there,
+  // only reads the parameters: concurrent, nothing in flight to take up or
+  // to make room for, and no provisional step at its launch.
+  bool LaunchOnlyReads(uint64_t next, Action action) const;
   size_t size() const { return flights_.size(); }
   InFlight& head() const { return *flights_.front(); }
   InFlight& newest() const { return *flights_.back(); }
@@ -114,6 +118,8 @@ class Flights {
   FlightStatus PlannedStatus(InFlight& flight) const;
   InFlight& Start(std::unique_ptr<InFlight> flight);
   bool EagerAt(const InFlight& flight) const;
+  // Whether a round launched at step `step` takes the provisional step.
+  bool EagerAtBoundary(uint64_t step) const;
   void Snap(Fragment& fragment, InFlight& flight);
   Status Join(InFlight& flight);
   Status GiveBack(InFlight& flight);

@@ -41,6 +41,10 @@ std::string ParametersSetting(const std::vector<std::vector<int64_t>>& shapes);
 struct StepPlan {
   bool may_wait = false;            // it starts or applies a round (and may wait for one)
   bool touches_parameters = false;  // it may read or write the parameters and moments
+  // It may write them (else it only reads them: a concurrent round's
+  // launch with nothing in flight and no provisional step, whose snapshot a
+  // front end that stages may take up to the next optimizer step).
+  bool may_write = false;
   // By fragment: 1 where the step may read or write that fragment's
   // parameters (all 0 unless touches_parameters).
   std::vector<uint8_t> fragments;

@@ -40,6 +40,7 @@ StepPlan RoundDriverImpl::PlanStep() {
   plan.may_wait = MayWait(action, launches);
   // A group's join passed over is looked at (and maybe applied) at every step.
   plan.touches_parameters = plan.may_wait || action == Action::kAskGroup;
+  plan.may_write = plan.touches_parameters && !flights_->LaunchOnlyReads(next, action);
   plan.fragments = plan.touches_parameters
                        ? flights_->PlannedFragments(next, std::move(launches))
                        : std::vector<uint8_t>(static_cast<size_t>(fragments()), 0);

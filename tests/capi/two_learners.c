@@ -126,6 +126,8 @@ int main(void) {
       Train(&learners[k], k + 1);
       const uint32_t plan = mend_learner_plan_step(learners[k].learner);
       EXPECT(((plan & MEND_STEP_MAY_WAIT) != 0) == (step % kPeriod == 0));
+      /* synchronous: a boundary's step writes the round's result */
+      EXPECT(((plan & MEND_STEP_MAY_WRITE) != 0) == (step % kPeriod == 0));
       status[k] = mend_learner_step(learners[k].learner, 100 + (uint64_t)k, 0);
       EXPECT(status[k] == MEND_OK || status[k] == MEND_PENDING);
     }

@@ -3,7 +3,8 @@ step may read or write (Learner.step_fragments(FRAGMENTS_PLANNED) after
 plan_step), and which ones the last call read and wrote. A step must touch
 no fragment its plan left out, and a concurrent round's steps touch its own
 fragment only; a heal, a synchronous round and a group's rounds plan every
-fragment. mend.Learner over numpy arrays, learners on threads (the
+fragment. A step planned to read without MAY_WRITE (a launch with nothing
+in flight and no provisional step) must write nothing. mend.Learner over numpy arrays, learners on threads (the
 step's own plan, at the driver, is checked on a fake clock in
 tests/reducer/round_driver_clock_test.cc)."""
 import os
@@ -15,7 +16,7 @@ import pytest
 np = pytest.importorskip("numpy")
 
 import mend  # noqa: E402
-from mend._native import FRAGMENTS_PLANNED, FRAGMENTS_READ, FRAGMENTS_WROTE, STEP_READS  # noqa: E402
+from mend._native import FRAGMENTS_PLANNED, FRAGMENTS_READ, FRAGMENTS_WROTE, STEP_MAY_WRITE, STEP_READS  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from job_threads import run_in_threads  # noqa: E402
@@ -33,6 +34,8 @@ class Seen:
         self.planned_all = 0     # steps that planned every fragment
         self.touched_one = 0     # steps that read or wrote exactly one fragment
         self.wrote_many = 0      # steps that wrote more than one fragment
+        self.only_reads = 0      # steps planned to read and not to write
+        self.wrote_unplanned = []  # steps that wrote with no MAY_WRITE in their plan
 
 
 def learn(learner, params, steps, seed, seen, before_step=None):
@@ -42,7 +45,8 @@ def learn(learner, params, steps, seed, seen, before_step=None):
             before_step(step)
         for p in params:
             p += np.float32(0.01) * rng.standard_normal(p.shape).astype(np.float32)
-        reads = learner.plan_step() & STEP_READS
+        plan = learner.plan_step()
+        reads = plan & STEP_READS
         planned = learner.step_fragments(FRAGMENTS_PLANNED)
         learner.step(16)
         read, wrote = learner.step_fragments(FRAGMENTS_READ), learner.step_fragments(FRAGMENTS_WROTE)
@@ -54,6 +58,10 @@ def learn(learner, params, steps, seed, seen, before_step=None):
         seen.planned_all += all(planned)
         seen.touched_one += sum(touched) == 1
         seen.wrote_many += sum(wrote) > 1
+        if reads and not plan & STEP_MAY_WRITE:
+            seen.only_reads += 1
+            if any(wrote):
+                seen.wrote_unplanned.append(step)
 
 
 def make_params(seed):
@@ -72,9 +80,13 @@ def new_learner(config, params, name):
     return mend.Learner(config, [(f"p{i}", p) for i, p in enumerate(params)], name, token=TOKEN)
 
 
-def test_a_concurrent_round_plans_and_touches_its_own_fragment_only():
+@pytest.mark.parametrize("warm_up", [True, False])
+def test_a_concurrent_round_plans_and_touches_its_own_fragment_only(warm_up):
+    # outer_warmup_steps: the default (150: every round of these 40 steps
+    # averages), or 0 (every launch takes the provisional step: it writes).
     lighthouse, config = start_job(fragments=4, sync_period_steps=8, concurrent_outer_step=True,
-                                   overlap_steps=1, quorum_timeout_ms=20000)
+                                   overlap_steps=1, quorum_timeout_ms=20000,
+                                   **({} if warm_up else {"outer_warmup_steps": 0}))
     params = [make_params(1), make_params(1)]
     learners = [new_learner(config, params[i], f"plan-{i}") for i in range(2)]
     assert [learners[0].parameter_fragment(i) for i in range(len(SHAPES))] == [0, 1, 2, 3, 0, 1, 2, 3]
@@ -99,6 +111,13 @@ def test_a_concurrent_round_plans_and_touches_its_own_fragment_only():
         assert s.planned_one >= st["rounds"]
         assert s.touched_one >= 2 * st["rounds"] - 2
         assert s.wrote_many == 0
+        # In the outer warm-up no launch takes the provisional step, and each
+        # finds nothing in flight (tau = 1): each only reads. Past it each writes.
+        assert s.wrote_unplanned == []
+        if warm_up:
+            assert s.only_reads >= st["rounds"]
+        else:
+            assert s.only_reads == 0
 
 
 def test_a_heal_and_a_synchronous_round_plan_every_fragment():
@@ -131,5 +150,6 @@ def test_a_heal_and_a_synchronous_round_plan_every_fragment():
     for s in seen:
         assert s.missed == []
         assert s.planned_one == 0 and s.planned_all > 0
+        assert s.only_reads == 0  # a synchronous round writes at its step
     assert third_stats[0]["heals"] >= 1
     assert seen[2].wrote_many >= 1  # the heal wrote both fragments

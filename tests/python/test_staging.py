@@ -85,6 +85,41 @@ def test_bfloat16_parameters_go_through_staging_and_agree():
         assert torch.equal(pa, pb)
 
 
+def run_concurrent(staging):
+    """Two learners (threads) of one concurrent job whose launches only read
+    (outer_apply = exact) and whose rounds are taken up one step after their
+    boundary (overlap_steps = 1: the same step however fast they arrive):
+    their models and stats, after the final merge."""
+    os.environ["MEND_JOB_TOKEN"] = TOKEN
+    with mend.Lighthouse(mend.MendConfig(bind="127.0.0.1:0", http="", quorum_min_learners=2,
+                                         heartbeat_ms=50, heartbeat_timeout_ms=2000, log_level="warn")) as lighthouse:
+        config = mend.MendConfig(lighthouse=lighthouse.address, quorum_min_learners=2, sync_period_steps=4,
+                                 fragments=2, concurrent_outer_step=True, outer_apply="exact", overlap_steps=1,
+                                 total_steps=16, heartbeat_ms=50, heartbeat_timeout_ms=2000, host_staging=staging,
+                                 quorum_timeout_ms=20000, log_level="warn")
+        models, _, runtimes = train_two(config, lambda p: torch.optim.AdamW(p, lr=0.02), 16, f"later-{staging}")
+        stats = [r.stats() for r in runtimes]
+        assert not run_in_threads(lambda i: mend.mend_shutdown(models[i]), 2)
+    return models, stats
+
+
+def test_a_launch_made_at_the_next_optimizer_step_gives_the_bits_of_in_place():
+    """Staged, a launch that only reads is made at the next optimizer step
+    (its copies and snapshot beside the next forward and backward); in place
+    at its own. The rounds must be the same, bit for bit."""
+    in_place, in_place_stats = run_concurrent("auto")
+    staged, staged_stats = run_concurrent("always")
+    for s in in_place_stats:
+        assert s["deferred_steps"] == 0 and s["failed_rounds"] == 0 and s["rounds"] >= 6
+    for s in staged_stats:
+        assert s["deferred_steps"] >= 6 and s["failed_rounds"] == 0 and s["rounds"] >= 6
+    for a, b in zip(in_place, staged):
+        for pa, pb in zip(a.parameters(), b.parameters()):
+            assert torch.equal(pa, pb)
+    for pa, pb in zip(staged[0].parameters(), staged[1].parameters()):
+        assert torch.equal(pa, pb)  # the final merge
+
+
 class FakeEvent:
     """Stands for a GPU's event after a copy back to the device: done only
     once something waited for it."""
@@ -96,87 +131,121 @@ class FakeEvent:
         self.done = True
 
 
-def test_copies_back_are_not_waited_for_and_are_settled_before_the_host_copies_change(monkeypatch):
-    """On a GPU a copy back to the device (after a step that wrote) runs on
-    the current stream and the training thread goes on; mend may write the
-    host copies again only once it has read them. Here the CPU's copies stand
-    in, with fake events: every call that may write the host copies (a step
-    that reads them, an import, the shutdown) must find no copy back pending,
-    and after a step that wrote one must be left pending (not waited for)."""
+@pytest.mark.parametrize("mode", ["synchronous", "concurrent"])
+def test_copies_are_waited_for_only_where_the_host_copies_are_read_or_written(monkeypatch, mode):
+    """On a GPU the copies run on the current stream. A copy back to the
+    device (after a step that wrote) is not waited for: mend may write the
+    host copies again only once it has read them. A concurrent round's launch
+    that only reads (outer_apply = exact) is made at the next optimizer step:
+    its copies in are left running, and waited for just before it. Here the
+    CPU's copies stand in, with fake events. Every step that reads the host
+    copies and every call that may write them must find no copy pending; a
+    step made later must still see the parameters of its own step (the next
+    optimizer step has not changed them yet); after a step that wrote, a copy
+    back must be left pending."""
     from mend import _torch
-    from mend._native import STEP_READS
+    from mend._native import FRAGMENTS_PLANNED, STEP_READS
     recorded = []
 
     def record_events(staging):
         recorded.append(FakeEvent())
+        recorded[-1].owner = staging
         return [recorded[-1]]
 
     def wait_streams(staging):
-        for event in staging.in_flight:
-            event.done = True
+        for event in recorded:
+            if event.owner is staging:  # (the stream ran them all)
+                event.done = True
         staging.in_flight.clear()
 
     monkeypatch.setattr(_torch._Staging, "record_events", record_events)
     monkeypatch.setattr(_torch._Staging, "wait_streams", wait_streams)
-    seen = {"writes_checked": 0, "left_pending": 0}
+    seen = {"checked": 0, "left_pending": 0}
     broken = []
 
     def watch(runtime):
         learner = runtime._learner
-        stagings = lambda: (runtime._staging, runtime._moment_staging, runtime._buffer_staging)  # noqa: E731
         planned = [0]
+        call_of = {name: getattr(learner, name) for name in ("plan_step", "step", "import_state", "shutdown")}
+        # (its own stagings': the other learner's copies are its own business)
+        ours = lambda: (runtime._staging, runtime._moment_staging, runtime._buffer_staging)  # noqa: E731
 
         def pending():
-            return [e for st in stagings() for e in st.in_flight if not e.done]
+            return any(not event.done and any(event.owner is s for s in ours()) for event in recorded)
 
-        def checked(call, writes):
-            def run(*args, **kwargs):
-                if writes(args):
-                    seen["writes_checked"] += 1
-                    if pending():
-                        broken.append(f"{call} with a copy back pending")
-                result = call_of[call](*args, **kwargs)
-                return result
-            return run
-
-        call_of = {name: getattr(learner, name) for name in ("plan_step", "step", "import_state", "shutdown")}
+        def check(call):
+            seen["checked"] += 1
+            if pending():
+                broken.append(f"{call} with a copy pending")
+            fragments = learner.step_fragments(FRAGMENTS_PLANNED)
+            for f, pairs in runtime._staging.fragments.items():
+                if call == "step" and fragments[f] and any(not torch.equal(t.float(), h) for t, h in pairs):
+                    broken.append(f"a step read fragment {f}'s copies after its parameters changed")
 
         def plan_step():
-            planned[0] = call_of["plan_step"]()
             if pending():
                 seen["left_pending"] += 1  # the last step's copies back were not waited for
+            planned[0] = call_of["plan_step"]()
             return planned[0]
 
+        def step(tokens):
+            if planned[0] & STEP_READS:
+                check("step")
+            return call_of["step"](tokens)
+
+        def checked(name):
+            def run(*args, **kwargs):
+                check(name)
+                return call_of[name](*args, **kwargs)
+            return run
+
         learner.plan_step = plan_step
-        learner.step = checked("step", lambda args: planned[0] & STEP_READS)
-        learner.import_state = checked("import_state", lambda args: True)
-        learner.shutdown = checked("shutdown", lambda args: True)
+        learner.step = step
+        learner.import_state = checked("import_state")
+        learner.shutdown = checked("shutdown")
 
     os.environ["MEND_JOB_TOKEN"] = TOKEN
     with mend.Lighthouse(mend.MendConfig(bind="127.0.0.1:0", http="", quorum_min_learners=2,
                                          heartbeat_ms=50, heartbeat_timeout_ms=2000, log_level="warn")) as lighthouse:
-        config = mend.MendConfig(lighthouse=lighthouse.address, quorum_min_learners=2, sync_period_steps=3,
-                                 concurrent_outer_step=False, heartbeat_ms=50, heartbeat_timeout_ms=2000,
-                                 host_staging="always", momentum_sync_period_steps=3, log_level="warn")
+        keys = dict(lighthouse=lighthouse.address, quorum_min_learners=2, heartbeat_ms=50,
+                    heartbeat_timeout_ms=2000, host_staging="always", log_level="warn")
+        if mode == "synchronous":
+            keys.update(sync_period_steps=3, concurrent_outer_step=False, momentum_sync_period_steps=3)
+        else:
+            keys.update(sync_period_steps=4, fragments=2, concurrent_outer_step=True, outer_apply="exact",
+                        overlap_steps=1, quorum_timeout_ms=20000)
+        config = mend.MendConfig(**keys)
         models, optimizers = [], []
         for seed in (1, 2):
             torch.manual_seed(seed)
             models.append(TinyLM())
             optimizers.append(torch.optim.AdamW(models[-1].parameters(), lr=0.02))
-            watch(mend.mend_init(models[-1], config, f"settle-{seed}", optimizer=optimizers[-1]))
+            watch(mend.mend_init(models[-1], config, f"settle-{mode}-{seed}", optimizer=optimizers[-1]))
         errors = run_in_threads(lambda i: train_steps(models[i], optimizers[i], 12, 10 + i), 2)
         assert not errors, errors
+        stats = []
         for model in models:
             runtime = mend.get_runtime(model)
-            runtime.import_state(runtime.export_state())
+            state = runtime.export_state()  # (makes a step left for later first)
+            if mode == "synchronous":  # (concurrent: the last launch's round is in flight)
+                runtime.import_state(state)
+            stats.append(runtime.stats())
         assert not run_in_threads(lambda i: mend.mend_shutdown(models[i]), 2)
     assert broken == []
-    assert recorded, "no copy back recorded an event"
-    # 4 boundaries each (their steps read), an import and a shutdown: every one checked.
-    assert seen["writes_checked"] >= 2 * (4 + 2)
-    assert seen["left_pending"] >= 2 * 3  # after the boundaries before the last, the copies back were left running
-    for pa, pb in zip(models[0].parameters(), models[1].parameters()):
-        assert torch.equal(pa, pb)
+    assert recorded, "no copy recorded an event"
+    for s in stats:
+        assert s["failed_rounds"] == 0
+        if mode == "synchronous":
+            assert s["deferred_steps"] == 0  # (its rounds write at their step)
+        else:
+            # Every launch (the last at the export) was made later.
+            assert s["deferred_steps"] >= 5 and s["rounds"] >= 5
+    # Boundaries (their steps read), an import and a shutdown each: every one checked.
+    assert seen["checked"] >= 2 * 6
+    assert seen["left_pending"] >= 2 * 3  # after steps that wrote, the copies back were left running
+    if mode == "synchronous":
+        for pa, pb in zip(models[0].parameters(), models[1].parameters()):
+            assert torch.equal(pa, pb)
 
 
 def free_port():

@@ -307,6 +307,57 @@ TEST_P(OuterApplyTest, AFailedRoundTakesTheProvisionalStepBack) {
   ASSERT_TRUE(driver_->shutdown().ok());
 }
 
+// A launch with nothing in flight only reads the parameters, unless it
+// takes the provisional step (eager): a front end that stages them may
+// then make the step later (MEND_STEP_MAY_WRITE). Taking a round up writes.
+TEST_P(OuterApplyTest, ALaunchWithNothingInFlightOnlyReadsUnlessItTakesTheProvisionalStep) {
+  const bool eager = GetParam() == "eager";
+  outer_apply_ = GetParam();
+  outer_warmup_steps_ = 0;
+  Start(/*overlap_steps=*/0);
+  values_->values().assign(values_->values().size(), 0.5f);  // trained to the boundary
+  services_->HoldExchangesFrom(1);
+  ASSERT_NO_FATAL_FAILURE(StepTo(kPeriod - 1));
+  const StepPlan launch = driver_->PlanStep();
+  EXPECT_TRUE(launch.touches_parameters);
+  EXPECT_EQ(launch.may_write, eager);
+  ASSERT_TRUE(Step().ok());
+  ASSERT_EQ(driver_->stats().rounds_started, 1u);
+  EXPECT_EQ(value() != 0.5f, eager);  // (the provisional step moved it)
+  ASSERT_TRUE(services_->AwaitConnects(1));
+  services_->ReleaseExchanges();
+  ASSERT_TRUE(AwaitArrival());
+  EXPECT_TRUE(driver_->PlanStep().may_write);
+  ASSERT_TRUE(Step().ok());
+  EXPECT_EQ(driver_->stats().rounds, 1u);
+  ASSERT_TRUE(driver_->shutdown().ok());
+}
+
+// In the outer warm-up a round averages and takes no provisional step: its
+// launch only reads, eager or not; past it, an eager launch writes.
+TEST_F(RoundDriverClockTest, AnEagerLaunchOnlyReadsInTheOuterWarmUp) {
+  outer_apply_ = "eager";
+  outer_warmup_steps_ = kPeriod;
+  Start(/*overlap_steps=*/0);
+  ASSERT_NO_FATAL_FAILURE(StepTo(kPeriod - 1));
+  const StepPlan warm_up = driver_->PlanStep();
+  EXPECT_TRUE(warm_up.touches_parameters);
+  EXPECT_FALSE(warm_up.may_write);
+  ASSERT_TRUE(Step().ok());
+  ASSERT_EQ(driver_->stats().rounds_started, 1u);
+  while (driver_->stats().rounds < 1) {  // taken up by boundary + tau (H - 1)
+    ASSERT_TRUE(AwaitArrival());
+    ASSERT_TRUE(Step().ok());
+  }
+  ASSERT_NO_FATAL_FAILURE(StepTo(2 * kPeriod - 1));
+  const StepPlan past = driver_->PlanStep();
+  EXPECT_TRUE(past.touches_parameters);
+  EXPECT_TRUE(past.may_write);
+  ASSERT_TRUE(Step().ok());
+  EXPECT_EQ(driver_->stats().rounds_started, 2u);
+  ASSERT_TRUE(driver_->shutdown().ok());
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, OuterApplyTest, ::testing::Values("eager", "exact"),
                          [](const auto& mode) { return mode.param; });
 
