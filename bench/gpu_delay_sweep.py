@@ -168,7 +168,8 @@ def worker(args):
 
         config = mend.MendConfig(lighthouse=args.lighthouse, quorum_min_learners=2, sync_period_steps=args.sync_every,
                                  concurrent_outer_step=args.mode == "concurrent", total_steps=args.steps,
-                                 final_merge=True, link_latency_ms=args.delay, log_level="warn")
+                                 final_merge=True, link_latency_ms=args.delay, host_staging=args.host_staging,
+                                 log_level="warn")
         t0 = time.perf_counter()
         runtime = mend.mend_init(model, config, f"gpu-{args.rank}", optimizer=optimizer)
         init_s = time.perf_counter() - t0
@@ -235,6 +236,7 @@ def run(args, mode, delay, seed, lighthouse):
                   "--lr", str(args.lr), "--eval-batches", str(args.eval_batches), "--lighthouse", lighthouse]
         common += ["--tiny"] if args.tiny else []
         common += ["--cpu"] if args.cpu else []
+        common += ["--host-staging", args.host_staging]
         procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", "--rank", str(r),
                                    "--out", outs[r]] + common, env=env) for r in range(2)]
         deadline = time.monotonic() + args.run_timeout
@@ -330,6 +332,8 @@ def main():
     p.add_argument("--run-timeout", type=float, default=7200, help="seconds a run may take before it is stopped")
     p.add_argument("--tiny", action="store_true", help="a model of a few million parameters (a CPU check)")
     p.add_argument("--cpu", action="store_true", help="run on the CPU even where a GPU is")
+    p.add_argument("--host-staging", default="auto", choices=["auto", "always"],
+                   help="mend's host_staging (always: a CPU run goes through the staging a GPU's does)")
     p.add_argument("--csv", default="bench-results/gpu_delay_sweep.csv")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
