@@ -16,6 +16,8 @@ namespace mend {
 namespace {
 
 constexpr int kMaxMessageBytes = 8 << 20;
+// The least time a connect attempt to the lighthouse is given (gRPC's default).
+constexpr int kMinConnectMs = 20000;
 // Quorum and store waits get this much beyond their own timeout before the
 // client gives up on the call, so the server's answer (which says why) wins.
 constexpr Micros kDeadlineMargin = 2 * kMicrosPerSecond;
@@ -424,9 +426,14 @@ StatusOr<std::unique_ptr<LighthouseClient>> LighthouseClient::Connect(
   arguments.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
   arguments.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
   arguments.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  // Reconnect quickly after a lighthouse restart.
+  // Reconnect quickly after a lighthouse restart: a refused connect is
+  // tried again after 100 ms, then at most every second. gRPC also takes
+  // the minimum backoff as the least time a connect attempt is given (its
+  // TCP and HTTP/2 handshakes): kept at gRPC's 20 s, so that a far link
+  // (seen: 0.3 s each way) or a loaded host still connects; at 100 ms
+  // every attempt gave up before the handshake's answer came back.
   arguments.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  arguments.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  arguments.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, kMinConnectMs);
   arguments.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   auto channel = grpc::CreateCustomChannel(options.address, credentials, arguments);
   return std::unique_ptr<LighthouseClient>(new LighthouseClientImpl(options, channel));

@@ -30,10 +30,18 @@ Status RoundDriverImpl::shutdown() {
       options_.total_steps > 0 && stats_.steps < options_.total_steps
           ? fmt::format("stopped at step {} of {}", stats_.steps, options_.total_steps)
           : "training finished";
-  Status left = flights_->services().Leave(reason);
+  // A goodbye the lighthouse does not get (it is down or out of reach) is
+  // said, not raised: the learner is done either way, and the lighthouse
+  // leaves it out once its heartbeats stop. Raised, it stopped the
+  // caller's next line (saving the model).
+  if (Status left = flights_->services().Leave(reason); !left.ok()) {
+    spdlog::warn(
+        "learner '{}' could not tell the lighthouse it left ({}); the lighthouse leaves it out "
+        "once its heartbeats stop",
+        flights_->services().learner_id(), left);
+  }
   policy_->Forget();
-  MEND_RETURN_IF_ERROR(finished);
-  return left;
+  return finished;
 }
 
 // A rank of this group is gone: no collective of the group can complete,
