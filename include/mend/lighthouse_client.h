@@ -94,6 +94,9 @@ struct QuorumRequestArgs {
   Micros timeout = 60 * kMicrosPerSecond;
   // Ask for QuorumResult::members (rounds of at most 1024 members).
   bool include_members = false;
+  // A synchronous join: ended early once a learner is gone and the job is
+  // short of a quorum (QuorumRequest.give_up_short_of_quorum).
+  bool give_up_short_of_quorum = false;
 };
 
 // The most step times one heartbeat may carry (the lighthouse refuses more).

@@ -397,6 +397,7 @@ uint64_t LighthouseCore::Quorum(const QuorumArgs& args, QuorumCallback done) {
         join.tokens_since_last_round = args.tokens_since_last_round;
         join.joined_at = now;
         join.deadline = now + args.timeout;
+        join.give_up_short_of_quorum = args.give_up_short_of_quorum;
         join.done = std::move(done);
         quorum_.AddJoin(membership_, record, std::move(join));
         counters_.joins++;
@@ -524,6 +525,34 @@ void LighthouseCore::ScanLivenessLocked(Micros now, Completions* completions) {
                             options_.heartbeat_timeout / kMicrosPerMilli));
   }
   membership_.ForgetGone(now, options_.gone_retention);
+  GiveUpShortJoinsLocked(now, completions);
+}
+
+// (A job's start, when some learners have not registered yet, is not short
+// of a quorum here: none is gone and no round formed yet, and the joins wait
+// for the others.)
+void LighthouseCore::GiveUpShortJoinsLocked(Micros now, Completions* completions) {
+  const MembershipCounts& counts = membership_.counts();
+  const bool had_learners = membership_.size() > counts.alive || quorum_.latest_round_id() > 0;
+  if (counts.alive >= options_.quorum.min_learners || !had_learners || counts.pending == 0) return;
+  std::vector<LearnerRecord*> given_up;
+  for (LearnerRecord* record : membership_.pending()) {
+    if (record->join->give_up_short_of_quorum &&
+        now - record->join->joined_at >= options_.heartbeat_timeout) {
+      given_up.push_back(record);
+    }
+  }
+  for (LearnerRecord* record : given_up) {
+    counters_.quorum_timeouts++;
+    AbortJoinLocked(
+        *record,
+        DeadlineExceededError(fmt::format(
+            "learner '{}': no round can form: {} of the job's learners are alive, the quorum's "
+            "minimum is {} (the others left or died); it trains on and joins again at its next "
+            "boundary",
+            record->id, counts.alive, options_.quorum.min_learners)),
+        completions);
+  }
 }
 
 void LighthouseCore::ScanFailSlowLocked(Micros now) {

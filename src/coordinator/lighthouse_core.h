@@ -112,6 +112,7 @@ struct QuorumArgs {
   uint64_t step = 0;
   uint64_t tokens_since_last_round = 0;
   Micros timeout = 0;
+  bool give_up_short_of_quorum = false;  // QuorumRequest's
 };
 
 class LighthouseCore {
@@ -182,6 +183,11 @@ class LighthouseCore {
   static std::string LoopbackRefusal(const std::string& learner_id, const std::string& peer_host,
                                      const std::string& loopback_host, const LearnerRecord& other);
   void ScanLivenessLocked(Micros now, Completions* completions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the synchronous joins (give_up_short_of_quorum) that no round can
+  // answer: a learner of the job is gone and fewer are alive than the
+  // quorum's minimum, for a heartbeat timeout since each joined.
+  void GiveUpShortJoinsLocked(Micros now, Completions* completions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ScanFailSlowLocked(Micros now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Micros NextDeadlineLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Tells the members of round `round_id` (0: none) that it cannot

@@ -41,6 +41,7 @@ struct PendingJoin {
   uint64_t tokens_since_last_round = 0;
   Micros joined_at = 0;
   Micros deadline = 0;
+  bool give_up_short_of_quorum = false;  // QuorumArgs's
   QuorumCallback done;
 };
 

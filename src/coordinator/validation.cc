@@ -200,6 +200,7 @@ StatusOr<QuorumArgs> ParseQuorum(const v1::QuorumRequest& request) {
   args.step = request.step();
   args.tokens_since_last_round = request.tokens_since_last_round();
   args.timeout = Micros{request.timeout_ms()} * kMicrosPerMilli;
+  args.give_up_short_of_quorum = request.give_up_short_of_quorum();
   return args;
 }
 

@@ -65,7 +65,9 @@ std::vector<ConfigKey> BuildKeys() {
           "Lighthouse: a learner silent this long is dead and left out of rounds (it tells "
           "the learners at registration)."),
       Int("quorum_timeout_ms", &C::quorum_timeout_ms, 1, kMaxMs,
-          "How long a learner waits for a round before it trains on."),
+          "How long a learner waits for a round before it trains on. A synchronous learner "
+          "stops waiting sooner, after a heartbeat timeout, once learners have left or died and "
+          "fewer than the quorum's minimum are alive."),
       Int("lighthouse_wait_ms", &C::lighthouse_wait_ms, 0, kMaxMs,
           "Learner: how long its start (mend_init, mend train) waits for the lighthouse to answer "
           "its "

@@ -32,6 +32,7 @@ v1::QuorumRequest QuorumRequestProto(const QuorumRequestArgs& args) {
   request.set_step(args.step);
   request.set_tokens_since_last_round(args.tokens_since_last_round);
   request.set_include_members(args.include_members);
+  request.set_give_up_short_of_quorum(args.give_up_short_of_quorum);
   request.set_timeout_ms(static_cast<uint32_t>(
       std::clamp<Micros>(args.timeout, kMicrosPerMilli, kMaxJoinTimeout) / kMicrosPerMilli));
   return request;

@@ -26,6 +26,7 @@ LearnerAgentImpl::LearnerAgentImpl(const Config& config, const std::string& toke
       address_(config.lighthouse),
       token_(token),
       use_udp_(config.control_plane == ControlPlane::kUdp),
+      synchronous_(!config.concurrent_outer_step),
       client_(std::move(client)),
       heartbeat_interval_(config.heartbeat_ms * kMicrosPerMilli),
       heartbeat_timeout_(config.heartbeat_timeout_ms * kMicrosPerMilli),
@@ -78,6 +79,7 @@ StatusOr<QuorumResult> LearnerAgentImpl::Quorum(uint64_t last_round_id,
     args.last_round_id = last_round_id;
     args.tokens_since_last_round = tokens_since_last_round;
     args.include_members = include_members;
+    args.give_up_short_of_quorum = synchronous_;
     args.timeout = deadline - clock_.NowMicros();
     if (args.timeout <= 0) {
       return DeadlineExceededError(fmt::format("learner '{}': quorum timeout of {} ms passed",

@@ -166,6 +166,7 @@ class LearnerAgentImpl final : public LearnerAgent {
   const std::string address_;
   const std::string token_;
   const bool use_udp_;
+  const bool synchronous_;  // its joins give up when the job is short of a quorum
   const std::unique_ptr<LighthouseClient> client_;
 
   std::thread thread_;

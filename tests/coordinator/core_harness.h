@@ -79,7 +79,7 @@ class CoreHarness {
 
   std::shared_ptr<JoinOutcome> Join(const std::string& id, uint64_t last_round = 0,
                                     uint64_t tokens = 0, int64_t timeout_ms = 60000,
-                                    uint64_t step = 0) {
+                                    uint64_t step = 0, bool synchronous = false) {
     auto outcome = std::make_shared<JoinOutcome>();
     QuorumArgs args;
     args.learner_id = id;
@@ -88,6 +88,7 @@ class CoreHarness {
     args.tokens_since_last_round = tokens;
     args.step = step;
     args.timeout = timeout_ms * kMicrosPerMilli;
+    args.give_up_short_of_quorum = synchronous;
     outcome->waiter_id =
         core_->Quorum(args, [outcome](StatusOr<RoundAssignment> r) { outcome->result = r; });
     return outcome;

@@ -429,6 +429,43 @@ TEST(LighthouseCoreTest, HeartbeatsTellAWaitingLearnerWhenTooFewAreLeftForAQuoru
   EXPECT_FALSE(h.Heartbeat("a")->short_of_quorum);
 }
 
+// A synchronous learner waits for its round at its boundary: once a learner
+// of the job is gone and too few are left for a quorum, its join ends after
+// a heartbeat timeout (it trains on), not at its own timeout at every
+// boundary. At the job's start (none gone, no round yet) it waits for the
+// others; a concurrent learner's join waits on (its heartbeats tell it).
+TEST(LighthouseCoreTest, ASynchronousJoinEndsOnceALearnerIsGoneAndTooFewAreLeft) {
+  CoreHarness h(CoreHarness::Options(2, 0));
+  h.Register("a");
+  const auto beat = [&](int times) {
+    for (int i = 0; i < times; ++i) {
+      h.AdvanceMs(400);
+      ASSERT_TRUE(h.Heartbeat("a").ok());
+    }
+  };
+  auto first = h.Join("a", 0, 0, 600000, /*step=*/10, /*synchronous=*/true);
+  ASSERT_NO_FATAL_FAILURE(beat(5));
+  EXPECT_FALSE(first->done()) << "the job's start: b may still come";
+  h.Register("b");
+  auto b = h.Join("b", 0, 0, 600000, /*step=*/10, /*synchronous=*/true);
+  h.AdvanceMs(1);
+  ASSERT_TRUE(first->ok() && b->ok());
+  ASSERT_TRUE(h.core().Leave("b", h.session("b"), "done").ok());
+  auto alone = h.Join("a", 1, 0, 600000, /*step=*/20, /*synchronous=*/true);
+  ASSERT_NO_FATAL_FAILURE(beat(2));
+  EXPECT_FALSE(alone->done()) << "less than a heartbeat timeout";
+  ASSERT_NO_FATAL_FAILURE(beat(2));
+  ASSERT_TRUE(alone->done());
+  EXPECT_EQ(alone->code(), StatusCode::kDeadlineExceeded);
+  EXPECT_NE(alone->message().find("no round can form: 1 of the job's learners are alive, the "
+                                  "quorum's minimum is 2"),
+            std::string::npos)
+      << alone->message();
+  auto concurrent = h.Join("a", 1, 0, 600000, /*step=*/30, /*synchronous=*/false);
+  ASSERT_NO_FATAL_FAILURE(beat(5));
+  EXPECT_FALSE(concurrent->done());
+}
+
 TEST(LighthouseCoreTest, EveryMemberIsToldTheRoundsStepTheLargestOfTheMembers) {
   // A member whose join is for an earlier step (it was passed over and
   // trained on) learns the same step as the others, so that decisions that

@@ -139,3 +139,43 @@ def test_a_learner_whose_lighthouse_is_gone_at_the_end_shuts_down_without_raisin
     stats = learner.stats()
     assert stats["rounds"] == 1 and stats["steps"] == 5
     assert np.all(np.isfinite(params[0]))
+
+
+def test_a_synchronous_learner_left_alone_trains_on_without_waiting_out_its_quorum_timeout():
+    # Quorum of 2. b leaves after two rounds; a's later boundaries cannot
+    # form a round. Its joins end a heartbeat timeout after they began
+    # (the lighthouse says why), not at quorum_timeout_ms (10 minutes here:
+    # before, a waited that long at every boundary).
+    lighthouse = mend.Lighthouse(lighthouse_config(quorum_min_learners=2), token=TOKEN)
+    config = mend.MendConfig(lighthouse=lighthouse.address, quorum_min_learners=2, sync_period_steps=2,
+                             concurrent_outer_step=False, heartbeat_ms=100, heartbeat_timeout_ms=1000,
+                             quorum_timeout_ms=600000, log_level="error")
+    params = {name: [np.ones(16, dtype=np.float32)] for name in ("a", "b")}
+    learners = {name: mend.Learner(config, [("w", params[name][0])], f"alone-{name}", token=TOKEN)
+                for name in ("a", "b")}
+    stats, errors = {}, []
+
+    def train(name, steps):
+        try:
+            for _ in range(steps):
+                params[name][0] -= np.float32(0.1)
+                learners[name].step(8)
+            stats[name] = learners[name].stats()
+            learners[name].shutdown()
+        except Exception as error:  # noqa: BLE001 (reported below)
+            errors.append(error)
+
+    threads = [threading.Thread(target=train, args=("a", 10)), threading.Thread(target=train, args=("b", 4))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    alive = [thread.is_alive() for thread in threads]
+    if any(alive):
+        for learner in learners.values():
+            learner.interrupt()
+    lighthouse.shutdown()
+    assert not any(alive), "a learner left alone waited out quorum_timeout_ms at a boundary"
+    assert not errors, errors
+    assert stats["b"]["rounds"] == 2
+    assert stats["a"]["rounds"] == 2 and stats["a"]["failed_rounds"] == 3 and stats["a"]["steps"] == 10
