@@ -719,6 +719,22 @@ TEST(LearnerGroupTest, AGroupsCheckpointIsOneFileThatAnyGroupSizeResumesFrom) {
   std::filesystem::remove_all(dir);
 }
 
+// A synchronous job of 2 learners of 2 ranks (a round every 5 steps) that
+// checkpoints every other round into `dir`.
+Config CheckpointingJob(const std::string& dir) {
+  Config config = testing_util::SynchronousJobConfig(2, 5);
+  config.checkpoint_dir = dir;
+  config.checkpoint_every_rounds = 2;
+  return config;
+}
+
+// Its first 20 steps: checkpoints of rounds 2 and 4.
+void WriteRounds2And4(const Config& config) {
+  for (const auto& learner : RunJob(config, 2, 2, 20)) {
+    for (const RankRun& run : learner) ASSERT_TRUE(run.error.ok()) << run.error;
+  }
+}
+
 // A group's ranks list checkpoint_dir at different times, and another
 // learner may write a newer checkpoint in between (seen: a restarted group
 // failing with "resumed from different states (rank 0: round 46, this
@@ -727,12 +743,8 @@ TEST(LearnerGroupTest, AGroupsCheckpointIsOneFileThatAnyGroupSizeResumesFrom) {
 // written): both resume from round 2.
 TEST(LearnerGroupTest, AGroupsRanksResumeFromTheCheckpointRank0Found) {
   const std::string dir = testing_util::MakeTempDir();
-  Config config = testing_util::SynchronousJobConfig(2, 5);
-  config.checkpoint_dir = dir;
-  config.checkpoint_every_rounds = 2;
-  for (const auto& learner : RunJob(config, 2, 2, 20)) {
-    for (const RankRun& run : learner) ASSERT_TRUE(run.error.ok()) << run.error;
-  }
+  Config config = CheckpointingJob(dir);
+  ASSERT_NO_FATAL_FAILURE(WriteRounds2And4(config));
   const std::string before = testing_util::MakeTempDir();  // rank 0's view: round 2 only
   CheckpointDirectory written(dir, 3);
   std::filesystem::copy_file(written.PathOf(2), CheckpointDirectory(before, 3).PathOf(2));
@@ -760,12 +772,8 @@ TEST(LearnerGroupTest, AGroupsRanksResumeFromTheCheckpointRank0Found) {
 // differed (rank 0's error used to give its own round twice).
 TEST(LearnerGroupTest, RanksResumingFromDifferentFilesFailNamingEachRanksRound) {
   const std::string dir = testing_util::MakeTempDir();
-  Config config = testing_util::SynchronousJobConfig(2, 5);
-  config.checkpoint_dir = dir;
-  config.checkpoint_every_rounds = 2;
-  for (const auto& learner : RunJob(config, 2, 2, 20)) {
-    for (const RankRun& run : learner) ASSERT_TRUE(run.error.ok()) << run.error;
-  }
+  Config config = CheckpointingJob(dir);
+  ASSERT_NO_FATAL_FAILURE(WriteRounds2And4(config));
   const CheckpointDirectory written(dir, 3);
   config.checkpoint_dir.clear();
   auto resumed = RunJob(config, 2, 2, 0, {}, 10, "", 0, [&](Config& mine, int, int rank) {
