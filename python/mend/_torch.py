@@ -125,7 +125,6 @@ class _Staging:
         self.seconds += time.perf_counter() - started
         return events
 
-
     def settle(self) -> None:
         """Waits until the copies out have read the host copies (their
         events only), before mend or a copy in writes those."""
@@ -348,8 +347,8 @@ class Runtime:
                 self._learner._set_moment_addresses(index, None, None, ())
                 continue
             views = [m.detach() for m in moments]
-            views = [v if _in_place(v, self._always_stage) else staging.add(v) for v in views]
             in_place = in_place or any(_in_place(v, self._always_stage) for v in views)
+            views = [v if _in_place(v, self._always_stage) else staging.add(v) for v in views]
             self._learner._set_moment_addresses(index, views[0].data_ptr(), views[1].data_ptr(), ())
         staging.copies, staging.seconds = self._moment_staging.copies, self._moment_staging.seconds
         self._moment_staging.settle()  # (its host copies go: no copy may still read them)

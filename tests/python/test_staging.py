@@ -85,7 +85,7 @@ def test_bfloat16_parameters_go_through_staging_and_agree():
         assert torch.equal(pa, pb)
 
 
-def run_concurrent(staging):
+def run_concurrent(staging, dtype=torch.float32, desloc=False):
     """Two learners (threads) of one concurrent job whose launches only read
     (outer_apply = exact) and whose rounds are taken up one step after their
     boundary (overlap_steps = 1: the same step however fast they arrive):
@@ -97,7 +97,12 @@ def run_concurrent(staging):
                                  fragments=2, concurrent_outer_step=True, outer_apply="exact", overlap_steps=1,
                                  total_steps=16, heartbeat_ms=50, heartbeat_timeout_ms=2000, host_staging=staging,
                                  quorum_timeout_ms=20000, log_level="warn")
-        models, _, runtimes = train_two(config, lambda p: torch.optim.AdamW(p, lr=0.02), 16, f"later-{staging}")
+        if desloc:
+            # (DES-LOC runs with one fragment: a round every 2 steps, as 2 fragments of H = 4 had)
+            config = config.replace(desloc=True, fragments=1, sync_period_steps=2, momentum_sync_period_steps=2,
+                                    second_moment_sync_period_steps=4)
+        models, _, runtimes = train_two(config, lambda p: torch.optim.AdamW(p, lr=0.02), 16, f"later-{staging}",
+                                        dtype)
         stats = [r.stats() for r in runtimes]
         assert not run_in_threads(lambda i: mend.mend_shutdown(models[i]), 2)
     return models, stats
@@ -118,6 +123,18 @@ def test_a_launch_made_at_the_next_optimizer_step_gives_the_bits_of_in_place():
             assert torch.equal(pa, pb)
     for pa, pb in zip(staged[0].parameters(), staged[1].parameters()):
         assert torch.equal(pa, pb)  # the final merge
+
+
+def test_bfloat16_parameters_and_moments_take_launches_to_the_next_optimizer_step():
+    """bfloat16 parameters (and so AdamW moments) go through staging
+    whatever host_staging says, moments included with DES-LOC: their
+    launches are made later too, and the learners end equal."""
+    models, stats = run_concurrent("auto", dtype=torch.bfloat16, desloc=True)
+    for s in stats:
+        assert s["deferred_steps"] >= 6 and s["failed_rounds"] == 0 and s["moment_syncs"] >= 4
+    for pa, pb in zip(models[0].parameters(), models[1].parameters()):
+        assert pa.dtype == torch.bfloat16
+        assert torch.equal(pa, pb)
 
 
 class FakeEvent:
