@@ -209,6 +209,7 @@ def main():
 
     bytes_sent = 0
     started = time.monotonic()
+    steps_done = 0
     for step in range(args.steps):
         starts = torch.randint(0, len(shard) - args.context - 1, (args.batch,), generator=data)
         x = torch.stack([shard[s:s + args.context] for s in starts])
@@ -222,6 +223,9 @@ def main():
         if args.mode == "ddp" and world > 1:
             bytes_sent += 2 * (world - 1) * n_params * 4 // world  # ring all-reduce
         optimizer.step()  # in mend mode mend's reducer runs right after it
+        steps_done = step + 1
+        if runtime is not None and runtime.finished:
+            break  # (a restarted learner heals onto the job's step: it ends with the job)
         if args.mode == "diloco-torch" and (step + 1) % args.sync_every == 0:
             with torch.no_grad():
                 for p_, g, m in zip(model.parameters(), global_params, momentum):
@@ -256,7 +260,7 @@ def main():
             losses.append(F.cross_entropy(model(x).reshape(-1, 256), y.reshape(-1)).item())
     result = {"mode": args.mode, "learners": world, "rank": rank, "steps": args.steps,
               "sync_every": args.sync_every, "seed": args.seed, "parameters": n_params,
-              "tokens_per_s": args.steps * args.batch * args.context / elapsed,
+              "tokens_per_s": steps_done * args.batch * args.context / elapsed,
               "held_out_loss": sum(losses) / len(losses), "bytes_sent": bytes_sent,
               "seconds": elapsed, "final_merge_seconds": final_merge_seconds}
     if rank == 0 and args.save_params:

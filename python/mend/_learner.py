@@ -417,6 +417,17 @@ class Learner:
         _native.check(lib.mend_learner_stats(self._pointer, ctypes.byref(stats)))
         return {name: getattr(stats, name) for name in _native.STAT_FIELDS}
 
+    @property
+    def finished(self) -> bool:
+        """Whether this learner has trained the job's ``total_steps``, by the
+        job's step count (``stats()["steps"]``). A learner that joins late
+        or restarts heals onto the others' step, so a loop that counts its
+        own iterations would run past the job's end and miss the final
+        merge; ``while not learner.finished: ...`` ends with the job. Always
+        False with ``total_steps = 0`` (a job of unknown length)."""
+        total = int(self.config.total_steps)
+        return total > 0 and self.stats()["steps"] >= total
+
     def round_phases(self) -> Dict[str, float]:
         """Where the rounds' time went: seconds by phase (snapshot, join, agree_or_heal,
         encode, transfer, reduce, outer_step, moments_and_buffers, round), summed

@@ -507,6 +507,16 @@ class Runtime:
         stats["staging_seconds"] = self._staging.seconds + self._moment_staging.seconds
         return stats
 
+    @property
+    def finished(self) -> bool:
+        """Whether this learner has trained the job's ``total_steps``, by the
+        job's step count (``stats()["steps"]``, heals included). A learner
+        that restarts heals onto the others' step, so a loop of its own
+        count runs past the job's end (and misses the final merge): stop
+        when this is True. Always False with ``total_steps = 0``."""
+        total = int(self.config.total_steps)
+        return total > 0 and self.stats()["steps"] >= total
+
     def round_phases(self) -> Dict[str, float]:
         """Where the rounds' time went, by phase (see Learner.round_phases)."""
         return self._learner.round_phases()

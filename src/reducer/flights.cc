@@ -391,6 +391,7 @@ bool Flights::Apply(InFlight& flight) {
           RebasedStep(outcome, flight, stats_.steps, book.period(), stats_.rounds == 0)) {
     spdlog::info("healed from {}: step {} becomes the job's step {}", outcome.heal_source,
                  stats_.steps, *step);
+    stats_.steps_moved_by_heals += static_cast<int64_t>(*step) - static_cast<int64_t>(stats_.steps);
     stats_.steps = *step;
     StepNow(stats_.steps);
     book.at(outcome.fragment).last_round_boundary = outcome.heal_step;

@@ -38,6 +38,7 @@ void RoundDriverImpl::RecordStep(uint64_t tokens) {
   stats_.steps++;
   flights_->StepNow(stats_.steps);
   stats_.tokens += tokens;
+  SayIfPastTheEnd();
   for (Fragment& fragment : outer_.book().fragments()) fragment.tokens_since_round += tokens;
   flights_->services().RecordStep(stats_.steps, stats_.tokens,
                                   policy_->ReportedStepTime(step_time));
@@ -46,6 +47,27 @@ void RoundDriverImpl::RecordStep(uint64_t tokens) {
                         {"tokens", tokens},
                         {"step_ms", static_cast<double>(step_time) / kMicrosPerMilli}});
   }
+}
+
+// The first step past the job's last (total_steps) is said once: its steps
+// from there on miss the final merge, which runs at a shutdown at
+// total_steps. A heal that moved the step forward is the usual cause.
+void RoundDriverImpl::SayIfPastTheEnd() {
+  if (said_past_the_end_ || options_.total_steps == 0 || stats_.steps <= options_.total_steps)
+    return;
+  said_past_the_end_ = true;
+  const int64_t moved = stats_.steps_moved_by_heals;
+  spdlog::warn(
+      "learner '{}': step {} is past the job's last step (total_steps = {}){}; steps past the "
+      "end miss the final merge, which runs at a shutdown at step {}. Stop the loop once the "
+      "learner has trained total_steps (its stats' steps; Python: runtime.finished or "
+      "Learner.finished, where the transformers and Lightning callbacks stop)",
+      flights_->services().learner_id(), stats_.steps, options_.total_steps,
+      moved > 0 ? fmt::format(": a heal moved this learner {} step(s) forward onto the job's "
+                              "step, so a loop of its own count runs past the end",
+                              moved)
+                : std::string(),
+      options_.total_steps);
 }
 
 // A round's result is applied as soon as it has arrived; at step boundary +

@@ -85,6 +85,7 @@ class RoundDriverImpl final : public RoundDriver {
   StatusOr<bool> SettleAtShutdown();
   // round_driver_plan.cc
   Action NextStepAction() const;
+  void SayIfPastTheEnd();
   // round_driver_state.cc
   Progress Now() const { return {stats_.steps, stats_.last_round_id, stats_.tokens}; }
   void MoveTo(const Restored& restored);
@@ -111,6 +112,7 @@ class RoundDriverImpl final : public RoundDriver {
   Micros last_return_ = 0;  // when step() last returned
   bool stepped_ = false;
   bool shut_down_ = false;
+  bool said_past_the_end_ = false;  // (once per learner)
 };
 
 }  // namespace mend::reducer

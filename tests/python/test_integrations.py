@@ -90,6 +90,37 @@ def test_two_learners_stay_identical_count_real_tokens_and_resume_exactly(framew
         assert resumed[i]["stats"]["steps"] == STEPS
 
 
+@pytest.mark.parametrize("framework", ["transformers", "lightning"])
+def test_a_trainer_healed_forward_stops_at_the_jobs_end_and_takes_part_in_the_final_merge(framework, tmp_path):
+    # learner-0 trains alone (round at 4) and after its step 5 lets learner-1
+    # start; its round at 8 heals learner-1, whose step 4 becomes the job's
+    # step 8. learner-1's Trainer must stop at its own step 10, where the
+    # learner has trained the job's 14, for the final merge with learner-0.
+    pytest.importorskip(FRAMEWORKS[framework])
+    env = dict(os.environ, MEND_JOB_TOKEN=TOKEN, PYTHONDONTWRITEBYTECODE="1", TOKENIZERS_PARALLELISM="false")
+    ahead = str(tmp_path / "ahead")
+    # (A quorum of one, and a grace window that waits for the other learner once it is alive.)
+    with mend.Lighthouse(mend.MendConfig(bind="127.0.0.1:0", http="", quorum_min_learners=1, heartbeat_ms=50,
+                                         heartbeat_timeout_ms=3000, grace_window_ms=120000,
+                                         grace_window_adaptive=False, log_level="warn"),
+                         token=TOKEN) as lighthouse:
+        commands, results = [], []
+        for i, role in enumerate([["--ahead-at", "5", "--ahead-file", ahead], ["--start-after", ahead]]):
+            results.append(str(tmp_path / f"result-{i}.pt"))
+            commands.append(([sys.executable, os.path.join(HERE, "trainer_job.py"), framework, "--learner", str(i),
+                              "--lighthouse", lighthouse.address, "--out", str(tmp_path / f"learner-{i}"),
+                              "--result", results[-1], "--steps", str(STEPS), "--period", str(PERIOD),
+                              "--save-at", str(SAVE_AT), "--min-learners", "1"] + role, {"env": env}))
+        run_processes(commands)
+    first, late = [torch.load(path, weights_only=False) for path in results]
+    assert late["stats"]["heals"] == 1
+    assert first["trainer_steps"] == STEPS and late["trainer_steps"] == STEPS - 4
+    assert first["stats"]["steps"] == late["stats"]["steps"] == STEPS
+    for step in (8, 12):
+        assert torch.equal(first["after_rounds"][step], late["after_rounds"][step]), step
+    assert torch.equal(first["final"], late["final"])  # both took part in the final merge
+
+
 def test_the_integrations_import_their_framework_only_when_used():
     code = ("import sys, mend, mend.integrations, mend.integrations._common; "
             "print(sorted(m for m in ('transformers', 'pytorch_lightning', 'lightning', 'accelerate') "

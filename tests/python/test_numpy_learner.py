@@ -202,3 +202,38 @@ def test_a_second_learner_of_the_same_id_in_one_process_is_refused_until_the_fir
             first.shutdown()
         again = mend.Learner(config, [("w", np.zeros(4, np.float32))], "twice", token=token)
         again.shutdown()
+
+
+def run_healed_forward(loop):
+    """tests/python/healed_forward.py: learner b starts late and heals onto a's step."""
+    run = subprocess.run([sys.executable, os.path.join(HERE, "healed_forward.py"), loop], capture_output=True,
+                         text=True, timeout=180)
+    assert run.returncode == 0, run.stderr
+    seen = json.loads(run.stdout.strip().splitlines()[-1])
+    assert seen["errors"] == [], seen["errors"]
+    assert "healed from a: step 2 becomes the job's step 6" in run.stderr, run.stderr
+    assert seen["stats"]["b"]["heals"] == 1
+    return seen, run.stderr
+
+
+def test_a_learner_healed_forward_ends_with_the_job_when_its_loop_stops_at_finished():
+    seen, log = run_healed_forward("finished")
+    # b took 2 steps, healed 4 forward, and took the job's 6 others: both end at
+    # step 12 with the same model, and nothing is said of steps past the end.
+    assert seen["iterations"] == {"a": 12, "b": 8}
+    assert seen["stats"]["a"]["steps"] == seen["stats"]["b"]["steps"] == 12
+    assert seen["finished_before"] == {"a": False, "b": False}
+    assert seen["finished_after"] == {"a": True, "b": True}
+    assert seen["final"]["a"] == seen["final"]["b"]
+    assert "past the job's last step" not in log
+
+
+def test_a_loop_of_its_own_count_past_the_jobs_end_is_told_why_and_what_to_do():
+    seen, log = run_healed_forward("fixed")
+    assert seen["iterations"] == {"a": 12, "b": 12}
+    assert seen["stats"]["b"]["steps"] == 16  # (4 past the end)
+    assert seen["final"]["a"] != seen["final"]["b"]  # b's own steps past the end
+    assert ("learner 'b': step 13 is past the job's last step (total_steps = 12): a heal moved this learner 4 "
+            "step(s) forward") in log
+    assert "Learner.finished" in log
+    assert "learner 'a': step 13" not in log

@@ -7,6 +7,12 @@ learner; the data are each learner's own, padded.
 
     trainer_job.py FRAMEWORK --learner I --lighthouse ADDR --out DIR --result FILE
                    [--steps N] [--period H] [--save-at S] [--resume]
+                   [--min-learners K] [--ahead-at S --ahead-file F] [--start-after F]
+
+A learner started late (``--start-after F``: it waits for the file F)
+heals onto the job's step. The learner ahead (``--ahead-at S``) writes F
+after its step S and waits until the late one's first join is pending, so
+that its next round heals it.
 
 Writes to FILE (torch.save): the parameters after each round (by mend
 step), after the end (the final merge), mend's stats, the real tokens of
@@ -17,6 +23,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 import torch
 import transformers
@@ -54,9 +61,10 @@ class Watch:
     """Counts the real tokens of the model's training forwards (independently
     of mend) and keeps the parameters after each of mend's rounds."""
 
-    def __init__(self, model, period):
-        self.model, self.period = model, period
+    def __init__(self, model, args):
+        self.model, self.period, self.args = model, args.period, args
         self.tokens = 0
+        self.trainer_steps = 0  # (optimizer steps the framework took)
         self.after_rounds = {}
         model.register_forward_pre_hook(self._forward, with_kwargs=True)
 
@@ -70,12 +78,35 @@ class Watch:
     def stepped(self):
         runtime = mend.get_runtime(self.model) or mend.get_runtime(getattr(self, "outer", self.model))
         steps = runtime.stats()["steps"]
+        self.trainer_steps += 1
         if steps and steps % self.period == 0 and steps not in self.after_rounds:
             self.after_rounds[steps] = self.flat()
+        if self.trainer_steps == self.args.ahead_at:
+            wait_until_the_late_learner_joins(self.args)
+
+
+def wait_until_the_late_learner_joins(args):
+    """--ahead-at: tells the late learner to start, and waits until its first join is pending."""
+    with open(args.ahead_file, "w") as f:
+        f.write("ahead")
+    late = f"learner-{1 - args.learner}"
+    deadline = time.monotonic() + 120
+    while not any(learner["id"] == late and learner["state"] == "waiting"
+                  for learner in mend.status(args.lighthouse)["learners"]):
+        assert time.monotonic() < deadline, f"{late}'s join was not pending within 120 s"
+        time.sleep(0.02)
+
+
+def wait_for_file(path):
+    deadline = time.monotonic() + 120
+    while not os.path.exists(path):
+        assert time.monotonic() < deadline, f"no {path} within 120 s"
+        time.sleep(0.02)
 
 
 def mend_config(args):
-    return mend.MendConfig(lighthouse=args.lighthouse, quorum_min_learners=2, sync_period_steps=args.period,
+    return mend.MendConfig(lighthouse=args.lighthouse, quorum_min_learners=args.min_learners,
+                           sync_period_steps=args.period,
                            concurrent_outer_step=False, heartbeat_ms=50, heartbeat_timeout_ms=3000,
                            quorum_timeout_ms=60000, log_level="warn", dataplane_host="127.0.0.1")
 
@@ -122,7 +153,7 @@ def with_accelerate(args, model, watch):
         watch.stepped()
         if accelerator.sync_gradients and runtime.stats()["steps"] == args.save_at and not args.resume:
             accelerator.save_state(os.path.join(args.out, "saved"))
-        if runtime.stats()["steps"] == args.steps:
+        if runtime.finished:
             break
     mend.mend_shutdown(model)
     return runtime.stats(), []
@@ -176,13 +207,19 @@ def main():
     parser.add_argument("--period", type=int, default=4)
     parser.add_argument("--save-at", type=int, default=6)
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--min-learners", type=int, default=2)
+    parser.add_argument("--ahead-at", type=int, default=0)
+    parser.add_argument("--ahead-file", default="")
+    parser.add_argument("--start-after", default="")
     args = parser.parse_args()
     model = tiny_llama()
-    watch = Watch(model, args.period)
+    watch = Watch(model, args)
+    if args.start_after:
+        wait_for_file(args.start_after)
     run = {"transformers": with_transformers, "accelerate": with_accelerate, "lightning": with_lightning}
     stats, logged = run[args.framework](args, model, watch)
     torch.save({"after_rounds": watch.after_rounds, "final": watch.flat(), "stats": dict(stats),
-                "tokens": watch.tokens, "logged": logged}, args.result)
+                "tokens": watch.tokens, "logged": logged, "trainer_steps": watch.trainer_steps}, args.result)
     print(json.dumps({"learner": args.learner, "stats": dict(stats)}), file=sys.stderr)
 
 

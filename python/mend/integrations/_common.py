@@ -4,6 +4,7 @@ trainer's logs, and the final merge at the end."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Dict, Optional
 
 import mend
@@ -28,6 +29,7 @@ class Attachment:
         self.runtime: Any = None
         self._model: Any = None
         self._saved: Optional[Dict[str, Any]] = None  # loaded before the learner started
+        self._said_end = False
 
     @property
     def resuming(self) -> bool:
@@ -75,6 +77,21 @@ class Attachment:
             return {}
         stats = self.runtime.stats()
         return {f"mend/{name}": float(stats[name]) for name in LOGGED_STATS}
+
+    def ends_the_job_early(self, trainer_step: int) -> bool:
+        """Whether the trainer should stop at its step ``trainer_step``
+        (after it): the learner has trained the job's total_steps there,
+        before the trainer's own end, because a heal moved its step onto
+        the others' (a restarted learner). Said once."""
+        if not self.running or not self.runtime.finished:
+            return False
+        if not self._said_end:
+            self._said_end = True
+            warnings.warn(
+                f"mend: the learner has trained the job's total_steps = {self.runtime.config.total_steps} at "
+                f"the trainer's step {trainer_step} (a heal moved it onto the other learners' step): training "
+                "stops here, for the final merge", RuntimeWarning, stacklevel=3)
+        return True
 
     def finish(self) -> None:
         """The final merge, and the learner leaves the job (idempotent)."""

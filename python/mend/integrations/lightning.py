@@ -88,6 +88,8 @@ class MendCallback(_pl.Callback):
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self.log_stats and self._mend.running:
             pl_module.log_dict(self._mend.logged(), on_step=True, on_epoch=False)
+        if self._mend.ends_the_job_early(trainer.global_step):
+            trainer.should_stop = True
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         self._mend.finish()

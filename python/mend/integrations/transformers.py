@@ -85,6 +85,10 @@ class MendCallback(TrainerCallback):
         first = 0 if self._mend.resuming else state.global_step
         self._mend.start(model, optimizer, total_steps=state.max_steps - first)
 
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step < state.max_steps and self._mend.ends_the_job_early(state.global_step):
+            control.should_training_stop = True
+
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         saved = self._mend.state_dict()  # (every rank: collective for a learner of several)
         if saved and args.should_save:
