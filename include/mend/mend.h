@@ -34,7 +34,7 @@ extern "C" {
 
 /* The version of this interface; mend_abi_version() returns the one the
  * loaded library implements. A front end refuses a library of another one. */
-#define MEND_ABI_VERSION 8
+#define MEND_ABI_VERSION 9
 
 typedef enum mend_status {
   MEND_OK = 0,
@@ -248,9 +248,11 @@ mend_status mend_learner_set_buffers(mend_learner* learner, const mend_buffer* b
 #define MEND_STEP_READS 2u     /* it may read the parameter and moment buffers */
 #define MEND_STEP_WROTE 4u     /* it wrote the parameter or moment buffers */
 #define MEND_STEP_MAY_WRITE 8u /* it may write them (ABI 8) */
+/* it launches a concurrent round due at the next step (tau = 1) (ABI 9) */
+#define MEND_STEP_DUE_NEXT 16u
 
 /* Fixes the plan of the next mend_learner_step and returns it (MAY_WAIT,
- * READS, MAY_WRITE). A front end that stages its parameters (a GPU's,
+ * READS, MAY_WRITE, DUE_NEXT). A front end that stages its parameters (a GPU's,
  * through host buffers) copies them into the buffers before a step that
  * READS, and back after any call whose mend_learner_last_flags() has
  * WROTE; with no plan, a step behaves as if planned at its start. A step
@@ -258,7 +260,9 @@ mend_status mend_learner_set_buffers(mend_learner* learner, const mend_buffer* b
  * flight and no provisional step) only reads the buffers: the front end
  * may make that mend_learner_step later, before the parameters change (the
  * next optimizer step), once its copies into the buffers are done; it
- * writes nothing then. Cheap: call it every step. */
+ * writes nothing then. With DUE_NEXT that round would then overlap no
+ * step (it is waited for at the next one): better made at once. Cheap:
+ * call it every step. */
 uint32_t mend_learner_plan_step(mend_learner* learner);
 /* One inner step done, with the tokens it processed: at a fragment boundary
  * it starts a round, and a round's result is applied at its apply step,

@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional
 
 from mend import _build_info
 
-ABI_VERSION = 8
+ABI_VERSION = 9
 PENDING = 100
 
 # mend_learner_plan_step / mend_learner_last_flags.
@@ -31,6 +31,7 @@ STEP_MAY_WAIT = 1
 STEP_READS = 2
 STEP_WROTE = 4
 STEP_MAY_WRITE = 8
+STEP_DUE_NEXT = 16
 # mend_learner_step_fragments.
 FRAGMENTS_PLANNED = 0
 FRAGMENTS_READ = 1

@@ -26,7 +26,8 @@ from mend import _bindings as bindings
 from mend import _native
 from mend._config import MendConfig, check_config
 from mend._learner import GroupStore, Learner, check_tokens, default_learner_id, read_token
-from mend._native import FRAGMENTS_PLANNED, FRAGMENTS_WROTE, STEP_MAY_WRITE, STEP_READS, STEP_WROTE, lib
+from mend._native import (FRAGMENTS_PLANNED, FRAGMENTS_WROTE, STEP_DUE_NEXT, STEP_MAY_WRITE, STEP_READS, STEP_WROTE,
+                          lib)
 
 _STAGED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # Training forwards with no optimizer step seen before mend warns that it is
@@ -458,11 +459,13 @@ class Runtime:
             return
         bindings.check_attached(self.model, self._attached)
         fragments = learner.step_fragments(FRAGMENTS_PLANNED) if self._staging.fragments else None
-        if not plan & STEP_MAY_WRITE and self._may_defer():
+        if not plan & (STEP_MAY_WRITE | STEP_DUE_NEXT) and self._may_defer():
             # It only reads the staged copies (a round's launch): copied now
             # (left running on a GPU), made at the next optimizer step, before
             # that changes the parameters, so that the copies and mend's
-            # snapshot of them overlap the next forward and backward.
+            # snapshot of them overlap the next forward and backward. (Not a
+            # round due at the next step, tau = 1: made then, it would
+            # overlap no step and that step would wait for all of it.)
             self._deferred = (int(tokens), self._before_call(fragments, wait=False))
             return
         self._before_call(fragments)

@@ -323,7 +323,8 @@ uint32_t mend_learner_plan_step(mend_learner* learner) {
   learner->planned = std::move(plan.fragments);
   learner->planned_flags = (plan.may_wait ? MEND_STEP_MAY_WAIT : 0u) |
                            (plan.touches_parameters ? MEND_STEP_READS : 0u) |
-                           (plan.may_write ? MEND_STEP_MAY_WRITE : 0u);
+                           (plan.may_write ? MEND_STEP_MAY_WRITE : 0u) |
+                           (plan.launch_due_next ? MEND_STEP_DUE_NEXT : 0u);
   return learner->planned_flags;
 }
 

@@ -45,6 +45,10 @@ struct StepPlan {
   // launch with nothing in flight and no provisional step, whose snapshot a
   // front end that stages may take up to the next optimizer step).
   bool may_write = false;
+  // It launches a concurrent round that is due at the step after it (tau
+  // <= 1): made at the next optimizer step, that round would overlap no
+  // step, so a front end makes it now.
+  bool launch_due_next = false;
   // By fragment: 1 where the step may read or write that fragment's
   // parameters (all 0 unless touches_parameters).
   std::vector<uint8_t> fragments;

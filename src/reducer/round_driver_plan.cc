@@ -41,6 +41,9 @@ StepPlan RoundDriverImpl::PlanStep() {
   // A group's join passed over is looked at (and maybe applied) at every step.
   plan.touches_parameters = plan.may_wait || action == Action::kAskGroup;
   plan.may_write = plan.touches_parameters && !flights_->LaunchOnlyReads(next, action);
+  // (A group's launch takes rank 0's tau; this rank's is the estimate.)
+  plan.launch_due_next = options_.concurrent && overlap_.Tau() <= 1 &&
+                         std::find(launches.begin(), launches.end(), 1) != launches.end();
   plan.fragments = plan.touches_parameters
                        ? flights_->PlannedFragments(next, std::move(launches))
                        : std::vector<uint8_t>(static_cast<size_t>(fragments()), 0);

@@ -85,33 +85,38 @@ def test_bfloat16_parameters_go_through_staging_and_agree():
         assert torch.equal(pa, pb)
 
 
-def run_concurrent(staging, dtype=torch.float32, desloc=False):
+def run_concurrent(staging, dtype=torch.float32, desloc=False, steps=16, **keys):
     """Two learners (threads) of one concurrent job whose launches only read
     (outer_apply = exact) and whose rounds are taken up one step after their
-    boundary (overlap_steps = 1: the same step however fast they arrive):
-    their models and stats, after the final merge."""
+    boundary (overlap_steps = 1: the same step however fast they arrive),
+    unless ``keys`` say otherwise: their models and stats, after the final
+    merge."""
     os.environ["MEND_JOB_TOKEN"] = TOKEN
     with mend.Lighthouse(mend.MendConfig(bind="127.0.0.1:0", http="", quorum_min_learners=2,
                                          heartbeat_ms=50, heartbeat_timeout_ms=2000, log_level="warn")) as lighthouse:
         config = mend.MendConfig(lighthouse=lighthouse.address, quorum_min_learners=2, sync_period_steps=4,
                                  fragments=2, concurrent_outer_step=True, outer_apply="exact", overlap_steps=1,
-                                 total_steps=16, heartbeat_ms=50, heartbeat_timeout_ms=2000, host_staging=staging,
-                                 quorum_timeout_ms=20000, log_level="warn")
+                                 total_steps=steps, heartbeat_ms=50, heartbeat_timeout_ms=2000,
+                                 host_staging=staging, quorum_timeout_ms=20000, log_level="warn").replace(**keys)
         if desloc:
             # (DES-LOC runs with one fragment: a round every 2 steps, as 2 fragments of H = 4 had)
             config = config.replace(desloc=True, fragments=1, sync_period_steps=2, momentum_sync_period_steps=2,
                                     second_moment_sync_period_steps=4)
-        models, _, runtimes = train_two(config, lambda p: torch.optim.AdamW(p, lr=0.02), 16, f"later-{staging}",
-                                        dtype)
+        models, _, runtimes = train_two(config, lambda p: torch.optim.AdamW(p, lr=0.02), steps,
+                                        f"later-{staging}", dtype)
         stats = [r.stats() for r in runtimes]
         assert not run_in_threads(lambda i: mend.mend_shutdown(models[i]), 2)
     return models, stats
 
 
-def test_a_launch_made_at_the_next_optimizer_step_gives_the_bits_of_in_place():
+def test_a_launch_made_at_the_next_optimizer_step_gives_the_bits_of_in_place(monkeypatch):
     """Staged, a launch that only reads is made at the next optimizer step
     (its copies and snapshot beside the next forward and backward); in place
-    at its own. The rounds must be the same, bit for bit."""
+    at its own. The rounds must be the same, bit for bit. (tau = 1 makes
+    two runs comparable, and a round due at the next step is made at once by
+    default, test_a_launch_is_made_later_only_when_its_round_keeps_a_step_to_overlap:
+    here every launch that only reads is made later, as with tau >= 2.)"""
+    monkeypatch.setattr(mend._torch, "STEP_DUE_NEXT", 0)
     in_place, in_place_stats = run_concurrent("auto")
     staged, staged_stats = run_concurrent("always")
     for s in in_place_stats:
@@ -125,16 +130,32 @@ def test_a_launch_made_at_the_next_optimizer_step_gives_the_bits_of_in_place():
         assert torch.equal(pa, pb)  # the final merge
 
 
-def test_bfloat16_parameters_and_moments_take_launches_to_the_next_optimizer_step():
+def test_bfloat16_parameters_and_moments_take_launches_to_the_next_optimizer_step(monkeypatch):
     """bfloat16 parameters (and so AdamW moments) go through staging
     whatever host_staging says, moments included with DES-LOC: their
     launches are made later too, and the learners end equal."""
+    monkeypatch.setattr(mend._torch, "STEP_DUE_NEXT", 0)  # (as tau >= 2 would)
     models, stats = run_concurrent("auto", dtype=torch.bfloat16, desloc=True)
     for s in stats:
         assert s["deferred_steps"] >= 6 and s["failed_rounds"] == 0 and s["moment_syncs"] >= 4
     for pa, pb in zip(models[0].parameters(), models[1].parameters()):
         assert pa.dtype == torch.bfloat16
         assert torch.equal(pa, pb)
+
+
+@pytest.mark.parametrize("tau", [1, 2])
+def test_a_launch_is_made_later_only_when_its_round_keeps_a_step_to_overlap(tau):
+    """A launch that only reads is made at the next optimizer step only when
+    its round is not due right then (tau >= 2): with tau = 1 the step after
+    the boundary would wait for the whole round, which the launch made at
+    once overlaps with that step's forward and backward."""
+    models, stats = run_concurrent("always", steps=32, sync_period_steps=8, overlap_steps=tau)
+    for s in stats:
+        assert s["failed_rounds"] == 0 and s["rounds_started"] >= 6
+        # Every launch (rounds every 4 steps, taken up by the next boundary) or none.
+        assert s["deferred_steps"] == (s["rounds_started"] if tau >= 2 else 0)
+    for pa, pb in zip(models[0].parameters(), models[1].parameters()):
+        assert torch.equal(pa, pb)  # the final merge
 
 
 class FakeEvent:
@@ -177,6 +198,7 @@ def test_copies_are_waited_for_only_where_the_host_copies_are_read_or_written(mo
 
     monkeypatch.setattr(_torch._Staging, "record_events", record_events)
     monkeypatch.setattr(_torch._Staging, "wait_streams", wait_streams)
+    monkeypatch.setattr(_torch, "STEP_DUE_NEXT", 0)  # (tau = 1's launches made later too, as tau >= 2's)
     seen = {"checked": 0, "left_pending": 0}
     broken = []
 

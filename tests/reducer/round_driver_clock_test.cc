@@ -358,6 +358,26 @@ TEST_F(RoundDriverClockTest, AnEagerLaunchOnlyReadsInTheOuterWarmUp) {
   ASSERT_TRUE(driver_->shutdown().ok());
 }
 
+// A launch's plan says when its round is due at the very next step (tau =
+// 1, as given or as the cap of a short fragment period), so that a front end
+// makes it at once rather than at the next optimizer step; tau = 2 is not.
+TEST_F(RoundDriverClockTest, ALaunchWhoseRoundIsDueAtTheNextStepIsPlannedSo) {
+  outer_apply_ = "exact";
+  for (const int64_t tau : {1, 2}) {
+    SCOPED_TRACE(tau);
+    Start(/*overlap_steps=*/tau);
+    ASSERT_NO_FATAL_FAILURE(StepTo(kPeriod - 2));
+    EXPECT_FALSE(driver_->PlanStep().launch_due_next);  // (step kPeriod - 1 launches nothing)
+    ASSERT_NO_FATAL_FAILURE(StepTo(kPeriod - 1));
+    const StepPlan launch = driver_->PlanStep();
+    EXPECT_TRUE(launch.touches_parameters);
+    EXPECT_EQ(launch.launch_due_next, tau == 1);
+    ASSERT_TRUE(Step().ok());
+    ASSERT_EQ(driver_->stats().rounds_started, 1u);
+    ASSERT_TRUE(driver_->shutdown().ok());
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, OuterApplyTest, ::testing::Values("eager", "exact"),
                          [](const auto& mode) { return mode.param; });
 
