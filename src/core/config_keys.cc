@@ -161,9 +161,9 @@ std::vector<ConfigKey> BuildKeys() {
            "end. false: each "
            "learner keeps its own last parameters."),
       Bool("train_through_lighthouse_outage", &C::train_through_lighthouse_outage,
-           "Concurrent mode: do not wait at tau for a round while the lighthouse is unreachable; "
-           "train on and "
-           "join when it is back (learners drift apart meanwhile)."),
+           "Concurrent mode: do not wait at tau for a round while the lighthouse is unreachable "
+           "(a round at its rendezvous ends); train on and join when it is back (learners drift "
+           "apart meanwhile)."),
       Enum("outer_apply", &C::outer_apply, {"eager", "exact", "mix"},
            "How a late update meets local progress. eager: at the boundary the learner takes the "
            "outer step with its own pseudo-gradient for the average, then the round's result "

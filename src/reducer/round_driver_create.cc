@@ -48,8 +48,8 @@ StatusOr<std::unique_ptr<RoundDriver>> RoundDriver::Create(
                                                   std::move(codec), std::move(policy),
                                                   std::move(parameters), std::move(moments));
   if (!services) {
-    services =
-        LighthouseRoundServices(agent, clock, config.collective_timeout_ms * kMicrosPerMilli);
+    services = LighthouseRoundServices(agent, clock, config.collective_timeout_ms * kMicrosPerMilli,
+                                       config.train_through_lighthouse_outage);
   }
   MEND_RETURN_IF_ERROR(driver->Init(start_step, std::move(services)));
   return std::unique_ptr<RoundDriver>(std::move(driver));

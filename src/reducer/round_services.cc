@@ -15,8 +15,12 @@ namespace {
 
 class LighthouseServices final : public RoundServices {
  public:
-  LighthouseServices(LearnerAgent& agent, const Clock& clock, Micros rendezvous_timeout)
-      : agent_(agent), clock_(clock), rendezvous_timeout_(rendezvous_timeout) {
+  LighthouseServices(LearnerAgent& agent, const Clock& clock, Micros rendezvous_timeout,
+                     bool train_through_outage)
+      : agent_(agent),
+        clock_(clock),
+        rendezvous_timeout_(rendezvous_timeout),
+        train_through_outage_(train_through_outage) {
     MutexLock lock(mu_);
     watches_.push_back({nullptr, std::make_unique<AbortWatch>(agent.client())});
   }
@@ -32,7 +36,8 @@ class LighthouseServices final : public RoundServices {
   // registered again) cannot rendezvous: its keys died with it. Once the
   // learner's rounds are called off (Interrupt: shutdown), a wait in the
   // store ends too (a connect left behind is joined without waiting out
-  // collective_timeout_ms).
+  // collective_timeout_ms); so does one while the lighthouse is lost, when
+  // the learner trains through outages.
   std::unique_ptr<RendezvousStore> OpenRendezvous(const QuorumResult& round) override {
     const uint64_t registrations = agent_.registrations();
     return std::make_unique<LighthouseRendezvousStore>(
@@ -44,6 +49,12 @@ class LighthouseServices final : public RoundServices {
             return AbortedError(
                 "rendezvous: the lighthouse restarted after the round was formed; its keys are "
                 "gone");
+          }
+          if (train_through_outage_ && agent_.lighthouse_lost()) {
+            return UnavailableError(
+                "rendezvous: the lighthouse has answered nothing for a heartbeat timeout; the "
+                "round cannot meet before it is back, so it ends and the learner trains on "
+                "(train_through_lighthouse_outage)");
           }
           return OkStatus();
         },
@@ -106,6 +117,7 @@ class LighthouseServices final : public RoundServices {
   LearnerAgent& agent_;
   const Clock& clock_;
   const Micros rendezvous_timeout_;
+  const bool train_through_outage_;
   std::atomic<bool> interrupted_{false};  // Interrupt(): for good
   Mutex mu_;
   std::deque<Watching> watches_ ABSL_GUARDED_BY(mu_);
@@ -114,8 +126,10 @@ class LighthouseServices final : public RoundServices {
 }  // namespace
 
 std::unique_ptr<RoundServices> LighthouseRoundServices(LearnerAgent& agent, const Clock& clock,
-                                                       Micros rendezvous_timeout) {
-  return std::make_unique<LighthouseServices>(agent, clock, rendezvous_timeout);
+                                                       Micros rendezvous_timeout,
+                                                       bool train_through_outage) {
+  return std::make_unique<LighthouseServices>(agent, clock, rendezvous_timeout,
+                                              train_through_outage);
 }
 
 }  // namespace mend::reducer

@@ -82,8 +82,14 @@ class RoundServices {
 // Over the learner's agent (its client for the store and the abort watch's
 // own thread). `agent` and `clock` are not owned and must outlive it.
 // `rendezvous_timeout` (collective_timeout_ms): how long a round's store
-// write is tried again while the lighthouse is unreachable.
+// write is tried again while the lighthouse is unreachable. With
+// `train_through_outage` (train_through_lighthouse_outage) a round's store
+// wait ends with UNAVAILABLE once the agent has lost the lighthouse (it
+// answered nothing for a heartbeat timeout): the round cannot meet before
+// the lighthouse is back, and its keys die with a lighthouse that
+// restarts, so the learner trains on instead of waiting that out.
 std::unique_ptr<RoundServices> LighthouseRoundServices(LearnerAgent& agent, const Clock& clock,
-                                                       Micros rendezvous_timeout);
+                                                       Micros rendezvous_timeout,
+                                                       bool train_through_outage);
 
 }  // namespace mend::reducer

@@ -31,7 +31,7 @@ TEST(LighthouseRoundServicesTest, CallingTheRoundsOffEndsAWaitInTheRoundsStore) 
   auto agent = LearnerAgent::Start(config, kToken, {"learner-0", "", "", ""}, *RealClock());
   ASSERT_TRUE(agent.ok()) << agent.status();
   std::unique_ptr<RoundServices> services =
-      LighthouseRoundServices(**agent, *RealClock(), 10 * kMicrosPerSecond);
+      LighthouseRoundServices(**agent, *RealClock(), 10 * kMicrosPerSecond, false);
 
   QuorumResult round;
   round.round_id = 1;
@@ -53,6 +53,45 @@ TEST(LighthouseRoundServicesTest, CallingTheRoundsOffEndsAWaitInTheRoundsStore) 
   EXPECT_NE(std::string(waited->status().message()).find("called off"), std::string::npos)
       << waited->status();
   (*server)->Shutdown();
+}
+
+// A lighthouse that dies while a round is at its rendezvous: the round
+// cannot meet before it is back (and a restarted one has lost its keys).
+// Training through outages, the wait in the round's store ends once the
+// agent has lost the lighthouse, with UNAVAILABLE saying why, instead of
+// waiting out its timeout (600 s here: without it the test would hang
+// until ctest's timeout); without that option it goes on waiting, to its
+// timeout (2 s here).
+TEST(LighthouseRoundServicesTest,
+     TrainingThroughOutagesAWaitInTheRoundsStoreEndsOnceTheLighthouseIsLost) {
+  for (const bool train_through : {true, false}) {
+    SCOPED_TRACE(train_through);
+    Config config = testing_util::LoopbackJobConfig(1);
+    auto server = LighthouseServer::Start(config, kToken, *RealClock());
+    ASSERT_TRUE(server.ok()) << server.status();
+    config.lighthouse = (*server)->grpc_address();
+    auto agent = LearnerAgent::Start(config, kToken, {"learner-0", "", "", ""}, *RealClock());
+    ASSERT_TRUE(agent.ok()) << agent.status();
+    std::unique_ptr<RoundServices> services =
+        LighthouseRoundServices(**agent, *RealClock(), 10 * kMicrosPerSecond, train_through);
+    QuorumResult round;
+    round.round_id = 1;
+    round.rendezvous_prefix = "job/round/1/";
+    std::unique_ptr<RendezvousStore> store = services->OpenRendezvous(round);
+    ASSERT_TRUE(store->Set("job/round/1/there", "v").ok());  // (the lighthouse answered)
+    (*server)->Shutdown();
+    auto waited = store->Get("job/round/1/never", (train_through ? 600 : 2) * kMicrosPerSecond);
+    ASSERT_FALSE(waited.ok());
+    const std::string message(waited.status().message());
+    if (train_through) {
+      EXPECT_EQ(waited.status().code(), StatusCode::kUnavailable) << waited.status();
+      EXPECT_NE(message.find("train_through_lighthouse_outage"), std::string::npos) << message;
+      EXPECT_TRUE((*agent)->lighthouse_lost());
+    } else {
+      EXPECT_EQ(message.find("train_through_lighthouse_outage"), std::string::npos) << message;
+    }
+    (*agent)->Stop();
+  }
 }
 
 }  // namespace
