@@ -47,10 +47,11 @@ struct ReducerStats {
   // Rounds whose pseudo-gradient was made as the merge reached each piece
   // (synchronous, fp32, fewer than three members, parameters in place).
   uint64_t rounds_made_in_merge = 0;
-  // How far heals moved `steps` (forward: positive). A learner that
-  // restarted joins the job at the others' step, so a loop counting its
-  // own iterations runs this many past the job's end (total_steps).
-  int64_t steps_moved_by_heals = 0;
+  // How far rounds moved `steps` onto the job's (forward: positive): a
+  // heal, or a round whose members were a fragment period or more ahead. A
+  // learner that restarted joins the job at the others' step, so a loop
+  // counting its own iterations runs this many past the job's end.
+  int64_t steps_moved = 0;
   RoundPhases phases;
 };
 

@@ -389,12 +389,19 @@ bool Flights::Apply(InFlight& flight) {
   if (adopted) book.at(outcome.fragment).last_round_boundary = outcome.heal_step;
   if (std::optional<uint64_t> step =
           RebasedStep(outcome, flight, stats_.steps, book.period(), stats_.rounds == 0)) {
-    spdlog::info("healed from {}: step {} becomes the job's step {}", outcome.heal_source,
-                 stats_.steps, *step);
-    stats_.steps_moved_by_heals += static_cast<int64_t>(*step) - static_cast<int64_t>(stats_.steps);
+    if (!outcome.healed.empty()) {
+      spdlog::info("healed from {}: step {} becomes the job's step {}", outcome.heal_source,
+                   stats_.steps, *step);
+    } else {
+      spdlog::info(
+          "round {}: its step is {}, this learner's boundary {}: step {} becomes the job's step {}",
+          outcome.round_id, outcome.round_step, flight.boundary_step, stats_.steps, *step);
+    }
+    stats_.steps_moved += static_cast<int64_t>(*step) - static_cast<int64_t>(stats_.steps);
     stats_.steps = *step;
     StepNow(stats_.steps);
-    book.at(outcome.fragment).last_round_boundary = outcome.heal_step;
+    book.at(outcome.fragment).last_round_boundary =
+        outcome.healed.empty() ? outcome.round_step : outcome.heal_step;
   }
   return moments.changed;
 }

@@ -513,14 +513,16 @@ MomentsApplied ApplyMoments(FlatMoments* moments, const Outcome& outcome, InFlig
 std::optional<uint64_t> RebasedStep(const Outcome& outcome, const InFlight& flight, uint64_t step,
                                     uint64_t period, bool first_round) {
   // A lag of a few steps from timing alone is left as it is. The steps that
-  // count are those since the round formed (the source was at its boundary
-  // then): a learner passed over trained on meanwhile.
-  const bool far_behind = outcome.heal_step >= flight.boundary_step + period;
-  if (outcome.healed.empty() || !(first_round || far_behind) ||
-      outcome.heal_step == flight.boundary_step) {
+  // count are those since the round formed (the source, or the member of
+  // the largest step, was at its boundary then): a learner passed over
+  // trained on meanwhile.
+  const bool healed = !outcome.healed.empty();
+  const uint64_t job_step = healed ? outcome.heal_step : outcome.round_step;
+  const bool far_behind = job_step >= flight.boundary_step + period;
+  if (!(far_behind || (healed && first_round)) || job_step == flight.boundary_step) {
     return std::nullopt;
   }
-  return outcome.heal_step + (step - std::min(step, flight.formed_step));
+  return job_step + (step - std::min(step, flight.formed_step));
 }
 
 }  // namespace mend::reducer

@@ -9,7 +9,7 @@
 //   ApplyHeal        the healed state into every fragment (this learner was behind)
 //   CommitRound      theta_g' and momentum committed, the local parameters rebased on them
 //   ApplyMoments     DES-LOC's averaged moments, or the healed source's
-//   RebasedStep      the job's step, when a heal showed this learner far behind
+//   RebasedStep      the job's step, when a heal or the round showed this learner far behind
 //
 // Thread-safety: none; see above.
 #pragma once
@@ -201,10 +201,15 @@ struct MomentsApplied {
 MomentsApplied ApplyMoments(FlatMoments* moments, const Outcome& outcome, InFlight& flight,
                             uint64_t step);
 
-// After a heal: the learner's new step when the heal puts it on the job's
-// step: in a process's first round (`first_round`: a new or restarted
-// learner) and when it fell a fragment period or more behind; the steps
-// since the round formed still count. nullopt: it stays.
+// After a round: the learner's new step when the round puts it on the job's
+// step, its heal's source's boundary or else the round's step (its members'
+// largest boundary): after a heal in a process's first round
+// (`first_round`: a new or restarted learner), and whenever its own
+// boundary was a fragment period or more behind that (it was stopped, or
+// trained on while its join waited: without this the learners' boundaries
+// would stay that far apart for the rest of the job, and a final merge
+// would meet another learner's ordinary round). The steps since the round
+// formed still count. nullopt: it stays.
 std::optional<uint64_t> RebasedStep(const Outcome& outcome, const InFlight& flight, uint64_t step,
                                     uint64_t period, bool first_round);
 

@@ -56,15 +56,15 @@ void RoundDriverImpl::SayIfPastTheEnd() {
   if (said_past_the_end_ || options_.total_steps == 0 || stats_.steps <= options_.total_steps)
     return;
   said_past_the_end_ = true;
-  const int64_t moved = stats_.steps_moved_by_heals;
+  const int64_t moved = stats_.steps_moved;
   spdlog::warn(
       "learner '{}': step {} is past the job's last step (total_steps = {}){}; steps past the "
       "end miss the final merge, which runs at a shutdown at step {}. Stop the loop once the "
       "learner has trained total_steps (its stats' steps; Python: runtime.finished or "
       "Learner.finished, where the transformers and Lightning callbacks stop)",
       flights_->services().learner_id(), stats_.steps, options_.total_steps,
-      moved > 0 ? fmt::format(": a heal moved this learner {} step(s) forward onto the job's "
-                              "step, so a loop of its own count runs past the end",
+      moved > 0 ? fmt::format(": rounds moved this learner {} step(s) forward onto the job's "
+                              "step (a heal), so a loop of its own count runs past the end",
                               moved)
                 : std::string(),
       options_.total_steps);

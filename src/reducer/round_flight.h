@@ -37,6 +37,7 @@ struct Outcome {
   uint64_t heal_bytes = 0;                 // bytes this learner received when it healed
   std::string heal_source;                 // whom it healed from
   uint64_t heal_step = 0;                  // the source's step at its boundary (the job's step)
+  uint64_t round_step = 0;  // the round's step: its members' largest boundary (the lighthouse's)
   // The fragment the round exchanged: this learner's own (the flight's),
   // or, for a join passed over in streaming mode that healed into another
   // fragment's round, the source's (this learner then abstained).

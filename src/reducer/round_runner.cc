@@ -142,6 +142,7 @@ StatusOr<Outcome> RoundRunner::Run(InFlight& flight, const std::function<uint64_
   flight.AwaitSnapped();  // (the training thread takes it while the round joins)
   outcome.fragment = flight.fragment;
   outcome.round_id = round.round_id;
+  outcome.round_step = round.step;
   outcome.rank = round.rank;
   outcome.members = round.world_size;
   {

@@ -145,6 +145,17 @@ class HealProcessTest : public testing_util::ProcessFixture {
     return AwaitProgress(a0, "rounds", done + 2);
   }
 
+  // The last whole progress line's `field` of `learner` (-1: none yet).
+  int64_t LastProgress(const Subprocess& learner, const char* field) {
+    std::ifstream in(progress_.at(&learner).path);
+    int64_t value = -1;
+    for (std::string line; std::getline(in, line) && !in.eof();) {
+      json parsed = json::parse(line, nullptr, false);
+      if (parsed.is_object() && parsed.contains(field)) value = parsed[field].get<int64_t>();
+    }
+    return value;
+  }
+
   std::vector<json> Rounds(const std::string& id) {
     std::vector<json> rounds;
     std::ifstream in(dir_ + "/diagnostics/" + id + ".rounds.jsonl");
@@ -211,6 +222,56 @@ TEST_F(HealProcessTest, RestartedLearnerHealsAndMatchesBitForBit) {
   }
   EXPECT_TRUE(healed);
   EXPECT_GE(shared, 2u);
+}
+
+// A learner stopped (SIGSTOP) for longer than the heartbeat timeout falls
+// behind: the other trains on while its join waits (too few learners alive
+// for a round), then both meet in one round, whose members' boundaries are
+// far apart. Without a correction the stopped one's boundaries stayed that
+// far behind for the rest of the job, the other's final merge met one of
+// its ordinary rounds, and the two ended with different models. That round
+// puts it on the job's step instead, and both end with the same model.
+TEST_F(HealProcessTest, AStoppedLearnerTakesTheJobsStepAndBothEndWithTheSameModel) {
+  testing_util::WriteSyntheticFortunes(dir_ + "/corpus");
+  StartLighthouse({"--min-learners", "2", "--heartbeat-timeout-ms", "1000"});
+  constexpr int64_t kSteps = 500;
+  auto a = Train("a", 0, kSteps, {1, 0, 0}, {"--result-file", dir_ + "/a.json"});
+  auto b = Train("b", 1, kSteps, {1, 0, 0}, {"--result-file", dir_ + "/b.json"});
+  ASSERT_TRUE(AwaitProgress(*b, "rounds", 1));
+  ASSERT_TRUE(b->Signal(SIGSTOP).ok());
+  // a trains on without b (declared dead: its join waits) ten sync periods past b.
+  const int64_t stopped_at = LastProgress(*b, "step");
+  ASSERT_GT(stopped_at, 0);
+  ASSERT_LT(stopped_at + 50, kSteps);
+  ASSERT_TRUE(AwaitProgress(*a, "step", stopped_at + 50));
+  ASSERT_TRUE(b->Signal(SIGCONT).ok());
+  for (auto* learner : {&a, &b}) {
+    auto exited = (*learner)->Wait(kWait);
+    ASSERT_TRUE(exited.ok());
+    EXPECT_TRUE(WIFEXITED(*exited) && WEXITSTATUS(*exited) == 0);
+  }
+  std::ifstream b_log(dir_ + "/b.log");
+  const std::string log((std::istreambuf_iterator<char>(b_log)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(log, testing::HasSubstr("becomes the job's step"));
+  EXPECT_THAT(log, testing::Not(testing::HasSubstr("not merged")));
+  std::map<std::string, json> results;
+  for (const std::string id : {"a", "b"}) {
+    std::ifstream in(dir_ + "/" + id + ".json");
+    results[id] = json::parse(in, nullptr, false);
+    ASSERT_TRUE(results[id].is_object()) << id;
+  }
+  EXPECT_EQ(results["a"]["eval_loss"], results["b"]["eval_loss"]);
+  // The last round each completed (the final merge) left the same global state.
+  std::string last[2];
+  int i = 0;
+  for (const std::string id : {"a", "b"}) {
+    for (const json& round : Rounds(id)) {
+      if (round["ok"].get<bool>()) last[i] = round["global_sha256"];
+    }
+    ++i;
+  }
+  EXPECT_FALSE(last[0].empty());
+  EXPECT_EQ(last[0], last[1]);
 }
 
 // A learner of two ranks loses one (SIGKILL): its other rank stops too (the

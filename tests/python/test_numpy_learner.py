@@ -233,7 +233,7 @@ def test_a_loop_of_its_own_count_past_the_jobs_end_is_told_why_and_what_to_do():
     assert seen["iterations"] == {"a": 12, "b": 12}
     assert seen["stats"]["b"]["steps"] == 16  # (4 past the end)
     assert seen["final"]["a"] != seen["final"]["b"]  # b's own steps past the end
-    assert ("learner 'b': step 13 is past the job's last step (total_steps = 12): a heal moved this learner 4 "
+    assert ("learner 'b': step 13 is past the job's last step (total_steps = 12): rounds moved this learner 4 "
             "step(s) forward") in log
     assert "Learner.finished" in log
     assert "learner 'a': step 13" not in log
