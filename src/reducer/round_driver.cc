@@ -140,12 +140,18 @@ Status RoundDriverImpl::AtBoundary(int f, Phase* phase) {
             "round",
             f, stats_.steps, flights_->newest().boundary_step);
         return OkStatus();
-      case Action::kApply:
-        flights_->CountWait(flights_->head());
-        MEND_RETURN_IF_ERROR(flights_->TakeUp());
-        *phase =
-            flights_->HeadPhase();  // the next oldest (never one passed over: see LaunchBlocked)
+      case Action::kApply: {
+        // Waited for as at boundary + tau: a join that cannot form a round
+        // (passed over, too few learners alive, the lighthouse lost) is
+        // trained on and the boundary skipped, where it held the learner
+        // until its quorum timeout at every boundary (a round of another
+        // fragment launches only beside a join that formed).
+        bool taken_up = false;
+        MEND_RETURN_IF_ERROR(ApplyOrTrainOn(flights_->head(), &taken_up));
+        // The next oldest (never one passed over: see LaunchBlocked), or the one trained on.
+        *phase = flights_->HeadPhase();
         continue;
+      }
       case Action::kLaunch:
         return Launch(f);
       case Action::kLaunchAndApply:  // synchronous DiLoCo: wait here

@@ -237,3 +237,38 @@ def test_a_loop_of_its_own_count_past_the_jobs_end_is_told_why_and_what_to_do():
             "step(s) forward") in log
     assert "Learner.finished" in log
     assert "learner 'a': step 13" not in log
+
+
+def test_a_streaming_learner_whose_peer_left_trains_on_instead_of_waiting_out_its_quorum_timeout():
+    """Two fragments: a round of the next fragment launches only beside a
+    join that formed, so the next boundary waits for the pending one. That
+    wait gives up as the wait at boundary + tau does: with the only other
+    learner gone (too few alive for the quorum), the join is trained on and
+    later boundaries skipped, where every boundary waited out the quorum
+    timeout (failed rounds, one per boundary)."""
+    import numpy as np
+
+    import mend
+    token = "numpy-test-token-0123456789"
+    lighthouse = mend.Lighthouse(mend.MendConfig(bind="127.0.0.1:0", http="", quorum_min_learners=2,
+                                                 heartbeat_ms=100, heartbeat_timeout_ms=1000, log_level="warn"),
+                                 token=token)
+    try:
+        config = mend.MendConfig(lighthouse=lighthouse.address, quorum_min_learners=2, sync_period_steps=8,
+                                 fragments=2, total_steps=40, concurrent_outer_step=True, heartbeat_ms=100,
+                                 heartbeat_timeout_ms=1000, quorum_timeout_ms=4000, log_level="warn")
+        gone = mend.Learner(config, [("w", np.zeros(8, np.float32)), ("v", np.zeros(4, np.float32))], "gone",
+                            token=token)
+        buffers = [np.zeros(8, np.float32), np.zeros(4, np.float32)]
+        left = mend.Learner(config, [("w", buffers[0]), ("v", buffers[1])], "left", token=token)
+        gone.shutdown()  # (it leaves before any round)
+        for _ in range(40):
+            buffers[0] += np.float32(0.1)
+            left.step(10)
+        stats = left.stats()
+        left.shutdown()
+    finally:
+        lighthouse.shutdown()
+    assert stats["steps"] == 40
+    assert stats["failed_rounds"] == 0, stats  # (each boundary's wait ran out before)
+    assert stats["passed_over"] == 1 and stats["rounds_started"] == 1, stats
