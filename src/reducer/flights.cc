@@ -385,8 +385,11 @@ bool Flights::Apply(InFlight& flight) {
     if (!outcome.synced_buffers[kind].empty())
       WriteAll(*buffers_[kind], outcome.synced_buffers[kind]);
   }
-  fragment.last_round_boundary = flight.boundary_step;
-  if (adopted) book.at(outcome.fragment).last_round_boundary = outcome.heal_step;
+  // (Of another fragment's round, its own fragment had no round.)
+  if (!adopted) fragment.last_round_boundary = flight.boundary_step;
+  if (adopted)
+    book.at(outcome.fragment).last_round_boundary =
+        outcome.healed.empty() ? outcome.round_step : outcome.heal_step;
   if (std::optional<uint64_t> step =
           RebasedStep(outcome, flight, stats_.steps, book.period(), stats_.rounds == 0)) {
     if (!outcome.healed.empty()) {

@@ -118,9 +118,11 @@ StatusOr<Outcome> RoundRunner::Run(InFlight& flight, const std::function<uint64_
   Outcome outcome;
   std::optional<PhaseTimer> joining(&outcome.phases.join);
   MEND_ASSIGN_OR_RETURN(QuorumResult round, Join(flight));
-  // A round of no state yet (every member's first) may heal after comparing.
-  const bool may_heal =
-      round.heal_round_id == 0 || round.heal_from.has_value() || !round.heal_to.empty();
+  const int exchanged = ExchangedFragment(round, flight);
+  // A round of no state yet (every member's first) may heal after comparing;
+  // one of another fragment than the flight's writes that one too.
+  const bool may_heal = round.heal_round_id == 0 || round.heal_from.has_value() ||
+                        !round.heal_to.empty() || exchanged != flight.fragment;
   flight.Formed(step_now(), round.round_id, may_heal);
   const std::shared_ptr<RendezvousStore> store = services_.OpenRendezvous(round);
   CommunicatorOptions options;
@@ -140,7 +142,7 @@ StatusOr<Outcome> RoundRunner::Run(InFlight& flight, const std::function<uint64_
   } unwatch{services_, comm.get()};
   joining.reset();
   flight.AwaitSnapped();  // (the training thread takes it while the round joins)
-  outcome.fragment = flight.fragment;
+  outcome.fragment = exchanged;
   outcome.round_id = round.round_id;
   outcome.round_step = round.step;
   outcome.rank = round.rank;
@@ -154,7 +156,8 @@ StatusOr<Outcome> RoundRunner::Run(InFlight& flight, const std::function<uint64_
   // fragment only. (A group's slices may differ: there it stays as formed,
   // decided by rank 0's view.) The job's first round lets the next
   // fragment's boundary launch beside it.
-  if (may_heal && outcome.healed.empty() && !policy_.group()) flight.HealedNothing();
+  if (may_heal && outcome.healed.empty() && exchanged == flight.fragment && !policy_.group())
+    flight.HealedNothing();
   const CommunicatorStats before_merge = comm->stats();
   MEND_RETURN_IF_ERROR(Merge(*comm, round, flight, &outcome));
   const CommunicatorStats merged = comm->stats();
@@ -216,6 +219,23 @@ StatusOr<std::unique_ptr<Communicator>> RoundRunner::Connect(
   return comm;
 }
 
+// The fragment the round exchanges, the same on every member: the one whose
+// boundary is the round's step (its members' largest boundary). Members at
+// one boundary exchange their own fragment; one whose boundary was a
+// fragment period or more behind the others' (stopped, slow, or a join
+// passed over that heals) is at another fragment's: exchanging its own would
+// meet pieces of another size, so it takes part without a pseudo-gradient.
+// A final merge's fragments are each learner's own, launched in turn at the
+// last step (a healed member's, its source's).
+int RoundRunner::ExchangedFragment(const QuorumResult& round, const InFlight& flight) const {
+  if (flight.final_merge || IsFinalMerge(config_, schedule_, round.step, flight.fragment))
+    return flight.fragment;
+  for (int64_t f = 0; f < schedule_.fragments(); ++f) {
+    if (schedule_.StartsAt(f, static_cast<int64_t>(round.step))) return static_cast<int>(f);
+  }
+  return flight.fragment;
+}
+
 void RoundRunner::Stop() {
   order_.Stop();
   connects_.Stop("the learner's rounds were called off");
@@ -249,7 +269,8 @@ Status RoundRunner::HealOrAgree(Communicator& comm, RendezvousStore& store,
   outcome->heal_bytes = healed.bytes;
   outcome->heal_source = healed.source;
   outcome->heal_step = healed.step;
-  outcome->fragment = healed.fragment;
+  // (Otherwise the round's step's fragment, the source's own when it is ahead.)
+  if (flight.final_merge) outcome->fragment = healed.fragment;
   outcome->healed_moments[0] = std::move(healed.moments[0]);
   outcome->healed_moments[1] = std::move(healed.moments[1]);
   outcome->healed_moment_step = healed.moment_step;
@@ -321,9 +342,9 @@ Status RoundRunner::Merge(Communicator& comm, const QuorumResult& round, InFligh
     delta = outcome->adopted_merged;
     norm = 0.0;
     spdlog::info(
-        "round {}: exchanges fragment {}, not this learner's fragment {} (its join was passed "
-        "over); taking part without a pseudo-gradient",
-        round.round_id, outcome->fragment, flight.fragment);
+        "round {}: exchanges fragment {} (its step {}), not this learner's fragment {} (its "
+        "boundary {} was behind); taking part without a pseudo-gradient",
+        round.round_id, outcome->fragment, round.step, flight.fragment, flight.boundary_step);
   }
   const auto weight = static_cast<double>(policy_.MergeWeight(flight.tokens));
   // A deferred snapshot's pieces are made as the merge reaches them.

@@ -106,6 +106,7 @@ class RoundRunner {
   StatusOr<std::unique_ptr<Communicator>> Connect(const std::shared_ptr<RendezvousStore>& store,
                                                   const QuorumResult& round,
                                                   CommunicatorOptions* options);
+  int ExchangedFragment(const QuorumResult& round, const InFlight& flight) const;
   Status HealOrAgree(Communicator& comm, RendezvousStore& store, const QuorumResult& round,
                      const InFlight& flight, Micros timeout, Outcome* outcome);
   StatusOr<bool> StatesAgree(RendezvousStore& store, const QuorumResult& round,

@@ -917,5 +917,73 @@ TEST(ReducerTest, LearnersTrainOnWhileTheLighthouseIsDown) {
   EXPECT_EQ(*a.final_global, *b.final_global);
 }
 
+// Two fragments (the weight and the bias: pieces of different sizes), a
+// round every 2 steps (fragment 0 at steps 4, 8, ..., fragment 1 at 2, 6,
+// ...). The lighthouse goes down before step 8 and both learners train on
+// with their joins for step 8 waiting: learner-a to step 15, learner-b to 9.
+// Once it is back those joins form a round; then learner-b joins for step
+// 10 (fragment 1) and learner-a, held at 15 until then, for step 16
+// (fragment 0): one round of members at two fragments' boundaries, neither
+// behind in rounds (no heal). Both exchange the fragment of the round's
+// step (16), learner-b without a pseudo-gradient, and learner-b takes the
+// job's step, where the two exchanged pieces of different sizes (the data
+// plane's receive overran: Gloo aborted the process).
+TEST(ReducerTest, AMemberAtAnotherFragmentsBoundaryTakesPartInTheRoundsFragment) {
+  Config config = ConcurrentConfig(/*grace_window_ms=*/1000, /*quorum_timeout_ms=*/600000);
+  config.fragments = 2;
+  config.quorum_min_learners = 2;
+  config.heartbeat_timeout_ms = 1000;
+  config.train_through_lighthouse_outage = true;
+  testing_util::LighthouseOutage outage(config, kToken);
+  LearnerLog a, b;
+  auto gate = [&](int boundary) {
+    if (boundary != 0) return;
+    outage.WithServer([](LighthouseServer* server) {
+      AwaitRegistered(*server, {"learner-a", "learner-b"});
+    });
+  };
+  // Before step 8 (the second learner's call does nothing).
+  auto take_down = [&]() {
+    EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond,
+                                      [&]() { return a.steps >= 7 && b.steps >= 7; }));
+    outage.TakeDown([&]() { return a.steps >= 15 && b.steps >= 9; });
+  };
+  // The lighthouse is back and has formed the round of the joins for step 8.
+  auto formed_again = [&]() {
+    return outage.taken_down() && outage.LatestRoundId() > outage.last_round_before();
+  };
+  std::thread ta([&]() {
+    Learn(config, "learner-a", 1, 8, &a, gate, [&](int step) {
+      if (step == 8) take_down();
+      // (learner-b has joined for step 10)
+      if (step == 16) {
+        EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond, [&]() { return b.steps >= 10; }));
+      }
+    });
+  });
+  std::thread tb([&]() {
+    Learn(config, "learner-b", 2, 8, &b, gate, [&](int step) {
+      if (step == 8) take_down();
+      if (step == 10) EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond, formed_again));
+    });
+  });
+  ta.join();
+  tb.join();
+  ASSERT_TRUE(outage.taken_down());
+  outage.Join();
+  EXPECT_TRUE(outage.trained_on());
+  EXPECT_EQ(a.stats.failed_rounds, 0u);
+  EXPECT_EQ(b.stats.failed_rounds, 0u);
+  EXPECT_EQ(a.stats.steps_moved, 0);
+  EXPECT_GE(b.stats.steps_moved, 2);  // (at least a fragment period)
+  EXPECT_EQ(a.stats.heals, 0u);
+  EXPECT_EQ(b.stats.heals, 1u);  // (only its first round's: the learners start from two seeds)
+  EXPECT_EQ(a.stats.last_round_id, b.stats.last_round_id);
+  // (a's last round is taken up in its shutdown, after its loop: b logs it, a does not)
+  EXPECT_GE(ExpectSameGlobals(a, b), 8u);
+  ASSERT_TRUE(a.final_global.has_value() && b.final_global.has_value());
+  EXPECT_EQ(*a.final_global, *b.final_global);
+}
+
 }  // namespace
 }  // namespace mend
