@@ -3,8 +3,9 @@
 // launches on each host, with the lighthouse address. Prints progress (human
 // lines, or JSON lines with --progress-json for `mend demo` and the
 // benchmarks) and writes its result as JSON with --result-file.
-// SIGTERM/SIGINT stop training cleanly (the learner leaves the job); SIGUSR1
-// writes a checkpoint of the global state into checkpoint_dir.
+// SIGTERM/SIGINT stop training cleanly (the learner leaves the job; a join
+// it waits on then is called off at once); SIGUSR1 writes a checkpoint of
+// the global state into checkpoint_dir.
 #include <dlfcn.h>
 #include <malloc.h>
 #include <signal.h>
@@ -124,7 +125,11 @@ int RunTrain(const TrainFlags& flags, const Config& config, const std::string& t
   if (flags.progress_json) StopWhenOrphaned();
   train::TrainSignals control;
   SignalThread signals({SIGINT, SIGTERM, SIGUSR1}, [&control](int signal) {
-    (signal == SIGUSR1 ? control.checkpoint : control.stop).store(true);
+    if (signal == SIGUSR1) {
+      control.checkpoint.store(true);
+    } else {
+      control.Stop();
+    }
   });
   SetComputeThreads(flags.threads);
   auto result = train::Train(

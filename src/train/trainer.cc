@@ -255,6 +255,13 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config,
   const auto started = SteadyClock::now();
   auto elapsed = [&]() { return Seconds(SteadyClock::now() - started).count() - eval_seconds; };
   auto stop_asked = [&]() { return signals && signals->stop.load(); };
+  // A stop asked while a step or the shutdown waits for a round calls that
+  // round's join off (the learner leaves: a stop ends its part in the job).
+  auto waiting = [&](bool now) {
+    if (signals) {
+      signals->Waiting(now ? std::function<void()>([&agent]() { agent->Interrupt(); }) : nullptr);
+    }
+  };
   auto evaluate = [&](int64_t step) {
     const double at = elapsed();
     const auto begin = SteadyClock::now();
@@ -313,7 +320,9 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config,
     smoothed = steps_run == 1 ? value : 0.95 * smoothed + 0.05 * value;
     if (reducer) {
       const ReducerStats before = reducer->stats();
+      waiting(true);
       failure = reducer->step(tokens_per_step);
+      waiting(false);
       const double us =
           std::chrono::duration<double, std::micro>(SteadyClock::now() - inner_done).count();
       if (!failure.ok()) break;
@@ -368,7 +377,9 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config,
   // timed apart.
   result.seconds = elapsed();
   if (reducer) {
+    waiting(true);
     if (Status left = reducer->shutdown(); failure.ok() && !left.ok()) failure = left;
+    waiting(false);
     result.final_merge_seconds = elapsed() - result.seconds;
   }
   if (data_parallel) {

@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -110,6 +111,27 @@ struct TrainResult {
 struct TrainSignals {
   std::atomic<bool> stop{false};        // end early and cleanly
   std::atomic<bool> checkpoint{false};  // write a checkpoint at the next step (diloco mode)
+
+  // Asks for a stop (any thread): `stop`, and a wait for a round that the
+  // learner is in is called off (its join ends at once), so that a stop
+  // asked while the lighthouse is gone is not held for a quorum timeout.
+  void Stop() {
+    stop.store(true);
+    std::lock_guard lock(mu_);
+    if (call_off_) call_off_();
+  }
+  // Train's: from Waiting(call_off) to Waiting(nullptr) the learner may
+  // wait for a round, and `call_off` ends that wait; called at once when a
+  // stop was asked before.
+  void Waiting(std::function<void()> call_off) {
+    std::lock_guard lock(mu_);
+    call_off_ = std::move(call_off);
+    if (call_off_ && stop.load()) call_off_();
+  }
+
+ private:
+  std::mutex mu_;
+  std::function<void()> call_off_;
 };
 
 // Trains; `progress` (optional) is called every progress_every steps and

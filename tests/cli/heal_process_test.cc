@@ -274,6 +274,26 @@ TEST_F(HealProcessTest, AStoppedLearnerTakesTheJobsStepAndBothEndWithTheSameMode
   EXPECT_EQ(last[0], last[1]);
 }
 
+// A SIGTERM while the learner waits for a round that cannot form (its
+// lighthouse is gone for good) ends the wait at once: the learner stops and
+// exits 0, where it waited out quorum_timeout_ms (10 minutes here: the test
+// would fail at kWait).
+TEST_F(HealProcessTest, ASigtermWhileWaitingForARoundStopsTheLearnerAtOnce) {
+  testing_util::WriteSyntheticFortunes(dir_ + "/corpus");
+  StartLighthouse({"--min-learners", "2", "--heartbeat-timeout-ms", "1000"});
+  const std::vector<std::string> waits = {"--set", "quorum_timeout_ms=600000"};
+  auto a = Train("a", 0, 1'000'000, {1, 0, 0}, waits);
+  auto b = Train("b", 1, 1'000'000, {1, 0, 0}, waits);
+  ASSERT_TRUE(AwaitProgress(*a, "rounds", 1));
+  lighthouse_->Kill();
+  for (auto* learner : {&a, &b}) {
+    ASSERT_TRUE((*learner)->Signal(SIGTERM).ok());
+    auto exited = (*learner)->Wait(kWait);
+    ASSERT_TRUE(exited.ok()) << "a learner waited on for a round after SIGTERM";
+    EXPECT_TRUE(WIFEXITED(*exited) && WEXITSTATUS(*exited) == 0);
+  }
+}
+
 // A learner of two ranks loses one (SIGKILL): its other rank stops too (the
 // group is the unit of failure) and leaves, learner a goes on alone; the
 // group's launcher starts both ranks again, which heal slice by slice from
