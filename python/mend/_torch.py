@@ -525,7 +525,8 @@ class Runtime:
         return self._learner.round_phases()
 
     def global_state(self, fragment: int = 0) -> torch.Tensor:
-        """The job's global parameters of ``fragment`` after the last round (flat, a copy)."""
+        """The job's global parameters of ``fragment`` after the last round (flat,
+        a copy); for a rank of a learner of several, that rank's slice of them."""
         return self._learner.global_state_into(fragment, lambda n: torch.empty(n, dtype=torch.float32))
 
     def save_checkpoint(self, path: str) -> None:

@@ -363,6 +363,8 @@ Status ApplyConfigToml(Config& config, std::string_view toml_text, std::string_v
       type_ok = key->type == ConfigType::kInt || key->type == ConfigType::kDouble;
     } else if (auto d = node.as_floating_point()) {
       text = FormatDouble(d->get());
+      // (As the file wrote it: 5.0 for an integer key is a float, not "5".)
+      if (text.find_first_of(".eEn") == std::string::npos) text += ".0";
       type_ok = key->type == ConfigType::kDouble;
     } else if (auto b = node.as_boolean()) {
       text = b->get() ? "true" : "false";

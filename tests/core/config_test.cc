@@ -176,6 +176,10 @@ TEST(ConfigTest, TomlTypeMismatchNamesFileAndLine) {
   EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(status.message()), HasSubstr("job.toml:2"));
   EXPECT_THAT(std::string(status.message()), HasSubstr("expected an integer"));
+  // A float is named as one, also when it is a whole number.
+  status = ApplyConfigToml(config, "sync_period_steps = 5.0\n", "job.toml");
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("sync_period_steps = \"5.0\" (from job.toml:1): expected an integer"));
 }
 
 TEST(ConfigTest, TomlSyntaxErrorNamesPosition) {
