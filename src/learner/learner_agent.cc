@@ -72,6 +72,18 @@ StatusOr<QuorumResult> LearnerAgentImpl::Quorum(uint64_t last_round_id,
                                                 uint64_t tokens_since_last_round, Micros timeout,
                                                 bool include_members, uint64_t boundary_step) {
   const Micros deadline = clock_.NowMicros() + timeout;
+  // Lost for longer than this join's timeout (a join before it waited that
+  // long for the lighthouse): no round can form before it answers again, so
+  // the join fails at once and the learner trains on, instead of waiting
+  // out the quorum timeout at every boundary of a job whose lighthouse is
+  // gone for good.
+  if (const Micros silent = clock_.NowMicros() - last_heard_.load();
+      lighthouse_lost() && silent > timeout) {
+    return UnavailableError(fmt::format(
+        "lighthouse {} has answered nothing for {} s, longer than the quorum timeout ({} ms): "
+        "no round can form before it is back; training on, joining again once it answers",
+        address_, silent / kMicrosPerSecond, timeout / kMicrosPerMilli));
+  }
   Micros retry = kMinRetry;
   while (true) {
     MEND_ASSIGN_OR_RETURN(QuorumRequestArgs args,

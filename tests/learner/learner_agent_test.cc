@@ -201,6 +201,29 @@ TEST_F(LearnerAgentTest, TheLighthouseIsLostOnceAFailedCallFollowsAHeartbeatTime
   EXPECT_FALSE(agent_->lighthouse_lost());
 }
 
+// A lighthouse lost for longer than a join's timeout (the join before it
+// waited that long): the join fails at once, without asking it, so a job
+// whose lighthouse is gone for good does not wait out the quorum timeout at
+// every boundary. Lost for less, the join asks it (the fake says no round).
+TEST_F(LearnerAgentTest, AJoinFailsAtOnceWhenTheLighthouseWasLostForLongerThanItsTimeout) {
+  Register();
+  client_->Ack(HeartbeatAck{});
+  client_->EndStreams();  // (a failed call at the next beat)
+  AdvanceOneBeat(kInterval);
+  AdvanceOneBeat(kTimeout);
+  ASSERT_TRUE(agent_->lighthouse_lost());
+  StatusOr<QuorumResult> asked = agent_->Quorum(0, 0, 100 * kTimeout, false, 0);
+  EXPECT_EQ(asked.status().code(), StatusCode::kDeadlineExceeded) << asked.status();
+  EXPECT_NE(std::string(asked.status().message()).find("no round in the fake lighthouse"),
+            std::string::npos);
+  AdvanceOneBeat(2 * kTimeout);
+  StatusOr<QuorumResult> refused = agent_->Quorum(0, 0, 2 * kTimeout, false, 0);
+  EXPECT_EQ(refused.status().code(), StatusCode::kUnavailable) << refused.status();
+  EXPECT_NE(std::string(refused.status().message()).find("longer than the quorum timeout"),
+            std::string::npos)
+      << refused.status();
+}
+
 TEST_F(LearnerAgentTest, AJoinIsShortOfQuorumAfterAHeartbeatTimeoutOfAcknowledgementsSayingSo) {
   Register();
   HeartbeatAck short_of_quorum;
