@@ -870,6 +870,23 @@ TEST(ReducerTest, AJoinPassedOverAtTheLastLaunchedBoundaryIsCalledOffWhileOthers
   EXPECT_EQ(b.stats.failed_rounds, 0u);  // called off at the end: passed over, not failed
 }
 
+// Two learners that train through lighthouse outages (heartbeat timeout
+// 1 s, no quorum timeout to wait out), and the registration gate of their
+// first boundary.
+Config OutageConfig(int64_t fragments) {
+  Config config = ConcurrentConfig(/*grace_window_ms=*/1000, /*quorum_timeout_ms=*/600000);
+  config.fragments = fragments;
+  config.quorum_min_learners = 2;
+  config.heartbeat_timeout_ms = 1000;
+  config.train_through_lighthouse_outage = true;
+  return config;
+}
+void AwaitBothRegistered(testing_util::LighthouseOutage& outage) {
+  outage.WithServer([](LighthouseServer* server) {
+    AwaitRegistered(*server, {"learner-a", "learner-b"});
+  });
+}
+
 // The lighthouse goes down after both learners launched their join for step
 // 8, and comes back once both have trained past step 16 (or after 60 s: a
 // learner that waited for it at boundary + tau would hold both below step 16,
@@ -877,18 +894,11 @@ TEST(ReducerTest, AJoinPassedOverAtTheLastLaunchedBoundaryIsCalledOffWhileOthers
 // it is back, the joins still pending form a round: both learners end with
 // the same global parameters and a round id above the old lighthouse's.
 TEST(ReducerTest, LearnersTrainOnWhileTheLighthouseIsDown) {
-  Config config = ConcurrentConfig(/*grace_window_ms=*/1000, /*quorum_timeout_ms=*/600000);
-  config.quorum_min_learners = 2;
-  config.heartbeat_timeout_ms = 1000;
-  config.train_through_lighthouse_outage = true;
+  Config config = OutageConfig(1);
   testing_util::LighthouseOutage outage(config, kToken);
   LearnerLog a, b;
   auto gate = [&](int boundary) {
-    if (boundary == 0) {
-      outage.WithServer([](LighthouseServer* server) {
-        AwaitRegistered(*server, {"learner-a", "learner-b"});
-      });
-    }
+    if (boundary == 0) AwaitBothRegistered(outage);
     if (boundary != 2) return;
     EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond,
                                       [&]() { return a.steps >= 8 && b.steps >= 8; }));
@@ -929,18 +939,11 @@ TEST(ReducerTest, LearnersTrainOnWhileTheLighthouseIsDown) {
 // job's step, where the two exchanged pieces of different sizes (the data
 // plane's receive overran: Gloo aborted the process).
 TEST(ReducerTest, AMemberAtAnotherFragmentsBoundaryTakesPartInTheRoundsFragment) {
-  Config config = ConcurrentConfig(/*grace_window_ms=*/1000, /*quorum_timeout_ms=*/600000);
-  config.fragments = 2;
-  config.quorum_min_learners = 2;
-  config.heartbeat_timeout_ms = 1000;
-  config.train_through_lighthouse_outage = true;
+  Config config = OutageConfig(2);
   testing_util::LighthouseOutage outage(config, kToken);
   LearnerLog a, b;
   auto gate = [&](int boundary) {
-    if (boundary != 0) return;
-    outage.WithServer([](LighthouseServer* server) {
-      AwaitRegistered(*server, {"learner-a", "learner-b"});
-    });
+    if (boundary == 0) AwaitBothRegistered(outage);
   };
   // Before step 8 (the second learner's call does nothing).
   auto take_down = [&]() {

@@ -18,41 +18,60 @@ namespace {
 
 constexpr char kToken[] = "round-services-test-token-0123456789";
 
+// A lighthouse, a learner's agent registered with it, and the learner's
+// round services over them (collective_timeout_ms 10 s), with a round's
+// store open and one key in it.
+struct OneLearner {
+  explicit OneLearner(bool train_through_outage) {
+    Config config = testing_util::LoopbackJobConfig(1);
+    auto started = LighthouseServer::Start(config, kToken, *RealClock());
+    EXPECT_TRUE(started.ok()) << started.status();
+    if (!started.ok()) return;
+    server = std::move(*started);
+    config.lighthouse = server->grpc_address();
+    auto registered = LearnerAgent::Start(config, kToken, {"learner-0", "", "", ""}, *RealClock());
+    EXPECT_TRUE(registered.ok()) << registered.status();
+    if (!registered.ok()) return;
+    agent = std::move(*registered);
+    services =
+        LighthouseRoundServices(*agent, *RealClock(), 10 * kMicrosPerSecond, train_through_outage);
+    QuorumResult round;
+    round.round_id = 1;
+    round.rendezvous_prefix = "job/round/1/";
+    store = services->OpenRendezvous(round);
+    EXPECT_TRUE(store->Set("job/round/1/there", "v").ok());
+  }
+  bool ok() const { return store != nullptr; }
+
+  std::unique_ptr<LighthouseServer> server;
+  std::unique_ptr<LearnerAgent> agent;
+  std::unique_ptr<RoundServices> services;
+  std::unique_ptr<RendezvousStore> store;
+};
+
 // A round's connect left behind at shutdown may be waiting in the round's
 // store for a member that never publishes (it died after the round formed).
 // Calling the learner's rounds off (Interrupt, as shutdown does) ends that
 // wait with ABORTED instead of letting it run out collective_timeout_ms
 // (600 s here: without it the test would hang until ctest's timeout).
 TEST(LighthouseRoundServicesTest, CallingTheRoundsOffEndsAWaitInTheRoundsStore) {
-  Config config = testing_util::LoopbackJobConfig(1);
-  auto server = LighthouseServer::Start(config, kToken, *RealClock());
-  ASSERT_TRUE(server.ok()) << server.status();
-  config.lighthouse = (*server)->grpc_address();
-  auto agent = LearnerAgent::Start(config, kToken, {"learner-0", "", "", ""}, *RealClock());
-  ASSERT_TRUE(agent.ok()) << agent.status();
-  std::unique_ptr<RoundServices> services =
-      LighthouseRoundServices(**agent, *RealClock(), 10 * kMicrosPerSecond, false);
-
-  QuorumResult round;
-  round.round_id = 1;
-  round.rendezvous_prefix = "job/round/1/";
-  std::unique_ptr<RendezvousStore> store = services->OpenRendezvous(round);
+  OneLearner learner(false);
+  ASSERT_TRUE(learner.ok());
   // A key that is there is read as it is.
-  ASSERT_TRUE(store->Set("job/round/1/there", "v").ok());
-  auto there = store->Get("job/round/1/there", 600 * kMicrosPerSecond);
+  auto there = learner.store->Get("job/round/1/there", 600 * kMicrosPerSecond);
   ASSERT_TRUE(there.ok()) << there.status();
   EXPECT_EQ(*there, "v");
 
   std::optional<StatusOr<std::string>> waited;
   std::thread waiter(
-      [&]() { waited.emplace(store->Get("job/round/1/never", 600 * kMicrosPerSecond)); });
-  services->Interrupt();
+      [&]() { waited.emplace(learner.store->Get("job/round/1/never", 600 * kMicrosPerSecond)); });
+  learner.services->Interrupt();
   waiter.join();
   ASSERT_TRUE(waited.has_value());
   EXPECT_EQ(waited->status().code(), StatusCode::kAborted) << waited->status();
   EXPECT_NE(std::string(waited->status().message()).find("called off"), std::string::npos)
       << waited->status();
-  (*server)->Shutdown();
+  learner.server->Shutdown();
 }
 
 // A lighthouse that dies while a round is at its rendezvous: the round
@@ -66,31 +85,21 @@ TEST(LighthouseRoundServicesTest,
      TrainingThroughOutagesAWaitInTheRoundsStoreEndsOnceTheLighthouseIsLost) {
   for (const bool train_through : {true, false}) {
     SCOPED_TRACE(train_through);
-    Config config = testing_util::LoopbackJobConfig(1);
-    auto server = LighthouseServer::Start(config, kToken, *RealClock());
-    ASSERT_TRUE(server.ok()) << server.status();
-    config.lighthouse = (*server)->grpc_address();
-    auto agent = LearnerAgent::Start(config, kToken, {"learner-0", "", "", ""}, *RealClock());
-    ASSERT_TRUE(agent.ok()) << agent.status();
-    std::unique_ptr<RoundServices> services =
-        LighthouseRoundServices(**agent, *RealClock(), 10 * kMicrosPerSecond, train_through);
-    QuorumResult round;
-    round.round_id = 1;
-    round.rendezvous_prefix = "job/round/1/";
-    std::unique_ptr<RendezvousStore> store = services->OpenRendezvous(round);
-    ASSERT_TRUE(store->Set("job/round/1/there", "v").ok());  // (the lighthouse answered)
-    (*server)->Shutdown();
-    auto waited = store->Get("job/round/1/never", (train_through ? 600 : 2) * kMicrosPerSecond);
+    OneLearner learner(train_through);
+    ASSERT_TRUE(learner.ok());
+    learner.server->Shutdown();
+    auto waited =
+        learner.store->Get("job/round/1/never", (train_through ? 600 : 2) * kMicrosPerSecond);
     ASSERT_FALSE(waited.ok());
     const std::string message(waited.status().message());
     if (train_through) {
       EXPECT_EQ(waited.status().code(), StatusCode::kUnavailable) << waited.status();
       EXPECT_NE(message.find("train_through_lighthouse_outage"), std::string::npos) << message;
-      EXPECT_TRUE((*agent)->lighthouse_lost());
+      EXPECT_TRUE(learner.agent->lighthouse_lost());
     } else {
       EXPECT_EQ(message.find("train_through_lighthouse_outage"), std::string::npos) << message;
     }
-    (*agent)->Stop();
+    learner.agent->Stop();
   }
 }
 
