@@ -386,10 +386,11 @@ bool Flights::Apply(InFlight& flight) {
       WriteAll(*buffers_[kind], outcome.synced_buffers[kind]);
   }
   // (Of another fragment's round, its own fragment had no round.)
-  if (!adopted) fragment.last_round_boundary = flight.boundary_step;
-  if (adopted)
-    book.at(outcome.fragment).last_round_boundary =
-        outcome.healed.empty() ? outcome.round_step : outcome.heal_step;
+  if (adopted) {
+    book.at(outcome.fragment).last_round_boundary = JobStep(outcome);
+  } else {
+    fragment.last_round_boundary = flight.boundary_step;
+  }
   if (std::optional<uint64_t> step =
           RebasedStep(outcome, flight, stats_.steps, book.period(), stats_.rounds == 0)) {
     if (!outcome.healed.empty()) {
@@ -403,8 +404,7 @@ bool Flights::Apply(InFlight& flight) {
     stats_.steps_moved += static_cast<int64_t>(*step) - static_cast<int64_t>(stats_.steps);
     stats_.steps = *step;
     StepNow(stats_.steps);
-    book.at(outcome.fragment).last_round_boundary =
-        outcome.healed.empty() ? outcome.round_step : outcome.heal_step;
+    book.at(outcome.fragment).last_round_boundary = JobStep(outcome);
   }
   return moments.changed;
 }

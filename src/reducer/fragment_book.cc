@@ -516,10 +516,10 @@ std::optional<uint64_t> RebasedStep(const Outcome& outcome, const InFlight& flig
   // count are those since the round formed (the source, or the member of
   // the largest step, was at its boundary then): a learner passed over
   // trained on meanwhile.
-  const bool healed = !outcome.healed.empty();
-  const uint64_t job_step = healed ? outcome.heal_step : outcome.round_step;
+  const uint64_t job_step = JobStep(outcome);
   const bool far_behind = job_step >= flight.boundary_step + period;
-  if (!(far_behind || (healed && first_round)) || job_step == flight.boundary_step) {
+  if (!(far_behind || (!outcome.healed.empty() && first_round)) ||
+      job_step == flight.boundary_step) {
     return std::nullopt;
   }
   return job_step + (step - std::min(step, flight.formed_step));

@@ -201,6 +201,12 @@ struct MomentsApplied {
 MomentsApplied ApplyMoments(FlatMoments* moments, const Outcome& outcome, InFlight& flight,
                             uint64_t step);
 
+// The job's step as a round showed it: its heal's source's boundary, else
+// the round's step (its members' largest boundary).
+inline uint64_t JobStep(const Outcome& outcome) {
+  return outcome.healed.empty() ? outcome.round_step : outcome.heal_step;
+}
+
 // After a round: the learner's new step when the round puts it on the job's
 // step, its heal's source's boundary or else the round's step (its members'
 // largest boundary): after a heal in a process's first round

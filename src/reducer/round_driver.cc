@@ -64,7 +64,7 @@ void RoundDriverImpl::SayIfPastTheEnd() {
       "Learner.finished, where the transformers and Lightning callbacks stop)",
       flights_->services().learner_id(), stats_.steps, options_.total_steps,
       moved > 0 ? fmt::format(": rounds moved this learner {} step(s) forward onto the job's "
-                              "step (a heal), so a loop of its own count runs past the end",
+                              "step, so a loop of its own count runs past the end",
                               moved)
                 : std::string(),
       options_.total_steps);
