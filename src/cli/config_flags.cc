@@ -8,6 +8,7 @@
 
 #include "core/status_format.h"
 #include "fmt/format.h"
+#include "spdlog/spdlog.h"
 
 extern char** environ;
 
@@ -17,11 +18,12 @@ ConfigFlags::ConfigFlags(CLI::App* app) : app_(app) {
   app_->add_option("--config", file_, "TOML configuration file (keys: 'mend config keys')")
       ->check(CLI::ExistingFile);
   app_->add_option_function<std::vector<std::string>>(
-      "--set",
-      [this](const std::vector<std::string>& items) {
-        for (const std::string& item : items) overrides_.push_back(SetFlagOverride(item));
-      },
-      "Set any configuration key: --set KEY=VALUE (repeatable)");
+          "--set",
+          [this](const std::vector<std::string>& items) {
+            for (const std::string& item : items) overrides_.push_back(SetFlagOverride(item));
+          },
+          "Set any configuration key: --set KEY=VALUE (repeatable)")
+      ->trigger_on_parse();  // each as it comes: command-line order
 }
 
 void ConfigFlags::Map(const std::string& flag, std::string_view key) {
@@ -30,11 +32,12 @@ void ConfigFlags::Map(const std::string& flag, std::string_view key) {
   std::string help = fmt::format("{} [{}; default: {}]", entry ? entry->help : "", key,
                                  default_text.empty() ? "\"\"" : default_text);
   app_->add_option_function<std::string>(
-      flag,
-      [this, flag, key = std::string(key)](const std::string& value) {
-        overrides_.push_back({key, value, fmt::format("flag {}", flag)});
-      },
-      help);
+          flag,
+          [this, flag, key = std::string(key)](const std::string& value) {
+            overrides_.push_back({key, value, fmt::format("flag {}", flag)});
+          },
+          help)
+      ->trigger_on_parse();
 }
 
 void ConfigFlags::Retired(const std::string& flag, std::string_view key) {
@@ -43,10 +46,23 @@ void ConfigFlags::Retired(const std::string& flag, std::string_view key) {
           [this, flag, key = std::string(key)](const std::string& value) {
             overrides_.push_back({key, value, fmt::format("flag {}", flag)});
           })
+      ->trigger_on_parse()
       ->group("");  // hidden
 }
 
 StatusOr<Config> ConfigFlags::Load() const {
+  // A key given twice with different values: the later wins, said aloud (a
+  // named flag and a --set of its key, as a launcher's flags and a user's
+  // --set after them).
+  for (size_t later = 1; later < overrides_.size(); ++later) {
+    const ConfigSources::Override& set = overrides_[later];
+    for (size_t i = 0; i < later; ++i) {
+      const ConfigSources::Override& earlier = overrides_[i];
+      if (earlier.key != set.key || earlier.text == set.text) continue;
+      spdlog::warn("{} = \"{}\" ({}) overrides \"{}\" ({}) given before it on the command line",
+                   set.key, set.text, set.source, earlier.text, earlier.source);
+    }
+  }
   ConfigSources sources;
   sources.file = file_;
   sources.environ = environ;

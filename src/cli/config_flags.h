@@ -22,7 +22,9 @@ class ConfigFlags {
   // Keeps the flag of a replaced key (IsRetiredConfigKey), out of the help:
   // Load() refuses it with what to set instead.
   void Retired(const std::string& flag, std::string_view key);
-  // defaults < --config file < MEND_* environment < flags (in command-line order).
+  // defaults < --config file < MEND_* environment < flags, in command-line
+  // order: of a key given twice (a named flag and --set KEY=, or --set
+  // twice), the later wins, with a warning when their values differ.
   [[nodiscard]] StatusOr<Config> Load() const;
 
  private:

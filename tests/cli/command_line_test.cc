@@ -1,8 +1,11 @@
 // What a mend executable's main() does with what escapes a command
 // (cli/commands.h, RunCommandLine): one line on stderr naming the command
 // and the error, and the documented exit status, instead of an abort.
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <memory>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -10,6 +13,8 @@
 #include "cli/commands.h"
 #include "cli/config_flags.h"
 #include "gtest/gtest.h"
+#include "spdlog/sinks/ostream_sink.h"
+#include "spdlog/spdlog.h"
 
 namespace mend::cli {
 namespace {
@@ -93,6 +98,41 @@ TEST(ConfigFlagsTest, AReplacedKeysFlagIsRefusedNamingItsReplacement) {
       << config.status();
   EXPECT_NE(std::string(config.status().message()).find("flag --udp-control"), std::string::npos);
   EXPECT_EQ(app.help().find("--udp-control"), std::string::npos);  // not offered in the help
+}
+
+// Flags and --set apply in command-line order: of a key given twice, the
+// later wins whichever way it was given, and a warning names both.
+TEST(ConfigFlagsTest, OfAKeyGivenTwiceTheLaterWinsAndAWarningSaysSo) {
+  auto load = [](std::vector<std::string> args, std::string* warned) {
+    CLI::App app{"test", "mend"};
+    ConfigFlags flags(&app);
+    flags.Map("--min-learners", "quorum_min_learners");
+    std::reverse(args.begin(), args.end());  // (CLI11 takes them reversed)
+    app.parse(args);
+    std::ostringstream log;
+    auto logger = std::make_shared<spdlog::logger>(
+        "flags-test", std::make_shared<spdlog::sinks::ostream_sink_st>(log));
+    const std::shared_ptr<spdlog::logger> before = spdlog::default_logger();
+    spdlog::set_default_logger(logger);
+    StatusOr<Config> config = flags.Load();
+    spdlog::set_default_logger(before);
+    *warned = log.str();
+    EXPECT_TRUE(config.ok()) << config.status();
+    return config.ok() ? config->quorum_min_learners : -1;
+  };
+  std::string warned;
+  EXPECT_EQ(load({"--set", "quorum_min_learners=2", "--min-learners", "3"}, &warned), 3);
+  EXPECT_NE(warned.find("quorum_min_learners = \"3\" (flag --min-learners) overrides \"2\" "
+                        "(flag --set quorum_min_learners=2)"),
+            std::string::npos)
+      << warned;
+  EXPECT_EQ(load({"--min-learners", "3", "--set", "quorum_min_learners=2"}, &warned), 2);
+  EXPECT_NE(warned.find("overrides \"3\" (flag --min-learners)"), std::string::npos) << warned;
+  EXPECT_EQ(load({"--set", "quorum_min_learners=4", "--set", "quorum_min_learners=5"}, &warned), 5);
+  EXPECT_NE(warned.find("overrides \"4\""), std::string::npos) << warned;
+  // The same value twice (a launcher's flag and the user's alike) is no conflict.
+  EXPECT_EQ(load({"--min-learners", "3", "--set", "quorum_min_learners=3"}, &warned), 3);
+  EXPECT_EQ(warned, "");
 }
 
 // An output file is checked before a long run: a path whose directory is
