@@ -337,8 +337,15 @@ Status Flights::GiveBack(InFlight& flight) {
   }
   if (flight.called_off) return OkStatus();  // (said when it was called off)
   stats_.failed_rounds++;
-  spdlog::warn("fragment {}: round failed, training on: {}", flight.fragment,
-               flight.outcome.status());
+  // Failures in a row (a lighthouse gone for good fails every boundary's
+  // join): the 1st, 2nd, 4th, 8th, ... said, not one line per boundary.
+  const uint64_t in_a_row = ++failed_in_a_row_;
+  if ((in_a_row & (in_a_row - 1)) == 0) {
+    spdlog::warn(
+        "fragment {}: round failed, training on{}: {}", flight.fragment,
+        in_a_row > 2 ? fmt::format(" ({} in a row; those between not logged)", in_a_row) : "",
+        flight.outcome.status());
+  }
   return OkStatus();
 }
 
@@ -350,6 +357,11 @@ Status Flights::Commit(InFlight& flight) {
   if (outcome.healed.empty())
     context_.overlap.RecordRound(Seconds(flight.launched, flight.finished));
   Count(flight, outcome, &stats_);
+  if (failed_in_a_row_ > 2) {
+    spdlog::info("round {}: a round again, after {} failed in a row", outcome.round_id,
+                 failed_in_a_row_);
+  }
+  failed_in_a_row_ = 0;
   const bool moments_changed = Apply(flight);
   stats_.rounds++;
   stats_.last_round_id = outcome.round_id;

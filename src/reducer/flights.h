@@ -143,6 +143,7 @@ class Flights {
   RoundRunner runner_;
   std::deque<std::unique_ptr<InFlight>> flights_;  // oldest first: taken up in this order
   uint64_t launched_ = 0;                          // rounds launched (their FlightOrder numbers)
+  uint64_t failed_in_a_row_ = 0;                   // rounds failed since the last that succeeded
   std::atomic<uint64_t> step_now_{0};
   // Plan's view for the step it planned (0: none planned): the oldest
   // rounds that had arrived then, and each round's status.

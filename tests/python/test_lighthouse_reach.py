@@ -179,3 +179,27 @@ def test_a_synchronous_learner_left_alone_trains_on_without_waiting_out_its_quor
     assert not errors, errors
     assert stats["b"]["rounds"] == 2
     assert stats["a"]["rounds"] == 2 and stats["a"]["failed_rounds"] == 3 and stats["a"]["steps"] == 10
+
+
+def test_rounds_failing_in_a_row_are_logged_at_the_1st_2nd_4th_8th_and_so_on(capfd):
+    # The lighthouse is gone after the first round: every later boundary's
+    # join fails (at once, once it has been lost for longer than the quorum
+    # timeout). A warning at each of 30 boundaries would bury the log.
+    lighthouse = mend.Lighthouse(lighthouse_config(quorum_min_learners=1), token=TOKEN)
+    config = mend.MendConfig(lighthouse=lighthouse.address, quorum_min_learners=1, sync_period_steps=1,
+                             concurrent_outer_step=False, heartbeat_ms=100, heartbeat_timeout_ms=1000,
+                             quorum_timeout_ms=1000, rpc_timeout_ms=500, log_level="warn")
+    params = [np.ones(16, dtype=np.float32)]
+    learner = mend.Learner(config, [("w", params[0])], "failing-learner", token=TOKEN)
+    params[0] -= np.float32(0.1)
+    learner.step(8)
+    lighthouse.shutdown()
+    for _ in range(30):
+        params[0] -= np.float32(0.1)
+        learner.step(8)
+    stats = learner.stats()
+    learner.shutdown()
+    assert stats["rounds"] == 1 and stats["failed_rounds"] == 30
+    said = [line for line in capfd.readouterr().err.splitlines() if "round failed, training on" in line]
+    assert len(said) == 5, said  # the 1st, 2nd, 4th, 8th and 16th of 30
+    assert "(16 in a row; those between not logged)" in said[-1], said
