@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "core/status_format.h"
+#include "fmt/ranges.h"
 #include "reducer/round_driver_impl.h"
 #include "xxhash.h"
 
@@ -20,8 +21,22 @@ std::string ParametersSetting(const std::vector<std::vector<int64_t>>& shapes) {
     for (int64_t size : shape) numel *= static_cast<uint64_t>(size);
     values += numel;
   }
-  return fmt::format("parameters={} tensors, {} values, shapes {:016x}", shapes.size(), values,
-                     XXH3_64bits(words.data(), words.size() * sizeof(int64_t)));
+  std::string setting =
+      fmt::format("parameters={} tensors, {} values, shapes {:016x}:", shapes.size(), values,
+                  XXH3_64bits(words.data(), words.size() * sizeof(int64_t)));
+  // The shapes themselves, as many as fit in the lighthouse's limit on a
+  // setting (512 characters), so that a refusal shows where two models
+  // differ (the digest covers the rest).
+  constexpr size_t kMaxLength = 480;
+  for (const std::vector<int64_t>& shape : shapes) {
+    std::string text = fmt::format(" [{}]", fmt::join(shape, ","));
+    if (setting.size() + text.size() > kMaxLength) {
+      setting += " ...";
+      break;
+    }
+    setting += text;
+  }
+  return setting;
 }
 
 StatusOr<std::unique_ptr<RoundDriver>> RoundDriver::Create(

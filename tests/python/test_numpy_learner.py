@@ -89,8 +89,8 @@ def test_a_learner_with_another_round_schedule_is_refused_naming_the_key():
                 mend.Learner(config(sync_period_steps=10), [("w", np.zeros(4, np.float32))], "b", token=token)
             # A learner of another model is refused, both layouts named.
             with pytest.raises(mend.InvalidArgumentError,
-                               match=r"parameters = 1 tensors, 5 values, shapes [0-9a-f]{16} \(this job's "
-                                     r"learners have 1 tensors, 4 values"):
+                               match=r"parameters = 1 tensors, 5 values, shapes [0-9a-f]{16}: \[5\] \(this "
+                                     r"job's learners have 1 tensors, 4 values, shapes [0-9a-f]{16}: \[4\]\)"):
                 mend.Learner(config(sync_period_steps=5), [("w", np.zeros(5, np.float32))], "e", token=token)
             # Pacing may differ.
             paced = mend.Learner(config(sync_period_steps=5, concurrent_outer_step=False),

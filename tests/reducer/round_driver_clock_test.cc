@@ -109,6 +109,24 @@ class RoundDriverClockTest : public ::testing::Test {
   std::atomic<bool> aside_returned_{false};
 };
 
+// The model's layout the lighthouse compares: its shapes themselves as far
+// as they fit in a setting (so that a refusal shows where two models
+// differ), and a digest of all of them.
+TEST(ParametersSettingTest, NamesTheShapesThatFitAndADigestOfAll) {
+  const std::string small = ParametersSetting({{4, 6}, {3}, {}});
+  EXPECT_EQ(small.rfind("parameters=3 tensors, 28 values, shapes ", 0), 0u) << small;
+  EXPECT_EQ(small.substr(small.find(':')), ": [4,6] [3] []");
+  EXPECT_NE(ParametersSetting({{6, 4}, {3}}), ParametersSetting({{4, 6}, {3}}));
+  std::vector<std::vector<int64_t>> many(1000, {1024, 1024});
+  const std::string large = ParametersSetting(many);
+  EXPECT_LE(large.size(), 512u);  // the lighthouse's limit on a setting
+  EXPECT_EQ(large.substr(large.size() - 4), " ...");
+  many.back() = {1024, 1023};  // past what fits: the digest tells them apart
+  const std::string other = ParametersSetting(many);
+  EXPECT_EQ(other.size(), large.size());
+  EXPECT_NE(other, large);
+}
+
 TEST_F(RoundDriverClockTest, TauOfALearnerOfOneRankIsTheCapItsRoundsAreAppliedOnArrival) {
   Start(/*overlap_steps=*/0);
   services_->Hold();
