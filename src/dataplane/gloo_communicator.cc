@@ -54,9 +54,23 @@ enum Phase : uint64_t {
 // Reduction::window): 4 MiB per peer at the default segment size.
 constexpr size_t kReceiveWindow = 4;
 
-// Slot layout: op (40 bits) | phase (4 bits) | segment (20 bits).
-uint64_t MakeSlot(uint64_t op, Phase phase, size_t segment) {
+// Slot layout: op (40 bits) | phase (4 bits) | segment (20 bits). An
+// operation's pieces may carry a salt of its buffer's size in the op's top
+// 16 bits (the ops of a round's communicator are few): members whose
+// buffers differ in size then post slots that never meet (Gloo would abort
+// the process on a piece longer than the buffer posted for it), and learn
+// it from the sizes beside the weights.
+uint64_t MakeSlot(uint64_t op, Phase phase, size_t segment, uint64_t salt = 0) {
+  if (salt != 0) op = (op & 0xFFFFFF) | (salt << 24);
   return (op << 24) | (static_cast<uint64_t>(phase) << 20) | (segment & 0xFFFFF);
+}
+
+// A salt of `values` for MakeSlot: 16 bits, never 0.
+uint64_t SizeSalt(size_t values) {
+  uint64_t z = static_cast<uint64_t>(values) + 0x9E3779B97F4A7C15ull;  // SplitMix64's finalizer
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return ((z ^ (z >> 31)) & 0x7FFF) | 0x8000;
 }
 
 // Deletes a posted buffer. Out of line: TSan shows each of mend's frames at
@@ -202,6 +216,7 @@ class GlooCommunicator final : public Communicator {
     Clock::time_point start;
     Clock::time_point deadline;
     uint64_t sent = 0;
+    uint64_t salt = 0;  // MakeSlot's, of every phase but the weights'
   };
 
   // A merge (MergeAllReduce): this member's values (made, or given with
@@ -356,7 +371,7 @@ Transfer GlooCommunicator::Post(Op& op, bool send, int peer, Phase phase, size_t
                         context_->createUnboundBuffer(ptr, bytes).release()),
                     send,
                     {}};
-  const uint64_t slot = MakeSlot(op.id, phase, segment);
+  const uint64_t slot = MakeSlot(op.id, phase, segment, phase == kWeights ? 0 : op.salt);
   try {
     if (send) {
       transfer.buffer->send(peer, slot, 0, bytes);
@@ -557,10 +572,13 @@ Status GlooCommunicator::WeightedAllReduceImpl(std::span<float> data, double wei
         "round {}: all-reduce: a weighted sum without the mean is fp32 only", options_.round_id));
   }
   // The weights travel beside the first pieces rather than a round trip
-  // ahead of them, each with whether its member makes its values, and the
-  // sum of squares of values given.
-  const std::array<double, 3> mine{weight, make != nullptr ? 1.0 : 0.0,
-                                   made != nullptr && make == nullptr ? made->in.squares : 0.0};
+  // ahead of them, each with whether its member makes its values, the sum
+  // of squares of values given, and the buffer's size (whose salt the
+  // pieces' slots carry).
+  op.salt = SizeSalt(data.size());
+  const std::array<double, 4> mine{weight, make != nullptr ? 1.0 : 0.0,
+                                   made != nullptr && make == nullptr ? made->in.squares : 0.0,
+                                   static_cast<double>(data.size())};
   std::vector<double> gathered(mine.size() * static_cast<size_t>(options_.world_size));
   std::vector<Transfer> weight_transfers;
   PostGather(op, kWeights, std::as_bytes(std::span(mine)),
@@ -596,6 +614,17 @@ Status GlooCommunicator::WeightedAllReduceImpl(std::span<float> data, double wei
   PostScatter(op, run);
   Status weighed = WaitAll(op, weight_transfers);
   if (!weighed.ok()) return End(op, weighed);
+  for (int r = 0; r < options_.world_size; ++r) {
+    const double theirs = gathered[mine.size() * static_cast<size_t>(r) + 3];
+    if (theirs == static_cast<double>(data.size())) continue;
+    // Every member finds it. No piece moved (their slots differ), and none
+    // will: this member's stay posted, unread, until the communicator goes.
+    return End(op,
+               FailedPreconditionError(fmt::format(
+                   "round {}: all-reduce: {} reduces {} values, this member {}: the members "
+                   "exchange different fragments or models (a bug in mend: please report it)",
+                   options_.round_id, PeerName(r), static_cast<uint64_t>(theirs), data.size())));
+  }
   std::vector<double> all_weights(options_.world_size), all_squares(options_.world_size);
   for (size_t r = 0; r < all_weights.size(); ++r) {
     all_weights[r] = gathered[mine.size() * r];

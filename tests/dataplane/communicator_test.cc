@@ -173,6 +173,44 @@ TEST(CommunicatorTest, ZeroTotalWeightIsRefusedOnEveryMember) {
   }
 }
 
+TEST(CommunicatorTest, MembersReducingBuffersOfDifferentSizesFailCleanlyNamingBoth) {
+  // A bug elsewhere (members at different fragments) must fail the round,
+  // not the process: Gloo aborts on a piece longer than the buffer posted
+  // for it. Member 1's buffer is larger (in fp32, through a codec, merged
+  // with made values); every member returns FAILED_PRECONDITION naming a
+  // member of another size, its own buffer as it was, and the next
+  // operation is refused as after any failure.
+  auto int8 = MakeCodec({CodecKind::kInt8, 64, 4096, 64});
+  ASSERT_TRUE(int8.ok());
+  for (const Codec* codec : std::vector<const Codec*>{nullptr, int8->get()}) {
+    for (bool made : {false, true}) {
+      if (made && codec != nullptr) continue;  // (made values are fp32 only)
+      RunMembers(3, [&](int rank, Communicator& comm) {
+        const size_t n = rank == 1 ? size_t{300'000} : size_t{200'000};
+        std::vector<float> data(n, static_cast<float>(rank + 1));
+        Status status;
+        if (made) {
+          Communicator::MakeValues make = [&](size_t, size_t) { return 0.0; };
+          Communicator::MergeValues values;
+          values.make = &make;
+          status = comm.MergeAllReduce(data, 1.0, values).status();
+        } else {
+          status = comm.WeightedAllReduce(data, 1.0, codec);
+        }
+        EXPECT_EQ(status.code(), StatusCode::kFailedPrecondition) << status;
+        const std::string message(StatusMessage(status));
+        EXPECT_NE(message.find(rank == 1 ? "200000 values, this member 300000"
+                                         : "300000 values, this member 200000"),
+                  std::string::npos)
+            << message;
+        EXPECT_EQ(std::count(data.begin(), data.end(), static_cast<float>(rank + 1)),
+                  static_cast<std::ptrdiff_t>(n));
+        EXPECT_TRUE(comm.broken());
+      });
+    }
+  }
+}
+
 TEST(CommunicatorTest, AnFp32ReductionHoldsAFewSegmentsOfScratchNotASlice) {
   // 2^23 values (32 MiB) between two members: slices of 16 MiB in 1 MiB
   // segments. The scratch holds the receive window's 4 segments, not the
