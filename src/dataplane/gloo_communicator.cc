@@ -283,6 +283,9 @@ class GlooCommunicator final : public Communicator {
   // The gathered weights checked (finite, >= 0, positive sum) and divided by
   // their sum: the same floats on every member.
   StatusOr<std::vector<float>> NormalizeWeights(Op& op, const std::vector<double>& weights) const;
+  // Fails `op` unless every member's size, gathered beside the weights, is `size`.
+  Status SameSizes(Op& op, const std::vector<double>& gathered, size_t stride, size_t size,
+                   const char* what);
 
   // The steps of WeightedAllReduce (see the file comment of communicator.h).
   struct Reduction;
@@ -476,6 +479,24 @@ Status GlooCommunicator::GatherBytes(Op& op, Phase phase, std::span<const std::b
   return WaitAll(op, transfers);
 }
 
+// Every member's size as gathered beside the weights (the last of each
+// member's `stride` values) is this member's `size`: else every member
+// fails alike. No piece of another size moved (their slots differ), and
+// none will: this member's stay posted, unread, until the communicator goes.
+Status GlooCommunicator::SameSizes(Op& op, const std::vector<double>& gathered, size_t stride,
+                                   size_t size, const char* what) {
+  for (int r = 0; r < options_.world_size; ++r) {
+    const double theirs = gathered[stride * static_cast<size_t>(r) + stride - 1];
+    if (theirs == static_cast<double>(size)) continue;
+    return End(op, FailedPreconditionError(fmt::format(
+                       "round {}: {}: {} has {} {}, this member {}: the members exchange different "
+                       "fragments or models (a bug in mend: please report it)",
+                       options_.round_id, op.name, PeerName(r), static_cast<uint64_t>(theirs), what,
+                       size)));
+  }
+  return OkStatus();
+}
+
 StatusOr<std::vector<float>> GlooCommunicator::NormalizeWeights(
     Op& op, const std::vector<double>& weights) const {
   double total = 0;
@@ -614,17 +635,7 @@ Status GlooCommunicator::WeightedAllReduceImpl(std::span<float> data, double wei
   PostScatter(op, run);
   Status weighed = WaitAll(op, weight_transfers);
   if (!weighed.ok()) return End(op, weighed);
-  for (int r = 0; r < options_.world_size; ++r) {
-    const double theirs = gathered[mine.size() * static_cast<size_t>(r) + 3];
-    if (theirs == static_cast<double>(data.size())) continue;
-    // Every member finds it. No piece moved (their slots differ), and none
-    // will: this member's stay posted, unread, until the communicator goes.
-    return End(op,
-               FailedPreconditionError(fmt::format(
-                   "round {}: all-reduce: {} reduces {} values, this member {}: the members "
-                   "exchange different fragments or models (a bug in mend: please report it)",
-                   options_.round_id, PeerName(r), static_cast<uint64_t>(theirs), data.size())));
-  }
+  MEND_RETURN_IF_ERROR(SameSizes(op, gathered, mine.size(), data.size(), "values"));
   std::vector<double> all_weights(options_.world_size), all_squares(options_.world_size);
   for (size_t r = 0; r < all_weights.size(); ++r) {
     all_weights[r] = gathered[mine.size() * r];
@@ -935,15 +946,21 @@ Status GlooCommunicator::WeightedAllGatherDecodeImpl(std::span<const std::byte> 
                     options_.round_id, payload.size(), out.size(), CodecName(codec.kind()),
                     codec.EncodedBytes(out.size())));
   }
-  // Each member's weight and sum of squares beside the payloads (one
-  // protocol whether or not its members leave anyone out).
-  const std::array<double, 2> mine{weight, merge != nullptr ? merge->squares : 0.0};
+  // Each member's weight, sum of squares and payload size beside the
+  // payloads (one protocol whether or not its members leave anyone out),
+  // whose slots carry a salt of the size (see MakeSlot).
+  op.salt = SizeSalt(payload.size());
+  const std::array<double, 3> mine{weight, merge != nullptr ? merge->squares : 0.0,
+                                   static_cast<double>(payload.size())};
   std::vector<double> gathered(mine.size() * static_cast<size_t>(options_.world_size));
-  std::vector<Transfer> transfers;
+  std::vector<Transfer> weighing, transfers;
   PostGather(op, kWeights, std::as_bytes(std::span(mine)),
-             std::as_writable_bytes(std::span(gathered)), transfers);
+             std::as_writable_bytes(std::span(gathered)), weighing);
   Reserve(recv_scratch_, payload.size() * options_.world_size);
   PostGather(op, kAllGather, payload, recv_scratch_, transfers);
+  Status weighed = WaitAll(op, weighing);
+  if (!weighed.ok()) return End(op, weighed);
+  MEND_RETURN_IF_ERROR(SameSizes(op, gathered, mine.size(), payload.size(), "bytes of payload"));
   Status gathered_all = WaitAll(op, transfers);
   if (!gathered_all.ok()) return End(op, gathered_all);
   std::vector<double> all_weights(options_.world_size), all_squares(options_.world_size);
@@ -979,6 +996,8 @@ Status GlooCommunicator::WeightedAllGatherDecodeImpl(std::span<const std::byte> 
 Status GlooCommunicator::AllGatherImpl(std::span<const std::byte> mine, std::span<std::byte> out) {
   Op op;
   MEND_RETURN_IF_ERROR(Begin("all-gather", &op));
+  // (Members of other sizes never meet: their collective times out.)
+  op.salt = SizeSalt(mine.size());
   if (out.size() != mine.size() * options_.world_size) {
     return InvalidArgumentError(fmt::format("round {}: all-gather: output of {} bytes for {} x {}",
                                             options_.round_id, out.size(), options_.world_size,
@@ -990,6 +1009,7 @@ Status GlooCommunicator::AllGatherImpl(std::span<const std::byte> mine, std::spa
 Status GlooCommunicator::BroadcastImpl(std::span<std::byte> data, int root) {
   Op op;
   MEND_RETURN_IF_ERROR(Begin("broadcast", &op));
+  op.salt = SizeSalt(data.size());  // (as AllGatherImpl's)
   if (root < 0 || root >= options_.world_size) {
     return InvalidArgumentError(fmt::format("round {}: broadcast: root {} not in [0, {})",
                                             options_.round_id, root, options_.world_size));

@@ -209,6 +209,35 @@ TEST(CommunicatorTest, MembersReducingBuffersOfDifferentSizesFailCleanlyNamingBo
       });
     }
   }
+  // A sparse codec's payloads likewise (their sizes beside the weights).
+  auto topk = MakeCodec({CodecKind::kTopK, 64, 512, 32});
+  ASSERT_TRUE(topk.ok());
+  RunMembers(3, [&](int rank, Communicator& comm) {
+    const size_t n = rank == 1 ? size_t{3072} : size_t{2048};
+    std::vector<std::byte> payload((*topk)->EncodedBytes(n));
+    std::vector<float> out(n);
+    Status status = comm.WeightedAllGatherDecode(payload, 1.0, **topk, out);
+    EXPECT_EQ(status.code(), StatusCode::kFailedPrecondition) << status;
+    EXPECT_NE(std::string(StatusMessage(status)).find("bytes of payload"), std::string::npos)
+        << status;
+  });
+  // Bytes all-gathered or broadcast (a heal's) carry no size: pieces of
+  // another size never meet, and the operation ends at its timeout (or,
+  // on the member whose timeout comes second, when the other's connection
+  // closes).
+  for (bool broadcast : {false, true}) {
+    RunMembers(
+        2,
+        [&](int rank, Communicator& comm) {
+          std::vector<std::byte> mine(rank == 0 ? 100 : 150, std::byte{1});
+          std::vector<std::byte> all(2 * mine.size());
+          Status status = broadcast ? comm.Broadcast(mine, 0) : comm.AllGather(mine, all);
+          EXPECT_TRUE(status.code() == StatusCode::kDeadlineExceeded ||
+                      status.code() == StatusCode::kAborted)
+              << status;
+        },
+        "job/round/7/", [](CommunicatorOptions& o) { o.timeout = 5 * kMicrosPerSecond; });
+  }
 }
 
 TEST(CommunicatorTest, AnFp32ReductionHoldsAFewSegmentsOfScratchNotASlice) {
