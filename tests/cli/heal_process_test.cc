@@ -236,6 +236,10 @@ TEST_F(HealProcessTest, AStoppedLearnerTakesTheJobsStepAndBothEndWithTheSameMode
   StartLighthouse({"--min-learners", "2", "--heartbeat-timeout-ms", "1000"});
   constexpr int64_t kSteps = 500;
   auto a = Train("a", 0, kSteps, {1, 0, 0}, {"--result-file", dir_ + "/a.json"});
+  // b once a has registered (a trains from then): b then cannot start ahead
+  // of a (on a loaded host b registered first once and trained on alone 40
+  // steps, never to be a period behind).
+  ASSERT_TRUE(AwaitProgress(*a, "step", 1));
   auto b = Train("b", 1, kSteps, {1, 0, 0}, {"--result-file", dir_ + "/b.json"});
   ASSERT_TRUE(AwaitProgress(*b, "rounds", 1));
   ASSERT_TRUE(b->Signal(SIGSTOP).ok());
