@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <system_error>
 
 #include "core/status_format.h"
@@ -54,14 +55,14 @@ StatusOr<Config> ConfigFlags::Load() const {
   // A key given twice with different values: the later wins, said aloud (a
   // named flag and a --set of its key, as a launcher's flags and a user's
   // --set after them).
-  for (size_t later = 1; later < overrides_.size(); ++later) {
-    const ConfigSources::Override& set = overrides_[later];
-    for (size_t i = 0; i < later; ++i) {
-      const ConfigSources::Override& earlier = overrides_[i];
-      if (earlier.key != set.key || earlier.text == set.text) continue;
+  std::map<std::string_view, const ConfigSources::Override*> last;
+  for (const ConfigSources::Override& set : overrides_) {
+    const ConfigSources::Override*& earlier = last[set.key];
+    if (earlier != nullptr && earlier->text != set.text) {
       spdlog::warn("{} = \"{}\" ({}) overrides \"{}\" ({}) given before it on the command line",
-                   set.key, set.text, set.source, earlier.text, earlier.source);
+                   set.key, set.text, set.source, earlier->text, earlier->source);
     }
+    earlier = &set;
   }
   ConfigSources sources;
   sources.file = file_;

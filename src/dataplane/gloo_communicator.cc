@@ -56,10 +56,11 @@ constexpr size_t kReceiveWindow = 4;
 
 // Slot layout: op (40 bits) | phase (4 bits) | segment (20 bits). An
 // operation's pieces may carry a salt of its buffer's size in the op's top
-// 16 bits (the ops of a round's communicator are few): members whose
-// buffers differ in size then post slots that never meet (Gloo would abort
-// the process on a piece longer than the buffer posted for it), and learn
-// it from the sizes beside the weights.
+// 16 bits (its id's low 24 bits beside it: a communicator's operations run
+// one after another, so a slot used again 2^24 operations later meets
+// nothing in flight): members whose buffers differ in size then post slots
+// that never meet (Gloo would abort the process on a piece longer than the
+// buffer posted for it), and learn it from the sizes beside the weights.
 uint64_t MakeSlot(uint64_t op, Phase phase, size_t segment, uint64_t salt = 0) {
   if (salt != 0) op = (op & 0xFFFFFF) | (salt << 24);
   return (op << 24) | (static_cast<uint64_t>(phase) << 20) | (segment & 0xFFFFF);
