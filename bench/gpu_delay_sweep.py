@@ -5,6 +5,7 @@ growing link latencies.
     python bench/gpu_delay_sweep.py                      # on a GPU: 1.5 B, H 40, 160 steps
     python bench/gpu_delay_sweep.py --delays 0,2000 --seeds 1
     python bench/gpu_delay_sweep.py --tiny --steps 24 --sync-every 8   # a check on a CPU
+    python bench/gpu_delay_sweep.py --runs synchronous@2000#1,concurrent@2000#1+outer_warmup_steps=0 --eval-every 20
 
 The model is transformers' Qwen2ForCausalLM at Qwen-2.5-1.5B's shape (randomly
 initialised, bf16 on the GPU) when transformers is installed, else a
@@ -16,14 +17,18 @@ Markov chain over 4096 tokens, so there is something to learn) with AdamW;
 an embedded lighthouse in this process. Modes: local (no mend: the two train
 apart), synchronous (concurrent_outer_step = false) and concurrent (the
 defaults) at each `--delays` value of link_latency_ms; the rounds every
-`--sync-every` steps, the final merge at the end.
+`--sync-every` steps, the final merge at the end. `--set KEY=VALUE` gives
+the mend runs a setting; a `--runs` item's own `+KEY=VALUE` gives it to that
+run alone (its loss is compared with the synchronous run of the same
+settings).
 
 Per row: tokens/s of both learners together and its ratio to local's of
 the same seed, the held-out loss after the last step (after the final merge
 with mend) and its change from synchronous at the same delay, the median
 inner step outside boundaries and local's, the peak GPU memory (the larger
 learner's), mend_init, the first round's step and the final merge
-(mend_shutdown). Prints a table and writes a CSV; exits 1 when a run failed.
+(mend_shutdown); with `--eval-every N` also the held-out loss every N steps
+(the mean of the two learners' own models, outside the timed steps). Prints a table and writes a CSV; exits 1 when a run failed.
 Needs torch >= 2.0 (the model is built on its device, and the decoder
 attends with scaled_dot_product_attention); Debian's torch 1.13 is refused
 at the start.
@@ -160,7 +165,6 @@ def worker(args):
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
     language = Language(device)
     data = random.Random(1000 * args.seed + args.rank)
-    held_out = random.Random(999_999)
     runtime = None
     init_s = 0.0
     if args.mode != "local":
@@ -169,7 +173,7 @@ def worker(args):
         config = mend.MendConfig(lighthouse=args.lighthouse, quorum_min_learners=2, sync_period_steps=args.sync_every,
                                  concurrent_outer_step=args.mode == "concurrent", total_steps=args.steps,
                                  final_merge=True, link_latency_ms=args.delay, host_staging=args.host_staging,
-                                 log_level="warn")
+                                 log_level="warn", **settings(args.set))
         t0 = time.perf_counter()
         runtime = mend.mend_init(model, config, f"gpu-{args.rank}", optimizer=optimizer)
         init_s = time.perf_counter() - t0
@@ -177,6 +181,14 @@ def worker(args):
         torch.cuda.reset_peak_memory_stats()
     steps, boundary = [], []
     tokens = 0
+    curve, evaluating = {}, 0.0
+
+    def held_out_loss():
+        generator = random.Random(999_999)  # the same batches at every evaluation
+        with torch.no_grad():
+            return statistics.mean(loss_of(language.batch(generator, args.batch, args.seq)).item()
+                                   for _ in range(args.eval_batches))
+
     started = time.perf_counter()
     for step in range(1, args.steps + 1):
         batch = language.batch(data, args.batch, args.seq)
@@ -192,7 +204,11 @@ def worker(args):
         seconds = time.perf_counter() - t0
         (boundary if step % args.sync_every == 0 else steps).append(seconds)
         tokens += batch.numel()
-    train_s = time.perf_counter() - started
+        if args.eval_every and step % args.eval_every == 0 and step < args.steps:
+            t0 = time.perf_counter()  # not training: left out of train_s
+            curve[step] = held_out_loss()
+            evaluating += time.perf_counter() - t0
+    train_s = time.perf_counter() - started - evaluating
     final_s = 0.0
     stats, phases = {}, {}
     if runtime is not None:
@@ -203,8 +219,7 @@ def worker(args):
         final_s = time.perf_counter() - t0
         stats = runtime.stats()  # the final ones
         phases = runtime.round_phases()
-    with torch.no_grad():
-        losses = [loss_of(language.batch(held_out, args.batch, args.seq)).item() for _ in range(args.eval_batches)]
+    curve[args.steps] = held_out_loss()
     peak = torch.cuda.max_memory_allocated() if device == "cuda" else 0
     digest = None
     with torch.no_grad():  # the parameters' bits, to compare mend's learners
@@ -218,25 +233,28 @@ def worker(args):
                    "parameters": sum(p.numel() for p in model.parameters()), "init_s": init_s,
                    "train_s": train_s, "tokens": tokens, "step_median_s": statistics.median(steps),
                    "first_boundary_s": boundary[0] if boundary else 0.0, "final_s": final_s,
-                   "held_out_loss": statistics.mean(losses), "peak_gpu_bytes": peak,
+                   "held_out_loss": curve[args.steps], "curve": curve, "peak_gpu_bytes": peak,
                    "rounds": stats.get("rounds", 0), "round_waits": stats.get("round_waits", 0),
                    "staging_s": stats.get("staging_seconds", 0.0), "deferred_steps": stats.get("deferred_steps", 0),
                    "round_phases": phases,
                    "digest": digest}, f)
 
 
-def run(args, mode, delay, seed, lighthouse):
-    """One (mode, delay, seed): two learner processes; their results merged
-    into a row, or a row that says why there is none."""
+def run(args, mode, delay, seed, run_settings, lighthouse):
+    """One (mode, delay, seed) with its mend settings: two learner processes;
+    their results merged into a row, or a row that says why there is none."""
     with tempfile.TemporaryDirectory() as tmp:
         outs = [os.path.join(tmp, f"r{r}.json") for r in range(2)]
         env = dict(os.environ, MEND_JOB_TOKEN=TOKEN)
         common = ["--mode", mode, "--delay", str(delay), "--seed", str(seed), "--steps", str(args.steps),
                   "--sync-every", str(args.sync_every), "--batch", str(args.batch), "--seq", str(args.seq),
-                  "--lr", str(args.lr), "--eval-batches", str(args.eval_batches), "--lighthouse", lighthouse]
+                  "--lr", str(args.lr), "--eval-batches", str(args.eval_batches),
+                  "--eval-every", str(args.eval_every), "--lighthouse", lighthouse]
         common += ["--tiny"] if args.tiny else []
         common += ["--cpu"] if args.cpu else []
         common += ["--host-staging", args.host_staging]
+        for setting in run_settings:
+            common += ["--set", setting]
         procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", "--rank", str(r),
                                    "--out", outs[r]] + common, env=env) for r in range(2)]
         deadline = time.monotonic() + args.run_timeout
@@ -253,7 +271,8 @@ def run(args, mode, delay, seed, lighthouse):
                 p.wait()
         if failure:
             print(f"gpu_delay_sweep: {mode} at {delay} ms, seed {seed}: {failure}", flush=True)
-            return {"mode": mode, "delay_ms": delay, "seed": seed, "error": failure}
+            return {"mode": mode, "delay_ms": delay, "seed": seed, "settings": " ".join(run_settings),
+                    "error": failure}
         results = []
         for out in outs:
             with open(out) as f:
@@ -266,6 +285,10 @@ def run(args, mode, delay, seed, lighthouse):
         "mode": mode, "delay_ms": delay, "seed": seed,
         "tokens_per_s": sum(r["tokens"] / r["train_s"] for r in results),
         "held_out_loss": statistics.mean(r["held_out_loss"] for r in results),
+        # The held-out loss at every --eval-every step (the mean of the two
+        # learners' own models; after the final merge at the last step).
+        "loss_curve": json.dumps({step: round(statistics.mean(r["curve"][step] for r in results), 4)
+                                  for step in results[0]["curve"]}),
         "step_median_s": statistics.median(r["step_median_s"] for r in results),
         "peak_gpu_gib": max(r["peak_gpu_bytes"] for r in results) / 2**30,
         "init_s": max(r["init_s"] for r in results),
@@ -278,27 +301,43 @@ def run(args, mode, delay, seed, lighthouse):
         "round_phases": json.dumps({k: round(v, 3) for k, v in sorted(phases.items())}),
         "identical": mode != "local" and all(r["digest"] == results[0]["digest"] for r in results),
         "kind": results[0]["kind"], "device": results[0]["device"], "parameters": results[0]["parameters"],
+        "settings": " ".join(run_settings),
     }
 
 
+def settings(items):
+    """--set KEY=VALUE items as MendConfig keywords (checked there)."""
+    keys = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"gpu_delay_sweep: --set {item!r}: expected KEY=VALUE")
+        keys[key] = value
+    return keys
+
+
 def planned_runs(args):
-    """(mode, delay, seed) in the order they run: --runs as given
-    (mode@delay#seed, comma-separated), else for each seed local and both
-    modes at every delay."""
+    """(mode, delay, seed, settings) in the order they run: --runs as given
+    (mode@delay#seed, each optionally followed by +KEY=VALUE settings of its
+    own, comma-separated), else for each seed local and both modes at every
+    delay. A run's settings are --set's, then its own."""
     if args.runs:
         runs = []
         for item in args.runs.split(","):
-            rest, _, seed = item.partition("#")
+            run_spec, *own = item.split("+")
+            rest, _, seed = run_spec.partition("#")
             mode, _, delay = rest.partition("@")
             if mode not in ("local", "synchronous", "concurrent"):
                 raise SystemExit(f"gpu_delay_sweep: --runs item {item!r}: the mode is local, synchronous or concurrent")
-            runs.append((mode, int(delay or 0), int(seed or 1)))
+            if own and mode == "local":
+                raise SystemExit(f"gpu_delay_sweep: --runs item {item!r}: a local run has no mend settings")
+            runs.append((mode, int(delay or 0), int(seed or 1), args.set + own))
         return runs
     runs = []
     for seed in (int(s) for s in args.seeds.split(",")):
-        runs.append(("local", 0, seed))
+        runs.append(("local", 0, seed, []))
         for delay in (int(d) for d in args.delays.split(",")):
-            runs += [("synchronous", delay, seed), ("concurrent", delay, seed)]
+            runs += [("synchronous", delay, seed, args.set), ("concurrent", delay, seed, args.set)]
     return runs
 
 
@@ -308,32 +347,37 @@ HEADER = (f"{'mode':<12} {'delay':>6} {'seed':>4} {'tokens/s':>10} {'of local':>
 
 def row_text(r):
     if "error" in r:
-        return f"{r['mode']:<12} {r['delay_ms']:>6} {r['seed']:>4}  failed: {r['error']}"
+        return f"{r['mode']:<12} {r['delay_ms']:>6} {r['seed']:>4}  failed: {r['error']}  {r['settings']}"
     vs_sync = "" if r.get("loss_vs_sync") is None else f"{100 * r['loss_vs_sync']:>+7.2f}%"
     of_local = "" if r.get("of_local") is None else f"{r['of_local']:>8.3f}"
     same = "-" if r["mode"] == "local" else "yes" if r["identical"] else "NO"
     return (f"{r['mode']:<12} {r['delay_ms']:>6} {r['seed']:>4} {r['tokens_per_s']:>10.0f} {of_local:>8} "
             f"{r['held_out_loss']:>7.4f} {vs_sync:>8} {r['step_median_s']:>7.3f} "
             f"{r['peak_gpu_gib']:>8.2f} {r['init_s']:>7.2f} {r['first_boundary_s']:>10.2f} "
-            f"{r['final_merge_s']:>8.2f} {r['round_waits']:>5} {same:>4}")
+            f"{r['final_merge_s']:>8.2f} {r['round_waits']:>5} {same:>4}"
+            + (f"  {r['settings']}" if r["settings"] else ""))
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--delays", default="0,500,1000,2000", help="link_latency_ms values, comma-separated")
     p.add_argument("--seeds", default="1,2")
-    p.add_argument("--runs", default="", help="the runs in order instead, e.g. local#1,concurrent@2000#1")
+    p.add_argument("--runs", default="", help="the runs in order instead, e.g. local#1,concurrent@2000#1,concurrent@2000#1+outer_apply=exact")
     p.add_argument("--steps", type=int, default=160)
     p.add_argument("--sync-every", type=int, default=40)
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--seq", type=int, default=2048)
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--eval-batches", type=int, default=4)
+    p.add_argument("--eval-every", type=int, default=0,
+                   help="also the held-out loss every N steps (the CSV's loss_curve; not in tokens/s)")
     p.add_argument("--run-timeout", type=float, default=7200, help="seconds a run may take before it is stopped")
     p.add_argument("--tiny", action="store_true", help="a model of a few million parameters (a CPU check)")
     p.add_argument("--cpu", action="store_true", help="run on the CPU even where a GPU is")
     p.add_argument("--host-staging", default="auto", choices=["auto", "always"],
                    help="mend's host_staging (always: a CPU run goes through the staging a GPU's does)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a mend setting for every learner of the mend modes (repeatable)")
     p.add_argument("--csv", default="bench-results/gpu_delay_sweep.csv")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
@@ -355,23 +399,27 @@ def main():
     import mend
 
     runs = planned_runs(args)
+    for *_, run_settings in runs:  # a bad setting is refused before any run, naming the key
+        mend.MendConfig(**settings(run_settings))
     os.environ["MEND_JOB_TOKEN"] = TOKEN
     lighthouse = mend.Lighthouse(mend.MendConfig(bind="127.0.0.1:0", http="", quorum_min_learners=2,
                                                  log_level="warn"), token=TOKEN)
     print(f"gpu delay sweep: 2 learners on one device, {args.batch} x {args.seq} tokens a step each, "
-          f"H = {args.sync_every}, {args.steps} steps, {len(runs)} runs\n", flush=True)
+          f"H = {args.sync_every}, {args.steps} steps, {len(runs)} runs"
+          f"{', settings ' + ' '.join(args.set) if args.set else ''}\n", flush=True)
     print(HEADER, flush=True)
     rows = []
     os.makedirs(os.path.dirname(args.csv) or ".", exist_ok=True)
     def compare(row):
         # Against the local run and the synchronous one of its seed (and
-        # delay) among the rows so far.
+        # delay and settings) among the rows so far.
         if "error" in row:
             return
         seed, delay = row["seed"], row["delay_ms"]
         local = next((r for r in rows if r["mode"] == "local" and r["seed"] == seed and "error" not in r), None)
         sync = next((r for r in rows if r["mode"] == "synchronous" and r["seed"] == seed
-                     and r["delay_ms"] == delay and "error" not in r), None)
+                     and r["delay_ms"] == delay and r["settings"] == row["settings"] and "error" not in r),
+                    None)
         row["of_local"] = row["tokens_per_s"] / local["tokens_per_s"] if local else None
         row["loss_vs_sync"] = row["held_out_loss"] / sync["held_out_loss"] - 1 if sync else None
 
@@ -384,8 +432,8 @@ def main():
             w.writeheader()
             w.writerows(rows)
 
-    for mode, delay, seed in runs:
-        row = run(args, mode, delay, seed, lighthouse.address)
+    for mode, delay, seed, run_settings in runs:
+        row = run(args, mode, delay, seed, run_settings, lighthouse.address)
         compare(row)
         rows.append(row)
         print(row_text(row), flush=True)

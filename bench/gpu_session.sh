@@ -20,9 +20,12 @@ cd "$(dirname "$0")/.."
 budget=${BUDGET:-500}
 out=${OUT:-bench-results/gpu}
 python=${PYTHON:-python3}
-# The headline first (local, then both modes at 2000 ms), then the
-# other delays, then a second seed.
-runs=${RUNS:-local#1,concurrent@2000#1,synchronous@2000#1,concurrent@0#1,concurrent@1000#1,concurrent@500#1,local#2,concurrent@2000#2,synchronous@2000#2}
+# The headline first (local, then both modes at 2000 ms), then both
+# modes without the outer warm-up (in a job of 160 steps every round of the
+# default's is a warm-up round, which a concurrent round applies as a late
+# average: docs/benchmarks.md, "Concurrent against synchronous loss"), then
+# the other delays, then a second seed.
+runs=${RUNS:-local#1,concurrent@2000#1,synchronous@2000#1,concurrent@2000#1+outer_warmup_steps=0,synchronous@2000#1+outer_warmup_steps=0,concurrent@0#1,concurrent@1000#1,concurrent@500#1,local#2,concurrent@2000#2,synchronous@2000#2}
 mkdir -p "$out"
 
 wheel=$(ls dist/mend-*.whl 2>/dev/null | head -1)
@@ -55,7 +58,7 @@ cat "$out/machine.txt"
 
 # shellcheck disable=SC2086
 timeout --kill-after=10 "$budget" "$python" bench/gpu_delay_sweep.py --runs "$runs" \
-  --csv "$out/gpu_delay_sweep.csv" ${SWEEP_ARGS:-} 2>&1 | tee "$out/gpu_delay_sweep.log"
+  --eval-every 20 --csv "$out/gpu_delay_sweep.csv" ${SWEEP_ARGS:-} 2>&1 | tee "$out/gpu_delay_sweep.log"
 status=${PIPESTATUS[0]}
 # What the budget cut short leaves behind.
 pkill -f "gpu_delay_sweep.py --worker" 2> /dev/null || true
