@@ -7,8 +7,9 @@ For each size (millions of parameters): two learner processes (--learners), each
 mend.Learner over float32 numpy buffers of 64 MiB tensors (no torch model),
 an embedded lighthouse in this process; synchronous, fp32, a round every
 second step (so that the final merge at shutdown is a round of its own), no
-link emulation. Each process times Learner creation (mend_init's part), the
-first round, the later rounds, the final merge, and its peak resident memory
+link emulation, no outer warm-up (every round an outer Nesterov step, as
+past a job's first rounds; --outer-warmup-steps). Each process times
+Learner creation (mend_init's part), the first round, the later rounds, the final merge, and its peak resident memory
 over the parameters (the buffers' own 4 bytes included; the interpreter's
 and torch's own memory, measured before the buffers, left out). Then, in the
 same processes, torch.distributed over gloo all-reduces the same tensors
@@ -95,6 +96,7 @@ def worker(args):
                              collective_timeout_ms=600_000, quorum_timeout_ms=600_000,
                              heartbeat_timeout_ms=600_000, log_level="warn",
                              link_latency_ms=args.link_latency_ms, codec=args.codec,
+                             outer_warmup_steps=args.outer_warmup_steps,
                              **({"round_threads": args.round_threads} if args.round_threads >= 0 else {}))
     dist.barrier()
     t0 = time.perf_counter()
@@ -155,7 +157,8 @@ def run_size(size, args, lighthouse_address):
                                    "--round-threads", str(args.round_threads), "--learners", str(args.learners)]
                                   + (["--distinct-init"] if args.distinct_init else [])
                                   + ["--step-ms", str(args.step_ms), "--codec", args.codec,
-                                     "--link-latency-ms", str(args.link_latency_ms)], env=env)
+                                     "--link-latency-ms", str(args.link_latency_ms),
+                                     "--outer-warmup-steps", str(args.outer_warmup_steps)], env=env)
                  for r in range(args.learners)]
         for p in procs:
             if p.wait(timeout=3600) != 0:
@@ -183,6 +186,11 @@ def main():
                         "link, emulated); the gloo reference has none")
     p.add_argument("--codec", default="fp32", choices=["fp32", "bf16", "int8", "int4", "topk"],
                    help="the merge's codec (default fp32; the gloo reference is fp32 always)")
+    p.add_argument("--outer-warmup-steps", type=int, default=0,
+                   help="outer_warmup_steps (default 0: every round takes the outer Nesterov step with "
+                        "its momentum, as a job's rounds past the warm-up do; mend's default, 150, "
+                        "would make every round of this short job an average, which leaves the "
+                        "momentum alone)")
     p.add_argument("--csv", default="bench-results/round_scale.csv")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
@@ -230,7 +238,7 @@ def main():
                      "final_over_later": final / later, "rss_bytes_per_param": rss,
                      "later_round_cpu_s": cpu, "gloo_allreduce_cpu_s": gloo_cpu,
                      "link_latency_ms": args.link_latency_ms, "step_ms": args.step_ms, "codec": args.codec,
-                     "learners": args.learners,
+                     "learners": args.learners, "outer_warmup_steps": args.outer_warmup_steps,
                      # Learner 0's rounds (the final merge's included), and those whose
                      # pseudo-gradient was made in the merge (-1: a package without the count).
                      "rounds": results[0]["stats"]["rounds"],
@@ -243,7 +251,9 @@ def main():
     lighthouse.shutdown()
     link = (f"link_latency_ms = {args.link_latency_ms} (emulated; not in the gloo reference)"
             if args.link_latency_ms else "no link emulation")
-    print(f"round scale: {args.learners} learners (processes), {args.codec}, synchronous, {link}; "
+    outer = ("outer Nesterov rounds" if args.outer_warmup_steps == 0 else
+             f"outer_warmup_steps = {args.outer_warmup_steps} (rounds up to it average)")
+    print(f"round scale: {args.learners} learners (processes), {args.codec}, synchronous, {outer}, {link}; "
           "gloo = torch.distributed all_reduce of the same tensors in the same processes\n")
     head = (f"{'params':>7} {'init s':>7} {'s/GiB':>6} {'first':>7} {'later':>7} {'final':>7} {'gloo':>7} "
             f"{'later/gloo':>10} {'first/later':>11} {'final/later':>11} {'B/param':>8} {'cpu s':>6} {'gloo cpu':>8} "
