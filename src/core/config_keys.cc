@@ -131,8 +131,8 @@ std::vector<ConfigKey> BuildKeys() {
           "lr 1) and leaves the outer momentum at zero, so that the first steps' fast descent does "
           "not enter it; "
           "the outer Nesterov step takes over after. 0: off; set it to 0 for a job of a few "
-          "rounds, or a concurrent one whose rounds take most of H steps (a warm-up round has no "
-          "provisional step, so applied late it is a stale average: docs/tuning.md)."),
+          "rounds, above all a concurrent one whose rounds take most of H steps (a warm-up round "
+          "has no provisional step, so applied late it is a stale average: docs/tuning.md)."),
       Int("fragments", &C::fragments, 1, 1024, "P: streaming fragments (layer l -> l mod P)."),
       Bool("concurrent_outer_step", &C::concurrent_outer_step,
            "Exchange in the background while inner steps continue (false: synchronous)."),
