@@ -28,7 +28,8 @@ with mend) and its change from synchronous at the same delay, the median
 inner step outside boundaries and local's, the peak GPU memory (the larger
 learner's), mend_init, the first round's step and the final merge
 (mend_shutdown); with `--eval-every N` also the held-out loss every N steps
-(the mean of the two learners' own models, outside the timed steps). Prints a table and writes a CSV; exits 1 when a run failed.
+(the mean of the two learners' own models, outside the timed steps).
+Prints a table and writes a CSV; exits 1 when a run failed.
 Needs torch >= 2.0 (the model is built on its device, and the decoder
 attends with scaled_dot_product_attention); Debian's torch 1.13 is refused
 at the start.
@@ -320,7 +321,8 @@ def planned_runs(args):
     """(mode, delay, seed, settings) in the order they run: --runs as given
     (mode@delay#seed, each optionally followed by +KEY=VALUE settings of its
     own, comma-separated), else for each seed local and both modes at every
-    delay. A run's settings are --set's, then its own."""
+    delay. A mend run's settings are --set's, then its own; a local run has
+    none."""
     if args.runs:
         runs = []
         for item in args.runs.split(","):
@@ -331,7 +333,7 @@ def planned_runs(args):
                 raise SystemExit(f"gpu_delay_sweep: --runs item {item!r}: the mode is local, synchronous or concurrent")
             if own and mode == "local":
                 raise SystemExit(f"gpu_delay_sweep: --runs item {item!r}: a local run has no mend settings")
-            runs.append((mode, int(delay or 0), int(seed or 1), args.set + own))
+            runs.append((mode, int(delay or 0), int(seed or 1), [] if mode == "local" else args.set + own))
         return runs
     runs = []
     for seed in (int(s) for s in args.seeds.split(",")):

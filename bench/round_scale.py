@@ -9,9 +9,10 @@ an embedded lighthouse in this process; synchronous, fp32, a round every
 second step (so that the final merge at shutdown is a round of its own), no
 link emulation, no outer warm-up (every round an outer Nesterov step, as
 past a job's first rounds; --outer-warmup-steps). Each process times
-Learner creation (mend_init's part), the first round, the later rounds, the final merge, and its peak resident memory
-over the parameters (the buffers' own 4 bytes included; the interpreter's
-and torch's own memory, measured before the buffers, left out). Then, in the
+Learner creation (mend_init's part), the first round, the later rounds,
+the final merge, and its peak resident memory over the parameters (the
+buffers' own 4 bytes included; the interpreter's and torch's own memory,
+measured before the buffers, left out). Then, in the
 same processes, torch.distributed over gloo all-reduces the same tensors
 (one all_reduce per tensor, as DDP's buckets would), `--rounds` times.
 Both are also timed in CPU seconds (the two processes' together, every
