@@ -237,8 +237,32 @@ def worker(args):
                    "held_out_loss": curve[args.steps], "curve": curve, "peak_gpu_bytes": peak,
                    "rounds": stats.get("rounds", 0), "round_waits": stats.get("round_waits", 0),
                    "staging_s": stats.get("staging_seconds", 0.0), "deferred_steps": stats.get("deferred_steps", 0),
+                   "staging_host_bytes": stats.get("staging_host_bytes", 0),
                    "round_phases": phases,
                    "digest": digest}, f)
+
+
+def wait_all(procs, timeout):
+    """Waits for the learners; the first to fail, or the deadline, stops the
+    others at once (a learner left alone would train on through rounds that
+    each wait out the quorum's timeout, spending the session's budget).
+    Returns why the run failed, or ""."""
+    deadline = time.monotonic() + timeout
+    failure = ""
+    while not failure and None in [p.poll() for p in procs]:  # (every one polled)
+        failed = [p.returncode for p in procs if p.returncode not in (None, 0)]
+        if failed:
+            failure = f"a learner exited with {failed[0]}"
+        elif time.monotonic() > deadline:
+            failure = f"not done in {timeout:g} s"
+        else:
+            time.sleep(0.5)
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    failed = [p.returncode for p in procs if p.returncode != 0]
+    return failure or (f"a learner exited with {failed[0]}" if failed else "")
 
 
 def run(args, mode, delay, seed, run_settings, lighthouse):
@@ -258,18 +282,7 @@ def run(args, mode, delay, seed, run_settings, lighthouse):
             common += ["--set", setting]
         procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", "--rank", str(r),
                                    "--out", outs[r]] + common, env=env) for r in range(2)]
-        deadline = time.monotonic() + args.run_timeout
-        failure = ""
-        for p in procs:
-            try:
-                if p.wait(timeout=max(1.0, deadline - time.monotonic())) != 0:
-                    failure = failure or f"a learner exited with {p.returncode}"
-            except subprocess.TimeoutExpired:
-                failure = failure or f"not done in {args.run_timeout} s"
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        failure = wait_all(procs, args.run_timeout)
         if failure:
             print(f"gpu_delay_sweep: {mode} at {delay} ms, seed {seed}: {failure}", flush=True)
             return {"mode": mode, "delay_ms": delay, "seed": seed, "settings": " ".join(run_settings),
@@ -299,6 +312,8 @@ def run(args, mode, delay, seed, run_settings, lighthouse):
         "round_waits": sum(r["round_waits"] for r in results),
         "staging_s": max(r.get("staging_s", 0.0) for r in results),
         "deferred_steps": max(r.get("deferred_steps", 0) for r in results),
+        # The host copies' memory of one learner (pinned for a GPU, as torch rounds it).
+        "staging_host_gib": max(r.get("staging_host_bytes", 0) for r in results) / 2**30,
         "round_phases": json.dumps({k: round(v, 3) for k, v in sorted(phases.items())}),
         "identical": mode != "local" and all(r["digest"] == results[0]["digest"] for r in results),
         "kind": results[0]["kind"], "device": results[0]["device"], "parameters": results[0]["parameters"],

@@ -12,7 +12,8 @@
 #   BUDGET=500 bash bench/gpu_session.sh               # there (OUT: where results go)
 #   BUDGET=120 SWEEP_ARGS="--tiny --cpu --steps 24 --sync-every 8" bash bench/gpu_session.sh   # a check here
 #
-# Environment: BUDGET (seconds for the sweep, default 500), OUT (default
+# Environment: BUDGET (seconds for the sweep, default 500), RUN_TIMEOUT (seconds
+# one run may take, default 300), OUT (default
 # bench-results/gpu), RUNS (the sweep's --runs, default below), SWEEP_ARGS
 # (more arguments for the sweep), PYTHON (default python3).
 set -uo pipefail
@@ -57,8 +58,10 @@ EOF
 cat "$out/machine.txt"
 
 # shellcheck disable=SC2086
+# A run that hangs stops at RUN_TIMEOUT (one at 2000 ms took about 140 s on
+# the H100), not at the budget's end.
 timeout --kill-after=10 "$budget" "$python" bench/gpu_delay_sweep.py --runs "$runs" \
-  --eval-every 20 --csv "$out/gpu_delay_sweep.csv" ${SWEEP_ARGS:-} 2>&1 | tee "$out/gpu_delay_sweep.log"
+  --run-timeout "${RUN_TIMEOUT:-300}" --eval-every 20 --csv "$out/gpu_delay_sweep.csv" ${SWEEP_ARGS:-} 2>&1 | tee "$out/gpu_delay_sweep.log"
 status=${PIPESTATUS[0]}
 # What the budget cut short leaves behind.
 pkill -f "gpu_delay_sweep.py --worker" 2> /dev/null || true

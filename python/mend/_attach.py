@@ -89,7 +89,7 @@ class TokenCount:
             host = torch.empty((), dtype=torch.int64, pin_memory=True)
             host.copy_(tokens, non_blocking=True)
             event = torch.cuda.Event()
-            event.record()
+            event.record(torch.cuda.current_stream(tokens.device))  # the copy's stream, not the current device's
             self._pending.append((host, event))
         else:
             self.counted += int(tokens)
@@ -304,11 +304,27 @@ class LaterOptimizer:
             self._handle = register_optimizer_step_post_hook(self._global_hook)
 
     def _global_hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if self.looked:  # (found: its own hooks run from its next step; see found_by_hook)
+            return
         ours = self._seen.get(id(optimizer))
         if ours is None:
             ours = self._seen[id(optimizer)] = holds_any(optimizer, self._parameters)
         if ours:
+            # Attached as one found before its first step would be (its moments
+            # for DES-LOC and heal_inner_optimizer, the pre-hook that makes a
+            # deferred step): its own post-hook, added now, runs from its next
+            # step (torch runs an optimizer's own post-hooks before the global
+            # ones), so this step is counted here, once.
+            self.looked = True
+            self._found(optimizer)
             self._stepped()
+
+    @property
+    def found_by_hook(self) -> bool:
+        """torch >= 2.0: the optimizer was found at its first step. The global
+        hook may then be removed (detach), but not from inside a post-hook:
+        torch iterates the global hooks' dict while they run."""
+        return self._handle is not None and self.looked
 
     def look(self) -> None:
         """torch 1.13, at a training-mode forward: a scan of the heap at the

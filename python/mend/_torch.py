@@ -39,19 +39,63 @@ _KEYWORDS_UNSEEN = "" if attach.HOOKS_SEE_KEYWORDS else " among its positional a
 _FOREACH_COPY = getattr(torch, "_foreach_copy_", None)
 
 
+# torch's allocator of pinned (page-locked) host memory rounds every block up
+# to a power of two: a fragment's host copies in one flat buffer of 6.2 GB (a
+# 1.5 B-parameter model) would pin 8.6 GB. Pinned copies go into blocks of at
+# most one of these sizes instead (a larger tensor's alone), filled first fit
+# in decreasing size, of the size that pins the least.
+PINNED_BLOCK_BYTES = (1 << 28, 1 << 29, 1 << 30)
+
+
+def pack_blocks(sizes: List[int], blocks: Tuple[int, ...] = PINNED_BLOCK_BYTES) -> List[List[int]]:
+    """The indices of ``sizes`` (bytes) grouped into blocks of at most one of
+    ``blocks`` bytes (a larger one alone), first fit in decreasing size; of
+    the block sizes, the one whose groups pin the least; each group in
+    increasing index."""
+    best: List[List[int]] = []
+    pinned = None
+    for block in blocks:
+        members: List[List[int]] = []
+        room: List[int] = []
+        for k in sorted(range(len(sizes)), key=lambda k: (-sizes[k], k)):
+            for b, free in enumerate(room):
+                if sizes[k] <= free:
+                    members[b].append(k)
+                    room[b] -= sizes[k]
+                    break
+            else:
+                members.append([k])
+                room.append(max(block, sizes[k]) - sizes[k])
+        total = sum(_pinned_size(sum(sizes[k] for k in m)) for m in members)
+        if pinned is None or total < pinned:
+            best, pinned = [sorted(m) for m in members], total
+    return best
+
+
+def _pinned_size(nbytes: int) -> int:
+    """What torch's pinned host allocator takes for ``nbytes``: the next power of two."""
+    return 1 << max(0, nbytes - 1).bit_length()
+
+
 class _Staging:
     """float32 host copies of the tensors that cannot be used in place, by
     fragment: copied in and out a fragment at a time (the ones a step
     touches), each time in one batched copy. add_all() lays a fragment's
-    copies out in one flat host buffer (pinned for a GPU's tensors)."""
+    copies out in one flat host buffer, or for a GPU's tensors in pinned
+    blocks (pack_blocks)."""
 
     def __init__(self) -> None:
         self.fragments: Dict[int, List[Tuple[torch.Tensor, torch.Tensor]]] = {}  # (tensor, host copy)
         self.devices = set()
         self.copies = 0
         self.bytes = 0  # float32 bytes copied, both ways
-        self.seconds = 0.0  # the training thread's time in the copies (a GPU's copies out: enqueuing them)
+        # The training thread's time in the copies: for a copy in that is
+        # waited for, enqueuing it and then from the end of the work queued
+        # before it (the step's kernels) to the end of the copy; a GPU's copies
+        # left running (out, or in for a step made later): enqueuing them.
+        self.seconds = 0.0
         self.in_flight: List[Any] = []  # events of copies out that may still read the host copies
+        self.host_bytes = 0  # host memory allocated for the copies (pinned blocks as rounded)
 
     @property
     def pairs(self) -> List[Tuple[torch.Tensor, torch.Tensor]]:
@@ -62,23 +106,30 @@ class _Staging:
 
     def add_all(self, tensors: List[Tuple[torch.Tensor, int]]) -> List[torch.Tensor]:
         """Host copies of ``tensors`` (each with its fragment), holding their
-        values now; returns each one's copy, in its shape."""
+        values now (one batched copy, waited for); returns each one's copy,
+        in its shape."""
         hosts: List[Optional[torch.Tensor]] = [None] * len(tensors)
+        added: List[Tuple[torch.Tensor, torch.Tensor]] = []
         for fragment in sorted({f for _, f in tensors}):
             members = [k for k, (_, f) in enumerate(tensors) if f == fragment]
             pin = any(tensors[k][0].device.type == "cuda" for k in members)
-            flat = torch.empty(sum(tensors[k][0].numel() for k in members), dtype=torch.float32, pin_memory=pin)
-            at = 0
-            for k in members:
+            sizes = [4 * tensors[k][0].numel() for k in members]
+            blocks = pack_blocks(sizes) if pin else [list(range(len(members)))]
+            for block in blocks:
+                flat = torch.empty(sum(sizes[j] for j in block) // 4, dtype=torch.float32, pin_memory=pin)
+                self.host_bytes += _pinned_size(4 * flat.numel()) if pin else 4 * flat.numel()
+                at = 0
+                for j in block:
+                    tensor = tensors[members[j]][0]
+                    hosts[members[j]] = flat[at:at + tensor.numel()].view(tensor.shape)
+                    at += tensor.numel()
+            for k in members:  # (in the tensors' order, whatever their block)
                 tensor = tensors[k][0]
-                host = flat[at:at + tensor.numel()].view(tensor.shape)
-                at += tensor.numel()
-                with torch.no_grad():
-                    host.copy_(tensor.detach())
-                self.fragments.setdefault(fragment, []).append((tensor, host))
+                self.fragments.setdefault(fragment, []).append((tensor, hosts[k]))
+                added.append((tensor, hosts[k]))
                 if tensor.device.type == "cuda":
                     self.devices.add(tensor.device)
-                hosts[k] = host
+        self._copy_pairs(added, True, True, count=False)
         return hosts
 
     def copy_in(self, fragments: Optional[List[bool]] = None, wait: bool = True) -> List[Any]:
@@ -94,12 +145,19 @@ class _Staging:
     def _copy(self, into_host: bool, fragments: Optional[List[bool]], wait: bool = True) -> List[Any]:
         pairs = [pair for f, members in self.fragments.items()
                  if fragments is None or (f < len(fragments) and fragments[f]) for pair in members]
+        return self._copy_pairs(pairs, into_host, wait)
+
+    def _copy_pairs(self, pairs: List[Tuple[torch.Tensor, torch.Tensor]], into_host: bool, wait: bool,
+                    count: bool = True) -> List[Any]:
         if not pairs:
             return []
         started = time.perf_counter()
         tensors = [tensor.detach() for tensor, _ in pairs]
         hosts = [host for _, host in pairs]
         into, out_of = (hosts, tensors) if into_host else (tensors, hosts)
+        # A copy in that is waited for: the work queued before it (the step's
+        # kernels) is not the copy's time (see seconds).
+        before = self.record_events() if into_host and wait and count else []
         with torch.no_grad():
             if _FOREACH_COPY is not None:  # one call for all of them (torch >= 2.2)
                 _FOREACH_COPY(into, out_of, non_blocking=True)
@@ -115,15 +173,21 @@ class _Staging:
         # host copies again. A copy in for a step made later (wait False) is
         # waited for then, by its events.
         events: List[Any] = []
+        enqueued = time.perf_counter()
         if into_host and wait:
+            for event in before:
+                event.synchronize()
+            queued_done = time.perf_counter()
             self.wait_streams()
+            started += queued_done - enqueued  # (the part of the wait that was the step's)
         elif into_host:
             events = self.record_events()
         else:
             self.in_flight += self.record_events()
-        self.copies += 1
-        self.bytes += 4 * sum(host.numel() for host in hosts)
-        self.seconds += time.perf_counter() - started
+        if count:
+            self.copies += 1
+            self.bytes += 4 * sum(host.numel() for host in hosts)
+            self.seconds += time.perf_counter() - started
         return events
 
     def settle(self) -> None:
@@ -268,6 +332,9 @@ class Runtime:
             runtime = runtime_ref()
             if runtime is not None and not runtime.closed:
                 runtime._finish_deferred()
+                if runtime._later is not None and runtime._later.found_by_hook:
+                    runtime._later.detach()  # (its global hook: from here, not from inside it)
+                    runtime._later = None
 
         self._stepped_callback = stepped
         self._before_step_callback = before_step
@@ -311,17 +378,19 @@ class Runtime:
         others through float32 host copies."""
         kinds: Dict[bool, list] = {False: [], True: []}
         keep = []
-        with torch.no_grad():
-            for name, buffer in bindings.state_buffers(model):
-                if buffer is None or buffer.is_sparse or buffer.dtype == torch.bool or buffer.is_complex():
-                    continue
-                data = buffer.detach()
-                tensor = data if _in_place(data, self._always_stage) else self._buffer_staging.add(data)
-                self._buffers_in_place = self._buffers_in_place or tensor is data
-                kinds[not buffer.is_floating_point()].append((name, tensor.data_ptr(), tensor.numel(),
-                                                              tuple(buffer.shape)))
-                keep.append(data)
-                self._attached.append(bindings.Attached("buffer", name, buffer))
+        buffers = [(name, buffer) for name, buffer in bindings.state_buffers(model)
+                   if not (buffer is None or buffer.is_sparse or buffer.dtype == torch.bool or buffer.is_complex())]
+        datas = [buffer.detach() for _, buffer in buffers]
+        tensors = list(datas)
+        staged = [k for k, data in enumerate(datas) if not _in_place(data, self._always_stage)]
+        for k, host in zip(staged, self._buffer_staging.add_all([(datas[k], 0) for k in staged])):
+            tensors[k] = host  # (their host copies at once: one batched copy)
+        self._buffers_in_place = len(staged) < len(datas)
+        for (name, buffer), data, tensor in zip(buffers, datas, tensors):
+            kinds[not buffer.is_floating_point()].append((name, tensor.data_ptr(), tensor.numel(),
+                                                          tuple(buffer.shape)))
+            keep.append(data)
+            self._attached.append(bindings.Attached("buffer", name, buffer))
         for from_first_member, entries in kinds.items():
             if entries:
                 self._learner._set_buffer_addresses(entries, from_first_member, keep)
@@ -342,15 +411,18 @@ class Runtime:
         # Every parameter's anew, into new host copies where staged: the
         # library holds the old addresses until each is replaced here.
         staging = _Staging()
-        in_place = False
-        for index, moments in enumerate(now):
-            if moments is None:
+        views = [None if moments is None else [m.detach() for m in moments] for moments in now]
+        in_place = any(_in_place(v, self._always_stage) for pair in views if pair for v in pair)
+        staged = [(i, j) for i, pair in enumerate(views) if pair for j, v in enumerate(pair)
+                  if not _in_place(v, self._always_stage)]
+        # (every host copy at once: one batched copy, and pinned blocks for a GPU's)
+        for (i, j), host in zip(staged, staging.add_all([(views[i][j], 0) for i, j in staged])):
+            views[i][j] = host
+        for index, pair in enumerate(views):
+            if pair is None:
                 self._learner._set_moment_addresses(index, None, None, ())
-                continue
-            views = [m.detach() for m in moments]
-            in_place = in_place or any(_in_place(v, self._always_stage) for v in views)
-            views = [v if _in_place(v, self._always_stage) else staging.add(v) for v in views]
-            self._learner._set_moment_addresses(index, views[0].data_ptr(), views[1].data_ptr(), ())
+            else:
+                self._learner._set_moment_addresses(index, pair[0].data_ptr(), pair[1].data_ptr(), ())
         staging.copies, staging.seconds = self._moment_staging.copies, self._moment_staging.seconds
         self._moment_staging.settle()  # (its host copies go: no copy may still read them)
         self._moment_staging = staging
@@ -508,6 +580,8 @@ class Runtime:
         stats["staging_copies"] = self._staging.copies
         stats["staging_bytes"] = self._staging.bytes
         stats["staging_seconds"] = self._staging.seconds + self._moment_staging.seconds
+        stats["staging_host_bytes"] = sum(s.host_bytes for s in (self._staging, self._moment_staging,
+                                                                 self._buffer_staging))
         return stats
 
     @property

@@ -275,7 +275,10 @@ def test_forked_child_gets_a_clear_error():
         mend.mend_shutdown(model)
 
 
-def test_desloc_averages_the_python_optimizers_own_moments():
+@pytest.mark.parametrize("late", [False, True], ids=["optimizer-given", "optimizer-made-after-mend-init"])
+def test_desloc_averages_the_python_optimizers_own_moments(late):
+    # Made after mend_init, the optimizer is found at its first step (torch
+    # >= 2.0) or at a training forward (1.13), and its moments handed over alike.
     import threading
     with embedded_lighthouse() as lighthouse:
         config = mend.MendConfig(lighthouse=lighthouse.address, quorum_min_learners=2,
@@ -287,9 +290,12 @@ def test_desloc_averages_the_python_optimizers_own_moments():
         for seed in (1, 2):
             torch.manual_seed(seed)
             models.append(torch.nn.Linear(4, 1))
-            optimizers.append(torch.optim.AdamW(models[-1].parameters(), lr=0.01))
-        runtimes = [mend.mend_init(m, config, f"desloc-{i}", optimizer=o)
-                    for i, (m, o) in enumerate(zip(models, optimizers))]
+        if late:
+            runtimes = [mend.mend_init(m, config, f"desloc-{i}") for i, m in enumerate(models)]
+        optimizers = [torch.optim.AdamW(m.parameters(), lr=0.01) for m in models]
+        if not late:
+            runtimes = [mend.mend_init(m, config, f"desloc-{i}", optimizer=o)
+                        for i, (m, o) in enumerate(zip(models, optimizers))]
         errors = []
 
         def learn(model, optimizer, seed):
@@ -313,6 +319,7 @@ def test_desloc_averages_the_python_optimizers_own_moments():
         for t in threads:
             t.join(timeout=60)
         assert not errors
+        assert all(r.stats()["steps"] == 4 for r in runtimes)  # each step counted once
         assert all(r.stats()["moment_syncs"] == 4 for r in runtimes)  # 2 rounds x 2 moments
         assert_same_moments(models, optimizers)
         for m in models:
