@@ -92,6 +92,7 @@ StatusOr<std::vector<TrainingJobSpec>> DemoJobs(const DemoOptions& o) {
   std::string mode;
   while (std::getline(list, mode, ',')) {
     TrainingJobSpec job;
+    job.label = mode;
     job.learners = o.learners;
     job.ranks_per_learner = o.ranks_per_learner;
     job.train_args = train_args;
@@ -302,7 +303,7 @@ int RunDemo(const DemoOptions& options, const std::string& dir,
   std::vector<TrainingJobResult> results;
   for (size_t j = 0; j < jobs->size(); ++j) {
     TrainingJobSpec& job = (*jobs)[j];
-    const std::string job_dir = fmt::format("{}/{}-{}", dir, j + 1, job.mode);
+    const std::string job_dir = fmt::format("{}/{}-{}", dir, j + 1, job.label);
     job.settings.push_back(fmt::format("diagnostics_dir={}/diagnostics", job_dir));
     fmt::print("\n[{}/{}] {}\n", j + 1, jobs->size(), job.name);
     ProgressBars bars;

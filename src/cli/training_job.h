@@ -28,6 +28,7 @@ namespace mend::cli {
 struct TrainingJobSpec {
   std::string name;             // shown in tables, e.g. "DiLoCo (sync)"
   std::string mode = "diloco";  // diloco | ddp | local
+  std::string label;            // its work folder's name (mend demo's mode: streaming, ...)
   int learners = 2;
   // Ranks per learner (a rack's hosts): diloco and local learners are groups
   // of this many processes on one shard (DDP inside, the cross-rack round

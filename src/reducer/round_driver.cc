@@ -40,8 +40,7 @@ void RoundDriverImpl::RecordStep(uint64_t tokens) {
   stats_.tokens += tokens;
   SayIfPastTheEnd();
   for (Fragment& fragment : outer_.book().fragments()) fragment.tokens_since_round += tokens;
-  flights_->services().RecordStep(stats_.steps, stats_.tokens,
-                                  policy_->ReportedStepTime(step_time));
+  flights_->services().RecordStep(stats_.steps, tokens, policy_->ReportedStepTime(step_time));
   if (diagnostics_->enabled()) {
     diagnostics_->Step({{"step", stats_.steps},
                         {"tokens", tokens},

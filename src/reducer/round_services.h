@@ -69,7 +69,7 @@ class RoundServices {
   virtual void Interrupt() = 0;
 
   // The learner's side, for the training thread.
-  // Its step, tokens in all and step time, for its heartbeats.
+  // Its step, the step's tokens (summed there) and step time, for its heartbeats.
   virtual void RecordStep(uint64_t step, uint64_t tokens, Micros step_time) = 0;
   virtual LighthouseNews News() const = 0;
   // Why training cannot go on (the learner was refused for good); OK if it can.

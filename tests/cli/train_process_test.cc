@@ -78,12 +78,13 @@ TEST_F(TrainProcessTest, DemoTrainsEveryModeAndPrintsTheTable) {
   for (const auto& [mode, n] : points) EXPECT_EQ(n, 5) << mode;  // steps 2, 4, 6, 8 and the end
   EXPECT_TRUE(std::filesystem::exists(dir_ + "/demo/loss_vs_time.png"));
   // Every learner of every mode left a result and diagnostics.
-  for (const char* job : {"1-ddp", "2-diloco", "3-diloco", "4-local", "5-diloco"}) {
+  // (each folder named after its mode)
+  for (const char* job : {"1-ddp", "2-diloco", "3-streaming", "4-local", "5-diloco-2x"}) {
     for (const char* learner : {"learner-1", "learner-2"}) {
       std::ifstream in(fmt::format("{}/demo/{}/{}.result.json", dir_, job, learner));
       ASSERT_TRUE(in.good()) << job << " " << learner;
       auto result = nlohmann::json::parse(in);
-      EXPECT_EQ(result["steps"], std::string(job) == "5-diloco" ? 20 : 10) << job;
+      EXPECT_EQ(result["steps"], std::string(job) == "5-diloco-2x" ? 20 : 10) << job;
       EXPECT_TRUE(std::isfinite(result["eval_loss"].get<double>())) << job;
     }
   }
@@ -130,7 +131,7 @@ TEST_F(TrainProcessTest, LearnersOfTwoRanksKeepTheirReplicasBitIdentical) {
   ASSERT_EQ(code, 0) << text;
   EXPECT_THAT(text, HasSubstr("2 learners of 2 ranks each"));
   EXPECT_THAT(text, HasSubstr("MB/host"));
-  for (const char* job : {"1-diloco", "2-diloco"}) {
+  for (const char* job : {"1-diloco", "2-streaming"}) {
     const bool synchronous = std::string(job) == "1-diloco";
     // parameters_sha256 by round id, per process.
     std::map<uint64_t, std::map<std::string, std::string>> digests;

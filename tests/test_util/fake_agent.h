@@ -33,7 +33,8 @@ class FakeAgent final : public LearnerAgent {
 
   // What was done with the agent.
   std::atomic<uint64_t> steps_recorded{0};
-  std::atomic<uint64_t> last_tokens{0};
+  std::atomic<uint64_t> last_tokens{0};    // the last step's
+  std::atomic<uint64_t> tokens_recorded{0};  // every step's, summed (the agent's tokens_total)
   std::atomic<int> interrupts{0};
   mutable std::atomic<int> looked_at_rounds{0};  // reads of latest_round_*: a waiter polling
   std::vector<bool> withhold_calls() const {
@@ -44,6 +45,7 @@ class FakeAgent final : public LearnerAgent {
   void RecordStep(uint64_t step, uint64_t tokens, Micros) override {
     steps_recorded = step;
     last_tokens = tokens;
+    tokens_recorded += tokens;
   }
   StatusOr<QuorumResult> Quorum(uint64_t, uint64_t, Micros, bool, uint64_t) override {
     return FailedPreconditionError("fake agent: no lighthouse");
