@@ -3,6 +3,7 @@
 #include <openssl/rand.h>
 
 #include <algorithm>
+#include <charconv>
 #include <climits>
 #include <map>
 #include <optional>
@@ -89,6 +90,26 @@ LighthouseOptions LighthouseOptionsFromConfig(const Config& config) {
 
 namespace {
 
+// The job's last step when its learners end with a final merge, from their
+// shared settings (SharedSettings: "total_steps=N", "final_merge=true"); 0
+// when it has none, or the settings do not say (an older learner's).
+uint64_t FinalStep(const std::vector<std::string>& settings) {
+  uint64_t total = 0;
+  bool final_merge = false;
+  for (const std::string& setting : settings) {
+    std::string_view text = setting;
+    if (text.starts_with("total_steps=")) {
+      text.remove_prefix(std::string_view("total_steps=").size());
+      uint64_t value = 0;
+      auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+      if (error == std::errc() && end == text.data() + text.size()) total = value;
+    } else if (text == "final_merge=true") {
+      final_merge = true;
+    }
+  }
+  return final_merge ? total : 0;
+}
+
 // The rounds' prefixes carry the lighthouse's instance (RendezvousPrefix).
 LighthouseOptions WithIncarnation(LighthouseOptions options, uint64_t instance_id) {
   options.quorum.incarnation = InstanceText(instance_id);
@@ -146,6 +167,7 @@ StatusOr<RegisterResult> LighthouseCore::Register(const RegisterArgs& args) {
       group_size_set_by_ = args.learner_id;
       job_settings_ = args.job_settings;
       job_settings_set_by_ = args.learner_id;
+      quorum_.set_final_step(FinalStep(job_settings_));
     } else if (args.group_size != group_size_) {
       return InvalidArgumentError(
           fmt::format("group_size = {}: this job's learners are groups of {} rank(s) (set by '{}')",
@@ -153,6 +175,7 @@ StatusOr<RegisterResult> LighthouseCore::Register(const RegisterArgs& args) {
     } else if (job_settings_.empty()) {
       job_settings_ = args.job_settings;
       job_settings_set_by_ = args.learner_id;
+      quorum_.set_final_step(FinalStep(job_settings_));
     } else if (!args.job_settings.empty() && ByKey(args.job_settings) != ByKey(job_settings_)) {
       return InvalidArgumentError(
           SettingsDiffer(args.job_settings, job_settings_, job_settings_set_by_));

@@ -25,6 +25,11 @@ void QuorumMachine::AddJoin(Membership& membership, LearnerRecord& record, Pendi
     Micros lateness = join.joined_at - late_watch_->quorum_reached_at;
     if (lateness <= options_.grace_window) RecordNeed(lateness);
   }
+  if (IsFinal(join)) {
+    final_joins_++;
+    final_close_at_ =
+        std::min(final_close_at_, join.joined_at + (join.deadline - join.joined_at) / 2);
+  }
   join_deadlines_.push_back({join.deadline, record.session_id, join.waiter_id});
   std::push_heap(join_deadlines_.begin(), join_deadlines_.end(), std::greater<>());
   if (join_deadlines_.size() >
@@ -47,6 +52,7 @@ std::optional<PendingJoin> QuorumMachine::RemoveJoin(Membership& membership,
     taken = std::move(r.join);
     r.join.reset();
   });
+  if (IsFinal(*taken) && final_joins_ > 0 && --final_joins_ == 0) final_close_at_ = INT64_MAX;
   return taken;
 }
 
@@ -77,7 +83,14 @@ std::vector<std::string> QuorumMachine::ExpiredJoins(Membership& membership, Mic
 Micros QuorumMachine::NextDeadline() const {
   Micros next = INT64_MAX;
   if (!join_deadlines_.empty()) next = join_deadlines_.front().deadline;
-  if (quorum_reached_at_) next = std::min(next, *quorum_reached_at_ + grace_window_);
+  // (The job's last round closes when every eligible learner joined, or at
+  // final_close_at_: not at the grace window's end, which a waiting round
+  // would otherwise report as due at every later tick.)
+  if (final_joins_ > 0) {
+    next = std::min(next, final_close_at_);
+  } else if (quorum_reached_at_) {
+    next = std::min(next, *quorum_reached_at_ + grace_window_);
+  }
   return next;
 }
 
@@ -96,7 +109,13 @@ std::optional<QuorumMachine::Closed> QuorumMachine::MaybeClose(Membership& membe
     return std::nullopt;
   }
   std::string closed_by;
-  if (counts.previous_joined > 0 && counts.previous_missing == 0) {
+  if (final_joins_ > 0 && counts.eligible_missing > 0) {
+    // The job's last round waits for every learner still training (a fast
+    // path or a grace window closed it without one a few steps behind, and
+    // the two ended with different models), up to half the join's timeout.
+    if (now < final_close_at_) return std::nullopt;
+    closed_by = "final_wait";
+  } else if (counts.previous_joined > 0 && counts.previous_missing == 0) {
     closed_by = "fast_path";
   } else if (counts.eligible_missing == 0) {
     closed_by = "all_joined";
@@ -147,7 +166,9 @@ std::shared_ptr<Round> QuorumMachine::Close(Membership& membership, Micros now,
   round->rendezvous_prefix = RoundPrefix(round->id);
   next_round_id_ = round->id + 1;
 
-  auto taken = membership.TakePendingForRound(round->id);
+  auto taken = membership.TakePendingForRound(round->id);  // (every pending join)
+  final_joins_ = 0;
+  final_close_at_ = INT64_MAX;
   joins->reserve(taken.size());
   round->members.reserve(taken.size());
   for (size_t rank = 0; rank < taken.size(); ++rank) {

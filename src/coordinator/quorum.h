@@ -94,6 +94,15 @@ class QuorumMachine {
   // answer without any other event; INT64_MAX when none.
   Micros NextDeadline() const;
 
+  // The job's last step when it ends with a final merge (total_steps with
+  // final_merge; 0: none, or not known). A round with a join of that step
+  // or later is the job's last: it waits for every eligible learner (alive,
+  // not slow) rather than closing by the fast path, the grace window or the
+  // minimum, so that every learner still training ends with the same model,
+  // but at most half of that join's timeout (then "final_wait"), so that
+  // the join itself does not time out.
+  void set_final_step(uint64_t step) { final_step_ = step; }
+
   Micros grace_window() const { return grace_window_; }
   uint64_t latest_round_id() const { return next_round_id_ - 1; }
   // The newest round's step (history() always keeps it); 0 before the first.
@@ -128,8 +137,17 @@ class QuorumMachine {
   std::optional<LateWatch> WatchLateArrivals(const Membership& membership,
                                              const Round& round) const;
 
+  bool IsFinal(const PendingJoin& join) const {
+    return final_step_ > 0 && join.step >= final_step_;
+  }
+
   QuorumOptions options_;
   uint64_t next_round_id_ = 1;
+  uint64_t final_step_ = 0;
+  // The pending joins of the job's last step, and when the round they are
+  // in closes with whoever joined (the earliest such join's half timeout).
+  size_t final_joins_ = 0;
+  Micros final_close_at_ = INT64_MAX;
   std::optional<Micros> quorum_reached_at_;
   Micros grace_window_;
   // What each recent round needed (newest last).

@@ -1,8 +1,12 @@
 #include "reducer/outer_state.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <filesystem>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -25,8 +29,37 @@ OuterState::OuterState(CheckpointOptions options, FlatParameters& parameters,
 
 OuterState::~OuterState() { writer_.Join(); }
 
+namespace {
+
+// checkpoint_dir, when checkpoints are to be written there: made if missing,
+// and writable. Otherwise every checkpoint would fail (logged at each round)
+// in a job that believes it is checkpointing.
+Status CheckCheckpointDirectory(const std::string& dir) {
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (!error && !std::filesystem::is_directory(dir, error) && !error) {
+    error = std::make_error_code(std::errc::not_a_directory);
+  }
+  if (!error && ::access(dir.c_str(), W_OK | X_OK) != 0) {
+    error = std::error_code(errno, std::generic_category());
+  }
+  if (error) {
+    return InvalidArgumentError(
+        fmt::format("checkpoint_dir = \"{}\": checkpoints cannot be written there ({}); "
+                    "checkpoint_every_rounds "
+                    "asks for them",
+                    dir, error.message()));
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
 StatusOr<std::optional<Restored>> OuterState::Start(uint64_t start_step) {
   restored_step_ = start_step;
+  if (!options_.dir.empty() && options_.every_rounds > 0) {
+    MEND_RETURN_IF_ERROR(CheckCheckpointDirectory(options_.dir));
+  }
   std::optional<Restored> restored;
   if (!options_.resume_from.empty()) {
     StatusOr<Checkpoint> checkpoint = ReadCheckpoint(options_.resume_from);

@@ -135,6 +135,70 @@ TEST(QuorumRulesTest, DeadLearnerIsNotWaitedForAfterHeartbeatTimeout) {
   EXPECT_THAT(CoreHarness::MemberIds(a->round()), ElementsAre("a", "b"));
 }
 
+// Registers `ids` with a job's shared settings (SharedSettings).
+void RegisterWithSettings(CoreHarness& h, std::vector<std::string> settings,
+                          std::initializer_list<const char*> ids) {
+  for (const char* id : ids) {
+    RegisterArgs args;
+    args.learner_id = id;
+    args.job_settings = settings;
+    ASSERT_TRUE(h.RegisterWith(args).ok()) << id;
+  }
+}
+
+// Advances `ms` in steps of 100 ms, every one of `ids` heartbeating (alive).
+void AdvanceAlive(CoreHarness& h, int64_t ms, const std::vector<std::string>& ids) {
+  for (int64_t t = 0; t < ms; t += 100) {
+    h.HeartbeatAll(ids);
+    h.AdvanceMs(std::min<int64_t>(100, ms - t));
+  }
+}
+
+// Quorum 1 of 2: b missed round 1 (the grace window), so round 1's members
+// (a) rejoining would close the next round by the fast path. a's join at the
+// job's last step (its final merge) is not closed so: it waits for b, still
+// training a few steps behind, and both end with the same model. (Before, a
+// merged alone and left, and b ended with a model of its own.)
+TEST(QuorumRulesTest, TheJobsLastRoundWaitsForEveryLearnerStillTraining) {
+  CoreHarness h(CoreHarness::Options(1, 1000));
+  RegisterWithSettings(h, {"final_merge=true", "total_steps=20"}, {"a", "b"});
+  auto a1 = h.Join("a", 0, 0, 60000, /*step=*/10);
+  AdvanceAlive(h, 1000, {"a", "b"});
+  ASSERT_TRUE(a1->ok());
+  EXPECT_EQ(a1->round().closed_by, "grace");
+  auto a2 = h.Join("a", a1->round().id, 0, 60000, /*step=*/20);
+  AdvanceAlive(h, 20000, {"a", "b"});
+  EXPECT_FALSE(a2->done());
+  auto b = h.Join("b", 0, 0, 60000, /*step=*/10);
+  ASSERT_TRUE(a2->ok() && b->ok());
+  EXPECT_NE(a2->round().closed_by, "final_wait");  // (closed at b's join)
+  EXPECT_THAT(CoreHarness::MemberIds(a2->round()), ElementsAre("a", "b"));
+  EXPECT_EQ(a2->round().step, 20u);
+}
+
+TEST(QuorumRulesTest, TheJobsLastRoundClosesWithWhoeverJoinedAtHalfItsJoinsTimeout) {
+  CoreHarness h(CoreHarness::Options(1, 1000));
+  RegisterWithSettings(h, {"final_merge=true", "total_steps=20"}, {"a", "b"});
+  auto a = h.Join("a", 0, 0, /*timeout_ms=*/10000, /*step=*/20);
+  AdvanceAlive(h, 4900, {"a", "b"});
+  EXPECT_FALSE(a->done());
+  AdvanceAlive(h, 100, {"a", "b"});
+  ASSERT_TRUE(a->ok());
+  EXPECT_EQ(a->round().closed_by, "final_wait");
+  EXPECT_THAT(CoreHarness::MemberIds(a->round()), ElementsAre("a"));
+}
+
+TEST(QuorumRulesTest, WithoutAFinalMergeTheLastStepsRoundClosesAsAnyOther) {
+  CoreHarness h(CoreHarness::Options(1, 1000));
+  RegisterWithSettings(h, {"final_merge=false", "total_steps=20"}, {"a", "b"});
+  auto a1 = h.Join("a", 0, 0, 60000, 10);
+  AdvanceAlive(h, 1000, {"a", "b"});
+  ASSERT_TRUE(a1->ok());
+  auto a2 = h.Join("a", a1->round().id, 0, 60000, 20);
+  ASSERT_TRUE(a2->ok());
+  EXPECT_EQ(a2->round().closed_by, "fast_path");
+}
+
 TEST(QuorumRulesTest, DeadPreviousMemberTurnsFastPathIntoAllJoined) {
   CoreHarness h(CoreHarness::Options(2, 60000));
   for (const char* id : {"a", "b", "c"}) h.Register(id);

@@ -179,3 +179,22 @@ def test_a_checkpoint_dir_without_checkpoints_but_other_files_is_warned_of(tmp_p
     err = capfd.readouterr().err
     assert "holds no checkpoint named ckpt-<round, 12 digits>.mend (it has model.pt)" in err
     assert "resume_from" in err
+
+
+def test_a_checkpoint_dir_that_cannot_hold_checkpoints_is_an_error_at_mend_init(tmp_path):
+    # Refused at the start, naming the key: not a job that believes it is
+    # checkpointing while every checkpoint fails (logged at each round).
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    with solo_lighthouse() as lighthouse:
+        keys = dict(lighthouse=lighthouse.address, quorum_min_learners=1, checkpoint_every_rounds=1,
+                    log_level="error")
+        for where in (a_file, a_file / "sub"):
+            with pytest.raises(mend.InvalidArgumentError, match=f"checkpoint_dir = \"{where}\": checkpoints "
+                                                                "cannot be written there"):
+                mend.mend_init(torch.nn.Linear(4, 1), mend.MendConfig(checkpoint_dir=str(where), **keys), "x")
+        made = tmp_path / "new" / "sub"  # a missing one is made
+        model = torch.nn.Linear(4, 1)
+        mend.mend_init(model, mend.MendConfig(checkpoint_dir=str(made), **keys), "y")
+        assert made.is_dir()
+        mend.mend_shutdown(model)

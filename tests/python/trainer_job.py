@@ -24,6 +24,7 @@ import json
 import os
 import sys
 import time
+import warnings
 
 import torch
 import transformers
@@ -217,9 +218,16 @@ def main():
     if args.start_after:
         wait_for_file(args.start_after)
     run = {"transformers": with_transformers, "accelerate": with_accelerate, "lightning": with_lightning}
-    stats, logged = run[args.framework](args, model, watch)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        stats, logged = run[args.framework](args, model, watch)
+    for warning in caught:  # (shown as they would have been)
+        print(warnings.formatwarning(warning.message, warning.category, warning.filename, warning.lineno),
+              file=sys.stderr, end="")
     torch.save({"after_rounds": watch.after_rounds, "final": watch.flat(), "stats": dict(stats),
-                "tokens": watch.tokens, "logged": logged, "trainer_steps": watch.trainer_steps}, args.result)
+                "tokens": watch.tokens, "logged": logged, "trainer_steps": watch.trainer_steps,
+                "mend_warnings": [str(w.message) for w in caught if str(w.message).startswith("mend:")]},
+               args.result)
     print(json.dumps({"learner": args.learner, "stats": dict(stats)}), file=sys.stderr)
 
 

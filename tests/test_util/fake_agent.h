@@ -33,7 +33,7 @@ class FakeAgent final : public LearnerAgent {
 
   // What was done with the agent.
   std::atomic<uint64_t> steps_recorded{0};
-  std::atomic<uint64_t> last_tokens{0};    // the last step's
+  std::atomic<uint64_t> last_tokens{0};      // the last step's
   std::atomic<uint64_t> tokens_recorded{0};  // every step's, summed (the agent's tokens_total)
   std::atomic<int> interrupts{0};
   mutable std::atomic<int> looked_at_rounds{0};  // reads of latest_round_*: a waiter polling

@@ -79,6 +79,8 @@ class MendCallback(_pl.Callback):
         # run counts from the step of mend's restored state).
         total = trainer.max_steps if trainer.max_steps is not None and trainer.max_steps > 0 else \
             trainer.estimated_stepping_batches
+        # (The trainer's own last step: it stops there itself, no heal needed.)
+        self._trainer_end = int(total) if total != float("inf") else None
         self._mend.start(pl_module, optimizers[0], scaler, int(total) if total != float("inf") else 0)
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
@@ -88,7 +90,8 @@ class MendCallback(_pl.Callback):
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self.log_stats and self._mend.running:
             pl_module.log_dict(self._mend.logged(), on_step=True, on_epoch=False)
-        if self._mend.ends_the_job_early(trainer.global_step):
+        end = getattr(self, "_trainer_end", None)
+        if (end is None or trainer.global_step < end) and self._mend.ends_the_job_early(trainer.global_step):
             trainer.should_stop = True
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
