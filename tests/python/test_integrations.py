@@ -147,3 +147,20 @@ def test_a_resumed_trainer_is_told_where_mends_state_was_looked_for(tmp_path):
     assert MendCallback(resume_from=str(elsewhere))._saved_state_file(args, 8) == str(elsewhere / STATE_FILE)
     with pytest.raises(TypeError, match="config must be a mend.MendConfig, not dict"):
         MendCallback({"lighthouse": "x"})
+
+
+def test_a_total_steps_a_trainer_derived_that_the_job_refuses_says_where_it_came_from():
+    # The user set no total_steps: the callback took the trainer's own count
+    # (its epochs over this learner's data). Another learner's count differs:
+    # the refusal says so, and how to fix it.
+    from mend.integrations._common import Attachment
+    os.environ["MEND_JOB_TOKEN"] = TOKEN
+    with mend.Lighthouse(mend.MendConfig(bind="127.0.0.1:0", http="", quorum_min_learners=1,
+                                         log_level="error")) as lighthouse:
+        keys = dict(lighthouse=lighthouse.address, quorum_min_learners=1, log_level="error")
+        first = torch.nn.Linear(4, 1)
+        mend.mend_init(first, mend.MendConfig(total_steps=40, **keys), "forty", manual=True)
+        with pytest.raises(mend.InvalidArgumentError, match=r"total_steps = 36 is its trainer's own step count.*"
+                                                            r"MendConfig\(total_steps=N\)"):
+            Attachment(mend.MendConfig(**keys), "thirty-six").start(torch.nn.Linear(4, 1), None, total_steps=36)
+        mend.mend_shutdown(first)

@@ -48,9 +48,20 @@ class Attachment:
             raise mend.FailedPreconditionError(
                 "MendCallback: training began again while mend's learner of the last run is still attached")
         config = self.config if self.config is not None else MendConfig()
-        if config.total_steps == 0 and total_steps > 0:
+        derived = config.total_steps == 0 and total_steps > 0
+        if derived:
             config = config.replace(total_steps=int(total_steps))
-        self.runtime = mend.mend_init(model, config, self.rank_id, optimizer=optimizer, scaler=scaler)
+        try:
+            self.runtime = mend.mend_init(model, config, self.rank_id, optimizer=optimizer, scaler=scaler)
+        except mend.InvalidArgumentError as error:
+            if not derived or "total_steps" not in str(error):
+                raise
+            # The user set no total_steps: say where this learner's came from.
+            raise mend.InvalidArgumentError(
+                f"{error}. This learner's total_steps = {int(total_steps)} is its trainer's own step count "
+                "(max_steps, or its epochs over its own data); learners whose data differ in length count "
+                "differently: give every learner the same MendConfig(total_steps=N), or the same max_steps"
+            ) from error
         self._model = model
         if self._saved is not None:
             saved, self._saved = self._saved, None
