@@ -10,6 +10,7 @@
 #include <set>
 #include <string_view>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_split.h"
 #include "core/round_keys.h"
 #include "core/status_format.h"
@@ -606,13 +607,40 @@ void LighthouseCore::MaybeCloseLocked(Micros now, Completions* completions) {
     completions->push_back([joins = std::move(closed->joins), round = closed->round]() mutable {
       for (auto& [join, rank] : joins) join.done(RoundAssignment{round, rank});
     });
-    spdlog::debug("round {} closed by {}: {} members, waited {} ms", round.id, round.closed_by,
-                  round.members.size(), round.waited() / kMicrosPerMilli);
+    LogRoundLocked(round);
     if (round.id > options_.keep_round_prefixes) {
       store_.Delete(quorum_.RoundPrefix(round.id - options_.keep_round_prefixes), /*prefix=*/true);
     }
   }
   LetBackInLocked(now);
+}
+
+// One line a round, at info: what an operator asks after the fact (who
+// was left out and why, how long it waited). Naming those left out scans
+// the records, only when some alive learner is not a member.
+void LighthouseCore::LogRoundLocked(const Round& round) {
+  const size_t alive = membership_.counts().alive;
+  std::string left_out;
+  if (alive > round.members.size() && spdlog::should_log(spdlog::level::info)) {
+    absl::flat_hash_set<std::string_view> members;
+    for (const MemberInfo& member : round.members) members.insert(member.id);
+    constexpr size_t kNamed = 8;
+    size_t named = 0;
+    size_t others = 0;
+    for (const auto& [id, record] : membership_.records()) {
+      if (!record->alive || members.contains(id)) continue;
+      if (named == kNamed) {
+        others++;
+        continue;
+      }
+      const char* why = record->unreachable ? "unreachable" : record->slow ? "slow" : "not joined";
+      left_out += fmt::format("{}{} ({})", named++ == 0 ? "; left out: " : ", ", id, why);
+    }
+    if (others > 0) left_out += fmt::format(" and {} more", others);
+  }
+  spdlog::info("round {} (step {}) closed by {} after {} ms: {} member(s) of {} alive learner(s){}",
+               round.id, round.step, round.closed_by, round.waited() / kMicrosPerMilli,
+               round.members.size(), alive, left_out);
 }
 
 void LighthouseCore::NoteUnreachableLocked(const LearnerRecord& record, Micros now,

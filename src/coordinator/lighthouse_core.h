@@ -205,6 +205,7 @@ class LighthouseCore {
   // Reads (once) which members `record` could not connect to in its last
   // round (core/round_keys.h), and leaves out of the next rounds a learner
   // that two or more others could not reach, more than any other.
+  void LogRoundLocked(const Round& round) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NoteUnreachableLocked(const LearnerRecord& record, Micros now, Completions* completions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LeaveOutLocked(LearnerRecord& record, const std::vector<std::string>& reporters, Micros now,
