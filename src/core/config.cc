@@ -130,7 +130,15 @@ Status SetConfigValue(Config& config, std::string_view name, std::string_view te
   switch (key->type) {
     case ConfigType::kInt: {
       auto value = ParseInt64(text);
-      if (!value) return ValueError(*key, text, source, "expected an integer");
+      if (!value) {
+        // An integer too large for 64 bits is out of range, not "not an integer".
+        std::string_view digits = text.starts_with('-') ? text.substr(1) : text;
+        const bool integer =
+            !digits.empty() &&
+            std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
+        return ValueError(*key, text, source,
+                          integer ? "must be in " + RangeText(*key) : "expected an integer");
+      }
       if (*value < key->min || *value > key->max) {
         return ValueError(*key, text, source, "must be in " + RangeText(*key));
       }

@@ -180,6 +180,12 @@ TEST(ConfigTest, TomlTypeMismatchNamesFileAndLine) {
   status = ApplyConfigToml(config, "sync_period_steps = 5.0\n", "job.toml");
   EXPECT_THAT(std::string(status.message()),
               HasSubstr("sync_period_steps = \"5.0\" (from job.toml:1): expected an integer"));
+  // An integer past 64 bits is out of the key's range, not "not an integer".
+  status = SetConfigValue(config, "total_steps", "100000000000000000000", "keyword total_steps");
+  EXPECT_THAT(
+      std::string(status.message()),
+      HasSubstr("total_steps = \"100000000000000000000\" (from keyword total_steps): must be in "
+                "[0, 1000000000000]"));
 }
 
 TEST(ConfigTest, TomlSyntaxErrorNamesPosition) {
