@@ -456,8 +456,12 @@ void CommitRound(FragmentBook& book, Outcome& outcome, InFlight& flight, uint64_
     outcome.result.residual.clear();  // it sent nothing: its error feedback stays
     commit.local = OuterCommit::Local::kProgress;
     if (!outcome.fresh_join) fragment.tokens_since_round += flight.tokens;
-  } else if (step == flight.boundary_step) {
-    // Nothing trained since the boundary (synchronous): exactly theta_g'.
+  } else if (step == flight.boundary_step || outcome.final_merge) {
+    // Nothing trained since the boundary (synchronous): exactly theta_g'. So
+    // too in the job's last round (the final merge): every member ends with
+    // the merged model, one that trained on past its boundary (it joined
+    // from a boundary behind the others' last step) dropping those steps.
+    if (step != flight.boundary_step) UndoEager(book, flight);  // (its buffer back)
     commit.local = OuterCommit::Local::kReplace;
   } else if (mode == OuterApply::kMix) {
     commit.local = OuterCommit::Local::kMix;
@@ -517,6 +521,9 @@ std::optional<uint64_t> RebasedStep(const Outcome& outcome, const InFlight& flig
   // the largest step, was at its boundary then): a learner passed over
   // trained on meanwhile.
   const uint64_t job_step = JobStep(outcome);
+  // The job's last round: the merged model is the job's at its last step
+  // (the steps trained since were dropped: CommitRound).
+  if (outcome.final_merge && job_step > flight.boundary_step) return job_step;
   const bool far_behind = job_step >= flight.boundary_step + period;
   if (!(far_behind || (!outcome.healed.empty() && first_round)) ||
       job_step == flight.boundary_step) {

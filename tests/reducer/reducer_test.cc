@@ -749,7 +749,9 @@ TEST(ReducerTest, AJoinPassedOverNearTheJobsEndIsCalledOffAtShutdown) {
   // With the job's length known (12) nobody launches a round at step 12, the
   // last period's boundary: the round for step 8 is then the job's last
   // launched one, and learner-a and learner-c end with the final merge at
-  // step 12 (without it: final_merge = false), which learner-b does not join.
+  // step 12 (without it: final_merge = false), which learner-b does not join:
+  // that round waits for learner-b (alive, held in its hook) only half its
+  // joins' timeout (the job's last round, final_wait), 10 s in that case.
   struct Case {
     int64_t total;
     bool final_merge;
@@ -758,7 +760,9 @@ TEST(ReducerTest, AJoinPassedOverNearTheJobsEndIsCalledOffAtShutdown) {
     const int64_t total = job.total;
     SCOPED_TRACE(testing::Message()
                  << "total_steps = " << total << ", final_merge = " << job.final_merge);
-    Config config = ConcurrentConfig(/*grace_window_ms=*/1000, /*quorum_timeout_ms=*/600000);
+    Config config =
+        ConcurrentConfig(/*grace_window_ms=*/1000,
+                         /*quorum_timeout_ms=*/total != 0 && job.final_merge ? 20000 : 600000);
     config.quorum_min_learners = 2;
     config.total_steps = total;
     config.final_merge = job.final_merge;
