@@ -558,19 +558,13 @@ void LighthouseCore::ScanLivenessLocked(Micros now, Completions* completions) {
 void LighthouseCore::GiveUpShortJoinsLocked(Micros now, Completions* completions) {
   const MembershipCounts& counts = membership_.counts();
   const bool had_learners = membership_.size() > counts.alive || quorum_.latest_round_id() > 0;
-  if (counts.alive >= options_.quorum.min_learners || !had_learners) {
-    short_since_.reset();
-    return;
-  }
-  // Short of a quorum for a heartbeat timeout (time for a learner that
-  // restarts to register): every synchronous join ends, those made later at
-  // the next scan (not each after a heartbeat timeout of its own, which a
-  // learner whose peers were gone waited at every boundary).
-  if (!short_since_) short_since_ = now;
-  if (counts.pending == 0 || now - *short_since_ < options_.heartbeat_timeout) return;
+  if (counts.alive >= options_.quorum.min_learners || !had_learners || counts.pending == 0) return;
   std::vector<LearnerRecord*> given_up;
   for (LearnerRecord* record : membership_.pending()) {
-    if (record->join->give_up_short_of_quorum) given_up.push_back(record);
+    if (record->join->give_up_short_of_quorum &&
+        now - record->join->joined_at >= options_.heartbeat_timeout) {
+      given_up.push_back(record);
+    }
   }
   for (LearnerRecord* record : given_up) {
     counters_.quorum_timeouts++;

@@ -20,7 +20,6 @@
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -243,9 +242,6 @@ class LighthouseCore {
   // Rounds up to this id closed before the alive learners registered (the
   // last time one registered with no other alive): not news to them.
   uint64_t news_after_round_ ABSL_GUARDED_BY(mu_) = 0;
-  // Since when fewer learners than the quorum's minimum are alive, once a
-  // learner was gone or a round formed (GiveUpShortJoinsLocked); none: not short.
-  std::optional<Micros> short_since_ ABSL_GUARDED_BY(mu_);
   Micros next_failslow_scan_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_waiter_id_ ABSL_GUARDED_BY(mu_) = 1;
   Counters counters_ ABSL_GUARDED_BY(mu_);
