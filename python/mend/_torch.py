@@ -72,6 +72,49 @@ def pack_blocks(sizes: List[int], blocks: Tuple[int, ...] = PINNED_BLOCK_BYTES) 
     return best
 
 
+# The scratch buffer, per device, through which the snapshot on a side stream
+# converts a bfloat16 or float16 tensor to float32 a chunk at a time.
+ASIDE_SCRATCH_BYTES = 64 << 20
+_SIDE_STREAMS: Dict[int, Any] = {}  # a CUDA device's index: mend's side stream there
+
+
+def _on_gpu(device: torch.device) -> bool:
+    return device.type == "cuda"
+
+
+def _side_stream(device: torch.device) -> Any:
+    """mend's side stream on a CUDA device (made at its first use)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    stream = _SIDE_STREAMS.get(index)
+    if stream is None:
+        stream = _SIDE_STREAMS[index] = torch.cuda.Stream(device=index)
+    return stream
+
+
+def _copy_all(into: List[torch.Tensor], out_of: List[torch.Tensor]) -> None:
+    """One batched copy where torch has it (torch >= 2.2), else one per tensor;
+    asynchronous where torch can make it so (a GPU's, with pinned host memory)."""
+    if _FOREACH_COPY is not None:
+        _FOREACH_COPY(into, out_of, non_blocking=True)
+    else:
+        for target, source in zip(into, out_of):
+            target.copy_(source, non_blocking=True)
+
+
+def _convert_through(pairs: List[Tuple[torch.Tensor, torch.Tensor]], scratch: torch.Tensor) -> None:
+    """Each (host, tensor) pair's tensor into its host copy of another dtype,
+    converted into ``scratch`` (on the tensor's device) a chunk at a time and
+    copied from there: no device memory beyond ``scratch``. On one stream the
+    next chunk's conversion runs after the previous chunk's copy has read it."""
+    room = scratch.numel()
+    for host, tensor in pairs:
+        source, target = tensor.detach().reshape(-1), host.view(-1)
+        for at in range(0, source.numel(), room):
+            n = min(room, source.numel() - at)
+            scratch[:n].copy_(source[at:at + n])
+            target[at:at + n].copy_(scratch[:n], non_blocking=True)
+
+
 def _pinned_size(nbytes: int) -> int:
     """What torch's pinned host allocator takes for ``nbytes``: the next power of two."""
     return 1 << max(0, nbytes - 1).bit_length()
@@ -84,9 +127,14 @@ class _Staging:
     copies out in one flat host buffer, or for a GPU's tensors in pinned
     blocks (pack_blocks)."""
 
-    def __init__(self) -> None:
+    def __init__(self, aside: bool = True) -> None:
         self.fragments: Dict[int, List[Tuple[torch.Tensor, torch.Tensor]]] = {}  # (tensor, host copy)
         self.devices = set()
+        # A GPU's copies in that are left running (the snapshot at a boundary)
+        # go on a side stream (copy_aside): not for tensors that the next
+        # forward may write (a BatchNorm's running statistics), which the
+        # copy must read before that forward runs.
+        self.aside = aside
         self.copies = 0
         self.bytes = 0  # float32 bytes copied, both ways
         # The training thread's time in the copies: for a copy in that is
@@ -158,21 +206,22 @@ class _Staging:
         # A copy in that is waited for: the work queued before it (the step's
         # kernels) is not the copy's time (see seconds).
         before = self.record_events() if into_host and wait and count else []
-        with torch.no_grad():
-            if _FOREACH_COPY is not None:  # one call for all of them (torch >= 2.2)
-                _FOREACH_COPY(into, out_of, non_blocking=True)
-            else:
-                for target, source in zip(into, out_of):
-                    target.copy_(source, non_blocking=True)
-        # The copies are asynchronous on a GPU, on the current stream. Into
-        # the host copies, mend reads them next: wait for that stream (not
-        # for the whole device: other streams, a DDP's, go on). Back to the
-        # device, the stream runs them before its next kernels (the next
-        # forward reads the tensors after them), and the training thread
-        # goes on at once: settle() waits for them before anything writes the
-        # host copies again. A copy in for a step made later (wait False) is
-        # waited for then, by its events.
+        aside = into_host and not wait and self.aside and bool(self.devices)
         events: List[Any] = []
+        with torch.no_grad():
+            if aside:
+                events = self.copy_aside(into, out_of)
+            else:
+                _copy_all(into, out_of)
+        # The copies are asynchronous on a GPU, on the current stream (but for
+        # copy_aside's). Into the host copies, mend reads them next: wait for
+        # that stream (not for the whole device: other streams, a DDP's, go
+        # on). Back to the device, the stream runs them before its next
+        # kernels (the next forward reads the tensors after them: a side
+        # stream would only add a wait), and the training thread goes on at
+        # once: settle() waits for them before anything writes the host copies
+        # again. A copy in for a step made later (wait False) is waited for
+        # then, by its events.
         enqueued = time.perf_counter()
         if into_host and wait:
             for event in before:
@@ -181,7 +230,8 @@ class _Staging:
             self.wait_streams()
             started += queued_done - enqueued  # (the part of the wait that was the step's)
         elif into_host:
-            events = self.record_events()
+            if not aside:
+                events = self.record_events()
         else:
             self.in_flight += self.record_events()
         if count:
@@ -197,10 +247,52 @@ class _Staging:
             event.synchronize()
         self.in_flight.clear()
 
+    def copy_aside(self, hosts: List[torch.Tensor], tensors: List[torch.Tensor]) -> List[Any]:
+        """A GPU's tensors into their host copies on mend's side stream of
+        their device, left running (the snapshot at a boundary); returns an
+        event after them on each such stream. The side stream first waits for
+        the work queued so far on the device's current stream (the optimizer
+        step that made the values); the training thread then queues the next
+        forward and backward there, which run beside the copies. The caller
+        waits for the events before anything changes the tensors (the next
+        optimizer step) and before mend reads the host copies. A bfloat16 or
+        float16 tensor is converted on the device through one scratch buffer
+        of ASIDE_SCRATCH_BYTES (_convert_through): converted whole, a tensor
+        would take float32 device memory of its size (0.9 GB for
+        Qwen-2.5-1.5B's embedding), which torch's allocator then keeps for
+        the side stream, out of the reach of the current stream's forward.
+        Tensors on the CPU are copied at once."""
+        by_device: Dict[Any, List[Tuple[torch.Tensor, torch.Tensor]]] = {}
+        for host, tensor in zip(hosts, tensors):
+            by_device.setdefault(tensor.device, []).append((host, tensor))
+        events: List[Any] = []
+        for device, pairs in by_device.items():
+            if not _on_gpu(device):
+                _copy_all([host for host, _ in pairs], [tensor for _, tensor in pairs])
+                continue
+            side = _side_stream(device)
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):
+                same = [(host, tensor) for host, tensor in pairs if host.dtype == tensor.dtype]
+                if same:
+                    _copy_all([host for host, _ in same], [tensor for _, tensor in same])
+                converted = [(host, tensor) for host, tensor in pairs if host.dtype != tensor.dtype]
+                if converted:
+                    scratch = torch.empty(ASIDE_SCRATCH_BYTES // 4, dtype=torch.float32, device=device)
+                    _convert_through(converted, scratch)
+                event = torch.cuda.Event()
+                event.record(side)
+                events.append(event)
+        return events
+
     def wait_streams(self) -> None:
-        """Waits for every copy so far (the current stream of each device)."""
+        """Waits for every copy so far (the current stream of each device,
+        and mend's side stream there)."""
         for device in self.devices:
             torch.cuda.current_stream(device).synchronize()
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            if index in _SIDE_STREAMS:
+                _SIDE_STREAMS[index].synchronize()
         self.in_flight.clear()
 
     def record_events(self) -> List[Any]:
@@ -308,7 +400,7 @@ class Runtime:
                 raise RuntimeError(f"mend: libmend puts parameter {i} in fragment "
                                    f"{self._learner.parameter_fragment(i)}, not {i % fragments}: "
                                    "install the matching libmend.so")
-        self._buffer_staging = _Staging()
+        self._buffer_staging = _Staging(aside=False)  # (a forward may write them: see _Staging.aside)
         if config.sync_buffers:
             self._hand_over_buffers(model)
         self._after_call()

@@ -386,3 +386,107 @@ def test_concurrent_rounds_stage_only_their_own_fragment():
     for pa, pb in zip(models[0].parameters(), models[1].parameters()):
         assert torch.isfinite(pa).all()
         assert torch.equal(pa, pb)  # the final merge
+
+
+def test_a_conversion_through_scratch_gives_the_bits_of_a_whole_copy():
+    """The snapshot on a side stream converts a bfloat16 or float16 tensor to
+    float32 through a scratch buffer a chunk at a time: tensors smaller than,
+    as large as, and several times and a part the scratch's size."""
+    from mend import _torch
+    torch.manual_seed(0)
+    scratch = torch.empty(64)
+    for dtype in (torch.bfloat16, torch.float16):
+        tensors = [torch.randn(shape).to(dtype) for shape in [(3,), (64,), (8, 8), (5, 41), (1000,)]]
+        hosts = [torch.full(t.shape, float("nan")) for t in tensors]
+        _torch._convert_through(list(zip(hosts, tensors)), scratch)
+        for host, tensor in zip(hosts, tensors):
+            assert torch.equal(host, tensor.float())
+
+
+class FakeStream:
+    def __init__(self, log, name):
+        self.log, self.name = log, name
+
+    def wait_stream(self, other):
+        self.log.append(("wait", self.name, other.name))
+
+    def synchronize(self):
+        self.log.append(("synchronize", self.name))
+
+
+def test_the_snapshot_at_a_boundary_goes_on_a_side_stream_after_the_step(monkeypatch):
+    """A GPU's copies in that are left running (the snapshot at a boundary)
+    go on mend's side stream: it first waits for the device's current stream
+    (the optimizer step that made the values), every copy and conversion is
+    made while the side stream is current, and the event the caller waits for
+    is recorded on it, after them. The buffers' staging (a forward may write
+    them) and copies that are waited for stay on the current stream. Stands
+    in for CUDA with CPU tensors, fake streams and events."""
+    from mend import _torch
+    log = []
+    current = FakeStream(log, "current")
+    state = {"stream": current}
+
+    class FakeEventOnStream:
+        def record(self, stream):
+            log.append(("record", stream.name))
+
+        def synchronize(self):
+            log.append(("event synchronize",))
+
+    class StreamContext:
+        def __init__(self, stream):
+            self.stream = stream
+
+        def __enter__(self):
+            self.saved, state["stream"] = state["stream"], self.stream
+
+        def __exit__(self, *exc):
+            state["stream"] = self.saved
+
+    monkeypatch.setattr(_torch, "_SIDE_STREAMS", {})
+    monkeypatch.setattr(_torch, "_on_gpu", lambda device: True)
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device: FakeStream(log, f"side{device}"))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: current)
+    monkeypatch.setattr(torch.cuda, "stream", StreamContext)
+    monkeypatch.setattr(torch.cuda, "Event", FakeEventOnStream)
+    copy_all, convert_through = _torch._copy_all, _torch._convert_through
+    monkeypatch.setattr(_torch, "_copy_all", lambda *a: (log.append(("copy", state["stream"].name)),
+                                                        copy_all(*a)))
+    monkeypatch.setattr(_torch, "_convert_through", lambda *a: (log.append(("convert", state["stream"].name)),
+                                                                convert_through(*a)))
+
+    def staged(aside):
+        staging = _torch._Staging(aside)
+        tensors = [torch.randn(5).bfloat16(), torch.randn(7), torch.randn(3).half()]
+        staging.add_all([(t, 0) for t in tensors])
+        staging.devices = {torch.device("cuda", 0)}  # (as a GPU's would have)
+        for t in tensors:
+            t.mul_(2)  # (the optimizer step: the copies must hold these values)
+        return staging, tensors
+
+    staging, tensors = staged(True)
+    del log[:]
+    events = staging.copy_in(None, wait=False)
+    assert log == [("wait", "side0", "current"), ("copy", "side0"), ("convert", "side0"), ("record", "side0")]
+    assert len(events) == 1 and state["stream"] is current
+    for t, (_, host) in zip(tensors, staging.pairs):
+        assert torch.equal(host, t.float())
+    # Waiting for every copy includes the side stream's.
+    del log[:]
+    staging.wait_streams()
+    assert ("synchronize", "side0") in log and ("synchronize", "current") in log
+    # The same stream again, not a second one.
+    del log[:]
+    staging.copy_in(None, wait=False)
+    assert log[0] == ("wait", "side0", "current") and len(_torch._SIDE_STREAMS) == 1
+
+    # The buffers' staging, and a copy in that is waited for: the current stream.
+    for aside, wait in ((False, False), (True, True)):
+        staging, tensors = staged(aside)
+        del log[:]
+        staging.copy_in(None, wait=wait)
+        assert ("copy", "current") in log
+        assert not [entry for entry in log if entry[0] in ("wait", "copy", "convert", "record") and "side0" in entry]
+        assert ("record", "current") in log if not wait else ("synchronize", "current") in log
