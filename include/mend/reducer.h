@@ -106,6 +106,11 @@ class Reducer {
   // when false it returns after bookkeeping, with no network wait. Front ends
   // that must stay interruptible (Python's Ctrl-C) wait differently for those.
   virtual bool NextStepMayWait() const = 0;
+  // Whether this learner's newest join in flight has formed a round (its
+  // quorum answered) by now; false with none in flight. The training thread
+  // acts on it only at a step (tests, diagnostics: a boundary reached before
+  // the answer trains on and skips its round).
+  virtual bool NewestJoinFormed() const = 0;
   // Leaves the job. Idempotent.
   virtual Status shutdown() = 0;
 

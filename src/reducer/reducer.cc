@@ -97,6 +97,7 @@ class ReducerImpl final : public Reducer {
     return driver_->shutdown();
   }
   bool NextStepMayWait() const override { return driver_->NextStepMayWait(); }
+  bool NewestJoinFormed() const override { return driver_->NewestJoinFormed(); }
   ReducerStats stats() const override { return driver_->stats(); }
   std::span<const float> global(int fragment) const override { return driver_->global(fragment); }
   int fragments() const override { return driver_->fragments(); }

@@ -73,6 +73,8 @@ class RoundDriver {
   [[nodiscard]] virtual Status step(uint64_t tokens) = 0;
   [[nodiscard]] virtual Status shutdown() = 0;
   virtual bool NextStepMayWait() const = 0;
+  // Whether the newest join in flight has formed a round (see Reducer).
+  virtual bool NewestJoinFormed() const = 0;
   // The plan of the next step(), fixed by this call: a round that arrives
   // after it is taken up at a later step, so a front end that stages the
   // parameters (host_staging) copies them in only for steps that touch them.

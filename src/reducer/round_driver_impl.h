@@ -54,6 +54,9 @@ class RoundDriverImpl final : public RoundDriver {
   Status step(uint64_t tokens) override;
   Status shutdown() override;
   bool NextStepMayWait() const override;
+  bool NewestJoinFormed() const override {
+    return !flights_->empty() && flights_->newest().Status().formed;
+  }
   StepPlan PlanStep() override;
   ReducerStats stats() const override;
   std::span<const float> global(int fragment) const override {

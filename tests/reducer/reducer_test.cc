@@ -46,7 +46,8 @@ struct LearnerLog {
   std::vector<float> initial_global;               // right after Create (a resume shows here)
   uint64_t registrations = 0;                      // with the lighthouse (1 + re-registrations)
   std::atomic<uint64_t> steps{0};                  // the reducer's step, live
-  uint64_t quiet_steps = 0;                        // steps that neither started nor applied a round
+  const Reducer* reducer = nullptr;  // while Learn trains: for its gates (on the same thread)
+  uint64_t quiet_steps = 0;          // steps that neither started nor applied a round
 };
 
 // Trains a linear regression on the learner's own shard for `boundaries`
@@ -70,6 +71,7 @@ void Learn(const Config& config, const std::string& id, int seed, int boundaries
   auto reducer = Reducer::Create(config, *model, *inner, **agent);
   ASSERT_TRUE(reducer.ok()) << reducer.status();
   log->initial_global.assign((*reducer)->global(0).begin(), (*reducer)->global(0).end());
+  log->reducer = reducer->get();
   torch::Tensor true_w = torch::arange(8, torch::kFloat).reshape({1, 8}) / 8;
   for (int b = 0; b < boundaries; ++b) {
     if (gate) gate(b);
@@ -98,6 +100,7 @@ void Learn(const Config& config, const std::string& id, int seed, int boundaries
       }
     }
   }
+  log->reducer = nullptr;
   ASSERT_TRUE((*reducer)->shutdown().ok());  // finishes a round still in flight
   log->stats = (*reducer)->stats();
   log->registrations = (*agent)->registrations();
@@ -971,7 +974,13 @@ TEST(ReducerTest, AMemberAtAnotherFragmentsBoundaryTakesPartInTheRoundsFragment)
   std::thread tb([&]() {
     Learn(config, "learner-b", 2, 8, &b, gate, [&](int step) {
       if (step == 8) take_down();
-      if (step == 10) EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond, formed_again));
+      // (and learner-b's join has its answer: a boundary reached before it
+      // would train on and skip its round)
+      if (step == 10) {
+        EXPECT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond, [&]() {
+          return formed_again() && b.reducer->NewestJoinFormed();
+        }));
+      }
     });
   });
   ta.join();
