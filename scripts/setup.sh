@@ -18,6 +18,7 @@ packages=(
   libtorch-dev libopenblas0-pthread fortunes gnuplot-nox
   python3-torch python3-numpy python3-pytest python3-venv python3-pip patchelf
   gdb stress-ng linux-perf
+  libjemalloc2 libtcmalloc-minimal4  # (tests/python/test_allocators.py preloads them)
 )
 
 missing=()

@@ -10,6 +10,10 @@
 #   5. torch2: the Python tests again under torch 2.x, in the venv of
 #      requirements/torch2.txt (scripts/torch2-venv.sh: made once, about
 #      5 GB from PyPI, cached outside the clone by the file's content);
+#   5b. torch2-wheel: the wheel (scripts/wheel.sh) installed with pip
+#      --target into a fresh folder, run from the torch 2 venv: a two-learner
+#      job (tests/python/wheel_job.py) and tests/python/test_allocators.py
+#      (jemalloc, tcmalloc and glibc's checker preloaded);
 #   6. asan: builds the LibTorch-free part (libmend.so with its C ABI,
 #      mend-lighthouse and their tests) without LibTorch, with ASan and
 #      UBSan, in build-asan, and runs its unit, integration and
@@ -48,6 +52,21 @@ stage torch2-venv
 PYTHONPATH="$PWD/${MEND_BUILD_DIR:-build}/python" PYTHONDONTWRITEBYTECODE=1 \
   "$torch2/bin/python" -m pytest -q -p no:cacheprovider tests/python
 stage torch2-tests
+wheel_dir=$(mktemp -d)
+trap 'rm -rf "$wheel_dir"' EXIT
+MEND_DIST_DIR="$wheel_dir/dist" scripts/wheel.sh > /dev/null
+"$torch2/bin/python" -m pip install -q --no-deps --no-index --disable-pip-version-check \
+  --target "$wheel_dir/site" "$wheel_dir"/dist/mend-*.whl
+(
+  source=$PWD
+  cd "$wheel_dir"
+  export PYTHONPATH="$wheel_dir/site" PYTHONDONTWRITEBYTECODE=1
+  "$torch2/bin/python" -c 'import mend, sys; assert mend._native.LIBRARY_PATH.startswith(sys.argv[1])' "$wheel_dir/site"
+  "$torch2/bin/python" "$source/tests/python/wheel_job.py"
+  "$torch2/bin/python" -m pytest -q -p no:cacheprovider "$source/tests/python/test_allocators.py"
+)
+rm -rf "$wheel_dir"
+stage torch2-wheel
 
 asan=${MEND_ASAN_BUILD_DIR:-build-asan}
 # shellcheck disable=SC2086

@@ -34,7 +34,7 @@ extern "C" {
 
 /* The version of this interface; mend_abi_version() returns the one the
  * loaded library implements. A front end refuses a library of another one. */
-#define MEND_ABI_VERSION 9
+#define MEND_ABI_VERSION 10
 
 typedef enum mend_status {
   MEND_OK = 0,
@@ -121,6 +121,16 @@ mend_status mend_config_keys_json(char** json);
 mend_status mend_config_suggest_key(const char* unknown, char** suggestion);
 /* The job token: MEND_JOB_TOKEN when set, else the contents of token_file. */
 mend_status mend_config_read_token(const mend_config* config, char** token);
+/* A setting every learner of the job must have the same, beside the shared
+ * configuration keys (ABI 10): a learner started from `config` sends
+ * `key` = `value` when it registers, and one whose value differs from the
+ * job's alive learners' (or that sends none where they do) is refused with
+ * INVALID_ARGUMENT naming the key, both values and where the space-separated
+ * items after the value's first ": " first differ. The Python package sends
+ * the digest of a model's frozen parameters this way. `key`: letters,
+ * digits and '_', not a configuration key; key and value together at most
+ * 500 characters; setting a key again replaces its value. */
+mend_status mend_config_add_job_setting(mend_config* config, const char* key, const char* value);
 
 /* ---- Lighthouse (the job's coordinator), embedded in this process. ---- */
 

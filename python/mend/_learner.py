@@ -252,13 +252,16 @@ class Learner:
     @classmethod
     def _from_addresses(cls, config: MendConfig, entries: List[Tuple[str, int, int, Tuple[int, ...]]],
                         learner_id: Optional[str], token: Optional[str], start_step: int,
-                        keep: Any) -> "Learner":
-        """A learner over raw addresses (name, address, values, shape) that `keep` keeps alive."""
+                        keep: Any, job_settings: Optional[Dict[str, str]] = None) -> "Learner":
+        """A learner over raw addresses (name, address, values, shape) that
+        `keep` keeps alive; `job_settings` (key -> value) must agree with the
+        job's other learners (mend_config_add_job_setting)."""
         learner = cls.__new__(cls)
-        learner._open(config, entries, learner_id, token, start_step, keep)
+        learner._open(config, entries, learner_id, token, start_step, keep, job_settings)
         return learner
 
-    def _open(self, config: MendConfig, entries, learner_id, token, start_step, keep) -> None:
+    def _open(self, config: MendConfig, entries, learner_id, token, start_step, keep,
+              job_settings: Optional[Dict[str, str]] = None) -> None:
         check_config(config, "mend.Learner")
         if not entries:
             raise ValueError("mend: a learner needs at least one parameter")
@@ -272,15 +275,17 @@ class Learner:
         self._claimed = (config.lighthouse, config.job_id, self.learner_id, int(config.group_rank))
         _claim(self, self._claimed)
         try:
-            self._create(config, entries, token, start_step)
+            self._create(config, entries, token, start_step, job_settings or {})
         except BaseException:
             _release(self)
             raise
 
-    def _create(self, config: MendConfig, entries, token, start_step) -> None:
+    def _create(self, config: MendConfig, entries, token, start_step, job_settings: Dict[str, str]) -> None:
         buffers, _ = _buffer_array(entries)
         pointer = _native._p()
         native = config.native()  # alive until the call returns
+        for key, value in job_settings.items():
+            _native.check(lib.mend_config_add_job_setting(native.pointer, key.encode(), value.encode()))
         # The call waits up to lighthouse_wait_ms for the lighthouse, aside
         # (_call_aside). A learner created after the caller gave up leaves the
         # job there and then.

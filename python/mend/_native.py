@@ -7,10 +7,15 @@ library's message. Nothing here imports torch.
 Where the library comes from, first found: ``$MEND_LIBRARY``; the copy a
 wheel carries in ``mend/_lib/``; the one ``_build_info.LIBRARY`` names (a
 build tree's, or the installed one); ``libmend.so.<major>`` by the dynamic
-loader's search. It is loaded with RTLD_LOCAL | RTLD_DEEPBIND: its symbols
-stay out of the process's global scope, and its own dependencies (gRPC,
-protobuf, Gloo, ... as the wheel carries them) are looked up in its own
-scope before anything another library (a pip torch) brought in.
+loader's search. It is loaded with RTLD_LOCAL: its symbols stay out of the
+process's global scope, and the libraries a wheel carries have names of
+their own (scripts/wheel.sh), so they never stand in for another copy in the
+process (a pip torch's). Not RTLD_DEEPBIND: that binds malloc and free in
+libmend and everything it loads to glibc's own, beside an allocator
+preloaded for the rest of the process (jemalloc, tcmalloc), which then frees
+memory it never allocated. ``check_scope`` refuses, with a message, a
+process whose global scope holds another Gloo (torch loaded with
+TORCH_USE_RTLD_GLOBAL=1), which would stand in for the one libmend uses.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from typing import Any, Dict, List, Optional
 
 from mend import _build_info
 
-ABI_VERSION = 9
+ABI_VERSION = 10
 PENDING = 100
 
 # mend_learner_plan_step / mend_learner_last_flags.
@@ -72,11 +77,45 @@ def _library_path() -> str:
     return f"libmend.so.{major}"  # the dynamic loader's search
 
 
+# A Gloo function that libmend calls and a pip torch's libtorch_cpu.so
+# exports too (torch carries a Gloo of its own, of another version).
+_GLOO_PROBE = "_ZN4gloo9transport3tcp12CreateDeviceERKNS1_4attrE"
+
+
+class _DlInfo(ctypes.Structure):
+    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
+                ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+
+
+def check_scope() -> None:
+    """Refuses a process whose global scope already holds Gloo's functions
+    from a library other than a Gloo of its own (a pip torch loaded with
+    TORCH_USE_RTLD_GLOBAL=1, or a module loaded with RTLD_GLOBAL): libmend's
+    calls into Gloo would bind to that copy, of another version, and crash.
+    Debian's torch links Debian's libgloo, the one libmend uses: accepted."""
+    process = ctypes.CDLL(None)
+    try:
+        address = ctypes.cast(getattr(process, _GLOO_PROBE), ctypes.c_void_p).value
+    except AttributeError:
+        return  # no Gloo in the global scope
+    info = _DlInfo()
+    if not process.dladdr(ctypes.c_void_p(address), ctypes.byref(info)) or not info.dli_fname:
+        return
+    provider = info.dli_fname.decode(errors="replace")
+    if not os.path.basename(provider).startswith("libgloo"):
+        raise ImportError(
+            f"mend: this process's global symbol scope already holds Gloo from {provider} (a torch loaded with "
+            "TORCH_USE_RTLD_GLOBAL=1, or a library loaded with RTLD_GLOBAL): libmend's calls into Gloo would "
+            "go to that copy, of another version. Import mend before torch, or unset TORCH_USE_RTLD_GLOBAL")
+
+
 def _load() -> ctypes.CDLL:
     path = _library_path()
-    mode = os.RTLD_LOCAL | getattr(os, "RTLD_DEEPBIND", 0)
+    check_scope()
     try:
-        lib = ctypes.CDLL(path, mode=mode)
+        # (RTLD_NOW: every symbol bound now, before a library loaded later
+        # with RTLD_GLOBAL could stand in for one)
+        lib = ctypes.CDLL(path, mode=os.RTLD_LOCAL | os.RTLD_NOW)
     except OSError as error:
         raise ImportError(f"mend: cannot load its native library {path!r}: {error} (set MEND_LIBRARY to "
                           f"libmend.so, or reinstall mend)") from error
@@ -146,6 +185,7 @@ _SIGNATURES = {
     "mend_config_keys_json": (_status, [_PP]),
     "mend_config_suggest_key": (_status, [_s, _PP]),
     "mend_config_read_token": (_status, [_p, _PP]),
+    "mend_config_add_job_setting": (_status, [_p, _s, _s]),
     "mend_lighthouse_start": (_status, [_p, _s, _PP]),
     "mend_lighthouse_address": (_s, [_p]),
     "mend_lighthouse_http_address": (_s, [_p]),

@@ -24,6 +24,9 @@ import torch
 from mend import _attach as attach
 from mend import _bindings as bindings
 from mend import _native
+from mend._frozen import JOB_SETTING as FROZEN_SETTING
+from mend._frozen import job_setting as frozen_setting
+from mend._schedules import StepFollower
 from mend._config import MendConfig, check_config
 from mend._learner import GroupStore, Learner, check_tokens, default_learner_id, read_token
 from mend._native import (FRAGMENTS_PLANNED, FRAGMENTS_WROTE, STEP_DUE_NEXT, STEP_MAY_WRITE, STEP_READS, STEP_WROTE,
@@ -329,9 +332,14 @@ class Runtime:
         named = bindings.named_parameters(model)  # (a torch.compile'd model's: the module's own names)
         if not named:
             raise ValueError("mend_init: the model has no parameters")
-        # Frozen parameters (requires_grad = False now) are this learner's
-        # own: not exchanged, merged or checkpointed, unless asked for.
+        # Frozen parameters (requires_grad = False now) are not exchanged,
+        # merged or checkpointed, unless asked for: every learner must hold
+        # the same ones, which registration checks by digest (_frozen).
+        job_settings: Dict[str, str] = {}
         if not config.exchange_frozen_parameters:
+            frozen = frozen_setting([(name, p) for name, p in named if not p.requires_grad])
+            if frozen is not None:
+                job_settings[FROZEN_SETTING] = frozen
             named = [(name, p) for name, p in named if p.requires_grad]
             if not named:
                 raise ValueError("mend_init: every parameter of the model is frozen (requires_grad=False): "
@@ -366,6 +374,9 @@ class Runtime:
         self._deferred: Optional[Tuple[int, List[Any]]] = None
         self._deferred_steps = 0
         self._step_handed = 0            # the step count last put into the learner
+        self._job_step = 0               # the job's step as of the calls made (stats()["steps"])
+        # The LR schedulers and a trainer's step counter, when mend moves the job's step.
+        self._follower = StepFollower()
         self._pid = os.getpid()
         self._tokens: Optional[int] = None
         self._counted_tokens = attach.TokenCount()  # of the forwards since the last step
@@ -394,7 +405,7 @@ class Runtime:
         entries = [(name, tensor.data_ptr(), tensor.numel(), tuple(p.shape))
                    for (name, p), tensor in zip(named, tensors)]
         self._learner = Learner._from_addresses(config, entries, learner_id, read_token(config), 0,
-                                                keep=storages)
+                                                keep=storages, job_settings=job_settings)
         for i in staged:
             if self._learner.parameter_fragment(i) != i % fragments:
                 raise RuntimeError(f"mend: libmend puts parameter {i} in fragment "
@@ -403,10 +414,14 @@ class Runtime:
         self._buffer_staging = _Staging(aside=False)  # (a forward may write them: see _Staging.aside)
         if config.sync_buffers:
             self._hand_over_buffers(model)
-        self._after_call()
+        self._after_call()  # (a resume from a checkpoint moved the job's step)
         self._hooks.append(attach.register_forward_pre_hook(model, attach.ForwardHook(self, "_forward")))
         if manual:
-            self._optimizer = optimizer  # its moments, for desloc and heal_inner_optimizer
+            # Its moments (desloc, heal_inner_optimizer) and its schedulers
+            # (without it, the optimizer of the parameters is looked for at a
+            # move of the job's step: _follow_schedules).
+            self._optimizer = optimizer
+            self._follower.follow(self._optimizer, final=False)
             return
         runtime_ref = weakref.ref(self)
 
@@ -424,6 +439,7 @@ class Runtime:
             runtime = runtime_ref()
             if runtime is not None and not runtime.closed:
                 runtime._finish_deferred()
+                runtime._follower.follow(runtime._optimizer, final=False)
                 if runtime._later is not None and runtime._later.found_by_hook:
                     runtime._later.detach()  # (its global hook: from here, not from inside it)
                     runtime._later = None
@@ -542,6 +558,8 @@ class Runtime:
             staging.settle()
 
     def _after_call(self) -> None:
+        """The host copies back where the call wrote them; the job's step
+        followed where the call moved it (a heal, a resume, the final merge)."""
         if self._learner.last_flags & STEP_WROTE:
             if self._staging.fragments:  # only the fragments it wrote
                 self._staging.copy_out(self._learner.step_fragments(FRAGMENTS_WROTE))
@@ -551,6 +569,15 @@ class Runtime:
                 # A heal brought its source's step count with the moments.
                 self._step_handed = self._learner.optimizer_step
                 bindings.set_optimizer_step(self._optimizer, self._parameters, self._step_handed)
+            steps = int(self._learner.stats()["steps"])
+            self._follower.add(steps - self._job_step)
+            self._job_step = steps
+
+    def _follow_schedules(self) -> None:
+        """After an optimizer step: its schedulers follow a move of the job's
+        step (_schedules.StepFollower)."""
+        if self._follower.pending:
+            self._follower.follow(self._optimizer or attach.find_optimizer(self._parameters), final=True)
 
     # -- the user's calls -----------------------------------------------
     def report_tokens(self, tokens: int) -> None:
@@ -610,6 +637,7 @@ class Runtime:
         else:
             self._counted_tokens.take()  # (given: what the forwards counted is dropped)
         self._tokens = None
+        self._job_step += 1
         learner = self._learner
         plan = learner.plan_step()
         reads = plan & STEP_READS
@@ -635,6 +663,7 @@ class Runtime:
         self._before_call(fragments)
         learner.step(int(tokens))
         self._after_call()
+        self._follow_schedules()
         self._tokens_stepped += int(tokens)
 
     def _may_defer(self) -> bool:
@@ -719,6 +748,7 @@ class Runtime:
         self._settle()
         self._learner.import_state(state)
         self._after_call()
+        self._follow_schedules()
 
     def state_dict(self) -> Dict[str, Any]:
         """mend's outer state (global parameters, outer momentum, error
@@ -746,6 +776,9 @@ class Runtime:
         self._finish_deferred()
         self._settle()
         self._learner.import_state(state_dict["state"], keep_parameters=True)
+        # The step is the saved one; the schedulers are where the checkpoint
+        # beside this one put them (nothing follows).
+        self._job_step = int(self._learner.stats()["steps"])
 
     @property
     def closed(self) -> bool:
@@ -777,6 +810,7 @@ class Runtime:
             self._learner.shutdown()
         finally:
             self._after_call()
+            self._follow_schedules()
             if self._group_store is not None:
                 self._group_store.stop()
 

@@ -8,6 +8,7 @@
 #include <exception>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "mend/config.h"
 #include "mend/mend.h"
@@ -16,6 +17,8 @@
 // The configuration behind a mend_config handle.
 struct mend_config {
   mend::Config value;
+  // mend_config_add_job_setting's, as "key=value", sent at registration.
+  std::vector<std::string> job_settings;
 };
 
 namespace mend::capi {

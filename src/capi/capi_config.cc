@@ -1,6 +1,6 @@
 // The C ABI's configuration calls: the key table with its checks.
-#include <dlfcn.h>
-
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -19,18 +19,6 @@ using mend::capi::NullArgument;
 using mend::capi::Return;
 
 namespace {
-
-// The process's environment as its executable sees it. Loaded with
-// RTLD_DEEPBIND (as the Python package loads libmend.so), a reference to
-// `environ` would bind to libc's own variable rather than the executable's
-// copy, which setenv/putenv update: the main program's symbol is the live one
-// (RTLD_DEFAULT would search this library's deep-bound scope first; the
-// main program's handle searches from the executable.)
-const char* const* ProcessEnvironment() {
-  static void* const program = dlopen(nullptr, RTLD_NOW | RTLD_NOLOAD);
-  auto* live = program != nullptr ? reinterpret_cast<char***>(dlsym(program, "environ")) : nullptr;
-  return live != nullptr ? *live : environ;
-}
 
 // *out = a copy of `text`, or INVALID_ARGUMENT when out is NULL.
 mend_status Hand(std::string_view function, char** out, std::string_view text) {
@@ -97,7 +85,7 @@ mend_status mend_config_load_file(mend_config* config, const char* path) {
 mend_status mend_config_apply_environment(mend_config* config) {
   return Guarded([&] {
     if (config == nullptr) return NullArgument("mend_config_apply_environment", "config");
-    return Return(mend::ApplyConfigEnvironment(config->value, ProcessEnvironment()));
+    return Return(mend::ApplyConfigEnvironment(config->value, environ));
   });
 }
 
@@ -125,6 +113,37 @@ mend_status mend_config_to_toml(const mend_config* config, char** toml) {
   return Guarded([&] {
     if (config == nullptr) return NullArgument("mend_config_to_toml", "config");
     return Hand("mend_config_to_toml", toml, mend::ConfigToToml(config->value));
+  });
+}
+
+mend_status mend_config_add_job_setting(mend_config* config, const char* key, const char* value) {
+  return Guarded([&] {
+    if (config == nullptr) return NullArgument("mend_config_add_job_setting", "config");
+    if (key == nullptr) return NullArgument("mend_config_add_job_setting", "key");
+    if (value == nullptr) return NullArgument("mend_config_add_job_setting", "value");
+    const std::string_view name(key);
+    const bool word = !name.empty() && std::all_of(name.begin(), name.end(), [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+    });
+    if (!word || mend::FindConfigKey(name) != nullptr) {
+      return mend::capi::Fail(mend::InvalidArgumentError(fmt::format(
+          "mend_config_add_job_setting: key '{}' must be letters, digits and '_', and not a "
+          "configuration key",
+          name)));
+    }
+    std::string setting = fmt::format("{}={}", name, value);
+    constexpr size_t kMaxLength = 500;  // (the lighthouse takes 512)
+    if (setting.size() > kMaxLength) {
+      return mend::capi::Fail(mend::InvalidArgumentError(
+          fmt::format("mend_config_add_job_setting: '{}' and its value are {} characters, above {}",
+                      name, setting.size(), kMaxLength)));
+    }
+    auto same_key = [&](const std::string& other) {
+      return other.compare(0, name.size() + 1, setting, 0, name.size() + 1) == 0;
+    };
+    std::erase_if(config->job_settings, same_key);
+    config->job_settings.push_back(std::move(setting));
+    return MEND_OK;
   });
 }
 
@@ -203,7 +222,7 @@ mend_status mend_config_suggest_key(const char* unknown, char** suggestion) {
 mend_status mend_config_read_token(const mend_config* config, char** token) {
   return Guarded([&] {
     if (config == nullptr) return NullArgument("mend_config_read_token", "config");
-    mend::StatusOr<std::string> read = mend::ReadJobToken(config->value, ProcessEnvironment());
+    mend::StatusOr<std::string> read = mend::ReadJobToken(config->value, environ);
     if (!read.ok()) return Return(read.status());
     return Hand("mend_config_read_token", token, *read);
   });

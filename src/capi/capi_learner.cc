@@ -169,8 +169,9 @@ mend::StatusOr<std::vector<mend::capi::RawBuffer>> Buffers(
 }
 
 // The learner's agent and reducer over `buffers`; `group_store` as
-// GroupStoreFromConfig made it.
-mend::Status Start(const mend::Config& config, const char* token, const char* learner_id,
+// GroupStoreFromConfig made it; `job_settings` beside the config's shared ones.
+mend::Status Start(const mend::Config& config, const std::vector<std::string>& job_settings,
+                   const char* token, const char* learner_id,
                    std::vector<mend::capi::RawBuffer> buffers, uint64_t start_step,
                    const mend::Clock& clock, mend::GroupStoreOpener group_store,
                    mend_learner& learner) {
@@ -190,6 +191,8 @@ mend::Status Start(const mend::Config& config, const char* token, const char* le
   std::vector<std::vector<int64_t>> shapes;
   for (size_t i = 0; i < parameters->count(); ++i) shapes.push_back(parameters->shape(i));
   identity.job_settings.push_back(mend::reducer::ParametersSetting(shapes));
+  identity.job_settings.insert(identity.job_settings.end(), job_settings.begin(),
+                               job_settings.end());
   MEND_ASSIGN_OR_RETURN(learner.agent, mend::LearnerAgent::Start(config, token, identity, clock,
                                                                  std::move(group_store)));
   auto driver = mend::reducer::RoundDriver::Create(
@@ -202,7 +205,8 @@ mend::Status Start(const mend::Config& config, const char* token, const char* le
   return mend::OkStatus();
 }
 
-mend::Status Create(const mend::Config& config, const char* token, const char* learner_id,
+mend::Status Create(const mend::Config& config, const std::vector<std::string>& job_settings,
+                    const char* token, const char* learner_id,
                     std::vector<mend::capi::RawBuffer> buffers, uint64_t start_step,
                     mend_learner& learner) {
   MEND_RETURN_IF_ERROR(mend::CheckConfig(config));
@@ -214,8 +218,8 @@ mend::Status Create(const mend::Config& config, const char* token, const char* l
   // A rank that cannot start says why to the group's other ranks, which
   // would otherwise wait for it until quorum_timeout_ms.
   return mend::TellGroupRanks(config, token, learner_id,
-                              Start(config, token, learner_id, std::move(buffers), start_step,
-                                    clock, std::move(group_store), learner));
+                              Start(config, job_settings, token, learner_id, std::move(buffers),
+                                    start_step, clock, std::move(group_store), learner));
 }
 
 // Waits up to `wait_ms` (< 0: no limit) for the pending step.
@@ -248,8 +252,8 @@ mend_status mend_learner_create(const mend_config* config, const char* token,
     if (!buffers.ok()) return Return(buffers.status());
     auto learner = std::make_unique<mend_learner>();
     learner->owner = getpid();
-    mend::Status created =
-        Create(config->value, token, learner_id, std::move(*buffers), start_step, *learner);
+    mend::Status created = Create(config->value, config->job_settings, token, learner_id,
+                                  std::move(*buffers), start_step, *learner);
     if (!created.ok()) return Return(created);
     learner->last_flags = Writes(*learner) != 0 ? MEND_STEP_WROTE : 0;
     RecordTouched(*learner);

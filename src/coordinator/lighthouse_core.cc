@@ -39,6 +39,31 @@ std::map<std::string_view, std::string_view> ByKey(const std::vector<std::string
   return by_key;
 }
 
+// Where two values of the form "<summary>: <item> <item> ..." (a model's
+// shapes, its frozen parameters' digests) first differ: " (first
+// difference: item 3, <mine> against <job's>)", or "" for other values.
+std::string FirstDifference(std::string_view mine, std::string_view job) {
+  const size_t mine_list = mine.find(": ");
+  const size_t job_list = job.find(": ");
+  if (mine_list == std::string_view::npos || job_list == std::string_view::npos) return "";
+  auto items = [](std::string_view list) -> std::vector<absl::string_view> {
+    return absl::StrSplit(absl::string_view(list.data(), list.size()), ' ', absl::SkipEmpty());
+  };
+  const std::vector<absl::string_view> mine_items = items(mine.substr(mine_list + 2));
+  const std::vector<absl::string_view> job_items = items(job.substr(job_list + 2));
+  const size_t listed = std::min(mine_items.size(), job_items.size());
+  for (size_t i = 0; i < listed; ++i) {
+    if (mine_items[i] == "..." || job_items[i] == "...") {
+      return fmt::format(" (the first {} items agree: they differ past the listed ones)", i);
+    }
+    if (mine_items[i] != job_items[i]) {
+      return fmt::format(" (first difference: item {}, {} against {})", i + 1, mine_items[i],
+                         job_items[i]);
+    }
+  }
+  return "";
+}
+
 // Why a learner's shared settings cannot join the job's: each key whose
 // value differs, with the job's.
 std::string SettingsDiffer(const std::vector<std::string>& mine,
@@ -57,8 +82,8 @@ std::string SettingsDiffer(const std::vector<std::string>& mine,
     const std::string mine_value = value(my_values, key);
     const std::string job_value = value(job_values, key);
     if (mine_value != job_value) {
-      differences.push_back(
-          fmt::format("{} = {} (this job's learners have {})", key, mine_value, job_value));
+      differences.push_back(fmt::format("{} = {} (this job's learners have {}){}", key, mine_value,
+                                        job_value, FirstDifference(mine_value, job_value)));
     }
   }
   return fmt::format(

@@ -54,6 +54,18 @@ static void CheckErrors(void) {
   CHECK(mend_config_new(&config));
   EXPECT(mend_config_set(config, "grace_window", "5", NULL) == MEND_NOT_FOUND);
   EXPECT(strstr(mend_last_error(), "grace_window_ms") != NULL);
+  /* A job setting: a word that is no configuration key, and not too long. */
+  EXPECT(mend_config_add_job_setting(config, "outer_lr", "1") == MEND_INVALID_ARGUMENT);
+  EXPECT(strstr(mend_last_error(), "'outer_lr'") != NULL);
+  EXPECT(mend_config_add_job_setting(config, "a=b", "1") == MEND_INVALID_ARGUMENT);
+  EXPECT(mend_config_add_job_setting(config, "", "1") == MEND_INVALID_ARGUMENT);
+  EXPECT(mend_config_add_job_setting(config, "data_version", NULL) == MEND_INVALID_ARGUMENT);
+  char long_value[600];
+  memset(long_value, 'x', sizeof long_value - 1);
+  long_value[sizeof long_value - 1] = '\0';
+  EXPECT(mend_config_add_job_setting(config, "data_version", long_value) == MEND_INVALID_ARGUMENT);
+  EXPECT(strstr(mend_last_error(), "above 500") != NULL);
+  CHECK(mend_config_add_job_setting(config, "data_version", "3"));
   EXPECT(mend_config_set(config, "grace_window_ms", "-5", NULL) == MEND_INVALID_ARGUMENT);
   EXPECT(strstr(mend_last_error(), "grace_window_ms") != NULL);
   char* value = NULL;
@@ -104,6 +116,7 @@ int main(void) {
   mend_lighthouse* lighthouse = NULL;
   CHECK(mend_lighthouse_start(config, kToken, &lighthouse));
   Set(config, "lighthouse", mend_lighthouse_address(lighthouse));
+  CHECK(mend_config_add_job_setting(config, "data_version", "3"));
 
   Learner learners[kLearners];
   for (int k = 0; k < kLearners; ++k) {
@@ -118,6 +131,18 @@ int main(void) {
     char id[32];
     snprintf(id, sizeof id, "c-learner-%d", k);
     CHECK(mend_learner_create(config, kToken, id, buffers, 3, 0, &l->learner));
+  }
+  { /* A learner whose job setting differs is refused, naming it. */
+    mend_config* other = NULL;
+    CHECK(mend_config_copy(config, &other));
+    CHECK(mend_config_add_job_setting(other, "data_version", "4")); /* (replaces 3) */
+    float w[kW] = {0};
+    const mend_buffer buffers[1] = {{"w", w, kW, NULL, 0}};
+    mend_learner* refused = NULL;
+    EXPECT(mend_learner_create(other, kToken, "c-other", buffers, 1, 0, &refused) ==
+           MEND_INVALID_ARGUMENT);
+    EXPECT(strstr(mend_last_error(), "data_version = 4 (this job's learners have 3)") != NULL);
+    mend_config_free(other);
   }
 
   for (int step = 1; step <= kSteps; ++step) {

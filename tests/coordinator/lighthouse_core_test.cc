@@ -682,6 +682,26 @@ TEST(LighthouseCoreTest, ALearnerWhoseSharedSettingsDifferIsRefusedNamingTheKeys
   EXPECT_TRUE(RegisterWith(h, "b", {"fragments=1", "sync_period_steps=7"}).ok());
 }
 
+// A setting that lists items after its summary (a model's shapes, its frozen
+// parameters' digests) names where the two lists first differ, or that the
+// listed items agree and the difference lies past them.
+TEST(LighthouseCoreTest, ARefusalNamesWhereTwoListedSettingsFirstDiffer) {
+  CoreHarness h(CoreHarness::Options(1, 1000));
+  ASSERT_TRUE(
+      RegisterWith(h, "a", {"frozen_parameters=3 tensors, digest 1f: x=aa y=bb z=cc"}).ok());
+  auto other = RegisterWith(h, "b", {"frozen_parameters=3 tensors, digest 2e: x=aa y=b0 z=cc"});
+  ASSERT_EQ(other.status().code(), StatusCode::kInvalidArgument) << other.status();
+  EXPECT_THAT(std::string(other.status().message()),
+              HasSubstr("(first difference: item 2, y=b0 against y=bb)"));
+  auto past = RegisterWith(h, "b", {"frozen_parameters=9 tensors, digest 3d: x=aa ..."});
+  ASSERT_FALSE(past.ok());
+  EXPECT_THAT(std::string(past.status().message()),
+              HasSubstr("(the first 1 items agree: they differ past the listed ones)"));
+  auto plain = RegisterWith(h, "b", {"frozen_parameters=none"});
+  ASSERT_FALSE(plain.ok());
+  EXPECT_THAT(std::string(plain.status().message()), Not(HasSubstr("first difference")));
+}
+
 // A learner declared dead while a learner of other settings started the
 // job anew does not come back into its rounds by heartbeating: it must
 // register again, which checks it. Settings compare by key, in any order;

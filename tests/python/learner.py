@@ -71,6 +71,8 @@ def main():
     parser.add_argument("--min-learners", type=int, default=2)
     parser.add_argument("--step-sleep", type=float, default=0.0)
     parser.add_argument("--one-hot", action="store_true", help="a float-input model (no token count)")
+    parser.add_argument("--schedule", action="store_true",
+                        help="a LambdaLR: 10 warm-up steps, then linear decay to 0 at --steps")
     args = parser.parse_args()
     # SIGUSR1 prints every thread's Python stack (a test that waits too long asks).
     faulthandler.register(signal.SIGUSR1)
@@ -90,6 +92,10 @@ def main():
                         log_level="warn")
     runtime = mend_init(model, config, args.id,
                         optimizer=optimizer if args.pass_optimizer else None)
+    args.scheduler = None
+    if args.schedule:
+        args.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda s: (s + 1) / 10 if s < 10 else max(0.0, (args.steps - s) / (args.steps - 10)))
     assert get_runtime(model) is runtime
     held_out = torch.Generator().manual_seed(1000)
     eval_x, eval_y = batch(held_out, 512)
@@ -102,7 +108,7 @@ def main():
             model.train()
             return loss
 
-    seen = {"loss_before": held_out_loss(), "globals": {}, "rounds_at_step": {},
+    seen = {"loss_before": held_out_loss(), "globals": {}, "rounds_at_step": {}, "rates": {},
             "data_ptr": [p.data_ptr() for p in model.parameters()]}
     try:
         train(args, model, optimizer, runtime, data, seen)
@@ -131,7 +137,12 @@ def train(args, model, optimizer, runtime, data, seen):
         loss.backward()
         before = runtime.stats()
         optimizer.step()  # mend's reducer runs right after it
+        if args.scheduler is not None:
+            args.scheduler.step()
         stats = runtime.stats()
+        if stats["steps"] != before["steps"] + 1 and "moved" not in seen:
+            seen["moved"] = [before["steps"] + 1, stats["steps"]]
+        seen["rates"][str(stats["steps"])] = optimizer.param_groups[0]["lr"]
         if all(stats[k] == before[k] for k in ("rounds_started", "rounds", "failed_rounds")):
             # a step that neither starts nor applies a round copies no parameters
             seen["quiet_steps"] = seen.get("quiet_steps", 0) + 1

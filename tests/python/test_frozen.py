@@ -1,7 +1,9 @@
 """Frozen parameters (requires_grad=False at mend_init: a LoRA model's base
-weights, frozen embeddings) are each learner's own by default: not
-exchanged, merged or checkpointed, so a round's bytes scale with the
-trainable parameters. exchange_frozen_parameters=True exchanges them too."""
+weights, frozen embeddings) are not exchanged, merged or checkpointed by
+default, so a round's bytes scale with the trainable parameters; every
+learner must hold the same ones, which registration checks by digest (a
+learner whose frozen weights differ is refused, naming the first that
+differs). exchange_frozen_parameters=True exchanges them too."""
 import os
 import sys
 
@@ -20,9 +22,11 @@ TOKEN = "frozen-test-token-0123456789"
 class FrozenBase(torch.nn.Module):
     """A large frozen base (as a LoRA model's) and a small trainable head."""
 
-    def __init__(self):
+    def __init__(self, base_seed=0, head_seed=0):
         super().__init__()
+        torch.manual_seed(base_seed)
         self.base = torch.nn.Linear(64, 64)  # 4160 values, frozen
+        torch.manual_seed(head_seed)
         self.head = torch.nn.Linear(64, 4)   # 260 values, trained
         for p in self.base.parameters():
             p.requires_grad_(False)
@@ -31,18 +35,24 @@ class FrozenBase(torch.nn.Module):
         return self.head(torch.tanh(self.base(x)))
 
 
-def run_job(**keys):
-    """Two learners whose frozen bases differ (seeds), two synchronous rounds."""
+def lighthouse_and_config(**keys):
     os.environ["MEND_JOB_TOKEN"] = TOKEN
-    with mend.Lighthouse(mend.MendConfig(bind="127.0.0.1:0", http="", quorum_min_learners=2, heartbeat_ms=50,
-                                         heartbeat_timeout_ms=2000, log_level="warn")) as lighthouse:
-        config = mend.MendConfig(lighthouse=lighthouse.address, quorum_min_learners=2, sync_period_steps=3,
-                                 concurrent_outer_step=False, heartbeat_ms=50, heartbeat_timeout_ms=2000,
-                                 log_level="warn", **keys)
+    lighthouse = mend.Lighthouse(mend.MendConfig(bind="127.0.0.1:0", http="", quorum_min_learners=2,
+                                                 heartbeat_ms=50, heartbeat_timeout_ms=2000, log_level="warn"))
+    config = mend.MendConfig(lighthouse=lighthouse.address, quorum_min_learners=2, sync_period_steps=3,
+                             concurrent_outer_step=False, heartbeat_ms=50, heartbeat_timeout_ms=2000,
+                             log_level="warn", **keys)
+    return lighthouse, config
+
+
+def run_job(**keys):
+    """Two learners of the same frozen base and heads of their own (seeds),
+    two synchronous rounds."""
+    lighthouse, config = lighthouse_and_config(**keys)
+    with lighthouse:
         models, optimizers, frozen_before = [], [], []
         for seed in (1, 2):
-            torch.manual_seed(seed)
-            models.append(FrozenBase())
+            models.append(FrozenBase(head_seed=seed))
             frozen_before.append([p.detach().clone() for p in models[-1].base.parameters()])
             optimizers.append(torch.optim.SGD([p for p in models[-1].parameters() if p.requires_grad], lr=0.1))
             mend.mend_init(models[-1], config, f"frozen-{seed}", optimizer=optimizers[-1])
@@ -60,7 +70,7 @@ def run_job(**keys):
     return models, frozen_before, stats
 
 
-def test_frozen_parameters_stay_each_learners_own_and_cost_no_bytes():
+def test_frozen_parameters_are_never_written_and_cost_no_bytes():
     models, frozen_before, stats = run_job()
     included, _, included_stats = run_job(exchange_frozen_parameters=True)
     for s, t in zip(stats, included_stats):
@@ -70,12 +80,50 @@ def test_frozen_parameters_stay_each_learners_own_and_cost_no_bytes():
     for model, before in zip(models, frozen_before):
         for p, b in zip(model.base.parameters(), before):
             assert torch.equal(p, b)  # never written
-    assert not torch.equal(models[0].base.weight, models[1].base.weight)
     for pa, pb in zip(models[0].head.parameters(), models[1].head.parameters()):
         assert torch.equal(pa, pb)  # the trainable ones: the job's, after the last round
     # Included, the frozen ones are merged like the others.
     for pa, pb in zip(included[0].parameters(), included[1].parameters()):
         assert torch.equal(pa, pb)
+
+
+def test_a_learner_whose_frozen_parameters_differ_is_refused_naming_the_first_that_differs():
+    lighthouse, config = lighthouse_and_config()
+    with lighthouse:
+        first = FrozenBase(base_seed=1)
+        mend.mend_init(first, config, "frozen-1")
+        same = FrozenBase(base_seed=1, head_seed=5)  # (heads may differ: the first round makes them the job's)
+        mend.mend_init(same, config, "frozen-same")
+        other = FrozenBase(base_seed=1)
+        with torch.no_grad():
+            other.base.bias[7] += 1e-6  # one value of the second frozen tensor
+        with pytest.raises(mend.InvalidArgumentError) as refused:
+            mend.mend_init(other, config, "frozen-2")
+        message = str(refused.value)
+        assert "frozen_parameters = 2 tensors, 4160 values" in message, message
+        assert "first difference: item 2, base.bias=" in message, message
+        assert mend.get_runtime(other) is None
+        for model in (first, same):
+            mend.mend_shutdown(model)
+
+
+def test_a_frozen_digest_is_of_the_bits_whatever_their_layout():
+    from mend._frozen import job_setting, tensor_digest
+    weight = torch.randn(4, 6)
+    assert tensor_digest(weight) == tensor_digest(weight.clone())
+    assert tensor_digest(weight.t().contiguous().t()) == tensor_digest(weight)  # (a copy of the same bits)
+    assert tensor_digest(weight) != tensor_digest(weight.reshape(6, 4))  # another shape
+    assert tensor_digest(weight) != tensor_digest(weight.double())
+    swapped = weight.clone()
+    swapped[0, 0], swapped[0, 1] = weight[0, 1].item(), weight[0, 0].item()
+    assert tensor_digest(swapped) != tensor_digest(weight)
+    odd = torch.arange(7, dtype=torch.uint8)  # (bytes that make no wider words)
+    assert tensor_digest(odd) != tensor_digest(odd.flip(0))
+    assert job_setting([]) is None
+    many = [(f"layers.{i}.frozen_weight_with_a_long_name", torch.full((2,), float(i))) for i in range(40)]
+    setting = job_setting(many)
+    assert setting.startswith("40 tensors, 80 values, digest ") and setting.endswith(" ...")
+    assert len("frozen_parameters=" + setting) <= 500
 
 
 def test_a_model_with_nothing_trainable_is_refused():

@@ -93,11 +93,13 @@ def test_two_learners_stay_identical_count_real_tokens_and_resume_exactly(framew
 
 
 @pytest.mark.parametrize("framework", ["transformers", "lightning"])
-def test_a_trainer_healed_forward_stops_at_the_jobs_end_and_takes_part_in_the_final_merge(framework, tmp_path):
+def test_a_trainer_healed_forward_follows_the_jobs_step_and_schedule_to_the_final_merge(framework, tmp_path):
     # learner-0 trains alone (round at 4) and after its step 5 lets learner-1
     # start; its round at 8 heals learner-1, whose step 4 becomes the job's
-    # step 8. learner-1's Trainer must stop at its own step 10, where the
-    # learner has trained the job's 14, for the final merge with learner-0.
+    # step 8. learner-1's Trainer moves with it: its step count (so it stops
+    # after its own 10 steps, at the job's 14, for the final merge with
+    # learner-0) and its learning-rate schedule (the same rate as learner-0
+    # at every job step from the heal on).
     pytest.importorskip(FRAMEWORKS[framework])
     env = dict(os.environ, MEND_JOB_TOKEN=TOKEN, PYTHONDONTWRITEBYTECODE="1", TOKENIZERS_PARALLELISM="false")
     ahead = str(tmp_path / "ahead")
@@ -112,12 +114,19 @@ def test_a_trainer_healed_forward_stops_at_the_jobs_end_and_takes_part_in_the_fi
             commands.append(([sys.executable, os.path.join(HERE, "trainer_job.py"), framework, "--learner", str(i),
                               "--lighthouse", lighthouse.address, "--out", str(tmp_path / f"learner-{i}"),
                               "--result", results[-1], "--steps", str(STEPS), "--period", str(PERIOD),
-                              "--save-at", str(SAVE_AT), "--min-learners", "1"] + role, {"env": env}))
+                              "--save-at", str(SAVE_AT), "--min-learners", "1", "--schedule"] + role,
+                             {"env": env}))
         run_processes(commands)
     first, late = [torch.load(path, weights_only=False) for path in results]
     assert late["stats"]["heals"] == 1
     assert first["trainer_steps"] == STEPS and late["trainer_steps"] == STEPS - 4
     assert first["stats"]["steps"] == late["stats"]["steps"] == STEPS
+    assert first["global_step"] == late["global_step"] == STEPS  # the trainer's own count moved too
+    assert sorted(late["rates"]) == [1, 2, 3] + list(range(8, STEPS + 1)), sorted(late["rates"])
+    for step in range(8, STEPS + 1):  # the rate after each job step, from the heal on
+        assert late["rates"][step] == first["rates"][step], (step, late["rates"][step], first["rates"][step])
+    assert len(set(first["rates"].values())) > STEPS // 2  # (a schedule, not a constant rate)
+    assert not [w for w in late["mend_warnings"] if "does not follow" in w], late["mend_warnings"]
     for step in (8, 12):
         assert torch.equal(first["after_rounds"][step], late["after_rounds"][step]), step
     assert torch.equal(first["final"], late["final"])  # both took part in the final merge

@@ -123,7 +123,7 @@ def test_killed_learner_restarts_heals_and_matches(tmp_path):
         return subprocess.Popen(
             [sys.executable, os.path.join(HERE, "learner.py"), "--lighthouse", lighthouse.address,
              "--id", name, "--seed", str(seed), "--out", str(out), "--steps", "60",
-             "--min-learners", "1", "--step-sleep", "0.04", "--ready-file", ready], env=env)
+             "--min-learners", "1", "--step-sleep", "0.04", "--ready-file", ready, "--schedule"], env=env)
 
     with embedded_lighthouse() as lighthouse:
         a = start("learner-a", 1, tmp_path / "a.json")
@@ -142,6 +142,14 @@ def test_killed_learner_restarts_heals_and_matches(tmp_path):
     assert shared, "the restarted learner shared no round with the other"
     for round_id in shared:
         assert seen_a["globals"][round_id] == seen_b["globals"][round_id], round_id
+    # From its heal on, the restarted learner's scheduler is at the job's step:
+    # the same learning rate as a's at every job step (torchtitan #4598's bug).
+    assert "moved" in seen_b and "moved" not in seen_a, (seen_a.get("moved"), seen_b.get("moved"))
+    healed_at = seen_b["moved"][1]
+    after = [s for s in seen_b["rates"] if int(s) >= healed_at]
+    assert len(after) >= 10, sorted(seen_b["rates"], key=int)
+    for step in after:
+        assert seen_b["rates"][step] == seen_a["rates"][step], (step, seen_b["rates"][step], seen_a["rates"][step])
 
 
 def test_ctrl_c_while_waiting_for_a_round_raises_keyboard_interrupt(tmp_path):

@@ -8,6 +8,11 @@ learner; the data are each learner's own, padded.
     trainer_job.py FRAMEWORK --learner I --lighthouse ADDR --out DIR --result FILE
                    [--steps N] [--period H] [--save-at S] [--resume]
                    [--min-learners K] [--ahead-at S --ahead-file F] [--start-after F]
+                   [--schedule]
+
+``--schedule``: a learning-rate schedule of the framework's own (the
+Trainer's linear decay after 3 warm-up steps; Lightning: a LambdaLR of
+interval "step"), else a constant rate.
 
 A learner started late (``--start-after F``: it waits for the file F)
 heals onto the job's step. The learner ahead (``--ahead-at S``) writes F
@@ -17,7 +22,8 @@ that its next round heals it.
 Writes to FILE (torch.save): the parameters after each round (by mend
 step), after the end (the final merge), mend's stats, the real tokens of
 the training forwards (counted here, without mend) and what the
-framework logged of mend's counters.
+framework logged of mend's counters, the learning rate after each
+optimizer step (by mend step) and the framework's own step count at the end.
 """
 import argparse
 import json
@@ -67,6 +73,8 @@ class Watch:
         self.tokens = 0
         self.trainer_steps = 0  # (optimizer steps the framework took)
         self.after_rounds = {}
+        self.rates = {}  # the optimizer's learning rate after each step, by mend step
+        self.global_step = None  # the framework's own count at the end
         model.register_forward_pre_hook(self._forward, with_kwargs=True)
 
     def _forward(self, module, args, kwargs):
@@ -80,6 +88,7 @@ class Watch:
         runtime = mend.get_runtime(self.model) or mend.get_runtime(getattr(self, "outer", self.model))
         steps = runtime.stats()["steps"]
         self.trainer_steps += 1
+        self.rates[steps] = runtime._optimizer.param_groups[0]["lr"]
         if steps and steps % self.period == 0 and steps not in self.after_rounds:
             self.after_rounds[steps] = self.flat()
         if self.trainer_steps == self.args.ahead_at:
@@ -121,12 +130,14 @@ def with_transformers(args, model, watch):
 
     training = transformers.TrainingArguments(
         output_dir=args.out, max_steps=args.steps, per_device_train_batch_size=BATCH, learning_rate=3e-3,
-        lr_scheduler_type="constant", save_strategy="steps", save_steps=args.save_at, logging_steps=2,
+        lr_scheduler_type="linear" if args.schedule else "constant", warmup_steps=3 if args.schedule else 0,
+        save_strategy="steps", save_steps=args.save_at, logging_steps=2,
         report_to="none", use_cpu=True, seed=11 + args.learner, disable_tqdm=True, dataloader_num_workers=0)
     callback = MendCallback(mend_config(args), f"learner-{args.learner}")
     trainer = transformers.Trainer(model=model, args=training, train_dataset=Padded(args.learner),
                                    callbacks=[callback, AfterStep()])
     trainer.train(resume_from_checkpoint=True if args.resume else None)
+    watch.global_step = trainer.state.global_step
     logged = [entry for entry in trainer.state.log_history if "mend/rounds" in entry]
     return callback.runtime.stats(), logged
 
@@ -173,7 +184,11 @@ def with_lightning(args, model, watch):
             return self.model(**batch).loss
 
         def configure_optimizers(self):
-            return torch.optim.AdamW(self.parameters(), lr=3e-3)
+            optimizer = torch.optim.AdamW(self.parameters(), lr=3e-3)
+            if not args.schedule:
+                return optimizer
+            decay = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.9 ** step)
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": decay, "interval": "step"}}
 
         def on_train_batch_end(self, outputs, batch, batch_idx):
             watch.stepped()
@@ -191,6 +206,7 @@ def with_lightning(args, model, watch):
                                          shuffle=False)
     resume = os.path.join(args.out, f"step={args.save_at}.ckpt") if args.resume else None
     trainer.fit(module, loader, ckpt_path=resume)
+    watch.global_step = trainer.global_step
     logger.save()
     with open(os.path.join(args.out, "logs", "version_0", "metrics.csv")) as f:
         header = f.readline().strip().split(",")
@@ -212,6 +228,7 @@ def main():
     parser.add_argument("--ahead-at", type=int, default=0)
     parser.add_argument("--ahead-file", default="")
     parser.add_argument("--start-after", default="")
+    parser.add_argument("--schedule", action="store_true")
     args = parser.parse_args()
     model = tiny_llama()
     watch = Watch(model, args)
@@ -226,6 +243,7 @@ def main():
               file=sys.stderr, end="")
     torch.save({"after_rounds": watch.after_rounds, "final": watch.flat(), "stats": dict(stats),
                 "tokens": watch.tokens, "logged": logged, "trainer_steps": watch.trainer_steps,
+                "rates": watch.rates, "global_step": watch.global_step,
                 "mend_warnings": [str(w.message) for w in caught if str(w.message).startswith("mend:")]},
                args.result)
     print(json.dumps({"learner": args.learner, "stats": dict(stats)}), file=sys.stderr)

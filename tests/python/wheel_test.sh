@@ -22,6 +22,15 @@ site=$("$python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
 echo /usr/lib/python3/dist-packages > "$site/debian-torch.pth"
 cd "$work"
 "$python" -m pip install -q --no-deps --no-index "$wheel"
+# _lib holds what libmend.so.0 loads and nothing more (docs/python.md lists them).
+needed=$(LD_LIBRARY_PATH= ldd "$site/mend/_lib/libmend.so.0" | awk '$3 ~ /\/_lib\// {print $3}' | xargs -n1 basename | sort)
+held=$(ls "$site/mend/_lib" | grep -v '^libmend.so.0$' | sort)
+if [[ "$needed" != "$held" ]]; then
+  echo "the wheel's _lib differs from what libmend.so.0 loads:"
+  diff <(echo "$needed") <(echo "$held") || true
+  exit 1
+fi
+echo "wheel: _lib holds the $(echo "$held" | wc -l) libraries libmend.so.0 loads"
 "$python" - "$work/venv" <<'PY'
 import sys
 import mend

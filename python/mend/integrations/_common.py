@@ -5,7 +5,7 @@ trainer's logs, and the final merge at the end."""
 from __future__ import annotations
 
 import warnings
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 import mend
 from mend._config import MendConfig
@@ -40,10 +40,13 @@ class Attachment:
     def running(self) -> bool:
         return self.runtime is not None and not self.runtime.closed
 
-    def start(self, model: Any, optimizer: Any, scaler: Any = None, total_steps: int = 0) -> Any:
+    def start(self, model: Any, optimizer: Any, scaler: Any = None, total_steps: int = 0,
+              follow_step: Optional[Callable[[int], None]] = None) -> Any:
         """mend_init, and the saved state if one was loaded. ``total_steps``:
         the inner steps mend will see in this run, from the trainer, so that
-        training ends with the final merge; a config's own total_steps wins."""
+        training ends with the final merge; a config's own total_steps wins.
+        ``follow_step(steps)``: moves the trainer's own step counter when mend
+        moves the job's step (a heal), as the LR schedulers are moved."""
         if self.running:
             raise mend.FailedPreconditionError(
                 "MendCallback: training began again while mend's learner of the last run is still attached")
@@ -66,6 +69,8 @@ class Attachment:
         if self._saved is not None:
             saved, self._saved = self._saved, None
             self.runtime.load_state_dict(saved)
+        if follow_step is not None:
+            self.runtime._follower.listeners.append(follow_step)
         return self.runtime
 
     def state_dict(self) -> Dict[str, Any]:

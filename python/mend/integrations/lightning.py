@@ -15,7 +15,10 @@ of every checkpoint Lightning saves (the callback's ``state_dict``), so
 ``ckpt_path=`` resumes mend too; the counters are logged as ``mend/...``;
 the job's length (``total_steps``) is the Trainer's ``max_steps`` (or what
 its epochs make) unless the config sets it, so training ends with the
-final merge.
+final merge. When a heal moves the learner onto the job's step, the
+trainer's ``global_step`` (and what it drives: ``max_steps``,
+``every_n_train_steps`` checkpoints, the logging interval) and its
+schedulers of ``interval="step"`` move with it.
 
 The callback derives from the Lightning package already imported
 (``lightning.pytorch`` or ``pytorch_lightning``), else from whichever is
@@ -26,7 +29,8 @@ from __future__ import annotations
 
 import importlib
 import sys
-from typing import Any, Dict, Optional
+import warnings
+from typing import Any, Dict, List, Optional
 
 from mend._config import MendConfig
 from mend.integrations._common import Attachment
@@ -62,6 +66,7 @@ class MendCallback(_pl.Callback):
         super().__init__()
         self._mend = Attachment(config, rank_id)
         self.log_stats = log_stats
+        self._unfollowed: List[str] = []  # schedulers a move leaves alone, until said
 
     @property
     def runtime(self) -> Any:
@@ -81,7 +86,38 @@ class MendCallback(_pl.Callback):
             trainer.estimated_stepping_batches
         # (The trainer's own last step: it stops there itself, no heal needed.)
         self._trainer_end = int(total) if total != float("inf") else None
-        self._mend.start(pl_module, optimizers[0], scaler, int(total) if total != float("inf") else 0)
+        runtime = self._mend.start(pl_module, optimizers[0], scaler, int(total) if total != float("inf") else 0,
+                                   follow_step=lambda steps: self._move_global_step(trainer, steps))
+        for config in trainer.lr_scheduler_configs:
+            if config.interval != "step" or config.frequency != 1:
+                # Not once per optimizer step: mend cannot tell where a heal puts it.
+                runtime._follower.left_alone.add(id(config.scheduler))
+                self._unfollowed.append(f"{type(config.scheduler).__name__} (interval {config.interval!r}, "
+                                        f"frequency {config.frequency})")
+
+    def _move_global_step(self, trainer: Any, steps: int) -> None:
+        """A heal moved the job's step (inside the optimizer's step, between
+        Lightning's ready and completed counts of it): so does the trainer's
+        ``global_step``, and with it ``max_steps``, ``every_n_train_steps``
+        checkpoints and the logging interval. Its "step" schedulers are
+        moved with the optimizer's others; the rest are named, once."""
+        loop = trainer.fit_loop.epoch_loop
+        module = trainer.lightning_module
+        if module is None or module.automatic_optimization:
+            total = loop.automatic_optimization.optim_progress.optimizer.step.total
+        else:
+            total = loop.manual_optimization.optim_step_progress.total
+        total.ready += steps
+        total.completed += steps
+        loop._batches_that_stepped += steps
+        if self._unfollowed:
+            warnings.warn(
+                f"mend: the job's step moved (a heal), but the learning-rate scheduler "
+                f"{', '.join(self._unfollowed)} does not step once per optimizer step, so it does not "
+                "follow: its learning rate may now differ from the other learners'. Use "
+                "interval='step', frequency=1 for a schedule that follows the job's step.",
+                RuntimeWarning, stacklevel=2)
+            self._unfollowed = []
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         if self._mend.running:

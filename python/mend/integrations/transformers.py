@@ -12,7 +12,9 @@ optimizer is unwrapped, and its GradScaler is watched for skipped steps).
 Tokens are counted from the model's forward calls (the attention mask's
 sum: padding is not a token). The job's length (``total_steps``) is the
 Trainer's ``max_steps`` unless the config sets it, so training ends with
-the final merge. Each checkpoint the Trainer saves gets mend's
+the final merge. When a heal moves the learner onto the job's step, the
+Trainer's ``global_step`` (and so its logging, saving and evaluation
+intervals) and its learning-rate scheduler move with it. Each checkpoint the Trainer saves gets mend's
 outer state (``mend_state.pt``), and a run resumed from that checkpoint
 resumes mend too; the Trainer's logs get mend's counters as ``mend/...``;
 the final merge runs when training ends, so every learner ends with the
@@ -32,6 +34,14 @@ from mend._config import MendConfig
 from mend.integrations._common import Attachment
 
 STATE_FILE = "mend_state.pt"  # in each checkpoint-N folder
+
+
+def _move_global_step(state: Any, steps: int) -> None:
+    """A heal moved the job's step (inside ``optimizer.step()``, before the
+    Trainer counts that step): so does the Trainer's, and with it its
+    logging, saving and evaluation intervals and its end at ``max_steps``.
+    The Trainer's scheduler is moved with the optimizer's others."""
+    state.global_step += steps
 
 
 class MendCallback(TrainerCallback):
@@ -83,7 +93,8 @@ class MendCallback(TrainerCallback):
         # mend's step count is the Trainer's (restored with its state), or
         # starts now (a fresh start, or resume_from=False).
         first = 0 if self._mend.resuming else state.global_step
-        self._mend.start(model, optimizer, total_steps=state.max_steps - first)
+        self._mend.start(model, optimizer, total_steps=state.max_steps - first,
+                         follow_step=lambda steps: _move_global_step(state, steps))
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if state.global_step < state.max_steps and self._mend.ends_the_job_early(state.global_step):
