@@ -518,6 +518,7 @@ class Harness {
         }
       }
     }
+    AnalyzeTrainingState();
     // Heals of restarted learners: restart -> its first round completed.
     for (FaultRecord& f : report_.faults) {
       if (f.kind != "kill") continue;
@@ -601,6 +602,46 @@ class Harness {
     return OkStatus();
   }
 
+  // At equal job steps, every record of every learner (and rank, and every
+  // run of a restarted one) says the same learning rate, and those whose
+  // optimizer's step count is the job's the same count: a heal or a resume
+  // that left a learner on another schedule than the job's is caught here.
+  void AnalyzeTrainingState() {
+    const std::string diagnostics = dir_ + "/diagnostics";
+    std::map<int64_t, std::set<double>> rates;     // job step -> learning rates
+    std::map<int64_t, std::set<uint64_t>> counts;  // job step -> "job" step counts
+    std::map<int64_t, std::set<std::string>> who;  // job step -> "learner-2/rank0"
+    std::map<int64_t, std::vector<json>> said;     // job step -> the records
+    for (int l = 0; l < spec_.learners; ++l) {
+      for (int rank = 0; rank < Ranks(); ++rank) {
+        for (const json& record : ReadJsonLines(
+                 fmt::format("{}/{}.train.jsonl", diagnostics, DiagnosticsName(l, rank)))) {
+          const int64_t step = Field(record, "step", int64_t{0});
+          rates[step].insert(Field(record, "lr", std::nan("")));
+          if (Field(record, "inner", std::string()) == "job")
+            counts[step].insert(Field(record, "optimizer_step", uint64_t{0}));
+          who[step].insert(fmt::format("{}/{}", l, rank));
+          json shown = record;
+          shown["learner"] = l + 1;
+          if (GroupedJob(spec_)) shown["rank"] = rank;
+          said[step].push_back(std::move(shown));
+        }
+      }
+    }
+    json differ = json::array();
+    for (const auto& [step, learners] : who) {
+      if (learners.size() < 2) continue;
+      report_.training_steps_checked++;
+      const bool lr_differs = rates[step].size() > 1;
+      const bool count_differs = counts[step].size() > 1;
+      report_.lr_mismatch_steps += lr_differs ? 1 : 0;
+      report_.optimizer_step_mismatch_steps += count_differs ? 1 : 0;
+      if ((lr_differs || count_differs) && differ.size() < 8)
+        differ.push_back({{"step", step}, {"records", said[step]}});
+    }
+    report_.json["training_state_mismatches_at"] = differ;
+  }
+
   Status RunReference() {
     say_("fault-free reference run of the same job ...");
     TrainingJobSpec reference = o_.job;
@@ -632,6 +673,18 @@ class Harness {
     }
     if (!r.losses_finite) r.violations.push_back("a loss was not finite");
     if (r.rounds_checked == 0) r.violations.push_back("no round had two members to compare");
+    if (r.lr_mismatch_steps > 0) {
+      r.violations.push_back(
+          fmt::format("{} job step(s) at which learners' optimizers used different learning rates",
+                      r.lr_mismatch_steps));
+    }
+    if (r.optimizer_step_mismatch_steps > 0) {
+      r.violations.push_back(
+          fmt::format("{} job step(s) at which learners' optimizer step counts (the job's) differ",
+                      r.optimizer_step_mismatch_steps));
+    }
+    if (r.training_steps_checked == 0)
+      r.violations.push_back("no job step was taken by two learners to compare");
     if (GroupedJob(spec_) && r.rank_rounds_checked == 0)
       r.violations.push_back("no round had a group's ranks to compare");
     if (o_.reference && !std::isfinite(r.reference_eval_loss))
@@ -681,6 +734,9 @@ class Harness {
     r.json["digest_mismatches"] = r.digest_mismatches;
     r.json["rank_rounds_checked"] = r.rank_rounds_checked;
     r.json["rank_digest_mismatches"] = r.rank_digest_mismatches;
+    r.json["training_steps_checked"] = r.training_steps_checked;
+    r.json["lr_mismatch_steps"] = r.lr_mismatch_steps;
+    r.json["optimizer_step_mismatch_steps"] = r.optimizer_step_mismatch_steps;
     r.json["stall_bound_s"] = r.stall_bound_s;
     r.json["stall_count"] = r.stalls;
     r.json["max_wait_learner_fault_s"] = r.max_wait_learner_fault_s;

@@ -13,7 +13,10 @@
 //   lighthouse  shut the lighthouse down and start it again on the same port.
 // Afterwards every round is checked from the diagnostics: the members'
 // global state digests agree (rank by rank in groups), a group's ranks hold
-// the same parameters after each round, no healthy learner's step waited
+// the same parameters after each round, at equal job steps every learner's
+// optimizer used the same learning rate and (where its inner state is the
+// job's: the harness heals the inner optimizer) has the same step count,
+// no healthy learner's step waited
 // longer than the bound, every loss is finite, and the final eval loss is
 // within loss_tolerance of a fault-free run of the same job (same steps,
 // same settings). The report gives rounds, faults, stalls and healing times.
@@ -73,6 +76,12 @@ struct ChaosReport {
   uint64_t digest_mismatches = 0;
   uint64_t rank_rounds_checked = 0;     // (round, learner) pairs of a group's ranks compared
   uint64_t rank_digest_mismatches = 0;  // ... whose ranks' parameters differ
+  // Job steps that two or more learners' optimizers took (train.jsonl), and
+  // those at which their learning rates, or their step counts where both
+  // are the job's, differ.
+  uint64_t training_steps_checked = 0;
+  uint64_t lr_mismatch_steps = 0;
+  uint64_t optimizer_step_mismatch_steps = 0;
   uint64_t stalls = 0;  // healthy learners' step waits above the bound (learner faults)
   double stall_bound_s = 0;
   double max_wait_learner_fault_s = 0;  // longest healthy step wait during a learner fault

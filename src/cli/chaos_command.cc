@@ -92,6 +92,13 @@ void PrintSummary(const ChaosReport& r, const ChaosOptions& o) {
                    : fmt::format("DIFFER in {}", r.rank_digest_mismatches));
   }
   fmt::print(
+      "  training state    {} job steps taken by 2+ learners: learning rates {}, step counts {}\n",
+      r.training_steps_checked,
+      r.lr_mismatch_steps == 0 ? "identical" : fmt::format("DIFFER at {}", r.lr_mismatch_steps),
+      r.optimizer_step_mismatch_steps == 0
+          ? "identical"
+          : fmt::format("DIFFER at {}", r.optimizer_step_mismatch_steps));
+  fmt::print(
       "  stalls            {} (healthy learners' longest step during a learner fault {:.2f} s; "
       "bound {:.2f} s)\n",
       r.stalls, r.max_wait_learner_fault_s, r.stall_bound_s);
@@ -143,19 +150,21 @@ bool AppendCsv(const std::string& path, const ChaosReport& r, const ChaosOptions
            "restart_to_healed_max_s,heal_transfer_median_s,eval_loss,reference_eval_loss,wall_s,"
            "reference_wall_s,"
            "passed,max_wait_no_fault_s,passed_over,ranks_per_learner,rank_rounds_checked,"
-           "rank_digest_mismatches\n";
+           "rank_digest_mismatches,training_steps_checked,lr_mismatch_steps,"
+           "optimizer_step_mismatch_steps\n";
   }
   FaultTally tally(r.faults);
   std::map<std::string, int>& by_kind = tally.by_kind;
   out << fmt::format(
       "{},{},{},{},{},{},{},{},{},{},{},{},{:.3f},{:.3f},{:.3f},{:.3f},{:.3f},{:.4f},{:.5f},{:.5f},"
-      "{:.1f},{:.1f},{},{:.3f},{},{},{},{}\n",
+      "{:.1f},{:.1f},{},{:.3f},{},{},{},{},{},{},{}\n",
       o.seed, o.job.learners, o.steps, r.faults.size(), by_kind["kill"], by_kind["stop"],
       by_kind["slow"], by_kind["lighthouse"], r.rounds, r.rounds_checked, r.digest_mismatches,
       r.stalls, r.stall_bound_s, r.max_wait_learner_fault_s, r.max_wait_lighthouse_s,
       Median(tally.healed), tally.max_healed(), Median(tally.transfer), r.eval_loss,
       r.reference_eval_loss, r.wall_s, r.reference_wall_s, r.passed ? 1 : 0, r.max_wait_no_fault_s,
-      r.passed_over, o.job.ranks_per_learner, r.rank_rounds_checked, r.rank_digest_mismatches);
+      r.passed_over, o.job.ranks_per_learner, r.rank_rounds_checked, r.rank_digest_mismatches,
+      r.training_steps_checked, r.lr_mismatch_steps, r.optimizer_step_mismatch_steps);
   out.close();
   return static_cast<bool>(out);
 }
@@ -186,7 +195,11 @@ int RunChaosCommand(ChaosFlags& flags) {
     job.train_args.insert(job.train_args.end(), {"--corpus", flags.corpus});
   if (flags.lr > 0)
     job.train_args.insert(job.train_args.end(), {"--lr", fmt::format("{}", flags.lr)});
-  job.settings = {fmt::format("sync_period_steps={}", o.sync_period_steps)};
+  // A heal brings the inner optimizer's state too, so that every learner's
+  // step count is the job's and the harness compares it (--set
+  // heal_inner_optimizer=false turns it off, and the comparison with it).
+  job.settings = {fmt::format("sync_period_steps={}", o.sync_period_steps),
+                  "heal_inner_optimizer=true"};
   if (Status settings = CheckSettings(flags.settings); !settings.ok()) {
     fmt::print(stderr, "mend chaos: {}\n", settings.message());
     return kExitBadConfig;

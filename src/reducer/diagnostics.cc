@@ -9,39 +9,38 @@
 
 namespace mend::reducer {
 
-Diagnostics::Diagnostics(const std::string& dir, const std::string& learner) {
+JsonLines::JsonLines(const std::string& dir, const std::string& name) {
   if (dir.empty()) return;
   std::error_code error;
   std::filesystem::create_directories(dir, error);
-  std::string base = (std::filesystem::path(dir) / learner).string();
-  steps_.reset(std::fopen((base + ".steps.jsonl").c_str(), "a"));
-  rounds_.reset(std::fopen((base + ".rounds.jsonl").c_str(), "a"));
-  if (!steps_ || !rounds_) {
-    spdlog::warn("diagnostics_dir = \"{}\": cannot write there ({}); no diagnostics", dir,
-                 error ? error.message() : "fopen failed");
-    steps_.reset();
-    rounds_.reset();
+  const std::string path = (std::filesystem::path(dir) / name).string();
+  file_.reset(std::fopen(path.c_str(), "a"));
+  if (!file_) {
+    spdlog::warn("diagnostics_dir = \"{}\": cannot write {} there ({}); no such diagnostics", dir,
+                 name, error ? error.message() : "fopen failed");
   }
 }
 
-void Diagnostics::Step(nlohmann::json record) {
-  if (steps_) Write(steps_.get(), record);
-}
-
-void Diagnostics::Round(nlohmann::json record) {
-  if (rounds_) Write(rounds_.get(), record);
-}
-
-void Diagnostics::Write(std::FILE* file, nlohmann::json& record) {
+void JsonLines::Write(nlohmann::json record) {
+  if (!file_) return;
   record["t_ms"] = std::chrono::duration_cast<std::chrono::milliseconds>(
                        std::chrono::system_clock::now().time_since_epoch())
                        .count();
-  std::string line = record.dump() + "\n";
-  if (std::fwrite(line.data(), 1, line.size(), file) != line.size() && !warned_) {
-    spdlog::warn("diagnostics: write failed; later records may be missing");
+  const std::string line = record.dump() + "\n";
+  if (std::fwrite(line.data(), 1, line.size(), file_.get()) != line.size() && !warned_) {
+    spdlog::warn("diagnostics: a write failed; later records may be missing");
     warned_ = true;
   }
-  std::fflush(file);
+  std::fflush(file_.get());
+}
+
+Diagnostics::Diagnostics(const std::string& dir, const std::string& learner)
+    : steps_(dir, learner + ".steps.jsonl"), rounds_(dir, learner + ".rounds.jsonl") {}
+
+void Diagnostics::Step(nlohmann::json record) { steps_.Write(std::move(record)); }
+
+void Diagnostics::Round(nlohmann::json record) {
+  if (steps_.open()) rounds_.Write(std::move(record));
 }
 
 nlohmann::json RoundRecord(const InFlight& flight, uint64_t applied_step, Micros now) {

@@ -22,24 +22,38 @@
 
 namespace mend::reducer {
 
-class Diagnostics {
+// One JSON-lines file of diagnostics_dir, appended a record at a time (each
+// given "t_ms" and flushed). Closed when the directory is empty or the file
+// cannot be opened (said once, naming it); a failed write is said once.
+class JsonLines {
  public:
-  // Opens (creating the directory) when `dir` is not empty.
-  Diagnostics(const std::string& dir, const std::string& learner);
+  // Opens <dir>/<name> for appending (creating the directory) unless `dir`
+  // is empty.
+  JsonLines(const std::string& dir, const std::string& name);
 
-  bool enabled() const { return steps_ != nullptr; }
-  void Step(nlohmann::json record);
-  void Round(nlohmann::json record);
+  bool open() const { return file_ != nullptr; }
+  void Write(nlohmann::json record);
 
  private:
   struct Closer {
     void operator()(std::FILE* file) const { std::fclose(file); }
   };
-  void Write(std::FILE* file, nlohmann::json& record);
-
-  std::unique_ptr<std::FILE, Closer> steps_;
-  std::unique_ptr<std::FILE, Closer> rounds_;
+  std::unique_ptr<std::FILE, Closer> file_;
   bool warned_ = false;
+};
+
+class Diagnostics {
+ public:
+  // Opens (creating the directory) when `dir` is not empty.
+  Diagnostics(const std::string& dir, const std::string& learner);
+
+  bool enabled() const { return steps_.open(); }
+  void Step(nlohmann::json record);
+  void Round(nlohmann::json record);
+
+ private:
+  JsonLines steps_;
+  JsonLines rounds_;
 };
 
 // A round's record (its rounds.jsonl line, without t_ms): the round as

@@ -415,6 +415,14 @@ bool Flights::Apply(InFlight& flight) {
     }
     stats_.steps_moved += static_cast<int64_t>(*step) - static_cast<int64_t>(stats_.steps);
     stats_.steps = *step;
+    // The source's optimizer step count came with its moments: it goes on
+    // from the source's boundary as the job's step does, so that the two
+    // stay apart by what they were on the source (Adam's bias correction at
+    // each job step, the others').
+    if (context_.moments != nullptr && !outcome.healed.empty() && outcome.healed_moment_step > 0 &&
+        !outcome.healed_moments[0].empty()) {
+      context_.moments->set_step(outcome.healed_moment_step + (*step - JobStep(outcome)));
+    }
     StepNow(stats_.steps);
     book.at(outcome.fragment).last_round_boundary = JobStep(outcome);
   }

@@ -13,8 +13,10 @@
 #include "mend/communicator.h"
 #include "mend/data_parallel.h"
 #include "mend/group_store.h"
+#include "mend/inner_moments.h"
 #include "mend/learner_agent.h"
 #include "mend/reducer.h"
+#include "reducer/diagnostics.h"
 #include "reducer/round_driver.h"
 #include "spdlog/spdlog.h"
 #include "torch/nn/utils/clip_grad.h"
@@ -282,6 +284,21 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config,
   // heal) the source's.
   int64_t step = reducer ? static_cast<int64_t>(reducer->stats().steps) : options.start_step;
   int64_t steps_run = 0;
+  // What `mend chaos` compares across learners at equal job steps
+  // (<learner>.train.jsonl in diagnostics_dir): each step's learning rate,
+  // the optimizer's step count after it, and whether that count is the
+  // job's ("job": counted from the job's start, or brought by a heal with
+  // heal_inner_optimizer) or this learner's own ("own": a resume from a
+  // checkpoint, or a heal without the moments, moved the step but not it).
+  reducer::JsonLines train_log(
+      reducer ? config.diagnostics_dir : std::string(),
+      (grouped ? fmt::format("{}.rank{}", options.id, config.group_rank) : options.id) +
+          ".train.jsonl");
+  std::unique_ptr<InnerMoments> adam;
+  if (train_log.open()) {
+    MEND_ASSIGN_OR_RETURN(adam, TorchAdamMoments(optimizer, model->parameters()));
+  }
+  bool count_of_job = step == 0;
   // A group's ranks stop together: a rank asked to stop tells the others
   // with its next gradient average, and all end after that step.
   while (step < options.steps &&
@@ -310,10 +327,17 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config,
       }
     }
     torch::nn::utils::clip_grad_norm_(model->parameters(), options.clip);
+    const double lr = LearningRate(options, step);
     for (auto& group : optimizer.param_groups()) {
-      static_cast<torch::optim::AdamWOptions&>(group.options()).lr(LearningRate(options, step));
+      static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
     }
     optimizer.step();
+    if (adam) {
+      train_log.Write({{"step", step},
+                       {"lr", lr},
+                       {"optimizer_step", adam->Step()},
+                       {"inner", count_of_job ? "job" : "own"}});
+    }
     const auto inner_done = SteadyClock::now();
     inner_seconds += Seconds(inner_done - begin).count();
     const double value = loss.item<double>();
@@ -327,7 +351,10 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config,
           std::chrono::duration<double, std::micro>(SteadyClock::now() - inner_done).count();
       if (!failure.ok()) break;
       const ReducerStats after = reducer->stats();
-      step = static_cast<int64_t>(after.steps);  // moves when a heal put it on the job's step
+      if (static_cast<int64_t>(after.steps) != step) {  // a heal put it on the job's step
+        count_of_job = config.heal_inner_optimizer && after.heals > before.heals;
+      }
+      step = static_cast<int64_t>(after.steps);
       const bool quiet = after.rounds_started == before.rounds_started &&
                          after.rounds == before.rounds &&
                          after.failed_rounds == before.failed_rounds;

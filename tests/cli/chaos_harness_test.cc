@@ -18,26 +18,43 @@
 namespace mend::cli {
 namespace {
 
+// What learner-2 of the stand-ins says at job step 10 of its training
+// state (its train.jsonl): the learning rate, the optimizer's step count and
+// whose that count is; learner-1 says lr 0.001, count 10, "job".
+struct TrainingState {
+  std::string lr = "0.001";
+  std::string count = "10";
+  std::string inner = "job";
+};
+
 // A stand-in for `mend train`: learner-2 prints `bad_progress` as its
 // progress lines' loss and writes `bad_eval` as its eval loss; learner-1
-// reports finite values.
+// reports finite values. Both write a train.jsonl record per step.
 std::string WriteStandIn(const std::string& dir, const std::string& bad_progress,
-                         const std::string& bad_eval) {
+                         const std::string& bad_eval, const TrainingState& at_10 = {}) {
   const std::string path = dir + "/stand-in-learner";
   std::ofstream(path) << R"(#!/bin/sh
-id=""; result=""
+id=""; result=""; diagnostics=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --id) id="$2"; shift ;;
     --result-file) result="$2"; shift ;;
+    --set) case "$2" in diagnostics_dir=*) diagnostics="${2#diagnostics_dir=}" ;; esac; shift ;;
   esac
   shift
 done
-loss=2.5; eval=2.4
+loss=2.5; eval=2.4; lr=0.001; count=10; inner=job
 if [ "$id" = learner-2 ]; then loss=')"
-                      << bad_progress << "'; eval='" << bad_eval << R"('; fi
+                      << bad_progress << "'; eval='" << bad_eval << "'; lr='" << at_10.lr
+                      << "'; count='" << at_10.count << "'; inner='" << at_10.inner << R"('; fi
+mkdir -p "$diagnostics"
 for step in 5 10 15 20; do
   echo "{\"step\":$step,\"steps\":20,\"loss\":$loss,\"tokens_per_s\":100,\"rounds\":0}"
+  if [ $step = 10 ]; then
+    echo "{\"step\":10,\"lr\":$lr,\"optimizer_step\":$count,\"inner\":\"$inner\"}" >> "$diagnostics/$id.train.jsonl"
+  else
+    echo "{\"step\":$step,\"lr\":0.001,\"optimizer_step\":$step,\"inner\":\"job\"}" >> "$diagnostics/$id.train.jsonl"
+  fi
 done
 echo "{\"steps\":20,\"eval_loss\":$eval,\"tokens\":320,\"rounds\":0}" > "$result"
 )";
@@ -45,8 +62,8 @@ echo "{\"steps\":20,\"eval_loss\":$eval,\"tokens\":320,\"rounds\":0}" > "$result
   return path;
 }
 
-StatusOr<ChaosReport> RunWithStandIns(const std::string& bad_progress,
-                                      const std::string& bad_eval) {
+StatusOr<ChaosReport> RunWithStandIns(const std::string& bad_progress, const std::string& bad_eval,
+                                      const TrainingState& at_10 = {}) {
   const std::string dir = testing_util::MakeTempDir();
   ChaosOptions options;
   options.steps = 20;
@@ -59,8 +76,8 @@ StatusOr<ChaosReport> RunWithStandIns(const std::string& bad_progress,
   options.reference = false;
   std::atomic<bool> interrupted{false};
   return RunChaos(
-      options, WriteStandIn(dir, bad_progress, bad_eval), dir + "/work", [](const std::string&) {},
-      interrupted);
+      options, WriteStandIn(dir, bad_progress, bad_eval, at_10), dir + "/work",
+      [](const std::string&) {}, interrupted);
 }
 
 void ExpectTheNanReportedAsAFailedInvariant(const std::string& bad_progress,
@@ -97,6 +114,41 @@ TEST(ChaosHarnessTest, FiniteLossesPassThatInvariant) {
       std::find(report->violations.begin(), report->violations.end(), "a loss was not finite"),
       report->violations.end());
   EXPECT_DOUBLE_EQ(report->eval_loss, 2.4);
+  EXPECT_EQ(report->training_steps_checked, 4u);
+  EXPECT_EQ(report->lr_mismatch_steps, 0u);
+  EXPECT_EQ(report->optimizer_step_mismatch_steps, 0u);
+}
+
+bool Says(const ChaosReport& report, const std::string& violation) {
+  return std::find(report.violations.begin(), report.violations.end(), violation) !=
+         report.violations.end();
+}
+
+// A learner whose optimizer used another learning rate than the others at
+// a job step (a heal or a resume that left its schedule behind) fails the run.
+TEST(ChaosHarnessTest, ALearningRateThatDiffersAtAJobStepIsAFailedInvariant) {
+  StatusOr<ChaosReport> report = RunWithStandIns("2.5", "2.4", {"0.0009", "10", "job"});
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->lr_mismatch_steps, 1u);
+  EXPECT_EQ(report->optimizer_step_mismatch_steps, 0u);
+  EXPECT_FALSE(report->passed);
+  EXPECT_TRUE(
+      Says(*report, "1 job step(s) at which learners' optimizers used different learning rates"));
+  EXPECT_EQ(report->json["training_state_mismatches_at"][0]["step"], 10);
+}
+
+// So does an optimizer step count that differs where both are the job's; a
+// learner's own count (resumed from a checkpoint, no moments healed since)
+// is not compared.
+TEST(ChaosHarnessTest, AnOptimizerStepCountOfTheJobThatDiffersIsAFailedInvariant) {
+  StatusOr<ChaosReport> report = RunWithStandIns("2.5", "2.4", {"0.001", "4", "job"});
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->optimizer_step_mismatch_steps, 1u);
+  EXPECT_FALSE(report->passed);
+  StatusOr<ChaosReport> own = RunWithStandIns("2.5", "2.4", {"0.001", "4", "own"});
+  ASSERT_TRUE(own.ok()) << own.status();
+  EXPECT_EQ(own->optimizer_step_mismatch_steps, 0u);
+  EXPECT_EQ(own->lr_mismatch_steps, 0u);
 }
 
 // A job's lighthouse (mend train's, mend chaos's) takes the control plane

@@ -3,7 +3,8 @@
 // while they train, then checks every round. The test reads its report:
 // every kind of fault was injected, every killed learner came back and
 // completed a round, the members' global state digests agreed in every round
-// they shared, no healthy learner's step waited past the bound during a
+// they shared, the learners' learning rates and optimizer step counts agreed
+// at equal job steps, no healthy learner's step waited past the bound during a
 // learner fault, all losses were finite, and the fault-free run of the same
 // job was made for comparison. The bound has generous slack: a machine
 // running other tests may be slow, but a collective held by a dead or
@@ -79,6 +80,13 @@ void ExpectEveryFaultAndEveryInvariant(const json& report, const std::string& ou
   EXPECT_EQ(report["digest_mismatches"].get<uint64_t>(), 0u)
       << report["digest_mismatch_members"].dump();
   EXPECT_EQ(report["stall_count"].get<uint64_t>(), 0u) << report["stalls"].dump();
+  // At equal job steps the learners' optimizers used the same learning rate
+  // and (healed with the inner optimizer's state) had the same step count.
+  EXPECT_GE(report["training_steps_checked"].get<uint64_t>(), 100u) << out;
+  EXPECT_EQ(report["lr_mismatch_steps"].get<uint64_t>(), 0u)
+      << report["training_state_mismatches_at"].dump();
+  EXPECT_EQ(report["optimizer_step_mismatch_steps"].get<uint64_t>(), 0u)
+      << report["training_state_mismatches_at"].dump();
   EXPECT_TRUE(report["losses_finite"].get<bool>());
   EXPECT_TRUE(report["passed"].get<bool>()) << report["violations"].dump() << "\n" << out;
   EXPECT_EQ(report["results"].size(), processes);
