@@ -181,7 +181,8 @@ StatusOr<RegisterResult> LighthouseCore::Register(const RegisterArgs& args) {
     // anew, it clears the old job's.)
     if (others_alive == 0) {
       if (args.group_size != group_size_ || ByKey(args.job_settings) != ByKey(job_settings_)) {
-        ++job_epoch_;  // the learners that were dead register again to come back
+        ++job_epoch_;       // the learners that were dead register again to come back
+        finished_.reset();  // (another job)
       }
       // The rounds so far closed while no learner registering from now on
       // was alive: none of them is news that a round left it out (a second
@@ -437,9 +438,20 @@ uint64_t LighthouseCore::Quorum(const QuorumArgs& args, QuorumCallback done) {
         completions.push_back([done = std::move(done), why = suspects_[record.id].why]() {
           done(DeadlineExceededError(why));
         });
+      } else if (finished_ && finished_->learners.contains(record.id) &&
+                 args.last_round_id < finished_->round_id && args.step >= finished_->step &&
+                 membership_.counts().alive <= 1) {
+        // It reached the job's end after the final round closed and the
+        // others left: no round will ever come (LighthouseCore::FinishedJob).
+        completions.push_back(
+            [done = std::move(done), s = JobFinishedLocked(record.id)]() { done(s); });
       } else {
         waiter_id = next_waiter_id_++;
         PendingJoin join;
+        if (finished_ && !finished_->learners.contains(record.id)) {
+          finished_.reset();  // a learner the finished job did not have: a new job
+        }
+        join.after_finished = finished_ && args.last_round_id < finished_->round_id;
         join.waiter_id = waiter_id;
         join.last_round_id = args.last_round_id;
         join.step = args.step;
@@ -488,11 +500,13 @@ void LighthouseCore::Tick() {
       LearnerRecord& record = *membership_.FindAny(id);
       Micros waited = now - record.join->joined_at;
       counters_.quorum_timeouts++;
-      AbortJoinLocked(
-          record,
-          DeadlineExceededError(fmt::format("learner '{}': no round closed within {} ms; {}", id,
+      AbortJoinLocked(record,
+                      record.join->after_finished
+                          ? JobFinishedLocked(id)
+                          : DeadlineExceededError(
+                                fmt::format("learner '{}': no round closed within {} ms; {}", id,
                                             waited / kMicrosPerMilli, QuorumShortfallLocked())),
-          &completions);
+                      &completions);
     }
     if (now >= next_liveness_scan_) ScanLivenessLocked(now, &completions);
     if (now >= next_failslow_scan_) ScanFailSlowLocked(now);
@@ -593,6 +607,10 @@ void LighthouseCore::GiveUpShortJoinsLocked(Micros now, Completions* completions
   }
   for (LearnerRecord* record : given_up) {
     counters_.quorum_timeouts++;
+    if (record->join->after_finished) {
+      AbortJoinLocked(*record, JobFinishedLocked(record->id), completions);
+      continue;
+    }
     AbortJoinLocked(
         *record,
         DeadlineExceededError(fmt::format(
@@ -627,11 +645,44 @@ void LighthouseCore::MaybeCloseLocked(Micros now, Completions* completions) {
       for (auto& [join, rank] : joins) join.done(RoundAssignment{round, rank});
     });
     LogRoundLocked(round);
+    NoteFinishedLocked(round);
     if (round.id > options_.keep_round_prefixes) {
       store_.Delete(quorum_.RoundPrefix(round.id - options_.keep_round_prefixes), /*prefix=*/true);
     }
   }
   LetBackInLocked(now);
+}
+
+void LighthouseCore::NoteFinishedLocked(const Round& round) {
+  const uint64_t final_step = quorum_.final_step();
+  if (final_step == 0 || round.step < final_step) {
+    finished_.reset();  // (the job runs again: this round is not of its end)
+    return;
+  }
+  FinishedJob finished;
+  finished.round_id = round.id;
+  finished.step = round.step;
+  finished.member_count = round.members.size();
+  for (const MemberInfo& member : round.members) {
+    if (finished.members.size() < 8) finished.members.push_back(member.id);
+    finished.learners.insert(member.id);
+  }
+  for (const auto& [id, record] : membership_.records()) {
+    if (record->job_epoch == job_epoch_) finished.learners.insert(id);
+  }
+  if (finished_) finished.learners.merge(finished_->learners);  // (a fragment's final round before)
+  finished_ = std::move(finished);
+}
+
+Status LighthouseCore::JobFinishedLocked(const std::string& id) const {
+  const FinishedJob& job = *finished_;
+  return OutOfRangeError(fmt::format(
+      "learner '{}': the job finished at step {}: its final round {} closed with {}{}, none of "
+      "whom is left to train or heal with, and this learner holds none of that round's state",
+      id, job.step, job.round_id, fmt::join(job.members, ", "),
+      job.member_count > job.members.size()
+          ? fmt::format(" and {} more", job.member_count - job.members.size())
+          : ""));
 }
 
 // One line a round, at info: what an operator asks after the fact (who

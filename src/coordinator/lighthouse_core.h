@@ -20,10 +20,12 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
 #include "coordinator/event_log.h"
 #include "coordinator/membership.h"
 #include "coordinator/quorum.h"
@@ -271,6 +273,25 @@ class LighthouseCore {
     std::string why;
   };
   std::map<std::string, Suspect> suspects_ ABSL_GUARDED_BY(mu_);
+  // The job's final round, once it closed (a round at total_steps with
+  // final_merge), with every learner the job had then. A learner of the job
+  // that joins later without that round's state cannot form a round alone,
+  // and its join ends with OUT_OF_RANGE saying the job finished (rather than
+  // train a new job alone). Cleared once a round of an earlier step closes
+  // (the job runs again) or a learner that was not the job's joins (a new
+  // job), and with the job's settings when they are set anew.
+  struct FinishedJob {
+    uint64_t round_id = 0;
+    uint64_t step = 0;
+    std::vector<std::string> members;  // the final round's (as many as a message names)
+    size_t member_count = 0;
+    absl::flat_hash_set<std::string> learners;
+  };
+  std::optional<FinishedJob> finished_ ABSL_GUARDED_BY(mu_);
+  void NoteFinishedLocked(const Round& round) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What a join of `id` that may not form a round alone after the job
+  // finished is told when it ends.
+  Status JobFinishedLocked(const std::string& id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 };
 
 }  // namespace mend::coordinator

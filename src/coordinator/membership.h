@@ -42,6 +42,9 @@ struct PendingJoin {
   Micros joined_at = 0;
   Micros deadline = 0;
   bool give_up_short_of_quorum = false;  // QuorumArgs's
+  // A learner of a job that has finished (its final round closed), joining
+  // without that round's state: it may not form a round alone (LighthouseCore).
+  bool after_finished = false;
   QuorumCallback done;
 };
 

@@ -25,6 +25,7 @@ void QuorumMachine::AddJoin(Membership& membership, LearnerRecord& record, Pendi
     Micros lateness = join.joined_at - late_watch_->quorum_reached_at;
     if (lateness <= options_.grace_window) RecordNeed(lateness);
   }
+  if (join.after_finished) after_finished_joins_++;
   if (IsFinal(join)) {
     final_joins_++;
     final_close_at_ =
@@ -53,6 +54,7 @@ std::optional<PendingJoin> QuorumMachine::RemoveJoin(Membership& membership,
     r.join.reset();
   });
   if (IsFinal(*taken) && final_joins_ > 0 && --final_joins_ == 0) final_close_at_ = INT64_MAX;
+  if (taken->after_finished && after_finished_joins_ > 0) after_finished_joins_--;
   return taken;
 }
 
@@ -98,6 +100,12 @@ std::optional<QuorumMachine::Closed> QuorumMachine::MaybeClose(Membership& membe
   const MembershipCounts& counts = membership.counts();
   bool quorum = counts.pending >= options_.min_learners && 2 * counts.pending >= counts.alive;
   if (!quorum) {
+    quorum_reached_at_.reset();
+    return std::nullopt;
+  }
+  if (counts.pending == 1 && after_finished_joins_ == 1) {
+    // A learner of the finished job, without its final state, alone: no new
+    // job of one (its join ends at its deadline, told why: LighthouseCore).
     quorum_reached_at_.reset();
     return std::nullopt;
   }
@@ -169,6 +177,7 @@ std::shared_ptr<Round> QuorumMachine::Close(Membership& membership, Micros now,
   auto taken = membership.TakePendingForRound(round->id);  // (every pending join)
   final_joins_ = 0;
   final_close_at_ = INT64_MAX;
+  after_finished_joins_ = 0;
   joins->reserve(taken.size());
   round->members.reserve(taken.size());
   for (size_t rank = 0; rank < taken.size(); ++rank) {

@@ -102,6 +102,7 @@ class QuorumMachine {
   // but at most half of that join's timeout (then "final_wait"), so that
   // the join itself does not time out.
   void set_final_step(uint64_t step) { final_step_ = step; }
+  uint64_t final_step() const { return final_step_; }
 
   Micros grace_window() const { return grace_window_; }
   uint64_t latest_round_id() const { return next_round_id_ - 1; }
@@ -148,6 +149,9 @@ class QuorumMachine {
   // in closes with whoever joined (the earliest such join's half timeout).
   size_t final_joins_ = 0;
   Micros final_close_at_ = INT64_MAX;
+  // The pending joins with after_finished: a round of one of them alone
+  // never closes (it would start a new job alone after the job finished).
+  size_t after_finished_joins_ = 0;
   std::optional<Micros> quorum_reached_at_;
   Micros grace_window_;
   // What each recent round needed (newest last).

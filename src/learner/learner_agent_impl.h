@@ -81,9 +81,11 @@ class LearnerAgentImpl final : public LearnerAgent {
   static constexpr int kMaxUdpSilences = 3;
 
   // A refusal that retrying cannot fix (wrong token, bad identity).
+  // OUT_OF_RANGE: the job finished, and this learner would train a new one
+  // alone (LighthouseCore::JobFinishedLocked).
   static bool IsFatal(StatusCode code) {
     return code == StatusCode::kUnauthenticated || code == StatusCode::kInvalidArgument ||
-           code == StatusCode::kPermissionDenied;
+           code == StatusCode::kPermissionDenied || code == StatusCode::kOutOfRange;
   }
   // value = max(value, candidate), atomically (acks and Quorum answers race).
   static void RaiseTo(std::atomic<uint64_t>& value, uint64_t candidate) {

@@ -9,38 +9,42 @@
 namespace mend::reducer {
 namespace {
 
-// Fragment f's round of the final merge; whether it merged.
-StatusOr<bool> MergeFragment(Flights& flights, ReducerStats& stats, int f, bool last,
-                             const std::function<Decision(Event)>& ask) {
+enum class FinalRound { kMerged, kNotMerged, kLeftOut };
+
+// Fragment f's round of the final merge: whether it merged, or closed
+// without this learner.
+StatusOr<FinalRound> MergeFragment(Flights& flights, ReducerStats& stats, int f, bool last,
+                               const std::function<Decision(Event)>& ask) {
   MEND_RETURN_IF_ERROR(flights.Launch(f, 0, /*final_merge=*/true));
   flights.head().checkpoint = last;
   MEND_ASSIGN_OR_RETURN(Verdict verdict, flights.AwaitVerdict(flights.head(), stats.steps, false));
   if (ask(VerdictEvent(verdict, /*ending=*/true)).action == Action::kCallOff) {
-    spdlog::warn("fragment {}: the final merge at step {} {}; it keeps its own parameters", f,
-                 stats.steps,
-                 verdict == Verdict::kShortOfQuorum
-                     ? "has too few learners left to form its round"
-                     : "closed without this learner (the others merged and left)");
+    if (verdict == Verdict::kShortOfQuorum) {
+      spdlog::warn(
+          "fragment {}: the final merge at step {} has too few learners left to form its round; "
+          "it keeps its own parameters",
+          f, stats.steps);
+    }
     flights.CallOff(flights.head());
     MEND_RETURN_IF_ERROR(flights.TakeUp());
-    return false;
+    return verdict == Verdict::kPassedOver ? FinalRound::kLeftOut : FinalRound::kNotMerged;
   }
   const uint64_t rounds = stats.rounds;
   MEND_RETURN_IF_ERROR(flights.TakeUp());
   if (stats.rounds == rounds) {
     spdlog::warn("fragment {}: the final merge failed; this learner keeps its own parameters", f);
-    return false;
+    return FinalRound::kNotMerged;
   }
   stats.final_rounds++;
-  return true;
+  return FinalRound::kMerged;
 }
 
 }  // namespace
 
-Status RunFinalMerge(Flights& flights, const OuterState& outer, const RoundOptions& options,
-                     ReducerStats& stats, const Clock& clock,
-                     const std::function<Decision(Event)>& ask) {
-  if (options.final_merge_step == 0 || stats.steps != options.final_merge_step) return OkStatus();
+StatusOr<bool> RunFinalMerge(Flights& flights, const OuterState& outer,
+                             const RoundOptions& options, ReducerStats& stats, const Clock& clock,
+                             const std::function<Decision(Event)>& ask) {
+  if (options.final_merge_step == 0 || stats.steps != options.final_merge_step) return false;
   std::vector<int> due;
   for (int f = 0; f < static_cast<int>(outer.book().size()); ++f) {
     // (A learner restored at this step from a checkpoint holds its merged state.)
@@ -50,8 +54,8 @@ Status RunFinalMerge(Flights& flights, const OuterState& outer, const RoundOptio
   const Micros begin = clock.NowMicros();
   int merged = 0;
   for (int f : due) {
-    MEND_ASSIGN_OR_RETURN(bool went_on, MergeFragment(flights, stats, f, f == due.back(), ask));
-    if (!went_on) return OkStatus();
+    MEND_ASSIGN_OR_RETURN(FinalRound went, MergeFragment(flights, stats, f, f == due.back(), ask));
+    if (went != FinalRound::kMerged) return went == FinalRound::kLeftOut;
     merged++;
   }
   if (merged > 0) {
@@ -59,7 +63,7 @@ Status RunFinalMerge(Flights& flights, const OuterState& outer, const RoundOptio
         "final merge: {} round(s) at step {} in {:.3f} s; their members hold the same model",
         merged, stats.steps, static_cast<double>(clock.NowMicros() - begin) / kMicrosPerSecond);
   }
-  return OkStatus();
+  return false;
 }
 
 }  // namespace mend::reducer

@@ -5,7 +5,9 @@
 // checkpoint (with checkpoint_dir and checkpoint_every_rounds) holds the
 // merged model. A join whose round closed without it (it came too late: the
 // others merged and left), or that is short of a quorum, is called off (as
-// the phase table decides); the learner then keeps its own model, and says so.
+// the phase table decides); the learner then keeps its own model (short of
+// a quorum: the others are gone, said in a warning) or takes the job's final
+// one (left out: the caller, TakeTheJobsFinalModel).
 //
 // Thread-safety: the training thread, at shutdown.
 #pragma once
@@ -23,8 +25,9 @@
 namespace mend::reducer {
 
 // Nothing in flight. `ask`: the phase table's decision on an event now.
-Status RunFinalMerge(Flights& flights, const OuterState& outer, const RoundOptions& options,
-                     ReducerStats& stats, const Clock& clock,
-                     const std::function<Decision(Event)>& ask);
+// True when the job's final round closed without this learner.
+StatusOr<bool> RunFinalMerge(Flights& flights, const OuterState& outer,
+                             const RoundOptions& options, ReducerStats& stats, const Clock& clock,
+                             const std::function<Decision(Event)>& ask);
 
 }  // namespace mend::reducer

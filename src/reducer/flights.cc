@@ -367,8 +367,14 @@ Status Flights::Commit(InFlight& flight) {
   stats_.last_round_id = outcome.round_id;
   MEND_RETURN_IF_ERROR(policy_.ShareCommitted(moments_changed));
   Record(flight);
+  // The round at the job's last step (with final_merge) is always written:
+  // a learner that reaches the end after it takes the job's final model from
+  // it (RoundDriverImpl::TakeTheJobsFinalModel).
+  const bool job_end = options_.final_merge_step > 0 && !flight.final_merge &&
+                       flight.boundary_step >= options_.final_merge_step;
   return context_.outer.MaybeCheckpoint({stats_.steps, outcome.round_id, stats_.tokens},
-                                        outcome.rank, outcome.members, flight.checkpoint);
+                                        outcome.rank, outcome.members,
+                                        flight.checkpoint || job_end);
 }
 
 // The outcome into the learner's state: heal, commit, moments, buffers,

@@ -122,6 +122,21 @@ Status OuterState::Resume(std::optional<Restored>* restored) {
   return OkStatus();
 }
 
+StatusOr<std::optional<Restored>> OuterState::TakeFinal(uint64_t final_step) {
+  if (options_.dir.empty()) return std::nullopt;
+  CheckpointDirectory directory(options_.dir, options_.keep);
+  std::vector<std::string> skipped;
+  StatusOr<Checkpoint> checkpoint = directory.LoadLatest(&skipped);
+  for (const std::string& why : skipped) spdlog::error("skipping a damaged checkpoint: {}", why);
+  if (!checkpoint.ok() || checkpoint->meta.step < final_step) return std::nullopt;
+  MEND_ASSIGN_OR_RETURN(Restored restored, ResumeWith(*checkpoint, options_.dir));
+  return restored;
+}
+
+void OuterState::ParametersToGlobal() {
+  for (Fragment& fragment : book_.fragments()) book_.Scatter(fragment.state->global(), fragment);
+}
+
 // A checkpoint (from `where`) becomes the state this learner resumes at.
 StatusOr<Restored> OuterState::ResumeWith(const Checkpoint& checkpoint, const std::string& where) {
   MEND_ASSIGN_OR_RETURN(Restored restored, Restore(checkpoint, where));

@@ -64,6 +64,14 @@ class OuterState {
   // the newest checkpoint in checkpoint_dir that verifies; in a group every
   // rank must have restored the same round. nullopt: a fresh start.
   StatusOr<std::optional<Restored>> Start(uint64_t start_step);
+  // The newest checkpoint in checkpoint_dir when it holds the job's state at
+  // `final_step` or later (the job's final round wrote it): it becomes the
+  // global state and the parameters. nullopt when there is none (no
+  // checkpoint_dir, or its newest is of an earlier step). In a group every
+  // rank takes its slice of the same file.
+  StatusOr<std::optional<Restored>> TakeFinal(uint64_t final_step);
+  // Every fragment's global state into the parameters.
+  void ParametersToGlobal();
   // The outer state as checkpoint bytes (empty on a group's ranks other than 0).
   StatusOr<std::string> Export(const Progress& progress);
   // Exported bytes (or a checkpoint file's) become the global state; see

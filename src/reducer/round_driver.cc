@@ -13,7 +13,15 @@ namespace mend::reducer {
 Status RoundDriverImpl::step(uint64_t tokens) {
   if (shut_down_) return FailedPreconditionError("reducer: step() after shutdown()");
   MEND_RETURN_IF_ERROR(policy_->broken());
-  MEND_RETURN_IF_ERROR(flights_->services().fatal_status());
+  if (Status fatal = flights_->services().fatal_status(); !fatal.ok()) {
+    if (fatal.code() != StatusCode::kOutOfRange) return fatal;
+    return OutOfRangeError(fmt::format(
+        "{}: it would train a new job alone, so it stops instead. Take the job's final model "
+        "from the final round's checkpoint "
+        "(resume_from, or checkpoint_dir with resume) or from a learner that took part; to run "
+        "the job again, start its learners together",
+        fatal.message()));
+  }
   RecordStep(policy_->LearnerTokens(tokens));
   MEND_RETURN_IF_ERROR(TakeUpFlights());
   Phase phase = flights_->HeadPhase();

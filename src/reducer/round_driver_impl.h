@@ -85,7 +85,10 @@ class RoundDriverImpl final : public RoundDriver {
   std::vector<uint8_t> LaunchesAt(uint64_t step) const;
   // round_driver_shutdown.cc
   Status ShutdownBroken(Status why);
-  StatusOr<bool> SettleAtShutdown();
+  enum class Settled { kNothing, kCalledOff, kLeftOutOfTheEnd };
+  StatusOr<Settled> SettleAtShutdown();
+  Status TakeTheJobsFinalModel();
+  void DropStepsPastTheFinalState();
   // round_driver_plan.cc
   Action NextStepAction() const;
   void SayIfPastTheEnd();

@@ -5,6 +5,7 @@
 #include "core/status_format.h"
 #include "fmt/format.h"
 #include "reducer/round_driver_impl.h"
+#include "spdlog/spdlog.h"
 
 namespace mend::reducer {
 
@@ -45,6 +46,13 @@ Status RoundDriverImpl::Init(uint64_t start_step, std::unique_ptr<RoundServices>
   if (restored) {
     MoveTo(*restored);
     stats_.resumed_from_round = restored->round_id;
+    if (options_.final_merge_step > 0 && restored->step >= options_.final_merge_step) {
+      spdlog::warn(
+          "learner '{}': the job finished: its checkpoint of round {} is of its last step {}. This "
+          "learner holds the job's final model and has nothing to train (Python: "
+          "runtime.finished is True; steps past the end are dropped at shutdown)",
+          flights_->services().learner_id(), restored->round_id, restored->step);
+    }
   }
   outer_.book().StartPrefault(/*own=*/options_.concurrent,
                               /*step=*/options_.concurrent && options_.apply == OuterApply::kEager);

@@ -48,6 +48,8 @@ struct LearnerLog {
   std::atomic<uint64_t> steps{0};                  // the reducer's step, live
   const Reducer* reducer = nullptr;  // while Learn trains: for its gates (on the same thread)
   uint64_t quiet_steps = 0;          // steps that neither started nor applied a round
+  bool shutdown_may_fail = false;    // (else Learn asserts that shutdown() succeeded)
+  Status shutdown_status;
 };
 
 // Trains a linear regression on the learner's own shard for `boundaries`
@@ -101,7 +103,8 @@ void Learn(const Config& config, const std::string& id, int seed, int boundaries
     }
   }
   log->reducer = nullptr;
-  ASSERT_TRUE((*reducer)->shutdown().ok());  // finishes a round still in flight
+  log->shutdown_status = (*reducer)->shutdown();  // finishes a round still in flight
+  if (!log->shutdown_may_fail) ASSERT_TRUE(log->shutdown_status.ok()) << log->shutdown_status;
   log->stats = (*reducer)->stats();
   log->registrations = (*agent)->registrations();
   auto global = (*reducer)->global(0);
@@ -755,23 +758,34 @@ TEST(ReducerTest, AJoinPassedOverNearTheJobsEndIsCalledOffAtShutdown) {
   // step 12 (without it: final_merge = false), which learner-b does not join:
   // that round waits for learner-b (alive, held in its hook) only half its
   // joins' timeout (the job's last round, final_wait), 10 s in that case.
+  // learner-b then reaches the job's end after its final round closed: it
+  // does not end with a model of its own as if it were the job's. Its
+  // shutdown() fails saying so, or, with checkpoint_dir, it takes the job's
+  // final model from that round's checkpoint.
   struct Case {
     int64_t total;
     bool final_merge;
+    bool checkpoints = false;
   };
-  for (Case job : {Case{0, true}, Case{3 * kPeriod, false}, Case{3 * kPeriod, true}}) {
+  for (Case job : {Case{0, true}, Case{3 * kPeriod, false}, Case{3 * kPeriod, true},
+                   Case{3 * kPeriod, true, true}}) {
     const int64_t total = job.total;
-    SCOPED_TRACE(testing::Message()
-                 << "total_steps = " << total << ", final_merge = " << job.final_merge);
+    SCOPED_TRACE(testing::Message() << "total_steps = " << total << ", final_merge = "
+                                    << job.final_merge << ", checkpoints = " << job.checkpoints);
     Config config =
         ConcurrentConfig(/*grace_window_ms=*/1000,
                          /*quorum_timeout_ms=*/total != 0 && job.final_merge ? 20000 : 600000);
     config.quorum_min_learners = 2;
     config.total_steps = total;
     config.final_merge = job.final_merge;
+    if (job.checkpoints) {
+      config.checkpoint_dir = testing_util::MakeTempDir();
+      config.checkpoint_every_rounds = 1000;  // (the final round's only)
+    }
     auto server = StartLighthouse(config);
     config.lighthouse = server->grpc_address();
     LearnerLog a, b, c;
+    b.shutdown_may_fail = true;
     auto all_alive = [&]() { AwaitRegistered(*server, {"learner-a", "learner-b", "learner-c"}); };
     std::atomic<int> done{0};
     auto other = [&](const char* id, int seed, LearnerLog* log) {
@@ -804,6 +818,20 @@ TEST(ReducerTest, AJoinPassedOverNearTheJobsEndIsCalledOffAtShutdown) {
     EXPECT_EQ(b.stats.rounds_started, 2u);  // steps 4 and 8; step 12 was skipped
     EXPECT_EQ(b.stats.passed_over, 1u);
     EXPECT_EQ(b.stats.failed_rounds, 0u);  // called off at the end: passed over, not failed
+    if (!merged) {
+      EXPECT_TRUE(b.shutdown_status.ok()) << b.shutdown_status;  // no job's final model to have
+    } else if (!job.checkpoints) {
+      EXPECT_EQ(b.shutdown_status.code(), StatusCode::kFailedPrecondition) << b.shutdown_status;
+      EXPECT_NE(std::string(b.shutdown_status.message())
+                    .find("its model is its own, not the job's final model"),
+                std::string::npos)
+          << b.shutdown_status;
+    } else {
+      EXPECT_TRUE(b.shutdown_status.ok()) << b.shutdown_status;
+      ASSERT_TRUE(a.final_global.has_value() && b.final_global.has_value());
+      EXPECT_EQ(*b.final_global, *a.final_global);  // the job's final model
+      EXPECT_EQ(b.stats.steps, static_cast<uint64_t>(total));
+    }
   }
 }
 
