@@ -14,7 +14,7 @@ enum class FinalRound { kMerged, kNotMerged, kLeftOut };
 // Fragment f's round of the final merge: whether it merged, or closed
 // without this learner.
 StatusOr<FinalRound> MergeFragment(Flights& flights, ReducerStats& stats, int f, bool last,
-                               const std::function<Decision(Event)>& ask) {
+                                   const std::function<Decision(Event)>& ask) {
   MEND_RETURN_IF_ERROR(flights.Launch(f, 0, /*final_merge=*/true));
   flights.head().checkpoint = last;
   MEND_ASSIGN_OR_RETURN(Verdict verdict, flights.AwaitVerdict(flights.head(), stats.steps, false));
@@ -41,8 +41,8 @@ StatusOr<FinalRound> MergeFragment(Flights& flights, ReducerStats& stats, int f,
 
 }  // namespace
 
-StatusOr<bool> RunFinalMerge(Flights& flights, const OuterState& outer,
-                             const RoundOptions& options, ReducerStats& stats, const Clock& clock,
+StatusOr<bool> RunFinalMerge(Flights& flights, const OuterState& outer, const RoundOptions& options,
+                             ReducerStats& stats, const Clock& clock,
                              const std::function<Decision(Event)>& ask) {
   if (options.final_merge_step == 0 || stats.steps != options.final_merge_step) return false;
   std::vector<int> due;

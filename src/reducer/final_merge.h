@@ -26,8 +26,8 @@ namespace mend::reducer {
 
 // Nothing in flight. `ask`: the phase table's decision on an event now.
 // True when the job's final round closed without this learner.
-StatusOr<bool> RunFinalMerge(Flights& flights, const OuterState& outer,
-                             const RoundOptions& options, ReducerStats& stats, const Clock& clock,
+StatusOr<bool> RunFinalMerge(Flights& flights, const OuterState& outer, const RoundOptions& options,
+                             ReducerStats& stats, const Clock& clock,
                              const std::function<Decision(Event)>& ask);
 
 }  // namespace mend::reducer
