@@ -1,6 +1,7 @@
 #include "reducer/healing.h"
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 
 #include "core/status_format.h"
@@ -43,37 +44,54 @@ std::map<int, std::vector<int>> HealeesBySource(const Communicator& comm,
   return healees;
 }
 
-// Every fragment's global state and momentum into `buffer`, in the healing
-// buffer's layout (HealStateOffset).
-void PackState(const std::vector<Fragment>& fragments, std::vector<float>& buffer) {
-  for (size_t f = 0; f < fragments.size(); ++f) {
-    const FragmentState& state = *fragments[f].state;
-    auto out = buffer.begin() + static_cast<long>(HealStateOffset(fragments, f));
-    out = std::copy(state.global().begin(), state.global().end(), out);
-    std::copy(state.momentum().begin(), state.momentum().end(), out);
+// The source's side of the healing buffer's layout (HealStateOffset): the
+// bytes [offset, offset + out.size()) of every fragment's global state and
+// momentum, back to back, read where they lie.
+void ReadFragments(const std::vector<Fragment>& fragments, size_t offset,
+                   std::span<std::byte> out) {
+  size_t at = 0;  // where the current run starts, in bytes of the layout
+  for (const Fragment& fragment : fragments) {
+    for (std::span<const float> run : {fragment.state->global(), fragment.state->momentum()}) {
+      const std::span<const std::byte> bytes = std::as_bytes(run);
+      const size_t end = at + bytes.size();
+      if (end > offset && at < offset + out.size()) {
+        const size_t from = std::max(offset, at);
+        const size_t to = std::min(offset + out.size(), end);
+        std::memcpy(out.data() + (from - offset), bytes.data() + (from - at), to - from);
+      }
+      at = end;
+    }
   }
 }
 
+// Into `into` (resized to `values` floats, on a receiver that keeps them),
+// as StreamState hands over the checked chunks.
+WriteState WriteInto(std::vector<float>* into, size_t values) {
+  if (into == nullptr) return nullptr;
+  into->resize(values);
+  return [into](size_t offset, std::span<const std::byte> in) {
+    std::memcpy(reinterpret_cast<std::byte*>(into->data()) + offset, in.data(), in.size());
+  };
+}
+
 // By option the source's inner optimizer moments (as of its boundary)
-// follow the state, with a flag that says whether it had any yet: both
-// moments back to back, then 1.0f when they are there. Empty without the
-// option.
-StatusOr<std::vector<float>> StreamMoments(Communicator& comm, const HealOffer& offer, int source,
-                                           const std::string& source_id) {
-  std::vector<float> moments;
-  if (!offer.send_moments) return moments;
+// follow the state, when it had any (`has_moments`, from the state's
+// header, so that every member calls alike): each into `healed`'s (a
+// receiver that heals) as it arrives.
+Status StreamMoments(Communicator& comm, const HealOffer& offer, int source,
+                     const std::string& source_id, Healed* healed) {
   const size_t m = offer.moment_values;
-  moments.assign(2 * m + 1, 0.0f);
-  if (comm.rank() == source && offer.moments[0] && offer.moments[1] && !offer.moments[0]->empty() &&
-      !offer.moments[1]->empty()) {
-    std::copy(offer.moments[0]->begin(), offer.moments[0]->end(), moments.begin());
-    std::copy(offer.moments[1]->begin(), offer.moments[1]->end(),
-              moments.begin() + static_cast<long>(m));
-    moments[2 * m] = 1.0f;
+  for (int which = 0; which < 2; ++which) {
+    const std::vector<float>* mine = offer.moments[which];
+    ReadState read = [&](size_t offset, std::span<std::byte> out) {
+      std::memcpy(out.data(), reinterpret_cast<const std::byte*>(mine->data()) + offset,
+                  out.size());
+    };
+    MEND_RETURN_IF_ERROR(StreamState(comm, m * sizeof(float), read,
+                                     WriteInto(healed ? &healed->moments[which] : nullptr, m),
+                                     source, source_id));
   }
-  MEND_RETURN_IF_ERROR(
-      StreamState(comm, std::as_writable_bytes(std::span(moments)), source, source_id));
-  return moments;
+  return OkStatus();
 }
 
 }  // namespace
@@ -85,39 +103,41 @@ StatusOr<Healed> HealRound(Communicator& comm, const QuorumResult& round,
   Healed healed;
   if (healees.empty()) return healed;
   const Micros started = clock.NowMicros();
-  std::vector<float> buffer(HealStateOffset(fragments, fragments.size()));
+  const size_t values = HealStateOffset(fragments, fragments.size());
   for (const auto& [source, ranks] : healees) {
-    if (comm.rank() == source) PackState(fragments, buffer);
+    const bool heals = std::find(ranks.begin(), ranks.end(), comm.rank()) != ranks.end();
     const std::string& source_id = round.members[static_cast<size_t>(source)].id;
     // With the state: the source's step at its boundary (the healed learner
     // continues the job's schedule, learning rate and fragment boundaries,
-    // from there), the fragment the source exchanges in this round, and
-    // its optimizer's step count (with the moments, when they follow).
-    uint64_t boundary[3] = {offer.boundary_step, static_cast<uint64_t>(offer.fragment),
-                            offer.moment_step};
-    MEND_RETURN_IF_ERROR(StreamState(comm, std::as_writable_bytes(std::span(buffer)), source,
-                                     source_id, kHealChunkBytes,
-                                     std::as_writable_bytes(std::span(boundary))));
-    MEND_ASSIGN_OR_RETURN(std::vector<float> moments,
-                          StreamMoments(comm, offer, source, source_id));
-    if (std::find(ranks.begin(), ranks.end(), comm.rank()) != ranks.end()) {
-      healed.state = buffer;
-      healed.bytes = (buffer.size() + moments.size()) * sizeof(float) + sizeof(boundary);
-      healed.source = source_id;
-      healed.step = boundary[0];
-      if (boundary[1] >= fragments.size()) {
-        return InvalidArgumentError(
-            fmt::format("round {}: heal source {} exchanges fragment {}; this job has {}",
-                        round.round_id, source_id, boundary[1], fragments.size()));
-      }
-      healed.fragment = static_cast<int>(boundary[1]);
-      if (!moments.empty() && moments.back() == 1.0f) {
-        const long m = static_cast<long>(offer.moment_values);
-        healed.moments[0].assign(moments.begin(), moments.begin() + m);
-        healed.moments[1].assign(moments.begin() + m, moments.begin() + 2 * m);
-        healed.moment_step = boundary[2];
-      }
+    // from there), the fragment the source exchanges in this round, its
+    // optimizer's step count, and whether its moments follow.
+    const bool has_moments = offer.send_moments && offer.moments[0] && offer.moments[1] &&
+                             !offer.moments[0]->empty() && !offer.moments[1]->empty();
+    uint64_t boundary[4] = {offer.boundary_step, static_cast<uint64_t>(offer.fragment),
+                            offer.moment_step, has_moments ? 1u : 0u};
+    std::vector<float> state;
+    MEND_RETURN_IF_ERROR(StreamState(
+        comm, values * sizeof(float),
+        [&](size_t offset, std::span<std::byte> out) { ReadFragments(fragments, offset, out); },
+        WriteInto(heals ? &state : nullptr, values), source, source_id, kHealChunkBytes,
+        std::as_writable_bytes(std::span(boundary))));
+    if (boundary[3] != 0) {
+      MEND_RETURN_IF_ERROR(
+          StreamMoments(comm, offer, source, source_id, heals ? &healed : nullptr));
     }
+    if (!heals) continue;
+    healed.state = std::move(state);
+    healed.bytes = (values + (boundary[3] != 0 ? 2 * offer.moment_values : 0)) * sizeof(float) +
+                   sizeof(boundary);
+    healed.source = source_id;
+    healed.step = boundary[0];
+    if (boundary[1] >= fragments.size()) {
+      return InvalidArgumentError(
+          fmt::format("round {}: heal source {} exchanges fragment {}; this job has {}",
+                      round.round_id, source_id, boundary[1], fragments.size()));
+    }
+    healed.fragment = static_cast<int>(boundary[1]);
+    if (boundary[3] != 0) healed.moment_step = boundary[2];
   }
   healed.seconds = static_cast<double>(clock.NowMicros() - started) / kMicrosPerSecond;
   return healed;

@@ -323,14 +323,14 @@ Status RoundRunner::Merge(Communicator& comm, const QuorumResult& round, InFligh
     sync_options.warmup = true;
     sync_options.codec = nullptr;
   }
-  // The merge runs on the healed base when this learner was behind.
+  // The merge runs on the healed base when this learner was behind. The
+  // exchange reads a state's size and error feedback only, and a healed
+  // base has none of the latter: a state of the size, its (zero) pages never
+  // touched, stands for it, not a copy of the healed values.
   const FragmentState* state = book_.at(outcome->fragment).state.get();
   std::unique_ptr<FragmentState> healed_state;
   if (!outcome->healed.empty()) {
-    auto [global, momentum] =
-        HealSlice(book_.fragments(), outcome->healed, static_cast<size_t>(outcome->fragment));
-    healed_state = std::make_unique<FragmentState>(global);
-    healed_state->Assign(global, momentum);
+    healed_state = std::make_unique<FragmentState>(state->size());
     state = healed_state.get();
   }
   // Merged in place: the flight's buffer, or the outcome's for a round of

@@ -1,0 +1,133 @@
+// What a heal allocates, counted: every allocation of this test binary goes
+// through the counting operator new below. A heal streams the source's
+// state through one chunk's buffer on the source, and into the healed
+// learner's copy of it (8 bytes a parameter: the global state and the
+// momentum, applied at once when the round commits) with one chunk's buffer
+// more, never a second copy of the whole state on either side.
+#include <malloc.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <new>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "mend/clock.h"
+#include "reducer/heal_stream.h"
+#include "reducer/healing.h"
+#include "reducer/replay_communicator.h"
+
+namespace {
+
+std::atomic<size_t> live_bytes{0};
+std::atomic<size_t> peak_bytes{0};
+
+void* Counted(size_t size) {
+  void* p = std::malloc(size == 0 ? 1 : size);
+  if (p == nullptr) throw std::bad_alloc();
+  const size_t now = live_bytes.fetch_add(malloc_usable_size(p)) + malloc_usable_size(p);
+  size_t peak = peak_bytes.load();
+  while (now > peak && !peak_bytes.compare_exchange_weak(peak, now)) {
+  }
+  return p;
+}
+
+void Uncounted(void* p) {
+  if (p == nullptr) return;
+  live_bytes.fetch_sub(malloc_usable_size(p));
+  std::free(p);
+}
+
+}  // namespace
+
+void* operator new(size_t size) { return Counted(size); }
+void* operator new[](size_t size) { return Counted(size); }
+void operator delete(void* p) noexcept { Uncounted(p); }
+void operator delete[](void* p) noexcept { Uncounted(p); }
+void operator delete(void* p, size_t) noexcept { Uncounted(p); }
+void operator delete[](void* p, size_t) noexcept { Uncounted(p); }
+
+namespace mend::reducer {
+namespace {
+
+using testing_util::ReplayCommunicator;
+
+constexpr size_t kValues = 3 << 20;  // 3M parameters: 24 MiB of state and momentum
+
+// A learner's fragments: one of kValues values, its global state and
+// momentum set from `seed`.
+std::vector<Fragment> Fragments(float seed) {
+  std::vector<float> global(kValues), momentum(kValues);
+  for (size_t i = 0; i < kValues; ++i) {
+    global[i] = seed + static_cast<float>(i % 977);
+    momentum[i] = seed - static_cast<float>(i % 331);
+  }
+  std::vector<Fragment> fragments(1);
+  fragments[0].state = std::make_unique<FragmentState>(kValues);
+  fragments[0].state->Assign(global, momentum);
+  return fragments;
+}
+
+QuorumResult RoundWhereBHealsFromA(uint32_t rank) {
+  QuorumResult round;
+  round.round_id = 7;
+  round.rank = rank;
+  round.world_size = 2;
+  round.heal_round_id = 6;
+  round.members = {RoundMember{"a", 60, 0, 6, "", "", ""}, RoundMember{"b", 20, 0, 2, "a", "", ""}};
+  return round;
+}
+
+// The peak of the bytes allocated during `run`, above what was allocated before.
+template <typename Run>
+size_t PeakDuring(Run run) {
+  const size_t before = live_bytes.load();
+  peak_bytes.store(before);
+  run();
+  return peak_bytes.load() - before;
+}
+
+TEST(HealMemoryTest, AHealAllocatesAChunkOnTheSourceAndOneCopyOfTheStateOnTheHealed) {
+  const std::vector<Fragment> source = Fragments(1.0f);
+  const std::vector<Fragment> behind = Fragments(-5.0f);
+  std::vector<std::vector<std::byte>> log;
+  HealOffer offer;
+  offer.boundary_step = 60;
+  const size_t at_source = PeakDuring([&]() {
+    ReplayCommunicator comm(0, nullptr);  // (keeps nothing it sends)
+    StatusOr<Healed> healed =
+        HealRound(comm, RoundWhereBHealsFromA(0), source, offer, *RealClock());
+    ASSERT_TRUE(healed.ok()) << healed.status();
+    EXPECT_TRUE(healed->state.empty());  // (the source heals nobody's state into its own)
+  });
+  {  // What it sends, for the healed learner's side.
+    ReplayCommunicator comm(0, &log);
+    ASSERT_TRUE(HealRound(comm, RoundWhereBHealsFromA(0), source, offer, *RealClock()).ok());
+  }
+  std::optional<Healed> healed;
+  offer.boundary_step = 20;
+  const size_t at_healed = PeakDuring([&]() {
+    ReplayCommunicator comm(1, &log);
+    StatusOr<Healed> got = HealRound(comm, RoundWhereBHealsFromA(1), behind, offer, *RealClock());
+    ASSERT_TRUE(got.ok()) << got.status();
+    healed = std::move(*got);
+  });
+  ASSERT_TRUE(healed.has_value());
+  const size_t state_bytes = 2 * kValues * sizeof(float);
+  std::printf("heal of %zu bytes: the source allocated %zu bytes at most, the healed %zu\n",
+              state_bytes, at_source, at_healed);
+  const size_t chunk = kHealChunkBytes + (64 << 10);  // (a message: a chunk, its digest, a header)
+  EXPECT_LE(at_source, 2 * chunk) << "the source allocated " << at_source << " bytes";
+  EXPECT_LE(at_healed, state_bytes + 2 * chunk) << "the healed allocated " << at_healed << " bytes";
+  // And it holds the source's state, with its step.
+  ASSERT_EQ(healed->state.size(), 2 * kValues);
+  EXPECT_EQ(healed->step, 60u);
+  EXPECT_EQ(healed->source, "a");
+  auto [global, momentum] = HealSlice(behind, healed->state, 0);
+  EXPECT_TRUE(std::equal(global.begin(), global.end(), source[0].state->global().begin()));
+  EXPECT_TRUE(std::equal(momentum.begin(), momentum.end(), source[0].state->momentum().begin()));
+}
+
+}  // namespace
+}  // namespace mend::reducer
