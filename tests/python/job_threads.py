@@ -1,5 +1,24 @@
 """What the in-process Python tests share: learners on threads of this process."""
 import threading
+import time
+
+
+def learner_state(lighthouse, learner_id):
+    """The lighthouse's word on ``learner_id`` ("waiting", "training", ...; "" when unknown)."""
+    for learner in lighthouse.status()["learners"]:
+        if learner["id"] == learner_id:
+            return learner["state"]
+    return ""
+
+
+def wait_for(condition, timeout=60.0):
+    """Checks ``condition`` every 20 ms until it holds (True) or ``timeout`` s pass (False)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 def run_in_threads(work, count, timeout=120):

@@ -4,13 +4,12 @@ optimizer step on the same batch is the source's, bit for bit; for learners
 of one rank and of a group of two (threads of this process)."""
 import os
 import threading
-import time
 
 import pytest
 torch = pytest.importorskip("torch")
 
 import mend
-from job_threads import run_in_threads
+from job_threads import learner_state, run_in_threads, wait_for
 
 TOKEN = "python-heal-optimizer-token-0123456789"
 PERIOD = 4
@@ -22,23 +21,6 @@ def batch(learner, step):
     x = torch.sin(torch.arange(16 * 8, dtype=torch.float32) * (0.37 * (learner + 1)) + step).reshape(16, 8)
     true_w = torch.arange(8, dtype=torch.float32).reshape(8, 1) / 8
     return x, x @ true_w + 0.1 * learner
-
-
-def learner_state(lighthouse, learner_id):
-    for learner in lighthouse.status()["learners"]:
-        if learner["id"] == learner_id:
-            return learner["state"]
-    return ""
-
-
-def wait_for(condition, timeout=60.0):
-    """Checks ``condition`` every 20 ms until it holds (True) or ``timeout`` s pass (False)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 @pytest.mark.parametrize("ranks", [1, 2])

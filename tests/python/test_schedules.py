@@ -4,14 +4,13 @@ step it uses exactly the learning rate the others use there, and the rate an
 uninterrupted run (a plain torch scheduler stepped that many times) uses."""
 import os
 import threading
-import time
 import warnings
 
 import pytest
 torch = pytest.importorskip("torch")
 
 import mend
-from job_threads import run_in_threads
+from job_threads import learner_state, run_in_threads, wait_for
 
 TOKEN = "python-schedules-token-0123456789"
 PERIOD = 5
@@ -65,22 +64,6 @@ def batch(learner, step):
     return x, x.sum(dim=1, keepdim=True) * 0.1
 
 
-def learner_state(lighthouse, learner_id):
-    for learner in lighthouse.status()["learners"]:
-        if learner["id"] == learner_id:
-            return learner["state"]
-    return ""
-
-
-def wait_for(condition, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
-
-
 def config_for(lighthouse, **keys):
     return mend.MendConfig(lighthouse=lighthouse.address, quorum_min_learners=1, sync_period_steps=PERIOD,
                            total_steps=TOTAL, concurrent_outer_step=False, grace_window_ms=20000,
@@ -117,40 +100,50 @@ def train(runtime, model, optimizer, scheduler, learner, log, before_step=None):
             break
 
 
+def late_joiner_job(lighthouse, start):
+    """Learner 0 trains 12 steps alone; then learner 1 calls mend_init. 0
+    waits at its step 15 until 1 waits in its first round (1's step 5),
+    which then forms with both: 1 heals onto 0's step 15 and both train on
+    to the job's end. ``start(learner, model)`` makes that learner's
+    (runtime, optimizer, scheduler: anything with a step()); returns each
+    learner's log (rates by job step, "moved", stats) and model."""
+    logs = [{"rates": {}} for _ in range(2)]
+    models = [model_of(0), model_of(0)]
+    b_may_start = threading.Event()
+
+    def learn(learner):
+        if learner == 1:
+            assert b_may_start.wait(60)
+        runtime, optimizer, scheduler = start(learner, models[learner])
+
+        def before_step(iteration):
+            if learner == 0 and iteration == 13:
+                b_may_start.set()
+            if learner == 0 and iteration == 15:
+                assert wait_for(lambda: learner_state(lighthouse, "learner-1") == "waiting")
+
+        train(runtime, models[learner], optimizer, scheduler, learner, logs[learner], before_step)
+        logs[learner]["stats"] = runtime.stats()
+        mend.mend_shutdown(models[learner])
+
+    errors = run_in_threads(learn, 2)
+    assert not errors, errors
+    return logs, models
+
+
 @pytest.mark.parametrize("kind", ["lambda", "onecycle", "cosine", "sequential", "chained"])
 @pytest.mark.parametrize("scheduler_after_init", [False, True])
 def test_a_late_learner_healed_onto_the_jobs_step_uses_the_jobs_learning_rate(kind, scheduler_after_init):
-    # Learner a trains 12 steps alone; then b calls mend_init. a waits at its
-    # step 15 until b waits in its first round (b's step 5), which then forms
-    # with both: b heals onto a's step 15 and both train on to step 40.
     with lighthouse_for_test() as lighthouse:
-        logs = [{"rates": {}} for _ in range(2)]
-        models = [model_of(0), model_of(0)]
-        b_may_start = threading.Event()
-
-        def learn(learner):
-            if learner == 1:
-                assert b_may_start.wait(60)
-            model = models[learner]
+        def start(learner, model):
             optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
             scheduler = None if scheduler_after_init else make_scheduler(kind, optimizer)
             runtime = mend.mend_init(model, config_for(lighthouse), f"learner-{learner}", optimizer=optimizer)
             if scheduler is None:
                 scheduler = make_scheduler(kind, optimizer)
+            return runtime, optimizer, scheduler
 
-            def before_step(iteration):
-                if learner == 0 and iteration == 13:
-                    b_may_start.set()
-                if learner == 0 and iteration == 15:
-                    assert wait_for(lambda: learner_state(lighthouse, "learner-1") == "waiting")
-
-            train(runtime, model, optimizer, scheduler, learner, logs[learner], before_step)
-            logs[learner]["stats"] = runtime.stats()
-            mend.mend_shutdown(model)
-
-        errors = run_in_threads(learn, 2)
-        assert not errors, errors
-    a, b = logs
+        (a, b), models = late_joiner_job(lighthouse, start)
     assert b["stats"]["heals"] >= 1, b["stats"]
     assert "moved" in b and "moved" not in a, (a.get("moved"), b.get("moved"))
     healed_at = b["moved"][1]
@@ -202,36 +195,21 @@ def test_a_learner_resumed_from_mends_checkpoint_uses_the_rate_of_an_uninterrupt
 
 def test_a_scheduler_that_cannot_follow_the_jobs_step_is_named_once():
     with lighthouse_for_test() as lighthouse:
-        logs = [{"rates": {}} for _ in range(2)]
-        models = [model_of(0), model_of(0)]
-        b_may_start = threading.Event()
-
-        def learn(learner):
-            if learner == 1:
-                assert b_may_start.wait(60)
-            model = models[learner]
+        def start(learner, model):
             optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
             plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer)
-            runtime = mend.mend_init(model, config_for(lighthouse), f"learner-{learner}", optimizer=optimizer)
-
-            def before_step(iteration):
-                if learner == 0 and iteration == 13:
-                    b_may_start.set()
-                if learner == 0 and iteration == 15:
-                    assert wait_for(lambda: learner_state(lighthouse, "learner-1") == "waiting")
 
             class Stepped:  # ReduceLROnPlateau steps on a metric
                 def step(self):
                     plateau.step(1.0)
 
-            train(runtime, model, optimizer, Stepped(), learner, logs[learner], before_step)
-            mend.mend_shutdown(model)
+            runtime = mend.mend_init(model, config_for(lighthouse), f"learner-{learner}", optimizer=optimizer)
+            return runtime, optimizer, Stepped()
 
         with warnings.catch_warnings(record=True) as caught:  # (the threads' warnings, here)
             warnings.simplefilter("always")
-            errors = run_in_threads(learn, 2)
-        assert not errors, errors
-    assert "moved" in logs[1]
+            (a, b), _ = late_joiner_job(lighthouse, start)
+    assert "moved" in b
     named = [str(w.message) for w in caught if "ReduceLROnPlateau" in str(w.message)]
     assert len(named) == 1, caught
     assert "follows a metric" in named[0]
