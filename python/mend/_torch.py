@@ -637,7 +637,6 @@ class Runtime:
         else:
             self._counted_tokens.take()  # (given: what the forwards counted is dropped)
         self._tokens = None
-        self._job_step += 1
         learner = self._learner
         plan = learner.plan_step()
         reads = plan & STEP_READS
@@ -647,6 +646,7 @@ class Runtime:
             self._hand_over_moments()
         if not reads:
             learner.step(int(tokens))
+            self._job_step += 1
             self._tokens_stepped += int(tokens)  # (a step refused is not counted)
             return
         bindings.check_attached(self.model, self._attached)
@@ -662,6 +662,7 @@ class Runtime:
             return
         self._before_call(fragments)
         learner.step(int(tokens))
+        self._job_step += 1
         self._after_call()
         self._follow_schedules()
         self._tokens_stepped += int(tokens)
@@ -684,6 +685,7 @@ class Runtime:
         for event in events:
             event.synchronize()
         self._learner.step(tokens)
+        self._job_step += 1
         self._after_call()  # (it wrote nothing: libmend logs an error if it did)
         self._tokens_stepped += tokens
         self._deferred_steps += 1
