@@ -195,11 +195,7 @@ int RunChaosCommand(ChaosFlags& flags) {
     job.train_args.insert(job.train_args.end(), {"--corpus", flags.corpus});
   if (flags.lr > 0)
     job.train_args.insert(job.train_args.end(), {"--lr", fmt::format("{}", flags.lr)});
-  // A heal brings the inner optimizer's state too, so that every learner's
-  // step count is the job's and the harness compares it (--set
-  // heal_inner_optimizer=false turns it off, and the comparison with it).
-  job.settings = {fmt::format("sync_period_steps={}", o.sync_period_steps),
-                  "heal_inner_optimizer=true"};
+  job.settings = {fmt::format("sync_period_steps={}", o.sync_period_steps)};
   if (Status settings = CheckSettings(flags.settings); !settings.ok()) {
     fmt::print(stderr, "mend chaos: {}\n", settings.message());
     return kExitBadConfig;
