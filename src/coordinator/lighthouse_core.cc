@@ -501,7 +501,7 @@ void LighthouseCore::Tick() {
       Micros waited = now - record.join->joined_at;
       counters_.quorum_timeouts++;
       AbortJoinLocked(record,
-                      record.join->after_finished
+                      record.join->after_finished && finished_
                           ? JobFinishedLocked(id)
                           : DeadlineExceededError(
                                 fmt::format("learner '{}': no round closed within {} ms; {}", id,
@@ -607,7 +607,7 @@ void LighthouseCore::GiveUpShortJoinsLocked(Micros now, Completions* completions
   }
   for (LearnerRecord* record : given_up) {
     counters_.quorum_timeouts++;
-    if (record->join->after_finished) {
+    if (record->join->after_finished && finished_) {
       AbortJoinLocked(*record, JobFinishedLocked(record->id), completions);
       continue;
     }

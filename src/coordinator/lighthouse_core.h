@@ -290,7 +290,7 @@ class LighthouseCore {
   std::optional<FinishedJob> finished_ ABSL_GUARDED_BY(mu_);
   void NoteFinishedLocked(const Round& round) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What a join of `id` that may not form a round alone after the job
-  // finished is told when it ends.
+  // finished is told when it ends (finished_ holds the job).
   Status JobFinishedLocked(const std::string& id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 };
 

@@ -1,6 +1,7 @@
 // The quorum rules (docs/architecture.md, "A round"), each against a fake clock.
 #include "coordinator/core_harness.h"
 #include "core/round_keys.h"
+#include "fmt/format.h"
 #include "gmock/gmock.h"
 
 namespace mend::coordinator {
@@ -186,6 +187,56 @@ TEST(QuorumRulesTest, TheJobsLastRoundClosesWithWhoeverJoinedAtHalfItsJoinsTimeo
   ASSERT_TRUE(a->ok());
   EXPECT_EQ(a->round().closed_by, "final_wait");
   EXPECT_THAT(CoreHarness::MemberIds(a->round()), ElementsAre("a"));
+}
+
+// After the job's final round closed and its learners left, a learner of
+// the job that joins without that round's state (restarted from scratch)
+// does not start a new job alone: its join never forms a round, and ends,
+// at its deadline or at once at the job's last step, with OUT_OF_RANGE
+// saying the job finished. Two of them together run the job again, and a
+// learner the job did not have starts a new one.
+TEST(QuorumRulesTest, ALearnerOfAFinishedJobAloneWithoutItsStateIsToldTheJobFinished) {
+  CoreHarness h(CoreHarness::Options(1, 1000));
+  const std::vector<std::string> settings = {"final_merge=true", "total_steps=20"};
+  RegisterWithSettings(h, settings, {"a", "b"});
+  auto a = h.Join("a", 0, 0, 60000, /*step=*/20);
+  auto b = h.Join("b", 0, 0, 60000, /*step=*/20);
+  ASSERT_TRUE(a->ok() && b->ok());
+  const uint64_t final_round = a->round().id;
+  for (const char* id : {"a", "b"}) ASSERT_TRUE(h.core().Leave(id, h.session(id), "done").ok());
+  RegisterWithSettings(h, settings, {"b"});  // restarted, with nothing of the job's state
+  auto early = h.Join("b", 0, 0, /*timeout_ms=*/5000, /*step=*/5);
+  AdvanceAlive(h, 4900, {"b"});
+  EXPECT_FALSE(early->done()) << "a round of one learner of the finished job formed";
+  AdvanceAlive(h, 200, {"b"});
+  ASSERT_TRUE(early->done());
+  EXPECT_EQ(early->code(), StatusCode::kOutOfRange) << early->message();
+  EXPECT_THAT(
+      early->message(),
+      HasSubstr(fmt::format("the job finished at step 20: its final round {} closed with a, b",
+                            final_round)));
+  auto at_the_end = h.Join("b", 0, 0, 60000, /*step=*/20);
+  ASSERT_TRUE(at_the_end->done());  // (at once: no one will ever come)
+  EXPECT_EQ(at_the_end->code(), StatusCode::kOutOfRange);
+  // The job's learners started together again: a round of two forms.
+  RegisterWithSettings(h, settings, {"a"});
+  auto a_again = h.Join("a", 0, 0, 60000, /*step=*/5);
+  auto b_again = h.Join("b", 0, 0, 60000, /*step=*/5);
+  ASSERT_TRUE(a_again->ok() && b_again->ok()) << a_again->message();
+  EXPECT_THAT(CoreHarness::MemberIds(a_again->round()), ElementsAre("a", "b"));
+}
+
+TEST(QuorumRulesTest, ALearnerTheFinishedJobDidNotHaveStartsANewJob) {
+  CoreHarness h(CoreHarness::Options(1, 1000));
+  const std::vector<std::string> settings = {"final_merge=true", "total_steps=20"};
+  RegisterWithSettings(h, settings, {"a"});
+  ASSERT_TRUE(h.Join("a", 0, 0, 60000, /*step=*/20)->ok());
+  ASSERT_TRUE(h.core().Leave("a", h.session("a"), "done").ok());
+  RegisterWithSettings(h, settings, {"c"});
+  auto c = h.Join("c", 0, 0, 60000, /*step=*/5);
+  AdvanceAlive(h, 1000, {"c"});
+  ASSERT_TRUE(c->ok()) << c->message();
+  EXPECT_THAT(CoreHarness::MemberIds(c->round()), ElementsAre("c"));
 }
 
 TEST(QuorumRulesTest, WithoutAFinalMergeTheLastStepsRoundClosesAsAnyOther) {
