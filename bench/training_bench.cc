@@ -341,41 +341,16 @@ class Bench {
     config.token_file = dir + "/token";
     MEND_ASSIGN_OR_RETURN(auto server, cli::StartLocalLighthouse(config));
     auto learner = [&](const std::string& id, int shard, int64_t steps) {
-      std::vector<std::string> argv = {o_.mend,
-                                       "train",
-                                       "--id",
-                                       id,
-                                       "--mode",
-                                       "diloco",
-                                       "--shard",
-                                       std::to_string(shard),
-                                       "--shards",
-                                       "2",
-                                       "--steps",
-                                       std::to_string(steps),
-                                       "--dim",
-                                       std::to_string(dim),
-                                       "--layers",
-                                       std::to_string(o_.layers),
-                                       "--batch",
-                                       "4",
-                                       "--lighthouse",
-                                       server->grpc_address(),
-                                       "--token-file",
-                                       dir + "/token",
-                                       "--job-id",
-                                       "heal",
-                                       "--sync-every",
-                                       "10",
-                                       "--diagnostics-dir",
-                                       dir + "/diagnostics",
-                                       "--progress-json",
-                                       "--progress-every",
-                                       "1",
-                                       "--set",
-                                       "heartbeat_timeout_ms=1000",
-                                       "--set",
-                                       fmt::format("link_rate_mbit={}", mbit)};
+      std::vector<std::string> argv = {
+          o_.mend, "train", "--id", id, "--mode", "diloco", "--shard", std::to_string(shard),
+          "--shards", "2", "--steps", std::to_string(steps), "--dim", std::to_string(dim),
+          "--layers", std::to_string(o_.layers), "--batch", "4", "--lighthouse",
+          server->grpc_address(), "--token-file", dir + "/token", "--job-id", "heal",
+          "--sync-every", "10", "--diagnostics-dir", dir + "/diagnostics", "--progress-json",
+          "--progress-every", "1", "--set", "heartbeat_timeout_ms=1000",
+          // (one job length for both runs of b, which stops
+          // at its --steps: a shared setting)
+          "--set", "total_steps=1000000", "--set", fmt::format("link_rate_mbit={}", mbit)};
       return cli::SpawnLearner(std::move(argv), dir + "/" + id + ".log");
     };
     MEND_ASSIGN_OR_RETURN(auto a, learner("a", 0, 1'000'000));
