@@ -12,13 +12,17 @@ Two learner processes (this script's `learner` mode) train an MLP of about
   outer momentum, 8 bytes a parameter). The restarted b's peak RSS and the
   survivor a's, and the heal's bytes over its transfer time (GB/s).
 
-Peak RSS is each process's own high-water mark (ru_maxrss), in bytes a
-parameter. Targets (issue 66): the healed learner's peak at most 4 bytes a
+Every round is a Nesterov step (outer_warmup_steps = 0), as in a job past
+its outer warm-up. Peak RSS is each
+process's own high-water mark (ru_maxrss), in bytes a parameter. Targets (issue 66): the healed learner's peak at most 4 bytes a
 parameter above a steady learner's, and a heal's GB/s no less than a
 round's. Prints a table and writes bench-results/heal_cost.csv.
 
     bench/heal_cost.py                       # 100 M parameters, about 3 minutes
     bench/heal_cost.py --params 25e6
+
+It measures the mend of the build tree (build/python, or $MEND_BUILD_DIR's),
+not an installed copy, when that tree has one.
 """
 import argparse
 import json
@@ -31,6 +35,13 @@ import tempfile
 import time
 
 from delay_sweep import print_table, write_csv  # this folder's
+
+# The build tree's package first, for this process and the learners it starts.
+_BUILT = os.path.join(os.environ.get("MEND_BUILD_DIR", os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                                    "..", "build")), "python")
+if os.path.isdir(os.path.join(_BUILT, "mend")):
+    sys.path.insert(0, _BUILT)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_BUILT, os.environ.get("PYTHONPATH")) if p)
 
 TOKEN = "heal-cost-bench-token-0123456789"
 
@@ -53,7 +64,8 @@ def learner(args):
     params = sum(p.numel() for p in model.parameters())
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     config = mend.MendConfig(lighthouse=args.lighthouse, quorum_min_learners=2, sync_period_steps=args.period,
-                             total_steps=args.steps, concurrent_outer_step=False, heartbeat_ms=100,
+                             total_steps=args.steps, concurrent_outer_step=False, outer_warmup_steps=0,
+                             heartbeat_ms=100,
                              heartbeat_timeout_ms=3000, grace_window_ms=30000, log_level="warn",
                              dataplane_host="127.0.0.1", diagnostics_dir=args.diagnostics)
     runtime = mend.mend_init(model, config, args.id, optimizer=optimizer)
@@ -151,6 +163,8 @@ def main():
     if args.mode == "learner":
         learner(args)
         return
+    import mend
+    print(f"mend from {os.path.dirname(mend.__file__)}")
     with tempfile.TemporaryDirectory() as work:
         rows = run("steady", args, work) + run("heal", args, work)
     print_table(rows, [("case", "case", ""), ("learner", "learner", ""), ("params", "parameters", ",d"),

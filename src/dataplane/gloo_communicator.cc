@@ -653,10 +653,14 @@ Status GlooCommunicator::WeightedAllReduceImpl(std::span<float> data, double wei
   }
   if (run.any_made && make == nullptr) {
     // Given values: kept (segment by segment, before the reduction writes
-    // each) in case every member reduces again; the verdict at once.
-    made->kept = TakeFloats(data.size());
-    run.kept = &made->kept;
-    stats_.kept_bytes = std::max<uint64_t>(stats_.kept_bytes, data.size_bytes());
+    // each) in case every member reduces again, unless they weigh 0 (a
+    // member taking part with zeros, such as a fresh join: it reduces
+    // again with zeros, whatever its values); the verdict at once.
+    if (weight > 0) {
+      made->kept = TakeFloats(data.size());
+      run.kept = &made->kept;
+      stats_.kept_bytes = std::max<uint64_t>(stats_.kept_bytes, data.size_bytes());
+    }
     run.verdict = made->in.squares;
     run.verdicts.assign(static_cast<size_t>(options_.world_size), 0.0);
     PostGather(op, kVerdict, std::as_bytes(std::span(&run.verdict, 1)),
@@ -745,7 +749,8 @@ StatusOr<Communicator::Merged> GlooCommunicator::MergeAllReduce(std::span<float>
     // weight 0 (the others' values made again, or their kept copy: the
     // result overwrote them), and nobody makes its values or is left out
     // this time.
-    if (std::binary_search(made.left_out.begin(), made.left_out.end(), options_.rank)) {
+    if (std::binary_search(made.left_out.begin(), made.left_out.end(), options_.rank) ||
+        weight == 0) {
       std::fill(data.begin(), data.end(), 0.0f);
       weight = 0;
     } else if (values.make == nullptr) {

@@ -73,8 +73,8 @@ nlohmann::json RoundRecord(const InFlight& flight, uint64_t applied_step, Micros
   record["merged_norm"] = outcome.result.merged_norm;
   record["outer_step"] = outcome.outer_warmup || outcome.final_merge ? "average" : "nesterov";
   record["final_merge"] = outcome.final_merge;
-  record["healed"] = !outcome.healed.empty();
-  if (!outcome.healed.empty()) {
+  record["healed"] = outcome.healed;
+  if (outcome.healed) {
     record["heal_step"] = outcome.heal_step;
     record["fresh_join"] = outcome.fresh_join;
     record["heal_seconds"] = outcome.heal_seconds;

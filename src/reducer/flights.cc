@@ -153,6 +153,7 @@ Status Flights::Launch(int f, uint64_t tau, bool final_merge) {
   flight->previous_round_id = HeldRoundId();
   flight->launched = clock_.NowMicros();
   flight->final_merge = final_merge;
+  flight->training_waits = !options_.concurrent && !final_merge;  // (AwaitVerdict)
   flight->apply_at_step = stats_.steps + tau;
   // Taken up in the order launched: never before an older round.
   if (!flights_.empty())
@@ -331,6 +332,16 @@ Status Flights::GiveBack(InFlight& flight) {
   Record(flight);
   FragmentBook& book = context_.outer.book();
   book.at(flight.fragment).tokens_since_round += flight.tokens;
+  if (flight.state_written) {
+    // Its state was none of the job's (a fresh join) and is now part the
+    // source's: it starts again from its own parameters, and its next
+    // round heals it again.
+    spdlog::warn(
+        "fragment {}: the heal into this learner's state failed halfway: its outer "
+        "state starts again from its parameters",
+        flight.fragment);
+    book.BaseFromParameters();
+  }
   if (!flight.eager.empty()) {
     UndoEager(book, flight);
     MEND_RETURN_IF_ERROR(policy_.ShareCommitted(false));
@@ -354,8 +365,7 @@ Status Flights::GiveBack(InFlight& flight) {
 Status Flights::Commit(InFlight& flight) {
   const Outcome& outcome = *flight.outcome;
   // A heal's transfer says nothing about the next rounds.
-  if (outcome.healed.empty())
-    context_.overlap.RecordRound(Seconds(flight.launched, flight.finished));
+  if (!outcome.healed) context_.overlap.RecordRound(Seconds(flight.launched, flight.finished));
   Count(flight, outcome, &stats_);
   if (failed_in_a_row_ > 2) {
     spdlog::info("round {}: a round again, after {} failed in a row", outcome.round_id,
@@ -384,7 +394,7 @@ bool Flights::Apply(InFlight& flight) {
   FragmentBook& book = context_.outer.book();
   Fragment& fragment = book.at(flight.fragment);
   const bool adopted = outcome.fragment != flight.fragment;
-  if (!outcome.healed.empty()) {
+  if (outcome.healed) {
     // (The commit adds the provisional step where one was taken, else its own part.)
     ApplyHeal(book, outcome, adopted ? nullptr : &fragment,
               flight.eager.empty() ? std::span<float>(flight.own) : std::span<float>(flight.eager));
@@ -411,7 +421,7 @@ bool Flights::Apply(InFlight& flight) {
   }
   if (std::optional<uint64_t> step =
           RebasedStep(outcome, flight, stats_.steps, book.period(), stats_.rounds == 0)) {
-    if (!outcome.healed.empty()) {
+    if (outcome.healed) {
       spdlog::info("healed from {}: step {} becomes the job's step {}", outcome.heal_source,
                    stats_.steps, *step);
     } else {
@@ -425,7 +435,7 @@ bool Flights::Apply(InFlight& flight) {
     // from the source's boundary as the job's step does, so that the two
     // stay apart by what they were on the source (Adam's bias correction at
     // each job step, the others').
-    if (context_.moments != nullptr && !outcome.healed.empty() && outcome.healed_moment_step > 0 &&
+    if (context_.moments != nullptr && outcome.healed && outcome.healed_moment_step > 0 &&
         !outcome.healed_moments[0].empty()) {
       context_.moments->set_step(outcome.healed_moment_step + (*step - JobStep(outcome)));
     }
@@ -514,7 +524,7 @@ std::vector<uint8_t> Flights::PlannedFragments(uint64_t next, std::vector<uint8_
     }
     fragments[static_cast<size_t>(flight.fragment)] = 1;  // (a failed round's undone step too)
     if (!flight.outcome.ok()) continue;
-    if (!flight.outcome->healed.empty()) return all;
+    if (flight.outcome->healed) return all;
     fragments[static_cast<size_t>(flight.outcome->fragment)] = 1;
   }
   return policy_.TouchedFragments(std::move(fragments));

@@ -338,6 +338,15 @@ void FragmentBook::KeepLocalProgress(Fragment& fragment, std::span<const float> 
   GiveBack(std::move(local));
 }
 
+void FragmentBook::BaseFromParameters() {
+  for (Fragment& fragment : fragments_) {
+    Gather(fragment, fragment.state->mutable_global());
+    std::span<float> momentum = fragment.state->mutable_momentum();
+    std::fill(momentum.begin(), momentum.end(), 0.0f);
+    fragment.state->AssignResidual({});
+  }
+}
+
 uint64_t FragmentBook::StateStep(uint64_t restored_step) const {
   uint64_t step = restored_step;
   for (const Fragment& fragment : fragments_) step = std::max(step, fragment.last_round_boundary);
@@ -401,9 +410,11 @@ void WriteAll(FlatParameters& values, std::span<const float> all) {
 void ApplyHeal(FragmentBook& book, const Outcome& outcome, const Fragment* exchanging,
                std::span<float> exchanging_own) {
   std::vector<Fragment>& fragments = book.fragments();
-  for (size_t f = 0; f < fragments.size(); ++f) {
+  // (Empty: written in place as it arrived, a fresh join's; its progress
+  // is dropped below.)
+  for (size_t f = 0; f < fragments.size() && !outcome.healed_state.empty(); ++f) {
     Fragment& fragment = fragments[f];
-    auto [global, momentum] = HealSlice(fragments, outcome.healed, f);
+    auto [global, momentum] = HealSlice(fragments, outcome.healed_state, f);
     if (&fragment != exchanging) {
       book.KeepLocalProgress(fragment, global);
     } else if (!exchanging_own.empty()) {
@@ -525,8 +536,7 @@ std::optional<uint64_t> RebasedStep(const Outcome& outcome, const InFlight& flig
   // (the steps trained since were dropped: CommitRound).
   if (outcome.final_merge && job_step > flight.boundary_step) return job_step;
   const bool far_behind = job_step >= flight.boundary_step + period;
-  if (!(far_behind || (!outcome.healed.empty() && first_round)) ||
-      job_step == flight.boundary_step) {
+  if (!(far_behind || (outcome.healed && first_round)) || job_step == flight.boundary_step) {
     return std::nullopt;
   }
   return job_step + (step - std::min(step, flight.formed_step));

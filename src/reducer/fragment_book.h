@@ -124,6 +124,10 @@ class FragmentBook {
   // base), so what this learner trained since its old base is still its
   // pseudo-gradient.
   void KeepLocalProgress(Fragment& fragment, std::span<const float> new_base);
+  // Every fragment's base becomes its local parameters, its momentum and
+  // error feedback none: a state of the learner's own again, after a heal
+  // into it failed halfway (HealInPlace).
+  void BaseFromParameters();
   // The job's step the global state is of: the boundary of the newest round
   // it includes, or `restored_step` (started or restored at) if later.
   uint64_t StateStep(uint64_t restored_step) const;
@@ -204,7 +208,7 @@ MomentsApplied ApplyMoments(FlatMoments* moments, const Outcome& outcome, InFlig
 // The job's step as a round showed it: its heal's source's boundary, else
 // the round's step (its members' largest boundary).
 inline uint64_t JobStep(const Outcome& outcome) {
-  return outcome.healed.empty() ? outcome.round_step : outcome.heal_step;
+  return outcome.healed ? outcome.heal_step : outcome.round_step;
 }
 
 // After a round: the learner's new step when the round puts it on the job's

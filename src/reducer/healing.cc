@@ -64,6 +64,26 @@ void ReadFragments(const std::vector<Fragment>& fragments, size_t offset,
   }
 }
 
+// The receiver's side of the same layout, in place: `in`, the bytes from
+// `offset` on, into every fragment's global state and momentum.
+void WriteFragments(const std::vector<Fragment>& fragments, size_t offset,
+                    std::span<const std::byte> in) {
+  size_t at = 0;
+  for (const Fragment& fragment : fragments) {
+    for (std::span<float> run :
+         {fragment.state->mutable_global(), fragment.state->mutable_momentum()}) {
+      const std::span<std::byte> bytes = std::as_writable_bytes(run);
+      const size_t end = at + bytes.size();
+      if (end > offset && at < offset + in.size()) {
+        const size_t from = std::max(offset, at);
+        const size_t to = std::min(offset + in.size(), end);
+        std::memcpy(bytes.data() + (from - at), in.data() + (from - offset), to - from);
+      }
+      at = end;
+    }
+  }
+}
+
 // Into `into` (resized to `values` floats, on a receiver that keeps them),
 // as StreamState hands over the checked chunks.
 WriteState WriteInto(std::vector<float>* into, size_t values) {
@@ -98,7 +118,7 @@ Status StreamMoments(Communicator& comm, const HealOffer& offer, int source,
 
 StatusOr<Healed> HealRound(Communicator& comm, const QuorumResult& round,
                            const std::vector<Fragment>& fragments, const HealOffer& offer,
-                           const Clock& clock) {
+                           const Clock& clock, HealInPlace in_place) {
   const std::map<int, std::vector<int>> healees = HealeesBySource(comm, round);
   Healed healed;
   if (healees.empty()) return healed;
@@ -116,16 +136,23 @@ StatusOr<Healed> HealRound(Communicator& comm, const QuorumResult& round,
     uint64_t boundary[4] = {offer.boundary_step, static_cast<uint64_t>(offer.fragment),
                             offer.moment_step, has_moments ? 1u : 0u};
     std::vector<float> state;
+    WriteState write = WriteInto(heals && in_place.fragments == nullptr ? &state : nullptr, values);
+    if (heals && in_place.fragments != nullptr) {
+      *in_place.written = true;
+      write = [target = in_place.fragments](size_t offset, std::span<const std::byte> in) {
+        WriteFragments(*target, offset, in);
+      };
+    }
     MEND_RETURN_IF_ERROR(StreamState(
         comm, values * sizeof(float),
         [&](size_t offset, std::span<std::byte> out) { ReadFragments(fragments, offset, out); },
-        WriteInto(heals ? &state : nullptr, values), source, source_id, kHealChunkBytes,
-        std::as_writable_bytes(std::span(boundary))));
+        write, source, source_id, kHealChunkBytes, std::as_writable_bytes(std::span(boundary))));
     if (boundary[3] != 0) {
       MEND_RETURN_IF_ERROR(
           StreamMoments(comm, offer, source, source_id, heals ? &healed : nullptr));
     }
     if (!heals) continue;
+    healed.healed = true;
     healed.state = std::move(state);
     healed.bytes = (values + (boundary[3] != 0 ? 2 * offer.moment_values : 0)) * sizeof(float) +
                    sizeof(boundary);

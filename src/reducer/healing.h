@@ -40,9 +40,22 @@ struct HealOffer {
   uint64_t moment_step = 0;
 };
 
+// Where a member that heals puts what it receives: a copy (`fragments`
+// null), applied when the round commits (ApplyHeal); or straight into
+// `fragments`' global state and momentum as each chunk checks out, for a
+// learner whose state is none of the job's (a fresh join) and whose
+// training thread waits for the round, so that nothing reads the state
+// while it is written. `*written` becomes true before the first byte is:
+// a heal that fails after it leaves the state part the source's.
+struct HealInPlace {
+  std::vector<Fragment>* fragments = nullptr;
+  bool* written = nullptr;
+};
+
 // What this member received, when it healed.
 struct Healed {
-  std::vector<float> state;  // empty: it did not heal
+  bool healed = false;       // it took a source's state
+  std::vector<float> state;  // ... a copy of it (empty: it was written in place)
   std::string source;
   uint64_t step = 0;              // the source's boundary step
   int fragment = 0;               // the fragment the source exchanges
@@ -55,6 +68,7 @@ struct Healed {
 // Runs the round's heals on `comm` (every member must call it).
 [[nodiscard]] StatusOr<Healed> HealRound(Communicator& comm, const QuorumResult& round,
                                          const std::vector<Fragment>& fragments,
-                                         const HealOffer& offer, const Clock& clock);
+                                         const HealOffer& offer, const Clock& clock,
+                                         HealInPlace in_place = {});
 
 }  // namespace mend::reducer

@@ -28,7 +28,11 @@ struct Outcome {
   // A round of another fragment (adopted; see `fragment`): the members'
   // merged pseudo-gradient (else it is in the flight's `delta`).
   std::vector<float> adopted_merged;
-  std::vector<float> healed;  // every fragment's global + momentum, when this learner healed
+  bool healed = false;  // this learner took a source's state
+  // ... a copy of it, every fragment's global + momentum, applied at the
+  // commit (empty: it was written into the fragments as it arrived, a fresh
+  // join's while its training thread waited: HealInPlace).
+  std::vector<float> healed_state;
   uint64_t round_id = 0;
   uint32_t rank = 0;
   uint32_t members = 0;
@@ -61,6 +65,13 @@ struct InFlight {
   uint64_t apply_at_step = 0;
   uint64_t tokens = 0;
   uint64_t previous_round_id = 0;  // the learner's last round at launch
+  // The training thread waits for it (a synchronous round, not a final
+  // merge): it reads none of the fragments' state meanwhile.
+  bool training_waits = false;
+  // Set by the round's thread (read once it was joined): a heal began to
+  // write the fragments' state in place; if the round fails, that state is
+  // part the source's.
+  bool state_written = false;
   Micros launched = 0;
   Micros finished = 0;  // set by the thread before `done`
   // This learner's pseudo-gradient at the boundary (theta_g - theta_i; the

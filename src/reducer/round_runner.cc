@@ -40,9 +40,8 @@ uint64_t CrossRackBytes(const CommunicatorStats& before, const CommunicatorStats
 }
 
 RoundRunner::RoundRunner(const Config& config, const FragmentSchedule& schedule,
-                         RoundServices& services, const FragmentBook& book,
-                         const RoundPolicy& policy, const OuterSyncOptions& options,
-                         size_t moment_values)
+                         RoundServices& services, FragmentBook& book, const RoundPolicy& policy,
+                         const OuterSyncOptions& options, size_t moment_values)
     : config_(config),
       schedule_(schedule),
       services_(services),
@@ -156,7 +155,7 @@ StatusOr<Outcome> RoundRunner::Run(InFlight& flight, const std::function<uint64_
   // fragment only. (A group's slices may differ: there it stays as formed,
   // decided by rank 0's view.) The job's first round lets the next
   // fragment's boundary launch beside it.
-  if (may_heal && outcome.healed.empty() && exchanged == flight.fragment && !policy_.group())
+  if (may_heal && !outcome.healed && exchanged == flight.fragment && !policy_.group())
     flight.HealedNothing();
   const CommunicatorStats before_merge = comm->stats();
   MEND_RETURN_IF_ERROR(Merge(*comm, round, flight, &outcome));
@@ -247,7 +246,7 @@ void RoundRunner::Stop() {
 // no model crosses the link. Otherwise the lighthouse named a source when a
 // member is behind.
 Status RoundRunner::HealOrAgree(Communicator& comm, RendezvousStore& store,
-                                const QuorumResult& round, const InFlight& flight, Micros timeout,
+                                const QuorumResult& round, InFlight& flight, Micros timeout,
                                 Outcome* outcome) {
   if (round.heal_round_id == 0) {
     MEND_ASSIGN_OR_RETURN(bool agree, StatesAgree(store, round, flight, timeout));
@@ -261,11 +260,25 @@ Status RoundRunner::HealOrAgree(Communicator& comm, RendezvousStore& store,
   offer.moments[0] = &flight.moments[0];
   offer.moments[1] = &flight.moments[1];
   offer.moment_step = flight.moment_step;
-  MEND_ASSIGN_OR_RETURN(Healed healed,
-                        HealRound(comm, round, book_.fragments(), offer, services_.clock()));
+  // A learner that joins with nothing of the job's state (a new or
+  // restarted process, no checkpoint) trained from its own initial
+  // parameters: its pseudo-gradient is not one the job can use, and its
+  // state none the job needs. While its training thread waits for the
+  // round (synchronous) nothing else reads that state: the heal writes
+  // into it as it arrives, with no copy of the whole (a failure halfway
+  // resets it: Flights::GiveBack).
+  const bool fresh_join = flight.previous_round_id == 0 && round.heal_round_id > 0;
+  HealInPlace in_place;
+  if (fresh_join && flight.training_waits) {
+    in_place.fragments = &book_.fragments();
+    in_place.written = &flight.state_written;
+  }
+  MEND_ASSIGN_OR_RETURN(
+      Healed healed, HealRound(comm, round, book_.fragments(), offer, services_.clock(), in_place));
   outcome->heal_seconds = healed.seconds;
-  if (healed.state.empty()) return OkStatus();
-  outcome->healed = std::move(healed.state);
+  if (!healed.healed) return OkStatus();
+  outcome->healed = true;
+  outcome->healed_state = std::move(healed.state);
   outcome->heal_bytes = healed.bytes;
   outcome->heal_source = healed.source;
   outcome->heal_step = healed.step;
@@ -274,10 +287,7 @@ Status RoundRunner::HealOrAgree(Communicator& comm, RendezvousStore& store,
   outcome->healed_moments[0] = std::move(healed.moments[0]);
   outcome->healed_moments[1] = std::move(healed.moments[1]);
   outcome->healed_moment_step = healed.moment_step;
-  // A learner that joined with nothing of the job's state (a new or
-  // restarted process, no checkpoint) trained from its own initial
-  // parameters: its pseudo-gradient is not one the job can use.
-  outcome->fresh_join = flight.previous_round_id == 0 && round.heal_round_id > 0;
+  outcome->fresh_join = fresh_join;
   return OkStatus();
 }
 
@@ -329,7 +339,7 @@ Status RoundRunner::Merge(Communicator& comm, const QuorumResult& round, InFligh
   // touched, stands for it, not a copy of the healed values.
   const FragmentState* state = book_.at(outcome->fragment).state.get();
   std::unique_ptr<FragmentState> healed_state;
-  if (!outcome->healed.empty()) {
+  if (outcome->healed) {
     healed_state = std::make_unique<FragmentState>(state->size());
     state = healed_state.get();
   }

@@ -85,7 +85,7 @@ class RoundRunner {
   // Nothing is owned; all must outlive the runner. `moment_values`: the
   // inner optimizer's moments' size (0: none).
   RoundRunner(const Config& config, const FragmentSchedule& schedule, RoundServices& services,
-              const FragmentBook& book, const RoundPolicy& policy, const OuterSyncOptions& options,
+              FragmentBook& book, const RoundPolicy& policy, const OuterSyncOptions& options,
               size_t moment_values);
 
   // DES-LOC: rounds between two first-moment and two second-moment syncs.
@@ -108,7 +108,7 @@ class RoundRunner {
                                                   CommunicatorOptions* options);
   int ExchangedFragment(const QuorumResult& round, const InFlight& flight) const;
   Status HealOrAgree(Communicator& comm, RendezvousStore& store, const QuorumResult& round,
-                     const InFlight& flight, Micros timeout, Outcome* outcome);
+                     InFlight& flight, Micros timeout, Outcome* outcome);
   StatusOr<bool> StatesAgree(RendezvousStore& store, const QuorumResult& round,
                              const InFlight& flight, Micros timeout) const;
   Status Merge(Communicator& comm, const QuorumResult& round, InFlight& flight, Outcome* outcome);
@@ -119,7 +119,7 @@ class RoundRunner {
   const Config& config_;
   const FragmentSchedule& schedule_;
   RoundServices& services_;
-  const FragmentBook& book_;
+  FragmentBook& book_;  // its state written by a heal in place (HealRound) only
   const RoundPolicy& policy_;
   const OuterSyncOptions& options_;
   const size_t moment_values_;

@@ -274,6 +274,36 @@ TEST(MadeAllReduceTest, AMakerNotFiniteIsLeftOutBesideMembersThatGaveTheirValues
   }
 }
 
+TEST(MadeAllReduceTest, AMemberOfWeightZeroThatGivesItsValuesKeepsNoCopyForTheSecondReduction) {
+  // Three members: 0 gives its values, 1 makes them (a NaN among the last:
+  // left out), 2 gives zeros with weight 0 (a fresh join's part). Member 2
+  // keeps no copy (it reduces zeros again, whatever it gave); member 0 keeps
+  // one; every member ends with the bits of 1 and 2 passing zeros.
+  const size_t n = 20'000;
+  std::vector<std::vector<float>> inputs;
+  std::vector<double> weights;
+  for (int r = 0; r < 3; ++r) {
+    inputs.push_back(MemberData(r, n));
+    weights.push_back(MemberWeight(r));
+  }
+  inputs[1][n - 7] = std::numeric_limits<float>::quiet_NaN();
+  inputs[2].assign(n, 0.0f);
+  weights[2] = 0;
+  auto zeroed = inputs;
+  zeroed[1].assign(n, 0.0f);
+  auto zero_weights = weights;
+  zero_weights[1] = 0;
+  const auto want = Reference(zeroed, zero_weights);
+  const auto seen = RunMade(inputs, weights, {}, /*makers=*/2u);
+  for (int r = 0; r < 3; ++r) {
+    const std::string what = fmt::format("member {}", r);
+    ExpectSameBits(seen[r].result, want[r], what);
+    EXPECT_EQ(seen[r].operations, 2u) << what;
+  }
+  EXPECT_EQ(seen[0].kept_bytes, n * sizeof(float));
+  EXPECT_EQ(seen[2].kept_bytes, 0u);
+}
+
 TEST(MadeAllReduceTest, EveryMemberNotFiniteIsRefusedOnEveryMember) {
   std::vector<StatusCode> codes(2, StatusCode::kOk);
   RunMembers(

@@ -3,13 +3,18 @@
 // state through one chunk's buffer on the source, and into the healed
 // learner's copy of it (8 bytes a parameter: the global state and the
 // momentum, applied at once when the round commits) with one chunk's buffer
-// more, never a second copy of the whole state on either side.
+// more, never a second copy of the whole state on either side; a fresh
+// join's heal (HealInPlace) writes into its fragments through one chunk's
+// buffer, and no copy.
 #include <malloc.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <new>
+#include <optional>
+#include <span>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -127,6 +132,74 @@ TEST(HealMemoryTest, AHealAllocatesAChunkOnTheSourceAndOneCopyOfTheStateOnTheHea
   auto [global, momentum] = HealSlice(behind, healed->state, 0);
   EXPECT_TRUE(std::equal(global.begin(), global.end(), source[0].state->global().begin()));
   EXPECT_TRUE(std::equal(momentum.begin(), momentum.end(), source[0].state->momentum().begin()));
+}
+
+// The source's messages of a heal from `source` (rank 0) to rank 1.
+std::vector<std::vector<std::byte>> SourceLog(const std::vector<Fragment>& source) {
+  std::vector<std::vector<std::byte>> log;
+  HealOffer offer;
+  offer.boundary_step = 60;
+  ReplayCommunicator comm(0, &log);
+  EXPECT_TRUE(HealRound(comm, RoundWhereBHealsFromA(0), source, offer, *RealClock()).ok());
+  return log;
+}
+
+TEST(HealMemoryTest, AHealInPlaceAllocatesAChunkAndWritesTheFragments) {
+  const std::vector<Fragment> source = Fragments(1.0f);
+  std::vector<Fragment> behind = Fragments(-5.0f);
+  const std::vector<std::vector<std::byte>> log = SourceLog(source);
+  HealOffer offer;
+  offer.boundary_step = 20;
+  bool written = false;
+  std::optional<Healed> healed;
+  std::vector<std::vector<std::byte>> replay = log;
+  const size_t at_healed = PeakDuring([&]() {
+    ReplayCommunicator comm(1, &replay);
+    StatusOr<Healed> got = HealRound(comm, RoundWhereBHealsFromA(1), behind, offer, *RealClock(),
+                                     HealInPlace{&behind, &written});
+    ASSERT_TRUE(got.ok()) << got.status();
+    healed = std::move(*got);
+  });
+  ASSERT_TRUE(healed.has_value());
+  std::printf("heal in place of %zu bytes: the healed allocated %zu bytes at most\n",
+              2 * kValues * sizeof(float), at_healed);
+  const size_t chunk = kHealChunkBytes + (64 << 10);
+  EXPECT_LE(at_healed, 2 * chunk) << "the healed allocated " << at_healed << " bytes";
+  EXPECT_TRUE(written);
+  EXPECT_TRUE(healed->healed);
+  EXPECT_TRUE(healed->state.empty());  // (no copy)
+  EXPECT_EQ(healed->step, 60u);
+  EXPECT_TRUE(std::equal(behind[0].state->global().begin(), behind[0].state->global().end(),
+                         source[0].state->global().begin()));
+  EXPECT_TRUE(std::equal(behind[0].state->momentum().begin(), behind[0].state->momentum().end(),
+                         source[0].state->momentum().begin()));
+}
+
+// A chunk that fails its check fails the heal: the chunks before it are
+// in the fragments (the caller resets them: Flights::GiveBack), it and
+// those after it are not.
+TEST(HealMemoryTest, AHealInPlaceThatFailsHalfwaySaysItWroteAndStopsAtTheBadChunk) {
+  const std::vector<Fragment> source = Fragments(1.0f);
+  std::vector<Fragment> behind = Fragments(-5.0f);
+  const std::vector<Fragment> before = Fragments(-5.0f);
+  std::vector<std::vector<std::byte>> log = SourceLog(source);
+  ASSERT_GE(log.size(), 4u);
+  HealOffer offer;
+  bool written = false;
+  ReplayCommunicator comm(1, &log, /*damage=*/2);
+  StatusOr<Healed> got = HealRound(comm, RoundWhereBHealsFromA(1), behind, offer, *RealClock(),
+                                   HealInPlace{&behind, &written});
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss) << got.status();
+  EXPECT_TRUE(written);
+  const size_t chunk_values = kHealChunkBytes / sizeof(float);
+  std::span<const float> global = behind[0].state->global();
+  EXPECT_TRUE(std::equal(global.begin(), global.begin() + 2 * chunk_values,
+                         source[0].state->global().begin()));
+  EXPECT_TRUE(std::equal(global.begin() + 2 * chunk_values, global.end(),
+                         before[0].state->global().begin() + 2 * chunk_values));
+  EXPECT_TRUE(std::equal(behind[0].state->momentum().begin(), behind[0].state->momentum().end(),
+                         before[0].state->momentum().begin()));
 }
 
 }  // namespace

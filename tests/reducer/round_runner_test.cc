@@ -67,7 +67,7 @@ TEST_F(RoundRunnerTest, ARoundAsksTheQuorumForTheFlightAndMergesItsPseudoGradien
   EXPECT_EQ(ask.timeout, 1234 * kMicrosPerMilli);
   EXPECT_EQ(outcome->round_id, 7u);
   EXPECT_EQ(outcome->members, 1u);
-  EXPECT_TRUE(outcome->healed.empty());  // one member agrees with itself
+  EXPECT_FALSE(outcome->healed);  // one member agrees with itself
   EXPECT_FALSE(outcome->outer_warmup);
   // The round formed at the learner's step then; the abort watch was armed
   // for its connect, then for its communicator, and disarmed at the end.
@@ -309,6 +309,23 @@ TEST_F(RoundRunnerTest, ARoundWithinTheOuterWarmUpIsAnAverage) {
   EXPECT_TRUE(outcome->outer_warmup);
   // An average at the commit: theta_g - the merge.
   EXPECT_TRUE(outcome->result.average);
+}
+
+// After a heal into a fresh join's state failed halfway (HealInPlace), the
+// learner's state is its own again: its base its parameters, no momentum,
+// no error feedback.
+TEST_F(RoundRunnerTest, AStatePartHealedStartsAgainFromTheParameters) {
+  const std::vector<float> half_healed = {9.0f, 9.0f, 1.0f, 1.0f};
+  book_.at(0).state->Assign(half_healed, std::vector<float>{0.5f, 0.5f, 0.0f, 0.0f});
+  book_.at(0).state->AssignResidual(std::vector<float>{0.25f, 0.0f, 0.0f, 0.0f});
+  parameters_.values() = {3.0f, 4.0f, 5.0f, 6.0f};
+  book_.BaseFromParameters();
+  EXPECT_EQ(
+      std::vector<float>(book_.at(0).state->global().begin(), book_.at(0).state->global().end()),
+      (std::vector<float>{3.0f, 4.0f, 5.0f, 6.0f}));
+  for (float m : book_.at(0).state->momentum()) EXPECT_EQ(m, 0.0f);
+  EXPECT_TRUE(book_.at(0).state->residual().empty());
+  EXPECT_EQ(parameters_.values(), (std::vector<float>{3.0f, 4.0f, 5.0f, 6.0f}));  // (untouched)
 }
 
 TEST(FinalMergeTest, TheFinalMergeIsTheRoundOfTheLastStepThatNoBoundaryLaunched) {
