@@ -2,8 +2,9 @@
 """What a heal costs in memory and time, beside a steady round of the same job.
 
 Two learner processes (this script's `learner` mode) train an MLP of about
---params parameters in float32 with AdamW, synchronous rounds every
---period steps, through mend_init on a lighthouse of their own:
+--params parameters in float32 with AdamW, synchronous rounds (with
+--concurrent, concurrent ones) every --period steps, through mend_init on a
+lighthouse of their own:
 
 * steady: both train the whole job; each one's peak RSS, and a round's
   bytes sent over its time (GB/s, from the learners' round diagnostics);
@@ -20,6 +21,7 @@ round's. Prints a table and writes bench-results/heal_cost.csv.
 
     bench/heal_cost.py                       # 100 M parameters, about 3 minutes
     bench/heal_cost.py --params 25e6
+    bench/heal_cost.py --concurrent          # concurrent rounds (mend's default)
 
 It measures the mend of the build tree (build/python, or $MEND_BUILD_DIR's),
 not an installed copy, when that tree has one.
@@ -64,7 +66,7 @@ def learner(args):
     params = sum(p.numel() for p in model.parameters())
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     config = mend.MendConfig(lighthouse=args.lighthouse, quorum_min_learners=2, sync_period_steps=args.period,
-                             total_steps=args.steps, concurrent_outer_step=False, outer_warmup_steps=0,
+                             total_steps=args.steps, concurrent_outer_step=args.concurrent, outer_warmup_steps=0,
                              heartbeat_ms=100,
                              heartbeat_timeout_ms=3000, grace_window_ms=30000, log_level="warn",
                              dataplane_host="127.0.0.1", diagnostics_dir=args.diagnostics)
@@ -103,7 +105,8 @@ def run(case, args, work):
 
     def start(learner_id, ready=""):
         out = os.path.join(work, case, f"{learner_id}.json")
-        argv = [sys.executable, os.path.abspath(__file__), "learner", "--id", learner_id, "--lighthouse",
+        argv = [sys.executable, os.path.abspath(__file__), "learner", "--id", learner_id] + (
+            ["--concurrent"] if args.concurrent else []) + ["--lighthouse",
                 house.address, "--params", str(args.params), "--period", str(args.period), "--steps",
                 str(args.steps), "--diagnostics", diagnostics, "--out", out, "--ready", ready]
         return subprocess.Popen(argv), out
@@ -151,6 +154,7 @@ def main():
     parser.add_argument("--params", type=float, default=100e6)
     parser.add_argument("--period", type=int, default=2)
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--concurrent", action="store_true", help="concurrent rounds (the default config), not synchronous")
     parser.add_argument("--csv", default="bench-results/heal_cost.csv")
     # learner mode
     parser.add_argument("--id")

@@ -153,8 +153,18 @@ Status Flights::Launch(int f, uint64_t tau, bool final_merge) {
   flight->previous_round_id = HeldRoundId();
   flight->launched = clock_.NowMicros();
   flight->final_merge = final_merge;
-  flight->training_waits = !options_.concurrent && !final_merge;  // (AwaitVerdict)
-  flight->apply_at_step = stats_.steps + tau;
+  // The training thread waits for a synchronous round (AwaitVerdict), and
+  // in concurrent mode for the first round of a learner of one rank that
+  // joins a job in progress with none of its state (a new or restarted
+  // process): that round heals it, and what it would train meanwhile is on
+  // a model the heal replaces. It is taken up at its boundary
+  // (RoundDriverImpl::AtBoundary), and the heal writes into the state in
+  // place (HealInPlace): nothing else reads it meanwhile.
+  const bool joins_in_progress = options_.concurrent && !final_merge && flights_.empty() &&
+                                 !policy_.group() && flight->previous_round_id == 0 &&
+                                 services_->News().latest_round_id > 0;
+  flight->training_waits = (!options_.concurrent && !final_merge) || joins_in_progress;
+  flight->apply_at_step = stats_.steps + (joins_in_progress ? 0 : tau);
   // Taken up in the order launched: never before an older round.
   if (!flights_.empty())
     flight->apply_at_step = std::max(flight->apply_at_step, flights_.back()->apply_at_step);

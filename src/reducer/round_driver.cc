@@ -160,7 +160,11 @@ Status RoundDriverImpl::AtBoundary(int f, Phase* phase) {
         continue;
       }
       case Action::kLaunch:
-        return Launch(f);
+        MEND_RETURN_IF_ERROR(Launch(f));
+        // (A join into a job in progress with none of its state: waited for here, see
+        // Flights::Launch.)
+        return options_.concurrent && flights_->newest().training_waits ? flights_->TakeUp()
+                                                                        : OkStatus();
       case Action::kLaunchAndApply:  // synchronous DiLoCo: wait here
         MEND_RETURN_IF_ERROR(Launch(f));
         return flights_->TakeUp();

@@ -66,7 +66,8 @@ struct InFlight {
   uint64_t tokens = 0;
   uint64_t previous_round_id = 0;  // the learner's last round at launch
   // The training thread waits for it (a synchronous round, not a final
-  // merge): it reads none of the fragments' state meanwhile.
+  // merge; a join into a job in progress with none of its state: see
+  // Flights::Launch): it reads none of the fragments' state meanwhile.
   bool training_waits = false;
   // Set by the round's thread (read once it was joined): a heal began to
   // write the fragments' state in place; if the round fails, that state is
