@@ -44,44 +44,41 @@ std::map<int, std::vector<int>> HealeesBySource(const Communicator& comm,
   return healees;
 }
 
-// The source's side of the healing buffer's layout (HealStateOffset): the
-// bytes [offset, offset + out.size()) of every fragment's global state and
-// momentum, back to back, read where they lie.
-void ReadFragments(const std::vector<Fragment>& fragments, size_t offset,
-                   std::span<std::byte> out) {
+// The healing buffer's layout (HealStateOffset) over the fragments: for
+// the bytes [offset, offset + size) of every fragment's global state and
+// momentum back to back, `copy(state, at, n)` for each run of them that
+// lies in one fragment's vector (`state`: where it starts there; `at`: its
+// place from `offset`; n bytes).
+template <typename Copy>
+void ForEachRun(const std::vector<Fragment>& fragments, size_t offset, size_t size, Copy copy) {
   size_t at = 0;  // where the current run starts, in bytes of the layout
   for (const Fragment& fragment : fragments) {
-    for (std::span<const float> run : {fragment.state->global(), fragment.state->momentum()}) {
-      const std::span<const std::byte> bytes = std::as_bytes(run);
+    for (std::span<float> run :
+         {fragment.state->mutable_global(), fragment.state->mutable_momentum()}) {
+      const std::span<std::byte> bytes = std::as_writable_bytes(run);
       const size_t end = at + bytes.size();
-      if (end > offset && at < offset + out.size()) {
+      if (end > offset && at < offset + size) {
         const size_t from = std::max(offset, at);
-        const size_t to = std::min(offset + out.size(), end);
-        std::memcpy(out.data() + (from - offset), bytes.data() + (from - at), to - from);
+        copy(bytes.data() + (from - at), from - offset, std::min(offset + size, end) - from);
       }
       at = end;
     }
   }
 }
 
-// The receiver's side of the same layout, in place: `in`, the bytes from
-// `offset` on, into every fragment's global state and momentum.
+// The source's side: the bytes from `offset` on, read where they lie.
+void ReadFragments(const std::vector<Fragment>& fragments, size_t offset,
+                   std::span<std::byte> out) {
+  ForEachRun(fragments, offset, out.size(), [&](const std::byte* state, size_t at, size_t n) {
+    std::memcpy(out.data() + at, state, n);
+  });
+}
+
+// A receiver's in place (HealInPlace): `in`, the bytes from `offset` on.
 void WriteFragments(const std::vector<Fragment>& fragments, size_t offset,
                     std::span<const std::byte> in) {
-  size_t at = 0;
-  for (const Fragment& fragment : fragments) {
-    for (std::span<float> run :
-         {fragment.state->mutable_global(), fragment.state->mutable_momentum()}) {
-      const std::span<std::byte> bytes = std::as_writable_bytes(run);
-      const size_t end = at + bytes.size();
-      if (end > offset && at < offset + in.size()) {
-        const size_t from = std::max(offset, at);
-        const size_t to = std::min(offset + in.size(), end);
-        std::memcpy(bytes.data() + (from - at), in.data() + (from - offset), to - from);
-      }
-      at = end;
-    }
-  }
+  ForEachRun(fragments, offset, in.size(),
+             [&](std::byte* state, size_t at, size_t n) { std::memcpy(state, in.data() + at, n); });
 }
 
 // Into `into` (resized to `values` floats, on a receiver that keeps them),

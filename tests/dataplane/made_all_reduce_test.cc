@@ -87,6 +87,14 @@ std::vector<std::vector<float>> Reference(const std::vector<std::vector<float>>&
   return results;
 }
 
+// What every member gets when member `left_out` passes zeros with weight 0.
+std::vector<std::vector<float>> ReferenceLeavingOut(std::vector<std::vector<float>> inputs,
+                                                    std::vector<double> weights, int left_out) {
+  inputs[static_cast<size_t>(left_out)].assign(inputs[static_cast<size_t>(left_out)].size(), 0.0f);
+  weights[static_cast<size_t>(left_out)] = 0;
+  return Reference(inputs, weights);
+}
+
 // Each member's MadeAllReduce of `inputs[rank]`, made into a buffer of
 // garbage (so a value read before it was made shows); the members not in
 // `makers` (a bit each) pass theirs to WeightedAllReduce instead.
@@ -188,18 +196,14 @@ TEST(MadeAllReduceTest, AMemberWhoseValuesAreNotFiniteIsLeftOutWithTheBitsOfZero
        {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {
     for (int members : {2, 3}) {
       const size_t n = 20'000;
-      std::vector<std::vector<float>> inputs, zeroed;
-      std::vector<double> weights, zero_weights;
+      std::vector<std::vector<float>> inputs;
+      std::vector<double> weights;
       for (int r = 0; r < members; ++r) {
         inputs.push_back(MemberData(r, n));
         weights.push_back(MemberWeight(r));
       }
       inputs[1][n - 7] = poison;
-      zeroed = inputs;
-      zeroed[1].assign(n, 0.0f);
-      zero_weights = weights;
-      zero_weights[1] = 0;
-      const auto want = Reference(zeroed, zero_weights);
+      const auto want = ReferenceLeavingOut(inputs, weights, 1);
       const auto seen = RunMade(inputs, weights);
       for (int r = 0; r < members; ++r) {
         const std::string what = "member " + std::to_string(r) + " of " + std::to_string(members) +
@@ -258,11 +262,7 @@ TEST(MadeAllReduceTest, AMakerNotFiniteIsLeftOutBesideMembersThatGaveTheirValues
       weights.push_back(MemberWeight(r));
     }
     inputs[1][n - 7] = std::numeric_limits<float>::quiet_NaN();
-    auto zeroed = inputs;
-    zeroed[1].assign(n, 0.0f);
-    auto zero_weights = weights;
-    zero_weights[1] = 0;
-    const auto want = Reference(zeroed, zero_weights);
+    const auto want = ReferenceLeavingOut(inputs, weights, 1);
     const auto seen = RunMade(inputs, weights, {}, /*makers=*/2u);
     for (int r = 0; r < members; ++r) {
       const std::string what = fmt::format("member {} of {}", r, members);
@@ -289,11 +289,7 @@ TEST(MadeAllReduceTest, AMemberOfWeightZeroThatGivesItsValuesKeepsNoCopyForTheSe
   inputs[1][n - 7] = std::numeric_limits<float>::quiet_NaN();
   inputs[2].assign(n, 0.0f);
   weights[2] = 0;
-  auto zeroed = inputs;
-  zeroed[1].assign(n, 0.0f);
-  auto zero_weights = weights;
-  zero_weights[1] = 0;
-  const auto want = Reference(zeroed, zero_weights);
+  const auto want = ReferenceLeavingOut(inputs, weights, 1);
   const auto seen = RunMade(inputs, weights, {}, /*makers=*/2u);
   for (int r = 0; r < 3; ++r) {
     const std::string what = fmt::format("member {}", r);
