@@ -159,7 +159,7 @@ Status Flights::Launch(int f, uint64_t tau, bool final_merge) {
   // process): that round heals it, and what it would train meanwhile is on
   // a model the heal replaces. It is taken up at its boundary
   // (RoundDriverImpl::AtBoundary), and the heal writes into the state in
-  // place (HealInPlace): nothing else reads it meanwhile.
+  // place (HealRound's written_in_place): nothing else reads it meanwhile.
   const bool joins_in_progress = options_.concurrent && !final_merge && flights_.empty() &&
                                  !policy_.group() && flight->previous_round_id == 0 &&
                                  services_->News().latest_round_id > 0;

@@ -126,7 +126,7 @@ class FragmentBook {
   void KeepLocalProgress(Fragment& fragment, std::span<const float> new_base);
   // Every fragment's base becomes its local parameters, its momentum and
   // error feedback none: a state of the learner's own again, after a heal
-  // into it failed halfway (HealInPlace).
+  // into it failed halfway (HealRound's written_in_place).
   void BaseFromParameters();
   // The job's step the global state is of: the boundary of the newest round
   // it includes, or `restored_step` (started or restored at) if later.

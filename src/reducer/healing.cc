@@ -74,7 +74,7 @@ void ReadFragments(const std::vector<Fragment>& fragments, size_t offset,
   });
 }
 
-// A receiver's in place (HealInPlace): `in`, the bytes from `offset` on.
+// A receiver's in place (HealRound's written_in_place): `in`, the bytes from `offset` on.
 void WriteFragments(const std::vector<Fragment>& fragments, size_t offset,
                     std::span<const std::byte> in) {
   ForEachRun(fragments, offset, in.size(),
@@ -114,8 +114,8 @@ Status StreamMoments(Communicator& comm, const HealOffer& offer, int source,
 }  // namespace
 
 StatusOr<Healed> HealRound(Communicator& comm, const QuorumResult& round,
-                           const std::vector<Fragment>& fragments, const HealOffer& offer,
-                           const Clock& clock, HealInPlace in_place) {
+                           std::vector<Fragment>& fragments, const HealOffer& offer,
+                           const Clock& clock, bool* written_in_place) {
   const std::map<int, std::vector<int>> healees = HealeesBySource(comm, round);
   Healed healed;
   if (healees.empty()) return healed;
@@ -133,11 +133,11 @@ StatusOr<Healed> HealRound(Communicator& comm, const QuorumResult& round,
     uint64_t boundary[4] = {offer.boundary_step, static_cast<uint64_t>(offer.fragment),
                             offer.moment_step, has_moments ? 1u : 0u};
     std::vector<float> state;
-    WriteState write = WriteInto(heals && in_place.fragments == nullptr ? &state : nullptr, values);
-    if (heals && in_place.fragments != nullptr) {
-      *in_place.written = true;
-      write = [target = in_place.fragments](size_t offset, std::span<const std::byte> in) {
-        WriteFragments(*target, offset, in);
+    WriteState write = WriteInto(heals && written_in_place == nullptr ? &state : nullptr, values);
+    if (heals && written_in_place != nullptr) {
+      *written_in_place = true;
+      write = [&](size_t offset, std::span<const std::byte> in) {
+        WriteFragments(fragments, offset, in);
       };
     }
     MEND_RETURN_IF_ERROR(StreamState(

@@ -40,18 +40,6 @@ struct HealOffer {
   uint64_t moment_step = 0;
 };
 
-// Where a member that heals puts what it receives: a copy (`fragments`
-// null), applied when the round commits (ApplyHeal); or straight into
-// `fragments`' global state and momentum as each chunk checks out, for a
-// learner whose state is none of the job's (a fresh join) and whose
-// training thread waits for the round, so that nothing reads the state
-// while it is written. `*written` becomes true before the first byte is:
-// a heal that fails after it leaves the state part the source's.
-struct HealInPlace {
-  std::vector<Fragment>* fragments = nullptr;
-  bool* written = nullptr;
-};
-
 // What this member received, when it healed.
 struct Healed {
   bool healed = false;       // it took a source's state
@@ -65,10 +53,17 @@ struct Healed {
   uint64_t moment_step = 0;       // the source's optimizer step count with them (0: none)
 };
 
-// Runs the round's heals on `comm` (every member must call it).
+// Runs the round's heals on `comm` (every member must call it): a source
+// reads `fragments`' state. A member that heals puts what it receives into
+// a copy (Healed::state), applied when the round commits (ApplyHeal); or,
+// given `written_in_place`, straight into `fragments`' global state and
+// momentum as each chunk checks out: for a learner whose state is none of
+// the job's (a fresh join) and whose training thread waits for the round,
+// so that nothing reads the state while it is written. `*written_in_place`
+// becomes true before the first byte is: a heal that fails after it leaves
+// the state part the source's.
 [[nodiscard]] StatusOr<Healed> HealRound(Communicator& comm, const QuorumResult& round,
-                                         const std::vector<Fragment>& fragments,
-                                         const HealOffer& offer, const Clock& clock,
-                                         HealInPlace in_place = {});
+                                         std::vector<Fragment>& fragments, const HealOffer& offer,
+                                         const Clock& clock, bool* written_in_place = nullptr);
 
 }  // namespace mend::reducer

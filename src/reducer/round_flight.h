@@ -31,7 +31,7 @@ struct Outcome {
   bool healed = false;  // this learner took a source's state
   // ... a copy of it, every fragment's global + momentum, applied at the
   // commit (empty: it was written into the fragments as it arrived, a fresh
-  // join's while its training thread waited: HealInPlace).
+  // join's while its training thread waited: HealRound's written_in_place).
   std::vector<float> healed_state;
   uint64_t round_id = 0;
   uint32_t rank = 0;

@@ -264,17 +264,14 @@ Status RoundRunner::HealOrAgree(Communicator& comm, RendezvousStore& store,
   // restarted process, no checkpoint) trained from its own initial
   // parameters: its pseudo-gradient is not one the job can use, and its
   // state none the job needs. While its training thread waits for the
-  // round (synchronous) nothing else reads that state: the heal writes
-  // into it as it arrives, with no copy of the whole (a failure halfway
-  // resets it: Flights::GiveBack).
+  // round (InFlight::training_waits) nothing else reads that state: the
+  // heal writes into it as it arrives, with no copy of the whole (a failure
+  // halfway resets it: Flights::GiveBack).
   const bool fresh_join = flight.previous_round_id == 0 && round.heal_round_id > 0;
-  HealInPlace in_place;
-  if (fresh_join && flight.training_waits) {
-    in_place.fragments = &book_.fragments();
-    in_place.written = &flight.state_written;
-  }
   MEND_ASSIGN_OR_RETURN(
-      Healed healed, HealRound(comm, round, book_.fragments(), offer, services_.clock(), in_place));
+      Healed healed,
+      HealRound(comm, round, book_.fragments(), offer, services_.clock(),
+                fresh_join && flight.training_waits ? &flight.state_written : nullptr));
   outcome->heal_seconds = healed.seconds;
   if (!healed.healed) return OkStatus();
   outcome->healed = true;

@@ -4,7 +4,7 @@
 // learner's copy of it (8 bytes a parameter: the global state and the
 // momentum, applied at once when the round commits) with one chunk's buffer
 // more, never a second copy of the whole state on either side; a fresh
-// join's heal (HealInPlace) writes into its fragments through one chunk's
+// join's heal (in place) writes into its fragments through one chunk's
 // buffer, and no copy.
 #include <malloc.h>
 
@@ -94,8 +94,8 @@ size_t PeakDuring(Run run) {
 }
 
 TEST(HealMemoryTest, AHealAllocatesAChunkOnTheSourceAndOneCopyOfTheStateOnTheHealed) {
-  const std::vector<Fragment> source = Fragments(1.0f);
-  const std::vector<Fragment> behind = Fragments(-5.0f);
+  std::vector<Fragment> source = Fragments(1.0f);
+  std::vector<Fragment> behind = Fragments(-5.0f);
   std::vector<std::vector<std::byte>> log;
   HealOffer offer;
   offer.boundary_step = 60;
@@ -135,7 +135,7 @@ TEST(HealMemoryTest, AHealAllocatesAChunkOnTheSourceAndOneCopyOfTheStateOnTheHea
 }
 
 // The source's messages of a heal from `source` (rank 0) to rank 1.
-std::vector<std::vector<std::byte>> SourceLog(const std::vector<Fragment>& source) {
+std::vector<std::vector<std::byte>> SourceLog(std::vector<Fragment>& source) {
   std::vector<std::vector<std::byte>> log;
   HealOffer offer;
   offer.boundary_step = 60;
@@ -145,7 +145,7 @@ std::vector<std::vector<std::byte>> SourceLog(const std::vector<Fragment>& sourc
 }
 
 TEST(HealMemoryTest, AHealInPlaceAllocatesAChunkAndWritesTheFragments) {
-  const std::vector<Fragment> source = Fragments(1.0f);
+  std::vector<Fragment> source = Fragments(1.0f);
   std::vector<Fragment> behind = Fragments(-5.0f);
   const std::vector<std::vector<std::byte>> log = SourceLog(source);
   HealOffer offer;
@@ -155,8 +155,8 @@ TEST(HealMemoryTest, AHealInPlaceAllocatesAChunkAndWritesTheFragments) {
   std::vector<std::vector<std::byte>> replay = log;
   const size_t at_healed = PeakDuring([&]() {
     ReplayCommunicator comm(1, &replay);
-    StatusOr<Healed> got = HealRound(comm, RoundWhereBHealsFromA(1), behind, offer, *RealClock(),
-                                     HealInPlace{&behind, &written});
+    StatusOr<Healed> got =
+        HealRound(comm, RoundWhereBHealsFromA(1), behind, offer, *RealClock(), &written);
     ASSERT_TRUE(got.ok()) << got.status();
     healed = std::move(*got);
   });
@@ -179,7 +179,7 @@ TEST(HealMemoryTest, AHealInPlaceAllocatesAChunkAndWritesTheFragments) {
 // in the fragments (the caller resets them: Flights::GiveBack), it and
 // those after it are not.
 TEST(HealMemoryTest, AHealInPlaceThatFailsHalfwaySaysItWroteAndStopsAtTheBadChunk) {
-  const std::vector<Fragment> source = Fragments(1.0f);
+  std::vector<Fragment> source = Fragments(1.0f);
   std::vector<Fragment> behind = Fragments(-5.0f);
   const std::vector<Fragment> before = Fragments(-5.0f);
   std::vector<std::vector<std::byte>> log = SourceLog(source);
@@ -187,8 +187,8 @@ TEST(HealMemoryTest, AHealInPlaceThatFailsHalfwaySaysItWroteAndStopsAtTheBadChun
   HealOffer offer;
   bool written = false;
   ReplayCommunicator comm(1, &log, /*damage=*/2);
-  StatusOr<Healed> got = HealRound(comm, RoundWhereBHealsFromA(1), behind, offer, *RealClock(),
-                                   HealInPlace{&behind, &written});
+  StatusOr<Healed> got =
+      HealRound(comm, RoundWhereBHealsFromA(1), behind, offer, *RealClock(), &written);
   ASSERT_FALSE(got.ok());
   EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss) << got.status();
   EXPECT_TRUE(written);

@@ -311,7 +311,7 @@ TEST_F(RoundRunnerTest, ARoundWithinTheOuterWarmUpIsAnAverage) {
   EXPECT_TRUE(outcome->result.average);
 }
 
-// After a heal into a fresh join's state failed halfway (HealInPlace), the
+// After a heal into a fresh join's state failed halfway (in place), the
 // learner's state is its own again: its base its parameters, no momentum,
 // no error feedback.
 TEST_F(RoundRunnerTest, AStatePartHealedStartsAgainFromTheParameters) {
