@@ -14,10 +14,10 @@ lighthouse of their own:
   survivor a's, and the heal's bytes over its transfer time (GB/s).
 
 Every round is a Nesterov step (outer_warmup_steps = 0), as in a job past
-its outer warm-up. Peak RSS is each
-process's own high-water mark (ru_maxrss), in bytes a parameter. Targets (issue 66): the healed learner's peak at most 4 bytes a
-parameter above a steady learner's, and a heal's GB/s no less than a
-round's. Prints a table and writes bench-results/heal_cost.csv.
+its outer warm-up. Peak RSS is each process's own high-water mark
+(ru_maxrss), in bytes a parameter. Targets (issue 66): the healed learner's
+peak at most 4 bytes a parameter above a steady learner's, and a heal's
+GB/s no less than a round's. Prints a table and writes bench-results/heal_cost.csv.
 
     bench/heal_cost.py                       # 100 M parameters, about 3 minutes
     bench/heal_cost.py --params 25e6
