@@ -247,6 +247,7 @@ std::vector<std::pair<LearnerRecord*, PendingJoin>> Membership::TakePendingForRo
   size_t alive_taken = 0;
   for (LearnerRecord* record : pending_) {
     if (record->eligible()) counts_.eligible_missing++;
+    if (record->slow_but_reachable()) counts_.slow_missing++;
     if (record->alive && !record->unreachable) {
       Histogram(alive_by_round_, record->last_round_id, -1);
       alive_taken++;
@@ -286,6 +287,7 @@ void Membership::Tally(LearnerRecord& r, int sign, bool update_pending) {
   add(counts_.slow, r.alive && r.slow);
   add(counts_.pending, r.join.has_value());
   add(counts_.eligible_missing, r.eligible() && !r.join);
+  add(counts_.slow_missing, r.slow_but_reachable() && !r.join);
   bool previous = InPreviousRound(r);
   add(counts_.previous_joined, previous && r.join.has_value());
   add(counts_.previous_missing, previous && !r.join);

@@ -91,6 +91,7 @@ struct LearnerRecord {
   size_t vitals_index = 0;  // this record's entry in Membership's vitals
 
   bool eligible() const { return alive && !slow && !unreachable; }
+  bool slow_but_reachable() const { return alive && slow && !unreachable; }
   std::string_view state() const;
 };
 
@@ -120,6 +121,9 @@ struct MembershipCounts {
   size_t slow = 0;
   // Eligible learners with no pending join: the grace window waits for them.
   size_t eligible_missing = 0;
+  // Slow learners (alive, reachable) with no pending join: only the job's
+  // last round waits for them (QuorumMachine::MaybeClose).
+  size_t slow_missing = 0;
   // Members of the previous round with no pending join (dead or slow ones too:
   // the fast path needs every one of them).
   size_t previous_missing = 0;
@@ -215,7 +219,7 @@ class Membership {
   // `host` interned: a small number for LearnerRecord::host (0 for "").
   uint32_t HostIndex(const std::string& host);
   // The newest global state known here: the highest last round id of an
-  // alive learner (reported at registration and join, or the last round it
+  // alive, reachable learner (reported at registration and join, or the last round it
   // was made a member of), and of a pending join. O(1).
   uint64_t newest_alive_round() const { return Highest(alive_by_round_); }
   uint64_t newest_pending_round() const { return Highest(pending_by_round_); }

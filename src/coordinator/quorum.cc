@@ -117,10 +117,12 @@ std::optional<QuorumMachine::Closed> QuorumMachine::MaybeClose(Membership& membe
     return std::nullopt;
   }
   std::string closed_by;
-  if (final_joins_ > 0 && counts.eligible_missing > 0) {
+  if (final_joins_ > 0 && counts.eligible_missing + counts.slow_missing > 0) {
     // The job's last round waits for every learner still training (a fast
     // path or a grace window closed it without one a few steps behind, and
     // the two ended with different models), up to half the join's timeout.
+    // A slow one too: no later round is stalled by waiting for it, and left
+    // out it would end with a model of its own.
     if (now < final_close_at_) return std::nullopt;
     closed_by = "final_wait";
   } else if (counts.previous_joined > 0 && counts.previous_missing == 0) {

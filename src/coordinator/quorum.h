@@ -96,8 +96,8 @@ class QuorumMachine {
 
   // The job's last step when it ends with a final merge (total_steps with
   // final_merge; 0: none, or not known). A round with a join of that step
-  // or later is the job's last: it waits for every eligible learner (alive,
-  // not slow) rather than closing by the fast path, the grace window or the
+  // or later is the job's last: it waits for every learner alive and
+  // reachable, slow ones too, rather than closing by the fast path, the grace window or the
   // minimum, so that every learner still training ends with the same model,
   // but at most half of that join's timeout (then "final_wait"), so that
   // the join itself does not time out.

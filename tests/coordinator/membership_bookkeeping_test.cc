@@ -21,6 +21,7 @@ struct Scanned {
   size_t alive = 0;
   size_t pending = 0;
   size_t eligible_missing = 0;
+  size_t slow_missing = 0;
   size_t eligible = 0;
   size_t slow = 0;
   size_t previous_missing = 0;
@@ -32,8 +33,9 @@ Scanned Scan(const Membership& membership) {
   for (const auto& [id, record] : membership.records()) {
     if (record->alive) {
       s.alive++;
-      s.newest_alive = std::max(s.newest_alive, record->last_round_id);
+      if (!record->unreachable) s.newest_alive = std::max(s.newest_alive, record->last_round_id);
       if (record->eligible() && !record->join) s.eligible_missing++;
+      if (record->slow && !record->unreachable && !record->join) s.slow_missing++;
       if (record->slow) s.slow++;
     }
     if (record->eligible()) s.eligible++;
@@ -65,7 +67,7 @@ TEST(MembershipBookkeepingTest, RunningCountsMatchAScanAfterEveryRandomOperation
       now += 1000;
       const std::string& id = ids[random() % ids.size()];
       LearnerRecord* record = membership.FindAny(id);
-      switch (random() % 8) {
+      switch (random() % 9) {
         case 0: {  // (re-)registration, reporting some last round
           std::optional<PendingJoin> replaced;
           uint64_t last =
@@ -103,6 +105,14 @@ TEST(MembershipBookkeepingTest, RunningCountsMatchAScanAfterEveryRandomOperation
         case 6:
           membership.ForgetGone(now, 5000);
           break;
+        case 7:  // flagged slow or unreachable, or no longer (as the scans do)
+          if (record && record->alive) {
+            const bool slow = random() % 2 == 0;
+            membership.Mutate(*record, [slow](LearnerRecord& r) {
+              (slow ? r.slow : r.unreachable) = !(slow ? r.slow : r.unreachable);
+            });
+          }
+          break;
         default:
           break;
       }
@@ -115,6 +125,7 @@ TEST(MembershipBookkeepingTest, RunningCountsMatchAScanAfterEveryRandomOperation
       ASSERT_EQ(membership.counts().pending, scanned.pending) << "after operation " << op;
       ASSERT_EQ(membership.counts().eligible_missing, scanned.eligible_missing)
           << "after operation " << op;
+      ASSERT_EQ(membership.counts().slow_missing, scanned.slow_missing) << "after operation " << op;
       ASSERT_EQ(membership.counts().eligible, scanned.eligible) << "after operation " << op;
       ASSERT_EQ(membership.counts().slow, scanned.slow) << "after operation " << op;
       ASSERT_EQ(membership.counts().previous_missing, scanned.previous_missing)

@@ -177,6 +177,28 @@ TEST(QuorumRulesTest, TheJobsLastRoundWaitsForEveryLearnerStillTraining) {
   EXPECT_EQ(a2->round().step, 20u);
 }
 
+// A learner flagged fail-slow is not waited for by the rounds in between,
+// but the job's last round waits for it too: waiting stalls no later round,
+// and left out it would end with a model of its own (a fault-free chaos
+// reference run on a loaded machine ended so, its late learner refused).
+TEST(QuorumRulesTest, TheJobsLastRoundWaitsForASlowLearnerToo) {
+  CoreHarness h(CoreHarness::Options(2, 60000));
+  RegisterWithSettings(h, {"final_merge=true", "total_steps=20"}, {"a", "b", "c"});
+  ASSERT_TRUE(h.Heartbeat("a", {100, 100, 100, 100}).ok());
+  ASSERT_TRUE(h.Heartbeat("b", {101, 99, 100, 102}).ok());
+  ASSERT_TRUE(h.Heartbeat("c", {300, 310, 305, 300}).ok());
+  h.AdvanceMs(100);  // runs the detector
+  auto status = h.Heartbeat("c");
+  ASSERT_TRUE(status.ok() && status->slow);
+  auto a = h.Join("a", 0, 0, 60000, /*step=*/20);
+  auto b = h.Join("b", 0, 0, 60000, /*step=*/20);
+  AdvanceAlive(h, 20000, {"a", "b", "c"});
+  EXPECT_FALSE(a->done()) << "the last round closed without the slow learner c";
+  auto c = h.Join("c", 0, 0, 60000, /*step=*/20);
+  ASSERT_TRUE(a->ok() && c->ok());
+  EXPECT_THAT(CoreHarness::MemberIds(a->round()), ElementsAre("a", "b", "c"));
+}
+
 TEST(QuorumRulesTest, TheJobsLastRoundClosesWithWhoeverJoinedAtHalfItsJoinsTimeout) {
   CoreHarness h(CoreHarness::Options(1, 1000));
   RegisterWithSettings(h, {"final_merge=true", "total_steps=20"}, {"a", "b"});
