@@ -34,7 +34,7 @@ extern "C" {
 
 /* The version of this interface; mend_abi_version() returns the one the
  * loaded library implements. A front end refuses a library of another one. */
-#define MEND_ABI_VERSION 10
+#define MEND_ABI_VERSION 11
 
 typedef enum mend_status {
   MEND_OK = 0,
@@ -206,6 +206,11 @@ typedef struct mend_stats {
   /* synchronous rounds whose pseudo-gradient was made as their merge
    * reached each piece, not at the boundary (ABI 7) */
   uint64_t rounds_made_in_merge;
+  /* bytes this rank sent to its group's other ranks on mend's own
+   * connections inside the rack: after each round the slices of what
+   * several ranks hold (a replica's whole model; none of a sharded one's
+   * shards), and the ranks' agreements (ABI 11) */
+  uint64_t group_bytes_sent;
 } mend_stats;
 
 typedef struct mend_learner mend_learner;
@@ -220,6 +225,21 @@ typedef struct mend_learner mend_learner;
 mend_status mend_learner_create(const mend_config* config, const char* token,
                                 const char* learner_id, const mend_buffer* parameters, size_t count,
                                 uint64_t start_step, mend_learner** out);
+/* mend_learner_create for a model sharded over a group's ranks (FSDP2,
+ * tensor parallelism): each rank passes its own pieces of every parameter
+ * (the same names, in the same order, on every rank; a piece may be
+ * empty), and `replica_keys[i]` for parameter i: the ranks that pass the
+ * same key hold the same values of it. A shard's key is its rank's own; a
+ * piece several ranks hold (a Replicate() placement, a parameter tensor
+ * parallelism leaves whole) has the same key on each. Each rank exchanges
+ * its shards and a slice of what it shares with the same rank of every
+ * other learner, and after a round only those shared slices travel inside
+ * the group. Keys all 0 (or NULL): every rank holds the whole model, as
+ * mend_learner_create. (ABI 11) */
+mend_status mend_learner_create_sharded(const mend_config* config, const char* token,
+                                        const char* learner_id, const mend_buffer* parameters,
+                                        const uint64_t* replica_keys, size_t count,
+                                        uint64_t start_step, mend_learner** out);
 /* The inner optimizer's Adam moments of parameter `index` (numel fp32 values
  * each, caller-owned, read and written in place at rounds), for desloc and
  * heal_inner_optimizer; hand them over once the optimizer has them. NULL

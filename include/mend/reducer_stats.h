@@ -47,6 +47,9 @@ struct ReducerStats {
   // Rounds whose pseudo-gradient was made as the merge reached each piece
   // (synchronous, fp32, fewer than three members, parameters in place).
   uint64_t rounds_made_in_merge = 0;
+  // Bytes this rank sent to its group's other ranks (mend's own connections
+  // inside the rack): the shared slices after each round, and agreements.
+  uint64_t group_bytes_sent = 0;
   // How far rounds moved `steps` onto the job's (forward: positive): a
   // heal, or a round whose members were a fragment period or more ahead. A
   // learner that restarted joins the job at the others' step, so a loop

@@ -28,7 +28,7 @@ from typing import Any, Dict, List, Optional
 
 from mend import _build_info
 
-ABI_VERSION = 10
+ABI_VERSION = 11
 PENDING = 100
 
 # mend_learner_plan_step / mend_learner_last_flags.
@@ -147,7 +147,7 @@ class Buffer(ctypes.Structure):
 STAT_FIELDS = ["steps", "rounds_started", "rounds", "failed_rounds", "passed_over", "heals", "moment_syncs",
                "bytes_sent", "cross_rack_bytes_sent", "last_round_id", "checkpoints", "checkpoint_failures",
                "resumed_from_round", "overlap_steps", "parameter_copies", "round_waits",
-               "most_rounds_in_flight", "rounds_made_in_merge"]
+               "most_rounds_in_flight", "rounds_made_in_merge", "group_bytes_sent"]
 
 
 class Stats(ctypes.Structure):
@@ -196,6 +196,8 @@ _SIGNATURES = {
     "mend_group_store_address": (_s, [_p]),
     "mend_group_store_stop": (None, [_p]),
     "mend_learner_create": (_status, [_p, _s, _s, ctypes.POINTER(Buffer), ctypes.c_size_t, _u64, _PP]),
+    "mend_learner_create_sharded": (_status, [_p, _s, _s, ctypes.POINTER(Buffer), ctypes.POINTER(_u64),
+                                              ctypes.c_size_t, _u64, _PP]),
     "mend_learner_set_moments": (_status, [_p, ctypes.c_size_t, _p, _p]),
     "mend_learner_set_optimizer": (_status, [_p, ctypes.c_double, ctypes.c_double, ctypes.POINTER(_u64)]),
     "mend_learner_round_phases": (_status, [_p, ctypes.POINTER(RoundPhases)]),

@@ -240,6 +240,14 @@ extern "C" {
 mend_status mend_learner_create(const mend_config* config, const char* token,
                                 const char* learner_id, const mend_buffer* parameters, size_t count,
                                 uint64_t start_step, mend_learner** out) {
+  return mend_learner_create_sharded(config, token, learner_id, parameters, nullptr, count,
+                                     start_step, out);
+}
+
+mend_status mend_learner_create_sharded(const mend_config* config, const char* token,
+                                        const char* learner_id, const mend_buffer* parameters,
+                                        const uint64_t* replica_keys, size_t count,
+                                        uint64_t start_step, mend_learner** out) {
   return Guarded([&] {
     if (config == nullptr) return NullArgument("mend_learner_create", "config");
     if (token == nullptr) return NullArgument("mend_learner_create", "token");
@@ -250,6 +258,9 @@ mend_status mend_learner_create(const mend_config* config, const char* token,
       return Return(rule);
     auto buffers = Buffers(parameters, count);
     if (!buffers.ok()) return Return(buffers.status());
+    if (replica_keys != nullptr) {
+      for (size_t i = 0; i < count; ++i) (*buffers)[i].replica_key = replica_keys[i];
+    }
     auto learner = std::make_unique<mend_learner>();
     learner->owner = getpid();
     mend::Status created = Create(config->value, config->job_settings, token, learner_id,
@@ -393,7 +404,8 @@ mend_status mend_learner_stats(const mend_learner* learner, mend_stats* out) {
             s.parameter_copies,
             s.round_waits,
             s.most_rounds_in_flight,
-            s.rounds_made_in_merge};
+            s.rounds_made_in_merge,
+            s.group_bytes_sent};
     return MEND_OK;
   });
 }

@@ -25,6 +25,7 @@ struct RawBuffer {
   float* data = nullptr;
   size_t numel = 0;
   std::vector<int64_t> shape;
+  uint64_t replica_key = 0;  // (FlatParameters::replica_key)
 };
 
 class RawParameters final : public reducer::FlatParameters {
@@ -37,6 +38,7 @@ class RawParameters final : public reducer::FlatParameters {
   const std::string& name(size_t i) const override { return buffers_[i].name; }
   std::vector<int64_t> shape(size_t i) const override { return buffers_[i].shape; }
   size_t numel(size_t i) const override { return buffers_[i].numel; }
+  uint64_t replica_key(size_t i) const override { return buffers_[i].replica_key; }
   void CopyOut(size_t i, std::span<float> out) const override {
     Touch(i, kRead);
     if (!out.empty()) std::memcpy(out.data(), buffers_[i].data, out.size_bytes());

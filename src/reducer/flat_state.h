@@ -37,6 +37,10 @@ class FlatParameters {
   // The model's layer that parameter i is (or was cut from): what the
   // fragment schedule assigns to a fragment (FragmentOfLayer).
   virtual size_t layer(size_t i) const { return i; }
+  // In a group: the ranks that pass the same key for parameter i hold the
+  // same values of it (group_layout.h). 0 on every rank: each holds the
+  // whole parameter (DDP); a key of its own: this rank's shard (FSDP2).
+  virtual uint64_t replica_key(size_t) const { return 0; }
 };
 
 // The inner optimizer's Adam moments of those parameters, as one flat

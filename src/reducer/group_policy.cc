@@ -54,6 +54,7 @@ class SingleRank final : public RoundPolicy {
   uint64_t MergeWeight(uint64_t tokens) const override { return tokens; }
   std::string DiagnosticsName(const std::string& id) const override { return id; }
   void AddToRecord(nlohmann::json&) const override {}
+  uint64_t GroupBytesSent() const override { return 0; }
   void Stop(bool) override {}
   void Forget() override {}
 };
@@ -179,6 +180,7 @@ class ManyRanks final : public RoundPolicy {
     record["group_rank"] = group_->rank();
     record["parameters_sha256"] = ParametersDigest(*whole_);
   }
+  uint64_t GroupBytesSent() const override { return group_->bytes_sent(); }
   void Stop(bool done) override { group_->StopPulse(done); }
   void Forget() override { group_->Forget(); }
 

@@ -105,6 +105,8 @@ class RoundPolicy {
   // The diagnostics' name for learner `id`, and a round record's group part.
   virtual std::string DiagnosticsName(const std::string& id) const = 0;
   virtual void AddToRecord(nlohmann::json& record) const = 0;
+  // Bytes this rank sent to its group's other ranks (0 for one rank).
+  virtual uint64_t GroupBytesSent() const = 0;
   // At shutdown: the pulse stops (`done`: normally), and the group's keys go.
   virtual void Stop(bool done) = 0;
   virtual void Forget() = 0;

@@ -20,39 +20,32 @@
 namespace mend::reducer {
 namespace {
 
-// Slice `range` of a whole model: one piece per parameter it overlaps, each
-// a flat run of values.
+// The pieces of a model's parameters that a rank exchanges, each a flat
+// run of values (GroupLayout::own).
 class SlicedParameters final : public FlatParameters {
  public:
-  SlicedParameters(FlatParameters& full, SliceRange range) : full_(full) {
-    size_t offset = 0;
-    for (size_t i = 0; i < full.count(); ++i) {
-      const size_t n = full.numel(i);
-      const size_t lo = std::max(offset, range.begin);
-      const size_t hi = std::min(offset + n, range.end);
-      if (lo < hi) {
-        pieces_.push_back({i, lo - offset, hi - lo,
-                           fmt::format("{}[{}:{}]", full.name(i), lo - offset, hi - offset)});
-      }
-      offset += n;
+  SlicedParameters(FlatParameters& full, const std::vector<ParameterPiece>& pieces) : full_(full) {
+    for (const ParameterPiece& piece : pieces) {
+      pieces_.push_back({piece, fmt::format("{}[{}:{}]", full.name(piece.parameter), piece.offset,
+                                            piece.offset + piece.values)});
     }
   }
   size_t count() const override { return pieces_.size(); }
   const std::string& name(size_t i) const override { return pieces_[i].name; }
   std::vector<int64_t> shape(size_t i) const override {
-    return {static_cast<int64_t>(pieces_[i].values)};
+    return {static_cast<int64_t>(pieces_[i].piece.values)};
   }
-  size_t numel(size_t i) const override { return pieces_[i].values; }
-  size_t layer(size_t i) const override { return full_.layer(pieces_[i].parameter); }
+  size_t numel(size_t i) const override { return pieces_[i].piece.values; }
+  size_t layer(size_t i) const override { return full_.layer(pieces_[i].piece.parameter); }
   void CopyOut(size_t i, std::span<float> out) const override {
-    const Piece& piece = pieces_[i];
+    const ParameterPiece& piece = pieces_[i].piece;
     if (Whole(piece)) return full_.CopyOut(piece.parameter, out);
     scratch_.resize(full_.numel(piece.parameter));
     full_.CopyOut(piece.parameter, scratch_);
     std::memcpy(out.data(), scratch_.data() + piece.offset, piece.values * sizeof(float));
   }
   void CopyIn(size_t i, std::span<const float> in) override {
-    const Piece& piece = pieces_[i];
+    const ParameterPiece& piece = pieces_[i].piece;
     if (Whole(piece)) return full_.CopyIn(piece.parameter, in);
     scratch_.resize(full_.numel(piece.parameter));
     full_.CopyOut(piece.parameter, scratch_);
@@ -60,51 +53,66 @@ class SlicedParameters final : public FlatParameters {
     full_.CopyIn(piece.parameter, scratch_);
   }
   std::span<float> Values(size_t i) override {
-    const Piece& piece = pieces_[i];
+    const ParameterPiece& piece = pieces_[i].piece;
     std::span<float> all = full_.Values(piece.parameter);
     return all.empty() ? all : all.subspan(piece.offset, piece.values);
   }
-  void Wrote(size_t i) override { full_.Wrote(pieces_[i].parameter); }
+  void Wrote(size_t i) override { full_.Wrote(pieces_[i].piece.parameter); }
 
  private:
-  struct Piece {
-    size_t parameter;
-    size_t offset;  // into the parameter
-    size_t values;
+  struct Named {
+    ParameterPiece piece;
     std::string name;
   };
-  bool Whole(const Piece& piece) const {
+  bool Whole(const ParameterPiece& piece) const {
     return piece.offset == 0 && piece.values == full_.numel(piece.parameter);
   }
 
   FlatParameters& full_;
-  std::vector<Piece> pieces_;
+  std::vector<Named> pieces_;
   mutable std::vector<float> scratch_;
 };
 
-// Slice `range` of a whole model's moments.
+// The same pieces of a whole model's moments: `ranges` of its flat values.
 class SlicedMoments final : public FlatMoments {
  public:
-  SlicedMoments(FlatMoments& whole, SliceRange range) : whole_(whole), range_(range) {}
-  size_t size() const override { return range_.size(); }
+  SlicedMoments(FlatMoments& whole, std::vector<SliceRange> ranges)
+      : whole_(whole), ranges_(std::move(ranges)) {
+    for (const SliceRange& range : ranges_) size_ += range.size();
+  }
+  size_t size() const override { return size_; }
   bool Read(Which which, std::span<float> out) const override {
     scratch_.resize(whole_.size());
     if (!whole_.Read(which, scratch_)) return false;
-    std::copy_n(scratch_.begin() + static_cast<long>(range_.begin), range_.size(), out.begin());
+    size_t at = 0;
+    for (const SliceRange& range : ranges_) {
+      std::copy_n(scratch_.begin() + static_cast<long>(range.begin), range.size(),
+                  out.begin() + static_cast<long>(at));
+      at += range.size();
+    }
     return true;
   }
   void Adjust(Which which, std::span<const float> target, std::span<const float> snapshot,
               float weight) override {
     scratch_.resize(whole_.size());
     if (!whole_.Read(which, scratch_)) return;
-    AdjustMoment(which, std::span(scratch_).subspan(range_.begin, range_.size()), target, snapshot,
-                 weight);
+    size_t at = 0;
+    for (const SliceRange& range : ranges_) {
+      AdjustMoment(which, std::span(scratch_).subspan(range.begin, range.size()),
+                   target.subspan(at, range.size()), snapshot.subspan(at, range.size()), weight);
+      at += range.size();
+    }
     whole_.Replace(which, scratch_);
   }
   void Replace(Which which, std::span<const float> target) override {
     scratch_.resize(whole_.size());
     if (!whole_.Read(which, scratch_)) std::fill(scratch_.begin(), scratch_.end(), 0.0f);
-    std::copy(target.begin(), target.end(), scratch_.begin() + static_cast<long>(range_.begin));
+    size_t at = 0;
+    for (const SliceRange& range : ranges_) {
+      std::copy_n(target.begin() + static_cast<long>(at), range.size(),
+                  scratch_.begin() + static_cast<long>(range.begin));
+      at += range.size();
+    }
     whole_.Replace(which, scratch_);
   }
   double beta(Which which) const override { return whole_.beta(which); }
@@ -113,7 +121,8 @@ class SlicedMoments final : public FlatMoments {
 
  private:
   FlatMoments& whole_;
-  const SliceRange range_;
+  const std::vector<SliceRange> ranges_;
+  size_t size_ = 0;
   mutable std::vector<float> scratch_;
 };
 
@@ -127,15 +136,6 @@ Status AwaitGroupRanks(RendezvousStore& store, RendezvousStore* told, const Cloc
       .status();
 }
 
-SliceRange SliceOf(size_t total, int size, int rank) {
-  // total * r fits in 64 bits for any model (r < size <= 16, or a few hundred).
-  const auto cut = [&](int r) {
-    return static_cast<size_t>(static_cast<uint64_t>(total) * static_cast<uint64_t>(r) /
-                               static_cast<uint64_t>(size));
-  };
-  return {cut(rank), cut(rank + 1)};
-}
-
 LearnerGroup::LearnerGroup(const Config& config, LearnerAgent& agent, FlatParameters& full,
                            std::string base, std::unique_ptr<RendezvousStore> store,
                            std::unique_ptr<RendezvousStore> decisions)
@@ -147,8 +147,8 @@ LearnerGroup::LearnerGroup(const Config& config, LearnerAgent& agent, FlatParame
       decisions_(std::move(decisions)),
       decision_margin_(config.collective_timeout_ms * kMicrosPerMilli),
       store_(std::move(store)) {
-  for (size_t i = 0; i < full.count(); ++i) total_ += full.numel(i);
-  for (int r = 0; r < size_; ++r) slices_.push_back(SliceOf(total_, size_, r));
+  prefix_.push_back(0);
+  for (size_t i = 0; i < full.count(); ++i) prefix_.push_back(prefix_.back() + full.numel(i));
 }
 
 LearnerGroup::~LearnerGroup() = default;
@@ -184,21 +184,39 @@ StatusOr<std::unique_ptr<LearnerGroup>> LearnerGroup::Join(const Config& config,
   }
   group->comm_ = std::move(*comm);
   MEND_RETURN_IF_ERROR(group->CheckSameModel());
+  MEND_RETURN_IF_ERROR(group->GatherLayout());
+  if (group->layout_.sharded() && !config.checkpoint_dir.empty()) {
+    return FailedPreconditionError(fmt::format(
+        "learner '{}': checkpoint_dir with a model sharded over the group's ranks: not supported "
+        "yet (save the model, the optimizer and runtime.state_dict() with "
+        "torch.distributed.checkpoint instead)",
+        agent.id()));
+  }
   MEND_ASSIGN_OR_RETURN(std::unique_ptr<RendezvousStore> pulse_store, agent.OpenGroupStore());
   group->pulse_ = std::make_unique<GroupPulse>(
       std::move(pulse_store), group->base_, group->rank_, group->size_, agent,
       config.heartbeat_ms * kMicrosPerMilli, config.heartbeat_timeout_ms * kMicrosPerMilli);
-  spdlog::info("learner '{}': group rank {} of {}, slice [{}, {}) of the model's values",
-               agent.id(), group->rank_, group->size_,
-               group->slices_[static_cast<size_t>(group->rank_)].begin,
-               group->slices_[static_cast<size_t>(group->rank_)].end);
+  spdlog::info(
+      "learner '{}': group rank {} of {}, exchanges {} of its {} values ({}; {} shared with "
+      "other ranks after a round)",
+      agent.id(), group->rank_, group->size_, group->layout_.own_values(), group->prefix_.back(),
+      group->layout_.sharded() ? "a model sharded over the group" : "a replica of the model",
+      group->layout_.contributions(group->rank_).empty()
+          ? 0
+          : group->layout_.contributions(group->rank_).back().at +
+                group->layout_.contributions(group->rank_).back().slice.size());
   return group;
 }
 
 Status LearnerGroup::CheckSameModel() {
+  // Names on every rank; shapes where every rank holds the whole parameter
+  // (a shard's shape is its own: GatherLayout checks who holds what).
   std::string layout;
-  for (size_t i = 0; i < full_.count(); ++i)
-    layout += fmt::format("{}{}\n", full_.name(i), fmt::join(full_.shape(i), "x"));
+  for (size_t i = 0; i < full_.count(); ++i) {
+    layout += full_.name(i);
+    if (full_.replica_key(i) == 0) layout += fmt::format(" {}", fmt::join(full_.shape(i), "x"));
+    layout += "\n";
+  }
   const std::array<unsigned char, 32> mine = Sha256Digest(layout.data(), layout.size());
   MEND_ASSIGN_OR_RETURN(auto all, Gather(std::as_bytes(std::span(mine))));
   for (int q = 0; q < size_; ++q) {
@@ -208,27 +226,63 @@ Status LearnerGroup::CheckSameModel() {
           fmt::format("learner '{}': group rank {}'s parameters (names and shapes) differ from "
                       "group rank {}'s ({} parameters, "
                       "{} values); every rank of a learner must hold the same model",
-                      inner_.id(), q, rank_, full_.count(), total_));
+                      inner_.id(), q, rank_, full_.count(), prefix_.back()));
     }
   }
   return OkStatus();
 }
 
+Status LearnerGroup::GatherLayout() {
+  const size_t count = full_.count();
+  std::vector<uint64_t> mine(2 * count);
+  for (size_t i = 0; i < count; ++i) {
+    mine[i] = full_.replica_key(i);
+    mine[count + i] = full_.numel(i);
+  }
+  MEND_ASSIGN_OR_RETURN(auto all, Gather(std::as_bytes(std::span<const uint64_t>(mine))));
+  std::vector<std::vector<uint64_t>> keys(static_cast<size_t>(size_)), numels(keys.size());
+  for (size_t q = 0; q < keys.size(); ++q) {
+    const auto* values = reinterpret_cast<const uint64_t*>(all.data()) + q * 2 * count;
+    keys[q].assign(values, values + count);
+    numels[q].assign(values + count, values + 2 * count);
+  }
+  GiveBack(std::move(all));
+  auto layout = GroupLayout::Make(rank_, keys, numels);
+  if (!layout.ok()) {
+    return InvalidArgumentError(fmt::format("learner '{}' group rank {}: {}", inner_.id(), rank_,
+                                            layout.status().message()));
+  }
+  layout_ = std::move(*layout);
+  return OkStatus();
+}
+
 std::unique_ptr<FlatParameters> LearnerGroup::Slice() {
-  return std::make_unique<SlicedParameters>(full_, slices_[static_cast<size_t>(rank_)]);
+  return std::make_unique<SlicedParameters>(full_, layout_.own());
 }
 
 std::unique_ptr<FlatMoments> LearnerGroup::Slice(FlatMoments& whole) {
-  return std::make_unique<SlicedMoments>(whole, slices_[static_cast<size_t>(rank_)]);
+  std::vector<SliceRange> ranges;
+  for (const ParameterPiece& piece : layout_.own()) {
+    const size_t at = prefix_[piece.parameter] + piece.offset;
+    ranges.push_back({at, at + piece.values});
+  }
+  return std::make_unique<SlicedMoments>(whole, std::move(ranges));
 }
 
 Status LearnerGroup::ShareMoments(FlatMoments& whole) {
+  if (layout_.widest_contribution() == 0) return OkStatus();  // (no rank holds another's values)
   std::vector<float> values(whole.size());
-  const SliceRange own = slices_[static_cast<size_t>(rank_)];
   for (auto which : {FlatMoments::kFirst, FlatMoments::kSecond}) {
     if (!whole.Read(which, values)) continue;  // no optimizer state yet: the same on every replica
-    MEND_RETURN_IF_ERROR(
-        GatherWhole(std::span<const float>(values).subspan(own.begin, own.size()), values));
+    MEND_RETURN_IF_ERROR(ShareSlices(
+        [&](const ParameterPiece& piece, std::span<float> out) {
+          std::copy_n(values.begin() + static_cast<long>(prefix_[piece.parameter] + piece.offset),
+                      piece.values, out.begin());
+        },
+        [&](const ParameterPiece& piece, std::span<const float> in) {
+          std::copy(in.begin(), in.end(),
+                    values.begin() + static_cast<long>(prefix_[piece.parameter] + piece.offset));
+        }));
     whole.Replace(which, values);
   }
   return OkStatus();
@@ -273,37 +327,61 @@ StatusOr<std::pair<bool, bool>> LearnerGroup::AllArrived(bool arrived, bool form
 }
 
 Status LearnerGroup::ShareParameters() {
-  // This rank's slice out of its replica, every slice back in (but its own).
-  auto for_each_piece = [&](int q, auto&& copy) {
-    SlicedParameters slice(full_, slices_[static_cast<size_t>(q)]);
-    size_t at = slices_[static_cast<size_t>(q)].begin;
-    for (size_t p = 0; p < slice.count(); ++p) {
-      copy(slice, p, at);
-      at += slice.numel(p);
-    }
-  };
-  std::vector<float> whole = TakeFloats(total_);
-  for_each_piece(rank_, [&](SlicedParameters& slice, size_t p, size_t at) {
-    slice.CopyOut(p, std::span(whole).subspan(at, slice.numel(p)));
-  });
-  const SliceRange own = slices_[static_cast<size_t>(rank_)];
-  Status gathered =
-      GatherWhole(std::span<const float>(whole).subspan(own.begin, own.size()), whole);
-  if (gathered.ok()) {
-    for (int q = 0; q < size_; ++q) {
-      if (q == rank_) continue;
-      for_each_piece(q, [&](SlicedParameters& slice, size_t p, size_t at) {
-        slice.CopyIn(p, std::span<const float>(whole).subspan(at, slice.numel(p)));
+  if (layout_.widest_contribution() == 0) return OkStatus();  // (no rank holds another's values)
+  return ShareSlices(
+      [&](const ParameterPiece& piece, std::span<float> out) {
+        SlicedParameters one(full_, {piece});
+        one.CopyOut(0, out);
+      },
+      [&](const ParameterPiece& piece, std::span<const float> in) {
+        SlicedParameters one(full_, {piece});
+        one.CopyIn(0, in);
       });
+}
+
+Status LearnerGroup::ShareSlices(
+    const std::function<void(const ParameterPiece&, std::span<float>)>& read,
+    const std::function<void(const ParameterPiece&, std::span<const float>)>& write) {
+  // Each rank's slices of the sets of more than one member, out of its
+  // replica, gathered; into this rank those of its sets (but its own).
+  const size_t widest = layout_.widest_contribution();
+  std::vector<float> mine = TakeFloats(widest);
+  std::fill(mine.begin(), mine.end(), 0.0f);
+  for (const GroupLayout::Contribution& part : layout_.contributions(rank_)) {
+    size_t at = part.at;
+    for (const ParameterPiece& piece : layout_.SlicePieces(part.set, rank_, layout_.numels())) {
+      read(piece, std::span(mine).subspan(at, piece.values));
+      at += piece.values;
     }
   }
-  GiveBack(std::move(whole));
-  return gathered;
+  StatusOr<std::vector<std::byte>> all = Gather(std::as_bytes(std::span<const float>(mine)));
+  GiveBack(std::move(mine));
+  MEND_RETURN_IF_ERROR(all.status());
+  const auto* gathered = reinterpret_cast<const float*>(all->data());
+  for (int q = 0; q < size_; ++q) {
+    if (q == rank_) continue;
+    for (const GroupLayout::Contribution& part : layout_.contributions(q)) {
+      const std::vector<int>& members = layout_.sets()[part.set].members;
+      if (std::find(members.begin(), members.end(), rank_) == members.end()) continue;
+      size_t at = static_cast<size_t>(q) * widest + part.at;
+      for (const ParameterPiece& piece : layout_.SlicePieces(part.set, q, layout_.numels())) {
+        write(piece, std::span<const float>(gathered + at, piece.values));
+        at += piece.values;
+      }
+    }
+  }
+  GiveBack(std::move(*all));
+  return OkStatus();
 }
 
 Status LearnerGroup::GatherWhole(std::span<const float> slice, std::span<float> whole) {
-  size_t widest = 0;
-  for (const SliceRange& range : slices_) widest = std::max(widest, range.size());
+  if (layout_.sharded()) {
+    return FailedPreconditionError(fmt::format(
+        "learner '{}' group rank {}: the whole model is never gathered from a sharded group",
+        inner_.id(), rank_));
+  }
+  // One set of every rank: each contributes its slice, at its place in the model.
+  const size_t widest = layout_.widest_contribution();
   std::vector<float> mine = TakeFloats(widest);
   std::fill(std::copy(slice.begin(), slice.end(), mine.begin()), mine.end(), 0.0f);
   StatusOr<std::vector<std::byte>> all = Gather(std::as_bytes(std::span<const float>(mine)));
@@ -311,9 +389,10 @@ Status LearnerGroup::GatherWhole(std::span<const float> slice, std::span<float> 
   MEND_RETURN_IF_ERROR(all.status());
   const float* gathered = reinterpret_cast<const float*>(all->data());
   for (int q = 0; q < size_; ++q) {
-    const SliceRange range = slices_[static_cast<size_t>(q)];
-    std::copy_n(gathered + static_cast<size_t>(q) * widest, range.size(),
-                whole.begin() + static_cast<long>(range.begin));
+    for (const GroupLayout::Contribution& part : layout_.contributions(q)) {
+      std::copy_n(gathered + static_cast<size_t>(q) * widest + part.at, part.slice.size(),
+                  whole.begin() + static_cast<long>(part.slice.begin));
+    }
   }
   GiveBack(std::move(*all));
   return OkStatus();

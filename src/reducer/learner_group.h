@@ -8,19 +8,20 @@
 // through the group's store (keys under <job>/group/<learner>/<generation>/),
 // so every rank of the group sees the same rounds in the same order.
 //
-// The cross-rack exchange is sharded: the flat model (every parameter in
-// order, concatenated) is cut into group_size contiguous slices by a rule
-// every learner computes alike (SliceOf), and rank r runs the round driver
-// on slice r only: its pseudo-gradient, codec and error-feedback state and
-// outer momentum are 1/R of the model's, and it merges them with rank r of
-// the other member groups on a communicator of its own (the round's prefix
-// + "slice<r>/"). So all R hosts of a rack carry the cross-rack traffic,
-// each 1/R of it.
+// The cross-rack exchange is sharded: each rank exchanges its own pieces of
+// the model (group_layout.h) with the same rank of the other member groups,
+// on a communicator of its own (the round's prefix + "slice<r>/"). A
+// replica of the model (DDP) is cut into group_size contiguous slices of
+// its flat values; a model sharded over the ranks (FSDP2, TP) gives each
+// rank its shard, and the pieces several ranks hold are sliced among them.
+// So all R hosts of a rack carry the cross-rack traffic, each 1/R of it,
+// and hold 1/R of the outer state.
 //
 // Inside the group, on a Gloo context mend owns (never the user's process
 // group): rank 0's tau is everyone's (AgreeTau), a round commits only when
-// every slice succeeded (AllOk), and the committed slices are all-gathered
-// into every replica's parameters (ShareParameters). These run on the
+// every slice succeeded (AllOk), and the committed slices of what several
+// ranks hold are all-gathered into each of them (ShareParameters): the whole
+// model for DDP, nothing for a model sharded with nothing replicated. These run on the
 // training thread at the same step on every rank: in a group a round's
 // result is applied at boundary + tau exactly, never "when it arrives",
 // which depends on each process's timing and would let replicas diverge.
@@ -29,6 +30,7 @@
 // the rest from the training thread.
 #pragma once
 
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -39,17 +41,11 @@
 #include "mend/learner_agent.h"
 #include "mend/status.h"
 #include "reducer/flat_state.h"
+#include "reducer/group_layout.h"
 #include "reducer/group_pulse.h"
 #include "reducer/round_services.h"
 
 namespace mend::reducer {
-
-// [begin, end) of the flat values.
-struct SliceRange {
-  size_t begin = 0;
-  size_t end = 0;
-  size_t size() const { return end - begin; }
-};
 
 // Waits (up to quorum_timeout_ms on `clock`) until every rank of the group
 // has shown up under `prefix`, before a communicator among them connects
@@ -60,9 +56,6 @@ struct SliceRange {
 [[nodiscard]] Status AwaitGroupRanks(RendezvousStore& store, RendezvousStore* told,
                                      const Clock& clock, const Config& config,
                                      const std::string& learner_id, const std::string& prefix);
-
-// Slice `rank` of `total` values cut into `size` contiguous, balanced parts.
-SliceRange SliceOf(size_t total, int size, int rank);
 
 // The group's keys in the store are under GroupStorePrefix (learner_agent.h).
 
@@ -109,14 +102,17 @@ class LearnerGroup {
   // arrived (`arrived`), and whether rank 0's join formed a round
   // (`formed`), on every rank.
   [[nodiscard]] StatusOr<std::pair<bool, bool>> AllArrived(bool arrived, bool formed);
-  // Every rank's slice of the parameters into every replica.
+  // Every rank's slice of the parameters into every rank that holds it.
   [[nodiscard]] Status ShareParameters();
   // The whole model's values (`whole`, of the model's size) from every
   // rank's `slice` (its slice's values in order), on every rank. `slice` may
-  // lie inside `whole`.
+  // lie inside `whole`. FAILED_PRECONDITION for a sharded model.
   [[nodiscard]] Status GatherWhole(std::span<const float> slice, std::span<float> whole);
-  // The model's values.
-  size_t total() const { return total_; }
+  // The model's values (this rank's: a sharded model's are its own).
+  size_t total() const { return prefix_.back(); }
+  const GroupLayout& layout() const { return layout_; }
+  // Bytes this rank sent on the group's communicator.
+  uint64_t bytes_sent() const { return comm_ ? comm_->stats().bytes_sent : 0; }
   // Rank 0's `value`, and whether every rank passed the same.
   [[nodiscard]] StatusOr<std::pair<uint64_t, bool>> Compare(uint64_t value);
   // Every rank's `value`, by rank (one group collective, like Compare).
@@ -136,6 +132,14 @@ class LearnerGroup {
                std::unique_ptr<RendezvousStore> store, std::unique_ptr<RendezvousStore> decisions);
   // INVALID_ARGUMENT when another rank's parameter names or shapes differ.
   Status CheckSameModel();
+  // Every rank's replica keys and value counts, into layout_.
+  Status GatherLayout();
+  // Every set of more than one member: its members' slices into each of
+  // them, this rank's read out of its state by `read`, the others' written
+  // by `write` (one group collective).
+  Status ShareSlices(
+      const std::function<void(const ParameterPiece&, std::span<float>)>& read,
+      const std::function<void(const ParameterPiece&, std::span<const float>)>& write);
   // One group collective: every rank's `mine` (the same size), by rank.
   StatusOr<std::vector<std::byte>> Gather(std::span<const std::byte> mine);
   // The same for a few values: rank q's i-th at [q * mine.size() + i].
@@ -146,8 +150,8 @@ class LearnerGroup {
   const std::string base_;  // the group's store prefix
   LearnerAgent& inner_;
   FlatParameters& full_;
-  size_t total_ = 0;  // the model's values
-  std::vector<SliceRange> slices_;
+  std::vector<size_t> prefix_;  // where each parameter begins in the flat values
+  GroupLayout layout_;
   std::unique_ptr<RendezvousStore> decisions_;  // until RoundServicesOver
   const Micros decision_margin_;                // what a rank waits beyond rank 0's round timeout
   const std::unique_ptr<RendezvousStore>

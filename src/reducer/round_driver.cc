@@ -202,6 +202,7 @@ ReducerStats RoundDriverImpl::stats() const {
   ReducerStats stats = stats_;
   stats.checkpoints = outer_.written();
   stats.checkpoint_failures = outer_.failed();
+  stats.group_bytes_sent = policy_->GroupBytesSent();
   return stats;
 }
 

@@ -238,21 +238,6 @@ class CountingGroupStore final : public RendezvousStore {
   std::map<std::string, size_t> gets_;
 };
 
-TEST(LearnerGroupTest, SlicesCoverTheModelOnceAndAreBalanced) {
-  for (size_t total : {1ul, 13ul, 1000003ul}) {
-    for (int size : {1, 2, 3, 8}) {
-      size_t covered = 0;
-      for (int r = 0; r < size; ++r) {
-        SliceRange slice = SliceOf(total, size, r);
-        EXPECT_EQ(slice.begin, covered);
-        EXPECT_LE(slice.size(), total / static_cast<size_t>(size) + 1);
-        covered = slice.end;
-      }
-      EXPECT_EQ(covered, total);
-    }
-  }
-}
-
 // With a store of its own, a group's ranks meet and learn the rounds there:
 // rank 0 publishes every decision in it, the others read them from it, and
 // the rounds are those of the lighthouse's store.

@@ -1,0 +1,217 @@
+// Learners whose model is sharded over their ranks (what FSDP2 and tensor
+// parallelism make), without LibTorch: each rank holds its shard of "w"
+// and the whole of "b" in plain vectors, in threads, against an in-process
+// lighthouse on loopback. The rounds must give each value what a learner of
+// one rank holding the whole model gets, bit for bit, and move only what
+// each rank owns.
+#include <cstring>
+#include <thread>
+
+#include "fmt/format.h"
+#include "gtest/gtest.h"
+#include "mend/learner_agent.h"
+#include "mend/lighthouse.h"
+#include "reducer/round_driver.h"
+#include "test_util/job_config.h"
+
+namespace mend::reducer {
+namespace {
+
+constexpr char kToken[] = "sharded-group-test-token-0123456789";
+constexpr int64_t kRows = 5;
+constexpr int64_t kColumns = 400;  // (a share of "w" dwarfs the ranks' agreements)
+constexpr size_t kReplicated = 3;  // "b"
+
+// The model "w" [5, 400] and "b" [3] as group rank `rank` of `ranks` holds
+// it: FSDP2's Shard(0) of "w" (ceil(5 / ranks) rows a rank, the last ranks
+// fewer or none) and "b" whole, on every rank (a parameter TP leaves whole).
+// ranks == 0: the whole model, as every rank of a learner holds it (one
+// rank's, or DDP's replicas).
+class ShardedVectors final : public FlatParameters {
+ public:
+  ShardedVectors(int rank, int ranks, float start) : sharded_(ranks > 0), rank_(rank) {
+    int64_t first = 0, rows = kRows;
+    if (sharded_) {
+      const int64_t chunk = (kRows + ranks - 1) / ranks;
+      first = std::min<int64_t>(kRows, chunk * rank);
+      rows = std::min<int64_t>(kRows, first + chunk) - first;
+    }
+    w_first_ = static_cast<size_t>(first * kColumns);
+    w_rows_ = rows;
+    values_[0].assign(static_cast<size_t>(rows * kColumns), start);
+    values_[1].assign(kReplicated, start);
+  }
+  size_t count() const override { return 2; }
+  const std::string& name(size_t i) const override { return names_[i]; }
+  std::vector<int64_t> shape(size_t i) const override {
+    return i == 0 ? std::vector<int64_t>{w_rows_, kColumns}
+                  : std::vector<int64_t>{static_cast<int64_t>(kReplicated)};
+  }
+  size_t numel(size_t i) const override { return values_[i].size(); }
+  uint64_t replica_key(size_t i) const override {
+    return i == 0 && sharded_ ? static_cast<uint64_t>(rank_) + 1 : 0;
+  }
+  void CopyOut(size_t i, std::span<float> out) const override {
+    if (!out.empty()) std::memcpy(out.data(), values_[i].data(), out.size_bytes());
+  }
+  void CopyIn(size_t i, std::span<const float> in) override {
+    if (!in.empty()) std::memcpy(values_[i].data(), in.data(), in.size_bytes());
+  }
+  // One inner step of learner `learner` at step `s`, by each value's place
+  // in the whole model, so that a shard trains as its part of the whole.
+  void Train(int learner, int s) {
+    for (size_t i = 0; i < 2; ++i) {
+      const size_t first = i == 0 ? w_first_ : static_cast<size_t>(kRows * kColumns);
+      for (size_t k = 0; k < values_[i].size(); ++k) {
+        const int at = static_cast<int>(first + k);
+        values_[i][k] += 0.01f * static_cast<float>((learner + 1) * ((at * 7 + s * 3) % 11) - 4);
+      }
+    }
+  }
+  // This rank's values of "w", with where they begin in the whole "w".
+  const std::vector<float>& w() const { return values_[0]; }
+  size_t w_first() const { return w_first_; }
+  const std::vector<float>& b() const { return values_[1]; }
+
+ private:
+  const bool sharded_;
+  const int rank_;
+  size_t w_first_ = 0;
+  int64_t w_rows_ = 0;
+  std::vector<float> values_[2];
+  std::vector<std::string> names_{"w", "b"};
+};
+
+struct ShardRun {
+  Status error = OkStatus();
+  ReducerStats stats;
+  std::vector<float> w, b;
+  size_t w_first = 0;
+  std::vector<std::vector<float>> after_round;  // w then b, after each applied round
+};
+
+void TrainShard(Config config, int learner, int rank, int ranks, int steps, ShardRun* run) {
+  config.group_rank = rank;
+  auto agent = LearnerAgent::Start(config, kToken, {fmt::format("learner-{}", learner), "", "", ""},
+                                   *RealClock());
+  if (!agent.ok()) {
+    run->error = agent.status();
+    return;
+  }
+  FakeClock clock;
+  auto parameters = std::make_unique<ShardedVectors>(rank, ranks, 1.0f);
+  ShardedVectors* view = parameters.get();
+  auto driver = RoundDriver::Create(config, **agent, clock, std::move(parameters), nullptr, 0);
+  if (!driver.ok()) {
+    run->error = driver.status();
+    return;
+  }
+  for (int s = 0; s < steps && run->error.ok(); ++s) {
+    clock.AdvanceMillis(50);
+    view->Train(learner, s);
+    const uint64_t rounds = (*driver)->stats().rounds;
+    run->error = (*driver)->step(16);
+    if ((*driver)->stats().rounds != rounds) {
+      run->after_round.push_back(view->w());
+      run->after_round.back().insert(run->after_round.back().end(), view->b().begin(),
+                                     view->b().end());
+    }
+  }
+  if (run->error.ok()) run->error = (*driver)->shutdown();
+  run->stats = (*driver)->stats();
+  run->w = view->w();
+  run->b = view->b();
+  run->w_first = view->w_first();
+}
+
+// Two learners of `group` ranks, each holding its shard of "w" when
+// `sharded` (else the whole model); runs[learner][rank].
+std::vector<std::vector<ShardRun>> RunShardedJob(Config config, int group, bool sharded,
+                                                 int steps) {
+  auto server = LighthouseServer::Start(config, kToken, *RealClock());
+  EXPECT_TRUE(server.ok()) << server.status();
+  if (!server.ok()) return {};
+  config.lighthouse = (*server)->grpc_address();
+  config.group_size = group;
+  std::vector<std::vector<ShardRun>> runs(2, std::vector<ShardRun>(config.group_size));
+  std::vector<std::thread> threads;
+  for (int l = 0; l < 2; ++l) {
+    for (int r = 0; r < static_cast<int>(config.group_size); ++r) {
+      threads.emplace_back([&runs, config, l, r, group, sharded, steps]() {
+        TrainShard(config, l, r, sharded ? group : 0, steps,
+                   &runs[static_cast<size_t>(l)][static_cast<size_t>(r)]);
+      });
+    }
+  }
+  for (auto& thread : threads) thread.join();
+  return runs;
+}
+
+// Synchronous rounds every 5 steps (an outer warm-up, then Nesterov), fp32:
+// each value of a shard ends as the same value of the whole model does on
+// a learner of one rank, bit for bit; after every round rank r's shard is
+// the same on both learners, and "b" the same on every rank.
+TEST(ShardedGroupTest, AShardedLearnersRoundsEqualAWholeModelsBitForBit) {
+  Config config = testing_util::SynchronousJobConfig(2, 5);
+  auto whole = RunShardedJob(config, 1, false, 20);
+  ASSERT_EQ(whole.size(), 2u);
+  for (int l = 0; l < 2; ++l) ASSERT_TRUE(whole[l][0].error.ok()) << whole[l][0].error;
+  for (int ranks : {2, 4}) {  // (4: the last rank's shard of "w" is empty)
+    auto sharded = RunShardedJob(config, ranks, true, 20);
+    ASSERT_EQ(sharded.size(), 2u);
+    for (int l = 0; l < 2; ++l) {
+      for (int r = 0; r < ranks; ++r) {
+        const ShardRun& run = sharded[l][static_cast<size_t>(r)];
+        ASSERT_TRUE(run.error.ok())
+            << ranks << " ranks, learner " << l << " rank " << r << ": " << run.error;
+        EXPECT_EQ(run.stats.rounds, 4u);
+        const std::vector<float>& reference = whole[l][0].w;
+        const std::vector<float> part(
+            reference.begin() + static_cast<long>(run.w_first),
+            reference.begin() + static_cast<long>(run.w_first) + static_cast<long>(run.w.size()));
+        EXPECT_EQ(run.w, part) << ranks << " ranks, learner " << l << " rank " << r;
+        EXPECT_EQ(run.b, whole[l][0].b) << ranks << " ranks, learner " << l << " rank " << r;
+        EXPECT_EQ(run.after_round, sharded[0][static_cast<size_t>(r)].after_round)
+            << "rank " << r << "'s pieces differ between the learners after a round";
+      }
+    }
+  }
+}
+
+// Each rank sends across racks what it owns: together the whole model's
+// exchange once, not R times. Inside the group only the slices of "b" (held
+// by every rank) travel after a round: no all-gather of the model, where a
+// group of replicas (DDP) moves all of "w" after every round.
+TEST(ShardedGroupTest, EachRankSendsOnlyWhatItOwnsAndTheGroupSharesOnlyReplicatedPieces) {
+  Config config = testing_util::SynchronousJobConfig(2, 5);
+  auto whole = RunShardedJob(config, 1, false, 20);
+  auto replicas = RunShardedJob(config, 2, false, 20);
+  auto sharded = RunShardedJob(config, 2, true, 20);
+  ASSERT_EQ(whole.size(), 2u);
+  ASSERT_EQ(replicas.size(), 2u);
+  ASSERT_EQ(sharded.size(), 2u);
+  const uint64_t w_bytes = kRows * kColumns * sizeof(float);
+  uint64_t sent = 0;
+  for (int r = 0; r < 2; ++r) {
+    const ShardRun& run = sharded[0][static_cast<size_t>(r)];
+    ASSERT_TRUE(run.error.ok()) << run.error;
+    ASSERT_TRUE(replicas[0][static_cast<size_t>(r)].error.ok())
+        << replicas[0][static_cast<size_t>(r)].error;
+    EXPECT_EQ(run.stats.rounds, 4u);
+    EXPECT_LT(run.stats.bytes_sent, whole[0][0].stats.bytes_sent);
+    sent += run.stats.bytes_sent;
+    // A replica's rank sends its half of the model after each of 4 rounds;
+    // a shard's, its slice of "b" and the ranks' few agreements: less than
+    // one round's half of "w" over the whole job.
+    EXPECT_GE(replicas[0][static_cast<size_t>(r)].stats.group_bytes_sent, 4 * w_bytes / 2);
+    EXPECT_LT(run.stats.group_bytes_sent, w_bytes / 2)
+        << "rank " << r << " moved about a copy of its shard or more inside the group";
+  }
+  // The two ranks' merges carry the whole model's values once, each with
+  // its own headers and weights: less than twice the whole model's bytes.
+  EXPECT_GE(sent, whole[0][0].stats.bytes_sent);
+  EXPECT_LT(sent, 2 * whole[0][0].stats.bytes_sent);
+}
+
+}  // namespace
+}  // namespace mend::reducer
