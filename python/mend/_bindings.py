@@ -19,6 +19,7 @@ from typing import Dict, Iterable, List, Optional, Tuple
 import torch
 
 from mend import _native
+from mend._sharding import local_tensor
 
 _REPLACED_BY = ("model.to(...), .half(), `p.data = ...`, load_state_dict(..., assign=True) or FSDP's "
                 "fully_shard")
@@ -41,7 +42,7 @@ class Attached:
         self.kind = kind
         self.name = name
         self.tensor = tensor  # the module's own object (a Parameter, or the buffer)
-        self.address = tensor.data_ptr()
+        self.address = local_tensor(tensor).data_ptr()  # (a DTensor's: its local piece's)
         self.dtype = tensor.dtype
         self.shape = tuple(tensor.shape)
         self.device = tensor.device
@@ -53,7 +54,7 @@ class Attached:
             return "it is no longer in the model"
         if current is not self.tensor:
             return f"the model holds another tensor under its name now ({_describe(current)})"
-        if (current.data_ptr(), current.dtype, tuple(current.shape), current.device) != \
+        if (local_tensor(current).data_ptr(), current.dtype, tuple(current.shape), current.device) != \
                 (self.address, self.dtype, self.shape, self.device):
             return (f"its storage was replaced: it was {self.dtype} {list(self.shape)} on {self.device} at "
                     f"{self.address:#x}, it is {_describe(current)} now")
@@ -119,7 +120,7 @@ def same_moments(a: Optional[Tuple[torch.Tensor, torch.Tensor]],
                  b: Optional[Tuple[torch.Tensor, torch.Tensor]]) -> bool:
     if a is None or b is None:
         return a is None and b is None
-    return all(x is y and x.data_ptr() == y.data_ptr() for x, y in zip(a, b))
+    return all(x is y and local_tensor(x).data_ptr() == local_tensor(y).data_ptr() for x, y in zip(a, b))
 
 
 def adam_betas(optimizer: torch.optim.Optimizer, parameters: Iterable[torch.Tensor]) -> Tuple[float, float]:

@@ -252,16 +252,19 @@ class Learner:
     @classmethod
     def _from_addresses(cls, config: MendConfig, entries: List[Tuple[str, int, int, Tuple[int, ...]]],
                         learner_id: Optional[str], token: Optional[str], start_step: int,
-                        keep: Any, job_settings: Optional[Dict[str, str]] = None) -> "Learner":
+                        keep: Any, job_settings: Optional[Dict[str, str]] = None,
+                        replica_keys: Optional[List[int]] = None) -> "Learner":
         """A learner over raw addresses (name, address, values, shape) that
         `keep` keeps alive; `job_settings` (key -> value) must agree with the
-        job's other learners (mend_config_add_job_setting)."""
+        job's other learners (mend_config_add_job_setting); `replica_keys`:
+        each parameter's, for a model sharded over the group's ranks
+        (mend_learner_create_sharded)."""
         learner = cls.__new__(cls)
-        learner._open(config, entries, learner_id, token, start_step, keep, job_settings)
+        learner._open(config, entries, learner_id, token, start_step, keep, job_settings, replica_keys)
         return learner
 
     def _open(self, config: MendConfig, entries, learner_id, token, start_step, keep,
-              job_settings: Optional[Dict[str, str]] = None) -> None:
+              job_settings: Optional[Dict[str, str]] = None, replica_keys: Optional[List[int]] = None) -> None:
         check_config(config, "mend.Learner")
         if not entries:
             raise ValueError("mend: a learner needs at least one parameter")
@@ -275,13 +278,15 @@ class Learner:
         self._claimed = (config.lighthouse, config.job_id, self.learner_id, int(config.group_rank))
         _claim(self, self._claimed)
         try:
-            self._create(config, entries, token, start_step, job_settings or {})
+            self._create(config, entries, token, start_step, job_settings or {}, replica_keys)
         except BaseException:
             _release(self)
             raise
 
-    def _create(self, config: MendConfig, entries, token, start_step, job_settings: Dict[str, str]) -> None:
+    def _create(self, config: MendConfig, entries, token, start_step, job_settings: Dict[str, str],
+                replica_keys: Optional[List[int]] = None) -> None:
         buffers, _ = _buffer_array(entries)
+        keys = None if replica_keys is None else (_native._u64 * len(entries))(*replica_keys)
         pointer = _native._p()
         native = config.native()  # alive until the call returns
         for key, value in job_settings.items():
@@ -298,8 +303,9 @@ class Learner:
             lib.mend_learner_free(pointer)
 
         def create() -> int:
-            code = lib.mend_learner_create(native.pointer, token.encode(), self.learner_id.encode(), buffers,
-                                           len(entries), int(start_step), ctypes.byref(pointer))
+            code = lib.mend_learner_create_sharded(native.pointer, token.encode(), self.learner_id.encode(),
+                                                   buffers, keys, len(entries), int(start_step),
+                                                   ctypes.byref(pointer))
             with lock:
                 state["done"] = True
                 if state["abandoned"] and pointer:

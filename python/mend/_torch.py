@@ -24,6 +24,7 @@ import torch
 from mend import _attach as attach
 from mend import _bindings as bindings
 from mend import _native
+from mend import _sharding as sharding
 from mend._frozen import JOB_SETTING as FROZEN_SETTING
 from mend._frozen import job_setting as frozen_setting
 from mend._schedules import StepFollower
@@ -337,14 +338,21 @@ class Runtime:
         # the same ones, which registration checks by digest (_frozen).
         job_settings: Dict[str, str] = {}
         if not config.exchange_frozen_parameters:
-            frozen = frozen_setting([(name, p) for name, p in named if not p.requires_grad])
+            frozen = frozen_setting([(name, sharding.local_tensor(p)) for name, p in named if not p.requires_grad])
             if frozen is not None:
                 job_settings[FROZEN_SETTING] = frozen
             named = [(name, p) for name, p in named if p.requires_grad]
             if not named:
                 raise ValueError("mend_init: every parameter of the model is frozen (requires_grad=False): "
                                  "nothing to exchange; set exchange_frozen_parameters=True to exchange them anyway")
+        # A model sharded over the group's ranks (FSDP2, TP): each rank's
+        # local pieces, and which ranks hold the same ones (_sharding).
+        replica_keys = sharding.replica_keys(named, int(config.group_size))
+        layout = sharding.layout_setting(named)
+        if layout is not None:
+            job_settings[sharding.LAYOUT_SETTING] = layout
         for name, p in named:
+            p = sharding.local_tensor(p)
             if p.is_sparse or p.dtype not in _STAGED_DTYPES or not p.is_contiguous():
                 raise ValueError(
                     f"mend_init: parameter {name!r} is {'sparse ' if p.is_sparse else ''}"
@@ -393,7 +401,8 @@ class Runtime:
         self._later: Optional[attach.LaterOptimizer] = None
         self._hooks = []
         self._attached = [bindings.Attached("parameter", name, p) for name, p in named]
-        storages = [p.detach() for _, p in named]  # keep these alive whatever later replaces p's
+        # (keep these alive whatever later replaces p's; a DTensor's: its local piece)
+        storages = [sharding.local_tensor(p).detach() for _, p in named]
         # Parameter i is fragment i mod fragments's: the staged ones' host
         # copies flat by fragment.
         fragments = max(1, int(config.fragments))
@@ -402,10 +411,11 @@ class Runtime:
         tensors = list(storages)
         for i, host in zip(staged, self._staging.add_all([(storages[i], i % fragments) for i in staged])):
             tensors[i] = host
-        entries = [(name, tensor.data_ptr(), tensor.numel(), tuple(p.shape))
-                   for (name, p), tensor in zip(named, tensors)]
+        entries = [(name, tensor.data_ptr(), tensor.numel(), tuple(storage.shape))
+                   for (name, _), tensor, storage in zip(named, tensors, storages)]
         self._learner = Learner._from_addresses(config, entries, learner_id, read_token(config), 0,
-                                                keep=storages, job_settings=job_settings)
+                                                keep=storages, job_settings=job_settings,
+                                                replica_keys=replica_keys)
         for i in staged:
             if self._learner.parameter_fragment(i) != i % fragments:
                 raise RuntimeError(f"mend: libmend puts parameter {i} in fragment "
@@ -519,7 +529,8 @@ class Runtime:
         # Every parameter's anew, into new host copies where staged: the
         # library holds the old addresses until each is replaced here.
         staging = _Staging()
-        views = [None if moments is None else [m.detach() for m in moments] for moments in now]
+        views = [None if moments is None else [sharding.local_tensor(m).detach() for m in moments]
+                 for moments in now]
         in_place = any(_in_place(v, self._always_stage) for pair in views if pair for v in pair)
         staged = [(i, j) for i, pair in enumerate(views) if pair for j, v in enumerate(pair)
                   if not _in_place(v, self._always_stage)]

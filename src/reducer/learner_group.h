@@ -1,6 +1,7 @@
 // A learner as a group of ranks: the hosts of one rack, each a process that
-// trains a replica of the model (DDP inside the group keeps the replicas
-// equal; mend never touches that process group).
+// trains the model with the others, as a replica (DDP inside the group
+// keeps the replicas equal) or its shard (FSDP2, tensor parallelism); mend
+// never touches that process group.
 //
 // Group rank 0 speaks for the group to the lighthouse: it registers (with
 // the group size, which the lighthouse checks against the job's), heartbeats

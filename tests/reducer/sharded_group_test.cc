@@ -4,7 +4,10 @@
 // lighthouse on loopback. The rounds must give each value what a learner of
 // one rank holding the whole model gets, bit for bit, and move only what
 // each rank owns.
+#include <atomic>
 #include <cstring>
+#include <functional>
+#include <map>
 #include <thread>
 
 #include "fmt/format.h"
@@ -13,6 +16,7 @@
 #include "mend/lighthouse.h"
 #include "reducer/round_driver.h"
 #include "test_util/job_config.h"
+#include "test_util/wait.h"
 
 namespace mend::reducer {
 namespace {
@@ -87,10 +91,13 @@ struct ShardRun {
   ReducerStats stats;
   std::vector<float> w, b;
   size_t w_first = 0;
-  std::vector<std::vector<float>> after_round;  // w then b, after each applied round
+  std::vector<std::vector<float>> after_round;      // w then b, after each applied round
+  std::map<uint64_t, std::vector<float>> by_round;  // the same, by round id
 };
 
-void TrainShard(Config config, int learner, int rank, int ranks, int steps, ShardRun* run) {
+// `before_step(s)`, when given, runs before step s.
+void TrainShard(Config config, int learner, int rank, int ranks, int steps, ShardRun* run,
+                const std::function<void(int)>& before_step = {}) {
   config.group_rank = rank;
   auto agent = LearnerAgent::Start(config, kToken, {fmt::format("learner-{}", learner), "", "", ""},
                                    *RealClock());
@@ -107,6 +114,7 @@ void TrainShard(Config config, int learner, int rank, int ranks, int steps, Shar
     return;
   }
   for (int s = 0; s < steps && run->error.ok(); ++s) {
+    if (before_step) before_step(s);
     clock.AdvanceMillis(50);
     view->Train(learner, s);
     const uint64_t rounds = (*driver)->stats().rounds;
@@ -115,6 +123,7 @@ void TrainShard(Config config, int learner, int rank, int ranks, int steps, Shar
       run->after_round.push_back(view->w());
       run->after_round.back().insert(run->after_round.back().end(), view->b().begin(),
                                      view->b().end());
+      run->by_round[(*driver)->stats().last_round_id] = run->after_round.back();
     }
   }
   if (run->error.ok()) run->error = (*driver)->shutdown();
@@ -211,6 +220,58 @@ TEST(ShardedGroupTest, EachRankSendsOnlyWhatItOwnsAndTheGroupSharesOnlyReplicate
   // its own headers and weights: less than twice the whole model's bytes.
   EXPECT_GE(sent, whole[0][0].stats.bytes_sent);
   EXPECT_LT(sent, 2 * whole[0][0].stats.bytes_sent);
+}
+
+// A learner that joins late, with none of the job's state, heals each rank's
+// pieces from the same rank of a learner that has it (all slices at once),
+// and from then on holds, rank by rank, what that learner holds after
+// every round they share.
+TEST(ShardedGroupTest, ALateShardedLearnerHealsEachRankFromTheSameRankOfTheSource) {
+  Config config = testing_util::SynchronousJobConfig(1, 5);
+  auto server = LighthouseServer::Start(config, kToken, *RealClock());
+  ASSERT_TRUE(server.ok()) << server.status();
+  config.lighthouse = (*server)->grpc_address();
+  config.group_size = 2;
+  std::vector<std::vector<ShardRun>> runs(2, std::vector<ShardRun>(2));
+  // Learner 0 trains alone for 12 steps, and its ranks wait at step 20
+  // until the late learner steps: 8 rounds remain for the two to share.
+  std::atomic<int> progress{0};
+  std::atomic<bool> late_started{false};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r]() {
+      TrainShard(config, 0, r, 2, 60, &runs[0][static_cast<size_t>(r)], [&](int s) {
+        if (r == 0) progress.store(s);
+        if (s == 20) {
+          EXPECT_TRUE(
+              testing_util::WaitFor(60 * kMicrosPerSecond, [&] { return late_started.load(); }));
+        }
+      });
+    });
+  }
+  ASSERT_TRUE(testing_util::WaitFor(60 * kMicrosPerSecond, [&] { return progress.load() >= 12; }));
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r]() {
+      TrainShard(config, 1, r, 2, 30, &runs[1][static_cast<size_t>(r)],
+                 [&](int) { late_started.store(true); });
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (int r = 0; r < 2; ++r) {
+    const ShardRun& source = runs[0][static_cast<size_t>(r)];
+    const ShardRun& late = runs[1][static_cast<size_t>(r)];
+    ASSERT_TRUE(source.error.ok()) << source.error;
+    ASSERT_TRUE(late.error.ok()) << late.error;
+    EXPECT_GE(late.stats.heals, 1u) << "rank " << r;
+    size_t shared = 0;
+    for (const auto& [round, values] : late.by_round) {
+      auto theirs = source.by_round.find(round);
+      if (theirs == source.by_round.end()) continue;
+      EXPECT_EQ(values, theirs->second) << "rank " << r << ", round " << round;
+      shared++;
+    }
+    EXPECT_GE(shared, 2u) << "rank " << r << ": the two learners shared too few rounds";
+  }
 }
 
 }  // namespace

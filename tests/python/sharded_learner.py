@@ -1,0 +1,133 @@
+"""One rank of a learner whose model is sharded over its ranks, as a user
+writes it under torchrun: a gloo process group, the model sharded with
+FSDP2's fully_shard, tensor parallelism (parallelize_module) or both on a
+2-D mesh (or kept whole in DDP, to compare), then mend_init / train /
+mend_shutdown.
+
+--mode train: AdamW on real batches, mend after every optimizer step.
+--mode fixed: manual=True, and each inner step changes every value by a
+  fixed elementwise rule, so that the rounds' results can be compared
+  exactly across layouts.
+
+Writes, for this rank: after each round, a digest of its own pieces and of
+the whole model (gathered for the check only: DTensor.full_tensor()), and at
+the end the whole model and the learner's stats."""
+import argparse
+import datetime
+import hashlib
+import json
+import os
+
+import torch
+import torch.distributed as dist
+
+from mend import MendConfig, mend_init, mend_shutdown
+
+
+def build(layout, rank, world):
+    """The model as `layout` shards it over the learner's `world` ranks."""
+    torch.manual_seed(1)  # the same initial model on every rank and learner
+    model = torch.nn.Sequential(torch.nn.Linear(16, 256), torch.nn.Tanh(), torch.nn.Linear(256, 8))
+    if layout == "ddp":
+        return model, torch.nn.parallel.DistributedDataParallel(model)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    if layout == "fsdp2":
+        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
+        for layer in (model[0], model[2]):
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+    elif layout == "tp":
+        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
+        # (RowwiseParallel leaves the second layer's bias whole: a Replicate() piece.)
+        parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    elif layout == "2d":
+        mesh = init_device_mesh("cpu", (world // 2, 2), mesh_dim_names=("dp", "tp"))
+        parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        for layer in (model[0], model[2]):
+            fully_shard(layer, mesh=mesh["dp"])
+        fully_shard(model, mesh=mesh["dp"])
+    else:
+        raise SystemExit(f"unknown layout {layout}")
+    return model, model
+
+
+def whole(tensor):
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+def local(tensor):
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+def perturb(tensor, learner, step):
+    """A fixed inner step, elementwise and exactly rounded (a multiply, then
+    an add), so that a value ends the same wherever a layout puts it."""
+    tensor.mul_(1.0 - 0.01 * learner).add_(0.001 * ((step % 7) - 3) * (learner + 1))
+
+
+def digest(tensors):
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(t.detach().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--lighthouse", required=True)
+    parser.add_argument("--learner", type=int, required=True)
+    parser.add_argument("--layout", default="fsdp2")
+    parser.add_argument("--mode", default="train")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--period", type=int, default=5)
+    parser.add_argument("--out", required=True, help="the result file; %%r becomes the rank")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                          timeout=datetime.timedelta(seconds=120))
+    dist.init_process_group("gloo", store=dist.PrefixStore("sharded/", store),
+                            rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model, wrapped = build(args.layout, rank, world)
+    config = MendConfig(lighthouse=args.lighthouse, sync_period_steps=args.period, concurrent_outer_step=False,
+                        quorum_min_learners=2, quorum_timeout_ms=30000, log_level="warn")
+    fixed = args.mode == "fixed"
+    optimizer = None if fixed else torch.optim.AdamW(model.parameters(), lr=0.01)
+    runtime = mend_init(wrapped, config, f"learner-{args.learner}", manual=fixed)
+    names = [name for name, _ in model.named_parameters()]
+    data = torch.Generator().manual_seed(100 * args.learner + rank)
+    rounds = []
+    last_round = 0
+    for step in range(args.steps):
+        if fixed:
+            with torch.no_grad():
+                for p in model.parameters():
+                    perturb(local(p), args.learner, step)
+            runtime.step(16)
+        else:
+            x = torch.randn(16, 16, generator=data)
+            loss = (wrapped(x) - x[:, :8].sin()).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()  # mend's reducer runs here
+        stats = runtime.stats()
+        if stats["last_round_id"] != last_round:
+            last_round = stats["last_round_id"]
+            full = [whole(p.detach()) for p in model.parameters()]  # (collective: every rank)
+            rounds.append({"round": last_round, "step": stats["steps"],
+                           "own": digest([local(p) for p in model.parameters()]), "whole": digest(full)})
+    mend_shutdown(wrapped)
+    stats = runtime.stats()
+    full = {name: whole(p.detach()).tolist() for name, p in zip(names, model.parameters())}
+    kinds = {name: type(p).__name__ for name, p in zip(names, model.parameters())}
+    with open(args.out.replace("%r", str(rank)), "w") as out:
+        json.dump({"rank": rank, "rounds": rounds, "model": full, "kinds": kinds,
+                   "local_values": sum(local(p).numel() for p in model.parameters()),
+                   "stats": {k: stats[k] for k in ("rounds", "bytes_sent", "group_bytes_sent", "steps")}}, out)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

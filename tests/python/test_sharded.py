@@ -1,0 +1,142 @@
+"""Learners whose model is sharded over their ranks: two torchruns of two
+(or four) ranks each on gloo, the model sharded with FSDP2, tensor
+parallelism, or both on a 2-D mesh (sharded_learner.py), against learners of
+the same ranks in DDP."""
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import mend
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TOKEN = "sharded-test-token-0123456789"
+
+
+def _sharding_available():
+    try:
+        from torch.distributed.fsdp import fully_shard  # noqa: F401
+        from torch.distributed.tensor.parallel import parallelize_module  # noqa: F401
+        return True
+    except Exception:  # noqa: BLE001 (torch 1.13's fsdp fails to import on Python 3.11)
+        return False
+
+
+pytestmark = pytest.mark.skipif(not _sharding_available(), reason=f"torch {torch.__version__} has no FSDP2 "
+                                                                  "or tensor parallelism")
+
+
+def free_port():
+    with socket.socket() as s:  # torchrun does not take port 0
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_job(tmp_path, layouts, mode, ranks=2, timeout=240):
+    """Two learners, learner l a torchrun of `ranks` ranks in layouts[l - 1];
+    returns (exit codes, outputs, results[learner][rank] or None)."""
+    out_dir = tmp_path / f"{'-'.join(layouts)}-{mode}"
+    out_dir.mkdir()
+    path = os.pathsep.join(os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)
+    env = dict(os.environ, MEND_JOB_TOKEN=TOKEN, OMP_NUM_THREADS="1", PYTHONPATH=path)
+    os.environ["MEND_JOB_TOKEN"] = TOKEN
+    lighthouse = mend.Lighthouse(mend.MendConfig(bind="127.0.0.1:0", http="", quorum_min_learners=2,
+                                                 grace_window_ms=2000, heartbeat_ms=50, heartbeat_timeout_ms=2000,
+                                                 log_level="warn"))
+    procs, logs = [], []
+    with lighthouse:
+        for learner, layout in enumerate(layouts, start=1):
+            log = open(out_dir / f"torchrun-{learner}.log", "w")
+            logs.append(log)
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
+                 "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
+                 os.path.join(HERE, "sharded_learner.py"), "--lighthouse", lighthouse.address,
+                 "--learner", str(learner), "--layout", layout, "--mode", mode,
+                 "--out", str(out_dir / f"l{learner}-%r.json")],
+                env=env, cwd=HERE, stdout=log, stderr=subprocess.STDOUT))
+        # (A learner that fails leaves the other waiting for a quorum: it is stopped.)
+        deadline = time.monotonic() + timeout
+        while any(proc.poll() is None for proc in procs) and time.monotonic() < deadline:
+            if any(proc.poll() not in (None, 0) for proc in procs):
+                for proc in procs:
+                    if proc.poll() is None:
+                        proc.terminate()
+            for proc in procs:
+                try:
+                    proc.wait(timeout=0.1)
+                except subprocess.TimeoutExpired:
+                    pass
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+        codes = [proc.wait(timeout=60) for proc in procs]
+    for log in logs:
+        log.close()
+    outputs = [(out_dir / f"torchrun-{learner}.log").read_text() for learner in (1, 2)]
+    results = {}
+    for learner in (1, 2):
+        for rank in range(ranks):
+            path = out_dir / f"l{learner}-{rank}.json"
+            results[learner, rank] = json.loads(path.read_text()) if path.exists() else None
+    return codes, outputs, results
+
+
+@pytest.fixture(scope="module")
+def ddp_reference(tmp_path_factory):
+    codes, outputs, results = run_job(tmp_path_factory.mktemp("ddp"), ["ddp", "ddp"], "fixed")
+    assert codes == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+    return results
+
+
+@pytest.mark.parametrize("layout,ranks", [("fsdp2", 2), ("tp", 2), ("2d", 4)])
+def test_sharded_learners_merge_exactly_as_ddp_learners_and_move_only_their_shards(
+        tmp_path, ddp_reference, layout, ranks):
+    # Every inner step changes each value by the same elementwise rule in
+    # every layout, so the rounds' results must be DDP's bit for bit (fp32,
+    # elementwise outer math).
+    codes, outputs, results = run_job(tmp_path, [layout, layout], "fixed", ranks)
+    assert codes == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+    reference = ddp_reference[1, 0]
+    ddp_sent = sum(ddp_reference[1, r]["stats"]["bytes_sent"] for r in (0, 1))
+    for (learner, rank), result in results.items():
+        assert set(result["kinds"].values()) == {"DTensor"}, result["kinds"]
+        assert result["stats"]["rounds"] == 4
+        assert result["model"] == reference["model"], f"learner {learner} rank {rank} ends unlike DDP's"
+        # After every round: rank r's own pieces are the same on both
+        # learners, and the gathered model on every rank of both.
+        assert [r["own"] for r in result["rounds"]] == [r["own"] for r in results[1, rank]["rounds"]]
+        assert [r["whole"] for r in result["rounds"]] == [r["whole"] for r in results[1, 0]["rounds"]]
+        # Across racks each rank sends its 1/R of the model (with its own
+        # headers); inside the learner no copy of the model travels, where
+        # DDP's ranks all-gather theirs after every round.
+        assert result["stats"]["bytes_sent"] <= 1.1 * ddp_sent / ranks, result["stats"]
+        assert result["stats"]["group_bytes_sent"] < ddp_reference[1, 0]["stats"]["group_bytes_sent"] / 10
+    assert sum(results[1, r]["stats"]["bytes_sent"] for r in range(ranks)) <= 1.02 * ddp_sent
+
+
+def test_fsdp2_training_keeps_each_shard_the_same_on_every_learner_after_every_round(tmp_path):
+    # Real FSDP2 training: forward, backward and AdamW on the shards, mend
+    # after every optimizer step (found by itself); synchronous rounds.
+    codes, outputs, results = run_job(tmp_path, ["fsdp2", "fsdp2"], "train")
+    assert codes == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+    for rank in (0, 1):
+        a, b = results[1, rank], results[2, rank]
+        assert a["stats"]["rounds"] == b["stats"]["rounds"] == 4
+        assert a["rounds"] == b["rounds"]  # round ids, steps and digests
+        assert a["local_values"] < sum(len(torch.tensor(v).flatten()) for v in a["model"].values())
+    assert results[1, 0]["rounds"][0]["own"] != results[1, 1]["rounds"][0]["own"]  # each rank its own shard
+
+
+def test_learners_of_different_layouts_are_refused_naming_both(tmp_path):
+    codes, outputs, _ = run_job(tmp_path, ["fsdp2", "tp"], "fixed", timeout=180)
+    refused = [i for i, code in enumerate(codes) if code != 0]
+    assert refused, "two layouts trained in one job"
+    text = "\n".join(outputs[i] for i in refused)
+    assert "model_layout" in text, text[-3000:]
+    assert "mesh [2] dp" in text and "mesh [2] tp" in text, text[-3000:]  # both layouts
