@@ -24,6 +24,7 @@
 #include "mend/lighthouse.h"
 #include "nlohmann/json.hpp"
 #include "reducer/round_driver.h"
+#include "test_util/group_rank.h"
 #include "test_util/job_config.h"
 #include "test_util/lighthouse_outage.h"
 #include "test_util/vector_moments.h"
@@ -91,8 +92,7 @@ void TrainRank(Config config, int learner, int rank, int steps, RankRun* run, si
                std::atomic<uint64_t>* steps_done = nullptr, int step_ms = 50,
                GroupStoreOpener group_store = nullptr, float start = 1.0f) {
   config.group_rank = rank;
-  auto agent = LearnerAgent::Start(config, kToken, {fmt::format("learner-{}", learner), "", "", ""},
-                                   *RealClock(), std::move(group_store));
+  auto agent = testing_util::StartGroupRank(config, kToken, learner, rank, std::move(group_store));
   if (!agent.ok()) {
     run->error = agent.status();
     return;

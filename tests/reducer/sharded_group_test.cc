@@ -15,6 +15,7 @@
 #include "mend/learner_agent.h"
 #include "mend/lighthouse.h"
 #include "reducer/round_driver.h"
+#include "test_util/group_rank.h"
 #include "test_util/job_config.h"
 #include "test_util/wait.h"
 
@@ -99,8 +100,7 @@ struct ShardRun {
 void TrainShard(Config config, int learner, int rank, int ranks, int steps, ShardRun* run,
                 const std::function<void(int)>& before_step = {}) {
   config.group_rank = rank;
-  auto agent = LearnerAgent::Start(config, kToken, {fmt::format("learner-{}", learner), "", "", ""},
-                                   *RealClock());
+  auto agent = testing_util::StartGroupRank(config, kToken, learner, rank);
   if (!agent.ok()) {
     run->error = agent.status();
     return;
