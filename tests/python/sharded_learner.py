@@ -33,11 +33,16 @@ def build(layout, rank, world):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-    if layout == "fsdp2":
+    if layout in ("fsdp2", "fsdp2-mp"):
+        # fsdp2-mp: bf16 compute on gathered copies; mend keeps to the fp32 shards.
+        policy = {}
+        if layout == "fsdp2-mp":
+            from torch.distributed.fsdp import MixedPrecisionPolicy
+            policy = {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)}
         mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
         for layer in (model[0], model[2]):
-            fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+            fully_shard(layer, mesh=mesh, **policy)
+        fully_shard(model, mesh=mesh, **policy)
     elif layout == "tp":
         mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
         # (RowwiseParallel leaves the second layer's bias whole: a Replicate() piece.)
@@ -121,7 +126,7 @@ def main():
     mend_shutdown(wrapped)
     stats = runtime.stats()
     full = {name: whole(p.detach()).tolist() for name, p in zip(names, model.parameters())}
-    kinds = {name: type(p).__name__ for name, p in zip(names, model.parameters())}
+    kinds = {name: f"{type(p).__name__} {p.dtype}" for name, p in zip(names, model.parameters())}
     with open(args.out.replace("%r", str(rank)), "w") as out:
         json.dump({"rank": rank, "rounds": rounds, "model": full, "kinds": kinds,
                    "local_values": sum(local(p).numel() for p in model.parameters()),

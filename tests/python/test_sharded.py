@@ -105,7 +105,7 @@ def test_sharded_learners_merge_exactly_as_ddp_learners_and_move_only_their_shar
     reference = ddp_reference[1, 0]
     ddp_sent = sum(ddp_reference[1, r]["stats"]["bytes_sent"] for r in (0, 1))
     for (learner, rank), result in results.items():
-        assert set(result["kinds"].values()) == {"DTensor"}, result["kinds"]
+        assert set(result["kinds"].values()) == {"DTensor torch.float32"}, result["kinds"]
         assert result["stats"]["rounds"] == 4
         assert result["model"] == reference["model"], f"learner {learner} rank {rank} ends unlike DDP's"
         # After every round: rank r's own pieces are the same on both
@@ -120,16 +120,19 @@ def test_sharded_learners_merge_exactly_as_ddp_learners_and_move_only_their_shar
     assert sum(results[1, r]["stats"]["bytes_sent"] for r in range(ranks)) <= 1.02 * ddp_sent
 
 
-def test_fsdp2_training_keeps_each_shard_the_same_on_every_learner_after_every_round(tmp_path):
+@pytest.mark.parametrize("layout", ["fsdp2", "fsdp2-mp"])
+def test_fsdp2_training_keeps_each_shard_the_same_on_every_learner_after_every_round(tmp_path, layout):
     # Real FSDP2 training: forward, backward and AdamW on the shards, mend
-    # after every optimizer step (found by itself); synchronous rounds.
-    codes, outputs, results = run_job(tmp_path, ["fsdp2", "fsdp2"], "train")
+    # after every optimizer step (found by itself); synchronous rounds. With
+    # a bf16 MixedPrecisionPolicy mend works on the fp32 shards.
+    codes, outputs, results = run_job(tmp_path, [layout, layout], "train")
     assert codes == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
     for rank in (0, 1):
         a, b = results[1, rank], results[2, rank]
         assert a["stats"]["rounds"] == b["stats"]["rounds"] == 4
         assert a["rounds"] == b["rounds"]  # round ids, steps and digests
         assert a["local_values"] < sum(len(torch.tensor(v).flatten()) for v in a["model"].values())
+        assert set(a["kinds"].values()) == {"DTensor torch.float32"}, a["kinds"]
     assert results[1, 0]["rounds"][0]["own"] != results[1, 1]["rounds"][0]["own"]  # each rank its own shard
 
 
