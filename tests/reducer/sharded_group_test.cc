@@ -274,5 +274,21 @@ TEST(ShardedGroupTest, ALateShardedLearnerHealsEachRankFromTheSameRankOfTheSourc
   }
 }
 
+// A sharded group's checkpoints would gather the whole model on rank 0:
+// refused at the start, by name, on every rank.
+TEST(ShardedGroupTest, CheckpointDirWithAShardedModelIsRefusedByName) {
+  Config config = testing_util::SynchronousJobConfig(2, 5);
+  config.checkpoint_dir = testing_util::MakeTempDir();
+  auto runs = RunShardedJob(config, 2, true, 5);
+  ASSERT_EQ(runs.size(), 2u);
+  for (const auto& learner : runs) {
+    for (const ShardRun& run : learner) {
+      EXPECT_EQ(run.error.code(), StatusCode::kFailedPrecondition) << run.error;
+      EXPECT_NE(run.error.message().find("checkpoint_dir with a model sharded"), std::string::npos)
+          << run.error;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace mend::reducer
