@@ -71,7 +71,6 @@ StatusOr<GroupLayout> GroupLayout::Make(int rank, const std::vector<std::vector<
     }
   }
   GroupLayout layout;
-  layout.rank_ = rank;
   MEND_ASSIGN_OR_RETURN(layout.sets_, FindSets(keys, numels));
   layout.numels_ = numels[static_cast<size_t>(rank)];
   layout.contributions_.resize(ranks);
@@ -83,7 +82,7 @@ StatusOr<GroupLayout> GroupLayout::Make(int rank, const std::vector<std::vector<
       const SliceRange slice =
           SliceOf(set.total, static_cast<int>(set.members.size()), static_cast<int>(j));
       if (member == rank) {
-        std::vector<ParameterPiece> pieces = layout.SlicePieces(s, rank, layout.numels_);
+        std::vector<ParameterPiece> pieces = layout.SlicePieces(s, rank);
         layout.own_.insert(layout.own_.end(), pieces.begin(), pieces.end());
       }
       if (set.members.size() == 1) continue;
@@ -103,8 +102,7 @@ size_t GroupLayout::own_values() const {
       [](size_t sum, const ParameterPiece& piece) { return sum + piece.values; });
 }
 
-std::vector<ParameterPiece> GroupLayout::SlicePieces(size_t set, int rank,
-                                                     const std::vector<uint64_t>& numels) const {
+std::vector<ParameterPiece> GroupLayout::SlicePieces(size_t set, int rank) const {
   const ReplicaSet& replicas = sets_[set];
   const auto member = std::find(replicas.members.begin(), replicas.members.end(), rank);
   const SliceRange range = SliceOf(replicas.total, static_cast<int>(replicas.members.size()),
@@ -112,7 +110,7 @@ std::vector<ParameterPiece> GroupLayout::SlicePieces(size_t set, int rank,
   std::vector<ParameterPiece> pieces;
   size_t offset = 0;
   for (size_t i : replicas.parameters) {
-    const size_t n = numels[i];
+    const size_t n = numels_[i];
     const size_t lo = std::max(offset, range.begin);
     const size_t hi = std::min(offset + n, range.end);
     if (lo < hi) pieces.push_back({i, lo - offset, hi - lo});

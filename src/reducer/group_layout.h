@@ -75,10 +75,9 @@ class GroupLayout {
   const std::vector<ParameterPiece>& own() const { return own_; }
   size_t own_values() const;
 
-  // The pieces of `rank`'s slice of set `set` (rank a member of it), with
-  // the parameters' value counts as `numels` (a member's).
-  std::vector<ParameterPiece> SlicePieces(size_t set, int rank,
-                                          const std::vector<uint64_t>& numels) const;
+  // The pieces of `rank`'s slice of set `set` (rank a member of it: its
+  // members hold its parameters alike).
+  std::vector<ParameterPiece> SlicePieces(size_t set, int rank) const;
 
   // What rank q contributes to a share: its slices of the sets of more than
   // one member, in set order, concatenated. `at`: where set `set`'s slice
@@ -93,17 +92,14 @@ class GroupLayout {
   }
   // The longest contribution's values (what a share gathers from each rank).
   size_t widest_contribution() const { return widest_; }
-  // This rank's value counts (its numels row).
-  const std::vector<uint64_t>& numels() const { return numels_; }
 
  private:
-  int rank_ = 0;
   bool sharded_ = false;
   std::vector<ReplicaSet> sets_;
   std::vector<ParameterPiece> own_;
   std::vector<std::vector<Contribution>> contributions_;
   size_t widest_ = 0;
-  std::vector<uint64_t> numels_;
+  std::vector<uint64_t> numels_;  // this rank's value counts
 };
 
 }  // namespace mend::reducer

@@ -20,6 +20,27 @@
 namespace mend::reducer {
 namespace {
 
+// A piece's values out of, or into, its parameter of `full`; `scratch`
+// holds the whole parameter when the piece is only part of it.
+void CopyPieceOut(const FlatParameters& full, const ParameterPiece& piece, std::span<float> out,
+                  std::vector<float>& scratch) {
+  if (piece.offset == 0 && piece.values == full.numel(piece.parameter))
+    return full.CopyOut(piece.parameter, out);
+  scratch.resize(full.numel(piece.parameter));
+  full.CopyOut(piece.parameter, scratch);
+  std::memcpy(out.data(), scratch.data() + piece.offset, piece.values * sizeof(float));
+}
+
+void CopyPieceIn(FlatParameters& full, const ParameterPiece& piece, std::span<const float> in,
+                 std::vector<float>& scratch) {
+  if (piece.offset == 0 && piece.values == full.numel(piece.parameter))
+    return full.CopyIn(piece.parameter, in);
+  scratch.resize(full.numel(piece.parameter));
+  full.CopyOut(piece.parameter, scratch);
+  std::memcpy(scratch.data() + piece.offset, in.data(), piece.values * sizeof(float));
+  full.CopyIn(piece.parameter, scratch);
+}
+
 // The pieces of a model's parameters that a rank exchanges, each a flat
 // run of values (GroupLayout::own).
 class SlicedParameters final : public FlatParameters {
@@ -38,19 +59,10 @@ class SlicedParameters final : public FlatParameters {
   size_t numel(size_t i) const override { return pieces_[i].piece.values; }
   size_t layer(size_t i) const override { return full_.layer(pieces_[i].piece.parameter); }
   void CopyOut(size_t i, std::span<float> out) const override {
-    const ParameterPiece& piece = pieces_[i].piece;
-    if (Whole(piece)) return full_.CopyOut(piece.parameter, out);
-    scratch_.resize(full_.numel(piece.parameter));
-    full_.CopyOut(piece.parameter, scratch_);
-    std::memcpy(out.data(), scratch_.data() + piece.offset, piece.values * sizeof(float));
+    CopyPieceOut(full_, pieces_[i].piece, out, scratch_);
   }
   void CopyIn(size_t i, std::span<const float> in) override {
-    const ParameterPiece& piece = pieces_[i].piece;
-    if (Whole(piece)) return full_.CopyIn(piece.parameter, in);
-    scratch_.resize(full_.numel(piece.parameter));
-    full_.CopyOut(piece.parameter, scratch_);
-    std::memcpy(scratch_.data() + piece.offset, in.data(), piece.values * sizeof(float));
-    full_.CopyIn(piece.parameter, scratch_);
+    CopyPieceIn(full_, pieces_[i].piece, in, scratch_);
   }
   std::span<float> Values(size_t i) override {
     const ParameterPiece& piece = pieces_[i].piece;
@@ -64,10 +76,6 @@ class SlicedParameters final : public FlatParameters {
     ParameterPiece piece;
     std::string name;
   };
-  bool Whole(const ParameterPiece& piece) const {
-    return piece.offset == 0 && piece.values == full_.numel(piece.parameter);
-  }
-
   FlatParameters& full_;
   std::vector<Named> pieces_;
   mutable std::vector<float> scratch_;
@@ -328,15 +336,12 @@ StatusOr<std::pair<bool, bool>> LearnerGroup::AllArrived(bool arrived, bool form
 
 Status LearnerGroup::ShareParameters() {
   if (layout_.widest_contribution() == 0) return OkStatus();  // (no rank holds another's values)
-  return ShareSlices(
-      [&](const ParameterPiece& piece, std::span<float> out) {
-        SlicedParameters one(full_, {piece});
-        one.CopyOut(0, out);
-      },
-      [&](const ParameterPiece& piece, std::span<const float> in) {
-        SlicedParameters one(full_, {piece});
-        one.CopyIn(0, in);
-      });
+  std::vector<float> scratch;
+  return ShareSlices([&](const ParameterPiece& piece,
+                         std::span<float> out) { CopyPieceOut(full_, piece, out, scratch); },
+                     [&](const ParameterPiece& piece, std::span<const float> in) {
+                       CopyPieceIn(full_, piece, in, scratch);
+                     });
 }
 
 Status LearnerGroup::ShareSlices(
@@ -349,7 +354,7 @@ Status LearnerGroup::ShareSlices(
   std::fill(mine.begin(), mine.end(), 0.0f);
   for (const GroupLayout::Contribution& part : layout_.contributions(rank_)) {
     size_t at = part.at;
-    for (const ParameterPiece& piece : layout_.SlicePieces(part.set, rank_, layout_.numels())) {
+    for (const ParameterPiece& piece : layout_.SlicePieces(part.set, rank_)) {
       read(piece, std::span(mine).subspan(at, piece.values));
       at += piece.values;
     }
@@ -364,7 +369,7 @@ Status LearnerGroup::ShareSlices(
       const std::vector<int>& members = layout_.sets()[part.set].members;
       if (std::find(members.begin(), members.end(), rank_) == members.end()) continue;
       size_t at = static_cast<size_t>(q) * widest + part.at;
-      for (const ParameterPiece& piece : layout_.SlicePieces(part.set, q, layout_.numels())) {
+      for (const ParameterPiece& piece : layout_.SlicePieces(part.set, q)) {
         write(piece, std::span<const float>(gathered + at, piece.values));
         at += piece.values;
       }

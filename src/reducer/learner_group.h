@@ -111,7 +111,6 @@ class LearnerGroup {
   [[nodiscard]] Status GatherWhole(std::span<const float> slice, std::span<float> whole);
   // The model's values (this rank's: a sharded model's are its own).
   size_t total() const { return prefix_.back(); }
-  const GroupLayout& layout() const { return layout_; }
   // Bytes this rank sent on the group's communicator.
   uint64_t bytes_sent() const { return comm_ ? comm_->stats().bytes_sent : 0; }
   // Rank 0's `value`, and whether every rank passed the same.
