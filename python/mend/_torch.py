@@ -351,8 +351,9 @@ class Runtime:
         layout = sharding.layout_setting(named)
         if layout is not None:
             job_settings[sharding.LAYOUT_SETTING] = layout
-        for name, p in named:
-            p = sharding.local_tensor(p)
+        # (keep these alive whatever later replaces p's; a DTensor's: its local piece)
+        storages = [sharding.local_tensor(p).detach() for _, p in named]
+        for (name, _), p in zip(named, storages):
             if p.is_sparse or p.dtype not in _STAGED_DTYPES or not p.is_contiguous():
                 raise ValueError(
                     f"mend_init: parameter {name!r} is {'sparse ' if p.is_sparse else ''}"
@@ -401,8 +402,6 @@ class Runtime:
         self._later: Optional[attach.LaterOptimizer] = None
         self._hooks = []
         self._attached = [bindings.Attached("parameter", name, p) for name, p in named]
-        # (keep these alive whatever later replaces p's; a DTensor's: its local piece)
-        storages = [sharding.local_tensor(p).detach() for _, p in named]
         # Parameter i is fragment i mod fragments's: the staged ones' host
         # copies flat by fragment.
         fragments = max(1, int(config.fragments))
