@@ -73,10 +73,12 @@ def replica_key(name: str, tensor: torch.Tensor) -> int:
     if coordinate is None:
         raise ValueError(f"mend_init: parameter {name!r} is a DTensor on a mesh that does not include this rank")
     # Every placement but Replicate cuts the parameter along that mesh
-    # dimension: Shard, and FSDP2's _StridedShard over TP (not a Shard in
-    # torch 2.11). One of another kind counts as a cut too: at worst ranks
-    # that hold the same values each exchange theirs.
-    dims = [(d, int(coordinate[d])) for d, p in enumerate(placements) if not p.is_replicate()]
+    # dimension (of more than one rank): Shard, and FSDP2's _StridedShard
+    # over TP (not a Shard in torch 2.11). One of another kind counts as a
+    # cut too: at worst ranks that hold the same values each exchange theirs.
+    mesh = tensor.device_mesh
+    dims = [(d, int(coordinate[d])) for d, p in enumerate(placements)
+            if not p.is_replicate() and mesh.size(d) > 1]
     if not dims:
         return 0
     digest = hashlib.blake2b(repr(dims).encode(), digest_size=8).digest()

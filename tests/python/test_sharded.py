@@ -94,7 +94,8 @@ def ddp_reference(tmp_path_factory):
     return results
 
 
-@pytest.mark.parametrize("layout,ranks", [("fsdp2", 2), ("tp", 2), ("2d", 4)])
+# (fsdp2 over 1 rank: a mesh of one cuts nothing, and the learner is one rank.)
+@pytest.mark.parametrize("layout,ranks", [("fsdp2", 1), ("fsdp2", 2), ("tp", 2), ("2d", 4)])
 def test_sharded_learners_merge_exactly_as_ddp_learners_and_move_only_their_shards(
         tmp_path, ddp_reference, layout, ranks):
     # Every inner step changes each value by the same elementwise rule in
