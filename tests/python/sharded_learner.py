@@ -24,7 +24,7 @@ import torch.distributed as dist
 from mend import MendConfig, mend_init, mend_shutdown
 
 
-def build(layout, rank, world):
+def build(layout, world):
     """The model as `layout` shards it over the learner's `world` ranks."""
     torch.manual_seed(1)  # the same initial model on every rank and learner
     model = torch.nn.Sequential(torch.nn.Linear(16, 256), torch.nn.Tanh(), torch.nn.Linear(256, 8))
@@ -95,7 +95,7 @@ def main():
     dist.init_process_group("gloo", store=dist.PrefixStore("sharded/", store),
                             rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
     rank, world = dist.get_rank(), dist.get_world_size()
-    model, wrapped = build(args.layout, rank, world)
+    model, wrapped = build(args.layout, world)
     config = MendConfig(lighthouse=args.lighthouse, sync_period_steps=args.period, concurrent_outer_step=False,
                         quorum_min_learners=2, quorum_timeout_ms=30000, log_level="warn")
     fixed = args.mode == "fixed"
