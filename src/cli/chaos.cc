@@ -6,12 +6,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <random>
 #include <set>
 #include <thread>
+#include <tuple>
 
 #include "cli/commands.h"
 #include "cli/json_fields.h"
@@ -602,24 +604,66 @@ class Harness {
     return OkStatus();
   }
 
+  // Where learner l's rank `rank` took its optimizer's step count when a heal
+  // put it on job step `heal_step` ("heal" records): "job" if its source's
+  // count was the job's at that step, else "own". A source that had itself
+  // healed is followed back (at most `depth` heals).
+  std::string HealedCountFrom(const std::map<std::pair<int, int>, std::vector<json>>& train, int l,
+                              int rank, int64_t heal_step, int depth) const {
+    if (depth == 0) return "own";
+    const std::string diagnostics = dir_ + "/diagnostics";
+    std::string source;  // the newest heal of this learner to that step
+    for (const json& round :
+         ReadJsonLines(fmt::format("{}/{}.rounds.jsonl", diagnostics, DiagnosticsName(l, rank)))) {
+      if (Field(round, "healed", false) && Field(round, "heal_step", int64_t{-1}) == heal_step)
+        source = Field(round, "heal_source", std::string());
+    }
+    int from = -1;  // "learner-3" -> 2
+    if (source.rfind("learner-", 0) == 0) from = std::atoi(source.c_str() + 8) - 1;
+    const auto records = train.find({from, rank});
+    if (records == train.end()) return "own";
+    const json* at = nullptr;  // the source's newest record of that step
+    for (const json& record : records->second) {
+      if (Field(record, "step", int64_t{0}) == heal_step) at = &record;
+    }
+    if (at == nullptr) return "own";
+    const std::string inner = Field(*at, "inner", std::string());
+    if (inner != "heal") return inner;
+    return HealedCountFrom(train, from, rank, Field(*at, "heal_step", int64_t{0}), depth - 1);
+  }
+
   // At equal job steps, every record of every learner (and rank, and every
   // run of a restarted one) says the same learning rate, and those whose
   // optimizer's step count is the job's the same count: a heal or a resume
   // that left a learner on another schedule than the job's is caught here.
+  // A count a heal brought is the job's where the source's was.
   void AnalyzeTrainingState() {
     const std::string diagnostics = dir_ + "/diagnostics";
-    std::map<int64_t, std::set<double>> rates;     // job step -> learning rates
-    std::map<int64_t, std::set<uint64_t>> counts;  // job step -> "job" step counts
-    std::map<int64_t, std::set<std::string>> who;  // job step -> "learner-2/rank0"
-    std::map<int64_t, std::vector<json>> said;     // job step -> the records
+    std::map<std::pair<int, int>, std::vector<json>> train;  // (learner, rank) -> records
     for (int l = 0; l < spec_.learners; ++l) {
       for (int rank = 0; rank < Ranks(); ++rank) {
-        for (const json& record : ReadJsonLines(
-                 fmt::format("{}/{}.train.jsonl", diagnostics, DiagnosticsName(l, rank)))) {
+        train[{l, rank}] =
+            ReadJsonLines(fmt::format("{}/{}.train.jsonl", diagnostics, DiagnosticsName(l, rank)));
+      }
+    }
+    std::map<int64_t, std::set<double>> rates;                    // job step -> learning rates
+    std::map<int64_t, std::set<uint64_t>> counts;                 // job step -> "job" step counts
+    std::map<int64_t, std::set<std::string>> who;                 // job step -> "learner-2/rank0"
+    std::map<int64_t, std::vector<json>> said;                    // job step -> the records
+    std::map<std::tuple<int, int, int64_t>, std::string> healed;  // resolved "heal" records
+    for (int l = 0; l < spec_.learners; ++l) {
+      for (int rank = 0; rank < Ranks(); ++rank) {
+        for (const json& record : train[{l, rank}]) {
           const int64_t step = Field(record, "step", int64_t{0});
           rates[step].insert(Field(record, "lr", std::nan("")));
-          if (Field(record, "inner", std::string()) == "job")
-            counts[step].insert(Field(record, "optimizer_step", uint64_t{0}));
+          std::string inner = Field(record, "inner", std::string());
+          if (inner == "heal") {
+            const int64_t heal_step = Field(record, "heal_step", int64_t{0});
+            auto [it, fresh] = healed.try_emplace({l, rank, heal_step});
+            if (fresh) it->second = HealedCountFrom(train, l, rank, heal_step, spec_.learners * 8);
+            inner = it->second;
+          }
+          if (inner == "job") counts[step].insert(Field(record, "optimizer_step", uint64_t{0}));
           who[step].insert(fmt::format("{}/{}", l, rank));
           json shown = record;
           shown["learner"] = l + 1;

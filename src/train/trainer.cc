@@ -286,10 +286,11 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config,
   int64_t steps_run = 0;
   // What `mend chaos` compares across learners at equal job steps
   // (<learner>.train.jsonl in diagnostics_dir): each step's learning rate,
-  // the optimizer's step count after it, and whether that count is the
-  // job's ("job": counted from the job's start, or brought by a heal with
-  // heal_inner_optimizer) or this learner's own ("own": a resume from a
-  // checkpoint, or a heal without the moments, moved the step but not it).
+  // the optimizer's step count after it, and where that count comes from:
+  // "job" (counted from the job's start), "own" (a resume from a checkpoint,
+  // or a heal without the moments, moved the step but not it) or "heal" (a
+  // heal with heal_inner_optimizer brought the source's count, with
+  // "heal_step" the job step it healed to: the job's if the source's was).
   reducer::JsonLines train_log(
       reducer ? config.diagnostics_dir : std::string(),
       (grouped ? fmt::format("{}.rank{}", options.id, config.group_rank) : options.id) +
@@ -298,7 +299,8 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config,
   if (train_log.open()) {
     MEND_ASSIGN_OR_RETURN(adam, TorchAdamMoments(optimizer, model->parameters()));
   }
-  bool count_of_job = step == 0;
+  std::string count_from = step == 0 ? "job" : "own";
+  int64_t heal_step = 0;
   // A group's ranks stop together: a rank asked to stop tells the others
   // with its next gradient average, and all end after that step.
   while (step < options.steps &&
@@ -333,10 +335,10 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config,
     }
     optimizer.step();
     if (adam) {
-      train_log.Write({{"step", step},
-                       {"lr", lr},
-                       {"optimizer_step", adam->Step()},
-                       {"inner", count_of_job ? "job" : "own"}});
+      nlohmann::json record = {
+          {"step", step}, {"lr", lr}, {"optimizer_step", adam->Step()}, {"inner", count_from}};
+      if (count_from == "heal") record["heal_step"] = heal_step;
+      train_log.Write(record);
     }
     const auto inner_done = SteadyClock::now();
     inner_seconds += Seconds(inner_done - begin).count();
@@ -352,7 +354,9 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config,
       if (!failure.ok()) break;
       const ReducerStats after = reducer->stats();
       if (static_cast<int64_t>(after.steps) != step) {  // a heal put it on the job's step
-        count_of_job = config.heal_inner_optimizer && after.heals > before.heals;
+        const bool brought = config.heal_inner_optimizer && after.heals > before.heals;
+        count_from = brought ? "heal" : "own";
+        heal_step = static_cast<int64_t>(after.steps);
       }
       step = static_cast<int64_t>(after.steps);
       const bool quiet = after.rounds_started == before.rounds_started &&

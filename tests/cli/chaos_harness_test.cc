@@ -20,11 +20,14 @@ namespace {
 
 // What learner-2 of the stand-ins says at job step 10 of its training
 // state (its train.jsonl): the learning rate, the optimizer's step count and
-// whose that count is; learner-1 says lr 0.001, count 10, "job".
+// whose that count is; learner-1 says lr 0.001, count 10, "job". With inner
+// "heal", learner-2's count came with a heal from learner-1 at job step 5
+// (its rounds.jsonl says so), where learner-1's count was `source_inner`.
 struct TrainingState {
   std::string lr = "0.001";
   std::string count = "10";
   std::string inner = "job";
+  std::string source_inner = "job";
 };
 
 // A stand-in for `mend train`: learner-2 prints `bad_progress` as its
@@ -43,15 +46,21 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-loss=2.5; eval=2.4; lr=0.001; count=10; inner=job
+loss=2.5; eval=2.4; lr=0.001; count=10; inner=job; at_5=job
 if [ "$id" = learner-2 ]; then loss=')"
                       << bad_progress << "'; eval='" << bad_eval << "'; lr='" << at_10.lr
-                      << "'; count='" << at_10.count << "'; inner='" << at_10.inner << R"('; fi
+                      << "'; count='" << at_10.count << "'; inner='" << at_10.inner
+                      << "'; else at_5='" << at_10.source_inner << R"('; fi
 mkdir -p "$diagnostics"
+if [ "$inner" = heal ]; then
+  echo '{"ok":true,"round_id":1,"healed":true,"heal_step":5,"heal_source":"learner-1"}' >> "$diagnostics/$id.rounds.jsonl"
+fi
 for step in 5 10 15 20; do
   echo "{\"step\":$step,\"steps\":20,\"loss\":$loss,\"tokens_per_s\":100,\"rounds\":0}"
   if [ $step = 10 ]; then
-    echo "{\"step\":10,\"lr\":$lr,\"optimizer_step\":$count,\"inner\":\"$inner\"}" >> "$diagnostics/$id.train.jsonl"
+    echo "{\"step\":10,\"lr\":$lr,\"optimizer_step\":$count,\"inner\":\"$inner\",\"heal_step\":5}" >> "$diagnostics/$id.train.jsonl"
+  elif [ $step = 5 ]; then
+    echo "{\"step\":5,\"lr\":0.001,\"optimizer_step\":5,\"inner\":\"$at_5\"}" >> "$diagnostics/$id.train.jsonl"
   else
     echo "{\"step\":$step,\"lr\":0.001,\"optimizer_step\":$step,\"inner\":\"job\"}" >> "$diagnostics/$id.train.jsonl"
   fi
@@ -149,6 +158,23 @@ TEST(ChaosHarnessTest, AnOptimizerStepCountOfTheJobThatDiffersIsAFailedInvariant
   ASSERT_TRUE(own.ok()) << own.status();
   EXPECT_EQ(own->optimizer_step_mismatch_steps, 0u);
   EXPECT_EQ(own->lr_mismatch_steps, 0u);
+}
+
+// A count a heal brought (heal_inner_optimizer) is the job's where its
+// source's was at the step it healed to: compared then, and not where the
+// source's was its own (a source resumed from a checkpoint without its
+// optimizer's moments, which a chaos run on CI once took for the job's).
+TEST(ChaosHarnessTest, ACountAHealBroughtIsTheJobsWhereItsSourcesWas) {
+  StatusOr<ChaosReport> of_job = RunWithStandIns("2.5", "2.4", {"0.001", "4", "heal", "job"});
+  ASSERT_TRUE(of_job.ok()) << of_job.status();
+  EXPECT_EQ(of_job->optimizer_step_mismatch_steps, 1u);
+  EXPECT_FALSE(of_job->passed);
+  StatusOr<ChaosReport> same = RunWithStandIns("2.5", "2.4", {"0.001", "10", "heal", "job"});
+  ASSERT_TRUE(same.ok()) << same.status();
+  EXPECT_EQ(same->optimizer_step_mismatch_steps, 0u);
+  StatusOr<ChaosReport> of_own = RunWithStandIns("2.5", "2.4", {"0.001", "4", "heal", "own"});
+  ASSERT_TRUE(of_own.ok()) << of_own.status();
+  EXPECT_EQ(of_own->optimizer_step_mismatch_steps, 0u);
 }
 
 // A job's lighthouse (mend train's, mend chaos's) takes the control plane
