@@ -34,7 +34,7 @@ extern "C" {
 
 /* The version of this interface; mend_abi_version() returns the one the
  * loaded library implements. A front end refuses a library of another one. */
-#define MEND_ABI_VERSION 11
+#define MEND_ABI_VERSION 12
 
 typedef enum mend_status {
   MEND_OK = 0,
@@ -370,6 +370,28 @@ mend_status mend_learner_export_state(mend_learner* learner, void** bytes, uint6
 #define MEND_IMPORT_KEEP_PARAMETERS 1u
 mend_status mend_learner_import_state(mend_learner* learner, const void* bytes, uint64_t size,
                                       uint32_t flags);
+/* This rank's own outer state, for checkpoints of a sharded model that
+ * each rank saves its part of (torch.distributed.checkpoint) (ABI 12):
+ * the global parameters and outer momentum of every parameter this rank
+ * holds, in the order its parameters were given at creation, into `global`
+ * and `momentum` (`values` each: mend_learner_own_values' count, else
+ * INVALID_ARGUMENT); `*described` gets the state's description (round,
+ * steps, tokens) as checkpoint bytes without tensors, to free with
+ * mend_bytes_free. For a group a collective on every rank: the values of
+ * parameters that ranks share are gathered among them, and every rank
+ * gets its own. */
+mend_status mend_learner_own_values(const mend_learner* learner, uint64_t* values);
+mend_status mend_learner_export_own_state(mend_learner* learner, float* global, float* momentum,
+                                          uint64_t values, void** described, uint64_t* size);
+/* The export's three back, between rounds (FAILED_PRECONDITION while one is
+ * in flight), at the same step on every rank of a group: the parameters
+ * stay the caller's, and the exporting learner's step and tokens since its
+ * rounds come back (as mend_learner_import_state with
+ * MEND_IMPORT_KEEP_PARAMETERS). The values may have been resharded from a
+ * checkpoint of another rank count: each rank's are those it holds now. */
+mend_status mend_learner_import_own_state(mend_learner* learner, const float* global,
+                                          const float* momentum, uint64_t values,
+                                          const void* described, uint64_t size);
 /* Writes the global state to `path` now, atomically (a checkpoint file);
  * for a group a collective, written by rank 0. */
 mend_status mend_learner_save_checkpoint(mend_learner* learner, const char* path);

@@ -510,6 +510,42 @@ class Learner:
         flags = _native.IMPORT_KEEP_PARAMETERS if keep_parameters else 0
         _native.check(lib.mend_learner_import_state(self._pointer, bytes(state), len(state), flags))
 
+    def own_values(self) -> int:
+        """How many values of the model this rank holds (its local pieces',
+        the trainable parameters' in the order given)."""
+        self._check_process()
+        count = ctypes.c_uint64()
+        _native.check(lib.mend_learner_own_values(self._pointer, ctypes.byref(count)))
+        return count.value
+
+    def export_own_state(self, global_address: int, momentum_address: int, values: int) -> bytes:
+        """This rank's own outer state: the global parameters and outer
+        momentum of every value it holds (own_values() float32 each, flat, in
+        its parameters' order) into the buffers at the two addresses; returns
+        the state's description (round, steps, tokens) as bytes. A group's
+        ranks call it together; each gets its own."""
+        self._check_process()
+        data = _native._p()
+        size = ctypes.c_uint64()
+        as_floats = ctypes.POINTER(ctypes.c_float)
+        _native.check(lib.mend_learner_export_own_state(
+            self._pointer, ctypes.cast(global_address, as_floats), ctypes.cast(momentum_address, as_floats),
+            values, ctypes.byref(data), ctypes.byref(size)))
+        try:
+            return ctypes.string_at(data.value, size.value)
+        finally:
+            lib.mend_bytes_free(data)
+
+    def import_own_state(self, global_address: int, momentum_address: int, values: int, described: bytes) -> None:
+        """export_own_state's three back, between rounds (a group's ranks
+        together); the parameters stay as they are, and the exporting
+        learner's step and tokens since its rounds come back."""
+        self._check_process()
+        as_floats = ctypes.POINTER(ctypes.c_float)
+        _native.check(lib.mend_learner_import_own_state(
+            self._pointer, ctypes.cast(global_address, as_floats), ctypes.cast(momentum_address, as_floats),
+            values, bytes(described), len(described)))
+
     def save_checkpoint(self, path: str) -> None:
         self._check_process()
         _native.check(lib.mend_learner_save_checkpoint(self._pointer, os.fspath(path).encode()))

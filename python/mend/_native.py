@@ -28,7 +28,7 @@ from typing import Any, Dict, List, Optional
 
 from mend import _build_info
 
-ABI_VERSION = 11
+ABI_VERSION = 12
 PENDING = 100
 
 # mend_learner_plan_step / mend_learner_last_flags.
@@ -215,6 +215,11 @@ _SIGNATURES = {
                                             ctypes.POINTER(_u64)]),
     "mend_learner_export_state": (_status, [_p, _PP, ctypes.POINTER(_u64)]),
     "mend_learner_import_state": (_status, [_p, ctypes.c_char_p, _u64, _u32]),
+    "mend_learner_own_values": (_status, [_p, ctypes.POINTER(_u64)]),
+    "mend_learner_export_own_state": (_status, [_p, ctypes.POINTER(ctypes.c_float), ctypes.POINTER(ctypes.c_float),
+                                                _u64, _PP, ctypes.POINTER(_u64)]),
+    "mend_learner_import_own_state": (_status, [_p, ctypes.POINTER(ctypes.c_float), ctypes.POINTER(ctypes.c_float),
+                                                _u64, ctypes.c_char_p, _u64]),
     "mend_learner_save_checkpoint": (_status, [_p, _s]),
     "mend_learner_shutdown": (_status, [_p]),
     "mend_learner_free": (None, [_p]),

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
-from typing import List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -120,3 +120,58 @@ def layout_setting(named: List[Tuple[str, torch.Tensor]]) -> Optional[str]:
     kinds = ", ".join(f"{count} {text}" for text, count in sorted(placements.items()))
     setting = f"{len(sharded)} of {len(named)} parameters DTensors, digest {digest}, mesh {mesh_text}: {kinds}"
     return setting if len(setting) <= _MAX_LENGTH else setting[:_MAX_LENGTH - 4] + " ..."
+
+
+def any_dtensor(parameters: List[torch.Tensor]) -> bool:
+    return any(is_dtensor(p) for p in parameters)
+
+
+def _shaped_like(parameter: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """`values` (this rank's piece of the parameter's outer state) as the
+    parameter is held: a DTensor of its mesh and placements, so that
+    torch.distributed.checkpoint saves each rank's piece once and reshards
+    it on a load with another rank count; else the tensor itself."""
+    if not is_dtensor(parameter):
+        return values
+    return type(parameter).from_local(values, parameter.device_mesh, parameter.placements, run_check=False,
+                                      shape=parameter.shape, stride=parameter.stride())
+
+
+def own_state(names: List[str], parameters: List[torch.Tensor], global_state: torch.Tensor,
+              momentum: torch.Tensor) -> Dict[str, Dict[str, torch.Tensor]]:
+    """This rank's flat outer state (global parameters and outer momentum of
+    its local pieces, in its parameters' order) by parameter name, each
+    shaped as its parameter: {"global": {...}, "outer_momentum": {...}}."""
+    state: Dict[str, Dict[str, torch.Tensor]] = {"global": {}, "outer_momentum": {}}
+    at = 0
+    for name, parameter in zip(names, parameters):
+        piece = local_tensor(parameter)
+        n = piece.numel()
+        for key, flat in (("global", global_state), ("outer_momentum", momentum)):
+            state[key][name] = _shaped_like(parameter, flat[at:at + n].view(piece.shape))
+        at += n
+    return state
+
+
+def flat_own_state(state: Dict[str, Any], names: List[str], parameters: List[torch.Tensor],
+                   values: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """own_state's inverse: this rank's pieces (of the layout it holds now:
+    a DTensor's local piece, whatever rank count saved it) flat."""
+    flats = (torch.empty(values, dtype=torch.float32), torch.empty(values, dtype=torch.float32))
+    at = 0
+    for name, parameter in zip(names, parameters):
+        n = local_tensor(parameter).numel()
+        for key, flat in zip(("global", "outer_momentum"), flats):
+            saved = state.get(key, {}).get(name) if isinstance(state.get(key), dict) else None
+            if not isinstance(saved, torch.Tensor):
+                raise ValueError(f"mend: load_state_dict(): the saved outer state has no {key!r} of parameter {name!r}")
+            piece = saved.to_local() if is_dtensor(saved) else saved
+            if piece.numel() != n:
+                raise ValueError(f"mend: load_state_dict(): the saved {key} of parameter {name!r} holds {piece.numel()} "
+                                 f"values for this rank, which holds {n} of it (load a sharded state with "
+                                 "torch.distributed.checkpoint, which reshards it to the ranks loading it)")
+            flat[at:at + n].copy_(piece.detach().reshape(-1).to("cpu", torch.float32))
+        at += n
+    if at != values:
+        raise ValueError(f"mend: load_state_dict(): this rank's parameters hold {at} values, its learner {values}")
+    return flats

@@ -370,6 +370,7 @@ class Runtime:
         self.manual = manual
         self._group_store = group_store
         self._parameters = [p for _, p in named]
+        self._names = [name for name, _ in named]
         self._always_stage = config.host_staging == "always"
         self._staging = _Staging()
         self._moment_staging = _Staging()
@@ -770,9 +771,29 @@ class Runtime:
         ``load_state_dict`` then goes on exactly where this left off. For a
         learner of several ranks it is collective (every rank calls it at the
         same step); rank 0's holds the whole model (the others' are empty), and
-        every rank loads rank 0's."""
+        every rank loads rank 0's.
+
+        A sharded model's (FSDP2, tensor parallelism: DTensor parameters)
+        holds each rank's own: the global parameters and outer momentum of its
+        pieces as DTensors of its parameters' meshes and placements (version
+        2). Save it with torch.distributed.checkpoint beside the model's and
+        the optimizer's sharded state dicts; the runtime is a ``Stateful``::
+
+            dcp.save({"model": model.state_dict(), "mend": runtime}, checkpoint_id=path)
+            dcp.load({"model": model.state_dict(), "mend": runtime}, checkpoint_id=path)
+
+        A load with another number of ranks per learner reshards it, as DCP
+        does the model's."""
         self._check_process()
         self._finish_deferred()
+        if sharding.any_dtensor(self._parameters):
+            values = self._learner.own_values()
+            global_state = torch.empty(values, dtype=torch.float32)
+            momentum = torch.empty(values, dtype=torch.float32)
+            described = self._learner.export_own_state(global_state.data_ptr(), momentum.data_ptr(), values)
+            state: Dict[str, Any] = {"format": "mend outer state", "version": 2, "described": described}
+            state.update(sharding.own_state(self._names, self._parameters, global_state, momentum))
+            return state
         return {"format": "mend outer state", "version": 1, "state": self._learner.export_state()}
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
@@ -783,11 +804,23 @@ class Runtime:
         if not isinstance(state_dict, dict) or state_dict.get("format") != "mend outer state":
             raise ValueError("mend: load_state_dict() takes what runtime.state_dict() returned (a dict with "
                              "format 'mend outer state')")
-        if state_dict.get("version") != 1:
-            raise ValueError(f"mend: a mend outer state of version {state_dict.get('version')!r}; this mend reads 1")
+        version = state_dict.get("version")
+        if version not in (1, 2):
+            raise ValueError(f"mend: a mend outer state of version {version!r}; this mend reads 1 and 2")
+        sharded = sharding.any_dtensor(self._parameters)
+        if sharded != (version == 2):
+            raise ValueError(f"mend: load_state_dict(): a {'sharded' if version == 2 else 'whole'} model's outer state "
+                             f"(version {version}), and this learner's model is "
+                             f"{'sharded (DTensor parameters)' if sharded else 'not sharded'}")
         self._finish_deferred()
         self._settle()
-        self._learner.import_state(state_dict["state"], keep_parameters=True)
+        if version == 2:
+            values = self._learner.own_values()
+            global_state, momentum = sharding.flat_own_state(state_dict, self._names, self._parameters, values)
+            self._learner.import_own_state(global_state.data_ptr(), momentum.data_ptr(), values,
+                                           state_dict.get("described", b""))
+        else:
+            self._learner.import_state(state_dict["state"], keep_parameters=True)
         # The step is the saved one; the schedulers are where the checkpoint
         # beside this one put them (nothing follows).
         self._job_step = int(self._learner.stats()["steps"])

@@ -8,6 +8,7 @@
 #include <future>
 #include <memory>
 #include <set>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -518,6 +519,59 @@ mend_status mend_learner_import_state(mend_learner* learner, const void* bytes, 
     mend::Status status =
         learner->driver->ImportState(std::string_view(static_cast<const char*>(bytes), size),
                                      (flags & MEND_IMPORT_KEEP_PARAMETERS) != 0);
+    EndCall(*learner);
+    return Return(status);
+  });
+}
+
+mend_status mend_learner_own_values(const mend_learner* learner, uint64_t* values) {
+  return Guarded([&] {
+    if (mend::Status usable = Usable(learner, "mend_learner_own_values"); !usable.ok())
+      return Return(usable);
+    if (values == nullptr) return NullArgument("mend_learner_own_values", "values");
+    *values = learner->driver->OwnValues();
+    return MEND_OK;
+  });
+}
+
+mend_status mend_learner_export_own_state(mend_learner* learner, float* global, float* momentum,
+                                          uint64_t values, void** described, uint64_t* size) {
+  return Guarded([&] {
+    if (mend::Status usable = Usable(learner, "mend_learner_export_own_state"); !usable.ok())
+      return Return(usable);
+    if (global == nullptr && values > 0)
+      return NullArgument("mend_learner_export_own_state", "global");
+    if (momentum == nullptr && values > 0)
+      return NullArgument("mend_learner_export_own_state", "momentum");
+    if (described == nullptr) return NullArgument("mend_learner_export_own_state", "described");
+    if (size == nullptr) return NullArgument("mend_learner_export_own_state", "size");
+    mend::StatusOr<std::string> state =
+        learner->driver->ExportOwn(std::span(global, values), std::span(momentum, values));
+    if (!state.ok()) return Return(state.status());
+    *described = std::malloc(std::max<size_t>(state->size(), 1));
+    if (*described == nullptr)
+      return Fail(mend::ResourceExhaustedError("mend_learner_export_own_state: out of memory"));
+    std::memcpy(*described, state->data(), state->size());
+    *size = state->size();
+    return MEND_OK;
+  });
+}
+
+mend_status mend_learner_import_own_state(mend_learner* learner, const float* global,
+                                          const float* momentum, uint64_t values,
+                                          const void* described, uint64_t size) {
+  return Guarded([&] {
+    if (mend::Status usable = Usable(learner, "mend_learner_import_own_state"); !usable.ok())
+      return Return(usable);
+    if (global == nullptr && values > 0)
+      return NullArgument("mend_learner_import_own_state", "global");
+    if (momentum == nullptr && values > 0)
+      return NullArgument("mend_learner_import_own_state", "momentum");
+    if (described == nullptr) return NullArgument("mend_learner_import_own_state", "described");
+    BeginCall(*learner);
+    mend::Status status =
+        learner->driver->ImportOwn(std::string_view(static_cast<const char*>(described), size),
+                                   std::span(global, values), std::span(momentum, values));
     EndCall(*learner);
     return Return(status);
   });

@@ -542,4 +542,43 @@ std::optional<uint64_t> RebasedStep(const Outcome& outcome, const InFlight& flig
   return job_step + (step - std::min(step, flight.formed_step));
 }
 
+size_t FragmentBook::values() const {
+  size_t n = 0;
+  for (size_t i = 0; i < parameters_.count(); ++i) n += parameters_.numel(i);
+  return n;
+}
+
+// Where each parameter begins in the parameters' order of all values.
+static std::vector<size_t> Starts(const FlatParameters& parameters) {
+  std::vector<size_t> at(parameters.count() + 1, 0);
+  for (size_t i = 0; i < parameters.count(); ++i) at[i + 1] = at[i] + parameters.numel(i);
+  return at;
+}
+
+void FragmentBook::CopyStateOut(std::span<float> global, std::span<float> momentum) const {
+  const std::vector<size_t> at = Starts(parameters_);
+  for (const Fragment& fragment : fragments_) {
+    ForEachPiece(fragment, [&](size_t i, size_t from, size_t n) {
+      std::copy_n(fragment.state->global().begin() + static_cast<long>(from), n,
+                  global.begin() + static_cast<long>(at[i]));
+      std::copy_n(fragment.state->momentum().begin() + static_cast<long>(from), n,
+                  momentum.begin() + static_cast<long>(at[i]));
+    });
+  }
+}
+
+void FragmentBook::AssignState(std::span<const float> global, std::span<const float> momentum) {
+  const std::vector<size_t> at = Starts(parameters_);
+  for (Fragment& fragment : fragments_) {
+    std::vector<float> g(fragment.state->global().size()), m(g.size());
+    ForEachPiece(fragment, [&](size_t i, size_t from, size_t n) {
+      std::copy_n(global.begin() + static_cast<long>(at[i]), n,
+                  g.begin() + static_cast<long>(from));
+      std::copy_n(momentum.begin() + static_cast<long>(at[i]), n,
+                  m.begin() + static_cast<long>(from));
+    });
+    fragment.state->Assign(g, m);
+  }
+}
+
 }  // namespace mend::reducer

@@ -81,6 +81,12 @@ class FragmentBook {
   size_t size() const { return fragments_.size(); }
   uint64_t period() const { return period_; }
   const FlatParameters& parameters() const { return parameters_; }
+  // The parameters' values (every fragment's together).
+  size_t values() const;
+  // Every fragment's global state and momentum, in the parameters' order
+  // (values() each); and back into the fragments' states.
+  void CopyStateOut(std::span<float> global, std::span<float> momentum) const;
+  void AssignState(std::span<const float> global, std::span<const float> momentum);
 
   // The fragment's local parameters, flat; and back.
   void Gather(const Fragment& fragment, std::span<float> out);

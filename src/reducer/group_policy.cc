@@ -47,6 +47,14 @@ class SingleRank final : public RoundPolicy {
     AddFragmentTensors(book.parameters(), book.fragments(), checkpoint.get());
     return checkpoint;
   }
+  size_t OwnCount(const FragmentBook& book) const override { return book.values(); }
+  Status OwnValues(std::span<const float> slice, std::span<float> own) override {
+    std::copy(slice.begin(), slice.end(), own.begin());
+    return OkStatus();
+  }
+  void SliceValues(std::span<const float> own, std::span<float> slice) const override {
+    std::copy(own.begin(), own.end(), slice.begin());
+  }
   void AddOwnState(const FragmentBook& book, Checkpoint* checkpoint) const override {
     AddResidualTensors(book.parameters(), book.fragments(), checkpoint);
   }
@@ -165,6 +173,13 @@ class ManyRanks final : public RoundPolicy {
                                                  Checkpoint described) override {
     return Break(Gather(book, std::move(described)));
   }
+  size_t OwnCount(const FragmentBook&) const override { return group_->total(); }
+  Status OwnValues(std::span<const float> slice, std::span<float> own) override {
+    return Break(group_->GatherOwn(slice, own));
+  }
+  void SliceValues(std::span<const float> own, std::span<float> slice) const override {
+    group_->SliceOwn(own, slice);
+  }
   void AddOwnState(const FragmentBook&, Checkpoint*) const override {}
   std::string SlicePrefix(const std::string& round_prefix) const override {
     return group_->SlicePrefix(round_prefix);
@@ -216,24 +231,22 @@ class ManyRanks final : public RoundPolicy {
 
 // Each rank puts its fragments' pieces back in slice order, the slices are
 // gathered, and rank 0 gets the whole model as one fragment of its
-// parameters, by parameter name.
+// parameters, by parameter name. Never for a sharded model (no rank holds
+// it whole): its outer state is each rank's own (OuterState::ExportOwn).
 StatusOr<std::shared_ptr<Checkpoint>> ManyRanks::Gather(const FragmentBook& book,
                                                         Checkpoint described) {
-  const FlatParameters& slice = book.parameters();
-  std::vector<size_t> at(slice.count() + 1, 0);
-  for (size_t i = 0; i < slice.count(); ++i) at[i + 1] = at[i] + slice.numel(i);
-  std::vector<float> slice_global(at.back()), slice_momentum(at.back());
-  for (const Fragment& fragment : book.fragments()) {
-    book.ForEachPiece(fragment, [&](size_t i, size_t from, size_t n) {
-      std::copy_n(fragment.state->global().begin() + static_cast<long>(from), n,
-                  slice_global.begin() + static_cast<long>(at[i]));
-      std::copy_n(fragment.state->momentum().begin() + static_cast<long>(from), n,
-                  slice_momentum.begin() + static_cast<long>(at[i]));
-    });
+  if (group_->sharded()) {
+    return FailedPreconditionError(fmt::format(
+        "learner '{}' group rank {}: the whole model is never gathered from a sharded group "
+        "(checkpoint it with torch.distributed.checkpoint: runtime.state_dict() holds each "
+        "rank's own outer state)",
+        group_->learner_id(), group_->rank()));
   }
+  std::vector<float> slice_global(book.values()), slice_momentum(book.values());
+  book.CopyStateOut(slice_global, slice_momentum);
   std::vector<float> global(group_->total()), momentum(group_->total());
-  MEND_RETURN_IF_ERROR(group_->GatherWhole(slice_global, global));
-  MEND_RETURN_IF_ERROR(group_->GatherWhole(slice_momentum, momentum));
+  MEND_RETURN_IF_ERROR(group_->GatherOwn(slice_global, global));
+  MEND_RETURN_IF_ERROR(group_->GatherOwn(slice_momentum, momentum));
   if (group_->rank() != 0) return std::shared_ptr<Checkpoint>();
   std::vector<Fragment> whole_model(1);
   for (size_t i = 0; i < whole_->count(); ++i) whole_model[0].parameters.push_back(i);

@@ -95,6 +95,13 @@ class RoundPolicy {
   // (null on the others).
   [[nodiscard]] virtual StatusOr<std::shared_ptr<Checkpoint>> Snapshot(const FragmentBook& book,
                                                                        Checkpoint described) = 0;
+  // This rank's own values of its model (OwnCount() of them, in its
+  // parameters' order) from its slice's (in a group a collective: the
+  // values of parameters it shares with other ranks are gathered), and its
+  // slice's values out of its own.
+  virtual size_t OwnCount(const FragmentBook& book) const = 0;
+  [[nodiscard]] virtual Status OwnValues(std::span<const float> slice, std::span<float> own) = 0;
+  virtual void SliceValues(std::span<const float> own, std::span<float> slice) const = 0;
   // An export's state of this rank alone: one rank's error feedback; none
   // in a group (its ranks' residuals are of their slices).
   virtual void AddOwnState(const FragmentBook& book, Checkpoint* checkpoint) const = 0;

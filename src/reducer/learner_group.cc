@@ -195,9 +195,10 @@ StatusOr<std::unique_ptr<LearnerGroup>> LearnerGroup::Join(const Config& config,
   MEND_RETURN_IF_ERROR(group->GatherLayout());
   if (group->layout_.sharded() && !config.checkpoint_dir.empty()) {
     return FailedPreconditionError(fmt::format(
-        "learner '{}': checkpoint_dir with a model sharded over the group's ranks: not supported "
-        "yet (save the model, the optimizer and runtime.state_dict() with "
-        "torch.distributed.checkpoint instead)",
+        "learner '{}': checkpoint_dir with a model sharded over the group's ranks: its files hold "
+        "a whole model, which no rank holds here; save the model, the optimizer and "
+        "runtime.state_dict() with torch.distributed.checkpoint instead (each rank its own "
+        "shards, resharded on a load with another rank count)",
         agent.id()));
   }
   MEND_ASSIGN_OR_RETURN(std::unique_ptr<RendezvousStore> pulse_store, agent.OpenGroupStore());
@@ -379,28 +380,33 @@ Status LearnerGroup::ShareSlices(
   return OkStatus();
 }
 
-Status LearnerGroup::GatherWhole(std::span<const float> slice, std::span<float> whole) {
-  if (layout_.sharded()) {
-    return FailedPreconditionError(fmt::format(
-        "learner '{}' group rank {}: the whole model is never gathered from a sharded group",
-        inner_.id(), rank_));
+Status LearnerGroup::GatherOwn(std::span<const float> slice, std::span<float> own) {
+  auto at = [&](const ParameterPiece& piece) {
+    return own.subspan(prefix_[piece.parameter] + piece.offset, piece.values);
+  };
+  size_t from = 0;
+  for (const ParameterPiece& piece : layout_.own()) {
+    std::copy_n(slice.begin() + static_cast<long>(from), piece.values, at(piece).begin());
+    from += piece.values;
   }
-  // One set of every rank: each contributes its slice, at its place in the model.
-  const size_t widest = layout_.widest_contribution();
-  std::vector<float> mine = TakeFloats(widest);
-  std::fill(std::copy(slice.begin(), slice.end(), mine.begin()), mine.end(), 0.0f);
-  StatusOr<std::vector<std::byte>> all = Gather(std::as_bytes(std::span<const float>(mine)));
-  GiveBack(std::move(mine));
-  MEND_RETURN_IF_ERROR(all.status());
-  const float* gathered = reinterpret_cast<const float*>(all->data());
-  for (int q = 0; q < size_; ++q) {
-    for (const GroupLayout::Contribution& part : layout_.contributions(q)) {
-      std::copy_n(gathered + static_cast<size_t>(q) * widest + part.at, part.slice.size(),
-                  whole.begin() + static_cast<long>(part.slice.begin));
-    }
+  if (layout_.widest_contribution() == 0) return OkStatus();  // (no rank holds another's values)
+  return ShareSlices(
+      [&](const ParameterPiece& piece, std::span<float> out) {
+        std::span<const float> values = at(piece);
+        std::copy(values.begin(), values.end(), out.begin());
+      },
+      [&](const ParameterPiece& piece, std::span<const float> in) {
+        std::copy(in.begin(), in.end(), at(piece).begin());
+      });
+}
+
+void LearnerGroup::SliceOwn(std::span<const float> own, std::span<float> slice) const {
+  size_t to = 0;
+  for (const ParameterPiece& piece : layout_.own()) {
+    std::copy_n(own.begin() + static_cast<long>(prefix_[piece.parameter] + piece.offset),
+                piece.values, slice.begin() + static_cast<long>(to));
+    to += piece.values;
   }
-  GiveBack(std::move(*all));
-  return OkStatus();
 }
 
 StatusOr<std::pair<uint64_t, bool>> LearnerGroup::Compare(uint64_t value) {

@@ -105,10 +105,16 @@ class LearnerGroup {
   [[nodiscard]] StatusOr<std::pair<bool, bool>> AllArrived(bool arrived, bool formed);
   // Every rank's slice of the parameters into every rank that holds it.
   [[nodiscard]] Status ShareParameters();
-  // The whole model's values (`whole`, of the model's size) from every
-  // rank's `slice` (its slice's values in order), on every rank. `slice` may
-  // lie inside `whole`. FAILED_PRECONDITION for a sharded model.
-  [[nodiscard]] Status GatherWhole(std::span<const float> slice, std::span<float> whole);
+  // This rank's own values (of every parameter it holds, total() of them,
+  // in its model's order) from every rank's `slice` (its slice's values in
+  // order): its pieces' values, and those of each set it shares with other
+  // ranks gathered from them (one group collective; none when nothing is
+  // shared). For a replicated model that is the whole model, on every rank.
+  [[nodiscard]] Status GatherOwn(std::span<const float> slice, std::span<float> own);
+  // This rank's slice out of its own values (no communication).
+  void SliceOwn(std::span<const float> own, std::span<float> slice) const;
+  // Whether some parameter is held by fewer than every rank (FSDP2, TP).
+  bool sharded() const { return layout_.sharded(); }
   // The model's values (this rank's: a sharded model's are its own).
   size_t total() const { return prefix_.back(); }
   // Bytes this rank sent on the group's communicator.

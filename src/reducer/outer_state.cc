@@ -254,6 +254,45 @@ StatusOr<Restored> OuterState::Import(std::string_view bytes, bool keep_paramete
   return restored;
 }
 
+StatusOr<std::string> OuterState::ExportOwn(const Progress& progress, std::span<float> global,
+                                            std::span<float> momentum) {
+  book_.AwaitPrefault();
+  std::vector<float> slice_global(book_.values()), slice_momentum(book_.values());
+  book_.CopyStateOut(slice_global, slice_momentum);
+  MEND_RETURN_IF_ERROR(policy_.OwnValues(slice_global, global));
+  MEND_RETURN_IF_ERROR(policy_.OwnValues(slice_momentum, momentum));
+  Checkpoint described = Described(progress, 0);
+  described.meta.learner_step = std::max<uint64_t>(progress.step, 1);
+  for (const Fragment& fragment : book_.fragments())
+    described.meta.tokens_since_round.push_back(fragment.tokens_since_round);
+  return EncodeCheckpoint(described);
+}
+
+StatusOr<Restored> OuterState::ImportOwn(std::string_view described, std::span<const float> global,
+                                         std::span<const float> momentum) {
+  book_.AwaitPrefault();
+  MEND_ASSIGN_OR_RETURN(Checkpoint checkpoint, DecodeCheckpoint(described, "(imported state)"));
+  const CheckpointMeta& meta = checkpoint.meta;
+  if (meta.learner_step == 0 || meta.tokens_since_round.size() != book_.size()) {
+    return InvalidArgumentError(fmt::format(
+        "import_own_state: the state of round {} was exported with {} fragment(s), this learner "
+        "has {}",
+        meta.round_id, meta.tokens_since_round.size(), book_.size()));
+  }
+  std::vector<float> slice_global(book_.values()), slice_momentum(book_.values());
+  policy_.SliceValues(global, slice_global);
+  policy_.SliceValues(momentum, slice_momentum);
+  book_.AssignState(slice_global, slice_momentum);
+  for (size_t f = 0; f < book_.size(); ++f)
+    book_.at(static_cast<int>(f)).tokens_since_round = meta.tokens_since_round[f];
+  spdlog::info("imported this rank's outer state of round {} (written by {}); going on at step {}",
+               meta.round_id, meta.written_by, meta.learner_step);
+  const Restored restored = RestoredAt(meta.round_id, meta.learner_step, meta.step);
+  MEND_RETURN_IF_ERROR(policy_.AgreeOnRestored(restored.round_id, "imported",
+                                               "every rank must import the same state"));
+  return restored;
+}
+
 // A checkpoint's description, without tensors.
 Checkpoint OuterState::Described(const Progress& progress, uint32_t members) const {
   Checkpoint checkpoint;

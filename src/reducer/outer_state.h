@@ -77,6 +77,19 @@ class OuterState {
   // Exported bytes (or a checkpoint file's) become the global state; see
   // RoundDriver::ImportState.
   StatusOr<Restored> Import(std::string_view bytes, bool keep_parameters);
+  // This rank's own outer state: the global state and momentum of every
+  // parameter it holds (OwnCount() values each, in its model's order) into
+  // `global` and `momentum`, and the state's description as checkpoint
+  // bytes without tensors (the round, steps and tokens, as Export's). In a
+  // group a collective, on every rank: a sharded model's ranks each give
+  // their own shards. See RoundDriver::ExportOwn.
+  StatusOr<std::string> ExportOwn(const Progress& progress, std::span<float> global,
+                                  std::span<float> momentum);
+  // ExportOwn's three back: the parameters stay the caller's, as Import's
+  // keep_parameters.
+  StatusOr<Restored> ImportOwn(std::string_view described, std::span<const float> global,
+                               std::span<const float> momentum);
+  size_t OwnCount() const { return policy_.OwnCount(book_); }
   // The whole model's outer state into `path` (rank 0 of a group writes it).
   Status Save(const std::string& path, const Progress& progress);
   // After round `progress.round_id` (of `members`, this learner's `rank` in

@@ -101,6 +101,23 @@ class RoundDriver {
   // by the caller) and the exporting learner's step, tokens since its
   // rounds and error feedback come back: the job goes on exactly.
   [[nodiscard]] virtual Status ImportState(std::string_view bytes, bool keep_parameters) = 0;
+  // This rank's own outer state, for a sharded model's checkpoint (each
+  // rank saves its own shards, as torch.distributed.checkpoint does): the
+  // global state and momentum of every parameter this rank holds
+  // (OwnValues() of each, in its parameters' order) into `global` and
+  // `momentum`; returns the state's description (round, steps, tokens) as
+  // checkpoint bytes without tensors. In a group a collective on every
+  // rank (the values of parameters ranks share are gathered among them).
+  virtual size_t OwnValues() const = 0;
+  [[nodiscard]] virtual StatusOr<std::string> ExportOwn(std::span<float> global,
+                                                        std::span<float> momentum) = 0;
+  // ExportOwn's three back, between rounds, at the same step on every rank
+  // of a group; the parameters stay the caller's, and the exporting
+  // learner's step and tokens since its rounds come back (as ImportState
+  // with keep_parameters). The values may come from a checkpoint of
+  // another rank count, resharded: each rank's own are what it holds now.
+  [[nodiscard]] virtual Status ImportOwn(std::string_view described, std::span<const float> global,
+                                         std::span<const float> momentum) = 0;
 };
 
 }  // namespace mend::reducer

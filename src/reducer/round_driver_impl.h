@@ -67,6 +67,10 @@ class RoundDriverImpl final : public RoundDriver {
   Status SetBuffers(bool from_first_member, std::unique_ptr<FlatParameters> buffers) override;
   StatusOr<std::string> ExportState() override;
   Status ImportState(std::string_view bytes, bool keep_parameters) override;
+  size_t OwnValues() const override { return outer_.OwnCount(); }
+  StatusOr<std::string> ExportOwn(std::span<float> global, std::span<float> momentum) override;
+  Status ImportOwn(std::string_view described, std::span<const float> global,
+                   std::span<const float> momentum) override;
 
  private:
   // round_driver.cc

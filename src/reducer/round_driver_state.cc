@@ -85,6 +85,35 @@ Status RoundDriverImpl::ImportState(std::string_view bytes, bool keep_parameters
   return OkStatus();
 }
 
+StatusOr<std::string> RoundDriverImpl::ExportOwn(std::span<float> global,
+                                                 std::span<float> momentum) {
+  if (shut_down_) return FailedPreconditionError("reducer: export_own_state() after shutdown()");
+  if (global.size() != OwnValues() || momentum.size() != OwnValues()) {
+    return InvalidArgumentError(
+        fmt::format("export_own_state: buffers of {} and {} values for this rank's {}",
+                    global.size(), momentum.size(), OwnValues()));
+  }
+  return outer_.ExportOwn(Now(), global, momentum);
+}
+
+Status RoundDriverImpl::ImportOwn(std::string_view described, std::span<const float> global,
+                                  std::span<const float> momentum) {
+  if (shut_down_) return FailedPreconditionError("reducer: import_own_state() after shutdown()");
+  if (global.size() != OwnValues() || momentum.size() != OwnValues()) {
+    return InvalidArgumentError(fmt::format("import_own_state: {} and {} values for this rank's {}",
+                                            global.size(), momentum.size(), OwnValues()));
+  }
+  if (!flights_->empty()) {
+    return FailedPreconditionError(fmt::format(
+        "import_own_state: the round of fragment {} for step {} is in flight; import between "
+        "rounds (before the first step)",
+        flights_->head().fragment, flights_->head().boundary_step));
+  }
+  MEND_ASSIGN_OR_RETURN(Restored restored, outer_.ImportOwn(described, global, momentum));
+  MoveTo(restored);
+  return OkStatus();
+}
+
 Status RoundDriverImpl::SaveCheckpoint(const std::string& path) { return outer_.Save(path, Now()); }
 
 Status RoundDriverImpl::SetBuffers(bool from_first_member,

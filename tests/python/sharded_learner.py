@@ -9,6 +9,11 @@ mend_shutdown.
   fixed elementwise rule, so that the rounds' results can be compared
   exactly across layouts.
 
+--save DIR: after the last step, torch.distributed.checkpoint saves the
+  model and mend's runtime (a Stateful) into DIR; --load DIR: right after
+  mend_init, it loads them from DIR (saved with any number of ranks), and
+  the steps go on from --start-step.
+
 Writes, for this rank: after each round, a digest of its own pieces and of
 the whole model (gathered for the check only: DTensor.full_tensor()), and at
 the end the whole model and the learner's stats."""
@@ -87,6 +92,11 @@ def main():
     parser.add_argument("--mode", default="train")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--period", type=int, default=5)
+    parser.add_argument("--start-step", type=int, default=0)
+    parser.add_argument("--set", action="append", default=[], help="KEY=VALUE, a MendConfig keyword (an int, "
+                        "true/false, or text)")
+    parser.add_argument("--save", default="")
+    parser.add_argument("--load", default="")
     parser.add_argument("--out", required=True, help="the result file; %%r becomes the rank")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -96,16 +106,26 @@ def main():
                             rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
     rank, world = dist.get_rank(), dist.get_world_size()
     model, wrapped = build(args.layout, world)
-    config = MendConfig(lighthouse=args.lighthouse, sync_period_steps=args.period, concurrent_outer_step=False,
-                        quorum_min_learners=2, quorum_timeout_ms=30000, log_level="warn")
+    settings = dict(sync_period_steps=args.period, concurrent_outer_step=False)
+    for item in args.set:
+        key, value = item.split("=", 1)
+        settings[key] = {"true": True, "false": False}.get(value, int(value) if value.isdigit() else value)
+    config = MendConfig(lighthouse=args.lighthouse, quorum_min_learners=2, quorum_timeout_ms=30000,
+                        log_level="warn", **settings)
     fixed = args.mode == "fixed"
     optimizer = None if fixed else torch.optim.AdamW(model.parameters(), lr=0.01)
     runtime = mend_init(wrapped, config, f"learner-{args.learner}", manual=fixed)
     names = [name for name, _ in model.named_parameters()]
+    if args.load:
+        import torch.distributed.checkpoint as dcp
+        state = {"model": model.state_dict(), "mend": runtime}
+        dcp.load(state, checkpoint_id=args.load)
+        model.load_state_dict(state["model"])
+        assert runtime.stats()["steps"] == args.start_step, runtime.stats()
     data = torch.Generator().manual_seed(100 * args.learner + rank)
     rounds = []
     last_round = 0
-    for step in range(args.steps):
+    for step in range(args.start_step, args.steps):
         if fixed:
             with torch.no_grad():
                 for p in model.parameters():
@@ -123,6 +143,11 @@ def main():
             full = [whole(p.detach()) for p in model.parameters()]  # (collective: every rank)
             rounds.append({"round": last_round, "step": stats["steps"],
                            "own": digest([local(p) for p in model.parameters()]), "whole": digest(full)})
+            if settings.get("desloc"):  # (the first moments are averaged every round: the same everywhere)
+                rounds[-1]["exp_avg"] = digest([local(optimizer.state[p]["exp_avg"]) for p in model.parameters()])
+    if args.save:
+        import torch.distributed.checkpoint as dcp
+        dcp.save({"model": model.state_dict(), "mend": runtime}, checkpoint_id=args.save)
     mend_shutdown(wrapped)
     stats = runtime.stats()
     full = {name: whole(p.detach()).tolist() for name, p in zip(names, model.parameters())}

@@ -37,9 +37,10 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run_job(tmp_path, layouts, mode, ranks=2, timeout=240):
-    """Two learners, learner l a torchrun of `ranks` ranks in layouts[l - 1];
-    returns (exit codes, outputs, results[learner][rank] or None)."""
+def run_job(tmp_path, layouts, mode, ranks=2, timeout=240, extra=lambda learner: []):
+    """Two learners, learner l a torchrun of `ranks` ranks in layouts[l - 1]
+    (with extra(l)'s arguments); returns (exit codes, outputs,
+    results[learner][rank] or None)."""
     out_dir = tmp_path / f"{'-'.join(layouts)}-{mode}"
     out_dir.mkdir()
     path = os.pathsep.join(os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)
@@ -58,7 +59,7 @@ def run_job(tmp_path, layouts, mode, ranks=2, timeout=240):
                  "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
                  os.path.join(HERE, "sharded_learner.py"), "--lighthouse", lighthouse.address,
                  "--learner", str(learner), "--layout", layout, "--mode", mode,
-                 "--out", str(out_dir / f"l{learner}-%r.json")],
+                 "--out", str(out_dir / f"l{learner}-%r.json"), *extra(learner)],
                 env=env, cwd=HERE, stdout=log, stderr=subprocess.STDOUT))
         # (A learner that fails leaves the other waiting for a quorum: it is stopped.)
         deadline = time.monotonic() + timeout
@@ -121,20 +122,72 @@ def test_sharded_learners_merge_exactly_as_ddp_learners_and_move_only_their_shar
     assert sum(results[1, r]["stats"]["bytes_sent"] for r in range(ranks)) <= 1.02 * ddp_sent
 
 
-@pytest.mark.parametrize("layout", ["fsdp2", "fsdp2-mp"])
-def test_fsdp2_training_keeps_each_shard_the_same_on_every_learner_after_every_round(tmp_path, layout):
+@pytest.mark.parametrize("layout,settings", [
+    ("fsdp2", []), ("fsdp2-mp", []),
+    # DES-LOC averages the AdamW moments' shards too (each rank's own).
+    ("fsdp2", ["desloc=true", "momentum_sync_period_steps=5", "second_moment_sync_period_steps=10"]),
+])
+def test_fsdp2_training_keeps_each_shard_the_same_on_every_learner_after_every_round(tmp_path, layout, settings):
     # Real FSDP2 training: forward, backward and AdamW on the shards, mend
     # after every optimizer step (found by itself); synchronous rounds. With
     # a bf16 MixedPrecisionPolicy mend works on the fp32 shards.
-    codes, outputs, results = run_job(tmp_path, [layout, layout], "train")
+    extra = [a for s in settings for a in ("--set", s)]
+    codes, outputs, results = run_job(tmp_path, [layout, layout], "train", extra=lambda learner: extra)
     assert codes == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
     for rank in (0, 1):
         a, b = results[1, rank], results[2, rank]
         assert a["stats"]["rounds"] == b["stats"]["rounds"] == 4
-        assert a["rounds"] == b["rounds"]  # round ids, steps and digests
+        assert a["rounds"] == b["rounds"]  # round ids, steps and digests (DES-LOC: of the first moments too)
+        assert all(("exp_avg" in r) == bool(settings) for r in a["rounds"])
         assert a["local_values"] < sum(len(torch.tensor(v).flatten()) for v in a["model"].values())
         assert set(a["kinds"].values()) == {"DTensor torch.float32"}, a["kinds"]
     assert results[1, 0]["rounds"][0]["own"] != results[1, 1]["rounds"][0]["own"]  # each rank its own shard
+
+
+@pytest.fixture(scope="module")
+def fsdp2_saved_at_step_10(tmp_path_factory):
+    # Two FSDP2 learners of 2 ranks train 10 of the 20 steps, and each saves
+    # its model and mend's outer state with torch.distributed.checkpoint.
+    where = tmp_path_factory.mktemp("saved")
+    codes, outputs, results = run_job(where, ["fsdp2", "fsdp2"], "fixed", 2,
+                                      extra=lambda l: ["--steps", "10", "--save", str(where / f"dcp-{l}")])
+    assert codes == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+    assert all(result["stats"]["rounds"] == 2 for result in results.values())
+    return where
+
+
+# (1: the two ranks' shards resharded into one rank's by DCP.)
+@pytest.mark.parametrize("ranks", [2, 1])
+def test_fsdp2_learners_resumed_with_dcp_go_on_exactly_with_the_same_or_another_rank_count(
+        tmp_path, ddp_reference, fsdp2_saved_at_step_10, ranks):
+    # A new job (a new lighthouse): each learner loads its checkpoint right
+    # after mend_init, and trains steps 10-19. It ends bit for bit as the
+    # uninterrupted job of 20 steps does: the outer momentum, the round and
+    # the tokens came back with the parameters.
+    codes, outputs, results = run_job(
+        tmp_path, ["fsdp2", "fsdp2"], "fixed", ranks,
+        extra=lambda l: ["--start-step", "10", "--load", str(fsdp2_saved_at_step_10 / f"dcp-{l}")])
+    assert codes == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+    for (learner, rank), result in results.items():
+        assert result["stats"]["rounds"] == 2 and result["stats"]["steps"] == 20, result["stats"]
+        assert result["model"] == ddp_reference[1, 0]["model"], f"learner {learner} rank {rank} ends unlike DDP's"
+
+
+def test_a_sharded_outer_state_loaded_into_a_whole_model_is_refused_naming_both(tmp_path):
+    # (One process: a learner of one rank whose model is plain tensors.)
+    state = {"format": "mend outer state", "version": 2, "described": b"", "global": {}, "outer_momentum": {}}
+    os.environ["MEND_JOB_TOKEN"] = TOKEN
+    lighthouse = mend.Lighthouse(mend.MendConfig(bind="127.0.0.1:0", http="", quorum_min_learners=1,
+                                                 log_level="warn"))
+    with lighthouse:
+        model = torch.nn.Linear(2, 2)
+        runtime = mend.mend_init(model, mend.MendConfig(lighthouse=lighthouse.address, log_level="warn"),
+                                 "learner-solo", manual=True)
+        try:
+            with pytest.raises(ValueError, match="sharded model's outer state.*not sharded"):
+                runtime.load_state_dict(state)
+        finally:
+            mend.mend_shutdown(model)
 
 
 def test_learners_of_different_layouts_are_refused_naming_both(tmp_path):

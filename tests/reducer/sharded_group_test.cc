@@ -4,12 +4,15 @@
 // lighthouse on loopback. The rounds must give each value what a learner of
 // one rank holding the whole model gets, bit for bit, and move only what
 // each rank owns.
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <functional>
 #include <map>
+#include <span>
 #include <thread>
 
+#include "core/status_format.h"
 #include "fmt/format.h"
 #include "gtest/gtest.h"
 #include "mend/learner_agent.h"
@@ -92,13 +95,20 @@ struct ShardRun {
   ReducerStats stats;
   std::vector<float> w, b;
   size_t w_first = 0;
-  std::vector<std::vector<float>> after_round;      // w then b, after each applied round
-  std::map<uint64_t, std::vector<float>> by_round;  // the same, by round id
+  std::vector<std::vector<float>> after_round;             // w then b, after each applied round
+  std::map<uint64_t, std::vector<float>> by_round;         // the same, by round id
+  std::map<uint64_t, std::vector<float>> global_by_round;  // every fragment's global slice
+  std::vector<float> own_global, own_momentum;             // ExportOwn's, where a hook took them
+  std::string described;
 };
+
+// Called with the driver, the learner and rank, before step s, and with s =
+// steps before shutdown.
+using DriverHook = std::function<void(RoundDriver&, int, int, int, ShardRun*)>;
 
 // `before_step(s)`, when given, runs before step s.
 void TrainShard(Config config, int learner, int rank, int ranks, int steps, ShardRun* run,
-                const std::function<void(int)>& before_step = {}) {
+                const std::function<void(int)>& before_step = {}, const DriverHook& hook = {}) {
   config.group_rank = rank;
   auto agent = testing_util::StartGroupRank(config, kToken, learner, rank);
   if (!agent.ok()) {
@@ -115,6 +125,7 @@ void TrainShard(Config config, int learner, int rank, int ranks, int steps, Shar
   }
   for (int s = 0; s < steps && run->error.ok(); ++s) {
     if (before_step) before_step(s);
+    if (hook) hook(**driver, learner, rank, s, run);
     clock.AdvanceMillis(50);
     view->Train(learner, s);
     const uint64_t rounds = (*driver)->stats().rounds;
@@ -124,8 +135,14 @@ void TrainShard(Config config, int learner, int rank, int ranks, int steps, Shar
       run->after_round.back().insert(run->after_round.back().end(), view->b().begin(),
                                      view->b().end());
       run->by_round[(*driver)->stats().last_round_id] = run->after_round.back();
+      std::vector<float>& global = run->global_by_round[(*driver)->stats().last_round_id];
+      for (int f = 0; f < (*driver)->fragments(); ++f) {
+        std::span<const float> part = (*driver)->global(f);
+        global.insert(global.end(), part.begin(), part.end());
+      }
     }
   }
+  if (hook && run->error.ok()) hook(**driver, learner, rank, steps, run);
   if (run->error.ok()) run->error = (*driver)->shutdown();
   run->stats = (*driver)->stats();
   run->w = view->w();
@@ -135,8 +152,8 @@ void TrainShard(Config config, int learner, int rank, int ranks, int steps, Shar
 
 // Two learners of `group` ranks, each holding its shard of "w" when
 // `sharded` (else the whole model); runs[learner][rank].
-std::vector<std::vector<ShardRun>> RunShardedJob(Config config, int group, bool sharded,
-                                                 int steps) {
+std::vector<std::vector<ShardRun>> RunShardedJob(Config config, int group, bool sharded, int steps,
+                                                 const DriverHook& hook = {}) {
   auto server = LighthouseServer::Start(config, kToken, *RealClock());
   EXPECT_TRUE(server.ok()) << server.status();
   if (!server.ok()) return {};
@@ -146,9 +163,9 @@ std::vector<std::vector<ShardRun>> RunShardedJob(Config config, int group, bool 
   std::vector<std::thread> threads;
   for (int l = 0; l < 2; ++l) {
     for (int r = 0; r < static_cast<int>(config.group_size); ++r) {
-      threads.emplace_back([&runs, config, l, r, group, sharded, steps]() {
+      threads.emplace_back([&runs, &hook, config, l, r, group, sharded, steps]() {
         TrainShard(config, l, r, sharded ? group : 0, steps,
-                   &runs[static_cast<size_t>(l)][static_cast<size_t>(r)]);
+                   &runs[static_cast<size_t>(l)][static_cast<size_t>(r)], {}, hook);
       });
     }
   }
@@ -184,6 +201,89 @@ TEST(ShardedGroupTest, AShardedLearnersRoundsEqualAWholeModelsBitForBit) {
             << "rank " << r << "'s pieces differ between the learners after a round";
       }
     }
+  }
+}
+
+// Takes this rank's own outer state.
+void ExportOwn(RoundDriver& driver, ShardRun* run) {
+  run->own_global.resize(driver.OwnValues());
+  run->own_momentum.resize(driver.OwnValues());
+  StatusOr<std::string> described = driver.ExportOwn(run->own_global, run->own_momentum);
+  if (!described.ok()) {
+    run->error = described.status();
+    return;
+  }
+  run->described = *described;
+}
+
+// Each rank's own outer state (what a sharded checkpoint saves, rank by
+// rank): its shard of "w" and all of "b" (which it shares with the other
+// ranks and holds a slice of), each value what the whole model's learner
+// holds; imported into a new job's learners before their first step, the
+// job goes on from it: exported again at once, the same values and round.
+TEST(ShardedGroupTest, EachRankExportsItsOwnOuterStateAndImportsItBack) {
+  Config config = testing_util::SynchronousJobConfig(2, 5);
+  const DriverHook at_end = [](RoundDriver& driver, int, int, int step, ShardRun* run) {
+    if (step == 20) ExportOwn(driver, run);
+  };
+  auto whole = RunShardedJob(config, 1, false, 20, at_end);
+  auto sharded = RunShardedJob(config, 2, true, 20, at_end);
+  ASSERT_EQ(whole.size(), 2u);
+  ASSERT_EQ(sharded.size(), 2u);
+  const ShardRun& reference = whole[0][0];
+  ASSERT_TRUE(reference.error.ok()) << reference.error;
+  ASSERT_EQ(reference.own_global.size(), static_cast<size_t>(kRows * kColumns) + kReplicated);
+  for (int r = 0; r < 2; ++r) {
+    const ShardRun& run = sharded[0][static_cast<size_t>(r)];
+    ASSERT_TRUE(run.error.ok()) << run.error;
+    ASSERT_EQ(run.own_global.size(), run.w.size() + run.b.size());
+    for (const auto& [own, all] : {std::pair{&run.own_global, &reference.own_global},
+                                   std::pair{&run.own_momentum, &reference.own_momentum}}) {
+      const auto w_at = all->begin() + static_cast<long>(run.w_first);
+      EXPECT_EQ(std::vector<float>(own->begin(), own->begin() + static_cast<long>(run.w.size())),
+                std::vector<float>(w_at, w_at + static_cast<long>(run.w.size())))
+          << "rank " << r << "'s shard of w";
+      EXPECT_EQ(std::vector<float>(own->begin() + static_cast<long>(run.w.size()), own->end()),
+                std::vector<float>(all->end() - static_cast<long>(kReplicated), all->end()))
+          << "rank " << r << "'s b";
+    }
+    // Every value moved: the momentum is not all zero after Nesterov rounds.
+    EXPECT_TRUE(std::any_of(run.own_momentum.begin(), run.own_momentum.end(),
+                            [](float v) { return v != 0.0f; }));
+  }
+  // A new job: each rank imports its own state before its first step, and
+  // exports it again at once.
+  auto again = RunShardedJob(
+      config, 2, true, 1, [&](RoundDriver& driver, int learner, int rank, int step, ShardRun* run) {
+        if (step != 0) return;
+        const ShardRun& saved = sharded[static_cast<size_t>(learner)][static_cast<size_t>(rank)];
+        run->error = driver.ImportOwn(saved.described, saved.own_global, saved.own_momentum);
+        if (run->error.ok()) ExportOwn(driver, run);
+      });
+  ASSERT_EQ(again.size(), 2u);
+  for (int l = 0; l < 2; ++l) {
+    for (int r = 0; r < 2; ++r) {
+      const ShardRun& run = again[static_cast<size_t>(l)][static_cast<size_t>(r)];
+      const ShardRun& saved = sharded[static_cast<size_t>(l)][static_cast<size_t>(r)];
+      ASSERT_TRUE(run.error.ok()) << run.error;
+      EXPECT_EQ(run.own_global, saved.own_global);
+      EXPECT_EQ(run.own_momentum, saved.own_momentum);
+      EXPECT_EQ(run.stats.steps, saved.stats.steps + 1) << "it went on at the exported step";
+    }
+  }
+  // Bad input: buffers of another size are refused, naming the counts.
+  auto refused = RunShardedJob(
+      config, 2, true, 1, [&](RoundDriver& driver, int, int, int step, ShardRun* run) {
+        if (step != 0) return;
+        std::vector<float> two(2);
+        const Status status = driver.ImportOwn(sharded[0][0].described, two, two);
+        if (status.code() != StatusCode::kInvalidArgument ||
+            status.message().find("this rank's") == std::string::npos) {
+          run->error = InternalError(fmt::format("not refused as expected: {}", status));
+        }
+      });
+  for (const auto& learner : refused) {
+    for (const ShardRun& run : learner) EXPECT_TRUE(run.error.ok()) << run.error;
   }
 }
 
@@ -289,6 +389,71 @@ TEST(ShardedGroupTest, CheckpointDirWithAShardedModelIsRefusedByName) {
     }
   }
 }
+
+// The round's other forms with sharded learners: streaming fragments,
+// concurrent rounds, and the lossy codecs (int8's blocks and top-k's error
+// feedback are a rank's slice's own). Each rank's global state (of every
+// fragment) is the same on both learners after every round; where the
+// outer math is elementwise and the codec lossless, every value ends as the
+// whole model's does, bit for bit.
+struct Variant {
+  std::string name;
+  std::function<void(Config&)> set;
+  bool exact;  // every value is the whole model's learner's
+};
+
+class ShardedVariantTest : public testing::TestWithParam<Variant> {};
+
+TEST_P(ShardedVariantTest, EachRanksPiecesAgreeAcrossLearnersAfterEveryRound) {
+  Config config = testing_util::SynchronousJobConfig(2, 5);
+  GetParam().set(config);
+  auto sharded = RunShardedJob(config, 2, true, 20);
+  ASSERT_EQ(sharded.size(), 2u);
+  for (int l = 0; l < 2; ++l) {
+    for (int r = 0; r < 2; ++r) {
+      const ShardRun& run = sharded[static_cast<size_t>(l)][static_cast<size_t>(r)];
+      ASSERT_TRUE(run.error.ok()) << "learner " << l << " rank " << r << ": " << run.error;
+      EXPECT_GE(run.stats.rounds, 3u);
+      EXPECT_FALSE(run.global_by_round.empty());
+      for (const auto& [round, values] : run.global_by_round) {
+        const auto& other = sharded[0][static_cast<size_t>(r)].global_by_round;
+        if (other.count(round) == 0) continue;
+        EXPECT_EQ(values, other.at(round)) << "rank " << r << " after round " << round;
+      }
+    }
+    // "b", which both ranks hold, is the same on both at the end.
+    EXPECT_EQ(sharded[static_cast<size_t>(l)][0].b, sharded[static_cast<size_t>(l)][1].b);
+  }
+  if (!GetParam().exact) return;
+  auto whole = RunShardedJob(config, 1, false, 20);
+  ASSERT_EQ(whole.size(), 2u);
+  ASSERT_TRUE(whole[0][0].error.ok()) << whole[0][0].error;
+  for (int r = 0; r < 2; ++r) {
+    const ShardRun& run = sharded[0][static_cast<size_t>(r)];
+    const auto w_at = whole[0][0].w.begin() + static_cast<long>(run.w_first);
+    EXPECT_EQ(run.w, std::vector<float>(w_at, w_at + static_cast<long>(run.w.size())))
+        << "rank " << r;
+    EXPECT_EQ(run.b, whole[0][0].b) << "rank " << r;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Forms, ShardedVariantTest,
+    testing::Values(Variant{"StreamingFragments", [](Config& c) { c.fragments = 2; }, true},
+                    Variant{"ConcurrentRounds",
+                            [](Config& c) {
+                              c.concurrent_outer_step = true;
+                              c.overlap_steps = 2;
+                            },
+                            true},
+                    Variant{"Int8Codec",
+                            [](Config& c) {
+                              c.codec = CodecKind::kInt8;
+                              c.codec_block_size = 64;
+                            },
+                            false},
+                    Variant{"TopKCodec", [](Config& c) { c.codec = CodecKind::kTopK; }, false}),
+    [](const testing::TestParamInfo<Variant>& info) { return info.param.name; });
 
 }  // namespace
 }  // namespace mend::reducer
