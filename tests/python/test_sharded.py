@@ -197,3 +197,44 @@ def test_learners_of_different_layouts_are_refused_naming_both(tmp_path):
     text = "\n".join(outputs[i] for i in refused)
     assert "model_layout" in text, text[-3000:]
     assert "mesh [2] dp" in text and "mesh [2] tp" in text, text[-3000:]  # both layouts
+
+
+def _lightning_model_parallel():
+    try:
+        from pytorch_lightning.strategies import ModelParallelStrategy  # noqa: F401
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+@pytest.mark.skipif(not _lightning_model_parallel(), reason="no Lightning with ModelParallelStrategy")
+def test_lightning_model_parallel_strategy_with_mend_callback_keeps_each_shard_the_same(tmp_path):
+    # Two learners, each a Lightning Trainer of 2 CPU ranks whose module
+    # shards itself with FSDP2 (ModelParallelStrategy, configure_model), and
+    # mend's Lightning callback: after every round each rank's shards are
+    # the same on both learners, and each rank's differ from the other's.
+    os.environ["MEND_JOB_TOKEN"] = TOKEN
+    path = os.pathsep.join(os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)
+    lighthouse = mend.Lighthouse(mend.MendConfig(bind="127.0.0.1:0", http="", quorum_min_learners=2,
+                                                 grace_window_ms=2000, heartbeat_ms=50, heartbeat_timeout_ms=2000,
+                                                 log_level="warn"))
+    with lighthouse:
+        procs = []
+        for learner in (1, 2):
+            env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1",
+                       MASTER_PORT=str(free_port()))
+            log = open(tmp_path / f"learner-{learner}.log", "w")
+            procs.append(subprocess.Popen(
+                [sys.executable, os.path.join(HERE, "lightning_sharded.py"), "--learner", str(learner),
+                 "--lighthouse", lighthouse.address, "--out", str(tmp_path / f"l{learner}-%r.json")],
+                env=env, cwd=HERE, stdout=log, stderr=subprocess.STDOUT))
+        codes = [proc.wait(timeout=300) for proc in procs]
+    outputs = [(tmp_path / f"learner-{learner}.log").read_text()[-3000:] for learner in (1, 2)]
+    assert codes == [0, 0], outputs
+    results = {(l, r): json.loads((tmp_path / f"l{l}-{r}.json").read_text()) for l in (1, 2) for r in (0, 1)}
+    for (learner, rank), result in results.items():
+        assert result["kinds"] == ["DTensor ('S(0)',)"], result["kinds"]
+        assert result["stats"]["rounds"] == 4 and result["global_step"] == 20, result
+        assert result["rounds"] == results[1, rank]["rounds"], f"learner {learner} rank {rank}"
+        assert len(result["rounds"]) == 4
+    assert results[1, 0]["rounds"]["1"] != results[1, 1]["rounds"]["1"]  # each rank its own shard
