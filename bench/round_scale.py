@@ -25,6 +25,19 @@ thread that did it, so phases that overlap the transfer can add up to more
 than the round). `made`: learner 0's rounds whose pseudo-gradient was made
 as the merge reached each piece (Learner.stats()["rounds_made_in_merge"]),
 of all its rounds. Prints a table and writes a CSV.
+
+    /usr/bin/python3 bench/round_scale.py --ranks 2 [--sizes 100,250]
+
+With --ranks R each learner is a group of R rank processes, and each size
+runs twice, side by side: "replicated", every rank holding the whole model
+(DDP's layout: rank r exchanges slice r and the ranks all-gather after a
+round), and "sharded", rank r holding 1/R of every tensor as its own
+(FSDP2's Shard(0): each rank exchanges its shards, nothing is gathered).
+Per layout: the round's time, the bytes a rank sent across racks and inside
+its learner, and its peak resident memory per value it holds. The gloo
+reference then all-reduces each rank's own values with the same rank of
+the other learners (HSDP's replicate-dimension all-reduce), in the same
+processes.
 """
 import argparse
 import csv
@@ -63,6 +76,164 @@ def reset_peak():
         pass
 
 
+def group_worker(args):
+    """One rank of a learner of --ranks ranks (see the module's doc)."""
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+
+    import mend
+
+    torch.set_num_threads(1)
+    ranks, learners = args.ranks, args.learners
+    learner, group_rank = divmod(args.rank, ranks)
+    sharded = args.layout == "sharded"
+    count = int(args.size * 1e6)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=args.rank,
+                            world_size=learners * ranks, timeout=__import__("datetime").timedelta(seconds=600))
+    # The same group rank of every learner: the reference's all-reduce.
+    peers = [dist.new_group([l * ranks + r for l in range(learners)]) for r in range(ranks)]
+    baseline = rss_bytes("VmRSS")
+    reset_peak()
+    rng = np.random.default_rng(1)  # the same model on every learner and rank
+    arrays = []
+    left = count
+    while left > 0:
+        n = min(TENSOR_VALUES, left)
+        a = np.empty(n, np.float32)
+        rng.standard_normal(n, dtype=np.float32, out=a)
+        if sharded:  # rank r's Shard(0) of the tensor (the last ranks' may be shorter)
+            chunk = -(-n // ranks)
+            a = a[group_rank * chunk:(group_rank + 1) * chunk].copy()
+        arrays.append(a)
+        left -= n
+    local = sum(a.size for a in arrays)
+    steps = 2 * args.rounds + 1
+    config = mend.MendConfig(lighthouse=args.lighthouse, quorum_min_learners=learners, sync_period_steps=2,
+                             concurrent_outer_step=False, total_steps=steps, final_merge=True,
+                             collective_timeout_ms=600_000, quorum_timeout_ms=600_000,
+                             heartbeat_timeout_ms=600_000, log_level="warn", codec=args.codec,
+                             outer_warmup_steps=args.outer_warmup_steps, group_size=ranks,
+                             group_rank=group_rank, group_store=f"127.0.0.1:{args.group_ports[learner]}")
+    store = mend.GroupStore(config, TOKEN, config.group_store) if group_rank == 0 else None
+    dist.barrier()  # (every learner's store is serving)
+    entries = [(f"t{i}", a.ctypes.data, a.size, (a.size,)) for i, a in enumerate(arrays)]
+    keys = [group_rank + 1 if sharded else 0] * len(arrays)
+    t0 = time.perf_counter()
+    handle = mend.Learner._from_addresses(config, entries, f"scale-{learner}", TOKEN, 0, arrays,
+                                          replica_keys=keys)
+    init_s = time.perf_counter() - t0
+    rounds = []
+    for step in range(1, steps + 1):
+        arrays[0][:1024] += np.float32(1e-3 * (learner + 1))  # a little training between rounds
+        t0 = time.perf_counter()
+        handle.step(1)
+        if step % 2 == 0:
+            rounds.append(time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    handle.shutdown()
+    final_s = time.perf_counter() - t0
+    stats = handle.stats()
+    peak = rss_bytes("VmHWM")
+    tensors = [torch.from_numpy(a) for a in arrays]
+    gloo = []
+    for _ in range(args.rounds):
+        dist.barrier()
+        t0 = time.perf_counter()
+        for t in tensors:
+            dist.all_reduce(t, group=peers[group_rank])
+        gloo.append(time.perf_counter() - t0)
+    dist.barrier()  # (the stores stop once every rank is done)
+    if store is not None:
+        store.stop()
+    dist.destroy_process_group()
+    with open(args.out, "w") as f:
+        json.dump({"rank": args.rank, "learner": learner, "group_rank": group_rank, "local": local,
+                   "init": init_s, "rounds": rounds, "final": final_s, "gloo": gloo,
+                   "rss_per_local_value": (peak - baseline) / local, "stats": stats}, f)
+
+
+def run_group_size(size, layout, args, lighthouse_address):
+    import socket
+
+    def free_port():
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    workers = args.learners * args.ranks
+    port = free_port()
+    group_ports = ",".join(str(free_port()) for _ in range(args.learners))
+    with tempfile.TemporaryDirectory() as tmp:
+        outs = [os.path.join(tmp, f"w{w}.json") for w in range(workers)]
+        env = dict(os.environ, MEND_JOB_TOKEN=TOKEN)
+        procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", "--rank", str(w),
+                                   "--size", str(size), "--rounds", str(args.rounds), "--lighthouse",
+                                   lighthouse_address, "--port", str(port), "--out", outs[w],
+                                   "--learners", str(args.learners), "--ranks", str(args.ranks),
+                                   "--layout", layout, "--group-ports", group_ports, "--codec", args.codec,
+                                   "--outer-warmup-steps", str(args.outer_warmup_steps)], env=env)
+                 for w in range(workers)]
+        for p in procs:
+            if p.wait(timeout=3600) != 0:
+                raise SystemExit(f"round_scale: a worker of the {size} M {layout} run failed ({p.returncode})")
+        results = []
+        for out in outs:
+            with open(out) as f:
+                results.append(json.load(f))
+    return results
+
+
+def main_groups(args, sizes, lighthouse):
+    rows = []
+    for size in sizes:
+        for layout in ("replicated", "sharded"):
+            results = run_group_size(size, layout, args, lighthouse.address)
+            later = statistics.median(max(r["rounds"][i] for r in results) for i in range(1, args.rounds))
+            gloo = statistics.median(max(r["gloo"][i] for r in results) for i in range(1, args.rounds))
+            rows.append({"parameters_m": size, "layout": layout, "learners": args.learners, "ranks": args.ranks,
+                         "values_per_rank_m": max(r["local"] for r in results) / 1e6,
+                         "init_s": max(r["init"] for r in results),
+                         "first_round_s": max(r["rounds"][0] for r in results), "later_round_s": later,
+                         "final_merge_s": max(r["final"] for r in results), "gloo_allreduce_s": gloo,
+                         "later_over_gloo": later / gloo,
+                         # A round's (the job's over its rounds, the final merge's included).
+                         "cross_rack_bytes_per_rank": max(r["stats"]["bytes_sent"] / r["stats"]["rounds"]
+                                                          for r in results),
+                         "group_bytes_per_rank": max(r["stats"]["group_bytes_sent"] / r["stats"]["rounds"]
+                                                     for r in results),
+                         "rss_bytes_per_local_value": max(r["rss_per_local_value"] for r in results),
+                         "rounds": results[0]["stats"]["rounds"], "codec": args.codec})
+    print(f"round scale: {args.learners} learners of {args.ranks} ranks (processes), {args.codec}, synchronous, "
+          "outer Nesterov rounds; gloo = torch.distributed all_reduce of each rank's own values with the same "
+          "rank of the other learners, in the same processes\n")
+    print(f"{'params':>7} {'layout':<10} {'M/rank':>7} {'first':>7} {'later':>7} {'final':>7} {'gloo':>7} "
+          f"{'later/gloo':>10} {'MB out/rank':>11} {'MB group/rank':>13} {'B/value':>8}")
+    print("(MB a round; B/value: a rank's peak RSS over the values it holds)")
+    for r in rows:
+        print(f"{r['parameters_m']:>6.0f}M {r['layout']:<10} {r['values_per_rank_m']:>7.1f} {r['first_round_s']:>7.2f} "
+              f"{r['later_round_s']:>7.2f} {r['final_merge_s']:>7.2f} {r['gloo_allreduce_s']:>7.2f} "
+              f"{r['later_over_gloo']:>10.2f} {r['cross_rack_bytes_per_rank'] / 1e6:>11.1f} "
+              f"{r['group_bytes_per_rank'] / 1e6:>13.1f} {r['rss_bytes_per_local_value']:>8.1f}")
+    print("\nsharded / replicated, same size, same run:")
+    print(f"{'params':>7} {'later round':>11} {'MB out/rank':>11} {'MB group/rank':>13} {'memory/rank':>11}")
+    for size in sizes:
+        rep, sh = [next(r for r in rows if r["parameters_m"] == size and r["layout"] == k)
+                   for k in ("replicated", "sharded")]
+        memory = (sh["rss_bytes_per_local_value"] * sh["values_per_rank_m"]) / \
+            (rep["rss_bytes_per_local_value"] * rep["values_per_rank_m"])
+        group = sh["group_bytes_per_rank"] / rep["group_bytes_per_rank"] if rep["group_bytes_per_rank"] else 0
+        print(f"{size:>6.0f}M {sh['later_round_s'] / rep['later_round_s']:>11.3f} "
+              f"{sh['cross_rack_bytes_per_rank'] / rep['cross_rack_bytes_per_rank']:>11.3f} {group:>13.4f} "
+              f"{memory:>11.3f}")
+    os.makedirs(os.path.dirname(args.csv) or ".", exist_ok=True)
+    with open(args.csv, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
+        w.writeheader()
+        w.writerows(rows)
+    print(f"\nwrote {args.csv}")
+
+
 def worker(args):
     import numpy as np
     import torch
@@ -70,6 +241,8 @@ def worker(args):
 
     import mend
 
+    if args.ranks > 1:
+        return group_worker(args)
     torch.set_num_threads(1)
     rank = args.rank
     count = int(args.size * 1e6)
@@ -192,16 +365,26 @@ def main():
                         "its momentum, as a job's rounds past the warm-up do; mend's default, 150, "
                         "would make every round of this short job an average, which leaves the "
                         "momentum alone)")
-    p.add_argument("--csv", default="bench-results/round_scale.csv")
+    p.add_argument("--ranks", type=int, default=1,
+                   help="ranks per learner (default 1); more: each size runs replicated (DDP) and sharded "
+                        "(FSDP2) side by side")
+    p.add_argument("--csv", default="")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--size", type=float, default=0, help=argparse.SUPPRESS)
     p.add_argument("--lighthouse", default="", help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--out", default="", help=argparse.SUPPRESS)
+    p.add_argument("--layout", default="sharded", help=argparse.SUPPRESS)
+    p.add_argument("--group-ports", default="", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
+        args.group_ports = [int(port) for port in args.group_ports.split(",") if port]
         return worker(args)
+    if args.ranks < 1:
+        raise SystemExit("round_scale: --ranks must be at least 1")
+    if not args.csv:
+        args.csv = "bench-results/round_scale.csv" if args.ranks == 1 else "bench-results/round_scale_groups.csv"
     if args.learners < 2:
         raise SystemExit("round_scale: --learners must be at least 2")
     try:
@@ -217,6 +400,10 @@ def main():
 
     lighthouse = mend.Lighthouse(mend.MendConfig(bind="127.0.0.1:0", http="", quorum_min_learners=args.learners,
                                                  heartbeat_timeout_ms=600_000, log_level="warn"), token=TOKEN)
+    if args.ranks > 1:
+        main_groups(args, sizes, lighthouse)
+        lighthouse.shutdown()
+        return
     rows, phase_rows = [], []
     phase_names = []
     for size in sizes:
