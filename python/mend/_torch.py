@@ -829,6 +829,13 @@ class Runtime:
     def closed(self) -> bool:
         return self._learner.closed
 
+    @property
+    def sharded(self) -> bool:
+        """Whether the model's parameters are DTensors (FSDP2, tensor
+        parallelism): its state_dict() is each rank's own, for
+        torch.distributed.checkpoint."""
+        return sharding.any_dtensor(self._parameters)
+
     def shutdown(self) -> None:
         """Finishes the round in flight and leaves the job. Idempotent."""
         if os.getpid() != self._pid:

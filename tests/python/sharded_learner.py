@@ -9,6 +9,14 @@ mend_shutdown.
   fixed elementwise rule, so that the rounds' results can be compared
   exactly across layouts.
 
+--die-at-step N: rank 1 exits at its step N in torchrun's first attempt
+  (torchrun --max-restarts restarts the learner, which heals rank by rank);
+  the loop then runs until the job's step (a heal moves it) reaches --steps.
+--callback (with --mode fixed): mend through the transformers MendCallback's
+  hooks, called as the Trainer calls them (on_train_begin, on_step_end,
+  on_save) around an optimizer whose step changes nothing; --save DIR and
+  --load DIR are then the Trainer's output_dir, whose checkpoint-N folder
+  holds the model (DCP) and the callback's mend_state/.
 --save DIR: after the last step, torch.distributed.checkpoint saves the
   model and mend's runtime (a Stateful) into DIR; --load DIR: right after
   mend_init, it loads them from DIR (saved with any number of ranks), and
@@ -95,6 +103,8 @@ def main():
     parser.add_argument("--start-step", type=int, default=0)
     parser.add_argument("--set", action="append", default=[], help="KEY=VALUE, a MendConfig keyword (an int, "
                         "true/false, or text)")
+    parser.add_argument("--die-at-step", type=int, default=0)
+    parser.add_argument("--callback", action="store_true")
     parser.add_argument("--save", default="")
     parser.add_argument("--load", default="")
     parser.add_argument("--out", required=True, help="the result file; %%r becomes the rank")
@@ -102,7 +112,9 @@ def main():
     torch.set_num_threads(1)
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
                           timeout=datetime.timedelta(seconds=120))
-    dist.init_process_group("gloo", store=dist.PrefixStore("sharded/", store),
+    # (torchrun's store outlives a restart: each attempt's group keys its own.)
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    dist.init_process_group("gloo", store=dist.PrefixStore(f"sharded-{attempt}/", store),
                             rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
     rank, world = dist.get_rank(), dist.get_world_size()
     model, wrapped = build(args.layout, world)
@@ -114,8 +126,10 @@ def main():
                         log_level="warn", **settings)
     fixed = args.mode == "fixed"
     optimizer = None if fixed else torch.optim.AdamW(model.parameters(), lr=0.01)
-    runtime = mend_init(wrapped, config, f"learner-{args.learner}", manual=fixed)
     names = [name for name, _ in model.named_parameters()]
+    if args.callback:
+        return through_the_trainer_callback(args, config, model, wrapped)
+    runtime = mend_init(wrapped, config, f"learner-{args.learner}", manual=fixed)
     if args.load:
         import torch.distributed.checkpoint as dcp
         state = {"model": model.state_dict(), "mend": runtime}
@@ -125,7 +139,11 @@ def main():
     data = torch.Generator().manual_seed(100 * args.learner + rank)
     rounds = []
     last_round = 0
-    for step in range(args.start_step, args.steps):
+    step = args.start_step
+    while (runtime.stats()["steps"] if args.die_at_step else step) < args.steps:
+        step += 1
+        if args.die_at_step and attempt == 0 and rank == 1 and step == args.die_at_step:
+            os._exit(3)  # a host lost: torchrun restarts the whole learner
         if fixed:
             with torch.no_grad():
                 for p in model.parameters():
@@ -153,9 +171,50 @@ def main():
     full = {name: whole(p.detach()).tolist() for name, p in zip(names, model.parameters())}
     kinds = {name: f"{type(p).__name__} {p.dtype}" for name, p in zip(names, model.parameters())}
     with open(args.out.replace("%r", str(rank)), "w") as out:
-        json.dump({"rank": rank, "rounds": rounds, "model": full, "kinds": kinds,
+        json.dump({"rank": rank, "attempt": attempt, "rounds": rounds, "model": full, "kinds": kinds,
                    "local_values": sum(local(p).numel() for p in model.parameters()),
-                   "stats": {k: stats[k] for k in ("rounds", "bytes_sent", "group_bytes_sent", "steps")}}, out)
+                   "stats": {k: stats[k] for k in ("rounds", "bytes_sent", "group_bytes_sent", "steps", "heals")}}, out)
+    dist.destroy_process_group()
+
+
+def through_the_trainer_callback(args, config, model, wrapped):
+    """--callback: the transformers Trainer's calls of MendCallback, around
+    the fixed inner steps; its checkpoints in the Trainer's layout."""
+    from types import SimpleNamespace
+
+    import torch.distributed.checkpoint as dcp
+    from mend.integrations.transformers import MendCallback
+
+    rank = dist.get_rank()
+    output_dir = args.load or args.save
+    targs = SimpleNamespace(output_dir=output_dir, should_save=rank == 0)
+    state = SimpleNamespace(global_step=args.start_step, max_steps=args.steps)
+    control = SimpleNamespace(should_training_stop=False)
+    if args.load:  # (the Trainer loads the model before training begins)
+        saved = {"model": model.state_dict()}
+        dcp.load(saved, checkpoint_id=os.path.join(output_dir, f"checkpoint-{args.start_step}", "model"))
+        model.load_state_dict(saved["model"])
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # (its step changes nothing: mend runs after it)
+    callback = MendCallback(config.replace(final_merge=False), f"learner-{args.learner}")
+    callback.on_train_begin(targs, state, control, model=wrapped, optimizer=optimizer)
+    assert callback.runtime.sharded and callback.runtime.stats()["steps"] == args.start_step
+    for step in range(args.start_step + 1, args.steps + 1):
+        with torch.no_grad():
+            for p in model.parameters():
+                perturb(local(p), args.learner, step)
+        optimizer.step()  # mend's reducer runs here
+        state.global_step += 1
+        callback.on_step_end(targs, state, control)
+    if args.save:
+        folder = os.path.join(output_dir, f"checkpoint-{state.global_step}")
+        dcp.save({"model": model.state_dict()}, checkpoint_id=os.path.join(folder, "model"))
+        callback.on_save(targs, state, control)
+        assert os.path.isdir(os.path.join(folder, "mend_state")), os.listdir(folder)
+    callback.on_train_end(targs, state, control)
+    stats = callback.runtime.stats()
+    full = {name: whole(p.detach()).tolist() for name, p in model.named_parameters()}
+    with open(args.out.replace("%r", str(rank)), "w") as out:
+        json.dump({"rank": rank, "model": full, "stats": {k: stats[k] for k in ("rounds", "steps")}}, out)
     dist.destroy_process_group()
 
 

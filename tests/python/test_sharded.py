@@ -37,10 +37,10 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run_job(tmp_path, layouts, mode, ranks=2, timeout=240, extra=lambda learner: []):
-    """Two learners, learner l a torchrun of `ranks` ranks in layouts[l - 1]
-    (with extra(l)'s arguments); returns (exit codes, outputs,
-    results[learner][rank] or None)."""
+def run_job(tmp_path, layouts, mode, ranks=2, timeout=240, extra=lambda learner: [], torchrun=lambda learner: []):
+    """Two learners, learner l a torchrun (with torchrun(l)'s arguments) of
+    `ranks` ranks in layouts[l - 1] (with extra(l)'s arguments); returns
+    (exit codes, outputs, results[learner][rank] or None)."""
     out_dir = tmp_path / f"{'-'.join(layouts)}-{mode}"
     out_dir.mkdir()
     path = os.pathsep.join(os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)
@@ -56,7 +56,7 @@ def run_job(tmp_path, layouts, mode, ranks=2, timeout=240, extra=lambda learner:
             logs.append(log)
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
-                 "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
+                 "--master_addr", "127.0.0.1", "--master_port", str(free_port()), *torchrun(learner),
                  os.path.join(HERE, "sharded_learner.py"), "--lighthouse", lighthouse.address,
                  "--learner", str(learner), "--layout", layout, "--mode", mode,
                  "--out", str(out_dir / f"l{learner}-%r.json"), *extra(learner)],
@@ -171,6 +171,50 @@ def test_fsdp2_learners_resumed_with_dcp_go_on_exactly_with_the_same_or_another_
     for (learner, rank), result in results.items():
         assert result["stats"]["rounds"] == 2 and result["stats"]["steps"] == 20, result["stats"]
         assert result["model"] == ddp_reference[1, 0]["model"], f"learner {learner} rank {rank} ends unlike DDP's"
+
+
+def test_the_transformers_callback_checkpoints_a_sharded_model_with_dcp_and_resumes_exactly(tmp_path, ddp_reference):
+    # MendCallback's hooks as the Trainer calls them (the Trainer shards with
+    # FSDP2 through Accelerate on GPUs only): each rank saves its own outer
+    # state into checkpoint-10/mend_state/ with DCP; a new job resumed from
+    # the checkpoint folder goes on exactly, ending as the uninterrupted job.
+    saved = tmp_path / "saved"
+    codes, outputs, _ = run_job(tmp_path, ["fsdp2", "fsdp2"], "fixed",
+                                extra=lambda l: ["--callback", "--steps", "10", "--save", str(saved / f"out-{l}")])
+    assert codes == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    codes, outputs, results = run_job(
+        resumed, ["fsdp2", "fsdp2"], "fixed",
+        extra=lambda l: ["--callback", "--start-step", "10", "--load", str(saved / f"out-{l}")])
+    assert codes == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+    for (learner, rank), result in results.items():
+        assert result["stats"] == {"rounds": 2, "steps": 20}, result["stats"]
+        assert result["model"] == ddp_reference[1, 0]["model"], f"learner {learner} rank {rank}"
+
+
+def test_a_sharded_learner_that_loses_a_rank_restarts_and_heals_each_shard_from_the_same_rank(tmp_path):
+    # Chaos with a sharded learner: rank 1 of FSDP2 learner 1 exits at its
+    # step 12; torchrun restarts both ranks, which heal their shards from
+    # the same ranks of learner 2 (the model is built afresh: a heal, not a
+    # resume). From then on each rank's shards match learner 2's after every
+    # round they share, and the final merge ends both with the same model.
+    codes, outputs, results = run_job(
+        tmp_path, ["fsdp2", "fsdp2"], "train",
+        extra=lambda l: ["--steps", "40", "--set", "total_steps=40"] + (["--die-at-step", "12"] if l == 1 else []),
+        torchrun=lambda l: ["--max_restarts", "1", "--monitor_interval", "1"] if l == 1 else [])
+    assert codes == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+    for rank in (0, 1):
+        restarted, other = results[1, rank], results[2, rank]
+        assert restarted["attempt"] == 1 and other["attempt"] == 0
+        assert restarted["stats"]["heals"] >= 1 and other["stats"]["heals"] == 0
+        assert restarted["stats"]["steps"] == other["stats"]["steps"] == 40
+        mine = {r["round"]: r["own"] for r in restarted["rounds"]}
+        theirs = {r["round"]: r["own"] for r in other["rounds"]}
+        shared = set(mine) & set(theirs)
+        assert len(shared) >= 3, (sorted(mine), sorted(theirs))
+        assert all(mine[r] == theirs[r] for r in shared), f"rank {rank}'s shards differ after a shared round"
+        assert restarted["model"] == other["model"]  # the final merge
 
 
 def test_a_sharded_outer_state_loaded_into_a_whole_model_is_refused_naming_both(tmp_path):

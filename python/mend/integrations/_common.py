@@ -29,12 +29,13 @@ class Attachment:
         self.runtime: Any = None
         self._model: Any = None
         self._saved: Optional[Dict[str, Any]] = None  # loaded before the learner started
+        self._saved_dcp: Optional[str] = None  # a sharded state's DCP checkpoint, likewise
         self._said_end = False
 
     @property
     def resuming(self) -> bool:
         """Whether a checkpoint's mend state waits to be loaded at the start."""
-        return self._saved is not None
+        return self._saved is not None or self._saved_dcp is not None
 
     @property
     def running(self) -> bool:
@@ -69,6 +70,9 @@ class Attachment:
         if self._saved is not None:
             saved, self._saved = self._saved, None
             self.runtime.load_state_dict(saved)
+        if self._saved_dcp is not None:
+            path, self._saved_dcp = self._saved_dcp, None
+            self.load_dcp(path)
         if follow_step is not None:
             self.runtime._follower.listeners.append(follow_step)
         return self.runtime
@@ -87,6 +91,24 @@ class Attachment:
             self.runtime.load_state_dict(state)
         else:
             self._saved = state
+
+    def save_dcp(self, path: str) -> None:
+        """A sharded model's outer state, each rank its own, into the DCP
+        checkpoint directory ``path`` (every rank calls it)."""
+        import torch.distributed.checkpoint as dcp
+        dcp.save({"mend": self.runtime}, checkpoint_id=path)
+
+    def load_dcp(self, path: str) -> None:
+        """save_dcp's state back (every rank; resharded to this rank count):
+        at once into a running learner, else when the learner starts."""
+        if not self.running:
+            self._saved_dcp = path
+            return
+        if not self.runtime.sharded:
+            raise ValueError(f"MendCallback: {path} holds a sharded model's outer state (saved with "
+                             "torch.distributed.checkpoint), and this learner's model is not sharded")
+        import torch.distributed.checkpoint as dcp
+        dcp.load({"mend": self.runtime}, checkpoint_id=path)
 
     def logged(self) -> Dict[str, float]:
         if self.runtime is None:

@@ -15,7 +15,9 @@ Trainer's ``max_steps`` unless the config sets it, so training ends with
 the final merge. When a heal moves the learner onto the job's step, the
 Trainer's ``global_step`` (and so its logging, saving and evaluation
 intervals) and its learning-rate scheduler move with it. Each checkpoint the Trainer saves gets mend's
-outer state (``mend_state.pt``), and a run resumed from that checkpoint
+outer state (``mend_state.pt``; a sharded model's, FSDP2's or tensor
+parallelism's, each rank's own in ``mend_state/`` through
+torch.distributed.checkpoint), and a run resumed from that checkpoint
 resumes mend too; the Trainer's logs get mend's counters as ``mend/...``;
 the final merge runs when training ends, so every learner ends with the
 same model. Under torchrun each rank of the Trainer is a rank of one
@@ -34,6 +36,7 @@ from mend._config import MendConfig
 from mend.integrations._common import Attachment
 
 STATE_FILE = "mend_state.pt"  # in each checkpoint-N folder
+STATE_DIR = "mend_state"      # ... a sharded model's: each rank's own (torch.distributed.checkpoint)
 
 
 def _move_global_step(state: Any, steps: int) -> None:
@@ -73,6 +76,8 @@ class MendCallback(TrainerCallback):
         if self.resume_from is False:
             return None
         where = self.resume_from or os.path.join(args.output_dir, f"checkpoint-{global_step}")
+        if os.path.isdir(os.path.join(where, STATE_DIR)):
+            return os.path.join(where, STATE_DIR)
         path = where if os.path.isfile(where) else os.path.join(where, STATE_FILE)
         if not os.path.isfile(path):
             raise FileNotFoundError(
@@ -88,7 +93,9 @@ class MendCallback(TrainerCallback):
             raise RuntimeError("MendCallback: the Trainer gave no model or optimizer at the start of training")
         if state.global_step > 0:  # resumed from a checkpoint
             path = self._saved_state_file(args, state.global_step)
-            if path is not None:
+            if path is not None and os.path.isdir(path):
+                self._mend.load_dcp(path)
+            elif path is not None:
                 self._mend.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
         # mend's step count is the Trainer's (restored with its state), or
         # starts now (a fresh start, or resume_from=False).
@@ -101,9 +108,12 @@ class MendCallback(TrainerCallback):
             control.should_training_stop = True
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+        if self._mend.running and self.runtime.sharded:  # (FSDP2, TP: every rank saves its own)
+            self._mend.save_dcp(os.path.join(folder, STATE_DIR))
+            return
         saved = self._mend.state_dict()  # (every rank: collective for a learner of several)
         if saved and args.should_save:
-            folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
             os.makedirs(folder, exist_ok=True)
             torch.save(saved, os.path.join(folder, STATE_FILE))
 
