@@ -371,6 +371,8 @@ class Runtime:
         self._group_store = group_store
         self._parameters = [p for _, p in named]
         self._names = [name for name, _ in named]
+        # The sharded state_dict()s' tensors, which DCP loads in place (see load_state_dict).
+        self._own_states: "weakref.WeakValueDictionary[int, torch.Tensor]" = weakref.WeakValueDictionary()
         self._always_stage = config.host_staging == "always"
         self._staging = _Staging()
         self._moment_staging = _Staging()
@@ -793,6 +795,8 @@ class Runtime:
             described = self._learner.export_own_state(global_state.data_ptr(), momentum.data_ptr(), values)
             state: Dict[str, Any] = {"format": "mend outer state", "version": 2, "described": described}
             state.update(sharding.own_state(self._names, self._parameters, global_state, momentum))
+            for part in ("global", "outer_momentum"):
+                self._own_states.update((id(t), t) for t in state[part].values())
             return state
         return {"format": "mend outer state", "version": 1, "state": self._learner.export_state()}
 
@@ -815,6 +819,19 @@ class Runtime:
         self._finish_deferred()
         self._settle()
         if version == 2:
+            # Each rank's pieces are its own: only DCP, loading in place into
+            # what state_dict() gave, brings every rank its own (or resharded)
+            # pieces. A state pickled whole (torch.save, or a trainer that
+            # saves callback states from rank 0 alone) holds one rank's.
+            parts = [state_dict.get("global"), state_dict.get("outer_momentum")]
+            if not all(isinstance(part, dict) and all(self._own_states.get(id(t)) is t for t in part.values())
+                       for part in parts):
+                raise ValueError(
+                    "mend: load_state_dict(): a sharded model's outer state is each rank's own and must be loaded "
+                    "with torch.distributed.checkpoint, in place: dcp.load({'mend': runtime}, checkpoint_id=path) "
+                    "(or load into runtime.state_dict()'s tensors, then pass them here). This one was not made by "
+                    "this runtime's state_dict(): saved with torch.save, or by a trainer that saves callback "
+                    "states from rank 0 alone, it holds one rank's pieces")
             values = self._learner.own_values()
             global_state, momentum = sharding.flat_own_state(state_dict, self._names, self._parameters, values)
             self._learner.import_own_state(global_state.data_ptr(), momentum.data_ptr(), values,

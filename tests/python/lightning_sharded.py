@@ -4,6 +4,10 @@ mend.integrations.lightning.MendCallback, as a user writes it: the module
 shards itself in configure_model; Lightning starts the learner's ranks.
 
     lightning_sharded.py --learner I --lighthouse ADDR --out FILE [--steps N] [--period H]
+                         [--save DIR] [--resume DIR]
+
+--save DIR: ModelCheckpoint saves at half the steps into DIR (the
+strategy's DCP folders; Lightning keeps callback states from rank 0 only).
 
 Each rank writes FILE with %r replaced by its rank: the digest of its own
 shards after each round, by round id, and mend's stats."""
@@ -61,6 +65,8 @@ def main():
     parser.add_argument("--out", required=True)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--period", type=int, default=5)
+    parser.add_argument("--save", default="")
+    parser.add_argument("--resume", default="")
     args = parser.parse_args()
     torch.set_num_threads(1)
     generator = torch.Generator().manual_seed(100 + args.learner)
@@ -70,16 +76,20 @@ def main():
                                        concurrent_outer_step=False, quorum_min_learners=2,
                                        quorum_timeout_ms=30000, log_level="warn"),
                             f"learner-{args.learner}", log_stats=False)
+    saving = [pl.callbacks.ModelCheckpoint(dirpath=args.save, every_n_train_steps=args.steps // 2, save_top_k=-1,
+                                           filename="{step}")] if args.save else []
     trainer = pl.Trainer(accelerator="cpu", devices=2,
                          strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1),
-                         max_steps=args.steps, callbacks=[callback], logger=False, enable_checkpointing=False,
+                         max_steps=args.steps, callbacks=[callback, *saving], logger=False,
+                         enable_checkpointing=bool(saving),
                          enable_progress_bar=False, enable_model_summary=False)
     module = Sharded()
-    trainer.fit(module, data)
+    trainer.fit(module, data, ckpt_path=args.resume or None)
     stats = callback.runtime.stats()
     kinds = sorted({f"{type(p).__name__} {tuple(str(x) for x in p.placements)}" for p in module.parameters()})
     with open(args.out.replace("%r", str(trainer.global_rank)), "w") as out:
         json.dump({"rounds": module.rounds, "kinds": kinds, "global_step": trainer.global_step,
+                   "model": {name: p.full_tensor().tolist() for name, p in module.named_parameters()},
                    "stats": {k: stats[k] for k in ("rounds", "steps", "bytes_sent", "group_bytes_sent")}}, out)
 
 

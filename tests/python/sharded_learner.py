@@ -136,6 +136,15 @@ def main():
         dcp.load(state, checkpoint_id=args.load)
         model.load_state_dict(state["model"])
         assert runtime.stats()["steps"] == args.start_step, runtime.stats()
+        # A copy of a sharded state (as torch.save and torch.load would make
+        # it) is refused: only DCP's load in place brings each rank its own.
+        copied = {key: {name: t.clone() for name, t in value.items()} if isinstance(value, dict) else value
+                  for key, value in runtime.state_dict().items()}
+        try:
+            runtime.load_state_dict(copied)
+            raise AssertionError("a copied sharded state was loaded")
+        except ValueError as error:
+            assert "must be loaded with torch.distributed.checkpoint" in str(error), error
     data = torch.Generator().manual_seed(100 * args.learner + rank)
     rounds = []
     last_round = 0

@@ -270,7 +270,8 @@ def test_lightning_model_parallel_strategy_with_mend_callback_keeps_each_shard_t
             log = open(tmp_path / f"learner-{learner}.log", "w")
             procs.append(subprocess.Popen(
                 [sys.executable, os.path.join(HERE, "lightning_sharded.py"), "--learner", str(learner),
-                 "--lighthouse", lighthouse.address, "--out", str(tmp_path / f"l{learner}-%r.json")],
+                 "--lighthouse", lighthouse.address, "--out", str(tmp_path / f"l{learner}-%r.json"),
+                 "--save", str(tmp_path / f"checkpoints-{learner}")],
                 env=env, cwd=HERE, stdout=log, stderr=subprocess.STDOUT))
         codes = [proc.wait(timeout=300) for proc in procs]
     outputs = [(tmp_path / f"learner-{learner}.log").read_text()[-3000:] for learner in (1, 2)]
@@ -282,3 +283,8 @@ def test_lightning_model_parallel_strategy_with_mend_callback_keeps_each_shard_t
         assert result["rounds"] == results[1, rank]["rounds"], f"learner {learner} rank {rank}"
         assert len(result["rounds"]) == 4
     assert results[1, 0]["rounds"]["1"] != results[1, 1]["rounds"]["1"]  # each rank its own shard
+    # Lightning keeps callback states from rank 0 only: mend's sharded state
+    # stays out of its checkpoints, and every rank says so, once.
+    for learner in (1, 2):
+        log = (tmp_path / f"learner-{learner}.log").read_text()
+        assert log.count("Lightning's checkpoints hold callback states from rank 0 only") == 2, log[-3000:]

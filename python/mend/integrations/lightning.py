@@ -137,6 +137,19 @@ class MendCallback(_pl.Callback):
         self._mend.leave()
 
     def state_dict(self) -> Dict[str, Any]:
+        if self._mend.running and self.runtime.sharded:
+            # Lightning saves callback states from global rank 0 only (its
+            # ModelParallelStrategy too), and a sharded model's mend state
+            # is each rank's own: it would resume every rank with rank 0's.
+            if not getattr(self, "_said_sharded", False):
+                self._said_sharded = True
+                warnings.warn(
+                    "mend: Lightning's checkpoints hold callback states from rank 0 only, and a sharded model's "
+                    "outer state is each rank's own: it is not in this checkpoint. Save it beside it with "
+                    "torch.distributed.checkpoint (dcp.save({'mend': callback.runtime}, checkpoint_id=path) on "
+                    "every rank) and, after resuming, dcp.load it before the first step; resumed without it, "
+                    "mend's outer state starts from the restored parameters", RuntimeWarning, stacklevel=2)
+            return {}
         return self._mend.state_dict()
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
