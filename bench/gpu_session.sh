@@ -3,7 +3,9 @@
 # there once: the wheel from scripts/wheel.sh unpacked beside the machine's
 # own Python and torch (pip --target, on PYTHONPATH; the machine has no
 # package registry: the wheel travels in the working tree, carry "dist"),
-# then the runs of
+# then sharded learners against DDP on the GPU (bench/gpu_sharded_check.py:
+# FSDP2 on CUDA, with a bf16 MixedPrecisionPolicy and with CPUOffloadPolicy;
+# SHARDED_TIMEOUT seconds, default 240, outside BUDGET), then the runs of
 # bench/gpu_delay_sweep.py in order of value until the budget is spent. The
 # sweep writes its CSV after every run, so a budget cut short keeps the runs
 # before it.
@@ -56,6 +58,11 @@ except ImportError:
 EOF
 } > "$out/machine.txt" 2>&1
 cat "$out/machine.txt"
+
+# Sharded learners first (short, and what no CPU here can run: CUDA meshes,
+# the offload policy's host shards).
+timeout --kill-after=10 "${SHARDED_TIMEOUT:-240}" "$python" bench/gpu_sharded_check.py \
+  --csv "$out/gpu_sharded_check.csv" 2>&1 | tee "$out/gpu_sharded_check.log"
 
 # shellcheck disable=SC2086
 # A run that hangs stops at RUN_TIMEOUT (one at 2000 ms took about 140 s on

@@ -17,7 +17,7 @@ import threading
 import time
 import warnings
 import weakref
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -764,6 +764,16 @@ class Runtime:
         self._learner.import_state(state)
         self._after_call()
         self._follow_schedules()
+
+    def on_step_moved(self, callback: Callable[[int], None]) -> None:
+        """``callback(steps)`` whenever a heal (or an import) moves the job's
+        step by ``steps``, right after the learner's LR schedulers moved:
+        for a training loop's own step counter (torchtitan's
+        ``trainer.step``; the transformers and Lightning callbacks move
+        theirs this way)."""
+        if not callable(callback):
+            raise TypeError(f"mend: on_step_moved() takes a callable, not {type(callback).__name__}")
+        self._follower.listeners.append(callback)
 
     def state_dict(self) -> Dict[str, Any]:
         """mend's outer state (global parameters, outer momentum, error

@@ -37,31 +37,36 @@ import torch.distributed as dist
 from mend import MendConfig, mend_init, mend_shutdown
 
 
-def build(layout, world):
-    """The model as `layout` shards it over the learner's `world` ranks."""
+def build(layout, world, device="cpu"):
+    """The model as `layout` shards it over the learner's `world` ranks, on
+    `device` ("cpu", or "cuda": a GPU a rank)."""
     torch.manual_seed(1)  # the same initial model on every rank and learner
-    model = torch.nn.Sequential(torch.nn.Linear(16, 256), torch.nn.Tanh(), torch.nn.Linear(256, 8))
+    model = torch.nn.Sequential(torch.nn.Linear(16, 256), torch.nn.Tanh(), torch.nn.Linear(256, 8)).to(device)
     if layout == "ddp":
         return model, torch.nn.parallel.DistributedDataParallel(model)
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-    if layout in ("fsdp2", "fsdp2-mp"):
-        # fsdp2-mp: bf16 compute on gathered copies; mend keeps to the fp32 shards.
+    if layout in ("fsdp2", "fsdp2-mp", "fsdp2-offload"):
+        # fsdp2-mp: bf16 compute on gathered copies; mend keeps to the fp32
+        # shards. fsdp2-offload (a GPU's): the shards live on the host.
         policy = {}
         if layout == "fsdp2-mp":
             from torch.distributed.fsdp import MixedPrecisionPolicy
             policy = {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)}
-        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
+        if layout == "fsdp2-offload":
+            from torch.distributed.fsdp import CPUOffloadPolicy
+            policy = {"offload_policy": CPUOffloadPolicy()}
+        mesh = init_device_mesh(device, (world,), mesh_dim_names=("dp",))
         for layer in (model[0], model[2]):
             fully_shard(layer, mesh=mesh, **policy)
         fully_shard(model, mesh=mesh, **policy)
     elif layout == "tp":
-        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
+        mesh = init_device_mesh(device, (world,), mesh_dim_names=("tp",))
         # (RowwiseParallel leaves the second layer's bias whole: a Replicate() piece.)
         parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
     elif layout == "2d":
-        mesh = init_device_mesh("cpu", (world // 2, 2), mesh_dim_names=("dp", "tp"))
+        mesh = init_device_mesh(device, (world // 2, 2), mesh_dim_names=("dp", "tp"))
         parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
         for layer in (model[0], model[2]):
             fully_shard(layer, mesh=mesh["dp"])
@@ -72,7 +77,7 @@ def build(layout, world):
 
 
 def whole(tensor):
-    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+    return (tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor).cpu()
 
 
 def local(tensor):
@@ -88,7 +93,7 @@ def perturb(tensor, learner, step):
 def digest(tensors):
     h = hashlib.sha256()
     for t in tensors:
-        h.update(t.detach().contiguous().numpy().tobytes())
+        h.update(t.detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()
 
 
@@ -105,6 +110,7 @@ def main():
                         "true/false, or text)")
     parser.add_argument("--die-at-step", type=int, default=0)
     parser.add_argument("--callback", action="store_true")
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda (a GPU a rank, NCCL beside gloo)")
     parser.add_argument("--save", default="")
     parser.add_argument("--load", default="")
     parser.add_argument("--out", required=True, help="the result file; %%r becomes the rank")
@@ -114,10 +120,13 @@ def main():
                           timeout=datetime.timedelta(seconds=120))
     # (torchrun's store outlives a restart: each attempt's group keys its own.)
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    dist.init_process_group("gloo", store=dist.PrefixStore(f"sharded-{attempt}/", store),
+    if args.device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("gloo" if args.device == "cpu" else "cpu:gloo,cuda:nccl",
+                            store=dist.PrefixStore(f"sharded-{attempt}/", store),
                             rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
     rank, world = dist.get_rank(), dist.get_world_size()
-    model, wrapped = build(args.layout, world)
+    model, wrapped = build(args.layout, world, args.device)
     settings = dict(sync_period_steps=args.period, concurrent_outer_step=False)
     for item in args.set:
         key, value = item.split("=", 1)
@@ -159,7 +168,7 @@ def main():
                     perturb(local(p), args.learner, step)
             runtime.step(16)
         else:
-            x = torch.randn(16, 16, generator=data)
+            x = torch.randn(16, 16, generator=data).to(args.device)
             loss = (wrapped(x) - x[:, :8].sin()).pow(2).mean()
             optimizer.zero_grad()
             loss.backward()
@@ -182,6 +191,7 @@ def main():
     with open(args.out.replace("%r", str(rank)), "w") as out:
         json.dump({"rank": rank, "attempt": attempt, "rounds": rounds, "model": full, "kinds": kinds,
                    "local_values": sum(local(p).numel() for p in model.parameters()),
+                   "devices": sorted({str(local(p).device) for p in model.parameters()}),
                    "stats": {k: stats[k] for k in ("rounds", "bytes_sent", "group_bytes_sent", "steps", "heals")}}, out)
     dist.destroy_process_group()
 

@@ -79,7 +79,10 @@ def lighthouse_for_test():
 
 def train(runtime, model, optimizer, scheduler, learner, log, before_step=None):
     """The loop of docs/python.md: trains until the job's total_steps by the
-    job's count, recording the rate after each step by the job's step."""
+    job's count, recording the rate after each step by the job's step, and
+    what runtime.on_step_moved reported."""
+    if hasattr(runtime, "on_step_moved"):
+        runtime.on_step_moved(log.setdefault("listened", []).append)
     iteration = 0
     while True:
         iteration += 1
@@ -148,6 +151,8 @@ def test_a_late_learner_healed_onto_the_jobs_step_uses_the_jobs_learning_rate(ki
     assert "moved" in b and "moved" not in a, (a.get("moved"), b.get("moved"))
     healed_at = b["moved"][1]
     assert healed_at >= 15, b["moved"]
+    assert b["listened"] == [b["moved"][1] - b["moved"][0]], (b["listened"], b["moved"])
+    assert a["listened"] == []
     reference = reference_rates(kind, TOTAL)
     after_heal = [s for s in sorted(b["rates"]) if s >= healed_at]
     assert after_heal and after_heal[-1] == TOTAL, sorted(b["rates"])

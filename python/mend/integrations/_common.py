@@ -74,7 +74,7 @@ class Attachment:
             path, self._saved_dcp = self._saved_dcp, None
             self.load_dcp(path)
         if follow_step is not None:
-            self.runtime._follower.listeners.append(follow_step)
+            self.runtime.on_step_moved(follow_step)
         return self.runtime
 
     def state_dict(self) -> Dict[str, Any]:
