@@ -41,13 +41,15 @@ def build(layout, world, device="cpu"):
     """The model as `layout` shards it over the learner's `world` ranks, on
     `device` ("cpu", or "cuda": a GPU a rank)."""
     torch.manual_seed(1)  # the same initial model on every rank and learner
-    model = torch.nn.Sequential(torch.nn.Linear(16, 256), torch.nn.Tanh(), torch.nn.Linear(256, 8)).to(device)
+    # fsdp2-bn: a BatchNorm's running statistics (buffers, whole on every rank) in the middle.
+    middle = torch.nn.BatchNorm1d(256) if layout == "fsdp2-bn" else torch.nn.Tanh()
+    model = torch.nn.Sequential(torch.nn.Linear(16, 256), middle, torch.nn.Linear(256, 8)).to(device)
     if layout == "ddp":
         return model, torch.nn.parallel.DistributedDataParallel(model)
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-    if layout in ("fsdp2", "fsdp2-mp", "fsdp2-offload"):
+    if layout in ("fsdp2", "fsdp2-mp", "fsdp2-offload", "fsdp2-bn"):
         # fsdp2-mp: bf16 compute on gathered copies; mend keeps to the fp32
         # shards. fsdp2-offload (a GPU's): the shards live on the host.
         policy = {}
@@ -179,6 +181,8 @@ def main():
             full = [whole(p.detach()) for p in model.parameters()]  # (collective: every rank)
             rounds.append({"round": last_round, "step": stats["steps"],
                            "own": digest([local(p) for p in model.parameters()]), "whole": digest(full)})
+            if any(True for _ in model.buffers()):
+                rounds[-1]["buffers"] = digest(list(model.buffers()))
             if settings.get("desloc"):  # (the first moments are averaged every round: the same everywhere)
                 rounds[-1]["exp_avg"] = digest([local(optimizer.state[p]["exp_avg"]) for p in model.parameters()])
     if args.save:

@@ -126,6 +126,9 @@ def test_sharded_learners_merge_exactly_as_ddp_learners_and_move_only_their_shar
     ("fsdp2", []), ("fsdp2-mp", []),
     # DES-LOC averages the AdamW moments' shards too (each rank's own).
     ("fsdp2", ["desloc=true", "momentum_sync_period_steps=5", "second_moment_sync_period_steps=10"]),
+    # sync_buffers: a BatchNorm's running statistics, whole on each rank
+    # (FSDP2 shards parameters only), agree with the same rank's elsewhere.
+    ("fsdp2-bn", []),
 ])
 def test_fsdp2_training_keeps_each_shard_the_same_on_every_learner_after_every_round(tmp_path, layout, settings):
     # Real FSDP2 training: forward, backward and AdamW on the shards, mend
@@ -139,6 +142,7 @@ def test_fsdp2_training_keeps_each_shard_the_same_on_every_learner_after_every_r
         assert a["stats"]["rounds"] == b["stats"]["rounds"] == 4
         assert a["rounds"] == b["rounds"]  # round ids, steps and digests (DES-LOC: of the first moments too)
         assert all(("exp_avg" in r) == bool(settings) for r in a["rounds"])
+        assert all(("buffers" in r) == (layout == "fsdp2-bn") for r in a["rounds"])
         assert a["local_values"] < sum(len(torch.tensor(v).flatten()) for v in a["model"].values())
         assert set(a["kinds"].values()) == {"DTensor torch.float32"}, a["kinds"]
     assert results[1, 0]["rounds"][0]["own"] != results[1, 1]["rounds"][0]["own"]  # each rank its own shard
