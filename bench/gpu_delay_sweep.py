@@ -29,6 +29,10 @@ inner step outside boundaries and local's, the peak GPU memory (the larger
 learner's), mend_init, the first round's step and the final merge
 (mend_shutdown); with `--eval-every N` also the held-out loss every N steps
 (the mean of the two learners' own models, outside the timed steps).
+With --fsdp2 each learner's model is sharded by FSDP2 (fully_shard of every
+block, then of the model, over the learner's own process group of one rank:
+one GPU holds both learners, and NCCL takes one rank a GPU): mend then
+works on FSDP2's local shards, as for a learner sharded over many ranks.
 Prints a table and writes a CSV; exits 1 when a run failed.
 Needs torch >= 2.0 (the model is built on its device, and the decoder
 attends with scaled_dot_product_attention); Debian's torch 1.13 is refused
@@ -153,6 +157,24 @@ class Language:
         return torch.tensor(rows, dtype=torch.long).to(self.device, non_blocking=True)
 
 
+def shard_with_fsdp2(model, device, store_file):
+    """--fsdp2: the model sharded by FSDP2 over this learner's own process
+    group of one rank (its blocks, then the whole)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group("gloo" if device == "cpu" else "cpu:gloo,cuda:nccl", init_method=f"file://{store_file}",
+                            rank=0, world_size=1)
+    mesh = init_device_mesh(device, (1,))
+    for module in list(model.modules()):
+        if isinstance(module, torch.nn.ModuleList):
+            for block in module:
+                fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+
 def worker(args):
     import torch
 
@@ -163,6 +185,9 @@ def worker(args):
         torch.set_num_threads(1)
     torch.manual_seed(args.seed)  # the same initial model on both learners
     model, loss_of, kind = make_model(args.tiny, device)
+    if args.fsdp2:
+        shard_with_fsdp2(model, device, args.out + ".store")
+        kind += ", FSDP2"
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
     language = Language(device)
     data = random.Random(1000 * args.seed + args.rank)
@@ -226,6 +251,7 @@ def worker(args):
     with torch.no_grad():  # the parameters' bits, to compare mend's learners
         digest = hashlib.sha256() if runtime is not None else None
         for p in model.parameters() if digest is not None else ():
+            p = p.to_local() if hasattr(p, "to_local") else p  # (--fsdp2: the shard's bits)
             bits = p.detach().view(torch.int16 if p.element_size() == 2 else torch.int32)
             digest.update(bits.cpu().numpy().tobytes())
         digest = digest.hexdigest() if digest is not None else None
@@ -277,6 +303,7 @@ def run(args, mode, delay, seed, run_settings, lighthouse):
                   "--eval-every", str(args.eval_every), "--lighthouse", lighthouse]
         common += ["--tiny"] if args.tiny else []
         common += ["--cpu"] if args.cpu else []
+        common += ["--fsdp2"] if args.fsdp2 else []
         common += ["--host-staging", args.host_staging]
         for setting in run_settings:
             common += ["--set", setting]
@@ -391,6 +418,8 @@ def main():
     p.add_argument("--run-timeout", type=float, default=7200, help="seconds a run may take before it is stopped")
     p.add_argument("--tiny", action="store_true", help="a model of a few million parameters (a CPU check)")
     p.add_argument("--cpu", action="store_true", help="run on the CPU even where a GPU is")
+    p.add_argument("--fsdp2", action="store_true",
+                   help="each learner's model sharded by FSDP2 over a process group of its own (see above)")
     p.add_argument("--host-staging", default="auto", choices=["auto", "always"],
                    help="mend's host_staging (always: a CPU run goes through the staging a GPU's does)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",

@@ -5,7 +5,10 @@
 # package registry: the wheel travels in the working tree, carry "dist"),
 # then sharded learners against DDP on the GPU (bench/gpu_sharded_check.py:
 # FSDP2 on CUDA, with a bf16 MixedPrecisionPolicy and with CPUOffloadPolicy;
-# SHARDED_TIMEOUT seconds, default 240, outside BUDGET), then the runs of
+# SHARDED_TIMEOUT seconds, default 120, outside BUDGET), then the delay
+# sweep's learners sharded by FSDP2 (--fsdp2: FSDP2_RUNS, default
+# local#1,concurrent@2000#1, in FSDP2_BUDGET seconds, default 300, outside
+# BUDGET; its CSV gpu_delay_sweep_fsdp2.csv), then the runs of
 # bench/gpu_delay_sweep.py in order of value until the budget is spent. The
 # sweep writes its CSV after every run, so a budget cut short keeps the runs
 # before it.
@@ -61,8 +64,15 @@ cat "$out/machine.txt"
 
 # Sharded learners first (short, and what no CPU here can run: CUDA meshes,
 # the offload policy's host shards).
-timeout --kill-after=10 "${SHARDED_TIMEOUT:-240}" "$python" bench/gpu_sharded_check.py \
+timeout --kill-after=10 "${SHARDED_TIMEOUT:-120}" "$python" bench/gpu_sharded_check.py \
   --csv "$out/gpu_sharded_check.csv" 2>&1 | tee "$out/gpu_sharded_check.log"
+# The sweep's columns for learners sharded by FSDP2 (each over a process
+# group of its own: one GPU takes one NCCL rank).
+# shellcheck disable=SC2086
+timeout --kill-after=10 "${FSDP2_BUDGET:-300}" "$python" bench/gpu_delay_sweep.py --fsdp2 \
+  --runs "${FSDP2_RUNS:-local#1,concurrent@2000#1}" --run-timeout "${RUN_TIMEOUT:-300}" \
+  --csv "$out/gpu_delay_sweep_fsdp2.csv" ${SWEEP_ARGS:-} 2>&1 | tee "$out/gpu_delay_sweep_fsdp2.log"
+pkill -f "gpu_delay_sweep.py --worker" 2> /dev/null || true
 
 # shellcheck disable=SC2086
 # A run that hangs stops at RUN_TIMEOUT (one at 2000 ms took about 140 s on

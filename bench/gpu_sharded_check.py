@@ -7,7 +7,7 @@ sharded_learner.py --mode fixed) make every layout's rounds comparable bit
 for bit; a run of real AdamW training (--mode train) checks that each
 rank's shards agree across the learners after every round.
 
-    python3 bench/gpu_sharded_check.py [--device cuda] [--ranks 1] [--csv FILE]
+    python3 bench/gpu_sharded_check.py [--device cuda|cpu] [--ranks 1] [--csv FILE]
 
 On one GPU, --ranks 1 (NCCL takes one process a GPU): FSDP2 over one rank
 still makes DTensor parameters, and its offload policy moves them to the
@@ -60,12 +60,15 @@ def run(layout, mode, args, work):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--device", default="", help="cuda or cpu (default: cuda where there is one)")
     parser.add_argument("--ranks", type=int, default=1)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--run-timeout", type=int, default=300)
     parser.add_argument("--csv", default="bench-results/gpu_sharded_check.csv")
     args = parser.parse_args()
+    if not args.device:
+        import torch
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
     layouts = ["fsdp2", "fsdp2-mp"] + (["fsdp2-offload"] if args.device == "cuda" else [])
     rows, failed = [], False
     with tempfile.TemporaryDirectory() as work:

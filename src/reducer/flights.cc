@@ -160,9 +160,7 @@ Status Flights::Launch(int f, uint64_t tau, bool final_merge) {
   // a model the heal replaces. It is taken up at its boundary
   // (RoundDriverImpl::AtBoundary), and the heal writes into the state in
   // place (HealRound's written_in_place): nothing else reads it meanwhile.
-  const bool joins_in_progress = options_.concurrent && !final_merge && flights_.empty() &&
-                                 !policy_.group() && flight->previous_round_id == 0 &&
-                                 services_->News().latest_round_id > 0;
+  const bool joins_in_progress = !final_merge && JoinsInProgress(stats_.steps);
   flight->training_waits = (!options_.concurrent && !final_merge) || joins_in_progress;
   flight->apply_at_step = stats_.steps + (joins_in_progress ? 0 : tau);
   // Taken up in the order launched: never before an older round.
@@ -494,6 +492,8 @@ FlightStatus Flights::PlannedStatus(InFlight& flight) const {
 }
 
 void Flights::Plan(uint64_t step) {
+  planned_step_ = 0;
+  planned_joins_in_progress_ = JoinsInProgress(step);
   planned_step_ = step;
   planned_arrivals_ = 0;
   planned_status_.clear();
@@ -506,7 +506,13 @@ void Flights::Plan(uint64_t step) {
 
 bool Flights::LaunchOnlyReads(uint64_t next, Action action) const {
   return options_.concurrent && flights_.empty() && action == Action::kNone &&
-         !EagerAtBoundary(next);
+         !EagerAtBoundary(next) && !JoinsInProgress(next);
+}
+
+bool Flights::JoinsInProgress(uint64_t step) const {
+  if (Planned(step)) return planned_joins_in_progress_;
+  return options_.concurrent && flights_.empty() && !policy_.group() && HeldRoundId() == 0 &&
+         services_->News().latest_round_id > 0;
 }
 
 // The fragments whose parameters step `next` may read or write: those it

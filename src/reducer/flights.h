@@ -64,6 +64,10 @@ class Flights {
   // only reads the parameters: concurrent, nothing in flight to take up or
   // to make room for, and no provisional step at its launch.
   bool LaunchOnlyReads(uint64_t next, Action action) const;
+  // Whether a launch now is a fresh learner's first round in a job in
+  // progress, taken up at its boundary (see Launch); as Plan saw it for
+  // the step it planned, so that a plan and its step agree.
+  bool JoinsInProgress(uint64_t step) const;
   size_t size() const { return flights_.size(); }
   InFlight& head() const { return *flights_.front(); }
   InFlight& newest() const { return *flights_.back(); }
@@ -150,6 +154,7 @@ class Flights {
   uint64_t planned_step_ = 0;
   size_t planned_arrivals_ = 0;
   std::vector<std::pair<const InFlight*, FlightStatus>> planned_status_;
+  bool planned_joins_in_progress_ = false;
 };
 
 }  // namespace mend::reducer

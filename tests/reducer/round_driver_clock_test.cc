@@ -354,6 +354,28 @@ TEST_P(OuterApplyTest, ALaunchWithNothingInFlightOnlyReadsUnlessItTakesTheProvis
   ASSERT_TRUE(driver_->shutdown().ok());
 }
 
+// A fresh learner that joins a job in progress (its lighthouse has had
+// rounds) waits for its first round at the boundary, where the round heals
+// it and writes the parameters: that launch's plan says so (a front end
+// that made a read-only step later had the heal overwritten; found with
+// learners started against a lighthouse whose job had rounds already). A
+// later launch, with a round behind it, only reads again.
+TEST_F(RoundDriverClockTest, AFreshLearnerJoiningAJobInProgressPlansItsFirstLaunchAsAWrite) {
+  agent_.ReportRound(3, 12);  // the job's newest round, before this learner's first
+  outer_apply_ = "exact";     // (an eager launch past the warm-up writes anyway)
+  Start(/*overlap_steps=*/2);
+  ASSERT_NO_FATAL_FAILURE(StepTo(kPeriod - 1));
+  const StepPlan first = driver_->PlanStep();
+  EXPECT_TRUE(first.touches_parameters);
+  EXPECT_TRUE(first.may_wait);
+  EXPECT_TRUE(first.may_write) << "the first round is taken up (and may heal) at its boundary";
+  ASSERT_TRUE(Step().ok());
+  EXPECT_EQ(driver_->stats().rounds, 1u) << "taken up at the boundary";
+  ASSERT_NO_FATAL_FAILURE(StepTo(2 * kPeriod - 1));
+  EXPECT_FALSE(driver_->PlanStep().may_write) << "a later launch only reads";
+  ASSERT_TRUE(driver_->shutdown().ok());
+}
+
 // In the outer warm-up a round averages and takes no provisional step: its
 // launch only reads, eager or not; past it, an eager launch writes.
 TEST_F(RoundDriverClockTest, AnEagerLaunchOnlyReadsInTheOuterWarmUp) {
