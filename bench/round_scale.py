@@ -76,6 +76,22 @@ def reset_peak():
         pass
 
 
+def model_tensors(count, seed):
+    """`count` float32 values, normally distributed from `seed`, as 64 MiB tensors."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    arrays = []
+    left = count
+    while left > 0:
+        n = min(TENSOR_VALUES, left)
+        a = np.empty(n, np.float32)
+        rng.standard_normal(n, dtype=np.float32, out=a)
+        arrays.append(a)
+        left -= n
+    return arrays
+
+
 def group_worker(args):
     """One rank of a learner of --ranks ranks (see the module's doc)."""
     import numpy as np
@@ -95,18 +111,10 @@ def group_worker(args):
     peers = [dist.new_group([l * ranks + r for l in range(learners)]) for r in range(ranks)]
     baseline = rss_bytes("VmRSS")
     reset_peak()
-    rng = np.random.default_rng(1)  # the same model on every learner and rank
-    arrays = []
-    left = count
-    while left > 0:
-        n = min(TENSOR_VALUES, left)
-        a = np.empty(n, np.float32)
-        rng.standard_normal(n, dtype=np.float32, out=a)
-        if sharded:  # rank r's Shard(0) of the tensor (the last ranks' may be shorter)
-            chunk = -(-n // ranks)
-            a = a[group_rank * chunk:(group_rank + 1) * chunk].copy()
-        arrays.append(a)
-        left -= n
+    arrays = model_tensors(count, seed=1)  # the same model on every learner and rank
+    if sharded:  # rank r's Shard(0) of each tensor (the last ranks' may be shorter)
+        arrays = [a[group_rank * -(-a.size // ranks):(group_rank + 1) * -(-a.size // ranks)].copy()
+                  for a in arrays]
     local = sum(a.size for a in arrays)
     steps = 2 * args.rounds + 1
     config = mend.MendConfig(lighthouse=args.lighthouse, quorum_min_learners=learners, sync_period_steps=2,
@@ -153,35 +161,40 @@ def group_worker(args):
                    "rss_per_local_value": (peak - baseline) / local, "stats": stats}, f)
 
 
-def run_group_size(size, layout, args, lighthouse_address):
+def free_port():
     import socket
 
-    def free_port():
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return s.getsockname()[1]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
-    workers = args.learners * args.ranks
-    port = free_port()
-    group_ports = ",".join(str(free_port()) for _ in range(args.learners))
+
+def run_workers(arguments, what):
+    """Worker processes (this file with --worker and each one's
+    `arguments`, which give its --out), waited for; their results."""
     with tempfile.TemporaryDirectory() as tmp:
-        outs = [os.path.join(tmp, f"w{w}.json") for w in range(workers)]
+        outs = [os.path.join(tmp, f"w{w}.json") for w in range(len(arguments))]
         env = dict(os.environ, MEND_JOB_TOKEN=TOKEN)
-        procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", "--rank", str(w),
-                                   "--size", str(size), "--rounds", str(args.rounds), "--lighthouse",
-                                   lighthouse_address, "--port", str(port), "--out", outs[w],
-                                   "--learners", str(args.learners), "--ranks", str(args.ranks),
-                                   "--layout", layout, "--group-ports", group_ports, "--codec", args.codec,
-                                   "--outer-warmup-steps", str(args.outer_warmup_steps)], env=env)
-                 for w in range(workers)]
+        procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", "--out", out] + a, env=env)
+                 for a, out in zip(arguments, outs)]
         for p in procs:
             if p.wait(timeout=3600) != 0:
-                raise SystemExit(f"round_scale: a worker of the {size} M {layout} run failed ({p.returncode})")
+                raise SystemExit(f"round_scale: a worker of the {what} run failed ({p.returncode})")
         results = []
         for out in outs:
             with open(out) as f:
                 results.append(json.load(f))
     return results
+
+
+def run_group_size(size, layout, args, lighthouse_address):
+    port = free_port()
+    group_ports = ",".join(str(free_port()) for _ in range(args.learners))
+    return run_workers([["--rank", str(w), "--size", str(size), "--rounds", str(args.rounds), "--lighthouse",
+                         lighthouse_address, "--port", str(port), "--learners", str(args.learners),
+                         "--ranks", str(args.ranks), "--layout", layout, "--group-ports", group_ports,
+                         "--codec", args.codec, "--outer-warmup-steps", str(args.outer_warmup_steps)]
+                        for w in range(args.learners * args.ranks)], f"{size} M {layout}")
 
 
 def main_groups(args, sizes, lighthouse):
@@ -254,15 +267,7 @@ def worker(args):
     reset_peak()
     # The same initial model on every learner (one seed or checkpoint, as a job
     # starts), unless --distinct-init: the first round then heals learner 1.
-    rng = np.random.default_rng(rank + 1 if args.distinct_init else 1)
-    arrays = []
-    left = count
-    while left > 0:
-        n = min(TENSOR_VALUES, left)
-        a = np.empty(n, np.float32)
-        rng.standard_normal(n, dtype=np.float32, out=a)
-        arrays.append(a)
-        left -= n
+    arrays = model_tensors(count, seed=rank + 1 if args.distinct_init else 1)
     steps = 2 * args.rounds + 1
     config = mend.MendConfig(lighthouse=args.lighthouse, quorum_min_learners=args.learners,
                              sync_period_steps=2,
@@ -317,31 +322,15 @@ def worker(args):
 
 
 def run_size(size, args, lighthouse_address):
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    with tempfile.TemporaryDirectory() as tmp:
-        outs = [os.path.join(tmp, f"r{r}.json") for r in range(args.learners)]
-        env = dict(os.environ, MEND_JOB_TOKEN=TOKEN)
-        procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", "--rank", str(r),
-                                   "--size", str(size), "--rounds", str(args.rounds), "--lighthouse",
-                                   lighthouse_address, "--port", str(port), "--out", outs[r],
-                                   "--round-threads", str(args.round_threads), "--learners", str(args.learners)]
-                                  + (["--distinct-init"] if args.distinct_init else [])
-                                  + ["--step-ms", str(args.step_ms), "--codec", args.codec,
-                                     "--link-latency-ms", str(args.link_latency_ms),
-                                     "--outer-warmup-steps", str(args.outer_warmup_steps)], env=env)
-                 for r in range(args.learners)]
-        for p in procs:
-            if p.wait(timeout=3600) != 0:
-                raise SystemExit(f"round_scale: a worker of the {size} M run failed ({p.returncode})")
-        results = []
-        for out in outs:
-            with open(out) as f:
-                results.append(json.load(f))
-    return results
+    port = free_port()
+    return run_workers([["--rank", str(r), "--size", str(size), "--rounds", str(args.rounds), "--lighthouse",
+                         lighthouse_address, "--port", str(port), "--round-threads", str(args.round_threads),
+                         "--learners", str(args.learners)]
+                        + (["--distinct-init"] if args.distinct_init else [])
+                        + ["--step-ms", str(args.step_ms), "--codec", args.codec,
+                           "--link-latency-ms", str(args.link_latency_ms),
+                           "--outer-warmup-steps", str(args.outer_warmup_steps)]
+                        for r in range(args.learners)], f"{size} M")
 
 
 def main():
