@@ -492,9 +492,8 @@ FlightStatus Flights::PlannedStatus(InFlight& flight) const {
 }
 
 void Flights::Plan(uint64_t step) {
-  planned_step_ = 0;
-  planned_joins_in_progress_ = JoinsInProgress(step);
   planned_step_ = step;
+  planned_joins_in_progress_ = JoinsInProgressNow();
   planned_arrivals_ = 0;
   planned_status_.clear();
   for (const auto& flight : flights_) planned_status_.emplace_back(flight.get(), flight->Status());
@@ -510,7 +509,10 @@ bool Flights::LaunchOnlyReads(uint64_t next, Action action) const {
 }
 
 bool Flights::JoinsInProgress(uint64_t step) const {
-  if (Planned(step)) return planned_joins_in_progress_;
+  return Planned(step) ? planned_joins_in_progress_ : JoinsInProgressNow();
+}
+
+bool Flights::JoinsInProgressNow() const {
   return options_.concurrent && flights_.empty() && !policy_.group() && HeldRoundId() == 0 &&
          services_->News().latest_round_id > 0;
 }

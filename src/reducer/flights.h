@@ -155,6 +155,8 @@ class Flights {
   size_t planned_arrivals_ = 0;
   std::vector<std::pair<const InFlight*, FlightStatus>> planned_status_;
   bool planned_joins_in_progress_ = false;
+  // JoinsInProgress as things stand now.
+  bool JoinsInProgressNow() const;
 };
 
 }  // namespace mend::reducer
