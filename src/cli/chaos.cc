@@ -457,6 +457,8 @@ class Harness {
     return OkStatus();
   }
 
+  using ByRank = std::pair<int, int>;  // (learner, rank)
+
   // Every round, from the processes' diagnostics: the members' global
   // states agree (in a group, rank by rank: each rank holds its slice's),
   // and a group's ranks hold the same whole replica after each round.
@@ -469,11 +471,17 @@ class Harness {
     // (round, learner) -> rank -> digest of the whole replica (groups)
     std::map<std::pair<uint64_t, int>, std::set<std::string>> replicas;
     std::map<int, std::vector<json>> rounds_of;  // learner -> its rank 0's rounds
+    // (learner, rank) -> its heals: job step -> source (the newest to it)
+    std::map<ByRank, std::map<int64_t, std::string>> sources;
     for (int l = 0; l < spec_.learners; ++l) {
       for (int rank = 0; rank < Ranks(); ++rank) {
         std::vector<json> rounds =
             ReadJsonLines(fmt::format("{}/{}.rounds.jsonl", diagnostics, DiagnosticsName(l, rank)));
         for (const json& round : rounds) {
+          if (Field(round, "healed", false)) {
+            sources[{l, rank}][Field(round, "heal_step", int64_t{-1})] =
+                Field(round, "heal_source", std::string());
+          }
           if (!Field(round, "ok", false) || !round.contains("global_sha256")) continue;
           const uint64_t id = Field(round, "round_id", uint64_t{0});
           digests[id][rank][l] = Field(round, "global_sha256", std::string());
@@ -520,7 +528,7 @@ class Harness {
         }
       }
     }
-    AnalyzeTrainingState();
+    AnalyzeTrainingState(sources);
     // Heals of restarted learners: restart -> its first round completed.
     for (FaultRecord& f : report_.faults) {
       if (f.kind != "kill") continue;
@@ -607,16 +615,15 @@ class Harness {
   // Where learner l's rank `rank` took its optimizer's step count when a heal
   // put it on job step `heal_step` ("heal" records): "job" if its source's
   // count was the job's at that step, else "own". A source that had itself
-  // healed is followed back (at most `depth` heals).
-  std::string HealedCountFrom(const std::map<std::pair<int, int>, std::vector<json>>& train, int l,
-                              int rank, int64_t heal_step, int depth) const {
+  // healed is followed back (at most `depth` heals). `sources`: each
+  // learner's and rank's heals, job step -> source (the newest to it).
+  std::string HealedCountFrom(const std::map<ByRank, std::vector<json>>& train,
+                              const std::map<ByRank, std::map<int64_t, std::string>>& sources,
+                              int l, int rank, int64_t heal_step, int depth) const {
     if (depth == 0) return "own";
-    const std::string diagnostics = dir_ + "/diagnostics";
-    std::string source;  // the newest heal of this learner to that step
-    for (const json& round :
-         ReadJsonLines(fmt::format("{}/{}.rounds.jsonl", diagnostics, DiagnosticsName(l, rank)))) {
-      if (Field(round, "healed", false) && Field(round, "heal_step", int64_t{-1}) == heal_step)
-        source = Field(round, "heal_source", std::string());
+    std::string source;
+    if (auto heals = sources.find({l, rank}); heals != sources.end()) {
+      if (auto it = heals->second.find(heal_step); it != heals->second.end()) source = it->second;
     }
     int from = -1;  // "learner-3" -> 2
     if (source.rfind("learner-", 0) == 0) from = std::atoi(source.c_str() + 8) - 1;
@@ -629,17 +636,19 @@ class Harness {
     if (at == nullptr) return "own";
     const std::string inner = Field(*at, "inner", std::string());
     if (inner != "heal") return inner;
-    return HealedCountFrom(train, from, rank, Field(*at, "heal_step", int64_t{0}), depth - 1);
+    return HealedCountFrom(train, sources, from, rank, Field(*at, "heal_step", int64_t{0}),
+                           depth - 1);
   }
 
   // At equal job steps, every record of every learner (and rank, and every
   // run of a restarted one) says the same learning rate, and those whose
   // optimizer's step count is the job's the same count: a heal or a resume
   // that left a learner on another schedule than the job's is caught here.
-  // A count a heal brought is the job's where the source's was.
-  void AnalyzeTrainingState() {
+  // A count a heal brought is the job's where the source's was (`sources`:
+  // each learner's and rank's heals, from Analyze).
+  void AnalyzeTrainingState(const std::map<ByRank, std::map<int64_t, std::string>>& sources) {
     const std::string diagnostics = dir_ + "/diagnostics";
-    std::map<std::pair<int, int>, std::vector<json>> train;  // (learner, rank) -> records
+    std::map<ByRank, std::vector<json>> train;  // (learner, rank) -> records
     for (int l = 0; l < spec_.learners; ++l) {
       for (int rank = 0; rank < Ranks(); ++rank) {
         train[{l, rank}] =
@@ -660,7 +669,9 @@ class Harness {
           if (inner == "heal") {
             const int64_t heal_step = Field(record, "heal_step", int64_t{0});
             auto [it, fresh] = healed.try_emplace({l, rank, heal_step});
-            if (fresh) it->second = HealedCountFrom(train, l, rank, heal_step, spec_.learners * 8);
+            if (fresh) {
+              it->second = HealedCountFrom(train, sources, l, rank, heal_step, spec_.learners * 8);
+            }
             inner = it->second;
           }
           if (inner == "job") counts[step].insert(Field(record, "optimizer_step", uint64_t{0}));
