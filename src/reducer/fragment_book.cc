@@ -387,10 +387,14 @@ std::string ParametersDigest(const FlatParameters& parameters) {
   return hash.Hex();
 }
 
-std::vector<float> ReadAll(const FlatParameters& values) {
+size_t TotalValues(const FlatParameters& values) {
   size_t total = 0;
   for (size_t i = 0; i < values.count(); ++i) total += values.numel(i);
-  std::vector<float> all(total);
+  return total;
+}
+
+std::vector<float> ReadAll(const FlatParameters& values) {
+  std::vector<float> all(TotalValues(values));
   size_t at = 0;
   for (size_t i = 0; i < values.count(); ++i) {
     values.CopyOut(i, std::span(all).subspan(at, values.numel(i)));
@@ -542,18 +546,18 @@ std::optional<uint64_t> RebasedStep(const Outcome& outcome, const InFlight& flig
   return job_step + (step - std::min(step, flight.formed_step));
 }
 
-size_t FragmentBook::values() const {
-  size_t n = 0;
-  for (size_t i = 0; i < parameters_.count(); ++i) n += parameters_.numel(i);
-  return n;
-}
+size_t FragmentBook::values() const { return TotalValues(parameters_); }
+
+namespace {
 
 // Where each parameter begins in the parameters' order of all values.
-static std::vector<size_t> Starts(const FlatParameters& parameters) {
+std::vector<size_t> Starts(const FlatParameters& parameters) {
   std::vector<size_t> at(parameters.count() + 1, 0);
   for (size_t i = 0; i < parameters.count(); ++i) at[i + 1] = at[i] + parameters.numel(i);
   return at;
 }
+
+}  // namespace
 
 void FragmentBook::CopyStateOut(std::span<float> global, std::span<float> momentum) const {
   const std::vector<size_t> at = Starts(parameters_);

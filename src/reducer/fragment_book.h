@@ -168,6 +168,8 @@ class FragmentBook {
 
 // SHA-256 (hex) of a model's values, parameter by parameter.
 std::string ParametersDigest(const FlatParameters& parameters);
+// How many values `values` has, every parameter's together.
+size_t TotalValues(const FlatParameters& values);
 // All of `values`, flat in order; and back.
 std::vector<float> ReadAll(const FlatParameters& values);
 void WriteAll(FlatParameters& values, std::span<const float> all);

@@ -177,19 +177,34 @@ StatusOr<Restored> OuterState::Restore(const Checkpoint& checkpoint, const std::
   return RestoredAt(checkpoint.meta.round_id, checkpoint.meta.step, checkpoint.meta.step);
 }
 
+// INVALID_ARGUMENT (said as `call`'s, with `advice`) unless `meta` holds an
+// exporting learner's progress for every fragment of this one's.
+Status OuterState::CheckProgress(const CheckpointMeta& meta, std::string_view call,
+                                 std::string_view advice) const {
+  if (meta.learner_step != 0 && meta.tokens_since_round.size() == book_.size()) return OkStatus();
+  return InvalidArgumentError(fmt::format(
+      "{}: the state of round {} holds no learner's progress for {} fragment(s) (it has {}: a "
+      "checkpoint file, or another fragment count?){}",
+      call, meta.round_id, book_.size(), meta.tokens_since_round.size(), advice));
+}
+
+// This learner's own step and tokens since each fragment's round, into an
+// export's description (what CheckProgress asks of an import).
+void OuterState::AddProgress(const Progress& progress, CheckpointMeta* meta) const {
+  meta->learner_step = std::max<uint64_t>(progress.step, 1);
+  meta->tokens_since_round.clear();
+  for (const Fragment& fragment : book_.fragments())
+    meta->tokens_since_round.push_back(fragment.tokens_since_round);
+}
+
 // An exported state as the exporting learner left it: the global state,
 // momentum and error feedback, the round, its step and tokens since each
 // fragment's round; the parameters stay the caller's (restored with the
 // model's own state).
 StatusOr<Restored> OuterState::RestoreOuter(const Checkpoint& checkpoint) {
   const CheckpointMeta& meta = checkpoint.meta;
-  if (meta.learner_step == 0 || meta.tokens_since_round.size() != book_.size()) {
-    return InvalidArgumentError(fmt::format(
-        "import_state(keep_parameters): the state of round {} holds no learner's progress for {} "
-        "fragment(s) (a checkpoint file, or another fragment count?); import it with its "
-        "parameters instead",
-        meta.round_id, book_.size()));
-  }
+  MEND_RETURN_IF_ERROR(CheckProgress(meta, "import_state(keep_parameters)",
+                                     "; import it with its parameters instead"));
   const std::vector<Fragment>& fragments = book_.fragments();
   MEND_ASSIGN_OR_RETURN(auto states,
                         FragmentStates(checkpoint, parameters_, fragments, "(imported state)"));
@@ -231,11 +246,7 @@ StatusOr<std::string> OuterState::Export(const Progress& progress) {
   if (!whole) return std::string();
   Checkpoint& checkpoint = *whole;
   policy_.AddOwnState(book_, &checkpoint);
-  // This learner's own step and tokens since each fragment's round.
-  checkpoint.meta.learner_step = std::max<uint64_t>(progress.step, 1);
-  checkpoint.meta.tokens_since_round.clear();
-  for (const Fragment& fragment : book_.fragments())
-    checkpoint.meta.tokens_since_round.push_back(fragment.tokens_since_round);
+  AddProgress(progress, &checkpoint.meta);
   return EncodeCheckpoint(checkpoint);
 }
 
@@ -262,9 +273,7 @@ StatusOr<std::string> OuterState::ExportOwn(const Progress& progress, std::span<
   MEND_RETURN_IF_ERROR(policy_.OwnValues(slice_global, global));
   MEND_RETURN_IF_ERROR(policy_.OwnValues(slice_momentum, momentum));
   Checkpoint described = Described(progress, 0);
-  described.meta.learner_step = std::max<uint64_t>(progress.step, 1);
-  for (const Fragment& fragment : book_.fragments())
-    described.meta.tokens_since_round.push_back(fragment.tokens_since_round);
+  AddProgress(progress, &described.meta);
   return EncodeCheckpoint(described);
 }
 
@@ -273,12 +282,7 @@ StatusOr<Restored> OuterState::ImportOwn(std::string_view described, std::span<c
   book_.AwaitPrefault();
   MEND_ASSIGN_OR_RETURN(Checkpoint checkpoint, DecodeCheckpoint(described, "(imported state)"));
   const CheckpointMeta& meta = checkpoint.meta;
-  if (meta.learner_step == 0 || meta.tokens_since_round.size() != book_.size()) {
-    return InvalidArgumentError(fmt::format(
-        "import_own_state: the state of round {} was exported with {} fragment(s), this learner "
-        "has {}",
-        meta.round_id, meta.tokens_since_round.size(), book_.size()));
-  }
+  MEND_RETURN_IF_ERROR(CheckProgress(meta, "import_own_state", ""));
   std::vector<float> slice_global(book_.values()), slice_momentum(book_.values());
   policy_.SliceValues(global, slice_global);
   policy_.SliceValues(momentum, slice_momentum);

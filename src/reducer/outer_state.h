@@ -108,6 +108,9 @@ class OuterState {
   StatusOr<Restored> Restore(const Checkpoint& checkpoint, const std::string& where);
   StatusOr<Restored> RestoreOuter(const Checkpoint& checkpoint);
   Restored RestoredAt(uint64_t round_id, uint64_t step, uint64_t state_step);
+  Status CheckProgress(const CheckpointMeta& meta, std::string_view call,
+                       std::string_view advice) const;
+  void AddProgress(const Progress& progress, CheckpointMeta* meta) const;
   Checkpoint Described(const Progress& progress, uint32_t members) const;
   StatusOr<std::shared_ptr<Checkpoint>> Snapshot(const Progress& progress, uint32_t members);
   StatusOr<std::shared_ptr<Checkpoint>> Whole(const Progress& progress, std::string_view call,

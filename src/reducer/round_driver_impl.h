@@ -99,6 +99,7 @@ class RoundDriverImpl final : public RoundDriver {
   // round_driver_state.cc
   Progress Now() const { return {stats_.steps, stats_.last_round_id, stats_.tokens}; }
   void MoveTo(const Restored& restored);
+  Status BetweenRounds(std::string_view call) const;
 
   const Config config_;  // the round runner's
   const Clock& clock_;

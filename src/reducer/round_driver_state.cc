@@ -66,6 +66,15 @@ void RoundDriverImpl::MoveTo(const Restored& restored) {
   flights_->StepNow(restored.step);
 }
 
+// FAILED_PRECONDITION for an import (`call`) while a round is in flight.
+Status RoundDriverImpl::BetweenRounds(std::string_view call) const {
+  if (flights_->empty()) return OkStatus();
+  return FailedPreconditionError(
+      fmt::format("{}: the round of fragment {} for step {} is in flight; import between rounds "
+                  "(before the first step, or after shutdown of the job that exported it)",
+                  call, flights_->head().fragment, flights_->head().boundary_step));
+}
+
 StatusOr<std::string> RoundDriverImpl::ExportState() {
   if (shut_down_) return FailedPreconditionError("reducer: export_state() after shutdown()");
   return outer_.Export(Now());
@@ -73,13 +82,7 @@ StatusOr<std::string> RoundDriverImpl::ExportState() {
 
 Status RoundDriverImpl::ImportState(std::string_view bytes, bool keep_parameters) {
   if (shut_down_) return FailedPreconditionError("reducer: import_state() after shutdown()");
-  if (!flights_->empty()) {
-    return FailedPreconditionError(
-        fmt::format("import_state: the round of fragment {} for step {} is in flight; import "
-                    "between rounds (before the first step, or after shutdown of the job that "
-                    "exported it)",
-                    flights_->head().fragment, flights_->head().boundary_step));
-  }
+  MEND_RETURN_IF_ERROR(BetweenRounds("import_state"));
   MEND_ASSIGN_OR_RETURN(Restored restored, outer_.Import(bytes, keep_parameters));
   MoveTo(restored);
   return OkStatus();
@@ -103,12 +106,7 @@ Status RoundDriverImpl::ImportOwn(std::string_view described, std::span<const fl
     return InvalidArgumentError(fmt::format("import_own_state: {} and {} values for this rank's {}",
                                             global.size(), momentum.size(), OwnValues()));
   }
-  if (!flights_->empty()) {
-    return FailedPreconditionError(fmt::format(
-        "import_own_state: the round of fragment {} for step {} is in flight; import between "
-        "rounds (before the first step)",
-        flights_->head().fragment, flights_->head().boundary_step));
-  }
+  MEND_RETURN_IF_ERROR(BetweenRounds("import_own_state"));
   MEND_ASSIGN_OR_RETURN(Restored restored, outer_.ImportOwn(described, global, momentum));
   MoveTo(restored);
   return OkStatus();
