@@ -798,7 +798,7 @@ class Runtime:
         does the model's."""
         self._check_process()
         self._finish_deferred()
-        if sharding.any_dtensor(self._parameters):
+        if self.sharded:
             values = self._learner.own_values()
             global_state = torch.empty(values, dtype=torch.float32)
             momentum = torch.empty(values, dtype=torch.float32)
@@ -821,7 +821,7 @@ class Runtime:
         version = state_dict.get("version")
         if version not in (1, 2):
             raise ValueError(f"mend: a mend outer state of version {version!r}; this mend reads 1 and 2")
-        sharded = sharding.any_dtensor(self._parameters)
+        sharded = self.sharded
         if sharded != (version == 2):
             raise ValueError(f"mend: load_state_dict(): a {'sharded' if version == 2 else 'whole'} model's outer state "
                              f"(version {version}), and this learner's model is "
