@@ -4,7 +4,9 @@
 // connect runs on one of the runner's).
 #include "reducer/round_runner.h"
 
+#include <chrono>
 #include <cstring>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -197,10 +199,16 @@ TEST_F(RoundRunnerTest, ARoundCalledOffWhileItsMembersConnectEndsWithoutWaitingF
 }
 
 // The same over Gloo: member 1 publishes its addresses at the rendezvous
-// and dies (its port closes) before the connections are up. The lighthouse
-// calls the round off while member 0 connects; the round ends with ABORTED
-// at once, and the Gloo connect left behind ends on its own (refused, or
+// and dies (its port closes) before member 0 connects. The lighthouse calls
+// the round off while member 0 connects; the round ends with ABORTED at
+// once, and the Gloo connect left behind ends on its own (refused, or
 // connect_timeout_ms without the peer) and is joined when the runner goes.
+//
+// Member 0 connects only once member 1's port is closed. A connect that
+// raced the close could complete and then be reset before Gloo's event
+// loop read the peer's address, and this Gloo (Debian's 5b14351) throws
+// from getpeername on its loop thread then, which ends the process: see
+// "Known limits" in docs/architecture.md.
 TEST_F(RoundRunnerTest, AGlooConnectLeftBehindByACalledOffRoundEndsOnItsOwnAndIsJoined) {
   config_.connect_timeout_ms = 1000;
   QuorumResult round = fakes::RoundOfOne(7, 100);
@@ -210,11 +218,34 @@ TEST_F(RoundRunnerTest, AGlooConnectLeftBehindByACalledOffRoundEndsOnItsOwnAndIs
   testing_util::InProcessStore shared;
   std::mutex mu;
   std::optional<Status> left_behind;  // the real connect's own result
+  std::promise<void> member_1_died;
+  std::shared_future<void> died = member_1_died.get_future().share();
+  // Member 0 reads member 1's addresses only once member 1 is gone.
+  class AfterTheDeath final : public RendezvousStore {
+   public:
+    AfterTheDeath(RendezvousStore& store, std::shared_future<void> died)
+        : store_(store), died_(std::move(died)) {}
+    Status Set(const std::string& key, const std::string& value) override {
+      return store_.Set(key, value);
+    }
+    StatusOr<std::string> Get(const std::string& key, Micros timeout) override {
+      if (key.ends_with("gloo/1") &&
+          died_.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
+        return DeadlineExceededError("member 1 did not die");
+      }
+      return store_.Get(key, timeout);
+    }
+
+   private:
+    RendezvousStore& store_;
+    std::shared_future<void> died_;
+  };
   services_.SetConnectThrough([&](const CommunicatorOptions& options) {
     // Called off as it begins (its watch is armed by then).
     EXPECT_TRUE(services_.AwaitWatching());
     EXPECT_TRUE(services_.CallOffRound("learner 'b' is dead"));
-    testing_util::StoreConnection store(shared);
+    testing_util::StoreConnection connection(shared);
+    AfterTheDeath store(connection, died);
     StatusOr<std::unique_ptr<Communicator>> comm = Communicator::Connect(store, options);
     std::lock_guard lock(mu);
     left_behind = comm.status();
@@ -240,6 +271,7 @@ TEST_F(RoundRunnerTest, AGlooConnectLeftBehindByACalledOffRoundEndsOnItsOwnAndIs
     PublishOnly store(shared);
     CommunicatorOptions options = testing_util::MemberOptions(1, 2, round.rendezvous_prefix);
     EXPECT_FALSE(Communicator::Connect(store, options).ok());
+    member_1_died.set_value();  // its pairs, and their ports, are closed
   });
 
   auto runner =
@@ -252,15 +284,13 @@ TEST_F(RoundRunnerTest, AGlooConnectLeftBehindByACalledOffRoundEndsOnItsOwnAndIs
   dying.join();
   runner.reset();  // joins the connect, which ends within connect_timeout_ms
   std::lock_guard lock(mu);
-  // It returned. Mostly it failed; when member 0 reached member 1's
-  // listener before that closed, it connected to the dead member, and the
-  // communicator nobody took closed on the connect's thread.
+  // It returned, and failed: refused by the closed port, or without the
+  // peer within connect_timeout_ms.
   ASSERT_TRUE(left_behind.has_value());
-  if (!left_behind->ok()) {
-    EXPECT_NE(left_behind->message().find("round 7: connecting to the members"),
-              std::string_view::npos)
-        << *left_behind;
-  }
+  ASSERT_FALSE(left_behind->ok());
+  EXPECT_NE(left_behind->message().find("round 7: connecting to the members"),
+            std::string_view::npos)
+      << *left_behind;
 }
 
 // Shutdown calls off a connect in progress too, and any later one before it starts.
