@@ -17,11 +17,20 @@
 # end. The runtime's options and the suppressions for libraries outside
 # mend: tests/sanitizers/default_options.c and tests/sanitizers/tsan.supp.
 #
+#   scripts/tsan-tests.sh               build, then run
+#   scripts/tsan-tests.sh --build-only  build (the test command does this
+#                                       beside the other stages' tests)
 # Environment: MEND_TSAN_BUILD_DIR (build-tsan), MEND_BUILD_TYPE
 # (RelWithDebInfo), MEND_CMAKE_ARGS (extra configure arguments).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${MEND_TSAN_BUILD_DIR:-build-tsan}
+build_only=false
+case "${1:-}" in
+  "") ;;
+  --build-only) build_only=true ;;
+  *) echo "tsan-tests.sh: unknown argument '$1' (known: --build-only)" >&2; exit 2 ;;
+esac
 
 # shellcheck disable=SC2086
 cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE="${MEND_BUILD_TYPE:-RelWithDebInfo}" -DMEND_WITH_TORCH=OFF \
@@ -31,6 +40,9 @@ cmake --build "$dir" --target coordinator_state_test lighthouse_server_test comm
   dataplane_process_test heal_stream_test round_driver_test learner_group_test group_pulse_test \
   round_driver_clock_test group_round_services_test store_test control_handler_test \
   made_all_reduce_test round_scale_test round_runner_test
+if $build_only; then
+  exit 0
+fi
 
 reports=$(mktemp -d)
 trap 'rm -rf "$reports"' EXIT
