@@ -33,7 +33,17 @@ if(MEND_WITH_TORCH)
   target_compile_features(mend_torch INTERFACE cxx_std_20)
   add_library(mend::torch ALIAS mend_torch)
   list(APPEND MEND_INSTALLED_TARGETS mend_torch)
-  install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/mend DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+  # The C++ API: the Reducer adapter, DataParallel, an embedded lighthouse,
+  # and what they include (tests/install/consumer_test.sh checks that every
+  # installed header finds what it includes). The rest of include/mend/ is
+  # mend's own (buckets, checkpoints, the outer synchronizer, the group
+  # store, logging) and is not installed.
+  foreach(header clock.h codec.h communicator.h config.h data_parallel.h inner_moments.h
+                 learner_agent.h lighthouse.h lighthouse_client.h mend.h reducer.h
+                 reducer_stats.h rendezvous_store.h status.h)
+    install(FILES ${PROJECT_SOURCE_DIR}/include/mend/${header}
+            DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/mend)
+  endforeach()
 else()
   install(FILES ${PROJECT_SOURCE_DIR}/include/mend/mend.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/mend)
 endif()

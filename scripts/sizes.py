@@ -56,7 +56,8 @@ def functions(path):
                 if (not inside_function and "(" in text and not CONTROL.match(text)
                         and not TYPE.match(text) and not text.rstrip().endswith("=")
                         and not re.search(r"\]\s*(\(.*\))?\s*(mutable)?\s*(->.*)?$", text)):
-                    name = re.sub(r"\(.*", "", text).split()[-1] if text.split() else "?"
+                    words = re.sub(r"\(.*", "", text).split()
+                    name = words[-1] if words else "?"  # (a header that opens with "(")
                     stack.append(("function", name, header_start or number))
                 else:
                     stack.append(("block", "", number))

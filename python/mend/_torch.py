@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 import warnings
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -27,9 +26,11 @@ from mend import _native
 from mend import _sharding as sharding
 from mend._frozen import JOB_SETTING as FROZEN_SETTING
 from mend._frozen import job_setting as frozen_setting
+from mend._group import join_group, with_group
 from mend._schedules import StepFollower
 from mend._config import MendConfig, check_config
-from mend._learner import GroupStore, Learner, check_tokens, default_learner_id, read_token
+from mend._learner import GroupStore, Learner, check_tokens, read_token
+from mend._staging import Staging, usable_in_place
 from mend._native import (FRAGMENTS_PLANNED, FRAGMENTS_WROTE, STEP_DUE_NEXT, STEP_MAY_WRITE, STEP_READS, STEP_WROTE,
                           lib)
 
@@ -39,279 +40,6 @@ _STAGED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _FORWARDS_BEFORE_WARNING = 100
 # torch 1.13's forward pre-hooks see positional arguments only.
 _KEYWORDS_UNSEEN = "" if attach.HOOKS_SEE_KEYWORDS else " among its positional arguments; torch 1.13 shows mend no keyword ones"
-# Batched copies between a staged tensor and its host copy where torch has them.
-_FOREACH_COPY = getattr(torch, "_foreach_copy_", None)
-
-
-# torch's allocator of pinned (page-locked) host memory rounds every block up
-# to a power of two: a fragment's host copies in one flat buffer of 6.2 GB (a
-# 1.5 B-parameter model) would pin 8.6 GB. Pinned copies go into blocks of at
-# most one of these sizes instead (a larger tensor's alone), filled first fit
-# in decreasing size, of the size that pins the least.
-PINNED_BLOCK_BYTES = (1 << 28, 1 << 29, 1 << 30)
-
-
-def pack_blocks(sizes: List[int], blocks: Tuple[int, ...] = PINNED_BLOCK_BYTES) -> List[List[int]]:
-    """The indices of ``sizes`` (bytes) grouped into blocks of at most one of
-    ``blocks`` bytes (a larger one alone), first fit in decreasing size; of
-    the block sizes, the one whose groups pin the least; each group in
-    increasing index."""
-    best: List[List[int]] = []
-    pinned = None
-    for block in blocks:
-        members: List[List[int]] = []
-        room: List[int] = []
-        for k in sorted(range(len(sizes)), key=lambda k: (-sizes[k], k)):
-            for b, free in enumerate(room):
-                if sizes[k] <= free:
-                    members[b].append(k)
-                    room[b] -= sizes[k]
-                    break
-            else:
-                members.append([k])
-                room.append(max(block, sizes[k]) - sizes[k])
-        total = sum(_pinned_size(sum(sizes[k] for k in m)) for m in members)
-        if pinned is None or total < pinned:
-            best, pinned = [sorted(m) for m in members], total
-    return best
-
-
-# The scratch buffer, per device, through which the snapshot on a side stream
-# converts a bfloat16 or float16 tensor to float32 a chunk at a time.
-ASIDE_SCRATCH_BYTES = 64 << 20
-_SIDE_STREAMS: Dict[int, Any] = {}  # a CUDA device's index: mend's side stream there
-
-
-def _on_gpu(device: torch.device) -> bool:
-    return device.type == "cuda"
-
-
-def _side_stream(device: torch.device) -> Any:
-    """mend's side stream on a CUDA device (made at its first use)."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    stream = _SIDE_STREAMS.get(index)
-    if stream is None:
-        stream = _SIDE_STREAMS[index] = torch.cuda.Stream(device=index)
-    return stream
-
-
-def _copy_all(into: List[torch.Tensor], out_of: List[torch.Tensor]) -> None:
-    """One batched copy where torch has it (torch >= 2.2), else one per tensor;
-    asynchronous where torch can make it so (a GPU's, with pinned host memory)."""
-    if _FOREACH_COPY is not None:
-        _FOREACH_COPY(into, out_of, non_blocking=True)
-    else:
-        for target, source in zip(into, out_of):
-            target.copy_(source, non_blocking=True)
-
-
-def _convert_through(pairs: List[Tuple[torch.Tensor, torch.Tensor]], scratch: torch.Tensor) -> None:
-    """Each (host, tensor) pair's tensor into its host copy of another dtype,
-    converted into ``scratch`` (on the tensor's device) a chunk at a time and
-    copied from there: no device memory beyond ``scratch``. On one stream the
-    next chunk's conversion runs after the previous chunk's copy has read it."""
-    room = scratch.numel()
-    for host, tensor in pairs:
-        source, target = tensor.detach().reshape(-1), host.view(-1)
-        for at in range(0, source.numel(), room):
-            n = min(room, source.numel() - at)
-            scratch[:n].copy_(source[at:at + n])
-            target[at:at + n].copy_(scratch[:n], non_blocking=True)
-
-
-def _pinned_size(nbytes: int) -> int:
-    """What torch's pinned host allocator takes for ``nbytes``: the next power of two."""
-    return 1 << max(0, nbytes - 1).bit_length()
-
-
-class _Staging:
-    """float32 host copies of the tensors that cannot be used in place, by
-    fragment: copied in and out a fragment at a time (the ones a step
-    touches), each time in one batched copy. add_all() lays a fragment's
-    copies out in one flat host buffer, or for a GPU's tensors in pinned
-    blocks (pack_blocks)."""
-
-    def __init__(self, aside: bool = True) -> None:
-        self.fragments: Dict[int, List[Tuple[torch.Tensor, torch.Tensor]]] = {}  # (tensor, host copy)
-        self.devices = set()
-        # A GPU's copies in that are left running (the snapshot at a boundary)
-        # go on a side stream (copy_aside): not for tensors that the next
-        # forward may write (a BatchNorm's running statistics), which the
-        # copy must read before that forward runs.
-        self.aside = aside
-        self.copies = 0
-        self.bytes = 0  # float32 bytes copied, both ways
-        # The training thread's time in the copies: for a copy in that is
-        # waited for, enqueuing it and then from the end of the work queued
-        # before it (the step's kernels) to the end of the copy; a GPU's copies
-        # left running (out, or in for a step made later): enqueuing them.
-        self.seconds = 0.0
-        self.in_flight: List[Any] = []  # events of copies out that may still read the host copies
-        self.host_bytes = 0  # host memory allocated for the copies (pinned blocks as rounded)
-
-    @property
-    def pairs(self) -> List[Tuple[torch.Tensor, torch.Tensor]]:
-        return [pair for fragment in sorted(self.fragments) for pair in self.fragments[fragment]]
-
-    def add(self, tensor: torch.Tensor) -> torch.Tensor:
-        return self.add_all([(tensor, 0)])[0]
-
-    def add_all(self, tensors: List[Tuple[torch.Tensor, int]]) -> List[torch.Tensor]:
-        """Host copies of ``tensors`` (each with its fragment), holding their
-        values now (one batched copy, waited for); returns each one's copy,
-        in its shape."""
-        hosts: List[Optional[torch.Tensor]] = [None] * len(tensors)
-        added: List[Tuple[torch.Tensor, torch.Tensor]] = []
-        for fragment in sorted({f for _, f in tensors}):
-            members = [k for k, (_, f) in enumerate(tensors) if f == fragment]
-            pin = any(tensors[k][0].device.type == "cuda" for k in members)
-            sizes = [4 * tensors[k][0].numel() for k in members]
-            blocks = pack_blocks(sizes) if pin else [list(range(len(members)))]
-            for block in blocks:
-                flat = torch.empty(sum(sizes[j] for j in block) // 4, dtype=torch.float32, pin_memory=pin)
-                self.host_bytes += _pinned_size(4 * flat.numel()) if pin else 4 * flat.numel()
-                at = 0
-                for j in block:
-                    tensor = tensors[members[j]][0]
-                    hosts[members[j]] = flat[at:at + tensor.numel()].view(tensor.shape)
-                    at += tensor.numel()
-            for k in members:  # (in the tensors' order, whatever their block)
-                tensor = tensors[k][0]
-                self.fragments.setdefault(fragment, []).append((tensor, hosts[k]))
-                added.append((tensor, hosts[k]))
-                if tensor.device.type == "cuda":
-                    self.devices.add(tensor.device)
-        self._copy_pairs(added, True, True, count=False)
-        return hosts
-
-    def copy_in(self, fragments: Optional[List[bool]] = None, wait: bool = True) -> List[Any]:
-        """The tensors' values into the host copies (before mend reads them):
-        of every fragment, or of those marked in ``fragments``. With ``wait``
-        False (a GPU's) the copies are left running: returns their events."""
-        return self._copy(True, fragments, wait)
-
-    def copy_out(self, fragments: Optional[List[bool]] = None) -> None:
-        """The host copies back into the tensors (after mend wrote them)."""
-        self._copy(False, fragments)
-
-    def _copy(self, into_host: bool, fragments: Optional[List[bool]], wait: bool = True) -> List[Any]:
-        pairs = [pair for f, members in self.fragments.items()
-                 if fragments is None or (f < len(fragments) and fragments[f]) for pair in members]
-        return self._copy_pairs(pairs, into_host, wait)
-
-    def _copy_pairs(self, pairs: List[Tuple[torch.Tensor, torch.Tensor]], into_host: bool, wait: bool,
-                    count: bool = True) -> List[Any]:
-        if not pairs:
-            return []
-        started = time.perf_counter()
-        tensors = [tensor.detach() for tensor, _ in pairs]
-        hosts = [host for _, host in pairs]
-        into, out_of = (hosts, tensors) if into_host else (tensors, hosts)
-        # A copy in that is waited for: the work queued before it (the step's
-        # kernels) is not the copy's time (see seconds).
-        before = self.record_events() if into_host and wait and count else []
-        aside = into_host and not wait and self.aside and bool(self.devices)
-        events: List[Any] = []
-        with torch.no_grad():
-            if aside:
-                events = self.copy_aside(into, out_of)
-            else:
-                _copy_all(into, out_of)
-        # The copies are asynchronous on a GPU, on the current stream (but for
-        # copy_aside's). Into the host copies, mend reads them next: wait for
-        # that stream (not for the whole device: other streams, a DDP's, go
-        # on). Back to the device, the stream runs them before its next
-        # kernels (the next forward reads the tensors after them: a side
-        # stream would only add a wait), and the training thread goes on at
-        # once: settle() waits for them before anything writes the host copies
-        # again. A copy in for a step made later (wait False) is waited for
-        # then, by its events.
-        enqueued = time.perf_counter()
-        if into_host and wait:
-            for event in before:
-                event.synchronize()
-            queued_done = time.perf_counter()
-            self.wait_streams()
-            started += queued_done - enqueued  # (the part of the wait that was the step's)
-        elif into_host:
-            if not aside:
-                events = self.record_events()
-        else:
-            self.in_flight += self.record_events()
-        if count:
-            self.copies += 1
-            self.bytes += 4 * sum(host.numel() for host in hosts)
-            self.seconds += time.perf_counter() - started
-        return events
-
-    def settle(self) -> None:
-        """Waits until the copies out have read the host copies (their
-        events only), before mend or a copy in writes those."""
-        for event in self.in_flight:
-            event.synchronize()
-        self.in_flight.clear()
-
-    def copy_aside(self, hosts: List[torch.Tensor], tensors: List[torch.Tensor]) -> List[Any]:
-        """A GPU's tensors into their host copies on mend's side stream of
-        their device, left running (the snapshot at a boundary); returns an
-        event after them on each such stream. The side stream first waits for
-        the work queued so far on the device's current stream (the optimizer
-        step that made the values); the training thread then queues the next
-        forward and backward there, which run beside the copies. The caller
-        waits for the events before anything changes the tensors (the next
-        optimizer step) and before mend reads the host copies. A bfloat16 or
-        float16 tensor is converted on the device through one scratch buffer
-        of ASIDE_SCRATCH_BYTES (_convert_through): converted whole, a tensor
-        would take float32 device memory of its size (0.9 GB for
-        Qwen-2.5-1.5B's embedding), which torch's allocator then keeps for
-        the side stream, out of the reach of the current stream's forward.
-        Tensors on the CPU are copied at once."""
-        by_device: Dict[Any, List[Tuple[torch.Tensor, torch.Tensor]]] = {}
-        for host, tensor in zip(hosts, tensors):
-            by_device.setdefault(tensor.device, []).append((host, tensor))
-        events: List[Any] = []
-        for device, pairs in by_device.items():
-            if not _on_gpu(device):
-                _copy_all([host for host, _ in pairs], [tensor for _, tensor in pairs])
-                continue
-            side = _side_stream(device)
-            side.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(side):
-                same = [(host, tensor) for host, tensor in pairs if host.dtype == tensor.dtype]
-                if same:
-                    _copy_all([host for host, _ in same], [tensor for _, tensor in same])
-                converted = [(host, tensor) for host, tensor in pairs if host.dtype != tensor.dtype]
-                if converted:
-                    scratch = torch.empty(ASIDE_SCRATCH_BYTES // 4, dtype=torch.float32, device=device)
-                    _convert_through(converted, scratch)
-                event = torch.cuda.Event()
-                event.record(side)
-                events.append(event)
-        return events
-
-    def wait_streams(self) -> None:
-        """Waits for every copy so far (the current stream of each device,
-        and mend's side stream there)."""
-        for device in self.devices:
-            torch.cuda.current_stream(device).synchronize()
-            index = device.index if device.index is not None else torch.cuda.current_device()
-            if index in _SIDE_STREAMS:
-                _SIDE_STREAMS[index].synchronize()
-        self.in_flight.clear()
-
-    def record_events(self) -> List[Any]:
-        """An event after the copies just enqueued, on each device's current stream."""
-        events = []
-        for device in self.devices:
-            event = torch.cuda.Event()
-            event.record(torch.cuda.current_stream(device))
-            events.append(event)
-        return events
-
-
-def _in_place(tensor: torch.Tensor, always_stage: bool) -> bool:
-    return (not always_stage and tensor.device.type == "cpu" and tensor.dtype == torch.float32
-            and tensor.is_contiguous())
 
 
 class Runtime:
@@ -374,8 +102,8 @@ class Runtime:
         # The sharded state_dict()s' tensors, which DCP loads in place (see load_state_dict).
         self._own_states: "weakref.WeakValueDictionary[int, torch.Tensor]" = weakref.WeakValueDictionary()
         self._always_stage = config.host_staging == "always"
-        self._staging = _Staging()
-        self._moment_staging = _Staging()
+        self._staging = Staging()
+        self._moment_staging = Staging()
         # Each parameter's Adam moments as handed over (None: none yet).
         self._moments: List[Optional[Tuple[torch.Tensor, torch.Tensor]]] = [None] * len(self._parameters)
         self._optimizer_tracked = False  # its betas and step count handed over
@@ -408,7 +136,7 @@ class Runtime:
         # Parameter i is fragment i mod fragments's: the staged ones' host
         # copies flat by fragment.
         fragments = max(1, int(config.fragments))
-        staged = [i for i, data in enumerate(storages) if not _in_place(data, self._always_stage)]
+        staged = [i for i, data in enumerate(storages) if not usable_in_place(data, self._always_stage)]
         self._all_parameters_staged = len(staged) == len(storages)
         tensors = list(storages)
         for i, host in zip(staged, self._staging.add_all([(storages[i], i % fragments) for i in staged])):
@@ -423,7 +151,7 @@ class Runtime:
                 raise RuntimeError(f"mend: libmend puts parameter {i} in fragment "
                                    f"{self._learner.parameter_fragment(i)}, not {i % fragments}: "
                                    "install the matching libmend.so")
-        self._buffer_staging = _Staging(aside=False)  # (a forward may write them: see _Staging.aside)
+        self._buffer_staging = Staging(aside=False)  # (a forward may write them: see Staging.aside)
         if config.sync_buffers:
             self._hand_over_buffers(model)
         self._after_call()  # (a resume from a checkpoint moved the job's step)
@@ -502,7 +230,7 @@ class Runtime:
                    if not (buffer is None or buffer.is_sparse or buffer.dtype == torch.bool or buffer.is_complex())]
         datas = [buffer.detach() for _, buffer in buffers]
         tensors = list(datas)
-        staged = [k for k, data in enumerate(datas) if not _in_place(data, self._always_stage)]
+        staged = [k for k, data in enumerate(datas) if not usable_in_place(data, self._always_stage)]
         for k, host in zip(staged, self._buffer_staging.add_all([(datas[k], 0) for k in staged])):
             tensors[k] = host  # (their host copies at once: one batched copy)
         self._buffers_in_place = len(staged) < len(datas)
@@ -530,12 +258,12 @@ class Runtime:
             self._optimizer_tracked = True
         # Every parameter's anew, into new host copies where staged: the
         # library holds the old addresses until each is replaced here.
-        staging = _Staging()
+        staging = Staging()
         views = [None if moments is None else [sharding.local_tensor(m).detach() for m in moments]
                  for moments in now]
-        in_place = any(_in_place(v, self._always_stage) for pair in views if pair for v in pair)
+        in_place = any(usable_in_place(v, self._always_stage) for pair in views if pair for v in pair)
         staged = [(i, j) for i, pair in enumerate(views) if pair for j, v in enumerate(pair)
-                  if not _in_place(v, self._always_stage)]
+                  if not usable_in_place(v, self._always_stage)]
         # (every host copy at once: one batched copy, and pinned blocks for a GPU's)
         for (i, j), host in zip(staged, staging.add_all([(views[i][j], 0) for i, j in staged])):
             views[i][j] = host
@@ -906,100 +634,6 @@ class Runtime:
                 f"{os.getpid()} (a DataLoader worker?) cannot use it")
 
 
-def _torch_group() -> Optional[Tuple[int, int]]:
-    """(world size, rank) of torch.distributed's default group, when there is one."""
-    import torch.distributed as dist
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        return dist.get_world_size(), dist.get_rank()
-    return None
-
-
-def _with_group(config: MendConfig) -> MendConfig:
-    """The learner's group: the config's group_size, else (under torchrun with a
-    process group) every rank of torch.distributed's default group."""
-    given: Dict[str, Any] = {}
-    group = _torch_group()
-    if config.group_size == 1 and "group_size" not in config._given and group is not None:
-        given["group_size"], given["group_rank"] = group
-    elif config.group_size > 1 and "group_rank" not in config._given and group is not None:
-        given["group_rank"] = group[1]
-    return config.replace(**given) if given else config
-
-
-# mend_init's shares completed in this process, by group rank (a share that
-# timed out is not counted, so that its retry meets rank 0's keys): the same
-# sequence on every rank keys each share apart.
-_group_shares: Dict[int, int] = {}
-
-
-def _share_from_rank0(config: MendConfig, values: Dict[str, str]) -> Dict[str, str]:
-    """Rank 0's `values` on every rank of the group, once, through a store
-    of torch.distributed: the default process group's when it is the group,
-    else torchrun's (MASTER_ADDR:MASTER_PORT). A rank waits up to
-    quorum_timeout_ms for rank 0's: a rank that never calls mend_init (one
-    guarded by ``if rank == 0``) must not hold the others for ever."""
-    import torch.distributed as dist
-    from datetime import timedelta
-    timeout = timedelta(milliseconds=config.quorum_timeout_ms)
-    store = None
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() == config.group_size:
-        default_store = getattr(dist.distributed_c10d, "_get_default_store", None)
-        store = default_store() if default_store is not None else None
-        if store is None:  # (a torch without it: one broadcast, which waits as the process group does)
-            box = [values if config.group_rank == 0 else None]
-            dist.broadcast_object_list(box, src=0)
-            return box[0]
-    else:
-        host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
-        if not (host and port):
-            raise ValueError(
-                f"mend_init: a learner of group_size = {config.group_size} needs group_store (rank 0's address, "
-                "on every rank), or torch.distributed initialized over the group's ranks, or torchrun's "
-                "MASTER_ADDR and MASTER_PORT, to pass rank 0's store address and learner id to the other ranks")
-        store = dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
-    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    prefix = f"mend/{config.job_id}/group/{config.group_generation}.{restart}/{_group_shares.get(config.group_rank, 0)}/"
-    keys = [prefix + key for key in values]
-    if config.group_rank == 0:
-        for key, value in zip(keys, values.values()):
-            store.set(key, value)
-    else:
-        try:
-            store.wait(keys, timeout)
-        except RuntimeError as error:  # (torch's DistStoreError is one)
-            raise _native.ERRORS[4](
-                f"mend_init: group rank 0 of this learner (group_size = {config.group_size}) did not call "
-                f"mend_init within quorum_timeout_ms = {config.quorum_timeout_ms}. Every rank of a learner "
-                "calls mend_init (under torchrun every rank of the default process group is one, unless the "
-                f"config sets group_size). ({error})") from None
-    shared = {key: store.get(full).decode() for key, full in zip(values, keys)}
-    _group_shares[config.group_rank] = _group_shares.get(config.group_rank, 0) + 1
-    return shared
-
-
-def _join_group(config: MendConfig, learner_id: Optional[str]) -> Tuple[MendConfig, str, Optional[GroupStore]]:
-    """For a learner of several ranks: its store (served by rank 0 unless the
-    config names one) and its id, agreed by every rank."""
-    if config.group_size <= 1:
-        return config, str(learner_id or default_learner_id()), None
-    server = None
-    if config.group_store and learner_id:
-        return config, str(learner_id), None
-    values = {"learner_id": str(learner_id or default_learner_id()), "group_store": config.group_store}
-    if config.group_rank == 0 and not config.group_store:
-        server = GroupStore(config, read_token(config), f"{config.dataplane_host}:0")
-        values["group_store"] = server.address
-    try:
-        shared = _share_from_rank0(config, values if config.group_rank == 0 else {k: "" for k in values})
-    except BaseException:
-        if server is not None:
-            server.stop()
-        raise
-    if not config.group_store:
-        config = config.replace(group_store=shared["group_store"])
-    return config, str(learner_id or shared["learner_id"]), server
-
-
 _runtimes: "weakref.WeakKeyDictionary[torch.nn.Module, Runtime]" = weakref.WeakKeyDictionary()
 _starting: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()  # mend_init under way
 _lock = threading.Lock()  # guards both; never held across a call that waits for peers
@@ -1068,7 +702,7 @@ def mend_init(model: torch.nn.Module, config: Optional[MendConfig] = None,
     if manual and scaler is not None:
         raise ValueError("mend_init: scaler= with manual=True; in manual mode call runtime.step(tokens) after "
                          "each step the GradScaler took and runtime.step(0) after each it skipped")
-    config = _with_group(config or MendConfig())
+    config = with_group(config or MendConfig())
     with _lock:
         if (model in _runtimes and not _runtimes[model].closed) or model in _starting:
             raise _native.ERRORS[9](
@@ -1076,7 +710,7 @@ def mend_init(model: torch.nn.Module, config: Optional[MendConfig] = None,
         _starting.add(model)
     # Joining a group waits for its other ranks (threads of this process, too).
     try:
-        config, learner_id, server = _join_group(config, rank_id or os.environ.get("MEND_LEARNER_ID"))
+        config, learner_id, server = join_group(config, rank_id or os.environ.get("MEND_LEARNER_ID"))
         try:
             runtime = Runtime(model, config, learner_id, optimizer, server, manual, scaler)
         except BaseException:

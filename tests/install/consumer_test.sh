@@ -26,6 +26,15 @@ LD_LIBRARY_PATH="$work/prefix/lib" "$work/c_consumer"
 
 case "$with_torch" in ON|on|1|TRUE|true) ;; *) exit 0 ;; esac
 test -f "$work/prefix/include/mend/reducer.h"
+# The public API alone: every installed header finds the mend headers it
+# includes, and mend's own (here the outer synchronizer's) are not installed.
+test ! -e "$work/prefix/include/mend/outer_sync.h"
+for header in "$work"/prefix/include/mend/*.h; do
+  while read -r included; do
+    test -f "$work/prefix/include/mend/$included" ||
+      { echo "consumer_test: installed $(basename "$header") includes mend/$included, not installed" >&2; exit 1; }
+  done < <(sed -n 's|^#include "mend/\(.*\)"$|\1|p' "$header")
+done
 cmake -S "$here/consumer" -B "$work/build" -G Ninja -DCMAKE_PREFIX_PATH="$work/prefix" \
   -DCMAKE_BUILD_TYPE=Release > "$work/configure.log" 2>&1 || { cat "$work/configure.log"; exit 1; }
 cmake --build "$work/build" > "$work/build.log" 2>&1 || { cat "$work/build.log"; exit 1; }

@@ -93,7 +93,7 @@ def test_pinned_host_copies_fill_blocks_that_torchs_rounding_leaves_little_of_un
     # torch's pinned host allocator rounds each block up to a power of two:
     # a 1.5 B-parameter model's fragments each in one flat buffer would pin
     # 39% more than they hold; packed in blocks, 4% (1 fragment) to 11% (4).
-    from mend._torch import PINNED_BLOCK_BYTES, _pinned_size, pack_blocks
+    from mend._staging import PINNED_BLOCK_BYTES, _pinned_size, pack_blocks
     sizes = qwen2_tensor_bytes()
     assert sum(sizes) // 4 == 1_543_714_304
     pinned = flat = 0
@@ -216,7 +216,7 @@ def test_copies_are_waited_for_only_where_the_host_copies_are_read_or_written(mo
     step made later must still see the parameters of its own step (the next
     optimizer step has not changed them yet); after a step that wrote, a copy
     back must be left pending."""
-    from mend import _torch
+    from mend import _staging, _torch
     from mend._native import FRAGMENTS_PLANNED, STEP_READS
     recorded = []
 
@@ -231,8 +231,8 @@ def test_copies_are_waited_for_only_where_the_host_copies_are_read_or_written(mo
                 event.done = True
         staging.in_flight.clear()
 
-    monkeypatch.setattr(_torch._Staging, "record_events", record_events)
-    monkeypatch.setattr(_torch._Staging, "wait_streams", wait_streams)
+    monkeypatch.setattr(_staging.Staging, "record_events", record_events)
+    monkeypatch.setattr(_staging.Staging, "wait_streams", wait_streams)
     monkeypatch.setattr(_torch, "STEP_DUE_NEXT", 0)  # (tau = 1's launches made later too, as tau >= 2's)
     seen = {"checked": 0, "left_pending": 0}
     broken = []
@@ -392,13 +392,13 @@ def test_a_conversion_through_scratch_gives_the_bits_of_a_whole_copy():
     """The snapshot on a side stream converts a bfloat16 or float16 tensor to
     float32 through a scratch buffer a chunk at a time: tensors smaller than,
     as large as, and several times and a part the scratch's size."""
-    from mend import _torch
+    from mend import _staging
     torch.manual_seed(0)
     scratch = torch.empty(64)
     for dtype in (torch.bfloat16, torch.float16):
         tensors = [torch.randn(shape).to(dtype) for shape in [(3,), (64,), (8, 8), (5, 41), (1000,)]]
         hosts = [torch.full(t.shape, float("nan")) for t in tensors]
-        _torch._convert_through(list(zip(hosts, tensors)), scratch)
+        _staging._convert_through(list(zip(hosts, tensors)), scratch)
         for host, tensor in zip(hosts, tensors):
             assert torch.equal(host, tensor.float())
 
@@ -422,7 +422,7 @@ def test_the_snapshot_at_a_boundary_goes_on_a_side_stream_after_the_step(monkeyp
     is recorded on it, after them. The buffers' staging (a forward may write
     them) and copies that are waited for stay on the current stream. Stands
     in for CUDA with CPU tensors, fake streams and events."""
-    from mend import _torch
+    from mend import _staging
     log = []
     current = FakeStream(log, "current")
     state = {"stream": current}
@@ -444,21 +444,21 @@ def test_the_snapshot_at_a_boundary_goes_on_a_side_stream_after_the_step(monkeyp
         def __exit__(self, *exc):
             state["stream"] = self.saved
 
-    monkeypatch.setattr(_torch, "_SIDE_STREAMS", {})
-    monkeypatch.setattr(_torch, "_on_gpu", lambda device: True)
+    monkeypatch.setattr(_staging, "_SIDE_STREAMS", {})
+    monkeypatch.setattr(_staging, "_on_gpu", lambda device: True)
     monkeypatch.setattr(torch.cuda, "Stream", lambda device: FakeStream(log, f"side{device}"))
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: current)
     monkeypatch.setattr(torch.cuda, "stream", StreamContext)
     monkeypatch.setattr(torch.cuda, "Event", FakeEventOnStream)
-    copy_all, convert_through = _torch._copy_all, _torch._convert_through
-    monkeypatch.setattr(_torch, "_copy_all", lambda *a: (log.append(("copy", state["stream"].name)),
+    copy_all, convert_through = _staging._copy_all, _staging._convert_through
+    monkeypatch.setattr(_staging, "_copy_all", lambda *a: (log.append(("copy", state["stream"].name)),
                                                         copy_all(*a)))
-    monkeypatch.setattr(_torch, "_convert_through", lambda *a: (log.append(("convert", state["stream"].name)),
+    monkeypatch.setattr(_staging, "_convert_through", lambda *a: (log.append(("convert", state["stream"].name)),
                                                                 convert_through(*a)))
 
     def staged(aside):
-        staging = _torch._Staging(aside)
+        staging = _staging.Staging(aside)
         tensors = [torch.randn(5).bfloat16(), torch.randn(7), torch.randn(3).half()]
         staging.add_all([(t, 0) for t in tensors])
         staging.devices = {torch.device("cuda", 0)}  # (as a GPU's would have)
@@ -480,7 +480,7 @@ def test_the_snapshot_at_a_boundary_goes_on_a_side_stream_after_the_step(monkeyp
     # The same stream again, not a second one.
     del log[:]
     staging.copy_in(None, wait=False)
-    assert log[0] == ("wait", "side0", "current") and len(_torch._SIDE_STREAMS) == 1
+    assert log[0] == ("wait", "side0", "current") and len(_staging._SIDE_STREAMS) == 1
 
     # The buffers' staging, and a copy in that is waited for: the current stream.
     for aside, wait in ((False, False), (True, True)):
