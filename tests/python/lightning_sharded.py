@@ -91,6 +91,12 @@ def main():
         json.dump({"rounds": module.rounds, "kinds": kinds, "global_step": trainer.global_step,
                    "model": {name: p.full_tensor().tolist() for name, p in module.named_parameters()},
                    "stats": {k: stats[k] for k in ("rounds", "steps", "bytes_sent", "group_bytes_sent")}}, out)
+    # Lightning leaves its process group to the script: a gloo group not
+    # destroyed before the interpreter exits may end it with "terminate
+    # called without an active exception" (torch's Gloo threads; seen here
+    # once, on a loaded machine).
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
