@@ -118,7 +118,8 @@ std::vector<ConfigKey> BuildKeys() {
            "their lighthouse does (else gRPC, with a warning). Set it alike for the whole job. "
            "gRPC holds about 1,000 learners on a 2-core lighthouse (round decisions under 50 ms "
            "at p99); use udp above that (10,000 measured on 2 vCPUs shared with the simulated "
-           "learners: p99 53.4-94.1 ms across runs, under half a core; see docs/benchmarks.md)."),
+           "learners: p99 43.4-48.4 ms across 4 runs, a third of a core; see "
+           "docs/benchmarks.md)."),
       Int("sync_period_steps", &C::sync_period_steps, 1, 1000000,
           "H: inner steps between outer rounds."),
       Bool("token_weighted_merge", &C::token_weighted_merge,
