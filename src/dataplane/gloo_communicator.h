@@ -34,7 +34,6 @@
 namespace mend::dataplane {
 
 using gloo::transport::UnboundBuffer;
-using Clock = std::chrono::steady_clock;
 
 enum Phase : uint64_t {
   kWeights = 0,
@@ -184,6 +183,10 @@ class GlooCommunicator final : public Communicator {
   CommunicatorStats stats() const override { return stats_; }
 
  private:
+  // The operations' deadlines (a member's alias: mend::Clock is the
+  // injected clock, which a data-plane deadline does not follow).
+  using Clock = std::chrono::steady_clock;
+
   // The context of one operation: its deadline, its slot base, and what it sent.
   struct Op {
     const char* name;

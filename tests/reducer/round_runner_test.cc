@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -24,6 +25,24 @@
 
 namespace mend::reducer {
 namespace {
+
+// A store whose reads go through `read` (and writes straight to `store`):
+// a member that sees some keys late, or not at all.
+class ReadThrough final : public RendezvousStore {
+ public:
+  using Read = std::function<StatusOr<std::string>(const std::string& key, Micros timeout)>;
+  ReadThrough(RendezvousStore& store, Read read) : store_(store), read_(std::move(read)) {}
+  Status Set(const std::string& key, const std::string& value) override {
+    return store_.Set(key, value);
+  }
+  StatusOr<std::string> Get(const std::string& key, Micros timeout) override {
+    return read_(key, timeout);
+  }
+
+ private:
+  RendezvousStore& store_;
+  Read read_;
+};
 
 using fakes::FakeServices;
 using fakes::Values;
@@ -221,31 +240,18 @@ TEST_F(RoundRunnerTest, AGlooConnectLeftBehindByACalledOffRoundEndsOnItsOwnAndIs
   std::promise<void> member_1_died;
   std::shared_future<void> died = member_1_died.get_future().share();
   // Member 0 reads member 1's addresses only once member 1 is gone.
-  class AfterTheDeath final : public RendezvousStore {
-   public:
-    AfterTheDeath(RendezvousStore& store, std::shared_future<void> died)
-        : store_(store), died_(std::move(died)) {}
-    Status Set(const std::string& key, const std::string& value) override {
-      return store_.Set(key, value);
-    }
-    StatusOr<std::string> Get(const std::string& key, Micros timeout) override {
-      if (key.ends_with("gloo/1") &&
-          died_.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
-        return DeadlineExceededError("member 1 did not die");
-      }
-      return store_.Get(key, timeout);
-    }
-
-   private:
-    RendezvousStore& store_;
-    std::shared_future<void> died_;
-  };
   services_.SetConnectThrough([&](const CommunicatorOptions& options) {
     // Called off as it begins (its watch is armed by then).
     EXPECT_TRUE(services_.AwaitWatching());
     EXPECT_TRUE(services_.CallOffRound("learner 'b' is dead"));
     testing_util::StoreConnection connection(shared);
-    AfterTheDeath store(connection, died);
+    ReadThrough store(connection, [&](const std::string& key, Micros timeout) {
+      if (key.ends_with("gloo/1") &&
+          died.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
+        return StatusOr<std::string>(DeadlineExceededError("member 1 did not die"));
+      }
+      return connection.Get(key, timeout);
+    });
     StatusOr<std::unique_ptr<Communicator>> comm = Communicator::Connect(store, options);
     std::lock_guard lock(mu);
     left_behind = comm.status();
@@ -253,22 +259,11 @@ TEST_F(RoundRunnerTest, AGlooConnectLeftBehindByACalledOffRoundEndsOnItsOwnAndIs
   });
   // Member 1 reads the others' host names but not their addresses: it
   // publishes its own and gives up before it connects, closing its port.
-  class PublishOnly final : public RendezvousStore {
-   public:
-    explicit PublishOnly(RendezvousStore& store) : store_(store) {}
-    Status Set(const std::string& key, const std::string& value) override {
-      return store_.Set(key, value);
-    }
-    StatusOr<std::string> Get(const std::string& key, Micros timeout) override {
-      if (key.find("/rank_") != std::string::npos) return store_.Get(key, timeout);
-      return UnavailableError("member 1 died");
-    }
-
-   private:
-    RendezvousStore& store_;
-  };
   std::thread dying([&]() {
-    PublishOnly store(shared);
+    ReadThrough store(shared, [&](const std::string& key, Micros timeout) {
+      if (key.find("/rank_") != std::string::npos) return shared.Get(key, timeout);
+      return StatusOr<std::string>(UnavailableError("member 1 died"));
+    });
     CommunicatorOptions options = testing_util::MemberOptions(1, 2, round.rendezvous_prefix);
     EXPECT_FALSE(Communicator::Connect(store, options).ok());
     member_1_died.set_value();  // its pairs, and their ports, are closed
