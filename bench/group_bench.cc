@@ -36,10 +36,9 @@
 #include "core/status_format.h"
 #include "core/subprocess.h"
 #include "fmt/format.h"
-#include "mend/learner_agent.h"
 #include "mend/logging.h"
 #include "nlohmann/json.hpp"
-#include "reducer/round_driver.h"
+#include "reducer/learner_session.h"
 
 namespace mend::bench {
 namespace {
@@ -126,16 +125,17 @@ int RunWorker(const WorkerArgs& args) {
   config.rack_aware = args.rack_aware;
   (void)InitLogging(config.log_level,
                     fmt::format("learner-{}.{}", args.learner, args.rank));  // to stderr
-  auto agent = LearnerAgent::Start(
-      config, kToken, {fmt::format("learner-{}", args.learner), "", "", ""}, *RealClock());
-  if (!agent.ok()) {
-    fmt::print(stderr, "worker: {}\n", agent.status());
-    return 1;
-  }
   auto model = std::make_unique<Model>(static_cast<size_t>(args.mib) << 18, args.in_place);
   Model* view = model.get();
-  auto driver =
-      reducer::RoundDriver::Create(config, **agent, *RealClock(), std::move(model), nullptr, 0);
+  reducer::LearnerSessionOptions options{
+      fmt::format("learner-{}", args.learner), kToken, RealClock(), {}, {}};
+  for (size_t i = 0; i < model->count(); ++i) options.parameter_shapes.push_back(model->shape(i));
+  auto session = reducer::LearnerSession::Start(config, std::move(options));
+  if (!session.ok()) {
+    fmt::print(stderr, "worker: {}\n", session.status());
+    return 1;
+  }
+  auto driver = (*session)->CreateDriver(std::move(model), nullptr, 0);
   if (!driver.ok()) {
     fmt::print(stderr, "worker: {}\n", driver.status());
     return 1;

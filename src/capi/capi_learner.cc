@@ -17,20 +17,19 @@
 #include "capi/raw_buffers.h"
 #include "core/job_token.h"
 #include "fmt/format.h"
-#include "learner/group_ranks.h"
 #include "mend/communicator.h"
-#include "mend/group_store.h"
 #include "mend/learner_agent.h"
 #include "mend/logging.h"
 #include "mend/outer.h"
+#include "reducer/learner_session.h"
 #include "reducer/round_driver.h"
 #include "spdlog/spdlog.h"
 
 struct mend_learner {
   pid_t owner = 0;
-  std::unique_ptr<mend::LearnerAgent> agent;
-  std::unique_ptr<mend::reducer::RoundDriver> driver;
-  mend::capi::RawParameters* parameters = nullptr;  // owned by driver
+  std::unique_ptr<mend::reducer::LearnerSession> session;
+  std::unique_ptr<mend::reducer::RoundDriver> driver;  // (on session)
+  mend::capi::RawParameters* parameters = nullptr;     // owned by driver
   mend::capi::RawMoments* moments =
       nullptr;  // owned by driver; null without desloc or heal_inner_optimizer
   mend::capi::RawParameters* buffers[2] = {};  // owned by driver; the model's buffers, by kind
@@ -169,13 +168,14 @@ mend::StatusOr<std::vector<mend::capi::RawBuffer>> Buffers(
   return buffers;
 }
 
-// The learner's agent and reducer over `buffers`; `group_store` as
-// GroupStoreFromConfig made it; `job_settings` beside the config's shared ones.
-mend::Status Start(const mend::Config& config, const std::vector<std::string>& job_settings,
-                   const char* token, const char* learner_id,
-                   std::vector<mend::capi::RawBuffer> buffers, uint64_t start_step,
-                   const mend::Clock& clock, mend::GroupStoreOpener group_store,
-                   mend_learner& learner) {
+// The learner's session and round driver over `buffers`; `job_settings`
+// beside the config's shared ones.
+mend::Status Create(const mend::Config& config, const std::vector<std::string>& job_settings,
+                    const char* token, const char* learner_id,
+                    std::vector<mend::capi::RawBuffer> buffers, uint64_t start_step,
+                    mend_learner& learner) {
+  MEND_RETURN_IF_ERROR(mend::CheckConfig(config));
+  MEND_RETURN_IF_ERROR(mend::InitLogging(config.log_level, learner_id));
   std::vector<size_t> numels;
   for (const auto& buffer : buffers) numels.push_back(buffer.numel);
   auto parameters = std::make_unique<mend::capi::RawParameters>(std::move(buffers));
@@ -184,43 +184,15 @@ mend::Status Start(const mend::Config& config, const std::vector<std::string>& j
     moments = std::make_unique<mend::capi::RawMoments>(numels);
   learner.parameters = parameters.get();
   learner.moments = moments.get();
-  MEND_RETURN_IF_ERROR(mend::CheckDataPlaneHost(config.dataplane_host));
-  // The job's settings and the model's layout: a learner of another model is
-  // refused at registration.
-  mend::LearnerIdentity identity{learner_id, config.job_id, config.rack, ""};
-  identity.job_settings = mend::SharedSettings(config);
-  std::vector<std::vector<int64_t>> shapes;
-  for (size_t i = 0; i < parameters->count(); ++i) shapes.push_back(parameters->shape(i));
-  identity.job_settings.push_back(mend::reducer::ParametersSetting(shapes));
-  identity.job_settings.insert(identity.job_settings.end(), job_settings.begin(),
-                               job_settings.end());
-  MEND_ASSIGN_OR_RETURN(learner.agent, mend::LearnerAgent::Start(config, token, identity, clock,
-                                                                 std::move(group_store)));
-  auto driver = mend::reducer::RoundDriver::Create(
-      config, *learner.agent, clock, std::move(parameters), std::move(moments), start_step);
-  if (!driver.ok()) {
-    (void)learner.agent->Leave("the reducer could not start");
-    return driver.status();
-  }
-  learner.driver = std::move(*driver);
+  mend::reducer::LearnerSessionOptions options{
+      learner_id, token, mend::RealClock(), {}, job_settings};
+  for (size_t i = 0; i < parameters->count(); ++i)
+    options.parameter_shapes.push_back(parameters->shape(i));
+  MEND_ASSIGN_OR_RETURN(learner.session,
+                        mend::reducer::LearnerSession::Start(config, std::move(options)));
+  MEND_ASSIGN_OR_RETURN(learner.driver, learner.session->CreateDriver(
+                                            std::move(parameters), std::move(moments), start_step));
   return mend::OkStatus();
-}
-
-mend::Status Create(const mend::Config& config, const std::vector<std::string>& job_settings,
-                    const char* token, const char* learner_id,
-                    std::vector<mend::capi::RawBuffer> buffers, uint64_t start_step,
-                    mend_learner& learner) {
-  MEND_RETURN_IF_ERROR(mend::CheckConfig(config));
-  MEND_RETURN_IF_ERROR(mend::InitLogging(config.log_level, learner_id));
-  // The learner's one clock: its agent, group store and reducer run on it.
-  const mend::Clock& clock = *mend::RealClock();
-  MEND_ASSIGN_OR_RETURN(mend::GroupStoreOpener group_store,
-                        mend::GroupStoreFromConfig(config, token, clock, learner_id));
-  // A rank that cannot start says why to the group's other ranks, which
-  // would otherwise wait for it until quorum_timeout_ms.
-  return mend::TellGroupRanks(config, token, learner_id,
-                              Start(config, job_settings, token, learner_id, std::move(buffers),
-                                    start_step, clock, std::move(group_store), learner));
 }
 
 // Waits up to `wait_ms` (< 0: no limit) for the pending step.
@@ -374,8 +346,8 @@ mend_status mend_learner_wait(mend_learner* learner, int64_t wait_ms) {
 }
 
 void mend_learner_interrupt(mend_learner* learner) {
-  if (learner != nullptr && learner->agent != nullptr && getpid() == learner->owner)
-    learner->agent->Interrupt();
+  if (learner != nullptr && learner->session != nullptr && getpid() == learner->owner)
+    learner->session->agent().Interrupt();
 }
 
 uint32_t mend_learner_last_flags(const mend_learner* learner) {
@@ -606,11 +578,11 @@ void mend_learner_free(mend_learner* learner) {
   if (getpid() != learner->owner) return;
   (void)Guarded([&] {
     if (learner->pending.valid()) {  // called off: the waiting step returns ABORTED
-      learner->agent->Interrupt();
+      learner->session->agent().Interrupt();
       (void)learner->pending.get();
     }
     learner->driver.reset();
-    learner->agent.reset();
+    learner->session.reset();
     delete learner;
     return MEND_OK;
   });

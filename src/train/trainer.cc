@@ -8,16 +8,13 @@
 #include "ATen/ATen.h"
 #include "core/status_format.h"
 #include "fmt/format.h"
-#include "learner/group_ranks.h"
 #include "mend/checkpoint.h"
-#include "mend/communicator.h"
 #include "mend/data_parallel.h"
-#include "mend/group_store.h"
 #include "mend/inner_moments.h"
 #include "mend/learner_agent.h"
 #include "mend/reducer.h"
 #include "reducer/diagnostics.h"
-#include "reducer/round_driver.h"
+#include "reducer/learner_session.h"
 #include "spdlog/spdlog.h"
 #include "torch/nn/utils/clip_grad.h"
 #include "torch/optim/adamw.h"
@@ -186,7 +183,8 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config,
       model->parameters(),
       torch::optim::AdamWOptions(options.lr).betas({0.9, 0.95}).weight_decay(options.weight_decay));
 
-  std::unique_ptr<LearnerAgent> agent;
+  std::unique_ptr<reducer::LearnerSession> session;
+  LearnerAgent* agent = nullptr;  // (the session's)
   std::unique_ptr<Reducer> reducer;
   std::unique_ptr<DataParallel> data_parallel;
   // A multi-rank learner: its ranks average gradients every step among
@@ -206,25 +204,13 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config,
   Config job = config;
   if (options.mode == "diloco" && job.total_steps == 0) job.total_steps = options.steps;
   if (options.mode != "local" || grouped) {
-    LearnerIdentity identity{options.id, config.job_id, config.rack, ""};
     // The job's settings and the model's layout (--dim, --layers, ...): a
     // learner of another model is refused at registration.
-    identity.job_settings = SharedSettings(job);
-    std::vector<std::vector<int64_t>> shapes;
-    for (const at::Tensor& p : model->parameters()) shapes.push_back(p.sizes().vec());
-    identity.job_settings.push_back(reducer::ParametersSetting(shapes));
-    MEND_ASSIGN_OR_RETURN(GroupStoreOpener group_store,
-                          GroupStoreFromConfig(config, token, clock, options.id));
-    StatusOr<std::unique_ptr<LearnerAgent>> started =
-        [&]() -> StatusOr<std::unique_ptr<LearnerAgent>> {
-      MEND_RETURN_IF_ERROR(CheckDataPlaneHost(config.dataplane_host));
-      return LearnerAgent::Start(job, token, identity, clock, group_store);
-    }();
-    // A rank that cannot start says why to the group's other ranks.
-    if (!started.ok()) {
-      return TellGroupRanks(config, token, options.id, started.status());
-    }
-    agent = *std::move(started);
+    reducer::LearnerSessionOptions session_options{options.id, token, &clock, {}, {}};
+    for (const at::Tensor& p : model->parameters())
+      session_options.parameter_shapes.push_back(p.sizes().vec());
+    MEND_ASSIGN_OR_RETURN(session, reducer::LearnerSession::Start(job, std::move(session_options)));
+    agent = &session->agent();
     const Status built = [&]() -> Status {
       // Before the reducer: every rank starts from group rank 0's parameters.
       if (grouped) {
@@ -241,7 +227,7 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config,
       }
       return OkStatus();
     }();
-    if (!built.ok()) return TellGroupRanks(config, token, options.id, built);
+    if (!built.ok()) return session->Fail(built);
   }
 
   TrainResult result;
