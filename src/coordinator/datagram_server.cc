@@ -135,10 +135,7 @@ void DatagramServer::Stop() {
 }
 
 void DatagramServer::Run() {
-  std::vector<char> buffers(kBatch * datagram::kMaxDatagramBytes);
-  std::vector<mmsghdr> messages(kBatch);
-  std::vector<iovec> vectors(kBatch);
-  std::vector<Address> from(kBatch);
+  datagram::ReceiveBatch batch(kBatch);
   Micros next_sweep = core_->clock()->NowMicros() + kSweepInterval;
   while (!stopping_.load()) {
     pollfd fds[2] = {{socket_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
@@ -155,27 +152,15 @@ void DatagramServer::Run() {
       }
     }
     for (int turn = 0; turn < kMaxBatchesPerTurn; ++turn) {
-      for (int i = 0; i < kBatch; ++i) {
-        vectors[i] = {buffers.data() + i * datagram::kMaxDatagramBytes,
-                      datagram::kMaxDatagramBytes};
-        messages[i] = {};
-        messages[i].msg_hdr.msg_iov = &vectors[i];
-        messages[i].msg_hdr.msg_iovlen = 1;
-        messages[i].msg_hdr.msg_name = &from[i].storage;
-        messages[i].msg_hdr.msg_namelen = sizeof from[i].storage;
-      }
-      int got = recvmmsg(socket_, messages.data(), kBatch, MSG_DONTWAIT, nullptr);
-      if (got <= 0) break;
+      const int got = batch.Receive(socket_);
+      if (got == 0) break;
       for (int i = 0; i < got; ++i) {
-        from[i].length = messages[i].msg_hdr.msg_namelen;
         counters_.received++;
-        if (messages[i].msg_hdr.msg_flags & MSG_TRUNC) {
+        if (batch.truncated(i)) {
           counters_.dropped_malformed++;
           continue;
         }
-        Handle(
-            std::string_view(buffers.data() + i * datagram::kMaxDatagramBytes, messages[i].msg_len),
-            from[i]);
+        Handle(batch.bytes(i), batch.sender(i));
       }
       if (got < kBatch) break;
     }

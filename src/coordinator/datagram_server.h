@@ -32,6 +32,7 @@
 #include "core/mutex.h"
 #include "mend/lighthouse_client.h"
 #include "wire/datagram.h"
+#include "wire/receive_batch.h"
 
 namespace mend::coordinator {
 
@@ -62,10 +63,7 @@ class DatagramServer {
   void Stop();
 
  private:
-  struct Address {
-    sockaddr_storage storage{};
-    socklen_t length = 0;
-  };
+  using Address = datagram::SocketAddress;
   // What the channel knows of one session.
   struct Peer {
     std::string learner_id;

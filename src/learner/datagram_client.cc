@@ -12,6 +12,7 @@
 
 #include "core/status_format.h"
 #include "fmt/format.h"
+#include "wire/receive_batch.h"
 
 namespace mend::coordinator {
 namespace {
@@ -184,25 +185,15 @@ void DatagramClient::Dispatch(const Callbacks& callbacks, datagram::Kind kind,
 
 void DatagramClient::Receive() {
   datagram::Signer signer(key_);
-  std::vector<char> buffers(kBatch * datagram::kMaxDatagramBytes);
-  std::vector<mmsghdr> messages(kBatch);
-  std::vector<iovec> vectors(kBatch);
+  datagram::ReceiveBatch batch(kBatch);
   while (!stopping_.load()) {
     pollfd fds[2] = {{socket_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
     poll(fds, 2, 200);
     while (true) {
-      for (int i = 0; i < kBatch; ++i) {
-        vectors[i] = {buffers.data() + i * datagram::kMaxDatagramBytes,
-                      datagram::kMaxDatagramBytes};
-        messages[i] = {};
-        messages[i].msg_hdr.msg_iov = &vectors[i];
-        messages[i].msg_hdr.msg_iovlen = 1;
-      }
-      int got = recvmmsg(socket_, messages.data(), kBatch, MSG_DONTWAIT, nullptr);
-      if (got <= 0) break;
+      const int got = batch.Receive(socket_);
+      if (got == 0) break;
       for (int i = 0; i < got; ++i) {
-        std::string_view bytes(buffers.data() + i * datagram::kMaxDatagramBytes,
-                               messages[i].msg_len);
+        const std::string_view bytes = batch.bytes(i);
         auto header = datagram::ParseHeader(bytes);
         if (!header.ok() || !signer.Verify(bytes)) continue;
         std::shared_ptr<Callbacks> callbacks;
