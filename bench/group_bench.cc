@@ -39,6 +39,7 @@
 #include "mend/logging.h"
 #include "nlohmann/json.hpp"
 #include "reducer/learner_session.h"
+#include "reducer/vector_parameters.h"
 
 namespace mend::bench {
 namespace {
@@ -48,42 +49,17 @@ using SteadyClock = std::chrono::steady_clock;
 constexpr char kToken[] = "group-bench-token-0123456789abcdef";
 constexpr int kParameters = 8;
 
-// kParameters parameters of `values` / kParameters floats.
-class Model final : public reducer::FlatParameters {
- public:
-  Model(size_t values, bool in_place)
-      : values_(kParameters, std::vector<float>(values / kParameters, 0.01f)), in_place_(in_place) {
-    for (int i = 0; i < kParameters; ++i) names_.push_back(fmt::format("layer{}.weight", i));
-  }
-  size_t count() const override { return values_.size(); }
-  const std::string& name(size_t i) const override { return names_[i]; }
-  std::vector<int64_t> shape(size_t i) const override {
-    return {static_cast<int64_t>(values_[i].size())};
-  }
-  size_t numel(size_t i) const override { return values_[i].size(); }
-  void CopyOut(size_t i, std::span<float> out) const override {
-    std::memcpy(out.data(), values_[i].data(), out.size_bytes());
-  }
-  void CopyIn(size_t i, std::span<const float> in) override {
-    std::memcpy(values_[i].data(), in.data(), in.size_bytes());
-  }
-  // With --in-place the round reads and writes the values where they are
-  // (as a model's CPU fp32 parameters); else through CopyOut and CopyIn (as
-  // parameters staged from a GPU).
-  std::span<float> Values(size_t i) override {
-    return in_place_ ? std::span<float>(values_[i]) : std::span<float>();
-  }
-  void Train(float by) {
-    for (auto& values : values_) {
-      for (float& v : values) v += by;
-    }
-  }
-
- private:
-  std::vector<std::vector<float>> values_;
-  std::vector<std::string> names_;
-  const bool in_place_;
-};
+// kParameters tensors "layer<i>.weight" of `values` / kParameters values in
+// all. With --in-place the round reads and writes the values where they are
+// (as a model's CPU fp32 parameters); else through CopyOut and CopyIn (as
+// parameters staged from a GPU).
+std::unique_ptr<reducer::VectorParameters> Model(size_t values, bool in_place) {
+  std::vector<reducer::VectorParameters::Tensor> tensors;
+  for (int i = 0; i < kParameters; ++i)
+    tensors.push_back(
+        {fmt::format("layer{}.weight", i), {static_cast<int64_t>(values / kParameters)}});
+  return std::make_unique<reducer::VectorParameters>(std::move(tensors), 0.01f, in_place);
+}
 
 struct WorkerArgs {
   std::string lighthouse;
@@ -125,8 +101,8 @@ int RunWorker(const WorkerArgs& args) {
   config.rack_aware = args.rack_aware;
   (void)InitLogging(config.log_level,
                     fmt::format("learner-{}.{}", args.learner, args.rank));  // to stderr
-  auto model = std::make_unique<Model>(static_cast<size_t>(args.mib) << 18, args.in_place);
-  Model* view = model.get();
+  auto model = Model(static_cast<size_t>(args.mib) << 18, args.in_place);
+  reducer::VectorParameters* view = model.get();
   reducer::LearnerSessionOptions options{
       fmt::format("learner-{}", args.learner), kToken, RealClock(), {}, {}};
   for (size_t i = 0; i < model->count(); ++i) options.parameter_shapes.push_back(model->shape(i));
@@ -143,8 +119,10 @@ int RunWorker(const WorkerArgs& args) {
   json seconds = json::array();
   uint64_t bytes_before = 0;
   uint64_t cross_before = 0;
-  for (int round = 0; round <= args.rounds; ++round) {  // round 0: warm-up
-    view->Train(0.001f * static_cast<float>(args.learner + 1));
+  for (int round = 0; round <= args.rounds; ++round) {   // round 0: warm-up
+    for (std::vector<float>& values : view->values()) {  // "training"
+      for (float& v : values) v += 0.001f * static_cast<float>(args.learner + 1);
+    }
     if (round == 1) {
       bytes_before = (*driver)->stats().bytes_sent;
       cross_before = (*driver)->stats().cross_rack_bytes_sent;

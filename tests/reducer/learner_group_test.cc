@@ -24,6 +24,7 @@
 #include "mend/lighthouse.h"
 #include "nlohmann/json.hpp"
 #include "reducer/round_driver.h"
+#include "reducer/vector_parameters.h"
 #include "test_util/group_rank.h"
 #include "test_util/job_config.h"
 #include "test_util/lighthouse_outage.h"
@@ -37,42 +38,21 @@ constexpr char kToken[] = "learner-group-test-token-0123456789";
 
 // "w" (2 x 5) and "b" (3): 13 values, so that slices cut through "w" and
 // are uneven for 2 and 3 ranks.
-class VectorParameters final : public FlatParameters {
- public:
-  explicit VectorParameters(float start, size_t w = 10)
-      : values_{std::vector<float>(w, start), std::vector<float>(3, start)} {}
-  size_t count() const override { return 2; }
-  const std::string& name(size_t i) const override { return names_[i]; }
-  std::vector<int64_t> shape(size_t i) const override {
-    return i == 0 ? std::vector<int64_t>{2, static_cast<int64_t>(values_[0].size() / 2)}
-                  : std::vector<int64_t>{3};
-  }
-  size_t numel(size_t i) const override { return values_[i].size(); }
-  void CopyOut(size_t i, std::span<float> out) const override {
-    std::memcpy(out.data(), values_[i].data(), out.size() * sizeof(float));
-  }
-  void CopyIn(size_t i, std::span<const float> in) override {
-    std::memcpy(values_[i].data(), in.data(), in.size() * sizeof(float));
-  }
-  std::vector<float> All() const {
-    std::vector<float> all = values_[0];
-    all.insert(all.end(), values_[1].begin(), values_[1].end());
-    return all;
-  }
-  // One inner step of learner `learner` at step `s`: different per value and
-  // step, so that momentum and slicing mistakes show.
-  void Train(int learner, int s) {
-    int k = 0;
-    for (auto& values : values_) {
-      for (float& v : values)
-        v += 0.01f * static_cast<float>((learner + 1) * ((k++ * 7 + s * 3) % 11) - 4);
-    }
-  }
+std::unique_ptr<VectorParameters> WAndB(float start, size_t w = 10) {
+  return std::make_unique<VectorParameters>(
+      std::vector<VectorParameters::Tensor>{{"w", {2, static_cast<int64_t>(w / 2)}}, {"b", {3}}},
+      start);
+}
 
- private:
-  std::vector<std::vector<float>> values_;
-  std::vector<std::string> names_{"w", "b"};
-};
+// One inner step of learner `learner` at step `s`: different per value and
+// step, so that momentum and slicing mistakes show.
+void Train(VectorParameters& parameters, int learner, int s) {
+  int k = 0;
+  for (auto& values : parameters.values()) {
+    for (float& v : values)
+      v += 0.01f * static_cast<float>((learner + 1) * ((k++ * 7 + s * 3) % 11) - 4);
+  }
+}
 
 struct RankRun {
   ReducerStats stats;
@@ -98,7 +78,7 @@ void TrainRank(Config config, int learner, int rank, int steps, RankRun* run, si
     return;
   }
   FakeClock clock;
-  auto parameters = std::make_unique<VectorParameters>(start, w);
+  auto parameters = WAndB(start, w);
   VectorParameters* view = parameters.get();
   std::unique_ptr<VectorMoments> moments;
   VectorMoments* moments_view = nullptr;
@@ -114,7 +94,7 @@ void TrainRank(Config config, int learner, int rank, int steps, RankRun* run, si
   }
   for (int s = 0; s < steps; ++s) {
     clock.AdvanceMillis(step_ms);
-    view->Train(learner, s);
+    Train(*view, learner, s);
     if (moments_view) {
       moments_view->Step([learner, s](size_t i) {
         return 0.01f * static_cast<float>((learner + 1) * ((static_cast<int>(i) * 5 + s) % 7) - 3);
@@ -390,8 +370,7 @@ TEST(LearnerGroupTest, ARankGoneBreaksItsGroupForGood) {
         return;
       }
       rank.agent = std::move(*agent);
-      auto driver = RoundDriver::Create(mine, *rank.agent, clock,
-                                        std::make_unique<VectorParameters>(1.0f), nullptr, 0);
+      auto driver = RoundDriver::Create(mine, *rank.agent, clock, WAndB(1.0f), nullptr, 0);
       if (!driver.ok()) {
         rank.error = driver.status();
         return;
@@ -924,9 +903,7 @@ TEST(LearnerGroupTest, ARankThatCannotStartTellsTheOtherRanksWhy) {
     auto agent = LearnerAgent::Start(rank1, kToken, {"learner-0", "", "", ""}, *RealClock());
     ASSERT_TRUE(agent.ok()) << agent.status();  // (rank 1 does not register)
     FakeClock clock;
-    waited = RoundDriver::Create(rank1, **agent, clock, std::make_unique<VectorParameters>(1.0f),
-                                 nullptr, 0)
-                 .status();
+    waited = RoundDriver::Create(rank1, **agent, clock, WAndB(1.0f), nullptr, 0).status();
   });
   auto first = LearnerAgent::Start(config, kToken, {"learner-0", "", "", ""}, *RealClock());
   ASSERT_FALSE(first.ok());
@@ -975,9 +952,8 @@ TEST(LearnerGroupTest, RanksWithDifferentModelsAreRefusedByName) {
       auto agent = LearnerAgent::Start(mine, kToken, {"learner-0", "", "", ""}, *RealClock());
       ASSERT_TRUE(agent.ok()) << agent.status();
       FakeClock clock;
-      auto driver = RoundDriver::Create(mine, **agent, clock,
-                                        std::make_unique<VectorParameters>(1.0f, r == 0 ? 10 : 12),
-                                        nullptr, 0);
+      auto driver =
+          RoundDriver::Create(mine, **agent, clock, WAndB(1.0f, r == 0 ? 10 : 12), nullptr, 0);
       errors[r] = driver.status();
     });
   }

@@ -9,6 +9,7 @@
 #include "fmt/format.h"
 #include "gtest/gtest.h"
 #include "mend/lighthouse.h"
+#include "reducer/vector_parameters.h"
 #include "test_util/job_config.h"
 
 namespace mend::reducer {
@@ -16,29 +17,11 @@ namespace {
 
 constexpr char kToken[] = "round-driver-test-token-0123456789";
 
-// Two parameters ("w" of 6 values, "b" of 2) in vectors; CopyIn counts.
-class VectorParameters final : public FlatParameters {
- public:
-  explicit VectorParameters(float start)
-      : values_{std::vector<float>(6, start), std::vector<float>(2, start)} {}
-  size_t count() const override { return 2; }
-  const std::string& name(size_t i) const override { return names_[i]; }
-  std::vector<int64_t> shape(size_t i) const override {
-    return i == 0 ? std::vector<int64_t>{2, 3} : std::vector<int64_t>{2};
-  }
-  size_t numel(size_t i) const override { return values_[i].size(); }
-  void CopyOut(size_t i, std::span<float> out) const override {
-    std::memcpy(out.data(), values_[i].data(), out.size() * sizeof(float));
-  }
-  void CopyIn(size_t i, std::span<const float> in) override {
-    std::memcpy(values_[i].data(), in.data(), in.size() * sizeof(float));
-  }
-  std::vector<float>& values(size_t i) { return values_[i]; }
-
- private:
-  std::vector<std::vector<float>> values_;
-  std::vector<std::string> names_{"w", "b"};
-};
+// Two parameters: "w" (2 x 3) and "b" (2).
+std::unique_ptr<VectorParameters> WAndB(float start) {
+  return std::make_unique<VectorParameters>(
+      std::vector<VectorParameters::Tensor>{{"w", {2, 3}}, {"b", {2}}}, start);
+}
 
 struct LearnerRun {
   ReducerStats stats;
@@ -55,7 +38,7 @@ void Learn(const Config& config, const std::string& id, float slope, int steps, 
   auto agent = LearnerAgent::Start(config, kToken, {id, "", "", ""}, *RealClock());
   ASSERT_TRUE(agent.ok()) << agent.status();
   FakeClock clock;
-  auto parameters = std::make_unique<VectorParameters>(start);
+  auto parameters = WAndB(start);
   VectorParameters* view = parameters.get();
   auto driver = RoundDriver::Create(config, **agent, clock, std::move(parameters), nullptr, 0);
   ASSERT_TRUE(driver.ok()) << driver.status();
@@ -77,8 +60,7 @@ void Learn(const Config& config, const std::string& id, float slope, int steps, 
   run->stats = (*driver)->stats();
   auto global = (*driver)->global(0);
   run->global.assign(global.begin(), global.end());
-  run->local = view->values(0);
-  run->local.insert(run->local.end(), view->values(1).begin(), view->values(1).end());
+  run->local = view->All();
 }
 
 void RunPair(Config config, int steps, LearnerRun* a, LearnerRun* b, float b_start = 1.0f) {

@@ -18,6 +18,7 @@
 #include "mend/lighthouse.h"
 #include "reducer/fragment_book.h"
 #include "reducer/round_driver.h"
+#include "reducer/vector_parameters.h"
 #include "test_util/job_config.h"
 
 namespace mend::reducer {
@@ -31,38 +32,15 @@ constexpr bool kSanitized = true;  // shadow memory: resident sizes say nothing
 constexpr bool kSanitized = false;
 #endif
 
-// Parameters of the given sizes in vectors; in place (Values) or only
+// Parameters "p0", "p1", ... of the given sizes; in place (Values) or only
 // through CopyOut and CopyIn.
-class Parameters final : public FlatParameters {
- public:
-  Parameters(const std::vector<size_t>& sizes, bool in_place, float start) : in_place_(in_place) {
-    for (size_t i = 0; i < sizes.size(); ++i) {
-      values_.emplace_back(sizes[i], start);
-      names_.push_back(fmt::format("p{}", i));
-    }
-  }
-  size_t count() const override { return values_.size(); }
-  const std::string& name(size_t i) const override { return names_[i]; }
-  std::vector<int64_t> shape(size_t i) const override {
-    return {static_cast<int64_t>(values_[i].size())};
-  }
-  size_t numel(size_t i) const override { return values_[i].size(); }
-  void CopyOut(size_t i, std::span<float> out) const override {
-    std::memcpy(out.data(), values_[i].data(), out.size_bytes());
-  }
-  void CopyIn(size_t i, std::span<const float> in) override {
-    std::memcpy(values_[i].data(), in.data(), in.size_bytes());
-  }
-  std::span<float> Values(size_t i) override {
-    return in_place_ ? std::span<float>(values_[i]) : std::span<float>();
-  }
-  std::vector<std::vector<float>>& values() { return values_; }
-
- private:
-  const bool in_place_;
-  std::vector<std::vector<float>> values_;
-  std::vector<std::string> names_;
-};
+std::unique_ptr<VectorParameters> MakeParameters(const std::vector<size_t>& sizes, bool in_place,
+                                                 float start) {
+  std::vector<VectorParameters::Tensor> tensors;
+  for (size_t i = 0; i < sizes.size(); ++i)
+    tensors.push_back({fmt::format("p{}", i), {static_cast<int64_t>(sizes[i])}});
+  return std::make_unique<VectorParameters>(std::move(tensors), start, in_place);
+}
 
 struct Learner {
   int threads = 1;
@@ -92,8 +70,8 @@ void Learn(Config config, const Learner& who, const std::string& id,
   auto agent = LearnerAgent::Start(config, kToken, {id, "", "", ""}, *RealClock());
   ASSERT_TRUE(agent.ok()) << agent.status();
   FakeClock clock;
-  auto parameters = std::make_unique<Parameters>(sizes, who.in_place, 0.5f);
-  Parameters* view = parameters.get();
+  auto parameters = MakeParameters(sizes, who.in_place, 0.5f);
+  VectorParameters* view = parameters.get();
   auto driver = RoundDriver::Create(config, **agent, clock, std::move(parameters), nullptr, 0);
   ASSERT_TRUE(driver.ok()) << driver.status();
   for (int s = 0; s < steps; ++s) {
@@ -253,7 +231,8 @@ TEST(RoundScaleTest, TheStartTouchesTheGlobalStateAndTheRestIsFaultedInBeforeThe
   // pseudo-gradient buffer (8 more) are faulted in by StartPrefault, in the
   // background; 12 bytes a value in all, beside the model's own 4.
   constexpr size_t kValues = size_t{16} << 20;
-  Parameters parameters({kValues / 2, kValues / 2}, true, 0.25f);
+  const auto owned = MakeParameters({kValues / 2, kValues / 2}, true, 0.25f);
+  VectorParameters& parameters = *owned;
   const FragmentSchedule schedule = *FragmentSchedule::Make(1, 4);
   uint64_t copies = 0;
   ThreadPool pool(2);
@@ -282,7 +261,8 @@ TEST(RoundScaleTest, TheStartTouchesTheGlobalStateAndTheRestIsFaultedInBeforeThe
 // the members' states then differed after the round).
 TEST(RoundScaleTest, FaultingInKeepsAResumedMomentum) {
   constexpr size_t kValues = size_t{3} << 20;  // pages of several chunks, and a partial one
-  Parameters parameters({kValues / 3, kValues - kValues / 3}, true, 0.25f);
+  const auto owned = MakeParameters({kValues / 3, kValues - kValues / 3}, true, 0.25f);
+  VectorParameters& parameters = *owned;
   const FragmentSchedule schedule = *FragmentSchedule::Make(1, 4);
   uint64_t copies = 0;
   ThreadPool pool(2);
