@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test command, in stages (each prints its time; a table of them all
+# The test command, in stages (each prints its time and the CPU time the machine was busy; a table of them all
 # at the end):
 #   1. setup-and-build: installs what is missing, builds mend in build
 #      (scripts/setup.sh);
@@ -38,12 +38,22 @@ cd "$(dirname "$0")/.."
 started=$(date +%s)
 stage_start=$started
 stages=()
+# The machine's busy CPU time so far, in seconds (every process's, the
+# background steps' too): /proc/stat's user, nice, system, irq, softirq and
+# steal.
+busy_seconds() {
+  awk -v hz="$(getconf CLK_TCK)" '/^cpu /{print int(($2 + $3 + $4 + $7 + $8 + $9) / hz); exit}' /proc/stat
+}
+busy_start=$(busy_seconds)
+busy_at_start=$busy_start
 stage() {
-  local now
+  local now busy
   now=$(date +%s)
-  echo "test.sh: stage '$1' took $((now - stage_start)) s (total $((now - started)) s)"
-  stages+=("$1 $((now - stage_start))")
+  busy=$(busy_seconds)
+  echo "test.sh: stage '$1' took $((now - stage_start)) s (total $((now - started)) s), CPU busy $((busy - busy_start)) s"
+  stages+=("$1 $((busy - busy_start)) $((now - stage_start))")
   stage_start=$now
+  busy_start=$busy
 }
 work=$(mktemp -d)
 background=""
@@ -120,7 +130,7 @@ background=""
 if [[ -f $work/background/times ]]; then
   while read -r name seconds; do
     echo "test.sh: background '$name' took $seconds s"
-    stages+=("($name) $seconds")
+    stages+=("($name) - $seconds")
   done < "$work/background/times"
 fi
 if ((background_status != 0)); then
@@ -138,9 +148,11 @@ stage asan-tests
 scripts/tsan-tests.sh
 stage tsan-tests
 
-echo "test.sh: every stage passed; seconds by stage (in parentheses: the background steps, beside the stages):"
-printf '  %-20s %6s\n' stage seconds
+echo "test.sh: every stage passed; seconds by stage (in parentheses: the background steps, beside the"
+echo "stages; CPU: the machine's busy CPU seconds during the stage, the background steps' among them):"
+printf '  %-20s %8s %6s\n' stage seconds CPU
 for entry in "${stages[@]}"; do
-  printf '  %-20s %6s\n' "${entry% *}" "${entry##* }"
+  read -r name cpu seconds <<< "$entry"
+  printf '  %-20s %8s %6s\n' "$name" "$seconds" "$cpu"
 done
-printf '  %-20s %6s\n' total "$(($(date +%s) - started))"
+printf '  %-20s %8s %6s\n' total "$(($(date +%s) - started))" "$(($(busy_seconds) - ${busy_at_start:-0}))"
