@@ -33,6 +33,7 @@
 #include <thread>
 
 #include "CLI/CLI.hpp"
+#include "core/lighthouse_line.h"
 #include "core/status_format.h"
 #include "core/subprocess.h"
 #include "dataplane/gloo_store.h"
@@ -248,9 +249,8 @@ StatusOr<json> RunMembers(const DriverArgs& args, int members, const std::string
                          "pipe",
                          dir + "/lighthouse.log",
                          false}));
-  MEND_ASSIGN_OR_RETURN(std::string line, lighthouse->ReadLine(30 * kMicrosPerSecond));
-  std::string address = line.substr(line.find("grpc=") + 5);
-  address = address.substr(0, address.find(' '));
+  MEND_ASSIGN_OR_RETURN(const std::string address,
+                        AwaitLighthouseAddress(*lighthouse, 30 * kMicrosPerSecond));
   std::vector<std::unique_ptr<Subprocess>> workers;
   for (int rank = 0; rank < members; ++rank) {
     std::string host = args.hosts.empty() ? "127.0.0.1" : args.hosts[rank % args.hosts.size()];

@@ -33,6 +33,7 @@
 #include <thread>
 
 #include "CLI/CLI.hpp"
+#include "core/lighthouse_line.h"
 #include "core/status_format.h"
 #include "core/subprocess.h"
 #include "fmt/format.h"
@@ -198,9 +199,8 @@ StatusOr<RunResult> Run(const DriverArgs& args, int ranks, bool rack_aware, cons
                          "pipe",
                          dir + "/lighthouse.log",
                          false}));
-  MEND_ASSIGN_OR_RETURN(std::string line, lighthouse->ReadLine(30 * kMicrosPerSecond));
-  std::string address = line.substr(line.find("grpc=") + 5);
-  address = address.substr(0, address.find(' '));
+  MEND_ASSIGN_OR_RETURN(const std::string address,
+                        AwaitLighthouseAddress(*lighthouse, 30 * kMicrosPerSecond));
   std::vector<std::unique_ptr<Subprocess>> workers;
   for (int l = 0; l < args.learners; ++l) {
     const int rack = l / args.per_rack;

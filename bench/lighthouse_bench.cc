@@ -30,6 +30,7 @@
 #include <thread>
 
 #include "CLI/CLI.hpp"
+#include "core/lighthouse_line.h"
 #include "core/status_format.h"
 #include "core/subprocess.h"
 #include "fmt/format.h"
@@ -139,9 +140,8 @@ StatusOr<Result> RunOne(const std::string& mend, const std::string& self,
                          "pipe",
                          dir + "/lighthouse.log",
                          false}));
-  MEND_ASSIGN_OR_RETURN(std::string line, lighthouse->ReadLine(30 * kMicrosPerSecond));
-  std::string address = line.substr(line.find("grpc=") + 5);
-  address = address.substr(0, address.find(' '));
+  MEND_ASSIGN_OR_RETURN(const std::string address,
+                        AwaitLighthouseAddress(*lighthouse, 30 * kMicrosPerSecond));
   std::vector<std::unique_ptr<Subprocess>> children;
   int per_swarm = (learners + swarms - 1) / swarms;
   for (int s = 0, first = 0; first < learners; ++s, first += per_swarm) {

@@ -9,6 +9,7 @@
 #include "cli/commands.h"
 #include "cli/config_flags.h"
 #include "cli/signals.h"
+#include "core/lighthouse_line.h"
 #include "core/status_format.h"
 #include "fmt/format.h"
 #include "mend/lighthouse.h"
@@ -84,7 +85,7 @@ void AddLighthouseCommand(CLI::App& app, int* exit_code) {
       running = server.get();
       if (stop_requested) server->Shutdown();
     }
-    fmt::print("mend lighthouse grpc={} http={}\n", server->grpc_address(), server->http_address());
+    fmt::print("{}\n", LighthouseServingLine(server->grpc_address(), server->http_address()));
     std::fflush(stdout);
     server->Wait();
     std::lock_guard lock(mu);

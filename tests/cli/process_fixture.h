@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/lighthouse_line.h"
 #include "core/subprocess.h"
 #include "gtest/gtest.h"
 #include "mend/lighthouse_client.h"
@@ -46,13 +47,9 @@ class ProcessFixture : public ::testing::Test {
     auto child = Subprocess::Spawn({argv, {}, "pipe", dir_ + "/lighthouse.log", false});
     ASSERT_TRUE(child.ok()) << child.status();
     lighthouse_ = std::move(*child);
-    auto line = lighthouse_->ReadLine(30 * kMicrosPerSecond);
-    ASSERT_TRUE(line.ok()) << line.status();
-    // "mend lighthouse grpc=HOST:PORT http=HOST:PORT"
-    size_t grpc = line->find("grpc=");
-    size_t http = line->find(" http=");
-    ASSERT_NE(grpc, std::string::npos) << *line;
-    grpc_address_ = line->substr(grpc + 5, http - grpc - 5);
+    auto address = AwaitLighthouseAddress(*lighthouse_, 30 * kMicrosPerSecond);
+    ASSERT_TRUE(address.ok()) << address.status();
+    grpc_address_ = *address;
     LighthouseClientOptions options{grpc_address_, kJobToken, "", 5 * kMicrosPerSecond};
     client_ = std::move(*LighthouseClient::Connect(options));
   }
