@@ -1,12 +1,19 @@
 #!/usr/bin/env python3
 """Reports C++ files over a line limit and functions over a line limit.
 
-  scripts/sizes.py [--file-lines N] [--function-lines N] DIR...
+  scripts/sizes.py [--file-lines N] [--function-lines N] [--recorded FILE] DIR...
 
 A function is a brace block whose header has a parameter list and is not a
 class, namespace, enum, control statement or lambda; its size is the lines
 from the header's first line to the closing brace. Lambdas and local classes
 count toward the function they are in. Exit status 1 when anything is over.
+
+--recorded FILE names what is over today and may stay so, at most at its
+recorded size, until it is split: lines "PATH: LINES" for a file and
+"PATH: FUNCTION: LINES" for a function (PATH as given on the command line;
+"#" starts a comment). Anything over that is not recorded, or has grown
+past its record, fails; so does a record of something now within its
+limit, or no longer there (its line must go).
 """
 import argparse
 import pathlib
@@ -78,26 +85,63 @@ def functions(path):
     return found
 
 
+def read_records(path):
+    """{(path, function or None): lines} from a --recorded file."""
+    records = {}
+    for number, raw in enumerate(pathlib.Path(path).read_text().splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        fields = [field.strip() for field in line.split(": ")]
+        if len(fields) not in (2, 3) or not fields[-1].isdigit():
+            sys.exit(f"{path}:{number}: '{raw}' is not 'PATH: LINES' or 'PATH: FUNCTION: LINES'")
+        records[(fields[0], fields[1] if len(fields) == 3 else None)] = int(fields[-1])
+    return records
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--file-lines", type=int, default=600)
     parser.add_argument("--function-lines", type=int, default=60)
+    parser.add_argument("--recorded", help="what may stay over, at most at its recorded size")
     parser.add_argument("dirs", nargs="+")
     args = parser.parse_args()
-    over = []
+    records = read_records(args.recorded) if args.recorded else {}
+    failures, kept, seen = [], [], set()
+
+    def check(key, where, size, limit):
+        seen.add(key)
+        record = records.get(key)
+        if size <= limit:
+            if record is not None:
+                failures.append(f"{where}: {size} lines, within the limit {limit}: "
+                                f"remove its record from {args.recorded}")
+        elif record is None:
+            failures.append(f"{where}: {size} lines (limit {limit})")
+        elif size > record:
+            failures.append(f"{where}: {size} lines, grown past its record of {record} "
+                            f"(limit {limit})")
+        else:
+            kept.append(f"{where}: {size} lines (limit {limit}; recorded {record})")
+
     for directory in args.dirs:
         for path in sorted(pathlib.Path(directory).rglob("*")):
             if path.suffix not in (".h", ".cc"):
                 continue
             lines = len(path.read_text().splitlines())
-            if lines > args.file_lines:
-                over.append(f"{path}: {lines} lines (limit {args.file_lines})")
+            check((str(path), None), str(path), lines, args.file_lines)
             for name, start, size in functions(path):
-                if size > args.function_lines:
-                    over.append(f"{path}:{start}: {name}: {size} lines (limit {args.function_lines})")
-    for line in over:
+                if size > args.function_lines or (str(path), name) in records:
+                    check((str(path), name), f"{path}:{start}: {name}", size, args.function_lines)
+    for (path, name), record in sorted(records.items(), key=lambda item: (item[0][0], item[0][1] or "")):
+        if (path, name) not in seen and any(path.startswith(d.rstrip("/") + "/") for d in args.dirs):
+            failures.append(f"{path}: {name or 'the file'}: recorded in {args.recorded} but not found: "
+                            "remove its record")
+    for line in kept:
+        print(f"recorded: {line}")
+    for line in failures:
         print(line)
-    return 1 if over else 0
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":

@@ -23,73 +23,11 @@ namespace {
 
 // The fail-slow detector looks at the step-time windows this often at most.
 constexpr Micros kFailSlowScanInterval = 200 * kMicrosPerMilli;
-// Reports that a member could not connect to another count for this many
-// rounds; a learner left out for it stays out for 1, 2, 4, ... rounds.
-constexpr uint64_t kSuspectRounds = 16;
-constexpr uint32_t kMaxLeftOutRounds = 64;
 
-// "key=value" entries by key.
-std::map<std::string_view, std::string_view> ByKey(const std::vector<std::string>& settings) {
-  std::map<std::string_view, std::string_view> by_key;
-  for (const std::string& setting : settings) {
-    const size_t equals = setting.find('=');
-    by_key.emplace(std::string_view(setting).substr(0, equals),
-                   std::string_view(setting).substr(equals + 1));
-  }
-  return by_key;
-}
-
-// Where two values of the form "<summary>: <item> <item> ..." (a model's
-// shapes, its frozen parameters' digests) first differ: " (first
-// difference: item 3, <mine> against <job's>)", or "" for other values.
-std::string FirstDifference(std::string_view mine, std::string_view job) {
-  const size_t mine_list = mine.find(": ");
-  const size_t job_list = job.find(": ");
-  if (mine_list == std::string_view::npos || job_list == std::string_view::npos) return "";
-  auto items = [](std::string_view list) -> std::vector<absl::string_view> {
-    return absl::StrSplit(absl::string_view(list.data(), list.size()), ' ', absl::SkipEmpty());
-  };
-  const std::vector<absl::string_view> mine_items = items(mine.substr(mine_list + 2));
-  const std::vector<absl::string_view> job_items = items(job.substr(job_list + 2));
-  const size_t listed = std::min(mine_items.size(), job_items.size());
-  for (size_t i = 0; i < listed; ++i) {
-    if (mine_items[i] == "..." || job_items[i] == "...") {
-      return fmt::format(" (the first {} items agree: they differ past the listed ones)", i);
-    }
-    if (mine_items[i] != job_items[i]) {
-      return fmt::format(" (first difference: item {}, {} against {})", i + 1, mine_items[i],
-                         job_items[i]);
-    }
-  }
-  return "";
-}
-
-// Why a learner's shared settings cannot join the job's: each key whose
-// value differs, with the job's.
-std::string SettingsDiffer(const std::vector<std::string>& mine,
-                           const std::vector<std::string>& job, const std::string& set_by) {
-  const auto my_values = ByKey(mine);
-  const auto job_values = ByKey(job);
-  std::vector<std::string> differences;
-  auto value = [](const auto& values, std::string_view key) -> std::string {
-    auto it = values.find(key);
-    return it == values.end() ? std::string("(not sent)") : std::string(it->second);
-  };
-  std::set<std::string_view> keys;
-  for (const auto& [key, _] : my_values) keys.insert(key);
-  for (const auto& [key, _] : job_values) keys.insert(key);
-  for (std::string_view key : keys) {
-    const std::string mine_value = value(my_values, key);
-    const std::string job_value = value(job_values, key);
-    if (mine_value != job_value) {
-      differences.push_back(fmt::format("{} = {} (this job's learners have {}){}", key, mine_value,
-                                        job_value, FirstDifference(mine_value, job_value)));
-    }
-  }
-  return fmt::format(
-      "{}: every learner of a job must agree on it (the rounds' schedule, merge and outer step); "
-      "the job's alive learners have the settings of '{}', the first of them to register",
-      fmt::join(differences, "; "), set_by);
+// The rounds' prefixes carry the lighthouse's instance (RendezvousPrefix).
+LighthouseOptions WithIncarnation(LighthouseOptions options, uint64_t instance_id) {
+  options.quorum.incarnation = InstanceText(instance_id);
+  return options;
 }
 
 }  // namespace
@@ -114,36 +52,6 @@ LighthouseOptions LighthouseOptionsFromConfig(const Config& config) {
   return options;
 }
 
-namespace {
-
-// The job's last step when its learners end with a final merge, from their
-// shared settings (SharedSettings: "total_steps=N", "final_merge=true"); 0
-// when it has none, or the settings do not say (an older learner's).
-uint64_t FinalStep(const std::vector<std::string>& settings) {
-  uint64_t total = 0;
-  bool final_merge = false;
-  for (const std::string& setting : settings) {
-    std::string_view text = setting;
-    if (text.starts_with("total_steps=")) {
-      text.remove_prefix(std::string_view("total_steps=").size());
-      uint64_t value = 0;
-      auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-      if (error == std::errc() && end == text.data() + text.size()) total = value;
-    } else if (text == "final_merge=true") {
-      final_merge = true;
-    }
-  }
-  return final_merge ? total : 0;
-}
-
-// The rounds' prefixes carry the lighthouse's instance (RendezvousPrefix).
-LighthouseOptions WithIncarnation(LighthouseOptions options, uint64_t instance_id) {
-  options.quorum.incarnation = InstanceText(instance_id);
-  return options;
-}
-
-}  // namespace
-
 LighthouseCore::LighthouseCore(LighthouseOptions options, const Clock* clock, uint64_t instance_id)
     : options_(WithIncarnation(std::move(options), instance_id)),
       clock_(clock),
@@ -157,135 +65,6 @@ LighthouseCore::LighthouseCore(LighthouseOptions options, const Clock* clock, ui
 void LighthouseCore::Finish(Completions& completions) {
   for (auto& completion : completions) completion();
   completions.clear();
-}
-
-StatusOr<RegisterResult> LighthouseCore::Register(const RegisterArgs& args) {
-  if (!args.job_id.empty() && args.job_id != options_.job_id) {
-    return InvalidArgumentError(fmt::format("job_id = \"{}\": this lighthouse serves job \"{}\"",
-                                            args.job_id, options_.job_id));
-  }
-  Completions completions;
-  RegisterResult result;
-  bool wake = false;
-  {
-    MutexLock lock(mu_);
-    const LearnerRecord* previous = membership_.FindAny(args.learner_id);
-    // The job's group size and shared settings are the alive learners'; the
-    // first to register when no other is alive (a new job, or a job's
-    // learners all restarted with another configuration) sets them. A
-    // learner of another group size could not take part in the rounds (slice
-    // r goes to rank r), nor one with another round schedule or merge.
-    const size_t others_alive =
-        membership_.counts().alive - (previous != nullptr && previous->alive ? 1 : 0);
-    // (An older learner sends no settings: it is not checked; starting a job
-    // anew, it clears the old job's.)
-    if (others_alive == 0) {
-      if (args.group_size != group_size_ || ByKey(args.job_settings) != ByKey(job_settings_)) {
-        ++job_epoch_;       // the learners that were dead register again to come back
-        finished_.reset();  // (another job)
-      }
-      // The rounds so far closed while no learner registering from now on
-      // was alive: none of them is news that a round left it out (a second
-      // job on a standing lighthouse, or a job restarted whole, would
-      // otherwise take the old job's last round for one that closed without
-      // it at every boundary, and never merge).
-      news_after_round_ = quorum_.latest_round_id();
-      group_size_ = args.group_size;
-      group_size_set_by_ = args.learner_id;
-      job_settings_ = args.job_settings;
-      job_settings_set_by_ = args.learner_id;
-      quorum_.set_final_step(FinalStep(job_settings_));
-    } else if (args.group_size != group_size_) {
-      return InvalidArgumentError(
-          fmt::format("group_size = {}: this job's learners are groups of {} rank(s) (set by '{}')",
-                      args.group_size, group_size_, group_size_set_by_));
-    } else if (job_settings_.empty()) {
-      job_settings_ = args.job_settings;
-      job_settings_set_by_ = args.learner_id;
-      quorum_.set_final_step(FinalStep(job_settings_));
-    } else if (!args.job_settings.empty() && ByKey(args.job_settings) != ByKey(job_settings_)) {
-      return InvalidArgumentError(
-          SettingsDiffer(args.job_settings, job_settings_, job_settings_set_by_));
-    }
-    // A loopback data-plane host works only while every learner runs on
-    // one host: a learner on another host could connect in no round.
-    if (!args.loopback_host.empty()) {
-      if (const LearnerRecord* other =
-              AliveOnAnotherHostLocked(args.peer_host, args.learner_id, /*loopback_only=*/false)) {
-        return InvalidArgumentError(
-            LoopbackRefusal(args.learner_id, args.peer_host, args.loopback_host, *other));
-      }
-    }
-    Micros before = NextDeadlineLocked();
-    Micros now = clock_->NowMicros();
-    std::optional<PendingJoin> replaced;
-    bool known = previous != nullptr;
-    // A known learner registering again is a new process: the round its old
-    // session was a member of will not see it.
-    std::vector<uint64_t> old_rounds;
-    if (previous) old_rounds = MemberRoundsLocked(*previous);
-    do {
-      RAND_bytes(reinterpret_cast<unsigned char*>(&result.session_id), sizeof result.session_id);
-    } while (result.session_id == 0);
-    LearnerRecord& record =
-        membership_.Register(args.learner_id, result.session_id, args.rack, args.address, args.step,
-                             args.last_round_id, now, &replaced);
-    record.rank_addresses = args.rank_addresses;
-    record.job_epoch = job_epoch_;
-    // A new process: what others could not reach before is not held
-    // against it (a learner that restarted looked unreachable meanwhile).
-    if (auto it = suspects_.find(args.learner_id); it != suspects_.end()) {
-      it->second.reports.clear();
-      it->second.until_round = 0;
-      it->second.ignore_through_round = quorum_.latest_round_id();
-    }
-    const uint32_t host = membership_.HostIndex(args.peer_host);
-    membership_.Mutate(record, [&](LearnerRecord& r) {
-      r.peer_host = args.peer_host;
-      r.host = host;
-      r.loopback_host = args.loopback_host;
-    });
-    // Learners on other hosts that gave a loopback data-plane host could
-    // connect in no round with this one: they are refused now (their join
-    // ends with the reason, or their next call finds them gone and their
-    // registration again is refused), not left to fail every round.
-    while (const LearnerRecord* stranded =
-               AliveOnAnotherHostLocked(args.peer_host, args.learner_id, /*loopback_only=*/true)) {
-      LearnerRecord& other = *membership_.FindAny(stranded->id);
-      const std::string why =
-          LoopbackRefusal(other.id, other.peer_host, other.loopback_host, record);
-      AbortJoinLocked(other, InvalidArgumentError(why), &completions);
-      for (uint64_t round_id : MemberRoundsLocked(other)) {
-        AbortRoundLocked(round_id, why, &completions);
-      }
-      membership_.MarkGone(other, now, /*left=*/true);
-      events_.Add(now, "refused", other.id, why);
-    }
-    if (replaced) {
-      completions.push_back([done = std::move(replaced->done), id = args.learner_id]() {
-        done(AbortedError(fmt::format(
-            "learner '{}' registered again; this Quorum call belongs to the old session", id)));
-      });
-    }
-    for (uint64_t old_round : old_rounds) {
-      AbortRoundLocked(old_round,
-                       fmt::format("learner '{}' restarted (registered again)", args.learner_id),
-                       &completions);
-    }
-    counters_.registrations++;
-    events_.Add(now, known ? "re-registered" : "registered", args.learner_id,
-                fmt::format("step {}, last round {}{}", args.step, args.last_round_id,
-                            args.rack.empty() ? "" : ", rack " + args.rack));
-    MaybeCloseLocked(now, &completions);
-    wake = NextDeadlineLocked() < before;
-  }
-  Finish(completions);
-  result.lighthouse_instance = instance_id_;
-  result.heartbeat_interval = options_.heartbeat_interval;
-  result.heartbeat_timeout = options_.heartbeat_timeout;
-  result.ack_interval = options_.ack_interval;
-  if (wake && wakeup_) wakeup_();
-  return result;
 }
 
 StatusOr<HeartbeatResult> LighthouseCore::Heartbeat(const HeartbeatArgs& args) {
@@ -345,31 +124,6 @@ Status LighthouseCore::Leave(const std::string& learner_id, uint64_t session_id,
   Finish(completions);
   if (wake && wakeup_) wakeup_();
   return OkStatus();
-}
-
-const LearnerRecord* LighthouseCore::AliveOnAnotherHostLocked(const std::string& host,
-                                                              const std::string& except,
-                                                              bool loopback_only) const {
-  if (host.empty() || !membership_.AliveOnAnotherHost(host, except, loopback_only)) return nullptr;
-  for (const auto& [id, record] : membership_.records()) {  // (rare: a refusal follows)
-    if (id != except && record->alive && !record->peer_host.empty() && record->peer_host != host &&
-        (!loopback_only || !record->loopback_host.empty())) {
-      return record.get();
-    }
-  }
-  return nullptr;
-}
-
-std::string LighthouseCore::LoopbackRefusal(const std::string& learner_id,
-                                            const std::string& peer_host,
-                                            const std::string& loopback_host,
-                                            const LearnerRecord& other) {
-  return fmt::format(
-      "dataplane_host = \"{}\": learner '{}' (on {}) gave a loopback data-plane host, but "
-      "learner '{}' runs on another host ({}) and could not reach it; set dataplane_host to an "
-      "address of each learner's host that the others reach",
-      loopback_host, learner_id, peer_host == "local" ? "the lighthouse's host" : peer_host,
-      other.id, other.peer_host == "local" ? "the lighthouse's" : other.peer_host);
 }
 
 StatusOr<std::string> LighthouseCore::SessionLearner(uint64_t session_id) {
@@ -446,22 +200,7 @@ uint64_t LighthouseCore::Quorum(const QuorumArgs& args, QuorumCallback done) {
         completions.push_back(
             [done = std::move(done), s = JobFinishedLocked(record.id)]() { done(s); });
       } else {
-        waiter_id = next_waiter_id_++;
-        PendingJoin join;
-        if (finished_ && !finished_->learners.contains(record.id)) {
-          finished_.reset();  // a learner the finished job did not have: a new job
-        }
-        join.after_finished = finished_ && args.last_round_id < finished_->round_id;
-        join.waiter_id = waiter_id;
-        join.last_round_id = args.last_round_id;
-        join.step = args.step;
-        join.tokens_since_last_round = args.tokens_since_last_round;
-        join.joined_at = now;
-        join.deadline = now + args.timeout;
-        join.give_up_short_of_quorum = args.give_up_short_of_quorum;
-        join.done = std::move(done);
-        quorum_.AddJoin(membership_, record, std::move(join));
-        counters_.joins++;
+        waiter_id = AddJoinLocked(record, args, now, std::move(done));
       }
       MaybeCloseLocked(now, &completions);
     }
@@ -469,6 +208,27 @@ uint64_t LighthouseCore::Quorum(const QuorumArgs& args, QuorumCallback done) {
   }
   Finish(completions);
   if (wake && wakeup_) wakeup_();
+  return waiter_id;
+}
+
+uint64_t LighthouseCore::AddJoinLocked(LearnerRecord& record, const QuorumArgs& args, Micros now,
+                                       QuorumCallback done) {
+  PendingJoin join;
+  if (finished_ && !finished_->learners.contains(record.id)) {
+    finished_.reset();  // a learner the finished job did not have: a new job
+  }
+  join.after_finished = finished_ && args.last_round_id < finished_->round_id;
+  join.waiter_id = next_waiter_id_++;
+  join.last_round_id = args.last_round_id;
+  join.step = args.step;
+  join.tokens_since_last_round = args.tokens_since_last_round;
+  join.joined_at = now;
+  join.deadline = now + args.timeout;
+  join.give_up_short_of_quorum = args.give_up_short_of_quorum;
+  join.done = std::move(done);
+  const uint64_t waiter_id = join.waiter_id;
+  quorum_.AddJoin(membership_, record, std::move(join));
+  counters_.joins++;
   return waiter_id;
 }
 
@@ -713,127 +473,6 @@ void LighthouseCore::LogRoundLocked(const Round& round) {
                round.members.size(), alive, left_out);
 }
 
-void LighthouseCore::NoteUnreachableLocked(const LearnerRecord& record, Micros now,
-                                           Completions* completions) {
-  if (record.last_member_round == 0) return;
-  const std::string key =
-      quorum_.RoundPrefix(record.last_member_round) + kRoundUnreachablePrefix + record.id;
-  std::optional<std::string> report = store_.Get(key);
-  if (!report) return;
-  store_.Delete(key, /*prefix=*/false);  // read once
-  if (record.unreachable) return;        // (it was the one out of reach)
-  const uint64_t latest = quorum_.latest_round_id();
-  const uint64_t round_id = record.last_member_round;
-  for (absl::string_view peer : absl::StrSplit(*report, '\n', absl::SkipEmpty())) {
-    if (peer == record.id || membership_.FindAny(std::string(peer)) == nullptr) continue;
-    Suspect& suspect = suspects_[std::string(peer)];
-    // (Not a round it was already left out for, nor one of an earlier process.)
-    if (round_id > suspect.ignore_through_round) suspect.reports.emplace_back(round_id, record.id);
-  }
-  // Who is named by the most distinct others, in the recent rounds.
-  std::string worst;
-  std::vector<std::string> worst_reporters;
-  bool tie = false;
-  for (auto it = suspects_.begin(); it != suspects_.end();) {
-    Suspect& suspect = it->second;
-    std::erase_if(suspect.reports,
-                  [&](const auto& r) { return r.first + kSuspectRounds <= latest; });
-    if (suspect.reports.empty() && suspect.until_round == 0 && suspect.times_left_out == 0) {
-      it = suspects_.erase(it);
-      continue;
-    }
-    if (suspect.until_round != 0) {  // left out already
-      ++it;
-      continue;
-    }
-    std::set<std::string> reporters;
-    for (const auto& [round, reporter] : suspect.reports) reporters.insert(reporter);
-    if (reporters.size() > worst_reporters.size()) {
-      worst = it->first;
-      worst_reporters.assign(reporters.begin(), reporters.end());
-      tie = false;
-    } else if (!reporters.empty() && reporters.size() == worst_reporters.size()) {
-      tie = true;
-    }
-    ++it;
-  }
-  if (worst_reporters.size() < 2 || tie) return;
-  LearnerRecord* culprit = membership_.FindAny(worst);
-  if (culprit == nullptr || !culprit->alive || culprit->unreachable) return;
-  LeaveOutLocked(*culprit, worst_reporters, now, completions);
-}
-
-void LighthouseCore::LeaveOutLocked(LearnerRecord& record,
-                                    const std::vector<std::string>& reporters, Micros now,
-                                    Completions* completions) {
-  Suspect& suspect = suspects_[record.id];
-  const uint64_t rounds =
-      std::min<uint64_t>(kMaxLeftOutRounds, uint64_t{1} << std::min(suspect.times_left_out, 6u));
-  suspect.times_left_out++;
-  suspect.until_round = quorum_.latest_round_id() + rounds;
-  suspect.ignore_through_round = quorum_.latest_round_id();
-  suspect.reports.clear();
-  // What it said of others is discounted: it was the one out of reach.
-  for (auto& [id, other] : suspects_) {
-    std::erase_if(other.reports, [&](const auto& r) { return r.second == record.id; });
-  }
-  suspect.why = fmt::format(
-      "learner '{}' is left out of the next {} round(s) (until round {} closes): learners {} could "
-      "not connect to its data plane (dataplane_host {}). Is a firewall in the way, or is "
-      "dataplane_host an address the others cannot reach? It trains on alone meanwhile, and is "
-      "tried again after that",
-      record.id, rounds, suspect.until_round, fmt::join(reporters, ", "),
-      !record.rank_addresses.empty() ? fmt::format("{}", fmt::join(record.rank_addresses, ", "))
-      : !record.address.empty()      ? record.address
-                                     : std::string("not known"));
-  spdlog::warn("{}", suspect.why);
-  events_.Add(now, "unreachable", record.id,
-              fmt::format("{} could not connect to it; left out of {} round(s)",
-                          fmt::join(reporters, ", "), rounds));
-  counters_.left_out_unreachable++;
-  AbortJoinLocked(record, DeadlineExceededError(suspect.why), completions);
-  membership_.Mutate(record, [](LearnerRecord& r) { r.unreachable = true; });
-}
-
-void LighthouseCore::LetBackInLocked(Micros now) {
-  const uint64_t latest = quorum_.latest_round_id();
-  for (auto& [id, suspect] : suspects_) {
-    if (suspect.until_round == 0 || latest < suspect.until_round) continue;
-    if (LearnerRecord* record = membership_.FindAny(id)) {
-      ReinstateLocked(*record, now, "its rounds left out have closed");
-    } else {
-      suspect.until_round = 0;
-    }
-  }
-}
-
-void LighthouseCore::ReinstateLocked(LearnerRecord& record, Micros now, std::string_view why) {
-  suspects_[record.id].until_round = 0;
-  if (!record.unreachable) return;
-  membership_.Mutate(record, [](LearnerRecord& r) { r.unreachable = false; });
-  events_.Add(now, "reinstated", record.id,
-              fmt::format("in the rounds again after it was left out as unreachable: {}", why));
-}
-
-void LighthouseCore::ReinstateIfNeededLocked(LearnerRecord& record, Micros now) {
-  if (!record.unreachable) return;
-  // The learners that may join rounds without it (alive, not left out), as
-  // the quorum counts them: the minimum, and half of the alive ones.
-  size_t left_out = 0;
-  for (const auto& [id, suspect] : suspects_) {
-    const LearnerRecord* other = suspect.until_round != 0 ? membership_.FindAny(id) : nullptr;
-    if (other != nullptr && other->alive && other->unreachable) ++left_out;
-  }
-  const MembershipCounts& counts = membership_.counts();
-  const size_t others = counts.alive - std::min(counts.alive, left_out);
-  // (With it they may: alone, or short even with it, it is left out still
-  // and trains on at once rather than wait for a round that cannot form.)
-  const bool too_few = others < options_.quorum.min_learners || 2 * others < counts.alive;
-  if (too_few && others + 1 >= options_.quorum.min_learners) {
-    ReinstateLocked(record, now, "the others are too few for a round without it");
-  }
-}
-
 // The rounds `record` was a member of that may still be running: its newest
 // and, of the earlier ones, those whose keys the store still holds.
 std::vector<uint64_t> LighthouseCore::MemberRoundsLocked(const LearnerRecord& record) const {
@@ -871,81 +510,6 @@ std::string LighthouseCore::QuorumShortfallLocked() const {
 uint64_t LighthouseCore::RecordsVisited() {
   MutexLock lock(mu_);
   return membership_.records_visited();
-}
-
-StatusSnapshot LighthouseCore::Snapshot(size_t max_learners, size_t max_rounds) {
-  MutexLock lock(mu_);
-  Micros now = clock_->NowMicros();
-  auto ms = [](Micros micros) { return static_cast<double>(micros) / kMicrosPerMilli; };
-  StatusSnapshot snap;
-  snap.job_id = options_.job_id;
-  snap.instance_id = instance_id_;
-  snap.uptime_s = static_cast<double>(now - started_at_) / kMicrosPerSecond;
-  snap.min_learners = options_.quorum.min_learners;
-  snap.grace_window_max_ms = ms(options_.quorum.grace_window);
-  snap.grace_window_ms = ms(quorum_.grace_window());
-  snap.heartbeat_timeout_ms = ms(options_.heartbeat_timeout);
-  snap.failslow_zscore_threshold = options_.failslow.zscore_threshold;
-  snap.failslow_window_steps = options_.failslow.window_steps;
-  const MembershipCounts& counts = membership_.counts();
-  snap.learners_known = membership_.size();
-  snap.learners_alive = counts.alive;
-  snap.learners_slow = counts.slow;
-  snap.learners_waiting = counts.pending;
-  snap.latest_round_id = quorum_.latest_round_id();
-  if (auto reached = quorum_.quorum_reached_at()) snap.quorum_reached_ms_ago = ms(now - *reached);
-  const store::StoreStats store = store_.Stats();
-  snap.store_keys = store.keys;
-  snap.store_bytes = store.bytes;
-  snap.store_waiters = store.waiters;
-  snap.events_total = events_.total();
-
-  std::vector<const LearnerRecord*> records;
-  records.reserve(membership_.size());
-  for (const auto& [id, record] : membership_.records()) records.push_back(record.get());
-  auto order = [](const LearnerRecord* a, const LearnerRecord* b) {
-    auto rank = [](const LearnerRecord* r) { return r->slow ? 0 : r->alive ? 1 : 2; };
-    return std::make_pair(rank(a), std::string_view(a->id)) <
-           std::make_pair(rank(b), std::string_view(b->id));
-  };
-  size_t shown = std::min(max_learners, records.size());
-  std::partial_sort(records.begin(), records.begin() + static_cast<long>(shown), records.end(),
-                    order);
-  for (size_t i = 0; i < shown; ++i) {
-    const LearnerRecord& r = *records[i];
-    const LearnerVitals& v = membership_.vitals(r);
-    snap.learners.push_back(LearnerView{r.id, std::string(r.state()), r.rack, r.address,
-                                        r.rank_addresses, r.step, r.tokens_total, r.tokens_per_s,
-                                        ms(now - v.last_heartbeat), r.slow, v.slow_zscore,
-                                        v.median_step_ms, r.last_round_id, r.rounds_joined});
-  }
-  const auto& history = quorum_.history();
-  size_t first = history.size() > max_rounds ? history.size() - max_rounds : 0;
-  for (size_t i = first; i < history.size(); ++i) {
-    const Round& round = *history[i];
-    RoundView view;
-    view.id = round.id;
-    view.member_count = round.members.size();
-    for (size_t m = 0; m < round.members.size() && m < StatusSnapshot::kMaxListedMembers; ++m) {
-      view.members.push_back(round.members[m].id);
-    }
-    view.closed_by = round.closed_by;
-    view.waited_ms = ms(round.waited());
-    view.span_ms = ms(round.closed_at - round.first_join_at);
-    view.grace_window_ms = ms(round.grace_window);
-    view.age_ms = ms(now - round.closed_at);
-    view.total_tokens = round.total_tokens;
-    for (const auto& [source, healees] : round.heal_to) view.healing += healees.size();
-    view.heal_round_id = round.heal_round_id;
-    snap.rounds.push_back(std::move(view));
-  }
-  for (const Event& event : events_.events()) {
-    snap.events.push_back(
-        EventView{event.seq, ms(now - event.at), event.kind, event.learner_id, event.message});
-  }
-  snap.counters = counters_;
-  snap.counters.store_ops = store.ops;
-  return snap;
 }
 
 }  // namespace mend::coordinator

@@ -171,9 +171,30 @@ class LighthouseCore {
  private:
   void Finish(Completions& completions);
   void MaybeCloseLocked(Micros now, Completions* completions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `record`'s join of a round, pending (Quorum); returns its waiter id.
+  uint64_t AddJoinLocked(LearnerRecord& record, const QuorumArgs& args, Micros now,
+                         QuorumCallback done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives every alive learner a fresh heartbeat timeout after a gap in the
   // lighthouse's own ticks (lighthouse_core.cc says when).
   void NoticeStallLocked(Micros now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `args`'s learner may join the job: its group size and shared
+  // settings are the alive learners' (or, with none alive, become the
+  // job's), and a loopback data-plane host only while all run on one host.
+  // `previous`: its record from an earlier registration, if any.
+  Status AdmitLocked(const RegisterArgs& args, const LearnerRecord* previous)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Refuses the alive learners on other hosts than `record`'s that gave a
+  // loopback data-plane host: they could connect in no round with it.
+  void RefuseStrandedLocked(const LearnerRecord& record, Micros now, Completions* completions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends what a learner registering again leaves of its old session: the
+  // join it `replaced` (ABORTED) and the rounds it was a member of.
+  void EndOldSessionLocked(const std::string& learner_id, std::optional<PendingJoin> replaced,
+                           const std::vector<uint64_t>& old_rounds, Completions* completions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops what others reported they could not reach of `learner_id` (a new
+  // process of it registered).
+  void ForgiveLocked(const std::string& learner_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // An alive learner other than `except` registered from another host than
   // `host` (with `loopback_only`, one that gave a loopback data-plane
   // host); nullptr when none or `host` is not known.

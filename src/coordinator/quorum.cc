@@ -183,20 +183,8 @@ std::shared_ptr<Round> QuorumMachine::Close(Membership& membership, Micros now,
   joins->reserve(taken.size());
   round->members.reserve(taken.size());
   for (size_t rank = 0; rank < taken.size(); ++rank) {
-    const LearnerRecord& record = *taken[rank].first;
     PendingJoin& join = taken[rank].second;
-    MemberInfo member;
-    member.id = record.id;
-    member.step = join.step;
-    member.tokens_since_last_round = join.tokens_since_last_round;
-    member.last_round_id = join.last_round_id;
-    member.rack = record.rack;
-    // Where its data plane is reached: as registered, else its (group rank
-    // 0's) data-plane host, which a member's failed connect names.
-    member.address = !record.address.empty() || record.rank_addresses.empty()
-                         ? record.address
-                         : record.rank_addresses.front();
-    round->members.push_back(std::move(member));
+    round->members.push_back(MemberOf(*taken[rank].first, join));
     // Each member's count is bounded by validation, their sum is not: saturate.
     if (__builtin_add_overflow(round->total_tokens, join.tokens_since_last_round,
                                &round->total_tokens)) {
@@ -216,14 +204,33 @@ std::shared_ptr<Round> QuorumMachine::Close(Membership& membership, Micros now,
   late_watch_ = std::move(late_watch);
   quorum_reached_at_.reset();
 
-  history_.push_back(round);
+  Remember(round);
+  return round;
+}
+
+MemberInfo QuorumMachine::MemberOf(const LearnerRecord& record, const PendingJoin& join) {
+  MemberInfo member;
+  member.id = record.id;
+  member.step = join.step;
+  member.tokens_since_last_round = join.tokens_since_last_round;
+  member.last_round_id = join.last_round_id;
+  member.rack = record.rack;
+  // Where its data plane is reached: as registered, else its (group rank
+  // 0's) data-plane host, which a member's failed connect names.
+  member.address = !record.address.empty() || record.rank_addresses.empty()
+                       ? record.address
+                       : record.rank_addresses.front();
+  return member;
+}
+
+void QuorumMachine::Remember(std::shared_ptr<Round> round) {
   history_member_count_ += round->members.size();
+  history_.push_back(std::move(round));
   while (history_.size() > 1 && (history_.size() > options_.history_size ||
                                  history_member_count_ > options_.history_members)) {
     history_member_count_ -= history_.front()->members.size();
     history_.pop_front();
   }
-  return round;
 }
 
 void QuorumMachine::AssignHealSources(Round& round) const {

@@ -120,6 +120,11 @@ class QuorumMachine {
   std::shared_ptr<Round> Close(Membership& membership, Micros now, std::string closed_by,
                                std::vector<std::pair<PendingJoin, uint32_t>>* joins);
   void AssignHealSources(Round& round) const;
+  // The round member that `record`'s `join` makes.
+  static MemberInfo MemberOf(const LearnerRecord& record, const PendingJoin& join);
+  // Keeps `round` in history_, dropping the oldest past history_size rounds
+  // or history_members members.
+  void Remember(std::shared_ptr<Round> round);
   // A round may close only if a pending learner holds the newest global
   // state among the live learners (the highest last round id known here:
   // reported at registration and join, or the last round a learner was made

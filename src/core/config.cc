@@ -123,28 +123,33 @@ std::string SuggestConfigKey(std::string_view unknown) {
   return best ? std::string(best->name) : std::string();
 }
 
+// SetConfigValue of an integer key.
+static Status SetIntValue(Config& config, const ConfigKey& key, std::string_view text,
+                          std::string_view source) {
+  auto value = ParseInt64(text);
+  if (!value) {
+    // An integer too large for 64 bits is out of range, not "not an integer".
+    std::string_view digits = text.starts_with('-') ? text.substr(1) : text;
+    const bool integer = !digits.empty() && std::all_of(digits.begin(), digits.end(), [](char c) {
+      return c >= '0' && c <= '9';
+    });
+    return ValueError(key, text, source,
+                      integer ? "must be in " + RangeText(key) : "expected an integer");
+  }
+  if (*value < key.min || *value > key.max) {
+    return ValueError(key, text, source, "must be in " + RangeText(key));
+  }
+  config.*std::get<int64_t Config::*>(key.field) = *value;
+  return OkStatus();
+}
+
 Status SetConfigValue(Config& config, std::string_view name, std::string_view text,
                       std::string_view source) {
   const ConfigKey* key = FindConfigKey(name);
   if (key == nullptr) return UnknownKeyError(name, source);
   switch (key->type) {
-    case ConfigType::kInt: {
-      auto value = ParseInt64(text);
-      if (!value) {
-        // An integer too large for 64 bits is out of range, not "not an integer".
-        std::string_view digits = text.starts_with('-') ? text.substr(1) : text;
-        const bool integer =
-            !digits.empty() &&
-            std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
-        return ValueError(*key, text, source,
-                          integer ? "must be in " + RangeText(*key) : "expected an integer");
-      }
-      if (*value < key->min || *value > key->max) {
-        return ValueError(*key, text, source, "must be in " + RangeText(*key));
-      }
-      config.*std::get<int64_t Config::*>(key->field) = *value;
-      return OkStatus();
-    }
+    case ConfigType::kInt:
+      return SetIntValue(config, *key, text, source);
     case ConfigType::kDouble: {
       auto value = ParseDouble(text);
       if (!value) return ValueError(*key, text, source, "expected a finite number");
@@ -284,13 +289,8 @@ Status CheckDesloc(const Config& config) {
   return OkStatus();
 }
 
-Status CheckConfig(const Config& config) {
-  // Every value once more through the per-key checks (a Config may be built in code).
-  for (const ConfigKey& key : ConfigKeys()) {
-    Config scratch;
-    MEND_RETURN_IF_ERROR(
-        SetConfigValue(scratch, key.name, FormatConfigValue(config, key), "the configuration"));
-  }
+// CheckConfig's names and addresses.
+static Status CheckNames(const Config& config) {
   // The lighthouse refuses other characters in these; say so at load time.
   MEND_RETURN_IF_ERROR(CheckIdentifier(config.job_id, "job_id", /*allow_empty=*/false));
   MEND_RETURN_IF_ERROR(CheckIdentifier(config.rack, "rack", /*allow_empty=*/true));
@@ -299,6 +299,37 @@ Status CheckConfig(const Config& config) {
   if (!config.http.empty()) MEND_RETURN_IF_ERROR(CheckHostPort(config.http, "http"));
   if (!config.group_store.empty())
     MEND_RETURN_IF_ERROR(CheckHostPort(config.group_store, "group_store"));
+  return OkStatus();
+}
+
+// CheckConfig's rules for a learner of several ranks.
+static Status CheckGroup(const Config& config) {
+  if (config.group_rank >= config.group_size) {
+    return InvalidArgumentError(fmt::format("group_rank = {}: must be below group_size = {}",
+                                            config.group_rank, config.group_size));
+  }
+  if (config.group_size > 1 && config.train_through_lighthouse_outage &&
+      config.group_store.empty()) {
+    // Refused rather than done wrong: without group_store the other ranks read
+    // each round decision from the lighthouse's store, which a restart
+    // empties (docs/architecture.md).
+    return InvalidArgumentError(
+        fmt::format("train_through_lighthouse_outage = true with group_size = {} needs "
+                    "group_store: without it the group's "
+                    "ranks learn the rounds from the lighthouse's store, which a restart empties",
+                    config.group_size));
+  }
+  return OkStatus();
+}
+
+Status CheckConfig(const Config& config) {
+  // Every value once more through the per-key checks (a Config may be built in code).
+  for (const ConfigKey& key : ConfigKeys()) {
+    Config scratch;
+    MEND_RETURN_IF_ERROR(
+        SetConfigValue(scratch, key.name, FormatConfigValue(config, key), "the configuration"));
+  }
+  MEND_RETURN_IF_ERROR(CheckNames(config));
   if (config.heartbeat_timeout_ms < 2 * config.heartbeat_ms) {
     return InvalidArgumentError(
         fmt::format("heartbeat_timeout_ms = {}: must be at least 2 x heartbeat_ms = {}",
@@ -317,21 +348,7 @@ Status CheckConfig(const Config& config) {
     return InvalidArgumentError(fmt::format("topk_k = {}: must not exceed topk_chunk_size = {}",
                                             config.topk_k, config.topk_chunk_size));
   }
-  if (config.group_rank >= config.group_size) {
-    return InvalidArgumentError(fmt::format("group_rank = {}: must be below group_size = {}",
-                                            config.group_rank, config.group_size));
-  }
-  if (config.group_size > 1 && config.train_through_lighthouse_outage &&
-      config.group_store.empty()) {
-    // Refused rather than done wrong: without group_store the other ranks read
-    // each round decision from the lighthouse's store, which a restart
-    // empties (docs/architecture.md).
-    return InvalidArgumentError(
-        fmt::format("train_through_lighthouse_outage = true with group_size = {} needs "
-                    "group_store: without it the group's "
-                    "ranks learn the rounds from the lighthouse's store, which a restart empties",
-                    config.group_size));
-  }
+  MEND_RETURN_IF_ERROR(CheckGroup(config));
   if (config.fragments > config.sync_period_steps) {
     return InvalidArgumentError(fmt::format(
         "fragments = {}: must be in [1, sync_period_steps = {}] (each fragment needs its own step)",

@@ -49,25 +49,49 @@ std::string SelfExecutable() {
   return error ? std::string() : path.string();
 }
 
+namespace {
+
+// The child starts with default signal dispositions and no blocked signals,
+// in a process group of its own when `new_process_group`.
+void InitAttributes(posix_spawnattr_t* attributes, bool new_process_group) {
+  posix_spawnattr_init(attributes);
+  sigset_t all;
+  sigfillset(&all);
+  sigset_t none;
+  sigemptyset(&none);
+  posix_spawnattr_setsigdefault(attributes, &all);
+  posix_spawnattr_setsigmask(attributes, &none);
+  short flags = POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK;
+  if (new_process_group) {
+    flags |= POSIX_SPAWN_SETPGROUP;
+    posix_spawnattr_setpgroup(attributes, 0);
+  }
+  posix_spawnattr_setflags(attributes, flags);
+}
+
+// The child's environment: this process's, less options.unset_env, with
+// options.extra_env added or replacing; "NAME=value" each.
+std::vector<std::string> ChildEnvironment(const SubprocessOptions& options) {
+  std::map<std::string, std::string> env;
+  for (char** entry = environ; *entry != nullptr; ++entry) {
+    std::string line(*entry);
+    env[line.substr(0, line.find('='))] = line;
+  }
+  for (const auto& name : options.unset_env) env.erase(name);
+  for (const auto& line : options.extra_env) env[line.substr(0, line.find('='))] = line;
+  std::vector<std::string> lines;
+  for (auto& [name, line] : env) lines.push_back(std::move(line));
+  return lines;
+}
+
+}  // namespace
+
 StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(const SubprocessOptions& options) {
   if (options.argv.empty()) return InvalidArgumentError("Subprocess: empty argv");
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawnattr_t attributes;
-  posix_spawnattr_init(&attributes);
-  // The child starts with default signal dispositions and no blocked signals.
-  sigset_t all;
-  sigfillset(&all);
-  sigset_t none;
-  sigemptyset(&none);
-  posix_spawnattr_setsigdefault(&attributes, &all);
-  posix_spawnattr_setsigmask(&attributes, &none);
-  short flags = POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK;
-  if (options.new_process_group) {
-    flags |= POSIX_SPAWN_SETPGROUP;
-    posix_spawnattr_setpgroup(&attributes, 0);
-  }
-  posix_spawnattr_setflags(&attributes, flags);
+  InitAttributes(&attributes, options.new_process_group);
 
   int pipe_fds[2] = {-1, -1};
   auto redirect = [&](const std::string& to, int target) -> Status {
@@ -85,15 +109,9 @@ StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(const SubprocessOptions&
   Status status = redirect(options.stdout_to, STDOUT_FILENO);
   if (status.ok()) status = redirect(options.stderr_to, STDERR_FILENO);
 
-  std::map<std::string, std::string> env;
-  for (char** entry = environ; *entry != nullptr; ++entry) {
-    std::string line(*entry);
-    env[line.substr(0, line.find('='))] = line;
-  }
-  for (const auto& name : options.unset_env) env.erase(name);
-  for (const auto& line : options.extra_env) env[line.substr(0, line.find('='))] = line;
+  std::vector<std::string> env = ChildEnvironment(options);
   std::vector<char*> envp;
-  for (auto& [name, line] : env) envp.push_back(line.data());
+  for (std::string& line : env) envp.push_back(line.data());
   envp.push_back(nullptr);
   std::vector<std::string> argv_copy = options.argv;
   std::vector<char*> argv;

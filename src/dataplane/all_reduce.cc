@@ -402,16 +402,18 @@ Status GlooCommunicator::ReduceSegment(Op& op, Reduction& run, const std::vector
       if (peer != me) run.gather.push_back(PostSend(op, peer, kGather, s, result, bytes));
     }
   }
-  if (run.raw) {
-    // fp32 results land in place, so segment s of the other slices may be
-    // received only once our own piece of it has left.
-    MEND_RETURN_IF_ERROR(WaitAll(op, run.scatter[s]));
-    for (int peer = 0; peer < size; ++peer) {
-      auto [peer_begin, peer_end] = run.slicing.Piece(peer, s);
-      if (peer == me || peer_begin == peer_end) continue;
-      run.results_in.push_back(PostRecv(op, peer, kGather, s, run.data.data() + peer_begin,
-                                        run.layout.piece_bytes(peer, s)));
-    }
+  return run.raw ? PostRawResults(op, run, s) : OkStatus();
+}
+
+Status GlooCommunicator::PostRawResults(Op& op, Reduction& run, size_t s) {
+  // fp32 results land in place, so segment s of the other slices may be
+  // received only once our own piece of it has left.
+  MEND_RETURN_IF_ERROR(WaitAll(op, run.scatter[s]));
+  for (int peer = 0; peer < options_.world_size; ++peer) {
+    auto [peer_begin, peer_end] = run.slicing.Piece(peer, s);
+    if (peer == options_.rank || peer_begin == peer_end) continue;
+    run.results_in.push_back(PostRecv(op, peer, kGather, s, run.data.data() + peer_begin,
+                                      run.layout.piece_bytes(peer, s)));
   }
   return OkStatus();
 }

@@ -146,21 +146,25 @@ Status GlooCommunicator::Wait(Op& op, Transfer& transfer) {
                                       abort_reason_.empty() ? "aborted" : abort_reason_));
     }
   } catch (const gloo::IoException& error) {
-    std::string message = error.what();
-    bool timed_out = message.find("imed out") != std::string::npos;
-    if (timed_out) {
-      return DeadlineExceededError(
-          fmt::format("round {}: {}: {} {}: nothing within the {} ms deadline", options_.round_id,
-                      op.name, what, PeerName(transfer.peer), options_.timeout / kMicrosPerMilli));
-    }
-    return AbortedError(fmt::format("round {}: {}: {} {}: connection lost ({})", options_.round_id,
-                                    op.name, what, PeerName(transfer.peer), message));
+    return WaitFailed(op, transfer, error.what());
   } catch (const std::exception& error) {
     return AbortedError(fmt::format("round {}: {}: {} {}: {}", options_.round_id, op.name, what,
                                     PeerName(transfer.peer), error.what()));
   }
   not_waiting.completed = true;
   return OkStatus();
+}
+
+Status GlooCommunicator::WaitFailed(const Op& op, const Transfer& transfer,
+                                    const std::string& message) const {
+  const char* what = transfer.is_send ? "sending to" : "receiving from";
+  if (message.find("imed out") != std::string::npos) {
+    return DeadlineExceededError(
+        fmt::format("round {}: {}: {} {}: nothing within the {} ms deadline", options_.round_id,
+                    op.name, what, PeerName(transfer.peer), options_.timeout / kMicrosPerMilli));
+  }
+  return AbortedError(fmt::format("round {}: {}: {} {}: connection lost ({})", options_.round_id,
+                                  op.name, what, PeerName(transfer.peer), message));
 }
 
 Status GlooCommunicator::WaitAll(Op& op, std::vector<Transfer>& transfers) {

@@ -251,6 +251,8 @@ class GlooCommunicator final : public Communicator {
   }
   // Waits for one transfer until the operation's deadline.
   Status Wait(Op& op, Transfer& transfer);
+  // The error of a wait for `transfer` that Gloo ended with `message`.
+  Status WaitFailed(const Op& op, const Transfer& transfer, const std::string& message) const;
   Status WaitAll(Op& op, std::vector<Transfer>& transfers);
 
   // out[r * size ...] <- member r's `mine`: posting, and posting + waiting.
@@ -280,6 +282,9 @@ class GlooCommunicator final : public Communicator {
   // The others' pieces of segment `s` of our slice (none past the last).
   void PostContributions(Op& op, Reduction& run, size_t s);
   Status ReduceSegment(Op& op, Reduction& run, const std::vector<float>& weights, size_t segment);
+  // fp32: once our piece of segment s has left, the others' reduced pieces
+  // of it, received in place.
+  Status PostRawResults(Op& op, Reduction& run, size_t s);
   Status FinishGather(Op& op, Reduction& run);
 
   std::string PeerName(int peer) const {
