@@ -56,17 +56,6 @@ struct Active {
   uint64_t rounds_then = 0;  // rounds (target's, or the job's) when it ended
 };
 
-std::vector<json> ReadJsonLines(const std::string& path) {
-  std::vector<json> lines;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) {
-    json parsed = json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (parsed.is_object()) lines.push_back(std::move(parsed));
-  }
-  return lines;
-}
-
 double SettingValue(const std::vector<std::string>& settings, const std::string& key,
                     double fallback) {
   for (const std::string& setting : settings) {
@@ -154,9 +143,12 @@ class Harness {
     kinds_ = o_.faults;
     std::shuffle(kinds_.begin(), kinds_.end(), random_);
     spec_ = o_.job;
-    spec_.settings.push_back(fmt::format("diagnostics_dir={}/diagnostics", dir_));
-    spec_.settings.push_back(fmt::format("checkpoint_dir={}/checkpoints", dir_));
-    spec_.settings.push_back("checkpoint_every_rounds=2");
+    spec_.train_args.insert(spec_.train_args.end(),
+                            {"--step-time-ms", std::to_string(o_.step_time_ms)});
+    spec_.settings.insert(
+        spec_.settings.end(),
+        {fmt::format("diagnostics_dir={}/diagnostics", dir_),
+         fmt::format("checkpoint_dir={}/checkpoints", dir_), "checkpoint_every_rounds=2"});
     if (GroupedJob(spec_) && spec_.group_stores.empty()) {
       // Each group's own store, on the same port across the group's restarts.
       MEND_ASSIGN_OR_RETURN(std::vector<int> ports, FreeLoopbackPorts(spec_.learners));

@@ -49,9 +49,13 @@ struct ChaosOptions {
   double slow_s = 12;      // how long a learner is throttled
   double slow_duty = 0.5;  // the share of time it is stopped while throttled
   double lighthouse_down_s = 2;
-  double quiet_end = 0.15;       // no new fault in the last share of the steps
-  double stall_slack_s = 2;      // bound = grace window + heartbeat timeout + this
-  bool reference = true;         // also run the job without faults
+  double quiet_end = 0.15;   // no new fault in the last share of the steps
+  double stall_slack_s = 2;  // bound = grace window + heartbeat timeout + this
+  bool reference = true;     // also run the job without faults
+  // The fault run's learners take at least this per inner step (mend train
+  // --step-time-ms): the faults need a job that lasts, not one that
+  // computes. 0: as fast as the machine goes.
+  int64_t step_time_ms = 0;
   double loss_tolerance = 0.01;  // the final eval loss may exceed the fault-free one by this share
 };
 

@@ -306,6 +306,12 @@ void AddChaosCommand(CLI::App& app, int* exit_code) {
       ->check(CLI::Range(int64_t{1}, int64_t{64}));
   command->add_option("--lr", flags->lr, "Peak inner AdamW learning rate (default: mend train's)")
       ->check(CLI::PositiveNumber);
+  command
+      ->add_option("--step-time-ms", o.step_time_ms,
+                   "The fault run's learners take at least this per inner step (0: as fast as "
+                   "the machine goes): the faults need a job that lasts, not one that computes")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{60000}));
   command->add_option("--seed", o.seed, "Seed of the fault times, kinds and targets")
       ->capture_default_str();
   command->add_option("--faults", flags->faults, "Comma-separated: kill, stop, slow, lighthouse")

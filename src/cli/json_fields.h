@@ -8,10 +8,12 @@
 #pragma once
 
 #include <cstdint>
+#include <fstream>
 #include <limits>
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <vector>
 
 #include "nlohmann/json.hpp"
 
@@ -45,6 +47,19 @@ T Field(const nlohmann::json& object, std::string_view key, T absent) {
     }
     return absent;
   }
+}
+
+// The objects of a JSON-lines file, in order: a line that is not one (the
+// last, still being written; a torn one) is passed over. None when the file
+// cannot be read.
+inline std::vector<nlohmann::json> ReadJsonLines(const std::string& path) {
+  std::vector<nlohmann::json> lines;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    nlohmann::json parsed = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (parsed.is_object()) lines.push_back(std::move(parsed));
+  }
+  return lines;
 }
 
 }  // namespace mend::cli

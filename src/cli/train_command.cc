@@ -216,6 +216,12 @@ void AddTrainCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   command->add_option("--progress-every", o.progress_every, "Steps between progress lines")
       ->capture_default_str();
+  command
+      ->add_option("--step-time-ms", o.step_time_ms,
+                   "Each inner step takes at least this long (a faster one sleeps the rest, as "
+                   "if an accelerator computed it; 0: as fast as the CPU goes)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{3600000}));
   command->add_option("--threads", flags->threads, "LibTorch intra-op threads")
       ->capture_default_str()
       ->check(CLI::Range(1, 256));

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <thread>
 
 #include "ATen/ATen.h"
 #include "core/status_format.h"
@@ -118,8 +119,9 @@ Status CheckTrainOptions(const TrainOptions& options) {
     return InvalidArgumentError(fmt::format("train: start_step = {}: must be in [0, steps = {})",
                                             options.start_step, options.steps));
   }
-  if (options.warmup_steps < 0 || options.eval_every < 0) {
-    return InvalidArgumentError("train: warmup_steps and eval_every must not be negative");
+  if (options.warmup_steps < 0 || options.eval_every < 0 || options.step_time_ms < 0) {
+    return InvalidArgumentError(
+        "train: warmup_steps, eval_every and step_time_ms must not be negative");
   }
   return OkStatus();
 }
@@ -152,6 +154,38 @@ nlohmann::json TrainResult::ToJson() const {
           {"reducer_quiet_steps", reducer_quiet_steps},
           {"eval_curve", curve}};
 }
+
+namespace {
+
+// After a step: the checkpoint asked for (SIGUSR1), if any. A group's
+// checkpoint is collective: a rank asked for one tells the others with its
+// next gradient average, and all write it after that step.
+void CheckpointIfAsked(const Config& config, TrainSignals* signals, DataParallel* group,
+                       Reducer& reducer) {
+  if (group != nullptr && signals != nullptr && signals->checkpoint.exchange(false)) {
+    group->RequestCheckpoint();
+  }
+  const bool checkpoint_now =
+      group != nullptr ? group->CheckpointAgreed() : signals && signals->checkpoint.exchange(false);
+  if (!checkpoint_now) return;
+  if (config.checkpoint_dir.empty()) {
+    spdlog::warn("checkpoint asked for, but checkpoint_dir is not set");
+    return;
+  }
+  const std::string path =
+      CheckpointDirectory(config.checkpoint_dir, static_cast<int>(config.checkpoint_keep))
+          .PathOf(reducer.stats().last_round_id);
+  std::error_code error;
+  std::filesystem::create_directories(config.checkpoint_dir, error);
+  if (Status saved = reducer.SaveCheckpoint(path); saved.ok()) {
+    spdlog::info("checkpoint {} {} (on demand)",
+                 config.group_rank == 0 ? "written to" : "written by group rank 0 to", path);
+  } else {
+    spdlog::error("checkpoint on demand failed: {}", saved);
+  }
+}
+
+}  // namespace
 
 StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config,
                             const std::string& token, const Clock& clock,
@@ -320,6 +354,8 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config,
       static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
     }
     optimizer.step();
+    if (options.step_time_ms > 0)
+      std::this_thread::sleep_until(begin + std::chrono::milliseconds(options.step_time_ms));
     if (adam) {
       nlohmann::json record = {
           {"step", step}, {"lr", lr}, {"optimizer_step", adam->Step()}, {"inner", count_from}};
@@ -353,31 +389,7 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config,
         quiet_sum += us;
       }
     }
-    // A group's checkpoint is collective: a rank asked for one tells the
-    // others with its next gradient average, and all write it after that step.
-    if (group_data_parallel && signals && signals->checkpoint.exchange(false)) {
-      group_data_parallel->RequestCheckpoint();
-    }
-    const bool checkpoint_now = group_data_parallel
-                                    ? group_data_parallel->CheckpointAgreed()
-                                    : signals && signals->checkpoint.exchange(false);
-    if (reducer && checkpoint_now) {
-      if (config.checkpoint_dir.empty()) {
-        spdlog::warn("checkpoint asked for, but checkpoint_dir is not set");
-      } else {
-        const std::string path =
-            CheckpointDirectory(config.checkpoint_dir, static_cast<int>(config.checkpoint_keep))
-                .PathOf(reducer->stats().last_round_id);
-        std::error_code error;
-        std::filesystem::create_directories(config.checkpoint_dir, error);
-        if (Status saved = reducer->SaveCheckpoint(path); saved.ok()) {
-          spdlog::info("checkpoint {} {} (on demand)",
-                       config.group_rank == 0 ? "written to" : "written by group rank 0 to", path);
-        } else {
-          spdlog::error("checkpoint on demand failed: {}", saved);
-        }
-      }
-    }
+    if (reducer) CheckpointIfAsked(config, signals, group_data_parallel.get(), *reducer);
     std::optional<double> eval_loss;
     if (options.eval_every > 0 && step % options.eval_every == 0 && step < options.steps) {
       eval_loss = evaluate(step);

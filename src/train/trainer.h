@@ -54,6 +54,11 @@ struct TrainOptions {
   uint64_t data_seed =
       0;  // mixed with the shard (and start step): each learner draws its own batches
   int64_t progress_every = 10;
+  // Each inner step takes at least this long (0: as fast as the CPU goes):
+  // a faster step sleeps the rest, as if an accelerator computed it, while
+  // the rounds go on in the background. The chaos harness's faults need a
+  // job that lasts, not one that computes.
+  int64_t step_time_ms = 0;
 };
 
 [[nodiscard]] Status CheckTrainOptions(const TrainOptions& options);

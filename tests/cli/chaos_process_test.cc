@@ -10,11 +10,15 @@
 // running other tests may be slow, but a collective held by a dead or
 // stopped member until its 30 s deadline would still exceed it.
 //
-// Faults come at seeded times, training runs as fast as the machine allows,
-// and no fault starts in the last 15% of the steps. One round of the four
-// kinds (with their recoveries) takes about 15 s with this seed; 1600 steps
-// take 30-40 s on this 2-core machine, which leaves room for a faster one.
-// (With 800 steps an idle machine once finished before the kill.)
+// Faults come at seeded times, and no fault starts in the last 15% of the
+// steps. One round of the four kinds (with their recoveries) takes about
+// 15 s with this seed. The fault run's learners take at least 20 ms per step
+// (--step-time-ms: a small model, whose steps take about 4 ms here, sleeps
+// the rest, as if an accelerator computed it), so that its 1,200 or 1,600
+// steps last 24-32 s or more on any machine, however fast, while the CPU
+// the tests use stays small (the whole file took 615 s of CPU, and 317 s,
+// when they trained as fast as they could at 4 times the batch; 258 s and
+// 154 s now, on the 2-core machine). The fault-free run is not paced.
 //
 // The second test runs learners of 2 ranks: faults hit single ranks, and
 // the ranks of each learner must hold the same parameters after every
@@ -94,7 +98,8 @@ void ExpectEveryFaultAndEveryInvariant(const json& report, const std::string& ou
   EXPECT_GT(report["eval_loss"].get<double>(), 0) << out;
 }
 
-// `job` (learners, ranks, steps) and what both tests share: a small model,
+// `job` (learners, ranks, steps) and what both tests share: a small model
+// paced at 20 ms a step,
 // seeded faults every ~1.5 s with short stops and throttles, a 1.5 s
 // heartbeat timeout, 10 s of stall slack, the loss within 5%.
 std::vector<std::string> JobArgs(std::vector<std::string> job) {
@@ -105,7 +110,9 @@ std::vector<std::string> JobArgs(std::vector<std::string> job) {
                                            "--layers",
                                            "2",
                                            "--batch",
-                                           "16",
+                                           "4",
+                                           "--step-time-ms",
+                                           "20",
                                            "--seed",
                                            "11",
                                            "--mean-gap-s",

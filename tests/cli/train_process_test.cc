@@ -202,6 +202,10 @@ TEST_F(TrainProcessTest, BadInputIsRefusedWithWhatWasWrong) {
       {"train", "--mode", "local", "--steps", "50", "--start-step", "50", "--corpus", corpus_});
   EXPECT_EQ(start, 2);
   EXPECT_THAT(start_text, HasSubstr("start_step = 50"));
+  auto [pace, pace_text] =
+      RunMend({"train", "--mode", "local", "--step-time-ms", "-5", "--corpus", corpus_});
+  EXPECT_EQ(pace, 2);
+  EXPECT_THAT(pace_text, HasSubstr("--step-time-ms"));
   auto [faults, faults_text] =
       RunMend({"chaos", "--faults", "kill,meteor", "--corpus", corpus_, "--work-dir", dir_ + "/c"});
   EXPECT_EQ(faults, 2);
