@@ -105,8 +105,11 @@ stage tests
 
 torch2=$(scripts/torch2-venv.sh)
 stage torch2-venv
+# (test_allocators.py runs under torch 2 from the wheel, in torch2-wheel
+# below, and under torch 1.13 from the build in the tests stage.)
 PYTHONPATH="$PWD/${MEND_BUILD_DIR:-build}/python" PYTHONDONTWRITEBYTECODE=1 \
-  "$torch2/bin/python" -m pytest -q -p no:cacheprovider tests/python
+  "$torch2/bin/python" -m pytest -q -p no:cacheprovider --ignore tests/python/test_allocators.py \
+  tests/python
 stage torch2-tests
 wheel_dir="$work/wheel"
 mkdir -p "$wheel_dir"
