@@ -130,7 +130,12 @@ def main():
                 continue
             lines = len(path.read_text().splitlines())
             check((str(path), None), str(path), lines, args.file_lines)
+            # By name, the largest of the functions so named (overloads share a record).
+            largest = {}
             for name, start, size in functions(path):
+                if name not in largest or size > largest[name][1]:
+                    largest[name] = (start, size)
+            for name, (start, size) in largest.items():
                 if size > args.function_lines or (str(path), name) in records:
                     check((str(path), name), f"{path}:{start}: {name}", size, args.function_lines)
     for (path, name), record in sorted(records.items(), key=lambda item: (item[0][0], item[0][1] or "")):

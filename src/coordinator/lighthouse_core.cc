@@ -1,17 +1,11 @@
 #include "coordinator/lighthouse_core.h"
 
-#include <openssl/rand.h>
-
 #include <algorithm>
-#include <charconv>
 #include <climits>
-#include <map>
 #include <optional>
-#include <set>
 #include <string_view>
 
 #include "absl/container/flat_hash_set.h"
-#include "absl/strings/str_split.h"
 #include "core/round_keys.h"
 #include "core/status_format.h"
 #include "fmt/format.h"

@@ -3,6 +3,7 @@
 // what a learner registering again ends of its old one.
 #include <openssl/rand.h>
 
+#include <algorithm>
 #include <charconv>
 #include <map>
 #include <set>

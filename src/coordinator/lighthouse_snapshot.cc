@@ -31,15 +31,14 @@ RoundView ViewOf(const Round& round, Micros now) {
 StatusSnapshot LighthouseCore::Snapshot(size_t max_learners, size_t max_rounds) {
   MutexLock lock(mu_);
   Micros now = clock_->NowMicros();
-  auto ms = Ms;
   StatusSnapshot snap;
   snap.job_id = options_.job_id;
   snap.instance_id = instance_id_;
   snap.uptime_s = static_cast<double>(now - started_at_) / kMicrosPerSecond;
   snap.min_learners = options_.quorum.min_learners;
-  snap.grace_window_max_ms = ms(options_.quorum.grace_window);
-  snap.grace_window_ms = ms(quorum_.grace_window());
-  snap.heartbeat_timeout_ms = ms(options_.heartbeat_timeout);
+  snap.grace_window_max_ms = Ms(options_.quorum.grace_window);
+  snap.grace_window_ms = Ms(quorum_.grace_window());
+  snap.heartbeat_timeout_ms = Ms(options_.heartbeat_timeout);
   snap.failslow_zscore_threshold = options_.failslow.zscore_threshold;
   snap.failslow_window_steps = options_.failslow.window_steps;
   const MembershipCounts& counts = membership_.counts();
@@ -48,7 +47,7 @@ StatusSnapshot LighthouseCore::Snapshot(size_t max_learners, size_t max_rounds) 
   snap.learners_slow = counts.slow;
   snap.learners_waiting = counts.pending;
   snap.latest_round_id = quorum_.latest_round_id();
-  if (auto reached = quorum_.quorum_reached_at()) snap.quorum_reached_ms_ago = ms(now - *reached);
+  if (auto reached = quorum_.quorum_reached_at()) snap.quorum_reached_ms_ago = Ms(now - *reached);
   const store::StoreStats store = store_.Stats();
   snap.store_keys = store.keys;
   snap.store_bytes = store.bytes;
@@ -71,7 +70,7 @@ StatusSnapshot LighthouseCore::Snapshot(size_t max_learners, size_t max_rounds) 
     const LearnerVitals& v = membership_.vitals(r);
     snap.learners.push_back(LearnerView{r.id, std::string(r.state()), r.rack, r.address,
                                         r.rank_addresses, r.step, r.tokens_total, r.tokens_per_s,
-                                        ms(now - v.last_heartbeat), r.slow, v.slow_zscore,
+                                        Ms(now - v.last_heartbeat), r.slow, v.slow_zscore,
                                         v.median_step_ms, r.last_round_id, r.rounds_joined});
   }
   const auto& history = quorum_.history();
@@ -81,7 +80,7 @@ StatusSnapshot LighthouseCore::Snapshot(size_t max_learners, size_t max_rounds) 
   }
   for (const Event& event : events_.events()) {
     snap.events.push_back(
-        EventView{event.seq, ms(now - event.at), event.kind, event.learner_id, event.message});
+        EventView{event.seq, Ms(now - event.at), event.kind, event.learner_id, event.message});
   }
   snap.counters = counters_;
   snap.counters.store_ops = store.ops;

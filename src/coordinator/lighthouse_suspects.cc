@@ -2,6 +2,7 @@
 // reach in a round. The one named by the most distinct others is left out
 // of rounds for a while (1, 2, 4, ... rounds), then let back in.
 #include <algorithm>
+#include <set>
 
 #include "absl/strings/str_split.h"
 #include "coordinator/lighthouse_core.h"

@@ -157,27 +157,28 @@ nlohmann::json TrainResult::ToJson() const {
 
 namespace {
 
-// After a step: the checkpoint asked for (SIGUSR1), if any. A group's
-// checkpoint is collective: a rank asked for one tells the others with its
-// next gradient average, and all write it after that step.
+// After a step: the checkpoint asked for (SIGUSR1), if any, written through
+// `reducer` (none without one). A group's checkpoint is collective: a rank
+// asked for one tells the others with its next gradient average, and all
+// write it after that step.
 void CheckpointIfAsked(const Config& config, TrainSignals* signals, DataParallel* group,
-                       Reducer& reducer) {
+                       Reducer* reducer) {
   if (group != nullptr && signals != nullptr && signals->checkpoint.exchange(false)) {
     group->RequestCheckpoint();
   }
   const bool checkpoint_now =
       group != nullptr ? group->CheckpointAgreed() : signals && signals->checkpoint.exchange(false);
-  if (!checkpoint_now) return;
+  if (!checkpoint_now || reducer == nullptr) return;
   if (config.checkpoint_dir.empty()) {
     spdlog::warn("checkpoint asked for, but checkpoint_dir is not set");
     return;
   }
   const std::string path =
       CheckpointDirectory(config.checkpoint_dir, static_cast<int>(config.checkpoint_keep))
-          .PathOf(reducer.stats().last_round_id);
+          .PathOf(reducer->stats().last_round_id);
   std::error_code error;
   std::filesystem::create_directories(config.checkpoint_dir, error);
-  if (Status saved = reducer.SaveCheckpoint(path); saved.ok()) {
+  if (Status saved = reducer->SaveCheckpoint(path); saved.ok()) {
     spdlog::info("checkpoint {} {} (on demand)",
                  config.group_rank == 0 ? "written to" : "written by group rank 0 to", path);
   } else {
@@ -389,7 +390,7 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config,
         quiet_sum += us;
       }
     }
-    if (reducer) CheckpointIfAsked(config, signals, group_data_parallel.get(), *reducer);
+    CheckpointIfAsked(config, signals, group_data_parallel.get(), reducer.get());
     std::optional<double> eval_loss;
     if (options.eval_every > 0 && step % options.eval_every == 0 && step < options.steps) {
       eval_loss = evaluate(step);
