@@ -208,6 +208,14 @@ std::string_view EnumText(std::string_view key, E value) {
 // (e.g. heartbeat_timeout_ms >= 2 * heartbeat_ms).
 [[nodiscard]] Status CheckConfig(const Config& config);
 
+// The rule that ties keys given together: a source (a TOML file, the
+// environment, a set of keywords or --set flags) that gives a DES-LOC moment
+// period (momentum_sync_period_steps, second_moment_sync_period_steps)
+// without desloc turns DES-LOC on, since the periods mean nothing without
+// it. `given` says whether the source gave a key. Each source's Apply*
+// below calls it, as does the C ABI's mend_config_set_json.
+void ImplyFromGivenKeys(Config& config, const std::function<bool(std::string_view)>& given);
+
 // Applies the top-level keys of a TOML document to `config`.
 [[nodiscard]] Status ApplyConfigToml(Config& config, std::string_view toml_text,
                                      std::string_view source_name);

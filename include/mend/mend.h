@@ -91,7 +91,10 @@ void mend_config_free(mend_config* config);
  * unknown key, naming the closest known key. */
 mend_status mend_config_set(mend_config* config, const char* key, const char* value,
                             const char* source);
-/* Applies the top-level keys of a TOML file. */
+/* Applies the top-level keys of a TOML file. Here, in
+ * mend_config_apply_environment and in mend_config_set_json, a DES-LOC moment
+ * period (momentum_sync_period_steps, second_moment_sync_period_steps) given
+ * without desloc turns DES-LOC on. */
 mend_status mend_config_load_file(mend_config* config, const char* path);
 /* Applies every MEND_<KEY> variable of the process environment (an unknown
  * MEND_ variable is an error, except MEND_JOB_TOKEN and the front ends' own

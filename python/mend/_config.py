@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 from mend import _native
 from mend._native import lib
@@ -87,12 +87,15 @@ class NativeConfig(_native.Handle):
         _native.check(lib.mend_config_set_json(pointer, json.dumps(values).encode(), b"MendConfig"))
 
 
-def _resolve(file: str, given: Dict[str, str], environment: bool = True) -> Dict[str, str]:
-    """defaults < file < MEND_* environment < keywords, checked; every key's text."""
+def _resolve(file: str, given: Dict[str, str], environment: bool = True,
+             base: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    """defaults (or ``base``) < file < MEND_* environment < keywords, checked; every key's text."""
     pointer = _native._p()
     _native.check(lib.mend_config_new(pointer))
     handle = _native.Handle(pointer, lib.mend_config_free)
     try:
+        if base:
+            _native.check(lib.mend_config_set_json(pointer, json.dumps(base).encode(), b"MendConfig"))
         if file:
             _raise_as_value_error(lib.mend_config_load_file(pointer, file.encode()))
         if environment:
@@ -110,13 +113,6 @@ def _raise_as_value_error(code: int) -> None:
     if code == 3:
         raise ValueError(lib.mend_last_error().decode(errors="replace"))
     _native.check(code)
-
-
-def _desloc_with_a_moment_period(given: Dict[str, str]) -> None:
-    """A moment period given as a keyword without ``desloc`` turns DES-LOC on."""
-    if ("momentum_sync_period_steps" in given or "second_moment_sync_period_steps" in given) \
-            and "desloc" not in given:
-        given["desloc"] = "true"
 
 
 def check_config(config: Any, where: str) -> None:
@@ -137,9 +133,10 @@ class MendConfig:
     ``MendConfig.from_file(path, **keys)`` starts from a TOML file.
 
     ``momentum_sync_period_steps`` (or ``second_moment_sync_period_steps``)
-    given as a keyword (here or to ``replace``) without ``desloc`` turns
-    DES-LOC on: averaging the inner Adam moments only happens with it. In a
-    file or the environment, set ``desloc = true`` with it.
+    given without ``desloc`` in the same source (the keywords here and to
+    ``replace``, a file, the environment) turns DES-LOC on: averaging the
+    inner Adam moments only happens with it. The rule is the C++ library's,
+    the same for every front end.
 
     A keyword given as ``None`` counts as not given: the key keeps its value
     (default, file or environment), so ``checkpoint_dir=args.checkpoint_dir``
@@ -158,7 +155,6 @@ class MendConfig:
                             + (" (MendConfig(**settings) makes one from a dict)" if isinstance(_file, dict) else ""))
         _file = os.fspath(_file)
         given = _given_texts(keys)
-        _desloc_with_a_moment_period(given)
         self._values = _resolve(_file, given)
         self._typed = _typed(self._values)
         self._given = given
@@ -194,10 +190,9 @@ class MendConfig:
         copy = MendConfig.__new__(MendConfig)
         given = dict(self._given)
         given.update(_given_texts(keys))
-        _desloc_with_a_moment_period(given)
-        values = dict(self._values)
-        values.update(given)
-        copy._values = _resolve("", values, environment=False)
+        # (The keywords given so far, over the values, as one source: the
+        # rules that tie keys given together see them all.)
+        copy._values = _resolve("", given, environment=False, base=self._values)
         copy._typed = _typed(copy._values)
         copy._given = given
         copy._file = self._file

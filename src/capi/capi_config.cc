@@ -173,6 +173,7 @@ mend_status mend_config_set_json(mend_config* config, const char* json, const ch
                                                     fmt::format("{} {}", from, key));
       if (!set.ok()) return Return(set);
     }
+    mend::ImplyFromGivenKeys(changed, [&](std::string_view name) { return keys.contains(name); });
     config->value = std::move(changed);
     return MEND_OK;
   });

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <utility>
 
@@ -10,6 +11,7 @@
 #include "core/status_format.h"
 #include "core/text.h"
 #include "fmt/format.h"
+#include "mend/outer.h"
 #include "toml++/toml.h"
 
 namespace mend {
@@ -349,11 +351,7 @@ Status CheckConfig(const Config& config) {
                                             config.topk_k, config.topk_chunk_size));
   }
   MEND_RETURN_IF_ERROR(CheckGroup(config));
-  if (config.fragments > config.sync_period_steps) {
-    return InvalidArgumentError(fmt::format(
-        "fragments = {}: must be in [1, sync_period_steps = {}] (each fragment needs its own step)",
-        config.fragments, config.sync_period_steps));
-  }
+  MEND_RETURN_IF_ERROR(FragmentSchedule::Make(config.fragments, config.sync_period_steps).status());
   MEND_RETURN_IF_ERROR(CheckDesloc(config));
   if (config.rounds_in_flight > config.fragments) {
     return InvalidArgumentError(
@@ -367,6 +365,13 @@ Status CheckConfig(const Config& config) {
         config.overlap_steps, config.sync_period_steps));
   }
   return OkStatus();
+}
+
+void ImplyFromGivenKeys(Config& config, const std::function<bool(std::string_view)>& given) {
+  if ((given("momentum_sync_period_steps") || given("second_moment_sync_period_steps")) &&
+      !given("desloc")) {
+    config.desloc = true;
+  }
 }
 
 Status ApplyConfigToml(Config& config, std::string_view toml_text, std::string_view source_name) {
@@ -403,11 +408,13 @@ Status ApplyConfigToml(Config& config, std::string_view toml_text, std::string_v
     if (!type_ok) return ValueError(*key, text, source, "expected " + TypeName(key->type));
     MEND_RETURN_IF_ERROR(SetConfigValue(config, name.str(), text, source));
   }
+  ImplyFromGivenKeys(config, [&](std::string_view name) { return table.contains(name); });
   return OkStatus();
 }
 
 Status ApplyConfigEnvironment(Config& config, const char* const* environ) {
   if (environ == nullptr) return OkStatus();
+  std::set<std::string, std::less<>> given;
   for (const char* const* entry = environ; *entry != nullptr; ++entry) {
     std::string_view line(*entry);
     if (line.substr(0, kEnvPrefix.size()) != kEnvPrefix) continue;
@@ -429,7 +436,9 @@ Status ApplyConfigEnvironment(Config& config, const char* const* environ) {
           suggestion.empty() ? "" : fmt::format("; did you mean MEND_{}?", suggestion)));
     }
     MEND_RETURN_IF_ERROR(SetConfigValue(config, name, line.substr(equals + 1), source));
+    given.insert(std::move(name));
   }
+  ImplyFromGivenKeys(config, [&](std::string_view name) { return given.count(name) > 0; });
   return OkStatus();
 }
 
@@ -454,6 +463,10 @@ StatusOr<Config> LoadConfig(const ConfigSources& sources) {
   for (const auto& item : sources.overrides) {
     MEND_RETURN_IF_ERROR(SetConfigValue(config, item.key, item.text, item.source));
   }
+  ImplyFromGivenKeys(config, [&](std::string_view name) {
+    return std::any_of(sources.overrides.begin(), sources.overrides.end(),
+                       [&](const ConfigSources::Override& item) { return item.key == name; });
+  });
   MEND_RETURN_IF_ERROR(CheckConfig(config));
   return config;
 }

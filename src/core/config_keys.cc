@@ -189,9 +189,11 @@ std::vector<ConfigKey> BuildKeys() {
            "A healing learner also takes its source's inner Adam/AdamW moments and step count "
            "(off by default: docs/tuning.md says why)."),
       Int("momentum_sync_period_steps", &C::momentum_sync_period_steps, 0, 100000000,
-          "K_u: first-moment averaging period; 0 means 3 x sync_period_steps."),
+          "K_u: first-moment averaging period; 0 means 3 x sync_period_steps. Given without "
+          "desloc in one source (file, environment, keywords, --set), it turns DES-LOC on."),
       Int("second_moment_sync_period_steps", &C::second_moment_sync_period_steps, 0, 100000000,
-          "K_v: second-moment averaging period; 0 means 6 x sync_period_steps."),
+          "K_v: second-moment averaging period; 0 means 6 x sync_period_steps. Turns DES-LOC "
+          "on as momentum_sync_period_steps does."),
       Enum("codec", &C::codec, {"fp32", "bf16", "int8", "int4", "topk"},
            "Encoding of pseudo-gradients on the wire."),
       Int("codec_block_size", &C::codec_block_size, 8, 65536,

@@ -1,5 +1,3 @@
-#include "core/status_format.h"
-#include "fmt/format.h"
 #include "mend/outer.h"
 
 namespace mend {
@@ -40,18 +38,6 @@ void ApplyOuterResult(std::span<float> theta_i, std::span<const float> theta_g_n
     const float take = 1.0f - alpha;
     for (size_t i = 0; i < n; ++i) theta_i[i] = keep * theta_i[i] + take * theta_g_new[i];
   }
-}
-
-StatusOr<FragmentSchedule> FragmentSchedule::Make(int64_t fragments, int64_t period) {
-  if (period < 1) {
-    return InvalidArgumentError(fmt::format("sync_period_steps = {}: must be >= 1", period));
-  }
-  if (fragments < 1 || fragments > period) {
-    return InvalidArgumentError(fmt::format(
-        "fragments = {}: must be in [1, sync_period_steps = {}] (each fragment needs its own step)",
-        fragments, period));
-  }
-  return FragmentSchedule(fragments, period);
 }
 
 }  // namespace mend

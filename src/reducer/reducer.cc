@@ -163,14 +163,9 @@ StatusOr<std::unique_ptr<Reducer>> Reducer::Create(const Config& config, torch::
   }
   StatusOr<std::unique_ptr<InnerMoments>> moments =
       TorchAdamMoments(optimizer, std::move(parameters));
-  if (!moments.ok()) {  // not Adam: fine unless its moments are needed
-    if (config.desloc || config.heal_inner_optimizer) {
-      return InvalidArgumentError(fmt::format("{} = true: {}",
-                                              config.desloc ? "desloc" : "heal_inner_optimizer",
-                                              moments.status().message()));
-    }
-    moments = std::unique_ptr<InnerMoments>();
-  }
+  // Not Adam: none, fine unless the rounds need them (the round driver's
+  // check, RoundOptions::CheckMoments, says so).
+  if (!moments.ok()) moments = std::unique_ptr<InnerMoments>();
   return Create(config, std::move(named), std::move(*moments), agent, start_step);
 }
 

@@ -217,6 +217,43 @@ TEST(ConfigTest, LayersApplyInOrderFileEnvironmentFlags) {
   std::remove(path.c_str());
 }
 
+// A DES-LOC moment period given without desloc in one source turns DES-LOC
+// on, in every source alike; desloc given beside it (in the same source)
+// wins, and so does a later source's desloc.
+TEST(ConfigTest, AMomentPeriodWithoutDeslocTurnsItOnInEverySource) {
+  Config toml;
+  ASSERT_TRUE(ApplyConfigToml(toml, "momentum_sync_period_steps = 300\n", "job.toml").ok());
+  EXPECT_TRUE(toml.desloc);
+  Config toml_off;
+  ASSERT_TRUE(ApplyConfigToml(toml_off, "second_moment_sync_period_steps = 600\ndesloc = false\n",
+                              "job.toml")
+                  .ok());
+  EXPECT_FALSE(toml_off.desloc);
+  Config untouched;
+  ASSERT_TRUE(ApplyConfigToml(untouched, "outer_lr = 0.5\n", "job.toml").ok());
+  EXPECT_FALSE(untouched.desloc);
+
+  Env env({"MEND_SECOND_MOMENT_SYNC_PERIOD_STEPS=600"});
+  Config from_env;
+  ASSERT_TRUE(ApplyConfigEnvironment(from_env, env.get()).ok());
+  EXPECT_TRUE(from_env.desloc);
+
+  ConfigSources flags;
+  flags.overrides.push_back(SetFlagOverride("momentum_sync_period_steps=300"));
+  auto loaded = LoadConfig(flags);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_TRUE(loaded->desloc);
+  // The environment turns it on, a flag turns it off again.
+  std::string path = WriteTemp("momentum_sync_period_steps = 300\n");
+  ConfigSources layered;
+  layered.file = path;
+  layered.overrides.push_back(SetFlagOverride("desloc=false"));
+  auto off = LoadConfig(layered);
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_FALSE(off->desloc);
+  std::remove(path.c_str());
+}
+
 TEST(ConfigTest, UnknownEnvironmentVariableIsAnErrorWithSuggestion) {
   Env env({"MEND_GRACE_WINDOW=200"});
   ConfigSources sources;

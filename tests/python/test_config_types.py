@@ -41,6 +41,20 @@ def test_equality_repr_copies_and_replace():
     assert mend.MendConfig(desloc=False).replace(momentum_sync_period_steps=200).desloc is False
 
 
+def test_a_moment_period_turns_desloc_on_by_the_libraries_rule_in_every_source(tmp_path, monkeypatch):
+    # The rule is the C++ check's: a file and the environment follow it as
+    # the keywords do (mend has no Python rule of its own).
+    path = tmp_path / "job.toml"
+    path.write_text("momentum_sync_period_steps = 300\n")
+    assert mend.MendConfig.from_file(str(path)).desloc is True
+    path.write_text("momentum_sync_period_steps = 300\ndesloc = false\n")
+    assert mend.MendConfig.from_file(str(path)).desloc is False
+    assert mend.MendConfig.from_file(str(path), second_moment_sync_period_steps=600).desloc is True
+    monkeypatch.setenv("MEND_SECOND_MOMENT_SYNC_PERIOD_STEPS", "600")
+    assert mend.MendConfig().desloc is True
+    assert mend.MendConfig(desloc=False).desloc is False
+
+
 def test_the_stub_matches_the_key_table():
     with open(os.path.join(HERE, "..", "..", "python", "mend", "_config.pyi")) as f:
         assert f.read() == _config.stub(), "regenerate python/mend/_config.pyi with mend._config.stub()"
