@@ -13,7 +13,6 @@
 
 #include "mend/clock.h"
 #include "mend/communicator.h"
-#include "mend/config.h"
 #include "mend/lighthouse_client.h"
 
 namespace mend {
@@ -115,11 +114,11 @@ class LighthouseRendezvousStore final : public RendezvousStore {
   Micros set_retry_;
 };
 
-// The options of a round's communicator: the configuration's part
-// (CommunicatorOptionsFrom) and the round's prefix, id, rank, size and members.
-inline CommunicatorOptions CommunicatorOptionsForRound(const Config& config,
+// The options of a round's communicator: the configuration's part (`base`,
+// CommunicatorOptionsFrom) and the round's prefix, id, rank, size and members.
+inline CommunicatorOptions CommunicatorOptionsForRound(const CommunicatorOptions& base,
                                                        const QuorumResult& round) {
-  CommunicatorOptions options = CommunicatorOptionsFrom(config);
+  CommunicatorOptions options = base;
   options.prefix = round.rendezvous_prefix;
   options.round_id = round.round_id;
   options.rank = static_cast<int>(round.rank);

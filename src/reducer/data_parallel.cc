@@ -51,7 +51,8 @@ class DataParallelImpl final : public DataParallel {
       MEND_ASSIGN_OR_RETURN(QuorumResult round,
                             agent_.Quorum(0, 0, config_.quorum_timeout_ms * kMicrosPerMilli,
                                           /*include_members=*/true));
-      CommunicatorOptions options = CommunicatorOptionsForRound(config_, round);
+      CommunicatorOptions options =
+          CommunicatorOptionsForRound(CommunicatorOptionsFrom(config_), round);
       LighthouseRendezvousStore store(agent_.client(), agent_.clock());
       MEND_ASSIGN_OR_RETURN(comm_, Communicator::Connect(store, options));
       stats_.rank = round.rank;

@@ -47,9 +47,8 @@ Flights::Flights(const FlightsContext& context, std::unique_ptr<RoundServices> s
       policy_(context.policy),
       clock_(context.clock),
       services_(std::move(services)),
-      runner_(context.config, context.schedule, *services_, context.outer.book(), context.policy,
-              context.options.sync, context.moments ? context.moments->size() : 0) {
-  for (int k = 0; k < 2; ++k) runner_.desloc_rounds[k] = options_.desloc_rounds[k];
+      runner_(context.options, context.schedule, *services_, context.outer.book(), context.policy,
+              context.moments ? context.moments->size() : 0) {
   step_now_.store(stats_.steps);
 }
 

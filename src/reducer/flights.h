@@ -22,7 +22,6 @@
 #include <vector>
 
 #include "mend/clock.h"
-#include "mend/config.h"
 #include "mend/reducer_stats.h"
 #include "mend/status.h"
 #include "outer/overlap_tuner.h"
@@ -40,7 +39,6 @@ namespace mend::reducer {
 
 // What the flights work on and report to; not owned, all outlive them.
 struct FlightsContext {
-  const Config& config;  // the round runner's
   const Clock& clock;
   const RoundOptions& options;
   const FragmentSchedule& schedule;

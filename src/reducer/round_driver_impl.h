@@ -101,7 +101,6 @@ class RoundDriverImpl final : public RoundDriver {
   void MoveTo(const Restored& restored);
   Status BetweenRounds(std::string_view call) const;
 
-  const Config config_;  // the round runner's
   const Clock& clock_;
   RoundOptions options_;
   // Before everything that uses it (a group's policy holds the whole model

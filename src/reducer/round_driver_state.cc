@@ -14,8 +14,7 @@ RoundDriverImpl::RoundDriverImpl(const Config& config, const Clock& clock, std::
                                  std::unique_ptr<RoundPolicy> policy,
                                  std::unique_ptr<FlatParameters> parameters,
                                  std::unique_ptr<FlatMoments> moments)
-    : config_(config),
-      clock_(clock),
+    : clock_(clock),
       options_(MakeRoundOptions(config, schedule)),
       policy_(std::move(policy)),
       schedule_(schedule),
@@ -35,10 +34,10 @@ Status RoundDriverImpl::Init(uint64_t start_step, std::unique_ptr<RoundServices>
   services = policy_->Services(std::move(services));
   diagnostics_ = std::make_unique<Diagnostics>(options_.diagnostics_dir,
                                                policy_->DiagnosticsName(services->learner_id()));
-  flights_ = std::make_unique<Flights>(
-      FlightsContext{config_, clock_, options_, schedule_, *policy_, outer_, moments_.get(), stats_,
-                     overlap_, *diagnostics_},
-      std::move(services));
+  flights_ =
+      std::make_unique<Flights>(FlightsContext{clock_, options_, schedule_, *policy_, outer_,
+                                               moments_.get(), stats_, overlap_, *diagnostics_},
+                                std::move(services));
   if (parameters_->count() == 0)
     return InvalidArgumentError("reducer: the model has no parameters");
   MEND_RETURN_IF_ERROR(options_.CheckMoments(moments_ != nullptr));

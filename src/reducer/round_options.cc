@@ -4,7 +4,6 @@
 
 #include "core/parallel.h"
 #include "reducer/fragment_book.h"
-#include "reducer/round_runner.h"
 
 namespace mend::reducer {
 namespace {
@@ -33,6 +32,11 @@ CheckpointOptions MakeCheckpointOptions(const Config& config) {
 }
 
 }  // namespace
+
+uint64_t FinalMergeStep(const Config& config) {
+  return config.final_merge && config.total_steps > 0 ? static_cast<uint64_t>(config.total_steps)
+                                                      : 0;
+}
 
 RoundOptions MakeRoundOptions(const Config& config, const FragmentSchedule& schedule) {
   RoundOptions options;
@@ -64,6 +68,9 @@ RoundOptions MakeRoundOptions(const Config& config, const FragmentSchedule& sche
   options.heal_inner_optimizer = config.heal_inner_optimizer;
   options.diagnostics_dir = config.diagnostics_dir;
   options.checkpoints = MakeCheckpointOptions(config);
+  options.communicator = CommunicatorOptionsFrom(config);
+  options.quorum_timeout = config.quorum_timeout_ms * kMicrosPerMilli;
+  options.rack_aware = config.rack_aware;
   return options;
 }
 
@@ -71,6 +78,12 @@ uint64_t RoundOptions::LastBoundary(uint64_t step) const {
   const uint64_t end =
       !InFinalPeriod(step) ? step : total_steps - std::min(total_steps, final_period);
   return end + 1 - std::min(end + 1, fragment_period);
+}
+
+bool RoundOptions::IsFinalMerge(const FragmentSchedule& schedule, uint64_t step,
+                                int fragment) const {
+  return final_merge_step > 0 && step >= final_merge_step &&
+         (concurrent || !schedule.StartsAt(fragment, static_cast<int64_t>(final_merge_step)));
 }
 
 Status RoundOptions::CheckMoments(bool given) const {

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 
+#include "mend/communicator.h"
 #include "mend/config.h"
 #include "mend/outer_sync.h"
 #include "mend/status.h"
@@ -51,6 +52,11 @@ struct RoundOptions {
   bool heal_inner_optimizer = false;
   std::string diagnostics_dir;
   CheckpointOptions checkpoints;
+  // Each round's data plane: the configuration's part (CommunicatorOptionsFrom);
+  // a round adds its own members (CommunicatorOptionsForRound).
+  CommunicatorOptions communicator;
+  Micros quorum_timeout = 0;  // quorum_timeout_ms: a round's join
+  bool rack_aware = false;
 
   // Whether `step` lies in the job's final period (total_steps known,
   // concurrent rounds): a round launched there could be taken up only after
@@ -68,7 +74,16 @@ struct RoundOptions {
   // INVALID_ARGUMENT when desloc or heal_inner_optimizer needs the inner
   // optimizer's moments and the reducer was given none.
   Status CheckMoments(bool given) const;
+  // Whether a round of (the lighthouse's) step `step` that exchanges
+  // `fragment` is the job's final merge: total_steps known and reached, and
+  // not the fragment's own boundary round there (synchronous mode launches
+  // that one; concurrent mode none in the last fragment period). Every
+  // member decides alike, from the round and the job's configuration.
+  bool IsFinalMerge(const FragmentSchedule& schedule, uint64_t step, int fragment) const;
 };
+
+// The step of the job's final merge: total_steps with final_merge on; 0: none.
+uint64_t FinalMergeStep(const Config& config);
 
 RoundOptions MakeRoundOptions(const Config& config, const FragmentSchedule& schedule);
 

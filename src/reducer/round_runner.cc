@@ -14,19 +14,6 @@
 
 namespace mend::reducer {
 
-uint64_t FinalMergeStep(const Config& config) {
-  return config.final_merge && config.total_steps > 0 ? static_cast<uint64_t>(config.total_steps)
-                                                      : 0;
-}
-
-bool IsFinalMerge(const Config& config, const FragmentSchedule& schedule, uint64_t step,
-                  int fragment) {
-  const uint64_t total = FinalMergeStep(config);
-  return total > 0 && step >= total &&
-         (config.concurrent_outer_step ||
-          !schedule.StartsAt(fragment, static_cast<int64_t>(total)));
-}
-
 uint64_t CrossRackBytes(const CommunicatorStats& before, const CommunicatorStats& after,
                         const std::vector<std::string>& racks, uint32_t me) {
   if (racks.size() <= me || racks[me].empty()) return after.bytes_sent - before.bytes_sent;
@@ -39,15 +26,14 @@ uint64_t CrossRackBytes(const CommunicatorStats& before, const CommunicatorStats
   return bytes;
 }
 
-RoundRunner::RoundRunner(const Config& config, const FragmentSchedule& schedule,
+RoundRunner::RoundRunner(const RoundOptions& options, const FragmentSchedule& schedule,
                          RoundServices& services, FragmentBook& book, const RoundPolicy& policy,
-                         const OuterSyncOptions& options, size_t moment_values)
-    : config_(config),
+                         size_t moment_values)
+    : options_(options),
       schedule_(schedule),
       services_(services),
       book_(book),
       policy_(policy),
-      options_(options),
       moment_values_(moment_values) {}
 
 Status FlightOrder::Await(bool join, uint64_t seq, std::chrono::milliseconds timeout) {
@@ -98,7 +84,7 @@ void FlightOrder::Stop() {
 
 // The flight's join, in its turn among the rounds in flight.
 StatusOr<QuorumResult> RoundRunner::Join(InFlight& flight) {
-  const Micros timeout = config_.quorum_timeout_ms * kMicrosPerMilli;
+  const Micros timeout = options_.quorum_timeout;
   if (flight.seq == 0) {
     return services_.Quorum(flight.previous_round_id, flight.tokens, timeout, flight.boundary_step);
   }
@@ -108,8 +94,8 @@ StatusOr<QuorumResult> RoundRunner::Join(InFlight& flight) {
     ~Turn() { order.Joined(seq); }
   } turn{order_, flight.seq};
   // The earlier join's own timeout bounds the wait; twice it, to be safe.
-  MEND_RETURN_IF_ERROR(
-      order_.AwaitJoinTurn(flight.seq, std::chrono::milliseconds(2 * config_.quorum_timeout_ms)));
+  MEND_RETURN_IF_ERROR(order_.AwaitJoinTurn(
+      flight.seq, std::chrono::milliseconds(2 * options_.quorum_timeout / kMicrosPerMilli)));
   return services_.Quorum(flight.previous_round_id, flight.tokens, timeout, flight.boundary_step);
 }
 
@@ -128,8 +114,8 @@ StatusOr<Outcome> RoundRunner::Run(InFlight& flight, const std::function<uint64_
   MEND_ASSIGN_OR_RETURN(auto comm, Connect(store, round, &options));
   if (may_heal && flight.seq > 1) {
     MEND_RETURN_IF_ERROR(order_.AwaitEarlierTakenUp(
-        flight.seq, std::chrono::milliseconds(
-                        2 * (config_.quorum_timeout_ms + options.timeout / kMicrosPerMilli))));
+        flight.seq, std::chrono::milliseconds(2 * (options_.quorum_timeout + options.timeout) /
+                                              kMicrosPerMilli)));
   }
   const CommunicatorStats connected = comm->stats();
   services_.WatchAbort(round, comm.get(),
@@ -183,7 +169,7 @@ StatusOr<Outcome> RoundRunner::Run(InFlight& flight, const std::function<uint64_
 StatusOr<std::unique_ptr<Communicator>> RoundRunner::Connect(
     const std::shared_ptr<RendezvousStore>& store, const QuorumResult& round,
     CommunicatorOptions* options) {
-  *options = CommunicatorOptionsForRound(config_, round);
+  *options = CommunicatorOptionsForRound(options_.communicator, round);
   options->prefix = policy_.SlicePrefix(round.rendezvous_prefix);
   options->member_racks.clear();
   for (const RoundMember& member : round.members) options->member_racks.push_back(member.rack);
@@ -191,7 +177,7 @@ StatusOr<std::unique_ptr<Communicator>> RoundRunner::Connect(
   // from the connect's own thread: also when the round was called off
   // (another member's connect failed first) and the connect ran on.
   const std::shared_ptr<ConnectThreads::Pending> pending = connects_.Start(
-      [&services = services_, store, options = *options, rack_aware = config_.rack_aware,
+      [&services = services_, store, options = *options, rack_aware = options_.rack_aware,
        members = round.members, prefix = round.rendezvous_prefix]() {
         StatusOr<std::unique_ptr<Communicator>> comm =
             services.Connect(*store, options, rack_aware);
@@ -227,7 +213,7 @@ StatusOr<std::unique_ptr<Communicator>> RoundRunner::Connect(
 // A final merge's fragments are each learner's own, launched in turn at the
 // last step (a healed member's, its source's).
 int RoundRunner::ExchangedFragment(const QuorumResult& round, const InFlight& flight) const {
-  if (flight.final_merge || IsFinalMerge(config_, schedule_, round.step, flight.fragment))
+  if (flight.final_merge || options_.IsFinalMerge(schedule_, round.step, flight.fragment))
     return flight.fragment;
   for (int64_t f = 0; f < schedule_.fragments(); ++f) {
     if (schedule_.StartsAt(f, static_cast<int64_t>(round.step))) return static_cast<int>(f);
@@ -255,7 +241,7 @@ Status RoundRunner::HealOrAgree(Communicator& comm, RendezvousStore& store,
   HealOffer offer;
   offer.boundary_step = flight.boundary_step;
   offer.fragment = flight.fragment;
-  offer.send_moments = config_.heal_inner_optimizer;
+  offer.send_moments = options_.heal_inner_optimizer;
   offer.moment_values = moment_values_;
   offer.moments[0] = &flight.moments[0];
   offer.moments[1] = &flight.moments[1];
@@ -318,12 +304,11 @@ StatusOr<bool> RoundRunner::StatesAgree(RendezvousStore& store, const QuorumResu
 Status RoundRunner::Merge(Communicator& comm, const QuorumResult& round, InFlight& flight,
                           Outcome* outcome) {
   const bool adopted = outcome->fragment != flight.fragment;
-  OuterSyncOptions sync_options = options_;
+  OuterSyncOptions sync_options = options_.sync;
   sync_options.contributes = !outcome->fresh_join && !adopted;
-  sync_options.warmup =
-      round.step > 0 && round.step <= static_cast<uint64_t>(config_.outer_warmup_steps);
+  sync_options.warmup = round.step > 0 && round.step <= options_.outer_warmup_steps;
   outcome->outer_warmup = sync_options.warmup;
-  outcome->final_merge = IsFinalMerge(config_, schedule_, round.step, outcome->fragment);
+  outcome->final_merge = options_.IsFinalMerge(schedule_, round.step, outcome->fragment);
   if (outcome->final_merge) {
     // The members' models averaged exactly: lossless, and no error
     // feedback (what a sparse codec held back stays this learner's).
@@ -375,14 +360,14 @@ Status RoundRunner::Merge(Communicator& comm, const QuorumResult& round, InFligh
 // takes part with weight 0.
 Status RoundRunner::AverageMoments(Communicator& comm, uint64_t round_id, const InFlight& flight,
                                    Outcome* outcome) {
-  if (!config_.desloc) return OkStatus();
+  if (!options_.desloc) return OkStatus();
   for (auto which : {FlatMoments::kFirst, FlatMoments::kSecond}) {
-    if (round_id % desloc_rounds[which] != 0) continue;
+    if (round_id % options_.desloc_rounds[which] != 0) continue;
     std::vector<float>& average = outcome->averaged_moments[which];
     const bool have = !flight.moments[which].empty();
     average = have ? flight.moments[which] : std::vector<float>(moment_values_, 0.0f);
     const double weight =
-        have ? (options_.token_weighted ? static_cast<double>(flight.tokens) : 1.0) : 0.0;
+        have ? (options_.sync.token_weighted ? static_cast<double>(flight.tokens) : 1.0) : 0.0;
     MEND_RETURN_IF_ERROR(comm.WeightedAllReduce(average, weight));
   }
   return OkStatus();
@@ -396,8 +381,9 @@ Status RoundRunner::SyncBuffers(Communicator& comm, uint32_t rank, const InFligh
   constexpr int kAveraged = 0, kFirstMembers = 1;
   if (!flight.buffers[kAveraged].empty()) {
     outcome->synced_buffers[kAveraged] = flight.buffers[kAveraged];
-    const double weight =
-        options_.token_weighted ? static_cast<double>(std::max<uint64_t>(flight.tokens, 1)) : 1.0;
+    const double weight = options_.sync.token_weighted
+                              ? static_cast<double>(std::max<uint64_t>(flight.tokens, 1))
+                              : 1.0;
     MEND_RETURN_IF_ERROR(comm.WeightedAllReduce(outcome->synced_buffers[kAveraged], weight));
   }
   if (!flight.buffers[kFirstMembers].empty()) {

@@ -21,7 +21,6 @@
 
 #include "core/mutex.h"
 #include "mend/communicator.h"
-#include "mend/config.h"
 #include "mend/lighthouse_client.h"
 #include "mend/outer.h"
 #include "mend/outer_sync.h"
@@ -30,20 +29,10 @@
 #include "reducer/fragment_book.h"
 #include "reducer/group_policy.h"
 #include "reducer/round_flight.h"
+#include "reducer/round_options.h"
 #include "reducer/round_services.h"
 
 namespace mend::reducer {
-
-// The step of the job's final merge: total_steps with final_merge on; 0: none.
-uint64_t FinalMergeStep(const Config& config);
-
-// Whether a round of (the lighthouse's) step `step` that exchanges
-// `fragment` is the job's final merge: total_steps known and reached, and
-// not the fragment's own boundary round there (synchronous mode launches
-// that one; concurrent mode none in the last fragment period). Every member
-// decides alike, from the round and the job's configuration.
-bool IsFinalMerge(const Config& config, const FragmentSchedule& schedule, uint64_t step,
-                  int fragment);
 
 // The order of the rounds in flight (rounds_in_flight > 1). The lighthouse
 // holds one join per learner, so the rounds join one at a time, in the order
@@ -84,12 +73,9 @@ class RoundRunner {
  public:
   // Nothing is owned; all must outlive the runner. `moment_values`: the
   // inner optimizer's moments' size (0: none).
-  RoundRunner(const Config& config, const FragmentSchedule& schedule, RoundServices& services,
-              FragmentBook& book, const RoundPolicy& policy, const OuterSyncOptions& options,
+  RoundRunner(const RoundOptions& options, const FragmentSchedule& schedule,
+              RoundServices& services, FragmentBook& book, const RoundPolicy& policy,
               size_t moment_values);
-
-  // DES-LOC: rounds between two first-moment and two second-moment syncs.
-  uint64_t desloc_rounds[2] = {3, 6};
 
   // Runs `flight`'s round; `step_now` is the learner's step (for the
   // flight's formed_step).
@@ -116,12 +102,11 @@ class RoundRunner {
                         Outcome* outcome);
   Status SyncBuffers(Communicator& comm, uint32_t rank, const InFlight& flight, Outcome* outcome);
 
-  const Config& config_;
+  const RoundOptions& options_;
   const FragmentSchedule& schedule_;
   RoundServices& services_;
   FragmentBook& book_;  // its state written by a heal in place (HealRound) only
   const RoundPolicy& policy_;
-  const OuterSyncOptions& options_;
   const size_t moment_values_;
   FlightOrder order_;
   ConnectThreads connects_;  // last: joins its connects (which use the above) first

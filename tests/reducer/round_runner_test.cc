@@ -61,7 +61,7 @@ class RoundRunnerTest : public ::testing::Test {
     flight_.Snapped();
   }
   StatusOr<Outcome> Run() {
-    RoundRunner runner(config_, schedule_, services_, book_, *policy_, options_, 0);
+    RoundRunner runner(Options(), schedule_, services_, book_, *policy_, 0);
     return runner.Run(flight_, []() { return uint64_t{43}; });
   }
 
@@ -72,7 +72,13 @@ class RoundRunnerTest : public ::testing::Test {
   ThreadPool pool_{1};
   FragmentBook book_{parameters_, schedule_, &copies_, pool_};
   std::unique_ptr<RoundPolicy> policy_ = SingleRankPolicy();
-  OuterSyncOptions options_;
+  // The runner's options: config_'s as it stands, with the outer step's defaults.
+  const RoundOptions& Options() {
+    options_ = MakeRoundOptions(config_, schedule_);
+    options_.sync = OuterSyncOptions();
+    return options_;
+  }
+  RoundOptions options_;
   FakeClock clock_;
   FakeServices services_{clock_};
   InFlight flight_;
@@ -183,8 +189,7 @@ TEST_F(RoundRunnerTest, AFailedConnectNamesTheMembersItCouldNotReach) {
 // run out in the background.
 TEST_F(RoundRunnerTest, ARoundCalledOffWhileItsMembersConnectEndsWithoutWaitingForTheConnect) {
   services_.HoldExchangesFrom(1);  // the connect does not return until released
-  auto runner =
-      std::make_unique<RoundRunner>(config_, schedule_, services_, book_, *policy_, options_, 0);
+  auto runner = std::make_unique<RoundRunner>(Options(), schedule_, services_, book_, *policy_, 0);
   std::thread lighthouse([&]() {
     // (The connect may begin before the round arms its watch.)
     ASSERT_TRUE(services_.AwaitConnects(1));
@@ -269,8 +274,7 @@ TEST_F(RoundRunnerTest, AGlooConnectLeftBehindByACalledOffRoundEndsOnItsOwnAndIs
     member_1_died.set_value();  // its pairs, and their ports, are closed
   });
 
-  auto runner =
-      std::make_unique<RoundRunner>(config_, schedule_, services_, book_, *policy_, options_, 0);
+  auto runner = std::make_unique<RoundRunner>(Options(), schedule_, services_, book_, *policy_, 0);
   StatusOr<Outcome> outcome = runner->Run(flight_, []() { return uint64_t{43}; });
   ASSERT_FALSE(outcome.ok());
   EXPECT_EQ(outcome.status().code(), absl::StatusCode::kAborted) << outcome.status();
@@ -291,7 +295,7 @@ TEST_F(RoundRunnerTest, AGlooConnectLeftBehindByACalledOffRoundEndsOnItsOwnAndIs
 // Shutdown calls off a connect in progress too, and any later one before it starts.
 TEST_F(RoundRunnerTest, StoppingTheRunnerEndsAConnectInProgressAndStartsNoOther) {
   services_.HoldExchangesFrom(1);
-  RoundRunner runner(config_, schedule_, services_, book_, *policy_, options_, 0);
+  RoundRunner runner(Options(), schedule_, services_, book_, *policy_, 0);
   std::thread shutdown([&]() {
     ASSERT_TRUE(services_.AwaitConnects(1));
     runner.Stop();
@@ -359,10 +363,10 @@ TEST(FinalMergeTest, TheFinalMergeIsTheRoundOfTheLastStepThatNoBoundaryLaunched)
   config.final_merge = true;
   const FragmentSchedule schedule = *FragmentSchedule::Make(1, 20);
   EXPECT_EQ(FinalMergeStep(config), 100u);
-  EXPECT_FALSE(IsFinalMerge(config, schedule, 99, 0));
-  EXPECT_TRUE(IsFinalMerge(config, schedule, 100, 0));
+  EXPECT_FALSE(MakeRoundOptions(config, schedule).IsFinalMerge(schedule, 99, 0));
+  EXPECT_TRUE(MakeRoundOptions(config, schedule).IsFinalMerge(schedule, 100, 0));
   config.concurrent_outer_step = false;  // synchronous: step 100's own round is a boundary's
-  EXPECT_FALSE(IsFinalMerge(config, schedule, 100, 0));
+  EXPECT_FALSE(MakeRoundOptions(config, schedule).IsFinalMerge(schedule, 100, 0));
   config.final_merge = false;
   EXPECT_EQ(FinalMergeStep(config), 0u);
 }
