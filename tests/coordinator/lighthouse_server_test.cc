@@ -174,7 +174,7 @@ TEST(LighthouseServerTest, AnUnknownDatagramSessionIsToldToRegisterAgain) {
   Config config = TestConfig();
   config.control_plane = ControlPlane::kUdp;
   auto server = StartServer(config);
-  std::atomic<bool> told{false};  // (outlives the channel's receiving thread)
+  std::atomic<bool> told{false};  // (declared first: it outlives the channel's receiving thread)
   auto channel = coordinator::DatagramClient::Open("127.0.0.1", server->udp_port(), kToken);
   ASSERT_TRUE(channel.ok()) << channel.status();
   coordinator::DatagramClient::Callbacks callbacks;
@@ -209,9 +209,9 @@ TEST(LighthouseServerTest, ASupersededSessionIsToldSoOnEitherChannel) {
   EXPECT_THAT(std::string(stale.status().message()),
               HasSubstr("another process registered as learner 'a'"));
 
+  std::atomic<int> code{-1};  // (declared first: it outlives the channel's receiving thread)
   auto channel = coordinator::DatagramClient::Open("127.0.0.1", server->udp_port(), kToken);
   ASSERT_TRUE(channel.ok()) << channel.status();
-  std::atomic<int> code{-1};  // (outlives the channel's receiving thread)
   coordinator::DatagramClient::Callbacks callbacks;
   callbacks.on_session_ended = [&](const Status& why) { code = static_cast<int>(why.code()); };
   (*channel)->Attach(first->session_id, std::move(callbacks));
