@@ -5,18 +5,14 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <map>
 #include <random>
-#include <set>
 #include <thread>
-#include <tuple>
 
+#include "cli/chaos_analysis.h"
 #include "cli/commands.h"
-#include "cli/json_fields.h"
 #include "core/free_ports.h"
 #include "core/status_format.h"
 #include "fmt/format.h"
@@ -55,14 +51,6 @@ struct Active {
   int64_t next_toggle_ms = 0;
   uint64_t rounds_then = 0;  // rounds (target's, or the job's) when it ended
 };
-
-double SettingValue(const std::vector<std::string>& settings, const std::string& key,
-                    double fallback) {
-  for (const std::string& setting : settings) {
-    if (setting.rfind(key + "=", 0) == 0) return std::atof(setting.c_str() + key.size() + 1);
-  }
-  return fallback;
-}
 
 class Harness {
  public:
@@ -114,9 +102,14 @@ class Harness {
     if (server_) server_->Shutdown();
     if (!failure.ok()) return failure;
     report_.wall_s = static_cast<double>(NowMs() - started) / 1000;
-    MEND_RETURN_IF_ERROR(Analyze());
+    ChaosRun run{o_, spec_, dir_ + "/diagnostics", {}, {}, over_ms_};
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      run.result_files.push_back(ResultFile(static_cast<int>(i)));
+      run.nonfinite.push_back(slots_[i].nonfinite);
+    }
+    MEND_RETURN_IF_ERROR(AnalyzeChaosRun(run, &report_));
     if (o_.reference) MEND_RETURN_IF_ERROR(RunReference());
-    Summarize();
+    SummarizeChaosRun(run, &report_);
     return report_;
   }
 
@@ -177,7 +170,7 @@ class Harness {
   }
 
   // Ranks per learner (1 for learners of one process).
-  int Ranks() const { return GroupedJob(spec_) ? spec_.ranks_per_learner : 1; }
+  int Ranks() const { return ChaosRanks(spec_); }
   int LearnerOf(int slot) const { return slot / Ranks(); }
   Slot& SlotOf(int learner, int rank) {
     return slots_[static_cast<size_t>(learner * Ranks() + rank)];
@@ -193,11 +186,6 @@ class Harness {
   std::string Label(int slot) const {
     return GroupedJob(spec_) ? fmt::format("learner-{}.{}", LearnerOf(slot) + 1, slot % Ranks())
                              : fmt::format("learner-{}", slot + 1);
-  }
-  // Its diagnostics' name: "learner-2", or "learner-2.rank1".
-  std::string DiagnosticsName(int learner, int rank) const {
-    return GroupedJob(spec_) ? fmt::format("learner-{}.rank{}", learner + 1, rank)
-                             : fmt::format("learner-{}", learner + 1);
   }
   // A fault's target: "learner-2", or "learner-2 rank 1".
   std::string Target(const FaultRecord& r) const {
@@ -449,246 +437,6 @@ class Harness {
     return OkStatus();
   }
 
-  using ByRank = std::pair<int, int>;  // (learner, rank)
-
-  // Every round, from the processes' diagnostics: the members' global
-  // states agree (in a group, rank by rank: each rank holds its slice's),
-  // and a group's ranks hold the same whole replica after each round.
-  Status Analyze() {
-    const std::string diagnostics = dir_ + "/diagnostics";
-    // round -> rank -> learner -> digest of the global state (slice)
-    std::map<uint64_t, std::map<int, std::map<int, std::string>>> digests;
-    // round -> what each member's record said (kept to tell a mismatch apart)
-    std::map<uint64_t, json> members_of;
-    // (round, learner) -> rank -> digest of the whole replica (groups)
-    std::map<std::pair<uint64_t, int>, std::set<std::string>> replicas;
-    std::map<int, std::vector<json>> rounds_of;  // learner -> its rank 0's rounds
-    // (learner, rank) -> its heals: job step -> source (the newest to it)
-    std::map<ByRank, std::map<int64_t, std::string>> sources;
-    for (int l = 0; l < spec_.learners; ++l) {
-      for (int rank = 0; rank < Ranks(); ++rank) {
-        std::vector<json> rounds =
-            ReadJsonLines(fmt::format("{}/{}.rounds.jsonl", diagnostics, DiagnosticsName(l, rank)));
-        for (const json& round : rounds) {
-          if (Field(round, "healed", false)) {
-            sources[{l, rank}][Field(round, "heal_step", int64_t{-1})] =
-                Field(round, "heal_source", std::string());
-          }
-          if (!Field(round, "ok", false) || !round.contains("global_sha256")) continue;
-          const uint64_t id = Field(round, "round_id", uint64_t{0});
-          digests[id][rank][l] = Field(round, "global_sha256", std::string());
-          members_of[id].push_back(
-              {{"learner", l + 1},
-               {"rank", rank},
-               {"digest", Field(round, "global_sha256", std::string()).substr(0, 16)},
-               {"boundary_step", Field(round, "boundary_step", uint64_t{0})},
-               {"healed", Field(round, "healed", false)},
-               {"heal_source", Field(round, "heal_source", std::string())},
-               {"members", Field(round, "members", uint64_t{0})}});
-          if (round.contains("parameters_sha256"))
-            replicas[{id, l}].insert(Field(round, "parameters_sha256", std::string()));
-        }
-        if (rank == 0) rounds_of[l] = std::move(rounds);
-      }
-    }
-    json mismatches = json::array();
-    json mismatch_members = json::array();  // each mismatched round's members, as they said
-    for (const auto& [round_id, by_rank] : digests) {
-      report_.rounds++;
-      bool checked = false, differ = false;
-      for (const auto& [rank, by_learner] : by_rank) {
-        if (by_learner.size() < 2) continue;
-        checked = true;
-        std::set<std::string> distinct;
-        for (const auto& [learner, sha] : by_learner) distinct.insert(sha);
-        differ |= distinct.size() > 1;
-      }
-      report_.rounds_checked += checked ? 1 : 0;
-      if (differ) {
-        report_.digest_mismatches++;
-        mismatches.push_back(round_id);
-        mismatch_members.push_back({{"round_id", round_id}, {"members", members_of[round_id]}});
-      }
-    }
-    json rank_mismatches = json::array();
-    if (GroupedJob(spec_)) {
-      for (const auto& [key, distinct] : replicas) {
-        report_.rank_rounds_checked++;
-        if (distinct.size() > 1) {
-          report_.rank_digest_mismatches++;
-          rank_mismatches.push_back({{"round_id", key.first}, {"learner", key.second + 1}});
-        }
-      }
-    }
-    AnalyzeTrainingState(sources);
-    // Heals of restarted learners: restart -> its first round completed.
-    for (FaultRecord& f : report_.faults) {
-      if (f.kind != "kill") continue;
-      for (const json& round : rounds_of[f.learner]) {
-        if (Field(round, "t_ms", int64_t{0}) < f.end_ms || !Field(round, "ok", false)) continue;
-        f.restart_to_healed_s =
-            static_cast<double>(Field(round, "t_ms", int64_t{0}) - f.end_ms) / 1000;
-        if (Field(round, "healed", false)) {
-          f.heal_transfer_s = Field(round, "heal_seconds", 0.0);
-          f.heal_bytes = Field(round, "heal_bytes", uint64_t{0});
-        }
-        break;
-      }
-    }
-    // Step waits of healthy learners (every rank), by the fault active at
-    // the time. A fault against one rank of a group is its whole group's.
-    json waits = json::array();
-    std::map<std::string, double>
-        max_wait_by_kind;  // healthy learners' longest step per fault kind
-    for (int l = 0; l < spec_.learners; ++l) {
-      for (int rank = 0; rank < Ranks(); ++rank) {
-        const std::vector<json> steps =
-            ReadJsonLines(fmt::format("{}/{}.steps.jsonl", diagnostics, DiagnosticsName(l, rank)));
-        for (const json& step : steps) {
-          const double wait_s = Field(step, "step_ms", 0.0) / 1000;
-          const int64_t end = Field(step, "t_ms", int64_t{0});
-          const int64_t begin = end - static_cast<int64_t>(1000 * wait_s);
-          const FaultRecord* during = nullptr;
-          bool own = false;
-          for (size_t k = 0; k < report_.faults.size(); ++k) {
-            const FaultRecord& f = report_.faults[k];
-            if (begin > over_ms_[k] || end < f.start_ms) continue;
-            if (f.learner == l) own = true;
-            during = &f;
-          }
-          if (during == nullptr) {
-            report_.max_wait_no_fault_s = std::max(report_.max_wait_no_fault_s, wait_s);
-            continue;
-          }
-          if (own) continue;
-          double& by_kind = max_wait_by_kind[during->kind];
-          by_kind = std::max(by_kind, wait_s);
-          if (during->kind == "lighthouse") {
-            report_.max_wait_lighthouse_s = std::max(report_.max_wait_lighthouse_s, wait_s);
-            continue;
-          }
-          report_.max_wait_learner_fault_s = std::max(report_.max_wait_learner_fault_s, wait_s);
-          if (wait_s > report_.stall_bound_s) {
-            report_.stalls++;
-            json wait = {{"learner", l + 1},
-                         {"step", Field(step, "step", 0)},
-                         {"wait_s", wait_s},
-                         {"fault", during->kind}};
-            if (GroupedJob(spec_)) wait["rank"] = rank;
-            waits.push_back(std::move(wait));
-          }
-        }
-      }
-    }
-    // Results and losses (every process: a group's ranks evaluate alike).
-    double eval_sum = 0;
-    for (size_t i = 0; i < slots_.size(); ++i) {
-      const int slot = static_cast<int>(i);
-      std::ifstream in(ResultFile(slot));
-      json result = json::parse(in, nullptr, /*allow_exceptions=*/false);
-      if (!result.is_object())
-        return InternalError(fmt::format("chaos: no result in {}", ResultFile(slot)));
-      const double eval = Field(result, "eval_loss", std::nan(""));
-      if (!std::isfinite(eval) || slots_[i].nonfinite) report_.losses_finite = false;
-      eval_sum += eval;
-      // A join is its learner's (rank 0 makes it for the group).
-      if (slot % Ranks() == 0) report_.passed_over += Field(result, "passed_over", uint64_t{0});
-      report_.json["results"].push_back(result);
-    }
-    report_.eval_loss = eval_sum / static_cast<double>(slots_.size());
-    report_.json["digest_mismatch_rounds"] = mismatches;
-    report_.json["digest_mismatch_members"] = mismatch_members;
-    report_.json["rank_digest_mismatches_at"] = rank_mismatches;
-    report_.json["stalls"] = waits;
-    report_.json["max_wait_by_kind_s"] = max_wait_by_kind;
-    return OkStatus();
-  }
-
-  // Where learner l's rank `rank` took its optimizer's step count when a heal
-  // put it on job step `heal_step` ("heal" records): "job" if its source's
-  // count was the job's at that step, else "own". A source that had itself
-  // healed is followed back (at most `depth` heals). `sources`: each
-  // learner's and rank's heals, job step -> source (the newest to it).
-  std::string HealedCountFrom(const std::map<ByRank, std::vector<json>>& train,
-                              const std::map<ByRank, std::map<int64_t, std::string>>& sources,
-                              int l, int rank, int64_t heal_step, int depth) const {
-    if (depth == 0) return "own";
-    std::string source;
-    if (auto heals = sources.find({l, rank}); heals != sources.end()) {
-      if (auto it = heals->second.find(heal_step); it != heals->second.end()) source = it->second;
-    }
-    int from = -1;  // "learner-3" -> 2
-    if (source.rfind("learner-", 0) == 0) from = std::atoi(source.c_str() + 8) - 1;
-    const auto records = train.find({from, rank});
-    if (records == train.end()) return "own";
-    const json* at = nullptr;  // the source's newest record of that step
-    for (const json& record : records->second) {
-      if (Field(record, "step", int64_t{0}) == heal_step) at = &record;
-    }
-    if (at == nullptr) return "own";
-    const std::string inner = Field(*at, "inner", std::string());
-    if (inner != "heal") return inner;
-    return HealedCountFrom(train, sources, from, rank, Field(*at, "heal_step", int64_t{0}),
-                           depth - 1);
-  }
-
-  // At equal job steps, every record of every learner (and rank, and every
-  // run of a restarted one) says the same learning rate, and those whose
-  // optimizer's step count is the job's the same count: a heal or a resume
-  // that left a learner on another schedule than the job's is caught here.
-  // A count a heal brought is the job's where the source's was (`sources`:
-  // each learner's and rank's heals, from Analyze).
-  void AnalyzeTrainingState(const std::map<ByRank, std::map<int64_t, std::string>>& sources) {
-    const std::string diagnostics = dir_ + "/diagnostics";
-    std::map<ByRank, std::vector<json>> train;  // (learner, rank) -> records
-    for (int l = 0; l < spec_.learners; ++l) {
-      for (int rank = 0; rank < Ranks(); ++rank) {
-        train[{l, rank}] =
-            ReadJsonLines(fmt::format("{}/{}.train.jsonl", diagnostics, DiagnosticsName(l, rank)));
-      }
-    }
-    std::map<int64_t, std::set<double>> rates;                    // job step -> learning rates
-    std::map<int64_t, std::set<uint64_t>> counts;                 // job step -> "job" step counts
-    std::map<int64_t, std::set<std::string>> who;                 // job step -> "learner-2/rank0"
-    std::map<int64_t, std::vector<json>> said;                    // job step -> the records
-    std::map<std::tuple<int, int, int64_t>, std::string> healed;  // resolved "heal" records
-    for (int l = 0; l < spec_.learners; ++l) {
-      for (int rank = 0; rank < Ranks(); ++rank) {
-        for (const json& record : train[{l, rank}]) {
-          const int64_t step = Field(record, "step", int64_t{0});
-          rates[step].insert(Field(record, "lr", std::nan("")));
-          std::string inner = Field(record, "inner", std::string());
-          if (inner == "heal") {
-            const int64_t heal_step = Field(record, "heal_step", int64_t{0});
-            auto [it, fresh] = healed.try_emplace({l, rank, heal_step});
-            if (fresh) {
-              it->second = HealedCountFrom(train, sources, l, rank, heal_step, spec_.learners * 8);
-            }
-            inner = it->second;
-          }
-          if (inner == "job") counts[step].insert(Field(record, "optimizer_step", uint64_t{0}));
-          who[step].insert(fmt::format("{}/{}", l, rank));
-          json shown = record;
-          shown["learner"] = l + 1;
-          if (GroupedJob(spec_)) shown["rank"] = rank;
-          said[step].push_back(std::move(shown));
-        }
-      }
-    }
-    json differ = json::array();
-    for (const auto& [step, learners] : who) {
-      if (learners.size() < 2) continue;
-      report_.training_steps_checked++;
-      const bool lr_differs = rates[step].size() > 1;
-      const bool count_differs = counts[step].size() > 1;
-      report_.lr_mismatch_steps += lr_differs ? 1 : 0;
-      report_.optimizer_step_mismatch_steps += count_differs ? 1 : 0;
-      if ((lr_differs || count_differs) && differ.size() < 8)
-        differ.push_back({{"step", step}, {"records", said[step]}});
-    }
-    report_.json["training_state_mismatches_at"] = differ;
-  }
-
   Status RunReference() {
     say_("fault-free reference run of the same job ...");
     TrainingJobSpec reference = o_.job;
@@ -700,105 +448,6 @@ class Harness {
     report_.reference_eval_loss = result.eval_loss;
     report_.reference_wall_s = result.wall_s;
     return OkStatus();
-  }
-
-  void Summarize() {
-    ChaosReport& r = report_;
-    if (r.digest_mismatches > 0) {
-      r.violations.push_back(fmt::format("{} round(s) whose members' global state digests differ",
-                                         r.digest_mismatches));
-    }
-    if (r.rank_digest_mismatches > 0) {
-      r.violations.push_back(
-          fmt::format("{} round(s) after which the ranks of a learner hold different parameters",
-                      r.rank_digest_mismatches));
-    }
-    if (r.stalls > 0) {
-      r.violations.push_back(fmt::format(
-          "{} step(s) of healthy learners waited longer than {:.1f} s during a learner fault",
-          r.stalls, r.stall_bound_s));
-    }
-    if (!r.losses_finite) r.violations.push_back("a loss was not finite");
-    if (r.rounds_checked == 0) r.violations.push_back("no round had two members to compare");
-    if (r.lr_mismatch_steps > 0) {
-      r.violations.push_back(
-          fmt::format("{} job step(s) at which learners' optimizers used different learning rates",
-                      r.lr_mismatch_steps));
-    }
-    if (r.optimizer_step_mismatch_steps > 0) {
-      r.violations.push_back(
-          fmt::format("{} job step(s) at which learners' optimizer step counts (the job's) differ",
-                      r.optimizer_step_mismatch_steps));
-    }
-    if (r.training_steps_checked == 0)
-      r.violations.push_back("no job step was taken by two learners to compare");
-    if (GroupedJob(spec_) && r.rank_rounds_checked == 0)
-      r.violations.push_back("no round had a group's ranks to compare");
-    if (o_.reference && !std::isfinite(r.reference_eval_loss))
-      r.violations.push_back("the fault-free run's final eval loss was not finite");
-    if (r.reference_eval_loss > 0 &&
-        r.eval_loss > (1 + o_.loss_tolerance) * r.reference_eval_loss) {
-      r.violations.push_back(fmt::format(
-          "final eval loss {:.4f} is more than {:.0f}% above the fault-free run's {:.4f}",
-          r.eval_loss, 100 * o_.loss_tolerance, r.reference_eval_loss));
-    }
-    r.passed = r.violations.empty();
-    // Issue 5's healing target, where the link rate is known: a heal under
-    // 1.5 x (bytes / link) + 2 s; checked for the transfer and, stricter,
-    // for restart -> first round (process start and the wait for the next
-    // boundary included).
-    const double rate_mbit = SettingValue(spec_.settings, "link_rate_mbit", 0);
-    int transfer_met = 0, restart_met = 0, heals = 0;
-    for (const FaultRecord& f : r.faults) {
-      if (f.kind != "kill" || f.heal_bytes == 0 || rate_mbit <= 0) continue;
-      const double target = 1.5 * static_cast<double>(f.heal_bytes) * 8 / (rate_mbit * 1e6) + 2;
-      heals++;
-      transfer_met += f.heal_transfer_s < target ? 1 : 0;
-      restart_met += f.restart_to_healed_s >= 0 && f.restart_to_healed_s < target ? 1 : 0;
-    }
-    r.json["heal_target"] = {
-        {"heals", heals}, {"transfer_met", transfer_met}, {"restart_to_round_met", restart_met}};
-    json faults = json::array();
-    for (const FaultRecord& f : r.faults) {
-      faults.push_back({{"kind", f.kind},
-                        {"learner", f.learner >= 0 ? json(fmt::format("learner-{}", f.learner + 1))
-                                                   : json(nullptr)},
-                        {"rank", f.rank >= 0 ? json(f.rank) : json(nullptr)},
-                        {"start_ms", f.start_ms},
-                        {"end_ms", f.end_ms},
-                        {"step", f.step},
-                        {"restart_to_healed_s", f.restart_to_healed_s},
-                        {"heal_transfer_s", f.heal_transfer_s},
-                        {"heal_bytes", f.heal_bytes}});
-    }
-    r.json["faults"] = faults;
-    r.json["seed"] = o_.seed;
-    r.json["learners"] = spec_.learners;
-    r.json["ranks_per_learner"] = Ranks();
-    r.json["steps"] = o_.steps;
-    r.json["rounds"] = r.rounds;
-    r.json["rounds_checked"] = r.rounds_checked;
-    r.json["digest_mismatches"] = r.digest_mismatches;
-    r.json["rank_rounds_checked"] = r.rank_rounds_checked;
-    r.json["rank_digest_mismatches"] = r.rank_digest_mismatches;
-    r.json["training_steps_checked"] = r.training_steps_checked;
-    r.json["lr_mismatch_steps"] = r.lr_mismatch_steps;
-    r.json["optimizer_step_mismatch_steps"] = r.optimizer_step_mismatch_steps;
-    r.json["stall_bound_s"] = r.stall_bound_s;
-    r.json["stall_count"] = r.stalls;
-    r.json["max_wait_learner_fault_s"] = r.max_wait_learner_fault_s;
-    r.json["max_wait_lighthouse_s"] = r.max_wait_lighthouse_s;
-    r.json["max_wait_no_fault_s"] = r.max_wait_no_fault_s;
-    r.json["passed_over"] = r.passed_over;
-    r.json["losses_finite"] = r.losses_finite;
-    r.json["eval_loss"] = r.eval_loss;
-    r.json["reference_eval_loss"] = r.reference_eval_loss;
-    r.json["loss_tolerance"] = o_.loss_tolerance;
-    r.json["wall_s"] = r.wall_s;
-    r.json["reference_wall_s"] = r.reference_wall_s;
-    r.json["link_rate_mbit"] = SettingValue(spec_.settings, "link_rate_mbit", 0);
-    r.json["passed"] = r.passed;
-    r.json["violations"] = r.violations;
   }
 
   const ChaosOptions& o_;
