@@ -79,6 +79,13 @@ struct WorkerArgs {
   bool in_place = false;
 };
 
+// The worker's learner session, on its configuration checked once.
+StatusOr<std::unique_ptr<reducer::LearnerSession>> StartSession(
+    const Config& config, reducer::LearnerSessionOptions options) {
+  MEND_ASSIGN_OR_RETURN(ValidConfig valid, ValidConfig::Check(config));
+  return reducer::LearnerSession::Start(valid, std::move(options));
+}
+
 int RunWorker(const WorkerArgs& args) {
   Config config;
   config.job_id = "bench";
@@ -107,7 +114,7 @@ int RunWorker(const WorkerArgs& args) {
   reducer::LearnerSessionOptions options{
       fmt::format("learner-{}", args.learner), kToken, RealClock(), {}, {}};
   for (size_t i = 0; i < model->count(); ++i) options.parameter_shapes.push_back(model->shape(i));
-  auto session = reducer::LearnerSession::Start(config, std::move(options));
+  auto session = StartSession(config, std::move(options));
   if (!session.ok()) {
     fmt::print(stderr, "worker: {}\n", session.status());
     return 1;

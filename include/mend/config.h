@@ -205,8 +205,29 @@ std::string_view EnumText(std::string_view key, E value) {
 [[nodiscard]] StatusOr<int> ParseEnumText(std::string_view key, std::string_view text);
 
 // Checks every value's range and the rules that tie keys together
-// (e.g. heartbeat_timeout_ms >= 2 * heartbeat_ms).
+// (e.g. heartbeat_timeout_ms >= 2 * heartbeat_ms). Its one caller is
+// ValidConfig::Check.
 [[nodiscard]] Status CheckConfig(const Config& config);
+
+// A configuration that passed CheckConfig, and that nothing changes after:
+// what the parts take (LighthouseServer::Start, LearnerAgent::Start, the
+// round driver), so that a configuration is checked once, where a front end
+// loads or builds it (LoadConfig, the C ABI's learner and lighthouse, mend
+// train's job), not again by each part it reaches. It reads as the Config
+// it holds. The parts' overloads that take a plain Config check it first.
+class ValidConfig {
+ public:
+  // INVALID_ARGUMENT naming the key and the rule, as CheckConfig says.
+  [[nodiscard]] static StatusOr<ValidConfig> Check(Config config);
+
+  const Config& get() const { return config_; }
+  const Config* operator->() const { return &config_; }
+  operator const Config&() const { return config_; }  // NOLINT: reads as the Config
+
+ private:
+  explicit ValidConfig(Config config) : config_(std::move(config)) {}
+  Config config_;
+};
 
 // The rule that ties keys given together: a source (a TOML file, the
 // environment, a set of keywords or --set flags) that gives a DES-LOC moment
@@ -241,8 +262,8 @@ struct ConfigSources {
 // check refuses), its source "flag --set KEY=VALUE".
 ConfigSources::Override SetFlagOverride(const std::string& item);
 
-// defaults < file < environment < overrides, then CheckConfig.
-[[nodiscard]] StatusOr<Config> LoadConfig(const ConfigSources& sources);
+// defaults < file < environment < overrides, then checked.
+[[nodiscard]] StatusOr<ValidConfig> LoadConfig(const ConfigSources& sources);
 
 // The effective configuration as a TOML document that ApplyConfigToml accepts.
 std::string ConfigToToml(const Config& config);

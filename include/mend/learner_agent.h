@@ -53,6 +53,10 @@ class LearnerAgent {
   // built on it, see clock()) is measured on `clock`, which is not owned
   // and must outlive the agent.
   [[nodiscard]] static StatusOr<std::unique_ptr<LearnerAgent>> Start(
+      const ValidConfig& config, const std::string& token, const LearnerIdentity& identity,
+      const Clock& clock, GroupStoreOpener group_store = nullptr);
+  // The same for a configuration not checked yet: checked first.
+  [[nodiscard]] static StatusOr<std::unique_ptr<LearnerAgent>> Start(
       const Config& config, const std::string& token, const LearnerIdentity& identity,
       const Clock& clock, GroupStoreOpener group_store = nullptr);
   virtual ~LearnerAgent() = default;

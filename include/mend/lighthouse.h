@@ -26,6 +26,10 @@ class LighthouseServer {
   // serving. `token` is the job token every call must carry. The lighthouse's
   // rules (heartbeat timeouts, quorum waits, fail-slow) run on `clock`, which
   // is not owned and must outlive the server.
+  [[nodiscard]] static StatusOr<std::unique_ptr<LighthouseServer>> Start(const ValidConfig& config,
+                                                                         const std::string& token,
+                                                                         const Clock& clock);
+  // The same for a configuration not checked yet: checked first.
   [[nodiscard]] static StatusOr<std::unique_ptr<LighthouseServer>> Start(const Config& config,
                                                                          const std::string& token,
                                                                          const Clock& clock);

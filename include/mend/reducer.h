@@ -82,6 +82,10 @@ class Reducer {
   // heal finds it behind (its first round, or a fragment period or more
   // behind) it becomes the source's step (plus the steps since the boundary):
   // a training loop follows stats().steps to stay on the job's schedule.
+  // (Each Create takes a ValidConfig as it is, and checks a Config first.)
+  [[nodiscard]] static StatusOr<std::unique_ptr<Reducer>> Create(
+      const ValidConfig& config, NamedParameters parameters, std::unique_ptr<InnerMoments> moments,
+      LearnerAgent& agent, uint64_t start_step = 0);
   [[nodiscard]] static StatusOr<std::unique_ptr<Reducer>> Create(
       const Config& config, NamedParameters parameters, std::unique_ptr<InnerMoments> moments,
       LearnerAgent& agent, uint64_t start_step = 0);
@@ -89,6 +93,11 @@ class Reducer {
   // `optimizer` (the inner one) when it is torch::optim::Adam or AdamW (it
   // must be, for desloc or heal_inner_optimizer). `module` and `optimizer`
   // are not owned and must outlive the reducer.
+  [[nodiscard]] static StatusOr<std::unique_ptr<Reducer>> Create(const ValidConfig& config,
+                                                                 torch::nn::Module& module,
+                                                                 torch::optim::Optimizer& optimizer,
+                                                                 LearnerAgent& agent,
+                                                                 uint64_t start_step = 0);
   [[nodiscard]] static StatusOr<std::unique_ptr<Reducer>> Create(const Config& config,
                                                                  torch::nn::Module& module,
                                                                  torch::optim::Optimizer& optimizer,

@@ -92,7 +92,7 @@ mend_status mend_config_apply_environment(mend_config* config) {
 mend_status mend_config_check(const mend_config* config) {
   return Guarded([&] {
     if (config == nullptr) return NullArgument("mend_config_check", "config");
-    return Return(mend::CheckConfig(config->value));
+    return Return(mend::ValidConfig::Check(config->value).status());
   });
 }
 

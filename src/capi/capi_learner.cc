@@ -170,17 +170,18 @@ mend::StatusOr<std::vector<mend::capi::RawBuffer>> Buffers(
 
 // The learner's session and round driver over `buffers`; `job_settings`
 // beside the config's shared ones.
-mend::Status Create(const mend::Config& config, const std::vector<std::string>& job_settings,
+mend::Status Create(const mend::Config& unchecked, const std::vector<std::string>& job_settings,
                     const char* token, const char* learner_id,
                     std::vector<mend::capi::RawBuffer> buffers, uint64_t start_step,
                     mend_learner& learner) {
-  MEND_RETURN_IF_ERROR(mend::CheckConfig(config));
-  MEND_RETURN_IF_ERROR(mend::InitLogging(config.log_level, learner_id));
+  // Checked here once: the session, its agent and the round driver take it as it is.
+  MEND_ASSIGN_OR_RETURN(const mend::ValidConfig config, mend::ValidConfig::Check(unchecked));
+  MEND_RETURN_IF_ERROR(mend::InitLogging(config->log_level, learner_id));
   std::vector<size_t> numels;
   for (const auto& buffer : buffers) numels.push_back(buffer.numel);
   auto parameters = std::make_unique<mend::capi::RawParameters>(std::move(buffers));
   std::unique_ptr<mend::capi::RawMoments> moments;
-  if (config.desloc || config.heal_inner_optimizer)
+  if (config->desloc || config->heal_inner_optimizer)
     moments = std::make_unique<mend::capi::RawMoments>(numels);
   learner.parameters = parameters.get();
   learner.moments = moments.get();

@@ -54,13 +54,13 @@ mend_status mend_lighthouse_start(const mend_config* config, const char* token,
     if (out == nullptr) return NullArgument("mend_lighthouse_start", "out");
     if (mend::Status rule = mend::CheckJobToken(token, "the caller"); !rule.ok())
       return Return(rule);
-    if (mend::Status checked = mend::CheckConfig(config->value); !checked.ok())
-      return Return(checked);
+    mend::StatusOr<mend::ValidConfig> checked = mend::ValidConfig::Check(config->value);
+    if (!checked.ok()) return Return(checked.status());
     if (mend::Status logging = mend::InitLogging(config->value.log_level, "lighthouse");
         !logging.ok()) {
       return Return(logging);
     }
-    auto server = mend::LighthouseServer::Start(config->value, token, *mend::RealClock());
+    auto server = mend::LighthouseServer::Start(*checked, token, *mend::RealClock());
     if (!server.ok()) return Return(server.status());
     auto lighthouse = std::make_unique<mend_lighthouse>();
     lighthouse->address = (*server)->grpc_address();

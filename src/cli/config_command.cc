@@ -54,8 +54,8 @@ void AddStatusCommand(CLI::App& app, int* exit_code) {
       *exit_code = kExitBadConfig;
       return;
     }
-    LighthouseClientOptions options{config->lighthouse, *token, config->tls_ca_file,
-                                    config->rpc_timeout_ms * kMicrosPerMilli};
+    LighthouseClientOptions options{(*config)->lighthouse, *token, (*config)->tls_ca_file,
+                                    (*config)->rpc_timeout_ms * kMicrosPerMilli};
     auto client = LighthouseClient::Connect(options);
     auto json = client.ok() ? (*client)->StatusJson() : StatusOr<std::string>(client.status());
     if (!json.ok()) {

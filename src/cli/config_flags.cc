@@ -51,7 +51,7 @@ void ConfigFlags::Retired(const std::string& flag, std::string_view key) {
       ->group("");  // hidden
 }
 
-StatusOr<Config> ConfigFlags::Load() const {
+StatusOr<ValidConfig> ConfigFlags::Load() const {
   // A key given twice with different values: the later wins, said aloud (a
   // named flag and a --set of its key, as a launcher's flags and a user's
   // --set after them).

@@ -25,7 +25,7 @@ class ConfigFlags {
   // defaults < --config file < MEND_* environment < flags, in command-line
   // order: of a key given twice (a named flag and --set KEY=, or --set
   // twice), the later wins, with a warning when their values differ.
-  [[nodiscard]] StatusOr<Config> Load() const;
+  [[nodiscard]] StatusOr<ValidConfig> Load() const;
 
  private:
   CLI::App* app_;

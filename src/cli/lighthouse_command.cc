@@ -63,7 +63,7 @@ void AddLighthouseCommand(CLI::App& app, int* exit_code) {
       *exit_code = kExitBadConfig;
       return;
     }
-    (void)InitLogging(config->log_level, "lighthouse");
+    (void)InitLogging((*config)->log_level, "lighthouse");
     KeepLargeAllocationsInHeap();
     std::mutex mu;
     LighthouseServer* running = nullptr;  // guarded by mu

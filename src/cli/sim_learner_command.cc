@@ -193,7 +193,7 @@ void AddSimLearnerCommand(CLI::App& app, int* exit_code) {
       *exit_code = kExitBadConfig;
       return;
     }
-    (void)InitLogging(config->log_level, options->id);
+    (void)InitLogging((*config)->log_level, options->id);
     *exit_code = RunSimLearner(*options, *config, *token);
   });
 }

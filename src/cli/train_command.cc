@@ -253,7 +253,7 @@ void AddTrainCommand(CLI::App& app, int* exit_code) {
       return;
     }
     std::string token;
-    if (flags->options.mode != "local" || config->group_size > 1) {
+    if (flags->options.mode != "local" || (*config)->group_size > 1) {
       auto job_token = JobToken(*config);
       if (!job_token.ok()) {
         fmt::print(stderr, "mend train: {}\n", job_token.status().message());
@@ -262,9 +262,9 @@ void AddTrainCommand(CLI::App& app, int* exit_code) {
       }
       token = *job_token;
     }
-    (void)InitLogging(config->log_level,
-                      config->group_size > 1
-                          ? fmt::format("{}.{}", flags->options.id, config->group_rank)
+    (void)InitLogging((*config)->log_level,
+                      (*config)->group_size > 1
+                          ? fmt::format("{}.{}", flags->options.id, (*config)->group_rank)
                           : flags->options.id);
     if (!flags->result_file.empty()) {
       if (Status writable = CheckWritableFile(flags->result_file, "--result-file");

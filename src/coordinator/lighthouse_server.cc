@@ -184,7 +184,13 @@ class LighthouseServerImpl final : public LighthouseServer {
 StatusOr<std::unique_ptr<LighthouseServer>> LighthouseServer::Start(const Config& config,
                                                                     const std::string& token,
                                                                     const Clock& clock) {
-  MEND_RETURN_IF_ERROR(CheckConfig(config));
+  MEND_ASSIGN_OR_RETURN(ValidConfig valid, ValidConfig::Check(config));
+  return Start(valid, token, clock);
+}
+
+StatusOr<std::unique_ptr<LighthouseServer>> LighthouseServer::Start(const ValidConfig& config,
+                                                                    const std::string& token,
+                                                                    const Clock& clock) {
   auto server = std::make_unique<LighthouseServerImpl>(config, token, clock);
   MEND_RETURN_IF_ERROR(server->Init(config));
   return std::unique_ptr<LighthouseServer>(std::move(server));

@@ -448,7 +448,12 @@ ConfigSources::Override SetFlagOverride(const std::string& item) {
           fmt::format("flag --set {}", item)};
 }
 
-StatusOr<Config> LoadConfig(const ConfigSources& sources) {
+StatusOr<ValidConfig> ValidConfig::Check(Config config) {
+  MEND_RETURN_IF_ERROR(CheckConfig(config));
+  return ValidConfig(std::move(config));
+}
+
+StatusOr<ValidConfig> LoadConfig(const ConfigSources& sources) {
   Config config;
   if (!sources.file.empty()) {
     bool ok = false;
@@ -467,8 +472,7 @@ StatusOr<Config> LoadConfig(const ConfigSources& sources) {
     return std::any_of(sources.overrides.begin(), sources.overrides.end(),
                        [&](const ConfigSources::Override& item) { return item.key == name; });
   });
-  MEND_RETURN_IF_ERROR(CheckConfig(config));
-  return config;
+  return ValidConfig::Check(std::move(config));
 }
 
 std::string ConfigToToml(const Config& config) {

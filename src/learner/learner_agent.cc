@@ -308,7 +308,16 @@ StatusOr<std::unique_ptr<LearnerAgent>> LearnerAgent::Start(const Config& config
                                                             const Clock& clock,
                                                             GroupStoreOpener group_store) {
   // Every rule that ties keys together, before anything reaches the lighthouse.
-  MEND_RETURN_IF_ERROR(CheckConfig(config));
+  MEND_ASSIGN_OR_RETURN(ValidConfig valid, ValidConfig::Check(config));
+  return Start(valid, token, identity, clock, std::move(group_store));
+}
+
+StatusOr<std::unique_ptr<LearnerAgent>> LearnerAgent::Start(const ValidConfig& valid,
+                                                            const std::string& token,
+                                                            const LearnerIdentity& identity,
+                                                            const Clock& clock,
+                                                            GroupStoreOpener group_store) {
+  const Config& config = valid;
   MEND_ASSIGN_OR_RETURN(auto client,
                         LighthouseClient::Connect(LighthouseClientOptionsFor(config, token)));
   LearnerIdentity full = identity;

@@ -8,21 +8,21 @@
 
 namespace mend::reducer {
 
-LearnerSession::LearnerSession(const Config& config, LearnerSessionOptions options)
+LearnerSession::LearnerSession(const ValidConfig& config, LearnerSessionOptions options)
     : config_(config), options_(std::move(options)) {}
 
 LearnerSession::~LearnerSession() = default;
 
-StatusOr<std::unique_ptr<LearnerSession>> LearnerSession::Start(const Config& config,
+StatusOr<std::unique_ptr<LearnerSession>> LearnerSession::Start(const ValidConfig& config,
                                                                 LearnerSessionOptions options) {
   if (options.clock == nullptr) return InvalidArgumentError("LearnerSession: no clock");
   std::unique_ptr<LearnerSession> session(new LearnerSession(config, std::move(options)));
   const LearnerSessionOptions& o = session->options_;
   Status started = [&]() -> Status {
-    MEND_RETURN_IF_ERROR(CheckDataPlaneHost(config.dataplane_host));
+    MEND_RETURN_IF_ERROR(CheckDataPlaneHost(config->dataplane_host));
     MEND_ASSIGN_OR_RETURN(GroupStoreOpener group_store,
                           GroupStoreFromConfig(config, o.token, *o.clock, o.learner_id));
-    LearnerIdentity identity{o.learner_id, config.job_id, config.rack, ""};
+    LearnerIdentity identity{o.learner_id, config->job_id, config->rack, ""};
     identity.job_settings = SharedSettings(config);
     identity.job_settings.push_back(ParametersSetting(o.parameter_shapes));
     identity.job_settings.insert(identity.job_settings.end(), o.job_settings.begin(),

@@ -45,7 +45,7 @@ class LearnerSession {
   // an address; the group's store's and the agent's errors as they are.
   // Whatever the error, a rank of a group first tells the others.
   [[nodiscard]] static StatusOr<std::unique_ptr<LearnerSession>> Start(
-      const Config& config, LearnerSessionOptions options);
+      const ValidConfig& config, LearnerSessionOptions options);
   ~LearnerSession();
   LearnerSession(const LearnerSession&) = delete;
   LearnerSession& operator=(const LearnerSession&) = delete;
@@ -65,9 +65,9 @@ class LearnerSession {
   [[nodiscard]] Status Fail(Status why);
 
  private:
-  LearnerSession(const Config& config, LearnerSessionOptions options);
+  LearnerSession(const ValidConfig& config, LearnerSessionOptions options);
 
-  const Config config_;
+  const ValidConfig config_;
   const LearnerSessionOptions options_;
   std::unique_ptr<LearnerAgent> agent_;
 };

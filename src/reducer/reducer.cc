@@ -113,6 +113,21 @@ class ReducerImpl final : public Reducer {
 StatusOr<std::unique_ptr<Reducer>> Reducer::Create(const Config& config, NamedParameters parameters,
                                                    std::unique_ptr<InnerMoments> moments,
                                                    LearnerAgent& agent, uint64_t start_step) {
+  MEND_ASSIGN_OR_RETURN(ValidConfig valid, ValidConfig::Check(config));
+  return Create(valid, std::move(parameters), std::move(moments), agent, start_step);
+}
+
+StatusOr<std::unique_ptr<Reducer>> Reducer::Create(const Config& config, torch::nn::Module& module,
+                                                   torch::optim::Optimizer& optimizer,
+                                                   LearnerAgent& agent, uint64_t start_step) {
+  MEND_ASSIGN_OR_RETURN(ValidConfig valid, ValidConfig::Check(config));
+  return Create(valid, module, optimizer, agent, start_step);
+}
+
+StatusOr<std::unique_ptr<Reducer>> Reducer::Create(const ValidConfig& config,
+                                                   NamedParameters parameters,
+                                                   std::unique_ptr<InnerMoments> moments,
+                                                   LearnerAgent& agent, uint64_t start_step) {
   std::vector<at::Tensor> tensors;
   std::vector<std::string> names;
   std::vector<int64_t> numels;
@@ -145,14 +160,15 @@ StatusOr<std::unique_ptr<Reducer>> Reducer::Create(const Config& config, NamedPa
   return std::unique_ptr<Reducer>(std::make_unique<ReducerImpl>(std::move(driver), view));
 }
 
-StatusOr<std::unique_ptr<Reducer>> Reducer::Create(const Config& config, torch::nn::Module& module,
+StatusOr<std::unique_ptr<Reducer>> Reducer::Create(const ValidConfig& config,
+                                                   torch::nn::Module& module,
                                                    torch::optim::Optimizer& optimizer,
                                                    LearnerAgent& agent, uint64_t start_step) {
   NamedParameters named;
   std::vector<at::Tensor> parameters;
   for (const auto& item : module.named_parameters(/*recurse=*/true)) {
     // Frozen parameters are the learner's own unless asked for.
-    if (!item.value().requires_grad() && !config.exchange_frozen_parameters) continue;
+    if (!item.value().requires_grad() && !config->exchange_frozen_parameters) continue;
     named.emplace_back(item.key(), item.value());
     parameters.push_back(item.value());
   }

@@ -64,6 +64,11 @@ class RoundDriver {
   // INVALID_ARGUMENT for a bad configuration, no parameters, or a checkpoint
   // that does not fit the model.
   [[nodiscard]] static StatusOr<std::unique_ptr<RoundDriver>> Create(
+      const ValidConfig& config, LearnerAgent& agent, const Clock& clock,
+      std::unique_ptr<FlatParameters> parameters, std::unique_ptr<FlatMoments> moments,
+      uint64_t start_step, std::unique_ptr<RoundServices> services = nullptr);
+  // The same for a configuration not checked yet: checked first.
+  [[nodiscard]] static StatusOr<std::unique_ptr<RoundDriver>> Create(
       const Config& config, LearnerAgent& agent, const Clock& clock,
       std::unique_ptr<FlatParameters> parameters, std::unique_ptr<FlatMoments> moments,
       uint64_t start_step, std::unique_ptr<RoundServices> services = nullptr);

@@ -43,7 +43,16 @@ StatusOr<std::unique_ptr<RoundDriver>> RoundDriver::Create(
     const Config& config, LearnerAgent& agent, const Clock& clock,
     std::unique_ptr<FlatParameters> parameters, std::unique_ptr<FlatMoments> moments,
     uint64_t start_step, std::unique_ptr<RoundServices> services) {
-  MEND_RETURN_IF_ERROR(CheckConfig(config));
+  MEND_ASSIGN_OR_RETURN(ValidConfig valid, ValidConfig::Check(config));
+  return Create(valid, agent, clock, std::move(parameters), std::move(moments), start_step,
+                std::move(services));
+}
+
+StatusOr<std::unique_ptr<RoundDriver>> RoundDriver::Create(
+    const ValidConfig& valid, LearnerAgent& agent, const Clock& clock,
+    std::unique_ptr<FlatParameters> parameters, std::unique_ptr<FlatMoments> moments,
+    uint64_t start_step, std::unique_ptr<RoundServices> services) {
+  const Config& config = valid;
   MEND_ASSIGN_OR_RETURN(FragmentSchedule schedule,
                         FragmentSchedule::Make(config.fragments, config.sync_period_steps));
   MEND_ASSIGN_OR_RETURN(std::unique_ptr<Codec> codec, MakeCodec(config));

@@ -186,6 +186,15 @@ void CheckpointIfAsked(const Config& config, TrainSignals* signals, DataParallel
   }
 }
 
+// The job's configuration, checked once (the session, its agent and the
+// reducer take it as it is). Its length is --steps unless the configuration
+// says otherwise: the lighthouse checks it among the shared settings at
+// registration.
+StatusOr<ValidConfig> JobConfig(const TrainOptions& options, Config config) {
+  if (options.mode == "diloco" && config.total_steps == 0) config.total_steps = options.steps;
+  return ValidConfig::Check(std::move(config));
+}
+
 }  // namespace
 
 StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config,
@@ -234,10 +243,7 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config,
                     "(group_size = 1)",
                     config.group_size));
   }
-  // The job's length is --steps unless the configuration says otherwise: the
-  // lighthouse checks it among the shared settings at registration.
-  Config job = config;
-  if (options.mode == "diloco" && job.total_steps == 0) job.total_steps = options.steps;
+  MEND_ASSIGN_OR_RETURN(const ValidConfig job, JobConfig(options, config));
   if (options.mode != "local" || grouped) {
     // The job's settings and the model's layout (--dim, --layers, ...): a
     // learner of another model is refused at registration.

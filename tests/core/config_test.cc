@@ -111,6 +111,23 @@ TEST(ConfigTest, CrossKeyRulesAreChecked) {
 }
 
 // The rules the round driver used to find only after the learner registered.
+// A ValidConfig is only made from a configuration that passes the check;
+// it reads as the Config it holds.
+TEST(ConfigTest, AValidConfigIsOnlyMadeFromOneThatPasses) {
+  Config config;
+  config.heartbeat_timeout_ms = config.heartbeat_ms;
+  StatusOr<ValidConfig> refused = ValidConfig::Check(config);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("heartbeat_timeout_ms"));
+  config.heartbeat_timeout_ms = 4 * config.heartbeat_ms;
+  config.job_id = "valid";
+  StatusOr<ValidConfig> valid = ValidConfig::Check(config);
+  ASSERT_TRUE(valid.ok()) << valid.status();
+  EXPECT_EQ((*valid)->job_id, "valid");
+  const Config& read = *valid;
+  EXPECT_EQ(read.heartbeat_timeout_ms, 4 * config.heartbeat_ms);
+}
+
 TEST(ConfigTest, FragmentAndDeslocRulesAreCheckedWithTheConfig) {
   Config config;
   config.sync_period_steps = 4;
@@ -211,9 +228,9 @@ TEST(ConfigTest, LayersApplyInOrderFileEnvironmentFlags) {
   sources.overrides.push_back({"job_id", "flag", "flag --job-id"});
   auto config = LoadConfig(sources);
   ASSERT_TRUE(config.ok()) << config.status();
-  EXPECT_EQ(config->heartbeat_ms, 50);      // file
-  EXPECT_EQ(config->grace_window_ms, 200);  // env beats file
-  EXPECT_EQ(config->job_id, "flag");        // flag beats env
+  EXPECT_EQ((*config)->heartbeat_ms, 50);      // file
+  EXPECT_EQ((*config)->grace_window_ms, 200);  // env beats file
+  EXPECT_EQ((*config)->job_id, "flag");        // flag beats env
   std::remove(path.c_str());
 }
 
@@ -242,7 +259,7 @@ TEST(ConfigTest, AMomentPeriodWithoutDeslocTurnsItOnInEverySource) {
   flags.overrides.push_back(SetFlagOverride("momentum_sync_period_steps=300"));
   auto loaded = LoadConfig(flags);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
-  EXPECT_TRUE(loaded->desloc);
+  EXPECT_TRUE((*loaded)->desloc);
   // The environment turns it on, a flag turns it off again.
   std::string path = WriteTemp("momentum_sync_period_steps = 300\n");
   ConfigSources layered;
@@ -250,7 +267,7 @@ TEST(ConfigTest, AMomentPeriodWithoutDeslocTurnsItOnInEverySource) {
   layered.overrides.push_back(SetFlagOverride("desloc=false"));
   auto off = LoadConfig(layered);
   ASSERT_TRUE(off.ok()) << off.status();
-  EXPECT_FALSE(off->desloc);
+  EXPECT_FALSE((*off)->desloc);
   std::remove(path.c_str());
 }
 

@@ -22,12 +22,16 @@ int main() {
   const std::string token = "consumer-token-0123456789";
   auto server = mend::LighthouseServer::Start(*config, token, *mend::RealClock());
   if (!server.ok()) return std::printf("lighthouse: %s\n", server.status().ToString().c_str()), 1;
-  config->lighthouse = (*server)->grpc_address();
-  auto agent = mend::LearnerAgent::Start(*config, token, {"consumer", config->job_id, "", ""},
+  // The learner's configuration: the loaded one, at the lighthouse's address, checked again.
+  mend::Config learner = *config;
+  learner.lighthouse = (*server)->grpc_address();
+  auto checked = mend::ValidConfig::Check(learner);
+  if (!checked.ok()) return std::printf("config: %s\n", checked.status().ToString().c_str()), 1;
+  auto agent = mend::LearnerAgent::Start(*checked, token, {"consumer", learner.job_id, "", ""},
                                          *mend::RealClock());
   if (!agent.ok()) return std::printf("agent: %s\n", agent.status().ToString().c_str()), 1;
   at::Tensor weight = at::ones({4});
-  auto reducer = mend::Reducer::Create(*config, {{"weight", weight}}, nullptr, **agent);
+  auto reducer = mend::Reducer::Create(*checked, {{"weight", weight}}, nullptr, **agent);
   if (!reducer.ok()) return std::printf("reducer: %s\n", reducer.status().ToString().c_str()), 1;
   for (int step = 0; step < 4; ++step) {
     weight.sub_(0.5);
