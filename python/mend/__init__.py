@@ -26,7 +26,7 @@ learner over plain float32 buffers (numpy) without torch at all.
 from __future__ import annotations
 
 import atexit
-from typing import Any
+from typing import Any, Optional
 
 from mend._config import MendConfig
 from mend._learner import GroupStore, Learner, Lighthouse, status
@@ -66,10 +66,22 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'mend' has no attribute {name!r}")
 
 
-def mend_init(*args: Any, **kwargs: Any):
-    """Makes ``model``'s process a learner of the job; see mend._torch.mend_init."""
+def mend_init(model: Any, config: Optional[MendConfig] = None, rank_id: Optional[str] = None, *,
+              optimizer: Any = None, manual: bool = False, scaler: Any = None) -> Any:
+    """Makes ``model``'s process a learner of the job and returns its Runtime.
+
+    ``model``: a torch.nn.Module (its parameters may be FSDP2 or tensor
+    parallel DTensors); ``config``: a MendConfig (None: the defaults, the
+    environment's MEND_* variables applied); ``rank_id``: the learner's id
+    (None: MEND_LEARNER_ID, else HOST-PID). ``optimizer``: the inner
+    optimizer whose steps run mend (None: the one found); ``manual=True``:
+    call ``runtime.step(tokens)`` yourself; ``scaler``: the GradScaler, so
+    that a step it skipped counts no tokens. The whole story:
+    mend._torch.mend_init and docs/python.md.
+    """
     from mend import _torch
-    return _torch.mend_init(*args, **kwargs)
+    return _torch.mend_init(model, config, rank_id, optimizer=optimizer, manual=manual,
+                            scaler=scaler)
 
 
 def mend_shutdown(model: Any) -> None:

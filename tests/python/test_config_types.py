@@ -1,6 +1,7 @@
 """MendConfig as a typed value: attributes of the key table's types, equality,
 a repr of what differs from the defaults, and a stub that matches the table."""
 import copy
+import inspect
 import os
 import pickle
 
@@ -108,3 +109,14 @@ def test_a_keyword_of_none_is_not_given():
     assert config.checkpoint_dir == "" and config.rack == ""
     assert config.sync_period_steps == mend.MendConfig().sync_period_steps
     assert config.replace(checkpoint_dir="ckpt").replace(rack=None).checkpoint_dir == "ckpt"
+
+
+def test_mend_init_has_the_explicit_signature_of_the_torch_front_end():
+    # help(mend.mend_init) shows what it takes, not (*args, **kwargs), and
+    # that is the signature of the function it calls.
+    torch_front_end = pytest.importorskip("mend._torch")
+    ours = inspect.signature(mend.mend_init)
+    theirs = inspect.signature(torch_front_end.mend_init)
+    assert list(ours.parameters) == ["model", "config", "rank_id", "optimizer", "manual", "scaler"]
+    assert [(p.name, p.kind, p.default) for p in ours.parameters.values()] == \
+        [(p.name, p.kind, p.default) for p in theirs.parameters.values()]
