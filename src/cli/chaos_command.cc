@@ -181,18 +181,7 @@ int RunChaosCommand(ChaosFlags& flags) {
   job.mode = "diloco";
   job.min_learners = job.learners - 1;  // one learner may be down at a time
   job.timeout = flags.timeout_s * kMicrosPerSecond;
-  job.train_args = {"--steps",
-                    std::to_string(o.steps),
-                    "--batch",
-                    std::to_string(flags.batch),
-                    "--dim",
-                    std::to_string(flags.dim),
-                    "--layers",
-                    std::to_string(flags.layers),
-                    "--progress-every",
-                    "5"};
-  if (!flags.corpus.empty())
-    job.train_args.insert(job.train_args.end(), {"--corpus", flags.corpus});
+  job.train_args = ExampleTrainArgs({o.steps, flags.batch, flags.dim, flags.layers, flags.corpus});
   if (flags.lr > 0)
     job.train_args.insert(job.train_args.end(), {"--lr", fmt::format("{}", flags.lr)});
   job.settings = {fmt::format("sync_period_steps={}", o.sync_period_steps)};

@@ -63,25 +63,11 @@ StatusOr<std::vector<TrainingJobSpec>> DemoJobs(const DemoOptions& o) {
   MEND_RETURN_IF_ERROR(CheckSettings(o.settings));
   if (!o.http.empty()) MEND_RETURN_IF_ERROR(CheckHostPort(o.http, "--http"));
   auto train_args_for = [&o](int64_t steps) {
-    std::vector<std::string> args = {
-        "--steps",
-        std::to_string(steps),
-        "--batch",
-        std::to_string(o.batch),
-        "--dim",
-        std::to_string(o.dim),
-        "--layers",
-        std::to_string(o.layers),
-        "--progress-every",
-        "5",
-        "--eval-every",
-        std::to_string(std::max<int64_t>(1, steps / std::max<int64_t>(1, o.eval_points))),
-        "--init-seed",
-        std::to_string(o.seed),
-        "--data-seed",
-        std::to_string(o.seed)};
-    if (!o.corpus.empty()) args = Concat(args, {"--corpus", o.corpus});
-    return args;
+    return Concat(
+        ExampleTrainArgs({steps, o.batch, o.dim, o.layers, o.corpus}),
+        {"--eval-every",
+         std::to_string(std::max<int64_t>(1, steps / std::max<int64_t>(1, o.eval_points))),
+         "--init-seed", std::to_string(o.seed), "--data-seed", std::to_string(o.seed)});
   };
   const std::vector<std::string> train_args = train_args_for(o.steps);
   const std::vector<std::string> link = {fmt::format("link_latency_ms={}", o.delay_ms),

@@ -78,6 +78,21 @@ void ReadLearnerProgress(Subprocess& child, std::mutex& mu, std::condition_varia
   changed.notify_all();
 }
 
+std::vector<std::string> ExampleTrainArgs(const ExampleLearner& learner) {
+  std::vector<std::string> args = {"--steps",
+                                   std::to_string(learner.steps),
+                                   "--batch",
+                                   std::to_string(learner.batch),
+                                   "--dim",
+                                   std::to_string(learner.dim),
+                                   "--layers",
+                                   std::to_string(learner.layers),
+                                   "--progress-every",
+                                   "5"};
+  if (!learner.corpus.empty()) args.insert(args.end(), {"--corpus", learner.corpus});
+  return args;
+}
+
 bool GroupedJob(const TrainingJobSpec& spec) {
   return spec.ranks_per_learner > 1 && spec.mode != "ddp";
 }

@@ -48,6 +48,18 @@ struct TrainingJobSpec {
   std::vector<std::string> group_stores;
 };
 
+// The example model's learner, as `mend demo` and `mend chaos` run it.
+struct ExampleLearner {
+  int64_t steps = 0;
+  int64_t batch = 0;
+  int64_t dim = 0;
+  int64_t layers = 0;
+  std::string corpus;  // empty: the embedded one
+};
+// Its `mend train` arguments (TrainingJobSpec::train_args): the steps, the
+// batch, the model's size, the corpus, and progress every 5 steps.
+std::vector<std::string> ExampleTrainArgs(const ExampleLearner& learner);
+
 struct LearnerProgressView {
   std::string label;  // "learner-2", or "learner-2.1" for rank 1 of a group
   int64_t step = 0;
