@@ -240,10 +240,8 @@ class LighthouseClientImpl final : public LighthouseClient {
     for (const std::string& setting : identity.job_settings) request.add_job_settings(setting);
     request.set_step(step);
     request.set_last_round_id(last_round_id);
-    v1::RegisterResponse response;
-    auto context = NewContext(options_.rpc_timeout);
-    MEND_RETURN_IF_ERROR(
-        FromGrpc(stub_->Register(context.get(), request, &response), "Register", options_.address));
+    MEND_ASSIGN_OR_RETURN(const v1::RegisterResponse response,
+                          Call(&Stub::Register, "Register", request, options_.rpc_timeout));
     Registration registration;
     registration.session_id = response.session_id();
     registration.lighthouse_instance = response.lighthouse_instance();
@@ -258,17 +256,13 @@ class LighthouseClientImpl final : public LighthouseClient {
     v1::LeaveRequest request;
     FillLearnerRef(learner, &request);
     request.set_reason(reason);
-    v1::LeaveResponse response;
-    auto context = NewContext(options_.rpc_timeout);
-    return FromGrpc(stub_->Leave(context.get(), request, &response), "Leave", options_.address);
+    return Call(&Stub::Leave, "Leave", request, options_.rpc_timeout).status();
   }
 
   StatusOr<QuorumResult> Quorum(const QuorumRequestArgs& args) override {
-    v1::QuorumRequest request = QuorumRequestProto(args);
-    v1::QuorumResponse response;
-    auto context = NewContext(args.timeout + kDeadlineMargin);
-    MEND_RETURN_IF_ERROR(
-        FromGrpc(stub_->Quorum(context.get(), request, &response), "Quorum", options_.address));
+    MEND_ASSIGN_OR_RETURN(
+        const v1::QuorumResponse response,
+        Call(&Stub::Quorum, "Quorum", QuorumRequestProto(args), args.timeout + kDeadlineMargin));
     return QuorumResultFromProto(response);
   }
 
@@ -304,10 +298,7 @@ class LighthouseClientImpl final : public LighthouseClient {
     v1::StoreSetRequest request;
     request.set_key(key);
     request.set_value(value);
-    v1::StoreSetResponse response;
-    auto context = NewContext(options_.rpc_timeout);
-    return FromGrpc(stub_->StoreSet(context.get(), request, &response), "StoreSet",
-                    options_.address);
+    return Call(&Stub::StoreSet, "StoreSet", request, options_.rpc_timeout).status();
   }
 
   StatusOr<std::string> StoreGet(const std::string& key, Micros timeout) override {
@@ -323,10 +314,8 @@ class LighthouseClientImpl final : public LighthouseClient {
     v1::StoreAddRequest request;
     request.set_key(key);
     request.set_delta(delta);
-    v1::StoreAddResponse response;
-    auto context = NewContext(options_.rpc_timeout);
-    MEND_RETURN_IF_ERROR(
-        FromGrpc(stub_->StoreAdd(context.get(), request, &response), "StoreAdd", options_.address));
+    MEND_ASSIGN_OR_RETURN(const v1::StoreAddResponse response,
+                          Call(&Stub::StoreAdd, "StoreAdd", request, options_.rpc_timeout));
     return response.value();
   }
 
@@ -334,20 +323,15 @@ class LighthouseClientImpl final : public LighthouseClient {
     v1::StoreWaitRequest request;
     for (const auto& key : keys) request.add_keys(key);
     request.set_timeout_ms(static_cast<uint32_t>(timeout / kMicrosPerMilli));
-    v1::StoreWaitResponse response;
-    auto context = NewContext(timeout + kDeadlineMargin);
-    return FromGrpc(stub_->StoreWait(context.get(), request, &response), "StoreWait",
-                    options_.address);
+    return Call(&Stub::StoreWait, "StoreWait", request, timeout + kDeadlineMargin).status();
   }
 
   StatusOr<uint64_t> StoreDelete(const std::string& key, bool prefix) override {
     v1::StoreDeleteRequest request;
     request.set_key(key);
     request.set_prefix(prefix);
-    v1::StoreDeleteResponse response;
-    auto context = NewContext(options_.rpc_timeout);
-    MEND_RETURN_IF_ERROR(FromGrpc(stub_->StoreDelete(context.get(), request, &response),
-                                  "StoreDelete", options_.address));
+    MEND_ASSIGN_OR_RETURN(const v1::StoreDeleteResponse response,
+                          Call(&Stub::StoreDelete, "StoreDelete", request, options_.rpc_timeout));
     return response.deleted();
   }
 
@@ -355,10 +339,8 @@ class LighthouseClientImpl final : public LighthouseClient {
     v1::GetStatusRequest request;
     request.set_max_learners(max_learners);
     request.set_max_rounds(max_rounds);
-    v1::GetStatusResponse response;
-    auto context = NewContext(options_.rpc_timeout);
-    MEND_RETURN_IF_ERROR(FromGrpc(stub_->GetStatus(context.get(), request, &response), "GetStatus",
-                                  options_.address));
+    MEND_ASSIGN_OR_RETURN(const v1::GetStatusResponse response,
+                          Call(&Stub::GetStatus, "GetStatus", request, options_.rpc_timeout));
     return response.json();
   }
 
@@ -370,6 +352,21 @@ class LighthouseClientImpl final : public LighthouseClient {
   }
 
  private:
+  using Stub = v1::Lighthouse::Stub;
+
+  // One unary call of the stub's `method`, with the job token, within
+  // `timeout`; its error names the call (`name`) and the lighthouse.
+  template <typename Request, typename Response>
+  StatusOr<Response> Call(grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&,
+                                                       Response*),
+                          std::string_view name, const Request& request, Micros timeout) {
+    Response response;
+    auto context = NewContext(timeout);
+    MEND_RETURN_IF_ERROR(FromGrpc((stub_.get()->*method)(context.get(), request, &response), name,
+                                  options_.address));
+    return response;
+  }
+
   std::unique_ptr<grpc::ClientContext> NewContext(Micros timeout) {
     auto context = std::make_unique<grpc::ClientContext>();
     context->AddMetadata("authorization", "Bearer " + options_.token);
