@@ -223,6 +223,147 @@ StatusOr<std::string> MakeWorkDir(const std::string& given, std::string mkdtemp_
   return dir;
 }
 
+namespace {
+
+// A job's learner processes, by process (learner x ranks + rank).
+struct LearnerProcesses {
+  std::vector<std::unique_ptr<Subprocess>> children;
+  std::vector<std::string> labels;  // "learner-2", or "learner-2.1" for rank 1 of a group
+  std::vector<std::string> logs, result_files;
+};
+
+StatusOr<LearnerProcesses> SpawnJobLearners(const TrainingJobSpec& spec, const std::string& mend,
+                                            const std::string& work_dir,
+                                            const std::string& lighthouse,
+                                            const std::string& token_file) {
+  LearnerProcesses learners;
+  for (int i = 0; i < JobProcesses(spec); ++i) {
+    const std::string id = GroupedJob(spec)
+                               ? fmt::format("learner-{}.{}", i / spec.ranks_per_learner + 1,
+                                             i % spec.ranks_per_learner)
+                               : fmt::format("learner-{}", i + 1);
+    learners.labels.push_back(id);
+    learners.logs.push_back(fmt::format("{}/{}.log", work_dir, id));
+    learners.result_files.push_back(fmt::format("{}/{}.result.json", work_dir, id));
+    std::error_code error;
+    std::filesystem::remove(learners.result_files.back(), error);
+    MEND_ASSIGN_OR_RETURN(auto spawned,
+                          SpawnLearner(LearnerArgv(spec, mend, i, lighthouse, token_file,
+                                                   learners.result_files.back()),
+                                       learners.logs.back()));
+    learners.children.push_back(std::move(spawned));
+  }
+  return learners;
+}
+
+// Until every learner finished (its progress says so), showing their
+// progress; an interrupt asks them to stop (SIGTERM), and past the job's
+// timeout they are killed. Whether it was.
+bool AwaitLearners(const TrainingJobSpec& spec, LearnerProcesses& learners,
+                   const std::function<void(const std::vector<LearnerProgressView>&)>& on_progress,
+                   const std::atomic<bool>& interrupted) {
+  std::mutex mu;
+  std::condition_variable changed;
+  std::vector<LearnerProgressView> views(learners.children.size());
+  for (size_t i = 0; i < views.size(); ++i) views[i].label = learners.labels[i];
+  std::vector<std::thread> readers;
+  for (size_t i = 0; i < learners.children.size(); ++i) {
+    readers.emplace_back(
+        [&, i]() { ReadLearnerProgress(*learners.children[i], mu, changed, views[i]); });
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(spec.timeout);
+  bool timed_out = false;
+  {
+    std::unique_lock lock(mu);
+    auto all_finished = [&]() {
+      return std::all_of(views.begin(), views.end(),
+                         [](const auto& view) { return view.finished; });
+    };
+    while (!all_finished()) {
+      // A redraw at least 4 times a second while the learners run.
+      changed.wait_for(lock, std::chrono::milliseconds(250));
+      if (on_progress) on_progress(views);
+      if (interrupted.load()) {
+        for (auto& child : learners.children) (void)child->Signal(SIGTERM);
+      }
+      if (std::chrono::steady_clock::now() > deadline) {
+        timed_out = true;
+        for (auto& child : learners.children) child->Kill();
+      }
+    }
+    if (on_progress) on_progress(views);
+  }
+  for (auto& reader : readers) reader.join();
+  return timed_out;
+}
+
+// Every learner's exit: OK when all exited 0. Every learner that failed
+// refused its configuration or flags (`mend train`'s exit status 2): the
+// job's bad input (INVALID_ARGUMENT), not a failure of its run (INTERNAL).
+Status LearnerExits(const TrainingJobSpec& spec, LearnerProcesses& learners, bool timed_out,
+                    bool interrupted) {
+  std::string failures;
+  bool only_bad_config = true;
+  for (size_t i = 0; i < learners.children.size(); ++i) {
+    StatusOr<int> status = learners.children[i]->Wait(30 * kMicrosPerSecond);
+    if (!status.ok()) {
+      learners.children[i]->Kill();
+      status = W_EXITCODE(0, SIGKILL);
+    }
+    if (!WIFEXITED(*status) || WEXITSTATUS(*status) != 0) {
+      only_bad_config =
+          only_bad_config && WIFEXITED(*status) && WEXITSTATUS(*status) == kExitBadConfig;
+      failures +=
+          fmt::format("\n{} {} (log {}):\n{}", learners.labels[i], DescribeWaitStatus(*status),
+                      learners.logs[i], FileTail(learners.logs[i], 1500));
+    }
+  }
+  if (timed_out) {
+    return DeadlineExceededError(fmt::format("{}: the job ran past its {} s limit{}", spec.name,
+                                             spec.timeout / kMicrosPerSecond, failures));
+  }
+  if (interrupted) return AbortedError(fmt::format("{}: interrupted", spec.name));
+  if (!failures.empty() && only_bad_config) {
+    return InvalidArgumentError(
+        fmt::format("{}: a learner refused its configuration or flags{}", spec.name, failures));
+  }
+  if (!failures.empty())
+    return InternalError(fmt::format("{}: a learner failed{}", spec.name, failures));
+  return OkStatus();
+}
+
+// The learners' result files, summed or averaged into `result`.
+Status ReadLearnerResults(const TrainingJobSpec& spec, const std::vector<std::string>& files,
+                          TrainingJobResult* result) {
+  const int processes = JobProcesses(spec);
+  result->rounds = UINT64_MAX;
+  result->final_rounds = UINT64_MAX;
+  for (const std::string& path : files) {
+    std::ifstream in(path);
+    json parsed = json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (!parsed.is_object())
+      return InternalError(fmt::format("{}: no result in {}", spec.name, path));
+    result->tokens_per_s += Field(parsed, "tokens_per_s", 0.0);
+    result->eval_loss += Field(parsed, "eval_loss", std::nan("")) / processes;
+    result->bytes_per_learner += Field(parsed, "bytes_sent", 0.0) / JobLearners(spec);
+    result->bytes_per_process += Field(parsed, "bytes_sent", 0.0) / processes;
+    result->tokens += Field(parsed, "tokens", uint64_t{0});
+    result->inner_step_ms += Field(parsed, "inner_step_ms", 0.0) / processes;
+    result->compute_fraction += Field(parsed, "compute_fraction", 0.0) / processes;
+    result->reducer_step_us += Field(parsed, "reducer_step_us_median", 0.0) / processes;
+    result->rounds = std::min(result->rounds, Field(parsed, "rounds", uint64_t{0}));
+    result->failed_rounds += Field(parsed, "failed_rounds", uint64_t{0});
+    result->final_merge_s =
+        std::max(result->final_merge_s, Field(parsed, "final_merge_seconds", 0.0));
+    result->final_rounds =
+        std::min(result->final_rounds, Field(parsed, "final_rounds", uint64_t{0}));
+    result->results.push_back(std::move(parsed));
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
 StatusOr<TrainingJobResult> RunTrainingJob(
     const TrainingJobSpec& given_spec, const std::string& mend, const std::string& work_dir,
     const std::function<void(const std::vector<LearnerProgressView>&)>& on_progress,
@@ -239,8 +380,7 @@ StatusOr<TrainingJobResult> RunTrainingJob(
   result.name = spec.name;
   result.mode = spec.mode;
   result.learners = spec.learners;
-  const int processes = JobProcesses(spec);
-  result.processes = processes;
+  result.processes = JobProcesses(spec);
 
   // The lighthouse (not needed by local training of single ranks; a
   // group's ranks meet in its store).
@@ -250,113 +390,16 @@ StatusOr<TrainingJobResult> RunTrainingJob(
     MEND_ASSIGN_OR_RETURN(server, StartLocalLighthouse(JobLighthouseConfig(spec, token_file)));
     result.http_address = server->http_address();
   }
-
-  std::vector<std::unique_ptr<Subprocess>> children;
-  std::vector<std::string> logs, result_files;
-  std::vector<std::string> labels;
-  for (int i = 0; i < processes; ++i) {
-    const std::string id = GroupedJob(spec)
-                               ? fmt::format("learner-{}.{}", i / spec.ranks_per_learner + 1,
-                                             i % spec.ranks_per_learner)
-                               : fmt::format("learner-{}", i + 1);
-    labels.push_back(id);
-    logs.push_back(fmt::format("{}/{}.log", work_dir, id));
-    result_files.push_back(fmt::format("{}/{}.result.json", work_dir, id));
-    std::filesystem::remove(result_files.back(), error);
-    MEND_ASSIGN_OR_RETURN(
-        auto spawned, SpawnLearner(LearnerArgv(spec, mend, i, server ? server->grpc_address() : "",
-                                               token_file, result_files.back()),
-                                   logs.back()));
-    children.push_back(std::move(spawned));
-  }
-
-  std::mutex mu;
-  std::condition_variable changed;
-  std::vector<LearnerProgressView> views(static_cast<size_t>(processes));
-  for (size_t i = 0; i < views.size(); ++i) views[i].label = labels[i];
-  std::vector<std::thread> readers;
-  for (size_t i = 0; i < children.size(); ++i) {
-    readers.emplace_back([&, i]() { ReadLearnerProgress(*children[i], mu, changed, views[i]); });
-  }
+  MEND_ASSIGN_OR_RETURN(
+      LearnerProcesses learners,
+      SpawnJobLearners(spec, mend, work_dir, server ? server->grpc_address() : "", token_file));
   const auto started = std::chrono::steady_clock::now();
-  const auto deadline = started + std::chrono::microseconds(spec.timeout);
-  bool timed_out = false;
-  {
-    std::unique_lock lock(mu);
-    auto all_finished = [&]() {
-      for (const auto& view : views) {
-        if (!view.finished) return false;
-      }
-      return true;
-    };
-    while (!all_finished()) {
-      // A redraw at least 4 times a second while the learners run.
-      changed.wait_for(lock, std::chrono::milliseconds(250));
-      if (on_progress) on_progress(views);
-      if (interrupted.load()) {
-        for (auto& child : children) (void)child->Signal(SIGTERM);
-      }
-      if (std::chrono::steady_clock::now() > deadline) {
-        timed_out = true;
-        for (auto& child : children) child->Kill();
-      }
-    }
-    if (on_progress) on_progress(views);
-  }
-  for (auto& reader : readers) reader.join();
+  const bool timed_out = AwaitLearners(spec, learners, on_progress, interrupted);
   result.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  std::string failures;
-  // Every learner that failed refused its configuration or flags (`mend
-  // train`'s exit status 2): the job's bad input, not a failure of its run.
-  bool only_bad_config = true;
-  for (size_t i = 0; i < children.size(); ++i) {
-    StatusOr<int> status = children[i]->Wait(30 * kMicrosPerSecond);
-    if (!status.ok()) {
-      children[i]->Kill();
-      status = W_EXITCODE(0, SIGKILL);
-    }
-    if (!WIFEXITED(*status) || WEXITSTATUS(*status) != 0) {
-      only_bad_config =
-          only_bad_config && WIFEXITED(*status) && WEXITSTATUS(*status) == kExitBadConfig;
-      failures += fmt::format("\n{} {} (log {}):\n{}", labels[i], DescribeWaitStatus(*status),
-                              logs[i], FileTail(logs[i], 1500));
-    }
-  }
+  const Status exits = LearnerExits(spec, learners, timed_out, interrupted.load());
   if (server) server->Shutdown();
-  if (timed_out) {
-    return DeadlineExceededError(fmt::format("{}: the job ran past its {} s limit{}", spec.name,
-                                             spec.timeout / kMicrosPerSecond, failures));
-  }
-  if (interrupted.load()) return AbortedError(fmt::format("{}: interrupted", spec.name));
-  if (!failures.empty() && only_bad_config) {
-    return InvalidArgumentError(
-        fmt::format("{}: a learner refused its configuration or flags{}", spec.name, failures));
-  }
-  if (!failures.empty())
-    return InternalError(fmt::format("{}: a learner failed{}", spec.name, failures));
-
-  result.rounds = UINT64_MAX;
-  result.final_rounds = UINT64_MAX;
-  for (const std::string& path : result_files) {
-    std::ifstream in(path);
-    json parsed = json::parse(in, nullptr, /*allow_exceptions=*/false);
-    if (!parsed.is_object())
-      return InternalError(fmt::format("{}: no result in {}", spec.name, path));
-    result.tokens_per_s += Field(parsed, "tokens_per_s", 0.0);
-    result.eval_loss += Field(parsed, "eval_loss", std::nan("")) / processes;
-    result.bytes_per_learner += Field(parsed, "bytes_sent", 0.0) / JobLearners(spec);
-    result.bytes_per_process += Field(parsed, "bytes_sent", 0.0) / processes;
-    result.tokens += Field(parsed, "tokens", uint64_t{0});
-    result.inner_step_ms += Field(parsed, "inner_step_ms", 0.0) / processes;
-    result.compute_fraction += Field(parsed, "compute_fraction", 0.0) / processes;
-    result.reducer_step_us += Field(parsed, "reducer_step_us_median", 0.0) / processes;
-    result.rounds = std::min(result.rounds, Field(parsed, "rounds", uint64_t{0}));
-    result.failed_rounds += Field(parsed, "failed_rounds", uint64_t{0});
-    result.final_merge_s =
-        std::max(result.final_merge_s, Field(parsed, "final_merge_seconds", 0.0));
-    result.final_rounds = std::min(result.final_rounds, Field(parsed, "final_rounds", uint64_t{0}));
-    result.results.push_back(std::move(parsed));
-  }
+  MEND_RETURN_IF_ERROR(exits);
+  MEND_RETURN_IF_ERROR(ReadLearnerResults(spec, learners.result_files, &result));
   return result;
 }
 
