@@ -25,6 +25,7 @@
 #include "mend/v1/lighthouse.pb.h"
 #include "spdlog/spdlog.h"
 #include "wire/datagram.h"
+#include "wire/protocol_rules.h"
 
 namespace mend::coordinator {
 namespace {
@@ -67,7 +68,7 @@ bool RefusalIsClear(const Status& status) {
   if (status.code() == StatusCode::kInvalidArgument) {
     return StatusMessage(status).find(':') != std::string_view::npos;  // "field: why"
   }
-  return NeedsRegistration(status.code());
+  return wire::NeedsRegistration(status.code());
 }
 
 void Body(bool join, std::string_view body) {

@@ -99,9 +99,6 @@ struct QuorumRequestArgs {
   bool give_up_short_of_quorum = false;
 };
 
-// The most step times one heartbeat may carry (the lighthouse refuses more).
-inline constexpr size_t kMaxHeartbeatStepTimes = 1024;
-
 struct HeartbeatUpdate {
   uint64_t step = 0;
   uint64_t tokens_total = 0;
@@ -119,20 +116,6 @@ struct HeartbeatAck {
   // minimum: it cannot form a round until learners come back.
   bool short_of_quorum = false;
 };
-
-// The lighthouse answers NOT_FOUND or FAILED_PRECONDITION to a call that
-// names a learner or session it does not know (it restarted, forgot the
-// learner, or the learner left): the learner must register again. Both ends
-// decide by this.
-inline bool NeedsRegistration(StatusCode code) {
-  return code == StatusCode::kNotFound || code == StatusCode::kFailedPrecondition;
-}
-
-// The lighthouse answers ALREADY_EXISTS to a call of a session that a newer
-// registration of the same learner id replaced. When that is the caller's
-// current session, another process holds its id: registering again would
-// only replace that process in turn, so the caller stops.
-inline bool Superseded(StatusCode code) { return code == StatusCode::kAlreadyExists; }
 
 // A learner's heartbeat stream (gRPC bidirectional stream, callback API).
 class HeartbeatStream {

@@ -3,8 +3,8 @@
 // around this. It owns the rules both follow: requests checked only through
 // validation.h, when a heartbeat is acknowledged, and what a round decision
 // tells a member (with the cut that fits a decision into one datagram).
-// Whether a learner must register again is NeedsRegistration
-// (mend/lighthouse_client.h), which the learners' side uses too.
+// Whether a learner must register again is wire::NeedsRegistration
+// (wire/protocol_rules.h), which the learners' side uses too.
 //
 // Thread-safety: stateless over the core (which is thread-safe); an
 // AckState belongs to its caller, who serialises the calls that use it.

@@ -13,6 +13,7 @@
 #include "core/status_format.h"
 #include "fmt/format.h"
 #include "spdlog/spdlog.h"
+#include "wire/protocol_rules.h"
 
 namespace mend::coordinator {
 namespace {
@@ -56,7 +57,7 @@ std::string AddressText(const sockaddr_storage& address) {
 // What a datagram tells a learner whose session ended with `code`: a newer
 // registration took its id (it must stop), or register again.
 datagram::Kind SessionEndedKind(StatusCode code) {
-  return Superseded(code) ? datagram::Kind::kSuperseded : datagram::Kind::kUnknownSession;
+  return wire::Superseded(code) ? datagram::Kind::kSuperseded : datagram::Kind::kUnknownSession;
 }
 
 }  // namespace
@@ -257,7 +258,7 @@ void DatagramServer::HandleHeartbeat(uint64_t session_id, const std::string& lea
   Peer& peer = it->second;
   if (!result.ok()) {
     const StatusCode code = result.status().code();
-    if (NeedsRegistration(code) || Superseded(code)) {
+    if (wire::NeedsRegistration(code) || wire::Superseded(code)) {
       Outgoing reply;
       reply.session_id = session_id;
       reply.address = from;

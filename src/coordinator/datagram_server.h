@@ -30,7 +30,6 @@
 #include "coordinator/control_handler.h"
 #include "coordinator/lighthouse_core.h"
 #include "core/mutex.h"
-#include "mend/lighthouse_client.h"
 #include "wire/datagram.h"
 #include "wire/receive_batch.h"
 

@@ -10,6 +10,7 @@
 #include "core/status_format.h"
 #include "core/text.h"
 #include "fmt/format.h"
+#include "wire/protocol_rules.h"
 
 namespace mend::coordinator {
 namespace {
@@ -167,10 +168,10 @@ StatusOr<HeartbeatArgs> ParseHeartbeatOf(std::string learner_id, uint64_t sessio
   MEND_RETURN_IF_ERROR(CheckCounter(request.step(), "step"));
   MEND_RETURN_IF_ERROR(CheckCounter(request.tokens_total(), "tokens_total"));
   MEND_RETURN_IF_ERROR(CheckCounter(request.tokens_since_last_round(), "tokens_since_last_round"));
-  if (static_cast<size_t>(request.step_time_us_size()) > kMaxHeartbeatStepTimes) {
-    return Invalid(
-        "step_time_us",
-        fmt::format("{} entries, at most {}", request.step_time_us_size(), kMaxHeartbeatStepTimes));
+  if (static_cast<size_t>(request.step_time_us_size()) > wire::kMaxHeartbeatStepTimes) {
+    return Invalid("step_time_us",
+                   fmt::format("{} entries, at most {}", request.step_time_us_size(),
+                               wire::kMaxHeartbeatStepTimes));
   }
   args.step_ms.reserve(static_cast<size_t>(request.step_time_us_size()));
   for (uint32_t us : request.step_time_us()) {

@@ -9,7 +9,6 @@
 
 #include "coordinator/lighthouse_core.h"
 #include "core/text.h"
-#include "mend/lighthouse_client.h"
 #include "mend/status.h"
 #include "mend/v1/lighthouse.pb.h"
 #include "store/store_checks.h"

@@ -13,6 +13,7 @@
 #include "learner/learner_agent_impl.h"
 #include "learner/lighthouse_rendezvous.h"
 #include "spdlog/spdlog.h"
+#include "wire/protocol_rules.h"
 
 namespace mend {
 
@@ -139,12 +140,12 @@ Status LearnerAgentImpl::AfterFailedJoin(const Status& failure, uint64_t session
     SetFatal(failure);
     return failure;
   }
-  if (Superseded(code)) {
+  if (wire::Superseded(code)) {
     if (StopIfSuperseded(session_id, failure)) return fatal_status();
     return OkStatus();  // an older session's call: join under the current one
   }
   MutexLock lock(mu_);
-  if (NeedsRegistration(code)) {
+  if (wire::NeedsRegistration(code)) {
     if (registered_ && session_.session_id == session_id) {
       spdlog::warn("{}; registering again", failure.message());
       registered_ = false;

@@ -8,6 +8,7 @@
 #include "core/text.h"
 #include "learner/learner_agent_impl.h"
 #include "spdlog/spdlog.h"
+#include "wire/protocol_rules.h"
 
 namespace mend {
 
@@ -87,7 +88,7 @@ void LearnerAgentImpl::PumpHeartbeat() {
     SetFatal(sent);
     return;
   }
-  if (Superseded(sent.code())) {
+  if (wire::Superseded(sent.code())) {
     // (The stream belongs to the current session: Attach replaces it.)
     uint64_t session_id = 0;
     {
@@ -97,7 +98,7 @@ void LearnerAgentImpl::PumpHeartbeat() {
     StopIfSuperseded(session_id, sent);
     return;
   }
-  if (NeedsRegistration(sent.code())) {
+  if (wire::NeedsRegistration(sent.code())) {
     spdlog::warn("{}; registering again", sent.message());
     MutexLock lock(mu_);
     registered_ = false;
@@ -147,7 +148,7 @@ void LearnerAgentImpl::OnUdpSilence(Micros silent) {
 }
 
 void LearnerAgentImpl::OnSessionEnded(uint64_t session_id, const Status& why) {
-  if (Superseded(why.code())) {
+  if (wire::Superseded(why.code())) {
     StopIfSuperseded(session_id, why);
     return;
   }

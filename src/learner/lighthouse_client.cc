@@ -11,6 +11,7 @@
 #include "fmt/format.h"
 #include "learner/control_proto.h"
 #include "mend/v1/lighthouse.grpc.pb.h"
+#include "wire/protocol_rules.h"
 
 namespace mend {
 namespace {
@@ -110,7 +111,7 @@ class HeartbeatStreamImpl final
         if (queued_ && !queued_->step_time_us.empty()) {
           std::vector<uint32_t> times = std::move(queued_->step_time_us);
           times.insert(times.end(), update.step_time_us.begin(), update.step_time_us.end());
-          const size_t keep = kMaxHeartbeatStepTimes;
+          const size_t keep = wire::kMaxHeartbeatStepTimes;
           if (times.size() > keep) times.erase(times.begin(), times.end() - keep);
           update.step_time_us = std::move(times);
         }

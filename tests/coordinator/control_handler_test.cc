@@ -10,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "mend/lighthouse_client.h"
 #include "wire/datagram.h"
+#include "wire/protocol_rules.h"
 
 namespace mend::coordinator {
 namespace {
@@ -64,10 +65,10 @@ TEST(ControlHandlerTest, RefusesOutOfBoundsFieldsByNameAndUnknownSessionsForRegi
   stranger.mutable_learner()->set_session_id(harness.session("a") + 1);
   // A session of a known id that is not its current one: another process
   // holds the id (the caller stops), not "register again".
-  EXPECT_TRUE(Superseded(handler.Heartbeat(stranger).status().code()));
+  EXPECT_TRUE(wire::Superseded(handler.Heartbeat(stranger).status().code()));
   v1::HeartbeatRequest unknown = Beat(harness, "a");
   unknown.mutable_learner()->set_learner_id("nobody");
-  EXPECT_TRUE(NeedsRegistration(handler.Heartbeat(unknown).status().code()));
+  EXPECT_TRUE(wire::NeedsRegistration(handler.Heartbeat(unknown).status().code()));
 
   v1::QuorumRequest join;
   *join.mutable_learner() = Beat(harness, "a").learner();

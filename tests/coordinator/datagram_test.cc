@@ -3,6 +3,7 @@
 #include "gtest/gtest.h"
 #include "mend/lighthouse_client.h"
 #include "mend/v1/lighthouse.pb.h"
+#include "wire/protocol_rules.h"
 
 namespace mend::coordinator::datagram {
 namespace {
@@ -98,14 +99,14 @@ TEST(DatagramTest, TheLargestHeartbeatALearnerSendsFitsOneDatagram) {
   body.set_step(counter);
   body.set_tokens_total(counter);
   body.set_tokens_since_last_round(counter);
-  for (size_t i = 0; i < kMaxHeartbeatStepTimes; ++i) body.add_step_time_us(3'600'000'000u);
+  for (size_t i = 0; i < wire::kMaxHeartbeatStepTimes; ++i) body.add_step_time_us(3'600'000'000u);
   EXPECT_LE(body.ByteSizeLong(), kMaxBodyBytes);
   Signer signer(DeriveKey("job-token-123456"));
   std::string bytes = EncodeMessage({Kind::kHeartbeat, 1, 1}, body, signer);
   EXPECT_LE(bytes.size(), kMaxDatagramBytes);
   auto decoded = DecodeMessage<v1::HeartbeatRequest>(bytes);
   ASSERT_TRUE(decoded.ok());
-  EXPECT_EQ(static_cast<size_t>(decoded->step_time_us_size()), kMaxHeartbeatStepTimes);
+  EXPECT_EQ(static_cast<size_t>(decoded->step_time_us_size()), wire::kMaxHeartbeatStepTimes);
 }
 
 }  // namespace

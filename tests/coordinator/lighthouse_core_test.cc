@@ -8,6 +8,7 @@
 #include "gmock/gmock.h"
 #include "mend/lighthouse_client.h"
 #include "nlohmann/json.hpp"
+#include "wire/protocol_rules.h"
 
 namespace mend::coordinator {
 namespace {
@@ -37,7 +38,7 @@ TEST(LighthouseCoreTest, UnknownLearnerMustRegisterAndStaleSessionIsRefused) {
   auto stale = h.core().Heartbeat(args);
   // Not "register again" (that would replace the newer process in turn).
   EXPECT_EQ(stale.status().code(), StatusCode::kAlreadyExists);
-  EXPECT_FALSE(NeedsRegistration(stale.status().code()));
+  EXPECT_FALSE(wire::NeedsRegistration(stale.status().code()));
   EXPECT_THAT(std::string(stale.status().message()),
               HasSubstr("another process registered as learner 'a'"));
   EXPECT_EQ(h.core().SessionLearner(first).status().code(), StatusCode::kAlreadyExists);
