@@ -220,7 +220,6 @@ class ValidConfig {
   // INVALID_ARGUMENT naming the key and the rule, as CheckConfig says.
   [[nodiscard]] static StatusOr<ValidConfig> Check(Config config);
 
-  const Config& get() const { return config_; }
   const Config* operator->() const { return &config_; }
   operator const Config&() const { return config_; }  // NOLINT: reads as the Config
 

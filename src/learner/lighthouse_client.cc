@@ -242,7 +242,7 @@ class LighthouseClientImpl final : public LighthouseClient {
     request.set_step(step);
     request.set_last_round_id(last_round_id);
     MEND_ASSIGN_OR_RETURN(const v1::RegisterResponse response,
-                          Call(&Stub::Register, "Register", request, options_.rpc_timeout));
+                          Unary(&Stub::Register, "Register", request, options_.rpc_timeout));
     Registration registration;
     registration.session_id = response.session_id();
     registration.lighthouse_instance = response.lighthouse_instance();
@@ -257,13 +257,13 @@ class LighthouseClientImpl final : public LighthouseClient {
     v1::LeaveRequest request;
     FillLearnerRef(learner, &request);
     request.set_reason(reason);
-    return Call(&Stub::Leave, "Leave", request, options_.rpc_timeout).status();
+    return Unary(&Stub::Leave, "Leave", request, options_.rpc_timeout).status();
   }
 
   StatusOr<QuorumResult> Quorum(const QuorumRequestArgs& args) override {
     MEND_ASSIGN_OR_RETURN(
         const v1::QuorumResponse response,
-        Call(&Stub::Quorum, "Quorum", QuorumRequestProto(args), args.timeout + kDeadlineMargin));
+        Unary(&Stub::Quorum, "Quorum", QuorumRequestProto(args), args.timeout + kDeadlineMargin));
     return QuorumResultFromProto(response);
   }
 
@@ -299,7 +299,7 @@ class LighthouseClientImpl final : public LighthouseClient {
     v1::StoreSetRequest request;
     request.set_key(key);
     request.set_value(value);
-    return Call(&Stub::StoreSet, "StoreSet", request, options_.rpc_timeout).status();
+    return Unary(&Stub::StoreSet, "StoreSet", request, options_.rpc_timeout).status();
   }
 
   StatusOr<std::string> StoreGet(const std::string& key, Micros timeout) override {
@@ -316,7 +316,7 @@ class LighthouseClientImpl final : public LighthouseClient {
     request.set_key(key);
     request.set_delta(delta);
     MEND_ASSIGN_OR_RETURN(const v1::StoreAddResponse response,
-                          Call(&Stub::StoreAdd, "StoreAdd", request, options_.rpc_timeout));
+                          Unary(&Stub::StoreAdd, "StoreAdd", request, options_.rpc_timeout));
     return response.value();
   }
 
@@ -324,7 +324,7 @@ class LighthouseClientImpl final : public LighthouseClient {
     v1::StoreWaitRequest request;
     for (const auto& key : keys) request.add_keys(key);
     request.set_timeout_ms(static_cast<uint32_t>(timeout / kMicrosPerMilli));
-    return Call(&Stub::StoreWait, "StoreWait", request, timeout + kDeadlineMargin).status();
+    return Unary(&Stub::StoreWait, "StoreWait", request, timeout + kDeadlineMargin).status();
   }
 
   StatusOr<uint64_t> StoreDelete(const std::string& key, bool prefix) override {
@@ -332,7 +332,7 @@ class LighthouseClientImpl final : public LighthouseClient {
     request.set_key(key);
     request.set_prefix(prefix);
     MEND_ASSIGN_OR_RETURN(const v1::StoreDeleteResponse response,
-                          Call(&Stub::StoreDelete, "StoreDelete", request, options_.rpc_timeout));
+                          Unary(&Stub::StoreDelete, "StoreDelete", request, options_.rpc_timeout));
     return response.deleted();
   }
 
@@ -341,7 +341,7 @@ class LighthouseClientImpl final : public LighthouseClient {
     request.set_max_learners(max_learners);
     request.set_max_rounds(max_rounds);
     MEND_ASSIGN_OR_RETURN(const v1::GetStatusResponse response,
-                          Call(&Stub::GetStatus, "GetStatus", request, options_.rpc_timeout));
+                          Unary(&Stub::GetStatus, "GetStatus", request, options_.rpc_timeout));
     return response.json();
   }
 
@@ -358,9 +358,9 @@ class LighthouseClientImpl final : public LighthouseClient {
   // One unary call of the stub's `method`, with the job token, within
   // `timeout`; its error names the call (`name`) and the lighthouse.
   template <typename Request, typename Response>
-  StatusOr<Response> Call(grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&,
-                                                       Response*),
-                          std::string_view name, const Request& request, Micros timeout) {
+  StatusOr<Response> Unary(grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&,
+                                                        Response*),
+                           std::string_view name, const Request& request, Micros timeout) {
     Response response;
     auto context = NewContext(timeout);
     MEND_RETURN_IF_ERROR(FromGrpc((stub_.get()->*method)(context.get(), request, &response), name,
