@@ -27,12 +27,12 @@
 #include <string_view>
 #include <vector>
 
-#include "mend/config.h"
+#include "mend/config_enums.h"
 #include "mend/status.h"
 
 namespace mend {
 
-// (CodecKind is config.h's: the `codec` key's values.)
+// (CodecKind is config_enums.h's: the `codec` key's values.)
 std::string_view CodecName(CodecKind kind);
 // "fp32", "bf16", "int8", "int4" or "topk"; INVALID_ARGUMENT otherwise.
 [[nodiscard]] StatusOr<CodecKind> ParseCodecKind(std::string_view name);
@@ -66,9 +66,6 @@ class Codec {
 
 // INVALID_ARGUMENT naming the option when a size is out of range.
 [[nodiscard]] StatusOr<std::unique_ptr<Codec>> MakeCodec(const CodecOptions& options);
-
-// The codec the configuration names (codec, codec_block_size, topk_*).
-[[nodiscard]] StatusOr<std::unique_ptr<Codec>> MakeCodec(const Config& config);
 
 // One step of error feedback on a caller-held residual: residual <- beta *
 // residual + delta; payload <- Encode(residual); residual -= Decode(payload).

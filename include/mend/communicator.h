@@ -34,7 +34,6 @@
 
 #include "mend/clock.h"
 #include "mend/codec.h"
-#include "mend/config.h"
 #include "mend/rendezvous_store.h"
 #include "mend/status.h"
 
@@ -92,11 +91,6 @@ struct CommunicatorStats {
   // made its own (MergeAllReduce); 0 otherwise.
   uint64_t kept_bytes = 0;
 };
-
-// Options with the configuration's part filled in (collective_timeout_ms, connect_timeout_ms,
-// dataplane_host, link_latency_ms, link_rate_mbit); the caller adds the
-// round's prefix, id, rank, size and member ids.
-CommunicatorOptions CommunicatorOptionsFrom(const Config& config);
 
 // INVALID_ARGUMENT naming dataplane_host when the data plane cannot listen
 // at `host` (not an address or name of this host): checked at a learner's

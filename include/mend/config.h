@@ -18,29 +18,10 @@
 #include <variant>
 #include <vector>
 
+#include "mend/config_enums.h"
 #include "mend/status.h"
 
 namespace mend {
-
-// The enum keys' values, each in the order of its key's choices in the key
-// table, which is their one parser and printer (SetConfigValue,
-// FormatConfigValue, EnumText).
-// The control plane's channel for heartbeats and quorum joins (registration,
-// the store and status are always gRPC):
-enum class ControlPlane {
-  kGrpc,  // gRPC streams and calls only
-  kUdp,   // the lighthouse serves the datagram channel too, and learners use it
-};
-// How a late round's result meets local progress (ApplyOuterResult):
-enum class OuterApply {
-  kEager,  // as kExact, after a provisional outer step at the boundary with the learner's own
-           // pseudo-gradient in place of the average, which the result then replaces exactly
-  kExact,  // keep the local progress made since the boundary exactly once
-  kMix,    // Streaming DiLoCo: theta_i <- alpha theta_i + (1 - alpha) theta_g'
-};
-enum class CodecKind { kFp32, kBf16, kInt8, kInt4, kTopK };
-enum class HostStaging { kAuto, kAlways };
-enum class LogLevel { kTrace, kDebug, kInfo, kWarn, kError, kOff };
 
 struct Config {
   // Job and security.
@@ -194,15 +175,6 @@ std::string FormatConfigValue(const Config& config, const ConfigKey& key);
 // learners', naming the keys. Keys that only pace a learner
 // (concurrent_outer_step, overlap_steps, round_threads, ...) may differ.
 std::vector<std::string> SharedSettings(const Config& config);
-
-// An enum key's text for `value` ("udp", "int8", "warn"): the key table's.
-std::string_view EnumText(std::string_view key, int value);
-template <typename E>
-std::string_view EnumText(std::string_view key, E value) {
-  return EnumText(key, static_cast<int>(value));
-}
-// `text` as a value of enum key `key`; INVALID_ARGUMENT naming the choices.
-[[nodiscard]] StatusOr<int> ParseEnumText(std::string_view key, std::string_view text);
 
 // Checks every value's range and the rules that tie keys together
 // (e.g. heartbeat_timeout_ms >= 2 * heartbeat_ms). Its one caller is

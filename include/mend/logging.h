@@ -8,7 +8,7 @@
 
 #include <string_view>
 
-#include "mend/config.h"
+#include "mend/config_enums.h"
 #include "mend/status.h"
 
 namespace mend {

@@ -15,7 +15,7 @@
 #include <cstdint>
 #include <span>
 
-#include "mend/config.h"
+#include "mend/config_enums.h"
 #include "mend/status.h"
 
 namespace mend {
@@ -41,7 +41,7 @@ void OuterNesterovStep(std::span<float> theta_g, std::span<float> momentum,
 // would leave delta in it).
 void OuterAverageStep(std::span<float> theta_g, std::span<const float> delta);
 
-// (OuterApply is config.h's: the `outer_apply` key's values.)
+// (OuterApply is config_enums.h's: the `outer_apply` key's values.)
 
 // Brings a round's result into the local parameters, `late` inner steps
 // after the boundary (0: synchronous). `theta_base` is the global state the

@@ -56,12 +56,6 @@ StatusOr<std::unique_ptr<Codec>> MakeCodec(const CodecOptions& options) {
   return InvalidArgumentError("unknown codec kind");
 }
 
-StatusOr<std::unique_ptr<Codec>> MakeCodec(const Config& config) {
-  return MakeCodec({config.codec, static_cast<size_t>(config.codec_block_size),
-                    static_cast<size_t>(config.topk_chunk_size),
-                    static_cast<size_t>(config.topk_k)});
-}
-
 ErrorFeedback::ErrorFeedback(const Codec* codec, size_t size, float beta)
     : codec_(codec), beta_(beta), residual_(size, 0.0f), decoded_(size, 0.0f) {}
 

@@ -26,26 +26,6 @@ LighthouseOptions WithIncarnation(LighthouseOptions options, uint64_t instance_i
 
 }  // namespace
 
-LighthouseOptions LighthouseOptionsFromConfig(const Config& config) {
-  LighthouseOptions options;
-  options.job_id = config.job_id;
-  options.quorum.job_id = config.job_id;
-  options.quorum.min_learners = static_cast<size_t>(config.quorum_min_learners);
-  options.quorum.grace_window = config.grace_window_ms * kMicrosPerMilli;
-  options.quorum.grace_window_min = config.grace_window_min_ms * kMicrosPerMilli;
-  options.quorum.adaptive = config.grace_window_adaptive;
-  options.quorum.rack_aware = config.rack_aware;
-  options.failslow.zscore_threshold = config.failslow_zscore_threshold;
-  options.failslow.window_steps = static_cast<size_t>(config.failslow_window_steps);
-  options.failslow.min_samples =
-      std::max<size_t>(2, static_cast<size_t>(config.failslow_window_steps) / 2);
-  options.heartbeat_interval = config.heartbeat_ms * kMicrosPerMilli;
-  options.heartbeat_timeout = config.heartbeat_timeout_ms * kMicrosPerMilli;
-  options.ack_interval =
-      std::max<Micros>(options.heartbeat_interval, options.heartbeat_timeout / 4);
-  return options;
-}
-
 LighthouseCore::LighthouseCore(LighthouseOptions options, const Clock* clock, uint64_t instance_id)
     : options_(WithIncarnation(std::move(options), instance_id)),
       clock_(clock),

@@ -32,7 +32,6 @@
 #include "coordinator/status_snapshot.h"
 #include "core/mutex.h"
 #include "mend/clock.h"
-#include "mend/config.h"
 #include "mend/status.h"
 #include "store/store_core.h"
 
@@ -56,8 +55,6 @@ struct LighthouseOptions {
   uint64_t keep_round_prefixes = 16;
   size_t event_capacity = 512;
 };
-
-LighthouseOptions LighthouseOptionsFromConfig(const Config& config);
 
 struct RegisterArgs {
   std::string learner_id;

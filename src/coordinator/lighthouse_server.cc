@@ -4,6 +4,7 @@
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -26,6 +27,27 @@
 
 namespace mend {
 namespace {
+
+// The coordinator's part of the configuration.
+coordinator::LighthouseOptions LighthouseOptionsFrom(const Config& config) {
+  coordinator::LighthouseOptions options;
+  options.job_id = config.job_id;
+  options.quorum.job_id = config.job_id;
+  options.quorum.min_learners = static_cast<size_t>(config.quorum_min_learners);
+  options.quorum.grace_window = config.grace_window_ms * kMicrosPerMilli;
+  options.quorum.grace_window_min = config.grace_window_min_ms * kMicrosPerMilli;
+  options.quorum.adaptive = config.grace_window_adaptive;
+  options.quorum.rack_aware = config.rack_aware;
+  options.failslow.zscore_threshold = config.failslow_zscore_threshold;
+  options.failslow.window_steps = static_cast<size_t>(config.failslow_window_steps);
+  options.failslow.min_samples =
+      std::max<size_t>(2, static_cast<size_t>(config.failslow_window_steps) / 2);
+  options.heartbeat_interval = config.heartbeat_ms * kMicrosPerMilli;
+  options.heartbeat_timeout = config.heartbeat_timeout_ms * kMicrosPerMilli;
+  options.ack_interval =
+      std::max<Micros>(options.heartbeat_interval, options.heartbeat_timeout / 4);
+  return options;
+}
 
 using coordinator::LighthouseCore;
 
@@ -91,7 +113,7 @@ class LighthouseServerImpl final : public LighthouseServer {
   LighthouseServerImpl(const Config& config, const std::string& token, const Clock& clock)
       : token_(token),
         clock_(clock),
-        core_(coordinator::LighthouseOptionsFromConfig(config), &clock,
+        core_(LighthouseOptionsFrom(config), &clock,
               std::random_device{}() ^ (uint64_t{std::random_device{}()} << 32)),
         service_(&core_, token, core_.options().store.max_value_bytes) {}
 

@@ -239,16 +239,6 @@ namespace mend {
 using dataplane::GlooCommunicator;
 using dataplane::IgnoreBrokenPipes;
 
-CommunicatorOptions CommunicatorOptionsFrom(const Config& config) {
-  CommunicatorOptions options;
-  options.timeout = config.collective_timeout_ms * kMicrosPerMilli;
-  options.connect_timeout = config.connect_timeout_ms * kMicrosPerMilli;
-  options.bind_host = config.dataplane_host;
-  options.link.latency = config.link_latency_ms * kMicrosPerMilli;
-  options.link.bytes_per_s = config.link_rate_mbit * 1e6 / 8;
-  return options;
-}
-
 Status CheckDataPlaneHost(const std::string& host) {
   try {
     gloo::transport::tcp::attr attr;

@@ -115,7 +115,8 @@ class LighthouseRendezvousStore final : public RendezvousStore {
 };
 
 // The options of a round's communicator: the configuration's part (`base`,
-// CommunicatorOptionsFrom) and the round's prefix, id, rank, size and members.
+// options_from_config.h's CommunicatorOptionsFrom) and the round's prefix,
+// id, rank, size and members.
 inline CommunicatorOptions CommunicatorOptionsForRound(const CommunicatorOptions& base,
                                                        const QuorumResult& round) {
   CommunicatorOptions options = base;

@@ -8,6 +8,7 @@
 #include "learner/lighthouse_rendezvous.h"
 #include "mend/communicator.h"
 #include "reducer/learner_group.h"
+#include "reducer/options_from_config.h"
 
 namespace mend {
 namespace {
@@ -36,7 +37,7 @@ class DataParallelImpl final : public DataParallel {
     if (in_group_) {
       MEND_ASSIGN_OR_RETURN(std::unique_ptr<RendezvousStore> store, agent_.OpenGroupStore());
       // The group's own: its ranks, inside the rack (no emulated link).
-      CommunicatorOptions options = CommunicatorOptionsFrom(config_);
+      CommunicatorOptions options = reducer::CommunicatorOptionsFrom(config_);
       options.link = {};
       options.prefix = GroupStorePrefix(config_, agent_.id()) + "ddp/";
       options.rank = static_cast<int>(config_.group_rank);
@@ -52,7 +53,7 @@ class DataParallelImpl final : public DataParallel {
                             agent_.Quorum(0, 0, config_.quorum_timeout_ms * kMicrosPerMilli,
                                           /*include_members=*/true));
       CommunicatorOptions options =
-          CommunicatorOptionsForRound(CommunicatorOptionsFrom(config_), round);
+          CommunicatorOptionsForRound(reducer::CommunicatorOptionsFrom(config_), round);
       LighthouseRendezvousStore store(agent_.client(), agent_.clock());
       MEND_ASSIGN_OR_RETURN(comm_, Communicator::Connect(store, options));
       stats_.rank = round.rank;

@@ -15,6 +15,7 @@
 #include "mend/checkpoint.h"
 #include "nlohmann/json.hpp"
 #include "reducer/group_round_services.h"
+#include "reducer/options_from_config.h"
 #include "spdlog/spdlog.h"
 
 namespace mend::reducer {

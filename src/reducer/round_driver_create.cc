@@ -5,6 +5,7 @@
 
 #include "core/status_format.h"
 #include "fmt/ranges.h"
+#include "reducer/options_from_config.h"
 #include "reducer/round_driver_impl.h"
 #include "xxhash.h"
 
@@ -55,7 +56,7 @@ StatusOr<std::unique_ptr<RoundDriver>> RoundDriver::Create(
   const Config& config = valid;
   MEND_ASSIGN_OR_RETURN(FragmentSchedule schedule,
                         FragmentSchedule::Make(config.fragments, config.sync_period_steps));
-  MEND_ASSIGN_OR_RETURN(std::unique_ptr<Codec> codec, MakeCodec(config));
+  MEND_ASSIGN_OR_RETURN(std::unique_ptr<Codec> codec, MakeCodec(CodecOptionsFrom(config)));
   std::unique_ptr<RoundPolicy> policy = SingleRankPolicy();
   if (config.group_size > 1) {
     if (parameters->count() == 0)

@@ -4,6 +4,7 @@
 
 #include "core/status_format.h"
 #include "fmt/format.h"
+#include "reducer/options_from_config.h"
 #include "reducer/round_driver_impl.h"
 #include "spdlog/spdlog.h"
 

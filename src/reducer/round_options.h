@@ -1,8 +1,8 @@
 // What the round driver and the outer state read of a learner's config,
-// built once from it (MakeRoundOptions) after CheckConfig accepted it: the
-// derived values (the most rounds in flight, the round threads, DES-LOC's
-// sync intervals in rounds, the final merge's step) are worked out here,
-// not where they are used.
+// built once from it after CheckConfig accepted it (MakeRoundOptions, in
+// options_from_config.h): the derived values (the most rounds in flight,
+// the round threads, DES-LOC's sync intervals in rounds, the final merge's
+// step) are worked out there, not where they are used.
 //
 // Thread-safety: immutable once made.
 #pragma once
@@ -11,7 +11,7 @@
 #include <string>
 
 #include "mend/communicator.h"
-#include "mend/config.h"
+#include "mend/config_enums.h"
 #include "mend/outer_sync.h"
 #include "mend/status.h"
 #include "reducer/fragments.h"
@@ -81,10 +81,5 @@ struct RoundOptions {
   // member decides alike, from the round and the job's configuration.
   bool IsFinalMerge(const FragmentSchedule& schedule, uint64_t step, int fragment) const;
 };
-
-// The step of the job's final merge: total_steps with final_merge on; 0: none.
-uint64_t FinalMergeStep(const Config& config);
-
-RoundOptions MakeRoundOptions(const Config& config, const FragmentSchedule& schedule);
 
 }  // namespace mend::reducer

@@ -256,17 +256,5 @@ TEST(CodecTest, OptionsOutOfRangeNameTheKey) {
   EXPECT_EQ(*ParseCodecKind("int4"), CodecKind::kInt4);
 }
 
-TEST(CodecTest, ConfigurationNamesTheCodec) {
-  Config config;
-  config.codec = CodecKind::kInt4;
-  config.codec_block_size = 32;
-  auto codec = MakeCodec(config);
-  ASSERT_TRUE(codec.ok()) << codec.status();
-  EXPECT_EQ((*codec)->kind(), CodecKind::kInt4);
-  EXPECT_EQ((*codec)->alignment(), 32u);
-  config.codec_block_size = 33;
-  EXPECT_EQ(MakeCodec(config).status().code(), StatusCode::kInvalidArgument);
-}
-
 }  // namespace
 }  // namespace mend

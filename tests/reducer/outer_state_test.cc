@@ -11,6 +11,7 @@
 
 #include "gtest/gtest.h"
 #include "reducer/group_policy.h"
+#include "reducer/options_from_config.h"
 #include "reducer/round_fakes.h"
 #include "reducer/round_options.h"
 #include "test_util/job_config.h"
@@ -23,6 +24,23 @@ FragmentSchedule Schedule(int64_t fragments, int64_t period) {
   StatusOr<FragmentSchedule> schedule = FragmentSchedule::Make(fragments, period);
   EXPECT_TRUE(schedule.ok()) << schedule.status();
   return *schedule;
+}
+
+TEST(OptionsFromConfigTest, TheConfigurationNamesTheCodecAndTheDataPlane) {
+  Config config;
+  config.codec = CodecKind::kInt4;
+  config.codec_block_size = 32;
+  config.collective_timeout_ms = 7000;
+  config.link_rate_mbit = 80;
+  auto codec = MakeCodec(CodecOptionsFrom(config));
+  ASSERT_TRUE(codec.ok()) << codec.status();
+  EXPECT_EQ((*codec)->kind(), CodecKind::kInt4);
+  EXPECT_EQ((*codec)->alignment(), 32u);
+  config.codec_block_size = 33;
+  EXPECT_EQ(MakeCodec(CodecOptionsFrom(config)).status().code(), StatusCode::kInvalidArgument);
+  const CommunicatorOptions dataplane = CommunicatorOptionsFrom(config);
+  EXPECT_EQ(dataplane.timeout, 7000 * kMicrosPerMilli);
+  EXPECT_DOUBLE_EQ(dataplane.link.bytes_per_s, 10e6);
 }
 
 TEST(RoundOptionsTest, DerivesWhatTheDriverReadsOnce) {

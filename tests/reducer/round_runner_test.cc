@@ -19,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "mend/clock.h"
 #include "reducer/connect_threads.h"
+#include "reducer/options_from_config.h"
 #include "reducer/round_fakes.h"
 #include "reducer/unreachable_peers.h"
 #include "test_util/job_config.h"

@@ -1,0 +1,33 @@
+// Each part's options out of a checked configuration: the one place below
+// the front ends where a learner's Config is read. The round driver's
+// creation (RoundDriver::Create, Reducer::Create, DataParallel) and a
+// group's start call these; the parts themselves (the rounds, the data
+// plane, the codecs) take only their own options.
+//
+// Thread-safety: pure functions.
+#pragma once
+
+#include <cstdint>
+
+#include "mend/codec.h"
+#include "mend/communicator.h"
+#include "mend/config.h"
+#include "reducer/fragments.h"
+#include "reducer/round_options.h"
+
+namespace mend::reducer {
+
+// The step of the job's final merge: total_steps with final_merge on; 0: none.
+uint64_t FinalMergeStep(const Config& config);
+
+RoundOptions MakeRoundOptions(const Config& config, const FragmentSchedule& schedule);
+
+// The data plane's part (collective_timeout_ms, connect_timeout_ms,
+// dataplane_host, link_latency_ms, link_rate_mbit); a round adds its
+// prefix, id, rank, size and member ids (CommunicatorOptionsForRound).
+CommunicatorOptions CommunicatorOptionsFrom(const Config& config);
+
+// The codec the configuration names (codec, codec_block_size, topk_*).
+CodecOptions CodecOptionsFrom(const Config& config);
+
+}  // namespace mend::reducer
