@@ -511,16 +511,23 @@ MomentsApplied ApplyMoments(FlatMoments* moments, const Outcome& outcome, InFlig
                       static_cast<float>(std::pow(moments->beta(which), since)));
     }
   };
+  const bool healed = !outcome.healed_moments[0].empty() && !outcome.healed_moments[1].empty();
   MomentsApplied applied;
   for (auto which : {FlatMoments::kFirst, FlatMoments::kSecond}) {
-    if (outcome.averaged_moments[which].empty() || flight.moments[which].empty()) continue;
-    bring(which, outcome.averaged_moments[which]);
-    applied.synced++;
-    applied.changed = true;
+    // The members' average (DES-LOC) where this round took one: what every
+    // member takes, one healed in it too (it added nothing of its own:
+    // RoundRunner::AverageMoments); else the source's of a heal.
+    const bool averaged =
+        !outcome.averaged_moments[which].empty() && (healed || !flight.moments[which].empty());
+    if (averaged) {
+      bring(which, outcome.averaged_moments[which]);
+      applied.synced++;
+      applied.changed = true;
+    } else if (healed) {
+      bring(which, outcome.healed_moments[which]);
+    }
   }
-  if (outcome.healed_moments[0].empty() || outcome.healed_moments[1].empty()) return applied;
-  for (auto which : {FlatMoments::kFirst, FlatMoments::kSecond})
-    bring(which, outcome.healed_moments[which]);
+  if (!healed) return applied;
   // The source's step count as of its boundary, plus the steps this
   // learner's moments kept since (none where they were replaced).
   if (outcome.healed_moment_step > 0)

@@ -364,7 +364,10 @@ Status RoundRunner::AverageMoments(Communicator& comm, uint64_t round_id, const 
   for (auto which : {FlatMoments::kFirst, FlatMoments::kSecond}) {
     if (round_id % options_.desloc_rounds[which] != 0) continue;
     std::vector<float>& average = outcome->averaged_moments[which];
-    const bool have = !flight.moments[which].empty();
+    // A learner that took its source's moments in this round's heal
+    // (heal_inner_optimizer) has none of its own to add: it takes the
+    // average as every member does, and gives it nothing.
+    const bool have = !flight.moments[which].empty() && outcome->healed_moments[which].empty();
     average = have ? flight.moments[which] : std::vector<float>(moment_values_, 0.0f);
     const double weight =
         have ? (options_.sync.token_weighted ? static_cast<double>(flight.tokens) : 1.0) : 0.0;

@@ -1,7 +1,8 @@
 // heal_inner_optimizer with LibTorch's AdamW, end to end in one process: a
 // learner that joins behind takes its source's global state, Adam moments
 // and step count, so that its next optimizer step on the same batch is the
-// source's, bit for bit; for learners of one rank and of a group of two.
+// source's, bit for bit; for learners of one rank and of a group of two,
+// and with DES-LOC averaging the moments in the round that heals.
 #include <atomic>
 #include <cmath>
 #include <string>
@@ -112,10 +113,16 @@ void Train(Config config, int learner, int rank, int steps, const std::function<
 // its step 8 then, learner 1 at its step 4 (learner 0 joins once learner 1
 // waits in the round, so that it cannot close without it).
 // logs[learner][rank].
-std::vector<std::vector<RankLog>> JoinBehind(int ranks) {
+// With `desloc`, round 2 also averages both moments: the healed learner
+// adds none of its own (they are not the job's), and takes the average as
+// its source does.
+std::vector<std::vector<RankLog>> JoinBehind(int ranks, bool desloc) {
   Config config = testing_util::SynchronousJobConfig(1, kPeriod);
   config.heal_inner_optimizer = true;
   config.group_size = ranks;
+  config.desloc = desloc;
+  config.momentum_sync_period_steps = 2 * kPeriod;  // (round ids 2, 4, ...)
+  config.second_moment_sync_period_steps = 2 * kPeriod;
   auto server = LighthouseServer::Start(config, kToken, *RealClock());
   EXPECT_TRUE(server.ok()) << server.status();
   if (!server.ok()) return {};
@@ -154,8 +161,8 @@ std::vector<std::vector<RankLog>> JoinBehind(int ranks) {
   return logs;
 }
 
-void ExpectTheSameNextStep(int ranks) {
-  const auto logs = JoinBehind(ranks);
+void ExpectTheSameNextStep(int ranks, bool desloc = false) {
+  const auto logs = JoinBehind(ranks, desloc);
   ASSERT_EQ(logs.size(), 2u);
   const RankLog& source = logs[0][0];
   for (int l = 0; l < 2; ++l) {
@@ -171,6 +178,8 @@ void ExpectTheSameNextStep(int ranks) {
       EXPECT_EQ(log.moments, source.moments) << who;
       // ... so the same step on the same batch, bit for bit.
       EXPECT_EQ(log.probe, source.probe) << who;
+      // Round 2 averaged both moments on every member.
+      if (desloc) EXPECT_EQ(log.stats.moment_syncs, 2u) << who;
     }
   }
   for (const RankLog& log : logs[1]) EXPECT_EQ(log.stats.heals, 1u);
@@ -182,6 +191,14 @@ TEST(HealOptimizerTest, ALearnerHealedWithItsSourcesMomentsTakesTheSourcesNextSt
 
 TEST(HealOptimizerTest, AGroupHealedWithItsSourcesMomentsTakesTheSourcesNextStepOnEveryRank) {
   ExpectTheSameNextStep(2);
+}
+
+TEST(HealOptimizerTest, ALearnerHealedInARoundThatAveragesTheMomentsEndsWithTheSourcesMoments) {
+  ExpectTheSameNextStep(1, /*desloc=*/true);
+}
+
+TEST(HealOptimizerTest, AGroupHealedInARoundThatAveragesTheMomentsEndsWithTheSourcesMoments) {
+  ExpectTheSameNextStep(2, /*desloc=*/true);
 }
 
 }  // namespace
