@@ -219,8 +219,8 @@ void Flights::Snap(Fragment& fragment, InFlight& flight) {
   // slices' snapshots here; so does a learner's first round, which compares
   // the members' states or heals before its merge: the snapshot is taken
   // meanwhile.)
-  if (!options_.concurrent && !policy_.group() && flight.own.empty() && flight.eager.empty() &&
-      flight.previous_round_id != 0) {
+  if (!options_.concurrent && policy_.SnapshotsAtMerge() && flight.own.empty() &&
+      flight.eager.empty() && flight.previous_round_id != 0) {
     flight.deferred = book.DeferSnapshot(fragment, flight.delta);
   }
   if (!flight.deferred) {
@@ -512,8 +512,8 @@ bool Flights::JoinsInProgress(uint64_t step) const {
 }
 
 bool Flights::JoinsInProgressNow() const {
-  return options_.concurrent && flights_.empty() && !policy_.group() && HeldRoundId() == 0 &&
-         services_->News().latest_round_id > 0;
+  return options_.concurrent && flights_.empty() && policy_.JoinWaitsForItsHeal() &&
+         HeldRoundId() == 0 && services_->News().latest_round_id > 0;
 }
 
 // The fragments whose parameters step `next` may read or write: those it

@@ -16,6 +16,9 @@ namespace {
 class SingleRank final : public RoundPolicy {
  public:
   bool group() const override { return false; }
+  bool SnapshotsAtMerge() const override { return true; }
+  bool JoinWaitsForItsHeal() const override { return true; }
+  bool DecidesAlone() const override { return true; }
   bool AppliedOnArrival() const override { return true; }
   std::vector<uint8_t> TouchedFragments(std::vector<uint8_t> own) const override { return own; }
   Status broken() const override { return OkStatus(); }
@@ -76,6 +79,9 @@ class ManyRanks final : public RoundPolicy {
         group_(std::move(group)) {}
 
   bool group() const override { return true; }
+  bool SnapshotsAtMerge() const override { return false; }
+  bool JoinWaitsForItsHeal() const override { return false; }
+  bool DecidesAlone() const override { return false; }
   bool AppliedOnArrival() const override { return false; }
   std::vector<uint8_t> TouchedFragments(std::vector<uint8_t> own) const override {
     return std::vector<uint8_t>(own.size(), 1);

@@ -1,6 +1,13 @@
 // What differs between a learner of one rank and a learner of several
 // (learner_group.h), in one place: the round driver asks its policy and
-// never tests which kind it has.
+// never tests which kind it has. Three interfaces, one per user:
+//
+//   RoundSlices    the round's thread (RoundRunner): where a slice meets,
+//                  its merge weight, whose view decides a round
+//   ReplicaState   the outer state (OuterState): resume, restore, export
+//                  and checkpoints of the learner's whole state
+//   RoundPolicy    the training thread (the driver, Flights): the step's
+//                  agreements, tau, verdicts, take-up, sharing the commits
 //
 // SingleRankPolicy: the process is the learner; every answer is its own.
 // GroupPolicy over a LearnerGroup: the ranks run the driver on their slices
@@ -9,8 +16,8 @@
 // the committed slices into every replica. A failed group collective breaks
 // the group (broken(): the caller stops; the group restarts as a whole).
 //
-// Thread-safety: the training thread only, except SlicePrefix and
-// MergeWeight (the round's thread; they read constants).
+// Thread-safety: the training thread only, except RoundSlices (the round's
+// thread; it reads constants).
 #pragma once
 
 #include <cstdint>
@@ -34,12 +41,66 @@
 
 namespace mend::reducer {
 
-class RoundPolicy {
+// The round's thread's questions (RoundRunner).
+class RoundSlices {
  public:
-  virtual ~RoundPolicy() = default;
+  virtual ~RoundSlices() = default;
+  // Where a round's slice rendezvouses, and the weight of `tokens` in its
+  // merge (a rank's share: every group of the job has the same size).
+  virtual std::string SlicePrefix(const std::string& round_prefix) const = 0;
+  virtual uint64_t MergeWeight(uint64_t tokens) const = 0;
+  // Whether what this rank sees of a round decides it (one rank: a round
+  // that healed nothing narrows at once to its own fragment); else rank 0's
+  // view, as the round formed, decides for every rank (a group: its slices
+  // may differ).
+  virtual bool DecidesAlone() const = 0;
+};
+
+// The learner's whole state across its ranks (OuterState).
+class ReplicaState {
+ public:
+  virtual ~ReplicaState() = default;
+  // The round a resume from checkpoint_dir restores, given this rank's
+  // newest checkpoint there (0: none): that one (one rank), or rank 0's on
+  // every rank (a group: its ranks list the directory at different times,
+  // and another learner may write a newer checkpoint in between).
+  [[nodiscard]] virtual StatusOr<uint64_t> ResumeRound(uint64_t newest) = 0;
+  // After a restore or import: every rank must have restored `round_id`;
+  // then every replica takes the restored parameters.
+  [[nodiscard]] virtual Status AgreeOnRestored(uint64_t round_id, std::string_view what,
+                                               std::string_view rule) = 0;
+  // The whole model's global state and momentum as a checkpoint described
+  // by `described`; in a group a collective whose checkpoint is rank 0's
+  // (null on the others).
+  [[nodiscard]] virtual StatusOr<std::shared_ptr<Checkpoint>> Snapshot(const FragmentBook& book,
+                                                                       Checkpoint described) = 0;
+  // This rank's own values of its model (OwnCount() of them, in its
+  // parameters' order) from its slice's (in a group a collective: the
+  // values of parameters it shares with other ranks are gathered), and its
+  // slice's values out of its own.
+  virtual size_t OwnCount(const FragmentBook& book) const = 0;
+  [[nodiscard]] virtual Status OwnValues(std::span<const float> slice, std::span<float> own) = 0;
+  virtual void SliceValues(std::span<const float> own, std::span<float> slice) const = 0;
+  // An export's state of this rank alone: one rank's error feedback; none
+  // in a group (its ranks' residuals are of their slices).
+  virtual void AddOwnState(const FragmentBook& book, Checkpoint* checkpoint) const = 0;
+};
+
+// The training thread's agreements (the round driver, Flights).
+class RoundPolicy : public RoundSlices, public ReplicaState {
+ public:
+  ~RoundPolicy() override = default;
   // A learner of several ranks: what the phase table (Next()) is told. The
   // driver passes it on and branches on nothing else.
   virtual bool group() const = 0;
+  // Whether a synchronous round may make its pseudo-gradient from the
+  // parameters where they lie as its merge reaches them (one rank); a
+  // group's ranks take their slices' snapshots at the boundary.
+  virtual bool SnapshotsAtMerge() const = 0;
+  // Whether, in concurrent mode, a learner that joins a job in progress
+  // with none of its state waits at the boundary for the round that heals
+  // it (one rank); a group's ranks train on.
+  virtual bool JoinWaitsForItsHeal() const = 0;
   // Whether a round's result is taken up as soon as it arrives, and a
   // boundary looks at the join in flight as it is now (one rank); or only
   // where the ranks agreed to, on what they saw at the step's start (a group).
@@ -81,34 +142,6 @@ class RoundPolicy {
   // After a round was committed: the slices into every replica (the
   // moments too, when `moments_changed`).
   [[nodiscard]] virtual Status ShareCommitted(bool moments_changed) = 0;
-  // The round a resume from checkpoint_dir restores, given this rank's
-  // newest checkpoint there (0: none): that one (one rank), or rank 0's on
-  // every rank (a group: its ranks list the directory at different times,
-  // and another learner may write a newer checkpoint in between).
-  [[nodiscard]] virtual StatusOr<uint64_t> ResumeRound(uint64_t newest) = 0;
-  // After a restore or import: every rank must have restored `round_id`;
-  // then every replica takes the restored parameters.
-  [[nodiscard]] virtual Status AgreeOnRestored(uint64_t round_id, std::string_view what,
-                                               std::string_view rule) = 0;
-  // The whole model's global state and momentum as a checkpoint described
-  // by `described`; in a group a collective whose checkpoint is rank 0's
-  // (null on the others).
-  [[nodiscard]] virtual StatusOr<std::shared_ptr<Checkpoint>> Snapshot(const FragmentBook& book,
-                                                                       Checkpoint described) = 0;
-  // This rank's own values of its model (OwnCount() of them, in its
-  // parameters' order) from its slice's (in a group a collective: the
-  // values of parameters it shares with other ranks are gathered), and its
-  // slice's values out of its own.
-  virtual size_t OwnCount(const FragmentBook& book) const = 0;
-  [[nodiscard]] virtual Status OwnValues(std::span<const float> slice, std::span<float> own) = 0;
-  virtual void SliceValues(std::span<const float> own, std::span<float> slice) const = 0;
-  // An export's state of this rank alone: one rank's error feedback; none
-  // in a group (its ranks' residuals are of their slices).
-  virtual void AddOwnState(const FragmentBook& book, Checkpoint* checkpoint) const = 0;
-  // Where a round's slice rendezvouses, and the weight of `tokens` in its
-  // merge (a rank's share: every group of the job has the same size).
-  virtual std::string SlicePrefix(const std::string& round_prefix) const = 0;
-  virtual uint64_t MergeWeight(uint64_t tokens) const = 0;
   // The diagnostics' name for learner `id`, and a round record's group part.
   virtual std::string DiagnosticsName(const std::string& id) const = 0;
   virtual void AddToRecord(nlohmann::json& record) const = 0;

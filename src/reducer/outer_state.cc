@@ -19,7 +19,7 @@ namespace mend::reducer {
 
 OuterState::OuterState(CheckpointOptions options, FlatParameters& parameters,
                        const FragmentSchedule& schedule, uint64_t* copies, ThreadPool& pool,
-                       RoundPolicy& policy, std::string learner_id)
+                       ReplicaState& policy, std::string learner_id)
     : options_(std::move(options)),
       parameters_(parameters),
       policy_(policy),

@@ -50,7 +50,7 @@ class OuterState {
   // `learner_id` signs its checkpoints.
   OuterState(CheckpointOptions options, FlatParameters& parameters,
              const FragmentSchedule& schedule, uint64_t* copies, ThreadPool& pool,
-             RoundPolicy& policy, std::string learner_id);
+             ReplicaState& policy, std::string learner_id);
   // Waits for a checkpoint being written.
   ~OuterState();
 
@@ -118,7 +118,7 @@ class OuterState {
 
   const CheckpointOptions options_;
   FlatParameters& parameters_;
-  RoundPolicy& policy_;
+  ReplicaState& policy_;
   const std::string learner_id_;
   FragmentBook book_;
   uint64_t restored_step_ = 0;

@@ -27,7 +27,7 @@ uint64_t CrossRackBytes(const CommunicatorStats& before, const CommunicatorStats
 }
 
 RoundRunner::RoundRunner(const RoundOptions& options, const FragmentSchedule& schedule,
-                         RoundServices& services, FragmentBook& book, const RoundPolicy& policy,
+                         RoundServices& services, FragmentBook& book, const RoundSlices& policy,
                          size_t moment_values)
     : options_(options),
       schedule_(schedule),
@@ -141,7 +141,7 @@ StatusOr<Outcome> RoundRunner::Run(InFlight& flight, const std::function<uint64_
   // fragment only. (A group's slices may differ: there it stays as formed,
   // decided by rank 0's view.) The job's first round lets the next
   // fragment's boundary launch beside it.
-  if (may_heal && !outcome.healed && exchanged == flight.fragment && !policy_.group())
+  if (may_heal && !outcome.healed && exchanged == flight.fragment && policy_.DecidesAlone())
     flight.HealedNothing();
   const CommunicatorStats before_merge = comm->stats();
   MEND_RETURN_IF_ERROR(Merge(*comm, round, flight, &outcome));

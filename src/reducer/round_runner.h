@@ -74,7 +74,7 @@ class RoundRunner {
   // Nothing is owned; all must outlive the runner. `moment_values`: the
   // inner optimizer's moments' size (0: none).
   RoundRunner(const RoundOptions& options, const FragmentSchedule& schedule,
-              RoundServices& services, FragmentBook& book, const RoundPolicy& policy,
+              RoundServices& services, FragmentBook& book, const RoundSlices& policy,
               size_t moment_values);
 
   // Runs `flight`'s round; `step_now` is the learner's step (for the
@@ -106,7 +106,7 @@ class RoundRunner {
   const FragmentSchedule& schedule_;
   RoundServices& services_;
   FragmentBook& book_;  // its state written by a heal in place (HealRound) only
-  const RoundPolicy& policy_;
+  const RoundSlices& policy_;
   const size_t moment_values_;
   FlightOrder order_;
   ConnectThreads connects_;  // last: joins its connects (which use the above) first

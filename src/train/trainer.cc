@@ -195,6 +195,339 @@ StatusOr<ValidConfig> JobConfig(const TrainOptions& options, Config config) {
   return ValidConfig::Check(std::move(config));
 }
 
+// The learner's ways out of the process, by mode: a session (its agent)
+// unless it trains locally alone; the reducer (diloco) or DDP's average
+// (ddp) across learners; a group's gradient average among its ranks. Torn
+// down in reverse order, the session last.
+struct Links {
+  std::unique_ptr<reducer::LearnerSession> session;
+  LearnerAgent* agent = nullptr;  // (the session's)
+  std::unique_ptr<Reducer> reducer;
+  std::unique_ptr<DataParallel> data_parallel;
+  // A multi-rank learner: its ranks average gradients every step among
+  // themselves (the DDP inside the rack), and each takes its slice of the
+  // cross-rack rounds.
+  std::unique_ptr<DataParallel> group_data_parallel;
+
+  uint64_t bytes_sent() const {
+    if (reducer) return reducer->stats().bytes_sent;
+    if (data_parallel) return data_parallel->stats().bytes_sent;
+    return 0;
+  }
+};
+
+// One learner's training: Connect, then Run the steps, then Leave.
+class TrainRun {
+ public:
+  TrainRun(const TrainOptions& options, const Config& config, Corpus corpus,
+           const std::function<void(const TrainProgress&)>& progress, TrainSignals* signals)
+      : options_(options),
+        config_(config),
+        corpus_(std::move(corpus)),
+        sampler_(corpus_.train(), options.model.context, DataSeed(options, config)),
+        eval_starts_(EvalWindowStarts(corpus_.eval(), options.model.context, options.eval_windows)),
+        model_(options.model),
+        optimizer_(MakeOptimizer(options, model_)),
+        progress_(progress),
+        signals_(signals),
+        tokens_per_step_(static_cast<uint64_t>(options.batch * options.model.context)) {
+    result_.id = options.id;
+    result_.mode = options.mode;
+    result_.parameters = model_->parameter_count();
+  }
+
+  // The session and the reducer or averages the mode needs.
+  Status Connect(const ValidConfig& job, const std::string& token, const Clock& clock);
+  // The steps, to --steps or a stop; the first failure ends them.
+  Status Run();
+  // The shutdowns (the round in flight, the final merge), then the result.
+  StatusOr<TrainResult> Leave(Status failure);
+
+ private:
+  // Different batches per shard, --data-seed, start step (a learner joining
+  // late draws other batches than its first run did) and group rank.
+  static uint64_t DataSeed(const TrainOptions& options, const Config& config) {
+    return (0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(options.corpus.shard + 1) *
+            (options.data_seed != 0 ? 0x2545f4914f6cdd1dULL * options.data_seed : 1)) ^
+           (0xbf58476d1ce4e5b9ULL * static_cast<uint64_t>(options.start_step)) ^
+           // The ranks of a multi-rank learner draw apart (one rank: as before).
+           (config.group_size > 1
+                ? 0x94d049bb133111ebULL * static_cast<uint64_t>(config.group_rank + 1)
+                : 0);
+  }
+  static torch::optim::AdamW MakeOptimizer(const TrainOptions& options, Gpt& model) {
+    InitGpt(model, options.init_seed);
+    return torch::optim::AdamW(model->parameters(), torch::optim::AdamWOptions(options.lr)
+                                                        .betas({0.9, 0.95})
+                                                        .weight_decay(options.weight_decay));
+  }
+  bool grouped() const { return config_.group_size > 1; }
+  double Elapsed() const { return Seconds(SteadyClock::now() - started_).count() - eval_seconds_; }
+  bool StopAsked() const { return signals_ && signals_->stop.load(); }
+  // A stop asked while a step or the shutdown waits for a round calls that
+  // round's join off (the learner leaves: a stop ends its part in the job).
+  void Waiting(bool now) {
+    if (!signals_) return;
+    LearnerAgent* agent = links_.agent;
+    signals_->Waiting(now ? std::function<void()>([agent]() { agent->Interrupt(); }) : nullptr);
+  }
+  double EvaluateAt(int64_t step);
+  // The forward, backward, averages and optimizer step; its loss.
+  StatusOr<double> InnerStep(int64_t step);
+  // The reducer's step after it: the job's step may move (a heal).
+  Status ReducerStep(SteadyClock::time_point inner_done);
+  void LogTrainingState(int64_t step, double lr);
+  void Report(std::optional<double> eval_loss);
+  void TakeStats();
+
+  const TrainOptions& options_;
+  const Config& config_;
+  Corpus corpus_;
+  WindowSampler sampler_;
+  const std::vector<size_t> eval_starts_;
+  Gpt model_;
+  torch::optim::AdamW optimizer_;
+  const std::function<void(const TrainProgress&)>& progress_;
+  TrainSignals* const signals_;
+  const uint64_t tokens_per_step_;
+  Links links_;
+  TrainResult result_;
+  SteadyClock::time_point started_;
+  double smoothed_ = 0;
+  double inner_seconds_ = 0;
+  double eval_seconds_ = 0;
+  std::vector<double> quiet_us_;
+  double quiet_sum_ = 0;
+  // The job's step: from the options, a resumed checkpoint, or (after a
+  // heal) the source's.
+  int64_t step_ = 0;
+  int64_t steps_run_ = 0;
+  // What `mend chaos` compares across learners at equal job steps
+  // (<learner>.train.jsonl in diagnostics_dir): each step's learning rate,
+  // the optimizer's step count after it, and where that count comes from:
+  // "job" (counted from the job's start), "own" (a resume from a checkpoint,
+  // or a heal without the moments, moved the step but not it) or "heal" (a
+  // heal with heal_inner_optimizer brought the source's count, with
+  // "heal_step" the job step it healed to: the job's if the source's was).
+  std::unique_ptr<reducer::JsonLines> train_log_;
+  std::unique_ptr<InnerMoments> adam_;
+  std::string count_from_;
+  int64_t heal_step_ = 0;
+};
+
+Status TrainRun::Connect(const ValidConfig& job, const std::string& token, const Clock& clock) {
+  if (options_.mode != "local" || grouped()) {
+    // The job's settings and the model's layout (--dim, --layers, ...): a
+    // learner of another model is refused at registration.
+    reducer::LearnerSessionOptions session_options{options_.id, token, &clock, {}, {}};
+    for (const at::Tensor& p : model_->parameters())
+      session_options.parameter_shapes.push_back(p.sizes().vec());
+    MEND_ASSIGN_OR_RETURN(links_.session,
+                          reducer::LearnerSession::Start(job, std::move(session_options)));
+    links_.agent = &links_.session->agent();
+    const Status built = [&]() -> Status {
+      // Before the reducer: every rank starts from group rank 0's parameters.
+      if (grouped()) {
+        MEND_ASSIGN_OR_RETURN(links_.group_data_parallel,
+                              DataParallel::CreateInGroup(config_, *model_, *links_.agent));
+      }
+      if (options_.mode == "diloco") {
+        MEND_ASSIGN_OR_RETURN(links_.reducer,
+                              Reducer::Create(job, *model_, optimizer_, *links_.agent,
+                                              static_cast<uint64_t>(options_.start_step)));
+      } else if (options_.mode == "ddp") {
+        MEND_ASSIGN_OR_RETURN(links_.data_parallel,
+                              DataParallel::Create(config_, *model_, *links_.agent));
+      }  // (local: no cross-rack exchange)
+      return OkStatus();
+    }();
+    if (!built.ok()) return links_.session->Fail(built);
+  }
+  step_ =
+      links_.reducer ? static_cast<int64_t>(links_.reducer->stats().steps) : options_.start_step;
+  count_from_ = step_ == 0 ? "job" : "own";
+  train_log_ = std::make_unique<reducer::JsonLines>(
+      links_.reducer ? config_.diagnostics_dir : std::string(),
+      (grouped() ? fmt::format("{}.rank{}", options_.id, config_.group_rank) : options_.id) +
+          ".train.jsonl");
+  if (train_log_->open()) {
+    MEND_ASSIGN_OR_RETURN(adam_, TorchAdamMoments(optimizer_, model_->parameters()));
+  }
+  return OkStatus();
+}
+
+double TrainRun::EvaluateAt(int64_t step) {
+  const double at = Elapsed();
+  const auto begin = SteadyClock::now();
+  const Evaluated evaluated = Evaluate(model_, corpus_.eval(), eval_starts_, options_.model.context,
+                                       options_.batch, [this]() { return StopAsked(); });
+  eval_seconds_ += Seconds(SteadyClock::now() - begin).count();
+  result_.eval_curve.push_back({step, evaluated.loss, at});
+  result_.eval_windows = static_cast<int64_t>(evaluated.windows);
+  return evaluated.loss;
+}
+
+StatusOr<double> TrainRun::InnerStep(int64_t step) {
+  const auto begin = SteadyClock::now();
+  auto [x, y] = MakeBatch(corpus_.train(), sampler_.Next(options_.batch), options_.model.context);
+  optimizer_.zero_grad();
+  at::Tensor loss = model_->Loss(x, y);
+  loss.backward();
+  if (links_.data_parallel)
+    MEND_RETURN_IF_ERROR(links_.data_parallel->AverageGradients(tokens_per_step_));
+  if (links_.group_data_parallel) {
+    if (Status averaged = links_.group_data_parallel->AverageGradients(tokens_per_step_);
+        !averaged.ok()) {
+      // A rank of this learner is gone: the whole group stops (its launcher
+      // restarts it), the round in flight called off rather than waited for.
+      spdlog::error("the group's gradient average failed: {}; this rank stops", averaged);
+      links_.reducer.reset();
+      if (links_.agent) (void)links_.agent->Leave("a rank of this learner's group is gone");
+      return averaged;
+    }
+  }
+  torch::nn::utils::clip_grad_norm_(model_->parameters(), options_.clip);
+  const double lr = LearningRate(options_, step);
+  for (auto& group : optimizer_.param_groups()) {
+    static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+  }
+  optimizer_.step();
+  if (options_.step_time_ms > 0)
+    std::this_thread::sleep_until(begin + std::chrono::milliseconds(options_.step_time_ms));
+  LogTrainingState(step, lr);
+  inner_seconds_ += Seconds(SteadyClock::now() - begin).count();
+  return loss.item<double>();
+}
+
+void TrainRun::LogTrainingState(int64_t step, double lr) {
+  if (!adam_) return;
+  nlohmann::json record = {
+      {"step", step}, {"lr", lr}, {"optimizer_step", adam_->Step()}, {"inner", count_from_}};
+  if (count_from_ == "heal") record["heal_step"] = heal_step_;
+  train_log_->Write(record);
+}
+
+Status TrainRun::ReducerStep(SteadyClock::time_point inner_done) {
+  Reducer& reducer = *links_.reducer;
+  const ReducerStats before = reducer.stats();
+  Waiting(true);
+  const Status stepped = reducer.step(tokens_per_step_);
+  Waiting(false);
+  const double us =
+      std::chrono::duration<double, std::micro>(SteadyClock::now() - inner_done).count();
+  MEND_RETURN_IF_ERROR(stepped);
+  const ReducerStats after = reducer.stats();
+  if (static_cast<int64_t>(after.steps) != step_) {  // a heal put it on the job's step
+    const bool brought = config_.heal_inner_optimizer && after.heals > before.heals;
+    count_from_ = brought ? "heal" : "own";
+    heal_step_ = static_cast<int64_t>(after.steps);
+  }
+  step_ = static_cast<int64_t>(after.steps);
+  const bool quiet = after.rounds_started == before.rounds_started &&
+                     after.rounds == before.rounds && after.failed_rounds == before.failed_rounds;
+  if (quiet) {
+    quiet_us_.push_back(us);
+    quiet_sum_ += us;
+  }
+  return OkStatus();
+}
+
+void TrainRun::Report(std::optional<double> eval_loss) {
+  if (!progress_ || (step_ % options_.progress_every != 0 && !eval_loss)) return;
+  progress_({step_, options_.steps, smoothed_,
+             static_cast<double>(tokens_per_step_) * static_cast<double>(steps_run_) /
+                 std::max(1e-9, Elapsed()),
+             links_.bytes_sent(), links_.reducer ? links_.reducer->stats().rounds : 0, eval_loss});
+}
+
+Status TrainRun::Run() {
+  started_ = SteadyClock::now();
+  DataParallel* group = links_.group_data_parallel.get();
+  // A group's ranks stop together: a rank asked to stop tells the others
+  // with its next gradient average, and all end after that step.
+  while (step_ < options_.steps && (group ? !group->StopAgreed() : !StopAsked())) {
+    if (group && StopAsked()) group->RequestStop();
+    ++step_;
+    ++steps_run_;
+    MEND_ASSIGN_OR_RETURN(const double loss, InnerStep(step_));
+    const auto inner_done = SteadyClock::now();
+    smoothed_ = steps_run_ == 1 ? loss : 0.95 * smoothed_ + 0.05 * loss;
+    if (links_.reducer) MEND_RETURN_IF_ERROR(ReducerStep(inner_done));
+    CheckpointIfAsked(config_, signals_, group, links_.reducer.get());
+    std::optional<double> eval_loss;
+    if (options_.eval_every > 0 && step_ % options_.eval_every == 0 && step_ < options_.steps) {
+      eval_loss = EvaluateAt(step_);
+    }
+    Report(eval_loss);
+  }
+  return OkStatus();
+}
+
+StatusOr<TrainResult> TrainRun::Leave(Status failure) {
+  // The training time ends with the last step: leaving (the round in
+  // flight, then the final merge, so that the final model holds both) is
+  // timed apart.
+  result_.seconds = Elapsed();
+  auto keep_first = [&failure](Status left) {
+    if (failure.ok() && !left.ok()) failure = std::move(left);
+  };
+  if (links_.reducer) {
+    Waiting(true);
+    keep_first(links_.reducer->shutdown());
+    Waiting(false);
+    result_.final_merge_seconds = Elapsed() - result_.seconds;
+  }
+  if (links_.data_parallel) keep_first(links_.data_parallel->shutdown());
+  if (links_.group_data_parallel) keep_first(links_.group_data_parallel->shutdown());
+  if (links_.agent && !links_.reducer && !links_.data_parallel)
+    (void)links_.agent->Leave("training finished");
+  MEND_RETURN_IF_ERROR(failure);
+  TakeStats();
+  result_.eval_loss = EvaluateAt(step_);
+  if (progress_) {
+    progress_({step_, options_.steps, smoothed_, result_.tokens_per_s, result_.bytes_sent,
+               result_.rounds, result_.eval_loss});
+  }
+  return std::move(result_);
+}
+
+void TrainRun::TakeStats() {
+  result_.steps = step_;
+  result_.steps_run = steps_run_;
+  result_.tokens = tokens_per_step_ * static_cast<uint64_t>(steps_run_);
+  result_.tokens_per_s = static_cast<double>(result_.tokens) / std::max(1e-9, result_.seconds);
+  result_.train_loss = smoothed_;
+  result_.inner_step_ms =
+      steps_run_ > 0 ? 1e3 * inner_seconds_ / static_cast<double>(steps_run_) : 0;
+  result_.compute_fraction = inner_seconds_ / std::max(1e-9, result_.seconds);
+  if (links_.reducer) {
+    const ReducerStats stats = links_.reducer->stats();
+    if (stats.checkpoint_failures > 0) {  // (each was logged when it failed)
+      spdlog::warn(
+          "{} of {} checkpoint writes failed in {}: the newest checkpoint there may be "
+          "older than the job's end",
+          stats.checkpoint_failures, stats.checkpoints + stats.checkpoint_failures,
+          config_.checkpoint_dir);
+    }
+    if (stats.rounds == 0 && stats.failed_rounds > 0) {  // (each was logged when it failed)
+      spdlog::warn(
+          "none of this learner's {} rounds completed: it trained alone, its model merged with "
+          "no other learner's (the log says why each failed)",
+          stats.failed_rounds);
+    }
+    result_.rounds = stats.rounds;
+    result_.final_rounds = stats.final_rounds;
+    result_.failed_rounds = stats.failed_rounds;
+    result_.passed_over = stats.passed_over;
+    result_.heals = stats.heals;
+  }
+  result_.bytes_sent = links_.bytes_sent();
+  result_.reducer_quiet_steps = quiet_us_.size();
+  result_.reducer_step_us_median = Median(quiet_us_);
+  result_.reducer_step_us_mean =
+      quiet_us_.empty() ? 0 : quiet_sum_ / static_cast<double>(quiet_us_.size());
+}
+
 }  // namespace
 
 StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config,
@@ -209,262 +542,16 @@ StatusOr<TrainResult> Train(const TrainOptions& options, const Config& config,
         fmt::format("train: shard text ({} bytes) is shorter than the context {}",
                     corpus.train().size(), context));
   }
-  // A learner joining late draws other batches than its first run did.
-  const uint64_t data_seed =
-      (0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(options.corpus.shard + 1) *
-       (options.data_seed != 0 ? 0x2545f4914f6cdd1dULL * options.data_seed : 1)) ^
-      (0xbf58476d1ce4e5b9ULL * static_cast<uint64_t>(options.start_step)) ^
-      // The ranks of a multi-rank learner draw apart (one rank: as before).
-      (config.group_size > 1 ? 0x94d049bb133111ebULL * static_cast<uint64_t>(config.group_rank + 1)
-                             : 0);
-  WindowSampler sampler(corpus.train(), context, data_seed);
-  const std::vector<size_t> eval_starts =
-      EvalWindowStarts(corpus.eval(), context, options.eval_windows);
-
-  Gpt model(options.model);
-  InitGpt(model, options.init_seed);
-  torch::optim::AdamW optimizer(
-      model->parameters(),
-      torch::optim::AdamWOptions(options.lr).betas({0.9, 0.95}).weight_decay(options.weight_decay));
-
-  std::unique_ptr<reducer::LearnerSession> session;
-  LearnerAgent* agent = nullptr;  // (the session's)
-  std::unique_ptr<Reducer> reducer;
-  std::unique_ptr<DataParallel> data_parallel;
-  // A multi-rank learner: its ranks average gradients every step among
-  // themselves (the DDP inside the rack), and each takes its slice of the
-  // cross-rack rounds.
-  std::unique_ptr<DataParallel> group_data_parallel;
-  const bool grouped = config.group_size > 1;
-  if (grouped && options.mode == "ddp") {
+  if (config.group_size > 1 && options.mode == "ddp") {
     return InvalidArgumentError(
         fmt::format("train: mode ddp with group_size = {}: the DDP baseline runs every rank as a "
-                    "learner of its own "
-                    "(group_size = 1)",
+                    "learner of its own (group_size = 1)",
                     config.group_size));
   }
   MEND_ASSIGN_OR_RETURN(const ValidConfig job, JobConfig(options, config));
-  if (options.mode != "local" || grouped) {
-    // The job's settings and the model's layout (--dim, --layers, ...): a
-    // learner of another model is refused at registration.
-    reducer::LearnerSessionOptions session_options{options.id, token, &clock, {}, {}};
-    for (const at::Tensor& p : model->parameters())
-      session_options.parameter_shapes.push_back(p.sizes().vec());
-    MEND_ASSIGN_OR_RETURN(session, reducer::LearnerSession::Start(job, std::move(session_options)));
-    agent = &session->agent();
-    const Status built = [&]() -> Status {
-      // Before the reducer: every rank starts from group rank 0's parameters.
-      if (grouped) {
-        MEND_ASSIGN_OR_RETURN(group_data_parallel,
-                              DataParallel::CreateInGroup(config, *model, *agent));
-      }
-      if (options.mode == "local") {
-        // No cross-rack exchange.
-      } else if (options.mode == "diloco") {
-        MEND_ASSIGN_OR_RETURN(reducer, Reducer::Create(job, *model, optimizer, *agent,
-                                                       static_cast<uint64_t>(options.start_step)));
-      } else {
-        MEND_ASSIGN_OR_RETURN(data_parallel, DataParallel::Create(config, *model, *agent));
-      }
-      return OkStatus();
-    }();
-    if (!built.ok()) return session->Fail(built);
-  }
-
-  TrainResult result;
-  result.id = options.id;
-  result.mode = options.mode;
-  result.parameters = model->parameter_count();
-  const uint64_t tokens_per_step = static_cast<uint64_t>(options.batch * context);
-  double smoothed = 0;
-  double inner_seconds = 0;
-  double eval_seconds = 0;
-  std::vector<double> quiet_us;
-  double quiet_sum = 0;
-  const auto started = SteadyClock::now();
-  auto elapsed = [&]() { return Seconds(SteadyClock::now() - started).count() - eval_seconds; };
-  auto stop_asked = [&]() { return signals && signals->stop.load(); };
-  // A stop asked while a step or the shutdown waits for a round calls that
-  // round's join off (the learner leaves: a stop ends its part in the job).
-  auto waiting = [&](bool now) {
-    if (signals) {
-      signals->Waiting(now ? std::function<void()>([&agent]() { agent->Interrupt(); }) : nullptr);
-    }
-  };
-  auto evaluate = [&](int64_t step) {
-    const double at = elapsed();
-    const auto begin = SteadyClock::now();
-    const Evaluated evaluated =
-        Evaluate(model, corpus.eval(), eval_starts, context, options.batch, stop_asked);
-    eval_seconds += Seconds(SteadyClock::now() - begin).count();
-    result.eval_curve.push_back({step, evaluated.loss, at});
-    result.eval_windows = static_cast<int64_t>(evaluated.windows);
-    return evaluated.loss;
-  };
-  auto bytes_sent = [&]() -> uint64_t {
-    if (reducer) return reducer->stats().bytes_sent;
-    if (data_parallel) return data_parallel->stats().bytes_sent;
-    return 0;
-  };
-  Status failure = OkStatus();
-  // The job's step: from the options, a resumed checkpoint, or (after a
-  // heal) the source's.
-  int64_t step = reducer ? static_cast<int64_t>(reducer->stats().steps) : options.start_step;
-  int64_t steps_run = 0;
-  // What `mend chaos` compares across learners at equal job steps
-  // (<learner>.train.jsonl in diagnostics_dir): each step's learning rate,
-  // the optimizer's step count after it, and where that count comes from:
-  // "job" (counted from the job's start), "own" (a resume from a checkpoint,
-  // or a heal without the moments, moved the step but not it) or "heal" (a
-  // heal with heal_inner_optimizer brought the source's count, with
-  // "heal_step" the job step it healed to: the job's if the source's was).
-  reducer::JsonLines train_log(
-      reducer ? config.diagnostics_dir : std::string(),
-      (grouped ? fmt::format("{}.rank{}", options.id, config.group_rank) : options.id) +
-          ".train.jsonl");
-  std::unique_ptr<InnerMoments> adam;
-  if (train_log.open()) {
-    MEND_ASSIGN_OR_RETURN(adam, TorchAdamMoments(optimizer, model->parameters()));
-  }
-  std::string count_from = step == 0 ? "job" : "own";
-  int64_t heal_step = 0;
-  // A group's ranks stop together: a rank asked to stop tells the others
-  // with its next gradient average, and all end after that step.
-  while (step < options.steps &&
-         (group_data_parallel ? !group_data_parallel->StopAgreed() : !stop_asked())) {
-    if (group_data_parallel && stop_asked()) group_data_parallel->RequestStop();
-    ++step;
-    ++steps_run;
-    const auto begin = SteadyClock::now();
-    auto [x, y] = MakeBatch(corpus.train(), sampler.Next(options.batch), context);
-    optimizer.zero_grad();
-    at::Tensor loss = model->Loss(x, y);
-    loss.backward();
-    if (data_parallel) {
-      failure = data_parallel->AverageGradients(tokens_per_step);
-      if (!failure.ok()) break;
-    }
-    if (group_data_parallel) {
-      failure = group_data_parallel->AverageGradients(tokens_per_step);
-      if (!failure.ok()) {
-        // A rank of this learner is gone: the whole group stops (its launcher
-        // restarts it), the round in flight called off rather than waited for.
-        spdlog::error("the group's gradient average failed: {}; this rank stops", failure);
-        reducer.reset();
-        if (agent) (void)agent->Leave("a rank of this learner's group is gone");
-        break;
-      }
-    }
-    torch::nn::utils::clip_grad_norm_(model->parameters(), options.clip);
-    const double lr = LearningRate(options, step);
-    for (auto& group : optimizer.param_groups()) {
-      static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
-    }
-    optimizer.step();
-    if (options.step_time_ms > 0)
-      std::this_thread::sleep_until(begin + std::chrono::milliseconds(options.step_time_ms));
-    if (adam) {
-      nlohmann::json record = {
-          {"step", step}, {"lr", lr}, {"optimizer_step", adam->Step()}, {"inner", count_from}};
-      if (count_from == "heal") record["heal_step"] = heal_step;
-      train_log.Write(record);
-    }
-    const auto inner_done = SteadyClock::now();
-    inner_seconds += Seconds(inner_done - begin).count();
-    const double value = loss.item<double>();
-    smoothed = steps_run == 1 ? value : 0.95 * smoothed + 0.05 * value;
-    if (reducer) {
-      const ReducerStats before = reducer->stats();
-      waiting(true);
-      failure = reducer->step(tokens_per_step);
-      waiting(false);
-      const double us =
-          std::chrono::duration<double, std::micro>(SteadyClock::now() - inner_done).count();
-      if (!failure.ok()) break;
-      const ReducerStats after = reducer->stats();
-      if (static_cast<int64_t>(after.steps) != step) {  // a heal put it on the job's step
-        const bool brought = config.heal_inner_optimizer && after.heals > before.heals;
-        count_from = brought ? "heal" : "own";
-        heal_step = static_cast<int64_t>(after.steps);
-      }
-      step = static_cast<int64_t>(after.steps);
-      const bool quiet = after.rounds_started == before.rounds_started &&
-                         after.rounds == before.rounds &&
-                         after.failed_rounds == before.failed_rounds;
-      if (quiet) {
-        quiet_us.push_back(us);
-        quiet_sum += us;
-      }
-    }
-    CheckpointIfAsked(config, signals, group_data_parallel.get(), reducer.get());
-    std::optional<double> eval_loss;
-    if (options.eval_every > 0 && step % options.eval_every == 0 && step < options.steps) {
-      eval_loss = evaluate(step);
-    }
-    if (progress && (step % options.progress_every == 0 || eval_loss)) {
-      progress({step, options.steps, smoothed,
-                static_cast<double>(tokens_per_step) * static_cast<double>(steps_run) /
-                    std::max(1e-9, elapsed()),
-                bytes_sent(), reducer ? reducer->stats().rounds : 0, eval_loss});
-    }
-  }
-  // The training time ends with the last step: leaving (the round in
-  // flight, then the final merge, so that the final model holds both) is
-  // timed apart.
-  result.seconds = elapsed();
-  if (reducer) {
-    waiting(true);
-    if (Status left = reducer->shutdown(); failure.ok() && !left.ok()) failure = left;
-    waiting(false);
-    result.final_merge_seconds = elapsed() - result.seconds;
-  }
-  if (data_parallel) {
-    if (Status left = data_parallel->shutdown(); failure.ok() && !left.ok()) failure = left;
-  }
-  if (group_data_parallel) {
-    if (Status left = group_data_parallel->shutdown(); failure.ok() && !left.ok()) failure = left;
-  }
-  if (agent && !reducer && !data_parallel) (void)agent->Leave("training finished");
-  if (!failure.ok()) return failure;
-  result.steps = step;
-  result.steps_run = steps_run;
-  result.tokens = tokens_per_step * static_cast<uint64_t>(steps_run);
-  result.tokens_per_s = static_cast<double>(result.tokens) / std::max(1e-9, result.seconds);
-  result.train_loss = smoothed;
-  result.inner_step_ms = steps_run > 0 ? 1e3 * inner_seconds / static_cast<double>(steps_run) : 0;
-  result.compute_fraction = inner_seconds / std::max(1e-9, result.seconds);
-  if (reducer) {
-    const ReducerStats stats = reducer->stats();
-    if (stats.checkpoint_failures > 0) {  // (each was logged when it failed)
-      spdlog::warn(
-          "{} of {} checkpoint writes failed in {}: the newest checkpoint there may be "
-          "older than the job's end",
-          stats.checkpoint_failures, stats.checkpoints + stats.checkpoint_failures,
-          config.checkpoint_dir);
-    }
-    if (stats.rounds == 0 && stats.failed_rounds > 0) {  // (each was logged when it failed)
-      spdlog::warn(
-          "none of this learner's {} rounds completed: it trained alone, its model merged with "
-          "no other learner's (the log says why each failed)",
-          stats.failed_rounds);
-    }
-    result.rounds = stats.rounds;
-    result.final_rounds = stats.final_rounds;
-    result.failed_rounds = stats.failed_rounds;
-    result.passed_over = stats.passed_over;
-    result.heals = stats.heals;
-  }
-  result.bytes_sent = bytes_sent();
-  result.reducer_quiet_steps = quiet_us.size();
-  result.reducer_step_us_median = Median(quiet_us);
-  result.reducer_step_us_mean =
-      quiet_us.empty() ? 0 : quiet_sum / static_cast<double>(quiet_us.size());
-  result.eval_loss = evaluate(step);
-  if (progress) {
-    progress({step, options.steps, smoothed, result.tokens_per_s, result.bytes_sent, result.rounds,
-              result.eval_loss});
-  }
-  return result;
+  TrainRun run(options, config, std::move(corpus), progress, signals);
+  MEND_RETURN_IF_ERROR(run.Connect(job, token, clock));
+  return run.Leave(run.Run());
 }
 
 }  // namespace mend::train
