@@ -226,8 +226,10 @@ class TrainRun {
         corpus_(std::move(corpus)),
         sampler_(corpus_.train(), options.model.context, DataSeed(options, config)),
         eval_starts_(EvalWindowStarts(corpus_.eval(), options.model.context, options.eval_windows)),
-        model_(options.model),
-        optimizer_(MakeOptimizer(options, model_)),
+        model_(MakeModel(options)),
+        optimizer_(model_->parameters(), torch::optim::AdamWOptions(options.lr)
+                                             .betas({0.9, 0.95})
+                                             .weight_decay(options.weight_decay)),
         progress_(progress),
         signals_(signals),
         tokens_per_step_(static_cast<uint64_t>(options.batch * options.model.context)) {
@@ -255,11 +257,10 @@ class TrainRun {
                 ? 0x94d049bb133111ebULL * static_cast<uint64_t>(config.group_rank + 1)
                 : 0);
   }
-  static torch::optim::AdamW MakeOptimizer(const TrainOptions& options, Gpt& model) {
+  static Gpt MakeModel(const TrainOptions& options) {
+    Gpt model(options.model);
     InitGpt(model, options.init_seed);
-    return torch::optim::AdamW(model->parameters(), torch::optim::AdamWOptions(options.lr)
-                                                        .betas({0.9, 0.95})
-                                                        .weight_decay(options.weight_decay));
+    return model;
   }
   bool grouped() const { return config_.group_size > 1; }
   double Elapsed() const { return Seconds(SteadyClock::now() - started_).count() - eval_seconds_; }
