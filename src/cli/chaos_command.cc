@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include "cli/chaos.h"
@@ -70,8 +71,8 @@ struct FaultTally {
   double heal_bytes = 0;         // the largest heal
 };
 
-void PrintSummary(const ChaosReport& r, const ChaosOptions& o) {
-  const FaultTally tally(r.faults);
+// The faults and the state's invariants.
+void PrintInvariants(const ChaosReport& r, const ChaosOptions& o, const FaultTally& tally) {
   std::string kinds;
   for (const auto& [kind, n] : tally.by_kind)
     kinds += fmt::format("{}{} {}", kinds.empty() ? "" : ", ", kind, n);
@@ -98,6 +99,10 @@ void PrintSummary(const ChaosReport& r, const ChaosOptions& o) {
       r.optimizer_step_mismatch_steps == 0
           ? "identical"
           : fmt::format("DIFFER at {}", r.optimizer_step_mismatch_steps));
+}
+
+// The waits: stalls, the longest steps, restarts and heals.
+void PrintWaits(const ChaosReport& r, const FaultTally& tally) {
   fmt::print(
       "  stalls            {} (healthy learners' longest step during a learner fault {:.2f} s; "
       "bound {:.2f} s)\n",
@@ -125,6 +130,12 @@ void PrintSummary(const ChaosReport& r, const ChaosOptions& o) {
         t["transfer_met"].get<int>(), t["heals"].get<int>(), t["restart_to_round_met"].get<int>(),
         t["heals"].get<int>());
   }
+}
+
+void PrintSummary(const ChaosReport& r, const ChaosOptions& o) {
+  const FaultTally tally(r.faults);
+  PrintInvariants(r, o, tally);
+  PrintWaits(r, tally);
   fmt::print("  losses            {}\n", r.losses_finite ? "all finite" : "NOT ALL FINITE");
   if (r.reference_eval_loss > 0) {
     fmt::print(
@@ -169,7 +180,9 @@ bool AppendCsv(const std::string& path, const ChaosReport& r, const ChaosOptions
   return static_cast<bool>(out);
 }
 
-int RunChaosCommand(ChaosFlags& flags) {
+// The run's options from the flags (the faults' list, the job of `mend
+// train` learners); an exit code when they are refused, else nullopt.
+std::optional<int> ConfigureChaos(ChaosFlags& flags) {
   ChaosOptions& o = flags.options;
   std::stringstream list(flags.faults);
   o.faults.clear();
@@ -191,11 +204,6 @@ int RunChaosCommand(ChaosFlags& flags) {
   }
   job.settings.insert(job.settings.end(), flags.settings.begin(), flags.settings.end());
   o.reference = !flags.no_reference;
-  auto dir = MakeWorkDir(flags.work_dir, "/tmp/mend-chaos-XXXXXX");
-  if (!dir.ok()) {
-    fmt::print(stderr, "mend chaos: {}\n", dir.status().message());
-    return kExitFailure;
-  }
   for (const auto& [path, flag] :
        {std::pair{flags.report_file, "--report"}, std::pair{flags.csv_file, "--csv"}}) {
     if (path.empty()) continue;
@@ -203,6 +211,37 @@ int RunChaosCommand(ChaosFlags& flags) {
       fmt::print(stderr, "mend chaos: {}\n", writable.message());
       return kExitBadConfig;
     }
+  }
+  return std::nullopt;
+}
+
+// The report (JSON, and a row of --csv); its exit code.
+int WriteChaosReport(const ChaosReport& report, const ChaosFlags& flags, const std::string& dir) {
+  const std::string report_file =
+      flags.report_file.empty() ? dir + "/chaos-report.json" : flags.report_file;
+  std::ofstream out(report_file);
+  out << report.json.dump(2) << "\n";
+  out.close();
+  if (!out) {
+    fmt::print(stderr, "mend chaos: cannot write the report to {}\n", report_file);
+    return kExitFailure;
+  }
+  fmt::print("  report            {}\n", report_file);
+  if (!flags.csv_file.empty() && !AppendCsv(flags.csv_file, report, flags.options)) {
+    fmt::print(stderr, "mend chaos: cannot append to {}\n", flags.csv_file);
+    return kExitFailure;
+  }
+  return report.passed ? kExitOk : kExitFailure;
+}
+
+int RunChaosCommand(ChaosFlags& flags) {
+  if (std::optional<int> refused = ConfigureChaos(flags)) return *refused;
+  const ChaosOptions& o = flags.options;
+  const TrainingJobSpec& job = o.job;
+  auto dir = MakeWorkDir(flags.work_dir, "/tmp/mend-chaos-XXXXXX");
+  if (!dir.ok()) {
+    fmt::print(stderr, "mend chaos: {}\n", dir.status().message());
+    return kExitFailure;
   }
   fmt::print(
       "mend chaos: {} learners{} train the example GPT (dim {}, {} layers) for {} steps, H = {}, "
@@ -231,21 +270,7 @@ int RunChaosCommand(ChaosFlags& flags) {
     return ExitCodeOf(report.status());
   }
   PrintSummary(*report, o);
-  const std::string report_file =
-      flags.report_file.empty() ? *dir + "/chaos-report.json" : flags.report_file;
-  std::ofstream out(report_file);
-  out << report->json.dump(2) << "\n";
-  out.close();
-  if (!out) {
-    fmt::print(stderr, "mend chaos: cannot write the report to {}\n", report_file);
-    return kExitFailure;
-  }
-  fmt::print("  report            {}\n", report_file);
-  if (!flags.csv_file.empty() && !AppendCsv(flags.csv_file, *report, o)) {
-    fmt::print(stderr, "mend chaos: cannot append to {}\n", flags.csv_file);
-    return kExitFailure;
-  }
-  return report->passed ? kExitOk : kExitFailure;
+  return WriteChaosReport(*report, flags, *dir);
 }
 
 }  // namespace

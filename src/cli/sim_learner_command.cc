@@ -42,6 +42,27 @@ struct SimControl {
   bool stop = false;
   bool slow = false;
   LearnerAgent* agent = nullptr;  // set while the agent exists
+
+  // The agent a stop interrupts (null: none now); interrupted at once when
+  // a stop came first.
+  void Attach(LearnerAgent* attached) {
+    std::lock_guard lock(mu);
+    agent = attached;
+    if (agent && stop) agent->Interrupt();
+  }
+  // Sleeps a step of `ms` (times the slow factor while slowed); false when
+  // a stop was asked.
+  bool SleepStep(const SimOptions& options, double ms) {
+    std::unique_lock lock(mu);
+    ms *= slow ? options.slow_factor : 1.0;
+    wake.wait_for(lock, std::chrono::microseconds(static_cast<Micros>(ms * 1000)),
+                  [this]() { return stop; });
+    return !stop;
+  }
+  bool stopped() {
+    std::lock_guard lock(mu);
+    return stop;
+  }
 };
 
 std::string MemberList(const QuorumResult& result) {
@@ -49,6 +70,16 @@ std::string MemberList(const QuorumResult& result) {
   for (const auto& member : result.members) out += (out.empty() ? "" : ",") + member.id;
   if (result.members.empty()) out = fmt::format("<{} members>", result.world_size);
   return out;
+}
+
+// One line a round, which the lighthouse benchmark and tests read.
+void PrintRound(const QuorumResult& result, int64_t step) {
+  fmt::print(
+      "round={} rank={} world={} closed_by={} waited_ms={} step={} members={} "
+      "heal_from={}\n",
+      result.round_id, result.rank, result.world_size, result.closed_by, result.waited_ms, step,
+      MemberList(result), result.heal_from ? result.heal_from->id : "");
+  std::fflush(stdout);
 }
 
 int RunSimLearner(const SimOptions& options, const Config& config, const std::string& token) {
@@ -73,15 +104,8 @@ int RunSimLearner(const SimOptions& options, const Config& config, const std::st
     return ExitCodeOf(started.status());
   }
   std::unique_ptr<LearnerAgent> agent = std::move(*started);
-  {
-    std::lock_guard lock(control.mu);
-    control.agent = agent.get();
-    if (control.stop) agent->Interrupt();
-  }
-  absl::Cleanup forget_agent = [&control]() {
-    std::lock_guard lock(control.mu);
-    control.agent = nullptr;
-  };
+  control.Attach(agent.get());
+  absl::Cleanup forget_agent = [&control]() { control.Attach(nullptr); };
   std::mt19937_64 random(options.seed);
   std::uniform_real_distribution<double> jitter(1 - options.jitter, 1 + options.jitter);
   uint64_t last_round = 0;
@@ -90,13 +114,7 @@ int RunSimLearner(const SimOptions& options, const Config& config, const std::st
   Micros quorum_timeout = config.quorum_timeout_ms * kMicrosPerMilli;
   for (int64_t step = 1; options.steps == 0 || step <= options.steps; ++step) {
     Micros started_at = RealClock()->NowMicros();
-    {
-      std::unique_lock lock(control.mu);
-      double ms = options.step_ms * (control.slow ? options.slow_factor : 1.0) * jitter(random);
-      control.wake.wait_for(lock, std::chrono::microseconds(static_cast<Micros>(ms * 1000)),
-                            [&control]() { return control.stop; });
-      if (control.stop) break;
-    }
+    if (!control.SleepStep(options, options.step_ms * jitter(random))) break;
     agent->RecordStep(static_cast<uint64_t>(step), static_cast<uint64_t>(options.tokens_per_step),
                       RealClock()->NowMicros() - started_at);
     tokens_since_round += static_cast<uint64_t>(options.tokens_per_step);
@@ -104,10 +122,7 @@ int RunSimLearner(const SimOptions& options, const Config& config, const std::st
     auto result = agent->Quorum(last_round, tokens_since_round, quorum_timeout,
                                 /*include_members=*/true);
     if (!result.ok()) {
-      {
-        std::lock_guard lock(control.mu);
-        if (control.stop) break;
-      }
+      if (control.stopped()) break;
       if (!agent->fatal_status().ok()) {
         fmt::print(stderr, "mend sim-learner {}: the lighthouse ended its membership: {}\n",
                    options.id, agent->fatal_status());
@@ -119,12 +134,7 @@ int RunSimLearner(const SimOptions& options, const Config& config, const std::st
     last_round = result->round_id;
     tokens_since_round = 0;
     ++rounds;
-    fmt::print(
-        "round={} rank={} world={} closed_by={} waited_ms={} step={} members={} "
-        "heal_from={}\n",
-        result->round_id, result->rank, result->world_size, result->closed_by, result->waited_ms,
-        step, MemberList(*result), result->heal_from ? result->heal_from->id : "");
-    std::fflush(stdout);
+    PrintRound(*result, step);
     if (options.rounds > 0 && rounds >= options.rounds) break;
   }
   Status left = agent->Leave("finished");
