@@ -2,7 +2,7 @@
 //
 //   mend_dataplane_bench [--members 2,4] [--sizes-mib 1,4,16,64,256] [--iters 5]
 //                        [--codecs fp32,bf16,int8,int4,topk] [--codec-mib 64]
-//                        [--link-rate-mbit 0] [--hosts A,B] [--netns A,B]
+//                        [--link-rate-mbit 0] [--hosts A,B] [--netns A,B] [--secure]
 //                        [--csv-prefix bench-results/dataplane]
 //
 // One run starts a lighthouse (its store is the rendezvous) and N worker
@@ -20,7 +20,9 @@
 // With --netns A,B the lighthouse and the even ranks run in namespace A and
 // the odd ranks in B (scripts/racks.sh makes them and passes the addresses
 // as --hosts); the link's rate, for the "fraction of the link" column, is
-// --link-rate-mbit.
+// --link-rate-mbit. With --secure each codec also runs on a secure data
+// plane (a second communicator, sealed with the job token: AES-256-GCM),
+// iteration by iteration beside the plain one; its rows are "<codec>+aead".
 #include <signal.h>
 
 #include <algorithm>
@@ -28,6 +30,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <random>
 #include <thread>
@@ -65,6 +68,7 @@ struct WorkerArgs {
   std::vector<std::string> codecs;
   int codec_mib = 64;
   int segment_kib = 0;  // 0: the communicator's default
+  bool secure = false;
 };
 
 double Seconds(SteadyClock::duration d) { return std::chrono::duration<double>(d).count(); }
@@ -75,6 +79,61 @@ double Median(std::vector<double> values) {
 }
 
 // ---------------------------------------------------------------- worker --
+
+// Codec `name`'s reduction of args.codec_mib, timed on each plane (the
+// plain one first; with --secure the sealed one, as "<name>+aead"),
+// iteration by iteration; a row each into `results`. False on an error
+// (printed).
+bool RunCodec(const WorkerArgs& args, const std::string& name,
+              const std::vector<Communicator*>& planes, const std::function<Status()>& barrier,
+              json* results) {
+  auto kind = ParseCodecKind(name);
+  if (!kind.ok()) {
+    fmt::print(stderr, "{}\n", kind.status());
+    return false;
+  }
+  auto codec = MakeCodec({*kind});
+  size_t n = static_cast<size_t>(args.codec_mib) * (1 << 20) / sizeof(float);
+  std::vector<float> data(n), out(n);
+  std::mt19937 random(args.rank);
+  std::normal_distribution<float> normal(0, 1);
+  for (float& v : data) v = normal(random);
+  std::vector<std::byte> payload((*codec)->EncodedBytes(n));
+  std::vector<std::vector<double>> seconds(planes.size());
+  std::vector<uint64_t> sent(planes.size(), 0);
+  for (int i = 0; i <= args.iters; ++i) {
+    for (size_t k = 0; k < planes.size(); ++k) {
+      // Alternate which plane goes first, so neither always runs on a warmer cache.
+      const size_t p = i % 2 == 0 ? k : planes.size() - 1 - k;
+      Communicator& plane = *planes[p];
+      if (!barrier().ok()) return false;
+      const uint64_t sent_before = plane.stats().bytes_sent;
+      auto t0 = SteadyClock::now();
+      Status status;
+      if ((*codec)->dense()) {
+        status = plane.WeightedAllReduce(data, 1.0, codec->get());
+      } else {
+        (*codec)->Encode(data, payload);  // counted: a learner encodes every round
+        status = plane.WeightedAllGatherDecode(payload, 1.0, **codec, out);
+      }
+      auto t1 = SteadyClock::now();
+      if (!status.ok()) {
+        fmt::print(stderr, "worker {}: {}\n", args.rank, status);
+        return false;
+      }
+      if (i > 0) seconds[p].push_back(Seconds(t1 - t0));
+      sent[p] = plane.stats().bytes_sent - sent_before;
+    }
+  }
+  for (size_t p = 0; p < planes.size(); ++p) {
+    results->push_back({{"kind", "codec"},
+                        {"codec", p == 0 ? name : name + "+aead"},
+                        {"bytes", n * sizeof(float)},
+                        {"sent", sent[p]},
+                        {"seconds", Median(seconds[p])}});
+  }
+  return true;
+}
 
 int RunWorker(const WorkerArgs& args) {
   auto client = LighthouseClient::Connect({args.lighthouse, kToken, "", 30 * kMicrosPerSecond});
@@ -94,6 +153,18 @@ int RunWorker(const WorkerArgs& args) {
   if (!comm.ok()) {
     fmt::print(stderr, "worker {}: {}\n", args.rank, comm.status());
     return 1;
+  }
+  // The planes the codecs run on: the plain one, and with --secure a sealed one.
+  std::unique_ptr<Communicator> secured;
+  if (args.secure) {
+    options.prefix = "bench/mend-secure/";
+    options.secret = kToken;
+    auto sealed = Communicator::Connect(store, options);
+    if (!sealed.ok()) {
+      fmt::print(stderr, "worker {}: {}\n", args.rank, sealed.status());
+      return 1;
+    }
+    secured = std::move(*sealed);
   }
   // Plain Gloo over the same members, rendezvoused the same way.
   auto timeout = std::chrono::milliseconds(kTimeout / kMicrosPerMilli);
@@ -158,44 +229,9 @@ int RunWorker(const WorkerArgs& args) {
                        {"gloo_min_s", *std::min_element(gloo_s.begin(), gloo_s.end())}});
   }
   for (const std::string& name : args.codecs) {
-    auto kind = ParseCodecKind(name);
-    if (!kind.ok()) {
-      fmt::print(stderr, "{}\n", kind.status());
-      return 1;
-    }
-    auto codec = MakeCodec({*kind});
-    size_t n = static_cast<size_t>(args.codec_mib) * (1 << 20) / sizeof(float);
-    std::vector<float> data(n), out(n);
-    std::mt19937 random(args.rank);
-    std::normal_distribution<float> normal(0, 1);
-    for (float& v : data) v = normal(random);
-    std::vector<std::byte> payload((*codec)->EncodedBytes(n));
-    std::vector<double> seconds;
-    uint64_t sent_before = (*comm)->stats().bytes_sent;
-    for (int i = 0; i <= args.iters; ++i) {
-      if (!barrier().ok()) return 1;
-      sent_before = (*comm)->stats().bytes_sent;
-      auto t0 = SteadyClock::now();
-      Status status;
-      if ((*codec)->dense()) {
-        status = (*comm)->WeightedAllReduce(data, 1.0, codec->get());
-      } else {
-        (*codec)->Encode(data, payload);  // counted: a learner encodes every round
-        status = (*comm)->WeightedAllGatherDecode(payload, 1.0, **codec, out);
-      }
-      auto t1 = SteadyClock::now();
-      if (!status.ok()) {
-        fmt::print(stderr, "worker {}: {}\n", args.rank, status);
-        return 1;
-      }
-      if (i > 0) seconds.push_back(Seconds(t1 - t0));
-    }
-    uint64_t sent = (*comm)->stats().bytes_sent - sent_before;
-    results.push_back({{"kind", "codec"},
-                       {"codec", name},
-                       {"bytes", n * sizeof(float)},
-                       {"sent", sent},
-                       {"seconds", Median(seconds)}});
+    std::vector<Communicator*> planes = {comm->get()};
+    if (secured) planes.push_back(secured.get());
+    if (!RunCodec(args, name, planes, barrier, &results)) return 1;
   }
   if (args.rank == 0) fmt::print("{}\n", results.dump());
   std::fflush(stdout);
@@ -215,6 +251,7 @@ struct DriverArgs {
   std::vector<std::string> hosts;  // per namespace: the address workers bind
   std::vector<std::string> netns;  // namespace names (empty: this one)
   std::string csv_prefix = "bench-results/dataplane";
+  bool secure = false;
 };
 
 std::vector<std::string> InNamespace(const DriverArgs& args, size_t which,
@@ -274,6 +311,7 @@ StatusOr<json> RunMembers(const DriverArgs& args, int members, const std::string
                                      std::to_string(args.segment_kib)};
     argv.insert(argv.end(), {"--sizes-mib", sizes.empty() ? "0" : Join(sizes)});
     argv.insert(argv.end(), {"--codecs", codec_list.empty() ? "none" : codec_list});
+    if (args.secure) argv.push_back("--secure");
     MEND_ASSIGN_OR_RETURN(auto worker, Subprocess::Spawn({InNamespace(args, rank, argv),
                                                           {},
                                                           rank == 0 ? "pipe" : dir + "/worker.log",
@@ -403,6 +441,8 @@ int main(int argc, char** argv) {
   app.add_option("--hosts", d.hosts, "Addresses by namespace (with --netns)")->delimiter(',');
   app.add_option("--netns", d.netns, "Network namespaces to place members in")->delimiter(',');
   app.add_option("--csv-prefix", d.csv_prefix)->capture_default_str();
+  app.add_flag("--secure", d.secure,
+               "Also run each codec on a secure data plane (AES-256-GCM), beside the plain one");
   CLI11_PARSE(app, argc, argv);
   // "--sizes-mib 0" skips the comparison with Gloo, "--codecs none" the codecs.
   std::erase_if(d.sizes_mib, [](int mib) { return mib <= 0; });
@@ -413,6 +453,7 @@ int main(int argc, char** argv) {
     w.codecs = d.codecs;
     w.codec_mib = d.codec_mib;
     w.segment_kib = d.segment_kib;
+    w.secure = d.secure;
     try {
       return mend::bench::RunWorker(w);
     } catch (const std::exception& error) {

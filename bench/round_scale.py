@@ -26,6 +26,12 @@ than the round). `made`: learner 0's rounds whose pseudo-gradient was made
 as the merge reached each piece (Learner.stats()["rounds_made_in_merge"]),
 of all its rounds. Prints a table and writes a CSV.
 
+    /usr/bin/python3 bench/round_scale.py --encryption both [--sizes 100,250]
+
+With --encryption both each size runs twice, side by side: with the data
+plane in the clear (dataplane_encrypt = false) and secure (AES-256-GCM,
+mend's default with a job token), and a last table gives secure / plain.
+
     /usr/bin/python3 bench/round_scale.py --ranks 2 [--sizes 100,250]
 
 With --ranks R each learner is a group of R rank processes, and each size
@@ -275,7 +281,7 @@ def worker(args):
                              collective_timeout_ms=600_000, quorum_timeout_ms=600_000,
                              heartbeat_timeout_ms=600_000, log_level="warn",
                              link_latency_ms=args.link_latency_ms, codec=args.codec,
-                             outer_warmup_steps=args.outer_warmup_steps,
+                             outer_warmup_steps=args.outer_warmup_steps, dataplane_encrypt=bool(args.encrypt),
                              **({"round_threads": args.round_threads} if args.round_threads >= 0 else {}))
     dist.barrier()
     t0 = time.perf_counter()
@@ -321,11 +327,11 @@ def worker(args):
                    "rss_per_param": (peak - baseline) / count, "stats": stats}, f)
 
 
-def run_size(size, args, lighthouse_address):
+def run_size(size, args, lighthouse_address, encrypt):
     port = free_port()
     return run_workers([["--rank", str(r), "--size", str(size), "--rounds", str(args.rounds), "--lighthouse",
                          lighthouse_address, "--port", str(port), "--round-threads", str(args.round_threads),
-                         "--learners", str(args.learners)]
+                         "--learners", str(args.learners), "--encrypt", str(int(encrypt))]
                         + (["--distinct-init"] if args.distinct_init else [])
                         + ["--step-ms", str(args.step_ms), "--codec", args.codec,
                            "--link-latency-ms", str(args.link_latency_ms),
@@ -357,6 +363,9 @@ def main():
     p.add_argument("--ranks", type=int, default=1,
                    help="ranks per learner (default 1); more: each size runs replicated (DDP) and sharded "
                         "(FSDP2) side by side")
+    p.add_argument("--encryption", default="on", choices=["on", "off", "both"],
+                   help="the data plane: secure (on, mend's default with a job token), in the clear (off), "
+                        "or both, each size twice side by side (default on)")
     p.add_argument("--csv", default="")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
@@ -366,6 +375,7 @@ def main():
     p.add_argument("--out", default="", help=argparse.SUPPRESS)
     p.add_argument("--layout", default="sharded", help=argparse.SUPPRESS)
     p.add_argument("--group-ports", default="", help=argparse.SUPPRESS)
+    p.add_argument("--encrypt", type=int, default=1, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         args.group_ports = [int(port) for port in args.group_ports.split(",") if port]
@@ -395,8 +405,9 @@ def main():
         return
     rows, phase_rows = [], []
     phase_names = []
-    for size in sizes:
-        results = run_size(size, args, lighthouse.address)
+    modes = {"on": [True], "off": [False], "both": [False, True]}[args.encryption]
+    for size, encrypt in [(size, encrypt) for size in sizes for encrypt in modes]:
+        results = run_size(size, args, lighthouse.address, encrypt)
         # Per size: the slower learner's time of each event (a round ends when every one has it).
         init = max(r["init"] for r in results)
         first = max(r["rounds"][0] for r in results)
@@ -409,7 +420,7 @@ def main():
         cpu = statistics.median(sum(r["round_cpu"][i] for r in results) for i in range(1, args.rounds))
         gloo_cpu = statistics.median(sum(r["gloo_cpu"][i] for r in results) for i in range(1, args.rounds))
         gib = size * 1e6 * 4 / 2**30
-        rows.append({"parameters_m": size, "init_s": init, "init_s_per_gib": init / gib, "first_round_s": first,
+        rows.append({"parameters_m": size, "encrypted": encrypt, "init_s": init, "init_s_per_gib": init / gib, "first_round_s": first,
                      "later_round_s": later, "final_merge_s": final, "gloo_allreduce_s": gloo,
                      "later_over_gloo": later / gloo, "first_over_later": first / later,
                      "final_over_later": final / later, "rss_bytes_per_param": rss,
@@ -423,7 +434,7 @@ def main():
         if results[0]["phases"]:
             phase_names = list(results[0]["phases"][0].keys())
             for name in phase_names:
-                phase_rows.append((size, name, results[0]["phases"][0][name],
+                phase_rows.append((size, encrypt, name, results[0]["phases"][0][name],
                                    statistics.median(ph[name] for ph in results[0]["phases"][1:])))
     lighthouse.shutdown()
     link = (f"link_latency_ms = {args.link_latency_ms} (emulated; not in the gloo reference)"
@@ -432,26 +443,37 @@ def main():
              f"outer_warmup_steps = {args.outer_warmup_steps} (rounds up to it average)")
     print(f"round scale: {args.learners} learners (processes), {args.codec}, synchronous, {outer}, {link}; "
           "gloo = torch.distributed all_reduce of the same tensors in the same processes\n")
-    head = (f"{'params':>7} {'init s':>7} {'s/GiB':>6} {'first':>7} {'later':>7} {'final':>7} {'gloo':>7} "
+    head = (f"{'params':>7} {'secure':>6} {'init s':>7} {'s/GiB':>6} {'first':>7} {'later':>7} {'final':>7} {'gloo':>7} "
             f"{'later/gloo':>10} {'first/later':>11} {'final/later':>11} {'B/param':>8} {'cpu s':>6} {'gloo cpu':>8} "
             f"{'made':>6}")
     print(head)
     for r in rows:
-        print(f"{r['parameters_m']:>6.0f}M {r['init_s']:>7.2f} {r['init_s_per_gib']:>6.2f} {r['first_round_s']:>7.2f} "
+        print(f"{r['parameters_m']:>6.0f}M {'yes' if r['encrypted'] else 'no':>6} {r['init_s']:>7.2f} {r['init_s_per_gib']:>6.2f} {r['first_round_s']:>7.2f} "
               f"{r['later_round_s']:>7.2f} {r['final_merge_s']:>7.2f} {r['gloo_allreduce_s']:>7.2f} "
               f"{r['later_over_gloo']:>10.2f} {r['first_over_later']:>11.2f} {r['final_over_later']:>11.2f} "
               f"{r['rss_bytes_per_param']:>8.1f} {r['later_round_cpu_s']:>6.2f} {r['gloo_allreduce_cpu_s']:>8.2f} "
               f"{str(r['rounds_made_in_merge']) + '/' + str(r['rounds']):>6}")
     if phase_rows:
         print("\nphases of learner 0's rounds, seconds (summed over threads):")
-        print(f"{'params':>7} {'phase':<16} {'first':>8} {'later':>8}")
-        for size, name, first, later in phase_rows:
-            print(f"{size:>6.0f}M {name:<16} {first:>8.3f} {later:>8.3f}")
+        print(f"{'params':>7} {'secure':>6} {'phase':<16} {'first':>8} {'later':>8}")
+        for size, encrypt, name, first, later in phase_rows:
+            print(f"{size:>6.0f}M {'yes' if encrypt else 'no':>6} {name:<16} {first:>8.3f} {later:>8.3f}")
         print("(snapshot: the copy-in and the pseudo-gradient, one fused pass, or made inside the merge as it "
               "reaches each piece (still counted here); reduce: decode and merge; outer_step: "
               "the outer step and the parameters' update, in place; no copy-in or copy-out of the numpy "
               "buffers, which the round reads and writes in place; join and agree_or_heal: the quorum and, "
               "in a job's first round, the members' state comparison)")
+    if len(modes) == 2:
+        print("\nsecure / plain, same size, same run (target: a later round at most 1.10x):")
+        print(f"{'params':>7} {'later':>7} {'first':>7} {'final':>7} {'cpu':>7}")
+        for size in sizes:
+            plain, secure = [next(r for r in rows if r["parameters_m"] == size and r["encrypted"] == e)
+                             for e in (False, True)]
+            print(f"{size:>6.0f}M {secure['later_round_s'] / plain['later_round_s']:>7.3f} "
+                  f"{secure['first_round_s'] / plain['first_round_s']:>7.3f} "
+                  f"{secure['final_merge_s'] / plain['final_merge_s']:>7.3f} "
+                  f"{secure['later_round_cpu_s'] / plain['later_round_cpu_s']:>7.3f}")
+        print("(later, first, final: the rounds' times; cpu: both processes' CPU seconds in a later round)")
     os.makedirs(os.path.dirname(args.csv) or ".", exist_ok=True)
     with open(args.csv, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
@@ -460,7 +482,7 @@ def main():
     if phase_rows:
         with open(os.path.splitext(args.csv)[0] + "_phases.csv", "w", newline="") as f:
             w = csv.writer(f)
-            w.writerow(["parameters_m", "phase", "first_round_s", "later_round_s"])
+            w.writerow(["parameters_m", "encrypted", "phase", "first_round_s", "later_round_s"])
             w.writerows(phase_rows)
     print(f"\nwrote {args.csv}" + (f" and {os.path.splitext(args.csv)[0]}_phases.csv" if phase_rows else ""))
 

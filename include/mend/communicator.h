@@ -67,6 +67,12 @@ struct CommunicatorOptions {
   // name order), which is how the rack-aware merge (dataplane/hierarchy.h)
   // associates it: so the two give the same bits.
   std::vector<std::string> member_racks;
+  // The job's secret (its job token), or empty. When set, the data plane is
+  // secure: every piece is sealed (AES-256-GCM) under a key derived from it
+  // for this communicator alone (see src/dataplane/sealing.h), and a member
+  // whose pieces do not open is named in the error and none of its bytes
+  // are used (UNAUTHENTICATED at the connect, DATA_LOSS in an operation).
+  std::string secret;
 };
 
 // Bytes this member put on and took off the wire, for the benchmarks and the
@@ -83,6 +89,8 @@ struct CommunicatorStats {
   double encode_seconds = 0;
   double wait_seconds = 0;
   double reduce_seconds = 0;
+  // Seconds sealing and opening pieces (a secure data plane's; 0 otherwise).
+  double seal_seconds = 0;
   // The most scratch memory the reductions held at once: a few segments
   // for fp32 (never a copy of the buffer), the encoded pieces for a codec.
   uint64_t scratch_bytes = 0;

@@ -105,6 +105,9 @@ struct Config {
   // are not CPU float32; always: all).
   HostStaging host_staging = HostStaging::kAuto;
   std::string dataplane_host = "127.0.0.1";
+  // With a job token, every data-plane byte is sealed (AES-256-GCM under
+  // keys derived from the token); false sends it in the clear.
+  bool dataplane_encrypt = true;
   int64_t link_latency_ms = 0;
   double link_rate_mbit = 0;
 

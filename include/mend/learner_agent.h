@@ -124,6 +124,10 @@ class LearnerAgent {
   // share round decisions: the group's own store when Start was given one,
   // else the lighthouse's store.
   [[nodiscard]] virtual StatusOr<std::unique_ptr<RendezvousStore>> OpenGroupStore() = 0;
+  // What this learner's communicators seal their pieces with
+  // (CommunicatorOptions::secret): the job token with dataplane_encrypt,
+  // else empty (the data plane in the clear).
+  virtual std::string data_plane_secret() const { return ""; }
 };
 
 }  // namespace mend

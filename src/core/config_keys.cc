@@ -220,6 +220,13 @@ std::vector<ConfigKey> BuildKeys() {
       Text("dataplane_host", &C::dataplane_host,
            "Learner: the address the other learners reach its data plane at: an address or name of "
            "this host (checked at the learner's start)."),
+      Bool(
+          "dataplane_encrypt", &C::dataplane_encrypt,
+          "With a job token (always, on a lighthouse's job), every data-plane byte (rounds, heals, "
+          "the final merge, a group's own exchange) is authenticated and encrypted with "
+          "AES-256-GCM under keys derived from the token for each round and member set. false "
+          "sends the data plane in the clear (every learner must agree). See docs/architecture.md, "
+          "Security."),
       Int("link_latency_ms", &C::link_latency_ms, 0, 600000,
           "Link emulation: added to every data-plane operation (0: off)."),
       Real("link_rate_mbit", &C::link_rate_mbit, 0, 1e6,

@@ -25,7 +25,10 @@ struct GlooCommunicator::Reduction {
         slicing(values.size(), members, c.alignment(), segment_values),
         layout(slicing, c),
         scatter(slicing.segments()),
-        contributions_in(slicing.segments()) {}
+        contributions_in(slicing.segments()),
+        gather(slicing.segments()),
+        results_in(slicing.segments()),
+        ahead(std::min<size_t>(slicing.segments(), kReceiveWindow)) {}
 
   std::span<float> data;
   const Codec& codec;
@@ -38,22 +41,28 @@ struct GlooCommunicator::Reduction {
   // is a few segments, not a slice, however large the buffer.
   size_t window = 0;
   size_t slot_bytes = 0;
-  std::vector<std::vector<Transfer>> scatter;           // by segment
-  std::vector<std::vector<Transfer>> contributions_in;  // by segment
-  std::vector<Transfer> gather;
-  std::vector<Transfer> results_in;
+  // The transfers, by segment. A member's pieces are sent (made first,
+  // for made values) at most `ahead` segments ahead of its reduction, and
+  // its results' sends and receives are waited for `ahead` segments behind
+  // it: so a secure data plane's sealed copies (each piece's, until its
+  // transfer is waited for) stay a few segments, not a copy of the buffer.
+  std::vector<std::vector<Transfer>> scatter;
+  std::vector<std::vector<Transfer>> contributions_in;
+  std::vector<std::vector<Transfer>> gather;
+  std::vector<std::vector<Transfer>> results_in;
+  const size_t ahead;
   float scale = 1.0f;                  // fp32: the sum's factor (1 / total weight)
   std::byte* encoded = nullptr;        // our pieces of every slice (codecs)
   std::byte* contributions = nullptr;  // the others' pieces of our slice
   std::byte* results = nullptr;        // every slice's reduced piece (codecs)
-  // Made values (MergeAllReduce): segments before `made` are made and sent;
-  // the sum of their squares; this member's verdict (its sum of squares)
+  // Segments before `sent` are sent (made values, MergeAllReduce: made
+  // first); the sum of the made ones' squares; this member's verdict (its sum of squares)
   // and every member's, gathered after its last segment (when any member
   // makes its values: `any_made`; a member whose values are given sends
   // its verdict at once, and keeps segment s of its values in `kept`
   // before the reduction writes it).
   const MakeValues* make = nullptr;
-  size_t made = 0;
+  size_t sent = 0;
   double squares = 0;
   double verdict = 0;
   bool any_made = false;
@@ -186,7 +195,7 @@ Status GlooCommunicator::WeightedAllReduceImpl(std::span<float> data, double wei
     // (Made values: every member makes and sends the rest as it drains.)
     Status drained = OkStatus();
     for (size_t s = 0; s < run.slicing.segments() && drained.ok(); ++s) {
-      MakeThrough(op, run, s + run.window + 1);
+      SendThrough(op, run, s + run.ahead + 1);
       drained = WaitAll(op, run.contributions_in[s]);
       if (drained.ok() && run.raw) PostContributions(op, run, s + run.window);
     }
@@ -210,9 +219,9 @@ Status GlooCommunicator::WeightedAllReduceImpl(std::span<float> data, double wei
     }
   }
   for (size_t s = 0; s < run.slicing.segments(); ++s) {
-    // Made values: the segments `window` ahead made and sent (the others
-    // post their receives for them as this one's slots free).
-    MakeThrough(op, run, s + run.window + 1);
+    // The segments `ahead` made and sent (the others post their receives for
+    // them as this one's slots free); ReduceSegment waits for those behind.
+    SendThrough(op, run, s + run.ahead + 1);
     if (run.kept != nullptr) Keep(run, s);
     Status status = ReduceSegment(op, run, *weights, s);
     if (!status.ok()) return End(op, status);
@@ -301,31 +310,26 @@ void GlooCommunicator::PostContributions(Op& op, Reduction& run, size_t s) {
 }
 
 void GlooCommunicator::PostScatter(Op& op, Reduction& run) {
-  if (run.make != nullptr) {
-    // The first window's made and sent, and their pieces of our slice
-    // awaited; the rest as the reduction reaches them.
-    MakeThrough(op, run, run.window);
-    for (size_t s = 0; s < run.window; ++s) PostContributions(op, run, s);
-    return;
-  }
+  // The first segments' pieces made (made values) and sent, and our
+  // slice's pieces of them awaited; the rest as the reduction reaches them.
+  SendThrough(op, run, run.ahead);
   for (size_t s = 0; s < run.slicing.segments(); ++s) {
-    PostPieces(op, run, s);
-    // fp32: the first window's; the rest as slots free (ReduceSegment).
+    // fp32: the first window's receives; the rest as slots free (ReduceSegment).
     if (!run.raw || s < run.window) PostContributions(op, run, s);
   }
 }
 
-void GlooCommunicator::MakeThrough(Op& op, Reduction& run, size_t segments) {
-  if (run.make == nullptr || run.made == run.slicing.segments()) return;
-  for (const size_t last = std::min(segments, run.slicing.segments()); run.made < last;
-       ++run.made) {
-    for (int slice = 0; slice < options_.world_size; ++slice) {
-      auto [begin, end] = run.slicing.Piece(slice, run.made);
+void GlooCommunicator::SendThrough(Op& op, Reduction& run, size_t segments) {
+  if (run.sent == run.slicing.segments()) return;
+  for (const size_t last = std::min(segments, run.slicing.segments()); run.sent < last;
+       ++run.sent) {
+    for (int slice = 0; run.make != nullptr && slice < options_.world_size; ++slice) {
+      auto [begin, end] = run.slicing.Piece(slice, run.sent);
       if (begin != end) run.squares += (*run.make)(begin, end);
     }
-    PostPieces(op, run, run.made);
+    PostPieces(op, run, run.sent);
   }
-  if (run.made == run.slicing.segments()) {
+  if (run.make != nullptr && run.sent == run.slicing.segments()) {
     run.verdict = run.squares;
     run.verdicts.assign(static_cast<size_t>(options_.world_size), 0.0);
     PostGather(op, kVerdict, std::as_bytes(std::span(&run.verdict, 1)),
@@ -345,7 +349,7 @@ void GlooCommunicator::PostPieces(Op& op, Reduction& run, size_t s) {
                        std::span(run.encoded + run.layout.offset(peer, s), bytes));
       // Codec results land in their own buffer: their receives can wait now.
       if (peer != me) {
-        run.results_in.push_back(
+        run.results_in[s].push_back(
             PostRecv(op, peer, kGather, s, run.results + run.layout.offset(peer, s), bytes));
       }
     }
@@ -399,9 +403,10 @@ Status GlooCommunicator::ReduceSegment(Op& op, Reduction& run, const std::vector
       result = out;
     }
     for (int peer = 0; peer < size; ++peer) {
-      if (peer != me) run.gather.push_back(PostSend(op, peer, kGather, s, result, bytes));
+      if (peer != me) run.gather[s].push_back(PostSend(op, peer, kGather, s, result, bytes));
     }
   }
+  if (s >= run.ahead) MEND_RETURN_IF_ERROR(WaitResults(op, run, s - run.ahead));
   return run.raw ? PostRawResults(op, run, s) : OkStatus();
 }
 
@@ -412,15 +417,20 @@ Status GlooCommunicator::PostRawResults(Op& op, Reduction& run, size_t s) {
   for (int peer = 0; peer < options_.world_size; ++peer) {
     auto [peer_begin, peer_end] = run.slicing.Piece(peer, s);
     if (peer == options_.rank || peer_begin == peer_end) continue;
-    run.results_in.push_back(PostRecv(op, peer, kGather, s, run.data.data() + peer_begin,
-                                      run.layout.piece_bytes(peer, s)));
+    run.results_in[s].push_back(PostRecv(op, peer, kGather, s, run.data.data() + peer_begin,
+                                         run.layout.piece_bytes(peer, s)));
   }
   return OkStatus();
 }
 
+Status GlooCommunicator::WaitResults(Op& op, Reduction& run, size_t s) {
+  MEND_RETURN_IF_ERROR(WaitAll(op, run.gather[s]));
+  return WaitAll(op, run.results_in[s]);
+}
+
 Status GlooCommunicator::FinishGather(Op& op, Reduction& run) {
   for (auto& sends : run.scatter) MEND_RETURN_IF_ERROR(WaitAll(op, sends));
-  MEND_RETURN_IF_ERROR(WaitAll(op, run.results_in));
+  for (auto& receives : run.results_in) MEND_RETURN_IF_ERROR(WaitAll(op, receives));
   if (!run.raw) {
     const PhaseTimer timer(&stats_.reduce_seconds);
     for (int peer = 0; peer < options_.world_size; ++peer) {
@@ -434,7 +444,8 @@ Status GlooCommunicator::FinishGather(Op& op, Reduction& run) {
       }
     }
   }
-  return WaitAll(op, run.gather);
+  for (auto& sends : run.gather) MEND_RETURN_IF_ERROR(WaitAll(op, sends));
+  return OkStatus();
 }
 
 }  // namespace mend::dataplane

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <optional>
 #include <thread>
 
 #include "core/phase_timer.h"
@@ -38,6 +39,58 @@ std::vector<std::vector<int>> SumGroups(const std::vector<std::string>& racks, i
   return {all};
 }
 
+namespace {
+
+constexpr size_t kMaxCachedWireBytes = size_t{64} << 20;
+
+struct WireCache {
+  Mutex mu;
+  std::vector<std::pair<size_t, std::byte*>> free ABSL_GUARDED_BY(mu);  // (capacity, bytes)
+  size_t bytes ABSL_GUARDED_BY(mu) = 0;
+};
+
+WireCache& Wires() {
+  static WireCache* cache = new WireCache();  // never destroyed: used until exit
+  return *cache;
+}
+
+}  // namespace
+
+WireBuffer TakeWire(size_t bytes) {
+  WireCache& cache = Wires();
+  {
+    MutexLock lock(cache.mu);
+    // The smallest that holds `bytes`, unless it is more than twice as large.
+    auto best = cache.free.end();
+    for (auto it = cache.free.begin(); it != cache.free.end(); ++it) {
+      if (it->first >= bytes && it->first <= 2 * bytes + 4096 &&
+          (best == cache.free.end() || it->first < best->first))
+        best = it;
+    }
+    if (best != cache.free.end()) {
+      const auto [capacity, kept] = *best;
+      cache.free.erase(best);
+      cache.bytes -= capacity;
+      return WireBuffer(kept, WireRelease{capacity});
+    }
+  }
+  return WireBuffer(new std::byte[bytes], WireRelease{bytes});
+}
+
+void WireRelease::operator()(std::byte* bytes) const {
+  if (bytes == nullptr) return;
+  WireCache& cache = Wires();
+  {
+    MutexLock lock(cache.mu);
+    if (cache.bytes + capacity <= kMaxCachedWireBytes) {
+      cache.free.emplace_back(capacity, bytes);
+      cache.bytes += capacity;
+      return;
+    }
+  }
+  delete[] bytes;
+}
+
 void IgnoreBrokenPipes() {
   struct sigaction current {};
   if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
@@ -55,6 +108,7 @@ Status GlooCommunicator::Begin(const char* name, Op* op) {
   op->id = next_op_++;
   op->start = Clock::now();
   op->deadline = op->start + std::chrono::microseconds(options_.timeout);
+  sealed_places_.clear();
   return OkStatus();
 }
 
@@ -77,14 +131,41 @@ Status GlooCommunicator::End(Op& op, Status status) {
 
 Transfer GlooCommunicator::Post(Op& op, bool send, int peer, Phase phase, size_t segment, void* ptr,
                                 size_t bytes) {
-  Transfer transfer{peer,
-                    std::unique_ptr<UnboundBuffer, InFlightRelease>(
-                        context_->createUnboundBuffer(ptr, bytes).release()),
-                    send,
-                    {}};
+  Transfer transfer;
+  transfer.peer = peer;
+  transfer.is_send = send;
+  void* on_wire = ptr;
+  if (sealer_) {
+    // Sealed: the piece's place is its nonce, which must never repeat
+    // under this key (a place posted twice is a bug, and fails the send).
+    const int me = options_.rank;
+    transfer.place = {op.id, static_cast<uint32_t>(phase), segment,
+                      static_cast<uint32_t>(send ? me : peer),
+                      static_cast<uint32_t>(send ? peer : me)};
+    transfer.wire = TakeWire(bytes + kSealTagBytes);
+    on_wire = transfer.wire.get();
+    const std::span<std::byte> wire(transfer.wire.get(), bytes + kSealTagBytes);
+    if (send) {
+      const PhaseTimer timer(&stats_.seal_seconds);
+      Status sealed =
+          sealed_places_.insert((uint64_t{phase} << 36) | (uint64_t{segment} << 16) | peer).second
+              ? sealer_->Seal(transfer.place, {static_cast<const std::byte*>(ptr), bytes}, wire)
+              : InternalError(
+                    "data plane: a piece's place was sealed twice (a bug in mend: "
+                    "please report it)");
+      if (!sealed.ok()) transfer.post_error = std::string(sealed.message());
+    } else {
+      transfer.plain = {static_cast<std::byte*>(ptr), bytes};
+    }
+    bytes += kSealTagBytes;
+  }
+  transfer.buffer = std::unique_ptr<UnboundBuffer, InFlightRelease>(
+      context_->createUnboundBuffer(on_wire, bytes).release());
   const uint64_t slot = MakeSlot(op.id, phase, segment, phase == kWeights ? 0 : op.salt);
   try {
-    if (send) {
+    if (!transfer.post_error.empty()) {
+      // (not sent)
+    } else if (send) {
       transfer.buffer->send(peer, slot, 0, bytes);
     } else {
       transfer.buffer->recv(peer, slot, 0, bytes);
@@ -103,7 +184,7 @@ Transfer GlooCommunicator::Post(Op& op, bool send, int peer, Phase phase, size_t
 
 Status GlooCommunicator::Wait(Op& op, Transfer& transfer) {
   if (!transfer.buffer) return OkStatus();
-  const PhaseTimer timer(&stats_.wait_seconds);
+  std::optional<PhaseTimer> waiting(&stats_.wait_seconds);
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(op.deadline - Clock::now());
   left = std::max(left, std::chrono::milliseconds(1));
   const char* what = transfer.is_send ? "sending to" : "receiving from";
@@ -152,7 +233,71 @@ Status GlooCommunicator::Wait(Op& op, Transfer& transfer) {
                                     PeerName(transfer.peer), error.what()));
   }
   not_waiting.completed = true;
+  waiting.reset();
+  return transfer.wire && !transfer.is_send ? Open(op, transfer) : OkStatus();
+}
+
+Status GlooCommunicator::Open(const Op& op, Transfer& transfer) {
+  const PhaseTimer opening(&stats_.seal_seconds);
+  const std::span<std::byte> wire(transfer.wire.get(), transfer.plain.size() + kSealTagBytes);
+  if (!sealer_->Open(transfer.place, wire, transfer.plain)) {
+    return DataLossError(Unauthenticated(op, transfer.peer));
+  }
   return OkStatus();
+}
+
+std::string GlooCommunicator::Unauthenticated(const Op& op, int peer) const {
+  return fmt::format(
+      "round {}: {}: {} failed authentication: its piece does not open under this round's key (a "
+      "member without the job token, a piece replayed or moved, or bytes changed on the way); "
+      "rejected, none of its bytes used",
+      options_.round_id, op.name, PeerName(peer));
+}
+
+Status GlooCommunicator::Secure() {
+  // Each member's random bytes, in the clear: changed on the way, they make
+  // the members' keys differ, and every proof below fails.
+  Op op;
+  MEND_RETURN_IF_ERROR(Begin("handshake", &op));
+  std::array<std::byte, kMemberRandomBytes> mine{};
+  MEND_RETURN_IF_ERROR(RandomBytes(mine));
+  std::vector<std::byte> randoms(kMemberRandomBytes * static_cast<size_t>(options_.world_size));
+  MEND_RETURN_IF_ERROR(End(op, GatherBytes(op, kWeights, mine, randoms)));
+  const TranscriptDigest digest = Transcript(options_.prefix, options_.round_id,
+                                             options_.world_size, options_.member_ids, randoms);
+  MEND_ASSIGN_OR_RETURN(SealKey key, DeriveKey(options_.secret, digest));
+  MEND_ASSIGN_OR_RETURN(sealer_, Sealer::Make(key));
+  // Every member's sealed digest: each that opens proves its sender holds
+  // the key (and so the secret) and saw the same transcript.
+  Op proof;
+  MEND_RETURN_IF_ERROR(Begin("handshake", &proof));
+  std::vector<std::byte> proofs(digest.size() * static_cast<size_t>(options_.world_size));
+  std::vector<Transfer> transfers;
+  PostGather(proof, kWeights, digest, proofs, transfers);
+  std::vector<std::string> failed;
+  for (Transfer& transfer : transfers) {
+    Status waited = Wait(proof, transfer);
+    if (waited.code() == absl::StatusCode::kDataLoss) {
+      failed.push_back(PeerName(transfer.peer));
+    } else if (!waited.ok()) {
+      return End(proof, waited);
+    }
+  }
+  for (int r = 0; r < options_.world_size && failed.empty(); ++r) {
+    if (std::memcmp(proofs.data() + r * digest.size(), digest.data(), digest.size()) != 0)
+      failed.push_back(PeerName(r));
+  }
+  if (!failed.empty()) {
+    std::string names;
+    for (const std::string& name : failed)
+      names += fmt::format("{}{} failed authentication", names.empty() ? "" : "; ", name);
+    return End(proof, UnauthenticatedError(fmt::format(
+                          "round {}: connecting to the members: {}: its proof does not open under "
+                          "this round's key (it holds another job token, or bytes changed on the "
+                          "way); the data plane refuses it",
+                          options_.round_id, names)));
+  }
+  return End(proof, OkStatus());
 }
 
 Status GlooCommunicator::WaitFailed(const Op& op, const Transfer& transfer,
@@ -305,8 +450,12 @@ StatusOr<std::unique_ptr<Communicator>> Communicator::Connect(RendezvousStore& s
     return UnavailableError(
         fmt::format("round {}: connecting to the members: {}", options.round_id, message));
   }
-  return std::unique_ptr<Communicator>(
-      new GlooCommunicator(options, std::move(device), std::move(context)));
+  auto comm = std::make_unique<GlooCommunicator>(options, std::move(device), std::move(context));
+  if (!options.secret.empty()) {
+    Status secured = comm->Secure();
+    if (!secured.ok()) return secured;
+  }
+  return std::unique_ptr<Communicator>(std::move(comm));
 }
 
 }  // namespace mend

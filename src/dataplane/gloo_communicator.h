@@ -20,11 +20,13 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
 #include "core/buffer_pool.h"
 #include "core/mutex.h"
+#include "dataplane/sealing.h"
 #include "fmt/format.h"
 #include "gloo/rendezvous/context.h"
 #include "gloo/transport/device.h"
@@ -90,14 +92,32 @@ struct InFlightRelease {
   void operator()(UnboundBuffer* buffer) const { DeleteInFlightBuffer(buffer); }
 };
 
+// A sealed piece's bytes on the wire, taken from and given back to a cache
+// kept across communicators (up to 64 MiB): each round's communicator is
+// new, and malloc returns blocks of a segment's size to the kernel, so that
+// every round would fault its pieces' pages in again.
+struct WireRelease {
+  size_t capacity = 0;
+  void operator()(std::byte* bytes) const;
+};
+using WireBuffer = std::unique_ptr<std::byte[], WireRelease>;
+WireBuffer TakeWire(size_t bytes);
+
 // One posted send or receive with its peer. Gloo throws from send() and
 // recv() when the pair already failed; that error is kept here and reported
 // by the wait, so it is attributed to the peer like any other.
+//
+// On a secure data plane the bytes on the wire are `wire` (the piece sealed,
+// then its tag), declared before `buffer` so that it outlives it; a
+// receive's piece is opened from it into `plain` when the wait completes.
 struct Transfer {
   int peer = 0;
+  WireBuffer wire;
   std::unique_ptr<UnboundBuffer, InFlightRelease> buffer;
   bool is_send = false;
   std::string post_error;
+  std::span<std::byte> plain;  // a sealed receive's destination
+  PiecePlace place;            // a sealed receive's nonce
 };
 
 // The fp32 sum's groups: the members by rack (MembersByRack); one group of
@@ -177,6 +197,12 @@ class GlooCommunicator final : public Communicator {
     }
   }
 
+  // Makes the data plane secure (options.secret): the members exchange
+  // their random bytes, derive this communicator's key, and each proves it
+  // to every other with a sealed digest of the transcript. UNAUTHENTICATED
+  // naming every member whose proof did not open.
+  Status Secure();
+
   int rank() const override { return options_.rank; }
   int world_size() const override { return options_.world_size; }
   bool broken() const override { return broken_; }
@@ -249,8 +275,13 @@ class GlooCommunicator final : public Communicator {
   Transfer PostRecv(Op& op, int peer, Phase phase, size_t segment, void* ptr, size_t bytes) {
     return Post(op, false, peer, phase, segment, ptr, bytes);
   }
-  // Waits for one transfer until the operation's deadline.
+  // Waits for one transfer until the operation's deadline (and opens a
+  // sealed receive's piece: DATA_LOSS naming the peer when it does not).
   Status Wait(Op& op, Transfer& transfer);
+  // A sealed receive's piece opened into its destination (Wait's last step).
+  Status Open(const Op& op, Transfer& transfer);
+  // The error naming `peer` for a piece that did not open (Secure and Wait).
+  std::string Unauthenticated(const Op& op, int peer) const;
   // The error of a wait for `transfer` that Gloo ended with `message`.
   Status WaitFailed(const Op& op, const Transfer& transfer, const std::string& message) const;
   Status WaitAll(Op& op, std::vector<Transfer>& transfers);
@@ -274,9 +305,9 @@ class GlooCommunicator final : public Communicator {
   void PostScatter(Op& op, Reduction& run);
   // Segment s's pieces of the other slices sent (encoded first for a codec).
   void PostPieces(Op& op, Reduction& run, size_t s);
-  // Made values: every segment before `segments` made and its pieces sent;
-  // after the last, this member's verdict (its sum of squares) to everyone.
-  void MakeThrough(Op& op, Reduction& run, size_t segments);
+  // Every segment before `segments` sent (made values: made first; after
+  // the last, this member's verdict, its sum of squares, to everyone).
+  void SendThrough(Op& op, Reduction& run, size_t segments);
   // Given values: keeps segment s of every slice in run.kept.
   static void Keep(Reduction& run, size_t s);
   // The others' pieces of segment `s` of our slice (none past the last).
@@ -285,6 +316,8 @@ class GlooCommunicator final : public Communicator {
   // fp32: once our piece of segment s has left, the others' reduced pieces
   // of it, received in place.
   Status PostRawResults(Op& op, Reduction& run, size_t s);
+  // Segment s's results sent and received (the others' into place).
+  Status WaitResults(Op& op, Reduction& run, size_t s);
   Status FinishGather(Op& op, Reduction& run);
 
   std::string PeerName(int peer) const {
@@ -299,6 +332,10 @@ class GlooCommunicator final : public Communicator {
   std::shared_ptr<gloo::rendezvous::Context> context_;
   const std::vector<std::vector<int>> sum_groups_;  // the fp32 sum's association (SumGroups)
   uint64_t next_op_ = 1;
+  // The secure data plane's (null: plain); the places sealed in the current
+  // operation, each used once ((phase, segment) << 16 | receiver).
+  std::unique_ptr<Sealer> sealer_;
+  std::unordered_set<uint64_t> sealed_places_;
   bool broken_ = false;
   CommunicatorStats stats_;
   // Scratch reused across operations.

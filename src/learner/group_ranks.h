@@ -79,9 +79,11 @@ bool StoreNotUpOrGone(const Status& status);
 // The agent of group rank `rank` > 0 of learner `id`: it neither registers
 // nor heartbeats (group rank 0 speaks for the group) and learns the rounds
 // from its group (reducer/learner_group.h); it keeps `client` for the store,
-// where the rounds' communicators rendezvous. `clock` must outlive it.
+// where the rounds' communicators rendezvous, and the data plane's secret
+// (LearnerAgent::data_plane_secret). `clock` must outlive it.
 std::unique_ptr<LearnerAgent> NewGroupRankAgent(std::string id, int64_t rank, const Clock& clock,
                                                 std::unique_ptr<LighthouseClient> client,
-                                                GroupStoreOpener group_store);
+                                                GroupStoreOpener group_store,
+                                                std::string data_plane_secret);
 
 }  // namespace mend

@@ -26,6 +26,7 @@ LearnerAgentImpl::LearnerAgentImpl(const Config& config, const std::string& toke
       clock_(clock),
       address_(config.lighthouse),
       token_(token),
+      data_plane_secret_(config.dataplane_encrypt ? token : ""),
       use_udp_(config.control_plane == ControlPlane::kUdp),
       synchronous_(!config.concurrent_outer_step),
       client_(std::move(client)),
@@ -344,7 +345,7 @@ StatusOr<std::unique_ptr<LearnerAgent>> LearnerAgent::Start(const ValidConfig& v
   }
   if (config.group_rank > 0) {
     return NewGroupRankAgent(full.id, config.group_rank, clock, std::move(client),
-                             std::move(group_store));
+                             std::move(group_store), config.dataplane_encrypt ? token : "");
   }
   auto agent = std::make_unique<LearnerAgentImpl>(config, token, full, clock, std::move(client),
                                                   std::move(group_store));

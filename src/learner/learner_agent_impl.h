@@ -71,6 +71,7 @@ class LearnerAgentImpl final : public LearnerAgent {
   StatusOr<std::unique_ptr<RendezvousStore>> OpenGroupStore() override {
     return OpenGroupOrLighthouseStore(group_store_, *client_, clock_);
   }
+  std::string data_plane_secret() const override { return data_plane_secret_; }
 
  private:
   static constexpr size_t kMaxBufferedStepTimes = 1024;
@@ -167,6 +168,7 @@ class LearnerAgentImpl final : public LearnerAgent {
   const Clock& clock_;
   const std::string address_;
   const std::string token_;
+  const std::string data_plane_secret_;  // token_ with dataplane_encrypt, else empty
   const bool use_udp_;
   const bool synchronous_;  // its joins give up when the job is short of a quorum
   const std::unique_ptr<LighthouseClient> client_;

@@ -40,6 +40,7 @@ class DataParallelImpl final : public DataParallel {
       CommunicatorOptions options = reducer::CommunicatorOptionsFrom(config_);
       options.link = {};
       options.prefix = GroupStorePrefix(config_, agent_.id()) + "ddp/";
+      options.secret = agent_.data_plane_secret();
       options.rank = static_cast<int>(config_.group_rank);
       options.world_size = static_cast<int>(config_.group_size);
       LighthouseRendezvousStore told(agent_.client(), agent_.clock());
@@ -54,6 +55,7 @@ class DataParallelImpl final : public DataParallel {
                                           /*include_members=*/true));
       CommunicatorOptions options =
           CommunicatorOptionsForRound(reducer::CommunicatorOptionsFrom(config_), round);
+      options.secret = agent_.data_plane_secret();
       LighthouseRendezvousStore store(agent_.client(), agent_.clock());
       MEND_ASSIGN_OR_RETURN(comm_, Communicator::Connect(store, options));
       stats_.rank = round.rank;

@@ -178,6 +178,7 @@ StatusOr<std::unique_ptr<LearnerGroup>> LearnerGroup::Join(const Config& config,
   CommunicatorOptions options = CommunicatorOptionsFrom(config);
   options.link = {};  // inside the rack: the emulated cross-rack link is not on this path
   options.prefix = base + "ctx/";
+  options.secret = agent.data_plane_secret();
   options.rank = group->rank_;
   options.world_size = group->size_;
   for (int r = 0; r < group->size_; ++r)

@@ -104,8 +104,7 @@ StatusOr<Outcome> RoundRunner::Run(InFlight& flight, const std::function<uint64_
   std::optional<PhaseTimer> joining(&outcome.phases.join);
   MEND_ASSIGN_OR_RETURN(QuorumResult round, Join(flight));
   const int exchanged = ExchangedFragment(round, flight);
-  // A round of no state yet (every member's first) may heal after comparing;
-  // one of another fragment than the flight's writes that one too.
+  // A round of no state yet, or of another fragment than the flight's, may heal.
   const bool may_heal = round.heal_round_id == 0 || round.heal_from.has_value() ||
                         !round.heal_to.empty() || exchanged != flight.fragment;
   flight.Formed(step_now(), round.round_id, may_heal);
@@ -126,6 +125,7 @@ StatusOr<Outcome> RoundRunner::Run(InFlight& flight, const std::function<uint64_
     ~Unwatch() { services.Unwatch(comm); }
   } unwatch{services_, comm.get()};
   joining.reset();
+  auto reported = [&](Status status) { return Reported(*store, round, std::move(status)); };
   flight.AwaitSnapped();  // (the training thread takes it while the round joins)
   outcome.fragment = exchanged;
   outcome.round_id = round.round_id;
@@ -134,7 +134,8 @@ StatusOr<Outcome> RoundRunner::Run(InFlight& flight, const std::function<uint64_
   outcome.members = round.world_size;
   {
     const PhaseTimer timer(&outcome.phases.agree_or_heal);
-    MEND_RETURN_IF_ERROR(HealOrAgree(*comm, *store, round, flight, options.timeout, &outcome));
+    MEND_RETURN_IF_ERROR(
+        reported(HealOrAgree(*comm, *store, round, flight, options.timeout, &outcome)));
   }
   // Past the heal, a learner of one rank that took no state (it agreed, or
   // only sent its state) has a round like any other: its merge touches its own
@@ -144,15 +145,15 @@ StatusOr<Outcome> RoundRunner::Run(InFlight& flight, const std::function<uint64_
   if (may_heal && !outcome.healed && exchanged == flight.fragment && policy_.DecidesAlone())
     flight.HealedNothing();
   const CommunicatorStats before_merge = comm->stats();
-  MEND_RETURN_IF_ERROR(Merge(*comm, round, flight, &outcome));
+  MEND_RETURN_IF_ERROR(Reported(*store, round, Merge(*comm, round, flight, &outcome)));
   const CommunicatorStats merged = comm->stats();
   outcome.phases.encode = merged.encode_seconds - before_merge.encode_seconds;
   outcome.phases.transfer = merged.wait_seconds - before_merge.wait_seconds;
   outcome.phases.reduce = merged.reduce_seconds - before_merge.reduce_seconds;
   {
     const PhaseTimer timer(&outcome.phases.moments_and_buffers);
-    MEND_RETURN_IF_ERROR(AverageMoments(*comm, round.round_id, flight, &outcome));
-    MEND_RETURN_IF_ERROR(SyncBuffers(*comm, round.rank, flight, &outcome));
+    MEND_RETURN_IF_ERROR(reported(AverageMoments(*comm, round.round_id, flight, &outcome)));
+    MEND_RETURN_IF_ERROR(reported(SyncBuffers(*comm, round.rank, flight, &outcome)));
   }
   outcome.cross_rack_bytes =
       CrossRackBytes(connected, comm->stats(), options.member_racks, round.rank);
@@ -212,6 +213,11 @@ StatusOr<std::unique_ptr<Communicator>> RoundRunner::Connect(
 // meet pieces of another size, so it takes part without a pseudo-gradient.
 // A final merge's fragments are each learner's own, launched in turn at the
 // last step (a healed member's, its source's).
+Status RoundRunner::Reported(RendezvousStore& store, const QuorumResult& round, Status status) {
+  ReportUnreachable(store, round.rendezvous_prefix, round.members, services_.learner_id(), status);
+  return status;
+}
+
 int RoundRunner::ExchangedFragment(const QuorumResult& round, const InFlight& flight) const {
   if (flight.final_merge || options_.IsFinalMerge(schedule_, round.step, flight.fragment))
     return flight.fragment;

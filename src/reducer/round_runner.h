@@ -93,6 +93,10 @@ class RoundRunner {
                                                   const QuorumResult& round,
                                                   CommunicatorOptions* options);
   int ExchangedFragment(const QuorumResult& round, const InFlight& flight) const;
+  // `status`, after reporting the members it names as failing
+  // authentication (the secure data plane) as out of reach: a learner whose
+  // pieces keep failing is left out of rounds by the lighthouse.
+  Status Reported(RendezvousStore& store, const QuorumResult& round, Status status);
   Status HealOrAgree(Communicator& comm, RendezvousStore& store, const QuorumResult& round,
                      InFlight& flight, Micros timeout, Outcome* outcome);
   StatusOr<bool> StatesAgree(RendezvousStore& store, const QuorumResult& round,

@@ -64,9 +64,11 @@ class LighthouseServices final : public RoundServices {
   StatusOr<std::unique_ptr<Communicator>> Connect(RendezvousStore& store,
                                                   const CommunicatorOptions& options,
                                                   bool rack_aware) override {
-    MEND_ASSIGN_OR_RETURN(auto comm, Communicator::Connect(store, options));
+    CommunicatorOptions secured = options;
+    secured.secret = agent_.data_plane_secret();
+    MEND_ASSIGN_OR_RETURN(auto comm, Communicator::Connect(store, secured));
     if (!rack_aware) return comm;
-    return ConnectRackAware(store, options, std::move(comm), options.member_racks);
+    return ConnectRackAware(store, secured, std::move(comm), options.member_racks);
   }
 
   // A watch (a thread of its own) per round in flight, kept for the next.

@@ -16,6 +16,7 @@ namespace mend::reducer {
 namespace {
 
 constexpr std::string_view kTimedOut = "Connect timeout [";
+constexpr std::string_view kUnauthenticated = "') failed authentication";
 
 // `host` in the form inet_ntop writes it, when it is a numeric address.
 std::string Canonical(const std::string& host) {
@@ -85,6 +86,15 @@ std::vector<std::string> UnreachableMembers(std::string_view error,
       named = &member;
     }
     if (matches == 1 && named->id != self) ids.push_back(named->id);
+  }
+  for (at = 0; (at = error.find(kUnauthenticated, at)) != std::string_view::npos;
+       at += kUnauthenticated.size()) {
+    const size_t open = error.rfind("('", at);
+    if (open == std::string_view::npos) continue;
+    const std::string id(error.substr(open + 2, at - open - 2));
+    const bool member = std::any_of(members.begin(), members.end(),
+                                    [&](const RoundMember& m) { return m.id == id; });
+    if (member && id != self) ids.push_back(id);
   }
   std::sort(ids.begin(), ids.end());
   ids.erase(std::unique(ids.begin(), ids.end()), ids.end());

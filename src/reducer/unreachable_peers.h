@@ -22,7 +22,10 @@ namespace mend::reducer {
 // that refused or dropped the connection is more likely dead or restarting
 // than out of reach, and the lighthouse's liveness rules deal with that. A
 // host that several members share names none of them (which one was meant
-// cannot be told). Sorted, each once.
+// cannot be told). A member that failed the secure data plane's
+// authentication ("('ID') failed authentication") counts too: a learner
+// whose pieces keep failing is left out as an unreachable one is. Sorted,
+// each once.
 std::vector<std::string> UnreachableMembers(std::string_view error,
                                             const std::vector<RoundMember>& members,
                                             const std::string& self);

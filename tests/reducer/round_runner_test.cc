@@ -182,6 +182,13 @@ TEST_F(RoundRunnerTest, AFailedConnectNamesTheMembersItCouldNotReach) {
                                round.members, "x"),
             (std::vector<std::string>{"c", "d", "fake-learner"}));
   EXPECT_TRUE(UnreachableMembers("no address here", round.members, "x").empty());
+  // A member whose pieces did not open on the secure data plane is named
+  // too (itself and an id of no member are not).
+  EXPECT_EQ(UnreachableMembers("round 7: connecting to the members: member 1 ('b') failed "
+                               "authentication; member 3 ('fake-learner') failed authentication; "
+                               "member 9 ('z') failed authentication: ...",
+                               round.members, "fake-learner"),
+            (std::vector<std::string>{"b"}));
 }
 
 // A member that died after the rendezvous holds the others in Gloo's

@@ -1,0 +1,172 @@
+#include "dataplane/sealing.h"
+
+#include <openssl/core_names.h>
+#include <openssl/evp.h>
+#include <openssl/kdf.h>
+#include <openssl/rand.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+
+#include "fmt/format.h"
+
+namespace mend::dataplane {
+namespace {
+
+constexpr char kLabel[] = "mend data plane v1: AES-256-GCM";
+// EVP takes int lengths: longer pieces go through in steps of this.
+constexpr size_t kStep = size_t{1} << 30;
+
+void AppendWord(EVP_MD_CTX* ctx, uint64_t word) {
+  unsigned char bytes[8];
+  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<unsigned char>(word >> (8 * i));
+  EVP_DigestUpdate(ctx, bytes, sizeof(bytes));
+}
+
+void AppendText(EVP_MD_CTX* ctx, std::string_view text) {
+  AppendWord(ctx, text.size());
+  EVP_DigestUpdate(ctx, text.data(), text.size());
+}
+
+}  // namespace
+
+Status CheckPlace(const PiecePlace& place) {
+  if (place.op >= (uint64_t{1} << 40) || place.phase >= 16 || place.segment >= (1u << 20) ||
+      place.sender >= (1u << 16) || place.receiver >= (1u << 16)) {
+    return InternalError(fmt::format(
+        "data plane: a piece's place (operation {}, phase {}, segment {}, sender {}, receiver {}) "
+        "does not fit its nonce (a bug in mend: please report it)",
+        place.op, place.phase, place.segment, place.sender, place.receiver));
+  }
+  return OkStatus();
+}
+
+std::array<unsigned char, kSealNonceBytes> NonceOf(const PiecePlace& place) {
+  const uint64_t slot = (place.op << 24) | (uint64_t{place.phase} << 20) | place.segment;
+  std::array<unsigned char, kSealNonceBytes> nonce{};
+  for (int i = 0; i < 8; ++i) nonce[i] = static_cast<unsigned char>(slot >> (8 * i));
+  nonce[8] = static_cast<unsigned char>(place.sender);
+  nonce[9] = static_cast<unsigned char>(place.sender >> 8);
+  nonce[10] = static_cast<unsigned char>(place.receiver);
+  nonce[11] = static_cast<unsigned char>(place.receiver >> 8);
+  return nonce;
+}
+
+TranscriptDigest Transcript(std::string_view prefix, uint64_t round_id, int world_size,
+                            const std::vector<std::string>& member_ids,
+                            std::span<const std::byte> randoms) {
+  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
+  EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr);
+  AppendText(ctx.get(), kLabel);
+  AppendText(ctx.get(), prefix);
+  AppendWord(ctx.get(), round_id);
+  AppendWord(ctx.get(), static_cast<uint64_t>(world_size));
+  AppendWord(ctx.get(), member_ids.size());
+  for (const std::string& id : member_ids) AppendText(ctx.get(), id);
+  AppendWord(ctx.get(), randoms.size());
+  EVP_DigestUpdate(ctx.get(), randoms.data(), randoms.size());
+  TranscriptDigest digest{};
+  unsigned int length = 0;
+  EVP_DigestFinal_ex(ctx.get(), reinterpret_cast<unsigned char*>(digest.data()), &length);
+  return digest;
+}
+
+StatusOr<SealKey> DeriveKey(std::string_view secret, const TranscriptDigest& salt) {
+  std::unique_ptr<EVP_KDF, decltype(&EVP_KDF_free)> kdf(EVP_KDF_fetch(nullptr, "HKDF", nullptr),
+                                                        EVP_KDF_free);
+  if (!kdf) return InternalError("data plane: OpenSSL has no HKDF");
+  std::unique_ptr<EVP_KDF_CTX, decltype(&EVP_KDF_CTX_free)> ctx(EVP_KDF_CTX_new(kdf.get()),
+                                                                EVP_KDF_CTX_free);
+  char digest_name[] = "SHA256";
+  std::string key(secret);
+  std::string label(kLabel);
+  OSSL_PARAM params[] = {
+      OSSL_PARAM_construct_utf8_string(OSSL_KDF_PARAM_DIGEST, digest_name, 0),
+      OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_KEY, key.data(), key.size()),
+      OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_SALT, const_cast<std::byte*>(salt.data()),
+                                        salt.size()),
+      OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_INFO, label.data(), label.size()),
+      OSSL_PARAM_construct_end()};
+  SealKey out{};
+  if (!ctx || EVP_KDF_derive(ctx.get(), out.data(), out.size(), params) != 1) {
+    return InternalError("data plane: OpenSSL's HKDF failed");
+  }
+  return out;
+}
+
+Status RandomBytes(std::span<std::byte> out) {
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(out.data()), static_cast<int>(out.size())) != 1)
+    return InternalError("data plane: OpenSSL's random generator failed");
+  return OkStatus();
+}
+
+struct Sealer::Contexts {
+  EVP_CIPHER_CTX* seal = nullptr;
+  EVP_CIPHER_CTX* open = nullptr;
+  ~Contexts() {
+    EVP_CIPHER_CTX_free(seal);
+    EVP_CIPHER_CTX_free(open);
+  }
+};
+
+Sealer::Sealer(std::unique_ptr<Contexts> contexts) : contexts_(std::move(contexts)) {}
+Sealer::~Sealer() = default;
+
+StatusOr<std::unique_ptr<Sealer>> Sealer::Make(const SealKey& key) {
+  auto contexts = std::make_unique<Contexts>();
+  contexts->seal = EVP_CIPHER_CTX_new();
+  contexts->open = EVP_CIPHER_CTX_new();
+  // The key once (its schedule); each piece sets only its nonce.
+  if (contexts->seal == nullptr || contexts->open == nullptr ||
+      EVP_EncryptInit_ex(contexts->seal, EVP_aes_256_gcm(), nullptr, key.data(), nullptr) != 1 ||
+      EVP_DecryptInit_ex(contexts->open, EVP_aes_256_gcm(), nullptr, key.data(), nullptr) != 1) {
+    return InternalError("data plane: OpenSSL cannot set up AES-256-GCM");
+  }
+  return std::unique_ptr<Sealer>(new Sealer(std::move(contexts)));
+}
+
+Status Sealer::Seal(const PiecePlace& place, std::span<const std::byte> plain,
+                    std::span<std::byte> wire) {
+  MEND_RETURN_IF_ERROR(CheckPlace(place));
+  if (wire.size() != plain.size() + kSealTagBytes) {
+    return InternalError("data plane: a sealed piece's buffer has the wrong size");
+  }
+  EVP_CIPHER_CTX* ctx = contexts_->seal;
+  const auto nonce = NonceOf(place);
+  bool ok = EVP_EncryptInit_ex(ctx, nullptr, nullptr, nullptr, nonce.data()) == 1;
+  const auto* in = reinterpret_cast<const unsigned char*>(plain.data());
+  auto* out = reinterpret_cast<unsigned char*>(wire.data());
+  for (size_t at = 0; ok && at < plain.size(); at += kStep) {
+    const int n = static_cast<int>(std::min(kStep, plain.size() - at));
+    int written = 0;
+    ok = EVP_EncryptUpdate(ctx, out + at, &written, in + at, n) == 1 && written == n;
+  }
+  int tail = 0;
+  ok = ok && EVP_EncryptFinal_ex(ctx, out + plain.size(), &tail) == 1 &&
+       EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_GET_TAG, kSealTagBytes, out + plain.size()) == 1;
+  if (!ok) return InternalError("data plane: OpenSSL could not seal a piece");
+  return OkStatus();
+}
+
+bool Sealer::Open(const PiecePlace& place, std::span<std::byte> wire, std::span<std::byte> plain) {
+  if (!CheckPlace(place).ok() || wire.size() != plain.size() + kSealTagBytes) return false;
+  EVP_CIPHER_CTX* ctx = contexts_->open;
+  const auto nonce = NonceOf(place);
+  bool ok = EVP_DecryptInit_ex(ctx, nullptr, nullptr, nullptr, nonce.data()) == 1;
+  auto* bytes = reinterpret_cast<unsigned char*>(wire.data());
+  for (size_t at = 0; ok && at < plain.size(); at += kStep) {
+    const int n = static_cast<int>(std::min(kStep, plain.size() - at));
+    int written = 0;
+    ok = EVP_DecryptUpdate(ctx, bytes + at, &written, bytes + at, n) == 1 && written == n;
+  }
+  int tail = 0;
+  ok = ok &&
+       EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_SET_TAG, kSealTagBytes, bytes + plain.size()) == 1 &&
+       EVP_DecryptFinal_ex(ctx, bytes + plain.size(), &tail) == 1;
+  if (!ok) return false;
+  if (!plain.empty()) std::memcpy(plain.data(), wire.data(), plain.size());
+  return true;
+}
+
+}  // namespace mend::dataplane
