@@ -81,6 +81,11 @@ void PrintInvariants(const ChaosReport& r, const ChaosOptions& o, const FaultTal
       o.job.ranks_per_learner > 1 ? fmt::format(" of {} ranks", o.job.ranks_per_learner) : "",
       o.steps, o.seed, r.passed ? "every invariant held" : "INVARIANT VIOLATED");
   fmt::print("  faults injected   {} ({})\n", r.faults.size(), kinds);
+  const auto& set = o.job.settings;
+  fmt::print("  data plane        {}\n",
+             std::find(set.begin(), set.end(), "dataplane_encrypt=false") != set.end()
+                 ? "in the clear (dataplane_encrypt=false)"
+                 : "secure (AES-256-GCM, keys from the job token)");
   fmt::print("  rounds completed  {} ({} with 2+ members: global state digests {})\n", r.rounds,
              r.rounds_checked,
              r.digest_mismatches == 0 ? "identical in every one"

@@ -41,7 +41,7 @@ std::vector<std::vector<int>> SumGroups(const std::vector<std::string>& racks, i
 
 namespace {
 
-constexpr size_t kMaxCachedWireBytes = size_t{64} << 20;
+constexpr size_t kMaxCachedWireBytes = size_t{32} << 20;
 
 struct WireCache {
   Mutex mu;

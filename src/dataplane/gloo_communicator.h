@@ -93,7 +93,7 @@ struct InFlightRelease {
 };
 
 // A sealed piece's bytes on the wire, taken from and given back to a cache
-// kept across communicators (up to 64 MiB): each round's communicator is
+// kept across communicators (up to 32 MiB): each round's communicator is
 // new, and malloc returns blocks of a segment's size to the kernel, so that
 // every round would fault its pieces' pages in again.
 struct WireRelease {

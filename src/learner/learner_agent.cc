@@ -350,6 +350,9 @@ StatusOr<std::unique_ptr<LearnerAgent>> LearnerAgent::Start(const ValidConfig& v
   auto agent = std::make_unique<LearnerAgentImpl>(config, token, full, clock, std::move(client),
                                                   std::move(group_store));
   MEND_RETURN_IF_ERROR(agent->FirstRegistration(config.lighthouse_wait_ms * kMicrosPerMilli));
+  spdlog::info("learner '{}': data plane {}", full.id,
+               config.dataplane_encrypt ? "secure (AES-256-GCM, keys from the job token)"
+                                        : "in the clear (dataplane_encrypt = false)");
   return std::unique_ptr<LearnerAgent>(std::move(agent));
 }
 

@@ -284,6 +284,21 @@ TEST_F(LearnerAgentTest, AnInterruptedJoinIsCancelledNotLeftInFlight) {
 namespace mend {
 namespace {
 
+// The data plane is sealed with the job token unless dataplane_encrypt is
+// off (the communicators' secret: CommunicatorOptions::secret).
+TEST(LearnerAgentSecretTest, TheDataPlaneIsSecureByDefaultAndInTheClearOnlyWhenTurnedOff) {
+  FakeClock clock;
+  for (const bool encrypt : {true, false}) {
+    Config config;
+    config.lighthouse = "lighthouse.invalid:1";
+    config.dataplane_encrypt = encrypt;
+    LearnerAgentImpl agent(config, "the-job-token-0123", LearnerIdentity{"learner-a", "", "", ""},
+                           clock, std::make_unique<FakeLighthouseClient>(), nullptr);
+    EXPECT_EQ(agent.data_plane_secret(), encrypt ? "the-job-token-0123" : "");
+  }
+  EXPECT_TRUE(Config{}.dataplane_encrypt);
+}
+
 // Keys that do not go together are refused before anything reaches the
 // lighthouse (here an address where none listens: it would be UNAVAILABLE).
 TEST(LearnerAgentStartTest, RefusesABadConfigurationBeforeContactingTheLighthouse) {
