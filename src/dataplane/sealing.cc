@@ -29,6 +29,18 @@ void AppendText(EVP_MD_CTX* ctx, std::string_view text) {
   EVP_DigestUpdate(ctx, text.data(), text.size());
 }
 
+// EVP_EncryptUpdate or EVP_DecryptUpdate over `n` bytes, in steps of kStep.
+using Update = int (*)(EVP_CIPHER_CTX*, unsigned char*, int*, const unsigned char*, int);
+bool UpdateInSteps(Update update, EVP_CIPHER_CTX* ctx, unsigned char* out, const unsigned char* in,
+                   size_t n) {
+  for (size_t at = 0; at < n; at += kStep) {
+    const int step = static_cast<int>(std::min(kStep, n - at));
+    int written = 0;
+    if (update(ctx, out + at, &written, in + at, step) != 1 || written != step) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 Status CheckPlace(const PiecePlace& place) {
@@ -134,14 +146,10 @@ Status Sealer::Seal(const PiecePlace& place, std::span<const std::byte> plain,
   }
   EVP_CIPHER_CTX* ctx = contexts_->seal;
   const auto nonce = NonceOf(place);
-  bool ok = EVP_EncryptInit_ex(ctx, nullptr, nullptr, nullptr, nonce.data()) == 1;
-  const auto* in = reinterpret_cast<const unsigned char*>(plain.data());
   auto* out = reinterpret_cast<unsigned char*>(wire.data());
-  for (size_t at = 0; ok && at < plain.size(); at += kStep) {
-    const int n = static_cast<int>(std::min(kStep, plain.size() - at));
-    int written = 0;
-    ok = EVP_EncryptUpdate(ctx, out + at, &written, in + at, n) == 1 && written == n;
-  }
+  bool ok = EVP_EncryptInit_ex(ctx, nullptr, nullptr, nullptr, nonce.data()) == 1 &&
+            UpdateInSteps(EVP_EncryptUpdate, ctx, out,
+                          reinterpret_cast<const unsigned char*>(plain.data()), plain.size());
   int tail = 0;
   ok = ok && EVP_EncryptFinal_ex(ctx, out + plain.size(), &tail) == 1 &&
        EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_GET_TAG, kSealTagBytes, out + plain.size()) == 1;
@@ -153,13 +161,9 @@ bool Sealer::Open(const PiecePlace& place, std::span<std::byte> wire, std::span<
   if (!CheckPlace(place).ok() || wire.size() != plain.size() + kSealTagBytes) return false;
   EVP_CIPHER_CTX* ctx = contexts_->open;
   const auto nonce = NonceOf(place);
-  bool ok = EVP_DecryptInit_ex(ctx, nullptr, nullptr, nullptr, nonce.data()) == 1;
   auto* bytes = reinterpret_cast<unsigned char*>(wire.data());
-  for (size_t at = 0; ok && at < plain.size(); at += kStep) {
-    const int n = static_cast<int>(std::min(kStep, plain.size() - at));
-    int written = 0;
-    ok = EVP_DecryptUpdate(ctx, bytes + at, &written, bytes + at, n) == 1 && written == n;
-  }
+  bool ok = EVP_DecryptInit_ex(ctx, nullptr, nullptr, nullptr, nonce.data()) == 1 &&
+            UpdateInSteps(EVP_DecryptUpdate, ctx, bytes, bytes, plain.size());
   int tail = 0;
   ok = ok &&
        EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_SET_TAG, kSealTagBytes, bytes + plain.size()) == 1 &&
