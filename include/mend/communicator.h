@@ -58,7 +58,8 @@ struct CommunicatorOptions {
   Micros timeout = 30 * kMicrosPerSecond;  // the rendezvous, and every operation
   // The members' connections once all have shown up at the rendezvous: a
   // member that resumes after the others gave up on the round (it was
-  // stopped, or the lighthouse called the round off) fails this fast.
+  // stopped, or the lighthouse called the round off) fails this fast. The
+  // secure data plane's handshake (secret) has as long for each exchange.
   Micros connect_timeout = 5 * kMicrosPerSecond;
   LinkEmulation link;
   size_t segment_bytes = 1 << 20;  // pipelining granularity of the reductions

@@ -257,8 +257,11 @@ std::string GlooCommunicator::Unauthenticated(const Op& op, int peer) const {
 Status GlooCommunicator::Secure() {
   // Each member's random bytes, in the clear: changed on the way, they make
   // the members' keys differ, and every proof below fails.
+  // (Part of the connect: its waits have connect_timeout.)
+  const auto connect = std::chrono::microseconds(options_.connect_timeout);
   Op op;
   MEND_RETURN_IF_ERROR(Begin("handshake", &op));
+  op.deadline = op.start + connect;
   std::array<std::byte, kMemberRandomBytes> mine{};
   MEND_RETURN_IF_ERROR(RandomBytes(mine));
   std::vector<std::byte> randoms(kMemberRandomBytes * static_cast<size_t>(options_.world_size));
@@ -271,6 +274,7 @@ Status GlooCommunicator::Secure() {
   // the key (and so the secret) and saw the same transcript.
   Op proof;
   MEND_RETURN_IF_ERROR(Begin("handshake", &proof));
+  proof.deadline = proof.start + connect;
   std::vector<std::byte> proofs(digest.size() * static_cast<size_t>(options_.world_size));
   std::vector<Transfer> transfers;
   PostGather(proof, kWeights, digest, proofs, transfers);

@@ -199,8 +199,9 @@ class GlooCommunicator final : public Communicator {
 
   // Makes the data plane secure (options.secret): the members exchange
   // their random bytes, derive this communicator's key, and each proves it
-  // to every other with a sealed digest of the transcript. UNAUTHENTICATED
-  // naming every member whose proof did not open.
+  // to every other with a sealed digest of the transcript, each exchange
+  // within connect_timeout. UNAUTHENTICATED naming every member whose proof
+  // did not open.
   Status Secure();
 
   int rank() const override { return options_.rank; }

@@ -179,7 +179,9 @@ void ExpectTheSameNextStep(int ranks, bool desloc = false) {
       // ... so the same step on the same batch, bit for bit.
       EXPECT_EQ(log.probe, source.probe) << who;
       // Round 2 averaged both moments on every member.
-      if (desloc) EXPECT_EQ(log.stats.moment_syncs, 2u) << who;
+      if (desloc) {
+        EXPECT_EQ(log.stats.moment_syncs, 2u) << who;
+      }
     }
   }
   for (const RankLog& log : logs[1]) EXPECT_EQ(log.stats.heals, 1u);

@@ -104,7 +104,9 @@ void Learn(const Config& config, const std::string& id, int seed, int boundaries
   }
   log->reducer = nullptr;
   log->shutdown_status = (*reducer)->shutdown();  // finishes a round still in flight
-  if (!log->shutdown_may_fail) ASSERT_TRUE(log->shutdown_status.ok()) << log->shutdown_status;
+  if (!log->shutdown_may_fail) {
+    ASSERT_TRUE(log->shutdown_status.ok()) << log->shutdown_status;
+  }
   log->stats = (*reducer)->stats();
   log->registrations = (*agent)->registrations();
   auto global = (*reducer)->global(0);

@@ -453,7 +453,7 @@ INSTANTIATE_TEST_SUITE_P(
                             },
                             false},
                     Variant{"TopKCodec", [](Config& c) { c.codec = CodecKind::kTopK; }, false}),
-    [](const testing::TestParamInfo<Variant>& info) { return info.param.name; });
+    [](const testing::TestParamInfo<Variant>& variant) { return variant.param.name; });
 
 }  // namespace
 }  // namespace mend::reducer
