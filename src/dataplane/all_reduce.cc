@@ -185,14 +185,12 @@ Status GlooCommunicator::WeightedAllReduceImpl(std::span<float> data, double wei
   }
   auto weights = NormalizeWeights(op, all_weights);
   if (!weights.ok()) {
-    // Every member refuses the same weights. The pieces already posted are
-    // let through first (every member posted all of its own), so that none
-    // is in flight, reading or writing the caller's buffer, once this
+    // Every member refuses the same weights. Every member's pieces are let
+    // through first (each sends, and makes, the rest as it drains), so that
+    // none is in flight, reading or writing the caller's buffer, once this
     // returns; only the codecs' result receives stay posted, which no member
-    // will ever send to.
-    // (The others' pieces first, each window slot posted again as it
-    // frees: every member's sends then complete.)
-    // (Made values: every member makes and sends the rest as it drains.)
+    // will ever send to. (The others' pieces first, each window slot posted
+    // again as it frees: every member's sends then complete.)
     Status drained = OkStatus();
     for (size_t s = 0; s < run.slicing.segments() && drained.ok(); ++s) {
       SendThrough(op, run, s + run.ahead + 1);
