@@ -277,6 +277,29 @@ std::vector<std::vector<int>> MembersByRack(const std::vector<std::string>& rack
   return layout;
 }
 
+namespace {
+
+// The options of a communicator among `ranks` of the flat one's members
+// (this member at `rank` of them), under `prefix`: in rank order (one rack,
+// or one member per rack), the members named as in the flat one.
+CommunicatorOptions SubsetOptions(const CommunicatorOptions& options, std::string prefix, int rank,
+                                  const std::vector<int>& ranks) {
+  CommunicatorOptions o = options;
+  o.member_racks.clear();
+  o.prefix = std::move(prefix);
+  o.rank = rank;
+  o.world_size = static_cast<int>(ranks.size());
+  o.member_ids.clear();
+  for (int r : ranks) {
+    o.member_ids.push_back(static_cast<size_t>(r) < options.member_ids.size()
+                               ? options.member_ids[static_cast<size_t>(r)]
+                               : fmt::format("member {}", r));
+  }
+  return o;
+}
+
+}  // namespace
+
 StatusOr<std::unique_ptr<Communicator>> ConnectRackAware(RendezvousStore& store,
                                                          const CommunicatorOptions& options,
                                                          std::unique_ptr<Communicator> flat,
@@ -293,24 +316,12 @@ StatusOr<std::unique_ptr<Communicator>> ConnectRackAware(RendezvousStore& store,
     if (std::find(members.begin(), members.end(), me) != members.end()) my_index = reps.size();
     reps.push_back(members.front());
   }
-  auto member_ids = [&options](const std::vector<int>& ranks) {
-    std::vector<std::string> ids;
-    for (int r : ranks) {
-      ids.push_back(static_cast<size_t>(r) < options.member_ids.size()
-                        ? options.member_ids[static_cast<size_t>(r)]
-                        : fmt::format("member {}", r));
-    }
-    return ids;
-  };
   std::unique_ptr<Communicator> rack;
   const std::vector<int>& mates = layout[my_index];
   if (mates.size() > 1) {
-    CommunicatorOptions o = options;
-    o.member_racks.clear();  // one rack, or one member per rack: rank order
-    o.prefix = fmt::format("{}rack/{}/", options.prefix, my_index);
-    o.rank = static_cast<int>(std::find(mates.begin(), mates.end(), me) - mates.begin());
-    o.world_size = static_cast<int>(mates.size());
-    o.member_ids = member_ids(mates);
+    CommunicatorOptions o = SubsetOptions(
+        options, fmt::format("{}rack/{}/", options.prefix, my_index),
+        static_cast<int>(std::find(mates.begin(), mates.end(), me) - mates.begin()), mates);
     o.link = {};  // inside the rack
     MEND_ASSIGN_OR_RETURN(rack, Communicator::Connect(store, o));
   }
@@ -329,13 +340,12 @@ StatusOr<std::unique_ptr<Communicator>> ConnectRackAware(RendezvousStore& store,
   }
   std::unique_ptr<Communicator> representatives;
   if (!crossing.empty()) {
-    CommunicatorOptions o = options;
-    o.member_racks.clear();  // one rack, or one member per rack: rank order
-    o.prefix = even ? fmt::format("{}col/{}/", options.prefix, column) : options.prefix + "reps/";
-    o.rank = static_cast<int>(my_index);
-    o.world_size = static_cast<int>(crossing.size());
-    o.member_ids = member_ids(crossing);
-    MEND_ASSIGN_OR_RETURN(representatives, Communicator::Connect(store, o));
+    const std::string prefix =
+        even ? fmt::format("{}col/{}/", options.prefix, column) : options.prefix + "reps/";
+    MEND_ASSIGN_OR_RETURN(
+        representatives,
+        Communicator::Connect(
+            store, SubsetOptions(options, prefix, static_cast<int>(my_index), crossing)));
   }
   return std::unique_ptr<Communicator>(std::make_unique<RackAwareCommunicator>(
       std::move(flat), std::move(rack), std::move(representatives), mates, crossing,
