@@ -240,18 +240,12 @@ Status GlooCommunicator::Wait(Op& op, Transfer& transfer) {
 Status GlooCommunicator::Open(const Op& op, Transfer& transfer) {
   const PhaseTimer opening(&stats_.seal_seconds);
   const std::span<std::byte> wire(transfer.wire.get(), transfer.plain.size() + kSealTagBytes);
-  if (!sealer_->Open(transfer.place, wire, transfer.plain)) {
-    return DataLossError(Unauthenticated(op, transfer.peer));
-  }
-  return OkStatus();
-}
-
-std::string GlooCommunicator::Unauthenticated(const Op& op, int peer) const {
-  return fmt::format(
+  if (sealer_->Open(transfer.place, wire, transfer.plain)) return OkStatus();
+  return DataLossError(fmt::format(
       "round {}: {}: {} failed authentication: its piece does not open under this round's key (a "
       "member without the job token, a piece replayed or moved, or bytes changed on the way); "
       "rejected, none of its bytes used",
-      options_.round_id, op.name, PeerName(peer));
+      options_.round_id, op.name, PeerName(transfer.peer)));
 }
 
 Status GlooCommunicator::Secure() {
@@ -455,10 +449,7 @@ StatusOr<std::unique_ptr<Communicator>> Communicator::Connect(RendezvousStore& s
         fmt::format("round {}: connecting to the members: {}", options.round_id, message));
   }
   auto comm = std::make_unique<GlooCommunicator>(options, std::move(device), std::move(context));
-  if (!options.secret.empty()) {
-    Status secured = comm->Secure();
-    if (!secured.ok()) return secured;
-  }
+  if (!options.secret.empty()) MEND_RETURN_IF_ERROR(comm->Secure());
   return std::unique_ptr<Communicator>(std::move(comm));
 }
 

@@ -279,10 +279,9 @@ class GlooCommunicator final : public Communicator {
   // Waits for one transfer until the operation's deadline (and opens a
   // sealed receive's piece: DATA_LOSS naming the peer when it does not).
   Status Wait(Op& op, Transfer& transfer);
-  // A sealed receive's piece opened into its destination (Wait's last step).
+  // A sealed receive's piece opened into its destination (Wait's last
+  // step): DATA_LOSS naming the peer when it does not open.
   Status Open(const Op& op, Transfer& transfer);
-  // The error naming `peer` for a piece that did not open (Secure and Wait).
-  std::string Unauthenticated(const Op& op, int peer) const;
   // The error of a wait for `transfer` that Gloo ended with `message`.
   Status WaitFailed(const Op& op, const Transfer& transfer, const std::string& message) const;
   Status WaitAll(Op& op, std::vector<Transfer>& transfers);
