@@ -115,6 +115,9 @@ struct Config {
   std::string checkpoint_dir;
   int64_t checkpoint_every_rounds = 0;
   int64_t checkpoint_keep = 3;
+  // With a job token, checkpoints carry an HMAC-SHA256 keyed from it and a
+  // learner reads only those its token authenticates; false: SHA-256 only.
+  bool checkpoint_authenticate = true;
   bool resume = true;
   // A checkpoint file to resume from (any name), before checkpoint_dir.
   std::string resume_from;

@@ -128,6 +128,10 @@ class LearnerAgent {
   // (CommunicatorOptions::secret): the job token with dataplane_encrypt,
   // else empty (the data plane in the clear).
   virtual std::string data_plane_secret() const { return ""; }
+  // What this learner's checkpoints (files and exported state) are
+  // authenticated with: the job token with checkpoint_authenticate, else
+  // empty (a SHA-256 only; see mend/checkpoint.h).
+  virtual std::string checkpoint_secret() const { return ""; }
 };
 
 }  // namespace mend

@@ -16,7 +16,10 @@
 #include "core/status_format.h"
 #include "fmt/format.h"
 #include "nlohmann/json.hpp"
+#include "openssl/core_names.h"
+#include "openssl/crypto.h"
 #include "openssl/evp.h"
+#include "openssl/hmac.h"
 
 namespace mend {
 namespace {
@@ -26,6 +29,10 @@ using json = nlohmann::json;
 
 constexpr char kMagic[8] = {'M', 'E', 'N', 'D', 'C', 'K', 'P', 'T'};
 constexpr char kTrailerMagic[8] = {'M', 'E', 'N', 'D', 'E', 'N', 'D', '!'};
+constexpr char kMacTrailerMagic[8] = {'M', 'E', 'N', 'D', 'M', 'A', 'C', '!'};
+constexpr uint32_t kPlainVersion = 1;          // SHA-256 trailer
+constexpr uint32_t kAuthenticatedVersion = 2;  // HMAC-SHA256 trailer
+constexpr std::string_view kKeyLabel = "mend checkpoint v2";
 constexpr size_t kPrefixBytes = 8 + 4 + 8;
 constexpr size_t kTrailerBytes = 8 + 32;
 constexpr size_t kAlign = 64;
@@ -46,6 +53,57 @@ void Sha256(const void* data, size_t size, unsigned char out[32]) {
 }
 
 size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+// The trailer's digest of every byte before it: SHA-256 without a secret
+// (version 1), HMAC-SHA256 under HMAC-SHA256(secret, kKeyLabel) with one
+// (version 2).
+class TrailerDigest {
+ public:
+  explicit TrailerDigest(std::string_view secret) {
+    if (secret.empty()) {
+      md_ = EVP_MD_CTX_new();
+      EVP_DigestInit_ex(md_, EVP_sha256(), nullptr);
+      return;
+    }
+    unsigned char key[32];
+    unsigned int length = 0;
+    HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
+         reinterpret_cast<const unsigned char*>(kKeyLabel.data()), kKeyLabel.size(), key, &length);
+    EVP_MAC* mac = EVP_MAC_fetch(nullptr, "HMAC", nullptr);
+    mac_ = EVP_MAC_CTX_new(mac);
+    EVP_MAC_free(mac);
+    char digest[] = "SHA256";
+    OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest, 0),
+                           OSSL_PARAM_construct_end()};
+    EVP_MAC_init(mac_, key, sizeof(key), params);
+    OPENSSL_cleanse(key, sizeof(key));
+  }
+  ~TrailerDigest() {
+    EVP_MD_CTX_free(md_);
+    EVP_MAC_CTX_free(mac_);
+  }
+  TrailerDigest(const TrailerDigest&) = delete;
+  TrailerDigest& operator=(const TrailerDigest&) = delete;
+
+  void Update(const void* data, size_t size) {
+    if (md_ != nullptr) EVP_DigestUpdate(md_, data, size);
+    if (mac_ != nullptr) EVP_MAC_update(mac_, static_cast<const unsigned char*>(data), size);
+  }
+  std::array<unsigned char, 32> Final() {
+    std::array<unsigned char, 32> out{};
+    unsigned int md_length = 0;
+    size_t mac_length = 0;
+    if (md_ != nullptr) EVP_DigestFinal_ex(md_, out.data(), &md_length);
+    if (mac_ != nullptr) EVP_MAC_final(mac_, out.data(), &mac_length, out.size());
+    return out;
+  }
+  const char* magic() const { return mac_ != nullptr ? kMacTrailerMagic : kTrailerMagic; }
+  uint32_t version() const { return mac_ != nullptr ? kAuthenticatedVersion : kPlainVersion; }
+
+ private:
+  EVP_MD_CTX* md_ = nullptr;
+  EVP_MAC_CTX* mac_ = nullptr;
+};
 
 template <typename T>
 void PutLittle(std::string& out, T value) {
@@ -157,9 +215,9 @@ StatusOr<Parsed> ParsePrefix(const std::string& path, std::string_view bytes_hea
   }
   Parsed parsed;
   parsed.version = GetLittle<uint32_t>(bytes_head.data() + 8);
-  if (parsed.version != kCheckpointFormatVersion) {
-    return bad(fmt::format("format version {} (this mend reads version {})", parsed.version,
-                           kCheckpointFormatVersion));
+  if (parsed.version < kPlainVersion || parsed.version > kCheckpointFormatVersion) {
+    return bad(fmt::format("format version {} (this mend reads versions {} to {})", parsed.version,
+                           kPlainVersion, kCheckpointFormatVersion));
   }
   const uint64_t header_bytes = GetLittle<uint64_t>(bytes_head.data() + 12);
   if (header_bytes > kMaxHeaderBytes || kPrefixBytes + header_bytes + kTrailerBytes > file_size) {
@@ -218,7 +276,8 @@ namespace {
 
 // The prefix: magic, version, header length, the JSON header naming every
 // tensor (offset, bytes, checksum), padded to the data's alignment.
-StatusOr<std::string> EncodePrefix(const Checkpoint& checkpoint, const std::string& where) {
+StatusOr<std::string> EncodePrefix(const Checkpoint& checkpoint, const std::string& where,
+                                   uint32_t version) {
   json tensors = json::array();
   size_t offset = 0;
   for (const CheckpointTensor& t : checkpoint.tensors) {
@@ -240,7 +299,7 @@ StatusOr<std::string> EncodePrefix(const Checkpoint& checkpoint, const std::stri
       {"format", "mend checkpoint"}, {"meta", MetaToJson(checkpoint.meta)}, {"tensors", tensors}};
   const std::string header_text = header.dump();
   std::string prefix(kMagic, 8);
-  PutLittle<uint32_t>(prefix, kCheckpointFormatVersion);
+  PutLittle<uint32_t>(prefix, version);
   PutLittle<uint64_t>(prefix, header_text.size());
   prefix += header_text;
   prefix.resize(AlignUp(prefix.size()), '\0');
@@ -248,14 +307,15 @@ StatusOr<std::string> EncodePrefix(const Checkpoint& checkpoint, const std::stri
 }
 
 // Feeds `put` the whole encoding: the prefix, each tensor's data padded to
-// the alignment, and the trailer (magic and the SHA-256 of all before it).
+// the alignment, and the trailer (magic and the digest of all before it).
 template <typename Put>
-Status EncodeInto(const Checkpoint& checkpoint, const std::string& where, Put&& put) {
-  MEND_ASSIGN_OR_RETURN(const std::string prefix, EncodePrefix(checkpoint, where));
-  EVP_MD_CTX* digest = EVP_MD_CTX_new();
-  EVP_DigestInit_ex(digest, EVP_sha256(), nullptr);
+Status EncodeInto(const Checkpoint& checkpoint, const std::string& where, std::string_view secret,
+                  Put&& put) {
+  TrailerDigest digest(secret);
+  MEND_ASSIGN_OR_RETURN(const std::string prefix,
+                        EncodePrefix(checkpoint, where, digest.version()));
   auto hashed = [&](const char* data, size_t size) {
-    EVP_DigestUpdate(digest, data, size);
+    digest.Update(data, size);
     return put(data, size);
   };
   Status status = hashed(prefix.data(), prefix.size());
@@ -267,28 +327,27 @@ Status EncodeInto(const Checkpoint& checkpoint, const std::string& where, Put&& 
     if (status.ok() && AlignUp(bytes) != bytes)
       status = hashed(zeros.data(), AlignUp(bytes) - bytes);
   }
-  unsigned char sum[EVP_MAX_MD_SIZE];
-  unsigned int sum_length = 0;
-  EVP_DigestFinal_ex(digest, sum, &sum_length);
-  EVP_MD_CTX_free(digest);
   if (!status.ok()) return status;
-  std::string trailer(kTrailerMagic, 8);
-  trailer.append(reinterpret_cast<const char*>(sum), 32);
+  const std::array<unsigned char, 32> sum = digest.Final();
+  std::string trailer(digest.magic(), 8);
+  trailer.append(reinterpret_cast<const char*>(sum.data()), sum.size());
   return put(trailer.data(), trailer.size());
 }
 
 }  // namespace
 
-StatusOr<std::string> EncodeCheckpoint(const Checkpoint& checkpoint) {
+StatusOr<std::string> EncodeCheckpoint(const Checkpoint& checkpoint, std::string_view secret) {
   std::string bytes;
-  MEND_RETURN_IF_ERROR(EncodeInto(checkpoint, "(in memory)", [&](const char* data, size_t size) {
-    bytes.append(data, size);
-    return OkStatus();
-  }));
+  MEND_RETURN_IF_ERROR(
+      EncodeInto(checkpoint, "(in memory)", secret, [&](const char* data, size_t size) {
+        bytes.append(data, size);
+        return OkStatus();
+      }));
   return bytes;
 }
 
-Status WriteCheckpoint(const std::string& path, const Checkpoint& checkpoint) {
+Status WriteCheckpoint(const std::string& path, const Checkpoint& checkpoint,
+                       std::string_view secret) {
   const fs::path final_path(path);
   const fs::path dir = final_path.has_parent_path() ? final_path.parent_path() : fs::path(".");
   std::random_device random;
@@ -296,7 +355,7 @@ Status WriteCheckpoint(const std::string& path, const Checkpoint& checkpoint) {
       (dir / fmt::format(".{}.tmp-{:08x}", final_path.filename().string(), random())).string();
   int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) return Errno("create " + temp, path);
-  Status status = EncodeInto(checkpoint, path, [&](const char* data, size_t size) {
+  Status status = EncodeInto(checkpoint, path, secret, [&](const char* data, size_t size) {
     return WriteAll(fd, data, size, path);
   });
   if (status.ok() && ::fsync(fd) != 0) status = Errno("fsync", path);
@@ -315,12 +374,58 @@ Status WriteCheckpoint(const std::string& path, const Checkpoint& checkpoint) {
   return OkStatus();
 }
 
-StatusOr<Checkpoint> DecodeCheckpoint(std::string_view bytes, const std::string& where) {
+namespace {
+
+// A file authenticated (version 2) where a secret is given, and only there.
+Status CheckAuthenticated(const Parsed& parsed, std::string_view secret, const std::string& path) {
+  const bool authenticated = parsed.version == kAuthenticatedVersion;
+  if (!secret.empty() && !authenticated) {
+    return DataLossError(fmt::format(
+        "checkpoint {}: not authenticated (format version 1: written without a job token, or with "
+        "checkpoint_authenticate = false); a learner with a job token reads only checkpoints "
+        "that token authenticates (set checkpoint_authenticate = false to read this one)",
+        path));
+  }
+  if (secret.empty() && authenticated) {
+    return UnauthenticatedError(fmt::format(
+        "checkpoint {}: authenticated by a job token (format version 2); reading it needs the "
+        "job's token (MEND_JOB_TOKEN) and checkpoint_authenticate = true",
+        path));
+  }
+  return OkStatus();
+}
+
+// The trailer: the SHA-256 (no secret) or the MAC under `secret` of every
+// byte before it (CheckAuthenticated chose which the file must have).
+Status CheckTrailer(std::string_view bytes, std::string_view secret, const std::string& path) {
+  const size_t body_end = bytes.size() - kTrailerBytes;
+  TrailerDigest digest(secret);
+  auto bad = [&](const std::string& why) {
+    return DataLossError(fmt::format("checkpoint {}: {}", path, why));
+  };
+  if (std::memcmp(bytes.data() + body_end, digest.magic(), 8) != 0)
+    return bad(fmt::format("no {} trailer (truncated)", std::string_view(digest.magic(), 8)));
+  digest.Update(bytes.data(), body_end);
+  const std::array<unsigned char, 32> sum = digest.Final();
+  if (CRYPTO_memcmp(sum.data(), bytes.data() + body_end + 8, sum.size()) == 0) return OkStatus();
+  if (!secret.empty()) {
+    return bad(
+        "authentication failed: the MAC does not verify (altered, or written with another job "
+        "token)");
+  }
+  return bad("file checksum mismatch");
+}
+
+}  // namespace
+
+StatusOr<Checkpoint> DecodeCheckpoint(std::string_view bytes, const std::string& where,
+                                      std::string_view secret) {
   const std::string& path = where;
   MEND_ASSIGN_OR_RETURN(Parsed parsed, ParsePrefix(path, bytes, bytes.size()));
   auto bad = [&](const std::string& why) {
     return DataLossError(fmt::format("checkpoint {}: {}", path, why));
   };
+  MEND_RETURN_IF_ERROR(CheckAuthenticated(parsed, secret, path));
   const size_t body_end = bytes.size() - kTrailerBytes;
   Checkpoint checkpoint;
   MEND_RETURN_IF_ERROR(MetaFromJson(parsed.header.value("meta", json::object()), &checkpoint.meta));
@@ -360,17 +465,13 @@ StatusOr<Checkpoint> DecodeCheckpoint(std::string_view bytes, const std::string&
     return bad(fmt::format("truncated or padded: the data should end at byte {} but ends at {}",
                            expected_end, body_end));
   }
-  if (std::memcmp(bytes.data() + body_end, kTrailerMagic, 8) != 0)
-    return bad("no MENDEND! trailer (truncated)");
-  unsigned char sum[32];
-  Sha256(bytes.data(), body_end, sum);
-  if (std::memcmp(sum, bytes.data() + body_end + 8, 32) != 0) return bad("file checksum mismatch");
+  MEND_RETURN_IF_ERROR(CheckTrailer(bytes, secret, path));
   return checkpoint;
 }
 
-StatusOr<Checkpoint> ReadCheckpoint(const std::string& path) {
+StatusOr<Checkpoint> ReadCheckpoint(const std::string& path, std::string_view secret) {
   MEND_ASSIGN_OR_RETURN(std::string bytes, ReadFile(path, UINT64_MAX));
-  return DecodeCheckpoint(bytes, path);
+  return DecodeCheckpoint(bytes, path, secret);
 }
 
 StatusOr<CheckpointSummary> InspectCheckpoint(const std::string& path) {
@@ -383,6 +484,7 @@ StatusOr<CheckpointSummary> InspectCheckpoint(const std::string& path) {
   CheckpointSummary summary;
   summary.file_bytes = size;
   summary.format_version = parsed.version;
+  summary.authenticated = parsed.version == kAuthenticatedVersion;
   MEND_RETURN_IF_ERROR(MetaFromJson(parsed.header.value("meta", json::object()), &summary.meta));
   for (const json& entry : parsed.header["tensors"]) {
     CheckpointSummary::Entry e;
@@ -416,7 +518,7 @@ StatusOr<std::string> CheckpointDirectory::Save(const Checkpoint& checkpoint) {
   if (error)
     return InternalError(fmt::format("checkpoint directory {}: {}", dir_, error.message()));
   const std::string path = PathOf(checkpoint.meta.round_id);
-  MEND_RETURN_IF_ERROR(WriteCheckpoint(path, checkpoint));
+  MEND_RETURN_IF_ERROR(WriteCheckpoint(path, checkpoint, secret_));
   std::vector<std::string> files = List();
   for (size_t i = 0; i + static_cast<size_t>(keep_) < files.size(); ++i) {
     if (files[i] != path) fs::remove(files[i], error);
@@ -427,7 +529,7 @@ StatusOr<std::string> CheckpointDirectory::Save(const Checkpoint& checkpoint) {
 StatusOr<Checkpoint> CheckpointDirectory::LoadLatest(std::vector<std::string>* skipped) const {
   std::vector<std::string> files = List();
   for (auto it = files.rbegin(); it != files.rend(); ++it) {
-    StatusOr<Checkpoint> checkpoint = ReadCheckpoint(*it);
+    StatusOr<Checkpoint> checkpoint = ReadCheckpoint(*it, secret_);
     if (checkpoint.ok()) return checkpoint;
     if (skipped) skipped->push_back(std::string(checkpoint.status().message()));
   }

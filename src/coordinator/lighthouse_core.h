@@ -221,8 +221,8 @@ class LighthouseCore {
   bool AbortJoinLocked(LearnerRecord& record, Status status, Completions* completions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string QuorumShortfallLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Reads (once) which members `record` could not connect to in its last
-  // round (core/round_keys.h), and leaves out of the next rounds a learner
+  // Reads (once) which members `record` could not connect to in its recent
+  // rounds (core/round_keys.h), and leaves out of the next rounds a learner
   // that two or more others could not reach, more than any other.
   void LogRoundLocked(const Round& round) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NoteUnreachableLocked(const LearnerRecord& record, Micros now, Completions* completions)
@@ -289,6 +289,9 @@ class LighthouseCore {
     // for them already, or registered anew after them.
     uint64_t ignore_through_round = 0;
     std::string why;
+    // Whether a report named its pieces failing authentication (not a
+    // connect that timed out): told in `why`.
+    bool unauthenticated = false;
   };
   std::map<std::string, Suspect> suspects_ ABSL_GUARDED_BY(mu_);
   // The job's final round, once it closed (a round at total_steps with

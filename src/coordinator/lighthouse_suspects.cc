@@ -3,6 +3,7 @@
 // of rounds for a while (1, 2, 4, ... rounds), then let back in.
 #include <algorithm>
 #include <set>
+#include <utility>
 
 #include "absl/strings/str_split.h"
 #include "coordinator/lighthouse_core.h"
@@ -24,21 +25,30 @@ constexpr uint32_t kMaxLeftOutRounds = 64;
 
 void LighthouseCore::NoteUnreachableLocked(const LearnerRecord& record, Micros now,
                                            Completions* completions) {
-  if (record.last_member_round == 0) return;
-  const std::string key =
-      quorum_.RoundPrefix(record.last_member_round) + kRoundUnreachablePrefix + record.id;
-  std::optional<std::string> report = store_.Get(key);
-  if (!report) return;
-  store_.Delete(key, /*prefix=*/false);  // read once
-  if (record.unreachable) return;        // (it was the one out of reach)
-  const uint64_t latest = quorum_.latest_round_id();
-  const uint64_t round_id = record.last_member_round;
-  for (absl::string_view peer : absl::StrSplit(*report, '\n', absl::SkipEmpty())) {
-    if (peer == record.id || membership_.FindAny(std::string(peer)) == nullptr) continue;
-    Suspect& suspect = suspects_[std::string(peer)];
-    // (Not a round it was already left out for, nor one of an earlier process.)
-    if (round_id > suspect.ignore_through_round) suspect.reports.emplace_back(round_id, record.id);
+  // Its reports of each recent round it was a member of, not only the last:
+  // a member whose round was called off by another's report writes its own
+  // when its connect, which runs on, fails, and that may be after its next
+  // join.
+  bool reported = false;
+  for (const uint64_t round_id : MemberRoundsLocked(record)) {
+    const std::string key = quorum_.RoundPrefix(round_id) + kRoundUnreachablePrefix + record.id;
+    std::optional<std::string> report = store_.Get(key);
+    if (!report) continue;
+    store_.Delete(key, /*prefix=*/false);  // read once
+    if (record.unreachable) continue;      // (it was the one out of reach)
+    reported = true;
+    for (absl::string_view line : absl::StrSplit(*report, '\n', absl::SkipEmpty())) {
+      const absl::string_view peer = line.substr(0, line.find('\t'));
+      if (peer == record.id || membership_.FindAny(std::string(peer)) == nullptr) continue;
+      Suspect& suspect = suspects_[std::string(peer)];
+      // (Not a round it was already left out for, nor one of an earlier process.)
+      if (round_id <= suspect.ignore_through_round) continue;
+      suspect.reports.emplace_back(round_id, record.id);
+      if (line.substr(peer.size()) == kRoundUnauthenticatedTag) suspect.unauthenticated = true;
+    }
   }
+  if (!reported) return;
+  const uint64_t latest = quorum_.latest_round_id();
   // Who is named by the most distinct others, in the recent rounds.
   std::string worst;
   std::vector<std::string> worst_reporters;
@@ -47,6 +57,7 @@ void LighthouseCore::NoteUnreachableLocked(const LearnerRecord& record, Micros n
     Suspect& suspect = it->second;
     std::erase_if(suspect.reports,
                   [&](const auto& r) { return r.first + kSuspectRounds <= latest; });
+    if (suspect.reports.empty()) suspect.unauthenticated = false;
     if (suspect.reports.empty() && suspect.until_round == 0 && suspect.times_left_out == 0) {
       it = suspects_.erase(it);
       continue;
@@ -86,19 +97,27 @@ void LighthouseCore::LeaveOutLocked(LearnerRecord& record,
   for (auto& [id, other] : suspects_) {
     std::erase_if(other.reports, [&](const auto& r) { return r.second == record.id; });
   }
+  const bool unauthenticated = std::exchange(suspect.unauthenticated, false);
+  const std::string what =
+      unauthenticated
+          ? std::string(
+                "could not authenticate the data-plane pieces it sent (sealed under another key: "
+                "does it hold the job's token? Or are its pieces altered on the way?)")
+          : fmt::format(
+                "could not connect to its data plane (dataplane_host {}). Is a firewall in the "
+                "way, or is dataplane_host an address the others cannot reach?",
+                !record.rank_addresses.empty()
+                    ? fmt::format("{}", fmt::join(record.rank_addresses, ", "))
+                : !record.address.empty() ? record.address
+                                          : std::string("not known"));
   suspect.why = fmt::format(
-      "learner '{}' is left out of the next {} round(s) (until round {} closes): learners {} could "
-      "not connect to its data plane (dataplane_host {}). Is a firewall in the way, or is "
-      "dataplane_host an address the others cannot reach? It trains on alone meanwhile, and is "
-      "tried again after that",
-      record.id, rounds, suspect.until_round, fmt::join(reporters, ", "),
-      !record.rank_addresses.empty() ? fmt::format("{}", fmt::join(record.rank_addresses, ", "))
-      : !record.address.empty()      ? record.address
-                                     : std::string("not known"));
+      "learner '{}' is left out of the next {} round(s) (until round {} closes): learners {} {} "
+      "It trains on alone meanwhile, and is tried again after that",
+      record.id, rounds, suspect.until_round, fmt::join(reporters, ", "), what);
   spdlog::warn("{}", suspect.why);
   events_.Add(now, "unreachable", record.id,
-              fmt::format("{} could not connect to it; left out of {} round(s)",
-                          fmt::join(reporters, ", "), rounds));
+              fmt::format("{} could not {} it; left out of {} round(s)", fmt::join(reporters, ", "),
+                          unauthenticated ? "authenticate the pieces of" : "connect to", rounds));
   counters_.left_out_unreachable++;
   AbortJoinLocked(record, DeadlineExceededError(suspect.why), completions);
   membership_.Mutate(record, [](LearnerRecord& r) { r.unreachable = true; });

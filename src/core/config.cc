@@ -210,7 +210,8 @@ std::string FormatConfigValue(const Config& config, const ConfigKey& key) {
 }
 
 std::vector<std::string> SharedSettings(const Config& config) {
-  std::vector<std::string_view> keys = {"dataplane_encrypt",
+  std::vector<std::string_view> keys = {"checkpoint_authenticate",
+                                        "dataplane_encrypt",
                                         "exchange_frozen_parameters",
                                         "final_merge",
                                         "fragments",

@@ -238,6 +238,12 @@ std::vector<ConfigKey> BuildKeys() {
       Int("checkpoint_every_rounds", &C::checkpoint_every_rounds, 0, 1000000,
           "Rank 0 of every round whose id is a multiple of this writes one (0: on demand only)."),
       Int("checkpoint_keep", &C::checkpoint_keep, 1, 1000, "Checkpoints kept in checkpoint_dir."),
+      Bool("checkpoint_authenticate", &C::checkpoint_authenticate,
+           "With a job token (always, on a lighthouse's job), checkpoints and exported outer "
+           "state carry an HMAC-SHA256 under a key derived from the token, and a learner reads "
+           "only those its token authenticates: a tampered or foreign one is refused like a "
+           "damaged one. false writes and reads them with a SHA-256 only (every learner must "
+           "agree). See docs/architecture.md, Security."),
       Text("resume_from", &C::resume_from,
            "At start, resume from this checkpoint file (any name: runtime.save_checkpoint's), or "
            "fail naming it; "

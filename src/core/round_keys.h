@@ -11,8 +11,11 @@ inline constexpr char kRoundAbortKey[] = "abort";
 
 // <prefix>unreachable/<learner id>: set by a member whose connect failed, to
 // the ids (one a line) of the members its error named
-// (reducer/unreachable_peers.h); the lighthouse reads it at that learner's
-// next join and leaves out a learner that several others could not reach.
+// (reducer/unreachable_peers.h), each followed by kRoundUnauthenticatedTag
+// where its pieces failed the secure data plane's authentication (not a
+// connect that timed out); the lighthouse reads it at that learner's next
+// join and leaves out a learner that several others could not reach.
 inline constexpr char kRoundUnreachablePrefix[] = "unreachable/";
+inline constexpr char kRoundUnauthenticatedTag[] = "\tauthentication";
 
 }  // namespace mend

@@ -96,14 +96,15 @@ class GroupRankAgent final : public LearnerAgent {
  public:
   GroupRankAgent(std::string id, int64_t rank, const Clock& clock,
                  std::unique_ptr<LighthouseClient> client, GroupStoreOpener group_store,
-                 std::string data_plane_secret)
+                 AgentSecrets secrets)
       : id_(std::move(id)),
         rank_(rank),
         clock_(clock),
         client_(std::move(client)),
         group_store_(std::move(group_store)),
-        data_plane_secret_(std::move(data_plane_secret)) {}
-  std::string data_plane_secret() const override { return data_plane_secret_; }
+        secrets_(std::move(secrets)) {}
+  std::string data_plane_secret() const override { return secrets_.data_plane; }
+  std::string checkpoint_secret() const override { return secrets_.checkpoints; }
 
   void RecordStep(uint64_t, uint64_t, Micros) override {}
   StatusOr<QuorumResult> Quorum(uint64_t, uint64_t, Micros, bool, uint64_t) override {
@@ -136,7 +137,7 @@ class GroupRankAgent final : public LearnerAgent {
   const Clock& clock_;
   std::unique_ptr<LighthouseClient> client_;
   const GroupStoreOpener group_store_;
-  const std::string data_plane_secret_;
+  const AgentSecrets secrets_;
 };
 
 }  // namespace
@@ -255,9 +256,9 @@ StatusOr<std::unique_ptr<RendezvousStore>> OpenGroupOrLighthouseStore(
 std::unique_ptr<LearnerAgent> NewGroupRankAgent(std::string id, int64_t rank, const Clock& clock,
                                                 std::unique_ptr<LighthouseClient> client,
                                                 GroupStoreOpener group_store,
-                                                std::string data_plane_secret) {
+                                                AgentSecrets secrets) {
   return std::make_unique<GroupRankAgent>(std::move(id), rank, clock, std::move(client),
-                                          std::move(group_store), std::move(data_plane_secret));
+                                          std::move(group_store), std::move(secrets));
 }
 
 }  // namespace mend

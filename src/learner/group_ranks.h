@@ -76,14 +76,24 @@ bool StoreNotUpOrGone(const Status& status);
 [[nodiscard]] StatusOr<std::unique_ptr<RendezvousStore>> OpenGroupOrLighthouseStore(
     const GroupStoreOpener& group_store, LighthouseClient& client, const Clock& clock);
 
+// What a learner seals and authenticates with: the job token where its
+// setting is on (the default), else empty.
+struct AgentSecrets {
+  std::string data_plane;   // LearnerAgent::data_plane_secret (dataplane_encrypt)
+  std::string checkpoints;  // LearnerAgent::checkpoint_secret (checkpoint_authenticate)
+
+  static AgentSecrets Of(const Config& config, const std::string& token) {
+    return {config.dataplane_encrypt ? token : "", config.checkpoint_authenticate ? token : ""};
+  }
+};
+
 // The agent of group rank `rank` > 0 of learner `id`: it neither registers
 // nor heartbeats (group rank 0 speaks for the group) and learns the rounds
 // from its group (reducer/learner_group.h); it keeps `client` for the store,
-// where the rounds' communicators rendezvous, and the data plane's secret
-// (LearnerAgent::data_plane_secret). `clock` must outlive it.
+// where the rounds' communicators rendezvous, and the learner's secrets.
+// `clock` must outlive it.
 std::unique_ptr<LearnerAgent> NewGroupRankAgent(std::string id, int64_t rank, const Clock& clock,
                                                 std::unique_ptr<LighthouseClient> client,
-                                                GroupStoreOpener group_store,
-                                                std::string data_plane_secret);
+                                                GroupStoreOpener group_store, AgentSecrets secrets);
 
 }  // namespace mend

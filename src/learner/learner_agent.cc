@@ -16,14 +16,6 @@
 #include "wire/protocol_rules.h"
 
 namespace mend {
-namespace {
-
-// What a learner's communicators seal with (LearnerAgent::data_plane_secret).
-std::string DataPlaneSecret(const Config& config, const std::string& token) {
-  return config.dataplane_encrypt ? token : "";
-}
-
-}  // namespace
 
 LearnerAgentImpl::LearnerAgentImpl(const Config& config, const std::string& token,
                                    const LearnerIdentity& identity, const Clock& clock,
@@ -34,7 +26,7 @@ LearnerAgentImpl::LearnerAgentImpl(const Config& config, const std::string& toke
       clock_(clock),
       address_(config.lighthouse),
       token_(token),
-      data_plane_secret_(DataPlaneSecret(config, token)),
+      secrets_(AgentSecrets::Of(config, token)),
       use_udp_(config.control_plane == ControlPlane::kUdp),
       synchronous_(!config.concurrent_outer_step),
       client_(std::move(client)),
@@ -353,7 +345,7 @@ StatusOr<std::unique_ptr<LearnerAgent>> LearnerAgent::Start(const ValidConfig& v
   }
   if (config.group_rank > 0) {
     return NewGroupRankAgent(full.id, config.group_rank, clock, std::move(client),
-                             std::move(group_store), DataPlaneSecret(config, token));
+                             std::move(group_store), AgentSecrets::Of(config, token));
   }
   auto agent = std::make_unique<LearnerAgentImpl>(config, token, full, clock, std::move(client),
                                                   std::move(group_store));

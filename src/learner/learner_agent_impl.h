@@ -71,7 +71,8 @@ class LearnerAgentImpl final : public LearnerAgent {
   StatusOr<std::unique_ptr<RendezvousStore>> OpenGroupStore() override {
     return OpenGroupOrLighthouseStore(group_store_, *client_, clock_);
   }
-  std::string data_plane_secret() const override { return data_plane_secret_; }
+  std::string data_plane_secret() const override { return secrets_.data_plane; }
+  std::string checkpoint_secret() const override { return secrets_.checkpoints; }
 
  private:
   static constexpr size_t kMaxBufferedStepTimes = 1024;
@@ -168,7 +169,7 @@ class LearnerAgentImpl final : public LearnerAgent {
   const Clock& clock_;
   const std::string address_;
   const std::string token_;
-  const std::string data_plane_secret_;  // token_ with dataplane_encrypt, else empty
+  const AgentSecrets secrets_;
   const bool use_udp_;
   const bool synchronous_;  // its joins give up when the job is short of a quorum
   const std::unique_ptr<LighthouseClient> client_;

@@ -138,8 +138,7 @@ StatusOr<std::vector<std::pair<std::vector<float>, std::vector<float>>>> Fragmen
 void CheckpointWriter::Write(std::shared_ptr<const Checkpoint> checkpoint) {
   Join();
   thread_ = std::thread([this, checkpoint]() {
-    CheckpointDirectory directory(dir_, keep_);
-    StatusOr<std::string> written = directory.Save(*checkpoint);
+    StatusOr<std::string> written = directory_.Save(*checkpoint);
     if (written.ok()) {
       written_.fetch_add(1);
       spdlog::info("checkpoint of round {} written to {}", checkpoint->meta.round_id, *written);

@@ -44,7 +44,7 @@ FragmentStates(const Checkpoint& checkpoint, const FlatParameters& parameters,
 // counted, training goes on.
 class CheckpointWriter {
  public:
-  CheckpointWriter(std::string dir, int keep) : dir_(std::move(dir)), keep_(keep) {}
+  explicit CheckpointWriter(CheckpointDirectory directory) : directory_(std::move(directory)) {}
   ~CheckpointWriter() { Join(); }
   void Write(std::shared_ptr<const Checkpoint> checkpoint);
   void Join();
@@ -52,8 +52,7 @@ class CheckpointWriter {
   uint64_t failed() const { return failed_.load(); }
 
  private:
-  const std::string dir_;
-  const int keep_;
+  CheckpointDirectory directory_;  // used by one write at a time
   std::thread thread_;
   std::atomic<uint64_t> written_{0};
   std::atomic<uint64_t> failed_{0};

@@ -18,7 +18,7 @@ void SetDeslocRounds(const Config& config, RoundOptions* options) {
   for (int k = 0; k < 2; ++k) options->desloc_rounds[k] = static_cast<uint64_t>(periods[k] / h);
 }
 
-CheckpointOptions MakeCheckpointOptions(const Config& config) {
+CheckpointOptions MakeCheckpointOptions(const Config& config, std::string secret) {
   CheckpointOptions options;
   options.dir = config.checkpoint_dir;
   options.keep = static_cast<int>(config.checkpoint_keep);
@@ -28,6 +28,7 @@ CheckpointOptions MakeCheckpointOptions(const Config& config) {
   options.resume = config.resume;
   options.job_id = config.job_id;
   options.config_toml = ConfigToToml(config);
+  options.secret = std::move(secret);
   return options;
 }
 
@@ -38,7 +39,8 @@ uint64_t FinalMergeStep(const Config& config) {
                                                       : 0;
 }
 
-RoundOptions MakeRoundOptions(const Config& config, const FragmentSchedule& schedule) {
+RoundOptions MakeRoundOptions(const Config& config, const FragmentSchedule& schedule,
+                              std::string checkpoint_secret) {
   RoundOptions options;
   options.concurrent = config.concurrent_outer_step;
   options.rounds_in_flight =
@@ -67,7 +69,7 @@ RoundOptions MakeRoundOptions(const Config& config, const FragmentSchedule& sche
   if (options.desloc) SetDeslocRounds(config, &options);
   options.heal_inner_optimizer = config.heal_inner_optimizer;
   options.diagnostics_dir = config.diagnostics_dir;
-  options.checkpoints = MakeCheckpointOptions(config);
+  options.checkpoints = MakeCheckpointOptions(config, std::move(checkpoint_secret));
   options.communicator = CommunicatorOptionsFrom(config);
   options.quorum_timeout = config.quorum_timeout_ms * kMicrosPerMilli;
   options.rack_aware = config.rack_aware;

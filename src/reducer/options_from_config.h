@@ -20,7 +20,9 @@ namespace mend::reducer {
 // The step of the job's final merge: total_steps with final_merge on; 0: none.
 uint64_t FinalMergeStep(const Config& config);
 
-RoundOptions MakeRoundOptions(const Config& config, const FragmentSchedule& schedule);
+// `checkpoint_secret`: CheckpointOptions::secret (empty: none).
+RoundOptions MakeRoundOptions(const Config& config, const FragmentSchedule& schedule,
+                              std::string checkpoint_secret = {});
 
 // The data plane's part (collective_timeout_ms, connect_timeout_ms,
 // dataplane_host, link_latency_ms, link_rate_mbit); a round adds its

@@ -25,7 +25,7 @@ OuterState::OuterState(CheckpointOptions options, FlatParameters& parameters,
       policy_(policy),
       learner_id_(std::move(learner_id)),
       book_(parameters, schedule, copies, pool),
-      writer_(options_.dir, options_.keep) {}
+      writer_(CheckpointDirectory(options_.dir, options_.keep, options_.secret)) {}
 
 OuterState::~OuterState() { writer_.Join(); }
 
@@ -62,7 +62,7 @@ StatusOr<std::optional<Restored>> OuterState::Start(uint64_t start_step) {
   }
   std::optional<Restored> restored;
   if (!options_.resume_from.empty()) {
-    StatusOr<Checkpoint> checkpoint = ReadCheckpoint(options_.resume_from);
+    StatusOr<Checkpoint> checkpoint = ReadCheckpoint(options_.resume_from, options_.secret);
     if (!checkpoint.ok()) {
       return Annotate(checkpoint.status(),
                       fmt::format("resume_from = \"{}\"", options_.resume_from));
@@ -86,7 +86,7 @@ StatusOr<std::optional<Restored>> OuterState::Start(uint64_t start_step) {
 // job's progress, and checkpoint_keep would then delete the damaged files
 // (what a repair could start from).
 Status OuterState::Resume(std::optional<Restored>* restored) {
-  CheckpointDirectory directory(options_.dir, options_.keep);
+  CheckpointDirectory directory(options_.dir, options_.keep, options_.secret);
   std::vector<std::string> skipped;
   StatusOr<Checkpoint> checkpoint = directory.LoadLatest(&skipped);
   for (const std::string& why : skipped) spdlog::error("skipping a damaged checkpoint: {}", why);
@@ -106,7 +106,7 @@ Status OuterState::Resume(std::optional<Restored>* restored) {
     spdlog::info("group rank 0 resumes from round {} where this rank found {}; so does this one",
                  round, newest);
     if (round == 0) return OkStatus();  // rank 0 found none: a fresh start, as on rank 0
-    checkpoint = ReadCheckpoint(directory.PathOf(round));
+    checkpoint = ReadCheckpoint(directory.PathOf(round), options_.secret);
     if (!checkpoint.ok()) {
       return Annotate(checkpoint.status(),
                       fmt::format("checkpoint_dir {}: group rank 0 resumes from round {}; this "
@@ -124,7 +124,7 @@ Status OuterState::Resume(std::optional<Restored>* restored) {
 
 StatusOr<std::optional<Restored>> OuterState::TakeFinal(uint64_t final_step) {
   if (options_.dir.empty()) return std::nullopt;
-  CheckpointDirectory directory(options_.dir, options_.keep);
+  CheckpointDirectory directory(options_.dir, options_.keep, options_.secret);
   std::vector<std::string> skipped;
   StatusOr<Checkpoint> checkpoint = directory.LoadLatest(&skipped);
   for (const std::string& why : skipped) spdlog::error("skipping a damaged checkpoint: {}", why);
@@ -247,12 +247,13 @@ StatusOr<std::string> OuterState::Export(const Progress& progress) {
   Checkpoint& checkpoint = *whole;
   policy_.AddOwnState(book_, &checkpoint);
   AddProgress(progress, &checkpoint.meta);
-  return EncodeCheckpoint(checkpoint);
+  return EncodeCheckpoint(checkpoint, options_.secret);
 }
 
 StatusOr<Restored> OuterState::Import(std::string_view bytes, bool keep_parameters) {
   book_.AwaitPrefault();
-  MEND_ASSIGN_OR_RETURN(Checkpoint checkpoint, DecodeCheckpoint(bytes, "(imported state)"));
+  MEND_ASSIGN_OR_RETURN(Checkpoint checkpoint,
+                        DecodeCheckpoint(bytes, "(imported state)", options_.secret));
   MEND_ASSIGN_OR_RETURN(Restored restored, keep_parameters
                                                ? RestoreOuter(checkpoint)
                                                : Restore(checkpoint, "(imported state)"));
@@ -274,13 +275,14 @@ StatusOr<std::string> OuterState::ExportOwn(const Progress& progress, std::span<
   MEND_RETURN_IF_ERROR(policy_.OwnValues(slice_momentum, momentum));
   Checkpoint described = Described(progress, 0);
   AddProgress(progress, &described.meta);
-  return EncodeCheckpoint(described);
+  return EncodeCheckpoint(described, options_.secret);
 }
 
 StatusOr<Restored> OuterState::ImportOwn(std::string_view described, std::span<const float> global,
                                          std::span<const float> momentum) {
   book_.AwaitPrefault();
-  MEND_ASSIGN_OR_RETURN(Checkpoint checkpoint, DecodeCheckpoint(described, "(imported state)"));
+  MEND_ASSIGN_OR_RETURN(Checkpoint checkpoint,
+                        DecodeCheckpoint(described, "(imported state)", options_.secret));
   const CheckpointMeta& meta = checkpoint.meta;
   MEND_RETURN_IF_ERROR(CheckProgress(meta, "import_own_state", ""));
   std::vector<float> slice_global(book_.values()), slice_momentum(book_.values());
@@ -326,7 +328,7 @@ StatusOr<std::shared_ptr<Checkpoint>> OuterState::Snapshot(const Progress& progr
 Status OuterState::Save(const std::string& path, const Progress& progress) {
   MEND_ASSIGN_OR_RETURN(std::shared_ptr<Checkpoint> whole,
                         Whole(progress, "SaveCheckpoint", "checkpoint"));
-  return whole ? WriteCheckpoint(path, *whole) : OkStatus();
+  return whole ? WriteCheckpoint(path, *whole, options_.secret) : OkStatus();
 }
 
 // Rank 0 of a round whose id is a multiple of checkpoint_every_rounds (or

@@ -69,9 +69,9 @@ StatusOr<std::unique_ptr<RoundDriver>> RoundDriver::Create(
     parameters = std::move(slice);
     moments = std::move(moment_slice);
   }
-  auto driver = std::make_unique<RoundDriverImpl>(config, clock, agent.id(), schedule,
-                                                  std::move(codec), std::move(policy),
-                                                  std::move(parameters), std::move(moments));
+  auto driver = std::make_unique<RoundDriverImpl>(
+      config, clock, agent.id(), agent.checkpoint_secret(), schedule, std::move(codec),
+      std::move(policy), std::move(parameters), std::move(moments));
   if (!services) {
     services = LighthouseRoundServices(agent, clock, config.collective_timeout_ms * kMicrosPerMilli,
                                        config.train_through_lighthouse_outage);

@@ -39,10 +39,12 @@ class RoundDriverImpl final : public RoundDriver {
   // `policy` owns what a group needs (its LearnerGroup and whole model);
   // `parameters` are this rank's (a group's slice); `learner_id` names its
   // checkpoints.
+  // `checkpoint_secret`: what its checkpoints are authenticated with
+  // (LearnerAgent::checkpoint_secret).
   RoundDriverImpl(const Config& config, const Clock& clock, std::string learner_id,
-                  FragmentSchedule schedule, std::unique_ptr<Codec> codec,
-                  std::unique_ptr<RoundPolicy> policy, std::unique_ptr<FlatParameters> parameters,
-                  std::unique_ptr<FlatMoments> moments);
+                  std::string checkpoint_secret, FragmentSchedule schedule,
+                  std::unique_ptr<Codec> codec, std::unique_ptr<RoundPolicy> policy,
+                  std::unique_ptr<FlatParameters> parameters, std::unique_ptr<FlatMoments> moments);
   // Without shutdown() (the caller is unwinding): the rounds in flight are
   // called off and their results dropped (Flights goes first).
   ~RoundDriverImpl() override = default;

@@ -11,12 +11,12 @@
 namespace mend::reducer {
 
 RoundDriverImpl::RoundDriverImpl(const Config& config, const Clock& clock, std::string learner_id,
-                                 FragmentSchedule schedule, std::unique_ptr<Codec> codec,
-                                 std::unique_ptr<RoundPolicy> policy,
+                                 std::string checkpoint_secret, FragmentSchedule schedule,
+                                 std::unique_ptr<Codec> codec, std::unique_ptr<RoundPolicy> policy,
                                  std::unique_ptr<FlatParameters> parameters,
                                  std::unique_ptr<FlatMoments> moments)
     : clock_(clock),
-      options_(MakeRoundOptions(config, schedule)),
+      options_(MakeRoundOptions(config, schedule, std::move(checkpoint_secret))),
       policy_(std::move(policy)),
       schedule_(schedule),
       parameters_(std::move(parameters)),

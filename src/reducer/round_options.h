@@ -27,6 +27,10 @@ struct CheckpointOptions {
   bool resume = false;        // the newest checkpoint in `dir`, when there is one
   std::string job_id;
   std::string config_toml;  // the learner's config, as each checkpoint records it
+  // What checkpoints (files and exported state) are authenticated with: the
+  // job token with checkpoint_authenticate (LearnerAgent::checkpoint_secret),
+  // else empty.
+  std::string secret;
 };
 
 struct RoundOptions {

@@ -108,8 +108,14 @@ void ReportUnreachable(RendezvousStore& store, const std::string& prefix,
   const std::vector<std::string> peers =
       UnreachableMembers(std::string(failed.message()), members, self);
   if (peers.empty()) return;
-  (void)store.Set(prefix + kRoundUnreachablePrefix + self,
-                  fmt::format("{}", fmt::join(peers, "\n")));
+  std::string report;
+  for (const std::string& peer : peers) {
+    const bool unauthenticated =
+        failed.message().find(fmt::format("('{}{}", peer, kUnauthenticated)) != std::string::npos;
+    report += fmt::format("{}{}{}", report.empty() ? "" : "\n", peer,
+                          unauthenticated ? kRoundUnauthenticatedTag : "");
+  }
+  (void)store.Set(prefix + kRoundUnreachablePrefix + self, report);
 }
 
 }  // namespace mend::reducer

@@ -30,8 +30,9 @@ std::vector<std::string> UnreachableMembers(std::string_view error,
                                             const std::vector<RoundMember>& members,
                                             const std::string& self);
 
-// Sets <prefix>unreachable/<self> in `store` when `failed` names members
-// (best effort: a report the lighthouse does not get changes nothing).
+// Sets <prefix>unreachable/<self> in `store` when `failed` names members,
+// each tagged when its pieces failed authentication (core/round_keys.h;
+// best effort: a report the lighthouse does not get changes nothing).
 void ReportUnreachable(RendezvousStore& store, const std::string& prefix,
                        const std::vector<RoundMember>& members, const std::string& self,
                        const Status& failed);

@@ -1,5 +1,6 @@
 // Checkpoints: round trip, refusal of damaged files naming the damage, atomic
-// replacement, and a directory that falls back to the previous good one.
+// replacement, a directory that falls back to the previous good one, and
+// authentication by the job token.
 #include "mend/checkpoint.h"
 
 #include <filesystem>
@@ -7,6 +8,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "test_util/checkpoint_edit.h"
 #include "test_util/wait.h"
 
 namespace mend {
@@ -172,6 +174,86 @@ TEST_F(CheckpointTest, DirectoryKeepsTheNewestAndFallsBackPastADamagedOne) {
   EXPECT_TRUE(fs::exists(files[1]));
   CheckpointDirectory empty(dir_ + "/none", 2);
   EXPECT_EQ(empty.LoadLatest().status().code(), absl::StatusCode::kNotFound);
+}
+
+constexpr char kToken[] = "checkpoint-test-token-0123456789";
+
+// With the job token a checkpoint is written as version 2 with a MAC, and
+// read back whole with the same token; without a token it is version 1.
+TEST_F(CheckpointTest, AnAuthenticatedCheckpointRoundTripsUnderItsToken) {
+  const std::string path = dir_ + "/a.mend";
+  ASSERT_TRUE(WriteCheckpoint(path, Sample(7), kToken).ok());
+  auto read = ReadCheckpoint(path, kToken);
+  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_EQ(read->tensors.size(), 3u);
+  EXPECT_EQ(read->tensors[0].values, Sample(7).tensors[0].values);
+  auto summary = InspectCheckpoint(path);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  EXPECT_EQ(summary->format_version, 2u);
+  EXPECT_TRUE(summary->authenticated);
+  ASSERT_TRUE(WriteCheckpoint(dir_ + "/plain.mend", Sample(7)).ok());
+  EXPECT_EQ(InspectCheckpoint(dir_ + "/plain.mend")->format_version, 1u);
+  EXPECT_FALSE(InspectCheckpoint(dir_ + "/plain.mend")->authenticated);
+  // The same bytes in memory (an exported state).
+  auto bytes = EncodeCheckpoint(Sample(7), kToken);
+  ASSERT_TRUE(bytes.ok());
+  EXPECT_EQ(*bytes, Bytes(path));  // the file's bytes (Sample fixes created_unix_ms)
+  EXPECT_TRUE(DecodeCheckpoint(*bytes, "(state)", kToken).ok());
+}
+
+// Someone without the token can alter a value and fix up every SHA-256 (a
+// file without authentication then reads back altered), but not the MAC;
+// another job's token, a file without authentication and an authenticated
+// one read without the token are each refused, naming why.
+TEST_F(CheckpointTest, OnlyTheTokenThatWroteACheckpointReadsIt) {
+  const std::string plain = dir_ + "/plain.mend", sealed = dir_ + "/sealed.mend";
+  ASSERT_TRUE(WriteCheckpoint(plain, Sample(1)).ok());
+  ASSERT_TRUE(WriteCheckpoint(sealed, Sample(1), kToken).ok());
+  testing_util::AlterCheckpointValue(plain, "global/w", 2, 42.0f);
+  auto altered = ReadCheckpoint(plain);
+  ASSERT_TRUE(altered.ok()) << "the alteration fixes up every SHA-256: " << altered.status();
+  EXPECT_EQ(altered->tensors[0].values[2], 42.0f);
+
+  auto other = ReadCheckpoint(sealed, "another-jobs-token-0123456789");
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(other.status().message(), HasSubstr("authentication failed"));
+  auto unauthenticated = ReadCheckpoint(plain, kToken);
+  EXPECT_EQ(unauthenticated.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(unauthenticated.status().message(), HasSubstr("not authenticated"));
+  auto without = ReadCheckpoint(sealed);
+  EXPECT_EQ(without.status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_THAT(without.status().message(), HasSubstr("needs the job's token"));
+
+  testing_util::AlterCheckpointValue(sealed, "global/w", 2, 42.0f);
+  auto tampered = ReadCheckpoint(sealed, kToken);
+  EXPECT_EQ(tampered.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(tampered.status().message(), HasSubstr("authentication failed"));
+  // A byte of the MAC itself.
+  ASSERT_TRUE(WriteCheckpoint(sealed, Sample(1), kToken).ok());
+  std::string bytes = Bytes(sealed);
+  bytes[bytes.size() - 1] ^= 1;
+  Put(sealed, bytes);
+  EXPECT_THAT(ReadCheckpoint(sealed, kToken).status().message(),
+              HasSubstr("authentication failed"));
+  // Exported state in memory, the same.
+  std::string state = *EncodeCheckpoint(Sample(1), kToken);
+  state[100] ^= 1;
+  EXPECT_EQ(DecodeCheckpoint(state, "(state)", kToken).status().code(),
+            absl::StatusCode::kDataLoss);
+}
+
+// A directory with a token skips the checkpoints the token does not
+// authenticate, as it skips damaged ones.
+TEST_F(CheckpointTest, ADirectoryWithATokenPassesOverWhatItDoesNotAuthenticate) {
+  CheckpointDirectory sealed(dir_, 3, kToken);
+  ASSERT_TRUE(sealed.Save(Sample(3)).ok());
+  ASSERT_TRUE(CheckpointDirectory(dir_, 3).Save(Sample(5)).ok());  // without the token
+  std::vector<std::string> skipped;
+  auto latest = sealed.LoadLatest(&skipped);
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(latest->meta.round_id, 3u);
+  ASSERT_EQ(skipped.size(), 1u);
+  EXPECT_THAT(skipped[0], HasSubstr("ckpt-000000000005.mend: not authenticated"));
 }
 
 }  // namespace

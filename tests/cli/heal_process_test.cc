@@ -454,7 +454,7 @@ TEST_F(HealProcessTest, AStoppedRankLeavesItsGroupOutNotTheJobStalled) {
                                       return !written.empty();
                                     }))
       << "no checkpoint in " << checkpoints;
-  auto verified = ReadCheckpoint(written);
+  auto verified = ReadCheckpoint(written, testing_util::kJobToken);
   ASSERT_TRUE(verified.ok()) << verified.status();
   EXPECT_NE(verified->Find("global/head.weight"), nullptr) << "the whole model, by parameter name";
   ASSERT_TRUE(a0->Signal(SIGTERM).ok());

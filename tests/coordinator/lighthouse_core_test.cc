@@ -289,6 +289,48 @@ TEST(LighthouseCoreTest, ALearnerOthersCannotReachIsLeftOutThenTriedAgain) {
   EXPECT_EQ(a->round().members.size(), 3u);
 }
 
+// Reports that a member's pieces failed the secure data plane's
+// authentication leave it out as unreachable ones do, and the reason given
+// says so (not a firewall).
+TEST(LighthouseCoreTest, AMemberWhosePiecesFailAuthenticationIsLeftOutSayingSo) {
+  CoreHarness h(CoreHarness::Options(2, 5000));
+  for (const char* id : {"a", "b", "c", "d"}) h.Register(id);
+  std::map<std::string, std::shared_ptr<JoinOutcome>> join;
+  for (const char* id : {"a", "b", "c", "d"}) join[id] = h.Join(id);
+  ASSERT_TRUE(join["a"]->ok());
+  const Round first = join["a"]->round();
+  for (const char* id : {"b", "c"}) {
+    ASSERT_TRUE(h.core()
+                    .store()
+                    .Set(first.rendezvous_prefix + kRoundUnreachablePrefix + id,
+                         std::string("a") + kRoundUnauthenticatedTag)
+                    .ok());
+  }
+  join["b"] = h.Join("b");
+  join["c"] = h.Join("c");  // two reporters: a is left out
+  join["a"] = h.Join("a");
+  ASSERT_TRUE(join["a"]->done());
+  EXPECT_EQ(join["a"]->code(), StatusCode::kDeadlineExceeded);
+  EXPECT_NE(join["a"]->message().find("learners b, c could not authenticate the data-plane pieces "
+                                      "it sent"),
+            std::string::npos)
+      << join["a"]->message();
+  EXPECT_EQ(join["a"]->message().find("firewall"), std::string::npos) << join["a"]->message();
+  auto status = nlohmann::json::parse(StatusJson(h.core().Snapshot(100, 10)));
+  int events = 0;
+  for (const auto& event : status["events"]) {
+    if (event["kind"] != "unreachable") continue;
+    ++events;
+    EXPECT_EQ(event["learner"], "a");
+    EXPECT_EQ(event["message"],
+              "b, c could not authenticate the pieces of it; left out of 1 round(s)");
+  }
+  EXPECT_EQ(events, 1);
+  join["d"] = h.Join("d");
+  ASSERT_TRUE(join["b"]->ok());
+  EXPECT_EQ(CoreHarness::MemberIds(join["b"]->round()), (std::vector<std::string>{"b", "c", "d"}));
+}
+
 // What does not count against a learner: reports of a round it was already
 // left out for (a third reporter's, read later), and those of the learner
 // that was left out. A learner left out that completes a round is forgiven.

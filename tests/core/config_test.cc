@@ -356,9 +356,9 @@ TEST(ConfigTest, JobTokenMustExistAndBeLongEnough) {
 TEST(ConfigTest, SharedSettingsAreTheKeysThatShapeTheRounds) {
   Config config;
   std::vector<std::string> settings = SharedSettings(config);
-  // Every one of the 14 names it always lists is a key (one that is not
+  // Every one of the 15 names it always lists is a key (one that is not
   // would be left out, and the count would fall short).
-  EXPECT_EQ(settings.size(), 14u);
+  EXPECT_EQ(settings.size(), 15u);
   EXPECT_THAT(settings, ::testing::Contains("dataplane_encrypt=true"));
   EXPECT_TRUE(std::is_sorted(settings.begin(), settings.end()));
   EXPECT_THAT(settings, ::testing::Contains("sync_period_steps=100"));
@@ -375,7 +375,7 @@ TEST(ConfigTest, SharedSettingsAreTheKeysThatShapeTheRounds) {
   settings = SharedSettings(config);
   EXPECT_THAT(settings, ::testing::Contains("codec_block_size=64"));
   EXPECT_THAT(settings, ::testing::Contains("momentum_sync_period_steps=0"));
-  EXPECT_EQ(settings.size(), 17u);
+  EXPECT_EQ(settings.size(), 18u);
   EXPECT_TRUE(std::is_sorted(settings.begin(), settings.end()));
 }
 

@@ -284,19 +284,24 @@ TEST_F(LearnerAgentTest, AnInterruptedJoinIsCancelledNotLeftInFlight) {
 namespace mend {
 namespace {
 
-// The data plane is sealed with the job token unless dataplane_encrypt is
-// off (the communicators' secret: CommunicatorOptions::secret).
+// The data plane is sealed, and checkpoints authenticated, with the job
+// token unless dataplane_encrypt (checkpoint_authenticate) is off (the
+// communicators' secret: CommunicatorOptions::secret; the checkpoints':
+// CheckpointOptions::secret), each on its own.
 TEST(LearnerAgentSecretTest, TheDataPlaneIsSecureByDefaultAndInTheClearOnlyWhenTurnedOff) {
   FakeClock clock;
   for (const bool encrypt : {true, false}) {
     Config config;
     config.lighthouse = "lighthouse.invalid:1";
     config.dataplane_encrypt = encrypt;
+    config.checkpoint_authenticate = !encrypt;
     LearnerAgentImpl agent(config, "the-job-token-0123", LearnerIdentity{"learner-a", "", "", ""},
                            clock, std::make_unique<FakeLighthouseClient>(), nullptr);
     EXPECT_EQ(agent.data_plane_secret(), encrypt ? "the-job-token-0123" : "");
+    EXPECT_EQ(agent.checkpoint_secret(), encrypt ? "" : "the-job-token-0123");
   }
   EXPECT_TRUE(Config{}.dataplane_encrypt);
+  EXPECT_TRUE(Config{}.checkpoint_authenticate);
 }
 
 // Keys that do not go together are refused before anything reaches the

@@ -125,6 +125,47 @@ def test_a_state_dict_is_refused_by_a_checkpoint_file_and_by_load_of_anything_el
         mend.mend_shutdown(model)
 
 
+def test_a_state_or_checkpoint_the_job_token_does_not_authenticate_is_refused(tmp_path):
+    """With a job token, state_dict() and save_checkpoint() are authenticated
+    (format version 2, an HMAC under a key from the token): a state altered
+    after it was exported, or one exported without authentication, is
+    refused; with checkpoint_authenticate=False the latter loads."""
+    with solo_lighthouse() as lighthouse:
+        def learner(name, **keys):
+            config = mend.MendConfig(lighthouse=lighthouse.address, quorum_min_learners=1, log_level="warn", **keys)
+            model = torch.nn.Linear(4, 1)
+            return model, mend.mend_init(model, config, name, manual=True)
+
+        model, runtime = learner("writer")
+        train_alone(model, runtime, 3)
+        state = runtime.state_dict()
+        path = tmp_path / "sealed.mend"
+        runtime.save_checkpoint(str(path))
+        mend.mend_shutdown(model)
+        assert struct.unpack("<I", path.read_bytes()[8:12]) == (2,)
+        assert struct.unpack("<I", state["state"][8:12]) == (2,)
+        altered = bytearray(state["state"])
+        altered[-41] ^= 1  # the last byte before the trailer (padding or data)
+        model, runtime = learner("reader")
+        with pytest.raises(mend.DataLossError, match="authentication failed"):
+            runtime.load_state_dict(dict(state, state=bytes(altered)))
+        runtime.load_state_dict(state)
+        mend.mend_shutdown(model)
+
+        model, runtime = learner("plain-writer", checkpoint_authenticate=False)
+        train_alone(model, runtime, 3)
+        plain = runtime.state_dict()
+        mend.mend_shutdown(model)
+        assert struct.unpack("<I", plain["state"][8:12]) == (1,)
+        model, runtime = learner("reader-2")
+        with pytest.raises(mend.DataLossError, match="not authenticated"):
+            runtime.load_state_dict(plain)
+        mend.mend_shutdown(model)
+        model, runtime = learner("plain-reader", checkpoint_authenticate=False)
+        runtime.load_state_dict(plain)
+        mend.mend_shutdown(model)
+
+
 def test_a_checkpoint_is_labelled_with_the_step_of_the_state_it_holds(tmp_path):
     with solo_lighthouse() as lighthouse:
         config = mend.MendConfig(lighthouse=lighthouse.address, quorum_min_learners=1, sync_period_steps=10,

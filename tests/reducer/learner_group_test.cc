@@ -771,7 +771,7 @@ TEST(LearnerGroupTest, AStreamingGroupsCheckpointEqualsTheFlatOneAndAnyGroupSize
     for (const auto& learner : RunJob(config, 2, ranks, 30)) {
       for (const RankRun& run : learner) ASSERT_TRUE(run.error.ok()) << run.error;
     }
-    auto saved = CheckpointDirectory(dir, 3).LoadLatest();
+    auto saved = CheckpointDirectory(dir, 3, kToken).LoadLatest();
     ASSERT_TRUE(saved.ok()) << saved.status();
     EXPECT_EQ(saved->meta.round_id, 6u);
     written.push_back(*saved);
@@ -812,7 +812,7 @@ TEST(LearnerGroupTest, ACheckpointOnDemandIsCollectiveAndEqualsTheFlatOne) {
       for (const RankRun& run : learner)
         ASSERT_TRUE(run.error.ok()) << ranks << " ranks: " << run.error;
     }
-    auto read = ReadCheckpoint(dir + "/learner-0.mend");
+    auto read = ReadCheckpoint(dir + "/learner-0.mend", kToken);
     ASSERT_TRUE(read.ok()) << read.status();
     // Saved at step 13, it holds the state of the round at step 10 and says so.
     EXPECT_EQ(read->meta.step, 10u);

@@ -15,10 +15,12 @@
 #include <optional>
 #include <thread>
 
+#include "fmt/format.h"
 #include "gtest/gtest.h"
 #include "mend/checkpoint.h"
 #include "mend/lighthouse.h"
 #include "nlohmann/json.hpp"
+#include "test_util/checkpoint_edit.h"
 #include "test_util/job_config.h"
 #include "test_util/lighthouse_outage.h"
 #include "test_util/wait.h"
@@ -46,10 +48,49 @@ struct LearnerLog {
   std::vector<float> initial_global;               // right after Create (a resume shows here)
   uint64_t registrations = 0;                      // with the lighthouse (1 + re-registrations)
   std::atomic<uint64_t> steps{0};                  // the reducer's step, live
-  const Reducer* reducer = nullptr;  // while Learn trains: for its gates (on the same thread)
-  uint64_t quiet_steps = 0;          // steps that neither started nor applied a round
-  bool shutdown_may_fail = false;    // (else Learn asserts that shutdown() succeeded)
+  const Reducer* reducer = nullptr;     // while Learn trains: for its gates (on the same thread)
+  uint64_t quiet_steps = 0;             // steps that neither started nor applied a round
+  bool shutdown_may_fail = false;       // (else Learn asserts that shutdown() succeeded)
+  bool foreign_data_plane_key = false;  // its data plane sealed under another key (ForeignKeyAgent)
   Status shutdown_status;
+};
+
+// A learner's agent whose data plane seals under another secret than the
+// job token (everything else is its own agent's): a stand-in for a member
+// whose pieces are forged, or altered on the way.
+class ForeignKeyAgent final : public LearnerAgent {
+ public:
+  explicit ForeignKeyAgent(std::unique_ptr<LearnerAgent> agent) : agent_(std::move(agent)) {}
+  std::string data_plane_secret() const override { return "not-the-job-token-0123456789"; }
+  std::string checkpoint_secret() const override { return agent_->checkpoint_secret(); }
+  void RecordStep(uint64_t step, uint64_t tokens, Micros time) override {
+    agent_->RecordStep(step, tokens, time);
+  }
+  StatusOr<QuorumResult> Quorum(uint64_t last_round_id, uint64_t tokens, Micros timeout,
+                                bool include_members, uint64_t boundary_step) override {
+    return agent_->Quorum(last_round_id, tokens, timeout, include_members, boundary_step);
+  }
+  void Interrupt() override { agent_->Interrupt(); }
+  Status Leave(const std::string& reason) override { return agent_->Leave(reason); }
+  void Stop() override { agent_->Stop(); }
+  void WithholdHeartbeats(bool withhold) override { agent_->WithholdHeartbeats(withhold); }
+  const std::string& id() const override { return agent_->id(); }
+  bool slow() const override { return agent_->slow(); }
+  double slow_zscore() const override { return agent_->slow_zscore(); }
+  uint64_t latest_round_id() const override { return agent_->latest_round_id(); }
+  uint64_t latest_round_step() const override { return agent_->latest_round_step(); }
+  bool lighthouse_lost() const override { return agent_->lighthouse_lost(); }
+  bool short_of_quorum() const override { return agent_->short_of_quorum(); }
+  uint64_t registrations() const override { return agent_->registrations(); }
+  Status fatal_status() const override { return agent_->fatal_status(); }
+  const Clock& clock() const override { return agent_->clock(); }
+  LighthouseClient& client() override { return agent_->client(); }
+  StatusOr<std::unique_ptr<RendezvousStore>> OpenGroupStore() override {
+    return agent_->OpenGroupStore();
+  }
+
+ private:
+  std::unique_ptr<LearnerAgent> agent_;
 };
 
 // Trains a linear regression on the learner's own shard for `boundaries`
@@ -58,8 +99,10 @@ struct LearnerLog {
 void Learn(const Config& config, const std::string& id, int seed, int boundaries, LearnerLog* log,
            const std::function<void(int)>& gate = nullptr,
            const std::function<void(int)>& step_gate = nullptr) {
-  auto agent = LearnerAgent::Start(config, kToken, {id, "", "", ""}, *RealClock());
-  ASSERT_TRUE(agent.ok()) << agent.status();
+  auto started = LearnerAgent::Start(config, kToken, {id, "", "", ""}, *RealClock());
+  ASSERT_TRUE(started.ok()) << started.status();
+  std::unique_ptr<LearnerAgent> agent = std::move(*started);
+  if (log->foreign_data_plane_key) agent = std::make_unique<ForeignKeyAgent>(std::move(agent));
   torch::manual_seed(seed);  // different initial parameters on purpose
   torch::nn::Linear model(8, 1);
   std::unique_ptr<torch::optim::Optimizer> inner;
@@ -70,7 +113,7 @@ void Learn(const Config& config, const std::string& id, int seed, int boundaries
     inner =
         std::make_unique<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(0.05));
   }
-  auto reducer = Reducer::Create(config, *model, *inner, **agent);
+  auto reducer = Reducer::Create(config, *model, *inner, *agent);
   ASSERT_TRUE(reducer.ok()) << reducer.status();
   log->initial_global.assign((*reducer)->global(0).begin(), (*reducer)->global(0).end());
   log->reducer = reducer->get();
@@ -108,7 +151,7 @@ void Learn(const Config& config, const std::string& id, int seed, int boundaries
     ASSERT_TRUE(log->shutdown_status.ok()) << log->shutdown_status;
   }
   log->stats = (*reducer)->stats();
-  log->registrations = (*agent)->registrations();
+  log->registrations = agent->registrations();
   auto global = (*reducer)->global(0);
   log->final_global.emplace(global.begin(), global.end());
   if (config.desloc || config.heal_inner_optimizer) {
@@ -393,7 +436,7 @@ TEST(ReducerTest, CheckpointsResumeWithADifferentNumberOfLearners) {
   ASSERT_EQ(a.stats.rounds, 4u);
   EXPECT_EQ(a.stats.checkpoints + b.stats.checkpoints, 2u);  // rounds 2 and 4, by rank 0
   EXPECT_EQ(a.stats.checkpoint_failures + b.stats.checkpoint_failures, 0u);
-  CheckpointDirectory directory(dir, 3);
+  CheckpointDirectory directory(dir, 3, kToken);  // authenticated by the job token
   auto saved = directory.LoadLatest();
   ASSERT_TRUE(saved.ok()) << saved.status();
   EXPECT_EQ(saved->meta.round_id, a.stats.last_round_id);
@@ -433,7 +476,7 @@ TEST(ReducerTest, ACheckpointOfAnotherModelIsRefused) {
   other.meta.round_id = 3;
   other.tensors.push_back({"global/weight", {1, 4}, {1, 2, 3, 4}});
   other.tensors.push_back({"outer_momentum/weight", {1, 4}, {0, 0, 0, 0}});
-  ASSERT_TRUE(CheckpointDirectory(dir, 3).Save(other).ok());
+  ASSERT_TRUE(CheckpointDirectory(dir, 3, kToken).Save(other).ok());
   Config config = BaseConfig();
   config.checkpoint_dir = dir;
   const Status reducer = CreateAlone(config, 8);
@@ -452,7 +495,7 @@ TEST(ReducerTest, ACheckpointDirOfOnlyDamagedCheckpointsIsRefusedAndKept) {
   saved.meta.round_id = 3;
   saved.tensors.push_back({"global/weight", {1, 8}, std::vector<float>(8, 1)});
   saved.tensors.push_back({"global/bias", {1}, {0}});
-  ASSERT_TRUE(CheckpointDirectory(dir, 3).Save(saved).ok());
+  ASSERT_TRUE(CheckpointDirectory(dir, 3, kToken).Save(saved).ok());
   const std::vector<std::string> files = CheckpointDirectory(dir, 3).List();
   ASSERT_EQ(files.size(), 1u);
   std::filesystem::resize_file(files[0], std::filesystem::file_size(files[0]) - 4);
@@ -465,6 +508,84 @@ TEST(ReducerTest, ACheckpointDirOfOnlyDamagedCheckpointsIsRefusedAndKept) {
   EXPECT_NE(reducer.message().find("truncated"), std::string_view::npos) << reducer;
   EXPECT_TRUE(std::filesystem::exists(files[0]));
   std::filesystem::remove_all(dir);
+}
+
+// A learner whose pieces do not authenticate (sealed under another key than
+// the job token's) fails the rounds it joins, named by the others; they
+// report it, the lighthouse leaves it out saying why, and the other two go
+// on with rounds of their own, bit-identical, none of its pieces merged.
+TEST(ReducerTest, ALearnerWhosePiecesDoNotAuthenticateIsLeftOutAndTheOthersGoOn) {
+  Config config = BaseConfig();
+  config.quorum_min_learners = 2;
+  auto server = StartLighthouse(config);
+  config.lighthouse = server->grpc_address();
+  LearnerLog logs[3];
+  logs[2].foreign_data_plane_key = true;
+  logs[2].shutdown_may_fail = true;
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 3; ++i) {
+    threads.emplace_back([&, i]() {
+      Learn(config, std::string("learner-") + static_cast<char>('a' + i), i + 1, 12, &logs[i]);
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(logs[2].stats.rounds, 0u) << "no round of the foreign learner completes";
+  EXPECT_GT(logs[2].stats.failed_rounds, 0u);
+  EXPECT_GT(logs[0].stats.rounds, 0u);
+  EXPECT_GT(logs[0].stats.failed_rounds, 0u) << "it was in a round with them";
+  EXPECT_EQ(ExpectSameGlobals(logs[0], logs[1]), logs[0].stats.rounds);
+  // Left out each time it is let back in, for 1, then 2 rounds, ...
+  size_t left_out = 0;
+  const nlohmann::json status = nlohmann::json::parse(server->StatusJson());
+  for (const auto& event : status["events"]) {
+    if (event["kind"] != "unreachable") continue;
+    EXPECT_EQ(event["learner"], "learner-c") << event;
+    EXPECT_EQ(event["message"].get<std::string>(),
+              fmt::format("learner-a, learner-b could not authenticate the pieces of it; left out "
+                          "of {} round(s)",
+                          1 << left_out));
+    ++left_out;
+  }
+  EXPECT_GE(left_out, 2u) << status.dump();
+}
+
+// With a job token a learner resumes only from checkpoints that token
+// authenticates: one written without authentication, one of another job's
+// token, and an authenticated one altered after it was written (a value
+// changed with its tensor's SHA-256 made to match) are each refused like a
+// damaged one, and none of them is resumed. With checkpoint_authenticate =
+// false the unauthenticated one is.
+TEST(ReducerTest, ACheckpointTheJobTokenDoesNotAuthenticateIsRefusedAsDamaged) {
+  Checkpoint saved;
+  saved.meta.round_id = 3;
+  saved.tensors.push_back({"global/weight", {1, 8}, std::vector<float>(8, 1)});
+  saved.tensors.push_back({"global/bias", {1}, {0}});
+  saved.tensors.push_back({"outer_momentum/weight", {1, 8}, std::vector<float>(8, 0)});
+  saved.tensors.push_back({"outer_momentum/bias", {1}, {0}});
+  const struct {
+    const char* secret;
+    bool alter;
+    const char* why;
+  } cases[] = {{"", false, "not authenticated (format version 1"},
+               {"another-jobs-token-0123456789", false, "authentication failed"},
+               {kToken, true, "authentication failed"}};
+  for (const auto& c : cases) {
+    const std::string dir = testing_util::MakeTempDir();
+    auto written = CheckpointDirectory(dir, 3, c.secret).Save(saved);
+    ASSERT_TRUE(written.ok()) << written.status();
+    if (c.alter) testing_util::AlterCheckpointValue(*written, "global/weight", 0, 5.0f);
+    Config config = BaseConfig();
+    config.checkpoint_dir = dir;
+    const Status reducer = CreateAlone(config, 8);
+    ASSERT_EQ(reducer.code(), absl::StatusCode::kDataLoss) << c.why << ": " << reducer;
+    EXPECT_NE(reducer.message().find(c.why), std::string_view::npos) << reducer;
+    if (c.secret[0] == '\0') {
+      config.checkpoint_authenticate = false;
+      const Status resumed = CreateAlone(config, 8);
+      EXPECT_TRUE(resumed.ok()) << "resumed without authentication: " << resumed;
+    }
+    std::filesystem::remove_all(dir);
+  }
 }
 
 // Frozen parameters (requires_grad = false) are the learner's own unless

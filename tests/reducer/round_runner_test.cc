@@ -189,6 +189,18 @@ TEST_F(RoundRunnerTest, AFailedConnectNamesTheMembersItCouldNotReach) {
                                "member 9 ('z') failed authentication: ...",
                                round.members, "fake-learner"),
             (std::vector<std::string>{"b"}));
+  // The report tells the lighthouse which kind each is.
+  services_.SetConnect(DataLossError(
+      "round 7: connecting to the members: member 0 ('b') failed authentication; Connect timeout "
+      "[10.0.0.5]:1"));
+  round.round_id = 8;
+  round.rendezvous_prefix += "8/";
+  services_.SetQuorum(round);
+  ASSERT_FALSE(Run().ok());
+  named = services_.rendezvous()->Get(
+      round.rendezvous_prefix + kRoundUnreachablePrefix + "fake-learner", kMicrosPerSecond);
+  ASSERT_TRUE(named.ok()) << named.status();
+  EXPECT_EQ(*named, std::string("b") + kRoundUnauthenticatedTag + "\nd");
 }
 
 // A member that died after the rendezvous holds the others in Gloo's
