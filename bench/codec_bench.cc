@@ -88,25 +88,23 @@ BENCHMARK(BM_EncodeDecode)->Apply(Codecs);
 
 constexpr size_t kPieceBytes = 1 << 20;
 
-// Seals (or, with `open`, opens) the input in pieces of kPieceBytes.
+// Seals (or, with `open`, opens) the input in pieces of kPieceBytes, each
+// piece's lanes on state.range(0) threads.
 void RunSeal(benchmark::State& state, bool open) {
-  using dataplane::kSealTagBytes;
+  const size_t sealed = dataplane::SealedBytes(kPieceBytes);
   const std::vector<std::byte> randoms(32, std::byte{1});
   auto key = dataplane::DeriveKey("bench-token-0123456789",
                                   dataplane::Transcript("bench/", 1, 2, {"a", "b"}, randoms));
-  auto sealer = std::move(*dataplane::Sealer::Make(*key));
+  auto sealer = std::move(*dataplane::Sealer::Make(*key, static_cast<int>(state.range(0))));
   const auto* input = reinterpret_cast<const std::byte*>(Input().data());
   const size_t pieces = kValues * sizeof(float) / kPieceBytes;
-  std::vector<std::byte> wire(pieces * (kPieceBytes + kSealTagBytes));
+  std::vector<std::byte> wire(pieces * sealed);
   std::vector<std::byte> plain(kValues * sizeof(float));
-  auto piece = [&](size_t i) {
-    return std::span<std::byte>(wire.data() + i * (kPieceBytes + kSealTagBytes),
-                                kPieceBytes + kSealTagBytes);
-  };
+  auto piece = [&](size_t i) { return std::span<std::byte>(wire.data() + i * sealed, sealed); };
   for (size_t i = 0; i < pieces; ++i) {
     (void)sealer->Seal({1, 1, i, 0, 1}, {input + i * kPieceBytes, kPieceBytes}, piece(i));
   }
-  std::vector<std::byte> opened(kPieceBytes + kSealTagBytes);
+  std::vector<std::byte> opened(sealed);
   for (auto _ : state) {
     for (size_t i = 0; i < pieces; ++i) {
       if (open) {
@@ -121,15 +119,27 @@ void RunSeal(benchmark::State& state, bool open) {
     benchmark::DoNotOptimize(plain.data());
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * kValues * sizeof(float));
-  state.SetLabel("aes-256-gcm");
+  state.SetLabel("aes-256-gcm, " + std::to_string(state.range(0)) + " thread(s)");
 }
 
 void BM_Seal(benchmark::State& state) { RunSeal(state, false); }
 // (Includes the copy of each piece that its receive buffer would hold.)
 void BM_Open(benchmark::State& state) { RunSeal(state, true); }
 
-BENCHMARK(BM_Seal)->Unit(benchmark::kMillisecond)->MinTime(0.5);
-BENCHMARK(BM_Open)->Unit(benchmark::kMillisecond)->MinTime(0.5);
+BENCHMARK(BM_Seal)
+    ->ArgName("threads")
+    ->Arg(1)
+    ->Arg(2)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(0.5);
+BENCHMARK(BM_Open)
+    ->ArgName("threads")
+    ->Arg(1)
+    ->Arg(2)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(0.5);
 
 }  // namespace
 }  // namespace mend::bench

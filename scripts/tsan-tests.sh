@@ -39,7 +39,7 @@ cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE="${MEND_BUILD_TYPE:-RelWithDebI
 cmake --build "$dir" --target coordinator_state_test lighthouse_server_test communicator_test \
   dataplane_process_test heal_stream_test round_driver_test learner_group_test group_pulse_test \
   round_driver_clock_test group_round_services_test store_test control_handler_test \
-  made_all_reduce_test round_scale_test round_runner_test
+  made_all_reduce_test round_scale_test round_runner_test secure_dataplane_test
 if $build_only; then
   exit 0
 fi

@@ -74,6 +74,9 @@ struct CommunicatorOptions {
   // whose pieces do not open is named in the error and none of its bytes
   // are used (UNAUTHENTICATED at the connect, DATA_LOSS in an operation).
   std::string secret;
+  // Threads that seal and open each piece's lanes side by side, with a
+  // secret (the round's threads: round_threads).
+  int seal_threads = 1;
 };
 
 // Bytes this member put on and took off the wire, for the benchmarks and the

@@ -209,7 +209,8 @@ std::vector<ConfigKey> BuildKeys() {
       Int("round_threads", &C::round_threads, 0, 256,
           "Threads of a round's arithmetic (the boundary snapshot, the outer step and the "
           "parameters' update, in 1 MiB chunks), the calling thread included (a synchronous "
-          "round over parameters in place makes its snapshot in its merge, from its own thread). "
+          "round over parameters in place makes its snapshot in its merge, from its own thread); "
+          "as many seal and open the secure data plane's pieces, lane by lane. "
           "0: a quarter of the host's processors, 1 to 8."),
       Enum("host_staging", &C::host_staging, {"auto", "always"},
            "Python: which parameters go through float32 host buffers at round boundaries. auto: "

@@ -142,9 +142,9 @@ Transfer GlooCommunicator::Post(Op& op, bool send, int peer, Phase phase, size_t
     transfer.place = {op.id, static_cast<uint32_t>(phase), segment,
                       static_cast<uint32_t>(send ? me : peer),
                       static_cast<uint32_t>(send ? peer : me)};
-    transfer.wire = TakeWire(bytes + kSealTagBytes);
+    transfer.wire = TakeWire(SealedBytes(bytes));
     on_wire = transfer.wire.get();
-    const std::span<std::byte> wire(transfer.wire.get(), bytes + kSealTagBytes);
+    const std::span<std::byte> wire(transfer.wire.get(), SealedBytes(bytes));
     if (send) {
       const PhaseTimer timer(&stats_.seal_seconds);
       Status sealed =
@@ -157,7 +157,7 @@ Transfer GlooCommunicator::Post(Op& op, bool send, int peer, Phase phase, size_t
     } else {
       transfer.plain = {static_cast<std::byte*>(ptr), bytes};
     }
-    bytes += kSealTagBytes;
+    bytes = SealedBytes(bytes);
   }
   transfer.buffer = std::unique_ptr<UnboundBuffer, InFlightRelease>(
       context_->createUnboundBuffer(on_wire, bytes).release());
@@ -239,7 +239,7 @@ Status GlooCommunicator::Wait(Op& op, Transfer& transfer) {
 
 Status GlooCommunicator::Open(const Op& op, Transfer& transfer) {
   const PhaseTimer opening(&stats_.seal_seconds);
-  const std::span<std::byte> wire(transfer.wire.get(), transfer.plain.size() + kSealTagBytes);
+  const std::span<std::byte> wire(transfer.wire.get(), SealedBytes(transfer.plain.size()));
   if (sealer_->Open(transfer.place, wire, transfer.plain)) return OkStatus();
   return DataLossError(fmt::format(
       "round {}: {}: {} failed authentication: its piece does not open under this round's key (a "
@@ -263,7 +263,7 @@ Status GlooCommunicator::Secure() {
   const TranscriptDigest digest = Transcript(options_.prefix, options_.round_id,
                                              options_.world_size, options_.member_ids, randoms);
   MEND_ASSIGN_OR_RETURN(SealKey key, DeriveKey(options_.secret, digest));
-  MEND_ASSIGN_OR_RETURN(sealer_, Sealer::Make(key));
+  MEND_ASSIGN_OR_RETURN(sealer_, Sealer::Make(key, options_.seal_threads));
   // Every member's sealed digest: each that opens proves its sender holds
   // the key (and so the secret) and saw the same transcript.
   Op proof;

@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <climits>
 #include <cstring>
+#include <functional>
 
+#include "core/parallel.h"
 #include "fmt/format.h"
 
 namespace mend::dataplane {
@@ -41,10 +43,17 @@ bool UpdateInSteps(Update update, EVP_CIPHER_CTX* ctx, unsigned char* out, const
   return true;
 }
 
+// The bytes of each lane but the last (which has the rest).
+size_t LaneBytes(size_t bytes, size_t lanes) { return (bytes + lanes - 1) / lanes; }
+
 }  // namespace
 
+size_t SealLanes(size_t bytes) {
+  return std::clamp<size_t>(bytes / kSealLaneMinBytes, 1, kSealLanes);
+}
+
 Status CheckPlace(const PiecePlace& place) {
-  if (place.op >= (uint64_t{1} << 40) || place.phase >= 16 || place.segment >= (1u << 20) ||
+  if (place.op >= (uint64_t{1} << 36) || place.phase >= 16 || place.segment >= (1u << 20) ||
       place.sender >= (1u << 16) || place.receiver >= (1u << 16)) {
     return InternalError(fmt::format(
         "data plane: a piece's place (operation {}, phase {}, segment {}, sender {}, receiver {}) "
@@ -54,8 +63,9 @@ Status CheckPlace(const PiecePlace& place) {
   return OkStatus();
 }
 
-std::array<unsigned char, kSealNonceBytes> NonceOf(const PiecePlace& place) {
-  const uint64_t slot = (place.op << 24) | (uint64_t{place.phase} << 20) | place.segment;
+std::array<unsigned char, kSealNonceBytes> NonceOf(const PiecePlace& place, size_t lane) {
+  const uint64_t slot =
+      (place.op << 28) | (uint64_t{lane} << 24) | (uint64_t{place.phase} << 20) | place.segment;
   std::array<unsigned char, kSealNonceBytes> nonce{};
   for (int i = 0; i < 8; ++i) nonce[i] = static_cast<unsigned char>(slot >> (8 * i));
   nonce[8] = static_cast<unsigned char>(place.sender);
@@ -113,63 +123,94 @@ Status RandomBytes(std::span<std::byte> out) {
   return OkStatus();
 }
 
+// Each lane's contexts (the key set once: each piece sets only its nonce),
+// so that lanes run side by side; and the threads that run them.
 struct Sealer::Contexts {
-  EVP_CIPHER_CTX* seal = nullptr;
-  EVP_CIPHER_CTX* open = nullptr;
+  std::array<EVP_CIPHER_CTX*, kSealLanes> seal{};
+  std::array<EVP_CIPHER_CTX*, kSealLanes> open{};
+  std::unique_ptr<ThreadPool> pool;  // null: the caller alone
   ~Contexts() {
-    EVP_CIPHER_CTX_free(seal);
-    EVP_CIPHER_CTX_free(open);
+    for (EVP_CIPHER_CTX* ctx : seal) EVP_CIPHER_CTX_free(ctx);
+    for (EVP_CIPHER_CTX* ctx : open) EVP_CIPHER_CTX_free(ctx);
+  }
+  // body(lane) for every lane, on the pool when there is one.
+  void ForLanes(size_t lanes, const std::function<void(size_t)>& body) {
+    if (pool && lanes > 1) {
+      pool->ParallelFor(lanes, body);
+    } else {
+      for (size_t lane = 0; lane < lanes; ++lane) body(lane);
+    }
   }
 };
 
 Sealer::Sealer(std::unique_ptr<Contexts> contexts) : contexts_(std::move(contexts)) {}
 Sealer::~Sealer() = default;
 
-StatusOr<std::unique_ptr<Sealer>> Sealer::Make(const SealKey& key) {
+StatusOr<std::unique_ptr<Sealer>> Sealer::Make(const SealKey& key, int threads) {
   auto contexts = std::make_unique<Contexts>();
-  contexts->seal = EVP_CIPHER_CTX_new();
-  contexts->open = EVP_CIPHER_CTX_new();
-  // The key once (its schedule); each piece sets only its nonce.
-  if (contexts->seal == nullptr || contexts->open == nullptr ||
-      EVP_EncryptInit_ex(contexts->seal, EVP_aes_256_gcm(), nullptr, key.data(), nullptr) != 1 ||
-      EVP_DecryptInit_ex(contexts->open, EVP_aes_256_gcm(), nullptr, key.data(), nullptr) != 1) {
-    return InternalError("data plane: OpenSSL cannot set up AES-256-GCM");
+  for (size_t lane = 0; lane < kSealLanes; ++lane) {
+    EVP_CIPHER_CTX*& seal = contexts->seal[lane];
+    EVP_CIPHER_CTX*& open = contexts->open[lane];
+    seal = EVP_CIPHER_CTX_new();
+    open = EVP_CIPHER_CTX_new();
+    if (seal == nullptr || open == nullptr ||
+        EVP_EncryptInit_ex(seal, EVP_aes_256_gcm(), nullptr, key.data(), nullptr) != 1 ||
+        EVP_DecryptInit_ex(open, EVP_aes_256_gcm(), nullptr, key.data(), nullptr) != 1) {
+      return InternalError("data plane: OpenSSL cannot set up AES-256-GCM");
+    }
   }
+  if (threads > 1) contexts->pool = std::make_unique<ThreadPool>(threads);
   return std::unique_ptr<Sealer>(new Sealer(std::move(contexts)));
 }
 
 Status Sealer::Seal(const PiecePlace& place, std::span<const std::byte> plain,
                     std::span<std::byte> wire) {
   MEND_RETURN_IF_ERROR(CheckPlace(place));
-  if (wire.size() != plain.size() + kSealTagBytes) {
+  const size_t n = plain.size(), lanes = SealLanes(n), lane_bytes = LaneBytes(n, lanes);
+  if (wire.size() != SealedBytes(n)) {
     return InternalError("data plane: a sealed piece's buffer has the wrong size");
   }
-  EVP_CIPHER_CTX* ctx = contexts_->seal;
-  const auto nonce = NonceOf(place);
   auto* out = reinterpret_cast<unsigned char*>(wire.data());
-  bool ok = EVP_EncryptInit_ex(ctx, nullptr, nullptr, nullptr, nonce.data()) == 1 &&
-            UpdateInSteps(EVP_EncryptUpdate, ctx, out,
-                          reinterpret_cast<const unsigned char*>(plain.data()), plain.size());
-  int tail = 0;
-  ok = ok && EVP_EncryptFinal_ex(ctx, out + plain.size(), &tail) == 1 &&
-       EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_GET_TAG, kSealTagBytes, out + plain.size()) == 1;
-  if (!ok) return InternalError("data plane: OpenSSL could not seal a piece");
+  const auto* in = reinterpret_cast<const unsigned char*>(plain.data());
+  std::array<char, kSealLanes> sealed{};
+  contexts_->ForLanes(lanes, [&](size_t lane) {
+    EVP_CIPHER_CTX* ctx = contexts_->seal[lane];
+    const size_t at = lane * lane_bytes, bytes = std::min(lane_bytes, n - at);
+    unsigned char* tag = out + n + lane * kSealTagBytes;
+    const auto nonce = NonceOf(place, lane);
+    int tail = 0;
+    sealed[lane] = EVP_EncryptInit_ex(ctx, nullptr, nullptr, nullptr, nonce.data()) == 1 &&
+                   UpdateInSteps(EVP_EncryptUpdate, ctx, out + at, in + at, bytes) &&
+                   EVP_EncryptFinal_ex(ctx, tag, &tail) == 1 &&
+                   EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_GET_TAG, kSealTagBytes, tag) == 1;
+  });
+  if (std::find(sealed.begin(), sealed.begin() + lanes, 0) != sealed.begin() + lanes)
+    return InternalError("data plane: OpenSSL could not seal a piece");
   return OkStatus();
 }
 
 bool Sealer::Open(const PiecePlace& place, std::span<std::byte> wire, std::span<std::byte> plain) {
-  if (!CheckPlace(place).ok() || wire.size() != plain.size() + kSealTagBytes) return false;
-  EVP_CIPHER_CTX* ctx = contexts_->open;
-  const auto nonce = NonceOf(place);
+  const size_t n = plain.size(), lanes = SealLanes(n), lane_bytes = LaneBytes(n, lanes);
+  if (!CheckPlace(place).ok() || wire.size() != SealedBytes(n)) return false;
   auto* bytes = reinterpret_cast<unsigned char*>(wire.data());
-  bool ok = EVP_DecryptInit_ex(ctx, nullptr, nullptr, nullptr, nonce.data()) == 1 &&
-            UpdateInSteps(EVP_DecryptUpdate, ctx, bytes, bytes, plain.size());
-  int tail = 0;
-  ok = ok &&
-       EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_SET_TAG, kSealTagBytes, bytes + plain.size()) == 1 &&
-       EVP_DecryptFinal_ex(ctx, bytes + plain.size(), &tail) == 1;
-  if (!ok) return false;
-  if (!plain.empty()) std::memcpy(plain.data(), wire.data(), plain.size());
+  std::array<char, kSealLanes> opened{};
+  contexts_->ForLanes(lanes, [&](size_t lane) {
+    EVP_CIPHER_CTX* ctx = contexts_->open[lane];
+    const size_t at = lane * lane_bytes, size = std::min(lane_bytes, n - at);
+    unsigned char* tag = bytes + n + lane * kSealTagBytes;
+    const auto nonce = NonceOf(place, lane);
+    int tail = 0;
+    opened[lane] = EVP_DecryptInit_ex(ctx, nullptr, nullptr, nullptr, nonce.data()) == 1 &&
+                   UpdateInSteps(EVP_DecryptUpdate, ctx, bytes + at, bytes + at, size) &&
+                   EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_SET_TAG, kSealTagBytes, tag) == 1 &&
+                   EVP_DecryptFinal_ex(ctx, tag, &tail) == 1;
+  });
+  if (std::find(opened.begin(), opened.begin() + lanes, 0) != opened.begin() + lanes) return false;
+  // Every lane verified: the plaintext, lane by lane (side by side too).
+  contexts_->ForLanes(lanes, [&](size_t lane) {
+    const size_t at = lane * lane_bytes;
+    if (at < n) std::memcpy(plain.data() + at, wire.data() + at, std::min(lane_bytes, n - at));
+  });
   return true;
 }
 

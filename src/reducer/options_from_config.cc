@@ -18,6 +18,12 @@ void SetDeslocRounds(const Config& config, RoundOptions* options) {
   for (int k = 0; k < 2; ++k) options->desloc_rounds[k] = static_cast<uint64_t>(periods[k] / h);
 }
 
+// round_threads, or (0) the pool's default for the host.
+int RoundThreads(const Config& config) {
+  return config.round_threads > 0 ? static_cast<int>(config.round_threads)
+                                  : ThreadPool::DefaultThreads();
+}
+
 CheckpointOptions MakeCheckpointOptions(const Config& config, std::string secret) {
   CheckpointOptions options;
   options.dir = config.checkpoint_dir;
@@ -59,8 +65,7 @@ RoundOptions MakeRoundOptions(const Config& config, const FragmentSchedule& sche
   if (options.concurrent && options.total_steps > 0)
     options.final_period = options.rounds_in_flight * options.fragment_period;
   options.train_through_lighthouse_outage = config.train_through_lighthouse_outage;
-  options.round_threads = config.round_threads > 0 ? static_cast<int>(config.round_threads)
-                                                   : ThreadPool::DefaultThreads();
+  options.round_threads = RoundThreads(config);
   options.sync.outer = {static_cast<float>(config.outer_lr),
                         static_cast<float>(config.outer_momentum)};
   options.sync.token_weighted = config.token_weighted_merge;
@@ -83,6 +88,7 @@ CommunicatorOptions CommunicatorOptionsFrom(const Config& config) {
   options.bind_host = config.dataplane_host;
   options.link.latency = config.link_latency_ms * kMicrosPerMilli;
   options.link.bytes_per_s = config.link_rate_mbit * 1e6 / 8;
+  options.seal_threads = RoundThreads(config);
   return options;
 }
 

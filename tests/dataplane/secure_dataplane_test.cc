@@ -79,7 +79,7 @@ TEST(SealingTest, APieceOpensOnlyUnchangedAtItsPlaceUnderItsKey) {
   const std::vector<std::byte> plain = Bytes(NormalValues(1, 4096));
   const PiecePlace place{3, 1, 2, 0, 1};
   std::unique_ptr<Sealer> sealer = SealerFor(kToken, 1);
-  std::vector<std::byte> wire(plain.size() + kSealTagBytes);
+  std::vector<std::byte> wire(dataplane::SealedBytes(plain.size()));
   ASSERT_TRUE(sealer->Seal(place, plain, wire).ok());
   EXPECT_FALSE(AnyWindowIn(plain, wire));  // nothing of the values in the clear
 
@@ -112,12 +112,65 @@ TEST(SealingTest, APieceOpensOnlyUnchangedAtItsPlaceUnderItsKey) {
 }
 
 TEST(SealingTest, PlacesThatDoNotFitTheNonceAreRefused) {
-  EXPECT_TRUE(dataplane::CheckPlace({(uint64_t{1} << 40) - 1, 15, (1u << 20) - 1, 65535, 0}).ok());
-  for (PiecePlace bad : {PiecePlace{uint64_t{1} << 40, 0, 0, 0, 0}, PiecePlace{1, 16, 0, 0, 0},
+  EXPECT_TRUE(dataplane::CheckPlace({(uint64_t{1} << 36) - 1, 15, (1u << 20) - 1, 65535, 0}).ok());
+  for (PiecePlace bad : {PiecePlace{uint64_t{1} << 36, 0, 0, 0, 0}, PiecePlace{1, 16, 0, 0, 0},
                          PiecePlace{1, 0, 1u << 20, 0, 0}, PiecePlace{1, 0, 0, 1u << 16, 0},
                          PiecePlace{1, 0, 0, 0, 1u << 16}}) {
     EXPECT_EQ(dataplane::CheckPlace(bad).code(), absl::StatusCode::kInternal);
   }
+}
+
+// A large piece is sealed in lanes, each with its own tag: the same wire
+// bytes with one thread or several, opened by either; a byte flipped in any
+// lane or tag, or two lanes swapped, and nothing of it opens.
+TEST(SealingTest, ALargePiecesLanesSealTheSameOnAnyThreadsAndOpenOnlyAllTogether) {
+  EXPECT_EQ(dataplane::SealLanes(0), 1u);
+  EXPECT_EQ(dataplane::SealLanes((512 << 10) - 1), 1u);
+  EXPECT_EQ(dataplane::SealLanes(512 << 10), 2u);
+  EXPECT_EQ(dataplane::SealLanes(size_t{100} << 20), dataplane::kSealLanes);
+  const std::vector<std::byte> plain = Bytes(NormalValues(2, (1 << 18) + 3));  // 1 MiB + 12 bytes
+  const size_t lanes = dataplane::SealLanes(plain.size());
+  ASSERT_EQ(lanes, 4u);
+  ASSERT_EQ(dataplane::SealedBytes(plain.size()), plain.size() + 4 * kSealTagBytes);
+  std::vector<uint8_t> randoms(2 * kMemberRandomBytes, 3);
+  auto key = DeriveKey(
+      kToken, Transcript("job/round/7/", 7, 2, {"a", "b"}, std::as_bytes(std::span(randoms))));
+  ASSERT_TRUE(key.ok());
+  std::unique_ptr<Sealer> one = std::move(*Sealer::Make(*key, 1));
+  std::unique_ptr<Sealer> three = std::move(*Sealer::Make(*key, 3));
+  const PiecePlace place{5, 2, 9, 1, 0};
+  std::vector<std::byte> wire(dataplane::SealedBytes(plain.size())), again(wire.size());
+  ASSERT_TRUE(one->Seal(place, plain, wire).ok());
+  ASSERT_TRUE(three->Seal(place, plain, again).ok());
+  EXPECT_EQ(wire, again);
+  auto opens = [&](Sealer& opener, std::vector<std::byte> sent) {
+    std::vector<std::byte> out(plain.size(), std::byte{0x5A});
+    const bool opened = opener.Open(place, sent, out);
+    if (opened) {
+      EXPECT_EQ(out, plain);
+    } else {
+      EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](std::byte b) {
+        return b == std::byte{0x5A};
+      })) << "bytes of a piece that did not open reached its destination";
+    }
+    return opened;
+  };
+  EXPECT_TRUE(opens(*one, wire));
+  EXPECT_TRUE(opens(*three, wire));
+  const size_t lane_bytes = (plain.size() + lanes - 1) / lanes;
+  for (size_t lane = 0; lane < lanes; ++lane) {
+    std::vector<std::byte> flipped = wire;
+    flipped[lane * lane_bytes + 7] ^= std::byte{0x10};
+    EXPECT_FALSE(opens(*three, flipped)) << "lane " << lane;
+    flipped = wire;
+    flipped[plain.size() + lane * kSealTagBytes + 3] ^= std::byte{0x01};
+    EXPECT_FALSE(opens(*three, flipped)) << "lane " << lane << "'s tag";
+  }
+  std::vector<std::byte> swapped = wire;
+  std::swap_ranges(swapped.begin(), swapped.begin() + lane_bytes, swapped.begin() + lane_bytes);
+  std::swap_ranges(swapped.begin() + plain.size(), swapped.begin() + plain.size() + kSealTagBytes,
+                   swapped.begin() + plain.size() + kSealTagBytes);
+  EXPECT_FALSE(opens(*one, swapped)) << "lanes 0 and 1 swapped, with their tags";
 }
 
 // Connects `size` members through `store` (one thread each; `tweak` sets a
@@ -150,7 +203,8 @@ TEST(SecureCommunicatorTest, EveryOperationGivesThePlainDataPlanesBits) {
     std::vector<std::vector<std::byte>> gathered, broadcast;
     std::vector<CommunicatorStats> stats;
   };
-  auto run = [&](bool secure) {
+  // secure: 0 plain, 1 sealed in pieces of one lane, 2 in lanes on 3 threads.
+  auto run = [&](int secure) {
     Results results;
     results.fp32.resize(kMembers);
     results.int8.resize(kMembers);
@@ -161,11 +215,15 @@ TEST(SecureCommunicatorTest, EveryOperationGivesThePlainDataPlanesBits) {
     std::vector<Status> connected = RunThrough(
         store, kMembers,
         [&](int, CommunicatorOptions& options) {
-          if (!secure) options.secret.clear();
+          if (secure == 0) options.secret.clear();
           options.segment_bytes = 64 << 10;  // many segments, many pieces
+          if (secure == 2) {
+            options.segment_bytes = 1 << 20;  // pieces of 4 lanes
+            options.seal_threads = 3;
+          }
         },
         [&](int rank, Communicator& comm) {
-          std::vector<float> fp32 = NormalValues(10 + rank, 300001);
+          std::vector<float> fp32 = NormalValues(10 + rank, 1500001);
           EXPECT_TRUE(comm.WeightedAllReduce(fp32, rank + 1.0, nullptr).ok());
           auto int8 = MakeCodec({CodecKind::kInt8});
           ASSERT_TRUE(int8.ok());
@@ -186,18 +244,19 @@ TEST(SecureCommunicatorTest, EveryOperationGivesThePlainDataPlanesBits) {
     for (const Status& status : connected) EXPECT_TRUE(status.ok()) << status;
     return results;
   };
-  const Results plain = run(false);
-  const Results secure = run(true);
-  for (int rank = 0; rank < kMembers; ++rank) {
-    EXPECT_EQ(secure.fp32[rank], plain.fp32[rank]) << "rank " << rank;
-    EXPECT_EQ(secure.fp32[rank], plain.fp32[0]);  // and the same on every member
-    EXPECT_EQ(secure.int8[rank], plain.int8[rank]);
-    EXPECT_EQ(secure.gathered[rank], plain.gathered[rank]);
-    EXPECT_EQ(secure.broadcast[rank], Bytes(NormalValues(30, 50000)));
-    // Each piece carries its tag, and sealing took time; the plain plane seals nothing.
-    EXPECT_GT(secure.stats[rank].bytes_sent, plain.stats[rank].bytes_sent);
-    EXPECT_GT(secure.stats[rank].seal_seconds, 0);
-    EXPECT_EQ(plain.stats[rank].seal_seconds, 0);
+  const Results plain = run(0);
+  for (const Results& secure : {run(1), run(2)}) {
+    for (int rank = 0; rank < kMembers; ++rank) {
+      EXPECT_EQ(secure.fp32[rank], plain.fp32[rank]) << "rank " << rank;
+      EXPECT_EQ(secure.fp32[rank], plain.fp32[0]);  // and the same on every member
+      EXPECT_EQ(secure.int8[rank], plain.int8[rank]);
+      EXPECT_EQ(secure.gathered[rank], plain.gathered[rank]);
+      EXPECT_EQ(secure.broadcast[rank], Bytes(NormalValues(30, 50000)));
+      // Each piece carries its tag, and sealing took time; the plain plane seals nothing.
+      EXPECT_GT(secure.stats[rank].bytes_sent, plain.stats[rank].bytes_sent);
+      EXPECT_GT(secure.stats[rank].seal_seconds, 0);
+      EXPECT_EQ(plain.stats[rank].seal_seconds, 0);
+    }
   }
 }
 
@@ -508,7 +567,9 @@ TEST(SecureCommunicatorTest, AnOutsidersWellFormedPieceIsRejectedAndNoValueChang
   std::atomic<int> replaced{0};
   ProxyingStore store([&](uint64_t slot, std::span<std::byte> payload) {
     if (SlotOp(slot) < 3 || payload.size() <= kSealTagBytes) return;
-    std::vector<std::byte> mine(payload.size() - kSealTagBytes, std::byte{0x42});
+    size_t plain = payload.size() - kSealTagBytes;  // the piece's size, sealed to this payload
+    while (dataplane::SealedBytes(plain) > payload.size()) plain -= kSealTagBytes;
+    std::vector<std::byte> mine(plain, std::byte{0x42});
     const PiecePlace place{SlotOp(slot), static_cast<uint32_t>((slot >> 20) & 0xF), slot & 0xFFFFF,
                            1, 0};
     ASSERT_TRUE(outsider->Seal(place, mine, payload).ok());
