@@ -126,20 +126,12 @@ void BM_Seal(benchmark::State& state) { RunSeal(state, false); }
 // (Includes the copy of each piece that its receive buffer would hold.)
 void BM_Open(benchmark::State& state) { RunSeal(state, true); }
 
-BENCHMARK(BM_Seal)
-    ->ArgName("threads")
-    ->Arg(1)
-    ->Arg(2)
-    ->UseRealTime()
-    ->Unit(benchmark::kMillisecond)
-    ->MinTime(0.5);
-BENCHMARK(BM_Open)
-    ->ArgName("threads")
-    ->Arg(1)
-    ->Arg(2)
-    ->UseRealTime()
-    ->Unit(benchmark::kMillisecond)
-    ->MinTime(0.5);
+// On 1 and 2 threads, by the wall clock.
+void OnThreads(benchmark::internal::Benchmark* b) {
+  b->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(0.5);
+}
+BENCHMARK(BM_Seal)->Apply(OnThreads);
+BENCHMARK(BM_Open)->Apply(OnThreads);
 
 }  // namespace
 }  // namespace mend::bench

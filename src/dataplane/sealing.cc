@@ -14,6 +14,11 @@
 #include "fmt/format.h"
 
 namespace mend::dataplane {
+
+size_t SealLanes(size_t bytes) {
+  return std::clamp<size_t>(bytes / kSealLaneMinBytes, 1, kSealLanes);
+}
+
 namespace {
 
 constexpr char kLabel[] = "mend data plane v1: AES-256-GCM";
@@ -43,14 +48,22 @@ bool UpdateInSteps(Update update, EVP_CIPHER_CTX* ctx, unsigned char* out, const
   return true;
 }
 
-// The bytes of each lane but the last (which has the rest).
-size_t LaneBytes(size_t bytes, size_t lanes) { return (bytes + lanes - 1) / lanes; }
+// Lane `lane` of a piece of `n` bytes: where its bytes start, how many,
+// and where its tag is (after the piece, in lane order). Each lane but the
+// last has ceil(n / lanes) bytes.
+struct Lane {
+  size_t at, bytes, tag;
+};
+Lane LaneOf(size_t n, size_t lane) {
+  const size_t lanes = SealLanes(n), most = (n + lanes - 1) / lanes, at = lane * most;
+  return {at, at < n ? std::min(most, n - at) : 0, n + lane * kSealTagBytes};
+}
+
+bool AllDone(const std::array<char, kSealLanes>& done, size_t lanes) {
+  return std::find(done.begin(), done.begin() + lanes, 0) == done.begin() + lanes;
+}
 
 }  // namespace
-
-size_t SealLanes(size_t bytes) {
-  return std::clamp<size_t>(bytes / kSealLaneMinBytes, 1, kSealLanes);
-}
 
 Status CheckPlace(const PiecePlace& place) {
   if (place.op >= (uint64_t{1} << 36) || place.phase >= 16 || place.segment >= (1u << 20) ||
@@ -166,7 +179,7 @@ StatusOr<std::unique_ptr<Sealer>> Sealer::Make(const SealKey& key, int threads) 
 Status Sealer::Seal(const PiecePlace& place, std::span<const std::byte> plain,
                     std::span<std::byte> wire) {
   MEND_RETURN_IF_ERROR(CheckPlace(place));
-  const size_t n = plain.size(), lanes = SealLanes(n), lane_bytes = LaneBytes(n, lanes);
+  const size_t n = plain.size(), lanes = SealLanes(n);
   if (wire.size() != SealedBytes(n)) {
     return InternalError("data plane: a sealed piece's buffer has the wrong size");
   }
@@ -175,41 +188,39 @@ Status Sealer::Seal(const PiecePlace& place, std::span<const std::byte> plain,
   std::array<char, kSealLanes> sealed{};
   contexts_->ForLanes(lanes, [&](size_t lane) {
     EVP_CIPHER_CTX* ctx = contexts_->seal[lane];
-    const size_t at = lane * lane_bytes, bytes = std::min(lane_bytes, n - at);
-    unsigned char* tag = out + n + lane * kSealTagBytes;
+    const Lane l = LaneOf(n, lane);
     const auto nonce = NonceOf(place, lane);
     int tail = 0;
     sealed[lane] = EVP_EncryptInit_ex(ctx, nullptr, nullptr, nullptr, nonce.data()) == 1 &&
-                   UpdateInSteps(EVP_EncryptUpdate, ctx, out + at, in + at, bytes) &&
-                   EVP_EncryptFinal_ex(ctx, tag, &tail) == 1 &&
-                   EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_GET_TAG, kSealTagBytes, tag) == 1;
+                   UpdateInSteps(EVP_EncryptUpdate, ctx, out + l.at, in + l.at, l.bytes) &&
+                   EVP_EncryptFinal_ex(ctx, out + l.tag, &tail) == 1 &&
+                   EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_GET_TAG, kSealTagBytes, out + l.tag) == 1;
   });
-  if (std::find(sealed.begin(), sealed.begin() + lanes, 0) != sealed.begin() + lanes)
-    return InternalError("data plane: OpenSSL could not seal a piece");
+  if (!AllDone(sealed, lanes)) return InternalError("data plane: OpenSSL could not seal a piece");
   return OkStatus();
 }
 
 bool Sealer::Open(const PiecePlace& place, std::span<std::byte> wire, std::span<std::byte> plain) {
-  const size_t n = plain.size(), lanes = SealLanes(n), lane_bytes = LaneBytes(n, lanes);
+  const size_t n = plain.size(), lanes = SealLanes(n);
   if (!CheckPlace(place).ok() || wire.size() != SealedBytes(n)) return false;
   auto* bytes = reinterpret_cast<unsigned char*>(wire.data());
   std::array<char, kSealLanes> opened{};
   contexts_->ForLanes(lanes, [&](size_t lane) {
     EVP_CIPHER_CTX* ctx = contexts_->open[lane];
-    const size_t at = lane * lane_bytes, size = std::min(lane_bytes, n - at);
-    unsigned char* tag = bytes + n + lane * kSealTagBytes;
+    const Lane l = LaneOf(n, lane);
     const auto nonce = NonceOf(place, lane);
     int tail = 0;
-    opened[lane] = EVP_DecryptInit_ex(ctx, nullptr, nullptr, nullptr, nonce.data()) == 1 &&
-                   UpdateInSteps(EVP_DecryptUpdate, ctx, bytes + at, bytes + at, size) &&
-                   EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_SET_TAG, kSealTagBytes, tag) == 1 &&
-                   EVP_DecryptFinal_ex(ctx, tag, &tail) == 1;
+    opened[lane] =
+        EVP_DecryptInit_ex(ctx, nullptr, nullptr, nullptr, nonce.data()) == 1 &&
+        UpdateInSteps(EVP_DecryptUpdate, ctx, bytes + l.at, bytes + l.at, l.bytes) &&
+        EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_SET_TAG, kSealTagBytes, bytes + l.tag) == 1 &&
+        EVP_DecryptFinal_ex(ctx, bytes + l.tag, &tail) == 1;
   });
-  if (std::find(opened.begin(), opened.begin() + lanes, 0) != opened.begin() + lanes) return false;
+  if (!AllDone(opened, lanes)) return false;
   // Every lane verified: the plaintext, lane by lane (side by side too).
   contexts_->ForLanes(lanes, [&](size_t lane) {
-    const size_t at = lane * lane_bytes;
-    if (at < n) std::memcpy(plain.data() + at, wire.data() + at, std::min(lane_bytes, n - at));
+    const Lane l = LaneOf(n, lane);
+    if (l.bytes > 0) std::memcpy(plain.data() + l.at, wire.data() + l.at, l.bytes);
   });
   return true;
 }
