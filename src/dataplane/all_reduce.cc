@@ -87,15 +87,7 @@ Status GlooCommunicator::WeightedAllReduceImpl(std::span<float> data, double wei
     fp32 = std::move(*MakeCodec(CodecOptions{}));
     codec = fp32.get();
   }
-  if (!codec->dense()) {
-    return InvalidArgumentError(
-        fmt::format("round {}: all-reduce: codec {} is sparse; use WeightedAllGatherDecode",
-                    options_.round_id, CodecName(codec->kind())));
-  }
-  if (sum != Fp32Sum::kWeightedMean && codec->kind() != CodecKind::kFp32) {
-    return InvalidArgumentError(fmt::format(
-        "round {}: all-reduce: a weighted sum without the mean is fp32 only", options_.round_id));
-  }
+  MEND_RETURN_IF_ERROR(CheckCodec(*codec, sum));
   // The weights travel beside the first pieces rather than a round trip
   // ahead of them, each with whether its member makes its values, the sum
   // of squares of values given, and the buffer's size (whose salt the
@@ -108,19 +100,92 @@ Status GlooCommunicator::WeightedAllReduceImpl(std::span<float> data, double wei
   std::vector<Transfer> weight_transfers;
   PostGather(op, kWeights, std::as_bytes(std::span(mine)),
              std::as_writable_bytes(std::span(gathered)), weight_transfers);
-  // Segments of at most segment_bytes, but at least four per slice (of at
-  // least 256 KiB, or segment_bytes if less) so that a small buffer still
-  // pipelines.
-  const size_t slice_values = data.size() / options_.world_size + 1;
-  const size_t segment_values =
-      std::min(std::max<size_t>(slice_values / 4, size_t{64} << 10),
-               std::max<size_t>(options_.segment_bytes / sizeof(float), 1));
-  Reduction run(data, *codec, options_.world_size, segment_values);
+  Reduction run(data, *codec, options_.world_size, SegmentValues(data.size()));
   if (make != nullptr && !run.raw) {
     return InvalidArgumentError(
         fmt::format("round {}: all-reduce: made values are fp32 only", options_.round_id));
   }
   run.make = make;
+  ReserveScratch(run);
+  PostScatter(op, run);
+  Status weighed = WaitAll(op, weight_transfers);
+  if (!weighed.ok()) return End(op, weighed);
+  MEND_RETURN_IF_ERROR(SameSizes(op, gathered, mine.size(), data.size(), "values"));
+  std::vector<double> all_weights(options_.world_size), all_squares(options_.world_size);
+  Status read = ReadGathered(run, gathered, mine.size(), made != nullptr, all_weights, all_squares);
+  if (!read.ok()) return End(op, read);
+  if (made != nullptr) SetUpMerge(op, run, weight, made, all_weights, all_squares);
+  auto weights = NormalizeWeights(op, all_weights);
+  if (!weights.ok()) {
+    const Status drained = DrainRefused(op, run);
+    return End(op, drained.ok() ? weights.status() : drained);
+  }
+  if (run.raw && (sum != Fp32Sum::kWeightedMean || sum_groups_.size() > 1))
+    SetSumFactors(run, sum, all_weights, *weights);
+  return End(op, ReduceAll(op, run, *weights, made, all_weights));
+}
+
+Status GlooCommunicator::CheckCodec(const Codec& codec, Fp32Sum sum) const {
+  if (!codec.dense()) {
+    return InvalidArgumentError(
+        fmt::format("round {}: all-reduce: codec {} is sparse; use WeightedAllGatherDecode",
+                    options_.round_id, CodecName(codec.kind())));
+  }
+  if (sum != Fp32Sum::kWeightedMean && codec.kind() != CodecKind::kFp32) {
+    return InvalidArgumentError(fmt::format(
+        "round {}: all-reduce: a weighted sum without the mean is fp32 only", options_.round_id));
+  }
+  return OkStatus();
+}
+
+// Segments of at most segment_bytes, but at least four per slice (of at
+// least 256 KiB, or segment_bytes if less) so that a small buffer still
+// pipelines.
+size_t GlooCommunicator::SegmentValues(size_t values) const {
+  const size_t slice_values = values / options_.world_size + 1;
+  return std::min(std::max<size_t>(slice_values / 4, size_t{64} << 10),
+                  std::max<size_t>(options_.segment_bytes / sizeof(float), 1));
+}
+
+Status GlooCommunicator::ReadGathered(Reduction& run, const std::vector<double>& gathered,
+                                      size_t stride, bool merging, std::vector<double>& all_weights,
+                                      std::vector<double>& all_squares) const {
+  for (size_t r = 0; r < all_weights.size(); ++r) {
+    all_weights[r] = gathered[stride * r];
+    run.any_made = run.any_made || gathered[stride * r + 1] != 0;
+    all_squares[r] = gathered[stride * r + 2];
+  }
+  if (run.any_made && (!merging || !run.raw)) {
+    // Every member of a reduction runs one protocol; a maker's is fp32's mean.
+    return InvalidArgumentError(fmt::format(
+        "round {}: all-reduce: a member made its fp32 values while this one {}", options_.round_id,
+        run.raw ? "sums them without the mean"
+                : fmt::format("encodes with {}", CodecName(run.codec.kind()))));
+  }
+  return OkStatus();
+}
+
+Status GlooCommunicator::ReduceAll(Op& op, Reduction& run, const std::vector<float>& weights,
+                                   Made* made, const std::vector<double>& all_weights) {
+  for (size_t s = 0; s < run.slicing.segments(); ++s) {
+    // The segments `ahead` made and sent (the others post their receives for
+    // them as this one's slots free); ReduceSegment waits for those behind.
+    SendThrough(op, run, s + run.ahead + 1);
+    if (run.kept != nullptr) Keep(run, s);
+    MEND_RETURN_IF_ERROR(ReduceSegment(op, run, weights, s));
+  }
+  Status finished = FinishGather(op, run);
+  if (finished.ok() && run.any_made) {
+    // (The last segment's sum made them all, and posted the verdicts.)
+    finished = WaitAll(op, run.verdicts_in);
+    made->squares = run.make != nullptr ? run.squares : made->in.squares;
+    made->left_out = LeftOut(made->in.leave_out, run.verdicts, all_weights);
+    made->again = !made->left_out.empty();
+  }
+  return finished;
+}
+
+void GlooCommunicator::ReserveScratch(Reduction& run) {
   const int me = options_.rank;
   const size_t slice_bytes = run.layout.slice_bytes(me);
   if (run.raw) {
@@ -136,40 +201,27 @@ Status GlooCommunicator::WeightedAllReduceImpl(std::span<float> data, double wei
   run.encoded = send_scratch_.data();
   run.contributions = recv_scratch_.data();
   run.results = run.raw ? nullptr : recv_scratch_.data() + slice_bytes * (options_.world_size - 1);
-  PostScatter(op, run);
-  Status weighed = WaitAll(op, weight_transfers);
-  if (!weighed.ok()) return End(op, weighed);
-  MEND_RETURN_IF_ERROR(SameSizes(op, gathered, mine.size(), data.size(), "values"));
-  std::vector<double> all_weights(options_.world_size), all_squares(options_.world_size);
-  for (size_t r = 0; r < all_weights.size(); ++r) {
-    all_weights[r] = gathered[mine.size() * r];
-    run.any_made = run.any_made || gathered[mine.size() * r + 1] != 0;
-    all_squares[r] = gathered[mine.size() * r + 2];
-  }
-  if (run.any_made && (made == nullptr || !run.raw)) {
-    // Every member of a reduction runs one protocol; a maker's is fp32's mean.
-    return End(op, InvalidArgumentError(fmt::format(
-                       "round {}: all-reduce: a member made its fp32 values while this one {}",
-                       options_.round_id,
-                       run.raw ? "sums them without the mean"
-                               : fmt::format("encodes with {}", CodecName(codec->kind())))));
-  }
-  if (run.any_made && make == nullptr) {
+}
+
+void GlooCommunicator::SetUpMerge(Op& op, Reduction& run, double weight, Made* made,
+                                  std::vector<double>& all_weights,
+                                  const std::vector<double>& all_squares) {
+  if (run.any_made && run.make == nullptr) {
     // Given values: kept (segment by segment, before the reduction writes
     // each) in case every member reduces again, unless they weigh 0 (a
     // member taking part with zeros, such as a fresh join: it reduces
     // again with zeros, whatever its values); the verdict at once.
     if (weight > 0) {
-      made->kept = TakeFloats(data.size());
+      made->kept = TakeFloats(run.data.size());
       run.kept = &made->kept;
-      stats_.kept_bytes = std::max<uint64_t>(stats_.kept_bytes, data.size_bytes());
+      stats_.kept_bytes = std::max<uint64_t>(stats_.kept_bytes, run.data.size_bytes());
     }
     run.verdict = made->in.squares;
     run.verdicts.assign(static_cast<size_t>(options_.world_size), 0.0);
     PostGather(op, kVerdict, std::as_bytes(std::span(&run.verdict, 1)),
                std::as_writable_bytes(std::span(run.verdicts)), run.verdicts_in);
   }
-  if (made != nullptr && !run.any_made) {
+  if (!run.any_made) {
     // Every member's values given: whom to leave out is known now, and
     // their pieces are summed as zeros with weight 0.
     made->squares = made->in.squares;
@@ -183,56 +235,42 @@ Status GlooCommunicator::WeightedAllReduceImpl(std::span<float> data, double wei
       }
     }
   }
-  auto weights = NormalizeWeights(op, all_weights);
-  if (!weights.ok()) {
-    // Every member refuses the same weights. Every member's pieces are let
-    // through first (each sends, and makes, the rest as it drains), so that
-    // none is in flight, reading or writing the caller's buffer, once this
-    // returns; only the codecs' result receives stay posted, which no member
-    // will ever send to. (The others' pieces first, each window slot posted
-    // again as it frees: every member's sends then complete.)
-    Status drained = OkStatus();
-    for (size_t s = 0; s < run.slicing.segments() && drained.ok(); ++s) {
-      SendThrough(op, run, s + run.ahead + 1);
-      drained = WaitAll(op, run.contributions_in[s]);
-      if (drained.ok() && run.raw) PostContributions(op, run, s + run.window);
-    }
-    for (size_t s = 0; s < run.slicing.segments() && drained.ok(); ++s)
-      drained = WaitAll(op, run.scatter[s]);
-    if (drained.ok()) drained = WaitAll(op, run.verdicts_in);
-    return End(op, drained.ok() ? weights.status() : drained);
-  }
-  if (run.raw && (sum != Fp32Sum::kWeightedMean || sum_groups_.size() > 1)) {
-    // fp32 across racks: (sum_r w_r x_r) * (1 / sum_r w_r), summed by rack
-    // (WeightedSum), which the rack-aware merge can split at the racks.
-    // Within one rack the weights are normalized first (sum_r (w_r / sum) x_r:
-    // equal weights of a power-of-two count are then exact).
-    double total = 0;
-    for (double w : all_weights) total += w;
-    run.scale = sum == Fp32Sum::kWeightedSum ? 1.0f : static_cast<float>(1.0 / total);
-    for (int r = 0; r < options_.world_size; ++r) {
-      (*weights)[static_cast<size_t>(r)] =
-          sum == Fp32Sum::kPreWeighted ? 1.0f
-                                       : static_cast<float>(all_weights[static_cast<size_t>(r)]);
-    }
-  }
-  for (size_t s = 0; s < run.slicing.segments(); ++s) {
-    // The segments `ahead` made and sent (the others post their receives for
-    // them as this one's slots free); ReduceSegment waits for those behind.
+}
+
+// Every member refuses the same weights. Every member's pieces are let
+// through first (each sends, and makes, the rest as it drains), so that
+// none is in flight, reading or writing the caller's buffer, once this
+// returns; only the codecs' result receives stay posted, which no member
+// will ever send to. (The others' pieces first, each window slot posted
+// again as it frees: every member's sends then complete.)
+Status GlooCommunicator::DrainRefused(Op& op, Reduction& run) {
+  Status drained = OkStatus();
+  for (size_t s = 0; s < run.slicing.segments() && drained.ok(); ++s) {
     SendThrough(op, run, s + run.ahead + 1);
-    if (run.kept != nullptr) Keep(run, s);
-    Status status = ReduceSegment(op, run, *weights, s);
-    if (!status.ok()) return End(op, status);
+    drained = WaitAll(op, run.contributions_in[s]);
+    if (drained.ok() && run.raw) PostContributions(op, run, s + run.window);
   }
-  Status finished = FinishGather(op, run);
-  if (finished.ok() && run.any_made) {
-    // (The last segment's sum made them all, and posted the verdicts.)
-    finished = WaitAll(op, run.verdicts_in);
-    made->squares = make != nullptr ? run.squares : made->in.squares;
-    made->left_out = LeftOut(made->in.leave_out, run.verdicts, all_weights);
-    made->again = !made->left_out.empty();
+  for (size_t s = 0; s < run.slicing.segments() && drained.ok(); ++s)
+    drained = WaitAll(op, run.scatter[s]);
+  if (drained.ok()) drained = WaitAll(op, run.verdicts_in);
+  return drained;
+}
+
+// fp32 across racks: (sum_r w_r x_r) * (1 / sum_r w_r), summed by rack
+// (WeightedSum), which the rack-aware merge can split at the racks.
+// Within one rack the weights are normalized first (sum_r (w_r / sum) x_r:
+// equal weights of a power-of-two count are then exact).
+void GlooCommunicator::SetSumFactors(Reduction& run, Fp32Sum sum,
+                                     const std::vector<double>& all_weights,
+                                     std::vector<float>& weights) const {
+  double total = 0;
+  for (double w : all_weights) total += w;
+  run.scale = sum == Fp32Sum::kWeightedSum ? 1.0f : static_cast<float>(1.0 / total);
+  for (int r = 0; r < options_.world_size; ++r) {
+    weights[static_cast<size_t>(r)] = sum == Fp32Sum::kPreWeighted
+                                          ? 1.0f
+                                          : static_cast<float>(all_weights[static_cast<size_t>(r)]);
   }
-  return End(op, finished);
 }
 
 StatusOr<Communicator::Merged> GlooCommunicator::MergeAllReduce(std::span<float> data,

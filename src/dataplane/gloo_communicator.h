@@ -300,6 +300,34 @@ class GlooCommunicator final : public Communicator {
 
   // The steps of WeightedAllReduce (see the file comment of communicator.h).
   struct Reduction;
+  // INVALID_ARGUMENT for a sparse codec, or a sum without the mean but fp32.
+  Status CheckCodec(const Codec& codec, Fp32Sum sum) const;
+  // The values a segment of a buffer of `values` holds.
+  size_t SegmentValues(size_t values) const;
+  // What every member sent beside its weight (`stride` doubles each: the
+  // weight, whether it makes its values, its sum of squares, its size):
+  // INVALID_ARGUMENT when one makes its values and this member does not
+  // merge fp32 (`merging`: a merge's).
+  Status ReadGathered(Reduction& run, const std::vector<double>& gathered, size_t stride,
+                      bool merging, std::vector<double>& all_weights,
+                      std::vector<double>& all_squares) const;
+  // Every segment reduced and its results gathered; a merge's verdicts.
+  Status ReduceAll(Op& op, Reduction& run, const std::vector<float>& weights, Made* made,
+                   const std::vector<double>& all_weights);
+  // The scratch `run`'s pieces land in (fp32: a window of slots a peer;
+  // codecs: every encoded piece, the others' of our slice and the results).
+  void ReserveScratch(Reduction& run);
+  // A merge's part once the weights are in: a member makes its values (this
+  // one's given values kept, its verdict posted), or none does (whom to
+  // leave out, now: their weights 0, their pieces summed as zeros).
+  void SetUpMerge(Op& op, Reduction& run, double weight, Made* made,
+                  std::vector<double>& all_weights, const std::vector<double>& all_squares);
+  // Refused weights: every member's pieces let through before the error.
+  Status DrainRefused(Op& op, Reduction& run);
+  // fp32 sums, or a weighted mean across racks: the factor and each
+  // member's weight (a sum by rack that the rack-aware merge splits).
+  void SetSumFactors(Reduction& run, Fp32Sum sum, const std::vector<double>& all_weights,
+                     std::vector<float>& weights) const;
   const std::byte* Mine(Reduction& run, int slice, size_t segment) const;
   std::byte* Contribution(Reduction& run, int peer, size_t segment) const;
   void PostScatter(Op& op, Reduction& run);
