@@ -34,7 +34,7 @@ extern "C" {
 
 /* The version of this interface; mend_abi_version() returns the one the
  * loaded library implements. A front end refuses a library of another one. */
-#define MEND_ABI_VERSION 12
+#define MEND_ABI_VERSION 13
 
 typedef enum mend_status {
   MEND_OK = 0,
@@ -214,6 +214,10 @@ typedef struct mend_stats {
    * several ranks hold (a replica's whole model; none of a sharded one's
    * shards), and the ranks' agreements (ABI 11) */
   uint64_t group_bytes_sent;
+  /* of those, the bytes of the model's state alone: the slices shared
+   * after each round (and of the moments), without the agreements, whose
+   * count depends on how long a quorum takes to form (ABI 13) */
+  uint64_t group_state_bytes_sent;
 } mend_stats;
 
 typedef struct mend_learner mend_learner;

@@ -50,6 +50,10 @@ struct ReducerStats {
   // Bytes this rank sent to its group's other ranks (mend's own connections
   // inside the rack): the shared slices after each round, and agreements.
   uint64_t group_bytes_sent = 0;
+  // Of those, the bytes of the model's state (parameters, moments, a
+  // round's values) the shared slices carried: a whole replica's after each
+  // round; only the replicated pieces of a sharded model.
+  uint64_t group_state_bytes_sent = 0;
   // How far rounds moved `steps` onto the job's (forward: positive): a
   // heal, or a round whose members were a fragment period or more ahead. A
   // learner that restarted joins the job at the others' step, so a loop

@@ -28,7 +28,7 @@ from typing import Any, Dict, List, Optional
 
 from mend import _build_info
 
-ABI_VERSION = 12
+ABI_VERSION = 13
 PENDING = 100
 
 # mend_learner_plan_step / mend_learner_last_flags.
@@ -147,7 +147,8 @@ class Buffer(ctypes.Structure):
 STAT_FIELDS = ["steps", "rounds_started", "rounds", "failed_rounds", "passed_over", "heals", "moment_syncs",
                "bytes_sent", "cross_rack_bytes_sent", "last_round_id", "checkpoints", "checkpoint_failures",
                "resumed_from_round", "overlap_steps", "parameter_copies", "round_waits",
-               "most_rounds_in_flight", "rounds_made_in_merge", "group_bytes_sent"]
+               "most_rounds_in_flight", "rounds_made_in_merge", "group_bytes_sent",
+               "group_state_bytes_sent"]
 
 
 class Stats(ctypes.Structure):

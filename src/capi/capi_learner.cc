@@ -379,7 +379,8 @@ mend_status mend_learner_stats(const mend_learner* learner, mend_stats* out) {
             s.round_waits,
             s.most_rounds_in_flight,
             s.rounds_made_in_merge,
-            s.group_bytes_sent};
+            s.group_bytes_sent,
+            s.group_state_bytes_sent};
     return MEND_OK;
   });
 }

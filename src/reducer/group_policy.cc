@@ -66,6 +66,7 @@ class SingleRank final : public RoundPolicy {
   std::string DiagnosticsName(const std::string& id) const override { return id; }
   void AddToRecord(nlohmann::json&) const override {}
   uint64_t GroupBytesSent() const override { return 0; }
+  uint64_t GroupStateBytesSent() const override { return 0; }
   void Stop(bool) override {}
   void Forget() override {}
 };
@@ -202,6 +203,7 @@ class ManyRanks final : public RoundPolicy {
     record["parameters_sha256"] = ParametersDigest(*whole_);
   }
   uint64_t GroupBytesSent() const override { return group_->bytes_sent(); }
+  uint64_t GroupStateBytesSent() const override { return group_->state_bytes_sent(); }
   void Stop(bool done) override { group_->StopPulse(done); }
   void Forget() override { group_->Forget(); }
 

@@ -145,8 +145,10 @@ class RoundPolicy : public RoundSlices, public ReplicaState {
   // The diagnostics' name for learner `id`, and a round record's group part.
   virtual std::string DiagnosticsName(const std::string& id) const = 0;
   virtual void AddToRecord(nlohmann::json& record) const = 0;
-  // Bytes this rank sent to its group's other ranks (0 for one rank).
+  // Bytes this rank sent to its group's other ranks (0 for one rank): all
+  // of them, and those of the model's state alone (LearnerGroup).
   virtual uint64_t GroupBytesSent() const = 0;
+  virtual uint64_t GroupStateBytesSent() const = 0;
   // At shutdown: the pulse stops (`done`: normally), and the group's keys go.
   virtual void Stop(bool done) = 0;
   virtual void Forget() = 0;

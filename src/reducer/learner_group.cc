@@ -362,7 +362,9 @@ Status LearnerGroup::ShareSlices(
       at += piece.values;
     }
   }
+  const uint64_t sent_before = bytes_sent();
   StatusOr<std::vector<std::byte>> all = Gather(std::as_bytes(std::span<const float>(mine)));
+  state_bytes_sent_ += bytes_sent() - sent_before;
   GiveBack(std::move(mine));
   MEND_RETURN_IF_ERROR(all.status());
   const auto* gathered = reinterpret_cast<const float*>(all->data());

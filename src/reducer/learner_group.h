@@ -117,8 +117,12 @@ class LearnerGroup {
   bool sharded() const { return layout_.sharded(); }
   // The model's values (this rank's: a sharded model's are its own).
   size_t total() const { return prefix_.back(); }
-  // Bytes this rank sent on the group's communicator.
+  // Bytes this rank sent on the group's communicator: all of them, and
+  // those of the collectives that moved the model's state (ShareSlices:
+  // parameters, moments, a round's own values), not the agreements, whose
+  // count depends on how long rank 0 waits for a quorum.
   uint64_t bytes_sent() const { return comm_ ? comm_->stats().bytes_sent : 0; }
+  uint64_t state_bytes_sent() const { return state_bytes_sent_; }
   // Rank 0's `value`, and whether every rank passed the same.
   [[nodiscard]] StatusOr<std::pair<uint64_t, bool>> Compare(uint64_t value);
   // Every rank's `value`, by rank (one group collective, like Compare).
@@ -164,6 +168,7 @@ class LearnerGroup {
       store_;  // the group's (rendezvous, Forget), training thread
   std::unique_ptr<Communicator> comm_;
   std::unique_ptr<GroupPulse> pulse_;
+  uint64_t state_bytes_sent_ = 0;
 };
 
 }  // namespace mend::reducer

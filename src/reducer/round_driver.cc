@@ -203,6 +203,7 @@ ReducerStats RoundDriverImpl::stats() const {
   stats.checkpoints = outer_.written();
   stats.checkpoint_failures = outer_.failed();
   stats.group_bytes_sent = policy_->GroupBytesSent();
+  stats.group_state_bytes_sent = policy_->GroupStateBytesSent();
   return stats;
 }
 

@@ -196,7 +196,8 @@ def main():
         json.dump({"rank": rank, "attempt": attempt, "rounds": rounds, "model": full, "kinds": kinds,
                    "local_values": sum(local(p).numel() for p in model.parameters()),
                    "devices": sorted({str(local(p).device) for p in model.parameters()}),
-                   "stats": {k: stats[k] for k in ("rounds", "bytes_sent", "group_bytes_sent", "steps", "heals")}}, out)
+                   "stats": {k: stats[k] for k in ("rounds", "bytes_sent", "group_bytes_sent", "group_state_bytes_sent",
+                                                     "steps", "heals")}}, out)
     dist.destroy_process_group()
 
 
