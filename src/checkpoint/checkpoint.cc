@@ -10,16 +10,16 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <string_view>
 
+#include "core/hmac.h"
 #include "core/status_format.h"
 #include "fmt/format.h"
 #include "nlohmann/json.hpp"
-#include "openssl/core_names.h"
 #include "openssl/crypto.h"
 #include "openssl/evp.h"
-#include "openssl/hmac.h"
 
 namespace mend {
 namespace {
@@ -65,44 +65,31 @@ class TrailerDigest {
       EVP_DigestInit_ex(md_, EVP_sha256(), nullptr);
       return;
     }
-    unsigned char key[32];
-    unsigned int length = 0;
-    HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
-         reinterpret_cast<const unsigned char*>(kKeyLabel.data()), kKeyLabel.size(), key, &length);
-    EVP_MAC* mac = EVP_MAC_fetch(nullptr, "HMAC", nullptr);
-    mac_ = EVP_MAC_CTX_new(mac);
-    EVP_MAC_free(mac);
-    char digest[] = "SHA256";
-    OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest, 0),
-                           OSSL_PARAM_construct_end()};
-    EVP_MAC_init(mac_, key, sizeof(key), params);
-    OPENSSL_cleanse(key, sizeof(key));
+    Sha256Bytes key = DeriveHmacKey(secret, kKeyLabel);
+    mac_.emplace(key);
+    OPENSSL_cleanse(key.data(), key.size());
   }
-  ~TrailerDigest() {
-    EVP_MD_CTX_free(md_);
-    EVP_MAC_CTX_free(mac_);
-  }
+  ~TrailerDigest() { EVP_MD_CTX_free(md_); }
   TrailerDigest(const TrailerDigest&) = delete;
   TrailerDigest& operator=(const TrailerDigest&) = delete;
 
   void Update(const void* data, size_t size) {
     if (md_ != nullptr) EVP_DigestUpdate(md_, data, size);
-    if (mac_ != nullptr) EVP_MAC_update(mac_, static_cast<const unsigned char*>(data), size);
+    if (mac_) mac_->Update(data, size);
   }
-  std::array<unsigned char, 32> Final() {
-    std::array<unsigned char, 32> out{};
+  Sha256Bytes Final() {
+    if (mac_) return mac_->Final();
+    Sha256Bytes out{};
     unsigned int md_length = 0;
-    size_t mac_length = 0;
-    if (md_ != nullptr) EVP_DigestFinal_ex(md_, out.data(), &md_length);
-    if (mac_ != nullptr) EVP_MAC_final(mac_, out.data(), &mac_length, out.size());
+    EVP_DigestFinal_ex(md_, out.data(), &md_length);
     return out;
   }
-  const char* magic() const { return mac_ != nullptr ? kMacTrailerMagic : kTrailerMagic; }
-  uint32_t version() const { return mac_ != nullptr ? kAuthenticatedVersion : kPlainVersion; }
+  const char* magic() const { return mac_ ? kMacTrailerMagic : kTrailerMagic; }
+  uint32_t version() const { return mac_ ? kAuthenticatedVersion : kPlainVersion; }
 
  private:
   EVP_MD_CTX* md_ = nullptr;
-  EVP_MAC_CTX* mac_ = nullptr;
+  std::optional<HmacSha256> mac_;
 };
 
 template <typename T>

@@ -1,9 +1,6 @@
 #include "wire/datagram.h"
 
-#include <openssl/core_names.h>
 #include <openssl/crypto.h>
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
 
 #include <algorithm>
 #include <cstring>
@@ -17,35 +14,11 @@ namespace {
 constexpr std::string_view kKeyLabel = "mend datagram channel v1";
 }  // namespace
 
-Key DeriveKey(std::string_view token) {
-  Key key{};
-  unsigned int length = 0;
-  HMAC(EVP_sha256(), token.data(), static_cast<int>(token.size()),
-       reinterpret_cast<const unsigned char*>(kKeyLabel.data()), kKeyLabel.size(), key.data(),
-       &length);
-  return key;
-}
+Key DeriveKey(std::string_view token) { return DeriveHmacKey(token, kKeyLabel); }
 
-Signer::Signer(const Key& key) {
-  EVP_MAC* mac = EVP_MAC_fetch(nullptr, "HMAC", nullptr);
-  context_ = EVP_MAC_CTX_new(mac);
-  EVP_MAC_free(mac);
-  char digest[] = "SHA256";
-  OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest, 0),
-                         OSSL_PARAM_construct_end()};
-  EVP_MAC_init(context_, key.data(), key.size(), params);
-}
-
-Signer::~Signer() { EVP_MAC_CTX_free(context_); }
-
-std::array<uint8_t, 32> Signer::Compute(std::string_view data) {
-  std::array<uint8_t, 32> mac{};
-  size_t length = 0;
-  // Re-initialising with no key keeps the key schedule and restarts the MAC.
-  EVP_MAC_init(context_, nullptr, 0, nullptr);
-  EVP_MAC_update(context_, reinterpret_cast<const unsigned char*>(data.data()), data.size());
-  EVP_MAC_final(context_, mac.data(), &length, mac.size());
-  return mac;
+Sha256Bytes Signer::Compute(std::string_view data) {
+  hmac_.Update(data.data(), data.size());
+  return hmac_.Final();
 }
 
 void Signer::Seal(std::string& datagram) {

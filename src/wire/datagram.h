@@ -28,9 +28,8 @@
 #include <string>
 #include <string_view>
 
+#include "core/hmac.h"
 #include "mend/status.h"
-
-typedef struct evp_mac_ctx_st EVP_MAC_CTX;
 
 namespace mend::coordinator::datagram {
 
@@ -43,7 +42,7 @@ inline constexpr size_t kHeaderBytes = 24;
 inline constexpr size_t kMacBytes = 16;
 inline constexpr size_t kMaxDatagramBytes = 8192;
 
-using Key = std::array<uint8_t, 32>;
+using Key = Sha256Bytes;
 
 // The channel key of a job: HMAC-SHA256(token, "mend datagram channel v1").
 Key DeriveKey(std::string_view token);
@@ -51,10 +50,7 @@ Key DeriveKey(std::string_view token);
 // Computes and checks MACs with one key; reuses its OpenSSL context.
 class Signer {
  public:
-  explicit Signer(const Key& key);
-  ~Signer();
-  Signer(const Signer&) = delete;
-  Signer& operator=(const Signer&) = delete;
+  explicit Signer(const Key& key) : hmac_(key) {}
 
   // Appends the MAC of `datagram` to it.
   void Seal(std::string& datagram);
@@ -62,9 +58,9 @@ class Signer {
   bool Verify(std::string_view datagram);
 
  private:
-  std::array<uint8_t, 32> Compute(std::string_view data);
+  Sha256Bytes Compute(std::string_view data);
 
-  EVP_MAC_CTX* context_;
+  HmacSha256 hmac_;
 };
 
 // What each kind carries: the control protocol's own messages
