@@ -277,21 +277,24 @@ class LighthouseCore {
   // Counts the times the group size or the settings were set anew (no
   // learner alive); each record holds the one it registered under.
   uint64_t job_epoch_ ABSL_GUARDED_BY(mu_) = 0;
-  // Learners others could not connect to: (round, reporter) of each report
-  // in the last kSuspectRounds rounds; how often each was left out (its
-  // next time out is twice as long, up to 64 rounds); and, while it is,
-  // the round whose close lets it back in and what its joins are told.
+  // Learners others could not connect to, or whose pieces they could not
+  // authenticate: each report in the last kSuspectRounds rounds; how often
+  // each was left out (its next time out is twice as long, up to 64
+  // rounds); and, while it is, the round whose close lets it back in and
+  // what its joins are told.
+  struct SuspectReport {
+    uint64_t round_id = 0;
+    std::string reporter;
+    bool unauthenticated = false;  // its pieces failed authentication (else: a connect timed out)
+  };
   struct Suspect {
-    std::vector<std::pair<uint64_t, std::string>> reports;
+    std::vector<SuspectReport> reports;
     uint32_t times_left_out = 0;
     uint64_t until_round = 0;  // 0: not left out
     // Reports of rounds up to this one are not counted: it was left out
     // for them already, or registered anew after them.
     uint64_t ignore_through_round = 0;
     std::string why;
-    // Whether a report named its pieces failing authentication (not a
-    // connect that timed out): told in `why`.
-    bool unauthenticated = false;
   };
   std::map<std::string, Suspect> suspects_ ABSL_GUARDED_BY(mu_);
   // The job's final round, once it closed (a round at total_steps with

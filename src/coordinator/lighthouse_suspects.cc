@@ -43,8 +43,8 @@ void LighthouseCore::NoteUnreachableLocked(const LearnerRecord& record, Micros n
       Suspect& suspect = suspects_[std::string(peer)];
       // (Not a round it was already left out for, nor one of an earlier process.)
       if (round_id <= suspect.ignore_through_round) continue;
-      suspect.reports.emplace_back(round_id, record.id);
-      if (line.substr(peer.size()) == kRoundUnauthenticatedTag) suspect.unauthenticated = true;
+      suspect.reports.push_back(
+          {round_id, record.id, line.substr(peer.size()) == kRoundUnauthenticatedTag});
     }
   }
   if (!reported) return;
@@ -56,8 +56,7 @@ void LighthouseCore::NoteUnreachableLocked(const LearnerRecord& record, Micros n
   for (auto it = suspects_.begin(); it != suspects_.end();) {
     Suspect& suspect = it->second;
     std::erase_if(suspect.reports,
-                  [&](const auto& r) { return r.first + kSuspectRounds <= latest; });
-    if (suspect.reports.empty()) suspect.unauthenticated = false;
+                  [&](const SuspectReport& r) { return r.round_id + kSuspectRounds <= latest; });
     if (suspect.reports.empty() && suspect.until_round == 0 && suspect.times_left_out == 0) {
       it = suspects_.erase(it);
       continue;
@@ -67,7 +66,7 @@ void LighthouseCore::NoteUnreachableLocked(const LearnerRecord& record, Micros n
       continue;
     }
     std::set<std::string> reporters;
-    for (const auto& [round, reporter] : suspect.reports) reporters.insert(reporter);
+    for (const SuspectReport& report : suspect.reports) reporters.insert(report.reporter);
     if (reporters.size() > worst_reporters.size()) {
       worst = it->first;
       worst_reporters.assign(reporters.begin(), reporters.end());
@@ -92,12 +91,16 @@ void LighthouseCore::LeaveOutLocked(LearnerRecord& record,
   suspect.times_left_out++;
   suspect.until_round = quorum_.latest_round_id() + rounds;
   suspect.ignore_through_round = quorum_.latest_round_id();
+  // A piece that failed authentication says more than a connect that timed
+  // out (which a round called off for it may also cause): told if any did.
+  const bool unauthenticated =
+      std::any_of(suspect.reports.begin(), suspect.reports.end(),
+                  [](const SuspectReport& report) { return report.unauthenticated; });
   suspect.reports.clear();
   // What it said of others is discounted: it was the one out of reach.
   for (auto& [id, other] : suspects_) {
-    std::erase_if(other.reports, [&](const auto& r) { return r.second == record.id; });
+    std::erase_if(other.reports, [&](const SuspectReport& r) { return r.reporter == record.id; });
   }
-  const bool unauthenticated = std::exchange(suspect.unauthenticated, false);
   const std::string what =
       unauthenticated
           ? std::string(

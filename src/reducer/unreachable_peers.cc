@@ -63,10 +63,10 @@ std::set<std::string> NumericHosts(const std::string& address) {
 
 }  // namespace
 
-std::vector<std::string> UnreachableMembers(std::string_view error,
-                                            const std::vector<RoundMember>& members,
-                                            const std::string& self) {
-  std::vector<std::string> ids;
+std::vector<UnreachableMember> UnreachableMembers(std::string_view error,
+                                                  const std::vector<RoundMember>& members,
+                                                  const std::string& self) {
+  std::map<std::string, bool> named_ids;                  // id -> it failed authentication
   std::map<std::string, std::set<std::string>> resolved;  // each address once
   size_t at = 0;
   while ((at = error.find(kTimedOut, at)) != std::string_view::npos) {
@@ -85,7 +85,7 @@ std::vector<std::string> UnreachableMembers(std::string_view error,
       ++matches;
       named = &member;
     }
-    if (matches == 1 && named->id != self) ids.push_back(named->id);
+    if (matches == 1 && named->id != self) named_ids.try_emplace(named->id, false);
   }
   for (at = 0; (at = error.find(kUnauthenticated, at)) != std::string_view::npos;
        at += kUnauthenticated.size()) {
@@ -94,26 +94,24 @@ std::vector<std::string> UnreachableMembers(std::string_view error,
     const std::string id(error.substr(open + 2, at - open - 2));
     const bool member = std::any_of(members.begin(), members.end(),
                                     [&](const RoundMember& m) { return m.id == id; });
-    if (member && id != self) ids.push_back(id);
+    if (member && id != self) named_ids[id] = true;
   }
-  std::sort(ids.begin(), ids.end());
-  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
-  return ids;
+  std::vector<UnreachableMember> named;
+  for (const auto& [id, unauthenticated] : named_ids) named.push_back({id, unauthenticated});
+  return named;
 }
 
 void ReportUnreachable(RendezvousStore& store, const std::string& prefix,
                        const std::vector<RoundMember>& members, const std::string& self,
                        const Status& failed) {
   if (failed.ok()) return;
-  const std::vector<std::string> peers =
+  const std::vector<UnreachableMember> peers =
       UnreachableMembers(std::string(failed.message()), members, self);
   if (peers.empty()) return;
   std::string report;
-  for (const std::string& peer : peers) {
-    const bool unauthenticated =
-        failed.message().find(fmt::format("('{}{}", peer, kUnauthenticated)) != std::string::npos;
-    report += fmt::format("{}{}{}", report.empty() ? "" : "\n", peer,
-                          unauthenticated ? kRoundUnauthenticatedTag : "");
+  for (const UnreachableMember& peer : peers) {
+    report += fmt::format("{}{}{}", report.empty() ? "" : "\n", peer.id,
+                          peer.unauthenticated ? kRoundUnauthenticatedTag : "");
   }
   (void)store.Set(prefix + kRoundUnreachablePrefix + self, report);
 }

@@ -24,11 +24,16 @@ namespace mend::reducer {
 // host that several members share names none of them (which one was meant
 // cannot be told). A member that failed the secure data plane's
 // authentication ("('ID') failed authentication") counts too: a learner
-// whose pieces keep failing is left out as an unreachable one is. Sorted,
-// each once.
-std::vector<std::string> UnreachableMembers(std::string_view error,
-                                            const std::vector<RoundMember>& members,
-                                            const std::string& self);
+// whose pieces keep failing is left out as an unreachable one is. Sorted
+// by id, each once (`unauthenticated`: it failed authentication).
+struct UnreachableMember {
+  std::string id;
+  bool unauthenticated = false;
+  bool operator==(const UnreachableMember&) const = default;
+};
+std::vector<UnreachableMember> UnreachableMembers(std::string_view error,
+                                                  const std::vector<RoundMember>& members,
+                                                  const std::string& self);
 
 // Sets <prefix>unreachable/<self> in `store` when `failed` names members,
 // each tagged when its pieces failed authentication (core/round_keys.h;

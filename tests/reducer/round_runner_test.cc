@@ -180,7 +180,7 @@ TEST_F(RoundRunnerTest, AFailedConnectNamesTheMembersItCouldNotReach) {
   EXPECT_EQ(UnreachableMembers("Connect timeout [127.0.0.1]:1, Connect timeout [10.0.0.5]:2, "
                                "Connect timeout [10.0.0.4]:3 Connect timeout [",
                                round.members, "x"),
-            (std::vector<std::string>{"c", "d", "fake-learner"}));
+            (std::vector<UnreachableMember>{{"c"}, {"d"}, {"fake-learner"}}));
   EXPECT_TRUE(UnreachableMembers("no address here", round.members, "x").empty());
   // A member whose pieces did not open on the secure data plane is named
   // too (itself and an id of no member are not).
@@ -188,7 +188,12 @@ TEST_F(RoundRunnerTest, AFailedConnectNamesTheMembersItCouldNotReach) {
                                "authentication; member 3 ('fake-learner') failed authentication; "
                                "member 9 ('z') failed authentication: ...",
                                round.members, "fake-learner"),
-            (std::vector<std::string>{"b"}));
+            (std::vector<UnreachableMember>{{"b", /*unauthenticated=*/true}}));
+  // One named both ways is named once, as failing authentication.
+  EXPECT_EQ(UnreachableMembers("member 1 ('c') failed authentication; Connect timeout "
+                               "[10.0.0.5]:2 Connect timeout [10.0.0.4]:1",
+                               round.members, "fake-learner"),
+            (std::vector<UnreachableMember>{{"c", true}, {"d"}}));
   // The report tells the lighthouse which kind each is.
   services_.SetConnect(DataLossError(
       "round 7: connecting to the members: member 0 ('b') failed authentication; Connect timeout "
