@@ -14,6 +14,38 @@
 namespace mend {
 namespace {
 
+// Every member's sum of squares, weight and whether it makes its values,
+// gathered on the flat communicator, for a merge's rule (MergeAllReduce).
+class MemberNorms {
+ public:
+  MemberNorms(double squares, double weight, bool makes, int members)
+      : mine_{squares, weight, makes ? 1.0 : 0.0},
+        gathered_(mine_.size() * static_cast<size_t>(members)) {}
+
+  Status Gather(Communicator& flat) {
+    return flat.AllGather(std::as_bytes(std::span(mine_)),
+                          std::as_writable_bytes(std::span(gathered_)));
+  }
+  // After Gather: whether some member makes its values, and whom the rule leaves out.
+  bool AnyMade() const {
+    for (size_t at = 2; at < gathered_.size(); at += mine_.size())
+      if (gathered_[at] != 0) return true;
+    return false;
+  }
+  std::vector<int> LeftOut(const Communicator::LeaveOut* rule) const {
+    std::vector<double> squares(gathered_.size() / mine_.size()), weights(squares.size());
+    for (size_t r = 0; r < squares.size(); ++r) {
+      squares[r] = gathered_[mine_.size() * r];
+      weights[r] = gathered_[mine_.size() * r + 1];
+    }
+    return mend::LeftOut(rule, squares, weights);
+  }
+
+ private:
+  const std::array<double, 3> mine_;
+  std::vector<double> gathered_;
+};
+
 class RackAwareCommunicator final : public Communicator {
  public:
   // `rack` is null for a member alone in its rack, `reps` null for a member
@@ -125,72 +157,30 @@ class RackAwareCommunicator final : public Communicator {
     const bool makes = values.make != nullptr;
     Merged merged;
     merged.squares = makes ? (*values.make)(0, data.size()) : values.squares;
-    const std::array<double, 3> mine{merged.squares, weight, makes ? 1.0 : 0.0};
-    std::vector<double> gathered(mine.size() * static_cast<size_t>(flat_->world_size()));
-    auto gather = [&]() {
-      return flat_->AllGather(std::as_bytes(std::span(mine)),
-                              std::as_writable_bytes(std::span(gathered)));
-    };
-    bool any_made = makes;
-    auto verdict = [&]() {
-      std::vector<double> squares(static_cast<size_t>(flat_->world_size())),
-          weights(squares.size());
-      for (size_t r = 0; r < squares.size(); ++r) {
-        squares[r] = gathered[mine.size() * r];
-        weights[r] = gathered[mine.size() * r + 1];
-        any_made = any_made || gathered[mine.size() * r + 2] != 0;
-      }
-      merged.left_out = LeftOut(values.leave_out, squares, weights);
-    };
-    // Zeros with weight 0 when the rule left this member out.
-    auto leave_me_out = [&]() {
-      if (!std::binary_search(merged.left_out.begin(), merged.left_out.end(), rank())) return false;
-      std::fill(data.begin(), data.end(), 0.0f);
-      weight = 0;
-      return true;
-    };
+    MemberNorms norms(merged.squares, weight, makes, flat_->world_size());
     if (makes) {
-      // The gather beside the reduction; the first to fail ends the other,
-      // and its status is the merge's.
-      std::mutex failed_mu;
-      Status failed = OkStatus();
-      auto fail = [&](const Status& status, const std::vector<Communicator*>& others) {
-        {
-          std::lock_guard lock(failed_mu);
-          if (!failed.ok()) return;
-          failed = status;
-        }
-        for (Communicator* other : others)
-          if (other != nullptr) other->Abort(std::string(status.message()));
-      };
-      std::thread norms([&]() {
-        if (Status status = gather(); !status.ok()) fail(status, {rack_.get(), reps_.get()});
-      });
-      if (Status status = WeightedAllReduce(data, weight, values.codec); !status.ok())
-        fail(status, {flat_.get()});
-      norms.join();
-      MEND_RETURN_IF_ERROR(failed);
-      verdict();
+      MEND_RETURN_IF_ERROR(ReduceBesideGather(data, weight, values.codec, norms));
+      merged.left_out = norms.LeftOut(values.leave_out);
       if (merged.left_out.empty()) return merged;
-      if (!leave_me_out()) (*values.make)(0, data.size());
+      if (!LeaveMeOut(merged.left_out, data, weight)) (*values.make)(0, data.size());
       MEND_RETURN_IF_ERROR(WeightedAllReduce(data, weight, values.codec));
       return merged;
     }
-    MEND_RETURN_IF_ERROR(gather());
-    verdict();
-    if (any_made && !fp32) {
+    MEND_RETURN_IF_ERROR(norms.Gather(*flat_));
+    merged.left_out = norms.LeftOut(values.leave_out);
+    if (norms.AnyMade() && !fp32) {
       // Every member of a reduction runs one protocol; a maker's is fp32's.
       return InvalidArgumentError(
           fmt::format("all-reduce: a member made its fp32 values while this one encodes with {}",
                       CodecName(values.codec->kind())));
     }
-    if (any_made && !merged.left_out.empty()) {
+    if (norms.AnyMade() && !merged.left_out.empty()) {
       // The makers' first reduction counts everyone in and is done again:
       // this member's part in it is zeros, its values kept for the second.
       std::vector<float> zeros(data.size(), 0.0f);
       MEND_RETURN_IF_ERROR(WeightedAllReduce(zeros, weight, values.codec));
     }
-    (void)leave_me_out();
+    (void)LeaveMeOut(merged.left_out, data, weight);
     MEND_RETURN_IF_ERROR(WeightedAllReduce(data, weight, values.codec));
     return merged;
   }
@@ -257,6 +247,39 @@ class RackAwareCommunicator final : public Communicator {
   }
 
  private:
+  // The reduction of a member that makes its values, with the members'
+  // norms gathered beside it on a thread of its own; the first to fail ends
+  // the other, and its status is the merge's.
+  Status ReduceBesideGather(std::span<float> data, double weight, const Codec* codec,
+                            MemberNorms& norms) {
+    std::mutex failed_mu;
+    Status failed = OkStatus();
+    auto fail = [&](const Status& status, const std::vector<Communicator*>& others) {
+      {
+        std::lock_guard lock(failed_mu);
+        if (!failed.ok()) return;
+        failed = status;
+      }
+      for (Communicator* other : others)
+        if (other != nullptr) other->Abort(std::string(status.message()));
+    };
+    std::thread gather([&]() {
+      if (Status status = norms.Gather(*flat_); !status.ok())
+        fail(status, {rack_.get(), reps_.get()});
+    });
+    if (Status status = WeightedAllReduce(data, weight, codec); !status.ok())
+      fail(status, {flat_.get()});
+    gather.join();
+    return failed;
+  }
+  // Zeros with weight 0 when the rule left this member out (true then).
+  bool LeaveMeOut(const std::vector<int>& left_out, std::span<float> data, double& weight) const {
+    if (!std::binary_search(left_out.begin(), left_out.end(), rank())) return false;
+    std::fill(data.begin(), data.end(), 0.0f);
+    weight = 0;
+    return true;
+  }
+
   std::unique_ptr<Communicator> flat_;
   std::unique_ptr<Communicator> rack_;
   std::unique_ptr<Communicator> reps_;
