@@ -247,7 +247,7 @@ class Swarm {
     clients_[learner.channel]->QuorumAsync(
         args, uncancelled_, [this, &learner](StatusOr<QuorumResult> result) {
           Complete(learner, result.ok() ? OkStatus() : result.status(),
-                   result.ok() ? result->round_id : 0);
+                   result.ok() ? result->round_id() : 0);
         });
   }
 

@@ -26,7 +26,8 @@ if(MEND_WITH_TORCH)
   set_target_properties(mend_torch PROPERTIES OUTPUT_NAME mend_torch EXPORT_NAME torch
                         VERSION ${PROJECT_VERSION} SOVERSION ${PROJECT_VERSION_MAJOR})
   target_link_libraries(mend_torch PRIVATE ${MEND_TORCH_LIBRARIES})
-  target_link_libraries(mend_torch INTERFACE absl::status absl::statusor ${TORCH_LIBRARIES})
+  target_link_libraries(mend_torch INTERFACE absl::status absl::statusor protobuf::libprotobuf
+                        ${TORCH_LIBRARIES})
   target_include_directories(mend_torch INTERFACE
     $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include>
     $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
@@ -44,6 +45,10 @@ if(MEND_WITH_TORCH)
     install(FILES ${PROJECT_SOURCE_DIR}/include/mend/${header}
             DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/mend)
   endforeach()
+  # The protocol's messages, which the learner agent's decisions are
+  # (mend/lighthouse_client.h: QuorumResult, RoundMember, HeartbeatAck).
+  install(FILES ${PROJECT_BINARY_DIR}/proto/gen/mend/v1/lighthouse.pb.h
+          DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/mend/v1)
 else()
   install(FILES ${PROJECT_SOURCE_DIR}/include/mend/mend.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/mend)
 endif()

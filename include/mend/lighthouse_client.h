@@ -19,6 +19,7 @@
 
 #include "mend/clock.h"
 #include "mend/status.h"
+#include "mend/v1/lighthouse.pb.h"
 
 namespace mend {
 
@@ -59,32 +60,15 @@ struct LearnerRef {
   uint64_t session_id = 0;
 };
 
-struct RoundMember {
-  std::string id;
-  uint64_t step = 0;
-  uint64_t tokens_since_last_round = 0;
-  uint64_t last_round_id = 0;
-  std::string heal_from;
-  std::string rack;
-  std::string address;
-};
-
-// One member's view of a closed round.
-struct QuorumResult {
-  uint64_t round_id = 0;
-  uint32_t rank = 0;
-  uint32_t world_size = 0;
-  uint64_t total_tokens = 0;
-  std::string rendezvous_prefix;
-  std::string closed_by;
-  uint32_t waited_ms = 0;
-  uint64_t heal_round_id = 0;
-  uint64_t step = 0;  // the round's boundary step (its members' largest), the same for all
-  uint32_t grace_window_ms = 0;          // the grace window in force when it formed
-  std::optional<RoundMember> heal_from;  // set when this learner is behind
-  std::vector<std::string> heal_to;      // behind members healing from this learner
-  std::vector<RoundMember> members;      // all, sorted, when asked for (<= 1024 members)
-};
+// A round's member, and one member's view of a closed round: the
+// protocol's own messages (proto/mend/v1/lighthouse.proto), read as the
+// lighthouse wrote them, with nothing between (a field added to a decision
+// is written by the lighthouse's handler and read where it is used).
+// QuorumResult's heal_from is set when this learner is behind; its members,
+// all of them sorted, when asked for (rounds of at most 1024 members).
+using RoundMember = v1::Member;
+using RoundMembers = google::protobuf::RepeatedPtrField<RoundMember>;
+using QuorumResult = v1::QuorumResponse;
 
 struct QuorumRequestArgs {
   LearnerRef learner;
@@ -106,16 +90,8 @@ struct HeartbeatUpdate {
   std::vector<uint32_t> step_time_us;
 };
 
-struct HeartbeatAck {
-  bool slow = false;
-  double slow_zscore = 0;
-  uint64_t latest_round_id = 0;
-  uint64_t lighthouse_instance = 0;
-  uint64_t latest_round_step = 0;  // that round's boundary step
-  // The join is pending and fewer learners are alive than the quorum's
-  // minimum: it cannot form a round until learners come back.
-  bool short_of_quorum = false;
-};
+// The heartbeat stream's acknowledgement, as the lighthouse sent it.
+using HeartbeatAck = v1::HeartbeatResponse;
 
 // A learner's heartbeat stream (gRPC bidirectional stream, callback API).
 class HeartbeatStream {

@@ -67,8 +67,8 @@ struct SimControl {
 
 std::string MemberList(const QuorumResult& result) {
   std::string out;
-  for (const auto& member : result.members) out += (out.empty() ? "" : ",") + member.id;
-  if (result.members.empty()) out = fmt::format("<{} members>", result.world_size);
+  for (const auto& member : result.members()) out += (out.empty() ? "" : ",") + member.learner_id();
+  if (result.members().empty()) out = fmt::format("<{} members>", result.world_size());
   return out;
 }
 
@@ -77,8 +77,8 @@ void PrintRound(const QuorumResult& result, int64_t step) {
   fmt::print(
       "round={} rank={} world={} closed_by={} waited_ms={} step={} members={} "
       "heal_from={}\n",
-      result.round_id, result.rank, result.world_size, result.closed_by, result.waited_ms, step,
-      MemberList(result), result.heal_from ? result.heal_from->id : "");
+      result.round_id(), result.rank(), result.world_size(), result.closed_by(), result.waited_ms(),
+      step, MemberList(result), result.heal_from().learner_id());
   std::fflush(stdout);
 }
 
@@ -131,7 +131,7 @@ int RunSimLearner(const SimOptions& options, const Config& config, const std::st
       spdlog::warn("no round at step {}: {}", step, result.status().message());
       continue;
     }
-    last_round = result->round_id;
+    last_round = result->round_id();
     tokens_since_round = 0;
     ++rounds;
     PrintRound(*result, step);

@@ -2,8 +2,9 @@
 // gRPC client (lighthouse_client.cc) and the datagram link
 // (datagram_link.cc) build their requests and read their answers with
 // these, and a group's ranks share rank 0's decisions as the same message
-// (reducer/group_round_services.cc). So a field added to a decision or an
-// acknowledgement is read in one place: here.
+// (reducer/group_round_services.cc). A decision and an acknowledgement
+// are the protocol's messages themselves (QuorumResult, HeartbeatAck):
+// nothing here copies their fields.
 //
 // Thread-safety: pure functions.
 #pragma once
@@ -28,10 +29,6 @@ void FillLearnerRef(const LearnerRef& learner, Request* request) {
 void FillHeartbeatRequest(const LearnerRef& learner, const HeartbeatUpdate& update,
                           v1::HeartbeatRequest* request);
 v1::QuorumRequest QuorumRequestProto(const QuorumRequestArgs& args);
-
-QuorumResult QuorumResultFromProto(const v1::QuorumResponse& response);
-v1::QuorumResponse QuorumResultToProto(const QuorumResult& result);
-HeartbeatAck HeartbeatAckFromProto(const v1::HeartbeatResponse& response);
 
 // A decision (a round, or the status the join failed with) as the message a
 // datagram carries, and back; `where` prefixes an error's message (e.g.

@@ -50,7 +50,7 @@ void DatagramLink::Attach(const LearnerRef& session) {
       MutexLock lock(mu_);
       last_ack_at_ = clock_.NowMicros();
     }
-    if (hooks_.on_ack) hooks_.on_ack(HeartbeatAckFromProto(ack));
+    if (hooks_.on_ack) hooks_.on_ack(ack);
   };
   callbacks.on_decision = [this](const v1::DatagramDecision& decision) {
     MutexLock lock(mu_);

@@ -103,7 +103,7 @@ StatusOr<QuorumResult> LearnerAgentImpl::Quorum(uint64_t last_round_id,
     if (result.ok()) {
       Heard();
       MutexLock lock(mu_);
-      RaiseTo(latest_round_id_, result->round_id);
+      RaiseTo(latest_round_id_, result->round_id());
       tokens_since_round_ = 0;
       return result;
     }

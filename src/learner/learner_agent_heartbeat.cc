@@ -116,15 +116,15 @@ void LearnerAgentImpl::OnAck(const HeartbeatAck& ack) {
     MutexLock lock(mu_);
     udp_silences_ = 0;
   }
-  if (ack.slow != slow_.load()) {
+  if (ack.slow() != slow_.load()) {
     spdlog::info("lighthouse {} this learner as fail-slow (z = {:.1f})",
-                 ack.slow ? "flagged" : "cleared", ack.slow_zscore);
+                 ack.slow() ? "flagged" : "cleared", ack.slow_zscore());
   }
-  slow_ = ack.slow;
-  zscore_ = ack.slow_zscore;
-  RaiseTo(latest_round_id_, ack.latest_round_id);
-  RaiseTo(latest_round_step_, ack.latest_round_step);
-  if (!ack.short_of_quorum) {
+  slow_ = ack.slow();
+  zscore_ = ack.slow_zscore();
+  RaiseTo(latest_round_id_, ack.latest_round_id());
+  RaiseTo(latest_round_step_, ack.latest_round_step());
+  if (!ack.short_of_quorum()) {
     short_of_quorum_since_.store(0);
   } else {
     Micros unset = 0;  // (kept from the first such acknowledgement)

@@ -171,12 +171,11 @@ class HeartbeatStreamImpl final
       if (release) RemoveHold();
       return;
     }
-    HeartbeatAck ack = HeartbeatAckFromProto(ack_);
     {
       MutexLock lock(mu_);
       last_ack_at_ = clock_.NowMicros();
     }
-    if (on_ack_) on_ack_(ack);
+    if (on_ack_) on_ack_(ack_);  // (before the next read reuses it)
     StartRead(&ack_);
   }
 
@@ -261,10 +260,7 @@ class LighthouseClientImpl final : public LighthouseClient {
   }
 
   StatusOr<QuorumResult> Quorum(const QuorumRequestArgs& args) override {
-    MEND_ASSIGN_OR_RETURN(
-        const v1::QuorumResponse response,
-        Unary(&Stub::Quorum, "Quorum", QuorumRequestProto(args), args.timeout + kDeadlineMargin));
-    return QuorumResultFromProto(response);
+    return Unary(&Stub::Quorum, "Quorum", QuorumRequestProto(args), args.timeout + kDeadlineMargin);
   }
 
   void QuorumAsync(const QuorumRequestArgs& args, CallCanceller& cancel,
@@ -290,7 +286,7 @@ class LighthouseClientImpl final : public LighthouseClient {
           if (!result.ok()) {
             done(result);
           } else {
-            done(QuorumResultFromProto(call->response));
+            done(std::move(call->response));
           }
         });
   }

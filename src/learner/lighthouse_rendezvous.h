@@ -120,11 +120,12 @@ class LighthouseRendezvousStore final : public RendezvousStore {
 inline CommunicatorOptions CommunicatorOptionsForRound(const CommunicatorOptions& base,
                                                        const QuorumResult& round) {
   CommunicatorOptions options = base;
-  options.prefix = round.rendezvous_prefix;
-  options.round_id = round.round_id;
-  options.rank = static_cast<int>(round.rank);
-  options.world_size = static_cast<int>(round.world_size);
-  for (const RoundMember& member : round.members) options.member_ids.push_back(member.id);
+  options.prefix = round.rendezvous_prefix();
+  options.round_id = round.round_id();
+  options.rank = static_cast<int>(round.rank());
+  options.world_size = static_cast<int>(round.world_size());
+  for (const RoundMember& member : round.members())
+    options.member_ids.push_back(member.learner_id());
   return options;
 }
 

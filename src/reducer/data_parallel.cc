@@ -58,8 +58,8 @@ class DataParallelImpl final : public DataParallel {
       options.secret = agent_.data_plane_secret();
       LighthouseRendezvousStore store(agent_.client(), agent_.clock());
       MEND_ASSIGN_OR_RETURN(comm_, Communicator::Connect(store, options));
-      stats_.rank = round.rank;
-      stats_.world_size = round.world_size;
+      stats_.rank = round.rank();
+      stats_.world_size = round.world_size();
     }
     // Everyone starts from rank 0's parameters.
     Flatten(/*gradients=*/false);

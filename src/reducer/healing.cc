@@ -29,14 +29,14 @@ namespace {
 std::map<int, std::vector<int>> HealeesBySource(const Communicator& comm,
                                                 const QuorumResult& round) {
   std::map<std::string, int> rank_of;
-  for (size_t r = 0; r < round.members.size(); ++r)
-    rank_of[round.members[r].id] = static_cast<int>(r);
+  for (size_t r = 0; r < round.members().size(); ++r)
+    rank_of[round.members()[r].learner_id()] = static_cast<int>(r);
   std::map<int, std::vector<int>> healees;  // source rank -> ranks healing from it
-  if (round.heal_round_id == 0) {
+  if (round.heal_round_id() == 0) {
     for (int r = 1; r < comm.world_size(); ++r) healees[0].push_back(r);  // a fresh start
   } else {
-    for (size_t r = 0; r < round.members.size(); ++r) {
-      const std::string& source = round.members[r].heal_from;
+    for (size_t r = 0; r < round.members().size(); ++r) {
+      const std::string& source = round.members()[r].heal_from();
       if (!source.empty() && rank_of.count(source))
         healees[rank_of[source]].push_back(static_cast<int>(r));
     }
@@ -123,7 +123,7 @@ StatusOr<Healed> HealRound(Communicator& comm, const QuorumResult& round,
   const size_t values = HealStateOffset(fragments, fragments.size());
   for (const auto& [source, ranks] : healees) {
     const bool heals = std::find(ranks.begin(), ranks.end(), comm.rank()) != ranks.end();
-    const std::string& source_id = round.members[static_cast<size_t>(source)].id;
+    const std::string& source_id = round.members()[static_cast<size_t>(source)].learner_id();
     // With the state: the source's step at its boundary (the healed learner
     // continues the job's schedule, learning rate and fragment boundaries,
     // from there), the fragment the source exchanges in this round, its
@@ -158,7 +158,7 @@ StatusOr<Healed> HealRound(Communicator& comm, const QuorumResult& round,
     if (boundary[1] >= fragments.size()) {
       return InvalidArgumentError(
           fmt::format("round {}: heal source {} exchanges fragment {}; this job has {}",
-                      round.round_id, source_id, boundary[1], fragments.size()));
+                      round.round_id(), source_id, boundary[1], fragments.size()));
     }
     healed.fragment = static_cast<int>(boundary[1]);
     if (boundary[3] != 0) healed.moment_step = boundary[2];

@@ -105,9 +105,9 @@ StatusOr<Outcome> RoundRunner::Run(InFlight& flight, const std::function<uint64_
   MEND_ASSIGN_OR_RETURN(QuorumResult round, Join(flight));
   const int exchanged = ExchangedFragment(round, flight);
   // A round of no state yet, or of another fragment than the flight's, may heal.
-  const bool may_heal = round.heal_round_id == 0 || round.heal_from.has_value() ||
-                        !round.heal_to.empty() || exchanged != flight.fragment;
-  flight.Formed(step_now(), round.round_id, may_heal);
+  const bool may_heal = round.heal_round_id() == 0 || round.has_heal_from() ||
+                        !round.heal_to().empty() || exchanged != flight.fragment;
+  flight.Formed(step_now(), round.round_id(), may_heal);
   const std::shared_ptr<RendezvousStore> store = services_.OpenRendezvous(round);
   CommunicatorOptions options;
   MEND_ASSIGN_OR_RETURN(auto comm, Connect(store, round, &options));
@@ -128,10 +128,10 @@ StatusOr<Outcome> RoundRunner::Run(InFlight& flight, const std::function<uint64_
   auto reported = [&](Status status) { return Reported(*store, round, std::move(status)); };
   flight.AwaitSnapped();  // (the training thread takes it while the round joins)
   outcome.fragment = exchanged;
-  outcome.round_id = round.round_id;
-  outcome.round_step = round.step;
-  outcome.rank = round.rank;
-  outcome.members = round.world_size;
+  outcome.round_id = round.round_id();
+  outcome.round_step = round.step();
+  outcome.rank = round.rank();
+  outcome.members = round.world_size();
   {
     const PhaseTimer timer(&outcome.phases.agree_or_heal);
     MEND_RETURN_IF_ERROR(
@@ -152,11 +152,11 @@ StatusOr<Outcome> RoundRunner::Run(InFlight& flight, const std::function<uint64_
   outcome.phases.reduce = merged.reduce_seconds - before_merge.reduce_seconds;
   {
     const PhaseTimer timer(&outcome.phases.moments_and_buffers);
-    MEND_RETURN_IF_ERROR(reported(AverageMoments(*comm, round.round_id, flight, &outcome)));
-    MEND_RETURN_IF_ERROR(reported(SyncBuffers(*comm, round.rank, flight, &outcome)));
+    MEND_RETURN_IF_ERROR(reported(AverageMoments(*comm, round.round_id(), flight, &outcome)));
+    MEND_RETURN_IF_ERROR(reported(SyncBuffers(*comm, round.rank(), flight, &outcome)));
   }
   outcome.cross_rack_bytes =
-      CrossRackBytes(connected, comm->stats(), options.member_racks, round.rank);
+      CrossRackBytes(connected, comm->stats(), options.member_racks, round.rank());
   return outcome;
 }
 
@@ -171,15 +171,15 @@ StatusOr<std::unique_ptr<Communicator>> RoundRunner::Connect(
     const std::shared_ptr<RendezvousStore>& store, const QuorumResult& round,
     CommunicatorOptions* options) {
   *options = CommunicatorOptionsForRound(options_.communicator, round);
-  options->prefix = policy_.SlicePrefix(round.rendezvous_prefix);
+  options->prefix = policy_.SlicePrefix(round.rendezvous_prefix());
   options->member_racks.clear();
-  for (const RoundMember& member : round.members) options->member_racks.push_back(member.rack);
+  for (const RoundMember& member : round.members()) options->member_racks.push_back(member.rack());
   // Whom it could not reach goes to the lighthouse (read at the next join)
   // from the connect's own thread: also when the round was called off
   // (another member's connect failed first) and the connect ran on.
   const std::shared_ptr<ConnectThreads::Pending> pending = connects_.Start(
       [&services = services_, store, options = *options, rack_aware = options_.rack_aware,
-       members = round.members, prefix = round.rendezvous_prefix]() {
+       members = round.members(), prefix = round.rendezvous_prefix()]() {
         StatusOr<std::unique_ptr<Communicator>> comm =
             services.Connect(*store, options, rack_aware);
         if (!comm.ok()) {
@@ -190,7 +190,7 @@ StatusOr<std::unique_ptr<Communicator>> RoundRunner::Connect(
   services_.WatchAbort(round, pending.get(),
                        [pending](const std::string& why) { pending->CallOff(why); });
   StatusOr<std::unique_ptr<Communicator>> comm =
-      pending->Await(fmt::format("round {}", round.round_id));
+      pending->Await(fmt::format("round {}", round.round_id()));
   services_.Unwatch(pending.get());
   // Every member connects to every other: without this one the round cannot
   // complete, and the others learn it from the round's abort key now, not
@@ -198,7 +198,7 @@ StatusOr<std::unique_ptr<Communicator>> RoundRunner::Connect(
   // would otherwise hold the whole job that long at every round). A round
   // called off (ABORTED) has its abort key already.
   if (!comm.ok() && comm.status().code() != absl::StatusCode::kAborted) {
-    (void)store->Set(round.rendezvous_prefix + kRoundAbortKey,
+    (void)store->Set(round.rendezvous_prefix() + kRoundAbortKey,
                      fmt::format("learner '{}' could not connect: {}", services_.learner_id(),
                                  std::string(comm.status().message())));
   }
@@ -214,15 +214,16 @@ StatusOr<std::unique_ptr<Communicator>> RoundRunner::Connect(
 // A final merge's fragments are each learner's own, launched in turn at the
 // last step (a healed member's, its source's).
 Status RoundRunner::Reported(RendezvousStore& store, const QuorumResult& round, Status status) {
-  ReportUnreachable(store, round.rendezvous_prefix, round.members, services_.learner_id(), status);
+  ReportUnreachable(store, round.rendezvous_prefix(), round.members(), services_.learner_id(),
+                    status);
   return status;
 }
 
 int RoundRunner::ExchangedFragment(const QuorumResult& round, const InFlight& flight) const {
-  if (flight.final_merge || options_.IsFinalMerge(schedule_, round.step, flight.fragment))
+  if (flight.final_merge || options_.IsFinalMerge(schedule_, round.step(), flight.fragment))
     return flight.fragment;
   for (int64_t f = 0; f < schedule_.fragments(); ++f) {
-    if (schedule_.StartsAt(f, static_cast<int64_t>(round.step))) return static_cast<int>(f);
+    if (schedule_.StartsAt(f, static_cast<int64_t>(round.step()))) return static_cast<int>(f);
   }
   return flight.fragment;
 }
@@ -240,7 +241,7 @@ void RoundRunner::Stop() {
 Status RoundRunner::HealOrAgree(Communicator& comm, RendezvousStore& store,
                                 const QuorumResult& round, InFlight& flight, Micros timeout,
                                 Outcome* outcome) {
-  if (round.heal_round_id == 0) {
+  if (round.heal_round_id() == 0) {
     MEND_ASSIGN_OR_RETURN(bool agree, StatesAgree(store, round, flight, timeout));
     if (agree) return OkStatus();
   }
@@ -259,7 +260,7 @@ Status RoundRunner::HealOrAgree(Communicator& comm, RendezvousStore& store,
   // round (InFlight::training_waits) nothing else reads that state: the
   // heal writes into it as it arrives, with no copy of the whole (a failure
   // halfway resets it: Flights::GiveBack).
-  const bool fresh_join = flight.previous_round_id == 0 && round.heal_round_id > 0;
+  const bool fresh_join = flight.previous_round_id == 0 && round.heal_round_id() > 0;
   MEND_ASSIGN_OR_RETURN(
       Healed healed,
       HealRound(comm, round, book_.fragments(), offer, services_.clock(),
@@ -285,15 +286,15 @@ Status RoundRunner::HealOrAgree(Communicator& comm, RendezvousStore& store,
 // prefix and reads all the others' (so all decide alike).
 StatusOr<bool> RoundRunner::StatesAgree(RendezvousStore& store, const QuorumResult& round,
                                         const InFlight& flight, Micros timeout) const {
-  if (round.world_size == 1) return true;  // one member agrees with itself
-  const std::string prefix = policy_.SlicePrefix(round.rendezvous_prefix);
+  if (round.world_size() == 1) return true;  // one member agrees with itself
+  const std::string prefix = policy_.SlicePrefix(round.rendezvous_prefix());
   auto key = [&](uint32_t rank) { return fmt::format("{}state/{}", prefix, rank); };
   const std::string mine =
       fmt::format("{} {} {}", book_.AgreementDigest(), flight.boundary_step, flight.fragment);
-  MEND_RETURN_IF_ERROR(store.Set(key(round.rank), mine));
+  MEND_RETURN_IF_ERROR(store.Set(key(round.rank()), mine));
   bool agree = true;
-  for (uint32_t r = 0; r < round.world_size; ++r) {
-    if (r == round.rank) continue;
+  for (uint32_t r = 0; r < round.world_size(); ++r) {
+    if (r == round.rank()) continue;
     MEND_ASSIGN_OR_RETURN(std::string theirs, store.Get(key(r), timeout));
     agree = agree && theirs == mine;
   }
@@ -312,9 +313,9 @@ Status RoundRunner::Merge(Communicator& comm, const QuorumResult& round, InFligh
   const bool adopted = outcome->fragment != flight.fragment;
   OuterSyncOptions sync_options = options_.sync;
   sync_options.contributes = !outcome->fresh_join && !adopted;
-  sync_options.warmup = round.step > 0 && round.step <= options_.outer_warmup_steps;
+  sync_options.warmup = round.step() > 0 && round.step() <= options_.outer_warmup_steps;
   outcome->outer_warmup = sync_options.warmup;
-  outcome->final_merge = options_.IsFinalMerge(schedule_, round.step, outcome->fragment);
+  outcome->final_merge = options_.IsFinalMerge(schedule_, round.step(), outcome->fragment);
   if (outcome->final_merge) {
     // The members' models averaged exactly: lossless, and no error
     // feedback (what a sparse codec held back stays this learner's).
@@ -342,7 +343,7 @@ Status RoundRunner::Merge(Communicator& comm, const QuorumResult& round, InFligh
     spdlog::info(
         "round {}: exchanges fragment {} (its step {}), not this learner's fragment {} (its "
         "boundary {} was behind); taking part without a pseudo-gradient",
-        round.round_id, outcome->fragment, round.step, flight.fragment, flight.boundary_step);
+        round.round_id(), outcome->fragment, round.step(), flight.fragment, flight.boundary_step);
   }
   const auto weight = static_cast<double>(policy_.MergeWeight(flight.tokens));
   // A deferred snapshot's pieces are made as the merge reaches them.

@@ -58,7 +58,7 @@ class LighthouseServices final : public RoundServices {
           }
           return OkStatus();
         },
-        round.rendezvous_prefix + kRoundAbortKey, rendezvous_timeout_);
+        round.rendezvous_prefix() + kRoundAbortKey, rendezvous_timeout_);
   }
 
   StatusOr<std::unique_ptr<Communicator>> Connect(RendezvousStore& store,
@@ -84,7 +84,7 @@ class LighthouseServices final : public RoundServices {
       free = &watches_.back();
     }
     free->owner = owner;
-    free->watch->Watch(round.rendezvous_prefix + kRoundAbortKey, std::move(abort));
+    free->watch->Watch(round.rendezvous_prefix() + kRoundAbortKey, std::move(abort));
   }
   void Unwatch(const void* owner) override {
     MutexLock lock(mu_);

@@ -64,7 +64,7 @@ std::set<std::string> NumericHosts(const std::string& address) {
 }  // namespace
 
 std::vector<UnreachableMember> UnreachableMembers(std::string_view error,
-                                                  const std::vector<RoundMember>& members,
+                                                  const RoundMembers& members,
                                                   const std::string& self) {
   std::map<std::string, bool> named_ids;                  // id -> it failed authentication
   std::map<std::string, std::set<std::string>> resolved;  // each address once
@@ -79,13 +79,14 @@ std::vector<UnreachableMember> UnreachableMembers(std::string_view error,
     const RoundMember* named = nullptr;
     int matches = 0;
     for (const RoundMember& member : members) {
-      auto [it, fresh] = resolved.try_emplace(member.address);
-      if (fresh) it->second = NumericHosts(member.address);
+      auto [it, fresh] = resolved.try_emplace(member.address());
+      if (fresh) it->second = NumericHosts(member.address());
       if (it->second.count(host) == 0) continue;
       ++matches;
       named = &member;
     }
-    if (matches == 1 && named->id != self) named_ids.try_emplace(named->id, false);
+    if (matches == 1 && named->learner_id() != self)
+      named_ids.try_emplace(named->learner_id(), false);
   }
   for (at = 0; (at = error.find(kUnauthenticated, at)) != std::string_view::npos;
        at += kUnauthenticated.size()) {
@@ -93,7 +94,7 @@ std::vector<UnreachableMember> UnreachableMembers(std::string_view error,
     if (open == std::string_view::npos) continue;
     const std::string id(error.substr(open + 2, at - open - 2));
     const bool member = std::any_of(members.begin(), members.end(),
-                                    [&](const RoundMember& m) { return m.id == id; });
+                                    [&](const RoundMember& m) { return m.learner_id() == id; });
     if (member && id != self) named_ids[id] = true;
   }
   std::vector<UnreachableMember> named;
@@ -102,8 +103,7 @@ std::vector<UnreachableMember> UnreachableMembers(std::string_view error,
 }
 
 void ReportUnreachable(RendezvousStore& store, const std::string& prefix,
-                       const std::vector<RoundMember>& members, const std::string& self,
-                       const Status& failed) {
+                       const RoundMembers& members, const std::string& self, const Status& failed) {
   if (failed.ok()) return;
   const std::vector<UnreachableMember> peers =
       UnreachableMembers(std::string(failed.message()), members, self);

@@ -32,14 +32,13 @@ struct UnreachableMember {
   bool operator==(const UnreachableMember&) const = default;
 };
 std::vector<UnreachableMember> UnreachableMembers(std::string_view error,
-                                                  const std::vector<RoundMember>& members,
+                                                  const RoundMembers& members,
                                                   const std::string& self);
 
 // Sets <prefix>unreachable/<self> in `store` when `failed` names members,
 // each tagged when its pieces failed authentication (core/round_keys.h;
 // best effort: a report the lighthouse does not get changes nothing).
 void ReportUnreachable(RendezvousStore& store, const std::string& prefix,
-                       const std::vector<RoundMember>& members, const std::string& self,
-                       const Status& failed);
+                       const RoundMembers& members, const std::string& self, const Status& failed);
 
 }  // namespace mend::reducer

@@ -1,6 +1,6 @@
-// A round's member as the protocol's v1::Member, for both ends: the
-// lighthouse's MemberInfo (coordinator/round.h) and the learner's
-// RoundMember (mend/lighthouse_client.h) have the same fields.
+// A round's member as the protocol's v1::Member, from the lighthouse's
+// MemberInfo (coordinator/round.h); the learner reads the message itself
+// (RoundMember, mend/lighthouse_client.h).
 //
 // Thread-safety: a pure function.
 #pragma once

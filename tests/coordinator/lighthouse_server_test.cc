@@ -290,7 +290,7 @@ std::vector<std::vector<QuorumResult>> RunRounds(std::vector<std::unique_ptr<Lea
         auto result =
             agents[i]->Quorum(last, 100 * (i + 1), 20 * kMicrosPerSecond, include_members);
         ASSERT_TRUE(result.ok()) << result.status();
-        last = result->round_id;
+        last = result->round_id();
         results[i].push_back(*result);
       }
     });
@@ -369,7 +369,7 @@ TEST_P(AgentTransportTest, TheOlderOfTwoAgentsOfOneIdStopsAndTheNewerTrains) {
   agents[0] = std::move(*newer);
   auto results = RunRounds(agents, 2, /*include_members=*/false);
   ASSERT_FALSE(HasFatalFailure());
-  EXPECT_EQ(results[0][1].world_size, 2u);
+  EXPECT_EQ(results[0][1].world_size(), 2u);
   EXPECT_TRUE(agents[0]->fatal_status().ok()) << agents[0]->fatal_status();
 }
 
@@ -387,21 +387,21 @@ TEST_P(AgentTransportTest, AgentsFormRoundsWithRanksAndTokenTotals) {
   ASSERT_EQ(instance.size(), 16u);
   for (int r = 0; r < 3; ++r) {
     const QuorumResult& from_b = results[0][static_cast<size_t>(r)];
-    EXPECT_EQ(from_b.round_id, static_cast<uint64_t>(r + 1));
-    EXPECT_EQ(from_b.world_size, 3u);
-    EXPECT_EQ(from_b.rank, 1u);
-    EXPECT_EQ(from_b.total_tokens, 600u);
-    EXPECT_EQ(from_b.step,
+    EXPECT_EQ(from_b.round_id(), static_cast<uint64_t>(r + 1));
+    EXPECT_EQ(from_b.world_size(), 3u);
+    EXPECT_EQ(from_b.rank(), 1u);
+    EXPECT_EQ(from_b.total_tokens(), 600u);
+    EXPECT_EQ(from_b.step(),
               static_cast<uint64_t>(r + 1));  // the round's step travels with the decision
-    EXPECT_EQ(from_b.rendezvous_prefix,
+    EXPECT_EQ(from_b.rendezvous_prefix(),
               "job/round/" + instance + "/" + std::to_string(r + 1) + "/");
-    EXPECT_EQ(results[2][static_cast<size_t>(r)].rank, 0u);  // "a"
-    EXPECT_EQ(results[1][static_cast<size_t>(r)].rank, 2u);  // "c"
+    EXPECT_EQ(results[2][static_cast<size_t>(r)].rank(), 0u);  // "a"
+    EXPECT_EQ(results[1][static_cast<size_t>(r)].rank(), 2u);  // "c"
     // A decision field reaches every member over either channel: the
     // adaptive grace window, between its floor and the configured window.
-    EXPECT_GE(from_b.grace_window_ms, config.grace_window_min_ms);
-    EXPECT_LE(from_b.grace_window_ms, config.grace_window_ms);
-    EXPECT_EQ(results[1][static_cast<size_t>(r)].grace_window_ms, from_b.grace_window_ms);
+    EXPECT_GE(from_b.grace_window_ms(), config.grace_window_min_ms);
+    EXPECT_LE(from_b.grace_window_ms(), config.grace_window_ms);
+    EXPECT_EQ(results[1][static_cast<size_t>(r)].grace_window_ms(), from_b.grace_window_ms());
   }
   for (auto& agent : agents) EXPECT_TRUE(agent->Leave("done").ok());
 }
@@ -426,7 +426,7 @@ TEST_P(AgentTransportTest, AJoinSentLateIsForItsBoundaryStep) {
   for (auto& thread : threads) thread.join();
   for (const auto& result : results) {
     ASSERT_TRUE(result.ok()) << result.status();
-    EXPECT_EQ(result->step, 8u);
+    EXPECT_EQ(result->step(), 8u);
   }
   for (auto& agent : agents) EXPECT_TRUE(agent->Leave("done").ok());
 }
@@ -459,9 +459,9 @@ TEST_P(AgentTransportTest, MemberListsComeOverGrpcOnRequest) {
   auto agents = StartAgents(config, {"b", "a"});
   auto results = RunRounds(agents, 1);
   ASSERT_FALSE(HasFatalFailure());
-  ASSERT_EQ(results[0][0].members.size(), 2u);
-  EXPECT_EQ(results[0][0].members[0].id, "a");
-  EXPECT_EQ(results[0][0].members[1].id, "b");
+  ASSERT_EQ(results[0][0].members().size(), 2u);
+  EXPECT_EQ(results[0][0].members()[0].learner_id(), "a");
+  EXPECT_EQ(results[0][0].members()[1].learner_id(), "b");
 }
 
 TEST_P(AgentTransportTest, HeartbeatsReachTheLighthouse) {
@@ -487,7 +487,7 @@ TEST_P(AgentTransportTest, AgentsReRegisterAfterLighthouseRestartAndRoundIdsKeep
   auto agents = StartAgents(config, {"a", "b"});
   auto before = RunRounds(agents, 2, /*include_members=*/false);
   ASSERT_FALSE(HasFatalFailure());
-  EXPECT_EQ(before[0].back().round_id, 2u);
+  EXPECT_EQ(before[0].back().round_id(), 2u);
   server->Shutdown(0);
   server.reset();
   server = StartServer(config);
@@ -498,15 +498,15 @@ TEST_P(AgentTransportTest, AgentsReRegisterAfterLighthouseRestartAndRoundIdsKeep
   for (size_t i = 0; i < 2; ++i) {
     threads.emplace_back([&, i]() {
       auto result = agents[i]->Quorum(2, 10, 20 * kMicrosPerSecond, false);
-      EXPECT_TRUE(result.ok() && result->members.empty());
+      EXPECT_TRUE(result.ok() && result->members().empty());
       ASSERT_TRUE(result.ok()) << result.status();
       after[i].push_back(*result);
     });
   }
   for (auto& thread : threads) thread.join();
   ASSERT_EQ(after[0].size(), 1u);
-  EXPECT_EQ(after[0][0].round_id, 3u);
-  EXPECT_EQ(after[0][0].world_size, 2u);
+  EXPECT_EQ(after[0][0].round_id(), 3u);
+  EXPECT_EQ(after[0][0].world_size(), 2u);
   for (auto& agent : agents) EXPECT_GE(agent->registrations(), 2u);
 }
 
@@ -521,7 +521,7 @@ TEST(LighthouseServerTest, AUdpLearnerOfAGrpcOnlyLighthouseFormsRoundsOverGrpc) 
   auto agents = StartAgents(config, {"a", "b"});
   auto results = RunRounds(agents, 2, /*include_members=*/false);
   ASSERT_FALSE(HasFatalFailure());
-  EXPECT_EQ(results[0][1].round_id, 2u);
+  EXPECT_EQ(results[0][1].round_id(), 2u);
   for (auto& agent : agents) EXPECT_TRUE(agent->Leave("done").ok());
 }
 

@@ -227,7 +227,7 @@ TEST_F(LearnerAgentTest, AJoinFailsAtOnceWhenTheLighthouseWasLostForLongerThanIt
 TEST_F(LearnerAgentTest, AJoinIsShortOfQuorumAfterAHeartbeatTimeoutOfAcknowledgementsSayingSo) {
   Register();
   HeartbeatAck short_of_quorum;
-  short_of_quorum.short_of_quorum = true;
+  short_of_quorum.set_short_of_quorum(true);
   client_->Ack(short_of_quorum);
   EXPECT_FALSE(agent_->short_of_quorum());
   clock_.Advance(kTimeout - 1);
@@ -244,7 +244,7 @@ TEST_F(LearnerAgentTest, AJoinIsShortOfQuorumAfterAHeartbeatTimeoutOfAcknowledge
 TEST_F(LearnerAgentTest, EachJoinStartsTheShortOfQuorumTimeAfresh) {
   Register();
   HeartbeatAck short_of_quorum;
-  short_of_quorum.short_of_quorum = true;
+  short_of_quorum.set_short_of_quorum(true);
   client_->Ack(short_of_quorum);
   clock_.Advance(kTimeout);
   ASSERT_TRUE(agent_->short_of_quorum());

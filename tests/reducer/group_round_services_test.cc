@@ -8,6 +8,7 @@
 #include <string>
 #include <thread>
 
+#include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
 #include "mend/clock.h"
 #include "reducer/round_fakes.h"
@@ -47,10 +48,10 @@ TEST_F(GroupRoundServicesTest, EveryRankSeesRankZerosRoundsInOrderAndOnlyRankZer
     reader.join();
     ASSERT_TRUE(joined.ok()) << joined.status();
     ASSERT_TRUE(seen.ok()) << seen.status();
-    EXPECT_EQ(seen->round_id, n);
-    EXPECT_EQ(seen->step, 20 * n);
-    EXPECT_EQ(seen->rendezvous_prefix, joined->rendezvous_prefix);
-    EXPECT_EQ(seen->members.size(), 1u);
+    EXPECT_EQ(seen->round_id(), n);
+    EXPECT_EQ(seen->step(), 20 * n);
+    EXPECT_EQ(seen->rendezvous_prefix(), joined->rendezvous_prefix());
+    EXPECT_EQ(seen->members().size(), 1u);
   }
   EXPECT_EQ(inner0->asks().size(), 3u);
   EXPECT_TRUE(inner1->asks().empty());  // the lighthouse hears of the group once
@@ -89,28 +90,23 @@ TEST_F(GroupRoundServicesTest, ARankGivesUpOnAMissingDecisionNamingRankZeroAndTh
 
 TEST(GroupRoundDecisionTest, ARoundSurvivesItsBytesAndBadBytesAreNamed) {
   QuorumResult round = fakes::RoundOfOne(9, 40);
-  round.world_size = 2;
-  round.total_tokens = 1280;
-  round.heal_to = {"learner-b"};
-  round.grace_window_ms = 120;
+  round.set_world_size(2);
+  round.set_total_tokens(1280);
+  round.add_heal_to("learner-b");
+  round.set_grace_window_ms(120);
   RoundMember source;
-  source.id = "learner-c";
-  source.step = 40;
-  source.rack = "rack-2";
-  source.address = "10.0.0.3:5000";
-  round.heal_from = source;
-  round.members.push_back(source);
+  source.set_learner_id("learner-c");
+  source.set_step(40);
+  source.set_rack("rack-2");
+  source.set_address("10.0.0.3:5000");
+  *round.mutable_heal_from() = source;
+  *round.add_members() = source;
   StatusOr<QuorumResult> back = DecodeDecision(EncodeDecision(round));
   ASSERT_TRUE(back.ok()) << back.status();
-  EXPECT_EQ(back->round_id, 9u);
-  EXPECT_EQ(back->world_size, 2u);
-  EXPECT_EQ(back->total_tokens, 1280u);
-  EXPECT_EQ(back->heal_to, round.heal_to);
-  EXPECT_EQ(back->grace_window_ms, 120u);
-  ASSERT_TRUE(back->heal_from.has_value());
-  EXPECT_EQ(back->heal_from->address, "10.0.0.3:5000");
-  ASSERT_EQ(back->members.size(), 2u);
-  EXPECT_EQ(back->members[1].rack, "rack-2");
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(*back, round))
+      << back->DebugString() << "\nis not\n"
+      << round.DebugString();
+  EXPECT_EQ(back->heal_from().address(), "10.0.0.3:5000");
 
   StatusOr<QuorumResult> error = DecodeDecision(EncodeDecision(AbortedError("called off")));
   EXPECT_EQ(error.status().code(), StatusCode::kAborted);

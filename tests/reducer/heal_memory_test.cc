@@ -76,11 +76,18 @@ std::vector<Fragment> Fragments(float seed) {
 
 QuorumResult RoundWhereBHealsFromA(uint32_t rank) {
   QuorumResult round;
-  round.round_id = 7;
-  round.rank = rank;
-  round.world_size = 2;
-  round.heal_round_id = 6;
-  round.members = {RoundMember{"a", 60, 0, 6, "", "", ""}, RoundMember{"b", 20, 0, 2, "a", "", ""}};
+  round.set_round_id(7);
+  round.set_rank(rank);
+  round.set_world_size(2);
+  round.set_heal_round_id(6);
+  for (auto [id, step, last_round_id, heal_from] :
+       {std::tuple{"a", 60, 6, ""}, std::tuple{"b", 20, 2, "a"}}) {
+    RoundMember* member = round.add_members();
+    member->set_learner_id(id);
+    member->set_step(step);
+    member->set_last_round_id(last_round_id);
+    member->set_heal_from(heal_from);
+  }
   return round;
 }
 

@@ -105,12 +105,12 @@ struct QuorumAsk {
 // The round of one member that the fake quorum answers by default.
 inline QuorumResult RoundOfOne(uint64_t round_id, uint64_t step) {
   QuorumResult round;
-  round.round_id = round_id;
-  round.rank = 0;
-  round.world_size = 1;
-  round.step = step;
-  round.rendezvous_prefix = "job/round/x/" + std::to_string(round_id) + "/";
-  round.members.push_back(RoundMember{});
+  round.set_round_id(round_id);
+  round.set_rank(0);
+  round.set_world_size(1);
+  round.set_step(step);
+  round.set_rendezvous_prefix("job/round/x/" + std::to_string(round_id) + "/");
+  round.add_members();
   return round;
 }
 
@@ -136,7 +136,7 @@ class FakeServices final : public RoundServices {
     if (quorum_) return *quorum_;
     // As the lighthouse: the newest state its one member reported.
     QuorumResult round = RoundOfOne(++rounds_formed_, boundary_step);
-    round.heal_round_id = last_round_id;
+    round.set_heal_round_id(last_round_id);
     return round;
   }
   std::unique_ptr<RendezvousStore> OpenRendezvous(const QuorumResult&) override {

@@ -135,7 +135,7 @@ TEST_F(RoundRunnerTest, ACommunicatorThatFailsToConnectEndsTheRoundUnwatched) {
   EXPECT_FALSE(services_.watching());
   ASSERT_NE(services_.rendezvous(), nullptr);
   auto why =
-      services_.rendezvous()->Get(fakes::RoundOfOne(7, 100).rendezvous_prefix + kRoundAbortKey,
+      services_.rendezvous()->Get(fakes::RoundOfOne(7, 100).rendezvous_prefix() + kRoundAbortKey,
                                   kMicrosPerSecond);  // (the fixture's round)
   ASSERT_TRUE(why.ok()) << why.status();
   EXPECT_EQ(*why, "learner 'fake-learner' could not connect: bind(2) for [192.0.2.1] failed");
@@ -146,23 +146,23 @@ TEST_F(RoundRunnerTest, ACommunicatorThatFailsToConnectEndsTheRoundUnwatched) {
 // that several others could not reach.
 TEST_F(RoundRunnerTest, AFailedConnectNamesTheMembersItCouldNotReach) {
   QuorumResult round = fakes::RoundOfOne(7, 100);
-  round.world_size = 4;
-  round.members.clear();
+  round.set_world_size(4);
+  round.clear_members();
   for (const auto& [id, host] : std::vector<std::pair<std::string, std::string>>{
            {"b", "10.0.0.2"}, {"c", "10.0.0.3"}, {"d", "10.0.0.3"}, {"fake-learner", "10.0.0.1"}}) {
     RoundMember member;
-    member.id = id;
-    member.address = host;
-    round.members.push_back(member);
+    member.set_learner_id(id);
+    member.set_address(host);
+    *round.add_members() = member;
   }
-  round.rank = 3;
+  round.set_rank(3);
   services_.SetQuorum(round);
   services_.SetConnect(DeadlineExceededError(
       "round 7: connecting to the members: [pair.cc:123] Connect timeout [10.0.0.2]:41234; "
       "Connect timeout [10.0.0.3]:5000 Connect timeout [10.0.0.1]:1 Connect timeout [10.0.0.9]:2"));
   ASSERT_FALSE(Run().ok());
   auto named = services_.rendezvous()->Get(
-      round.rendezvous_prefix + kRoundUnreachablePrefix + "fake-learner", kMicrosPerSecond);
+      round.rendezvous_prefix() + kRoundUnreachablePrefix + "fake-learner", kMicrosPerSecond);
   ASSERT_TRUE(named.ok()) << named.status();
   // 10.0.0.3 is c's and d's (which one cannot be told), 10.0.0.1 its own,
   // 10.0.0.9 no member's: only b.
@@ -171,39 +171,39 @@ TEST_F(RoundRunnerTest, AFailedConnectNamesTheMembersItCouldNotReach) {
   // restarting, not one out of reach.
   EXPECT_TRUE(UnreachableMembers("connect [10.0.0.2]:2: Connection refused; Read error "
                                  "[10.0.0.2]:2: Connection reset by peer",
-                                 round.members, "x")
+                                 round.members(), "x")
                   .empty());
   // A member's host as a name or with a port is matched by its address.
-  round.members[1].address = "localhost";
-  round.members[2].address = "10.0.0.5:7000";
-  round.members[3].address = "10.0.0.4";
+  round.mutable_members(1)->set_address("localhost");
+  round.mutable_members(2)->set_address("10.0.0.5:7000");
+  round.mutable_members(3)->set_address("10.0.0.4");
   EXPECT_EQ(UnreachableMembers("Connect timeout [127.0.0.1]:1, Connect timeout [10.0.0.5]:2, "
                                "Connect timeout [10.0.0.4]:3 Connect timeout [",
-                               round.members, "x"),
+                               round.members(), "x"),
             (std::vector<UnreachableMember>{{"c"}, {"d"}, {"fake-learner"}}));
-  EXPECT_TRUE(UnreachableMembers("no address here", round.members, "x").empty());
+  EXPECT_TRUE(UnreachableMembers("no address here", round.members(), "x").empty());
   // A member whose pieces did not open on the secure data plane is named
   // too (itself and an id of no member are not).
   EXPECT_EQ(UnreachableMembers("round 7: connecting to the members: member 1 ('b') failed "
                                "authentication; member 3 ('fake-learner') failed authentication; "
                                "member 9 ('z') failed authentication: ...",
-                               round.members, "fake-learner"),
+                               round.members(), "fake-learner"),
             (std::vector<UnreachableMember>{{"b", /*unauthenticated=*/true}}));
   // One named both ways is named once, as failing authentication.
   EXPECT_EQ(UnreachableMembers("member 1 ('c') failed authentication; Connect timeout "
                                "[10.0.0.5]:2 Connect timeout [10.0.0.4]:1",
-                               round.members, "fake-learner"),
+                               round.members(), "fake-learner"),
             (std::vector<UnreachableMember>{{"c", true}, {"d"}}));
   // The report tells the lighthouse which kind each is.
   services_.SetConnect(DataLossError(
       "round 7: connecting to the members: member 0 ('b') failed authentication; Connect timeout "
       "[10.0.0.5]:1"));
-  round.round_id = 8;
-  round.rendezvous_prefix += "8/";
+  round.set_round_id(8);
+  round.set_rendezvous_prefix(round.rendezvous_prefix() + "8/");
   services_.SetQuorum(round);
   ASSERT_FALSE(Run().ok());
   named = services_.rendezvous()->Get(
-      round.rendezvous_prefix + kRoundUnreachablePrefix + "fake-learner", kMicrosPerSecond);
+      round.rendezvous_prefix() + kRoundUnreachablePrefix + "fake-learner", kMicrosPerSecond);
   ASSERT_TRUE(named.ok()) << named.status();
   EXPECT_EQ(*named, std::string("b") + kRoundUnauthenticatedTag + "\nd");
 }
@@ -261,8 +261,8 @@ TEST_F(RoundRunnerTest, ARoundCalledOffWhileItsMembersConnectEndsWithoutWaitingF
 TEST_F(RoundRunnerTest, AGlooConnectLeftBehindByACalledOffRoundEndsOnItsOwnAndIsJoined) {
   config_.connect_timeout_ms = 1000;
   QuorumResult round = fakes::RoundOfOne(7, 100);
-  round.world_size = 2;
-  round.members.push_back(RoundMember{});
+  round.set_world_size(2);
+  round.add_members();
   services_.SetQuorum(round);
   testing_util::InProcessStore shared;
   std::mutex mu;
@@ -294,7 +294,7 @@ TEST_F(RoundRunnerTest, AGlooConnectLeftBehindByACalledOffRoundEndsOnItsOwnAndIs
       if (key.find("/rank_") != std::string::npos) return shared.Get(key, timeout);
       return StatusOr<std::string>(UnavailableError("member 1 died"));
     });
-    CommunicatorOptions options = testing_util::MemberOptions(1, 2, round.rendezvous_prefix);
+    CommunicatorOptions options = testing_util::MemberOptions(1, 2, round.rendezvous_prefix());
     EXPECT_FALSE(Communicator::Connect(store, options).ok());
     member_1_died.set_value();  // its pairs, and their ports, are closed
   });

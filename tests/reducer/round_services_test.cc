@@ -36,8 +36,8 @@ struct OneLearner {
     services =
         LighthouseRoundServices(*agent, *RealClock(), 10 * kMicrosPerSecond, train_through_outage);
     QuorumResult round;
-    round.round_id = 1;
-    round.rendezvous_prefix = "job/round/1/";
+    round.set_round_id(1);
+    round.set_rendezvous_prefix("job/round/1/");
     store = services->OpenRendezvous(round);
     EXPECT_TRUE(store->Set("job/round/1/there", "v").ok());
   }
