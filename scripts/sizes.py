@@ -24,6 +24,15 @@ CONTROL = re.compile(r"^\s*(if|for|while|switch|else|do|catch|try)\b")
 TYPE = re.compile(r"^\s*(template\s*<.*>\s*)?(class|struct|union|namespace|enum)\b")
 
 
+def in_number(line, i):
+    """Whether line[i] is inside a numeric literal: the token it ends
+    begins with a digit."""
+    start = i
+    while start > 0 and (line[start - 1].isalnum() or line[start - 1] in "_'."):
+        start -= 1
+    return start < i and line[start].isdigit() and i + 1 < len(line) and line[i + 1].isalnum()
+
+
 def strip(line, in_comment):
     """The line without comments, strings and character literals."""
     out, i = [], 0
@@ -37,6 +46,8 @@ def strip(line, in_comment):
             break
         elif line.startswith("/*", i):
             in_comment, i = True, i + 2
+        elif line[i] == "'" and in_number(line, i):
+            i += 1  # a digit separator (50'000), not a character literal
         elif line[i] in "\"'":
             quote, i = line[i], i + 1
             while i < len(line) and line[i] != quote:

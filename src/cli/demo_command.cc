@@ -321,6 +321,37 @@ int RunDemo(const DemoOptions& options, const std::string& dir,
   return kExitOk;
 }
 
+// The example model's and its data's options: each mode trains the same.
+void AddDemoModelOptions(CLI::App* command, DemoOptions& options) {
+  command->add_option("--steps", options.steps, "Inner steps per learner and mode")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{10}, int64_t{1'000'000}));
+  command->add_option("--batch", options.batch, "Sequences per inner step")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{4096}));
+  command->add_option("--dim", options.dim, "Model width")->capture_default_str();
+  command->add_option("--layers", options.layers, "Transformer blocks")->capture_default_str();
+  command
+      ->add_option("--seed", options.seed,
+                   "Seed of the initial parameters and of the batches (every mode)")
+      ->capture_default_str()
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1'000'000'000}));
+  command->add_option("--corpus", options.corpus,
+                      "Directory of fortune files (default: /usr/share/games/fortunes)");
+}
+
+int RunDemoCommand(const DemoOptions& options) {
+  (void)InitLogging(LogLevel::kWarn, "demo");
+  std::atomic<bool> interrupted{false};
+  SignalThread signals({SIGINT, SIGTERM}, [&interrupted](int) { interrupted = true; });
+  auto dir = MakeWorkDir(options.work_dir, "/tmp/mend-demo-XXXXXX");
+  if (!dir.ok()) {
+    fmt::print(stderr, "mend demo: {}\n", dir.status().message());
+    return kExitFailure;
+  }
+  return RunDemo(options, *dir, interrupted);
+}
+
 }  // namespace
 
 void AddDemoCommand(CLI::App& app, int* exit_code) {
@@ -331,6 +362,7 @@ void AddDemoCommand(CLI::App& app, int* exit_code) {
       "steps), with "
       "progress bars, a summary table and a plot of held-out loss against time.");
   auto options = std::make_shared<DemoOptions>();
+  AddDemoModelOptions(command, *options);
   command->add_option("--learners", options->learners, "Learner processes")
       ->capture_default_str()
       ->check(CLI::Range(2, 64));
@@ -340,14 +372,6 @@ void AddDemoCommand(CLI::App& app, int* exit_code) {
                    "sharded among them)")
       ->capture_default_str()
       ->check(CLI::Range(1, 16));
-  command->add_option("--steps", options->steps, "Inner steps per learner and mode")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{10}, int64_t{1'000'000}));
-  command->add_option("--batch", options->batch, "Sequences per inner step")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{1}, int64_t{4096}));
-  command->add_option("--dim", options->dim, "Model width")->capture_default_str();
-  command->add_option("--layers", options->layers, "Transformer blocks")->capture_default_str();
   command->add_option("--sync-every", options->sync_every, "H: inner steps between rounds")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{2}, int64_t{100'000}));
@@ -365,11 +389,6 @@ void AddDemoCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1000}));
   command
-      ->add_option("--seed", options->seed,
-                   "Seed of the initial parameters and of the batches (every mode)")
-      ->capture_default_str()
-      ->check(CLI::Range(uint64_t{1}, uint64_t{1'000'000'000}));
-  command
       ->add_option("--modes", options->modes,
                    "Comma-separated: ddp, diloco (synchronous fp32), streaming (P = 2, int4, "
                    "overlapped), local, "
@@ -378,26 +397,13 @@ void AddDemoCommand(CLI::App& app, int* exit_code) {
   command->add_option(
       "--set", options->settings,
       "KEY=VALUE configuration for every learner (after the mode's own; repeatable)");
-  command->add_option("--corpus", options->corpus,
-                      "Directory of fortune files (default: /usr/share/games/fortunes)");
   command->add_option("--http", options->http,
                       "Lighthouse status page address while a mode runs (e.g. 127.0.0.1:0)");
   command->add_option("--work-dir", options->work_dir,
                       "Where logs go (default: a new directory under /tmp)");
   command->add_option("--plot", options->plot,
                       "The PNG of held-out loss against time (default: in the work dir)");
-  command->callback([options, exit_code]() {
-    (void)InitLogging(LogLevel::kWarn, "demo");
-    std::atomic<bool> interrupted{false};
-    SignalThread signals({SIGINT, SIGTERM}, [&interrupted](int) { interrupted = true; });
-    auto dir = MakeWorkDir(options->work_dir, "/tmp/mend-demo-XXXXXX");
-    if (!dir.ok()) {
-      fmt::print(stderr, "mend demo: {}\n", dir.status().message());
-      *exit_code = kExitFailure;
-      return;
-    }
-    *exit_code = RunDemo(*options, *dir, interrupted);
-  });
+  command->callback([options, exit_code]() { *exit_code = RunDemoCommand(*options); });
 }
 
 }  // namespace mend::cli
