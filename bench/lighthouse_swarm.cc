@@ -172,10 +172,12 @@ class Swarm {
           std::lock_guard lock(mu_);
           step = learner.step;
         }
-        HeartbeatUpdate update{step, step * 1024, 0, {50'000}};
+        v1::HeartbeatRequest update;  // (over UDP the session says who)
+        update.set_step(step);
+        update.set_tokens_total(step * 1024);
+        update.add_step_time_us(50'000);
         if (udp()) {
-          beats.emplace_back(learner.ref.session_id, v1::HeartbeatRequest());
-          FillHeartbeatRequest({}, update, &beats.back().second);  // the session says who
+          beats.emplace_back(learner.ref.session_id, std::move(update));
         } else {
           learner.stream->Send(std::move(update));
         }
@@ -214,14 +216,9 @@ class Swarm {
         if (!start && !resend) continue;
         learner.sent_at = now;
         if (udp()) {
-          QuorumRequestArgs args;
-          args.last_round_id = learner.last_round;
-          args.step = learner.step;
-          args.tokens_since_last_round = 10 * 1024;
-          args.timeout = 30 * kMicrosPerSecond;
           joins.emplace_back(learner.ref.session_id, v1::DatagramJoin());
           joins.back().second.set_join_id(learner.join_id);
-          *joins.back().second.mutable_request() = QuorumRequestProto(args);
+          *joins.back().second.mutable_request() = JoinRequest(learner);
         } else {
           due.push_back(&learner);
         }
@@ -234,18 +231,26 @@ class Swarm {
     return true;
   }
 
+  // A join of `learner` (under mu_), without `learner` (a datagram's
+  // session says who).
+  static v1::QuorumRequest JoinRequest(const SimLearner& learner) {
+    v1::QuorumRequest request;
+    request.set_last_round_id(learner.last_round);
+    request.set_step(learner.step);
+    request.set_tokens_since_last_round(10 * 1024);
+    SetJoinTimeout(request, 30 * kMicrosPerSecond);
+    return request;
+  }
+
   void JoinOverGrpc(SimLearner& learner) {
-    QuorumRequestArgs args;
+    v1::QuorumRequest request;
     {
       std::lock_guard lock(mu_);
-      args.learner = learner.ref;
-      args.last_round_id = learner.last_round;
-      args.step = learner.step;
+      request = JoinRequest(learner);
+      FillLearnerRef(learner.ref, &request);
     }
-    args.tokens_since_last_round = 10 * 1024;
-    args.timeout = 30 * kMicrosPerSecond;
     clients_[learner.channel]->QuorumAsync(
-        args, uncancelled_, [this, &learner](StatusOr<QuorumResult> result) {
+        request, uncancelled_, [this, &learner](StatusOr<QuorumResult> result) {
           Complete(learner, result.ok() ? OkStatus() : result.status(),
                    result.ok() ? result->round_id() : 0);
         });

@@ -10,6 +10,7 @@
 // are). A HeartbeatStream may be used from any thread.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -70,25 +71,19 @@ using RoundMember = v1::Member;
 using RoundMembers = google::protobuf::RepeatedPtrField<RoundMember>;
 using QuorumResult = v1::QuorumResponse;
 
-struct QuorumRequestArgs {
-  LearnerRef learner;
-  uint64_t last_round_id = 0;
-  uint64_t step = 0;
-  uint64_t tokens_since_last_round = 0;
-  Micros timeout = 60 * kMicrosPerSecond;
-  // Ask for QuorumResult::members (rounds of at most 1024 members).
-  bool include_members = false;
-  // A synchronous join: ended early once a learner is gone and the job is
-  // short of a quorum (QuorumRequest.give_up_short_of_quorum).
-  bool give_up_short_of_quorum = false;
-};
-
-struct HeartbeatUpdate {
-  uint64_t step = 0;
-  uint64_t tokens_total = 0;
-  uint64_t tokens_since_last_round = 0;
-  std::vector<uint32_t> step_time_us;
-};
+// A join and a heartbeat are the protocol's requests too
+// (v1::QuorumRequest, v1::HeartbeatRequest), built by the learner agent. A
+// join's `learner` says who (a datagram's session says it instead); a
+// heartbeat's is set by its stream. A join waits timeout_ms, which the
+// lighthouse bounds to [1 ms, 1 h]: JoinTimeout/SetJoinTimeout.
+inline constexpr Micros kMaxJoinTimeout = 3'600'000 * kMicrosPerMilli;
+inline void SetJoinTimeout(v1::QuorumRequest& request, Micros timeout) {
+  request.set_timeout_ms(static_cast<uint32_t>(
+      std::clamp<Micros>(timeout, kMicrosPerMilli, kMaxJoinTimeout) / kMicrosPerMilli));
+}
+inline Micros JoinTimeout(const v1::QuorumRequest& request) {
+  return static_cast<Micros>(request.timeout_ms()) * kMicrosPerMilli;
+}
 
 // The heartbeat stream's acknowledgement, as the lighthouse sent it.
 using HeartbeatAck = v1::HeartbeatResponse;
@@ -99,7 +94,7 @@ class HeartbeatStream {
   virtual ~HeartbeatStream() = default;
   // Sends `update` now, or, while a send is in flight, queues it in place of
   // any older queued update. Never blocks.
-  virtual void Send(HeartbeatUpdate update) = 0;
+  virtual void Send(v1::HeartbeatRequest update) = 0;
   // True once the stream has ended; then status() tells why.
   virtual bool done() const = 0;
   virtual Status status() const = 0;
@@ -143,13 +138,14 @@ class LighthouseClient {
   [[nodiscard]] virtual StatusOr<Registration> Register(const LearnerIdentity& identity,
                                                         uint64_t step, uint64_t last_round_id) = 0;
   [[nodiscard]] virtual Status Leave(const LearnerRef& learner, const std::string& reason) = 0;
-  // Blocks until this learner is a member of a closed round or args.timeout.
-  [[nodiscard]] virtual StatusOr<QuorumResult> Quorum(const QuorumRequestArgs& args) = 0;
+  // Blocks until this learner is a member of a closed round or the join's
+  // timeout.
+  [[nodiscard]] virtual StatusOr<QuorumResult> Quorum(const v1::QuorumRequest& request) = 0;
   // As Quorum, but `done` runs on a gRPC thread when the call completes;
   // `cancel` ends it early with CANCELLED (`done` still runs, once the call
   // is over: nothing is left in flight). `cancel` holds the call's context
   // until it is cancelled or destroyed.
-  virtual void QuorumAsync(const QuorumRequestArgs& args, CallCanceller& cancel,
+  virtual void QuorumAsync(const v1::QuorumRequest& request, CallCanceller& cancel,
                            std::function<void(StatusOr<QuorumResult>)> done) = 0;
 
   [[nodiscard]] virtual Status StoreSet(const std::string& key, const std::string& value) = 0;

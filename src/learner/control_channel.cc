@@ -26,7 +26,7 @@ class GrpcControlChannel final : public ControlChannel {
     }
   }
 
-  Status SendHeartbeat(const HeartbeatUpdate& update) override {
+  Status SendHeartbeat(const v1::HeartbeatRequest& update) override {
     std::unique_ptr<HeartbeatStream> ended;
     {
       MutexLock lock(mu_);
@@ -53,14 +53,14 @@ class GrpcControlChannel final : public ControlChannel {
     }
   }
 
-  StatusOr<QuorumResult> Join(const QuorumRequestArgs& args) override {
+  StatusOr<QuorumResult> Join(const v1::QuorumRequest& request) override {
     auto call = std::make_shared<PendingCall>();
     {
       MutexLock lock(mu_);
       if (interrupted_) return AbortedError("learner agent is stopping");
       current_call_ = call;
     }
-    client_.QuorumAsync(args, call->cancel, [call](StatusOr<QuorumResult> result) {
+    client_.QuorumAsync(request, call->cancel, [call](StatusOr<QuorumResult> result) {
       MutexLock lock(call->mu);
       call->result = std::move(result);
       call->done.NotifyAll();

@@ -28,16 +28,16 @@ class ControlChannel {
   // Sends a heartbeat; never blocks. An error says the channel broke before
   // it (a heartbeat stream that ended) and why; that heartbeat was not sent,
   // and the next starts afresh.
-  virtual Status SendHeartbeat(const HeartbeatUpdate& update) = 0;
+  virtual Status SendHeartbeat(const v1::HeartbeatRequest& update) = 0;
   // When the lighthouse last acknowledged a heartbeat, or the channel last
   // started afresh (an acknowledgement is not due before one is sent).
   virtual Micros last_ack_at() const = 0;
   // Starts afresh: the next heartbeat opens a new stream (acknowledgements
   // stopped, or the learner registers again).
   virtual void Restart() = 0;
-  // Joins a round: blocks until the decision, args.timeout, or Interrupt()
-  // (ABORTED).
-  [[nodiscard]] virtual StatusOr<QuorumResult> Join(const QuorumRequestArgs& args) = 0;
+  // Joins a round: blocks until the decision, the join's timeout, or
+  // Interrupt() (ABORTED).
+  [[nodiscard]] virtual StatusOr<QuorumResult> Join(const v1::QuorumRequest& request) = 0;
   // Ends a Join in progress, and every later one, with ABORTED.
   virtual void Interrupt() = 0;
 };

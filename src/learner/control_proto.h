@@ -1,10 +1,10 @@
-// The learner's side of the control messages, once for both channels: the
-// gRPC client (lighthouse_client.cc) and the datagram link
-// (datagram_link.cc) build their requests and read their answers with
-// these, and a group's ranks share rank 0's decisions as the same message
-// (reducer/group_round_services.cc). A decision and an acknowledgement
-// are the protocol's messages themselves (QuorumResult, HeartbeatAck):
-// nothing here copies their fields.
+// The learner's side of the control messages, for both channels: the gRPC
+// client (lighthouse_client.cc) and the datagram link (datagram_link.cc).
+// Requests, decisions and acknowledgements are the protocol's messages
+// themselves (mend/lighthouse_client.h): nothing here copies their fields.
+// A decision travels, with the status a join failed with, as a
+// DatagramDecision: over UDP, and from a group's rank 0 to its other ranks
+// (reducer/group_round_services.cc).
 //
 // Thread-safety: pure functions.
 #pragma once
@@ -14,9 +14,6 @@
 
 namespace mend {
 
-// The most a join may wait, as the lighthouse bounds it (timeout_ms).
-inline constexpr Micros kMaxJoinTimeout = 3'600'000 * kMicrosPerMilli;
-
 // A request's `learner` field; left unset for an empty reference (a
 // datagram's session says who instead).
 template <typename Request>
@@ -25,10 +22,6 @@ void FillLearnerRef(const LearnerRef& learner, Request* request) {
   request->mutable_learner()->set_learner_id(learner.learner_id);
   request->mutable_learner()->set_session_id(learner.session_id);
 }
-
-void FillHeartbeatRequest(const LearnerRef& learner, const HeartbeatUpdate& update,
-                          v1::HeartbeatRequest* request);
-v1::QuorumRequest QuorumRequestProto(const QuorumRequestArgs& args);
 
 // A decision (a round, or the status the join failed with) as the message a
 // datagram carries, and back; `where` prefixes an error's message (e.g.

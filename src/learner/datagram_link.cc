@@ -76,27 +76,26 @@ void DatagramLink::Attach(const LearnerRef& session) {
   client_->Attach(session_id, std::move(callbacks));
 }
 
-Status DatagramLink::SendHeartbeat(const HeartbeatUpdate& update) {
+Status DatagramLink::SendHeartbeat(const v1::HeartbeatRequest& update) {
   uint64_t session = 0;
   {
     MutexLock lock(mu_);
     session = session_id_;
   }
   if (session == 0) return OkStatus();
-  v1::HeartbeatRequest body;
-  FillHeartbeatRequest({}, update, &body);  // the session says who
+  v1::HeartbeatRequest body = update;
+  body.clear_learner();  // the session says who
   client_->SendHeartbeats({{session, std::move(body)}});
   return OkStatus();
 }
 
-StatusOr<QuorumResult> DatagramLink::Join(const QuorumRequestArgs& args) {
+StatusOr<QuorumResult> DatagramLink::Join(const v1::QuorumRequest& request) {
   const Micros resend = resend_;
-  Micros deadline = clock_.NowMicros() + args.timeout;
+  Micros deadline = clock_.NowMicros() + JoinTimeout(request);
   v1::DatagramJoin join;
-  QuorumRequestArgs sent = args;
-  sent.learner = {};  // the session says who
-  sent.include_members = false;
-  *join.mutable_request() = QuorumRequestProto(sent);
+  *join.mutable_request() = request;
+  join.mutable_request()->clear_learner();  // the session says who
+  join.mutable_request()->set_include_members(false);
   MutexLock lock(mu_);
   join.set_join_id(next_join_id_++);
   waiting_for_ = join.join_id();
@@ -107,7 +106,7 @@ StatusOr<QuorumResult> DatagramLink::Join(const QuorumRequestArgs& args) {
     const auto resend_at = std::chrono::steady_clock::now() +
                            std::chrono::microseconds(std::min(resend, deadline - now));
     lock.Unlock();
-    client_->SendJoins({{args.learner.session_id, join}});
+    client_->SendJoins({{request.learner().session_id(), join}});
     lock.Lock();
     while (!decision_ && !interrupted_ && decided_.WaitUntil(mu_, resend_at)) {
     }
@@ -117,7 +116,7 @@ StatusOr<QuorumResult> DatagramLink::Join(const QuorumRequestArgs& args) {
   if (!decision_) {
     lock.Unlock();
     return DeadlineExceededError(
-        fmt::format("{}: no round decision within {} ms", Where(), args.timeout / kMicrosPerMilli));
+        fmt::format("{}: no round decision within {} ms", Where(), request.timeout_ms()));
   }
   v1::DatagramDecision decision = std::move(*decision_);
   decision_.reset();

@@ -44,12 +44,12 @@ class DatagramLink final : public ControlChannel {
   // knows the learner by it); a heartbeat never fails here (a lost one is
   // covered by the next); Restart has nothing to drop.
   void Attach(const LearnerRef& session) override;
-  Status SendHeartbeat(const HeartbeatUpdate& update) override;
+  Status SendHeartbeat(const v1::HeartbeatRequest& update) override;
   Micros last_ack_at() const override;
   void Restart() override {}
   // Sends the join every `resend` until the decision comes, args.timeout
   // passes (DEADLINE_EXCEEDED) or Interrupt() (ABORTED).
-  [[nodiscard]] StatusOr<QuorumResult> Join(const QuorumRequestArgs& args) override;
+  [[nodiscard]] StatusOr<QuorumResult> Join(const v1::QuorumRequest& request) override;
   void Interrupt() override;
   // Sends to another port of the same host from now on.
   [[nodiscard]] Status Retarget(int port);

@@ -9,6 +9,7 @@
 
 #include "core/status_format.h"
 #include "fmt/format.h"
+#include "learner/control_proto.h"
 #include "learner/group_ranks.h"
 #include "learner/learner_agent_impl.h"
 #include "learner/lighthouse_rendezvous.h"
@@ -88,18 +89,19 @@ StatusOr<QuorumResult> LearnerAgentImpl::Quorum(uint64_t last_round_id,
   }
   Micros retry = kMinRetry;
   while (true) {
-    MEND_ASSIGN_OR_RETURN(QuorumRequestArgs args,
+    MEND_ASSIGN_OR_RETURN(v1::QuorumRequest request,
                           AwaitRegistration(last_round_id, boundary_step, deadline, timeout));
-    args.last_round_id = last_round_id;
-    args.tokens_since_last_round = tokens_since_last_round;
-    args.include_members = include_members;
-    args.give_up_short_of_quorum = synchronous_;
-    args.timeout = deadline - clock_.NowMicros();
-    if (args.timeout <= 0) {
+    request.set_last_round_id(last_round_id);
+    request.set_tokens_since_last_round(tokens_since_last_round);
+    request.set_include_members(include_members);
+    request.set_give_up_short_of_quorum(synchronous_);
+    const Micros left = deadline - clock_.NowMicros();
+    if (left <= 0) {
       return DeadlineExceededError(fmt::format("learner '{}': quorum timeout of {} ms passed",
                                                identity_.id, timeout / kMicrosPerMilli));
     }
-    StatusOr<QuorumResult> result = CallQuorum(args);
+    SetJoinTimeout(request, left);
+    StatusOr<QuorumResult> result = CallQuorum(request);
     if (result.ok()) {
       Heard();
       MutexLock lock(mu_);
@@ -108,11 +110,11 @@ StatusOr<QuorumResult> LearnerAgentImpl::Quorum(uint64_t last_round_id,
       return result;
     }
     MEND_RETURN_IF_ERROR(
-        AfterFailedJoin(result.status(), args.learner.session_id, deadline, &retry));
+        AfterFailedJoin(result.status(), request.learner().session_id(), deadline, &retry));
   }
 }
 
-StatusOr<QuorumRequestArgs> LearnerAgentImpl::AwaitRegistration(uint64_t last_round_id,
+StatusOr<v1::QuorumRequest> LearnerAgentImpl::AwaitRegistration(uint64_t last_round_id,
                                                                 uint64_t boundary_step,
                                                                 Micros deadline, Micros timeout) {
   MutexLock lock(mu_);
@@ -126,11 +128,11 @@ StatusOr<QuorumRequestArgs> LearnerAgentImpl::AwaitRegistration(uint64_t last_ro
         fmt::format("learner '{}': not registered with lighthouse {} within {} ms", identity_.id,
                     address_, timeout / kMicrosPerMilli));
   }
-  QuorumRequestArgs args;
-  args.learner = session_;
-  args.step = boundary_step > 0 ? boundary_step : step_;
+  v1::QuorumRequest request;
+  FillLearnerRef(session_, &request);
+  request.set_step(boundary_step > 0 ? boundary_step : step_);
   short_of_quorum_since_.store(0);  // news of the join before this one
-  return args;
+  return request;
 }
 
 Status LearnerAgentImpl::AfterFailedJoin(const Status& failure, uint64_t session_id,
@@ -222,8 +224,8 @@ bool LearnerAgentImpl::short_of_quorum() const {
   return since != 0 && clock_.NowMicros() - since >= timeout;
 }
 
-StatusOr<QuorumResult> LearnerAgentImpl::CallQuorum(const QuorumRequestArgs& args) {
-  return Channel(args.include_members).Join(args);
+StatusOr<QuorumResult> LearnerAgentImpl::CallQuorum(const v1::QuorumRequest& request) {
+  return Channel(request.include_members()).Join(request);
 }
 
 bool LearnerAgentImpl::WaitOnce(Micros deadline) {

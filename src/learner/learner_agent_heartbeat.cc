@@ -55,7 +55,7 @@ ControlChannel& LearnerAgentImpl::Channel(bool members) {
 }
 
 void LearnerAgentImpl::PumpHeartbeat() {
-  HeartbeatUpdate update;
+  v1::HeartbeatRequest update;
   Micros ack_timeout = 0;
   Micros resumed_at = 0;
   {
@@ -63,10 +63,11 @@ void LearnerAgentImpl::PumpHeartbeat() {
     if (!registered_ || withhold_) return;
     ack_timeout = heartbeat_timeout_;
     resumed_at = resumed_at_;
-    update.step = step_;
-    update.tokens_total = tokens_total_;
-    update.tokens_since_last_round = tokens_since_round_;
-    update.step_time_us.swap(step_times_);
+    update.set_step(step_);
+    update.set_tokens_total(tokens_total_);
+    update.set_tokens_since_last_round(tokens_since_round_);
+    update.mutable_step_time_us()->Assign(step_times_.begin(), step_times_.end());
+    step_times_.clear();
   }
   ControlChannel& channel = Channel(/*members=*/false);
   const bool datagrams = &channel != grpc_.get();

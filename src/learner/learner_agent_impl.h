@@ -101,7 +101,7 @@ class LearnerAgentImpl final : public LearnerAgent {
   // Quorum's first step: waits until `deadline` for a registration, and
   // returns the join's session and step (the rest of its arguments are the
   // caller's). `timeout` is Quorum's, for the error.
-  StatusOr<QuorumRequestArgs> AwaitRegistration(uint64_t last_round_id, uint64_t boundary_step,
+  StatusOr<v1::QuorumRequest> AwaitRegistration(uint64_t last_round_id, uint64_t boundary_step,
                                                 Micros deadline, Micros timeout)
       ABSL_LOCKS_EXCLUDED(mu_);
   // What a join of session `session_id` that failed with `failure` leads
@@ -112,7 +112,7 @@ class LearnerAgentImpl final : public LearnerAgent {
   Status AfterFailedJoin(const Status& failure, uint64_t session_id, Micros deadline, Micros* retry)
       ABSL_LOCKS_EXCLUDED(mu_);
   // One join that Interrupt() cancels, on Channel(args.include_members).
-  StatusOr<QuorumResult> CallQuorum(const QuorumRequestArgs& args) ABSL_LOCKS_EXCLUDED(mu_);
+  StatusOr<QuorumResult> CallQuorum(const v1::QuorumRequest& request) ABSL_LOCKS_EXCLUDED(mu_);
   // Registers once; on success starts a new session.
   void TryRegister() ABSL_LOCKS_EXCLUDED(mu_);
   void SetFatal(const Status& status) ABSL_LOCKS_EXCLUDED(mu_);

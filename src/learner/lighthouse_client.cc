@@ -100,7 +100,7 @@ class HeartbeatStreamImpl final
     while (!done_) done_cv_.Wait(mu_);
   }
 
-  void Send(HeartbeatUpdate update) override {
+  void Send(v1::HeartbeatRequest update) override {
     {
       MutexLock lock(mu_);
       if (done_ || broken_ || release_) return;
@@ -108,12 +108,13 @@ class HeartbeatStreamImpl final
         // The queued update's step times are not in the newer one (each
         // update carries the times since the last): they are kept, the
         // newest of them up to what one heartbeat may carry.
-        if (queued_ && !queued_->step_time_us.empty()) {
-          std::vector<uint32_t> times = std::move(queued_->step_time_us);
-          times.insert(times.end(), update.step_time_us.begin(), update.step_time_us.end());
+        if (queued_ && !queued_->step_time_us().empty()) {
+          std::vector<uint32_t> times(queued_->step_time_us().begin(),
+                                      queued_->step_time_us().end());
+          times.insert(times.end(), update.step_time_us().begin(), update.step_time_us().end());
           const size_t keep = wire::kMaxHeartbeatStepTimes;
           if (times.size() > keep) times.erase(times.begin(), times.end() - keep);
-          update.step_time_us = std::move(times);
+          update.mutable_step_time_us()->Assign(times.begin(), times.end());
         }
         queued_ = std::move(update);
         return;
@@ -197,8 +198,9 @@ class HeartbeatStreamImpl final
     return true;
   }
 
-  void Fill(const HeartbeatUpdate& update) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    FillHeartbeatRequest(learner_, update, &request_);
+  void Fill(const v1::HeartbeatRequest& update) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    request_ = update;
+    FillLearnerRef(learner_, &request_);
   }
 
   const std::string address_;
@@ -211,7 +213,7 @@ class HeartbeatStreamImpl final
   mutable Mutex mu_;
   CondVar done_cv_;
   v1::HeartbeatRequest request_;  // owned by the write in flight
-  std::optional<HeartbeatUpdate> queued_ ABSL_GUARDED_BY(mu_);
+  std::optional<v1::HeartbeatRequest> queued_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
   bool held_ ABSL_GUARDED_BY(mu_) = true;  // the hold taken at the start
@@ -259,11 +261,11 @@ class LighthouseClientImpl final : public LighthouseClient {
     return Unary(&Stub::Leave, "Leave", request, options_.rpc_timeout).status();
   }
 
-  StatusOr<QuorumResult> Quorum(const QuorumRequestArgs& args) override {
-    return Unary(&Stub::Quorum, "Quorum", QuorumRequestProto(args), args.timeout + kDeadlineMargin);
+  StatusOr<QuorumResult> Quorum(const v1::QuorumRequest& request) override {
+    return Unary(&Stub::Quorum, "Quorum", request, JoinTimeout(request) + kDeadlineMargin);
   }
 
-  void QuorumAsync(const QuorumRequestArgs& args, CallCanceller& cancel,
+  void QuorumAsync(const v1::QuorumRequest& request, CallCanceller& cancel,
                    std::function<void(StatusOr<QuorumResult>)> done) override {
     struct Call {
       std::unique_ptr<grpc::ClientContext> context;
@@ -274,7 +276,7 @@ class LighthouseClientImpl final : public LighthouseClient {
     // (harmless then): `done` does not touch `cancel`, so it may run on any
     // thread, even inside Cancel().
     auto call = std::make_shared<Call>(
-        Call{NewContext(args.timeout + kDeadlineMargin), QuorumRequestProto(args), {}});
+        Call{NewContext(JoinTimeout(request) + kDeadlineMargin), request, {}});
     if (!cancel.Hold([call]() { call->context->TryCancel(); })) {
       done(CancelledError(fmt::format("lighthouse {}: Quorum: cancelled", options_.address)));
       return;

@@ -101,9 +101,9 @@ TEST(LighthouseServerTest, BadRequestsAreInvalidArgumentNamingTheField) {
   auto bad_setting = client->Register(unkeyed, 0, 0);
   EXPECT_EQ(bad_setting.status().code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(bad_setting.status().message()), HasSubstr("job_settings[1]"));
-  QuorumRequestArgs no_session;
-  no_session.learner.learner_id = "a";
-  no_session.timeout = kMicrosPerSecond;
+  v1::QuorumRequest no_session;
+  no_session.mutable_learner()->set_learner_id("a");
+  SetJoinTimeout(no_session, kMicrosPerSecond);
   auto quorum = client->Quorum(no_session);
   EXPECT_EQ(quorum.status().code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(quorum.status().message()), HasSubstr("session_id"));
@@ -117,10 +117,11 @@ TEST(LighthouseServerTest, BadRequestsAreInvalidArgumentNamingTheField) {
 TEST(LighthouseServerTest, UnknownSessionIsNotFound) {
   auto server = StartServer(TestConfig());
   auto client = Connect(server->grpc_address());
-  QuorumRequestArgs args;
-  args.learner = {"ghost", 42};
-  args.timeout = kMicrosPerSecond;
-  EXPECT_EQ(client->Quorum(args).status().code(), StatusCode::kNotFound);
+  v1::QuorumRequest request;
+  request.mutable_learner()->set_learner_id("ghost");
+  request.mutable_learner()->set_session_id(42);
+  SetJoinTimeout(request, kMicrosPerSecond);
+  EXPECT_EQ(client->Quorum(request).status().code(), StatusCode::kNotFound);
 }
 
 // The datagram channel's side of the two tests above: the same checks (the
@@ -201,10 +202,11 @@ TEST(LighthouseServerTest, ASupersededSessionIsToldSoOnEitherChannel) {
   auto first = client->Register({"a", "job", "", ""}, 0, 0);
   auto second = client->Register({"a", "job", "", ""}, 0, 0);
   ASSERT_TRUE(first.ok() && second.ok());
-  QuorumRequestArgs args;
-  args.learner = {"a", first->session_id};
-  args.timeout = kMicrosPerSecond;
-  auto stale = client->Quorum(args);
+  v1::QuorumRequest request;
+  request.mutable_learner()->set_learner_id("a");
+  request.mutable_learner()->set_session_id(first->session_id);
+  SetJoinTimeout(request, kMicrosPerSecond);
+  auto stale = client->Quorum(request);
   EXPECT_EQ(stale.status().code(), StatusCode::kAlreadyExists);
   EXPECT_THAT(std::string(stale.status().message()),
               HasSubstr("another process registered as learner 'a'"));

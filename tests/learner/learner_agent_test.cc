@@ -32,7 +32,7 @@ class FakeStream final : public HeartbeatStream {
   FakeStream(std::shared_ptr<Shared> shared, Micros opened_at)
       : shared_(std::move(shared)), opened_at_(opened_at) {}
 
-  void Send(HeartbeatUpdate) override { shared_->sends->fetch_add(1); }
+  void Send(v1::HeartbeatRequest) override { shared_->sends->fetch_add(1); }
   bool done() const override { return shared_->ended.load(); }
   Status status() const override { return UnavailableError("the fake lighthouse went away"); }
   // No acknowledgement is timed by the stream here: the agent's silence
@@ -58,11 +58,11 @@ class FakeLighthouseClient final : public LighthouseClient {
     return registration;
   }
   Status Leave(const LearnerRef&, const std::string&) override { return OkStatus(); }
-  StatusOr<QuorumResult> Quorum(const QuorumRequestArgs&) override {
+  StatusOr<QuorumResult> Quorum(const v1::QuorumRequest&) override {
     return DeadlineExceededError("no round in the fake lighthouse");
   }
   // At once, or, once HoldJoins() was called, when the join is cancelled.
-  void QuorumAsync(const QuorumRequestArgs& args, CallCanceller& cancel,
+  void QuorumAsync(const v1::QuorumRequest& request, CallCanceller& cancel,
                    std::function<void(StatusOr<QuorumResult>)> done) override {
     {
       std::lock_guard lock(mu_);
@@ -83,7 +83,7 @@ class FakeLighthouseClient final : public LighthouseClient {
         return;
       }
     }
-    done(Quorum(args));
+    done(Quorum(request));
   }
   Status StoreSet(const std::string&, const std::string&) override { return Unsupported(); }
   StatusOr<std::string> StoreGet(const std::string&, Micros) override { return Unsupported(); }
