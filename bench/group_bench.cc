@@ -86,7 +86,7 @@ StatusOr<std::unique_ptr<reducer::LearnerSession>> StartSession(
   return reducer::LearnerSession::Start(valid, std::move(options));
 }
 
-int RunWorker(const WorkerArgs& args) {
+StatusOr<Config> WorkerConfig(const WorkerArgs& args) {
   Config config;
   config.job_id = "bench";
   config.lighthouse = args.lighthouse;
@@ -98,15 +98,55 @@ int RunWorker(const WorkerArgs& args) {
   config.quorum_min_learners = args.learners;
   config.quorum_timeout_ms = 300000;
   config.collective_timeout_ms = 300000;
-  if (Status codec = SetConfigValue(config, "codec", args.codec, "--codec"); !codec.ok()) {
-    fmt::print(stderr, "{}\n", codec.message());
-    return 2;
-  }
+  MEND_RETURN_IF_ERROR(SetConfigValue(config, "codec", args.codec, "--codec"));
   config.dataplane_host = args.host;
   config.link_rate_mbit = args.link_rate_mbit;
   config.link_latency_ms = args.link_latency_ms;
   config.rack = args.rack;
   config.rack_aware = args.rack_aware;
+  return config;
+}
+
+// Rounds 1..args.rounds (round 0 warms up), each after a step of
+// "training": their seconds and bytes, as the worker's line of JSON.
+StatusOr<json> TimeRounds(const WorkerArgs& args, reducer::RoundDriver& driver,
+                          reducer::VectorParameters& view) {
+  json seconds = json::array();
+  uint64_t bytes_before = 0;
+  uint64_t cross_before = 0;
+  for (int round = 0; round <= args.rounds; ++round) {
+    for (std::vector<float>& values : view.values()) {
+      for (float& v : values) v += 0.001f * static_cast<float>(args.learner + 1);
+    }
+    if (round == 1) {
+      bytes_before = driver.stats().bytes_sent;
+      cross_before = driver.stats().cross_rack_bytes_sent;
+    }
+    const auto begin = SteadyClock::now();
+    MEND_RETURN_IF_ERROR(driver.step(1000));
+    if (round > 0)
+      seconds.push_back(std::chrono::duration<double>(SteadyClock::now() - begin).count());
+  }
+  const ReducerStats stats = driver.stats();
+  (void)driver.shutdown();
+  return json{
+      {"learner", args.learner},
+      {"rank", args.rank},
+      {"seconds", seconds},
+      {"bytes_per_round", static_cast<double>(stats.bytes_sent - bytes_before) / args.rounds},
+      {"cross_rack_bytes_per_round",
+       static_cast<double>(stats.cross_rack_bytes_sent - cross_before) / args.rounds},
+      {"rounds_ok", stats.rounds},
+      {"rounds_failed", stats.failed_rounds}};
+}
+
+int RunWorker(const WorkerArgs& args) {
+  StatusOr<Config> made = WorkerConfig(args);
+  if (!made.ok()) {
+    fmt::print(stderr, "{}\n", made.status().message());
+    return 2;
+  }
+  const Config& config = *made;
   (void)InitLogging(config.log_level,
                     fmt::format("learner-{}.{}", args.learner, args.rank));  // to stderr
   auto model = Model(static_cast<size_t>(args.mib) << 18, args.in_place);
@@ -124,37 +164,12 @@ int RunWorker(const WorkerArgs& args) {
     fmt::print(stderr, "worker: {}\n", driver.status());
     return 1;
   }
-  json seconds = json::array();
-  uint64_t bytes_before = 0;
-  uint64_t cross_before = 0;
-  for (int round = 0; round <= args.rounds; ++round) {   // round 0: warm-up
-    for (std::vector<float>& values : view->values()) {  // "training"
-      for (float& v : values) v += 0.001f * static_cast<float>(args.learner + 1);
-    }
-    if (round == 1) {
-      bytes_before = (*driver)->stats().bytes_sent;
-      cross_before = (*driver)->stats().cross_rack_bytes_sent;
-    }
-    const auto begin = SteadyClock::now();
-    if (Status status = (*driver)->step(1000); !status.ok()) {
-      fmt::print(stderr, "worker: {}\n", status);
-      return 1;
-    }
-    if (round > 0)
-      seconds.push_back(std::chrono::duration<double>(SteadyClock::now() - begin).count());
+  StatusOr<json> out = TimeRounds(args, **driver, *view);
+  if (!out.ok()) {
+    fmt::print(stderr, "worker: {}\n", out.status());
+    return 1;
   }
-  const ReducerStats stats = (*driver)->stats();
-  (void)(*driver)->shutdown();
-  json out = {
-      {"learner", args.learner},
-      {"rank", args.rank},
-      {"seconds", seconds},
-      {"bytes_per_round", static_cast<double>(stats.bytes_sent - bytes_before) / args.rounds},
-      {"cross_rack_bytes_per_round",
-       static_cast<double>(stats.cross_rack_bytes_sent - cross_before) / args.rounds},
-      {"rounds_ok", stats.rounds},
-      {"rounds_failed", stats.failed_rounds}};
-  fmt::print("{}\n", out.dump());
+  fmt::print("{}\n", out->dump());
   return 0;
 }
 
@@ -190,6 +205,56 @@ struct RunResult {
   uint64_t failed = 0;
 };
 
+// The command line of learner l's rank r.
+StatusOr<std::vector<std::string>> WorkerArgv(const DriverArgs& args, int ranks, bool rack_aware,
+                                              const std::string& self, const std::string& address,
+                                              int l, int r) {
+  const int rack = l / args.per_rack;
+  const int in_rack = l % args.per_rack;
+  std::vector<std::string> argv = {self,           "--worker",
+                                   "--lighthouse", address,
+                                   "--learner",    std::to_string(l),
+                                   "--learners",   std::to_string(args.learners),
+                                   "--rank",       std::to_string(r),
+                                   "--ranks",      std::to_string(ranks),
+                                   "--mib",        std::to_string(args.mib),
+                                   "--rounds",     std::to_string(args.rounds),
+                                   "--codec",      args.codec,
+                                   "--rack",       fmt::format("rack-{}", rack + 1)};
+  if (rack_aware) argv.push_back("--rack-aware");
+  if (args.in_place) argv.push_back("--in-place");
+  if (args.netns) {
+    const std::string host = fmt::format("{}_{}", rack + 1, in_rack * ranks + r + 1);
+    const std::string ns = Env("HOST_NS_" + host);
+    if (ns.empty()) {
+      return FailedPreconditionError(fmt::format(
+          "--netns: no HOST_NS_{} (run under scripts/racks.sh --racks {} --hosts {} ...)", host,
+          args.learners / args.per_rack, args.per_rack * ranks));
+    }
+    argv.insert(argv.end(), {"--host", Env("HOST_ADDR_" + host)});
+    argv.insert(argv.begin(), {"/usr/bin/env", "ip", "netns", "exec", ns});
+  } else {
+    argv.insert(argv.end(), {"--link-rate-mbit", fmt::format("{}", args.link_rate_mbit),
+                             "--link-latency-ms", fmt::format("{}", args.link_latency_ms)});
+  }
+  return argv;
+}
+
+// The workers' lines: each round's slowest rank, and the bytes per host.
+RunResult Summarize(const std::vector<json>& outputs, int rounds) {
+  RunResult result;
+  std::vector<double> slowest(static_cast<size_t>(rounds), 0.0);
+  for (const json& out : outputs) {
+    for (size_t i = 0; i < slowest.size(); ++i)
+      slowest[i] = std::max(slowest[i], out["seconds"][i].get<double>());
+    result.bytes_per_host +=
+        out["cross_rack_bytes_per_round"].get<double>() / static_cast<double>(outputs.size());
+    result.failed += out["rounds_failed"].get<uint64_t>();
+  }
+  result.round_s = Median(slowest);
+  return result;
+}
+
 StatusOr<RunResult> Run(const DriverArgs& args, int ranks, bool rack_aware, const std::string& self,
                         const std::string& lighthouse_bin) {
   const std::string dir = std::filesystem::temp_directory_path() / "mend-group-bench";
@@ -210,35 +275,8 @@ StatusOr<RunResult> Run(const DriverArgs& args, int ranks, bool rack_aware, cons
                         AwaitLighthouseAddress(*lighthouse, 30 * kMicrosPerSecond));
   std::vector<std::unique_ptr<Subprocess>> workers;
   for (int l = 0; l < args.learners; ++l) {
-    const int rack = l / args.per_rack;
-    const int in_rack = l % args.per_rack;
     for (int r = 0; r < ranks; ++r) {
-      std::vector<std::string> argv = {self,           "--worker",
-                                       "--lighthouse", address,
-                                       "--learner",    std::to_string(l),
-                                       "--learners",   std::to_string(args.learners),
-                                       "--rank",       std::to_string(r),
-                                       "--ranks",      std::to_string(ranks),
-                                       "--mib",        std::to_string(args.mib),
-                                       "--rounds",     std::to_string(args.rounds),
-                                       "--codec",      args.codec,
-                                       "--rack",       fmt::format("rack-{}", rack + 1)};
-      if (rack_aware) argv.push_back("--rack-aware");
-      if (args.in_place) argv.push_back("--in-place");
-      if (args.netns) {
-        const std::string host = fmt::format("{}_{}", rack + 1, in_rack * ranks + r + 1);
-        const std::string ns = Env("HOST_NS_" + host);
-        if (ns.empty()) {
-          return FailedPreconditionError(fmt::format(
-              "--netns: no HOST_NS_{} (run under scripts/racks.sh --racks {} --hosts {} ...)", host,
-              args.learners / args.per_rack, args.per_rack * ranks));
-        }
-        argv.insert(argv.end(), {"--host", Env("HOST_ADDR_" + host)});
-        argv.insert(argv.begin(), {"/usr/bin/env", "ip", "netns", "exec", ns});
-      } else {
-        argv.insert(argv.end(), {"--link-rate-mbit", fmt::format("{}", args.link_rate_mbit),
-                                 "--link-latency-ms", fmt::format("{}", args.link_latency_ms)});
-      }
+      MEND_ASSIGN_OR_RETURN(auto argv, WorkerArgv(args, ranks, rack_aware, self, address, l, r));
       MEND_ASSIGN_OR_RETURN(auto worker,
                             Subprocess::Spawn({argv, {}, "pipe", dir + "/worker.log", false}));
       workers.push_back(std::move(worker));
@@ -259,17 +297,7 @@ StatusOr<RunResult> Run(const DriverArgs& args, int ranks, bool rack_aware, cons
   (void)lighthouse->Signal(SIGTERM);
   (void)lighthouse->Wait(10 * kMicrosPerSecond);
   MEND_RETURN_IF_ERROR(failure);
-  RunResult result;
-  std::vector<double> slowest(static_cast<size_t>(args.rounds), 0.0);
-  for (const json& out : outputs) {
-    for (size_t i = 0; i < slowest.size(); ++i)
-      slowest[i] = std::max(slowest[i], out["seconds"][i].get<double>());
-    result.bytes_per_host +=
-        out["cross_rack_bytes_per_round"].get<double>() / static_cast<double>(outputs.size());
-    result.failed += out["rounds_failed"].get<uint64_t>();
-  }
-  result.round_s = Median(slowest);
-  return result;
+  return Summarize(outputs, args.rounds);
 }
 
 // Flat against rack-aware, one rank per learner.

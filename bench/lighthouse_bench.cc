@@ -108,61 +108,110 @@ std::string ClosedBy(const std::string& address) {
   return out;
 }
 
-StatusOr<Result> RunOne(const std::string& mend, const std::string& self,
-                        const std::string& transport, int learners, int swarms, Micros interval,
-                        int rounds, int warmup, const std::string& dir) {
+// The lighthouse every run measures, its token in `dir`.
+StatusOr<std::unique_ptr<Subprocess>> SpawnLighthouse(const std::string& mend,
+                                                      const std::string& dir) {
   std::string token_file = dir + "/token";
   std::ofstream(token_file) << kToken << "\n";
-  MEND_ASSIGN_OR_RETURN(
-      auto lighthouse,
-      Subprocess::Spawn({{mend,
-                          "--bind",
-                          "127.0.0.1:0",
-                          "--http",
-                          "",
-                          "--token-file",
-                          token_file,
-                          "--min-learners",
-                          "2",
-                          "--heartbeat-ms",
-                          "100",
-                          "--heartbeat-timeout-ms",
-                          "10000",
-                          "--grace-window-ms",
-                          "5000",
-                          "--grace-window-adaptive",
-                          "false",
-                          "--log-level",
-                          "warn",
-                          "--control-plane",
-                          "udp"},  // served in every run, as the gRPC runs were measured
-                         {},
-                         "pipe",
-                         dir + "/lighthouse.log",
-                         false}));
-  MEND_ASSIGN_OR_RETURN(const std::string address,
-                        AwaitLighthouseAddress(*lighthouse, 30 * kMicrosPerSecond));
+  return Subprocess::Spawn({{mend,
+                             "--bind",
+                             "127.0.0.1:0",
+                             "--http",
+                             "",
+                             "--token-file",
+                             token_file,
+                             "--min-learners",
+                             "2",
+                             "--heartbeat-ms",
+                             "100",
+                             "--heartbeat-timeout-ms",
+                             "10000",
+                             "--grace-window-ms",
+                             "5000",
+                             "--grace-window-adaptive",
+                             "false",
+                             "--log-level",
+                             "warn",
+                             "--control-plane",
+                             "udp"},  // served in every run, as the gRPC runs were measured
+                            {},
+                            "pipe",
+                            dir + "/lighthouse.log",
+                            false});
+}
+
+// `swarms` swarm processes of `learners` in all, each ready (its heartbeat
+// streams open) when this returns.
+StatusOr<std::vector<std::unique_ptr<Subprocess>>> SpawnSwarms(
+    const std::string& self, const std::string& transport, const std::string& address, int learners,
+    int swarms, Micros interval, int rounds, const std::string& dir) {
   std::vector<std::unique_ptr<Subprocess>> children;
   int per_swarm = (learners + swarms - 1) / swarms;
   for (int s = 0, first = 0; first < learners; ++s, first += per_swarm) {
     int count = std::min(per_swarm, learners - first);
     MEND_ASSIGN_OR_RETURN(
-        auto child, Subprocess::Spawn(
-                        {{self, "--swarm", "--transport", transport, "--address", address,
-                          "--first", std::to_string(first), "--count", std::to_string(count),
-                          "--round-interval-ms", std::to_string(interval / kMicrosPerMilli),
-                          "--rounds", std::to_string(rounds + warmup), "--out",
-                          fmt::format("{}/swarm-{}.json", dir, s), "--seed", std::to_string(s + 1)},
-                         {},
-                         "pipe",
-                         fmt::format("{}/swarm-{}.log", dir, s),
-                         false}));
+        auto child,
+        Subprocess::Spawn(
+            {{self, "--swarm", "--transport", transport, "--address", address, "--first",
+              std::to_string(first), "--count", std::to_string(count), "--round-interval-ms",
+              std::to_string(interval / kMicrosPerMilli), "--rounds", std::to_string(rounds),
+              "--out", fmt::format("{}/swarm-{}.json", dir, s), "--seed", std::to_string(s + 1)},
+             {},
+             "pipe",
+             fmt::format("{}/swarm-{}.log", dir, s),
+             false}));
     children.push_back(std::move(child));
   }
   for (auto& child : children) {
     MEND_ASSIGN_OR_RETURN(std::string ready, child->ReadLine(300 * kMicrosPerSecond));
     if (ready != "ready") return InternalError("swarm did not get ready: " + ready);
   }
+  return children;
+}
+
+// The swarms' samples, grouped by round after `warmup` rounds: a round's
+// decision latency for each member is its reply time minus the round's
+// last join. Fills `result`'s rounds, rates and latencies.
+void ReadSamples(const std::string& dir, size_t swarms, int warmup, Result& result) {
+  std::map<uint64_t, std::vector<std::pair<Micros, Micros>>> by_round;
+  for (size_t s = 0; s < swarms; ++s) {
+    std::ifstream in(fmt::format("{}/swarm-{}.json", dir, s));
+    json doc = json::parse(in);
+    result.errors += doc["errors"].get<uint64_t>();
+    for (const auto& row : doc["samples"]) by_round[row[0]].push_back({row[1], row[2]});
+  }
+  for (int i = 0; i < warmup && !by_round.empty(); ++i) by_round.erase(by_round.begin());
+  Micros start = INT64_MAX;
+  Micros end = 0;
+  std::vector<double> latencies;
+  size_t members = 0;
+  for (const auto& [id, replies] : by_round) {
+    Micros last_join = 0;
+    for (const auto& [joined, replied] : replies) last_join = std::max(last_join, joined);
+    for (const auto& [joined, replied] : replies) {
+      latencies.push_back(static_cast<double>(replied - last_join) / kMicrosPerMilli);
+      start = std::min(start, joined);
+      end = std::max(end, replied);
+    }
+    members += replies.size();
+  }
+  result.seconds = static_cast<double>(end - start) / kMicrosPerSecond;
+  result.rounds = by_round.size();
+  result.rounds_per_s = static_cast<double>(by_round.size()) / result.seconds;
+  result.mean_members = by_round.empty() ? 0 : static_cast<double>(members) / by_round.size();
+  result.p50_ms = Percentile(latencies, 50);
+  result.p99_ms = Percentile(latencies, 99);
+  result.max_ms = latencies.empty() ? 0 : latencies.back();
+}
+
+StatusOr<Result> RunOne(const std::string& mend, const std::string& self,
+                        const std::string& transport, int learners, int swarms, Micros interval,
+                        int rounds, int warmup, const std::string& dir) {
+  MEND_ASSIGN_OR_RETURN(auto lighthouse, SpawnLighthouse(mend, dir));
+  MEND_ASSIGN_OR_RETURN(const std::string address,
+                        AwaitLighthouseAddress(*lighthouse, 30 * kMicrosPerSecond));
+  MEND_ASSIGN_OR_RETURN(auto children, SpawnSwarms(self, transport, address, learners, swarms,
+                                                   interval, rounds + warmup, dir));
   // Let every heartbeat stream settle before measuring.
   std::this_thread::sleep_for(std::chrono::seconds(2));
   ProcessUsage before = ReadUsage(lighthouse->pid());
@@ -185,41 +234,11 @@ StatusOr<Result> RunOne(const std::string& mend, const std::string& self,
   (void)lighthouse->Signal(SIGTERM);
   (void)lighthouse->Wait(30 * kMicrosPerSecond);
 
-  // Group the samples by round: a round's decision latency for each member
-  // is its reply time minus the round's last join.
-  std::map<uint64_t, std::vector<std::pair<Micros, Micros>>> by_round;
   Result result;
-  for (size_t s = 0; s < children.size(); ++s) {
-    std::ifstream in(fmt::format("{}/swarm-{}.json", dir, s));
-    json doc = json::parse(in);
-    result.errors += doc["errors"].get<uint64_t>();
-    for (const auto& row : doc["samples"]) by_round[row[0]].push_back({row[1], row[2]});
-  }
-  for (int i = 0; i < warmup && !by_round.empty(); ++i) by_round.erase(by_round.begin());
-  Micros start = INT64_MAX;
-  Micros end = 0;
-  std::vector<double> latencies;
-  size_t members = 0;
-  for (const auto& [id, replies] : by_round) {
-    Micros last_join = 0;
-    for (const auto& [joined, replied] : replies) last_join = std::max(last_join, joined);
-    for (const auto& [joined, replied] : replies) {
-      latencies.push_back(static_cast<double>(replied - last_join) / kMicrosPerMilli);
-      start = std::min(start, joined);
-      end = std::max(end, replied);
-    }
-    members += replies.size();
-  }
+  ReadSamples(dir, children.size(), warmup, result);
   result.transport = transport;
   result.learners = learners;
   result.interval_ms = static_cast<double>(interval) / kMicrosPerMilli;
-  result.seconds = static_cast<double>(end - start) / kMicrosPerSecond;
-  result.rounds = by_round.size();
-  result.rounds_per_s = static_cast<double>(by_round.size()) / result.seconds;
-  result.mean_members = by_round.empty() ? 0 : static_cast<double>(members) / by_round.size();
-  result.p50_ms = Percentile(latencies, 50);
-  result.p99_ms = Percentile(latencies, 99);
-  result.max_ms = latencies.empty() ? 0 : latencies.back();
   double wall = static_cast<double>(t1 - t0) / kMicrosPerSecond;
   result.lighthouse_cpu_pct = 100 * (after.cpu_s - before.cpu_s) / wall;
   result.lighthouse_peak_mib = after.peak_rss_mib;

@@ -122,8 +122,19 @@ class Driver {
   void Step() {
     Micros deadline_before = core_.NextDeadline();
     uint64_t wakeups_before = wakeups_;
+    const bool ticked = Operate(in_.ConsumeIntegralInRange<int>(0, 13));
+    // The owner re-reads NextDeadline after its own Tick; every other call
+    // that moves it earlier must say so.
+    if (!ticked && core_.NextDeadline() < deadline_before) {
+      MEND_FUZZ_CHECK(wakeups_ > wakeups_before);
+    }
+    CheckSnapshot();
+  }
+
+  // One operation on the core; true when it ticked.
+  bool Operate(int operation) {
     bool ticked = false;
-    switch (in_.ConsumeIntegralInRange<int>(0, 13)) {
+    switch (operation) {
       case 0:
         Register();
         break;
@@ -174,12 +185,7 @@ class Driver {
         GetStatus();
         break;
     }
-    // The owner re-reads NextDeadline after its own Tick; every other call
-    // that moves it earlier must say so.
-    if (!ticked && core_.NextDeadline() < deadline_before) {
-      MEND_FUZZ_CHECK(wakeups_ > wakeups_before);
-    }
-    CheckSnapshot();
+    return ticked;
   }
 
   void TickAndCheck() {
