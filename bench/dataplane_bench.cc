@@ -135,6 +135,72 @@ bool RunCodec(const WorkerArgs& args, const std::string& name,
   return true;
 }
 
+// mend's all-reduce against plain Gloo's ring of the same `mib` MiB,
+// iteration by iteration after a barrier: a row of medians and minimums.
+StatusOr<json> CompareWithGloo(const WorkerArgs& args, Communicator& comm,
+                               const std::shared_ptr<gloo::rendezvous::Context>& gloo_context,
+                               const std::function<Status()>& barrier, int mib) {
+  const auto timeout = std::chrono::milliseconds(kTimeout / kMicrosPerMilli);
+  size_t n = static_cast<size_t>(mib) * (1 << 20) / sizeof(float);
+  std::vector<float> data(n), gloo_data(n);
+  std::mt19937 random(args.rank);
+  std::uniform_real_distribution<float> uniform(-1, 1);
+  for (float& v : data) v = uniform(random);
+  std::vector<double> mend_s, gloo_s;
+  gloo::AllreduceOptions::Func sum =
+      static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>);
+  auto run_mend = [&]() -> StatusOr<double> {
+    MEND_RETURN_IF_ERROR(barrier());
+    auto t0 = SteadyClock::now();
+    MEND_RETURN_IF_ERROR(comm.WeightedAllReduce(data, 1.0));
+    return Seconds(SteadyClock::now() - t0);
+  };
+  auto run_gloo = [&](int i) -> StatusOr<double> {
+    MEND_RETURN_IF_ERROR(barrier());
+    std::copy(data.begin(), data.end(), gloo_data.begin());
+    gloo::AllreduceOptions gloo_options(gloo_context);
+    gloo_options.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
+    gloo_options.setOutput(gloo_data.data(), n);
+    gloo_options.setReduceFunction(sum);
+    gloo_options.setTag(static_cast<uint32_t>(i));
+    gloo_options.setTimeout(timeout);
+    auto t0 = SteadyClock::now();
+    gloo::allreduce(gloo_options);
+    return Seconds(SteadyClock::now() - t0);
+  };
+  for (int i = 0; i <= args.iters; ++i) {  // iteration 0 warms up
+    // Alternate which goes first, so neither always runs on a warmer cache.
+    StatusOr<double> first = i % 2 == 0 ? run_mend() : run_gloo(i);
+    StatusOr<double> second = i % 2 == 0 ? run_gloo(i) : run_mend();
+    MEND_RETURN_IF_ERROR(first.status());
+    MEND_RETURN_IF_ERROR(second.status());
+    if (i > 0) {
+      mend_s.push_back(i % 2 == 0 ? *first : *second);
+      gloo_s.push_back(i % 2 == 0 ? *second : *first);
+    }
+  }
+  return json{{"kind", "compare"},
+              {"bytes", n * sizeof(float)},
+              {"mend_s", Median(mend_s)},
+              {"gloo_s", Median(gloo_s)},
+              {"mend_min_s", *std::min_element(mend_s.begin(), mend_s.end())},
+              {"gloo_min_s", *std::min_element(gloo_s.begin(), gloo_s.end())}};
+}
+
+// Plain Gloo over the same members, rendezvoused the same way.
+std::shared_ptr<gloo::rendezvous::Context> ConnectGloo(const WorkerArgs& args,
+                                                       RendezvousStore& store) {
+  const auto timeout = std::chrono::milliseconds(kTimeout / kMicrosPerMilli);
+  dataplane::GlooStore gloo_store(store, "bench/gloo/", timeout);
+  gloo::transport::tcp::attr attr;
+  attr.hostname = args.host;
+  auto device = gloo::transport::tcp::CreateDevice(attr);
+  auto gloo_context = std::make_shared<gloo::rendezvous::Context>(args.rank, args.size);
+  gloo_context->setTimeout(timeout);
+  gloo_context->connectFullMesh(gloo_store, device);
+  return gloo_context;
+}
+
 int RunWorker(const WorkerArgs& args) {
   auto client = LighthouseClient::Connect({args.lighthouse, kToken, "", 30 * kMicrosPerSecond});
   if (!client.ok()) {
@@ -166,67 +232,18 @@ int RunWorker(const WorkerArgs& args) {
     }
     secured = std::move(*sealed);
   }
-  // Plain Gloo over the same members, rendezvoused the same way.
-  auto timeout = std::chrono::milliseconds(kTimeout / kMicrosPerMilli);
-  dataplane::GlooStore gloo_store(store, "bench/gloo/", timeout);
-  gloo::transport::tcp::attr attr;
-  attr.hostname = args.host;
-  auto device = gloo::transport::tcp::CreateDevice(attr);
-  auto gloo_context = std::make_shared<gloo::rendezvous::Context>(args.rank, args.size);
-  gloo_context->setTimeout(timeout);
-  gloo_context->connectFullMesh(gloo_store, device);
+  auto gloo_context = ConnectGloo(args, store);
 
   std::vector<std::byte> token(1), tokens(args.size);
-  auto barrier = [&]() { return (*comm)->AllGather(token, tokens); };
+  std::function<Status()> barrier = [&]() { return (*comm)->AllGather(token, tokens); };
   json results = json::array();
   for (int mib : args.sizes_mib) {
-    size_t n = static_cast<size_t>(mib) * (1 << 20) / sizeof(float);
-    std::vector<float> data(n), gloo_data(n);
-    std::mt19937 random(args.rank);
-    std::uniform_real_distribution<float> uniform(-1, 1);
-    for (float& v : data) v = uniform(random);
-    std::vector<double> mend_s, gloo_s;
-    gloo::AllreduceOptions::Func sum =
-        static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>);
-    auto run_mend = [&]() -> StatusOr<double> {
-      MEND_RETURN_IF_ERROR(barrier());
-      auto t0 = SteadyClock::now();
-      MEND_RETURN_IF_ERROR((*comm)->WeightedAllReduce(data, 1.0));
-      return Seconds(SteadyClock::now() - t0);
-    };
-    auto run_gloo = [&](int i) -> StatusOr<double> {
-      MEND_RETURN_IF_ERROR(barrier());
-      std::copy(data.begin(), data.end(), gloo_data.begin());
-      gloo::AllreduceOptions gloo_options(gloo_context);
-      gloo_options.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
-      gloo_options.setOutput(gloo_data.data(), n);
-      gloo_options.setReduceFunction(sum);
-      gloo_options.setTag(static_cast<uint32_t>(i));
-      gloo_options.setTimeout(timeout);
-      auto t0 = SteadyClock::now();
-      gloo::allreduce(gloo_options);
-      return Seconds(SteadyClock::now() - t0);
-    };
-    for (int i = 0; i <= args.iters; ++i) {  // iteration 0 warms up
-      // Alternate which goes first, so neither always runs on a warmer cache.
-      StatusOr<double> first = i % 2 == 0 ? run_mend() : run_gloo(i);
-      StatusOr<double> second = i % 2 == 0 ? run_gloo(i) : run_mend();
-      if (!first.ok() || !second.ok()) {
-        fmt::print(stderr, "worker {}: {}\n", args.rank,
-                   first.ok() ? second.status() : first.status());
-        return 1;
-      }
-      if (i > 0) {
-        mend_s.push_back(i % 2 == 0 ? *first : *second);
-        gloo_s.push_back(i % 2 == 0 ? *second : *first);
-      }
+    StatusOr<json> row = CompareWithGloo(args, **comm, gloo_context, barrier, mib);
+    if (!row.ok()) {
+      fmt::print(stderr, "worker {}: {}\n", args.rank, row.status());
+      return 1;
     }
-    results.push_back({{"kind", "compare"},
-                       {"bytes", n * sizeof(float)},
-                       {"mend_s", Median(mend_s)},
-                       {"gloo_s", Median(gloo_s)},
-                       {"mend_min_s", *std::min_element(mend_s.begin(), mend_s.end())},
-                       {"gloo_min_s", *std::min_element(gloo_s.begin(), gloo_s.end())}});
+    results.push_back(std::move(*row));
   }
   for (const std::string& name : args.codecs) {
     std::vector<Communicator*> planes = {comm->get()};
