@@ -347,6 +347,63 @@ StatusOr<json> RunMembers(const DriverArgs& args, int members, const std::string
   return json::parse(*output);
 }
 
+// The comparisons with Gloo of one run: a table's rows and the CSV's.
+void PrintComparisons(const json& rows, int members, const std::string& where,
+                      std::ofstream& compare) {
+  double factor = 2.0 * (members - 1) / members;
+  bool header = false;
+  for (const json& row : rows) {
+    if (row["kind"] == "compare") {
+      if (!header) {
+        fmt::print("{:>8} {:>10} {:>10} {:>10} {:>14} {:>14} {:>10} {:>10}\n", "members", "MiB",
+                   "mend ms", "gloo ms", "mend busbw", "gloo busbw", "mend/gloo", "(best)");
+        header = true;
+      }
+      double bytes = row["bytes"];
+      double mend_s = row["mend_s"], gloo_s = row["gloo_s"];
+      double best = row["gloo_min_s"].get<double>() / row["mend_min_s"].get<double>();
+      double mend_bw = factor * bytes / mend_s / 1e9 * 8,
+             gloo_bw = factor * bytes / gloo_s / 1e9 * 8;
+      fmt::print(
+          "{:>8} {:>10.0f} {:>10.2f} {:>10.2f} {:>9.2f} Gb/s {:>9.2f} Gb/s {:>10.3f} {:>10.3f}\n",
+          members, bytes / (1 << 20), mend_s * 1e3, gloo_s * 1e3, mend_bw, gloo_bw, gloo_s / mend_s,
+          best);
+      compare << fmt::format("{},{},{:.0f},{:.6f},{:.6f},{:.3f},{:.3f},{:.4f},{:.4f}\n", where,
+                             members, bytes, mend_s, gloo_s, mend_bw, gloo_bw, gloo_s / mend_s,
+                             best);
+    }
+  }
+}
+
+// The codecs' reductions of one run (`link_rate_mbit` > 0: the share of
+// the link each took).
+void PrintCodecs(const json& rows, int members, const std::string& where, double link_rate_mbit,
+                 std::ofstream& codecs) {
+  bool header = false;
+  double fp32_seconds = 0;
+  for (const json& row : rows) {
+    if (row["kind"] != "codec") continue;
+    if (!header) {
+      fmt::print("\n{:>8} {:>6} {:>10} {:>14} {:>10} {:>16} {:>10} {:>10}\n", "members", "codec",
+                 "MiB fp32", "MiB sent/memb", "ms", "effective", "vs fp32", "of link");
+      header = true;
+    }
+    double bytes = row["bytes"], sent = row["sent"], seconds = row["seconds"];
+    if (row["codec"] == "fp32") fp32_seconds = seconds;
+    double effective = bytes / seconds * 8 / 1e9;
+    double speedup = fp32_seconds > 0 ? fp32_seconds / seconds : 0;
+    // The link carries each member's sends: fraction = their rate / link rate.
+    double fraction = link_rate_mbit > 0 ? sent / seconds * 8 / (link_rate_mbit * 1e6) : 0;
+    fmt::print("{:>8} {:>6} {:>10.0f} {:>14.2f} {:>10.1f} {:>11.3f} Gb/s {:>9.2f}x {:>10}\n",
+               members, row["codec"].get<std::string>(), bytes / (1 << 20), sent / (1 << 20),
+               seconds * 1e3, effective, speedup,
+               link_rate_mbit > 0 ? fmt::format("{:.3f}", fraction) : "-");
+    codecs << fmt::format("{},{},{},{:.0f},{:.0f},{:.6f},{:.4f},{:.3f},{:.4f}\n", where, members,
+                          row["codec"].get<std::string>(), bytes, sent, seconds, effective, speedup,
+                          fraction);
+  }
+}
+
 int RunDriver(const DriverArgs& args) {
   std::string self = SelfExecutable();
   std::string mend =
@@ -372,53 +429,8 @@ int RunDriver(const DriverArgs& args) {
       exit_code = 1;
       continue;
     }
-    double factor = 2.0 * (members - 1) / members;
-    bool header = false;
-    double fp32_seconds = 0;
-    for (const json& row : *result) {
-      if (row["kind"] == "compare") {
-        if (!header) {
-          fmt::print("{:>8} {:>10} {:>10} {:>10} {:>14} {:>14} {:>10} {:>10}\n", "members", "MiB",
-                     "mend ms", "gloo ms", "mend busbw", "gloo busbw", "mend/gloo", "(best)");
-          header = true;
-        }
-        double bytes = row["bytes"];
-        double mend_s = row["mend_s"], gloo_s = row["gloo_s"];
-        double best = row["gloo_min_s"].get<double>() / row["mend_min_s"].get<double>();
-        double mend_bw = factor * bytes / mend_s / 1e9 * 8,
-               gloo_bw = factor * bytes / gloo_s / 1e9 * 8;
-        fmt::print(
-            "{:>8} {:>10.0f} {:>10.2f} {:>10.2f} {:>9.2f} Gb/s {:>9.2f} Gb/s {:>10.3f} {:>10.3f}\n",
-            members, bytes / (1 << 20), mend_s * 1e3, gloo_s * 1e3, mend_bw, gloo_bw,
-            gloo_s / mend_s, best);
-        compare << fmt::format("{},{},{:.0f},{:.6f},{:.6f},{:.3f},{:.3f},{:.4f},{:.4f}\n", where,
-                               members, bytes, mend_s, gloo_s, mend_bw, gloo_bw, gloo_s / mend_s,
-                               best);
-      }
-    }
-    header = false;
-    for (const json& row : *result) {
-      if (row["kind"] != "codec") continue;
-      if (!header) {
-        fmt::print("\n{:>8} {:>6} {:>10} {:>14} {:>10} {:>16} {:>10} {:>10}\n", "members", "codec",
-                   "MiB fp32", "MiB sent/memb", "ms", "effective", "vs fp32", "of link");
-        header = true;
-      }
-      double bytes = row["bytes"], sent = row["sent"], seconds = row["seconds"];
-      if (row["codec"] == "fp32") fp32_seconds = seconds;
-      double effective = bytes / seconds * 8 / 1e9;
-      double speedup = fp32_seconds > 0 ? fp32_seconds / seconds : 0;
-      // The link carries each member's sends: fraction = their rate / link rate.
-      double fraction =
-          args.link_rate_mbit > 0 ? sent / seconds * 8 / (args.link_rate_mbit * 1e6) : 0;
-      fmt::print("{:>8} {:>6} {:>10.0f} {:>14.2f} {:>10.1f} {:>11.3f} Gb/s {:>9.2f}x {:>10}\n",
-                 members, row["codec"].get<std::string>(), bytes / (1 << 20), sent / (1 << 20),
-                 seconds * 1e3, effective, speedup,
-                 args.link_rate_mbit > 0 ? fmt::format("{:.3f}", fraction) : "-");
-      codecs << fmt::format("{},{},{},{:.0f},{:.0f},{:.6f},{:.4f},{:.3f},{:.4f}\n", where, members,
-                            row["codec"].get<std::string>(), bytes, sent, seconds, effective,
-                            speedup, fraction);
-    }
+    PrintComparisons(*result, members, where, compare);
+    PrintCodecs(*result, members, where, args.link_rate_mbit, codecs);
     fmt::print("\n");
   }
   fmt::print("CSV: {}_compare.csv, {}_codecs.csv\n", args.csv_prefix, args.csv_prefix);
