@@ -24,7 +24,8 @@
 #   4b. torch2-wheel: the wheel (scripts/wheel.sh) installed with pip
 #      --target into a fresh folder, run from the torch 2 venv: a two-learner
 #      job (tests/python/wheel_job.py) and tests/python/test_allocators.py
-#      (jemalloc, tcmalloc and glibc's checker preloaded);
+#      (jemalloc, tcmalloc and glibc's checker preloaded), then those tests
+#      again under Debian's torch 1.13;
 #   5. background: waits for the three above; any failure fails the command
 #      (with its log);
 #   6. asan-tests: build-asan's unit, integration and multiprocess tests:
@@ -127,6 +128,9 @@ MEND_DIST_DIR="$wheel_dir/dist" scripts/wheel.sh > /dev/null
   "$torch2/bin/python" -c 'import mend, sys; assert mend._native.LIBRARY_PATH.startswith(sys.argv[1])' "$wheel_dir/site"
   "$torch2/bin/python" "$source/tests/python/wheel_job.py"
   "$torch2/bin/python" -m pytest -q -p no:cacheprovider "$source/tests/python/test_allocators.py"
+  # and under Debian's torch 1.13, whose global scope holds the system's
+  # copies of the libraries the wheel bundles (scripts/elf_symbolic.py)
+  /usr/bin/python3 -m pytest -q -p no:cacheprovider "$source/tests/python/test_allocators.py"
 )
 rm -rf "$wheel_dir"
 stage torch2-wheel

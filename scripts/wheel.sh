@@ -5,7 +5,8 @@
 # relocatable: each bundled library is renamed with a hash of its contents
 # (its SONAME and every DT_NEEDED that names it, with patchelf) so that it is
 # never mistaken for another copy in the process, and every one finds the
-# others through RPATH $ORIGIN. The system libraries it leaves out are
+# others through RPATH $ORIGIN; the bundled C libraries are bound
+# symbolically (scripts/elf_symbolic.py). The system libraries it leaves out are
 # glibc's, libstdc++ and libgcc_s (x86-64 Linux with glibc >= 2.36).
 #
 #   scripts/wheel.sh              builds what is missing in ./build, writes dist/
@@ -61,6 +62,11 @@ for file in "$package/_lib/"*; do
   done < <(patchelf --print-needed "$file")
   if ((${#args[@]})); then patchelf "${args[@]}" "$file"; fi
   patchelf --set-rpath '$ORIGIN' "$file"
+  # A bundled copy written in C binds to itself, not to a system copy of
+  # the same library in the process's global scope (scripts/elf_symbolic.py).
+  if [[ "$base" != libmend.so* ]] && ! nm -D --defined-only "$file" | awk '$NF ~ /^_Z/ {cxx = 1} END {exit !cxx}'; then
+    /usr/bin/python3 scripts/elf_symbolic.py "$file"
+  fi
 done
 # Every library must now resolve inside _lib/ or to a system library.
 if LD_LIBRARY_PATH= ldd "$package/_lib/libmend.so.0" | grep -E 'not found'; then
