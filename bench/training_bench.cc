@@ -126,95 +126,11 @@ class Bench {
         "\n== Delay sweep: {} learners, H = {}, {} steps each, {} repeats; latency per collective "
         "==\n",
         o_.learners, o_.delay_period, steps, o_.delay_repeats);
-    const std::string period = fmt::format("sync_period_steps={}", o_.delay_period);
-    const std::vector<int64_t> delays = ParseList(o_.delays_ms);
-    std::map<std::string, std::vector<double>> samples;  // "ceiling", "sync/D", "concurrent/D"
-    std::map<std::string, std::vector<double>> compute;  // the same keys: compute fraction
-    std::map<std::string, uint64_t> failed;
-    double step_ms = 0;
-    std::ofstream raw(o_.out + "_delay_runs.csv");
-    // final_merge_s: leaving after the last step (not in tokens_per_s).
-    raw << "repeat,config,delay_ms,tokens_per_s,compute_fraction,rounds,failed_rounds,final_merge_"
-           "s\n";
-    auto record = [&](int repeat, const std::string& key, int64_t delay,
-                      const TrainingJobResult& r) {
-      samples[key].push_back(r.tokens_per_s);
-      compute[key].push_back(r.compute_fraction);
-      failed[key] += r.failed_rounds;
-      raw << fmt::format("{},{},{},{:.1f},{:.4f},{},{},{:.3f}\n", repeat, key, delay,
-                         r.tokens_per_s, r.compute_fraction, r.rounds, r.failed_rounds,
-                         r.final_merge_s);
-      raw.flush();
-    };
+    DelaySamples runs(o_.out + "_delay_runs.csv");
     for (int repeat = 1; repeat <= o_.delay_repeats; ++repeat) {
-      MEND_ASSIGN_OR_RETURN(TrainingJobResult ceiling,
-                            Run(Spec("local (compute-only ceiling)", "local", {}), steps));
-      record(repeat, "ceiling", 0, ceiling);
-      step_ms = ceiling.inner_step_ms;
-      for (int64_t delay : delays) {
-        const std::string link = fmt::format("link_latency_ms={}", delay);
-        MEND_ASSIGN_OR_RETURN(TrainingJobResult sync,
-                              Run(Spec(fmt::format("sync DiLoCo, {} ms", delay), "diloco",
-                                       {link, period, "concurrent_outer_step=false"}),
-                                  steps));
-        record(repeat, fmt::format("sync/{}", delay), delay, sync);
-        MEND_ASSIGN_OR_RETURN(TrainingJobResult concurrent,
-                              Run(Spec(fmt::format("concurrent outer step, {} ms", delay), "diloco",
-                                       {link, period, "concurrent_outer_step=true",
-                                        fmt::format("overlap_steps={}", o_.delay_period - 1),
-                                        fmt::format("total_steps={}", steps + o_.delay_period)}),
-                                  steps));
-        record(repeat, fmt::format("concurrent/{}", delay), delay, concurrent);
-      }
+      MEND_RETURN_IF_ERROR(DelayRepeat(repeat, steps, runs));
     }
-    auto median = [&](const std::string& key, bool of_compute = false) {
-      std::vector<double> v = (of_compute ? compute : samples)[key];
-      std::sort(v.begin(), v.end());
-      return v[v.size() / 2];
-    };
-    auto spread = [&](const std::string& key) {
-      auto [lo, hi] = std::minmax_element(samples[key].begin(), samples[key].end());
-      return fmt::format("{:.0f}-{:.0f}", *lo, *hi);
-    };
-    const double ceiling = median("ceiling");
-    std::ofstream csv(o_.out + "_delay.csv");
-    csv << "delay_ms,sync_tokens_per_s,concurrent_tokens_per_s,ceiling_tokens_per_s,sync_retained,"
-           "concurrent_retained,uplift,sync_compute_fraction,concurrent_compute_fraction,sync_"
-           "failed_rounds,"
-           "concurrent_failed_rounds\n";
-    fmt::print("medians of {} runs; ceiling {:.0f} tokens/s (runs {})\n", o_.delay_repeats, ceiling,
-               spread("ceiling"));
-    fmt::print("{:>9} {:>11} {:>13} {:>11} {:>13} {:>9} {:>9} {:>8} {:>9} {:>9}\n", "delay ms",
-               "sync tok/s", "(runs)", "conc tok/s", "(runs)", "sync ret", "conc ret", "uplift",
-               "sync cf", "conc cf");
-    for (int64_t delay : delays) {
-      const std::string s_key = fmt::format("sync/{}", delay),
-                        c_key = fmt::format("concurrent/{}", delay);
-      const double sync = median(s_key), concurrent = median(c_key);
-      const double sync_cf = median(s_key, true), concurrent_cf = median(c_key, true);
-      fmt::print(
-          "{:>9} {:>11.0f} {:>13} {:>11.0f} {:>13} {:>9.3f} {:>9.3f} {:>8.3f} {:>9.3f} {:>9.3f}\n",
-          delay, sync, spread(s_key), concurrent, spread(c_key), sync / ceiling,
-          concurrent / ceiling, concurrent / sync, sync_cf, concurrent_cf);
-      csv << fmt::format("{},{:.1f},{:.1f},{:.1f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{},{}\n",
-                         delay, sync, concurrent, ceiling, sync / ceiling, concurrent / ceiling,
-                         concurrent / sync, sync_cf, concurrent_cf, failed[s_key], failed[c_key]);
-    }
-    csv.flush();
-    fmt::print(
-        "inner step {:.1f} ms (ceiling run), H x step time = {:.2f} s; cf = the inner steps' share "
-        "of\n"
-        "the training time within each run (1 - time waiting for or applying rounds)\n",
-        step_ms, step_ms * static_cast<double>(o_.delay_period) / 1e3);
-    Plot("delay",
-         fmt::format(
-             "set title 'Throughput vs cross-rack latency ({} learners, H = {}, medians of {})'\n"
-             "set xlabel 'emulated latency per collective (ms)'\nset ylabel 'tokens/s (job)'\n"
-             "set yrange [0:*]\nset key bottom left\n"
-             "plot '{}' using 1:2 with linespoints title 'synchronous DiLoCo', "
-             "'' using 1:3 with linespoints title 'concurrent outer step', "
-             "'' using 1:4 with lines dashtype 2 title 'compute-only ceiling'\n",
-             o_.learners, o_.delay_period, o_.delay_repeats, o_.out + "_delay.csv"));
+    PrintDelay(runs);
     return OkStatus();
   }
 
@@ -223,77 +139,13 @@ class Bench {
     fmt::print(
         "\n== Convergence at equal tokens: {} learners, {} steps each, no added latency ==\n",
         o_.learners, steps);
-    const std::vector<std::string> eval = {"--eval-every", std::to_string(o_.eval_every)};
-    const std::string period = fmt::format("sync_period_steps={}", o_.convergence_period);
-    std::vector<TrainingJobSpec> specs = {
-        Spec("DDP", "ddp", {}, eval),
-        Spec(fmt::format("DiLoCo H={} fp32", o_.convergence_period), "diloco",
-             {period, "concurrent_outer_step=false", "codec=fp32"}, eval),
-        Spec(fmt::format("DiLoCo H={} bf16", o_.convergence_period / 2), "diloco",
-             {fmt::format("sync_period_steps={}", o_.convergence_period / 2),
-              "concurrent_outer_step=false", "codec=bf16"},
-             eval),
-        Spec(fmt::format("Streaming DiLoCo H={} P=2 int4 overlap", o_.convergence_period), "diloco",
-             {period, "fragments=2", "concurrent_outer_step=true", "overlap_steps=5", "codec=int4"},
-             eval),
-        Spec(fmt::format("SparseLoCo H={} top-64/4096 2-bit", o_.sparse_period), "diloco",
-             {fmt::format("sync_period_steps={}", o_.sparse_period), "concurrent_outer_step=false",
-              "codec=topk", "topk_k=64", "topk_chunk_size=4096", "outer_lr=1", "outer_momentum=0",
-              "error_feedback_beta=0.95"},
-             eval),
-        Spec("local (no exchange)", "local", {}, eval),
-    };
     std::vector<TrainingJobResult> results;
-    for (const auto& spec : specs) {
+    for (const auto& spec : ConvergenceSpecs()) {
       MEND_ASSIGN_OR_RETURN(TrainingJobResult result, Run(spec, steps));
       results.push_back(std::move(result));
     }
-    const TrainingJobResult& ddp = results[0];
-    std::ofstream csv(o_.out + "_convergence.csv");
-    csv << "method,tokens,eval_loss,loss_vs_ddp,bytes_per_learner,bytes_fewer_than_ddp,tokens_per_"
-           "s\n";
-    fmt::print("{:<40} {:>10} {:>10} {:>9} {:>14} {:>12} {:>10}\n", "method", "tokens", "eval loss",
-               "vs DDP", "MB/learner", "x fewer B", "tokens/s");
-    for (const auto& r : results) {
-      const double fewer =
-          r.bytes_per_learner > 0 ? ddp.bytes_per_learner / r.bytes_per_learner : 0;
-      fmt::print("{:<40} {:>10} {:>10.4f} {:>9.4f} {:>14.3f} {:>12.1f} {:>10.0f}\n", r.name,
-                 r.tokens, r.eval_loss, r.eval_loss / ddp.eval_loss, r.bytes_per_learner / 1e6,
-                 fewer, r.tokens_per_s);
-      csv << fmt::format("\"{}\",{},{:.5f},{:.5f},{:.0f},{:.2f},{:.1f}\n", r.name, r.tokens,
-                         r.eval_loss, r.eval_loss / ddp.eval_loss, r.bytes_per_learner, fewer,
-                         r.tokens_per_s);
-    }
-    // Eval-loss curves, mean over learners, against tokens (all learners).
-    std::ofstream curves(o_.out + "_convergence_curves.csv");
-    curves << "method,step,tokens,eval_loss\n";
-    std::string plot = fmt::format(
-        "set title 'Held-out loss at equal tokens ({} learners)'\nset xlabel 'tokens (all "
-        "learners)'\n"
-        "set ylabel 'eval loss (nats/byte)'\nset key top right\nset datafile separator ','\nplot ",
-        o_.learners);
-    for (size_t m = 0; m < results.size(); ++m) {
-      const std::string file = fmt::format("{}_curve_{}.csv", o_.out, m);
-      std::ofstream one(file);
-      one << "tokens,eval_loss\n";
-      std::map<int64_t, double> mean;
-      for (const auto& learner : results[m].results) {
-        for (const auto& point : learner["eval_curve"]) {
-          mean[point[0].get<int64_t>()] +=
-              point[1].get<double>() / static_cast<double>(results[m].results.size());
-        }
-      }
-      const double tokens_per_step =
-          static_cast<double>(results[m].tokens) / static_cast<double>(steps);
-      for (const auto& [step, loss] : mean) {
-        curves << fmt::format("\"{}\",{},{:.0f},{:.5f}\n", results[m].name, step,
-                              tokens_per_step * step, loss);
-        one << fmt::format("{:.0f},{:.5f}\n", tokens_per_step * step, loss);
-      }
-      plot += fmt::format("{}'{}' using 1:2 with linespoints title '{}'", m ? ", " : "", file,
-                          results[m].name);
-    }
-    Plot("convergence", plot + "\n");
+    PrintConvergence(results);
+    WriteConvergenceCurves(results, steps);
     return OkStatus();
   }
 
@@ -410,6 +262,187 @@ class Bench {
   }
 
  private:
+  // Each delay-sweep run's tokens/s and compute fraction by configuration
+  // ("ceiling", "sync/D", "concurrent/D"), also written to a CSV as it comes.
+  struct DelaySamples {
+    explicit DelaySamples(const std::string& path) : raw(path) {
+      // final_merge_s: leaving after the last step (not in tokens_per_s).
+      raw << "repeat,config,delay_ms,tokens_per_s,compute_fraction,rounds,failed_rounds,"
+             "final_merge_s\n";
+    }
+    void Record(int repeat, const std::string& key, int64_t delay, const TrainingJobResult& r) {
+      tokens[key].push_back(r.tokens_per_s);
+      compute[key].push_back(r.compute_fraction);
+      failed[key] += r.failed_rounds;
+      raw << fmt::format("{},{},{},{:.1f},{:.4f},{},{},{:.3f}\n", repeat, key, delay,
+                         r.tokens_per_s, r.compute_fraction, r.rounds, r.failed_rounds,
+                         r.final_merge_s);
+      raw.flush();
+    }
+    double Median(const std::string& key, bool of_compute = false) {
+      std::vector<double> v = (of_compute ? compute : tokens)[key];
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    }
+    std::string Spread(const std::string& key) {
+      auto [lo, hi] = std::minmax_element(tokens[key].begin(), tokens[key].end());
+      return fmt::format("{:.0f}-{:.0f}", *lo, *hi);
+    }
+
+    std::ofstream raw;
+    std::map<std::string, std::vector<double>> tokens;
+    std::map<std::string, std::vector<double>> compute;
+    std::map<std::string, uint64_t> failed;
+    double step_ms = 0;  // the ceiling run's inner step
+  };
+
+  // One repeat of the sweep: the ceiling, then sync and concurrent at each delay.
+  Status DelayRepeat(int repeat, int64_t steps, DelaySamples& runs) {
+    const std::string period = fmt::format("sync_period_steps={}", o_.delay_period);
+    MEND_ASSIGN_OR_RETURN(TrainingJobResult ceiling,
+                          Run(Spec("local (compute-only ceiling)", "local", {}), steps));
+    runs.Record(repeat, "ceiling", 0, ceiling);
+    runs.step_ms = ceiling.inner_step_ms;
+    for (int64_t delay : ParseList(o_.delays_ms)) {
+      const std::string link = fmt::format("link_latency_ms={}", delay);
+      MEND_ASSIGN_OR_RETURN(TrainingJobResult sync,
+                            Run(Spec(fmt::format("sync DiLoCo, {} ms", delay), "diloco",
+                                     {link, period, "concurrent_outer_step=false"}),
+                                steps));
+      runs.Record(repeat, fmt::format("sync/{}", delay), delay, sync);
+      MEND_ASSIGN_OR_RETURN(TrainingJobResult concurrent,
+                            Run(Spec(fmt::format("concurrent outer step, {} ms", delay), "diloco",
+                                     {link, period, "concurrent_outer_step=true",
+                                      fmt::format("overlap_steps={}", o_.delay_period - 1),
+                                      fmt::format("total_steps={}", steps + o_.delay_period)}),
+                                steps));
+      runs.Record(repeat, fmt::format("concurrent/{}", delay), delay, concurrent);
+    }
+    return OkStatus();
+  }
+
+  // The sweep's table of medians, its CSV and its plot.
+  void PrintDelay(DelaySamples& runs) {
+    const double ceiling = runs.Median("ceiling");
+    std::ofstream csv(o_.out + "_delay.csv");
+    csv << "delay_ms,sync_tokens_per_s,concurrent_tokens_per_s,ceiling_tokens_per_s,sync_retained,"
+           "concurrent_retained,uplift,sync_compute_fraction,concurrent_compute_fraction,sync_"
+           "failed_rounds,"
+           "concurrent_failed_rounds\n";
+    fmt::print("medians of {} runs; ceiling {:.0f} tokens/s (runs {})\n", o_.delay_repeats, ceiling,
+               runs.Spread("ceiling"));
+    fmt::print("{:>9} {:>11} {:>13} {:>11} {:>13} {:>9} {:>9} {:>8} {:>9} {:>9}\n", "delay ms",
+               "sync tok/s", "(runs)", "conc tok/s", "(runs)", "sync ret", "conc ret", "uplift",
+               "sync cf", "conc cf");
+    for (int64_t delay : ParseList(o_.delays_ms)) {
+      const std::string s_key = fmt::format("sync/{}", delay),
+                        c_key = fmt::format("concurrent/{}", delay);
+      const double sync = runs.Median(s_key), concurrent = runs.Median(c_key);
+      const double sync_cf = runs.Median(s_key, true), concurrent_cf = runs.Median(c_key, true);
+      fmt::print(
+          "{:>9} {:>11.0f} {:>13} {:>11.0f} {:>13} {:>9.3f} {:>9.3f} {:>8.3f} {:>9.3f} {:>9.3f}\n",
+          delay, sync, runs.Spread(s_key), concurrent, runs.Spread(c_key), sync / ceiling,
+          concurrent / ceiling, concurrent / sync, sync_cf, concurrent_cf);
+      csv << fmt::format("{},{:.1f},{:.1f},{:.1f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{},{}\n",
+                         delay, sync, concurrent, ceiling, sync / ceiling, concurrent / ceiling,
+                         concurrent / sync, sync_cf, concurrent_cf, runs.failed[s_key],
+                         runs.failed[c_key]);
+    }
+    csv.flush();
+    fmt::print(
+        "inner step {:.1f} ms (ceiling run), H x step time = {:.2f} s; cf = the inner steps' share "
+        "of\n"
+        "the training time within each run (1 - time waiting for or applying rounds)\n",
+        runs.step_ms, runs.step_ms * static_cast<double>(o_.delay_period) / 1e3);
+    Plot("delay",
+         fmt::format(
+             "set title 'Throughput vs cross-rack latency ({} learners, H = {}, medians of {})'\n"
+             "set xlabel 'emulated latency per collective (ms)'\nset ylabel 'tokens/s (job)'\n"
+             "set yrange [0:*]\nset key bottom left\n"
+             "plot '{}' using 1:2 with linespoints title 'synchronous DiLoCo', "
+             "'' using 1:3 with linespoints title 'concurrent outer step', "
+             "'' using 1:4 with lines dashtype 2 title 'compute-only ceiling'\n",
+             o_.learners, o_.delay_period, o_.delay_repeats, o_.out + "_delay.csv"));
+  }
+
+  // The methods compared at equal tokens, DDP first (the ratios' base).
+  std::vector<TrainingJobSpec> ConvergenceSpecs() const {
+    const std::vector<std::string> eval = {"--eval-every", std::to_string(o_.eval_every)};
+    const std::string period = fmt::format("sync_period_steps={}", o_.convergence_period);
+    return {
+        Spec("DDP", "ddp", {}, eval),
+        Spec(fmt::format("DiLoCo H={} fp32", o_.convergence_period), "diloco",
+             {period, "concurrent_outer_step=false", "codec=fp32"}, eval),
+        Spec(fmt::format("DiLoCo H={} bf16", o_.convergence_period / 2), "diloco",
+             {fmt::format("sync_period_steps={}", o_.convergence_period / 2),
+              "concurrent_outer_step=false", "codec=bf16"},
+             eval),
+        Spec(fmt::format("Streaming DiLoCo H={} P=2 int4 overlap", o_.convergence_period), "diloco",
+             {period, "fragments=2", "concurrent_outer_step=true", "overlap_steps=5", "codec=int4"},
+             eval),
+        Spec(fmt::format("SparseLoCo H={} top-64/4096 2-bit", o_.sparse_period), "diloco",
+             {fmt::format("sync_period_steps={}", o_.sparse_period), "concurrent_outer_step=false",
+              "codec=topk", "topk_k=64", "topk_chunk_size=4096", "outer_lr=1", "outer_momentum=0",
+              "error_feedback_beta=0.95"},
+             eval),
+        Spec("local (no exchange)", "local", {}, eval),
+    };
+  }
+
+  // The table and CSV of final eval loss and bytes, as ratios to DDP's (results[0]).
+  void PrintConvergence(const std::vector<TrainingJobResult>& results) {
+    const TrainingJobResult& ddp = results[0];
+    std::ofstream csv(o_.out + "_convergence.csv");
+    csv << "method,tokens,eval_loss,loss_vs_ddp,bytes_per_learner,bytes_fewer_than_ddp,tokens_per_"
+           "s\n";
+    fmt::print("{:<40} {:>10} {:>10} {:>9} {:>14} {:>12} {:>10}\n", "method", "tokens", "eval loss",
+               "vs DDP", "MB/learner", "x fewer B", "tokens/s");
+    for (const auto& r : results) {
+      const double fewer =
+          r.bytes_per_learner > 0 ? ddp.bytes_per_learner / r.bytes_per_learner : 0;
+      fmt::print("{:<40} {:>10} {:>10.4f} {:>9.4f} {:>14.3f} {:>12.1f} {:>10.0f}\n", r.name,
+                 r.tokens, r.eval_loss, r.eval_loss / ddp.eval_loss, r.bytes_per_learner / 1e6,
+                 fewer, r.tokens_per_s);
+      csv << fmt::format("\"{}\",{},{:.5f},{:.5f},{:.0f},{:.2f},{:.1f}\n", r.name, r.tokens,
+                         r.eval_loss, r.eval_loss / ddp.eval_loss, r.bytes_per_learner, fewer,
+                         r.tokens_per_s);
+    }
+  }
+
+  // Eval-loss curves, mean over learners, against tokens (all learners):
+  // one CSV of all, one per method for the plot, and the plot.
+  void WriteConvergenceCurves(const std::vector<TrainingJobResult>& results, int64_t steps) {
+    std::ofstream curves(o_.out + "_convergence_curves.csv");
+    curves << "method,step,tokens,eval_loss\n";
+    std::string plot = fmt::format(
+        "set title 'Held-out loss at equal tokens ({} learners)'\nset xlabel 'tokens (all "
+        "learners)'\n"
+        "set ylabel 'eval loss (nats/byte)'\nset key top right\nset datafile separator ','\nplot ",
+        o_.learners);
+    for (size_t m = 0; m < results.size(); ++m) {
+      const std::string file = fmt::format("{}_curve_{}.csv", o_.out, m);
+      std::ofstream one(file);
+      one << "tokens,eval_loss\n";
+      std::map<int64_t, double> mean;
+      for (const auto& learner : results[m].results) {
+        for (const auto& point : learner["eval_curve"]) {
+          mean[point[0].get<int64_t>()] +=
+              point[1].get<double>() / static_cast<double>(results[m].results.size());
+        }
+      }
+      const double tokens_per_step =
+          static_cast<double>(results[m].tokens) / static_cast<double>(steps);
+      for (const auto& [step, loss] : mean) {
+        curves << fmt::format("\"{}\",{},{:.0f},{:.5f}\n", results[m].name, step,
+                              tokens_per_step * step, loss);
+        one << fmt::format("{:.0f},{:.5f}\n", tokens_per_step * step, loss);
+      }
+      plot += fmt::format("{}'{}' using 1:2 with linespoints title '{}'", m ? ", " : "", file,
+                          results[m].name);
+    }
+    Plot("convergence", plot + "\n");
+  }
+
   void Plot(const std::string& suite, const std::string& body) {
     const std::string script = fmt::format("{}_{}.gp", o_.out, suite);
     const std::string png = fmt::format("{}_{}.png", o_.out, suite);
