@@ -40,6 +40,7 @@
 #include "mend/logging.h"
 #include "nlohmann/json.hpp"
 #include "reducer/learner_session.h"
+#include "reducer/options_from_config.h"
 #include "reducer/vector_parameters.h"
 
 namespace mend::bench {
@@ -83,7 +84,7 @@ struct WorkerArgs {
 StatusOr<std::unique_ptr<reducer::LearnerSession>> StartSession(
     const Config& config, reducer::LearnerSessionOptions options) {
   MEND_ASSIGN_OR_RETURN(ValidConfig valid, ValidConfig::Check(config));
-  return reducer::LearnerSession::Start(valid, std::move(options));
+  return reducer::StartLearnerSession(valid, std::move(options));
 }
 
 StatusOr<Config> WorkerConfig(const WorkerArgs& args) {

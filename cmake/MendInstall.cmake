@@ -39,7 +39,8 @@ if(MEND_WITH_TORCH)
   # installed header finds what it includes). The rest of include/mend/ is
   # mend's own (buckets, checkpoints, the outer synchronizer, the group
   # store, logging) and is not installed.
-  foreach(header clock.h codec.h communicator.h config.h config_enums.h data_parallel.h
+  foreach(header agent_options.h clock.h codec.h communicator.h config.h config_enums.h
+                 data_parallel.h
                  inner_moments.h learner_agent.h lighthouse.h lighthouse_client.h mend.h
                  reducer.h reducer_stats.h rendezvous_store.h status.h)
     install(FILES ${PROJECT_SOURCE_DIR}/include/mend/${header}

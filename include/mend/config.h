@@ -18,6 +18,7 @@
 #include <variant>
 #include <vector>
 
+#include "mend/agent_options.h"
 #include "mend/config_enums.h"
 #include "mend/status.h"
 
@@ -205,6 +206,10 @@ class ValidConfig {
   explicit ValidConfig(Config config) : config_(std::move(config)) {}
   Config config_;
 };
+
+// The keys a learner's agent, its group's ranks and its group's store read
+// (mend/agent_options.h), of a checked configuration.
+AgentOptions AgentOptionsOf(const ValidConfig& config);
 
 // The rule that ties keys given together: a source (a TOML file, the
 // environment, a set of keywords or --set flags) that gives a DES-LOC moment

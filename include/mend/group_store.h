@@ -1,4 +1,4 @@
-// A learner group's own store (Config::group_store, HOST:PORT): where the
+// A learner group's own store (the group_store key, HOST:PORT): where the
 // ranks of a group meet and where group rank 0 publishes each round's
 // decision, so that only rank 0 talks to the lighthouse about rounds (the
 // lighthouse's store is still where the slices of different learners meet).
@@ -19,8 +19,8 @@
 #include <memory>
 #include <string>
 
+#include "mend/agent_options.h"
 #include "mend/clock.h"
-#include "mend/config.h"
 #include "mend/learner_agent.h"
 #include "mend/status.h"
 
@@ -31,10 +31,9 @@ class GroupStoreServer {
   // Serves the store at `address` (HOST:PORT; port 0 picks a free one), on
   // `clock` (not owned; it must outlive the server).
   // UNAVAILABLE when the address cannot be bound (in use, not local).
-  // While the server lives, GroupStoreFromConfig on this process's group
+  // While the server lives, GroupStoreOpenerFor on this process's group
   // rank 0 uses it instead of serving the address again.
-  [[nodiscard]] static StatusOr<std::shared_ptr<GroupStoreServer>> Serve(const Config& config,
-                                                                         const std::string& token,
+  [[nodiscard]] static StatusOr<std::shared_ptr<GroupStoreServer>> Serve(const std::string& token,
                                                                          const std::string& address,
                                                                          const Clock& clock);
   virtual ~GroupStoreServer() = default;
@@ -42,18 +41,18 @@ class GroupStoreServer {
   virtual const std::string& address() const = 0;
 };
 
-// What LearnerAgent::Start takes for config.group_store: null when it is
+// What LearnerAgent::Start takes for options.group_store: null when it is
 // empty (the group's keys then live in the lighthouse's store). Group rank 0
-// serves config.group_store unless a GroupStoreServer of this process
+// serves options.group_store unless a GroupStoreServer of this process
 // already does; the server lives as long as the opener. Each connection
 // waits up to quorum_timeout_ms for the store to come up; an error names the
 // address. Those waits, and the server's, are on `clock` (the learner
 // agent's), which is not owned and must outlive the opener. With
 // `learner_id`, a rank's wait for rank 0's store also ends when rank 0 told
 // the lighthouse it could not start (TellGroupRanks), with its error.
-[[nodiscard]] StatusOr<GroupStoreOpener> GroupStoreFromConfig(const Config& config,
-                                                              const std::string& token,
-                                                              const Clock& clock,
-                                                              const std::string& learner_id = "");
+[[nodiscard]] StatusOr<GroupStoreOpener> GroupStoreOpenerFor(const AgentOptions& options,
+                                                             const std::string& token,
+                                                             const Clock& clock,
+                                                             const std::string& learner_id = "");
 
 }  // namespace mend

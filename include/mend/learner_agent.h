@@ -19,9 +19,9 @@
 #include <memory>
 #include <string>
 
+#include "mend/agent_options.h"
 #include "mend/clock.h"
 #include "mend/communicator.h"
-#include "mend/config.h"
 #include "mend/lighthouse_client.h"
 #include "mend/status.h"
 
@@ -31,13 +31,14 @@ namespace mend {
 // store: <job>/group/<learner>/<group_generation>.<torchrun's restart
 // count>/, so that a group restarted by its launcher does not meet its old
 // keys.
-std::string GroupStorePrefix(const Config& config, const std::string& learner_id);
+std::string GroupStorePrefix(const AgentOptions& options, const std::string& learner_id);
 
-// How a learner of `config` reaches its lighthouse (address, TLS, call
-// deadline) with `token`.
-LighthouseClientOptions LighthouseClientOptionsFor(const Config& config, const std::string& token);
+// How a learner reaches its lighthouse (address, TLS, call deadline) with
+// `token`.
+LighthouseClientOptions LighthouseClientOptionsFor(const AgentOptions& options,
+                                                   const std::string& token);
 
-// Opens a new connection to a learner group's own store (Config::group_store):
+// Opens a new connection to a learner group's own store (group_store):
 // each caller (thread) gets its own.
 using GroupStoreOpener = std::function<StatusOr<std::unique_ptr<RendezvousStore>>()>;
 
@@ -46,18 +47,14 @@ class LearnerAgent {
   // Connects and makes the first registration attempt. Returns the error of
   // a fatal refusal at once; an unreachable lighthouse is retried in the
   // background (a learner may start before its lighthouse). In a group
-  // (config.group_size > 1) every rank first publishes its data-plane host
-  // (config.dataplane_host) in the group's store, and rank 0 registers once
+  // (options.group_size > 1) every rank first publishes its data-plane host
+  // (options.dataplane_host) in the group's store, and rank 0 registers once
   // it has every rank's (waiting up to quorum_timeout_ms for them).
   // Every wait and timeout of the agent (and of the reducer and group code
   // built on it, see clock()) is measured on `clock`, which is not owned
   // and must outlive the agent.
   [[nodiscard]] static StatusOr<std::unique_ptr<LearnerAgent>> Start(
-      const ValidConfig& config, const std::string& token, const LearnerIdentity& identity,
-      const Clock& clock, GroupStoreOpener group_store = nullptr);
-  // The same for a configuration not checked yet: checked first.
-  [[nodiscard]] static StatusOr<std::unique_ptr<LearnerAgent>> Start(
-      const Config& config, const std::string& token, const LearnerIdentity& identity,
+      const AgentOptions& options, const std::string& token, const LearnerIdentity& identity,
       const Clock& clock, GroupStoreOpener group_store = nullptr);
   virtual ~LearnerAgent() = default;
 
@@ -132,6 +129,11 @@ class LearnerAgent {
   // authenticated with: the job token with checkpoint_authenticate, else
   // empty (a SHA-256 only; see mend/checkpoint.h).
   virtual std::string checkpoint_secret() const { return ""; }
+  // The options it was started with (a test double's: the defaults).
+  virtual const AgentOptions& options() const {
+    static const AgentOptions kDefaults;
+    return kDefaults;
+  }
 };
 
 }  // namespace mend

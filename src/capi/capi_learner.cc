@@ -22,6 +22,7 @@
 #include "mend/logging.h"
 #include "mend/outer.h"
 #include "reducer/learner_session.h"
+#include "reducer/options_from_config.h"
 #include "reducer/round_driver.h"
 #include "spdlog/spdlog.h"
 
@@ -190,7 +191,7 @@ mend::Status Create(const mend::Config& unchecked, const std::vector<std::string
   for (size_t i = 0; i < parameters->count(); ++i)
     options.parameter_shapes.push_back(parameters->shape(i));
   MEND_ASSIGN_OR_RETURN(learner.session,
-                        mend::reducer::LearnerSession::Start(config, std::move(options)));
+                        mend::reducer::StartLearnerSession(config, std::move(options)));
   MEND_ASSIGN_OR_RETURN(learner.driver, learner.session->CreateDriver(
                                             std::move(parameters), std::move(moments), start_step));
   return mend::OkStatus();

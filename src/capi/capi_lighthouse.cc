@@ -128,7 +128,7 @@ mend_status mend_group_store_serve(const mend_config* config, const char* token,
         !logging.ok()) {
       return Return(logging);
     }
-    auto server = mend::GroupStoreServer::Serve(config->value, token, address, *mend::RealClock());
+    auto server = mend::GroupStoreServer::Serve(token, address, *mend::RealClock());
     if (!server.ok()) return Return(server.status());
     *out = new mend_group_store{std::move(*server)};
     return MEND_OK;

@@ -82,7 +82,7 @@ void PrintRound(const QuorumResult& result, int64_t step) {
   std::fflush(stdout);
 }
 
-int RunSimLearner(const SimOptions& options, const Config& config, const std::string& token) {
+int RunSimLearner(const SimOptions& options, const ValidConfig& config, const std::string& token) {
   SimControl control;
   SignalThread signals({SIGINT, SIGTERM, SIGUSR1, SIGUSR2}, [&control, &options](int signal) {
     std::lock_guard lock(control.mu);
@@ -96,8 +96,8 @@ int RunSimLearner(const SimOptions& options, const Config& config, const std::st
     }
     control.wake.notify_all();
   });
-  LearnerIdentity identity{options.id, config.job_id, config.rack, options.address};
-  auto started = LearnerAgent::Start(config, token, identity, *RealClock());
+  LearnerIdentity identity{options.id, config->job_id, config->rack, options.address};
+  auto started = LearnerAgent::Start(AgentOptionsOf(config), token, identity, *RealClock());
   if (!started.ok()) {
     fmt::print(stderr, "mend sim-learner {}: cannot join the job: {}\n", options.id,
                started.status());
@@ -111,7 +111,7 @@ int RunSimLearner(const SimOptions& options, const Config& config, const std::st
   uint64_t last_round = 0;
   uint64_t tokens_since_round = 0;
   int64_t rounds = 0;
-  Micros quorum_timeout = config.quorum_timeout_ms * kMicrosPerMilli;
+  Micros quorum_timeout = config->quorum_timeout_ms * kMicrosPerMilli;
   for (int64_t step = 1; options.steps == 0 || step <= options.steps; ++step) {
     Micros started_at = RealClock()->NowMicros();
     if (!control.SleepStep(options, options.step_ms * jitter(random))) break;

@@ -48,9 +48,9 @@ Status SetWhenStoreIsUp(RendezvousStore& store, const Clock& clock, const std::s
 // address changes with each launch (mend_init under torchrun serves it on a
 // port rank 0 picks; mend train's launcher picks a free one): a relaunch of
 // the group then never reads the failure of the launch before it.
-std::string FailedKey(const Config& config, const std::string& learner_id, int64_t rank) {
-  return fmt::format("{}failed/{}/{}", GroupStorePrefix(config, learner_id),
-                     config.group_store.empty() ? "-" : config.group_store, rank);
+std::string FailedKey(const AgentOptions& options, const std::string& learner_id, int64_t rank) {
+  return fmt::format("{}failed/{}/{}", GroupStorePrefix(options, learner_id),
+                     options.group_store.empty() ? "-" : options.group_store, rank);
 }
 
 // A rank's failure as its store value ("<code> <unix ms> <message>").
@@ -64,7 +64,7 @@ std::string FailureValue(const Status& why) {
 // `*told_failure` set, once that rank told one in `told` (looked at between
 // the waits, every kMaxRetry at most).
 StatusOr<std::string> GetByDeadline(RendezvousStore& store, RendezvousStore* told,
-                                    const Clock& clock, const Config& config,
+                                    const Clock& clock, const AgentOptions& options,
                                     const std::string& learner_id, int64_t rank,
                                     const std::string& key, Micros deadline, bool* told_failure) {
   const int64_t since = UnixMillis();
@@ -75,7 +75,7 @@ StatusOr<std::string> GetByDeadline(RendezvousStore& store, RendezvousStore* tol
     if (value.ok()) return value;
     if (told != nullptr) {
       if (std::optional<Status> failed =
-              CouldNotStartAsTold(*told, config, learner_id, rank, since)) {
+              CouldNotStartAsTold(*told, options, learner_id, rank, since)) {
         *told_failure = true;
         return *failed;
       }
@@ -94,17 +94,19 @@ StatusOr<std::string> GetByDeadline(RendezvousStore& store, RendezvousStore* tol
 
 class GroupRankAgent final : public LearnerAgent {
  public:
-  GroupRankAgent(std::string id, int64_t rank, const Clock& clock,
-                 std::unique_ptr<LighthouseClient> client, GroupStoreOpener group_store,
-                 AgentSecrets secrets)
+  GroupRankAgent(std::string id, const AgentOptions& options, const std::string& token,
+                 const Clock& clock, std::unique_ptr<LighthouseClient> client,
+                 GroupStoreOpener group_store)
       : id_(std::move(id)),
-        rank_(rank),
+        options_(options),
+        rank_(options.group_rank),
         clock_(clock),
         client_(std::move(client)),
         group_store_(std::move(group_store)),
-        secrets_(std::move(secrets)) {}
+        secrets_(AgentSecrets::Of(options, token)) {}
   std::string data_plane_secret() const override { return secrets_.data_plane; }
   std::string checkpoint_secret() const override { return secrets_.checkpoints; }
+  const AgentOptions& options() const override { return options_; }
 
   void RecordStep(uint64_t, uint64_t, Micros) override {}
   StatusOr<QuorumResult> Quorum(uint64_t, uint64_t, Micros, bool, uint64_t) override {
@@ -133,6 +135,7 @@ class GroupRankAgent final : public LearnerAgent {
 
  private:
   const std::string id_;
+  const AgentOptions options_;
   const int64_t rank_;
   const Clock& clock_;
   std::unique_ptr<LighthouseClient> client_;
@@ -143,37 +146,37 @@ class GroupRankAgent final : public LearnerAgent {
 }  // namespace
 
 StatusOr<std::vector<std::string>> ShareWithGroupRanks(
-    RendezvousStore& store, RendezvousStore* told, const Clock& clock, const Config& config,
+    RendezvousStore& store, RendezvousStore* told, const Clock& clock, const AgentOptions& options,
     const std::string& learner_id, const std::string& prefix, const std::string& mine,
     bool only_rank0_waits, std::string_view missing) {
-  const Micros deadline = clock.NowMicros() + config.quorum_timeout_ms * kMicrosPerMilli;
+  const Micros deadline = clock.NowMicros() + options.quorum_timeout_ms * kMicrosPerMilli;
   const auto give_up = [&](int64_t rank, const Status& why) {
     return Status(
         why.code(),
         fmt::format("learner '{}' group rank {}: group rank {}{} within quorum_timeout_ms = {} "
                     "(each of a learner's group_size = {} ranks must start: mend_init on each): {}",
-                    learner_id, config.group_rank, rank, missing, config.quorum_timeout_ms,
-                    config.group_size, why.message()));
+                    learner_id, options.group_rank, rank, missing, options.quorum_timeout_ms,
+                    options.group_size, why.message()));
   };
   const int64_t since = UnixMillis();
   std::function<std::optional<Status>()> rank0_failed;
-  if (told != nullptr && config.group_rank != 0) {
-    rank0_failed = [&]() { return CouldNotStartAsTold(*told, config, learner_id, 0, since); };
+  if (told != nullptr && options.group_rank != 0) {
+    rank0_failed = [&]() { return CouldNotStartAsTold(*told, options, learner_id, 0, since); };
   }
   bool rank0_told = false;
-  Status set = SetWhenStoreIsUp(store, clock, fmt::format("{}{}", prefix, config.group_rank), mine,
+  Status set = SetWhenStoreIsUp(store, clock, fmt::format("{}{}", prefix, options.group_rank), mine,
                                 deadline, rank0_failed, &rank0_told);
-  if (!set.ok()) return rank0_told ? set : give_up(config.group_rank, set);
-  if (only_rank0_waits && config.group_rank != 0) return std::vector<std::string>{};
+  if (!set.ok()) return rank0_told ? set : give_up(options.group_rank, set);
+  if (only_rank0_waits && options.group_rank != 0) return std::vector<std::string>{};
   std::vector<std::string> values;
-  for (int64_t r = 0; r < config.group_size; ++r) {
-    if (r == config.group_rank) {
+  for (int64_t r = 0; r < options.group_size; ++r) {
+    if (r == options.group_rank) {
       values.push_back(mine);
       continue;
     }
     bool told_failure = false;
     StatusOr<std::string> value =
-        GetByDeadline(store, told, clock, config, learner_id, r, fmt::format("{}{}", prefix, r),
+        GetByDeadline(store, told, clock, options, learner_id, r, fmt::format("{}{}", prefix, r),
                       deadline, &told_failure);
     if (!value.ok()) {
       const Status& why = value.status();
@@ -196,28 +199,28 @@ bool StoreNotUpOrGone(const Status& status) {
   return status.code() == StatusCode::kUnavailable || status.code() == StatusCode::kCancelled;
 }
 
-Status TellGroupRanks(const Config& config, const std::string& token, const std::string& learner_id,
-                      Status why) {
-  if (config.group_size <= 1 || why.ok()) return why;
+Status TellGroupRanks(const AgentOptions& options, const std::string& token,
+                      const std::string& learner_id, Status why) {
+  if (options.group_size <= 1 || why.ok()) return why;
   StatusOr<std::unique_ptr<LighthouseClient>> client =
-      LighthouseClient::Connect(LighthouseClientOptionsFor(config, token));
-  const Status told =
-      client.ok()
-          ? (*client)->StoreSet(FailedKey(config, learner_id, config.group_rank), FailureValue(why))
-          : client.status();
+      LighthouseClient::Connect(LighthouseClientOptionsFor(options, token));
+  const Status told = client.ok()
+                          ? (*client)->StoreSet(FailedKey(options, learner_id, options.group_rank),
+                                                FailureValue(why))
+                          : client.status();
   if (!told.ok()) {
     spdlog::warn(
         "learner '{}' group rank {}: could not tell the group's other ranks why it did "
         "not start ({}); they wait up to quorum_timeout_ms",
-        learner_id, config.group_rank, told);
+        learner_id, options.group_rank, told);
   }
   return why;
 }
 
-std::optional<Status> ToldFailure(RendezvousStore& told, const Config& config,
+std::optional<Status> ToldFailure(RendezvousStore& told, const AgentOptions& options,
                                   const std::string& learner_id, int64_t rank,
                                   int64_t since_unix_ms) {
-  StatusOr<std::string> value = told.Get(FailedKey(config, learner_id, rank), 1);
+  StatusOr<std::string> value = told.Get(FailedKey(options, learner_id, rank), 1);
   if (!value.ok()) return std::nullopt;
   // "<code> <unix ms> <message>"
   const size_t first = value->find(' ');
@@ -225,25 +228,26 @@ std::optional<Status> ToldFailure(RendezvousStore& told, const Config& config,
   if (second == std::string::npos) return std::nullopt;
   int code = std::atoi(value->substr(0, first).c_str());
   const int64_t at = std::atoll(value->substr(first + 1, second - first - 1).c_str());
-  if (at < since_unix_ms - config.quorum_timeout_ms) return std::nullopt;  // an earlier start's
+  if (at < since_unix_ms - options.quorum_timeout_ms) return std::nullopt;  // an earlier start's
   if (code <= 0 || code > static_cast<int>(StatusCode::kUnauthenticated)) {
     code = static_cast<int>(StatusCode::kUnknown);
   }
   return Status(static_cast<StatusCode>(code), value->substr(second + 1));
 }
 
-std::optional<Status> CouldNotStartAsTold(RendezvousStore& told, const Config& config,
+std::optional<Status> CouldNotStartAsTold(RendezvousStore& told, const AgentOptions& options,
                                           const std::string& learner_id, int64_t rank,
                                           int64_t since_unix_ms) {
-  std::optional<Status> failed = ToldFailure(told, config, learner_id, rank, since_unix_ms);
+  std::optional<Status> failed = ToldFailure(told, options, learner_id, rank, since_unix_ms);
   if (!failed) return std::nullopt;
   return Status(failed->code(),
                 fmt::format("learner '{}' group rank {}: group rank {} could not start: {}",
-                            learner_id, config.group_rank, rank, failed->message()));
+                            learner_id, options.group_rank, rank, failed->message()));
 }
 
-void ForgetToldFailure(RendezvousStore& told, const Config& config, const std::string& learner_id) {
-  (void)told.Delete(FailedKey(config, learner_id, config.group_rank), /*prefix=*/false);
+void ForgetToldFailure(RendezvousStore& told, const AgentOptions& options,
+                       const std::string& learner_id) {
+  (void)told.Delete(FailedKey(options, learner_id, options.group_rank), /*prefix=*/false);
 }
 
 StatusOr<std::unique_ptr<RendezvousStore>> OpenGroupOrLighthouseStore(
@@ -253,12 +257,12 @@ StatusOr<std::unique_ptr<RendezvousStore>> OpenGroupOrLighthouseStore(
       std::make_unique<LighthouseRendezvousStore>(client, clock));
 }
 
-std::unique_ptr<LearnerAgent> NewGroupRankAgent(std::string id, int64_t rank, const Clock& clock,
+std::unique_ptr<LearnerAgent> NewGroupRankAgent(std::string id, const AgentOptions& options,
+                                                const std::string& token, const Clock& clock,
                                                 std::unique_ptr<LighthouseClient> client,
-                                                GroupStoreOpener group_store,
-                                                AgentSecrets secrets) {
-  return std::make_unique<GroupRankAgent>(std::move(id), rank, clock, std::move(client),
-                                          std::move(group_store), std::move(secrets));
+                                                GroupStoreOpener group_store) {
+  return std::make_unique<GroupRankAgent>(std::move(id), options, token, clock, std::move(client),
+                                          std::move(group_store));
 }
 
 }  // namespace mend

@@ -11,9 +11,9 @@
 #include <string_view>
 #include <vector>
 
+#include "mend/agent_options.h"
 #include "mend/clock.h"
 #include "mend/communicator.h"
-#include "mend/config.h"
 #include "mend/learner_agent.h"
 #include "mend/lighthouse_client.h"
 #include "mend/status.h"
@@ -31,37 +31,38 @@ namespace mend {
 // `told` (optional) is the lighthouse's store, where a rank that could not
 // start tells why (TellGroupRanks).
 [[nodiscard]] StatusOr<std::vector<std::string>> ShareWithGroupRanks(
-    RendezvousStore& store, RendezvousStore* told, const Clock& clock, const Config& config,
+    RendezvousStore& store, RendezvousStore* told, const Clock& clock, const AgentOptions& options,
     const std::string& learner_id, const std::string& prefix, const std::string& mine,
     bool only_rank0_waits, std::string_view missing);
 
 // Tells the other ranks of learner `learner_id`'s group that this rank
-// (config.group_rank) could not start, and why, at
+// (options.group_rank) could not start, and why, at
 // <GroupStorePrefix>failed/<group_store>/<group_rank> in the lighthouse's store (the
 // group's own store may be gone with rank 0): a rank waiting for this one
 // (ShareWithGroupRanks, or a group store that rank 0 never served) ends its
 // wait with `why` (its code and message) instead of at quorum_timeout_ms.
 // Best effort: one call, bounded by rpc_timeout_ms. Returns `why`; does
 // nothing for a learner of one rank.
-Status TellGroupRanks(const Config& config, const std::string& token, const std::string& learner_id,
-                      Status why);
+Status TellGroupRanks(const AgentOptions& options, const std::string& token,
+                      const std::string& learner_id, Status why);
 
 // What group rank `rank` of learner `learner_id` told (TellGroupRanks) in
 // `told` (the lighthouse's store) since this start of the group could have
 // begun (quorum_timeout_ms before `since_unix_ms`): a told failure older
 // than that is an earlier start's and is passed over. Null when none.
-std::optional<Status> ToldFailure(RendezvousStore& told, const Config& config,
+std::optional<Status> ToldFailure(RendezvousStore& told, const AgentOptions& options,
                                   const std::string& learner_id, int64_t rank,
                                   int64_t since_unix_ms);
 // What group rank `rank` told (ToldFailure), as the error of this rank's
-// (config.group_rank's) wait for it: "learner '<id>' group rank <mine>:
+// (options.group_rank's) wait for it: "learner '<id>' group rank <mine>:
 // group rank <rank> could not start: <its message>", with its code. Null
 // when it told nothing.
-std::optional<Status> CouldNotStartAsTold(RendezvousStore& told, const Config& config,
+std::optional<Status> CouldNotStartAsTold(RendezvousStore& told, const AgentOptions& options,
                                           const std::string& learner_id, int64_t rank,
                                           int64_t since_unix_ms);
 // Removes what this rank told at an earlier start of its group.
-void ForgetToldFailure(RendezvousStore& told, const Config& config, const std::string& learner_id);
+void ForgetToldFailure(RendezvousStore& told, const AgentOptions& options,
+                       const std::string& learner_id);
 // The wall clock, for ToldFailure.
 int64_t UnixMillis();
 // Whether a store call's error means the store is not up yet, or went away
@@ -82,18 +83,19 @@ struct AgentSecrets {
   std::string data_plane;   // LearnerAgent::data_plane_secret (dataplane_encrypt)
   std::string checkpoints;  // LearnerAgent::checkpoint_secret (checkpoint_authenticate)
 
-  static AgentSecrets Of(const Config& config, const std::string& token) {
-    return {config.dataplane_encrypt ? token : "", config.checkpoint_authenticate ? token : ""};
+  static AgentSecrets Of(const AgentOptions& options, const std::string& token) {
+    return {options.dataplane_encrypt ? token : "", options.checkpoint_authenticate ? token : ""};
   }
 };
 
-// The agent of group rank `rank` > 0 of learner `id`: it neither registers
-// nor heartbeats (group rank 0 speaks for the group) and learns the rounds
-// from its group (reducer/learner_group.h); it keeps `client` for the store,
-// where the rounds' communicators rendezvous, and the learner's secrets.
-// `clock` must outlive it.
-std::unique_ptr<LearnerAgent> NewGroupRankAgent(std::string id, int64_t rank, const Clock& clock,
+// The agent of group rank options.group_rank > 0 of learner `id`: it neither
+// registers nor heartbeats (group rank 0 speaks for the group) and learns the
+// rounds from its group (reducer/learner_group.h); it keeps `client` for the
+// store, where the rounds' communicators rendezvous, and the learner's
+// secrets (from `token`). `clock` must outlive it.
+std::unique_ptr<LearnerAgent> NewGroupRankAgent(std::string id, const AgentOptions& options,
+                                                const std::string& token, const Clock& clock,
                                                 std::unique_ptr<LighthouseClient> client,
-                                                GroupStoreOpener group_store, AgentSecrets secrets);
+                                                GroupStoreOpener group_store);
 
 }  // namespace mend

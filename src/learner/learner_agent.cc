@@ -18,21 +18,22 @@
 
 namespace mend {
 
-LearnerAgentImpl::LearnerAgentImpl(const Config& config, const std::string& token,
+LearnerAgentImpl::LearnerAgentImpl(const AgentOptions& options, const std::string& token,
                                    const LearnerIdentity& identity, const Clock& clock,
                                    std::unique_ptr<LighthouseClient> client,
                                    GroupStoreOpener group_store)
-    : group_store_(std::move(group_store)),
+    : options_(options),
+      group_store_(std::move(group_store)),
       identity_(identity),
       clock_(clock),
-      address_(config.lighthouse),
+      address_(options.lighthouse),
       token_(token),
-      secrets_(AgentSecrets::Of(config, token)),
-      use_udp_(config.control_plane == ControlPlane::kUdp),
-      synchronous_(!config.concurrent_outer_step),
+      secrets_(AgentSecrets::Of(options, token)),
+      use_udp_(options.control_plane == ControlPlane::kUdp),
+      synchronous_(!options.concurrent_outer_step),
       client_(std::move(client)),
-      heartbeat_interval_(config.heartbeat_ms * kMicrosPerMilli),
-      heartbeat_timeout_(config.heartbeat_timeout_ms * kMicrosPerMilli),
+      heartbeat_interval_(options.heartbeat_ms * kMicrosPerMilli),
+      heartbeat_timeout_(options.heartbeat_timeout_ms * kMicrosPerMilli),
       grpc_(NewGrpcControlChannel(*client_, clock_,
                                   [this](const HeartbeatAck& ack) { OnAck(ack); })) {}
 
@@ -296,65 +297,55 @@ void LearnerAgentImpl::TryRegister() {
   if (coordinator::DatagramLink* link = Link()) link->Attach(session);
 }
 
-std::string GroupStorePrefix(const Config& config, const std::string& learner_id) {
+std::string GroupStorePrefix(const AgentOptions& options, const std::string& learner_id) {
   const char* restarts = std::getenv("TORCHELASTIC_RESTART_COUNT");
-  return fmt::format("{}/group/{}/{}.{}/", config.job_id, learner_id, config.group_generation,
+  return fmt::format("{}/group/{}/{}.{}/", options.job_id, learner_id, options.group_generation,
                      restarts != nullptr && *restarts != '\0' ? restarts : "0");
 }
 
-LighthouseClientOptions LighthouseClientOptionsFor(const Config& config, const std::string& token) {
-  return {config.lighthouse, token, config.tls_ca_file, config.rpc_timeout_ms * kMicrosPerMilli};
+LighthouseClientOptions LighthouseClientOptionsFor(const AgentOptions& options,
+                                                   const std::string& token) {
+  return {options.lighthouse, token, options.tls_ca_file, options.rpc_timeout_ms * kMicrosPerMilli};
 }
 
-StatusOr<std::unique_ptr<LearnerAgent>> LearnerAgent::Start(const Config& config,
+StatusOr<std::unique_ptr<LearnerAgent>> LearnerAgent::Start(const AgentOptions& options,
                                                             const std::string& token,
                                                             const LearnerIdentity& identity,
                                                             const Clock& clock,
                                                             GroupStoreOpener group_store) {
-  // Every rule that ties keys together, before anything reaches the lighthouse.
-  MEND_ASSIGN_OR_RETURN(ValidConfig valid, ValidConfig::Check(config));
-  return Start(valid, token, identity, clock, std::move(group_store));
-}
-
-StatusOr<std::unique_ptr<LearnerAgent>> LearnerAgent::Start(const ValidConfig& valid,
-                                                            const std::string& token,
-                                                            const LearnerIdentity& identity,
-                                                            const Clock& clock,
-                                                            GroupStoreOpener group_store) {
-  const Config& config = valid;
   MEND_ASSIGN_OR_RETURN(auto client,
-                        LighthouseClient::Connect(LighthouseClientOptionsFor(config, token)));
+                        LighthouseClient::Connect(LighthouseClientOptionsFor(options, token)));
   LearnerIdentity full = identity;
-  if (full.job_id.empty()) full.job_id = config.job_id;
-  if (full.rack.empty()) full.rack = config.rack;
-  full.group_size = static_cast<uint32_t>(config.group_size);
-  if (full.job_settings.empty()) full.job_settings = SharedSettings(config);
-  if (config.group_size > 1) {
+  if (full.job_id.empty()) full.job_id = options.job_id;
+  if (full.rack.empty()) full.rack = options.rack;
+  full.group_size = static_cast<uint32_t>(options.group_size);
+  if (full.job_settings.empty()) full.job_settings = options.job_settings;
+  if (options.group_size > 1) {
     // Where the ranks tell why they could not start: what this rank told at
     // an earlier start of its group is not news.
     LighthouseRendezvousStore told(*client, clock);
-    ForgetToldFailure(told, config, full.id);
+    ForgetToldFailure(told, options, full.id);
     MEND_ASSIGN_OR_RETURN(std::unique_ptr<RendezvousStore> store,
                           OpenGroupOrLighthouseStore(group_store, *client, clock));
     // Rank 0 registers every rank's data-plane host, once all have started.
     MEND_ASSIGN_OR_RETURN(
         full.rank_addresses,
-        ShareWithGroupRanks(*store, &told, clock, config, full.id,
-                            GroupStorePrefix(config, full.id) + "address/", config.dataplane_host,
+        ShareWithGroupRanks(*store, &told, clock, options, full.id,
+                            GroupStorePrefix(options, full.id) + "address/", options.dataplane_host,
                             /*only_rank0_waits=*/true, "'s data-plane address did not come"));
   } else {
-    full.rank_addresses = {config.dataplane_host};
+    full.rank_addresses = {options.dataplane_host};
   }
-  if (config.group_rank > 0) {
-    return NewGroupRankAgent(full.id, config.group_rank, clock, std::move(client),
-                             std::move(group_store), AgentSecrets::Of(config, token));
+  if (options.group_rank > 0) {
+    return NewGroupRankAgent(full.id, options, token, clock, std::move(client),
+                             std::move(group_store));
   }
-  auto agent = std::make_unique<LearnerAgentImpl>(config, token, full, clock, std::move(client),
+  auto agent = std::make_unique<LearnerAgentImpl>(options, token, full, clock, std::move(client),
                                                   std::move(group_store));
-  MEND_RETURN_IF_ERROR(agent->FirstRegistration(config.lighthouse_wait_ms * kMicrosPerMilli));
+  MEND_RETURN_IF_ERROR(agent->FirstRegistration(options.lighthouse_wait_ms * kMicrosPerMilli));
   spdlog::info("learner '{}': data plane {}", full.id,
-               config.dataplane_encrypt ? "secure (AES-256-GCM, keys from the job token)"
-                                        : "in the clear (dataplane_encrypt = false)");
+               options.dataplane_encrypt ? "secure (AES-256-GCM, keys from the job token)"
+                                         : "in the clear (dataplane_encrypt = false)");
   return std::unique_ptr<LearnerAgent>(std::move(agent));
 }
 

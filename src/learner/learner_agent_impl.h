@@ -24,7 +24,6 @@
 #include "learner/datagram_link.h"
 #include "learner/group_ranks.h"
 #include "mend/clock.h"
-#include "mend/config.h"
 #include "mend/learner_agent.h"
 #include "mend/lighthouse_client.h"
 #include "mend/status.h"
@@ -35,9 +34,9 @@ class LearnerAgentImpl final : public LearnerAgent {
  public:
   // `clock` is not owned and must outlive the agent; every wait and
   // timestamp of the agent is on it.
-  LearnerAgentImpl(const Config& config, const std::string& token, const LearnerIdentity& identity,
-                   const Clock& clock, std::unique_ptr<LighthouseClient> client,
-                   GroupStoreOpener group_store);
+  LearnerAgentImpl(const AgentOptions& options, const std::string& token,
+                   const LearnerIdentity& identity, const Clock& clock,
+                   std::unique_ptr<LighthouseClient> client, GroupStoreOpener group_store);
   ~LearnerAgentImpl() override { Stop(); }
 
   // Registers, retrying in the background; waits up to `wait` for the
@@ -73,6 +72,7 @@ class LearnerAgentImpl final : public LearnerAgent {
   }
   std::string data_plane_secret() const override { return secrets_.data_plane; }
   std::string checkpoint_secret() const override { return secrets_.checkpoints; }
+  const AgentOptions& options() const override { return options_; }
 
  private:
   static constexpr size_t kMaxBufferedStepTimes = 1024;
@@ -164,6 +164,7 @@ class LearnerAgentImpl final : public LearnerAgent {
   }
 
   // Constant after construction.
+  const AgentOptions options_;
   const GroupStoreOpener group_store_;
   const LearnerIdentity identity_;
   const Clock& clock_;

@@ -39,13 +39,12 @@ class DataParallelImpl final : public DataParallel {
       // The group's own: its ranks, inside the rack (no emulated link).
       CommunicatorOptions options = reducer::CommunicatorOptionsFrom(config_);
       options.link = {};
-      options.prefix = GroupStorePrefix(config_, agent_.id()) + "ddp/";
+      options.prefix = GroupStorePrefix(agent_.options(), agent_.id()) + "ddp/";
       options.secret = agent_.data_plane_secret();
       options.rank = static_cast<int>(config_.group_rank);
       options.world_size = static_cast<int>(config_.group_size);
       LighthouseRendezvousStore told(agent_.client(), agent_.clock());
-      MEND_RETURN_IF_ERROR(reducer::AwaitGroupRanks(*store, &told, agent_.clock(), config_,
-                                                    agent_.id(), options.prefix));
+      MEND_RETURN_IF_ERROR(reducer::AwaitGroupRanks(*store, &told, agent_, options.prefix));
       MEND_ASSIGN_OR_RETURN(comm_, Communicator::Connect(*store, options));
       stats_.rank = static_cast<uint32_t>(options.rank);
       stats_.world_size = static_cast<uint32_t>(options.world_size);

@@ -112,8 +112,7 @@ StatusOr<std::unique_ptr<LighthouseClient>> ConnectWhenUp(
 
 }  // namespace
 
-StatusOr<std::shared_ptr<GroupStoreServer>> GroupStoreServer::Serve(const Config& config,
-                                                                    const std::string& token,
+StatusOr<std::shared_ptr<GroupStoreServer>> GroupStoreServer::Serve(const std::string& token,
                                                                     const std::string& address,
                                                                     const Clock& clock) {
   MEND_RETURN_IF_ERROR(CheckHostPort(address, "group_store"));
@@ -129,39 +128,39 @@ StatusOr<std::shared_ptr<GroupStoreServer>> GroupStoreServer::Serve(const Config
     MutexLock lock(registry.mutex);
     registry.servers[bound] = store;
   }
-  spdlog::info("group rank {} serves the group's store on {}", config.group_rank, bound);
+  spdlog::info("this group rank serves the group's store on {}", bound);
   return std::shared_ptr<GroupStoreServer>(std::move(store));
 }
 
-StatusOr<GroupStoreOpener> GroupStoreFromConfig(const Config& config, const std::string& token,
-                                                const Clock& clock, const std::string& learner_id) {
-  if (config.group_store.empty()) return GroupStoreOpener();
-  MEND_RETURN_IF_ERROR(CheckHostPort(config.group_store, "group_store"));
+StatusOr<GroupStoreOpener> GroupStoreOpenerFor(const AgentOptions& options,
+                                               const std::string& token, const Clock& clock,
+                                               const std::string& learner_id) {
+  if (options.group_store.empty()) return GroupStoreOpener();
+  MEND_RETURN_IF_ERROR(CheckHostPort(options.group_store, "group_store"));
   std::shared_ptr<GroupStoreServer> server;
-  std::string address = config.group_store;
-  if (config.group_rank == 0) {
-    server = Served(config.group_store);
+  std::string address = options.group_store;
+  if (options.group_rank == 0) {
+    server = Served(options.group_store);
     if (!server) {
-      MEND_ASSIGN_OR_RETURN(server,
-                            GroupStoreServer::Serve(config, token, config.group_store, clock));
+      MEND_ASSIGN_OR_RETURN(server, GroupStoreServer::Serve(token, options.group_store, clock));
     }
     address = server->address();
   }
-  const Micros rpc_timeout = config.rpc_timeout_ms * kMicrosPerMilli;
-  const Micros timeout = config.quorum_timeout_ms * kMicrosPerMilli;
+  const Micros rpc_timeout = options.rpc_timeout_ms * kMicrosPerMilli;
+  const Micros timeout = options.quorum_timeout_ms * kMicrosPerMilli;
   // A rank other than 0 waits for rank 0's store; rank 0 may have told the
   // lighthouse meanwhile that it could not start.
   std::function<Status()> gave_up;
-  if (config.group_rank != 0 && !learner_id.empty() && !config.lighthouse.empty()) {
+  if (options.group_rank != 0 && !learner_id.empty() && !options.lighthouse.empty()) {
     // (A connection of its own each time: the opener may be called from
     // several threads at once, and this runs only while rank 0's store is
     // not up.)
-    gave_up = [config, token, learner_id, &clock, since = UnixMillis()]() -> Status {
+    gave_up = [options, token, learner_id, &clock, since = UnixMillis()]() -> Status {
       StatusOr<std::unique_ptr<LighthouseClient>> told =
-          LighthouseClient::Connect(LighthouseClientOptionsFor(config, token));
+          LighthouseClient::Connect(LighthouseClientOptionsFor(options, token));
       if (!told.ok()) return OkStatus();
       LighthouseRendezvousStore store(**told, clock);
-      std::optional<Status> failed = CouldNotStartAsTold(store, config, learner_id, 0, since);
+      std::optional<Status> failed = CouldNotStartAsTold(store, options, learner_id, 0, since);
       return failed ? *failed : OkStatus();
     };
   }

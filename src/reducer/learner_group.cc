@@ -15,7 +15,6 @@
 #include "mend/checkpoint.h"
 #include "nlohmann/json.hpp"
 #include "reducer/group_round_services.h"
-#include "reducer/options_from_config.h"
 #include "spdlog/spdlog.h"
 
 namespace mend::reducer {
@@ -137,24 +136,24 @@ class SlicedMoments final : public FlatMoments {
 
 }  // namespace
 
-Status AwaitGroupRanks(RendezvousStore& store, RendezvousStore* told, const Clock& clock,
-                       const Config& config, const std::string& learner_id,
+Status AwaitGroupRanks(RendezvousStore& store, RendezvousStore* told, const LearnerAgent& agent,
                        const std::string& prefix) {
-  return ShareWithGroupRanks(store, told, clock, config, learner_id, prefix + "here/", "1",
+  return ShareWithGroupRanks(store, told, agent.clock(), agent.options(), agent.id(),
+                             prefix + "here/", "1",
                              /*only_rank0_waits=*/false, " did not start")
       .status();
 }
 
-LearnerGroup::LearnerGroup(const Config& config, LearnerAgent& agent, FlatParameters& full,
+LearnerGroup::LearnerGroup(const RoundOptions& rounds, LearnerAgent& agent, FlatParameters& full,
                            std::string base, std::unique_ptr<RendezvousStore> store,
                            std::unique_ptr<RendezvousStore> decisions)
-    : size_(static_cast<int>(config.group_size)),
-      rank_(static_cast<int>(config.group_rank)),
+    : size_(static_cast<int>(agent.options().group_size)),
+      rank_(static_cast<int>(agent.options().group_rank)),
       base_(std::move(base)),
       inner_(agent),
       full_(full),
       decisions_(std::move(decisions)),
-      decision_margin_(config.collective_timeout_ms * kMicrosPerMilli),
+      decision_margin_(rounds.communicator.timeout),
       store_(std::move(store)) {
   prefix_.push_back(0);
   for (size_t i = 0; i < full.count(); ++i) prefix_.push_back(prefix_.back() + full.numel(i));
@@ -167,15 +166,15 @@ std::unique_ptr<RoundServices> LearnerGroup::RoundServicesOver(std::unique_ptr<R
                             inner_.id());
 }
 
-StatusOr<std::unique_ptr<LearnerGroup>> LearnerGroup::Join(const Config& config,
+StatusOr<std::unique_ptr<LearnerGroup>> LearnerGroup::Join(const RoundOptions& rounds,
                                                            LearnerAgent& agent,
                                                            FlatParameters& full) {
-  std::string base = GroupStorePrefix(config, agent.id());
+  std::string base = GroupStorePrefix(agent.options(), agent.id());
   MEND_ASSIGN_OR_RETURN(std::unique_ptr<RendezvousStore> decisions, agent.OpenGroupStore());
   MEND_ASSIGN_OR_RETURN(std::unique_ptr<RendezvousStore> store, agent.OpenGroupStore());
   std::unique_ptr<LearnerGroup> group(
-      new LearnerGroup(config, agent, full, base, std::move(store), std::move(decisions)));
-  CommunicatorOptions options = CommunicatorOptionsFrom(config);
+      new LearnerGroup(rounds, agent, full, base, std::move(store), std::move(decisions)));
+  CommunicatorOptions options = rounds.communicator;
   options.link = {};  // inside the rack: the emulated cross-rack link is not on this path
   options.prefix = base + "ctx/";
   options.secret = agent.data_plane_secret();
@@ -184,8 +183,7 @@ StatusOr<std::unique_ptr<LearnerGroup>> LearnerGroup::Join(const Config& config,
   for (int r = 0; r < group->size_; ++r)
     options.member_ids.push_back(fmt::format("{} rank {}", agent.id(), r));
   LighthouseRendezvousStore told(agent.client(), agent.clock());
-  MEND_RETURN_IF_ERROR(
-      AwaitGroupRanks(*group->store_, &told, agent.clock(), config, agent.id(), options.prefix));
+  MEND_RETURN_IF_ERROR(AwaitGroupRanks(*group->store_, &told, agent, options.prefix));
   auto comm = Communicator::Connect(*group->store_, options);
   if (!comm.ok()) {
     return Status(comm.status().code(),
@@ -195,7 +193,7 @@ StatusOr<std::unique_ptr<LearnerGroup>> LearnerGroup::Join(const Config& config,
   group->comm_ = std::move(*comm);
   MEND_RETURN_IF_ERROR(group->CheckSameModel());
   MEND_RETURN_IF_ERROR(group->GatherLayout());
-  if (group->layout_.sharded() && !config.checkpoint_dir.empty()) {
+  if (group->layout_.sharded() && !rounds.checkpoints.dir.empty()) {
     return FailedPreconditionError(fmt::format(
         "learner '{}': checkpoint_dir with a model sharded over the group's ranks: its files hold "
         "a whole model, which no rank holds here; save the model, the optimizer and "
@@ -204,9 +202,10 @@ StatusOr<std::unique_ptr<LearnerGroup>> LearnerGroup::Join(const Config& config,
         agent.id()));
   }
   MEND_ASSIGN_OR_RETURN(std::unique_ptr<RendezvousStore> pulse_store, agent.OpenGroupStore());
-  group->pulse_ = std::make_unique<GroupPulse>(
-      std::move(pulse_store), group->base_, group->rank_, group->size_, agent,
-      config.heartbeat_ms * kMicrosPerMilli, config.heartbeat_timeout_ms * kMicrosPerMilli);
+  group->pulse_ =
+      std::make_unique<GroupPulse>(std::move(pulse_store), group->base_, group->rank_, group->size_,
+                                   agent, agent.options().heartbeat_ms * kMicrosPerMilli,
+                                   agent.options().heartbeat_timeout_ms * kMicrosPerMilli);
   spdlog::info(
       "learner '{}': group rank {} of {}, exchanges {} of its {} values ({}; {} shared with "
       "other ranks after a round)",

@@ -38,25 +38,24 @@
 #include <vector>
 
 #include "mend/communicator.h"
-#include "mend/config.h"
 #include "mend/learner_agent.h"
 #include "mend/status.h"
 #include "reducer/flat_state.h"
 #include "reducer/group_layout.h"
 #include "reducer/group_pulse.h"
+#include "reducer/round_options.h"
 #include "reducer/round_services.h"
 
 namespace mend::reducer {
 
-// Waits (up to quorum_timeout_ms on `clock`) until every rank of the group
-// has shown up under `prefix`, before a communicator among them connects
+// Waits (up to quorum_timeout_ms on the agent's clock) until every rank of
+// `agent`'s group has shown up under `prefix`, before a communicator among them connects
 // with its shorter collective timeout: the ranks of a group start apart
 // (process start, loading the model and data).
 // `told` (optional): the lighthouse's store, where a rank that could not
 // start tells why (TellGroupRanks).
 [[nodiscard]] Status AwaitGroupRanks(RendezvousStore& store, RendezvousStore* told,
-                                     const Clock& clock, const Config& config,
-                                     const std::string& learner_id, const std::string& prefix);
+                                     const LearnerAgent& agent, const std::string& prefix);
 
 // The group's keys in the store are under GroupStorePrefix (learner_agent.h).
 
@@ -68,7 +67,7 @@ class LearnerGroup {
   // (rank 0's registered one, or a group rank's, see LearnerAgent::Start)
   // and `full` (this replica's whole model) are not owned and must outlive
   // the group.
-  [[nodiscard]] static StatusOr<std::unique_ptr<LearnerGroup>> Join(const Config& config,
+  [[nodiscard]] static StatusOr<std::unique_ptr<LearnerGroup>> Join(const RoundOptions& rounds,
                                                                     LearnerAgent& agent,
                                                                     FlatParameters& full);
   ~LearnerGroup();
@@ -138,8 +137,9 @@ class LearnerGroup {
  private:
   // `store` and `decisions`: two connections to the group's store, for the
   // training thread and for the round's (rank 0's decisions).
-  LearnerGroup(const Config& config, LearnerAgent& agent, FlatParameters& full, std::string base,
-               std::unique_ptr<RendezvousStore> store, std::unique_ptr<RendezvousStore> decisions);
+  LearnerGroup(const RoundOptions& rounds, LearnerAgent& agent, FlatParameters& full,
+               std::string base, std::unique_ptr<RendezvousStore> store,
+               std::unique_ptr<RendezvousStore> decisions);
   // INVALID_ARGUMENT when another rank's parameter names or shapes differ.
   Status CheckSameModel();
   // Every rank's replica keys and value counts, into layout_.

@@ -15,12 +15,13 @@
 #include <string>
 #include <vector>
 
+#include "mend/agent_options.h"
 #include "mend/clock.h"
-#include "mend/config.h"
 #include "mend/learner_agent.h"
 #include "mend/status.h"
 #include "reducer/flat_state.h"
 #include "reducer/round_driver.h"
+#include "reducer/round_options.h"
 
 namespace mend::reducer {
 
@@ -39,13 +40,15 @@ struct LearnerSessionOptions {
 
 class LearnerSession {
  public:
-  // Registers learner `options.learner_id` of `config`'s job (the agent
-  // starts; an unreachable lighthouse is retried in the background, a fatal
-  // refusal returned). INVALID_ARGUMENT for a data-plane host that is not
+  // Registers learner `options.learner_id` (its agent, of `agent`, starts;
+  // an unreachable lighthouse is retried in the background, a fatal refusal
+  // returned); `driver` is what CreateDriver makes its rounds of. A front end
+  // makes both of a checked configuration (AgentOptionsOf,
+  // RoundDriverOptionsOf). INVALID_ARGUMENT for a data-plane host that is not
   // an address; the group's store's and the agent's errors as they are.
   // Whatever the error, a rank of a group first tells the others.
   [[nodiscard]] static StatusOr<std::unique_ptr<LearnerSession>> Start(
-      const ValidConfig& config, LearnerSessionOptions options);
+      AgentOptions agent, RoundDriverOptions driver, LearnerSessionOptions options);
   ~LearnerSession();
   LearnerSession(const LearnerSession&) = delete;
   LearnerSession& operator=(const LearnerSession&) = delete;
@@ -53,7 +56,7 @@ class LearnerSession {
   LearnerAgent& agent() { return *agent_; }
 
   // The round driver over `parameters` (RoundDriver::Create, on the
-  // session's config and clock); it must not outlive the session. On error,
+  // session's driver options and clock); it must not outlive the session. On error,
   // Fail().
   [[nodiscard]] StatusOr<std::unique_ptr<RoundDriver>> CreateDriver(
       std::unique_ptr<FlatParameters> parameters, std::unique_ptr<FlatMoments> moments,
@@ -65,9 +68,10 @@ class LearnerSession {
   [[nodiscard]] Status Fail(Status why);
 
  private:
-  LearnerSession(const ValidConfig& config, LearnerSessionOptions options);
+  LearnerSession(AgentOptions agent, RoundDriverOptions driver, LearnerSessionOptions options);
 
-  const ValidConfig config_;
+  const AgentOptions agent_options_;
+  const RoundDriverOptions driver_options_;
   const LearnerSessionOptions options_;
   std::unique_ptr<LearnerAgent> agent_;
 };

@@ -97,4 +97,17 @@ CodecOptions CodecOptionsFrom(const Config& config) {
           static_cast<size_t>(config.topk_chunk_size), static_cast<size_t>(config.topk_k)};
 }
 
+StatusOr<RoundDriverOptions> RoundDriverOptionsOf(const ValidConfig& valid) {
+  const Config& config = valid;
+  MEND_ASSIGN_OR_RETURN(FragmentSchedule schedule,
+                        FragmentSchedule::Make(config.fragments, config.sync_period_steps));
+  return RoundDriverOptions{MakeRoundOptions(config, schedule), schedule, CodecOptionsFrom(config)};
+}
+
+StatusOr<std::unique_ptr<LearnerSession>> StartLearnerSession(const ValidConfig& config,
+                                                              LearnerSessionOptions options) {
+  MEND_ASSIGN_OR_RETURN(RoundDriverOptions driver, RoundDriverOptionsOf(config));
+  return LearnerSession::Start(AgentOptionsOf(config), std::move(driver), std::move(options));
+}
+
 }  // namespace mend::reducer

@@ -8,11 +8,13 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 #include "mend/codec.h"
 #include "mend/communicator.h"
 #include "mend/config.h"
 #include "reducer/fragments.h"
+#include "reducer/learner_session.h"
 #include "reducer/round_options.h"
 
 namespace mend::reducer {
@@ -31,5 +33,13 @@ CommunicatorOptions CommunicatorOptionsFrom(const Config& config);
 
 // The codec the configuration names (codec, codec_block_size, topk_*).
 CodecOptions CodecOptionsFrom(const Config& config);
+
+// What RoundDriver::Create takes, of a checked configuration.
+StatusOr<RoundDriverOptions> RoundDriverOptionsOf(const ValidConfig& config);
+
+// LearnerSession::Start with the agent's and the round driver's options of
+// `config`: how a front end starts a learner.
+StatusOr<std::unique_ptr<LearnerSession>> StartLearnerSession(const ValidConfig& config,
+                                                              LearnerSessionOptions options);
 
 }  // namespace mend::reducer

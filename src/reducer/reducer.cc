@@ -11,6 +11,7 @@
 #include "core/status_format.h"
 #include "fmt/format.h"
 #include "reducer/moments.h"
+#include "reducer/options_from_config.h"
 #include "reducer/round_driver.h"
 #include "torch/nn/module.h"
 
@@ -154,9 +155,11 @@ StatusOr<std::unique_ptr<Reducer>> Reducer::Create(const ValidConfig& config,
     flat_moments = std::make_unique<reducer::AdamMoments>(std::move(moments), std::move(numels));
   auto flat = std::make_unique<TensorParameters>(std::move(tensors), std::move(names));
   const TensorParameters* view = flat.get();
-  MEND_ASSIGN_OR_RETURN(std::unique_ptr<reducer::RoundDriver> driver,
-                        reducer::RoundDriver::Create(config, agent, agent.clock(), std::move(flat),
-                                                     std::move(flat_moments), start_step));
+  MEND_ASSIGN_OR_RETURN(reducer::RoundDriverOptions options, reducer::RoundDriverOptionsOf(config));
+  MEND_ASSIGN_OR_RETURN(
+      std::unique_ptr<reducer::RoundDriver> driver,
+      reducer::RoundDriver::Create(std::move(options), agent, agent.clock(), std::move(flat),
+                                   std::move(flat_moments), start_step));
   return std::unique_ptr<Reducer>(std::make_unique<ReducerImpl>(std::move(driver), view));
 }
 

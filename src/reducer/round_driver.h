@@ -21,11 +21,11 @@
 #include <vector>
 
 #include "mend/clock.h"
-#include "mend/config.h"
 #include "mend/learner_agent.h"
 #include "mend/reducer_stats.h"
 #include "mend/status.h"
 #include "reducer/flat_state.h"
+#include "reducer/round_options.h"
 #include "reducer/round_services.h"
 
 namespace mend::reducer {
@@ -60,16 +60,12 @@ class RoundDriver {
   // `agent` and `clock` are not owned and must outlive the driver. The rounds
   // go through `services` (tests: fakes), or, when null, through the
   // lighthouse's (LighthouseRoundServices over `agent` and `clock`); in a
-  // group, through its ranks' shared decisions over them.
-  // INVALID_ARGUMENT for a bad configuration, no parameters, or a checkpoint
-  // that does not fit the model.
+  // group, through its ranks' shared decisions over them. The checkpoints
+  // are authenticated with the agent's checkpoint_secret().
+  // INVALID_ARGUMENT for a codec that cannot be made, no parameters, or a
+  // checkpoint that does not fit the model.
   [[nodiscard]] static StatusOr<std::unique_ptr<RoundDriver>> Create(
-      const ValidConfig& config, LearnerAgent& agent, const Clock& clock,
-      std::unique_ptr<FlatParameters> parameters, std::unique_ptr<FlatMoments> moments,
-      uint64_t start_step, std::unique_ptr<RoundServices> services = nullptr);
-  // The same for a configuration not checked yet: checked first.
-  [[nodiscard]] static StatusOr<std::unique_ptr<RoundDriver>> Create(
-      const Config& config, LearnerAgent& agent, const Clock& clock,
+      RoundDriverOptions options, LearnerAgent& agent, const Clock& clock,
       std::unique_ptr<FlatParameters> parameters, std::unique_ptr<FlatMoments> moments,
       uint64_t start_step, std::unique_ptr<RoundServices> services = nullptr);
   // Without shutdown(): a round in flight is called off and dropped.

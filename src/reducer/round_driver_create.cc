@@ -5,7 +5,6 @@
 
 #include "core/status_format.h"
 #include "fmt/ranges.h"
-#include "reducer/options_from_config.h"
 #include "reducer/round_driver_impl.h"
 #include "xxhash.h"
 
@@ -41,41 +40,31 @@ std::string ParametersSetting(const std::vector<std::vector<int64_t>>& shapes) {
 }
 
 StatusOr<std::unique_ptr<RoundDriver>> RoundDriver::Create(
-    const Config& config, LearnerAgent& agent, const Clock& clock,
+    RoundDriverOptions options, LearnerAgent& agent, const Clock& clock,
     std::unique_ptr<FlatParameters> parameters, std::unique_ptr<FlatMoments> moments,
     uint64_t start_step, std::unique_ptr<RoundServices> services) {
-  MEND_ASSIGN_OR_RETURN(ValidConfig valid, ValidConfig::Check(config));
-  return Create(valid, agent, clock, std::move(parameters), std::move(moments), start_step,
-                std::move(services));
-}
-
-StatusOr<std::unique_ptr<RoundDriver>> RoundDriver::Create(
-    const ValidConfig& valid, LearnerAgent& agent, const Clock& clock,
-    std::unique_ptr<FlatParameters> parameters, std::unique_ptr<FlatMoments> moments,
-    uint64_t start_step, std::unique_ptr<RoundServices> services) {
-  const Config& config = valid;
-  MEND_ASSIGN_OR_RETURN(FragmentSchedule schedule,
-                        FragmentSchedule::Make(config.fragments, config.sync_period_steps));
-  MEND_ASSIGN_OR_RETURN(std::unique_ptr<Codec> codec, MakeCodec(CodecOptionsFrom(config)));
+  RoundOptions& rounds = options.rounds;
+  rounds.checkpoints.secret = agent.checkpoint_secret();
+  MEND_ASSIGN_OR_RETURN(std::unique_ptr<Codec> codec, MakeCodec(options.codec));
   std::unique_ptr<RoundPolicy> policy = SingleRankPolicy();
-  if (config.group_size > 1) {
+  if (agent.options().group_size > 1) {
     if (parameters->count() == 0)
       return InvalidArgumentError("reducer: the model has no parameters");
     MEND_ASSIGN_OR_RETURN(std::unique_ptr<LearnerGroup> group,
-                          LearnerGroup::Join(config, agent, *parameters));
+                          LearnerGroup::Join(rounds, agent, *parameters));
     std::unique_ptr<FlatParameters> slice = group->Slice();
     std::unique_ptr<FlatMoments> moment_slice = moments ? group->Slice(*moments) : nullptr;
     policy = GroupPolicy(std::move(group), std::move(parameters), std::move(moments));
     parameters = std::move(slice);
     moments = std::move(moment_slice);
   }
-  auto driver = std::make_unique<RoundDriverImpl>(
-      config, clock, agent.id(), agent.checkpoint_secret(), schedule, std::move(codec),
-      std::move(policy), std::move(parameters), std::move(moments));
   if (!services) {
-    services = LighthouseRoundServices(agent, clock, config.collective_timeout_ms * kMicrosPerMilli,
-                                       config.train_through_lighthouse_outage);
+    services = LighthouseRoundServices(agent, clock, rounds.communicator.timeout,
+                                       rounds.train_through_lighthouse_outage);
   }
+  auto driver = std::make_unique<RoundDriverImpl>(
+      std::move(rounds), clock, agent.id(), options.schedule, std::move(codec), std::move(policy),
+      std::move(parameters), std::move(moments));
   MEND_RETURN_IF_ERROR(driver->Init(start_step, std::move(services)));
   return std::unique_ptr<RoundDriver>(std::move(driver));
 }

@@ -21,7 +21,6 @@
 #include <string_view>
 
 #include "mend/codec.h"
-#include "mend/config.h"
 #include "outer/overlap_tuner.h"
 #include "reducer/diagnostics.h"
 #include "reducer/flights.h"
@@ -38,13 +37,11 @@ class RoundDriverImpl final : public RoundDriver {
  public:
   // `policy` owns what a group needs (its LearnerGroup and whole model);
   // `parameters` are this rank's (a group's slice); `learner_id` names its
-  // checkpoints.
-  // `checkpoint_secret`: what its checkpoints are authenticated with
-  // (LearnerAgent::checkpoint_secret).
-  RoundDriverImpl(const Config& config, const Clock& clock, std::string learner_id,
-                  std::string checkpoint_secret, FragmentSchedule schedule,
-                  std::unique_ptr<Codec> codec, std::unique_ptr<RoundPolicy> policy,
-                  std::unique_ptr<FlatParameters> parameters, std::unique_ptr<FlatMoments> moments);
+  // checkpoints, which `options.checkpoints.secret` authenticates.
+  RoundDriverImpl(RoundOptions options, const Clock& clock, std::string learner_id,
+                  FragmentSchedule schedule, std::unique_ptr<Codec> codec,
+                  std::unique_ptr<RoundPolicy> policy, std::unique_ptr<FlatParameters> parameters,
+                  std::unique_ptr<FlatMoments> moments);
   // Without shutdown() (the caller is unwinding): the rounds in flight are
   // called off and their results dropped (Flights goes first).
   ~RoundDriverImpl() override = default;

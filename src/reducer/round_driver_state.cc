@@ -4,19 +4,18 @@
 
 #include "core/status_format.h"
 #include "fmt/format.h"
-#include "reducer/options_from_config.h"
 #include "reducer/round_driver_impl.h"
 #include "spdlog/spdlog.h"
 
 namespace mend::reducer {
 
-RoundDriverImpl::RoundDriverImpl(const Config& config, const Clock& clock, std::string learner_id,
-                                 std::string checkpoint_secret, FragmentSchedule schedule,
-                                 std::unique_ptr<Codec> codec, std::unique_ptr<RoundPolicy> policy,
+RoundDriverImpl::RoundDriverImpl(RoundOptions options, const Clock& clock, std::string learner_id,
+                                 FragmentSchedule schedule, std::unique_ptr<Codec> codec,
+                                 std::unique_ptr<RoundPolicy> policy,
                                  std::unique_ptr<FlatParameters> parameters,
                                  std::unique_ptr<FlatMoments> moments)
     : clock_(clock),
-      options_(MakeRoundOptions(config, schedule, std::move(checkpoint_secret))),
+      options_(std::move(options)),
       policy_(std::move(policy)),
       schedule_(schedule),
       parameters_(std::move(parameters)),

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 
+#include "mend/codec.h"
 #include "mend/communicator.h"
 #include "mend/config_enums.h"
 #include "mend/outer_sync.h"
@@ -84,6 +85,15 @@ struct RoundOptions {
   // that one; concurrent mode none in the last fragment period). Every
   // member decides alike, from the round and the job's configuration.
   bool IsFinalMerge(const FragmentSchedule& schedule, uint64_t step, int fragment) const;
+};
+
+// What a round driver is made of (RoundDriver::Create): its rounds, their
+// schedule and the codec of what they exchange. The front ends make it
+// with RoundDriverOptionsOf (reducer/options_from_config.h).
+struct RoundDriverOptions {
+  RoundOptions rounds;
+  FragmentSchedule schedule;
+  CodecOptions codec;
 };
 
 }  // namespace mend::reducer

@@ -16,6 +16,7 @@
 #include "mend/reducer.h"
 #include "reducer/diagnostics.h"
 #include "reducer/learner_session.h"
+#include "reducer/options_from_config.h"
 #include "spdlog/spdlog.h"
 #include "torch/nn/utils/clip_grad.h"
 #include "torch/optim/adamw.h"
@@ -324,7 +325,7 @@ Status TrainRun::Connect(const ValidConfig& job, const std::string& token, const
     for (const at::Tensor& p : model_->parameters())
       session_options.parameter_shapes.push_back(p.sizes().vec());
     MEND_ASSIGN_OR_RETURN(links_.session,
-                          reducer::LearnerSession::Start(job, std::move(session_options)));
+                          reducer::StartLearnerSession(job, std::move(session_options)));
     links_.agent = &links_.session->agent();
     const Status built = [&]() -> Status {
       // Before the reducer: every rank starts from group rank 0's parameters.

@@ -19,6 +19,7 @@
 #include "mend/lighthouse.h"
 #include "mend/lighthouse_client.h"
 #include "nlohmann/json.hpp"
+#include "test_util/job_config.h"
 #include "test_util/wait.h"
 
 namespace mend {
@@ -305,7 +306,8 @@ std::vector<std::unique_ptr<LearnerAgent>> StartAgents(const Config& config,
                                                        const std::vector<std::string>& ids) {
   std::vector<std::unique_ptr<LearnerAgent>> agents;
   for (const auto& id : ids) {
-    auto agent = LearnerAgent::Start(config, kToken, {id, "", "", ""}, *RealClock());
+    auto agent = LearnerAgent::Start(mend::testing_util::AgentOptionsFor(config), kToken,
+                                     {id, "", "", ""}, *RealClock());
     EXPECT_TRUE(agent.ok()) << agent.status();
     agents.push_back(std::move(*agent));
   }
@@ -336,7 +338,8 @@ TEST_P(AgentTransportTest, AnAgentWithAnotherRoundScheduleIsRefusedAtItsStart) {
   ASSERT_EQ(agents.size(), 2u);
   Config other = config;
   other.sync_period_steps = 10;
-  auto refused = LearnerAgent::Start(other, kToken, {"c", "", "", ""}, *RealClock());
+  auto refused = LearnerAgent::Start(mend::testing_util::AgentOptionsFor(other), kToken,
+                                     {"c", "", "", ""}, *RealClock());
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument) << refused.status();
   EXPECT_THAT(std::string(refused.status().message()),
@@ -345,7 +348,8 @@ TEST_P(AgentTransportTest, AnAgentWithAnotherRoundScheduleIsRefusedAtItsStart) {
   Config paced = config;
   paced.concurrent_outer_step = !config.concurrent_outer_step;
   paced.round_threads = 3;
-  auto accepted = LearnerAgent::Start(paced, kToken, {"d", "", "", ""}, *RealClock());
+  auto accepted = LearnerAgent::Start(mend::testing_util::AgentOptionsFor(paced), kToken,
+                                      {"d", "", "", ""}, *RealClock());
   EXPECT_TRUE(accepted.ok()) << accepted.status();
 }
 
@@ -359,7 +363,8 @@ TEST_P(AgentTransportTest, TheOlderOfTwoAgentsOfOneIdStopsAndTheNewerTrains) {
   config.lighthouse = server->grpc_address();
   auto agents = StartAgents(config, {"a", "b"});
   ASSERT_EQ(agents.size(), 2u);
-  auto newer = LearnerAgent::Start(config, kToken, {"a", "", "", ""}, *RealClock());
+  auto newer = LearnerAgent::Start(mend::testing_util::AgentOptionsFor(config), kToken,
+                                   {"a", "", "", ""}, *RealClock());
   ASSERT_TRUE(newer.ok()) << newer.status();
   ASSERT_TRUE(testing_util::WaitFor(20 * kMicrosPerSecond,
                                     [&]() { return !agents[0]->fatal_status().ok(); }));

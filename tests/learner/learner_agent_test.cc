@@ -11,6 +11,7 @@
 #include "learner/learner_agent_impl.h"
 #include "mend/clock.h"
 #include "mend/config.h"
+#include "test_util/job_config.h"
 #include "test_util/wait.h"
 
 namespace mend {
@@ -151,7 +152,7 @@ class LearnerAgentTest : public ::testing::Test {
     client_ = client.get();
     Config config;
     config.lighthouse = "lighthouse.invalid:1";
-    agent_ = std::make_unique<LearnerAgentImpl>(config, "token",
+    agent_ = std::make_unique<LearnerAgentImpl>(testing_util::AgentOptionsFor(config), "token",
                                                 LearnerIdentity{"learner-a", "", "", ""}, clock_,
                                                 std::move(client), nullptr);
   }
@@ -295,30 +296,14 @@ TEST(LearnerAgentSecretTest, TheDataPlaneIsSecureByDefaultAndInTheClearOnlyWhenT
     config.lighthouse = "lighthouse.invalid:1";
     config.dataplane_encrypt = encrypt;
     config.checkpoint_authenticate = !encrypt;
-    LearnerAgentImpl agent(config, "the-job-token-0123", LearnerIdentity{"learner-a", "", "", ""},
-                           clock, std::make_unique<FakeLighthouseClient>(), nullptr);
+    LearnerAgentImpl agent(testing_util::AgentOptionsFor(config), "the-job-token-0123",
+                           LearnerIdentity{"learner-a", "", "", ""}, clock,
+                           std::make_unique<FakeLighthouseClient>(), nullptr);
     EXPECT_EQ(agent.data_plane_secret(), encrypt ? "the-job-token-0123" : "");
     EXPECT_EQ(agent.checkpoint_secret(), encrypt ? "" : "the-job-token-0123");
   }
   EXPECT_TRUE(Config{}.dataplane_encrypt);
   EXPECT_TRUE(Config{}.checkpoint_authenticate);
-}
-
-// Keys that do not go together are refused before anything reaches the
-// lighthouse (here an address where none listens: it would be UNAVAILABLE).
-TEST(LearnerAgentStartTest, RefusesABadConfigurationBeforeContactingTheLighthouse) {
-  Config config;
-  config.lighthouse = "127.0.0.1:1";
-  config.desloc = true;
-  config.fragments = 2;
-  config.rounds_in_flight = 1;
-  auto agent = LearnerAgent::Start(config, "learner-agent-test-token-0123456789",
-                                   LearnerIdentity{"bad-config", "", "", ""}, *RealClock());
-  ASSERT_FALSE(agent.ok());
-  EXPECT_EQ(agent.status().code(), StatusCode::kInvalidArgument) << agent.status();
-  EXPECT_NE(std::string(agent.status().message()).find("desloc = true with fragments = 2"),
-            std::string::npos)
-      << agent.status();
 }
 
 }  // namespace

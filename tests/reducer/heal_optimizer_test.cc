@@ -63,8 +63,8 @@ std::vector<float> Values(const torch::Tensor& t) {
 void Train(Config config, int learner, int rank, int steps, const std::function<void(int)>& gate,
            std::atomic<uint64_t>* rounds, RankLog* log) {
   config.group_rank = rank;
-  auto agent = LearnerAgent::Start(config, kToken, {fmt::format("learner-{}", learner), "", "", ""},
-                                   *RealClock());
+  auto agent = LearnerAgent::Start(mend::testing_util::AgentOptionsFor(config), kToken,
+                                   {fmt::format("learner-{}", learner), "", "", ""}, *RealClock());
   if (!agent.ok()) {
     log->error = agent.status();
     return;

@@ -25,6 +25,7 @@
 #include "nlohmann/json.hpp"
 #include "reducer/round_driver.h"
 #include "reducer/vector_parameters.h"
+#include "test_util/driver_options.h"
 #include "test_util/group_rank.h"
 #include "test_util/job_config.h"
 #include "test_util/lighthouse_outage.h"
@@ -86,8 +87,8 @@ void TrainRank(Config config, int learner, int rank, int steps, RankRun* run, si
     moments = std::make_unique<VectorMoments>(w + 3);
     moments_view = moments.get();
   }
-  auto driver =
-      RoundDriver::Create(config, **agent, clock, std::move(parameters), std::move(moments), 0);
+  auto driver = RoundDriver::Create(mend::testing_util::DriverOptionsFor(config), **agent, clock,
+                                    std::move(parameters), std::move(moments), 0);
   if (!driver.ok()) {
     run->error = driver.status();
     return;
@@ -364,13 +365,15 @@ TEST(LearnerGroupTest, ARankGoneBreaksItsGroupForGood) {
       Config mine = config;
       mine.group_rank = r;
       Rank& rank = ranks[r];
-      auto agent = LearnerAgent::Start(mine, kToken, {"learner-0", "", "", ""}, *RealClock());
+      auto agent = LearnerAgent::Start(mend::testing_util::AgentOptionsFor(mine), kToken,
+                                       {"learner-0", "", "", ""}, *RealClock());
       if (!agent.ok()) {
         rank.error = agent.status();
         return;
       }
       rank.agent = std::move(*agent);
-      auto driver = RoundDriver::Create(mine, *rank.agent, clock, WAndB(1.0f), nullptr, 0);
+      auto driver = RoundDriver::Create(mend::testing_util::DriverOptionsFor(mine), *rank.agent,
+                                        clock, WAndB(1.0f), nullptr, 0);
       if (!driver.ok()) {
         rank.error = driver.status();
         return;
@@ -836,7 +839,8 @@ TEST(LearnerGroupTest, RankZeroRegistersEveryRanksDataPlaneAddress) {
   ASSERT_NE(server, nullptr);
   config.quorum_timeout_ms = 300;
   // Rank 0 registers only once every rank's address has come.
-  auto alone = LearnerAgent::Start(config, kToken, {"learner-0", "", "", ""}, *RealClock());
+  auto alone = LearnerAgent::Start(mend::testing_util::AgentOptionsFor(config), kToken,
+                                   {"learner-0", "", "", ""}, *RealClock());
   ASSERT_FALSE(alone.ok());
   EXPECT_EQ(alone.status().code(), StatusCode::kDeadlineExceeded) << alone.status();
   EXPECT_NE(alone.status().message().find("group rank 1's data-plane address did not come"),
@@ -852,7 +856,8 @@ TEST(LearnerGroupTest, RankZeroRegistersEveryRanksDataPlaneAddress) {
       Config mine = config;
       mine.group_rank = r;
       mine.dataplane_host = fmt::format("127.0.0.{}", r + 1);
-      auto agent = LearnerAgent::Start(mine, kToken, {"learner-0", "", "", ""}, *RealClock());
+      auto agent = LearnerAgent::Start(mend::testing_util::AgentOptionsFor(mine), kToken,
+                                       {"learner-0", "", "", ""}, *RealClock());
       ASSERT_TRUE(agent.ok()) << agent.status();
       agents[static_cast<size_t>(r)] = std::move(*agent);
     });
@@ -870,12 +875,15 @@ TEST(LearnerGroupTest, TheLighthouseRefusesALearnerOfAnotherGroupSize) {
   ASSERT_NE(server, nullptr);
   Config rank1 = config;
   rank1.group_rank = 1;
-  auto second = LearnerAgent::Start(rank1, kToken, {"learner-0", "", "", ""}, *RealClock());
+  auto second = LearnerAgent::Start(mend::testing_util::AgentOptionsFor(rank1), kToken,
+                                    {"learner-0", "", "", ""}, *RealClock());
   ASSERT_TRUE(second.ok()) << second.status();
-  auto first = LearnerAgent::Start(config, kToken, {"learner-0", "", "", ""}, *RealClock());
+  auto first = LearnerAgent::Start(mend::testing_util::AgentOptionsFor(config), kToken,
+                                   {"learner-0", "", "", ""}, *RealClock());
   ASSERT_TRUE(first.ok()) << first.status();
   config.group_size = 1;
-  auto other = LearnerAgent::Start(config, kToken, {"learner-1", "", "", ""}, *RealClock());
+  auto other = LearnerAgent::Start(mend::testing_util::AgentOptionsFor(config), kToken,
+                                   {"learner-1", "", "", ""}, *RealClock());
   ASSERT_FALSE(other.ok());
   EXPECT_EQ(other.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(other.status().message().find("group_size = 1: this job's learners are groups of 2"),
@@ -895,22 +903,28 @@ TEST(LearnerGroupTest, ARankThatCannotStartTellsTheOtherRanksWhy) {
   config.quorum_timeout_ms = 60'000;
   Config single = config;
   single.group_size = 1;
-  auto other = LearnerAgent::Start(single, kToken, {"learner-1", "", "", ""}, *RealClock());
+  auto other = LearnerAgent::Start(mend::testing_util::AgentOptionsFor(single), kToken,
+                                   {"learner-1", "", "", ""}, *RealClock());
   ASSERT_TRUE(other.ok()) << other.status();  // the job's learners are now of one rank
 
   Config rank1 = config;
   rank1.group_rank = 1;
   Status waited;
   std::thread second([&]() {
-    auto agent = LearnerAgent::Start(rank1, kToken, {"learner-0", "", "", ""}, *RealClock());
+    auto agent = LearnerAgent::Start(mend::testing_util::AgentOptionsFor(rank1), kToken,
+                                     {"learner-0", "", "", ""}, *RealClock());
     ASSERT_TRUE(agent.ok()) << agent.status();  // (rank 1 does not register)
     FakeClock clock;
-    waited = RoundDriver::Create(rank1, **agent, clock, WAndB(1.0f), nullptr, 0).status();
+    waited = RoundDriver::Create(mend::testing_util::DriverOptionsFor(rank1), **agent, clock,
+                                 WAndB(1.0f), nullptr, 0)
+                 .status();
   });
-  auto first = LearnerAgent::Start(config, kToken, {"learner-0", "", "", ""}, *RealClock());
+  auto first = LearnerAgent::Start(mend::testing_util::AgentOptionsFor(config), kToken,
+                                   {"learner-0", "", "", ""}, *RealClock());
   ASSERT_FALSE(first.ok());
   EXPECT_EQ(first.status().code(), StatusCode::kInvalidArgument) << first.status();
-  const Status told = TellGroupRanks(config, kToken, "learner-0", first.status());
+  const Status told = TellGroupRanks(mend::testing_util::AgentOptionsFor(config), kToken,
+                                     "learner-0", first.status());
   EXPECT_EQ(told, first.status());
   second.join();
   EXPECT_EQ(waited.code(), StatusCode::kInvalidArgument) << waited;
@@ -927,18 +941,27 @@ TEST(LearnerGroupTest, ARankThatCannotStartTellsTheOtherRanksWhy) {
   ASSERT_TRUE(client.ok()) << client.status();
   LighthouseRendezvousStore lighthouse(**client, *RealClock());
   const int64_t now = UnixMillis();
-  std::optional<Status> fresh = ToldFailure(lighthouse, config, "learner-0", 0, now);
+  std::optional<Status> fresh =
+      ToldFailure(lighthouse, mend::testing_util::AgentOptionsFor(config), "learner-0", 0, now);
   ASSERT_TRUE(fresh.has_value());
   EXPECT_EQ(*fresh, first.status());
-  EXPECT_FALSE(ToldFailure(lighthouse, config, "learner-0", 0, now + 61'000).has_value());
-  EXPECT_FALSE(ToldFailure(lighthouse, config, "learner-0", 1, now).has_value());
+  EXPECT_FALSE(ToldFailure(lighthouse, mend::testing_util::AgentOptionsFor(config), "learner-0", 0,
+                           now + 61'000)
+                   .has_value());
+  EXPECT_FALSE(
+      ToldFailure(lighthouse, mend::testing_util::AgentOptionsFor(config), "learner-0", 1, now)
+          .has_value());
   // A relaunch whose group store is elsewhere (rank 0 picked another port)
   // never reads the launch before it, however soon.
   Config relaunched = config;
   relaunched.group_store = "127.0.0.1:1";
-  EXPECT_FALSE(ToldFailure(lighthouse, relaunched, "learner-0", 0, now).has_value());
-  ForgetToldFailure(lighthouse, config, "learner-0");
-  EXPECT_FALSE(ToldFailure(lighthouse, config, "learner-0", 0, now).has_value());
+  EXPECT_FALSE(
+      ToldFailure(lighthouse, mend::testing_util::AgentOptionsFor(relaunched), "learner-0", 0, now)
+          .has_value());
+  ForgetToldFailure(lighthouse, mend::testing_util::AgentOptionsFor(config), "learner-0");
+  EXPECT_FALSE(
+      ToldFailure(lighthouse, mend::testing_util::AgentOptionsFor(config), "learner-0", 0, now)
+          .has_value());
 }
 
 TEST(LearnerGroupTest, RanksWithDifferentModelsAreRefusedByName) {
@@ -951,11 +974,12 @@ TEST(LearnerGroupTest, RanksWithDifferentModelsAreRefusedByName) {
     ranks.emplace_back([&, r]() {
       Config mine = config;
       mine.group_rank = r;
-      auto agent = LearnerAgent::Start(mine, kToken, {"learner-0", "", "", ""}, *RealClock());
+      auto agent = LearnerAgent::Start(mend::testing_util::AgentOptionsFor(mine), kToken,
+                                       {"learner-0", "", "", ""}, *RealClock());
       ASSERT_TRUE(agent.ok()) << agent.status();
       FakeClock clock;
-      auto driver =
-          RoundDriver::Create(mine, **agent, clock, WAndB(1.0f, r == 0 ? 10 : 12), nullptr, 0);
+      auto driver = RoundDriver::Create(mend::testing_util::DriverOptionsFor(mine), **agent, clock,
+                                        WAndB(1.0f, r == 0 ? 10 : 12), nullptr, 0);
       errors[r] = driver.status();
     });
   }

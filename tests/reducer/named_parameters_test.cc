@@ -53,7 +53,8 @@ class LoopMoments final : public InnerMoments {
 // plain SGD, and first/second moments kept by the loop (as an optimizer
 // would) and handed to the reducer as tensors.
 void Learn(const Config& config, const std::string& id, int seed, Seen* seen) {
-  auto agent = LearnerAgent::Start(config, kToken, {id, "", "", ""}, *RealClock());
+  auto agent = LearnerAgent::Start(mend::testing_util::AgentOptionsFor(config), kToken,
+                                   {id, "", "", ""}, *RealClock());
   ASSERT_TRUE(agent.ok()) << agent.status();
   torch::manual_seed(seed);
   at::Tensor weight = torch::randn({1, 4});
@@ -129,8 +130,9 @@ struct OneLearner {
     config.quorum_min_learners = 1;
     MEND_ASSIGN_OR_RETURN(server, LighthouseServer::Start(config, kToken, *RealClock()));
     config.lighthouse = server->grpc_address();
-    MEND_ASSIGN_OR_RETURN(
-        agent, LearnerAgent::Start(config, kToken, {"learner-a", "", "", ""}, *RealClock()));
+    MEND_ASSIGN_OR_RETURN(agent,
+                          LearnerAgent::Start(mend::testing_util::AgentOptionsFor(config), kToken,
+                                              {"learner-a", "", "", ""}, *RealClock()));
     return OkStatus();
   }
 };

@@ -99,7 +99,8 @@ class ForeignKeyAgent final : public LearnerAgent {
 void Learn(const Config& config, const std::string& id, int seed, int boundaries, LearnerLog* log,
            const std::function<void(int)>& gate = nullptr,
            const std::function<void(int)>& step_gate = nullptr) {
-  auto started = LearnerAgent::Start(config, kToken, {id, "", "", ""}, *RealClock());
+  auto started = LearnerAgent::Start(mend::testing_util::AgentOptionsFor(config), kToken,
+                                     {id, "", "", ""}, *RealClock());
   ASSERT_TRUE(started.ok()) << started.status();
   std::unique_ptr<LearnerAgent> agent = std::move(*started);
   if (log->foreign_data_plane_key) agent = std::make_unique<ForeignKeyAgent>(std::move(agent));
@@ -242,7 +243,8 @@ TEST_P(HealedFragmentsTest, KeepOnlyTheLearnersOwnProgress) {
   config.lighthouse = server->grpc_address();
   std::vector<std::vector<float>> initial(2), final_global(2);
   auto learner = [&](const std::string& id, int seed, int index) {
-    auto agent = LearnerAgent::Start(config, kToken, {id, "", "", ""}, *RealClock());
+    auto agent = LearnerAgent::Start(mend::testing_util::AgentOptionsFor(config), kToken,
+                                     {id, "", "", ""}, *RealClock());
     ASSERT_TRUE(agent.ok()) << agent.status();
     torch::manual_seed(seed);
     torch::nn::Linear model(8, 1);  // parameter 0 (weight) -> fragment 0, 1 (bias) -> 1
@@ -318,7 +320,8 @@ TEST(ReducerTest, DeslocAveragesTheInnerAdamMoments) {
 Status CreateAlone(Config config, int64_t inputs) {
   auto server = StartLighthouse(config);
   config.lighthouse = server->grpc_address();
-  auto agent = LearnerAgent::Start(config, kToken, {"learner-a", "", "", ""}, *RealClock());
+  auto agent = LearnerAgent::Start(mend::testing_util::AgentOptionsFor(config), kToken,
+                                   {"learner-a", "", "", ""}, *RealClock());
   if (!agent.ok()) return agent.status();
   torch::nn::Linear model(inputs, 1);
   torch::optim::SGD inner(model->parameters(), torch::optim::SGDOptions(0.1));
@@ -391,8 +394,9 @@ TEST(ReducerTest, ConcurrentModeAppliesEachUpdateExactlyOnce) {
   std::vector<float> final_local[2], final_global[2];
   std::vector<std::vector<float>> locals_after_round[2];
   auto learner = [&](int i) {
-    auto agent = LearnerAgent::Start(
-        config, kToken, {i == 0 ? "learner-a" : "learner-b", "", "", ""}, *RealClock());
+    auto agent =
+        LearnerAgent::Start(mend::testing_util::AgentOptionsFor(config), kToken,
+                            {i == 0 ? "learner-a" : "learner-b", "", "", ""}, *RealClock());
     ASSERT_TRUE(agent.ok()) << agent.status();
     auto model = std::make_shared<ConstantSlope>();
     torch::optim::SGD inner(model->parameters(), torch::optim::SGDOptions(1.0));
@@ -600,8 +604,8 @@ TEST(ReducerTest, FrozenParametersAreLeftOutUnlessAskedFor) {
   torch::optim::SGD inner(model->parameters(), torch::optim::SGDOptions(0.1));
   for (const bool include : {false, true}) {
     config.exchange_frozen_parameters = include;
-    auto agent = LearnerAgent::Start(config, kToken, {include ? "with" : "without", "", "", ""},
-                                     *RealClock());
+    auto agent = LearnerAgent::Start(mend::testing_util::AgentOptionsFor(config), kToken,
+                                     {include ? "with" : "without", "", "", ""}, *RealClock());
     ASSERT_TRUE(agent.ok());
     auto reducer = Reducer::Create(config, *model, inner, **agent);
     ASSERT_TRUE(reducer.ok()) << reducer.status();
@@ -610,7 +614,8 @@ TEST(ReducerTest, FrozenParametersAreLeftOutUnlessAskedFor) {
   }
   model->bias.set_requires_grad(false);
   config.exchange_frozen_parameters = false;
-  auto agent = LearnerAgent::Start(config, kToken, {"none", "", "", ""}, *RealClock());
+  auto agent = LearnerAgent::Start(mend::testing_util::AgentOptionsFor(config), kToken,
+                                   {"none", "", "", ""}, *RealClock());
   ASSERT_TRUE(agent.ok());
   auto none = Reducer::Create(config, *model, inner, **agent);
   ASSERT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument);

@@ -14,6 +14,7 @@
 #include "mend/clock.h"
 #include "reducer/round_driver.h"
 #include "reducer/round_fakes.h"
+#include "test_util/driver_options.h"
 #include "test_util/fake_agent.h"
 #include "test_util/job_config.h"
 #include "test_util/wait.h"
@@ -46,8 +47,8 @@ class RoundDriverClockTest : public ::testing::Test {
     config.total_steps = total_steps_;
     auto values = std::make_unique<fakes::Values>(1.0f);
     values_ = values.get();
-    auto driver = RoundDriver::Create(config, agent_, clock_, std::move(values), nullptr, 0,
-                                      std::move(services));
+    auto driver = RoundDriver::Create(mend::testing_util::DriverOptionsFor(config), agent_, clock_,
+                                      std::move(values), nullptr, 0, std::move(services));
     ASSERT_TRUE(driver.ok()) << driver.status();
     driver_ = std::move(*driver);
   }

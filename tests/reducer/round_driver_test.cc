@@ -10,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "mend/lighthouse.h"
 #include "reducer/vector_parameters.h"
+#include "test_util/driver_options.h"
 #include "test_util/job_config.h"
 
 namespace mend::reducer {
@@ -35,12 +36,14 @@ struct LearnerRun {
 // clock by 50 ms per step.
 void Learn(const Config& config, const std::string& id, float slope, int steps, LearnerRun* run,
            float start = 1.0f) {
-  auto agent = LearnerAgent::Start(config, kToken, {id, "", "", ""}, *RealClock());
+  auto agent = LearnerAgent::Start(mend::testing_util::AgentOptionsFor(config), kToken,
+                                   {id, "", "", ""}, *RealClock());
   ASSERT_TRUE(agent.ok()) << agent.status();
   FakeClock clock;
   auto parameters = WAndB(start);
   VectorParameters* view = parameters.get();
-  auto driver = RoundDriver::Create(config, **agent, clock, std::move(parameters), nullptr, 0);
+  auto driver = RoundDriver::Create(mend::testing_util::DriverOptionsFor(config), **agent, clock,
+                                    std::move(parameters), nullptr, 0);
   ASSERT_TRUE(driver.ok()) << driver.status();
   for (int s = 0; s < steps; ++s) {
     clock.AdvanceMillis(50);

@@ -19,6 +19,7 @@
 #include "reducer/fragment_book.h"
 #include "reducer/round_driver.h"
 #include "reducer/vector_parameters.h"
+#include "test_util/driver_options.h"
 #include "test_util/job_config.h"
 
 namespace mend::reducer {
@@ -67,12 +68,14 @@ long MinorFaults() {
 void Learn(Config config, const Learner& who, const std::string& id,
            const std::vector<size_t>& sizes, int steps, LearnerRun* run) {
   config.round_threads = who.threads;
-  auto agent = LearnerAgent::Start(config, kToken, {id, "", "", ""}, *RealClock());
+  auto agent = LearnerAgent::Start(mend::testing_util::AgentOptionsFor(config), kToken,
+                                   {id, "", "", ""}, *RealClock());
   ASSERT_TRUE(agent.ok()) << agent.status();
   FakeClock clock;
   auto parameters = MakeParameters(sizes, who.in_place, 0.5f);
   VectorParameters* view = parameters.get();
-  auto driver = RoundDriver::Create(config, **agent, clock, std::move(parameters), nullptr, 0);
+  auto driver = RoundDriver::Create(mend::testing_util::DriverOptionsFor(config), **agent, clock,
+                                    std::move(parameters), nullptr, 0);
   ASSERT_TRUE(driver.ok()) << driver.status();
   for (int s = 0; s < steps; ++s) {
     clock.AdvanceMillis(50);

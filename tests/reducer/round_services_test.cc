@@ -29,7 +29,8 @@ struct OneLearner {
     if (!started.ok()) return;
     server = std::move(*started);
     config.lighthouse = server->grpc_address();
-    auto registered = LearnerAgent::Start(config, kToken, {"learner-0", "", "", ""}, *RealClock());
+    auto registered = LearnerAgent::Start(mend::testing_util::AgentOptionsFor(config), kToken,
+                                          {"learner-0", "", "", ""}, *RealClock());
     EXPECT_TRUE(registered.ok()) << registered.status();
     if (!registered.ok()) return;
     agent = std::move(*registered);

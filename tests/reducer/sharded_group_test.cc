@@ -18,6 +18,7 @@
 #include "mend/learner_agent.h"
 #include "mend/lighthouse.h"
 #include "reducer/round_driver.h"
+#include "test_util/driver_options.h"
 #include "test_util/group_rank.h"
 #include "test_util/job_config.h"
 #include "test_util/wait.h"
@@ -118,7 +119,8 @@ void TrainShard(Config config, int learner, int rank, int ranks, int steps, Shar
   FakeClock clock;
   auto parameters = std::make_unique<ShardedVectors>(rank, ranks, 1.0f);
   ShardedVectors* view = parameters.get();
-  auto driver = RoundDriver::Create(config, **agent, clock, std::move(parameters), nullptr, 0);
+  auto driver = RoundDriver::Create(mend::testing_util::DriverOptionsFor(config), **agent, clock,
+                                    std::move(parameters), nullptr, 0);
   if (!driver.ok()) {
     run->error = driver.status();
     return;

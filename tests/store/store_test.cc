@@ -16,6 +16,7 @@
 #include "mend/lighthouse_client.h"
 #include "store/store_core.h"
 #include "store/store_server.h"
+#include "test_util/job_config.h"
 
 namespace mend::store {
 namespace {
@@ -227,13 +228,15 @@ TEST(GroupStoreTest, RankZeroServesTheGroupsStoreAndEveryRankMeetsThere) {
   rank0.group_size = 2;
   rank0.group_rank = 0;
   rank0.group_store = "127.0.0.1:0";
-  auto server = GroupStoreServer::Serve(rank0, kToken, rank0.group_store, *RealClock());
+  auto server = GroupStoreServer::Serve(kToken, rank0.group_store, *RealClock());
   ASSERT_TRUE(server.ok()) << server.status();
   rank0.group_store = (*server)->address();
   Config rank1 = rank0;
   rank1.group_rank = 1;
-  auto open0 = GroupStoreFromConfig(rank0, kToken, *RealClock());
-  auto open1 = GroupStoreFromConfig(rank1, kToken, *RealClock());
+  auto open0 =
+      GroupStoreOpenerFor(mend::testing_util::AgentOptionsFor(rank0), kToken, *RealClock());
+  auto open1 =
+      GroupStoreOpenerFor(mend::testing_util::AgentOptionsFor(rank1), kToken, *RealClock());
   ASSERT_TRUE(open0.ok() && open1.ok());
   auto store0 = (*open0)();
   auto store1 = (*open1)();

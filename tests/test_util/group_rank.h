@@ -7,6 +7,7 @@
 #include "fmt/format.h"
 #include "mend/config.h"
 #include "mend/learner_agent.h"
+#include "test_util/job_config.h"
 
 namespace mend::testing_util {
 
@@ -16,8 +17,9 @@ inline StatusOr<std::unique_ptr<LearnerAgent>> StartGroupRank(
     Config config, const char* token, int learner, int rank,
     GroupStoreOpener group_store = nullptr) {
   config.group_rank = rank;
-  return LearnerAgent::Start(config, token, {fmt::format("learner-{}", learner), "", "", ""},
-                             *RealClock(), std::move(group_store));
+  return LearnerAgent::Start(mend::testing_util::AgentOptionsFor(config), token,
+                             {fmt::format("learner-{}", learner), "", "", ""}, *RealClock(),
+                             std::move(group_store));
 }
 
 }  // namespace mend::testing_util

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 
 #include "mend/config.h"
 
@@ -54,6 +56,18 @@ inline Config ConcurrentJobConfig(int min_learners, int period, int overlap_step
   config.concurrent_outer_step = true;
   config.overlap_steps = overlap_steps;
   return config;
+}
+
+// What LearnerAgent::Start takes for `config`, which the test made valid: a
+// configuration the check refuses is the test's mistake, and aborts naming it.
+inline AgentOptions AgentOptionsFor(const Config& config) {
+  StatusOr<ValidConfig> valid = ValidConfig::Check(config);
+  if (!valid.ok()) {
+    std::fprintf(stderr, "a test's configuration is not valid: %s\n",
+                 valid.status().ToString().c_str());
+    std::abort();
+  }
+  return AgentOptionsOf(*valid);
 }
 
 }  // namespace mend::testing_util

@@ -217,8 +217,8 @@ TEST(DataParallelTest, StartsFromRankZerosParametersAndAveragesGradientsByTokens
   std::vector<std::vector<float>> weights(2), grads(2);
   std::vector<uint64_t> bytes(2);
   auto learner = [&](int i) {
-    auto agent = LearnerAgent::Start(config, kToken, {"learner-" + std::to_string(i), "", "", ""},
-                                     *RealClock());
+    auto agent = LearnerAgent::Start(mend::testing_util::AgentOptionsFor(config), kToken,
+                                     {"learner-" + std::to_string(i), "", "", ""}, *RealClock());
     ASSERT_TRUE(agent.ok()) << agent.status();
     torch::manual_seed(static_cast<uint64_t>(i) + 10);
     torch::nn::Linear model(4, 2);

@@ -27,8 +27,8 @@ int main() {
   learner.lighthouse = (*server)->grpc_address();
   auto checked = mend::ValidConfig::Check(learner);
   if (!checked.ok()) return std::printf("config: %s\n", checked.status().ToString().c_str()), 1;
-  auto agent = mend::LearnerAgent::Start(*checked, token, {"consumer", learner.job_id, "", ""},
-                                         *mend::RealClock());
+  auto agent = mend::LearnerAgent::Start(mend::AgentOptionsOf(*checked), token,
+                                         {"consumer", learner.job_id, "", ""}, *mend::RealClock());
   if (!agent.ok()) return std::printf("agent: %s\n", agent.status().ToString().c_str()), 1;
   at::Tensor weight = at::ones({4});
   auto reducer = mend::Reducer::Create(*checked, {{"weight", weight}}, nullptr, **agent);
