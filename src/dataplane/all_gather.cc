@@ -37,11 +37,8 @@ Status GlooCommunicator::WeightedAllGatherDecodeImpl(std::span<const std::byte> 
   MEND_RETURN_IF_ERROR(SameSizes(op, gathered, mine.size(), payload.size(), "bytes of payload"));
   Status gathered_all = WaitAll(op, transfers);
   if (!gathered_all.ok()) return End(op, gathered_all);
-  std::vector<double> all_weights(options_.world_size), all_squares(options_.world_size);
-  for (size_t r = 0; r < all_weights.size(); ++r) {
-    all_weights[r] = gathered[mine.size() * r];
-    all_squares[r] = gathered[mine.size() * r + 1];
-  }
+  std::vector<double> all_weights = Column(gathered, mine.size(), 0);
+  const std::vector<double> all_squares = Column(gathered, mine.size(), 1);
   std::vector<char> left(all_weights.size(), 0);
   std::vector<std::byte> zeros;  // the codec's encoding of zeros
   if (merge != nullptr) {

@@ -150,11 +150,9 @@ size_t GlooCommunicator::SegmentValues(size_t values) const {
 Status GlooCommunicator::ReadGathered(Reduction& run, const std::vector<double>& gathered,
                                       size_t stride, bool merging, std::vector<double>& all_weights,
                                       std::vector<double>& all_squares) const {
-  for (size_t r = 0; r < all_weights.size(); ++r) {
-    all_weights[r] = gathered[stride * r];
-    run.any_made = run.any_made || gathered[stride * r + 1] != 0;
-    all_squares[r] = gathered[stride * r + 2];
-  }
+  all_weights = Column(gathered, stride, 0);
+  for (double made : Column(gathered, stride, 1)) run.any_made = run.any_made || made != 0;
+  all_squares = Column(gathered, stride, 2);
   if (run.any_made && (!merging || !run.raw)) {
     // Every member of a reduction runs one protocol; a maker's is fp32's mean.
     return InvalidArgumentError(fmt::format(

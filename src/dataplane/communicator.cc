@@ -25,27 +25,48 @@ std::vector<int> LeftOut(const Communicator::LeaveOut* leave_out, std::span<cons
   return left;
 }
 
+std::vector<double> Column(std::span<const double> gathered, size_t stride, size_t field) {
+  std::vector<double> column(gathered.size() / stride);
+  for (size_t r = 0; r < column.size(); ++r) column[r] = gathered[stride * r + field];
+  return column;
+}
+
+MemberNorms::MemberNorms(double squares, double weight, int members, std::optional<bool> makes)
+    : mine_{squares, weight} {
+  if (makes.has_value()) mine_.push_back(*makes ? 1.0 : 0.0);
+  gathered_.resize(mine_.size() * static_cast<size_t>(members));
+}
+
+Status MemberNorms::Gather(Communicator& comm) {
+  if (gathered_.size() == mine_.size()) {
+    std::copy(mine_.begin(), mine_.end(), gathered_.begin());
+    return OkStatus();
+  }
+  return comm.AllGather(std::as_bytes(std::span(mine_)),
+                        std::as_writable_bytes(std::span(gathered_)));
+}
+
+bool MemberNorms::AnyMade() const {
+  if (mine_.size() < 3) return false;
+  for (double made : Column(gathered_, mine_.size(), 2))
+    if (made != 0) return true;
+  return false;
+}
+
+std::vector<int> MemberNorms::LeftOut(const Communicator::LeaveOut* rule) const {
+  return mend::LeftOut(rule, Column(gathered_, mine_.size(), 0),
+                       Column(gathered_, mine_.size(), 1));
+}
+
 namespace {
 
 // Every member's sum of squares and weight (one small collective): the
 // members `leave_out` names (LeftOut), alike on every member.
 StatusOr<std::vector<int>> GatherLeftOut(Communicator& comm, double squares, double weight,
                                          const Communicator::LeaveOut* leave_out) {
-  const std::array<double, 2> mine{squares, weight};
-  std::vector<double> gathered(mine.size() * static_cast<size_t>(comm.world_size()));
-  if (comm.world_size() > 1) {
-    MEND_RETURN_IF_ERROR(comm.AllGather(std::as_bytes(std::span(mine)),
-                                        std::as_writable_bytes(std::span(gathered))));
-  } else {
-    std::copy(mine.begin(), mine.end(), gathered.begin());
-  }
-  std::vector<double> all_squares(static_cast<size_t>(comm.world_size())),
-      all_weights(all_squares.size());
-  for (size_t r = 0; r < all_squares.size(); ++r) {
-    all_squares[r] = gathered[2 * r];
-    all_weights[r] = gathered[2 * r + 1];
-  }
-  return LeftOut(leave_out, all_squares, all_weights);
+  MemberNorms norms(squares, weight, comm.world_size());
+  MEND_RETURN_IF_ERROR(norms.Gather(comm));
+  return norms.LeftOut(leave_out);
 }
 
 }  // namespace

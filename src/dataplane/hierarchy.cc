@@ -14,38 +14,6 @@
 namespace mend {
 namespace {
 
-// Every member's sum of squares, weight and whether it makes its values,
-// gathered on the flat communicator, for a merge's rule (MergeAllReduce).
-class MemberNorms {
- public:
-  MemberNorms(double squares, double weight, bool makes, int members)
-      : mine_{squares, weight, makes ? 1.0 : 0.0},
-        gathered_(mine_.size() * static_cast<size_t>(members)) {}
-
-  Status Gather(Communicator& flat) {
-    return flat.AllGather(std::as_bytes(std::span(mine_)),
-                          std::as_writable_bytes(std::span(gathered_)));
-  }
-  // After Gather: whether some member makes its values, and whom the rule leaves out.
-  bool AnyMade() const {
-    for (size_t at = 2; at < gathered_.size(); at += mine_.size())
-      if (gathered_[at] != 0) return true;
-    return false;
-  }
-  std::vector<int> LeftOut(const Communicator::LeaveOut* rule) const {
-    std::vector<double> squares(gathered_.size() / mine_.size()), weights(squares.size());
-    for (size_t r = 0; r < squares.size(); ++r) {
-      squares[r] = gathered_[mine_.size() * r];
-      weights[r] = gathered_[mine_.size() * r + 1];
-    }
-    return mend::LeftOut(rule, squares, weights);
-  }
-
- private:
-  const std::array<double, 3> mine_;
-  std::vector<double> gathered_;
-};
-
 class RackAwareCommunicator final : public Communicator {
  public:
   // `rack` is null for a member alone in its rack, `reps` null for a member
@@ -157,7 +125,7 @@ class RackAwareCommunicator final : public Communicator {
     const bool makes = values.make != nullptr;
     Merged merged;
     merged.squares = makes ? (*values.make)(0, data.size()) : values.squares;
-    MemberNorms norms(merged.squares, weight, makes, flat_->world_size());
+    MemberNorms norms(merged.squares, weight, flat_->world_size(), makes);
     if (makes) {
       MEND_RETURN_IF_ERROR(ReduceBesideGather(data, weight, values.codec, norms));
       merged.left_out = norms.LeftOut(values.leave_out);
