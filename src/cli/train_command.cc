@@ -6,7 +6,6 @@
 // SIGTERM/SIGINT stop training cleanly (the learner leaves the job; a join
 // it waits on then is called off at once); SIGUSR1 writes a checkpoint of
 // the global state into checkpoint_dir.
-#include <dlfcn.h>
 #include <malloc.h>
 #include <signal.h>
 #include <unistd.h>
@@ -29,7 +28,6 @@
 #include "mend/logging.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
-#include "torch/utils.h"
 #include "train/trainer.h"
 
 namespace mend::cli {
@@ -69,19 +67,6 @@ void PrintProgress(const train::TrainProgress& p, bool json) {
   } catch (const std::exception& error) {
     stdout_gone = true;
     spdlog::warn("cannot write progress to stdout ({}); training goes on without it", error.what());
-  }
-}
-
-// LibTorch's intra-op threads, and those of the BLAS it calls: Debian's
-// OpenBLAS (pthread build) starts a worker per core that spins between
-// calls, which halves the speed of two learners sharing a machine. The
-// call is looked up at run time because the BLAS is chosen by the system's
-// alternatives, not at link time.
-void SetComputeThreads(int threads) {
-  at::set_num_threads(threads);
-  using SetThreads = void (*)(int);
-  if (auto set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) {
-    set(threads);
   }
 }
 
@@ -131,7 +116,7 @@ int RunTrain(const TrainFlags& flags, const Config& config, const std::string& t
       control.Stop();
     }
   });
-  SetComputeThreads(flags.threads);
+  train::SetComputeThreads(flags.threads);
   auto result = train::Train(
       flags.options, config, token, *RealClock(),
       [&flags](const train::TrainProgress& p) { PrintProgress(p, flags.progress_json); }, &control);

@@ -1,5 +1,7 @@
 #include "train/model.h"
 
+#include <dlfcn.h>
+
 #include <cmath>
 #include <limits>
 
@@ -104,6 +106,14 @@ void InitGpt(Gpt& model, uint64_t seed) {
     } else {
       p.normal_(0.0, 0.02, generator);
     }
+  }
+}
+
+void SetComputeThreads(int threads) {
+  at::set_num_threads(threads);
+  using SetThreads = void (*)(int);
+  if (auto set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) {
+    set(threads);
   }
 }
 

@@ -18,16 +18,9 @@
 #include "torch/nn/modules/linear.h"
 #include "torch/nn/modules/normalization.h"
 #include "torch/nn/pimpl.h"
+#include "train/gpt_options.h"
 
 namespace mend::train {
-
-struct GptOptions {
-  int64_t vocab = 256;
-  int64_t context = 64;
-  int64_t dim = 128;
-  int64_t layers = 2;
-  int64_t heads = 4;
-};
 
 [[nodiscard]] Status CheckGptOptions(const GptOptions& options);
 

@@ -20,6 +20,7 @@
 #include "spdlog/spdlog.h"
 #include "torch/nn/utils/clip_grad.h"
 #include "torch/optim/adamw.h"
+#include "train/model.h"
 
 namespace mend::train {
 namespace {

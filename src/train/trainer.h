@@ -25,7 +25,7 @@
 #include "mend/status.h"
 #include "nlohmann/json.hpp"
 #include "train/corpus.h"
-#include "train/model.h"
+#include "train/gpt_options.h"
 
 namespace mend::train {
 
