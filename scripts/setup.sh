@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(
-  build-essential cmake ninja-build pkg-config ccache git openssl clang clang-format
+  build-essential cmake ninja-build pkg-config ccache git openssl clang clang-format lld
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev libssl-dev
   libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libcpp-httplib-dev libtomlplusplus-dev
   libgtest-dev libgmock-dev libbenchmark-dev libgloo-dev libxxhash-dev iproute2
