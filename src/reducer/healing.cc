@@ -29,16 +29,14 @@ namespace {
 std::map<int, std::vector<int>> HealeesBySource(const Communicator& comm,
                                                 const QuorumResult& round) {
   std::map<std::string, int> rank_of;
-  for (size_t r = 0; r < round.members().size(); ++r)
-    rank_of[round.members()[r].learner_id()] = static_cast<int>(r);
+  for (int r = 0; r < round.members_size(); ++r) rank_of[round.members(r).learner_id()] = r;
   std::map<int, std::vector<int>> healees;  // source rank -> ranks healing from it
   if (round.heal_round_id() == 0) {
     for (int r = 1; r < comm.world_size(); ++r) healees[0].push_back(r);  // a fresh start
   } else {
-    for (size_t r = 0; r < round.members().size(); ++r) {
-      const std::string& source = round.members()[r].heal_from();
-      if (!source.empty() && rank_of.count(source))
-        healees[rank_of[source]].push_back(static_cast<int>(r));
+    for (int r = 0; r < round.members_size(); ++r) {
+      const std::string& source = round.members(r).heal_from();
+      if (!source.empty() && rank_of.count(source)) healees[rank_of[source]].push_back(r);
     }
   }
   return healees;

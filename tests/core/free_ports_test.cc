@@ -38,7 +38,9 @@ TEST(FreeLoopbackPortsTest, DistinctListenablePortsBelowTheEphemeralRange) {
   for (int port : *ports) {
     EXPECT_TRUE(Listens(port)) << port;
     EXPECT_GE(port, 1024);
-    if (ephemeral_start > 10'100) EXPECT_LT(port, ephemeral_start) << port;
+    if (ephemeral_start > 10'100) {
+      EXPECT_LT(port, ephemeral_start) << port;
+    }
   }
 }
 
