@@ -99,7 +99,6 @@ class GroupRankAgent final : public LearnerAgent {
                  GroupStoreOpener group_store)
       : id_(std::move(id)),
         options_(options),
-        rank_(options.group_rank),
         clock_(clock),
         client_(std::move(client)),
         group_store_(std::move(group_store)),
@@ -112,7 +111,7 @@ class GroupRankAgent final : public LearnerAgent {
   StatusOr<QuorumResult> Quorum(uint64_t, uint64_t, Micros, bool, uint64_t) override {
     return FailedPreconditionError(fmt::format(
         "learner '{}' group rank {}: only group rank 0 joins rounds; the others learn them from it",
-        id_, rank_));
+        id_, options_.group_rank));
   }
   void Interrupt() override {}
   Status Leave(const std::string&) override { return OkStatus(); }
@@ -136,7 +135,6 @@ class GroupRankAgent final : public LearnerAgent {
  private:
   const std::string id_;
   const AgentOptions options_;
-  const int64_t rank_;
   const Clock& clock_;
   std::unique_ptr<LighthouseClient> client_;
   const GroupStoreOpener group_store_;

@@ -26,11 +26,8 @@ LearnerAgentImpl::LearnerAgentImpl(const AgentOptions& options, const std::strin
       group_store_(std::move(group_store)),
       identity_(identity),
       clock_(clock),
-      address_(options.lighthouse),
       token_(token),
       secrets_(AgentSecrets::Of(options, token)),
-      use_udp_(options.control_plane == ControlPlane::kUdp),
-      synchronous_(!options.concurrent_outer_step),
       client_(std::move(client)),
       heartbeat_interval_(options.heartbeat_ms * kMicrosPerMilli),
       heartbeat_timeout_(options.heartbeat_timeout_ms * kMicrosPerMilli),
@@ -60,7 +57,8 @@ Status LearnerAgentImpl::FirstRegistration(Micros wait) {
       "learner '{}': the lighthouse at {} did not answer within lighthouse_wait_ms = {} ({} "
       "registration "
       "attempt(s); the last: {}); check the `lighthouse` address and that the lighthouse runs",
-      identity_.id, address_, wait / kMicrosPerMilli, register_attempts_, last_register_error_));
+      identity_.id, options_.lighthouse, wait / kMicrosPerMilli, register_attempts_,
+      last_register_error_));
 }
 
 void LearnerAgentImpl::RecordStep(uint64_t step, uint64_t tokens, Micros step_time) {
@@ -86,7 +84,7 @@ StatusOr<QuorumResult> LearnerAgentImpl::Quorum(uint64_t last_round_id,
     return UnavailableError(fmt::format(
         "lighthouse {} has answered nothing for {} s, longer than the quorum timeout ({} ms): "
         "no round can form before it is back; training on, joining again once it answers",
-        address_, silent / kMicrosPerSecond, timeout / kMicrosPerMilli));
+        options_.lighthouse, silent / kMicrosPerSecond, timeout / kMicrosPerMilli));
   }
   Micros retry = kMinRetry;
   while (true) {
@@ -95,7 +93,8 @@ StatusOr<QuorumResult> LearnerAgentImpl::Quorum(uint64_t last_round_id,
     request.set_last_round_id(last_round_id);
     request.set_tokens_since_last_round(tokens_since_last_round);
     request.set_include_members(include_members);
-    request.set_give_up_short_of_quorum(synchronous_);
+    // A synchronous learner's join gives up when the job is short of a quorum.
+    request.set_give_up_short_of_quorum(!options_.concurrent_outer_step);
     const Micros left = deadline - clock_.NowMicros();
     if (left <= 0) {
       return DeadlineExceededError(fmt::format("learner '{}': quorum timeout of {} ms passed",
@@ -127,7 +126,7 @@ StatusOr<v1::QuorumRequest> LearnerAgentImpl::AwaitRegistration(uint64_t last_ro
   if (!registered_) {
     return DeadlineExceededError(
         fmt::format("learner '{}': not registered with lighthouse {} within {} ms", identity_.id,
-                    address_, timeout / kMicrosPerMilli));
+                    options_.lighthouse, timeout / kMicrosPerMilli));
   }
   v1::QuorumRequest request;
   FillLearnerRef(session_, &request);
@@ -281,7 +280,7 @@ void LearnerAgentImpl::TryRegister() {
   Heard();
   MutexLock lock(mu_);
   if (lighthouse_instance_ != 0 && lighthouse_instance_ != registration->lighthouse_instance) {
-    spdlog::info("lighthouse {} restarted; registered again", address_);
+    spdlog::info("lighthouse {} restarted; registered again", options_.lighthouse);
   }
   lighthouse_instance_ = registration->lighthouse_instance;
   if (registration->heartbeat_interval > 0) heartbeat_interval_ = registration->heartbeat_interval;

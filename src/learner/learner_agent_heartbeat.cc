@@ -78,8 +78,8 @@ void LearnerAgentImpl::PumpHeartbeat() {
       OnUdpSilence(silent);
       return;
     }
-    spdlog::warn("lighthouse {} has not acknowledged heartbeats for {} ms; reconnecting", address_,
-                 silent / kMicrosPerMilli);
+    spdlog::warn("lighthouse {} has not acknowledged heartbeats for {} ms; reconnecting",
+                 options_.lighthouse, silent / kMicrosPerMilli);
     channel.Restart();
   }
   Status sent = channel.SendHeartbeat(update);
@@ -136,12 +136,12 @@ void LearnerAgentImpl::OnAck(const HeartbeatAck& ack) {
 void LearnerAgentImpl::OnUdpSilence(Micros silent) {
   MutexLock lock(mu_);
   if (++udp_silences_ >= kMaxUdpSilences) {
-    spdlog::warn("lighthouse {} acknowledged no datagram {} times in a row; using gRPC", address_,
-                 udp_silences_);
+    spdlog::warn("lighthouse {} acknowledged no datagram {} times in a row; using gRPC",
+                 options_.lighthouse, udp_silences_);
     link_disabled_ = true;
   } else {
     spdlog::warn("lighthouse {} has not acknowledged heartbeats for {} ms; registering again",
-                 address_, silent / kMicrosPerMilli);
+                 options_.lighthouse, silent / kMicrosPerMilli);
   }
   registered_ = false;
   register_now_ = true;
@@ -155,7 +155,8 @@ void LearnerAgentImpl::OnSessionEnded(uint64_t session_id, const Status& why) {
   }
   MutexLock lock(mu_);
   if (registered_ && session_.session_id == session_id) {
-    spdlog::warn("lighthouse {} does not know this learner's session; registering again", address_);
+    spdlog::warn("lighthouse {} does not know this learner's session; registering again",
+                 options_.lighthouse);
     registered_ = false;
     register_now_ = true;
     wake_.NotifyAll();
@@ -163,12 +164,12 @@ void LearnerAgentImpl::OnSessionEnded(uint64_t session_id, const Status& why) {
 }
 
 void LearnerAgentImpl::MaybeOpenLink(int udp_port) {
-  if (!use_udp_) return;
+  if (options_.control_plane != ControlPlane::kUdp) return;
   if (udp_port <= 0) {
     spdlog::warn(
         "control_plane = udp, but lighthouse {} serves no datagram channel; "
         "using gRPC",
-        address_);
+        options_.lighthouse);
     return;
   }
   MutexLock lock(mu_);
@@ -186,8 +187,8 @@ void LearnerAgentImpl::MaybeOpenLink(int udp_port) {
   hooks.on_session_ended = [this](uint64_t session, const Status& why) {
     OnSessionEnded(session, why);
   };
-  auto link = coordinator::DatagramLink::Open(SplitHostPort(address_).first, udp_port, token_,
-                                              clock_, std::move(hooks), kJoinResend);
+  auto link = coordinator::DatagramLink::Open(SplitHostPort(options_.lighthouse).first, udp_port,
+                                              token_, clock_, std::move(hooks), kJoinResend);
   if (!link.ok()) {
     spdlog::warn("cannot open the datagram channel, using gRPC: {}", link.status().message());
     return;

@@ -168,11 +168,8 @@ class LearnerAgentImpl final : public LearnerAgent {
   const GroupStoreOpener group_store_;
   const LearnerIdentity identity_;
   const Clock& clock_;
-  const std::string address_;
   const std::string token_;
   const AgentSecrets secrets_;
-  const bool use_udp_;
-  const bool synchronous_;  // its joins give up when the job is short of a quorum
   const std::unique_ptr<LighthouseClient> client_;
 
   std::thread thread_;

@@ -121,7 +121,7 @@ StatusOr<Healed> HealRound(Communicator& comm, const QuorumResult& round,
   const size_t values = HealStateOffset(fragments, fragments.size());
   for (const auto& [source, ranks] : healees) {
     const bool heals = std::find(ranks.begin(), ranks.end(), comm.rank()) != ranks.end();
-    const std::string& source_id = round.members()[static_cast<size_t>(source)].learner_id();
+    const std::string& source_id = round.members(source).learner_id();
     // With the state: the source's step at its boundary (the healed learner
     // continues the job's schedule, learning rate and fragment boundaries,
     // from there), the fragment the source exchanges in this round, its

@@ -6,17 +6,17 @@
 
 #include "mend/config.h"
 #include "reducer/options_from_config.h"
+#include "test_util/job_config.h"
 
 namespace mend::testing_util {
 
-// RoundDriverOptionsOf `config`, which the test made valid: a configuration
-// the check refuses is the test's mistake, and aborts naming it.
+// RoundDriverOptionsOf `config` (CheckedForTest); a configuration it
+// cannot make options of aborts the same way.
 inline reducer::RoundDriverOptions DriverOptionsFor(const Config& config) {
-  StatusOr<ValidConfig> valid = ValidConfig::Check(config);
   StatusOr<reducer::RoundDriverOptions> options =
-      valid.ok() ? reducer::RoundDriverOptionsOf(*valid) : valid.status();
+      reducer::RoundDriverOptionsOf(CheckedForTest(config));
   if (!options.ok()) {
-    std::fprintf(stderr, "a test's configuration is not valid: %s\n",
+    std::fprintf(stderr, "a test's configuration has no round options: %s\n",
                  options.status().ToString().c_str());
     std::abort();
   }

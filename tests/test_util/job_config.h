@@ -58,16 +58,21 @@ inline Config ConcurrentJobConfig(int min_learners, int period, int overlap_step
   return config;
 }
 
-// What LearnerAgent::Start takes for `config`, which the test made valid: a
-// configuration the check refuses is the test's mistake, and aborts naming it.
-inline AgentOptions AgentOptionsFor(const Config& config) {
+// `config`, which the test made valid, checked: a configuration the check
+// refuses is the test's mistake, and aborts naming it.
+inline ValidConfig CheckedForTest(const Config& config) {
   StatusOr<ValidConfig> valid = ValidConfig::Check(config);
   if (!valid.ok()) {
     std::fprintf(stderr, "a test's configuration is not valid: %s\n",
                  valid.status().ToString().c_str());
     std::abort();
   }
-  return AgentOptionsOf(*valid);
+  return *std::move(valid);
+}
+
+// What LearnerAgent::Start takes for `config` (CheckedForTest).
+inline AgentOptions AgentOptionsFor(const Config& config) {
+  return AgentOptionsOf(CheckedForTest(config));
 }
 
 }  // namespace mend::testing_util
