@@ -28,7 +28,7 @@ namespace {
 
 using json = nlohmann::json;
 
-struct DemoOptions {
+struct FaultDemoOptions {
   int learners = 3;
   int duration_s = 40;
   double step_ms = 100;
@@ -49,7 +49,7 @@ std::string LearnerId(int index) { return fmt::format("learner-{}", index + 1); 
 
 class Demo {
  public:
-  Demo(DemoOptions options, std::string work_dir)
+  Demo(FaultDemoOptions options, std::string work_dir)
       : options_(std::move(options)), dir_(std::move(work_dir)) {}
 
   int Run(std::atomic<bool>& interrupted) {
@@ -230,7 +230,7 @@ class Demo {
         "(mend lighthouse --http HOST:PORT).\n");
   }
 
-  const DemoOptions options_;
+  const FaultDemoOptions options_;
   const std::string dir_;
   std::string token_file_;
   std::unique_ptr<LighthouseServer> server_;
@@ -248,7 +248,7 @@ void AddFaultDemoCommand(CLI::App& app, int* exit_code) {
       "fault-demo",
       "Run a lighthouse and simulated learners on this machine through scripted faults "
       "(slow-down, recovery, crash, restart) and show what mend does.");
-  auto options = std::make_shared<DemoOptions>();
+  auto options = std::make_shared<FaultDemoOptions>();
   command->add_option("--learners", options->learners, "Simulated learners")
       ->capture_default_str()
       ->check(CLI::Range(3, 64));

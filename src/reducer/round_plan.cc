@@ -86,7 +86,7 @@ Phase PhaseOf(const FlightStatus& flight, bool group) {
 
 namespace {
 
-bool InFlight(Phase phase) { return phase != Phase::kIdle; }
+bool Running(Phase phase) { return phase != Phase::kIdle; }
 
 // An inner step ended. A round that arrived is applied at once by a learner
 // of one rank; a group's ranks apply together at boundary + tau (each rank
@@ -136,7 +136,7 @@ Decision OnBoundary(const RoundView& view, const Event& event) {
   if (!event.still_due) return {Action::kSkipNotDue, view.phase};
   if (view.concurrent) {
     // Launched beside the rounds in flight, the oldest stays what the phase is.
-    return {Action::kLaunch, InFlight(view.phase) ? view.phase : Phase::kJoining};
+    return {Action::kLaunch, Running(view.phase) ? view.phase : Phase::kJoining};
   }
   return {Action::kLaunchAndApply, Phase::kIdle};
 }
@@ -145,7 +145,7 @@ Decision OnBoundary(const RoundView& view, const Event& event) {
 
 bool ReadsLaunchBlocked(const RoundView& view, const Event& event) {
   return event.kind == Event::kBoundary && !event.final_period &&
-         view.phase != Phase::kPassedOver && !view.join_waits && InFlight(view.phase);
+         view.phase != Phase::kPassedOver && !view.join_waits && Running(view.phase);
 }
 
 Decision Next(const RoundView& view, const Event& event) {
@@ -159,7 +159,7 @@ Decision Next(const RoundView& view, const Event& event) {
     case Event::kBoundary:
       return OnBoundary(view, event);
     case Event::kShutdown:
-      if (!InFlight(view.phase)) return {Action::kFinalMerge, Phase::kIdle};
+      if (!Running(view.phase)) return {Action::kFinalMerge, Phase::kIdle};
       return {Action::kAwaitLast, view.phase};
   }
   return {Action::kNone, view.phase};

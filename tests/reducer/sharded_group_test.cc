@@ -26,7 +26,7 @@
 namespace mend::reducer {
 namespace {
 
-constexpr char kToken[] = "sharded-group-test-token-0123456789";
+constexpr char kShardedToken[] = "sharded-group-test-token-0123456789";
 constexpr int64_t kRows = 5;
 constexpr int64_t kColumns = 400;  // (a share of "w" dwarfs the ranks' agreements)
 constexpr size_t kReplicated = 3;  // "b"
@@ -111,7 +111,7 @@ using DriverHook = std::function<void(RoundDriver&, int, int, int, ShardRun*)>;
 void TrainShard(Config config, int learner, int rank, int ranks, int steps, ShardRun* run,
                 const std::function<void(int)>& before_step = {}, const DriverHook& hook = {}) {
   config.group_rank = rank;
-  auto agent = testing_util::StartGroupRank(config, kToken, learner, rank);
+  auto agent = testing_util::StartGroupRank(config, kShardedToken, learner, rank);
   if (!agent.ok()) {
     run->error = agent.status();
     return;
@@ -156,7 +156,7 @@ void TrainShard(Config config, int learner, int rank, int ranks, int steps, Shar
 // `sharded` (else the whole model); runs[learner][rank].
 std::vector<std::vector<ShardRun>> RunShardedJob(Config config, int group, bool sharded, int steps,
                                                  const DriverHook& hook = {}) {
-  auto server = LighthouseServer::Start(config, kToken, *RealClock());
+  auto server = LighthouseServer::Start(config, kShardedToken, *RealClock());
   EXPECT_TRUE(server.ok()) << server.status();
   if (!server.ok()) return {};
   config.lighthouse = (*server)->grpc_address();
@@ -334,7 +334,7 @@ TEST(ShardedGroupTest, EachRankSendsOnlyWhatItOwnsAndTheGroupSharesOnlyReplicate
 // every round they share.
 TEST(ShardedGroupTest, ALateShardedLearnerHealsEachRankFromTheSameRankOfTheSource) {
   Config config = testing_util::SynchronousJobConfig(1, 5);
-  auto server = LighthouseServer::Start(config, kToken, *RealClock());
+  auto server = LighthouseServer::Start(config, kShardedToken, *RealClock());
   ASSERT_TRUE(server.ok()) << server.status();
   config.lighthouse = (*server)->grpc_address();
   config.group_size = 2;
