@@ -25,12 +25,13 @@ def model_of(seed=0):
 def lighthouse():
     os.environ["MEND_JOB_TOKEN"] = TOKEN
     return mend.Lighthouse(mend.MendConfig(bind="127.0.0.1:0", http="", quorum_min_learners=1, heartbeat_ms=50,
-                                           heartbeat_timeout_ms=2000, log_level="error"))
+                                           heartbeat_timeout_ms=2000, grace_window_ms=20000,
+                                           grace_window_adaptive=False, log_level="error"))
 
 
 def config_for(house, **keys):
     return mend.MendConfig(lighthouse=house.address, quorum_min_learners=1, sync_period_steps=PERIOD,
-                           total_steps=TOTAL, concurrent_outer_step=False, grace_window_ms=20000,
+                           total_steps=TOTAL, concurrent_outer_step=False,
                            quorum_timeout_ms=4000, heartbeat_ms=50, heartbeat_timeout_ms=2000,
                            log_level="error", dataplane_host="127.0.0.1", **keys)
 
