@@ -5,7 +5,11 @@
 # package registry: the wheel travels in the working tree, carry "dist"),
 # then sharded learners against DDP on the GPU (bench/gpu_sharded_check.py:
 # FSDP2 on CUDA, with a bf16 MixedPrecisionPolicy and with CPUOffloadPolicy;
-# SHARDED_TIMEOUT seconds, default 120, outside BUDGET), then the delay
+# SHARDED_TIMEOUT seconds, default 120, outside BUDGET), then torchtitan's
+# trainer with mend between two learners of one rank on the GPU, and their
+# resume from its checkpoints (tests/python/test_torchtitan.py with
+# TORCHTITAN_RANKS=1, in TORCHTITAN_TIMEOUT seconds, default 240, outside
+# BUDGET; it needs dist/torchtitan, below), then the delay
 # sweep's learners sharded by FSDP2 (--fsdp2: FSDP2_RUNS, default
 # local#1,concurrent@2000#1, in FSDP2_BUDGET seconds, default 300, outside
 # BUDGET; its CSV gpu_delay_sweep_fsdp2.csv), then the runs of
@@ -14,6 +18,10 @@
 # before it.
 #
 #   scripts/wheel.sh                                   # here: dist/mend-*.whl
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_17_x86_64 -d dist/torchtitan torchtitan==0.2.2 torchdata==0.11.0 \
+#     datasets==4.7.0 tyro==1.0.17 typeguard==4.6.1 docstring_parser==0.18.0 dill==0.4.1 \
+#     multiprocess==0.70.19                            # here: what the GPU machine lacks of torchtitan's (1.6 MB)
 #   BUDGET=500 bash bench/gpu_session.sh               # there (OUT: where results go)
 #   BUDGET=120 SWEEP_ARGS="--tiny --cpu --steps 24 --sync-every 8" bash bench/gpu_session.sh   # a check here
 #
@@ -45,6 +53,10 @@ if ! "$python" -m pip install -q --no-index --no-deps --target "$site" "$wheel";
   "$python" -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' \
     "$wheel" "$site" || exit 2
 fi
+if ls dist/torchtitan/*.whl > /dev/null 2>&1; then
+  "$python" -m pip install -q --no-index --no-deps --target "$site" dist/torchtitan/*.whl ||
+    echo "gpu_session: dist/torchtitan's wheels did not install; torchtitan's check will be skipped" >&2
+fi
 export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 {
   nvidia-smi 2>&1 || echo "nvidia-smi: none"
@@ -66,6 +78,9 @@ cat "$out/machine.txt"
 # the offload policy's host shards).
 timeout --kill-after=10 "${SHARDED_TIMEOUT:-120}" "$python" bench/gpu_sharded_check.py \
   --csv "$out/gpu_sharded_check.csv" 2>&1 | tee "$out/gpu_sharded_check.log"
+# torchtitan's trainer with mend (pytest says "skipped" without dist/torchtitan).
+TORCHTITAN_RANKS=1 timeout --kill-after=10 "${TORCHTITAN_TIMEOUT:-240}" "$python" -m pytest -q -p no:cacheprovider \
+  -rs tests/python/test_torchtitan.py 2>&1 | tee "$out/torchtitan.log"
 # The sweep's columns for learners sharded by FSDP2 (each over a process
 # group of its own: one GPU takes one NCCL rank).
 # shellcheck disable=SC2086
