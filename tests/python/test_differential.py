@@ -4,7 +4,6 @@ script, model, data, seeds and schedule; after 3 rounds the parameters must
 agree within float tolerance. The first round is an outer warm-up round
 (plain averaging), the next two take the outer Nesterov step."""
 import os
-import socket
 import subprocess
 import sys
 
@@ -12,14 +11,10 @@ import pytest
 
 torch = pytest.importorskip("torch")  # python3-torch; the torch-less tests are the numpy ones
 
+from job_processes import free_port  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLE = os.path.join(HERE, "..", "..", "examples", "train_gpt.py")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def train(mode, tmp_path):

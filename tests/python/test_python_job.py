@@ -9,6 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")  # python3-torch; the torch-less tests are the numpy ones
 
 import mend
+from job_processes import child_pythonpath, free_port
 from job_threads import assert_same_moments
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -334,13 +335,6 @@ def test_desloc_averages_the_python_optimizers_own_moments(late):
             mend.mend_shutdown(m)
 
 
-def free_port():
-    import socket
-    with socket.socket() as s:  # torchrun 1.13 does not take port 0
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_torchrun_learners_of_two_ranks_keep_every_replica_identical(tmp_path):
     # A learner is a torchrun (a rack): 2 learners x 2 ranks, DDP inside each
     # over the user's gloo process group, mend's rounds sharded between the
@@ -351,7 +345,7 @@ def test_two_torchrun_learners_of_two_ranks_keep_every_replica_identical(tmp_pat
     with embedded_lighthouse() as lighthouse:
         # The workers run in this directory: the mend under test must not
         # depend on a relative PYTHONPATH (an installed one would be found).
-        path = os.pathsep.join(os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)
+        path = child_pythonpath()
         env = dict(os.environ, MEND_JOB_TOKEN=TOKEN, OMP_NUM_THREADS="1", PYTHONPATH=path)
         procs = []
         master_ports = {1: free_port(), 2: free_port()}
@@ -397,7 +391,7 @@ def test_a_rank_that_calls_mend_init_alone_gets_an_error_within_the_quorum_timeo
     # collective) for the other: each ends after quorum_timeout_ms (3 s) with
     # an error that names the rank that did not come.
     with embedded_lighthouse() as lighthouse:
-        path = os.pathsep.join(os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)
+        path = child_pythonpath()
         env = dict(os.environ, MEND_JOB_TOKEN=TOKEN, OMP_NUM_THREADS="1", PYTHONPATH=path)
         run = subprocess.run(
             [sys.executable, "-m", "torch.distributed.run", "--redirects", "1", "--tee", "1", "--nproc_per_node", "2",
@@ -422,7 +416,7 @@ def test_a_torchrun_group_that_loses_a_rank_is_restarted_and_heals(tmp_path):
     # anew), they heal slice by slice from learner 2's ranks, and from then on
     # all 4 replicas match after every round they share.
     with embedded_lighthouse() as lighthouse:
-        path = os.pathsep.join(os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)
+        path = child_pythonpath()
         env = dict(os.environ, MEND_JOB_TOKEN=TOKEN, OMP_NUM_THREADS="1", PYTHONPATH=path)
         procs = []
         for learner, extra in ((1, ["--max_restarts", "1", "--monitor_interval", "1"]), (2, [])):

@@ -4,7 +4,6 @@ parallelism, or both on a 2-D mesh (sharded_learner.py), against learners of
 the same ranks in DDP."""
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ import pytest
 import torch
 
 import mend
+from job_processes import child_pythonpath, free_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOKEN = "sharded-test-token-0123456789"
@@ -32,19 +32,13 @@ pytestmark = pytest.mark.skipif(not _sharding_available(), reason=f"torch {torch
                                                                   "or tensor parallelism")
 
 
-def free_port():
-    with socket.socket() as s:  # torchrun does not take port 0
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_job(tmp_path, layouts, mode, ranks=2, timeout=240, extra=lambda learner: [], torchrun=lambda learner: []):
     """Two learners, learner l a torchrun (with torchrun(l)'s arguments) of
     `ranks` ranks in layouts[l - 1] (with extra(l)'s arguments); returns
     (exit codes, outputs, results[learner][rank] or None)."""
     out_dir = tmp_path / f"{'-'.join(layouts)}-{mode}"
     out_dir.mkdir()
-    path = os.pathsep.join(os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)
+    path = child_pythonpath()
     env = dict(os.environ, MEND_JOB_TOKEN=TOKEN, OMP_NUM_THREADS="1", PYTHONPATH=path)
     os.environ["MEND_JOB_TOKEN"] = TOKEN
     lighthouse = mend.Lighthouse(mend.MendConfig(bind="127.0.0.1:0", http="", quorum_min_learners=2,
@@ -270,7 +264,7 @@ def test_lightning_model_parallel_strategy_with_mend_callback_keeps_each_shard_t
     # mend's Lightning callback: after every round each rank's shards are
     # the same on both learners, and each rank's differ from the other's.
     os.environ["MEND_JOB_TOKEN"] = TOKEN
-    path = os.pathsep.join(os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)
+    path = child_pythonpath()
     lighthouse = mend.Lighthouse(mend.MendConfig(bind="127.0.0.1:0", http="", quorum_min_learners=2,
                                                  grace_window_ms=2000, heartbeat_ms=50, heartbeat_timeout_ms=2000,
                                                  log_level="warn"))

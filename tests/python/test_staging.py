@@ -14,6 +14,7 @@ import mend
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOKEN = "staging-test-token-0123456789"
 sys.path.insert(0, HERE)
+from job_processes import child_pythonpath, free_port  # noqa: E402
 from job_threads import run_in_threads  # noqa: E402
 from learner import TinyLM, train_steps  # noqa: E402
 
@@ -322,19 +323,12 @@ def test_copies_are_waited_for_only_where_the_host_copies_are_read_or_written(mo
             assert torch.equal(pa, pb)
 
 
-def free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_groups(tmp_path, staging):
     """2 learners x 2 torchrun ranks (group_learner.py); every rank's digests after each round."""
     os.environ["MEND_JOB_TOKEN"] = TOKEN
     with mend.Lighthouse(mend.MendConfig(bind="127.0.0.1:0", http="", quorum_min_learners=2,
                                          heartbeat_ms=50, heartbeat_timeout_ms=2000, log_level="warn")) as lighthouse:
-        path = os.pathsep.join(os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)
+        path = child_pythonpath()
         env = dict(os.environ, MEND_JOB_TOKEN=TOKEN, OMP_NUM_THREADS="1", PYTHONPATH=path)
         procs = []
         for learner in (1, 2):

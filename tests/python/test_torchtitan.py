@@ -8,15 +8,17 @@ on one GPU (where torchtitan applies no FSDP)."""
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 
 import pytest
 
-torchtitan = pytest.importorskip("torchtitan", reason="torchtitan is in requirements/torch2.txt only")
+pytest.importorskip("torchtitan", reason="torchtitan is in requirements/torch2.txt only")
+
+import torch  # noqa: E402
 
 import mend  # noqa: E402
+from job_processes import child_pythonpath, free_port  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LEARNER = os.path.join(HERE, "torchtitan_learner.py")
@@ -24,18 +26,12 @@ TOKEN = "torchtitan-test-token-0123456789"
 RANKS = int(os.environ.get("TORCHTITAN_RANKS", "2"))
 
 
-def free_port():
-    with socket.socket() as s:  # torchrun does not take port 0
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_job(tmp_path, job):
     """Both learners, each a torchrun of RANKS ranks saving torchtitan's
     checkpoints (DCP, mend's state in them) every 10 steps into
     learner-I/checkpoint, from which torchtitan resumes when one is there;
     returns results[learner, rank]."""
-    path = os.pathsep.join(os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)
+    path = child_pythonpath()
     env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
                HF_DATASETS_CACHE=str(tmp_path / "hf-datasets"))
     with mend.Lighthouse(mend.MendConfig(bind="127.0.0.1:0", http="", quorum_min_learners=2, heartbeat_ms=50,
@@ -66,6 +62,7 @@ def test_torchtitans_fsdp2_learners_hold_the_same_shards_after_every_round_and_r
     for (learner, rank), result in results.items():
         if RANKS > 1:
             assert result["kinds"] == ["DTensor ('S(0)',)"], result["kinds"]  # torchtitan's FSDP2 shards
+        assert result["device"].startswith("cuda" if torch.cuda.is_available() else "cpu"), result["device"]
         stats = result["stats"]
         assert stats["rounds"] == 4 and result["step"] == 20 and stats["heals"] == 0, result
         # A shard is a slice: each rank exchanges its own pieces (4 bytes a
