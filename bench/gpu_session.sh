@@ -9,7 +9,11 @@
 # trainer with mend between two learners of one rank on the GPU, and their
 # resume from its checkpoints (tests/python/test_torchtitan.py with
 # TORCHTITAN_RANKS=1, in TORCHTITAN_TIMEOUT seconds, default 240, outside
-# BUDGET; it needs dist/torchtitan, below), then the delay
+# BUDGET; it needs dist/torchtitan, below), then the transformers Trainer
+# with FSDP2 through Accelerate and mend's callback, two learners of one
+# rank and their resume (tests/python/test_trainer_fsdp2.py with
+# TRAINER_FSDP2_RANKS=1, in TRAINER_TIMEOUT seconds, default 180, outside
+# BUDGET; without the CPU shim it needs here), then the delay
 # sweep's learners sharded by FSDP2 (--fsdp2: FSDP2_RUNS, default
 # local#1,concurrent@2000#1, in FSDP2_BUDGET seconds, default 300, outside
 # BUDGET; its CSV gpu_delay_sweep_fsdp2.csv), then the runs of
@@ -81,6 +85,9 @@ timeout --kill-after=10 "${SHARDED_TIMEOUT:-120}" "$python" bench/gpu_sharded_ch
 # torchtitan's trainer with mend (pytest says "skipped" without dist/torchtitan).
 TORCHTITAN_RANKS=1 timeout --kill-after=10 "${TORCHTITAN_TIMEOUT:-240}" "$python" -m pytest -q -p no:cacheprovider \
   -rs tests/python/test_torchtitan.py 2>&1 | tee "$out/torchtitan.log"
+# The transformers Trainer's FSDP2 (Accelerate's, on CUDA) with mend's callback.
+TRAINER_FSDP2_RANKS=1 timeout --kill-after=10 "${TRAINER_TIMEOUT:-180}" "$python" -m pytest -q -p no:cacheprovider \
+  -rs tests/python/test_trainer_fsdp2.py 2>&1 | tee "$out/trainer_fsdp2.log"
 # The sweep's columns for learners sharded by FSDP2 (each over a process
 # group of its own: one GPU takes one NCCL rank).
 # shellcheck disable=SC2086
