@@ -3,23 +3,25 @@
 # there once: the wheel from scripts/wheel.sh unpacked beside the machine's
 # own Python and torch (pip --target, on PYTHONPATH; the machine has no
 # package registry: the wheel travels in the working tree, carry "dist"),
-# then sharded learners against DDP on the GPU (bench/gpu_sharded_check.py:
-# FSDP2 on CUDA, with a bf16 MixedPrecisionPolicy and with CPUOffloadPolicy;
-# SHARDED_TIMEOUT seconds, default 120, outside BUDGET), then torchtitan's
-# trainer with mend between two learners of one rank on the GPU, and their
-# resume from its checkpoints (tests/python/test_torchtitan.py with
-# TORCHTITAN_RANKS=1, in TORCHTITAN_TIMEOUT seconds, default 240, outside
-# BUDGET; it needs dist/torchtitan, below), then the transformers Trainer
-# with FSDP2 through Accelerate and mend's callback, two learners of one
-# rank and their resume (tests/python/test_trainer_fsdp2.py with
-# TRAINER_FSDP2_RANKS=1, in TRAINER_TIMEOUT seconds, default 180, outside
-# BUDGET; without the CPU shim it needs here), then the delay
-# sweep's learners sharded by FSDP2 (--fsdp2: FSDP2_RUNS, default
-# local#1,concurrent@2000#1, in FSDP2_BUDGET seconds, default 300, outside
-# BUDGET; its CSV gpu_delay_sweep_fsdp2.csv), then the runs of
-# bench/gpu_delay_sweep.py in order of value until the budget is spent. The
-# sweep writes its CSV after every run, so a budget cut short keeps the runs
-# before it.
+# then, with learners of RANKS ranks each (2 where the machine has 2 GPUs or
+# more, else 1: one NCCL communicator takes one process a GPU):
+#   1. sharded learners against DDP on the GPU (bench/gpu_sharded_check.py:
+#      FSDP2 on CUDA, with a bf16 MixedPrecisionPolicy and with
+#      CPUOffloadPolicy; SHARDED_TIMEOUT seconds, default 120);
+#   2. torchtitan's trainer with mend between two learners, and their resume
+#      from its checkpoints (tests/python/test_torchtitan.py, in
+#      TORCHTITAN_TIMEOUT seconds, default 240; it needs dist/torchtitan,
+#      below);
+#   3. the transformers Trainer with FSDP2 through Accelerate and mend's
+#      callback, two learners and their resume
+#      (tests/python/test_trainer_fsdp2.py, without the CPU shim it needs
+#      here; TRAINER_TIMEOUT seconds, default 180);
+#   4. the delay sweep's learners sharded by FSDP2, each over one rank
+#      (--fsdp2: FSDP2_RUNS, default local#1,concurrent@2000#1, in
+#      FSDP2_BUDGET seconds, default 300; its CSV gpu_delay_sweep_fsdp2.csv);
+#   (1-4 outside BUDGET) then the runs of bench/gpu_delay_sweep.py in order
+# of value until the budget is spent. The sweep writes its CSV after every
+# run, so a budget cut short keeps the runs before it.
 #
 #   scripts/wheel.sh                                   # here: dist/mend-*.whl
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -32,7 +34,8 @@
 # Environment: BUDGET (seconds for the sweep, default 500), RUN_TIMEOUT (seconds
 # one run may take, default 300), OUT (default
 # bench-results/gpu), RUNS (the sweep's --runs, default below), SWEEP_ARGS
-# (more arguments for the sweep), PYTHON (default python3).
+# (more arguments for the sweep), PYTHON (default python3), RANKS_PER_LEARNER
+# (default above).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 budget=${BUDGET:-500}
@@ -78,15 +81,22 @@ EOF
 } > "$out/machine.txt" 2>&1
 cat "$out/machine.txt"
 
+# Ranks a learner: 2 where the machine has 2 GPUs or more, else 1 (one NCCL
+# communicator takes one process a GPU; the two learners' communicators may
+# share the GPUs). RANKS_PER_LEARNER overrides it.
+gpus=$("$python" -c 'import torch; print(torch.cuda.device_count())' 2> /dev/null || echo 0)
+ranks=${RANKS_PER_LEARNER:-$(( gpus >= 2 ? 2 : 1 ))}
+echo "gpu_session: $gpus GPUs, learners of $ranks ranks" | tee -a "$out/machine.txt"
+
 # Sharded learners first (short, and what no CPU here can run: CUDA meshes,
 # the offload policy's host shards).
-timeout --kill-after=10 "${SHARDED_TIMEOUT:-120}" "$python" bench/gpu_sharded_check.py \
+timeout --kill-after=10 "${SHARDED_TIMEOUT:-120}" "$python" bench/gpu_sharded_check.py --ranks "$ranks" \
   --csv "$out/gpu_sharded_check.csv" 2>&1 | tee "$out/gpu_sharded_check.log"
 # torchtitan's trainer with mend (pytest says "skipped" without dist/torchtitan).
-TORCHTITAN_RANKS=1 timeout --kill-after=10 "${TORCHTITAN_TIMEOUT:-240}" "$python" -m pytest -q -p no:cacheprovider \
+TORCHTITAN_RANKS=$ranks timeout --kill-after=10 "${TORCHTITAN_TIMEOUT:-240}" "$python" -m pytest -q -p no:cacheprovider \
   -rs tests/python/test_torchtitan.py 2>&1 | tee "$out/torchtitan.log"
 # The transformers Trainer's FSDP2 (Accelerate's, on CUDA) with mend's callback.
-TRAINER_FSDP2_RANKS=1 timeout --kill-after=10 "${TRAINER_TIMEOUT:-180}" "$python" -m pytest -q -p no:cacheprovider \
+TRAINER_FSDP2_RANKS=$ranks timeout --kill-after=10 "${TRAINER_TIMEOUT:-180}" "$python" -m pytest -q -p no:cacheprovider \
   -rs tests/python/test_trainer_fsdp2.py 2>&1 | tee "$out/trainer_fsdp2.log"
 # The sweep's columns for learners sharded by FSDP2 (each over a process
 # group of its own: one GPU takes one NCCL rank).

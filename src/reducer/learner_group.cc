@@ -193,6 +193,7 @@ StatusOr<std::unique_ptr<LearnerGroup>> LearnerGroup::Join(const RoundOptions& r
   group->comm_ = std::move(*comm);
   MEND_RETURN_IF_ERROR(group->CheckSameModel());
   MEND_RETURN_IF_ERROR(group->GatherLayout());
+  MEND_RETURN_IF_ERROR(group->ConnectSets(options));
   if (group->layout_.sharded() && !rounds.checkpoints.dir.empty()) {
     return FailedPreconditionError(fmt::format(
         "learner '{}': checkpoint_dir with a model sharded over the group's ranks: its files hold "
@@ -302,15 +303,53 @@ std::string LearnerGroup::SlicePrefix(const std::string& round_prefix) const {
   return fmt::format("{}slice{}/", round_prefix, rank_);
 }
 
-StatusOr<std::vector<std::byte>> LearnerGroup::Gather(std::span<const std::byte> mine) {
-  std::vector<std::byte> all = TakeBytes(mine.size() * static_cast<size_t>(size_));
-  Status status = comm_->AllGather(mine, all);
+StatusOr<std::vector<std::byte>> LearnerGroup::Gather(std::span<const std::byte> mine,
+                                                      Communicator* among) {
+  Communicator& comm = among != nullptr ? *among : *comm_;
+  std::vector<std::byte> all = TakeBytes(mine.size() * static_cast<size_t>(comm.world_size()));
+  Status status = comm.AllGather(mine, all);
   if (!status.ok()) {
     return Status(status.code(),
                   fmt::format("learner '{}' group rank {}: a rank of this group is gone: {}",
                               inner_.id(), rank_, status.message()));
   }
   return all;
+}
+
+uint64_t LearnerGroup::bytes_sent() const {
+  uint64_t sent = comm_ ? comm_->stats().bytes_sent : 0;
+  for (const auto& comm : set_comms_) sent += comm ? comm->stats().bytes_sent : 0;
+  return sent;
+}
+
+Status LearnerGroup::ConnectSets(const CommunicatorOptions& group) {
+  // (Every member connects its sets in set order, so that no two wait on
+  // each other.)
+  set_comms_.resize(layout_.sets().size());
+  for (size_t s = 0; s < layout_.sets().size(); ++s) {
+    const std::vector<int>& members = layout_.sets()[s].members;
+    const auto member = std::find(members.begin(), members.end(), rank_);
+    if (members.size() < 2 || members.size() == static_cast<size_t>(size_) ||
+        member == members.end()) {
+      continue;  // (none to share with, or every rank: the group's communicator)
+    }
+    CommunicatorOptions options = group;
+    options.prefix = fmt::format("{}set{}/", base_, s);
+    options.rank = static_cast<int>(member - members.begin());
+    options.world_size = static_cast<int>(members.size());
+    options.member_ids.clear();
+    for (int q : members) options.member_ids.push_back(group.member_ids[static_cast<size_t>(q)]);
+    auto comm = Communicator::Connect(*store_, options);
+    if (!comm.ok()) {
+      return Status(comm.status().code(),
+                    fmt::format("learner '{}' group rank {}: the communicator of group ranks {} "
+                                "(who hold the same pieces of the model): {}",
+                                inner_.id(), rank_, fmt::join(members, ", "),
+                                comm.status().message()));
+    }
+    set_comms_[s] = std::move(*comm);
+  }
+  return OkStatus();
 }
 
 StatusOr<uint64_t> LearnerGroup::AgreeTau(uint64_t tau) {
@@ -349,34 +388,47 @@ Status LearnerGroup::ShareParameters() {
 Status LearnerGroup::ShareSlices(
     const std::function<void(const ParameterPiece&, std::span<float>)>& read,
     const std::function<void(const ParameterPiece&, std::span<const float>)>& write) {
-  // Each rank's slices of the sets of more than one member, out of its
-  // replica, gathered; into this rank those of its sets (but its own).
-  const size_t widest = layout_.widest_contribution();
+  // Each set of more than one member that this rank is in, in set order
+  // (the same on every rank): its members' slices of it gathered among
+  // them only, and into this rank the others'.
+  const uint64_t sent_before = bytes_sent();
+  Status status = OkStatus();
+  for (size_t s = 0; s < layout_.sets().size() && status.ok(); ++s) {
+    const std::vector<int>& members = layout_.sets()[s].members;
+    if (members.size() > 1 && std::find(members.begin(), members.end(), rank_) != members.end())
+      status = ShareSet(s, read, write);
+  }
+  state_bytes_sent_ += bytes_sent() - sent_before;
+  return status;
+}
+
+Status LearnerGroup::ShareSet(
+    size_t set, const std::function<void(const ParameterPiece&, std::span<float>)>& read,
+    const std::function<void(const ParameterPiece&, std::span<const float>)>& write) {
+  const ReplicaSet& replicas = layout_.sets()[set];
+  const int members = static_cast<int>(replicas.members.size());
+  size_t widest = 0;  // (the slices differ by one value at most: each is sent as long as the longest)
+  for (int j = 0; j < members; ++j)
+    widest = std::max(widest, SliceOf(replicas.total, members, j).size());
   std::vector<float> mine = TakeFloats(widest);
   std::fill(mine.begin(), mine.end(), 0.0f);
-  for (const GroupLayout::Contribution& part : layout_.contributions(rank_)) {
-    size_t at = part.at;
-    for (const ParameterPiece& piece : layout_.SlicePieces(part.set, rank_)) {
-      read(piece, std::span(mine).subspan(at, piece.values));
-      at += piece.values;
-    }
+  size_t at = 0;
+  for (const ParameterPiece& piece : layout_.SlicePieces(set, rank_)) {
+    read(piece, std::span(mine).subspan(at, piece.values));
+    at += piece.values;
   }
-  const uint64_t sent_before = bytes_sent();
-  StatusOr<std::vector<std::byte>> all = Gather(std::as_bytes(std::span<const float>(mine)));
-  state_bytes_sent_ += bytes_sent() - sent_before;
+  StatusOr<std::vector<std::byte>> all =
+      Gather(std::as_bytes(std::span<const float>(mine)), set_comms_[set].get());
   GiveBack(std::move(mine));
   MEND_RETURN_IF_ERROR(all.status());
   const auto* gathered = reinterpret_cast<const float*>(all->data());
-  for (int q = 0; q < size_; ++q) {
+  for (int j = 0; j < members; ++j) {
+    const int q = replicas.members[static_cast<size_t>(j)];
     if (q == rank_) continue;
-    for (const GroupLayout::Contribution& part : layout_.contributions(q)) {
-      const std::vector<int>& members = layout_.sets()[part.set].members;
-      if (std::find(members.begin(), members.end(), rank_) == members.end()) continue;
-      size_t at = static_cast<size_t>(q) * widest + part.at;
-      for (const ParameterPiece& piece : layout_.SlicePieces(part.set, q)) {
-        write(piece, std::span<const float>(gathered + at, piece.values));
-        at += piece.values;
-      }
+    at = static_cast<size_t>(j) * widest;
+    for (const ParameterPiece& piece : layout_.SlicePieces(set, q)) {
+      write(piece, std::span<const float>(gathered + at, piece.values));
+      at += piece.values;
     }
   }
   GiveBack(std::move(*all));

@@ -21,7 +21,8 @@
 // Inside the group, on a Gloo context mend owns (never the user's process
 // group): rank 0's tau is everyone's (AgreeTau), a round commits only when
 // every slice succeeded (AllOk), and the committed slices of what several
-// ranks hold are all-gathered into each of them (ShareParameters): the whole
+// ranks hold are all-gathered among those ranks only (ShareParameters, on a
+// communicator of theirs where they are not all the group's): the whole
 // model for DDP, nothing for a model sharded with nothing replicated. These run on the
 // training thread at the same step on every rank: in a group a round's
 // result is applied at boundary + tau exactly, never "when it arrives",
@@ -116,11 +117,11 @@ class LearnerGroup {
   bool sharded() const { return layout_.sharded(); }
   // The model's values (this rank's: a sharded model's are its own).
   size_t total() const { return prefix_.back(); }
-  // Bytes this rank sent on the group's communicator: all of them, and
+  // Bytes this rank sent on the group's communicators: all of them, and
   // those of the collectives that moved the model's state (ShareSlices:
   // parameters, moments, a round's own values), not the agreements, whose
   // count depends on how long rank 0 waits for a quorum.
-  uint64_t bytes_sent() const { return comm_ ? comm_->stats().bytes_sent : 0; }
+  uint64_t bytes_sent() const;
   uint64_t state_bytes_sent() const { return state_bytes_sent_; }
   // Rank 0's `value`, and whether every rank passed the same.
   [[nodiscard]] StatusOr<std::pair<uint64_t, bool>> Compare(uint64_t value);
@@ -144,14 +145,25 @@ class LearnerGroup {
   Status CheckSameModel();
   // Every rank's replica keys and value counts, into layout_.
   Status GatherLayout();
+  // A communicator among the members of each set that some but not all
+  // ranks hold and this rank is in (ShareSet), like `group`'s.
+  Status ConnectSets(const CommunicatorOptions& group);
   // Every set of more than one member: its members' slices into each of
   // them, this rank's read out of its state by `read`, the others' written
-  // by `write` (one group collective).
+  // by `write` (ShareSet for each of this rank's sets).
   Status ShareSlices(
       const std::function<void(const ParameterPiece&, std::span<float>)>& read,
       const std::function<void(const ParameterPiece&, std::span<const float>)>& write);
-  // One group collective: every rank's `mine` (the same size), by rank.
-  StatusOr<std::vector<std::byte>> Gather(std::span<const std::byte> mine);
+  // One collective among set `set`'s members (this rank one of them): on
+  // the group's communicator when every rank is, else on the set's own, so
+  // that a slice goes only to the ranks that hold it.
+  Status ShareSet(size_t set,
+                  const std::function<void(const ParameterPiece&, std::span<float>)>& read,
+                  const std::function<void(const ParameterPiece&, std::span<const float>)>& write);
+  // One collective: every rank's `mine` (the same size), by rank, of the
+  // group (`among` null) or of `among`'s ranks.
+  StatusOr<std::vector<std::byte>> Gather(std::span<const std::byte> mine,
+                                          Communicator* among = nullptr);
   // The same for a few values: rank q's i-th at [q * mine.size() + i].
   StatusOr<std::vector<uint64_t>> GatherValues(std::initializer_list<uint64_t> mine);
 
@@ -167,6 +179,8 @@ class LearnerGroup {
   const std::unique_ptr<RendezvousStore>
       store_;  // the group's (rendezvous, Forget), training thread
   std::unique_ptr<Communicator> comm_;
+  // By set: its members' own communicator (ConnectSets), else null.
+  std::vector<std::unique_ptr<Communicator>> set_comms_;
   std::unique_ptr<GroupPulse> pulse_;
   uint64_t state_bytes_sent_ = 0;
 };

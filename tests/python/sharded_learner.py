@@ -12,11 +12,6 @@ mend_shutdown.
 --die-at-step N: rank 1 exits at its step N in torchrun's first attempt
   (torchrun --max-restarts restarts the learner, which heals rank by rank);
   the loop then runs until the job's step (a heal moves it) reaches --steps.
---callback (with --mode fixed): mend through the transformers MendCallback's
-  hooks, called as the Trainer calls them (on_train_begin, on_step_end,
-  on_save) around an optimizer whose step changes nothing; --save DIR and
-  --load DIR are then the Trainer's output_dir, whose checkpoint-N folder
-  holds the model (DCP) and the callback's mend_state/.
 --save DIR: after the last step, torch.distributed.checkpoint saves the
   model and mend's runtime (a Stateful) into DIR; --load DIR: right after
   mend_init, it loads them from DIR (saved with any number of ranks), and
@@ -41,14 +36,21 @@ def build(layout, world, device="cpu"):
     """The model as `layout` shards it over the learner's `world` ranks, on
     `device` ("cpu", or "cuda": a GPU a rank)."""
     torch.manual_seed(1)  # the same initial model on every rank and learner
-    # fsdp2-bn: a BatchNorm's running statistics (buffers, whole on every rank) in the middle.
-    middle = torch.nn.BatchNorm1d(256) if layout == "fsdp2-bn" else torch.nn.Tanh()
-    model = torch.nn.Sequential(torch.nn.Linear(16, 256), middle, torch.nn.Linear(256, 8)).to(device)
+    # In the middle a LayerNorm, which tensor parallelism leaves whole on
+    # every rank (a large replicated piece: 512 of the 6,663 values); or
+    # (fsdp2-bn) a BatchNorm, whose running statistics are buffers, whole on
+    # every rank. The last layer's 7 rows do not divide among 2 ranks:
+    # FSDP2 pads its shards.
+    middle = torch.nn.BatchNorm1d(256) if layout == "fsdp2-bn" else torch.nn.LayerNorm(256)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 256), middle, torch.nn.Linear(256, 7)).to(device)
     if layout == "ddp":
         return model, torch.nn.parallel.DistributedDataParallel(model)
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Replicate
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    # (The LayerNorm normalizes whole rows: the first layer's output is gathered for it.)
+    plan = {"0": ColwiseParallel(output_layouts=Replicate()), "2": RowwiseParallel(input_layouts=Replicate())}
     if layout in ("fsdp2", "fsdp2-mp", "fsdp2-offload", "fsdp2-bn"):
         # fsdp2-mp: bf16 compute on gathered copies; mend keeps to the fp32
         # shards. fsdp2-offload (a GPU's): the shards live on the host.
@@ -65,11 +67,11 @@ def build(layout, world, device="cpu"):
         fully_shard(model, mesh=mesh, **policy)
     elif layout == "tp":
         mesh = init_device_mesh(device, (world,), mesh_dim_names=("tp",))
-        # (RowwiseParallel leaves the second layer's bias whole: a Replicate() piece.)
-        parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        # (The LayerNorm between, and RowwiseParallel's bias, stay whole: Replicate() pieces.)
+        parallelize_module(model, mesh, plan)
     elif layout == "2d":
         mesh = init_device_mesh(device, (world // 2, 2), mesh_dim_names=("dp", "tp"))
-        parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        parallelize_module(model, mesh["tp"], plan)
         for layer in (model[0], model[2]):
             fully_shard(layer, mesh=mesh["dp"])
         fully_shard(model, mesh=mesh["dp"])
@@ -111,7 +113,6 @@ def main():
     parser.add_argument("--set", action="append", default=[], help="KEY=VALUE, a MendConfig keyword (an int, "
                         "true/false, or text)")
     parser.add_argument("--die-at-step", type=int, default=0)
-    parser.add_argument("--callback", action="store_true")
     parser.add_argument("--device", default="cpu", help="cpu, or cuda (a GPU a rank, NCCL beside gloo)")
     parser.add_argument("--save", default="")
     parser.add_argument("--load", default="")
@@ -138,8 +139,6 @@ def main():
     fixed = args.mode == "fixed"
     optimizer = None if fixed else torch.optim.AdamW(model.parameters(), lr=0.01)
     names = [name for name, _ in model.named_parameters()]
-    if args.callback:
-        return through_the_trainer_callback(args, config, model, wrapped)
     runtime = mend_init(wrapped, config, f"learner-{args.learner}", manual=fixed)
     if args.load:
         import torch.distributed.checkpoint as dcp
@@ -171,7 +170,7 @@ def main():
             runtime.step(16)
         else:
             x = torch.randn(16, 16, generator=data).to(args.device)
-            loss = (wrapped(x) - x[:, :8].sin()).pow(2).mean()
+            loss = (wrapped(x) - x[:, :7].sin()).pow(2).mean()
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()  # mend's reducer runs here
@@ -198,47 +197,6 @@ def main():
                    "devices": sorted({str(local(p).device) for p in model.parameters()}),
                    "stats": {k: stats[k] for k in ("rounds", "bytes_sent", "group_bytes_sent", "group_state_bytes_sent",
                                                      "steps", "heals")}}, out)
-    dist.destroy_process_group()
-
-
-def through_the_trainer_callback(args, config, model, wrapped):
-    """--callback: the transformers Trainer's calls of MendCallback, around
-    the fixed inner steps; its checkpoints in the Trainer's layout."""
-    from types import SimpleNamespace
-
-    import torch.distributed.checkpoint as dcp
-    from mend.integrations.transformers import MendCallback
-
-    rank = dist.get_rank()
-    output_dir = args.load or args.save
-    targs = SimpleNamespace(output_dir=output_dir, should_save=rank == 0)
-    state = SimpleNamespace(global_step=args.start_step, max_steps=args.steps)
-    control = SimpleNamespace(should_training_stop=False)
-    if args.load:  # (the Trainer loads the model before training begins)
-        saved = {"model": model.state_dict()}
-        dcp.load(saved, checkpoint_id=os.path.join(output_dir, f"checkpoint-{args.start_step}", "model"))
-        model.load_state_dict(saved["model"])
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # (its step changes nothing: mend runs after it)
-    callback = MendCallback(config.replace(final_merge=False), f"learner-{args.learner}")
-    callback.on_train_begin(targs, state, control, model=wrapped, optimizer=optimizer)
-    assert callback.runtime.sharded and callback.runtime.stats()["steps"] == args.start_step
-    for step in range(args.start_step + 1, args.steps + 1):
-        with torch.no_grad():
-            for p in model.parameters():
-                perturb(local(p), args.learner, step)
-        optimizer.step()  # mend's reducer runs here
-        state.global_step += 1
-        callback.on_step_end(targs, state, control)
-    if args.save:
-        folder = os.path.join(output_dir, f"checkpoint-{state.global_step}")
-        dcp.save({"model": model.state_dict()}, checkpoint_id=os.path.join(folder, "model"))
-        callback.on_save(targs, state, control)
-        assert os.path.isdir(os.path.join(folder, "mend_state")), os.listdir(folder)
-    callback.on_train_end(targs, state, control)
-    stats = callback.runtime.stats()
-    full = {name: whole(p.detach()).tolist() for name, p in model.named_parameters()}
-    with open(args.out.replace("%r", str(rank)), "w") as out:
-        json.dump({"rank": rank, "model": full, "stats": {k: stats[k] for k in ("rounds", "steps")}}, out)
     dist.destroy_process_group()
 
 
