@@ -341,11 +341,11 @@ Status LearnerGroup::ConnectSets(const CommunicatorOptions& group) {
     for (int q : members) options.member_ids.push_back(group.member_ids[static_cast<size_t>(q)]);
     auto comm = Communicator::Connect(*store_, options);
     if (!comm.ok()) {
-      return Status(comm.status().code(),
-                    fmt::format("learner '{}' group rank {}: the communicator of group ranks {} "
-                                "(who hold the same pieces of the model): {}",
-                                inner_.id(), rank_, fmt::join(members, ", "),
-                                comm.status().message()));
+      return Status(
+          comm.status().code(),
+          fmt::format("learner '{}' group rank {}: the communicator of group ranks {} "
+                      "(who hold the same pieces of the model): {}",
+                      inner_.id(), rank_, fmt::join(members, ", "), comm.status().message()));
     }
     set_comms_[s] = std::move(*comm);
   }
@@ -407,7 +407,8 @@ Status LearnerGroup::ShareSet(
     const std::function<void(const ParameterPiece&, std::span<const float>)>& write) {
   const ReplicaSet& replicas = layout_.sets()[set];
   const int members = static_cast<int>(replicas.members.size());
-  size_t widest = 0;  // (the slices differ by one value at most: each is sent as long as the longest)
+  // (The slices differ by one value at most: each is sent as long as the longest.)
+  size_t widest = 0;
   for (int j = 0; j < members; ++j)
     widest = std::max(widest, SliceOf(replicas.total, members, j).size());
   std::vector<float> mine = TakeFloats(widest);

@@ -5,22 +5,15 @@ rank of the learner. Writes, per round, a digest of the whole model this
 rank holds, and the loss before and after."""
 import argparse
 import datetime
-import hashlib
 import json
 import os
 
 import torch
 import torch.distributed as dist
 
+from job_processes import digest
 from learner import TinyLM, batch
 from mend import MendConfig, mend_init, mend_shutdown
-
-
-def digest(model):
-    h = hashlib.sha256()
-    for p in model.parameters():
-        h.update(p.detach().numpy().tobytes())
-    return h.hexdigest()
 
 
 def main():
@@ -81,7 +74,7 @@ def main():
             runtime.save_checkpoint(args.save_path)
         stats = runtime.stats()
         if len(rounds) < stats["rounds"]:
-            rounds.append({"round": stats["last_round_id"], "digest": digest(model)})
+            rounds.append({"round": stats["last_round_id"], "digest": digest(model.parameters())})
     stats = runtime.stats()
     mend_shutdown(ddp)
     with open(args.out.replace("%r", str(rank)), "w") as f:

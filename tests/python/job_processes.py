@@ -1,4 +1,6 @@
-"""What the Python tests that start learner processes (torchrun) share."""
+"""What the Python tests that start learner processes (torchrun) share,
+and what those learners share."""
+import hashlib
 import os
 import socket
 
@@ -15,3 +17,17 @@ def child_pythonpath():
     """This process's PYTHONPATH with every entry absolute, for a child
     started in another working directory."""
     return os.pathsep.join(os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)
+
+
+def local(tensor):
+    """A DTensor's local tensor (this rank's piece), else the tensor."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+def digest(tensors):
+    """A SHA-256 of the tensors' bytes, in order, as they are (bf16 too)."""
+    import torch
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()

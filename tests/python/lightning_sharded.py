@@ -12,7 +12,6 @@ strategy's DCP folders; Lightning keeps callback states from rank 0 only).
 Each rank writes FILE with %r replaced by its rank: the digest of its own
 shards after each round, by round id, and mend's stats."""
 import argparse
-import hashlib
 import json
 
 import torch
@@ -20,15 +19,9 @@ import torch
 import pytorch_lightning as pl
 from pytorch_lightning.strategies import ModelParallelStrategy
 
+from job_processes import digest
 from mend import MendConfig
 from mend.integrations.lightning import MendCallback
-
-
-def digest(tensors):
-    h = hashlib.sha256()
-    for t in tensors:
-        h.update(t.detach().contiguous().numpy().tobytes())
-    return h.hexdigest()
 
 
 class Sharded(pl.LightningModule):

@@ -22,13 +22,13 @@ the whole model (gathered for the check only: DTensor.full_tensor()), and at
 the end the whole model and the learner's stats."""
 import argparse
 import datetime
-import hashlib
 import json
 import os
 
 import torch
 import torch.distributed as dist
 
+from job_processes import digest, local
 from mend import MendConfig, mend_init, mend_shutdown
 
 
@@ -84,21 +84,10 @@ def whole(tensor):
     return (tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor).cpu()
 
 
-def local(tensor):
-    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
-
-
 def perturb(tensor, learner, step):
     """A fixed inner step, elementwise and exactly rounded (a multiply, then
     an add), so that a value ends the same wherever a layout puts it."""
     tensor.mul_(1.0 - 0.01 * learner).add_(0.001 * ((step % 7) - 3) * (learner + 1))
-
-
-def digest(tensors):
-    h = hashlib.sha256()
-    for t in tensors:
-        h.update(t.detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()
 
 
 def main():

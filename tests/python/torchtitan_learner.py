@@ -14,12 +14,13 @@ learner). Each rank writes FILE with %r replaced by its rank: the
 digest of its own shards after each round, by round id, the full model
 after the final merge, and mend's stats."""
 import argparse
-import hashlib
 import json
 import os
 import random
 import sys
 import types
+
+from job_processes import digest, local
 
 
 def make_assets(root, learners=2):
@@ -66,21 +67,8 @@ def run_torchtitan_on_the_cpu():
     dist_utils.set_pg_timeouts = lambda timeout, parallel_dims: None
 
 
-def local(p):
-    """A rank's own values: its shard of a DTensor (with one rank a learner
-    torchtitan applies no FSDP, and a parameter is a plain tensor)."""
-    return p.to_local() if hasattr(p, "to_local") else p
-
-
 def full(p):
     return p.full_tensor() if hasattr(p, "full_tensor") else p
-
-
-def digest(tensors):
-    h = hashlib.sha256()
-    for t in tensors:
-        h.update(t.detach().float().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()
 
 
 def main():

@@ -23,13 +23,13 @@ after each of mend's rounds, by round id, the gathered model's digest at
 the end, its parameters' kinds, mend's stats and the Trainer's step.
 """
 import argparse
-import hashlib
 import json
 import os
 
 import torch
 import transformers
 
+from job_processes import digest, local
 from trainer_job import BATCH, Padded, tiny_llama
 
 
@@ -46,17 +46,6 @@ def _fsdp_on_cpu():
             self.fsdp_plugin = fsdp_plugin
 
     AcceleratorState.__init__ = init
-
-
-def digest(tensors):
-    h = hashlib.sha256()
-    for t in tensors:
-        h.update(t.detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()
-
-
-def local(p):
-    return p.to_local() if hasattr(p, "to_local") else p
 
 
 def main():
