@@ -128,7 +128,8 @@ def group_worker(args):
                              collective_timeout_ms=600_000, quorum_timeout_ms=600_000,
                              heartbeat_timeout_ms=600_000, log_level="warn", codec=args.codec,
                              outer_warmup_steps=args.outer_warmup_steps, group_size=ranks,
-                             group_rank=group_rank, group_store=f"127.0.0.1:{args.group_ports[learner]}")
+                             group_rank=group_rank, group_store=f"127.0.0.1:{args.group_ports[learner]}",
+                             dataplane_encrypt=bool(args.encrypt))
     store = mend.GroupStore(config, TOKEN, config.group_store) if group_rank == 0 else None
     dist.barrier()  # (every learner's store is serving)
     entries = [(f"t{i}", a.ctypes.data, a.size, (a.size,)) for i, a in enumerate(arrays)]
@@ -199,7 +200,8 @@ def run_group_size(size, layout, args, lighthouse_address):
     return run_workers([["--rank", str(w), "--size", str(size), "--rounds", str(args.rounds), "--lighthouse",
                          lighthouse_address, "--port", str(port), "--learners", str(args.learners),
                          "--ranks", str(args.ranks), "--layout", layout, "--group-ports", group_ports,
-                         "--codec", args.codec, "--outer-warmup-steps", str(args.outer_warmup_steps)]
+                         "--codec", args.codec, "--outer-warmup-steps", str(args.outer_warmup_steps),
+                         "--encrypt", str(int(args.encryption == "on"))]
                         for w in range(args.learners * args.ranks)], f"{size} M {layout}")
 
 
@@ -222,8 +224,10 @@ def main_groups(args, sizes, lighthouse):
                          "group_bytes_per_rank": max(r["stats"]["group_bytes_sent"] / r["stats"]["rounds"]
                                                      for r in results),
                          "rss_bytes_per_local_value": max(r["rss_per_local_value"] for r in results),
-                         "rounds": results[0]["stats"]["rounds"], "codec": args.codec})
-    print(f"round scale: {args.learners} learners of {args.ranks} ranks (processes), {args.codec}, synchronous, "
+                         "rounds": results[0]["stats"]["rounds"], "codec": args.codec,
+                         "encrypted": args.encryption == "on"})
+    print(f"round scale: {args.learners} learners of {args.ranks} ranks (processes), {args.codec}, "
+          f"data plane {'secure' if args.encryption == 'on' else 'in the clear'}, synchronous, "
           "outer Nesterov rounds; gloo = torch.distributed all_reduce of each rank's own values with the same "
           "rank of the other learners, in the same processes\n")
     print(f"{'params':>7} {'layout':<10} {'M/rank':>7} {'first':>7} {'later':>7} {'final':>7} {'gloo':>7} "
@@ -400,6 +404,9 @@ def main():
     lighthouse = mend.Lighthouse(mend.MendConfig(bind="127.0.0.1:0", http="", quorum_min_learners=args.learners,
                                                  heartbeat_timeout_ms=600_000, log_level="warn"), token=TOKEN)
     if args.ranks > 1:
+        if args.encryption == "both":
+            raise SystemExit("round_scale: --encryption both runs with --ranks 1 only; with --ranks "
+                             f"{args.ranks} give on or off")
         main_groups(args, sizes, lighthouse)
         lighthouse.shutdown()
         return
