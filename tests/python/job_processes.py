@@ -31,3 +31,21 @@ def digest(tensors):
     for t in tensors:
         h.update(t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
+
+
+def run_torchrun_learners(script, ranks, arguments, env, cwd, log_path, timeout):
+    """Learners 1 and 2, each a torchrun of `ranks` ranks of `script` with
+    arguments(learner), on loopback, its output in log_path(learner); waits
+    for both (`timeout` seconds each) and asserts that both exit 0, with the
+    end of their logs."""
+    import subprocess
+    import sys
+    procs = []
+    for learner in (1, 2):
+        with open(log_path(learner), "w") as log:  # (the child keeps its own descriptor)
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
+                 "--master_addr", "127.0.0.1", "--master_port", str(free_port()), script, *arguments(learner)],
+                env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT))
+    codes = [proc.wait(timeout=timeout) for proc in procs]
+    assert codes == [0, 0], [open(log_path(learner)).read()[-4000:] for learner in (1, 2)]

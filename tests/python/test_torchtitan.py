@@ -18,7 +18,7 @@ pytest.importorskip("torchtitan", reason="torchtitan is in requirements/torch2.t
 import torch  # noqa: E402
 
 import mend  # noqa: E402
-from job_processes import child_pythonpath, free_port  # noqa: E402
+from job_processes import child_pythonpath, run_torchrun_learners  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LEARNER = os.path.join(HERE, "torchtitan_learner.py")
@@ -36,20 +36,15 @@ def run_job(tmp_path, job):
                HF_DATASETS_CACHE=str(tmp_path / "hf-datasets"))
     with mend.Lighthouse(mend.MendConfig(bind="127.0.0.1:0", http="", quorum_min_learners=2, heartbeat_ms=50,
                                          heartbeat_timeout_ms=5000, log_level="warn")) as lighthouse:
-        procs = []
         for learner in (1, 2):
             (tmp_path / f"learner-{learner}").mkdir(exist_ok=True)
-            log = open(tmp_path / f"learner-{learner}" / f"{job}.log", "w")
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(RANKS),
-                 "--master_addr", "127.0.0.1", "--master_port", str(free_port()), LEARNER, "--learner", str(learner),
-                 "--lighthouse", lighthouse.address, "--assets", str(tmp_path / "assets"),
-                 "--out", str(tmp_path / f"learner-{learner}" / f"{job}-%r.json"),
-                 "--checkpoint.enable", "--checkpoint.interval", "10", "--checkpoint.folder", "checkpoint"],
-                env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT))
-        codes = [proc.wait(timeout=400) for proc in procs]
-    outputs = [(tmp_path / f"learner-{learner}" / f"{job}.log").read_text()[-4000:] for learner in (1, 2)]
-    assert codes == [0, 0], outputs
+        run_torchrun_learners(
+            LEARNER, RANKS,
+            lambda learner: ["--learner", str(learner), "--lighthouse", lighthouse.address,
+                             "--assets", str(tmp_path / "assets"),
+                             "--out", str(tmp_path / f"learner-{learner}" / f"{job}-%r.json"),
+                             "--checkpoint.enable", "--checkpoint.interval", "10", "--checkpoint.folder", "checkpoint"],
+            env, tmp_path, lambda learner: tmp_path / f"learner-{learner}" / f"{job}.log", timeout=400)
     return {(l, r): json.loads((tmp_path / f"learner-{l}" / f"{job}-{r}.json").read_text())
             for l in (1, 2) for r in range(RANKS)}
 

@@ -6,8 +6,6 @@ bench/gpu_session.sh does on one GPU."""
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 
@@ -17,7 +15,7 @@ accelerate = pytest.importorskip("accelerate")
 import torch  # noqa: E402
 
 import mend  # noqa: E402
-from job_processes import child_pythonpath, free_port  # noqa: E402
+from job_processes import child_pythonpath, run_torchrun_learners  # noqa: E402
 
 
 def _fsdp2_available():
@@ -46,21 +44,14 @@ def run_job(tmp_path, job, resume=False):
     with mend.Lighthouse(mend.MendConfig(bind="127.0.0.1:0", http="", quorum_min_learners=2, heartbeat_ms=50,
                                          heartbeat_timeout_ms=5000,
                                          log_level="warn"), token=TOKEN) as lighthouse:
-        procs = []
         for learner in (1, 2):
-            out = tmp_path / f"learner-{learner}"
-            out.mkdir(exist_ok=True)
-            log = open(tmp_path / f"{job}-{learner}.log", "w")
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(RANKS),
-                 "--master_addr", "127.0.0.1", "--master_port", str(free_port()), LEARNER,
-                 "--learner", str(learner), "--lighthouse", lighthouse.address, "--out", str(out),
-                 "--steps", str(STEPS), "--period", str(PERIOD), "--save-at", str(SAVE_AT),
-                 *(["--resume"] if resume else [])],
-                env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT))
-        codes = [proc.wait(timeout=300) for proc in procs]
-    outputs = [(tmp_path / f"{job}-{learner}.log").read_text()[-4000:] for learner in (1, 2)]
-    assert codes == [0, 0], outputs
+            (tmp_path / f"learner-{learner}").mkdir(exist_ok=True)
+        run_torchrun_learners(
+            LEARNER, RANKS,
+            lambda learner: ["--learner", str(learner), "--lighthouse", lighthouse.address,
+                             "--out", str(tmp_path / f"learner-{learner}"), "--steps", str(STEPS),
+                             "--period", str(PERIOD), "--save-at", str(SAVE_AT), *(["--resume"] if resume else [])],
+            env, tmp_path, lambda learner: tmp_path / f"{job}-{learner}.log", timeout=300)
     results = {}
     for learner in (1, 2):
         for rank in range(RANKS):
